@@ -1,0 +1,17 @@
+//! hivenet-router: an OpenAI- and Anthropic-compatible LLM router for self-hosted inference
+//! engines, its agents (`hivenet-agent`) and a simulated engine (`hivenet-sim`).
+//!
+//! Module map, in the order a request meets them: `http` (wire codec and body fields), `shard`
+//! (the thread-per-core data plane and its mesh), `routing` (per-model agent choice and capacity
+//! queues, pure), `tunnel` (router <-> agent HTTP/2 over agent-dialed sockets), `usage` (exact token
+//! usage read from responses), `error` (the one place rejections become HTTP). Around them:
+//! `control` (agent gRPC, registry), `metrics`, `agent`, `sim`.
+
+pub mod duration;
+pub mod identity;
+pub mod proto {
+    //! Generated from `proto/hivenet.proto`.
+    tonic::include_proto!("hivenet.v1");
+}
+pub mod tokens;
+pub mod tunnel;

@@ -1,0 +1,108 @@
+//! The tunnel preamble: the first bytes an agent writes on a socket it dialed to `--p2p-port`.
+//!
+//! ```text
+//! agent -> router   "HNT1" | shard: u16 BE | token_len: u16 BE | session token (token_len bytes)
+//! router -> agent   status: u8   (0 accepted, 1 bad token, 2 bad shard, 3 malformed)
+//! ```
+//!
+//! After an accepted status the socket carries HTTP/2 with reversed roles: the router is the client
+//! (it writes the connection preface) and the agent the server. One such socket exists per router
+//! shard, so a response never crosses cores.
+
+pub const MAGIC: &[u8; 4] = b"HNT1";
+/// Session tokens are short JWTs; anything longer is refused before it is buffered.
+pub const TOKEN_LEN_MAX: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Status {
+    Accepted = 0,
+    BadToken = 1,
+    BadShard = 2,
+    Malformed = 3,
+}
+
+impl Status {
+    pub fn from_byte(byte: u8) -> Option<Status> {
+        match byte {
+            0 => Some(Status::Accepted),
+            1 => Some(Status::BadToken),
+            2 => Some(Status::BadShard),
+            3 => Some(Status::Malformed),
+            _ => None,
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Status::Accepted => "accepted",
+            Status::BadToken => "session token refused",
+            Status::BadShard => "shard index out of range",
+            Status::Malformed => "malformed preamble",
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct Preamble {
+    pub shard: u16,
+    pub token: String,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PreambleError {
+    #[error("preamble does not start with the tunnel magic")]
+    BadMagic,
+    #[error("preamble token of {0} bytes exceeds the limit")]
+    TokenTooLong(usize),
+    #[error("preamble token is not UTF-8")]
+    TokenNotUtf8,
+}
+
+pub fn encode(shard: u16, token: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + token.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&shard.to_be_bytes());
+    out.extend_from_slice(&(token.len() as u16).to_be_bytes());
+    out.extend_from_slice(token.as_bytes());
+    out
+}
+
+/// The fixed 8-byte head: magic, shard and token length. Returns `(shard, token_len)`.
+pub fn decode_head(head: &[u8; 8]) -> Result<(u16, usize), PreambleError> {
+    if &head[..4] != MAGIC {
+        return Err(PreambleError::BadMagic);
+    }
+    let shard = u16::from_be_bytes([head[4], head[5]]);
+    let token_len = u16::from_be_bytes([head[6], head[7]]) as usize;
+    if token_len > TOKEN_LEN_MAX {
+        return Err(PreambleError::TokenTooLong(token_len));
+    }
+    Ok((shard, token_len))
+}
+
+pub fn decode_token(bytes: Vec<u8>) -> Result<String, PreambleError> {
+    String::from_utf8(bytes).map_err(|_| PreambleError::TokenNotUtf8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let bytes = encode(3, "abc.def");
+        let head: [u8; 8] = bytes[..8].try_into().unwrap();
+        let (shard, len) = decode_head(&head).unwrap();
+        assert_eq!(shard, 3);
+        assert_eq!(decode_token(bytes[8..8 + len].to_vec()).unwrap(), "abc.def");
+    }
+
+    #[test]
+    fn refuses_bad_head() {
+        assert_eq!(decode_head(b"HTTP/1.1"), Err(PreambleError::BadMagic));
+        let mut head = *b"HNT1\0\0\0\0";
+        head[6..8].copy_from_slice(&5000u16.to_be_bytes());
+        assert_eq!(decode_head(&head), Err(PreambleError::TokenTooLong(5000)));
+    }
+}
