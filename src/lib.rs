@@ -15,3 +15,4 @@ pub mod proto {
 }
 pub mod tokens;
 pub mod tunnel;
+pub mod routing;
