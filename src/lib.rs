@@ -16,3 +16,5 @@ pub mod proto {
 pub mod tokens;
 pub mod tunnel;
 pub mod routing;
+pub mod shard;
+pub mod control;

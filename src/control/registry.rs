@@ -1,0 +1,430 @@
+//! The agent registry, owned by the control core: sessions, registrations, tunnel readiness,
+//! heartbeats, and the model table. Pure state: every method takes `now` and returns the
+//! [`Event`]s the control core must broadcast to shards.
+//!
+//! An agent is *routable* (in the pool) only when it has registered, every shard's tunnel to it is
+//! up, and its last heartbeat is younger than `unhealthy_after`. Any of those lost takes it out at
+//! once (`AgentDown`); all regained puts it back (`AgentUp`).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::routing::AgentId;
+use crate::shard::owner_of;
+use crate::shard::snapshot::{Capability, ModelEntry, ModelId, RoutingSnapshot};
+
+/// What an agent declared when it registered.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    pub models: Vec<String>,
+    pub capability: Capability,
+    pub capacity: u32,
+    pub engine: String,
+    pub region: String,
+    pub tags: Vec<String>,
+    pub version: String,
+}
+
+/// Effects for the control core to carry out, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    AgentUp {
+        agent: AgentId,
+        models: Arc<[ModelId]>,
+        capacity: u32,
+    },
+    AgentDown {
+        agent: AgentId,
+        models: Arc<[ModelId]>,
+    },
+    Signal {
+        agent: AgentId,
+        models: Arc<[ModelId]>,
+        in_flight: u32,
+    },
+    /// The routable set changed: publish a new snapshot.
+    SnapshotChanged,
+    /// The session is over (heartbeats lost past `remove_after`, or its token expired unrefreshed).
+    CloseSession { agent: AgentId },
+}
+
+#[derive(Debug)]
+struct AgentRecord {
+    peer_id: String,
+    registration: Option<Registration>,
+    models: Arc<[ModelId]>,
+    tunnels_up: Vec<bool>,
+    last_heartbeat: Instant,
+    session_expires: Instant,
+    in_flight: u32,
+    routable: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct HealthTimes {
+    pub unhealthy_after: Duration,
+    pub remove_after: Duration,
+}
+
+pub struct Registry {
+    shard_count: usize,
+    health: HealthTimes,
+    agents: HashMap<AgentId, AgentRecord>,
+    model_ids: HashMap<(String, Capability), ModelId>,
+    model_names: Vec<(String, Capability)>,
+    version: u64,
+}
+
+impl Registry {
+    pub fn new(shard_count: usize, health: HealthTimes) -> Registry {
+        Registry {
+            shard_count,
+            health,
+            agents: HashMap::new(),
+            model_ids: HashMap::new(),
+            model_names: Vec::new(),
+            version: 0,
+        }
+    }
+
+    // ----- queries -----
+
+    pub fn is_session_live(&self, agent: AgentId) -> bool {
+        self.agents.contains_key(&agent)
+    }
+
+    pub fn routable_count(&self) -> usize {
+        self.agents.values().filter(|record| record.routable).count()
+    }
+
+    pub fn peer_id(&self, agent: AgentId) -> Option<&str> {
+        self.agents.get(&agent).map(|record| record.peer_id.as_str())
+    }
+
+    /// (peer_id, model name, routable) for every registered agent's model, for `/metrics`.
+    pub fn agent_models(&self) -> Vec<(String, String, bool)> {
+        let mut rows = Vec::new();
+        for record in self.agents.values() {
+            if let Some(registration) = &record.registration {
+                for model in &registration.models {
+                    rows.push((record.peer_id.clone(), model.clone(), record.routable));
+                }
+            }
+        }
+        rows.sort();
+        rows
+    }
+
+    // ----- inputs -----
+
+    /// A session was issued by `Authenticate`.
+    pub fn session_opened(
+        &mut self,
+        agent: AgentId,
+        peer_id: String,
+        expires: Instant,
+        now: Instant,
+    ) {
+        self.agents.insert(
+            agent,
+            AgentRecord {
+                peer_id,
+                registration: None,
+                models: Arc::from(Vec::new()),
+                tunnels_up: vec![false; self.shard_count],
+                last_heartbeat: now,
+                session_expires: expires,
+                in_flight: 0,
+                routable: false,
+            },
+        );
+    }
+
+    pub fn session_refreshed(&mut self, agent: AgentId, expires: Instant) {
+        if let Some(record) = self.agents.get_mut(&agent) {
+            record.session_expires = expires;
+        }
+    }
+
+    pub fn register(
+        &mut self,
+        agent: AgentId,
+        registration: Registration,
+        now: Instant,
+    ) -> Vec<Event> {
+        let mut models = Vec::with_capacity(registration.models.len());
+        for name in &registration.models {
+            models.push(self.model_id(name, registration.capability));
+        }
+        let Some(record) = self.agents.get_mut(&agent) else {
+            return Vec::new();
+        };
+        let mut events = Vec::new();
+        if record.routable {
+            // A re-registration with different models: leave with the old set first.
+            record.routable = false;
+            events.push(Event::AgentDown {
+                agent,
+                models: record.models.clone(),
+            });
+        }
+        record.models = Arc::from(models);
+        record.registration = Some(registration);
+        record.last_heartbeat = now;
+        self.update_routable(agent, now, &mut events);
+        events
+    }
+
+    pub fn tunnel_up(&mut self, agent: AgentId, shard: usize, now: Instant) -> Vec<Event> {
+        let mut events = Vec::new();
+        if let Some(record) = self.agents.get_mut(&agent)
+            && let Some(flag) = record.tunnels_up.get_mut(shard)
+        {
+            *flag = true;
+            self.update_routable(agent, now, &mut events);
+        }
+        events
+    }
+
+    pub fn tunnel_down(&mut self, agent: AgentId, shard: usize, now: Instant) -> Vec<Event> {
+        let mut events = Vec::new();
+        if let Some(record) = self.agents.get_mut(&agent)
+            && let Some(flag) = record.tunnels_up.get_mut(shard)
+        {
+            *flag = false;
+            self.update_routable(agent, now, &mut events);
+        }
+        events
+    }
+
+    pub fn heartbeat(&mut self, agent: AgentId, in_flight: u32, now: Instant) -> Vec<Event> {
+        let mut events = Vec::new();
+        if let Some(record) = self.agents.get_mut(&agent) {
+            record.last_heartbeat = now;
+            record.in_flight = in_flight;
+            self.update_routable(agent, now, &mut events);
+        }
+        events
+    }
+
+    pub fn signal(&mut self, agent: AgentId, in_flight: u32, now: Instant) -> Vec<Event> {
+        let mut events = self.heartbeat(agent, in_flight, now);
+        if let Some(record) = self.agents.get(&agent)
+            && record.routable
+        {
+            events.push(Event::Signal {
+                agent,
+                models: record.models.clone(),
+                in_flight,
+            });
+        }
+        events
+    }
+
+    /// The session stream ended: the agent leaves the pool at once.
+    pub fn session_closed(&mut self, agent: AgentId) -> Vec<Event> {
+        let mut events = Vec::new();
+        if let Some(record) = self.agents.remove(&agent)
+            && record.routable
+        {
+            events.push(Event::AgentDown {
+                agent,
+                models: record.models,
+            });
+            events.push(Event::SnapshotChanged);
+        }
+        events
+    }
+
+    /// Periodic health pass: heartbeat loss and session expiry.
+    pub fn check_health(&mut self, now: Instant) -> Vec<Event> {
+        let mut events = Vec::new();
+        let agents: Vec<AgentId> = self.agents.keys().copied().collect();
+        for agent in agents {
+            let record = &self.agents[&agent];
+            let silent = now.saturating_duration_since(record.last_heartbeat);
+            if silent >= self.health.remove_after || now >= record.session_expires {
+                events.push(Event::CloseSession { agent });
+                continue;
+            }
+            self.update_routable(agent, now, &mut events);
+        }
+        events
+    }
+
+    /// Builds the snapshot for shards from the current routable set.
+    pub fn snapshot(&mut self) -> Arc<RoutingSnapshot> {
+        self.version += 1;
+        struct Summary {
+            healthy: u32,
+            capacity: u64,
+            engines: BTreeSet<String>,
+            regions: BTreeSet<String>,
+        }
+        let mut summaries: HashMap<ModelId, Summary> = HashMap::new();
+        for record in self.agents.values().filter(|record| record.routable) {
+            let registration = record.registration.as_ref().expect("routable implies registered");
+            for model in record.models.iter() {
+                let summary = summaries.entry(*model).or_insert_with(|| Summary {
+                    healthy: 0,
+                    capacity: 0,
+                    engines: BTreeSet::new(),
+                    regions: BTreeSet::new(),
+                });
+                summary.healthy += 1;
+                summary.capacity += u64::from(registration.capacity);
+                summary.engines.insert(registration.engine.clone());
+                summary.regions.insert(registration.region.clone());
+            }
+        }
+        let mut ids: Vec<&ModelId> = summaries.keys().collect();
+        ids.sort();
+        let mut data = Vec::with_capacity(ids.len());
+        let mut entries = Vec::with_capacity(ids.len());
+        for id in ids {
+            let (name, capability) = &self.model_names[id.0 as usize];
+            let summary = &summaries[id];
+            data.push(serde_json::json!({
+                "id": name,
+                "object": "model",
+                "owned_by": "hivenet-router",
+                "capability": capability.as_str(),
+                "agents": {
+                    "total": summary.healthy,
+                    "healthy": summary.healthy,
+                    "total_capacity": summary.capacity,
+                    "engines": summary.engines,
+                    "regions": summary.regions,
+                },
+            }));
+            entries.push((
+                name.clone().into_boxed_str(),
+                *capability,
+                ModelEntry {
+                    id: *id,
+                    owner_shard: owner_of(name, self.shard_count),
+                    healthy_agents: summary.healthy,
+                },
+            ));
+        }
+        let body = serde_json::to_vec(&serde_json::json!({"object": "list", "data": data}))
+            .expect("serializing a json value cannot fail");
+        Arc::new(RoutingSnapshot::new(
+            self.version,
+            entries,
+            Bytes::from(body),
+        ))
+    }
+
+    // ----- internals -----
+
+    fn model_id(&mut self, name: &str, capability: Capability) -> ModelId {
+        let key = (name.to_owned(), capability);
+        if let Some(id) = self.model_ids.get(&key) {
+            return *id;
+        }
+        let id = ModelId(self.model_names.len() as u32);
+        self.model_names.push(key.clone());
+        self.model_ids.insert(key, id);
+        id
+    }
+
+    fn update_routable(&mut self, agent: AgentId, now: Instant, events: &mut Vec<Event>) {
+        let Some(record) = self.agents.get_mut(&agent) else {
+            return;
+        };
+        let healthy =
+            now.saturating_duration_since(record.last_heartbeat) < self.health.unhealthy_after;
+        let should_route = healthy
+            && record.registration.is_some()
+            && record.tunnels_up.iter().all(|up| *up);
+        if should_route == record.routable {
+            return;
+        }
+        record.routable = should_route;
+        if should_route {
+            let capacity = record.registration.as_ref().map_or(0, |r| r.capacity);
+            events.push(Event::AgentUp {
+                agent,
+                models: record.models.clone(),
+                capacity,
+            });
+            if record.in_flight > 0 {
+                events.push(Event::Signal {
+                    agent,
+                    models: record.models.clone(),
+                    in_flight: record.in_flight,
+                });
+            }
+        } else {
+            events.push(Event::AgentDown {
+                agent,
+                models: record.models.clone(),
+            });
+        }
+        events.push(Event::SnapshotChanged);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registration(models: &[&str]) -> Registration {
+        Registration {
+            models: models.iter().map(|m| m.to_string()).collect(),
+            capability: Capability::Llm,
+            capacity: 4,
+            engine: "vllm".into(),
+            region: "eu".into(),
+            tags: vec![],
+            version: "dev".into(),
+        }
+    }
+
+    fn health() -> HealthTimes {
+        HealthTimes {
+            unhealthy_after: Duration::from_secs(15),
+            remove_after: Duration::from_secs(30),
+        }
+    }
+
+    #[test]
+    fn routable_only_with_registration_and_every_tunnel() {
+        let now = Instant::now();
+        let mut registry = Registry::new(2, health());
+        let agent = AgentId(1);
+        registry.session_opened(agent, "peer".into(), now + Duration::from_secs(3600), now);
+        assert!(registry.register(agent, registration(&["m"]), now).is_empty());
+        assert!(registry.tunnel_up(agent, 0, now).is_empty());
+        let events = registry.tunnel_up(agent, 1, now);
+        assert!(matches!(events[0], Event::AgentUp { capacity: 4, .. }));
+        let snapshot = registry.snapshot();
+        let entry = snapshot.lookup("m", Capability::Llm).expect("listed");
+        assert_eq!(entry.healthy_agents, 1);
+        assert!(snapshot.lookup("m", Capability::Embedding).is_none());
+        let events = registry.tunnel_down(agent, 1, now);
+        assert!(matches!(events[0], Event::AgentDown { .. }));
+        assert!(registry.snapshot().lookup("m", Capability::Llm).is_none());
+    }
+
+    #[test]
+    fn heartbeat_loss_then_removal() {
+        let now = Instant::now();
+        let mut registry = Registry::new(1, health());
+        let agent = AgentId(7);
+        registry.session_opened(agent, "peer".into(), now + Duration::from_secs(3600), now);
+        registry.register(agent, registration(&["m"]), now);
+        registry.tunnel_up(agent, 0, now);
+        assert_eq!(registry.routable_count(), 1);
+        let events = registry.check_health(now + Duration::from_secs(16));
+        assert!(matches!(events[0], Event::AgentDown { .. }));
+        let events = registry.check_health(now + Duration::from_secs(31));
+        assert_eq!(events, vec![Event::CloseSession { agent }]);
+        let events = registry.session_closed(agent);
+        assert!(events.is_empty(), "already out of the pool");
+    }
+}

@@ -1,0 +1,68 @@
+//! Messages between the control core and the shards, and between shards over the mesh. Named by
+//! route: `ControlToShard`, `ShardToControl`, `ShardToShard`.
+
+use std::sync::Arc;
+
+use crate::routing::{AgentId, Ticket};
+use crate::shard::snapshot::ModelId;
+
+/// Broadcast by the control core to every shard (each applies what it owns), except `Tunnel`,
+/// which goes to the one shard the agent dialed for.
+pub enum ControlToShard {
+    /// A new read-mostly routing snapshot (model names, owners, `/v1/models` body).
+    Snapshot(Arc<crate::shard::snapshot::RoutingSnapshot>),
+    /// The agent is registered and has a tunnel to every shard: owners add it to their models.
+    AgentUp {
+        agent: AgentId,
+        models: Arc<[ModelId]>,
+        capacity: u32,
+    },
+    /// The agent left the pool (session ended, heartbeat lost or a tunnel dropped).
+    AgentDown {
+        agent: AgentId,
+        models: Arc<[ModelId]>,
+    },
+    /// The agent's own count of requests it is serving, from every router.
+    Signal {
+        agent: AgentId,
+        models: Arc<[ModelId]>,
+        in_flight: u32,
+    },
+    /// An authenticated tunnel socket for this shard. The shard speaks HTTP/2 (client) over it.
+    Tunnel {
+        agent: AgentId,
+        socket: std::net::TcpStream,
+    },
+    /// The agent's session ended: drop this shard's tunnel to it.
+    CloseTunnel { agent: AgentId },
+}
+
+/// From a shard to the control core.
+#[derive(Debug)]
+pub enum ShardToControl {
+    /// This shard's tunnel to the agent is up (HTTP/2 handshake done).
+    TunnelUp { agent: AgentId, shard: usize },
+    /// This shard's tunnel to the agent failed or closed.
+    TunnelDown { agent: AgentId, shard: usize },
+}
+
+/// What a model's owner finally answers to an acquire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Granted(AgentId),
+    QueueFull,
+    NoAgents,
+}
+
+/// Between shards over the SPSC mesh.
+#[derive(Debug)]
+pub enum ShardToShard {
+    /// Requester -> owner: find an agent slot for `model`.
+    Acquire { ticket: Ticket, model: ModelId },
+    /// Requester -> owner: the request gave up waiting (timeout, client left).
+    Cancel { ticket: Ticket, model: ModelId },
+    /// Requester -> owner: the request is finished with its slot.
+    Release { model: ModelId, agent: AgentId },
+    /// Owner -> requester: the final answer for a ticket.
+    Decided { sequence: u64, decision: Decision },
+}

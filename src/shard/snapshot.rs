@@ -1,0 +1,92 @@
+//! The read-mostly routing snapshot: every served model, its owner shard, and the pre-rendered
+//! `/v1/models` body. The control core builds a new one on every registry change and sends it to
+//! every shard; shards swap their `Arc` and never block the writer.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+/// Dense model index, assigned by the control core the first time a (name, capability) is seen and
+/// never reused in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModelId(pub u32);
+
+/// What an agent serves a model for. The router combines name and capability to pick an agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Capability {
+    Llm = 0,
+    Embedding = 1,
+    Reranker = 2,
+}
+
+impl Capability {
+    pub const ALL: [Capability; 3] = [Capability::Llm, Capability::Embedding, Capability::Reranker];
+
+    pub fn parse(text: &str) -> Option<Capability> {
+        match text {
+            "llm" => Some(Capability::Llm),
+            "embedding" => Some(Capability::Embedding),
+            "reranker" => Some(Capability::Reranker),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Capability::Llm => "llm",
+            Capability::Embedding => "embedding",
+            Capability::Reranker => "reranker",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelEntry {
+    pub id: ModelId,
+    pub owner_shard: usize,
+    /// Agents registered and routable for this model right now.
+    pub healthy_agents: u32,
+}
+
+#[derive(Debug, Default)]
+pub struct RoutingSnapshot {
+    /// Registry version this snapshot was built from (monotonic).
+    pub version: u64,
+    by_name: HashMap<Box<str>, [Option<ModelEntry>; 3]>,
+    /// `GET /v1/models` response body.
+    pub models_body: Bytes,
+}
+
+impl RoutingSnapshot {
+    pub fn new(
+        version: u64,
+        entries: impl IntoIterator<Item = (Box<str>, Capability, ModelEntry)>,
+        models_body: Bytes,
+    ) -> RoutingSnapshot {
+        let mut by_name: HashMap<Box<str>, [Option<ModelEntry>; 3]> = HashMap::new();
+        for (name, capability, entry) in entries {
+            by_name.entry(name).or_default()[capability as usize] = Some(entry);
+        }
+        RoutingSnapshot {
+            version,
+            by_name,
+            models_body,
+        }
+    }
+
+    /// The model served for `capability` under `name`, if any agent serves it.
+    pub fn lookup(&self, name: &str, capability: Capability) -> Option<&ModelEntry> {
+        self.by_name
+            .get(name)
+            .and_then(|entries| entries[capability as usize].as_ref())
+    }
+
+    pub fn empty() -> Arc<RoutingSnapshot> {
+        Arc::new(RoutingSnapshot {
+            version: 0,
+            by_name: HashMap::new(),
+            models_body: Bytes::from_static(b"{\"object\":\"list\",\"data\":[]}"),
+        })
+    }
+}
