@@ -18,3 +18,5 @@ pub mod tunnel;
 pub mod routing;
 pub mod shard;
 pub mod control;
+pub mod config;
+pub mod metrics;

@@ -1,5 +1,256 @@
 //! The control core: a small `tokio` runtime on its own thread that runs the agent gRPC service,
 //! the tunnel acceptor, agent health checks and the Prometheus endpoint, and tells shards what
 //! changed. Nothing here is on the request path.
+//!
+//! Key components: `registry` (pure agent/model state), `service` (gRPC), `tunnel_accept` (the
+//! agent-dialed data sockets), `metrics_http` (`/metrics`). [`ControlShared`] is the state they
+//! share; its registry lock is held only for in-memory updates and the non-blocking sends that
+//! follow, so shards see registry events in the order they happened.
 
+pub mod metrics_http;
 pub mod registry;
+pub mod service;
+pub mod tunnel_accept;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::metrics::ShardMetrics;
+use crate::routing::AgentId;
+use crate::shard::messages::{ControlToShard, ShardToControl};
+use crate::tokens::Secret;
+use registry::{Event, HealthTimes, Registry};
+
+/// Fixed settings of the control core.
+#[derive(Debug, Clone)]
+pub struct ControlSettings {
+    pub shard_count: usize,
+    pub session_ttl: Duration,
+    pub heartbeat_interval: Duration,
+    pub routing_signal_interval: Duration,
+    pub health_check_interval: Duration,
+    pub health: HealthTimes,
+    /// Multiaddr agents dial for the tunnel.
+    pub tunnel_announce: String,
+    pub router_peer_id: String,
+    pub grpc_address: SocketAddr,
+    pub tunnel_address: SocketAddr,
+    pub metrics_address: SocketAddr,
+}
+
+pub struct ControlShared {
+    pub settings: ControlSettings,
+    pub secret: Secret,
+    registry: Mutex<Registry>,
+    to_shards: Vec<mpsc::UnboundedSender<ControlToShard>>,
+    sessions: Mutex<HashMap<AgentId, oneshot::Sender<&'static str>>>,
+    next_session: AtomicU64,
+    pub shard_metrics: Vec<Arc<ShardMetrics>>,
+}
+
+impl ControlShared {
+    pub fn new(
+        settings: ControlSettings,
+        secret: Secret,
+        to_shards: Vec<mpsc::UnboundedSender<ControlToShard>>,
+        shard_metrics: Vec<Arc<ShardMetrics>>,
+    ) -> ControlShared {
+        ControlShared {
+            registry: Mutex::new(Registry::new(settings.shard_count, settings.health)),
+            settings,
+            secret,
+            to_shards,
+            sessions: Mutex::new(HashMap::new()),
+            next_session: AtomicU64::new(1),
+            shard_metrics,
+        }
+    }
+
+    pub fn registry(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().expect("registry lock poisoned")
+    }
+
+    pub fn next_session(&self) -> u64 {
+        self.next_session.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Records the live stream of a session; `None` when one is already attached.
+    pub fn attach_session(&self, agent: AgentId) -> Option<oneshot::Receiver<&'static str>> {
+        let mut sessions = self.sessions.lock().expect("sessions lock poisoned");
+        if sessions.contains_key(&agent) {
+            return None;
+        }
+        let (kill, killed) = oneshot::channel();
+        sessions.insert(agent, kill);
+        Some(killed)
+    }
+
+    /// The session is over: the agent leaves the pool at once and every shard drops its tunnel.
+    pub fn close_session(&self, agent: AgentId) {
+        self.sessions
+            .lock()
+            .expect("sessions lock poisoned")
+            .remove(&agent);
+        let mut registry = self.registry();
+        let events = registry.session_closed(agent);
+        self.apply_locked(&mut registry, events);
+        self.broadcast(|| ControlToShard::CloseTunnel { agent });
+    }
+
+    /// Carries out registry events in order.
+    pub fn apply(&self, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        let mut registry = self.registry();
+        self.apply_locked(&mut registry, events);
+    }
+
+    fn apply_locked(&self, registry: &mut Registry, events: Vec<Event>) {
+        for event in events {
+            match event {
+                Event::AgentUp {
+                    agent,
+                    models,
+                    capacity,
+                } => {
+                    tracing::info!(session = agent.0, "agent joined the routing pool");
+                    self.broadcast(|| ControlToShard::AgentUp {
+                        agent,
+                        models: models.clone(),
+                        capacity,
+                    });
+                }
+                Event::AgentDown { agent, models } => {
+                    tracing::info!(session = agent.0, "agent left the routing pool");
+                    self.broadcast(|| ControlToShard::AgentDown {
+                        agent,
+                        models: models.clone(),
+                    });
+                }
+                Event::Signal {
+                    agent,
+                    models,
+                    in_flight,
+                } => self.broadcast(|| ControlToShard::Signal {
+                    agent,
+                    models: models.clone(),
+                    in_flight,
+                }),
+                Event::SnapshotChanged => {
+                    let snapshot = registry.snapshot();
+                    self.broadcast(|| ControlToShard::Snapshot(snapshot.clone()));
+                }
+                Event::CloseSession { agent } => {
+                    if let Some(kill) = self
+                        .sessions
+                        .lock()
+                        .expect("sessions lock poisoned")
+                        .remove(&agent)
+                    {
+                        let _ = kill.send("heartbeat lost or session expired");
+                    } else {
+                        // No stream was ever attached: close it here.
+                        let events = registry.session_closed(agent);
+                        self.apply_locked(registry, events);
+                        self.broadcast(|| ControlToShard::CloseTunnel { agent });
+                    }
+                }
+            }
+        }
+    }
+
+    fn broadcast(&self, message: impl Fn() -> ControlToShard) {
+        for shard in &self.to_shards {
+            // A shard that has stopped is shutting down with the process; nothing to do.
+            let _ = shard.send(message());
+        }
+    }
+
+    pub fn send_to_shard(&self, shard: usize, message: ControlToShard) {
+        let _ = self.to_shards[shard].send(message);
+    }
+}
+
+/// Runs the control core until the process ends. Returns once every listener is bound, so the
+/// caller can report start-up errors; the services keep running on `runtime`.
+pub fn start(
+    runtime: &tokio::runtime::Runtime,
+    shared: Arc<ControlShared>,
+    mut from_shards: mpsc::UnboundedReceiver<ShardToControl>,
+) -> anyhow::Result<()> {
+    let settings = shared.settings.clone();
+    let grpc_listener = runtime
+        .block_on(tokio::net::TcpListener::bind(settings.grpc_address))
+        .map_err(|error| anyhow::anyhow!("cannot bind --grpc-port {}: {error}", settings.grpc_address))?;
+    let tunnel_listener = runtime
+        .block_on(tokio::net::TcpListener::bind(settings.tunnel_address))
+        .map_err(|error| anyhow::anyhow!("cannot bind --p2p-port {}: {error}", settings.tunnel_address))?;
+    let metrics_listener = runtime
+        .block_on(tokio::net::TcpListener::bind(settings.metrics_address))
+        .map_err(|error| {
+            anyhow::anyhow!("cannot bind --metrics-port {}: {error}", settings.metrics_address)
+        })?;
+
+    let service = crate::proto::agent_control_server::AgentControlServer::new(
+        service::ControlService {
+            shared: shared.clone(),
+        },
+    );
+    runtime.spawn(async move {
+        let incoming = tokio_listener_stream(grpc_listener);
+        if let Err(error) = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming)
+            .await
+        {
+            tracing::error!(%error, "agent gRPC server stopped");
+        }
+    });
+    runtime.spawn(tunnel_accept::run(tunnel_listener, shared.clone()));
+    runtime.spawn(metrics_http::run(metrics_listener, shared.clone()));
+
+    let health_shared = shared.clone();
+    runtime.spawn(async move {
+        let mut ticker = tokio::time::interval(health_shared.settings.health_check_interval);
+        loop {
+            ticker.tick().await;
+            let events = health_shared.registry().check_health(Instant::now());
+            health_shared.apply(events);
+        }
+    });
+
+    runtime.spawn(async move {
+        while let Some(message) = from_shards.recv().await {
+            let now = Instant::now();
+            let events = match message {
+                ShardToControl::TunnelUp { agent, shard } => {
+                    shared.registry().tunnel_up(agent, shard, now)
+                }
+                ShardToControl::TunnelDown { agent, shard } => {
+                    tracing::info!(session = agent.0, shard, "agent tunnel closed");
+                    shared.registry().tunnel_down(agent, shard, now)
+                }
+            };
+            shared.apply(events);
+        }
+    });
+    Ok(())
+}
+
+fn tokio_listener_stream(
+    listener: tokio::net::TcpListener,
+) -> impl futures_util::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    futures_util::stream::unfold(listener, |listener| async move {
+        let accepted = listener.accept().await.map(|(stream, _)| {
+            let _ = stream.set_nodelay(true);
+            stream
+        });
+        Some((accepted, listener))
+    })
+}

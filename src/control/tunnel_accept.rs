@@ -1,0 +1,87 @@
+//! Accepts agent-dialed tunnel sockets on `--p2p-port`, checks the preamble's session token and
+//! shard index, answers the status byte, and hands the socket to the shard it names.
+//!
+//! Error handling: a socket that does not finish its preamble within [`PREAMBLE_TIMEOUT`], or
+//! presents a bad token or shard, is answered (when possible) and closed; nothing else is affected.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::control::ControlShared;
+use crate::routing::AgentId;
+use crate::shard::messages::ControlToShard;
+use crate::tokens::SESSION_AUDIENCE;
+use crate::tunnel::preamble::{self, Status};
+
+pub const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub async fn run(listener: tokio::net::TcpListener, shared: Arc<ControlShared>) {
+    loop {
+        let (socket, remote) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "tunnel accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            match tokio::time::timeout(PREAMBLE_TIMEOUT, handshake(socket, &shared)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(reason)) => tracing::warn!(%remote, reason, "tunnel refused"),
+                Err(_) => tracing::warn!(%remote, "tunnel refused: preamble timed out"),
+            }
+        });
+    }
+}
+
+async fn handshake(
+    mut socket: tokio::net::TcpStream,
+    shared: &ControlShared,
+) -> Result<(), &'static str> {
+    let mut head = [0u8; 8];
+    socket
+        .read_exact(&mut head)
+        .await
+        .map_err(|_| "connection closed during preamble")?;
+    let (shard, token_len) = match preamble::decode_head(&head) {
+        Ok(decoded) => decoded,
+        Err(_) => {
+            let _ = socket.write_all(&[Status::Malformed as u8]).await;
+            return Err("malformed preamble");
+        }
+    };
+    let mut token = vec![0u8; token_len];
+    socket
+        .read_exact(&mut token)
+        .await
+        .map_err(|_| "connection closed during preamble")?;
+    let status = match preamble::decode_token(token)
+        .ok()
+        .and_then(|token| shared.secret.verify(&token, SESSION_AUDIENCE).ok())
+    {
+        None => Status::BadToken,
+        Some(claims) => {
+            let agent = AgentId(claims.sid as u32);
+            if !shared.registry().is_session_live(agent) {
+                Status::BadToken
+            } else if usize::from(shard) >= shared.settings.shard_count {
+                Status::BadShard
+            } else {
+                socket
+                    .write_all(&[Status::Accepted as u8])
+                    .await
+                    .map_err(|_| "connection closed before acceptance")?;
+                let _ = socket.set_nodelay(true);
+                let socket = socket.into_std().map_err(|_| "cannot detach socket")?;
+                shared.send_to_shard(usize::from(shard), ControlToShard::Tunnel { agent, socket });
+                return Ok(());
+            }
+        }
+    };
+    let _ = socket.write_all(&[status as u8]).await;
+    Err(status.describe())
+}
