@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::routing::AgentId;
-use crate::shard::owner_of;
+use crate::shard::state::owner_of_model;
 use crate::shard::snapshot::{Capability, ModelEntry, ModelId, RoutingSnapshot};
 
 /// What an agent declared when it registered.
@@ -305,7 +305,7 @@ impl Registry {
                 *capability,
                 ModelEntry {
                     id: *id,
-                    owner_shard: owner_of(name, self.shard_count),
+                    owner_shard: owner_of_model(*id, self.shard_count),
                     healthy_agents: summary.healthy,
                 },
             ));

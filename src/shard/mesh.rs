@@ -87,12 +87,27 @@ impl<T> Endpoint<T> {
 
     /// Sends to another shard. Sending to oneself is a bug: owners call local state directly.
     pub fn send(&mut self, to: usize, message: T) -> Result<(), MeshFull> {
+        self.send_returning(to, message).map_err(|_| MeshFull { to })
+    }
+
+    /// Like [`Endpoint::send`], but a full ring hands the message back so the caller can keep it.
+    pub fn send_returning(&mut self, to: usize, message: T) -> Result<(), T> {
         let producer = self.to[to]
             .as_mut()
             .expect("mesh send to self or to a shard that does not exist");
-        producer.push(message).map_err(|_| MeshFull { to })?;
+        producer
+            .push(message)
+            .map_err(|rtrb::PushError::Full(message)| message)?;
         self.doorbells[to].ring();
         Ok(())
+    }
+
+    /// A handle that waits for this shard's doorbell without borrowing the endpoint.
+    pub fn waiter(&self) -> Waiter {
+        Waiter {
+            shard: self.shard,
+            doorbells: self.doorbells.clone(),
+        }
     }
 
     /// Drains everything currently queued for this shard into `handle`, up to `budget` messages
@@ -116,6 +131,15 @@ impl<T> Endpoint<T> {
         handled
     }
 
+}
+
+/// Waits for one shard's doorbell.
+pub struct Waiter {
+    shard: usize,
+    doorbells: Arc<[Doorbell]>,
+}
+
+impl Waiter {
     /// Resolves when another shard has rung this shard's doorbell since the last call.
     pub async fn wait(&self) {
         let doorbell = &self.doorbells[self.shard];
@@ -151,12 +175,13 @@ mod tests {
             }
         });
         let mut next = 0u32;
+        let waiter = receiver.waiter();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
         runtime.block_on(async {
             while next < 10_000 {
-                receiver.wait().await;
+                waiter.wait().await;
                 receiver.drain(usize::MAX, |from, value| {
                     assert_eq!(from, 0);
                     assert_eq!(value, next);

@@ -63,6 +63,10 @@ pub enum ShardToShard {
     Cancel { ticket: Ticket, model: ModelId },
     /// Requester -> owner: the request is finished with its slot.
     Release { model: ModelId, agent: AgentId },
-    /// Owner -> requester: the final answer for a ticket.
-    Decided { sequence: u64, decision: Decision },
+    /// Owner -> requester: the final answer for a ticket (`model` lets an unwanted grant go back).
+    Decided {
+        sequence: u64,
+        decision: Decision,
+        model: ModelId,
+    },
 }

@@ -11,6 +11,7 @@
 pub mod mesh;
 pub mod messages;
 pub mod snapshot;
+pub mod state;
 
 /// FNV-1a: a stable, dependency-free hash so every router process agrees on ownership.
 pub fn stable_hash(bytes: &[u8]) -> u64 {

@@ -1,4 +1,5 @@
 //! The data tunnel between a router shard and an agent: an agent-dialed TCP socket, authenticated by
 //! the preamble, then HTTP/2 with the router as client.
 
+pub mod client;
 pub mod preamble;

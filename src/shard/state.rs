@@ -1,0 +1,441 @@
+//! What one shard owns, and the code that mutates it. Single-threaded: plain `RefCell`/`Cell`, no
+//! lock and no shared atomic. `RefCell` borrows never cross an `.await`.
+//!
+//! Key components: [`Shard::acquire`] (ask a model's owner for an agent slot, locally or over the
+//! mesh, waiting in the owner's capacity queue up to a deadline), [`Slot`] (the held slot; dropping
+//! it releases it exactly once, on every path), the control inbox and mesh handlers that apply
+//! other cores' messages.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::metrics::ShardMetrics;
+use crate::routing::{Acquire, AgentId, ModelRoutes, Ticket};
+use crate::shard::mesh::Endpoint;
+use crate::shard::messages::{ControlToShard, Decision, ShardToControl, ShardToShard};
+use crate::shard::snapshot::{ModelEntry, ModelId, RoutingSnapshot};
+
+/// Messages handled per mesh wake-up before the mesh task yields to the shard's other tasks.
+const MESH_DRAIN_BUDGET: usize = 256;
+
+/// Per-shard settings (copied into each shard at start-up).
+#[derive(Debug, Clone)]
+pub struct ShardSettings {
+    pub queue_depth: usize,
+    pub request_timeout: Duration,
+    /// `None`: no limit (`HIVENET_ROUTER_MAX_REQUEST_BYTES=0`).
+    pub max_request_bytes: Option<usize>,
+    pub client_header_timeout: Duration,
+    pub client_body_timeout: Duration,
+}
+
+/// Why a request found no agent slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteError {
+    /// Every agent is full and the model's queue is full (or disabled).
+    QueueFull,
+    /// The model has no agent in the pool.
+    NoAgents,
+    /// The capacity wait reached the request deadline.
+    Timeout,
+    /// The mesh ring to the owner shard is full.
+    MeshFull,
+}
+
+/// The router-side HTTP/2 client handle over one agent tunnel.
+#[derive(Clone)]
+pub struct Tunnel {
+    pub send: h2::client::SendRequest<Bytes>,
+    pub generation: u64,
+}
+
+pub struct Shard {
+    pub id: usize,
+    pub count: usize,
+    pub settings: ShardSettings,
+    pub metrics: Arc<ShardMetrics>,
+    snapshot: RefCell<Arc<RoutingSnapshot>>,
+    routes: RefCell<HashMap<ModelId, ModelRoutes>>,
+    tunnels: RefCell<HashMap<AgentId, Tunnel>>,
+    waiting: RefCell<HashMap<u64, oneshot::Sender<Decision>>>,
+    next_sequence: Cell<u64>,
+    next_tunnel_generation: Cell<u64>,
+    mesh: RefCell<Endpoint<ShardToShard>>,
+    /// Mesh messages that found their ring full; retried before anything new is drained. Only
+    /// releases and decisions land here: they must not be lost.
+    deferred: RefCell<VecDeque<(usize, ShardToShard)>>,
+    to_control: mpsc::UnboundedSender<ShardToControl>,
+}
+
+/// The owner shard of a model.
+pub fn owner_of_model(model: ModelId, shard_count: usize) -> usize {
+    model.0 as usize % shard_count
+}
+
+impl Shard {
+    pub fn new(
+        mesh: Endpoint<ShardToShard>,
+        count: usize,
+        settings: ShardSettings,
+        metrics: Arc<ShardMetrics>,
+        to_control: mpsc::UnboundedSender<ShardToControl>,
+    ) -> Shard {
+        Shard {
+            id: mesh.shard(),
+            count,
+            settings,
+            metrics,
+            snapshot: RefCell::new(RoutingSnapshot::empty()),
+            routes: RefCell::new(HashMap::new()),
+            tunnels: RefCell::new(HashMap::new()),
+            waiting: RefCell::new(HashMap::new()),
+            next_sequence: Cell::new(1),
+            next_tunnel_generation: Cell::new(1),
+            mesh: RefCell::new(mesh),
+            deferred: RefCell::new(VecDeque::new()),
+            to_control,
+        }
+    }
+
+    pub fn snapshot(&self) -> Arc<RoutingSnapshot> {
+        self.snapshot.borrow().clone()
+    }
+
+    pub fn tunnel(&self, agent: AgentId) -> Option<Tunnel> {
+        self.tunnels.borrow().get(&agent).cloned()
+    }
+
+    // ----- acquire / release -----
+
+    /// Asks the model's owner for an agent slot, waiting in its capacity queue until `deadline`.
+    pub async fn acquire(
+        self: &Rc<Self>,
+        model: &ModelEntry,
+        deadline: Instant,
+    ) -> Result<Slot, RouteError> {
+        let owner = owner_of_model(model.id, self.count);
+        let sequence = self.next_sequence.get();
+        self.next_sequence.set(sequence + 1);
+        let ticket = Ticket {
+            shard: self.id as u16,
+            sequence,
+        };
+        let slot = |agent| Slot {
+            shard: self.clone(),
+            model: model.id,
+            agent,
+        };
+        if owner == self.id {
+            let acquired = match self.routes.borrow_mut().get_mut(&model.id) {
+                Some(routes) => routes.acquire(ticket),
+                None => Acquire::NoAgents,
+            };
+            match acquired {
+                Acquire::Granted(agent) => return Ok(slot(agent)),
+                Acquire::QueueFull => return Err(RouteError::QueueFull),
+                Acquire::NoAgents => return Err(RouteError::NoAgents),
+                Acquire::Queued => {}
+            }
+        }
+        let (decided, decision) = oneshot::channel();
+        self.waiting.borrow_mut().insert(sequence, decided);
+        if owner != self.id {
+            let sent = self.mesh.borrow_mut().send(
+                owner,
+                ShardToShard::Acquire {
+                    ticket,
+                    model: model.id,
+                },
+            );
+            if sent.is_err() {
+                self.waiting.borrow_mut().remove(&sequence);
+                ShardMetrics::add(&self.metrics.mesh_full_total, 1);
+                return Err(RouteError::MeshFull);
+            }
+        }
+        ShardMetrics::add(&self.metrics.queued_total, 1);
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match monoio::time::timeout(wait, decision).await {
+            Ok(Ok(Decision::Granted(agent))) => Ok(slot(agent)),
+            Ok(Ok(Decision::QueueFull)) => Err(RouteError::QueueFull),
+            Ok(Ok(Decision::NoAgents)) | Ok(Err(_)) => Err(RouteError::NoAgents),
+            Err(_) => {
+                // Gave up: withdraw the ticket. A grant already on its way finds no waiter and is
+                // released by `resolve`.
+                self.waiting.borrow_mut().remove(&sequence);
+                ShardMetrics::add(&self.metrics.queue_timeouts_total, 1);
+                if owner == self.id {
+                    if let Some(routes) = self.routes.borrow_mut().get_mut(&model.id) {
+                        routes.cancel(ticket);
+                    }
+                } else {
+                    self.send_or_defer(
+                        owner,
+                        ShardToShard::Cancel {
+                            ticket,
+                            model: model.id,
+                        },
+                    );
+                }
+                Err(RouteError::Timeout)
+            }
+        }
+    }
+
+    fn release(&self, model: ModelId, agent: AgentId) {
+        let owner = owner_of_model(model, self.count);
+        if owner == self.id {
+            let grants = match self.routes.borrow_mut().get_mut(&model) {
+                Some(routes) => routes.release(agent),
+                None => Vec::new(),
+            };
+            self.deliver(model, grants);
+        } else {
+            self.send_or_defer(owner, ShardToShard::Release { model, agent });
+        }
+    }
+
+    /// Hands grants made by this shard (as owner) to their requesters.
+    fn deliver(&self, model: ModelId, grants: Vec<(Ticket, AgentId)>) {
+        for (ticket, agent) in grants {
+            self.decide(model, ticket, Decision::Granted(agent));
+        }
+    }
+
+    fn decide(&self, model: ModelId, ticket: Ticket, decision: Decision) {
+        let requester = usize::from(ticket.shard);
+        if requester == self.id {
+            self.resolve(model, ticket.sequence, decision);
+        } else {
+            self.send_or_defer(
+                requester,
+                ShardToShard::Decided {
+                    sequence: ticket.sequence,
+                    decision,
+                    model,
+                },
+            );
+        }
+    }
+
+    /// A decision for one of this shard's tickets. A grant nobody waits for any more goes back.
+    fn resolve(&self, model: ModelId, sequence: u64, decision: Decision) {
+        let waiter = self.waiting.borrow_mut().remove(&sequence);
+        let undelivered = match waiter {
+            Some(waiter) => waiter.send(decision).err(),
+            None => Some(decision),
+        };
+        if let Some(Decision::Granted(agent)) = undelivered {
+            self.release(model, agent);
+        }
+    }
+
+    fn send_or_defer(&self, to: usize, message: ShardToShard) {
+        let mut deferred = self.deferred.borrow_mut();
+        if !deferred.is_empty() {
+            deferred.push_back((to, message));
+            return;
+        }
+        if let Err(full) = self.mesh.borrow_mut().send_returning(to, message) {
+            ShardMetrics::add(&self.metrics.mesh_full_total, 1);
+            deferred.push_back((to, full));
+        }
+    }
+
+    fn flush_deferred(&self) {
+        let mut deferred = self.deferred.borrow_mut();
+        let mut mesh = self.mesh.borrow_mut();
+        while let Some((to, message)) = deferred.pop_front() {
+            if let Err(message) = mesh.send_returning(to, message) {
+                deferred.push_front((to, message));
+                break;
+            }
+        }
+    }
+
+    // ----- inbound messages -----
+
+    fn on_mesh(&self, message: ShardToShard) {
+        match message {
+            ShardToShard::Acquire { ticket, model } => {
+                let acquired = match self.routes.borrow_mut().get_mut(&model) {
+                    Some(routes) => routes.acquire(ticket),
+                    None => Acquire::NoAgents,
+                };
+                let decision = match acquired {
+                    Acquire::Granted(agent) => Decision::Granted(agent),
+                    Acquire::QueueFull => Decision::QueueFull,
+                    Acquire::NoAgents => Decision::NoAgents,
+                    Acquire::Queued => return,
+                };
+                self.decide(model, ticket, decision);
+            }
+            ShardToShard::Cancel { ticket, model } => {
+                if let Some(routes) = self.routes.borrow_mut().get_mut(&model) {
+                    routes.cancel(ticket);
+                }
+            }
+            ShardToShard::Release { model, agent } => self.release(model, agent),
+            ShardToShard::Decided {
+                sequence,
+                decision,
+                model,
+            } => self.resolve(model, sequence, decision),
+        }
+    }
+
+    fn on_control(self: &Rc<Self>, message: ControlToShard) {
+        match message {
+            ControlToShard::Snapshot(snapshot) => *self.snapshot.borrow_mut() = snapshot,
+            ControlToShard::AgentUp {
+                agent,
+                models,
+                capacity,
+            } => {
+                for model in self.owned(&models) {
+                    let grants = self
+                        .routes
+                        .borrow_mut()
+                        .entry(model)
+                        .or_insert_with(|| ModelRoutes::new(self.settings.queue_depth))
+                        .agent_up(agent, capacity);
+                    self.deliver(model, grants);
+                }
+            }
+            ControlToShard::AgentDown { agent, models } => {
+                for model in self.owned(&models) {
+                    let failed = {
+                        let mut routes = self.routes.borrow_mut();
+                        let Some(state) = routes.get_mut(&model) else {
+                            continue;
+                        };
+                        let failed = state.agent_down(agent);
+                        if state.agent_count() == 0 && state.is_idle() {
+                            routes.remove(&model);
+                        }
+                        failed
+                    };
+                    for ticket in failed {
+                        self.decide(model, ticket, Decision::NoAgents);
+                    }
+                }
+            }
+            ControlToShard::Signal {
+                agent,
+                models,
+                in_flight,
+            } => {
+                for model in self.owned(&models) {
+                    let grants = match self.routes.borrow_mut().get_mut(&model) {
+                        Some(routes) => routes.signal(agent, in_flight),
+                        None => Vec::new(),
+                    };
+                    self.deliver(model, grants);
+                }
+            }
+            ControlToShard::Tunnel { agent, socket } => {
+                let generation = self.next_tunnel_generation.get();
+                self.next_tunnel_generation.set(generation + 1);
+                monoio::spawn(crate::tunnel::client::run(
+                    self.clone(),
+                    agent,
+                    generation,
+                    socket,
+                ));
+            }
+            ControlToShard::CloseTunnel { agent } => {
+                if self.tunnels.borrow_mut().remove(&agent).is_some() {
+                    ShardMetrics::gauge(&self.metrics.tunnels_open, -1);
+                }
+            }
+        }
+    }
+
+    fn owned(&self, models: &[ModelId]) -> Vec<ModelId> {
+        models
+            .iter()
+            .copied()
+            .filter(|model| owner_of_model(*model, self.count) == self.id)
+            .collect()
+    }
+
+    // ----- tunnels (called by the tunnel client task) -----
+
+    pub fn tunnel_up(&self, agent: AgentId, tunnel: Tunnel) {
+        if self.tunnels.borrow_mut().insert(agent, tunnel).is_none() {
+            ShardMetrics::gauge(&self.metrics.tunnels_open, 1);
+        }
+        let _ = self.to_control.send(ShardToControl::TunnelUp {
+            agent,
+            shard: self.id,
+        });
+    }
+
+    pub fn tunnel_down(&self, agent: AgentId, generation: u64) {
+        let mut tunnels = self.tunnels.borrow_mut();
+        if tunnels
+            .get(&agent)
+            .is_some_and(|tunnel| tunnel.generation == generation)
+        {
+            tunnels.remove(&agent);
+            ShardMetrics::gauge(&self.metrics.tunnels_open, -1);
+            let _ = self.to_control.send(ShardToControl::TunnelDown {
+                agent,
+                shard: self.id,
+            });
+        }
+    }
+
+    // ----- background tasks -----
+
+    /// Applies control-core messages until the control core goes away.
+    pub async fn run_control_inbox(
+        self: Rc<Self>,
+        mut inbox: mpsc::UnboundedReceiver<ControlToShard>,
+    ) {
+        while let Some(message) = inbox.recv().await {
+            self.on_control(message);
+        }
+    }
+
+    /// Applies other shards' mesh messages, forever.
+    pub async fn run_mesh(self: Rc<Self>) {
+        let waiter = self.mesh.borrow().waiter();
+        let mut inbound = Vec::with_capacity(MESH_DRAIN_BUDGET);
+        loop {
+            self.flush_deferred();
+            self.mesh
+                .borrow_mut()
+                .drain(MESH_DRAIN_BUDGET, |_, message| inbound.push(message));
+            let handled = inbound.len();
+            for message in inbound.drain(..) {
+                self.on_mesh(message);
+            }
+            if handled == MESH_DRAIN_BUDGET || !self.deferred.borrow().is_empty() {
+                // More may be queued (or a ring was full): let other tasks run, then continue.
+                monoio::time::sleep(Duration::from_micros(50)).await;
+                continue;
+            }
+            waiter.wait().await;
+        }
+    }
+}
+
+/// A held agent slot. Dropping it releases the slot to the model's owner, exactly once.
+pub struct Slot {
+    shard: Rc<Shard>,
+    pub model: ModelId,
+    pub agent: AgentId,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.shard.release(self.model, self.agent);
+    }
+}
