@@ -8,6 +8,7 @@
 //! `control` (agent gRPC, registry), `metrics`, `agent`, `sim`.
 
 pub mod duration;
+pub mod http;
 pub mod identity;
 pub mod proto {
     //! Generated from `proto/hivenet.proto`.
@@ -15,3 +16,4 @@ pub mod proto {
 }
 pub mod tokens;
 pub mod tunnel;
+pub mod usage;
