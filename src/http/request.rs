@@ -301,9 +301,7 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
                 head.host = Some(Span::of(buf, value));
             }
             6 if name.eq_ignore_ascii_case(b"expect") => {
-                if trim_ows(value).eq_ignore_ascii_case(b"100-continue") {
-                    head.expect_continue = true;
-                }
+                head.expect_continue |= trim_ows(value).eq_ignore_ascii_case(b"100-continue");
             }
             7 if name.eq_ignore_ascii_case(b"upgrade") => {
                 head.upgrade = Some(Span::of(buf, value));
