@@ -10,7 +10,11 @@ use clap::Parser;
 use crate::duration::parse_arg as duration;
 
 #[derive(Debug, Clone, Parser)]
-#[command(name = "hivenet-router", version, about = "OpenAI- and Anthropic-compatible LLM router")]
+#[command(
+    name = "hivenet-router",
+    version,
+    about = "OpenAI- and Anthropic-compatible LLM router"
+)]
 pub struct RouterArgs {
     /// Client API listen address (`:8080` binds every interface).
     #[arg(long, env = "HIVENET_ROUTER_HTTP_PORT", default_value = ":8080")]
@@ -106,8 +110,9 @@ pub fn listen_address(text: &str) -> anyhow::Result<SocketAddr> {
     } else {
         text.to_owned()
     };
-    full.parse()
-        .map_err(|_| anyhow::anyhow!("invalid listen address {text:?} (expected :PORT or HOST:PORT)"))
+    full.parse().map_err(|_| {
+        anyhow::anyhow!("invalid listen address {text:?} (expected :PORT or HOST:PORT)")
+    })
 }
 
 #[cfg(test)]

@@ -2,21 +2,23 @@
 //! engines, its agents (`hivenet-agent`) and a simulated engine (`hivenet-sim`).
 //!
 //! Module map, in the order a request meets them: `http` (wire codec and body fields), `shard`
-//! (the thread-per-core data plane and its mesh), `routing` (per-model agent choice and capacity
-//! queues, pure), `tunnel` (router <-> agent HTTP/2 over agent-dialed sockets), `usage` (exact token
-//! usage read from responses), `error` (the one place rejections become HTTP). Around them:
-//! `control` (agent gRPC, registry), `metrics`, `agent`, `sim`.
+//! (the thread-per-core data plane and its mesh), `api` (request phases), `routing` (per-model
+//! agent choice and capacity queues, pure), `tunnel` (router <-> agent HTTP/2 over agent-dialed
+//! sockets), `usage` (exact token usage read from responses), `error` (the one place rejections
+//! become HTTP). Around them: `control` (agent gRPC, registry), `metrics`, `agent`, `sim`.
 
+pub mod config;
+pub mod control;
 pub mod duration;
+pub mod http;
 pub mod identity;
+pub mod metrics;
 pub mod proto {
     //! Generated from `proto/hivenet.proto`.
     tonic::include_proto!("hivenet.v1");
 }
-pub mod tokens;
-pub mod tunnel;
 pub mod routing;
 pub mod shard;
-pub mod control;
-pub mod config;
-pub mod metrics;
+pub mod tokens;
+pub mod tunnel;
+pub mod usage;

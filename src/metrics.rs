@@ -59,19 +59,84 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 pub fn render_shards(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
     type Getter = fn(&ShardMetrics) -> i128;
     let simple: [(&str, &str, &str, Getter); 13] = [
-        ("hivenet_shard_connections_accepted_total", "counter", "Client connections accepted by the shard.", |m| m.connections_accepted_total.load(Ordering::Relaxed) as i128),
-        ("hivenet_shard_connections_open", "gauge", "Client connections open on the shard.", |m| m.connections_open.load(Ordering::Relaxed) as i128),
-        ("hivenet_shard_requests_total", "counter", "Client requests parsed by the shard.", |m| m.requests_total.load(Ordering::Relaxed) as i128),
-        ("hivenet_shard_upstream_errors_total", "counter", "Forwards that failed on the tunnel or at the agent.", |m| m.upstream_errors_total.load(Ordering::Relaxed) as i128),
-        ("hivenet_shard_client_disconnects_total", "counter", "Requests whose client went away before the response ended.", |m| m.client_disconnects_total.load(Ordering::Relaxed) as i128),
-        ("hivenet_shard_queued_total", "counter", "Requests that waited in a model capacity queue.", |m| m.queued_total.load(Ordering::Relaxed) as i128),
-        ("hivenet_shard_queue_timeouts_total", "counter", "Requests whose capacity wait reached the request timeout.", |m| m.queue_timeouts_total.load(Ordering::Relaxed) as i128),
-        ("hivenet_shard_input_tokens_total", "counter", "Exact input tokens read from responses.", |m| m.input_tokens_total.load(Ordering::Relaxed) as i128),
-        ("hivenet_shard_output_tokens_total", "counter", "Exact output tokens read from responses.", |m| m.output_tokens_total.load(Ordering::Relaxed) as i128),
-        ("hivenet_shard_usage_missing_total", "counter", "Successful responses that carried no usage.", |m| m.usage_missing_total.load(Ordering::Relaxed) as i128),
-        ("hivenet_shard_mesh_full_total", "counter", "Messages refused because a mesh ring was full.", |m| m.mesh_full_total.load(Ordering::Relaxed) as i128),
-        ("hivenet_shard_tunnels_open", "gauge", "Tunnel connections from agents held by the shard.", |m| m.tunnels_open.load(Ordering::Relaxed) as i128),
-        ("hivenet_shard_in_flight", "gauge", "Requests forwarded by the shard and not yet finished.", |m| m.in_flight.load(Ordering::Relaxed) as i128),
+        (
+            "hivenet_shard_connections_accepted_total",
+            "counter",
+            "Client connections accepted by the shard.",
+            |m| m.connections_accepted_total.load(Ordering::Relaxed) as i128,
+        ),
+        (
+            "hivenet_shard_connections_open",
+            "gauge",
+            "Client connections open on the shard.",
+            |m| m.connections_open.load(Ordering::Relaxed) as i128,
+        ),
+        (
+            "hivenet_shard_requests_total",
+            "counter",
+            "Client requests parsed by the shard.",
+            |m| m.requests_total.load(Ordering::Relaxed) as i128,
+        ),
+        (
+            "hivenet_shard_upstream_errors_total",
+            "counter",
+            "Forwards that failed on the tunnel or at the agent.",
+            |m| m.upstream_errors_total.load(Ordering::Relaxed) as i128,
+        ),
+        (
+            "hivenet_shard_client_disconnects_total",
+            "counter",
+            "Requests whose client went away before the response ended.",
+            |m| m.client_disconnects_total.load(Ordering::Relaxed) as i128,
+        ),
+        (
+            "hivenet_shard_queued_total",
+            "counter",
+            "Requests that waited in a model capacity queue.",
+            |m| m.queued_total.load(Ordering::Relaxed) as i128,
+        ),
+        (
+            "hivenet_shard_queue_timeouts_total",
+            "counter",
+            "Requests whose capacity wait reached the request timeout.",
+            |m| m.queue_timeouts_total.load(Ordering::Relaxed) as i128,
+        ),
+        (
+            "hivenet_shard_input_tokens_total",
+            "counter",
+            "Exact input tokens read from responses.",
+            |m| m.input_tokens_total.load(Ordering::Relaxed) as i128,
+        ),
+        (
+            "hivenet_shard_output_tokens_total",
+            "counter",
+            "Exact output tokens read from responses.",
+            |m| m.output_tokens_total.load(Ordering::Relaxed) as i128,
+        ),
+        (
+            "hivenet_shard_usage_missing_total",
+            "counter",
+            "Successful responses that carried no usage.",
+            |m| m.usage_missing_total.load(Ordering::Relaxed) as i128,
+        ),
+        (
+            "hivenet_shard_mesh_full_total",
+            "counter",
+            "Messages refused because a mesh ring was full.",
+            |m| m.mesh_full_total.load(Ordering::Relaxed) as i128,
+        ),
+        (
+            "hivenet_shard_tunnels_open",
+            "gauge",
+            "Tunnel connections from agents held by the shard.",
+            |m| m.tunnels_open.load(Ordering::Relaxed) as i128,
+        ),
+        (
+            "hivenet_shard_in_flight",
+            "gauge",
+            "Requests forwarded by the shard and not yet finished.",
+            |m| m.in_flight.load(Ordering::Relaxed) as i128,
+        ),
     ];
     for (name, kind, help, get) in simple {
         family(out, name, kind, help);
@@ -114,7 +179,10 @@ mod tests {
         metrics.count_response(200);
         metrics.count_response(418);
         let mut out = String::new();
-        render_shards(&mut out, &[metrics.clone(), Arc::new(ShardMetrics::default())]);
+        render_shards(
+            &mut out,
+            &[metrics.clone(), Arc::new(ShardMetrics::default())],
+        );
         assert!(out.contains("hivenet_shard_responses_total{shard=\"0\",code=\"200\"} 1"));
         assert!(out.contains("hivenet_shard_responses_total{shard=\"0\",code=\"other\"} 1"));
         assert!(out.contains("hivenet_shard_requests_total{shard=\"1\"} 0"));

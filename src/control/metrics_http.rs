@@ -18,10 +18,11 @@ pub async fn run(listener: tokio::net::TcpListener, shared: Arc<ControlShared>) 
         };
         let shared = shared.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-                let shared = shared.clone();
-                async move { Ok::<_, Infallible>(respond(&request, &shared)) }
-            });
+            let service =
+                hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                    let shared = shared.clone();
+                    async move { Ok::<_, Infallible>(respond(&request, &shared)) }
+                });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(socket), service)
                 .await;
@@ -29,7 +30,10 @@ pub async fn run(listener: tokio::net::TcpListener, shared: Arc<ControlShared>) 
     }
 }
 
-fn respond(request: &Request<hyper::body::Incoming>, shared: &ControlShared) -> Response<Full<Bytes>> {
+fn respond(
+    request: &Request<hyper::body::Incoming>,
+    shared: &ControlShared,
+) -> Response<Full<Bytes>> {
     if request.uri().path() != "/metrics" {
         return Response::builder()
             .status(StatusCode::NOT_FOUND)
@@ -39,7 +43,10 @@ fn respond(request: &Request<hyper::body::Incoming>, shared: &ControlShared) -> 
     let mut out = String::with_capacity(8192);
     render_shards(&mut out, &shared.shard_metrics);
     let registry = shared.registry();
-    let _ = writeln!(out, "# HELP hivenet_routing_agent_healthy Whether the agent is in the routing pool (1) or not (0).");
+    let _ = writeln!(
+        out,
+        "# HELP hivenet_routing_agent_healthy Whether the agent is in the routing pool (1) or not (0)."
+    );
     let _ = writeln!(out, "# TYPE hivenet_routing_agent_healthy gauge");
     for (peer_id, model, routable) in registry.agent_models() {
         let _ = writeln!(
@@ -50,9 +57,16 @@ fn respond(request: &Request<hyper::body::Incoming>, shared: &ControlShared) -> 
             u8::from(routable)
         );
     }
-    let _ = writeln!(out, "# HELP hivenet_routing_agents_routable Agents in the routing pool.");
+    let _ = writeln!(
+        out,
+        "# HELP hivenet_routing_agents_routable Agents in the routing pool."
+    );
     let _ = writeln!(out, "# TYPE hivenet_routing_agents_routable gauge");
-    let _ = writeln!(out, "hivenet_routing_agents_routable {}", registry.routable_count());
+    let _ = writeln!(
+        out,
+        "hivenet_routing_agents_routable {}",
+        registry.routable_count()
+    );
     drop(registry);
     Response::builder()
         .header("content-type", "text/plain; version=0.0.4")

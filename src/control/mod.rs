@@ -187,21 +187,30 @@ pub fn start(
     let settings = shared.settings.clone();
     let grpc_listener = runtime
         .block_on(tokio::net::TcpListener::bind(settings.grpc_address))
-        .map_err(|error| anyhow::anyhow!("cannot bind --grpc-port {}: {error}", settings.grpc_address))?;
+        .map_err(|error| {
+            anyhow::anyhow!("cannot bind --grpc-port {}: {error}", settings.grpc_address)
+        })?;
     let tunnel_listener = runtime
         .block_on(tokio::net::TcpListener::bind(settings.tunnel_address))
-        .map_err(|error| anyhow::anyhow!("cannot bind --p2p-port {}: {error}", settings.tunnel_address))?;
+        .map_err(|error| {
+            anyhow::anyhow!(
+                "cannot bind --p2p-port {}: {error}",
+                settings.tunnel_address
+            )
+        })?;
     let metrics_listener = runtime
         .block_on(tokio::net::TcpListener::bind(settings.metrics_address))
         .map_err(|error| {
-            anyhow::anyhow!("cannot bind --metrics-port {}: {error}", settings.metrics_address)
+            anyhow::anyhow!(
+                "cannot bind --metrics-port {}: {error}",
+                settings.metrics_address
+            )
         })?;
 
-    let service = crate::proto::agent_control_server::AgentControlServer::new(
-        service::ControlService {
+    let service =
+        crate::proto::agent_control_server::AgentControlServer::new(service::ControlService {
             shared: shared.clone(),
-        },
-    );
+        });
     runtime.spawn(async move {
         let incoming = tokio_listener_stream(grpc_listener);
         if let Err(error) = tonic::transport::Server::builder()

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::routing::AgentId;
-use crate::shard::state::owner_of_model;
 use crate::shard::snapshot::{Capability, ModelEntry, ModelId, RoutingSnapshot};
+use crate::shard::state::owner_of_model;
 
 /// What an agent declared when it registered.
 #[derive(Debug, Clone)]
@@ -97,11 +97,16 @@ impl Registry {
     }
 
     pub fn routable_count(&self) -> usize {
-        self.agents.values().filter(|record| record.routable).count()
+        self.agents
+            .values()
+            .filter(|record| record.routable)
+            .count()
     }
 
     pub fn peer_id(&self, agent: AgentId) -> Option<&str> {
-        self.agents.get(&agent).map(|record| record.peer_id.as_str())
+        self.agents
+            .get(&agent)
+            .map(|record| record.peer_id.as_str())
     }
 
     /// (peer_id, model name, routable) for every registered agent's model, for `/metrics`.
@@ -266,7 +271,10 @@ impl Registry {
         }
         let mut summaries: HashMap<ModelId, Summary> = HashMap::new();
         for record in self.agents.values().filter(|record| record.routable) {
-            let registration = record.registration.as_ref().expect("routable implies registered");
+            let registration = record
+                .registration
+                .as_ref()
+                .expect("routable implies registered");
             for model in record.models.iter() {
                 let summary = summaries.entry(*model).or_insert_with(|| Summary {
                     healthy: 0,
@@ -338,9 +346,8 @@ impl Registry {
         };
         let healthy =
             now.saturating_duration_since(record.last_heartbeat) < self.health.unhealthy_after;
-        let should_route = healthy
-            && record.registration.is_some()
-            && record.tunnels_up.iter().all(|up| *up);
+        let should_route =
+            healthy && record.registration.is_some() && record.tunnels_up.iter().all(|up| *up);
         if should_route == record.routable {
             return;
         }
@@ -398,7 +405,11 @@ mod tests {
         let mut registry = Registry::new(2, health());
         let agent = AgentId(1);
         registry.session_opened(agent, "peer".into(), now + Duration::from_secs(3600), now);
-        assert!(registry.register(agent, registration(&["m"]), now).is_empty());
+        assert!(
+            registry
+                .register(agent, registration(&["m"]), now)
+                .is_empty()
+        );
         assert!(registry.tunnel_up(agent, 0, now).is_empty());
         let events = registry.tunnel_up(agent, 1, now);
         assert!(matches!(events[0], Event::AgentUp { capacity: 4, .. }));

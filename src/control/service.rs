@@ -52,7 +52,9 @@ impl AgentControl for ControlService {
             Ok(claims) => claims,
             Err(error) => {
                 tracing::warn!(peer_id = %request.peer_id, ?remote, reason = %error, "agent authentication refused");
-                return Err(Status::unauthenticated(format!("authentication refused: {error}")));
+                return Err(Status::unauthenticated(format!(
+                    "authentication refused: {error}"
+                )));
             }
         };
         if claims.sub != request.peer_id {
@@ -103,10 +105,13 @@ impl AgentControl for ControlService {
         let shared = self.shared.clone();
         let token = bearer(request.metadata())
             .ok_or_else(|| Status::unauthenticated("session token required"))?;
-        let claims = shared.secret.verify(token, SESSION_AUDIENCE).map_err(|error| {
-            tracing::warn!(reason = %error, "agent session refused");
-            Status::unauthenticated(format!("session refused: {error}"))
-        })?;
+        let claims = shared
+            .secret
+            .verify(token, SESSION_AUDIENCE)
+            .map_err(|error| {
+                tracing::warn!(reason = %error, "agent session refused");
+                Status::unauthenticated(format!("session refused: {error}"))
+            })?;
         let agent = AgentId(claims.sid as u32);
         if !shared.registry().is_session_live(agent) {
             return Err(Status::unauthenticated("session unknown or closed"));

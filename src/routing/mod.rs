@@ -97,7 +97,8 @@ impl ModelRoutes {
     }
 
     pub fn own_in_flight(&self, agent: AgentId) -> Option<u32> {
-        self.find(agent).map(|index| self.agents[index].own_in_flight)
+        self.find(agent)
+            .map(|index| self.agents[index].own_in_flight)
     }
 
     pub fn total_own_in_flight(&self) -> u32 {
@@ -170,7 +171,10 @@ impl ModelRoutes {
     pub fn release(&mut self, agent: AgentId) -> Vec<(Ticket, AgentId)> {
         if let Some(index) = self.find(agent) {
             let load = &mut self.agents[index];
-            assert!(load.own_in_flight > 0, "release without a grant on {agent:?}");
+            assert!(
+                load.own_in_flight > 0,
+                "release without a grant on {agent:?}"
+            );
             load.own_in_flight -= 1;
         }
         self.drain_queue()

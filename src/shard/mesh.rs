@@ -87,7 +87,8 @@ impl<T> Endpoint<T> {
 
     /// Sends to another shard. Sending to oneself is a bug: owners call local state directly.
     pub fn send(&mut self, to: usize, message: T) -> Result<(), MeshFull> {
-        self.send_returning(to, message).map_err(|_| MeshFull { to })
+        self.send_returning(to, message)
+            .map_err(|_| MeshFull { to })
     }
 
     /// Like [`Endpoint::send`], but a full ring hands the message back so the caller can keep it.
@@ -130,7 +131,6 @@ impl<T> Endpoint<T> {
         }
         handled
     }
-
 }
 
 /// Waits for one shard's doorbell.

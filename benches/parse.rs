@@ -1,0 +1,128 @@
+//! Measures the per-request wire work on the router's hot path: head parsing, body field
+//! extraction (small and 100 KB bodies) and the usage scan of a streamed OpenAI response.
+
+use std::hint::black_box;
+
+use bytes::Bytes;
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use hivenet_router::http::fields::{extract_fields, request_with_include_usage};
+use hivenet_router::http::request::{HeadLimits, parse_head};
+use hivenet_router::usage::{OpenAiEvent, OpenAiStreamScan, SseSplitter};
+
+const HEAD: &[u8] = b"POST /v1/chat/completions HTTP/1.1\r\n\
+    Host: router.hivenet.internal:8080\r\n\
+    User-Agent: OpenAI/Python 1.54.3\r\n\
+    Accept: application/json\r\n\
+    Accept-Encoding: gzip, deflate\r\n\
+    Authorization: Bearer sk-hn-7f3a9c2e5b1d4f8a6c0e2b4d6f8a0c2e\r\n\
+    Content-Type: application/json\r\n\
+    Content-Length: 297\r\n\
+    X-Request-Id: 5f0c6a1e-8b2d-4c3f-9a7e-1d2b3c4d5e6f\r\n\
+    \r\n";
+
+fn small_body() -> Vec<u8> {
+    br#"{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Write a haiku about routers that shard by core and never share a lock."}],"temperature":0.7,"top_p":0.95,"max_tokens":256,"stream":true,"user":"bench"}"#
+        .to_vec()
+}
+
+fn large_body() -> Vec<u8> {
+    let sentence = "The quick brown fox jumps over the lazy dog, \\\"quoted\\\" and\\nnewlined. ";
+    let mut prompt = String::new();
+    while prompt.len() < 100 * 1024 {
+        prompt.push_str(sentence);
+    }
+    format!(
+        r#"{{"model":"meta-llama/Llama-3.1-70B-Instruct","messages":[{{"role":"system","content":"Summarise."}},{{"role":"user","content":"{prompt}"}}],"max_completion_tokens":1024,"stream":false}}"#
+    )
+    .into_bytes()
+}
+
+/// 21 events as vLLM sends them with `include_usage`: role, 17 content deltas, finish, the
+/// usage-only chunk, `[DONE]`; one event per network chunk.
+fn openai_stream_chunks() -> Vec<Bytes> {
+    let mut events = vec![
+        r#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1732890000,"model":"llama","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}"#.to_owned(),
+    ];
+    for index in 0..17 {
+        events.push(format!(
+            r#"data: {{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1732890000,"model":"llama","choices":[{{"index":0,"delta":{{"content":" token{index}"}},"logprobs":null,"finish_reason":null}}]}}"#
+        ));
+    }
+    events.push(r#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1732890000,"model":"llama","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}"#.to_owned());
+    events.push(r#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1732890000,"model":"llama","choices":[],"usage":{"prompt_tokens":42,"total_tokens":60,"completion_tokens":18}}"#.to_owned());
+    events.push("data: [DONE]".to_owned());
+    assert_eq!(events.len(), 21);
+    events
+        .into_iter()
+        .map(|event| Bytes::from(format!("{event}\n\n")))
+        .collect()
+}
+
+fn scan_stream(chunks: &[Bytes]) -> u64 {
+    let mut splitter = SseSplitter::new(1 << 20);
+    let mut scan = OpenAiStreamScan::new();
+    let mut forwarded = 0u64;
+    for chunk in chunks {
+        splitter.push(chunk.clone());
+        while let Some(event) = splitter.next_event().expect("bounded events") {
+            if !matches!(scan.scan(&event), OpenAiEvent::UsageOnly(_)) {
+                forwarded += event.len() as u64;
+            }
+        }
+    }
+    forwarded + scan.usage().map_or(0, |usage| usage.output_tokens)
+}
+
+fn bench(criterion: &mut Criterion) {
+    let limits = HeadLimits::default();
+    let small = small_body();
+    let large = large_body();
+
+    let mut group = criterion.benchmark_group("request");
+    group.throughput(Throughput::Bytes(HEAD.len() as u64));
+    group.bench_function("parse_head", |bencher| {
+        bencher.iter(|| parse_head(black_box(HEAD), &limits).unwrap().unwrap())
+    });
+    group.throughput(Throughput::Bytes((HEAD.len() + small.len()) as u64));
+    group.bench_function("head_and_fields_small_body", |bencher| {
+        bencher.iter(|| {
+            let head = parse_head(black_box(HEAD), &limits).unwrap().unwrap();
+            let fields = extract_fields(black_box(&small)).unwrap();
+            (head.head_bytes, fields.model.len(), fields.stream)
+        })
+    });
+    group.throughput(Throughput::Bytes((HEAD.len() + large.len()) as u64));
+    group.bench_function("head_and_fields_100k_body", |bencher| {
+        bencher.iter(|| {
+            let head = parse_head(black_box(HEAD), &limits).unwrap().unwrap();
+            let fields = extract_fields(black_box(&large)).unwrap();
+            (
+                head.head_bytes,
+                fields.model.len(),
+                fields.max_completion_tokens,
+            )
+        })
+    });
+    group.throughput(Throughput::Bytes(small.len() as u64));
+    group.bench_function("include_usage_splice_small_body", |bencher| {
+        let fields = extract_fields(&small).unwrap();
+        bencher.iter(|| request_with_include_usage(black_box(&small), &fields).unwrap())
+    });
+    group.finish();
+
+    let chunks = openai_stream_chunks();
+    let stream_bytes: usize = chunks.iter().map(Bytes::len).sum();
+    let whole = vec![Bytes::from(chunks.concat())];
+    let mut group = criterion.benchmark_group("sse");
+    group.throughput(Throughput::Bytes(stream_bytes as u64));
+    group.bench_function("openai_21_events_chunk_per_event", |bencher| {
+        bencher.iter(|| scan_stream(black_box(&chunks)))
+    });
+    group.bench_function("openai_21_events_one_chunk", |bencher| {
+        bencher.iter(|| scan_stream(black_box(&whole)))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

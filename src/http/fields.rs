@@ -1,0 +1,390 @@
+//! The inference-request body fields the router acts on, read in one validating pass.
+//!
+//! Owns the reading of `model`, `stream`, `stream_options.include_usage`, `max_tokens` and
+//! `max_completion_tokens` from an OpenAI- or Anthropic-style JSON body, and the one rewrite the
+//! router makes to a body: asking a streaming backend to report usage.
+//!
+//! Invariants:
+//! - A body that passes [`extract_fields`] is a syntactically valid JSON object (serde_json reads
+//!   the whole document, skipping unknown fields without building them).
+//! - `model` is non-empty and at most [`MODEL_CHARS_MAX`] characters; it borrows from the body
+//!   unless it contained escapes.
+//! - [`request_with_include_usage`] changes nothing but `stream_options`; when it must go
+//!   through `serde_json::Value`, key order may change and integers beyond 64 bits lose precision,
+//!   which inference backends tolerate.
+
+use std::borrow::Cow;
+
+use std::fmt;
+
+use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use thiserror::Error;
+
+/// Longest accepted model name, in characters.
+pub const MODEL_CHARS_MAX: usize = 256;
+
+#[derive(Debug, Error)]
+pub enum FieldsError {
+    #[error("request body is empty")]
+    EmptyBody,
+    #[error("request body is not valid JSON: {0}")]
+    MalformedJson(serde_json::Error),
+    #[error("request body is not a JSON object")]
+    NotAnObject,
+    /// Valid JSON, but a known field has the wrong type (or appears twice).
+    #[error("request body has an invalid field: {0}")]
+    InvalidField(serde_json::Error),
+    #[error("model field is required")]
+    ModelMissing,
+    #[error("model field is empty")]
+    ModelEmpty,
+    #[error("model field is longer than 256 characters")]
+    ModelTooLong,
+}
+
+/// The fields of one request body. Borrows from the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestFields<'a> {
+    pub model: Cow<'a, str>,
+    /// `stream`, false when absent or null.
+    pub stream: bool,
+    /// `stream_options.include_usage` as sent; `None` when absent or null.
+    pub include_usage: Option<bool>,
+    /// Whether a `stream_options` key is present at all (even `null`), which decides how
+    /// [`request_with_include_usage`] may rewrite the body.
+    pub stream_options_present: bool,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+}
+
+#[derive(Deserialize)]
+struct RawFields<'a> {
+    #[serde(borrow, default)]
+    model: Option<ModelName<'a>>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default, deserialize_with = "present")]
+    stream_options: Option<Option<RawStreamOptions>>,
+    #[serde(default)]
+    max_tokens: Option<i64>,
+    #[serde(default)]
+    max_completion_tokens: Option<i64>,
+}
+
+/// serde borrows a `Cow<str>` only when it is a field's direct type, not inside `Option`; this
+/// newtype makes it direct.
+#[derive(Deserialize)]
+struct ModelName<'a>(#[serde(borrow)] Cow<'a, str>);
+
+struct RawStreamOptions {
+    include_usage: Option<bool>,
+}
+
+/// By hand because derived structs also accept JSON arrays, and `stream_options` must be an
+/// object.
+impl<'de> Deserialize<'de> for RawStreamOptions {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct OptionsVisitor;
+        impl<'de> Visitor<'de> for OptionsVisitor {
+            type Value = RawStreamOptions;
+
+            fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+                formatter.write_str("a stream_options object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<RawStreamOptions, A::Error> {
+                let mut include_usage = None;
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    if key == "include_usage" {
+                        include_usage = map.next_value::<Option<bool>>()?;
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(RawStreamOptions { include_usage })
+            }
+        }
+        deserializer.deserialize_map(OptionsVisitor)
+    }
+}
+
+/// Distinguishes a present-but-null field (`Some(None)`) from an absent one (`None`, the default).
+fn present<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(deserializer).map(Some)
+}
+
+/// Validate `body` as a JSON object and read the router's fields from it.
+pub fn extract_fields(body: &[u8]) -> Result<RequestFields<'_>, FieldsError> {
+    let Some(&first) = body.iter().find(|byte| !byte.is_ascii_whitespace()) else {
+        return Err(FieldsError::EmptyBody);
+    };
+    if first != b'{' {
+        // Derived structs also accept JSON arrays; refuse them here. Telling "not JSON" from
+        // "not an object" costs a second parse, but only on this rejection path.
+        return Err(match serde_json::from_slice::<IgnoredAny>(body) {
+            Ok(_) => FieldsError::NotAnObject,
+            Err(error) => FieldsError::MalformedJson(error),
+        });
+    }
+    let raw: RawFields<'_> = serde_json::from_slice(body).map_err(|error| {
+        if error.is_data() {
+            FieldsError::InvalidField(error)
+        } else {
+            FieldsError::MalformedJson(error)
+        }
+    })?;
+    let model = raw.model.ok_or(FieldsError::ModelMissing)?.0;
+    if model.is_empty() {
+        return Err(FieldsError::ModelEmpty);
+    }
+    // Bytes bound chars from above, so most names skip the count.
+    if model.len() > MODEL_CHARS_MAX && model.chars().count() > MODEL_CHARS_MAX {
+        return Err(FieldsError::ModelTooLong);
+    }
+    let stream_options_present = raw.stream_options.is_some();
+    Ok(RequestFields {
+        model,
+        stream: raw.stream.unwrap_or(false),
+        include_usage: raw
+            .stream_options
+            .flatten()
+            .and_then(|options| options.include_usage),
+        stream_options_present,
+        max_tokens: raw.max_tokens,
+        max_completion_tokens: raw.max_completion_tokens,
+    })
+}
+
+const INCLUDE_USAGE_MEMBER: &[u8] = br#""stream_options":{"include_usage":true}"#;
+
+/// The body to send upstream so a streaming backend reports usage, or `None` when `body` can go
+/// as is (not streaming, or `include_usage` already true).
+///
+/// `body` and `fields` must come from the same successful [`extract_fields`] call.
+pub fn request_with_include_usage(body: &[u8], fields: &RequestFields<'_>) -> Option<Vec<u8>> {
+    if !fields.stream || fields.include_usage == Some(true) {
+        return None;
+    }
+    if !fields.stream_options_present {
+        // Splice the member in after the opening brace: no re-serialisation of a possibly large
+        // prompt, and the rest of the body stays byte-identical.
+        let open = body.iter().position(|&byte| byte == b'{')?;
+        let after_open = &body[open + 1..];
+        let object_is_empty = after_open
+            .iter()
+            .find(|byte| !byte.is_ascii_whitespace())
+            .is_some_and(|&byte| byte == b'}');
+        let mut rewritten = Vec::with_capacity(body.len() + INCLUDE_USAGE_MEMBER.len() + 1);
+        rewritten.extend_from_slice(&body[..=open]);
+        rewritten.extend_from_slice(INCLUDE_USAGE_MEMBER);
+        if !object_is_empty {
+            rewritten.push(b',');
+        }
+        rewritten.extend_from_slice(after_open);
+        return Some(rewritten);
+    }
+    // stream_options exists (maybe null, maybe with other options): edit it structurally.
+    let mut value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let object = value.as_object_mut()?;
+    let options = object
+        .entry("stream_options")
+        .or_insert(serde_json::Value::Null);
+    if !options.is_object() {
+        *options = serde_json::Value::Object(serde_json::Map::new());
+    }
+    options
+        .as_object_mut()?
+        .insert("include_usage".to_owned(), serde_json::Value::Bool(true));
+    serde_json::to_vec(&value).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(body: &str) -> Result<RequestFields<'_>, FieldsError> {
+        extract_fields(body.as_bytes())
+    }
+
+    #[test]
+    fn reads_a_typical_chat_body() {
+        let body = r#"{"model":"llama-3.1-8b","messages":[{"role":"user","content":"hi {\"model\":1}"}],
+            "stream":true,"stream_options":{"include_usage":false,"other":1},"max_tokens":-5,
+            "max_completion_tokens":200,"tools":[{"a":{"b":[1,2.5,null]}}]}"#;
+        let fields = fields(body).unwrap();
+        assert_eq!(fields.model, "llama-3.1-8b");
+        assert!(matches!(fields.model, Cow::Borrowed(_)));
+        assert!(fields.stream);
+        assert_eq!(fields.include_usage, Some(false));
+        assert!(fields.stream_options_present);
+        assert_eq!(fields.max_tokens, Some(-5));
+        assert_eq!(fields.max_completion_tokens, Some(200));
+    }
+
+    #[test]
+    fn defaults_and_nulls() {
+        let fields =
+            fields(r#" {"model":"m","stream":null,"stream_options":null,"max_tokens":null} "#)
+                .unwrap();
+        assert!(!fields.stream);
+        assert_eq!(fields.include_usage, None);
+        assert!(fields.stream_options_present);
+        assert_eq!(fields.max_tokens, None);
+        let minimal = extract_fields(br#"{"model":"m"}"#).unwrap();
+        assert!(!minimal.stream_options_present);
+        assert_eq!(minimal.max_completion_tokens, None);
+    }
+
+    #[test]
+    fn escaped_model_is_owned_and_unescaped() {
+        let fields = fields(r#"{"model":"org\/model-\u00e9"}"#).unwrap();
+        assert_eq!(fields.model, "org/model-é");
+        assert!(matches!(fields.model, Cow::Owned(_)));
+    }
+
+    #[test]
+    fn empty_and_non_json_bodies() {
+        assert!(matches!(fields(""), Err(FieldsError::EmptyBody)));
+        assert!(matches!(fields(" \r\n\t"), Err(FieldsError::EmptyBody)));
+        for body in [
+            r#"{"model":"m""#,
+            "{model:1}",
+            "nope",
+            r#"{"model":"m"} trailing"#,
+            "[1,",
+        ] {
+            let error = fields(body).unwrap_err();
+            assert!(
+                matches!(error, FieldsError::MalformedJson(_)),
+                "{body}: {error}"
+            );
+            assert!(
+                error
+                    .to_string()
+                    .starts_with("request body is not valid JSON: ")
+            );
+        }
+    }
+
+    #[test]
+    fn non_objects_are_refused() {
+        for body in [r#"["model"]"#, "42", r#""model""#, "null", "[]"] {
+            assert!(
+                matches!(fields(body), Err(FieldsError::NotAnObject)),
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn model_is_required_non_empty_and_bounded() {
+        assert!(matches!(fields("{}"), Err(FieldsError::ModelMissing)));
+        assert!(matches!(
+            fields(r#"{"model":null}"#),
+            Err(FieldsError::ModelMissing)
+        ));
+        assert_eq!(
+            fields("{}").unwrap_err().to_string(),
+            "model field is required"
+        );
+        assert!(matches!(
+            fields(r#"{"model":""}"#),
+            Err(FieldsError::ModelEmpty)
+        ));
+        let at_limit = format!(r#"{{"model":"{}"}}"#, "é".repeat(MODEL_CHARS_MAX));
+        assert_eq!(
+            fields(&at_limit).unwrap().model.chars().count(),
+            MODEL_CHARS_MAX
+        );
+        let over = format!(r#"{{"model":"{}"}}"#, "a".repeat(MODEL_CHARS_MAX + 1));
+        assert!(matches!(fields(&over), Err(FieldsError::ModelTooLong)));
+    }
+
+    #[test]
+    fn wrong_types_are_invalid_fields() {
+        for body in [
+            r#"{"model":5}"#,
+            r#"{"model":"m","stream":"true"}"#,
+            r#"{"model":"m","max_tokens":1.5}"#,
+            r#"{"model":"m","max_tokens":9223372036854775808}"#,
+            r#"{"model":"m","stream_options":[]}"#,
+            r#"{"model":"m","stream_options":{"include_usage":1}}"#,
+            r#"{"model":"a","model":"b"}"#,
+        ] {
+            assert!(
+                matches!(fields(body), Err(FieldsError::InvalidField(_))),
+                "{body}"
+            );
+        }
+    }
+
+    fn rewrite(body: &str) -> Option<String> {
+        let fields = extract_fields(body.as_bytes()).unwrap();
+        request_with_include_usage(body.as_bytes(), &fields).map(|b| String::from_utf8(b).unwrap())
+    }
+
+    #[test]
+    fn include_usage_not_needed() {
+        assert_eq!(rewrite(r#"{"model":"m"}"#), None);
+        assert_eq!(rewrite(r#"{"model":"m","stream":false}"#), None);
+        assert_eq!(
+            rewrite(r#"{"model":"m","stream":true,"stream_options":{"include_usage":true}}"#),
+            None
+        );
+    }
+
+    #[test]
+    fn include_usage_is_spliced_when_stream_options_is_absent() {
+        assert_eq!(
+            rewrite(" \n{\"model\":\"m\",\"stream\":true}").unwrap(),
+            " \n{\"stream_options\":{\"include_usage\":true},\"model\":\"m\",\"stream\":true}"
+        );
+        let rewritten = rewrite(r#"{ "stream" : true , "model":"m"}"#).unwrap();
+        let fields = extract_fields(rewritten.as_bytes()).unwrap();
+        assert_eq!(fields.include_usage, Some(true));
+        assert!(fields.stream);
+    }
+
+    #[test]
+    fn splice_into_an_empty_object_has_no_trailing_comma() {
+        let stream_fields = RequestFields {
+            model: Cow::Borrowed("m"),
+            stream: true,
+            include_usage: None,
+            stream_options_present: false,
+            max_tokens: None,
+            max_completion_tokens: None,
+        };
+        let rewritten = request_with_include_usage(b"{ }", &stream_fields).unwrap();
+        assert_eq!(rewritten, br#"{"stream_options":{"include_usage":true} }"#);
+        serde_json::from_slice::<serde_json::Value>(&rewritten).unwrap();
+    }
+
+    #[test]
+    fn include_usage_is_set_through_value_when_stream_options_exists() {
+        for body in [
+            r#"{"model":"m","stream":true,"stream_options":null}"#,
+            r#"{"model":"m","stream":true,"stream_options":{}}"#,
+            r#"{"model":"m","stream":true,"stream_options":{"include_usage":false,"x":1}}"#,
+        ] {
+            let rewritten = rewrite(body).unwrap();
+            let value: serde_json::Value = serde_json::from_str(&rewritten).unwrap();
+            assert_eq!(value["stream_options"]["include_usage"], true, "{body}");
+            assert_eq!(value["model"], "m");
+            assert_eq!(value["stream"], true);
+        }
+        let value: serde_json::Value = serde_json::from_str(
+            &rewrite(r#"{"model":"m","stream":true,"stream_options":{"x":1}}"#).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(value["stream_options"]["x"], 1);
+    }
+}

@@ -1,0 +1,30 @@
+//! The HTTP/1.1 wire codec and the inference-body fields the router reads.
+//!
+//! Owns the pure, I/O-free half of the front end: parsing request heads out of a byte buffer,
+//! decoding chunked request bodies incrementally, writing response heads and chunk frames, the
+//! router's JSON error envelope, and extracting `model`/`stream`/token limits from request bodies.
+//! It must not import a runtime, a socket or a clock: the shard loop feeds it bytes and acts on the
+//! results, and tests and fuzz targets drive exactly the same code.
+//!
+//! # Key components
+//! - [`request`]: [`request::parse_head`] turns buffered bytes into a [`request::RequestHead`] whose
+//!   header values are [`request::Span`]s into that buffer (no copies), plus HTTP/2 preface
+//!   detection.
+//! - [`chunked`]: [`chunked::ChunkedDecoder`], a resumable decoder fed at any byte boundary.
+//! - [`response`]: writers for response heads, chunk frames and [`response::error_body`].
+//! - [`fields`]: [`fields::extract_fields`] validates the JSON body and borrows its fields in one
+//!   pass; [`fields::request_with_include_usage`] asks the backend for streamed usage.
+//!
+//! # Error handling
+//! Each boundary has a small error enum ([`request::HeadError`], [`chunked::BodyError`],
+//! [`fields::FieldsError`]). They carry static context; turning them into status codes and
+//! envelopes is the `error` module's job, not this one's.
+//!
+//! # Performance
+//! `parse_head` allocates nothing: header storage is a stack array and results are byte ranges.
+//! The chunked decoder copies each data byte once, into the caller's output buffer.
+
+pub mod chunked;
+pub mod fields;
+pub mod request;
+pub mod response;

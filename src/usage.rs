@@ -1,0 +1,720 @@
+//! Exact token usage read from backend responses, whole bodies and SSE streams.
+//!
+//! Owns the reading of `usage` objects in OpenAI chat, embeddings/rerank and Anthropic message
+//! responses, the splitting of a streamed body into SSE events, and the per-event classification
+//! the router needs to settle a stream and to hide the usage-only chunk from clients that did not
+//! ask for it. Pure: bytes in, numbers out; no runtime and no clock.
+//!
+//! # Key components
+//! - [`Usage`] and the whole-body readers [`from_openai_chat`], [`from_openai_embeddings`],
+//!   [`from_anthropic_message`].
+//! - [`SseSplitter`]: chunks of a response body in, complete events out as `Bytes`.
+//! - [`OpenAiStreamScan`] and [`AnthropicStreamScan`]: per-event classification and accumulation.
+//!
+//! # Invariants
+//! - An event is returned by [`SseSplitter`] exactly once and in order, terminator included, so
+//!   forwarding every event (and the tail at end of stream) reproduces the body byte for byte.
+//! - The splitter buffers at most `event_bytes_max` bytes of an unfinished event.
+//!
+//! # Performance
+//! An event that lies inside one fed chunk is returned as a `Bytes` slice of that chunk (a
+//! reference count, no copy); only events straddling chunks are copied, once. Stream scanners
+//! JSON-parse only events whose data contains the bytes `"usage"`, which in an OpenAI stream is
+//! at most one or two events per response.
+
+use std::borrow::Cow;
+
+use bytes::{Buf, Bytes, BytesMut};
+use memchr::memmem;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use thiserror::Error;
+
+/// Tokens charged for one request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens, including Anthropic cache writes and reads.
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+#[derive(Deserialize)]
+struct OpenAiUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    total_tokens: Option<u64>,
+}
+
+impl OpenAiUsage {
+    fn chat(&self) -> Usage {
+        Usage {
+            input_tokens: self.prompt_tokens.unwrap_or(0),
+            output_tokens: self.completion_tokens.unwrap_or(0),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct AnthropicUsage {
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+}
+
+impl AnthropicUsage {
+    /// Input tokens including both cache kinds, or `None` when the object has no input count.
+    fn input_with_cache(&self) -> Option<u64> {
+        let input = self.input_tokens?;
+        Some(
+            input
+                .saturating_add(self.cache_creation_input_tokens.unwrap_or(0))
+                .saturating_add(self.cache_read_input_tokens.unwrap_or(0)),
+        )
+    }
+}
+
+/// `{"usage": ...}` with every other member skipped unbuilt.
+#[derive(Deserialize)]
+struct WithUsage<U> {
+    usage: Option<U>,
+}
+
+/// Usage of a non-streamed OpenAI chat or completions response: `usage.prompt_tokens` and
+/// `usage.completion_tokens`. `None` if the body is not JSON or carries no `usage` object.
+pub fn from_openai_chat(body: &[u8]) -> Option<Usage> {
+    let parsed: WithUsage<OpenAiUsage> = serde_json::from_slice(body).ok()?;
+    Some(parsed.usage?.chat())
+}
+
+/// Usage of an embeddings or rerank response: input is `usage.prompt_tokens`, or
+/// `usage.total_tokens` when the engine reports only that; output is 0.
+pub fn from_openai_embeddings(body: &[u8]) -> Option<Usage> {
+    let parsed: WithUsage<OpenAiUsage> = serde_json::from_slice(body).ok()?;
+    let usage = parsed.usage?;
+    Some(Usage {
+        input_tokens: usage.prompt_tokens.or(usage.total_tokens)?,
+        output_tokens: 0,
+    })
+}
+
+/// Usage of a non-streamed Anthropic message: `usage.input_tokens` plus both cache counts, and
+/// `usage.output_tokens`.
+pub fn from_anthropic_message(body: &[u8]) -> Option<Usage> {
+    let parsed: WithUsage<AnthropicUsage> = serde_json::from_slice(body).ok()?;
+    let usage = parsed.usage?;
+    Some(Usage {
+        input_tokens: usage.input_with_cache().unwrap_or(0),
+        output_tokens: usage.output_tokens.unwrap_or(0),
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum SseError {
+    /// An event grew past the buffering limit without a terminator; stop scanning this stream.
+    #[error("server-sent event longer than the buffering limit")]
+    EventTooLarge,
+}
+
+/// Splits a response body into server-sent events (WHATWG HTML §9.2.6).
+///
+/// An event ends at a blank line: a line ending (`\n` or `\r\n`) followed by another. Bare `\r`
+/// line endings, which no inference engine emits, are not recognised.
+///
+/// Use: [`push`](SseSplitter::push) a chunk, then call [`next_event`](SseSplitter::next_event)
+/// until it returns `Ok(None)`, then push the next chunk. At end of stream,
+/// [`take_tail`](SseSplitter::take_tail) returns any unterminated bytes.
+#[derive(Debug)]
+pub struct SseSplitter {
+    /// The unterminated start of an event that began in an earlier chunk. Never contains a
+    /// complete terminator.
+    tail: BytesMut,
+    /// The unscanned rest of the chunk pushed last.
+    pending: Bytes,
+    /// Set when a push merged chunks into `tail`, which may then hold whole events and is
+    /// drained before anything else; `pending` stays empty meanwhile.
+    tail_has_events: bool,
+    event_bytes_max: usize,
+}
+
+impl SseSplitter {
+    /// `event_bytes_max`: longest event buffered across chunks, in bytes.
+    pub fn new(event_bytes_max: usize) -> Self {
+        SseSplitter {
+            tail: BytesMut::new(),
+            pending: Bytes::new(),
+            tail_has_events: false,
+            event_bytes_max,
+        }
+    }
+
+    /// Queue `chunk` for splitting. Events not yet taken from an earlier chunk are kept; taking
+    /// them first avoids a copy.
+    pub fn push(&mut self, chunk: Bytes) {
+        if self.pending.is_empty() && !self.tail_has_events {
+            self.pending = chunk;
+        } else {
+            // The caller pushed before draining: merge into the tail (a copy) to keep order.
+            self.tail.extend_from_slice(&self.pending);
+            self.tail.extend_from_slice(&chunk);
+            self.pending = Bytes::new();
+            self.tail_has_events = true;
+        }
+    }
+
+    /// The next complete event, terminator included, or `None` until more bytes are pushed.
+    pub fn next_event(&mut self) -> Result<Option<Bytes>, SseError> {
+        if self.tail_has_events {
+            // Merged mode: everything is in the tail and `pending` is empty.
+            if let Some(end) = find_event_end(&self.tail) {
+                return Ok(Some(self.tail.split_to(end).freeze()));
+            }
+            self.tail_has_events = false;
+            if self.tail.len() > self.event_bytes_max {
+                return Err(SseError::EventTooLarge);
+            }
+            return Ok(None);
+        }
+        if self.pending.is_empty() {
+            return Ok(None);
+        }
+        if self.tail.is_empty() {
+            if let Some(end) = find_event_end(&self.pending) {
+                return Ok(Some(self.pending.split_to(end)));
+            }
+        } else if let Some(end) = self.straddling_event_end() {
+            self.tail.extend_from_slice(&self.pending[..end]);
+            self.pending.advance(end);
+            return Ok(Some(self.tail.split().freeze()));
+        }
+        // No terminator in what we have: keep it all for the next chunk.
+        if self.tail.len() + self.pending.len() > self.event_bytes_max {
+            return Err(SseError::EventTooLarge);
+        }
+        self.tail.extend_from_slice(&self.pending);
+        self.pending = Bytes::new();
+        Ok(None)
+    }
+
+    /// Where in `pending` the event begun in `tail` ends. A terminator is at most 3 bytes, so one
+    /// that starts in the tail starts in its last 2 bytes; check that seam, then the chunk alone.
+    fn straddling_event_end(&self) -> Option<usize> {
+        let seam_tail = &self.tail[self.tail.len().saturating_sub(2)..];
+        let seam_chunk = &self.pending[..self.pending.len().min(3)];
+        let mut seam = [0u8; 5];
+        seam[..seam_tail.len()].copy_from_slice(seam_tail);
+        seam[seam_tail.len()..seam_tail.len() + seam_chunk.len()].copy_from_slice(seam_chunk);
+        let seam = &seam[..seam_tail.len() + seam_chunk.len()];
+        // The tail holds no complete terminator, so any found here ends inside the chunk.
+        if let Some(end) = find_event_end(seam) {
+            return Some(end - seam_tail.len());
+        }
+        find_event_end(&self.pending)
+    }
+
+    /// Bytes not yet returned as events (normally an unterminated final event), for forwarding
+    /// at end of stream. Call after draining [`next_event`](SseSplitter::next_event).
+    pub fn take_tail(&mut self) -> Bytes {
+        self.tail_has_events = false;
+        self.tail.extend_from_slice(&self.pending);
+        self.pending = Bytes::new();
+        self.tail.split().freeze()
+    }
+}
+
+/// Index just past the first blank line (`\n\n` or `\n\r\n`, covering CRLF streams too).
+fn find_event_end(buf: &[u8]) -> Option<usize> {
+    for newline in memchr::memchr_iter(b'\n', buf) {
+        match buf.get(newline + 1..) {
+            Some([b'\n', ..]) => return Some(newline + 2),
+            Some([b'\r', b'\n', ..]) => return Some(newline + 3),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The event's data: its `data:` line values joined with `\n` (WHATWG's rule). Returns a slice of
+/// `event` when there is one data line, as in every inference stream; otherwise joins into
+/// `scratch`.
+fn event_data<'e>(event: &'e [u8], scratch: &'e mut Vec<u8>) -> Option<&'e [u8]> {
+    let mut single: Option<&'e [u8]> = None;
+    let mut lines_count = 0;
+    for line in event.split(|&byte| byte == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(value) = line.strip_prefix(b"data:") else {
+            continue;
+        };
+        let value = value.strip_prefix(b" ").unwrap_or(value);
+        lines_count += 1;
+        if lines_count == 1 {
+            single = Some(value);
+        } else {
+            if lines_count == 2 {
+                scratch.clear();
+                scratch.extend_from_slice(single.unwrap_or_default());
+            }
+            scratch.push(b'\n');
+            scratch.extend_from_slice(value);
+        }
+    }
+    if lines_count > 1 {
+        Some(scratch.as_slice())
+    } else {
+        single
+    }
+}
+
+/// What one OpenAI-style stream event is, for forwarding and settlement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenAiEvent {
+    /// `data: [DONE]`.
+    Done,
+    /// A chunk with empty `choices` and a `usage` object: the chunk `include_usage` adds, which
+    /// the router drops when the client did not ask for usage itself.
+    UsageOnly(Usage),
+    /// An ordinary chunk, with usage when the engine attaches it to content chunks.
+    Data(Option<Usage>),
+    /// Comments, keep-alives, events without data, unparseable usage chunks.
+    Other,
+}
+
+#[derive(Deserialize)]
+struct OpenAiChunk {
+    /// `Vec` of a zero-sized type: counts elements without allocating.
+    #[serde(default)]
+    choices: Option<Vec<IgnoredAny>>,
+    #[serde(default)]
+    usage: Option<OpenAiUsage>,
+}
+
+/// Classifies OpenAI chat/completions stream events and remembers the latest usage.
+#[derive(Debug)]
+pub struct OpenAiStreamScan {
+    usage_finder: memmem::Finder<'static>,
+    usage: Option<Usage>,
+    scratch: Vec<u8>,
+}
+
+impl Default for OpenAiStreamScan {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl OpenAiStreamScan {
+    pub fn new() -> Self {
+        OpenAiStreamScan {
+            usage_finder: memmem::Finder::new(b"\"usage\""),
+            usage: None,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Classify one complete event (as returned by [`SseSplitter`]).
+    pub fn scan(&mut self, event: &[u8]) -> OpenAiEvent {
+        let Some(data) = event_data(event, &mut self.scratch) else {
+            return OpenAiEvent::Other;
+        };
+        if data.trim_ascii() == b"[DONE]" {
+            return OpenAiEvent::Done;
+        }
+        if self.usage_finder.find(data).is_none() {
+            return OpenAiEvent::Data(None);
+        }
+        let Ok(chunk) = serde_json::from_slice::<OpenAiChunk>(data) else {
+            return OpenAiEvent::Other;
+        };
+        let Some(usage) = chunk.usage.as_ref().map(OpenAiUsage::chat) else {
+            return OpenAiEvent::Data(None);
+        };
+        self.usage = Some(usage);
+        if chunk.choices.is_none_or(|choices| choices.is_empty()) {
+            OpenAiEvent::UsageOnly(usage)
+        } else {
+            OpenAiEvent::Data(Some(usage))
+        }
+    }
+
+    /// The latest usage seen in the stream; engines report it cumulatively.
+    pub fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+}
+
+#[derive(Deserialize)]
+struct AnthropicStreamEvent<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default)]
+    message: Option<WithUsage<AnthropicUsage>>,
+    #[serde(default)]
+    usage: Option<AnthropicUsage>,
+}
+
+/// Accumulates usage over an Anthropic Messages stream.
+///
+/// `message_start` carries input tokens (plus cache counts) and an initial output count;
+/// `message_delta` carries cumulative counts, so the latest wins. A delta that also reports input
+/// tokens (newer API versions do) replaces the input count too.
+#[derive(Debug)]
+pub struct AnthropicStreamScan {
+    usage_finder: memmem::Finder<'static>,
+    usage: Option<Usage>,
+    scratch: Vec<u8>,
+}
+
+impl Default for AnthropicStreamScan {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AnthropicStreamScan {
+    pub fn new() -> Self {
+        AnthropicStreamScan {
+            usage_finder: memmem::Finder::new(b"\"usage\""),
+            usage: None,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Fold one complete event into the running usage.
+    pub fn scan(&mut self, event: &[u8]) {
+        let Some(data) = event_data(event, &mut self.scratch) else {
+            return;
+        };
+        if self.usage_finder.find(data).is_none() {
+            return;
+        }
+        let Ok(parsed) = serde_json::from_slice::<AnthropicStreamEvent>(data) else {
+            return;
+        };
+        let usage_object = match parsed.kind.as_deref() {
+            Some("message_start") => parsed.message.and_then(|message| message.usage),
+            Some("message_delta") => parsed.usage,
+            _ => None,
+        };
+        let Some(reported) = usage_object else {
+            return;
+        };
+        let mut usage = self.usage.unwrap_or_default();
+        if let Some(input_tokens) = reported.input_with_cache() {
+            usage.input_tokens = input_tokens;
+        }
+        if let Some(output_tokens) = reported.output_tokens {
+            usage.output_tokens = output_tokens;
+        }
+        self.usage = Some(usage);
+    }
+
+    /// Usage so far; `None` until a `message_start` or `message_delta` with usage was seen.
+    pub fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_body_openai_chat() {
+        let body = br#"{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"usage"}}],
+            "usage":{"prompt_tokens":12,"completion_tokens":34,"total_tokens":46}}"#;
+        assert_eq!(
+            from_openai_chat(body),
+            Some(Usage {
+                input_tokens: 12,
+                output_tokens: 34
+            })
+        );
+        assert_eq!(from_openai_chat(br#"{"choices":[]}"#), None);
+        assert_eq!(from_openai_chat(br#"{"usage":null}"#), None);
+        assert_eq!(from_openai_chat(b"not json"), None);
+        assert_eq!(
+            from_openai_chat(br#"{"usage":{"prompt_tokens":3}}"#),
+            Some(Usage {
+                input_tokens: 3,
+                output_tokens: 0
+            })
+        );
+    }
+
+    #[test]
+    fn whole_body_embeddings_and_rerank() {
+        let embeddings = br#"{"object":"list","data":[{"embedding":[0.1,-0.2]}],"usage":{"prompt_tokens":8,"total_tokens":8}}"#;
+        assert_eq!(
+            from_openai_embeddings(embeddings),
+            Some(Usage {
+                input_tokens: 8,
+                output_tokens: 0
+            })
+        );
+        let rerank =
+            br#"{"results":[{"index":0,"relevance_score":0.9}],"usage":{"total_tokens":21}}"#;
+        assert_eq!(
+            from_openai_embeddings(rerank),
+            Some(Usage {
+                input_tokens: 21,
+                output_tokens: 0
+            })
+        );
+        assert_eq!(from_openai_embeddings(br#"{"usage":{}}"#), None);
+    }
+
+    #[test]
+    fn whole_body_anthropic_counts_cache_as_input() {
+        let body = br#"{"id":"msg_1","type":"message","content":[{"type":"text","text":"hi"}],
+            "usage":{"input_tokens":10,"cache_creation_input_tokens":100,"cache_read_input_tokens":1000,"output_tokens":7}}"#;
+        assert_eq!(
+            from_anthropic_message(body),
+            Some(Usage {
+                input_tokens: 1110,
+                output_tokens: 7
+            })
+        );
+        assert_eq!(
+            from_anthropic_message(
+                br#"{"usage":{"input_tokens":5,"output_tokens":2,"cache_read_input_tokens":null}}"#
+            ),
+            Some(Usage {
+                input_tokens: 5,
+                output_tokens: 2
+            })
+        );
+    }
+
+    fn openai_stream(crlf: bool) -> Vec<u8> {
+        let newline = if crlf { "\r\n" } else { "\n" };
+        let mut events = vec![
+            r#"data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"usage":null}"#.to_owned(),
+            ": keep-alive".to_owned(),
+        ];
+        for word in ["Hello", " wor", "ld", "\\n\\n", "\\\"usage\\\""] {
+            events.push(format!(
+                r#"data: {{"id":"c1","object":"chat.completion.chunk","choices":[{{"index":0,"delta":{{"content":"{word}"}}}}]}}"#
+            ));
+        }
+        events.push(
+            r#"data: {"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#
+                .to_owned(),
+        );
+        events.push(r#"data: {"id":"c1","choices":[],"usage":{"prompt_tokens":17,"completion_tokens":6,"total_tokens":23}}"#.to_owned());
+        events.push("data: [DONE]".to_owned());
+        let mut stream = Vec::new();
+        for event in events {
+            stream.extend_from_slice(event.as_bytes());
+            stream.extend_from_slice(newline.as_bytes());
+            stream.extend_from_slice(newline.as_bytes());
+        }
+        stream
+    }
+
+    /// Split `stream` at `cuts`, returning events and the final tail.
+    fn split_at(stream: &[u8], cuts: &[usize]) -> (Vec<Bytes>, Bytes) {
+        let mut splitter = SseSplitter::new(1 << 20);
+        let mut events = Vec::new();
+        let mut previous = 0;
+        for &cut in cuts.iter().chain(std::iter::once(&stream.len())) {
+            let cut = cut.clamp(previous, stream.len());
+            splitter.push(Bytes::copy_from_slice(&stream[previous..cut]));
+            previous = cut;
+            while let Some(event) = splitter.next_event().unwrap() {
+                events.push(event);
+            }
+        }
+        (events, splitter.take_tail())
+    }
+
+    fn classify(events: &[Bytes]) -> (Vec<OpenAiEvent>, Option<Usage>) {
+        let mut scan = OpenAiStreamScan::new();
+        let kinds = events.iter().map(|event| scan.scan(event)).collect();
+        (kinds, scan.usage())
+    }
+
+    #[test]
+    fn openai_stream_at_every_split_point() {
+        for crlf in [false, true] {
+            let stream = openai_stream(crlf);
+            let (whole, tail) = split_at(&stream, &[]);
+            assert!(tail.is_empty());
+            assert_eq!(whole.len(), 10);
+            let (kinds, usage) = classify(&whole);
+            let usage_expected = Usage {
+                input_tokens: 17,
+                output_tokens: 6,
+            };
+            assert_eq!(kinds[0], OpenAiEvent::Data(None));
+            assert_eq!(kinds[1], OpenAiEvent::Other);
+            assert_eq!(
+                kinds[6],
+                OpenAiEvent::Data(None),
+                "escaped \"usage\" in content"
+            );
+            assert_eq!(kinds[8], OpenAiEvent::UsageOnly(usage_expected));
+            assert_eq!(kinds[9], OpenAiEvent::Done);
+            assert_eq!(usage, Some(usage_expected));
+            // One cut anywhere, and two cuts close together around CR/LF seams.
+            for cut in 0..=stream.len() {
+                for gap in [0, 1, 2, 3] {
+                    let (events, tail) = split_at(&stream, &[cut, cut + gap]);
+                    assert_eq!(events, whole, "cut {cut} gap {gap} crlf {crlf}");
+                    assert!(tail.is_empty());
+                }
+            }
+            // Byte at a time.
+            let cuts: Vec<usize> = (0..stream.len()).collect();
+            assert_eq!(split_at(&stream, &cuts).0, whole);
+        }
+    }
+
+    #[test]
+    fn events_inside_a_chunk_are_not_copied() {
+        let chunk = Bytes::from_static(b"data: a\n\ndata: b\n\ndata: c");
+        let mut splitter = SseSplitter::new(1024);
+        splitter.push(chunk.clone());
+        let first = splitter.next_event().unwrap().unwrap();
+        let second = splitter.next_event().unwrap().unwrap();
+        assert_eq!(first.as_ptr(), chunk.as_ptr());
+        assert_eq!(&second[..], b"data: b\n\n");
+        assert_eq!(second.as_ptr(), chunk[9..].as_ptr());
+        assert_eq!(splitter.next_event().unwrap(), None);
+        splitter.push(Bytes::from_static(b"\n\ndata: d\n\n"));
+        assert_eq!(&splitter.next_event().unwrap().unwrap()[..], b"data: c\n\n");
+        assert_eq!(&splitter.next_event().unwrap().unwrap()[..], b"data: d\n\n");
+        assert_eq!(splitter.next_event().unwrap(), None);
+    }
+
+    #[test]
+    fn push_without_draining_keeps_order() {
+        let mut splitter = SseSplitter::new(1024);
+        splitter.push(Bytes::from_static(b"data: a\n\ndata: b"));
+        splitter.push(Bytes::from_static(b"\n\ndata: c\n\n"));
+        let mut events = Vec::new();
+        while let Some(event) = splitter.next_event().unwrap() {
+            events.push(event);
+        }
+        assert_eq!(events, ["data: a\n\n", "data: b\n\n", "data: c\n\n"]);
+    }
+
+    #[test]
+    fn oversized_events_are_refused() {
+        let mut splitter = SseSplitter::new(16);
+        splitter.push(Bytes::from_static(b"data: 0123456789"));
+        assert_eq!(splitter.next_event(), Ok(None));
+        splitter.push(Bytes::from_static(b"abcdef"));
+        assert_eq!(splitter.next_event(), Err(SseError::EventTooLarge));
+    }
+
+    #[test]
+    fn usage_on_content_chunks_and_multi_line_data() {
+        let mut scan = OpenAiStreamScan::new();
+        let event = br#"data: {"choices":[{"index":0,"delta":{"content":"x"}}],"usage":{"prompt_tokens":1,"completion_tokens":1}}
+
+"#;
+        assert_eq!(
+            scan.scan(event),
+            OpenAiEvent::Data(Some(Usage {
+                input_tokens: 1,
+                output_tokens: 1
+            }))
+        );
+        let split_data = b"event: chunk\ndata: {\"choices\":[],\ndata: \"usage\":{\"prompt_tokens\":4,\"completion_tokens\":2}}\n\n";
+        assert_eq!(
+            scan.scan(split_data),
+            OpenAiEvent::UsageOnly(Usage {
+                input_tokens: 4,
+                output_tokens: 2
+            })
+        );
+        assert_eq!(
+            scan.usage(),
+            Some(Usage {
+                input_tokens: 4,
+                output_tokens: 2
+            })
+        );
+        assert_eq!(
+            scan.scan(b"data: {\"usage\": broken\n\n"),
+            OpenAiEvent::Other
+        );
+        assert_eq!(scan.scan(b"event: ping\n\n"), OpenAiEvent::Other);
+        assert_eq!(scan.scan(b"data:[DONE]\r\n\r\n"), OpenAiEvent::Done);
+    }
+
+    const ANTHROPIC_STREAM: &str = concat!(
+        "event: message_start\n",
+        r#"data: {"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":"claude","stop_reason":null,"usage":{"input_tokens":25,"cache_creation_input_tokens":3,"cache_read_input_tokens":100,"output_tokens":1}}}"#,
+        "\n\n",
+        "event: content_block_start\n",
+        r#"data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+        "\n\n",
+        "event: ping\n",
+        r#"data: {"type": "ping"}"#,
+        "\n\n",
+        "event: content_block_delta\n",
+        r#"data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"the \"usage\" is"}}"#,
+        "\n\n",
+        "event: content_block_stop\n",
+        r#"data: {"type":"content_block_stop","index":0}"#,
+        "\n\n",
+        "event: message_delta\n",
+        r#"data: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":9}}"#,
+        "\n\n",
+        "event: message_delta\n",
+        r#"data: {"type":"message_delta","delta":{},"usage":{"output_tokens":15}}"#,
+        "\n\n",
+        "event: message_stop\n",
+        r#"data: {"type":"message_stop"}"#,
+        "\n\n",
+    );
+
+    #[test]
+    fn anthropic_stream_at_every_split_point() {
+        let stream = ANTHROPIC_STREAM.as_bytes();
+        let expected = Usage {
+            input_tokens: 128,
+            output_tokens: 15,
+        };
+        for cut in 0..=stream.len() {
+            let (events, tail) = split_at(stream, &[cut, cut + 1]);
+            assert_eq!(events.len(), 8, "cut {cut}");
+            assert!(tail.is_empty());
+            let mut scan = AnthropicStreamScan::new();
+            for event in &events {
+                scan.scan(event);
+            }
+            assert_eq!(scan.usage(), Some(expected), "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn anthropic_delta_with_input_replaces_input() {
+        let mut scan = AnthropicStreamScan::new();
+        assert_eq!(scan.usage(), None);
+        scan.scan(br#"data: {"type":"message_start","message":{"usage":{"input_tokens":5,"output_tokens":1}}}"#);
+        scan.scan(br#"data: {"type":"message_delta","usage":{"input_tokens":6,"cache_read_input_tokens":4,"output_tokens":3}}"#);
+        assert_eq!(
+            scan.usage(),
+            Some(Usage {
+                input_tokens: 10,
+                output_tokens: 3
+            })
+        );
+    }
+
+    #[test]
+    fn unterminated_tail_is_returned() {
+        let (events, tail) = split_at(b"data: a\n\ndata: partial", &[3]);
+        assert_eq!(events, ["data: a\n\n"]);
+        assert_eq!(&tail[..], b"data: partial");
+    }
+}
