@@ -17,6 +17,8 @@ pub mod proto {
     //! Generated from `proto/hivenet.proto`.
     tonic::include_proto!("hivenet.v1");
 }
+pub mod api;
+pub mod error;
 pub mod routing;
 pub mod shard;
 pub mod tokens;

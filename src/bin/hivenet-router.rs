@@ -1,1 +1,191 @@
-fn main() {}
+//! `hivenet-router`: starts the control core, then one shard per core, and runs until SIGTERM or
+//! SIGINT.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use tokio::sync::mpsc;
+
+use hivenet_router::config::{EnvSettings, RouterArgs, listen_address};
+use hivenet_router::control::registry::HealthTimes;
+use hivenet_router::control::{self, ControlSettings, ControlShared};
+use hivenet_router::identity::Identity;
+use hivenet_router::metrics::ShardMetrics;
+use hivenet_router::shard::mesh::Mesh;
+use hivenet_router::shard::runtime::{self, ShardSetup};
+use hivenet_router::shard::state::ShardSettings;
+use hivenet_router::tokens::Secret;
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    if let Err(error) = run(RouterArgs::parse()) {
+        eprintln!("hivenet-router: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+/// SO_REUSEPORT would let us bind a port another process already serves and silently take half of
+/// its connections; refuse instead.
+fn refuse_if_served(address: SocketAddr) -> anyhow::Result<()> {
+    std::net::TcpListener::bind(address)
+        .map(drop)
+        .with_context(|| format!("--http-port {address} is already in use"))
+}
+
+fn run(args: RouterArgs) -> anyhow::Result<()> {
+    let env = EnvSettings::from_env()?;
+    let secret = Secret::from_file_or_env(args.jwt_secret_file.as_deref())?;
+    let identity = Identity::load_or_create(&args.identity_path)?;
+    let http_address = listen_address(&args.http_port)?;
+    let grpc_address = listen_address(&args.grpc_port)?;
+    let metrics_address = listen_address(&args.metrics_port)?;
+    let tunnel_address = SocketAddr::new(args.p2p_listen_addr, args.p2p_port);
+    let shard_count = args
+        .shards
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    anyhow::ensure!(
+        (1..=256).contains(&shard_count),
+        "--shards must be between 1 and 256, got {shard_count}"
+    );
+    anyhow::ensure!(
+        !args.request_timeout.is_zero(),
+        "--request-timeout must be positive"
+    );
+    refuse_if_served(http_address)?;
+    let tunnel_announce = if args.p2p_announce_addr.is_empty() {
+        match args.p2p_listen_addr {
+            std::net::IpAddr::V4(ip) => format!("/ip4/{ip}/tcp/{}", args.p2p_port),
+            std::net::IpAddr::V6(ip) => format!("/ip6/{ip}/tcp/{}", args.p2p_port),
+        }
+    } else {
+        args.p2p_announce_addr.clone()
+    };
+
+    let metrics: Vec<Arc<ShardMetrics>> = (0..shard_count)
+        .map(|_| Arc::new(ShardMetrics::default()))
+        .collect();
+    let (to_control, from_shards) = mpsc::unbounded_channel();
+    let mut to_shards = Vec::with_capacity(shard_count);
+    let mut inboxes = Vec::with_capacity(shard_count);
+    for _ in 0..shard_count {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        to_shards.push(sender);
+        inboxes.push(receiver);
+    }
+
+    let shared = Arc::new(ControlShared::new(
+        ControlSettings {
+            shard_count,
+            session_ttl: args.session_ttl,
+            heartbeat_interval: args.heartbeat_interval,
+            routing_signal_interval: args.routing_signal_interval,
+            health_check_interval: args.health_check_interval,
+            health: HealthTimes {
+                unhealthy_after: args.unhealthy_after,
+                remove_after: args.remove_after,
+            },
+            tunnel_announce: tunnel_announce.clone(),
+            router_peer_id: identity.peer_id.to_string(),
+            grpc_address,
+            tunnel_address,
+            metrics_address,
+        },
+        secret,
+        to_shards,
+        metrics.clone(),
+    ));
+
+    // The control core: its own thread, its own tokio runtime.
+    let (control_started, control_ready) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    let _ = control_started.send(Err(anyhow::anyhow!(error)));
+                    return;
+                }
+            };
+            let started = control::start(&runtime, shared, from_shards);
+            let failed = started.is_err();
+            let _ = control_started.send(started);
+            if failed {
+                return;
+            }
+            runtime.block_on(async {
+                let mut terminate =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .expect("installing the SIGTERM handler");
+                tokio::select! {
+                    _ = terminate.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+                tracing::info!("hivenet-router stopping");
+                std::process::exit(0);
+            });
+        })?;
+    control_ready
+        .recv()
+        .context("control core did not start")??;
+
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let settings = ShardSettings {
+        queue_depth: args.queue_depth,
+        request_timeout: args.request_timeout,
+        max_request_bytes: env.max_request_bytes,
+        client_header_timeout: args.client_header_timeout,
+        client_body_timeout: args.client_body_timeout,
+    };
+    let (shard_started, shards_ready) = std::sync::mpsc::channel();
+    let mut threads = Vec::with_capacity(shard_count);
+    for (index, (mesh, inbox)) in Mesh::build(shard_count)
+        .into_iter()
+        .zip(inboxes)
+        .enumerate()
+    {
+        let setup = ShardSetup {
+            mesh,
+            count: shard_count,
+            http_address,
+            settings: settings.clone(),
+            metrics: metrics[index].clone(),
+            inbox,
+            to_control: to_control.clone(),
+            core: (!cores.is_empty()).then(|| cores[index % cores.len()]),
+        };
+        threads.push(runtime::spawn(setup, shard_started.clone()));
+    }
+    let mut driver = None;
+    for _ in 0..shard_count {
+        let started = shards_ready
+            .recv()
+            .context("a shard stopped during start-up")?;
+        driver = Some(started.map_err(|error| anyhow::anyhow!(error))?);
+    }
+    tracing::info!(
+        http = %http_address,
+        grpc = %grpc_address,
+        tunnel = %tunnel_address,
+        announce = %tunnel_announce,
+        metrics = %metrics_address,
+        shards = shard_count,
+        driver = driver.map_or("none", |driver| driver.as_str()),
+        peer_id = %identity.peer_id,
+        "hivenet-router listening"
+    );
+    for thread in threads {
+        let _ = thread.join();
+    }
+    Ok(())
+}

@@ -8,8 +8,11 @@
 //! mesh. A client connection stays on the shard that accepted it for its whole life, and so does its
 //! response stream: each shard has its own tunnel connection to every agent.
 
+pub mod connection;
+pub mod latch;
 pub mod mesh;
 pub mod messages;
+pub mod runtime;
 pub mod snapshot;
 pub mod state;
 

@@ -1,0 +1,373 @@
+//! Phases 5 and 6: forward the request over this shard's tunnel to the agent holding the slot,
+//! send the response back to the client, read exact usage on the way, and settle.
+//!
+//! Streams are passed through event by event, byte for byte, flushed as each HTTP/2 data frame
+//! arrives. The only change ever made to a stream: when the router itself asked the backend for
+//! usage (`stream_options.include_usage`, for an OpenAI stream whose client did not ask), the
+//! usage-only chunk that answer adds is removed before the client sees it.
+//!
+//! The slot is released when the response has ended — after the last byte of a stream, not at the
+//! headers — or when the client goes away, which also resets the HTTP/2 stream so the agent
+//! cancels the backend request.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::api::sink::Sink;
+use crate::api::{ClientRequest, Dialect, Outcome, Route};
+use crate::error::Rejection;
+use crate::http::fields::{RequestFields, request_with_include_usage};
+use crate::metrics::ShardMetrics;
+use crate::shard::state::{Shard, Slot};
+use crate::usage::{self, AnthropicStreamScan, OpenAiEvent, OpenAiStreamScan, SseSplitter, Usage};
+
+/// Largest non-streamed response body the router buffers; a larger one is a backend error.
+const BUFFERED_BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Largest single SSE event the usage scanner buffers; past it the stream is passed through raw.
+const SSE_EVENT_BYTES_MAX: usize = 1024 * 1024;
+
+/// One per finished inference request: what later phases (limits, estimator, audit) consume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageEvent {
+    pub route: Route,
+    pub status: u16,
+    /// Exact usage as the backend reported it; `None` when the response carried none.
+    pub usage: Option<Usage>,
+    /// The response ended early (client gone or upstream failed mid-stream).
+    pub truncated: bool,
+}
+
+fn settle(shard: &Shard, event: UsageEvent) {
+    match event.usage {
+        Some(usage) => {
+            ShardMetrics::add(&shard.metrics.input_tokens_total, usage.input_tokens);
+            ShardMetrics::add(&shard.metrics.output_tokens_total, usage.output_tokens);
+        }
+        None if event.status == 200 && event.route != Route::CountTokens && !event.truncated => {
+            ShardMetrics::add(&shard.metrics.usage_missing_total, 1);
+        }
+        None => {}
+    }
+    tracing::debug!(?event, "request settled");
+}
+
+fn upstream_uri(route: Route) -> http::Uri {
+    http::Uri::from_static(match route {
+        Route::ChatCompletions => "http://agent/v1/chat/completions",
+        Route::Messages => "http://agent/v1/messages",
+        Route::CountTokens => "http://agent/v1/messages/count_tokens",
+        Route::Embeddings => "http://agent/v1/embeddings",
+        Route::Rerank => "http://agent/v1/rerank",
+        Route::Models => "http://agent/v1/models",
+        Route::Health => "http://agent/health",
+    })
+}
+
+fn upstream_request(request: &ClientRequest) -> http::Request<()> {
+    let mut upstream = http::Request::builder()
+        .method(http::Method::POST)
+        .uri(upstream_uri(request.route))
+        .header(http::header::CONTENT_TYPE, "application/json");
+    let forwarded = [
+        ("x-request-id", &request.request_id),
+        ("anthropic-version", &request.anthropic_version),
+        ("anthropic-beta", &request.anthropic_beta),
+    ];
+    for (name, value) in forwarded {
+        if let Some(value) = value
+            && let Ok(value) = http::HeaderValue::from_maybe_shared(value.clone())
+        {
+            upstream = upstream.header(name, value);
+        }
+    }
+    upstream
+        .body(())
+        .expect("static method and uri form a valid request")
+}
+
+pub async fn forward<S: Sink>(
+    shard: &Rc<Shard>,
+    request: &ClientRequest,
+    fields: &RequestFields<'_>,
+    slot: Slot,
+    deadline: Instant,
+    sink: &mut S,
+) -> Result<(), Outcome> {
+    let Some(tunnel) = shard.tunnel(slot.agent) else {
+        return Err(Rejection::agent_disconnected().into());
+    };
+    let injected = match request.route {
+        Route::ChatCompletions => request_with_include_usage(&request.body, fields),
+        _ => None,
+    };
+    let suppress_usage_chunk = injected.is_some();
+    let body = injected.map_or_else(|| request.body.clone(), Bytes::from);
+
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let sent = sink
+        .until_client_gone(monoio::time::timeout(remaining, async {
+            let mut send = tunnel.send.clone().ready().await?;
+            let (response, mut body_stream) =
+                send.send_request(upstream_request(request), false)?;
+            body_stream.send_data(body, true)?;
+            response.await
+        }))
+        .await;
+    let response = match sent {
+        None => {
+            ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
+            return Err(Outcome::Gone);
+        }
+        Some(Err(_elapsed)) => return Err(Rejection::request_timeout().into()),
+        Some(Ok(Err(error))) => {
+            ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
+            tracing::debug!(shard = shard.id, session = slot.agent.0, %error, "forward failed");
+            return Err(Rejection::agent_disconnected().into());
+        }
+        Some(Ok(Ok(response))) => response,
+    };
+    let (parts, upstream_body) = response.into_parts();
+    let status = parts.status.as_u16();
+    let content_type = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("application/json");
+    ShardMetrics::gauge(&shard.metrics.in_flight, 1);
+    let result = if content_type.starts_with("text/event-stream") {
+        let content_type = content_type.to_owned();
+        stream_back(
+            shard,
+            request.route,
+            status,
+            &content_type,
+            upstream_body,
+            suppress_usage_chunk,
+            sink,
+        )
+        .await
+    } else {
+        let content_type = content_type.to_owned();
+        buffer_back(
+            shard,
+            request.route,
+            status,
+            &content_type,
+            upstream_body,
+            deadline,
+            sink,
+        )
+        .await
+    };
+    ShardMetrics::gauge(&shard.metrics.in_flight, -1);
+    // Settle: the response is over, the slot goes back now.
+    drop(slot);
+    result
+}
+
+async fn buffer_back<S: Sink>(
+    shard: &Shard,
+    route: Route,
+    status: u16,
+    content_type: &str,
+    mut upstream: h2::RecvStream,
+    deadline: Instant,
+    sink: &mut S,
+) -> Result<(), Outcome> {
+    let mut body = BytesMut::new();
+    loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let next = sink
+            .until_client_gone(monoio::time::timeout(remaining, upstream.data()))
+            .await;
+        match next {
+            None => {
+                ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
+                return Err(Outcome::Gone);
+            }
+            Some(Err(_elapsed)) => return Err(Rejection::request_timeout().into()),
+            Some(Ok(None)) => break,
+            Some(Ok(Some(Err(_)))) => {
+                ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
+                return Err(Rejection::agent_disconnected().into());
+            }
+            Some(Ok(Some(Ok(chunk)))) => {
+                let _ = upstream.flow_control().release_capacity(chunk.len());
+                if body.len() + chunk.len() > BUFFERED_BODY_BYTES_MAX {
+                    return Err(Rejection::backend_error("backend response is too large").into());
+                }
+                if body.is_empty() {
+                    body = BytesMut::from(chunk);
+                } else {
+                    body.extend_from_slice(&chunk);
+                }
+            }
+        }
+    }
+    let usage = if status == 200 {
+        match route {
+            Route::ChatCompletions => usage::from_openai_chat(&body),
+            Route::Messages => usage::from_anthropic_message(&body),
+            Route::Embeddings | Route::Rerank => usage::from_openai_embeddings(&body),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    let written = sink.respond(status, content_type, &[], &body).await;
+    settle(
+        shard,
+        UsageEvent {
+            route,
+            status,
+            usage,
+            truncated: written.is_err(),
+        },
+    );
+    written.map_err(|_| Outcome::Gone)
+}
+
+enum Scanner {
+    OpenAi(OpenAiStreamScan),
+    Anthropic(AnthropicStreamScan),
+}
+
+impl Scanner {
+    fn usage(&self) -> Option<Usage> {
+        match self {
+            Scanner::OpenAi(scan) => scan.usage(),
+            Scanner::Anthropic(scan) => scan.usage(),
+        }
+    }
+}
+
+async fn stream_back<S: Sink>(
+    shard: &Shard,
+    route: Route,
+    status: u16,
+    content_type: &str,
+    mut upstream: h2::RecvStream,
+    suppress_usage_chunk: bool,
+    sink: &mut S,
+) -> Result<(), Outcome> {
+    let dialect = route.dialect();
+    sink.start_stream(status, content_type)
+        .await
+        .map_err(|_| Outcome::Gone)?;
+    let mut splitter = SseSplitter::new(SSE_EVENT_BYTES_MAX);
+    let mut scanner = match dialect {
+        Dialect::OpenAi => Scanner::OpenAi(OpenAiStreamScan::new()),
+        Dialect::Anthropic => Scanner::Anthropic(AnthropicStreamScan::new()),
+    };
+    // Past an oversized event the scanner stops and bytes pass through untouched.
+    let mut passthrough = false;
+    let mut out = Vec::with_capacity(4096);
+    let mut truncated = false;
+    loop {
+        let next = sink.until_client_gone(upstream.data()).await;
+        let chunk = match next {
+            None => {
+                ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
+                settle(
+                    shard,
+                    UsageEvent {
+                        route,
+                        status,
+                        usage: scanner.usage(),
+                        truncated: true,
+                    },
+                );
+                return Err(Outcome::Gone);
+            }
+            Some(None) => break,
+            Some(Some(Err(_))) => {
+                ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
+                truncated = true;
+                out.clear();
+                out.extend_from_slice(&splitter.take_tail());
+                out.extend_from_slice(stream_error_event(dialect));
+                if sink.stream_data(&out).await.is_err() {
+                    return Err(Outcome::Gone);
+                }
+                break;
+            }
+            Some(Some(Ok(chunk))) => chunk,
+        };
+        let _ = upstream.flow_control().release_capacity(chunk.len());
+        out.clear();
+        if passthrough {
+            out.extend_from_slice(&chunk);
+        } else {
+            splitter.push(chunk);
+            loop {
+                match splitter.next_event() {
+                    Ok(Some(event)) => {
+                        let keep = match &mut scanner {
+                            Scanner::OpenAi(scan) => !matches!(
+                                scan.scan(&event),
+                                OpenAiEvent::UsageOnly(_) if suppress_usage_chunk
+                            ),
+                            Scanner::Anthropic(scan) => {
+                                scan.scan(&event);
+                                true
+                            }
+                        };
+                        if keep {
+                            out.extend_from_slice(&event);
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(_) => {
+                        passthrough = true;
+                        out.extend_from_slice(&splitter.take_tail());
+                        break;
+                    }
+                }
+            }
+        }
+        if !out.is_empty() && sink.stream_data(&out).await.is_err() {
+            ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
+            settle(
+                shard,
+                UsageEvent {
+                    route,
+                    status,
+                    usage: scanner.usage(),
+                    truncated: true,
+                },
+            );
+            return Err(Outcome::Gone);
+        }
+    }
+    if !truncated {
+        let tail = splitter.take_tail();
+        if !tail.is_empty() && sink.stream_data(&tail).await.is_err() {
+            return Err(Outcome::Gone);
+        }
+    }
+    let ended = sink.end_stream().await;
+    settle(
+        shard,
+        UsageEvent {
+            route,
+            status,
+            usage: scanner.usage(),
+            truncated: truncated || ended.is_err(),
+        },
+    );
+    ended.map_err(|_| Outcome::Gone)
+}
+
+/// The event that tells a streaming client its stream failed upstream, in its own dialect.
+fn stream_error_event(dialect: Dialect) -> &'static [u8] {
+    match dialect {
+        Dialect::OpenAi => {
+            b"data: {\"error\":{\"code\":\"agent_disconnected\",\"message\":\"the agent connection was lost mid-stream\",\"source\":\"router\"}}\n\n"
+        }
+        Dialect::Anthropic => {
+            b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"the agent connection was lost mid-stream\"}}\n\n"
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! The client API: which route a request takes and the phases it goes through.
+//!
+//! Phases, in order (see `docs/request-path.md` for each exit and its error code):
+//! 1. `route` — method and path to a [`Route`] (404/405 otherwise);
+//! 2. `fields` — body fields (`model`, `stream`, ...) in one JSON pass (400 on bad input);
+//! 3. `resolve` — model name and capability to the routing snapshot's entry (404 model_not_found);
+//! 4. `acquire` — an agent slot from the model's owner shard, waiting in its capacity queue
+//!    (503 no_capacity / no_agents_available, 504 request_timeout);
+//! 5. `forward` — the request over this shard's tunnel to the agent, the response back to the
+//!    client, usage read on the way (503 agent_disconnected, 502 backend_error);
+//! 6. `settle` — the slot is released when the response has fully ended (never at the headers),
+//!    and one usage event is emitted.
+
+pub mod forward;
+pub mod sink;
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::error::Rejection;
+use crate::http::fields::{FieldsError, extract_fields};
+use crate::http::request::Method;
+use crate::shard::snapshot::Capability;
+use crate::shard::state::{RouteError, Shard};
+use sink::{ClientGone, Sink};
+
+/// The routes the router serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    ChatCompletions,
+    Messages,
+    CountTokens,
+    Embeddings,
+    Rerank,
+    Models,
+    Health,
+}
+
+/// Which wire format a route's responses (and streams) use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    OpenAi,
+    Anthropic,
+}
+
+impl Route {
+    pub fn capability(self) -> Capability {
+        match self {
+            Route::Embeddings => Capability::Embedding,
+            Route::Rerank => Capability::Reranker,
+            _ => Capability::Llm,
+        }
+    }
+
+    pub fn dialect(self) -> Dialect {
+        match self {
+            Route::Messages | Route::CountTokens => Dialect::Anthropic,
+            _ => Dialect::OpenAi,
+        }
+    }
+
+    pub fn upstream_path(self) -> &'static str {
+        match self {
+            Route::ChatCompletions => "/v1/chat/completions",
+            Route::Messages => "/v1/messages",
+            Route::CountTokens => "/v1/messages/count_tokens",
+            Route::Embeddings => "/v1/embeddings",
+            Route::Rerank => "/v1/rerank",
+            Route::Models => "/v1/models",
+            Route::Health => "/health",
+        }
+    }
+}
+
+/// Phase 1: method and path to a route.
+pub fn route(method: Method, path: &[u8]) -> Result<Route, Rejection> {
+    let (route, allowed) = match path {
+        b"/v1/chat/completions" => (Route::ChatCompletions, Method::Post),
+        b"/v1/messages" => (Route::Messages, Method::Post),
+        b"/v1/messages/count_tokens" => (Route::CountTokens, Method::Post),
+        b"/v1/embeddings" => (Route::Embeddings, Method::Post),
+        b"/v1/rerank" => (Route::Rerank, Method::Post),
+        b"/v1/models" => (Route::Models, Method::Get),
+        b"/health" => (Route::Health, Method::Get),
+        _ => return Err(Rejection::not_found_path()),
+    };
+    if method == allowed || (allowed == Method::Get && method == Method::Head) {
+        Ok(route)
+    } else {
+        Err(Rejection::method_not_allowed())
+    }
+}
+
+/// A complete client request, as the connection read it.
+pub struct ClientRequest {
+    pub route: Route,
+    pub body: Bytes,
+    /// `x-request-id` from the client, forwarded to the agent.
+    pub request_id: Option<Bytes>,
+    /// `anthropic-version` / `anthropic-beta`, forwarded for `/v1/messages`.
+    pub anthropic_version: Option<Bytes>,
+    pub anthropic_beta: Option<Bytes>,
+    pub received_at: Instant,
+}
+
+/// Serves one request to completion. `Err(ClientGone)` means the client connection is unusable
+/// and must be closed.
+pub async fn serve<S: Sink>(
+    shard: &Rc<Shard>,
+    request: ClientRequest,
+    sink: &mut S,
+) -> Result<(), ClientGone> {
+    ShardMetricsExt::request(shard);
+    match request.route {
+        Route::Health => {
+            sink.respond(200, "application/json", &[], b"{\"status\":\"ok\"}")
+                .await
+        }
+        Route::Models => {
+            let snapshot = shard.snapshot();
+            sink.respond(200, "application/json", &[], &snapshot.models_body)
+                .await
+        }
+        _ => match infer(shard, &request, sink).await {
+            Ok(()) => Ok(()),
+            Err(Outcome::Gone) => Err(ClientGone),
+            Err(Outcome::Rejected(rejection)) => sink.reject(&rejection).await,
+        },
+    }
+}
+
+/// How an inference request ended when it did not end well.
+pub enum Outcome {
+    /// Nothing has been sent to the client yet: answer with this.
+    Rejected(Rejection),
+    /// The client is gone (or its connection broke mid-response).
+    Gone,
+}
+
+impl From<Rejection> for Outcome {
+    fn from(rejection: Rejection) -> Outcome {
+        Outcome::Rejected(rejection)
+    }
+}
+
+async fn infer<S: Sink>(
+    shard: &Rc<Shard>,
+    request: &ClientRequest,
+    sink: &mut S,
+) -> Result<(), Outcome> {
+    // Phase 2: body fields.
+    let fields = extract_fields(&request.body).map_err(fields_rejection)?;
+    // Phase 3: model and capability.
+    let snapshot = shard.snapshot();
+    let Some(model) = snapshot.lookup(&fields.model, request.route.capability()) else {
+        return Err(Rejection::model_not_found(&fields.model).into());
+    };
+    // Phase 4: an agent slot.
+    let deadline = request.received_at + shard.settings.request_timeout;
+    let acquired = sink.until_client_gone(shard.acquire(model, deadline)).await;
+    let slot = match acquired {
+        None => {
+            ShardMetricsExt::client_gone(shard);
+            return Err(Outcome::Gone);
+        }
+        Some(Ok(slot)) => slot,
+        Some(Err(error)) => {
+            return Err(match error {
+                RouteError::QueueFull => Rejection::no_capacity(),
+                RouteError::NoAgents => Rejection::no_agents_available(),
+                RouteError::Timeout => Rejection::request_timeout(),
+                RouteError::MeshFull => Rejection::queue_full(),
+            }
+            .into());
+        }
+    };
+    // Phases 5 and 6: forward, stream back, settle.
+    forward::forward(shard, request, &fields, slot, deadline, sink).await
+}
+
+fn fields_rejection(error: FieldsError) -> Rejection {
+    match error {
+        FieldsError::EmptyBody => Rejection::request_invalid("request body is empty"),
+        FieldsError::ModelMissing => Rejection::request_invalid("model field is required"),
+        FieldsError::ModelEmpty => Rejection::request_invalid("model field is empty"),
+        FieldsError::ModelTooLong => {
+            Rejection::request_invalid("model field is longer than 256 characters")
+        }
+        FieldsError::NotAnObject => Rejection::request_invalid("request body is not a JSON object"),
+        other => Rejection::request_invalid(other.to_string()),
+    }
+}
+
+/// Small helpers so phases count without repeating the atomics.
+struct ShardMetricsExt;
+
+impl ShardMetricsExt {
+    fn request(shard: &Shard) {
+        crate::metrics::ShardMetrics::add(&shard.metrics.requests_total, 1);
+    }
+
+    fn client_gone(shard: &Shard) {
+        crate::metrics::ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_and_methods() {
+        assert_eq!(
+            route(Method::Post, b"/v1/chat/completions"),
+            Ok(Route::ChatCompletions)
+        );
+        assert_eq!(route(Method::Get, b"/v1/models"), Ok(Route::Models));
+        assert_eq!(
+            route(Method::Get, b"/v1/chat/completions")
+                .unwrap_err()
+                .status,
+            405
+        );
+        assert_eq!(
+            route(Method::Post, b"/v1/responses").unwrap_err().status,
+            404
+        );
+    }
+}

@@ -1,0 +1,70 @@
+//! Where a response goes: the client connection, behind one small trait so the request phases do
+//! not care whether the client speaks HTTP/1.1 or HTTP/2.
+
+use std::future::Future;
+
+use crate::error::Rejection;
+
+/// The client connection broke or closed; the request is over and the connection must close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientGone;
+
+pub trait Sink {
+    /// A complete response with a known body.
+    fn respond(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+        body: &[u8],
+    ) -> impl Future<Output = Result<(), ClientGone>>;
+
+    /// Starts a streamed response (`text/event-stream` and the like); the head is sent at once.
+    fn start_stream(
+        &mut self,
+        status: u16,
+        content_type: &str,
+    ) -> impl Future<Output = Result<(), ClientGone>>;
+
+    /// Sends part of a streamed response, flushed to the socket before this resolves.
+    fn stream_data(&mut self, data: &[u8]) -> impl Future<Output = Result<(), ClientGone>>;
+
+    /// Ends a streamed response.
+    fn end_stream(&mut self) -> impl Future<Output = Result<(), ClientGone>>;
+
+    /// Runs `future` unless the client goes away first, in which case `None`.
+    fn until_client_gone<F: Future>(
+        &mut self,
+        future: F,
+    ) -> impl Future<Output = Option<F::Output>>;
+
+    /// Asks the connection to close after this response.
+    fn close_after(&mut self);
+
+    /// Answers with the rejection's status and envelope.
+    fn reject(&mut self, rejection: &Rejection) -> impl Future<Output = Result<(), ClientGone>> {
+        async move {
+            if rejection.close {
+                self.close_after();
+            }
+            let body = rejection.body();
+            let mut seconds = itoa::Buffer::new();
+            match rejection.retry_after_seconds {
+                Some(after) => {
+                    let value = seconds.format(after).as_bytes();
+                    self.respond(
+                        rejection.status,
+                        "application/json",
+                        &[("retry-after", value)],
+                        &body,
+                    )
+                    .await
+                }
+                None => {
+                    self.respond(rejection.status, "application/json", &[], &body)
+                        .await
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! Rejections: the one type every phase returns when it refuses or fails a request, and the one
+//! place that turns it into an HTTP status and the documented envelope
+//! `{"error":{"code","message","source"}}`.
+//!
+//! A rejection is data (status, code, source, retry-after, message). Messages on hot reject paths
+//! are `'static`; only rejections that name a client-supplied value allocate.
+
+use std::borrow::Cow;
+
+use crate::http::response::error_body;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Router,
+    Backend,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Router => "router",
+            Source::Backend => "backend",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub status: u16,
+    pub code: &'static str,
+    pub message: Cow<'static, str>,
+    pub source: Source,
+    /// Seconds for a `Retry-After` header.
+    pub retry_after_seconds: Option<u32>,
+    /// Close the client connection after answering (the request stream can no longer be trusted).
+    pub close: bool,
+}
+
+impl Rejection {
+    fn router(status: u16, code: &'static str, message: impl Into<Cow<'static, str>>) -> Rejection {
+        Rejection {
+            status,
+            code,
+            message: message.into(),
+            source: Source::Router,
+            retry_after_seconds: None,
+            close: false,
+        }
+    }
+
+    pub fn closing(mut self) -> Rejection {
+        self.close = true;
+        self
+    }
+
+    pub fn request_invalid(message: impl Into<Cow<'static, str>>) -> Rejection {
+        Rejection::router(400, "request_invalid", message)
+    }
+
+    pub fn payload_too_large() -> Rejection {
+        Rejection::router(
+            413,
+            "request_too_large",
+            "request body exceeds HIVENET_ROUTER_MAX_REQUEST_BYTES",
+        )
+    }
+
+    pub fn headers_too_large() -> Rejection {
+        Rejection::router(431, "request_invalid", "request header fields too large")
+    }
+
+    pub fn client_timeout() -> Rejection {
+        Rejection::router(
+            408,
+            "request_timeout",
+            "client did not send the complete request in time",
+        )
+    }
+
+    pub fn not_found_path() -> Rejection {
+        Rejection::router(404, "not_found", "no such route")
+    }
+
+    pub fn method_not_allowed() -> Rejection {
+        Rejection::router(
+            405,
+            "method_not_allowed",
+            "method not allowed for this route",
+        )
+    }
+
+    pub fn model_not_found(model: &str) -> Rejection {
+        Rejection::router(
+            404,
+            "model_not_found",
+            format!("model {model:?} is not served by any healthy agent"),
+        )
+    }
+
+    pub fn no_agents_available() -> Rejection {
+        Rejection::router(
+            503,
+            "no_agents_available",
+            "all agents for this model are currently offline or unhealthy",
+        )
+    }
+
+    pub fn no_capacity() -> Rejection {
+        Rejection::router(
+            503,
+            "no_capacity",
+            "every agent for this model is at capacity and its queue is full",
+        )
+    }
+
+    pub fn queue_full() -> Rejection {
+        Rejection::router(503, "queue_full", "the router's internal queue is full")
+    }
+
+    pub fn request_timeout() -> Rejection {
+        Rejection::router(
+            504,
+            "request_timeout",
+            "the router-side request deadline expired",
+        )
+    }
+
+    pub fn agent_disconnected() -> Rejection {
+        Rejection::router(
+            503,
+            "agent_disconnected",
+            "the selected agent could not be reached",
+        )
+    }
+
+    pub fn backend_error(message: &'static str) -> Rejection {
+        Rejection {
+            source: Source::Backend,
+            ..Rejection::router(502, "backend_error", message)
+        }
+    }
+
+    pub fn unsupported_version() -> Rejection {
+        Rejection::router(
+            505,
+            "request_invalid",
+            "only HTTP/1.0, HTTP/1.1 and h2c are served",
+        )
+    }
+
+    /// The envelope body.
+    pub fn body(&self) -> Vec<u8> {
+        error_body(self.code, &self.message, self.source.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelope_shape() {
+        let body = Rejection::model_not_found("a\"b").body();
+        let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(value["error"]["code"], "model_not_found");
+        assert_eq!(value["error"]["source"], "router");
+        assert!(
+            value["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("a\\\"b")
+        );
+    }
+}

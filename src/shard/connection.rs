@@ -1,0 +1,502 @@
+//! One client connection over HTTP/1.1: a reader task that parses requests (pipelined requests are
+//! read ahead, at most [`PIPELINE_DEPTH`]) and a writer that answers them strictly in order.
+//!
+//! Why two tasks: the writer must notice a client that goes away while its request waits for
+//! capacity or for the first token, and with completion-based I/O a read cannot be dropped halfway
+//! without losing bytes. So one read is always outstanding, in the reader, and its end sets the
+//! connection's `gone` latch that the request phases watch.
+//!
+//! Error handling: bad input is answered in the error envelope with the right status (400, 404,
+//! 405, 408, 413, 431, 505); where the byte stream can no longer be trusted the answer carries
+//! `connection: close` and the connection ends. Nothing here can affect another connection.
+
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use monoio::buf::IoBufMut;
+use monoio::io::{
+    AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, OwnedReadHalf, OwnedWriteHalf, Splitable,
+};
+use monoio::net::TcpStream;
+use tokio::sync::mpsc;
+
+use crate::api::sink::{ClientGone, Sink};
+use crate::api::{self, ClientRequest};
+use crate::error::Rejection;
+use crate::http::chunked::ChunkedDecoder;
+use crate::http::request::{
+    BodyFraming, HeadError, HeadLimits, Method, RequestHead, Version, is_h2_preface, parse_head,
+};
+use crate::http::response::{LAST_CHUNK, ResponseFraming, ResponseHead, write_chunk};
+use crate::metrics::ShardMetrics;
+use crate::shard::latch::{Latch, race};
+use crate::shard::state::Shard;
+use futures_util::future::Either;
+
+/// Requests read ahead of the one being answered.
+const PIPELINE_DEPTH: usize = 8;
+/// Bytes requested from the socket per read.
+const READ_CHUNK_BYTES: usize = 16 * 1024;
+/// After refusing a request whose body is still arriving, keep reading (and discarding) this long
+/// so the client sees the answer rather than a reset.
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+enum Inbound {
+    Request {
+        request: ClientRequest,
+        keep_alive: bool,
+        head_only: bool,
+    },
+    /// `Expect: 100-continue`: the writer sends the interim response in order.
+    Continue,
+    Reject(Rejection),
+}
+
+pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
+    ShardMetrics::add(&shard.metrics.connections_accepted_total, 1);
+    ShardMetrics::gauge(&shard.metrics.connections_open, 1);
+    let _ = stream.set_nodelay(true);
+    let (reader, writer) = stream.into_split();
+    let gone = Rc::new(Latch::default());
+    let writer_done = Rc::new(Latch::default());
+    let (to_writer, from_reader) = mpsc::channel(PIPELINE_DEPTH);
+    let reading = monoio::spawn(read_loop(
+        shard.clone(),
+        reader,
+        to_writer,
+        gone.clone(),
+        writer_done.clone(),
+    ));
+    let mut sink = Http1Sink {
+        writer,
+        out: Vec::with_capacity(4096),
+        gone,
+        close: false,
+        head_only: false,
+        metrics: shard.clone(),
+    };
+    write_loop(&shard, &mut sink, from_reader).await;
+    let _ = sink.writer.shutdown().await;
+    writer_done.set();
+    reading.await;
+    ShardMetrics::gauge(&shard.metrics.connections_open, -1);
+}
+
+async fn write_loop(shard: &Rc<Shard>, sink: &mut Http1Sink, mut inbound: mpsc::Receiver<Inbound>) {
+    while let Some(item) = inbound.recv().await {
+        match item {
+            Inbound::Request {
+                request,
+                keep_alive,
+                head_only,
+            } => {
+                sink.close = !keep_alive;
+                sink.head_only = head_only;
+                if api::serve(shard, request, sink).await.is_err() || sink.close {
+                    return;
+                }
+            }
+            Inbound::Continue => {
+                if sink
+                    .write_raw(crate::http::response::CONTINUE)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Inbound::Reject(rejection) => {
+                let close = rejection.close;
+                sink.head_only = false;
+                if sink.reject(&rejection).await.is_err() || close {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+struct Reader {
+    socket: OwnedReadHalf<TcpStream>,
+    buf: BytesMut,
+    writer_done: Rc<Latch>,
+}
+
+enum ReadEnd {
+    /// The client closed or the socket failed.
+    Closed,
+    /// No byte within the allowed time.
+    TimedOut,
+    /// The writer finished (the connection is closing).
+    WriterDone,
+}
+
+impl Reader {
+    /// Reads more bytes onto the end of `buf`.
+    async fn fill(&mut self, timeout: Duration) -> Result<usize, ReadEnd> {
+        if self.buf.capacity() - self.buf.len() < READ_CHUNK_BYTES / 2 {
+            self.buf.reserve(READ_CHUNK_BYTES);
+        }
+        let buf = std::mem::take(&mut self.buf);
+        let start = buf.len();
+        let end = buf.capacity();
+        let read = self.socket.read(buf.slice_mut(start..end));
+        let writer_done = self.writer_done.wait();
+        match race(monoio::time::timeout(timeout, read), writer_done).await {
+            Either::Left(Ok((result, slice))) => {
+                self.buf = slice.into_inner();
+                match result {
+                    Ok(0) | Err(_) => Err(ReadEnd::Closed),
+                    Ok(read) => Ok(read),
+                }
+            }
+            // The buffer went with the cancelled read; the connection is ending anyway.
+            Either::Left(Err(_)) => Err(ReadEnd::TimedOut),
+            Either::Right(()) => Err(ReadEnd::WriterDone),
+        }
+    }
+}
+
+async fn read_loop(
+    shard: Rc<Shard>,
+    socket: OwnedReadHalf<TcpStream>,
+    to_writer: mpsc::Sender<Inbound>,
+    gone: Rc<Latch>,
+    writer_done: Rc<Latch>,
+) {
+    let mut reader = Reader {
+        socket,
+        buf: BytesMut::with_capacity(READ_CHUNK_BYTES),
+        writer_done,
+    };
+    let end = read_requests(&shard, &mut reader, &to_writer).await;
+    match end {
+        ReadOutcome::Closed => gone.set(),
+        ReadOutcome::Stop => {}
+        ReadOutcome::Linger => linger(&mut reader).await,
+    }
+}
+
+enum ReadOutcome {
+    /// The client's side ended: any request still in progress has lost its client.
+    Closed,
+    /// No more requests will be read (close requested, or the writer is done).
+    Stop,
+    /// A request was refused while its body may still be arriving: drain before closing.
+    Linger,
+}
+
+async fn read_requests(
+    shard: &Shard,
+    reader: &mut Reader,
+    to_writer: &mpsc::Sender<Inbound>,
+) -> ReadOutcome {
+    let limits = HeadLimits::default();
+    let settings = &shard.settings;
+    let mut first = true;
+    loop {
+        // The request head.
+        let head_started = Instant::now();
+        let head = loop {
+            if first && let Some(true) = is_h2_preface(&reader.buf) {
+                // HTTP/2 with prior knowledge is not served on this port yet.
+                let _ = to_writer
+                    .send(Inbound::Reject(Rejection::unsupported_version().closing()))
+                    .await;
+                return ReadOutcome::Stop;
+            }
+            match parse_head(&reader.buf, &limits) {
+                Ok(Some(head)) => break head,
+                Ok(None) => {}
+                Err(HeadError::TooLarge) => {
+                    let _ = to_writer
+                        .send(Inbound::Reject(Rejection::headers_too_large().closing()))
+                        .await;
+                    return ReadOutcome::Linger;
+                }
+                Err(HeadError::Malformed(reason)) => {
+                    let rejection =
+                        Rejection::request_invalid(format!("malformed request: {reason}"));
+                    let _ = to_writer.send(Inbound::Reject(rejection.closing())).await;
+                    return ReadOutcome::Linger;
+                }
+            }
+            let waited = head_started.elapsed();
+            let left = settings.client_header_timeout.saturating_sub(waited);
+            // Part of a head already here means a stalled client, not an idle keep-alive one.
+            let partial = !reader.buf.is_empty();
+            match reader.fill(left).await {
+                Ok(_) => {}
+                Err(ReadEnd::TimedOut) if partial => {
+                    let _ = to_writer
+                        .send(Inbound::Reject(Rejection::client_timeout().closing()))
+                        .await;
+                    return ReadOutcome::Stop;
+                }
+                Err(ReadEnd::TimedOut) | Err(ReadEnd::WriterDone) => return ReadOutcome::Stop,
+                Err(ReadEnd::Closed) => return ReadOutcome::Closed,
+            }
+        };
+        first = false;
+        let head_bytes = reader.buf.split_to(head.head_bytes).freeze();
+        let route = api::route(head.method, head.path(&head_bytes));
+        let has_body = !matches!(
+            head.framing,
+            BodyFraming::None | BodyFraming::ContentLength(0)
+        );
+        if head.version != Version::Http11 && head.version != Version::Http10 {
+            let _ = to_writer
+                .send(Inbound::Reject(Rejection::unsupported_version().closing()))
+                .await;
+            return ReadOutcome::Linger;
+        }
+        let route = match route {
+            Ok(route) => route,
+            Err(rejection) => {
+                // Unknown route or method: answer without reading a body we will not use.
+                let rejection = if has_body || !head.keep_alive {
+                    rejection.closing()
+                } else {
+                    rejection
+                };
+                let close = rejection.close;
+                if to_writer.send(Inbound::Reject(rejection)).await.is_err() {
+                    return ReadOutcome::Stop;
+                }
+                if close {
+                    return if has_body {
+                        ReadOutcome::Linger
+                    } else {
+                        ReadOutcome::Stop
+                    };
+                }
+                continue;
+            }
+        };
+        if head.expect_continue && has_body && to_writer.send(Inbound::Continue).await.is_err() {
+            return ReadOutcome::Stop;
+        }
+        // The request body.
+        let body = match read_body(shard, reader, &head).await {
+            Ok(body) => body,
+            Err(BodyEnd::Refused(rejection)) => {
+                let _ = to_writer.send(Inbound::Reject(rejection.closing())).await;
+                return ReadOutcome::Linger;
+            }
+            Err(BodyEnd::TimedOut) => {
+                let _ = to_writer
+                    .send(Inbound::Reject(Rejection::client_timeout().closing()))
+                    .await;
+                return ReadOutcome::Stop;
+            }
+            Err(BodyEnd::Closed) => return ReadOutcome::Closed,
+            Err(BodyEnd::WriterDone) => return ReadOutcome::Stop,
+        };
+        let header = |name: &str| {
+            head.header(&head_bytes, name)
+                .map(|value| head_bytes.slice_ref(value))
+        };
+        let request = ClientRequest {
+            route,
+            body,
+            request_id: head
+                .x_request_id
+                .map(|span| head_bytes.slice_ref(span.get(&head_bytes))),
+            anthropic_version: head
+                .anthropic_version
+                .map(|span| head_bytes.slice_ref(span.get(&head_bytes))),
+            anthropic_beta: header("anthropic-beta"),
+            received_at: head_started,
+        };
+        let keep_alive = head.keep_alive;
+        let sent = to_writer
+            .send(Inbound::Request {
+                request,
+                keep_alive,
+                head_only: head.method == Method::Head,
+            })
+            .await;
+        if sent.is_err() || !keep_alive {
+            return ReadOutcome::Stop;
+        }
+    }
+}
+
+enum BodyEnd {
+    Refused(Rejection),
+    TimedOut,
+    Closed,
+    WriterDone,
+}
+
+impl From<ReadEnd> for BodyEnd {
+    fn from(end: ReadEnd) -> BodyEnd {
+        match end {
+            ReadEnd::Closed => BodyEnd::Closed,
+            ReadEnd::TimedOut => BodyEnd::TimedOut,
+            ReadEnd::WriterDone => BodyEnd::WriterDone,
+        }
+    }
+}
+
+async fn read_body(
+    shard: &Shard,
+    reader: &mut Reader,
+    head: &RequestHead,
+) -> Result<Bytes, BodyEnd> {
+    let max = shard.settings.max_request_bytes;
+    let timeout = shard.settings.client_body_timeout;
+    match head.framing {
+        BodyFraming::None => Ok(Bytes::new()),
+        BodyFraming::ContentLength(length) => {
+            if max.is_some_and(|max| length > max as u64) {
+                return Err(BodyEnd::Refused(Rejection::payload_too_large()));
+            }
+            let length = length as usize;
+            if reader.buf.capacity() < length {
+                reader.buf.reserve(length - reader.buf.len());
+            }
+            while reader.buf.len() < length {
+                reader.fill(timeout).await?;
+            }
+            Ok(reader.buf.split_to(length).freeze())
+        }
+        BodyFraming::Chunked => {
+            let mut decoder = ChunkedDecoder::new(max.map_or(u64::MAX, |max| max as u64));
+            let mut body = BytesMut::new();
+            loop {
+                match decoder.decode(&reader.buf, &mut body) {
+                    Ok(progress) => {
+                        let _ = reader.buf.split_to(progress.consumed);
+                        if decoder.is_done() {
+                            return Ok(body.freeze());
+                        }
+                    }
+                    Err(crate::http::chunked::BodyError::TooLarge) => {
+                        return Err(BodyEnd::Refused(Rejection::payload_too_large()));
+                    }
+                    Err(error) => {
+                        return Err(BodyEnd::Refused(Rejection::request_invalid(format!(
+                            "malformed chunked body: {error}"
+                        ))));
+                    }
+                }
+                reader.fill(timeout).await?;
+            }
+        }
+    }
+}
+
+/// Reads and discards what the client is still sending after a refusal, for a bounded time and
+/// amount, so it reads our answer instead of a connection reset.
+async fn linger(reader: &mut Reader) {
+    let until = Instant::now() + LINGER;
+    let mut discarded = 0usize;
+    while discarded < LINGER_BYTES_MAX {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        reader.buf.clear();
+        // The writer finishing is expected here; only time, EOF or the byte cap end the linger.
+        reader.writer_done = Rc::new(Latch::default());
+        match reader.fill(left).await {
+            Ok(read) => discarded += read,
+            Err(_) => return,
+        }
+    }
+}
+
+struct Http1Sink {
+    writer: OwnedWriteHalf<TcpStream>,
+    out: Vec<u8>,
+    gone: Rc<Latch>,
+    close: bool,
+    /// The request was `HEAD`: send heads without bodies.
+    head_only: bool,
+    metrics: Rc<Shard>,
+}
+
+impl Http1Sink {
+    async fn flush(&mut self) -> Result<(), ClientGone> {
+        let out = std::mem::take(&mut self.out);
+        let (result, mut out) = self.writer.write_all(out).await;
+        out.clear();
+        self.out = out;
+        result.map(|_| ()).map_err(|_| ClientGone)
+    }
+
+    async fn write_raw(&mut self, bytes: &[u8]) -> Result<(), ClientGone> {
+        self.out.clear();
+        self.out.extend_from_slice(bytes);
+        self.flush().await
+    }
+}
+
+impl Sink for Http1Sink {
+    async fn respond(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+        body: &[u8],
+    ) -> Result<(), ClientGone> {
+        self.metrics.metrics.count_response(status);
+        self.out.clear();
+        ResponseHead {
+            status,
+            content_type: Some(content_type),
+            framing: ResponseFraming::ContentLength(body.len() as u64),
+            close: self.close,
+            extra_headers,
+        }
+        .write(&mut self.out);
+        if !self.head_only {
+            self.out.extend_from_slice(body);
+        }
+        self.flush().await
+    }
+
+    async fn start_stream(&mut self, status: u16, content_type: &str) -> Result<(), ClientGone> {
+        self.metrics.metrics.count_response(status);
+        self.out.clear();
+        ResponseHead {
+            status,
+            content_type: Some(content_type),
+            framing: ResponseFraming::Chunked,
+            close: self.close,
+            extra_headers: &[("cache-control", b"no-cache")],
+        }
+        .write(&mut self.out);
+        self.flush().await
+    }
+
+    async fn stream_data(&mut self, data: &[u8]) -> Result<(), ClientGone> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.out.clear();
+        write_chunk(&mut self.out, data);
+        self.flush().await
+    }
+
+    async fn end_stream(&mut self) -> Result<(), ClientGone> {
+        self.write_raw(LAST_CHUNK).await
+    }
+
+    async fn until_client_gone<F: std::future::Future>(&mut self, future: F) -> Option<F::Output> {
+        if self.gone.is_set() {
+            return None;
+        }
+        match race(future, self.gone.wait()).await {
+            Either::Left(output) => Some(output),
+            Either::Right(()) => None,
+        }
+    }
+
+    fn close_after(&mut self) {
+        self.close = true;
+    }
+}

@@ -1,0 +1,144 @@
+//! Starting the shards: one thread per shard, pinned to a core, each with its own `monoio` runtime
+//! and its own SO_REUSEPORT listener on the HTTP port.
+//!
+//! Driver: io_uring when the kernel allows it (set up with cooperative task running, which measured
+//! cheapest per request here), else epoll; `HIVENET_ROUTER_IO_DRIVER=epoll|io_uring` forces one.
+//! The choice is logged.
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use monoio::net::{ListenerOpts, TcpListener};
+use tokio::sync::mpsc;
+
+use crate::metrics::ShardMetrics;
+use crate::shard::connection;
+use crate::shard::mesh::Endpoint;
+use crate::shard::messages::{ControlToShard, ShardToControl, ShardToShard};
+use crate::shard::state::{Shard, ShardSettings};
+
+/// Everything one shard thread needs.
+pub struct ShardSetup {
+    pub mesh: Endpoint<ShardToShard>,
+    pub count: usize,
+    pub http_address: SocketAddr,
+    pub settings: ShardSettings,
+    pub metrics: Arc<ShardMetrics>,
+    pub inbox: mpsc::UnboundedReceiver<ControlToShard>,
+    pub to_control: mpsc::UnboundedSender<ShardToControl>,
+    pub core: Option<core_affinity::CoreId>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    IoUring,
+    Epoll,
+}
+
+impl Driver {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Driver::IoUring => "io_uring",
+            Driver::Epoll => "epoll",
+        }
+    }
+}
+
+type Runtime = monoio::FusionRuntime<
+    monoio::time::TimeDriver<monoio::IoUringDriver>,
+    monoio::time::TimeDriver<monoio::LegacyDriver>,
+>;
+
+const RING_ENTRIES: u32 = 4096;
+
+fn build_runtime() -> std::io::Result<(Runtime, Driver)> {
+    let forced = std::env::var("HIVENET_ROUTER_IO_DRIVER").unwrap_or_default();
+    if forced != "epoll" {
+        let mut uring = io_uring::IoUring::builder();
+        uring.setup_coop_taskrun().setup_taskrun_flag();
+        let built = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
+            .with_entries(RING_ENTRIES)
+            .uring_builder(uring)
+            .enable_timer()
+            .build();
+        match built {
+            Ok(runtime) => return Ok((runtime.into(), Driver::IoUring)),
+            Err(error) if forced == "io_uring" => return Err(error),
+            Err(error) => tracing::debug!(%error, "io_uring unavailable, using epoll"),
+        }
+    }
+    let runtime = monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+        .enable_timer()
+        .build()?;
+    Ok((runtime.into(), Driver::Epoll))
+}
+
+/// Starts one shard thread; `started` receives the driver or the start-up error.
+pub fn spawn(
+    setup: ShardSetup,
+    started: std::sync::mpsc::Sender<Result<Driver, String>>,
+) -> JoinHandle<()> {
+    let shard_id = setup.mesh.shard();
+    std::thread::Builder::new()
+        .name(format!("shard-{shard_id}"))
+        .spawn(move || {
+            if let Some(core) = setup.core {
+                core_affinity::set_for_current(core);
+            }
+            let (mut runtime, driver) = match build_runtime() {
+                Ok(built) => built,
+                Err(error) => {
+                    let _ = started.send(Err(format!(
+                        "shard {shard_id}: cannot start runtime: {error}"
+                    )));
+                    return;
+                }
+            };
+            runtime.block_on(run(setup, driver, started));
+        })
+        .expect("spawning a shard thread")
+}
+
+async fn run(
+    setup: ShardSetup,
+    driver: Driver,
+    started: std::sync::mpsc::Sender<Result<Driver, String>>,
+) {
+    let options = ListenerOpts::new().reuse_port(true).backlog(4096);
+    let listener = match TcpListener::bind_with_config(setup.http_address, &options) {
+        Ok(listener) => listener,
+        Err(error) => {
+            let _ = started.send(Err(format!(
+                "shard {}: cannot bind --http-port {}: {error}",
+                setup.mesh.shard(),
+                setup.http_address
+            )));
+            return;
+        }
+    };
+    let shard = Rc::new(Shard::new(
+        setup.mesh,
+        setup.count,
+        setup.settings,
+        setup.metrics,
+        setup.to_control,
+    ));
+    monoio::spawn(shard.clone().run_control_inbox(setup.inbox));
+    monoio::spawn(shard.clone().run_mesh());
+    let _ = started.send(Ok(driver));
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                monoio::spawn(connection::serve(shard.clone(), stream));
+            }
+            Err(error) => {
+                // Out of descriptors or the like: back off a little instead of spinning.
+                tracing::warn!(shard = shard.id, %error, "accept failed");
+                monoio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
