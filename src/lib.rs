@@ -7,6 +7,7 @@
 //! usage read from responses), `error` (the one place rejections become HTTP). Around them:
 //! `control` (agent gRPC, registry), `metrics`, `agent`, `sim`.
 
+pub mod agent;
 pub mod duration;
 pub mod identity;
 pub mod proto {
