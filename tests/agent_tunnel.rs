@@ -87,15 +87,22 @@ async fn backend_route(
             let _ = events.send(BackendEvent::Completion { host, body });
             full(200, COMPLETION)
         }
-        "/v1/stream" => {
-            // Like an engine generating: a chunk every 50 ms until nobody reads.
+        path @ ("/v1/stream" | "/v1/stall") => {
+            // Like an engine generating: a chunk every 50 ms until nobody reads. `/v1/stall`
+            // sends two chunks then goes silent (a long prefill), so only the agent noticing the
+            // router's reset can end it.
+            let stall = path == "/v1/stall";
             let notice = DropNotice(events.clone());
-            let ticks = futures_util::stream::unfold(notice, |notice| async move {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                let frame: Result<Frame<Bytes>, Infallible> =
-                    Ok(Frame::data(Bytes::from_static(b"data: tick\n\n")));
-                Some((frame, notice))
-            });
+            let ticks =
+                futures_util::stream::unfold((notice, 0u32), move |(notice, sent)| async move {
+                    if stall && sent >= 2 {
+                        std::future::pending::<()>().await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let frame: Result<Frame<Bytes>, Infallible> =
+                        Ok(Frame::data(Bytes::from_static(b"data: tick\n\n")));
+                    Some((frame, (notice, sent + 1)))
+                });
             hyper::Response::builder()
                 .status(200)
                 .header("content-type", "text/event-stream")
@@ -474,12 +481,21 @@ async fn agent_registers_heartbeats_and_serves_a_completion_through_the_tunnel()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn router_reset_mid_stream_drops_the_backend_response() {
-    let mut harness = start("reset").await;
+    reset_mid_stream_drops_the_backend_response("/v1/stream").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_reset_while_the_backend_is_silent_drops_the_backend_response() {
+    reset_mid_stream_drops_the_backend_response("/v1/stall").await;
+}
+
+async fn reset_mid_stream_drops_the_backend_response(path: &str) {
+    let mut harness = start(&path.replace('/', "-")).await;
     harness.expect_registration().await;
     let router = harness.accept_tunnel().await;
     let request = http::Request::builder()
         .method("POST")
-        .uri("http://router.internal/v1/stream")
+        .uri(format!("http://router.internal{path}"))
         .body(())
         .unwrap();
     let mut router = router.ready().await.unwrap();
