@@ -1,9 +1,9 @@
 //! Proves that the real `hivenet-agent` binary retries a refused authentication, registers and
 //! heartbeats over the gRPC control session, dials the tunnel with its session token, serves a
 //! request the router sends over the HTTP/2 tunnel by forwarding it to the backend, reports engine
-//! metrics in routing signals, and drops the backend response when the router resets a stream
-//! mid-response.
-
+//! metrics in routing signals, drops the backend response when the router resets a stream
+//! mid-response, closes its tunnel and reconnects when the router ends the session, and exits
+//! cleanly on SIGTERM.
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -28,7 +28,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 const SECRET: &str = "agent-tunnel-test-secret";
 const SESSION_TOKEN: &str = "session-token-1";
@@ -148,6 +148,8 @@ struct Control {
     tunnel_port: u16,
     auth_calls: AtomicU32,
     to_test: mpsc::UnboundedSender<ControlEvent>,
+    /// Bumping the generation ends every open session from the router side.
+    end_sessions: watch::Receiver<u32>,
 }
 
 type SessionStream = Pin<Box<dyn Stream<Item = Result<RouterMessage, tonic::Status>> + Send>>;
@@ -202,6 +204,8 @@ impl AgentControl for Control {
         let mut inbound = request.into_inner();
         let (to_agent, outbound) = mpsc::channel::<Result<RouterMessage, tonic::Status>>(4);
         let to_test = self.to_test.clone();
+        let mut end_sessions = self.end_sessions.clone();
+        end_sessions.borrow_and_update();
         tokio::spawn(async move {
             // The reader owns `to_agent`: the response stream stays open as long as the agent's.
             let registered = RouterMessage {
@@ -210,9 +214,18 @@ impl AgentControl for Control {
                 })),
             };
             let _ = to_agent.send(Ok(registered)).await;
-            while let Ok(Some(message)) = inbound.message().await {
-                let _ = to_test.send(ControlEvent::Message(message));
+            loop {
+                tokio::select! {
+                    message = inbound.message() => match message {
+                        Ok(Some(message)) => {
+                            let _ = to_test.send(ControlEvent::Message(message));
+                        }
+                        _ => break,
+                    },
+                    _ = end_sessions.changed() => break,
+                }
             }
+            // Ends the response stream: the agent sees the router close the session.
             drop(to_agent);
         });
         let outbound = futures_util::stream::unfold(outbound, |mut outbound| async move {
@@ -235,7 +248,8 @@ impl Drop for AgentProcess {
 }
 
 struct Harness {
-    _agent: AgentProcess,
+    agent: AgentProcess,
+    end_sessions: watch::Sender<u32>,
     _identity_dir: TempDir,
     from_control: mpsc::UnboundedReceiver<ControlEvent>,
     from_backend: mpsc::UnboundedReceiver<BackendEvent>,
@@ -255,7 +269,9 @@ async fn start(test_name: &str) -> Harness {
     let (backend_addr, from_backend) = start_backend().await;
     let tunnel = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (to_test, from_control) = mpsc::unbounded_channel();
+    let (end_sessions, end_sessions_rx) = watch::channel(0u32);
     let control = Control {
+        end_sessions: end_sessions_rx,
         secret: Secret::new(SECRET.as_bytes()).unwrap(),
         tunnel_port: tunnel.local_addr().unwrap().port(),
         auth_calls: AtomicU32::new(0),
@@ -311,7 +327,8 @@ async fn start(test_name: &str) -> Harness {
         .spawn()
         .expect("hivenet-agent starts");
     Harness {
-        _agent: AgentProcess(child),
+        agent: AgentProcess(child),
+        end_sessions,
         _identity_dir: TempDir(identity_dir),
         from_control,
         from_backend,
@@ -388,6 +405,14 @@ impl Harness {
 
     /// Accepts the agent's tunnel connection as the router would and becomes its HTTP/2 client.
     async fn accept_tunnel(&mut self) -> h2::client::SendRequest<Bytes> {
+        self.accept_tunnel_with_connection().await.0
+    }
+
+    /// Like `accept_tunnel`, also returning the task driving the HTTP/2 connection, which ends
+    /// when the agent closes the socket.
+    async fn accept_tunnel_with_connection(
+        &mut self,
+    ) -> (h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>) {
         let (mut socket, _) = tokio::time::timeout(WAIT, self.tunnel.accept())
             .await
             .expect("agent dials the tunnel")
@@ -404,10 +429,10 @@ impl Harness {
             .await
             .unwrap();
         let (send_request, connection) = h2::client::handshake(socket).await.unwrap();
-        tokio::spawn(async move {
+        let driver = tokio::spawn(async move {
             let _ = connection.await;
         });
-        send_request
+        (send_request, driver)
     }
 }
 
@@ -521,4 +546,54 @@ async fn reset_mid_stream_drops_the_backend_response(path: &str) {
         BackendEvent::StreamDropped
     ));
     harness.signal_where(|signal| signal.in_flight == 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_end_closes_the_tunnel_then_the_agent_reconnects_and_exits_on_sigterm() {
+    let mut harness = start("reconnect").await;
+    harness.expect_registration().await;
+    let (_router, tunnel) = harness.accept_tunnel_with_connection().await;
+
+    // The router ends the session: the agent must close this router's tunnel...
+    harness
+        .end_sessions
+        .send_modify(|generation| *generation += 1);
+    tokio::time::timeout(WAIT, tunnel)
+        .await
+        .expect("the agent closes the tunnel when its session ends")
+        .unwrap();
+
+    // ...then authenticate, register and dial the tunnel again.
+    let register = loop {
+        match harness.next_control().await {
+            ControlEvent::Auth { accepted, .. } => assert!(accepted),
+            ControlEvent::SessionOpened { authorization } => {
+                assert_eq!(authorization, format!("Bearer {SESSION_TOKEN}"));
+            }
+            ControlEvent::Message(AgentMessage {
+                kind: Some(AgentKind::Register(register)),
+            }) => break register,
+            ControlEvent::Message(_) => {}
+        }
+    };
+    assert_eq!(register.models, vec![MODEL]);
+    let router = harness.accept_tunnel().await;
+    router.ready().await.expect("the new tunnel speaks HTTP/2");
+
+    // SIGTERM is a clean exit.
+    let pid = harness.agent.0.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(killed.success());
+    let deadline = std::time::Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = harness.agent.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "agent exits after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "exit status after SIGTERM: {status:?}");
 }
