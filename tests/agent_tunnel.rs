@@ -4,6 +4,7 @@
 //! metrics in routing signals, drops the backend response when the router resets a stream
 //! mid-response, closes its tunnel and reconnects when the router ends the session, and exits
 //! cleanly on SIGTERM.
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -31,6 +32,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 const SECRET: &str = "agent-tunnel-test-secret";
+/// The token of the first accepted authentication; call `n` gets `session-token-{n}`.
 const SESSION_TOKEN: &str = "session-token-1";
 const MODEL: &str = "test-model";
 const COMPLETION: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"pong"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
@@ -147,6 +149,7 @@ struct Control {
     secret: Secret,
     tunnel_port: u16,
     auth_calls: AtomicU32,
+    session_ttl_ms: u64,
     to_test: mpsc::UnboundedSender<ControlEvent>,
     /// Bumping the generation ends every open session from the router side.
     end_sessions: watch::Receiver<u32>,
@@ -163,7 +166,8 @@ impl AgentControl for Control {
         let request = request.into_inner();
         let claims = self.secret.verify(&request.token, AUTH_AUDIENCE);
         // The first call is refused to prove the agent retries.
-        let first = self.auth_calls.fetch_add(1, Ordering::SeqCst) == 0;
+        let call = self.auth_calls.fetch_add(1, Ordering::SeqCst);
+        let first = call == 0;
         let accepted = !first && claims.is_ok_and(|claims| claims.sub == request.peer_id);
         let _ = self.to_test.send(ControlEvent::Auth {
             peer_id: request.peer_id.clone(),
@@ -173,8 +177,8 @@ impl AgentControl for Control {
             return Err(tonic::Status::unauthenticated("test refuses this token"));
         }
         Ok(tonic::Response::new(AuthResponse {
-            session_token: SESSION_TOKEN.to_owned(),
-            session_ttl_ms: 600_000,
+            session_token: format!("session-token-{call}"),
+            session_ttl_ms: self.session_ttl_ms,
             router_peer_id: "12D3KooWtestrouter".to_owned(),
             tunnel_addrs: vec![
                 "/ip4/127.0.0.1/udp/1/quic-v1".to_owned(),
@@ -266,6 +270,10 @@ impl Drop for TempDir {
 }
 
 async fn start(test_name: &str) -> Harness {
+    start_with_ttl(test_name, 600_000).await
+}
+
+async fn start_with_ttl(test_name: &str, session_ttl_ms: u64) -> Harness {
     let (backend_addr, from_backend) = start_backend().await;
     let tunnel = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (to_test, from_control) = mpsc::unbounded_channel();
@@ -275,6 +283,7 @@ async fn start(test_name: &str) -> Harness {
         secret: Secret::new(SECRET.as_bytes()).unwrap(),
         tunnel_port: tunnel.local_addr().unwrap().port(),
         auth_calls: AtomicU32::new(0),
+        session_ttl_ms,
         to_test,
     };
     let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -405,13 +414,14 @@ impl Harness {
 
     /// Accepts the agent's tunnel connection as the router would and becomes its HTTP/2 client.
     async fn accept_tunnel(&mut self) -> h2::client::SendRequest<Bytes> {
-        self.accept_tunnel_with_connection().await.0
+        self.accept_tunnel_with_connection(SESSION_TOKEN).await.0
     }
 
     /// Like `accept_tunnel`, also returning the task driving the HTTP/2 connection, which ends
     /// when the agent closes the socket.
     async fn accept_tunnel_with_connection(
         &mut self,
+        expected_token: &str,
     ) -> (h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>) {
         let (mut socket, _) = tokio::time::timeout(WAIT, self.tunnel.accept())
             .await
@@ -423,7 +433,7 @@ impl Harness {
         let mut token = vec![0u8; token_len];
         socket.read_exact(&mut token).await.unwrap();
         assert_eq!(shard, 0);
-        assert_eq!(preamble::decode_token(token).unwrap(), SESSION_TOKEN);
+        assert_eq!(preamble::decode_token(token).unwrap(), expected_token);
         socket
             .write_all(&[preamble::Status::Accepted as u8])
             .await
@@ -552,7 +562,7 @@ async fn reset_mid_stream_drops_the_backend_response(path: &str) {
 async fn session_end_closes_the_tunnel_then_the_agent_reconnects_and_exits_on_sigterm() {
     let mut harness = start("reconnect").await;
     harness.expect_registration().await;
-    let (_router, tunnel) = harness.accept_tunnel_with_connection().await;
+    let (_router, tunnel) = harness.accept_tunnel_with_connection(SESSION_TOKEN).await;
 
     // The router ends the session: the agent must close this router's tunnel...
     harness
@@ -568,7 +578,7 @@ async fn session_end_closes_the_tunnel_then_the_agent_reconnects_and_exits_on_si
         match harness.next_control().await {
             ControlEvent::Auth { accepted, .. } => assert!(accepted),
             ControlEvent::SessionOpened { authorization } => {
-                assert_eq!(authorization, format!("Bearer {SESSION_TOKEN}"));
+                assert_eq!(authorization, "Bearer session-token-2");
             }
             ControlEvent::Message(AgentMessage {
                 kind: Some(AgentKind::Register(register)),
@@ -577,7 +587,9 @@ async fn session_end_closes_the_tunnel_then_the_agent_reconnects_and_exits_on_si
         }
     };
     assert_eq!(register.models, vec![MODEL]);
-    let router = harness.accept_tunnel().await;
+    let (router, _) = harness
+        .accept_tunnel_with_connection("session-token-2")
+        .await;
     router.ready().await.expect("the new tunnel speaks HTTP/2");
 
     // SIGTERM is a clean exit.
@@ -596,4 +608,45 @@ async fn session_end_closes_the_tunnel_then_the_agent_reconnects_and_exits_on_si
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(status.success(), "exit status after SIGTERM: {status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_is_refreshed_and_new_tunnels_use_the_newest_token() {
+    // A 1 s TTL: the agent re-authenticates after ~800 ms.
+    let mut harness = start_with_ttl("refresh", 1_000).await;
+    harness.expect_registration().await;
+    let (router, tunnel) = harness.accept_tunnel_with_connection(SESSION_TOKEN).await;
+
+    let refreshed = loop {
+        if let ControlEvent::Message(AgentMessage {
+            kind: Some(AgentKind::Refresh(refresh)),
+        }) = harness.next_control().await
+        {
+            break refresh.session_token;
+        }
+    };
+    assert_eq!(refreshed, "session-token-2");
+
+    // The router drops the tunnel; the agent redials with the refreshed token (or a later one,
+    // since refreshes keep coming every ~800 ms).
+    drop(router);
+    tunnel.abort();
+    let (mut socket, _) = tokio::time::timeout(WAIT, harness.tunnel.accept())
+        .await
+        .expect("the agent redials the tunnel")
+        .unwrap();
+    let mut head = [0u8; 8];
+    socket.read_exact(&mut head).await.unwrap();
+    let (_, token_len) = preamble::decode_head(&head).unwrap();
+    let mut token = vec![0u8; token_len];
+    socket.read_exact(&mut token).await.unwrap();
+    let token = preamble::decode_token(token).unwrap();
+    let serial: u32 = token
+        .strip_prefix("session-token-")
+        .and_then(|serial| serial.parse().ok())
+        .expect("a session token");
+    assert!(
+        serial >= 2,
+        "redialed with {token}, not the refreshed token"
+    );
 }
