@@ -57,6 +57,12 @@ impl Capability {
     }
 }
 
+/// `--version` default: injected at build time through `HIVENET_AGENT_VERSION`, else `dev`.
+pub const BUILD_VERSION: &str = match option_env!("HIVENET_AGENT_VERSION") {
+    Some(version) => version,
+    None => "dev",
+};
+
 /// Raw flags. Every duration takes Go syntax (`500ms`, `2m`, `0`).
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -123,7 +129,7 @@ pub struct Args {
     #[arg(long, default_value = "Unknown")]
     pub machine: String,
     /// Version recorded in registration metadata.
-    #[arg(long, default_value = "dev")]
+    #[arg(long, default_value = BUILD_VERSION)]
     pub version: String,
     /// Deployment identifier.
     #[arg(long, env = "HIVENET_ROUTER_DEPLOYMENT_ID", default_value = "")]
@@ -321,7 +327,7 @@ mod tests {
         assert_eq!(config.routing_signal_interval, None);
         assert_eq!(config.tags, vec!["production"]);
         assert_eq!(config.region, "UE-France");
-        assert_eq!(config.version, "dev");
+        assert_eq!(config.version, BUILD_VERSION);
     }
 
     #[test]
