@@ -7,9 +7,12 @@
 //! sockets), `usage` (exact token usage read from responses), `error` (the one place rejections
 //! become HTTP). Around them: `control` (agent gRPC, registry), `metrics`, `agent`, `sim`.
 
+pub mod agent;
+pub mod api;
 pub mod config;
 pub mod control;
 pub mod duration;
+pub mod error;
 pub mod http;
 pub mod identity;
 pub mod metrics;
@@ -17,8 +20,6 @@ pub mod proto {
     //! Generated from `proto/hivenet.proto`.
     tonic::include_proto!("hivenet.v1");
 }
-pub mod api;
-pub mod error;
 pub mod routing;
 pub mod shard;
 pub mod tokens;

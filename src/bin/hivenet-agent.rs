@@ -1,1 +1,88 @@
-fn main() {}
+//! `hivenet-agent`: flag parsing, logging, identity and secret loading, then `agent::run` until
+//! SIGTERM or SIGINT.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use hivenet_router::agent::{self, config::Args};
+use hivenet_router::identity::Identity;
+use hivenet_router::tokens::Secret;
+use tracing::{Instrument, error, info};
+
+/// Usage errors exit with the code clap uses for its own.
+const EXIT_USAGE: u8 = 2;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let config = match args.validate() {
+        Ok(config) => config,
+        Err(problem) => {
+            eprintln!("hivenet-agent: {problem}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let secret = match Secret::from_file_or_env(config.jwt_secret_file.as_deref()) {
+        Ok(secret) => secret,
+        Err(problem) => {
+            eprintln!("hivenet-agent: {problem}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let identity = match Identity::load_or_create(&config.identity_path) {
+        Ok(identity) => identity,
+        Err(problem) => {
+            eprintln!("hivenet-agent: {problem}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let peer_id = identity.peer_id.to_string();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(problem) => {
+            eprintln!("hivenet-agent: cannot start the runtime: {problem}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        info!(%peer_id, engine = config.engine.as_str(), backend = %config.backend_url, "hivenet-agent starting");
+        let span = tracing::info_span!("agent", %peer_id);
+        tokio::select! {
+            result = agent::run(config, secret, peer_id.clone()).instrument(span) => match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(problem) => {
+                    error!(%problem, "agent stopped");
+                    ExitCode::FAILURE
+                }
+            },
+            signal = shutdown_signal() => {
+                info!(signal, "shutting down");
+                ExitCode::SUCCESS
+            }
+        }
+    })
+}
+
+/// Resolves on SIGTERM or SIGINT with the signal's name.
+async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = match signal(SignalKind::terminate()) {
+        Ok(stream) => stream,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return "SIGINT";
+        }
+    };
+    tokio::select! {
+        _ = terminate.recv() => "SIGTERM",
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+    }
+}

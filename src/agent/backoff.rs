@@ -1,0 +1,108 @@
+//! Exponential backoff with jitter for every retry loop of the agent: backend health, warm-up,
+//! authentication, control sessions and tunnel connections.
+//!
+//! Pure: the caller passes the random draw (`0.0..=1.0`) so the bounds are testable, and decides
+//! when to [`Backoff::reset`] (after a connection that stayed up long enough).
+//!
+//! Invariant: every delay lies in `[initial, max]`.
+
+use std::time::Duration;
+
+/// Control sessions and tunnels: 1 s doubling to 30 s.
+pub const RECONNECT_INITIAL: Duration = Duration::from_secs(1);
+pub const RECONNECT_MAX: Duration = Duration::from_secs(30);
+/// A connection that stayed up this long resets its backoff.
+pub const RECONNECT_RESET_AFTER: Duration = Duration::from_secs(30);
+/// Backend readiness (health, discovery, warm-up): 500 ms doubling to 10 s; engines load models
+/// for minutes, and a short cap registers the agent soon after the engine is ready.
+pub const READINESS_INITIAL: Duration = Duration::from_millis(500);
+pub const READINESS_MAX: Duration = Duration::from_secs(10);
+
+/// Spread of the jitter around the exponential step: the delay is `step * (1 ± JITTER)`, so
+/// agents restarted together do not retry in lock-step.
+const JITTER: f64 = 0.2;
+
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    attempt: u32,
+}
+
+impl Backoff {
+    pub fn new(initial: Duration, max: Duration) -> Backoff {
+        assert!(!initial.is_zero() && initial <= max, "backoff bounds");
+        Backoff {
+            initial,
+            max,
+            attempt: 0,
+        }
+    }
+
+    pub fn reconnect() -> Backoff {
+        Backoff::new(RECONNECT_INITIAL, RECONNECT_MAX)
+    }
+
+    pub fn readiness() -> Backoff {
+        Backoff::new(READINESS_INITIAL, READINESS_MAX)
+    }
+
+    /// The delay before the next attempt; `random` is a uniform draw in `0.0..=1.0`.
+    pub fn next_delay(&mut self, random: f64) -> Duration {
+        let exponent = self.attempt.min(20) as i32;
+        self.attempt = self.attempt.saturating_add(1);
+        let step = (self.initial.as_secs_f64() * 2f64.powi(exponent)).min(self.max.as_secs_f64());
+        let factor = 1.0 - JITTER + 2.0 * JITTER * random.clamp(0.0, 1.0);
+        Duration::from_secs_f64(step * factor).clamp(self.initial, self.max)
+    }
+
+    /// The delay with a draw from `fastrand`.
+    pub fn next_delay_random(&mut self) -> Duration {
+        self.next_delay(fastrand::f64())
+    }
+
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grows_to_the_cap_within_bounds() {
+        let mut low = Backoff::reconnect();
+        let mut high = Backoff::reconnect();
+        let lows: Vec<Duration> = (0..8).map(|_| low.next_delay(0.0)).collect();
+        let highs: Vec<Duration> = (0..8).map(|_| high.next_delay(1.0)).collect();
+        assert_eq!(lows[0], Duration::from_secs(1), "never below initial");
+        assert_eq!(highs[0], Duration::from_millis(1200));
+        assert_eq!(lows[1], Duration::from_millis(1600));
+        assert_eq!(highs[3], Duration::from_millis(9600));
+        for (low, high) in lows.iter().zip(&highs) {
+            assert!(low <= high);
+            assert!(*low >= RECONNECT_INITIAL && *high <= RECONNECT_MAX);
+        }
+        assert_eq!(highs[7], RECONNECT_MAX, "capped at max");
+        assert_eq!(lows[7], Duration::from_secs(24));
+    }
+
+    #[test]
+    fn reset_starts_over_and_huge_attempts_do_not_overflow() {
+        let mut backoff = Backoff::reconnect();
+        for _ in 0..1000 {
+            let delay = backoff.next_delay(0.5);
+            assert!(delay <= RECONNECT_MAX);
+        }
+        backoff.reset();
+        assert_eq!(backoff.attempt(), 0);
+        assert_eq!(backoff.next_delay(0.5), Duration::from_secs(1));
+        // Out-of-range draws are clamped, not trusted.
+        assert_eq!(backoff.next_delay(7.0), Duration::from_millis(2400));
+    }
+}

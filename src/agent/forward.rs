@@ -1,0 +1,518 @@
+//! Serving one tunnelled request: the router's HTTP/2 stream in, the backend's HTTP/1.1 exchange
+//! out, the response streamed back.
+//!
+//! ## Phases
+//! 1. *enter*: count the request in flight (the guard leaves on every exit).
+//! 2. *send*: rewrite the URI onto `--backend-url`, filter headers (`agent::headers`), stream the
+//!    request body from the tunnel to the backend through the pooled keep-alive client.
+//! 3. *head*: wait for the backend's response head within `--http-timeout`, racing a reset of the
+//!    stream by the router. A failure here is answered by [`ForwardError::into_response`] — the one
+//!    place that turns agent errors into HTTP.
+//! 4. *stream*: copy body frames back, respecting HTTP/2 flow control, each frame within
+//!    `--stream-write-timeout`; the backend must produce each frame within `--http-timeout`.
+//!
+//! ## Cancellation
+//! When the router resets the stream (its client went away), the handler returns at once and drops
+//! the backend request or response; hyper then closes that backend connection instead of pooling
+//! it, which is how vLLM, SGLang and the others learn to abort the generation.
+
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::{Reason, RecvStream, SendStream};
+use http::{HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame, Incoming};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tracing::{debug, warn};
+
+use super::headers;
+
+/// Idle backend connections kept per host; the router's concurrency to this agent is bounded
+/// by `--capacity`, so more would only hold sockets.
+const POOL_IDLE_PER_HOST_MAX: usize = 64;
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+const BACKEND_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Requests being served now, over every router and shard. Reported in heartbeats and routing
+/// signals.
+#[derive(Debug, Clone, Default)]
+pub struct InFlight(Arc<AtomicU32>);
+
+impl InFlight {
+    pub fn get(&self) -> u32 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub fn enter(&self) -> InFlightGuard {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        InFlightGuard(self.0.clone())
+    }
+}
+
+/// Leaves the in-flight count when dropped, whichever way the request ended.
+pub struct InFlightGuard(Arc<AtomicU32>);
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        let before = self.0.fetch_sub(1, Ordering::Relaxed);
+        debug_assert!(before > 0, "in-flight count went below zero");
+    }
+}
+
+/// What every forwarded request shares.
+pub struct ForwardContext {
+    client: Client<HttpConnector, TunnelBody>,
+    /// `--backend-url` without a trailing slash.
+    backend_base: String,
+    /// The backend authority, sent as `host`.
+    backend_host: HeaderValue,
+    http_timeout: Duration,
+    stream_write_timeout: Option<Duration>,
+    pub in_flight: InFlight,
+}
+
+impl ForwardContext {
+    pub fn new(
+        backend_base: &str,
+        http_timeout: Duration,
+        stream_write_timeout: Option<Duration>,
+        in_flight: InFlight,
+    ) -> Result<ForwardContext, String> {
+        let uri: Uri = backend_base
+            .parse()
+            .map_err(|_| format!("--backend-url {backend_base:?} is not a URI"))?;
+        let authority = uri
+            .authority()
+            .ok_or_else(|| format!("--backend-url {backend_base:?} has no host"))?;
+        let backend_host = HeaderValue::from_str(authority.as_str())
+            .map_err(|_| format!("--backend-url {backend_base:?} has an invalid host"))?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(BACKEND_CONNECT_TIMEOUT));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(POOL_IDLE_PER_HOST_MAX)
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .build(connector);
+        Ok(ForwardContext {
+            client,
+            backend_base: backend_base.trim_end_matches('/').to_owned(),
+            backend_host,
+            http_timeout,
+            stream_write_timeout,
+            in_flight,
+        })
+    }
+}
+
+/// Why a request could not get a backend response head. Exactly this type becomes the agent's
+/// error responses.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("backend is unreachable: {0}")]
+    Unavailable(String),
+    #[error("backend failed: {0}")]
+    Failed(String),
+    #[error("backend did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("request path {0:?} cannot be forwarded")]
+    BadPath(String),
+}
+
+impl ForwardError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ForwardError::Unavailable(_) | ForwardError::Failed(_) => StatusCode::BAD_GATEWAY,
+            ForwardError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ForwardError::BadPath(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            ForwardError::Unavailable(_) => "backend_unavailable",
+            ForwardError::Failed(_) | ForwardError::Timeout(_) => "backend_error",
+            ForwardError::BadPath(_) => "invalid_request",
+        }
+    }
+
+    /// The OpenAI-style envelope the router passes to its client.
+    pub fn body(&self) -> Bytes {
+        let source = match self {
+            ForwardError::BadPath(_) => "agent",
+            _ => "backend",
+        };
+        Bytes::from(
+            serde_json::json!({
+                "error": {"code": self.code(), "message": self.to_string(), "source": source}
+            })
+            .to_string(),
+        )
+    }
+
+    pub fn into_response(self) -> (Response<()>, Bytes) {
+        let body = self.body();
+        let response = Response::builder()
+            .status(self.status())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::CONTENT_LENGTH, body.len())
+            .body(())
+            .expect("static response parts are valid");
+        (response, body)
+    }
+}
+
+/// The tunnelled request body as a hyper body. Flow-control credit goes back to the router as the
+/// backend client takes each chunk, so the router's sending is paced by the backend's reading.
+pub struct TunnelBody {
+    recv: RecvStream,
+    data_done: bool,
+}
+
+impl TunnelBody {
+    pub fn new(recv: RecvStream) -> TunnelBody {
+        TunnelBody {
+            recv,
+            data_done: false,
+        }
+    }
+}
+
+impl Body for TunnelBody {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        if !self.data_done {
+            match ready!(self.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    // Releasing can only fail when the stream is already gone; the next poll
+                    // reports that.
+                    let _ = self.recv.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(error)) => return Poll::Ready(Some(Err(error))),
+                None => self.data_done = true,
+            }
+        }
+        match ready!(self.recv.poll_trailers(cx)) {
+            Ok(Some(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+            Ok(None) => Poll::Ready(None),
+            Err(error) => Poll::Ready(Some(Err(error))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
+    }
+}
+
+/// `{backend}{path?query}` for a tunnelled request URI.
+pub fn backend_uri(backend_base: &str, request_uri: &Uri) -> Result<Uri, ForwardError> {
+    let path = request_uri
+        .path_and_query()
+        .map(|path| path.as_str())
+        .unwrap_or("/");
+    if !path.starts_with('/') {
+        return Err(ForwardError::BadPath(path.to_owned()));
+    }
+    format!("{backend_base}{path}")
+        .parse()
+        .map_err(|_| ForwardError::BadPath(path.to_owned()))
+}
+
+/// Serves one stream to completion or cancellation.
+pub async fn serve(
+    request: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    context: Arc<ForwardContext>,
+) {
+    let _in_flight = context.in_flight.enter();
+    let response = match send_to_backend(request, &mut respond, &context).await {
+        Some(Ok(response)) => response,
+        Some(Err(error)) => {
+            warn!(%error, "answering the router with an agent error");
+            let (head, body) = error.into_response();
+            if let Ok(mut send) = respond.send_response(head, false) {
+                // The body is a few hundred bytes, below any initial window.
+                send.reserve_capacity(body.len());
+                let _ = send.send_data(body, true);
+            }
+            return;
+        }
+        None => return,
+    };
+    stream_to_router(response, respond, &context).await;
+}
+
+/// Phases *send* and *head*. `None` when the router reset the stream meanwhile.
+async fn send_to_backend(
+    request: Request<RecvStream>,
+    respond: &mut SendResponse<Bytes>,
+    context: &ForwardContext,
+) -> Option<Result<Response<Incoming>, ForwardError>> {
+    let (parts, recv) = request.into_parts();
+    let uri = match backend_uri(&context.backend_base, &parts.uri) {
+        Ok(uri) => uri,
+        Err(error) => return Some(Err(error)),
+    };
+    let mut backend_request = Request::new(TunnelBody::new(recv));
+    *backend_request.method_mut() = parts.method;
+    *backend_request.uri_mut() = uri;
+    *backend_request.version_mut() = Version::HTTP_11;
+    *backend_request.headers_mut() = parts.headers;
+    headers::to_backend(backend_request.headers_mut(), &context.backend_host);
+
+    let exchange = tokio::time::timeout(
+        context.http_timeout,
+        context.client.request(backend_request),
+    );
+    tokio::select! {
+        result = exchange => Some(match result {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(error)) if error.is_connect() => Err(ForwardError::Unavailable(error.to_string())),
+            Ok(Err(error)) => Err(ForwardError::Failed(error.to_string())),
+            Err(_) => Err(ForwardError::Timeout(context.http_timeout)),
+        }),
+        reason = poll_fn(|cx| respond.poll_reset(cx)) => {
+            debug!(?reason, "router reset the stream before the backend answered");
+            None
+        }
+    }
+}
+
+/// Phase *stream*.
+async fn stream_to_router(
+    response: Response<Incoming>,
+    mut respond: SendResponse<Bytes>,
+    context: &ForwardContext,
+) {
+    let (parts, mut body) = response.into_parts();
+    let mut head = Response::new(());
+    *head.status_mut() = parts.status;
+    *head.headers_mut() = parts.headers;
+    headers::to_router(head.headers_mut());
+    let end_of_stream = body.is_end_stream();
+    let mut send = match respond.send_response(head, end_of_stream) {
+        Ok(send) => send,
+        Err(error) => {
+            debug!(%error, "stream closed before the response head");
+            return;
+        }
+    };
+    if end_of_stream {
+        return;
+    }
+    loop {
+        let frame = tokio::select! {
+            frame = tokio::time::timeout(context.http_timeout, body.frame()) => frame,
+            reason = poll_fn(|cx| send.poll_reset(cx)) => {
+                // Dropping `body` here closes the backend connection: the engine cancels.
+                debug!(?reason, "router reset the stream mid-response");
+                return;
+            }
+        };
+        match frame {
+            Err(_) => {
+                warn!(timeout = ?context.http_timeout, "backend stalled mid-response");
+                send.send_reset(Reason::INTERNAL_ERROR);
+                return;
+            }
+            Ok(None) => {
+                let _ = send.send_data(Bytes::new(), true);
+                return;
+            }
+            Ok(Some(Err(error))) => {
+                warn!(%error, "backend response body failed");
+                send.send_reset(Reason::INTERNAL_ERROR);
+                return;
+            }
+            Ok(Some(Ok(frame))) => {
+                let frame = match frame.into_data() {
+                    Ok(data) => {
+                        if let Err(error) =
+                            write_data(&mut send, data, context.stream_write_timeout).await
+                        {
+                            debug!(%error, "cannot write the response to the router");
+                            send.send_reset(Reason::CANCEL);
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(frame) => frame,
+                };
+                if let Ok(trailers) = frame.into_trailers() {
+                    let _ = send.send_trailers(trailers);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum WriteError {
+    #[error("router stream failed: {0}")]
+    Stream(#[from] h2::Error),
+    #[error("router stream closed")]
+    Closed,
+    #[error("router did not take a chunk within {0:?}")]
+    Timeout(Duration),
+}
+
+/// Sends one chunk as the router's flow-control window allows, within the rolling write timeout.
+async fn write_data(
+    send: &mut SendStream<Bytes>,
+    mut data: Bytes,
+    timeout: Option<Duration>,
+) -> Result<(), WriteError> {
+    let write = async {
+        while !data.is_empty() {
+            send.reserve_capacity(data.len());
+            let granted = match poll_fn(|cx| send.poll_capacity(cx)).await {
+                Some(Ok(granted)) => granted,
+                Some(Err(error)) => return Err(WriteError::Stream(error)),
+                None => return Err(WriteError::Closed),
+            };
+            if granted == 0 {
+                continue;
+            }
+            let chunk = data.split_to(granted.min(data.len()));
+            send.send_data(chunk, false)?;
+        }
+        Ok(())
+    };
+    match timeout {
+        Some(limit) => tokio::time::timeout(limit, write)
+            .await
+            .map_err(|_| WriteError::Timeout(limit))?,
+        None => write.await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_uri_keeps_path_and_query() {
+        let uri: Uri = "http://router/v1/chat/completions?x=1".parse().unwrap();
+        assert_eq!(
+            backend_uri("http://127.0.0.1:8000", &uri).unwrap(),
+            "http://127.0.0.1:8000/v1/chat/completions?x=1"
+        );
+        let bare: Uri = "/health".parse().unwrap();
+        assert_eq!(
+            backend_uri("http://h:1/prefix", &bare).unwrap(),
+            "http://h:1/prefix/health"
+        );
+    }
+
+    #[test]
+    fn errors_map_to_status_and_envelope() {
+        let unavailable = ForwardError::Unavailable("connection refused".into());
+        assert_eq!(unavailable.status(), StatusCode::BAD_GATEWAY);
+        let body: serde_json::Value = serde_json::from_slice(&unavailable.body()).unwrap();
+        assert_eq!(body["error"]["code"], "backend_unavailable");
+        assert_eq!(body["error"]["source"], "backend");
+        let timeout = ForwardError::Timeout(Duration::from_secs(120));
+        assert_eq!(timeout.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(timeout.code(), "backend_error");
+        let (head, body) = timeout.into_response();
+        assert_eq!(
+            head.headers()["content-length"],
+            body.len().to_string().as_str()
+        );
+    }
+
+    /// Sends one GET through an in-memory HTTP/2 tunnel to `serve` and returns the answer.
+    async fn one_request(
+        backend: &str,
+        http_timeout: Duration,
+    ) -> (StatusCode, serde_json::Value, InFlight) {
+        let in_flight = InFlight::default();
+        let context =
+            Arc::new(ForwardContext::new(backend, http_timeout, None, in_flight.clone()).unwrap());
+        let (router_io, agent_io) = tokio::io::duplex(1 << 16);
+        tokio::spawn(async move {
+            let mut connection = h2::server::handshake(agent_io).await.unwrap();
+            while let Some(Ok((request, respond))) = connection.accept().await {
+                tokio::spawn(serve(request, respond, context.clone()));
+            }
+        });
+        let (mut router, connection) = h2::client::handshake(router_io).await.unwrap();
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let request = Request::get("http://router/v1/models").body(()).unwrap();
+        let (response, _) = router.send_request(request, true).unwrap();
+        let response = response.await.unwrap();
+        let status = response.status();
+        let mut body = response.into_body();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = body.data().await {
+            bytes.extend_from_slice(&chunk.unwrap());
+        }
+        (status, serde_json::from_slice(&bytes).unwrap(), in_flight)
+    }
+
+    #[tokio::test]
+    async fn unreachable_backend_is_a_502() {
+        // Bound then dropped: nothing listens on that port any more.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let (status, body, in_flight) =
+            one_request(&format!("http://{closed}"), Duration::from_secs(5)).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY);
+        assert_eq!(body["error"]["code"], "backend_unavailable");
+        assert_eq!(body["error"]["source"], "backend");
+        // The guard leaves just after the last frame is queued; give that task a moment.
+        for _ in 0..100 {
+            if in_flight.get() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(in_flight.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn silent_backend_is_a_504_after_the_http_timeout() {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = silent.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = silent.accept().await {
+                held.push(socket);
+            }
+        });
+        let (status, body, _) =
+            one_request(&format!("http://{addr}"), Duration::from_millis(200)).await;
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(body["error"]["code"], "backend_error");
+    }
+
+    #[test]
+    fn in_flight_guard_returns_to_zero() {
+        let in_flight = InFlight::default();
+        let first = in_flight.enter();
+        let second = in_flight.enter();
+        assert_eq!(in_flight.get(), 2);
+        drop(first);
+        drop(second);
+        assert_eq!(in_flight.get(), 0);
+    }
+}

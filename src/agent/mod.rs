@@ -1,0 +1,102 @@
+//! `hivenet-agent`: connects one local inference engine to one or more routers.
+//!
+//! ## Key components
+//! - `config`: flags and their validation (pure).
+//! - `readiness` + `backend`: wait for the engine to be healthy, discover and warm up its models.
+//! - `session`: per router, the gRPC control session (authenticate, register, heartbeats, routing
+//!   signals, refresh) and the lifetime of that router's tunnels.
+//! - `tunnel`: per router shard, an agent-dialed socket serving HTTP/2 to the router.
+//! - `forward`: one tunnelled request proxied to the backend and streamed back.
+//! - `poller` + `engine_metrics`: engine signals from `/metrics` (parser pure).
+//! - `headers`, `multiaddr`, `backoff`: small pure helpers.
+//!
+//! ## Architecture
+//! ```text
+//! main ─ readiness ─┬─ session(router 1) ─┬─ tunnel(shard 0) ─ forward(stream) ─ backend
+//!                   │                     └─ tunnel(shard n) ─ …
+//!                   ├─ session(router 2) ─ …
+//!                   └─ poller ─ watch<EngineSnapshot> ─▶ routing signals
+//! ```
+//! The in-flight count is shared by every router and shard: it is what the agent is doing, not
+//! what one router asked of it.
+//!
+//! ## Error handling
+//! Nothing after start-up is fatal: sessions and tunnels reconnect with backoff, a failed metrics
+//! scrape keeps the last snapshot, a failed backend request becomes a 502/504 for that request only.
+
+pub mod backend;
+pub mod backoff;
+pub mod config;
+pub mod engine_metrics;
+pub mod forward;
+pub mod headers;
+pub mod multiaddr;
+pub mod poller;
+pub mod readiness;
+pub mod session;
+pub mod tunnel;
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::info;
+
+use self::config::Config;
+use self::engine_metrics::EngineSnapshot;
+use self::forward::{ForwardContext, InFlight};
+use crate::tokens::Secret;
+
+/// What every session reads; built once after readiness.
+pub struct Shared {
+    pub config: Config,
+    pub secret: Secret,
+    pub peer_id: String,
+    /// The models registered with every router.
+    pub models: Vec<String>,
+    pub forward: Arc<ForwardContext>,
+    pub engine: watch::Receiver<EngineSnapshot>,
+}
+
+/// Runs the agent until the process is told to stop (the caller races this against signals).
+pub async fn run(config: Config, secret: Secret, peer_id: String) -> anyhow::Result<()> {
+    let backend = backend::Backend::new(&config.backend_url);
+    let models = readiness::wait_until_ready(&config, &backend).await;
+
+    let forward = Arc::new(
+        ForwardContext::new(
+            &config.backend_url,
+            config.http_timeout,
+            config.stream_write_timeout,
+            InFlight::default(),
+        )
+        .map_err(anyhow::Error::msg)?,
+    );
+    let (to_sessions, engine) = watch::channel(EngineSnapshot::default());
+    let mut tasks = JoinSet::new();
+    tasks.spawn(poller::run(
+        backend.clone(),
+        config.engine,
+        Arc::from(models.clone()),
+        config.engine_sample_interval,
+        to_sessions,
+    ));
+    let routers = config.routers.clone();
+    let shared = Arc::new(Shared {
+        config,
+        secret,
+        peer_id,
+        models,
+        forward,
+        engine,
+    });
+    for router in routers {
+        info!(%router, "connecting to router");
+        tasks.spawn(session::run_router(router, shared.clone()));
+    }
+    while let Some(joined) = tasks.join_next().await {
+        // The poller returns at once for engines without metrics; sessions never return.
+        joined?;
+    }
+    Ok(())
+}

@@ -1,0 +1,132 @@
+//! The agent's end of the data tunnel: one agent-dialed TCP connection per router shard, opened
+//! with the preamble (`crate::tunnel::preamble`) and then served as HTTP/2 with the agent as the
+//! server. Each tunnelled stream is handed to `agent::forward`.
+//!
+//! Each shard connection lives in its own task and reconnects on its own with the reconnect
+//! backoff. The control session owns those tasks and aborts them when it ends; aborting a shard
+//! task drops its HTTP/2 connection and every request task on it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::backoff::{Backoff, RECONNECT_RESET_AFTER};
+use super::forward::{self, ForwardContext};
+use super::multiaddr::TunnelAddr;
+use crate::tunnel::preamble::{self, Status};
+
+/// Deadline for the TCP connect and for the router's status byte.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// HTTP/2 receive windows: a stream window large enough for a big prompt in a few round trips, a
+/// connection window shared by the requests of one shard.
+const STREAM_WINDOW_BYTES: u32 = 1 << 20;
+const CONNECTION_WINDOW_BYTES: u32 = 4 << 20;
+/// Upper bound on concurrent streams per shard connection. The router admits at most
+/// `--capacity` requests per agent; this only stops a faulty router from opening without limit.
+const STREAMS_PER_CONNECTION_MAX: u32 = 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TunnelError {
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("timed out connecting to {0}")]
+    ConnectTimeout(String),
+    #[error("tunnel handshake failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("router did not answer the preamble in time")]
+    StatusTimeout,
+    #[error("router refused the tunnel: {}", .0.describe())]
+    Refused(Status),
+    #[error("router answered an unknown tunnel status {0}")]
+    UnknownStatus(u8),
+    #[error("HTTP/2 on the tunnel failed: {0}")]
+    Http2(#[from] h2::Error),
+}
+
+/// Keeps shard `shard` connected to `addr` until the task is aborted.
+pub async fn run_shard(
+    router: Arc<str>,
+    shard: u16,
+    addr: TunnelAddr,
+    session_token: watch::Receiver<String>,
+    forward: Arc<ForwardContext>,
+) {
+    let mut backoff = Backoff::reconnect();
+    loop {
+        let started = Instant::now();
+        match connect_and_serve(shard, &addr, &session_token, &forward).await {
+            Ok(()) => info!(%router, shard, "tunnel closed by the router"),
+            Err(error) => warn!(%router, shard, %error, "tunnel down"),
+        }
+        if started.elapsed() > RECONNECT_RESET_AFTER {
+            backoff.reset();
+        }
+        let delay = backoff.next_delay_random();
+        debug!(%router, shard, ?delay, "reconnecting tunnel");
+        tokio::time::sleep(delay).await;
+    }
+}
+
+async fn connect_and_serve(
+    shard: u16,
+    addr: &TunnelAddr,
+    session_token: &watch::Receiver<String>,
+    forward: &Arc<ForwardContext>,
+) -> Result<(), TunnelError> {
+    let target = addr.dial_target();
+    let mut socket = tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(&target))
+        .await
+        .map_err(|_| TunnelError::ConnectTimeout(target.clone()))?
+        .map_err(|source| TunnelError::Connect {
+            addr: target.clone(),
+            source,
+        })?;
+    socket.set_nodelay(true)?;
+    // The newest token: after a session refresh, new connections present the refreshed one.
+    let token = session_token.borrow().clone();
+    socket.write_all(&preamble::encode(shard, &token)).await?;
+    let mut status = [0u8; 1];
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, socket.read_exact(&mut status))
+        .await
+        .map_err(|_| TunnelError::StatusTimeout)??;
+    match Status::from_byte(status[0]) {
+        Some(Status::Accepted) => {}
+        Some(refused) => return Err(TunnelError::Refused(refused)),
+        None => return Err(TunnelError::UnknownStatus(status[0])),
+    }
+    info!(shard, addr = %target, "tunnel up");
+
+    let mut connection = h2::server::Builder::new()
+        .initial_window_size(STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+        .max_concurrent_streams(STREAMS_PER_CONNECTION_MAX)
+        .handshake(socket)
+        .await?;
+    // Request tasks live in this set: when the shard task is aborted, they go with it.
+    let mut requests = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = connection.accept() => match accepted {
+                Some(Ok((request, respond))) => {
+                    requests.spawn(forward::serve(request, respond, forward.clone()));
+                }
+                Some(Err(error)) => return Err(TunnelError::Http2(error)),
+                None => return Ok(()),
+            },
+            Some(joined) = requests.join_next(), if !requests.is_empty() => {
+                if joined.is_err_and(|error| error.is_panic()) {
+                    warn!(shard, "a request task panicked");
+                }
+            }
+        }
+    }
+}
