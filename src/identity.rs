@@ -45,12 +45,13 @@ impl Identity {
             }
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
                 let keypair = Keypair::generate_ed25519();
-                let encoded = keypair
-                    .to_protobuf_encoding()
-                    .map_err(|error| IdentityError::Corrupt {
-                        path: shown.clone(),
-                        reason: error.to_string(),
-                    })?;
+                let encoded =
+                    keypair
+                        .to_protobuf_encoding()
+                        .map_err(|error| IdentityError::Corrupt {
+                            path: shown.clone(),
+                            reason: error.to_string(),
+                        })?;
                 write_private(path, &encoded).map_err(|source| IdentityError::Write {
                     path: shown.clone(),
                     source,
@@ -78,7 +79,10 @@ impl Identity {
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+    if let Some(parent) = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+    {
         std::fs::create_dir_all(parent)?;
     }
     let mut file = std::fs::OpenOptions::new()

@@ -13,5 +13,6 @@ pub mod proto {
     //! Generated from `proto/hivenet.proto`.
     tonic::include_proto!("hivenet.v1");
 }
+pub mod sim;
 pub mod tokens;
 pub mod tunnel;

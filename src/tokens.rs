@@ -120,7 +120,9 @@ impl Secret {
 }
 
 pub fn unix_seconds(time: SystemTime) -> u64 {
-    time.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs()
+    time.duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
 }
 
 #[cfg(test)]
@@ -134,7 +136,10 @@ mod tests {
         let claims = secret.verify(&token, AUTH_AUDIENCE).unwrap();
         assert_eq!(claims.sub, "12D3KooWtest");
         let other = Secret::new(b"other-secret").unwrap();
-        assert_eq!(other.verify(&token, AUTH_AUDIENCE), Err(TokenError::Invalid));
+        assert_eq!(
+            other.verify(&token, AUTH_AUDIENCE),
+            Err(TokenError::Invalid)
+        );
         assert_eq!(
             secret.verify(&token, SESSION_AUDIENCE),
             Err(TokenError::WrongAudience)
@@ -147,6 +152,9 @@ mod tests {
         let secret = Secret::new(b"site-secret").unwrap();
         let past = SystemTime::now() - Duration::from_secs(3600);
         let token = secret.auth_token("peer", past);
-        assert_eq!(secret.verify(&token, AUTH_AUDIENCE), Err(TokenError::Expired));
+        assert_eq!(
+            secret.verify(&token, AUTH_AUDIENCE),
+            Err(TokenError::Expired)
+        );
     }
 }
