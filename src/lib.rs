@@ -22,6 +22,7 @@ pub mod proto {
 }
 pub mod routing;
 pub mod shard;
+pub mod sim;
 pub mod tokens;
 pub mod tunnel;
 pub mod usage;

@@ -1,1 +1,14 @@
-fn main() {}
+//! `hivenet-sim`: the simulated inference engine; see `hivenet_router::sim`.
+
+use clap::Parser;
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    hivenet_router::sim::run(hivenet_router::sim::SimArgs::parse())
+}

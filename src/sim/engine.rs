@@ -1,0 +1,303 @@
+//! The simulated engine's per-model state: the admission queue (concurrency limit plus a bounded
+//! FIFO of waiting requests), the KV-cache model, and the counters `/metrics` reports.
+//!
+//! Each served model behaves like its own vLLM instance: its own concurrency limit, waiting queue
+//! and KV capacity, so a router sees independent signals per model.
+//!
+//! Invariants: `waiting` counts requests holding a [`Queued`]; `running` and `kv_tokens` count
+//! requests holding a [`Generation`]. Both guards undo their contribution on drop, so a request that
+//! is abandoned at any point (client gone, handler dropped) returns every counter to where it was and
+//! frees its concurrency permit. A guard dropped before its request finished counts as cancelled.
+//!
+//! Performance: one relaxed atomic per counter change, no locks; the queue is tokio's FIFO-fair
+//! semaphore, which only allocates for requests that actually wait.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+use crate::sim::error::SimError;
+
+/// Fraction of the KV cache in use: `tokens_in_use / capacity`, clamped to `[0, 1]`, unless the
+/// control endpoint pinned a value. `tokens_in_use` is the sum over running requests of prompt
+/// tokens plus the tokens generated so far — what a paged KV cache holds for them.
+pub fn kv_usage_fraction(tokens_in_use: u64, capacity_tokens: u64, pinned: Option<f64>) -> f64 {
+    if let Some(pinned) = pinned {
+        return pinned.clamp(0.0, 1.0);
+    }
+    if capacity_tokens == 0 {
+        return if tokens_in_use == 0 { 0.0 } else { 1.0 };
+    }
+    (tokens_in_use as f64 / capacity_tokens as f64).min(1.0)
+}
+
+/// Counters of one model, read by `/metrics`.
+#[derive(Debug, Default)]
+pub struct ModelCounters {
+    /// Requests admitted and generating.
+    pub running: AtomicU64,
+    /// Requests queued behind the concurrency limit.
+    pub waiting: AtomicU64,
+    /// Prompt plus generated tokens of running requests (the KV model's numerator).
+    pub kv_tokens: AtomicU64,
+    /// Requests addressed to this model that were accepted (not rejected up front).
+    pub requests_total: AtomicU64,
+    /// Requests whose client went away (or whose handler was dropped) before the answer was done.
+    pub cancelled_total: AtomicU64,
+}
+
+/// A snapshot of [`ModelCounters`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CountersSnapshot {
+    pub running: u64,
+    pub waiting: u64,
+    pub kv_tokens: u64,
+    pub requests_total: u64,
+    pub cancelled_total: u64,
+}
+
+/// One served model.
+#[derive(Debug)]
+pub struct ModelEngine {
+    pub name: String,
+    /// `name` as a JSON string literal (quotes and escapes included), serialized once at start-up
+    /// and pasted into every response.
+    pub name_json: String,
+    /// Concurrency permits; `None` when unlimited (`--max-concurrency 0`).
+    permits: Option<Semaphore>,
+    /// Bound on `waiting`; beyond it a request is rejected with 503.
+    waiting_max: u64,
+    /// KV cache size in tokens (`--kv-capacity-tokens`).
+    pub kv_capacity_tokens: u64,
+    pub counters: ModelCounters,
+}
+
+impl ModelEngine {
+    pub fn new(
+        name: String,
+        concurrency_max: usize,
+        waiting_max: usize,
+        kv_capacity_tokens: u64,
+    ) -> ModelEngine {
+        let name_json = serde_json::to_string(&name).expect("a string always serializes");
+        ModelEngine {
+            name,
+            name_json,
+            permits: (concurrency_max > 0).then(|| Semaphore::new(concurrency_max)),
+            waiting_max: waiting_max as u64,
+            kv_capacity_tokens,
+            counters: ModelCounters::default(),
+        }
+    }
+
+    pub fn snapshot(&self) -> CountersSnapshot {
+        let counters = &self.counters;
+        CountersSnapshot {
+            running: counters.running.load(Ordering::Relaxed),
+            waiting: counters.waiting.load(Ordering::Relaxed),
+            kv_tokens: counters.kv_tokens.load(Ordering::Relaxed),
+            requests_total: counters.requests_total.load(Ordering::Relaxed),
+            cancelled_total: counters.cancelled_total.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Counts a request that needs no generation slot (embeddings, rerank, token counting).
+    pub fn count_request(&self) {
+        self.counters.requests_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Admits a generation request: immediately when a permit is free, otherwise after every request
+    /// queued before it (FIFO). Fails fast with [`SimError::QueueFull`] when `waiting_max` requests
+    /// are already queued. Dropping the returned future while queued counts as a cancellation.
+    pub async fn admit(&self, prompt_tokens: u64) -> Result<Generation<'_>, SimError> {
+        let permit = match &self.permits {
+            None => None,
+            Some(permits) => match permits.try_acquire() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    let queued = self.enqueue()?;
+                    let permit = permits
+                        .acquire()
+                        .await
+                        .expect("the semaphore is never closed");
+                    queued.leave();
+                    Some(permit)
+                }
+            },
+        };
+        self.counters.requests_total.fetch_add(1, Ordering::Relaxed);
+        self.counters.running.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .kv_tokens
+            .fetch_add(prompt_tokens, Ordering::Relaxed);
+        Ok(Generation {
+            engine: self,
+            _permit: permit,
+            kv_tokens_held: prompt_tokens,
+            finished: false,
+        })
+    }
+
+    fn enqueue(&self) -> Result<Queued<'_>, SimError> {
+        let waiting_before = self.counters.waiting.fetch_add(1, Ordering::Relaxed);
+        if waiting_before >= self.waiting_max {
+            self.counters.waiting.fetch_sub(1, Ordering::Relaxed);
+            return Err(SimError::QueueFull {
+                waiting_max: self.waiting_max,
+            });
+        }
+        Ok(Queued {
+            engine: self,
+            admitted: false,
+        })
+    }
+}
+
+/// A request waiting for a concurrency permit.
+struct Queued<'a> {
+    engine: &'a ModelEngine,
+    admitted: bool,
+}
+
+impl Queued<'_> {
+    fn leave(mut self) {
+        self.admitted = true;
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        let counters = &self.engine.counters;
+        counters.waiting.fetch_sub(1, Ordering::Relaxed);
+        if !self.admitted {
+            // Counted here because an abandoned queued request never reaches `requests_total`.
+            counters.requests_total.fetch_add(1, Ordering::Relaxed);
+            counters.cancelled_total.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// An admitted request: holds its concurrency permit and its share of the KV cache until dropped.
+#[derive(Debug)]
+pub struct Generation<'a> {
+    engine: &'a ModelEngine,
+    _permit: Option<SemaphorePermit<'a>>,
+    kv_tokens_held: u64,
+    finished: bool,
+}
+
+impl Generation<'_> {
+    /// Records generated tokens: each one grows the request's KV footprint.
+    pub fn advance(&mut self, tokens: u64) {
+        self.kv_tokens_held += tokens;
+        self.engine
+            .counters
+            .kv_tokens
+            .fetch_add(tokens, Ordering::Relaxed);
+    }
+
+    /// Marks the answer complete, so dropping the generation is not a cancellation.
+    pub fn finish(mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Generation<'_> {
+    fn drop(&mut self) {
+        let counters = &self.engine.counters;
+        counters.running.fetch_sub(1, Ordering::Relaxed);
+        counters
+            .kv_tokens
+            .fetch_sub(self.kv_tokens_held, Ordering::Relaxed);
+        if !self.finished {
+            counters.cancelled_total.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+
+    use super::*;
+
+    fn poll_once<F: Future>(future: std::pin::Pin<&mut F>) -> Poll<F::Output> {
+        future.poll(&mut Context::from_waker(Waker::noop()))
+    }
+
+    #[test]
+    fn kv_fraction_is_tokens_over_capacity_clamped() {
+        assert_eq!(kv_usage_fraction(0, 100, None), 0.0);
+        assert_eq!(kv_usage_fraction(25, 100, None), 0.25);
+        assert_eq!(kv_usage_fraction(100, 100, None), 1.0);
+        assert_eq!(kv_usage_fraction(500, 100, None), 1.0);
+        assert_eq!(kv_usage_fraction(0, 0, None), 0.0);
+        assert_eq!(kv_usage_fraction(1, 0, None), 1.0);
+    }
+
+    #[test]
+    fn pinned_kv_fraction_wins_and_is_clamped() {
+        assert_eq!(kv_usage_fraction(0, 100, Some(0.95)), 0.95);
+        assert_eq!(kv_usage_fraction(50, 100, Some(1.5)), 1.0);
+    }
+
+    #[test]
+    fn generation_holds_prompt_and_generated_tokens_until_dropped() {
+        let engine = ModelEngine::new("m".into(), 0, 0, 1000);
+        let mut admit = pin!(engine.admit(10));
+        let Poll::Ready(Ok(mut generation)) = poll_once(admit.as_mut()) else {
+            panic!("unlimited admission must not wait");
+        };
+        generation.advance(1);
+        generation.advance(2);
+        assert_eq!(engine.snapshot().kv_tokens, 13);
+        assert_eq!(engine.snapshot().running, 1);
+        generation.finish();
+        let after = engine.snapshot();
+        assert_eq!((after.running, after.kv_tokens), (0, 0));
+        assert_eq!((after.requests_total, after.cancelled_total), (1, 0));
+    }
+
+    #[test]
+    fn dropped_generation_counts_as_cancelled() {
+        let engine = ModelEngine::new("m".into(), 1, 4, 1000);
+        let mut admit = pin!(engine.admit(10));
+        let Poll::Ready(Ok(generation)) = poll_once(admit.as_mut()) else {
+            panic!("a free permit must admit at once");
+        };
+        drop(generation);
+        let after = engine.snapshot();
+        assert_eq!((after.running, after.cancelled_total), (0, 1));
+    }
+
+    #[test]
+    fn queue_is_fifo_bounded_and_cancellable() {
+        let engine = ModelEngine::new("m".into(), 1, 1, 1000);
+        let mut first = pin!(engine.admit(1));
+        let Poll::Ready(Ok(first_generation)) = poll_once(first.as_mut()) else {
+            panic!("first request must be admitted");
+        };
+        let mut second = Box::pin(engine.admit(1));
+        assert!(poll_once(second.as_mut()).is_pending());
+        assert_eq!(engine.snapshot().waiting, 1);
+
+        // The queue holds one request; the next is rejected, not queued.
+        let mut third = pin!(engine.admit(1));
+        assert!(matches!(
+            poll_once(third.as_mut()),
+            Poll::Ready(Err(SimError::QueueFull { waiting_max: 1 }))
+        ));
+
+        // Abandoning the queued request frees its place and counts a cancellation.
+        drop(second);
+        let after = engine.snapshot();
+        assert_eq!((after.waiting, after.cancelled_total), (0, 1));
+
+        // Once the running request ends, a newcomer gets the permit.
+        first_generation.finish();
+        let mut fourth = pin!(engine.admit(1));
+        assert!(matches!(poll_once(fourth.as_mut()), Poll::Ready(Ok(_))));
+    }
+}

@@ -1,0 +1,99 @@
+//! `/metrics` in the Prometheus text format, with vLLM's metric names and `model_name` label so the
+//! agent's engine-metrics poller reads the simulator exactly as it reads vLLM. Pure: renders
+//! snapshots it is given.
+
+use std::fmt::Write;
+
+use crate::sim::engine::{ModelEngine, kv_usage_fraction};
+
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+}
+
+const FAMILIES: [Family; 6] = [
+    Family {
+        name: "vllm:num_requests_running",
+        kind: "gauge",
+        help: "Number of requests currently running on GPU.",
+    },
+    Family {
+        name: "vllm:num_requests_waiting",
+        kind: "gauge",
+        help: "Number of requests waiting to be processed.",
+    },
+    Family {
+        name: "vllm:kv_cache_usage_perc",
+        kind: "gauge",
+        help: "KV-cache usage. 1 means 100 percent usage.",
+    },
+    Family {
+        name: "sim_requests_total",
+        kind: "counter",
+        help: "Requests accepted by the simulator.",
+    },
+    Family {
+        name: "sim_cancelled_total",
+        kind: "counter",
+        help: "Requests whose client went away before the answer was complete.",
+    },
+    Family {
+        name: "sim_in_flight",
+        kind: "gauge",
+        help: "Requests waiting or running.",
+    },
+];
+
+/// Renders every family for every model. `kv_usage_pinned` is the control endpoint's override.
+pub fn render(models: &[ModelEngine], kv_usage_pinned: Option<f64>) -> String {
+    let mut out = String::with_capacity(512 + models.len() * 512);
+    let snapshots: Vec<_> = models.iter().map(ModelEngine::snapshot).collect();
+    for (family_index, family) in FAMILIES.iter().enumerate() {
+        let _ = writeln!(out, "# HELP {} {}", family.name, family.help);
+        let _ = writeln!(out, "# TYPE {} {}", family.name, family.kind);
+        for (model, snapshot) in models.iter().zip(&snapshots) {
+            let value = match family_index {
+                0 => snapshot.running as f64,
+                1 => snapshot.waiting as f64,
+                2 => kv_usage_fraction(
+                    snapshot.kv_tokens,
+                    model.kv_capacity_tokens,
+                    kv_usage_pinned,
+                ),
+                3 => snapshot.requests_total as f64,
+                4 => snapshot.cancelled_total as f64,
+                _ => (snapshot.waiting + snapshot.running) as f64,
+            };
+            // Model names come from the command line; escape what the exposition format requires.
+            let label = model
+                .name
+                .replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', "\\n");
+            let _ = writeln!(out, "{}{{model_name=\"{}\"}} {}", family.name, label, value);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_family_per_model() {
+        let models = [
+            ModelEngine::new("a".into(), 0, 0, 100),
+            ModelEngine::new("b\"x".into(), 0, 0, 100),
+        ];
+        let text = render(&models, Some(0.5));
+        assert!(text.contains("# TYPE vllm:num_requests_running gauge\n"));
+        assert!(text.contains("vllm:kv_cache_usage_perc{model_name=\"a\"} 0.5\n"));
+        assert!(text.contains("sim_cancelled_total{model_name=\"b\\\"x\"} 0\n"));
+        assert_eq!(
+            text.lines().filter(|line| !line.starts_with('#')).count(),
+            12
+        );
+    }
+}

@@ -1,0 +1,495 @@
+//! The HTTP/1.1 server: accept loop, routing, and one handler per endpoint.
+//!
+//! Key components: [`SimState`] (models, pacing, control switches; built once and leaked so every
+//! connection and body borrows it for `'static` without reference counting), [`serve`] (accept
+//! loop, one task per keep-alive connection), [`handle`] (routing).
+//!
+//! Error handling: handlers return [`SimError`]; [`handle`] is the only place it becomes a
+//! response, in the envelope of the endpoint's dialect.
+//!
+//! Performance: no per-request allocation beyond the request body, one response buffer and the
+//! response headers; model lookup is a scan of a handful of names; zero delays never touch the
+//! timer wheel.
+
+use std::convert::Infallible;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+use crate::sim::body::{GenerationStream, Pacing, SimBody};
+use crate::sim::engine::{ModelEngine, kv_usage_fraction};
+use crate::sim::error::{Dialect, SimError};
+use crate::sim::render::{self, Answer, StreamEvents};
+use crate::sim::request::{
+    ChatRequest, EmbeddingsRequest, MessagesRequest, RerankRequest, input_tokens, plan_output,
+    prompt_tokens,
+};
+use crate::sim::{metrics, retrieval};
+
+/// Largest request body accepted, in bytes: far above any realistic prompt, small enough that a
+/// runaway client cannot exhaust memory.
+pub const REQUEST_BODY_MAX_BYTES: usize = 32 * 1024 * 1024;
+
+/// Marks "no pinned KV usage" in [`SimState::kv_usage_pinned_bits`]; a NaN bit pattern that a
+/// validated fraction in `[0, 1]` can never have.
+const KV_USAGE_NOT_PINNED: u64 = u64::MAX;
+
+/// Everything the handlers share. Built once at start-up.
+#[derive(Debug)]
+pub struct SimState {
+    pub models: Vec<ModelEngine>,
+    pub pacing: Pacing,
+    /// Natural answer length in tokens (`--output-tokens`).
+    pub output_tokens_natural: u64,
+    /// Components per embedding vector (`--embedding-dim`).
+    pub embedding_dimension: usize,
+    pub started_unix_seconds: u64,
+    next_response_id: AtomicU64,
+    healthy: AtomicBool,
+    /// `f64::to_bits` of the KV usage pinned by `/sim/control`, or [`KV_USAGE_NOT_PINNED`].
+    kv_usage_pinned_bits: AtomicU64,
+}
+
+impl SimState {
+    pub fn new(
+        models: Vec<ModelEngine>,
+        pacing: Pacing,
+        output_tokens_natural: u64,
+        embedding_dimension: usize,
+    ) -> SimState {
+        SimState {
+            models,
+            pacing,
+            output_tokens_natural,
+            embedding_dimension,
+            started_unix_seconds: unix_seconds_now(),
+            next_response_id: AtomicU64::new(1),
+            healthy: AtomicBool::new(true),
+            kv_usage_pinned_bits: AtomicU64::new(KV_USAGE_NOT_PINNED),
+        }
+    }
+
+    fn model(&self, name: &str) -> Result<&ModelEngine, SimError> {
+        self.models
+            .iter()
+            .find(|model| model.name == name)
+            .ok_or_else(|| SimError::UnknownModel(name.to_owned()))
+    }
+
+    fn next_response_id(&self) -> u64 {
+        self.next_response_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn kv_usage_pinned(&self) -> Option<f64> {
+        let bits = self.kv_usage_pinned_bits.load(Ordering::Relaxed);
+        (bits != KV_USAGE_NOT_PINNED).then(|| f64::from_bits(bits))
+    }
+}
+
+fn unix_seconds_now() -> u64 {
+    crate::tokens::unix_seconds(SystemTime::now())
+}
+
+/// Accepts connections forever, serving each on its own task with HTTP/1.1 keep-alive.
+pub async fn serve(listener: TcpListener, state: &'static SimState) -> io::Result<()> {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _peer)) => stream,
+            Err(error) => {
+                // Usually descriptor exhaustion under a benchmark; back off instead of spinning.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        // Streams write small frames; Nagle would hold them back.
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(async move {
+            let service = service_fn(move |request| handle(state, request));
+            if let Err(error) = http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(%error, "connection ended with an error");
+            }
+        });
+    }
+}
+
+/// Routes one request and turns any refusal into an error response.
+pub async fn handle(
+    state: &'static SimState,
+    request: Request<Incoming>,
+) -> Result<Response<SimBody>, Infallible> {
+    let dialect = if request.uri().path().starts_with("/v1/messages") {
+        Dialect::Anthropic
+    } else {
+        Dialect::OpenAi
+    };
+    let result = route(state, request).await;
+    Ok(result.unwrap_or_else(|error| {
+        json_response(error.status(), SimBody::complete(error.body(dialect)))
+    }))
+}
+
+async fn route(
+    state: &'static SimState,
+    request: Request<Incoming>,
+) -> Result<Response<SimBody>, SimError> {
+    let method = request.method().clone();
+    let expect = |allowed: &Method| {
+        if method == allowed {
+            Ok(())
+        } else {
+            Err(SimError::MethodNotAllowed)
+        }
+    };
+    match request.uri().path() {
+        "/v1/chat/completions" => {
+            expect(&Method::POST)?;
+            chat_completions(state, read_body(request).await?).await
+        }
+        "/v1/messages" => {
+            expect(&Method::POST)?;
+            messages(state, read_body(request).await?).await
+        }
+        "/v1/messages/count_tokens" => {
+            expect(&Method::POST)?;
+            count_tokens(state, read_body(request).await?)
+        }
+        "/v1/embeddings" => {
+            expect(&Method::POST)?;
+            embeddings(state, read_body(request).await?)
+        }
+        "/v1/rerank" | "/rerank" | "/v2/rerank" => {
+            expect(&Method::POST)?;
+            rerank(state, read_body(request).await?)
+        }
+        "/v1/models" => {
+            expect(&Method::GET)?;
+            Ok(models(state))
+        }
+        "/health" => {
+            expect(&Method::GET)?;
+            Ok(health(state))
+        }
+        "/metrics" => {
+            expect(&Method::GET)?;
+            let text = metrics::render(&state.models, state.kv_usage_pinned());
+            let mut response = Response::new(SimBody::complete(text));
+            response.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            Ok(response)
+        }
+        "/sim/control" => match method {
+            Method::GET => Ok(control_state(state)),
+            Method::POST => control(state, read_body(request).await?),
+            _ => Err(SimError::MethodNotAllowed),
+        },
+        _ => Err(SimError::UnknownPath),
+    }
+}
+
+async fn read_body(request: Request<Incoming>) -> Result<Bytes, SimError> {
+    match Limited::new(request.into_body(), REQUEST_BODY_MAX_BYTES)
+        .collect()
+        .await
+    {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            Err(SimError::BodyTooLarge {
+                limit_bytes: REQUEST_BODY_MAX_BYTES,
+            })
+        }
+        Err(_) => Err(SimError::BodyUnreadable),
+    }
+}
+
+fn json_response(status: StatusCode, body: SimBody) -> Response<SimBody> {
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn event_stream_response(body: SimBody) -> Response<SimBody> {
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// What a generation endpoint asked for, dialect aside.
+struct GenerationAsk {
+    model: &'static ModelEngine,
+    prompt_tokens: u64,
+    declared_max_tokens: Option<u64>,
+    stream: bool,
+}
+
+/// Shared by both chat dialects: queue for admission, then stream or generate the whole answer.
+async fn generate(
+    state: &'static SimState,
+    ask: GenerationAsk,
+    render_complete: fn(&mut BytesMut, &Answer<'_>),
+    stream_events: impl FnOnce(&Answer<'static>) -> StreamEvents,
+) -> Result<Response<SimBody>, SimError> {
+    let mut generation = ask.model.admit(ask.prompt_tokens).await?;
+    let answer = Answer {
+        response_id: state.next_response_id(),
+        created_unix_seconds: unix_seconds_now(),
+        model_json: &ask.model.name_json,
+        prompt_tokens: ask.prompt_tokens,
+        plan: plan_output(ask.declared_max_tokens, state.output_tokens_natural),
+    };
+    if ask.stream {
+        let events = stream_events(&answer);
+        let stream = GenerationStream::new(generation, answer, events, state.pacing);
+        return Ok(event_stream_response(SimBody::Stream(Box::new(stream))));
+    }
+    let output_tokens = answer.plan.output_tokens;
+    if output_tokens > 0 {
+        let pacing = state.pacing;
+        if !pacing.time_to_first_token.is_zero() {
+            tokio::time::sleep(pacing.time_to_first_token).await;
+        }
+        if pacing.inter_token_latency.is_zero() {
+            generation.advance(output_tokens);
+        } else {
+            generation.advance(1);
+            for _ in 1..output_tokens {
+                tokio::time::sleep(pacing.inter_token_latency).await;
+                generation.advance(1);
+            }
+        }
+    }
+    generation.finish();
+    // Prefix, text and usage fit comfortably in this; one allocation per answer.
+    let mut out =
+        BytesMut::with_capacity(320 + answer.model_json.len() + 4 * output_tokens as usize);
+    render_complete(&mut out, &answer);
+    Ok(json_response(
+        StatusCode::OK,
+        SimBody::complete(out.freeze()),
+    ))
+}
+
+async fn chat_completions(
+    state: &'static SimState,
+    body: Bytes,
+) -> Result<Response<SimBody>, SimError> {
+    let request: ChatRequest = serde_json::from_slice(&body)?;
+    let model = state.model(&request.model)?;
+    let include_usage = request.include_usage();
+    let ask = GenerationAsk {
+        model,
+        prompt_tokens: prompt_tokens(&request.messages, None),
+        declared_max_tokens: request.declared_max_tokens(),
+        stream: request.is_stream(),
+    };
+    drop(request);
+    generate(state, ask, render::openai_completion, |answer| {
+        StreamEvents::openai(answer, include_usage)
+    })
+    .await
+}
+
+async fn messages(state: &'static SimState, body: Bytes) -> Result<Response<SimBody>, SimError> {
+    let request: MessagesRequest = serde_json::from_slice(&body)?;
+    let model = state.model(&request.model)?;
+    let declared_max_tokens = request.max_tokens.ok_or(SimError::MissingMaxTokens)?;
+    let ask = GenerationAsk {
+        model,
+        prompt_tokens: prompt_tokens(&request.messages, request.system.as_ref()),
+        declared_max_tokens: Some(declared_max_tokens),
+        stream: request.stream.unwrap_or(false),
+    };
+    drop(request);
+    generate(state, ask, render::anthropic_message, |_| {
+        StreamEvents::Anthropic
+    })
+    .await
+}
+
+fn count_tokens(state: &'static SimState, body: Bytes) -> Result<Response<SimBody>, SimError> {
+    let request: MessagesRequest = serde_json::from_slice(&body)?;
+    let model = state.model(&request.model)?;
+    model.count_request();
+    let tokens = prompt_tokens(&request.messages, request.system.as_ref());
+    Ok(json_response(
+        StatusCode::OK,
+        SimBody::complete(format!(r#"{{"input_tokens":{tokens}}}"#)),
+    ))
+}
+
+fn embeddings(state: &'static SimState, body: Bytes) -> Result<Response<SimBody>, SimError> {
+    let request: EmbeddingsRequest = serde_json::from_slice(&body)?;
+    let model = state.model(&request.model)?;
+    let texts = request.input.texts();
+    if texts.is_empty() {
+        return Err(SimError::InvalidField("input must not be empty"));
+    }
+    model.count_request();
+    let tokens = input_tokens(texts.iter().copied());
+    let data: Vec<serde_json::Value> = texts
+        .iter()
+        .enumerate()
+        .map(|(index, text)| {
+            serde_json::json!({
+                "object": "embedding",
+                "index": index,
+                "embedding": retrieval::embedding(text, state.embedding_dimension),
+            })
+        })
+        .collect();
+    let value = serde_json::json!({
+        "object": "list",
+        "data": data,
+        "model": model.name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    });
+    Ok(json_response(
+        StatusCode::OK,
+        SimBody::complete(value.to_string()),
+    ))
+}
+
+fn rerank(state: &'static SimState, body: Bytes) -> Result<Response<SimBody>, SimError> {
+    let request: RerankRequest = serde_json::from_slice(&body)?;
+    let model = state.model(&request.model)?;
+    model.count_request();
+    let documents: Vec<&str> = request
+        .documents
+        .iter()
+        .map(|document| document.text())
+        .collect();
+    let tokens =
+        input_tokens(std::iter::once(request.query.as_ref()).chain(documents.iter().copied()));
+    let results: Vec<serde_json::Value> =
+        retrieval::rerank(&request.query, &documents, request.top_n)
+            .into_iter()
+            .map(|(index, score)| serde_json::json!({"index": index, "relevance_score": score}))
+            .collect();
+    let value = serde_json::json!({
+        "id": format!("rerank-sim-{}", state.next_response_id()),
+        "model": model.name,
+        "results": results,
+        "usage": {"total_tokens": tokens},
+    });
+    Ok(json_response(
+        StatusCode::OK,
+        SimBody::complete(value.to_string()),
+    ))
+}
+
+fn models(state: &'static SimState) -> Response<SimBody> {
+    let data: Vec<serde_json::Value> = state
+        .models
+        .iter()
+        .map(|model| {
+            serde_json::json!({
+                "id": model.name,
+                "object": "model",
+                "created": state.started_unix_seconds,
+                "owned_by": "hivenet-sim",
+            })
+        })
+        .collect();
+    let value = serde_json::json!({"object": "list", "data": data});
+    json_response(StatusCode::OK, SimBody::complete(value.to_string()))
+}
+
+fn health(state: &'static SimState) -> Response<SimBody> {
+    if state.healthy.load(Ordering::Relaxed) {
+        json_response(
+            StatusCode::OK,
+            SimBody::complete(&br#"{"status":"ok"}"#[..]),
+        )
+    } else {
+        json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            SimBody::complete(&br#"{"status":"unhealthy"}"#[..]),
+        )
+    }
+}
+
+fn control_state(state: &'static SimState) -> Response<SimBody> {
+    let models: serde_json::Map<String, serde_json::Value> = state
+        .models
+        .iter()
+        .map(|model| {
+            let snapshot = model.snapshot();
+            let usage = kv_usage_fraction(
+                snapshot.kv_tokens,
+                model.kv_capacity_tokens,
+                state.kv_usage_pinned(),
+            );
+            (
+                model.name.clone(),
+                serde_json::json!({
+                    "running": snapshot.running,
+                    "waiting": snapshot.waiting,
+                    "kv_cache_usage": usage,
+                }),
+            )
+        })
+        .collect();
+    let value = serde_json::json!({
+        "kv_cache_usage": state.kv_usage_pinned(),
+        "healthy": state.healthy.load(Ordering::Relaxed),
+        "models": models,
+    });
+    json_response(StatusCode::OK, SimBody::complete(value.to_string()))
+}
+
+/// `POST /sim/control`: `kv_cache_usage` pins the reported KV usage of every model (a number in
+/// `[0, 1]`) or clears the pin (`null`); `healthy` flips `/health`. Absent fields are unchanged.
+fn control(state: &'static SimState, body: Bytes) -> Result<Response<SimBody>, SimError> {
+    let fields: serde_json::Map<String, serde_json::Value> =
+        if body.iter().all(u8::is_ascii_whitespace) {
+            serde_json::Map::new()
+        } else {
+            serde_json::from_slice(&body)?
+        };
+    // Validate everything before changing anything, so a bad request changes nothing.
+    let kv_usage_update = match fields.get("kv_cache_usage") {
+        None => None,
+        Some(serde_json::Value::Null) => Some(KV_USAGE_NOT_PINNED),
+        Some(value) => match value.as_f64() {
+            Some(fraction) if (0.0..=1.0).contains(&fraction) => Some(fraction.to_bits()),
+            _ => {
+                return Err(SimError::InvalidField(
+                    "kv_cache_usage must be null or a number in [0, 1]",
+                ));
+            }
+        },
+    };
+    let healthy_update = match fields.get("healthy") {
+        None => None,
+        Some(serde_json::Value::Bool(healthy)) => Some(*healthy),
+        Some(_) => return Err(SimError::InvalidField("healthy must be a boolean")),
+    };
+    if let Some(bits) = kv_usage_update {
+        state.kv_usage_pinned_bits.store(bits, Ordering::Relaxed);
+    }
+    if let Some(healthy) = healthy_update {
+        state.healthy.store(healthy, Ordering::Relaxed);
+    }
+    Ok(control_state(state))
+}
