@@ -30,6 +30,8 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use thiserror::Error;
 
+use crate::http::blank_line_end as find_event_end;
+
 /// Tokens charged for one request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -229,18 +231,6 @@ impl SseSplitter {
     }
 }
 
-/// Index just past the first blank line (`\n\n` or `\n\r\n`, covering CRLF streams too).
-fn find_event_end(buf: &[u8]) -> Option<usize> {
-    for newline in memchr::memchr_iter(b'\n', buf) {
-        match buf.get(newline + 1..) {
-            Some([b'\n', ..]) => return Some(newline + 2),
-            Some([b'\r', b'\n', ..]) => return Some(newline + 3),
-            _ => {}
-        }
-    }
-    None
-}
-
 /// The event's data: its `data:` line values joined with `\n` (WHATWG's rule). Returns a slice of
 /// `event` when there is one data line, as in every inference stream; otherwise joins into
 /// `scratch`.
@@ -423,6 +413,7 @@ impl AnthropicStreamScan {
 
 #[cfg(test)]
 mod tests {
+    //! Proves usage is read exactly from realistic bodies and streams, whatever the chunking.
     use super::*;
 
     #[test]

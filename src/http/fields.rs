@@ -81,6 +81,15 @@ struct RawStreamOptions {
     include_usage: Option<bool>,
 }
 
+/// Matches keys without allocating them.
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum OptionsKey {
+    IncludeUsage,
+    #[serde(other)]
+    Other,
+}
+
 /// By hand because derived structs also accept JSON arrays, and `stream_options` must be an
 /// object.
 impl<'de> Deserialize<'de> for RawStreamOptions {
@@ -98,11 +107,10 @@ impl<'de> Deserialize<'de> for RawStreamOptions {
                 mut map: A,
             ) -> Result<RawStreamOptions, A::Error> {
                 let mut include_usage = None;
-                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-                    if key == "include_usage" {
-                        include_usage = map.next_value::<Option<bool>>()?;
-                    } else {
-                        map.next_value::<IgnoredAny>()?;
+                while let Some(key) = map.next_key::<OptionsKey>()? {
+                    match key {
+                        OptionsKey::IncludeUsage => include_usage = map.next_value()?,
+                        OptionsKey::Other => map.next_value::<IgnoredAny>().map(drop)?,
                     }
                 }
                 Ok(RawStreamOptions { include_usage })
@@ -208,6 +216,8 @@ pub fn request_with_include_usage(body: &[u8], fields: &RequestFields<'_>) -> Op
 
 #[cfg(test)]
 mod tests {
+    //! Proves fields are read, defaulted and refused as documented, and that the include_usage
+    //! rewrite yields valid JSON that asks for usage.
     use super::*;
 
     fn fields(body: &str) -> Result<RequestFields<'_>, FieldsError> {
@@ -386,5 +396,36 @@ mod tests {
         )
         .unwrap();
         assert_eq!(value["stream_options"]["x"], 1);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bodies_never_panic(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
+            if let Ok(fields) = extract_fields(&body) {
+                let _ = request_with_include_usage(&body, &fields);
+            }
+        }
+
+        #[test]
+        fn rewrite_always_yields_valid_json_with_include_usage(
+            other in "[a-z]{0,8}",
+            value in proptest::prelude::any::<i32>(),
+            stream_options in proptest::option::of(proptest::prelude::any::<bool>()),
+        ) {
+            let options = match stream_options {
+                Some(include) => format!(r#","stream_options":{{"include_usage":{include}}}"#),
+                None => String::new(),
+            };
+            let body = format!(r#"{{"stream":true,"model":"m","{other}x":{value}{options}}}"#);
+            let fields = extract_fields(body.as_bytes()).unwrap();
+            match request_with_include_usage(body.as_bytes(), &fields) {
+                Some(rewritten) => {
+                    let again = extract_fields(&rewritten).unwrap();
+                    proptest::prop_assert_eq!(again.include_usage, Some(true));
+                    proptest::prop_assert_eq!(again.model, "m");
+                }
+                None => proptest::prop_assert_eq!(stream_options, Some(true)),
+            }
+        }
     }
 }

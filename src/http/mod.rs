@@ -28,3 +28,16 @@ pub mod chunked;
 pub mod fields;
 pub mod request;
 pub mod response;
+
+/// Index just past the first blank line in `buf`: a `\n` followed by `\n` or `\r\n`, which covers
+/// `\r\n\r\n`, `\n\n` and their mixtures. Ends both HTTP heads and server-sent events.
+pub fn blank_line_end(buf: &[u8]) -> Option<usize> {
+    for newline in memchr::memchr_iter(b'\n', buf) {
+        match buf.get(newline + 1..) {
+            Some([b'\n', ..]) => return Some(newline + 2),
+            Some([b'\r', b'\n', ..]) => return Some(newline + 3),
+            _ => {}
+        }
+    }
+    None
+}

@@ -228,6 +228,7 @@ pub fn put_json_string<B: BufMut>(out: &mut B, text: &str) {
 
 #[cfg(test)]
 mod tests {
+    //! Proves the exact bytes of heads, chunk frames and the error envelope.
     use super::*;
 
     #[test]
