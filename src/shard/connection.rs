@@ -26,7 +26,8 @@ use crate::api::{self, ClientRequest};
 use crate::error::Rejection;
 use crate::http::chunked::ChunkedDecoder;
 use crate::http::request::{
-    BodyFraming, HeadError, HeadLimits, Method, RequestHead, Version, is_h2_preface, parse_head,
+    BodyFraming, HeadError, HeadLimits, HeadWait, Method, RequestHead, Version, is_h2_preface,
+    parse_head,
 };
 use crate::http::response::{LAST_CHUNK, ResponseFraming, ResponseHead, write_chunk};
 use crate::metrics::ShardMetrics;
@@ -199,6 +200,7 @@ async fn read_requests(
     loop {
         // The request head.
         let head_started = Instant::now();
+        let mut wait = HeadWait::default();
         let head = loop {
             if first && let Some(true) = is_h2_preface(&reader.buf) {
                 // HTTP/2 with prior knowledge is not served on this port yet.
@@ -207,7 +209,12 @@ async fn read_requests(
                     .await;
                 return ReadOutcome::Stop;
             }
-            match parse_head(&reader.buf, &limits) {
+            let parsed = if wait.ready(&reader.buf, &limits) {
+                parse_head(&reader.buf, &limits)
+            } else {
+                Ok(None)
+            };
+            match parsed {
                 Ok(Some(head)) => break head,
                 Ok(None) => {}
                 Err(HeadError::TooLarge) => {
@@ -240,6 +247,8 @@ async fn read_requests(
             }
         };
         first = false;
+        // The request deadline runs from here: idle keep-alive time before it does not count.
+        let head_parsed_at = Instant::now();
         let head_bytes = reader.buf.split_to(head.head_bytes).freeze();
         let route = api::route(head.method, head.path(&head_bytes));
         let has_body = !matches!(
@@ -308,7 +317,7 @@ async fn read_requests(
                 .anthropic_version
                 .map(|span| head_bytes.slice_ref(span.get(&head_bytes))),
             anthropic_beta: header("anthropic-beta"),
-            received_at: head_started,
+            received_at: head_parsed_at,
         };
         let keep_alive = head.keep_alive;
         let sent = to_writer
