@@ -59,6 +59,36 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
     ShardMetrics::add(&shard.metrics.connections_accepted_total, 1);
     ShardMetrics::gauge(&shard.metrics.connections_open, 1);
     let _ = stream.set_nodelay(true);
+    serve_sniffed(&shard, stream).await;
+    ShardMetrics::gauge(&shard.metrics.connections_open, -1);
+}
+
+/// Reads until the first bytes tell HTTP/1.1 from HTTP/2 with prior knowledge, then serves the
+/// connection with the matching codec, those bytes included.
+async fn serve_sniffed(shard: &Rc<Shard>, mut stream: TcpStream) {
+    let mut first = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    let deadline = Instant::now() + shard.settings.client_header_timeout;
+    loop {
+        match is_h2_preface(&first) {
+            Some(true) => {
+                return crate::shard::h2c::serve(shard.clone(), stream, first.freeze()).await;
+            }
+            Some(false) => break,
+            None => {}
+        }
+        let start = first.len();
+        let end = first.capacity();
+        let left = deadline.saturating_duration_since(Instant::now());
+        match monoio::time::timeout(left, stream.read(first.slice_mut(start..end))).await {
+            Ok((Ok(read), slice)) if read > 0 => first = slice.into_inner(),
+            // Closed, failed or silent before the first request: nothing to answer.
+            _ => return,
+        }
+    }
+    serve_http1(shard, stream, first).await;
+}
+
+async fn serve_http1(shard: &Rc<Shard>, stream: TcpStream, first: BytesMut) {
     let (reader, writer) = stream.into_split();
     let gone = Rc::new(Latch::default());
     let writer_done = Rc::new(Latch::default());
@@ -66,6 +96,7 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
     let reading = monoio::spawn(read_loop(
         shard.clone(),
         reader,
+        first,
         to_writer,
         gone.clone(),
         writer_done.clone(),
@@ -78,11 +109,10 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
         head_only: false,
         metrics: shard.clone(),
     };
-    write_loop(&shard, &mut sink, from_reader).await;
+    write_loop(shard, &mut sink, from_reader).await;
     let _ = sink.writer.shutdown().await;
     writer_done.set();
     reading.await;
-    ShardMetrics::gauge(&shard.metrics.connections_open, -1);
 }
 
 async fn write_loop(shard: &Rc<Shard>, sink: &mut Http1Sink, mut inbound: mpsc::Receiver<Inbound>) {
@@ -163,13 +193,14 @@ impl Reader {
 async fn read_loop(
     shard: Rc<Shard>,
     socket: OwnedReadHalf<TcpStream>,
+    first: BytesMut,
     to_writer: mpsc::Sender<Inbound>,
     gone: Rc<Latch>,
     writer_done: Rc<Latch>,
 ) {
     let mut reader = Reader {
         socket,
-        buf: BytesMut::with_capacity(READ_CHUNK_BYTES),
+        buf: first,
         writer_done,
     };
     let end = read_requests(&shard, &mut reader, &to_writer).await;
@@ -196,19 +227,11 @@ async fn read_requests(
 ) -> ReadOutcome {
     let limits = HeadLimits::default();
     let settings = &shard.settings;
-    let mut first = true;
     loop {
         // The request head.
         let head_started = Instant::now();
         let mut wait = HeadWait::default();
         let head = loop {
-            if first && let Some(true) = is_h2_preface(&reader.buf) {
-                // HTTP/2 with prior knowledge is not served on this port yet.
-                let _ = to_writer
-                    .send(Inbound::Reject(Rejection::unsupported_version().closing()))
-                    .await;
-                return ReadOutcome::Stop;
-            }
             let parsed = if wait.ready(&reader.buf, &limits) {
                 parse_head(&reader.buf, &limits)
             } else {
@@ -246,7 +269,6 @@ async fn read_requests(
                 Err(ReadEnd::Closed) => return ReadOutcome::Closed,
             }
         };
-        first = false;
         // The request deadline runs from here: idle keep-alive time before it does not count.
         let head_parsed_at = Instant::now();
         let head_bytes = reader.buf.split_to(head.head_bytes).freeze();

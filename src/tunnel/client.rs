@@ -7,10 +7,14 @@
 //! which ends the connection task below and takes the tunnel out of the shard at once.
 
 use std::rc::Rc;
+use std::time::Duration;
+
+use futures_util::future::Either;
 
 use monoio_compat::StreamWrapper;
 
 use crate::routing::AgentId;
+use crate::shard::latch::race;
 use crate::shard::state::{Shard, Tunnel};
 
 /// Buffer sizes of the compat wrapper around the tunnel socket.
@@ -19,6 +23,9 @@ const TUNNEL_BUFFER_BYTES: usize = 64 * 1024;
 /// window updates over loopback or a LAN.
 const STREAM_WINDOW_BYTES: u32 = 4 * 1024 * 1024;
 const CONNECTION_WINDOW_BYTES: u32 = 16 * 1024 * 1024;
+/// Keepalive ping cadence on an idle or busy tunnel, and how long an answer may take.
+const PING_INTERVAL: Duration = Duration::from_secs(10);
+const PING_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn run(shard: Rc<Shard>, agent: AgentId, generation: u64, socket: std::net::TcpStream) {
     let stream = match monoio::net::TcpStream::from_std(socket) {
@@ -37,7 +44,7 @@ pub async fn run(shard: Rc<Shard>, agent: AgentId, generation: u64, socket: std:
         .max_concurrent_reset_streams(1024)
         .handshake::<_, bytes::Bytes>(io)
         .await;
-    let (send, connection) = match handshake {
+    let (send, mut connection) = match handshake {
         Ok(pair) => pair,
         Err(error) => {
             tracing::warn!(shard = shard.id, session = agent.0, %error, "tunnel HTTP/2 handshake failed");
@@ -45,10 +52,38 @@ pub async fn run(shard: Rc<Shard>, agent: AgentId, generation: u64, socket: std:
             return;
         }
     };
+    let pings = connection.ping_pong();
     shard.tunnel_up(agent, Tunnel { send, generation });
     tracing::debug!(shard = shard.id, session = agent.0, "tunnel up");
-    if let Err(error) = connection.await {
-        tracing::info!(shard = shard.id, session = agent.0, %error, "tunnel connection ended");
+    match race(connection, keepalive(pings)).await {
+        Either::Left(Err(error)) => {
+            tracing::info!(shard = shard.id, session = agent.0, %error, "tunnel connection ended");
+        }
+        Either::Left(Ok(())) => {}
+        Either::Right(()) => {
+            tracing::warn!(
+                shard = shard.id,
+                session = agent.0,
+                "tunnel silent: no ping answer, closing it"
+            );
+        }
     }
     shard.tunnel_down(agent, generation);
+}
+
+/// Pings the agent every [`PING_INTERVAL`]; returns when one goes unanswered for [`PING_TIMEOUT`],
+/// so a peer that vanished without a reset (a partition, a frozen host) leaves the shard promptly.
+/// h2 sends no keepalive pings by itself.
+async fn keepalive(pings: Option<h2::PingPong>) {
+    let Some(mut pings) = pings else {
+        return std::future::pending().await;
+    };
+    loop {
+        monoio::time::sleep(PING_INTERVAL).await;
+        match monoio::time::timeout(PING_TIMEOUT, pings.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_pong)) => {}
+            Ok(Err(_)) => return std::future::pending().await, // the connection itself is failing
+            Err(_elapsed) => return,
+        }
+    }
 }

@@ -1,0 +1,283 @@
+//! HTTP/2 with prior knowledge (h2c) for clients that speak it: the same request phases as HTTP/1.1,
+//! one task per stream, on the shard that accepted the connection.
+//!
+//! A client that resets its stream (or drops the connection) is "gone" for the phases exactly as an
+//! HTTP/1.1 client that closes its socket: the agent-side stream is reset and the slot released.
+//! Responses respect the client's flow-control window: a slow reader holds its own stream back and
+//! never makes the router buffer without bound.
+
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::future::Either;
+use h2::server::SendResponse;
+use monoio_compat::StreamWrapper;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::api::sink::{ClientGone, Sink};
+use crate::api::{self, ClientRequest};
+use crate::error::Rejection;
+use crate::http::request::Method;
+use crate::shard::latch::race;
+use crate::shard::state::Shard;
+
+const BUFFER_BYTES: usize = 64 * 1024;
+
+/// The client socket with the bytes already read while sniffing for the preface put back in front.
+struct Prefixed {
+    prefix: Bytes,
+    inner: StreamWrapper<monoio::net::TcpStream>,
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let take = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix.split_to(take));
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(context, buf)
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(context, buf)
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(context)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(context)
+    }
+}
+
+pub async fn serve(shard: Rc<Shard>, stream: monoio::net::TcpStream, prefix: Bytes) {
+    let io = Prefixed {
+        prefix,
+        inner: StreamWrapper::new_with_buffer_size(stream, BUFFER_BYTES, BUFFER_BYTES),
+    };
+    let mut connection = match h2::server::Builder::new()
+        .max_concurrent_streams(256)
+        .initial_window_size(1024 * 1024)
+        .max_header_list_size(64 * 1024)
+        .handshake::<_, Bytes>(io)
+        .await
+    {
+        Ok(connection) => connection,
+        Err(_) => return,
+    };
+    while let Some(accepted) = connection.accept().await {
+        let Ok((request, respond)) = accepted else {
+            break;
+        };
+        monoio::spawn(serve_stream(shard.clone(), request, respond));
+    }
+}
+
+async fn serve_stream(
+    shard: Rc<Shard>,
+    request: http::Request<h2::RecvStream>,
+    respond: SendResponse<Bytes>,
+) {
+    let mut sink = H2Sink {
+        respond,
+        stream: None,
+        metrics: shard.clone(),
+    };
+    let (parts, mut body_stream) = request.into_parts();
+    let method = match parts.method {
+        http::Method::GET => Method::Get,
+        http::Method::HEAD => Method::Head,
+        http::Method::POST => Method::Post,
+        _ => Method::Other,
+    };
+    let route = match api::route(method, parts.uri.path().as_bytes()) {
+        Ok(route) => route,
+        Err(rejection) => {
+            let _ = sink.reject(&rejection).await;
+            return;
+        }
+    };
+    let max = shard.settings.max_request_bytes;
+    let mut body = BytesMut::new();
+    loop {
+        let next = race(
+            monoio::time::timeout(shard.settings.client_body_timeout, body_stream.data()),
+            std::future::poll_fn(|context| sink.respond.poll_reset(context)),
+        )
+        .await;
+        match next {
+            Either::Right(_) => return,
+            Either::Left(Err(_elapsed)) => {
+                let _ = sink.reject(&Rejection::client_timeout()).await;
+                return;
+            }
+            Either::Left(Ok(None)) => break,
+            Either::Left(Ok(Some(Err(_)))) => return,
+            Either::Left(Ok(Some(Ok(chunk)))) => {
+                let _ = body_stream.flow_control().release_capacity(chunk.len());
+                if max.is_some_and(|max| body.len() + chunk.len() > max) {
+                    let _ = sink.reject(&Rejection::payload_too_large()).await;
+                    return;
+                }
+                body.extend_from_slice(&chunk);
+            }
+        }
+    }
+    let header = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .map(|value| Bytes::copy_from_slice(value.as_bytes()))
+    };
+    let request = ClientRequest {
+        route,
+        body: body.freeze(),
+        request_id: header("x-request-id"),
+        anthropic_version: header("anthropic-version"),
+        anthropic_beta: header("anthropic-beta"),
+        received_at: Instant::now(),
+    };
+    let _ = api::serve(&shard, request, &mut sink).await;
+}
+
+struct H2Sink {
+    respond: SendResponse<Bytes>,
+    stream: Option<h2::SendStream<Bytes>>,
+    metrics: Rc<Shard>,
+}
+
+impl H2Sink {
+    fn head(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+        content_length: Option<usize>,
+        end_of_stream: bool,
+    ) -> Result<(), ClientGone> {
+        self.metrics.metrics.count_response(status);
+        let mut response = http::Response::builder()
+            .status(status)
+            .header(http::header::CONTENT_TYPE, content_type);
+        if let Some(length) = content_length {
+            response = response.header(http::header::CONTENT_LENGTH, length);
+        }
+        for (name, value) in extra_headers {
+            response = response.header(*name, *value);
+        }
+        let response = response.body(()).map_err(|_| ClientGone)?;
+        let stream = self
+            .respond
+            .send_response(response, end_of_stream)
+            .map_err(|_| ClientGone)?;
+        self.stream = Some(stream);
+        Ok(())
+    }
+
+    /// Sends `data` as the client's window allows.
+    async fn send(&mut self, mut data: Bytes, end_of_stream: bool) -> Result<(), ClientGone> {
+        let stream = self.stream.as_mut().ok_or(ClientGone)?;
+        loop {
+            if data.is_empty() {
+                if end_of_stream {
+                    stream
+                        .send_data(Bytes::new(), true)
+                        .map_err(|_| ClientGone)?;
+                }
+                return Ok(());
+            }
+            stream.reserve_capacity(data.len());
+            let granted = match std::future::poll_fn(|context| stream.poll_capacity(context)).await
+            {
+                Some(Ok(granted)) => granted,
+                _ => return Err(ClientGone),
+            };
+            if granted == 0 {
+                continue;
+            }
+            let part = data.split_to(granted.min(data.len()));
+            let last = end_of_stream && data.is_empty();
+            stream.send_data(part, last).map_err(|_| ClientGone)?;
+            if last {
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl Sink for H2Sink {
+    async fn respond(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+        body: &[u8],
+    ) -> Result<(), ClientGone> {
+        self.head(
+            status,
+            content_type,
+            extra_headers,
+            Some(body.len()),
+            body.is_empty(),
+        )?;
+        if body.is_empty() {
+            return Ok(());
+        }
+        self.send(Bytes::copy_from_slice(body), true).await
+    }
+
+    async fn start_stream(&mut self, status: u16, content_type: &str) -> Result<(), ClientGone> {
+        self.head(
+            status,
+            content_type,
+            &[("cache-control", b"no-cache")],
+            None,
+            false,
+        )
+    }
+
+    async fn stream_data(&mut self, data: &[u8]) -> Result<(), ClientGone> {
+        self.send(Bytes::copy_from_slice(data), false).await
+    }
+
+    async fn end_stream(&mut self) -> Result<(), ClientGone> {
+        let stream = self.stream.as_mut().ok_or(ClientGone)?;
+        stream.send_data(Bytes::new(), true).map_err(|_| ClientGone)
+    }
+
+    async fn until_client_gone<F: std::future::Future>(&mut self, future: F) -> Option<F::Output> {
+        let respond = &mut self.respond;
+        let stream = &mut self.stream;
+        let reset = std::future::poll_fn(|context| match stream.as_mut() {
+            Some(stream) => stream.poll_reset(context),
+            None => respond.poll_reset(context),
+        });
+        match race(future, reset).await {
+            Either::Left(output) => Some(output),
+            Either::Right(_) => None,
+        }
+    }
+
+    fn close_after(&mut self) {}
+}
