@@ -153,6 +153,8 @@ struct Reader {
     socket: OwnedReadHalf<TcpStream>,
     buf: BytesMut,
     writer_done: Rc<Latch>,
+    /// Whether a finished writer ends a read (false while lingering: the writer is done by then).
+    stop_with_writer: bool,
 }
 
 enum ReadEnd {
@@ -174,7 +176,13 @@ impl Reader {
         let start = buf.len();
         let end = buf.capacity();
         let read = self.socket.read(buf.slice_mut(start..end));
-        let writer_done = self.writer_done.wait();
+        let writer_done = async {
+            if self.stop_with_writer {
+                self.writer_done.wait().await
+            } else {
+                std::future::pending().await
+            }
+        };
         match race(monoio::time::timeout(timeout, read), writer_done).await {
             Either::Left(Ok((result, slice))) => {
                 self.buf = slice.into_inner();
@@ -202,6 +210,7 @@ async fn read_loop(
         socket,
         buf: first,
         writer_done,
+        stop_with_writer: true,
     };
     let end = read_requests(&shard, &mut reader, &to_writer).await;
     match end {
@@ -432,7 +441,7 @@ async fn linger(reader: &mut Reader) {
         }
         reader.buf.clear();
         // The writer finishing is expected here; only time, EOF or the byte cap end the linger.
-        reader.writer_done = Rc::new(Latch::default());
+        reader.stop_with_writer = false;
         match reader.fill(left).await {
             Ok(read) => discarded += read,
             Err(_) => return,
