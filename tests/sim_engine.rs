@@ -271,7 +271,7 @@ fn non_stream_chat_has_openai_shape_and_usage() {
 
 #[test]
 fn keep_alive_serves_several_requests_on_one_connection() {
-    let sim = Sim::start(&[]);
+    let sim = Sim::start(&["--threads", "2"]);
     let mut connection = sim.connect();
     for _ in 0..3 {
         let body = chat(json!({"stream": true})).to_string();
@@ -405,11 +405,13 @@ fn anthropic_message_has_anthropic_shape() {
 #[test]
 fn anthropic_requires_max_tokens() {
     let sim = Sim::start(&[]);
-    let response = sim.post("/v1/messages", &anthropic(json!({})));
-    assert_eq!(response.status, 400);
-    let value = response.json();
-    assert_eq!(value["type"], "error");
-    assert_eq!(value["error"]["type"], "invalid_request_error");
+    for body in [anthropic(json!({})), anthropic(json!({"max_tokens": 0}))] {
+        let response = sim.post("/v1/messages", &body);
+        assert_eq!(response.status, 400);
+        let value = response.json();
+        assert_eq!(value["type"], "error");
+        assert_eq!(value["error"]["type"], "invalid_request_error");
+    }
 }
 
 #[test]

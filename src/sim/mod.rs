@@ -63,7 +63,8 @@ pub struct SimArgs {
     /// Requests generating at once per model; 0 means unlimited. Beyond it requests wait in FIFO.
     #[arg(long = "max-concurrency", default_value_t = 0)]
     pub concurrency_max: usize,
-    /// Requests allowed to wait per model; one more is refused with 503.
+    /// Requests allowed to wait per model when `--max-concurrency` is set; one more is refused
+    /// with 503 at once.
     #[arg(long = "max-waiting", default_value_t = 1024)]
     pub waiting_max: usize,
     /// KV cache size per model, in tokens: usage = (prompt + generated tokens of running

@@ -118,6 +118,8 @@ pub async fn serve(listener: TcpListener, state: &'static SimState) -> io::Resul
             let service = service_fn(move |request| handle(state, request));
             if let Err(error) = http1::Builder::new()
                 .keep_alive(true)
+                // Benchmarks may pipeline; answer a batch of requests with one write.
+                .pipeline_flush(true)
                 .serve_connection(TokioIo::new(stream), service)
                 .await
             {
@@ -313,7 +315,12 @@ async fn chat_completions(
 async fn messages(state: &'static SimState, body: Bytes) -> Result<Response<SimBody>, SimError> {
     let request: MessagesRequest = serde_json::from_slice(&body)?;
     let model = state.model(&request.model)?;
-    let declared_max_tokens = request.max_tokens.ok_or(SimError::MissingMaxTokens)?;
+    let declared_max_tokens = match request.max_tokens {
+        None => return Err(SimError::MissingMaxTokens),
+        // Anthropic refuses a zero limit too; an empty answer is never what a client meant.
+        Some(0) => return Err(SimError::InvalidField("max_tokens: must be at least 1")),
+        Some(limit) => limit,
+    };
     let ask = GenerationAsk {
         model,
         prompt_tokens: prompt_tokens(&request.messages, request.system.as_ref()),
