@@ -748,3 +748,27 @@ fn client_disconnect_while_queued_leaves_the_queue() {
             && metric(text, "sim_cancelled_total", "sim-model") == 2.0
     });
 }
+
+#[test]
+fn chunked_request_bodies_are_reassembled() {
+    let sim = Sim::start(&["--output-tokens", "2"]);
+    let body = chat(json!({})).to_string();
+    let (head, tail) = body.split_at(body.len() / 2);
+    let mut connection = sim.connect();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: sim\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{head}\r\n{:x}\r\n{tail}\r\n0\r\n\r\n",
+        head.len(),
+        tail.len()
+    );
+    connection
+        .reader
+        .get_mut()
+        .write_all(request.as_bytes())
+        .unwrap();
+    let response = connection.read_response();
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(
+        response.json()["usage"]["prompt_tokens"],
+        CHAT_PROMPT_TOKENS
+    );
+}

@@ -51,7 +51,8 @@ pub struct SimArgs {
     /// limit, queue and KV cache).
     #[arg(long, value_delimiter = ',', default_value = "sim-model")]
     pub models: Vec<String>,
-    /// Time to first token, Go duration (`250ms`). Applies to every generation request.
+    /// Time to first token, Go duration (`250ms`): from admission to the first token, which is also
+    /// the first body byte of a stream. Applies to every generation request.
     #[arg(long = "ttft", value_parser = crate::duration::parse_arg, default_value = "0ms")]
     pub time_to_first_token: Duration,
     /// Inter-token latency, Go duration, between consecutive generated tokens.

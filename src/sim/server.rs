@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
+use hyper::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -205,19 +205,51 @@ async fn route(
     }
 }
 
+/// Reads the whole request body. A body that arrives as one frame (the common case for small
+/// JSON requests) is returned as is, without copying.
 async fn read_body(request: Request<Incoming>) -> Result<Bytes, SimError> {
-    match Limited::new(request.into_body(), REQUEST_BODY_MAX_BYTES)
-        .collect()
-        .await
-    {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
-            Err(SimError::BodyTooLarge {
-                limit_bytes: REQUEST_BODY_MAX_BYTES,
-            })
-        }
-        Err(_) => Err(SimError::BodyUnreadable),
+    let too_large = SimError::BodyTooLarge {
+        limit_bytes: REQUEST_BODY_MAX_BYTES,
+    };
+    let declared_bytes = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<usize>().ok());
+    if declared_bytes.is_some_and(|bytes| bytes > REQUEST_BODY_MAX_BYTES) {
+        return Err(too_large);
     }
+    let mut body = request.into_body();
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| SimError::BodyUnreadable)?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers carry nothing the simulator reads
+        };
+        match (&mut first, &mut joined) {
+            (None, None) => first = Some(data),
+            (Some(_), None) => {
+                let first = first.take().expect("checked above");
+                let mut buffer =
+                    BytesMut::with_capacity(declared_bytes.unwrap_or(first.len() + data.len()));
+                buffer.extend_from_slice(&first);
+                buffer.extend_from_slice(&data);
+                joined = Some(buffer);
+            }
+            (_, Some(buffer)) => buffer.extend_from_slice(&data),
+        }
+        let received_bytes =
+            first.as_ref().map_or(0, Bytes::len) + joined.as_ref().map_or(0, BytesMut::len);
+        if received_bytes > REQUEST_BODY_MAX_BYTES {
+            return Err(too_large);
+        }
+    }
+    Ok(match (first, joined) {
+        (_, Some(buffer)) => buffer.freeze(),
+        (Some(first), None) => first,
+        (None, None) => Bytes::new(),
+    })
 }
 
 fn json_response(status: StatusCode, body: SimBody) -> Response<SimBody> {
