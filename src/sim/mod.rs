@@ -114,6 +114,11 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     if args.models.iter().any(|name| name.is_empty()) {
         anyhow::bail!("--models contains an empty model name");
     }
+    for (index, name) in args.models.iter().enumerate() {
+        if args.models[..index].contains(name) {
+            anyhow::bail!("--models names {name} twice");
+        }
+    }
     let runtime = if args.threads == 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -337,7 +337,9 @@ async fn chat_completions(
         declared_max_tokens: request.declared_max_tokens(),
         stream: request.is_stream(),
     };
+    // Nothing borrowed from the body is needed past this point; free it before queueing.
     drop(request);
+    drop(body);
     generate(state, ask, render::openai_completion, |answer| {
         StreamEvents::openai(answer, include_usage)
     })
@@ -359,7 +361,9 @@ async fn messages(state: &'static SimState, body: Bytes) -> Result<Response<SimB
         declared_max_tokens: Some(declared_max_tokens),
         stream: request.stream.unwrap_or(false),
     };
+    // Nothing borrowed from the body is needed past this point; free it before queueing.
     drop(request);
+    drop(body);
     generate(state, ask, render::anthropic_message, |_| {
         StreamEvents::Anthropic
     })
