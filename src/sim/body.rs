@@ -1,7 +1,9 @@
 //! The response body type: a complete buffer, or a live generation streamed as server-sent events.
 //!
 //! A streamed answer is generated while hyper polls the body, one frame per delay: with zero
-//! `--ttft`/`--itl` the whole stream is one frame, with delays one frame per token. The
+//! `--ttft`/`--itl` the whole stream is one frame, with delays one frame per token. Headers go out
+//! at admission; the first body bytes (OpenAI's role chunk, Anthropic's `message_start`) come with
+//! the first token, `--ttft` later. The
 //! [`Generation`] guard lives inside the body, so when the client disconnects hyper drops the body,
 //! generation stops, the concurrency permit is released and the request counts as cancelled.
 
@@ -98,13 +100,14 @@ pub struct GenerationStream {
 }
 
 impl GenerationStream {
+    /// Must be called inside the runtime: the time-to-first-token delay starts now, at admission.
     pub fn new(
         generation: Generation<'static>,
         answer: Answer<'static>,
         events: StreamEvents,
         pacing: Pacing,
     ) -> GenerationStream {
-        GenerationStream {
+        let mut stream = GenerationStream {
             generation: Some(generation),
             answer,
             events,
@@ -114,7 +117,13 @@ impl GenerationStream {
             delay: None,
             delay_armed: false,
             buffer: BytesMut::new(),
+        };
+        // The preamble waits for the first token, as in vLLM, whose first chunk (the role delta)
+        // is sent when prefill completes: a client's time to first byte is the time to first token.
+        if !pacing.time_to_first_token.is_zero() && answer.plan.output_tokens > 0 {
+            stream.arm_delay(pacing.time_to_first_token);
         }
+        stream
     }
 
     fn arm_delay(&mut self, duration: Duration) {
@@ -142,11 +151,6 @@ impl GenerationStream {
                 Phase::Preamble => {
                     self.events.preamble(&mut self.buffer, &self.answer);
                     self.phase = Phase::Tokens;
-                    let time_to_first_token = self.pacing.time_to_first_token;
-                    if !time_to_first_token.is_zero() && self.answer.plan.output_tokens > 0 {
-                        self.arm_delay(time_to_first_token);
-                        return Poll::Ready(self.take_buffer());
-                    }
                 }
                 Phase::Tokens if self.generated_tokens < self.answer.plan.output_tokens => {
                     self.events.token(&mut self.buffer);

@@ -101,7 +101,7 @@ impl ModelEngine {
         }
     }
 
-    /// Counts a request that needs no generation slot (embeddings, rerank, token counting).
+    /// Counts a request that needs no concurrency permit (embeddings, rerank, token counting).
     pub fn count_request(&self) {
         self.counters.requests_total.fetch_add(1, Ordering::Relaxed);
     }
@@ -299,5 +299,114 @@ mod tests {
         first_generation.finish();
         let mut fourth = pin!(engine.admit(1));
         assert!(matches!(poll_once(fourth.as_mut()), Poll::Ready(Ok(_))));
+    }
+
+    #[test]
+    fn waiters_are_admitted_in_arrival_order_whatever_the_poll_order() {
+        let engine = ModelEngine::new("m".into(), 1, 8, 1000);
+        let mut first = Box::pin(engine.admit(1));
+        let Poll::Ready(Ok(first_generation)) = poll_once(first.as_mut()) else {
+            panic!("first request must be admitted");
+        };
+        let mut second = Box::pin(engine.admit(1));
+        let mut third = Box::pin(engine.admit(1));
+        assert!(poll_once(second.as_mut()).is_pending());
+        assert!(poll_once(third.as_mut()).is_pending());
+        first_generation.finish();
+        // The permit went to the earliest waiter, even though the later one is polled first.
+        assert!(poll_once(third.as_mut()).is_pending());
+        assert!(matches!(poll_once(second.as_mut()), Poll::Ready(Ok(_))));
+    }
+
+    /// One step of the accounting property test.
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// Start a request with this many prompt tokens.
+        Admit(u64),
+        /// Generate tokens on the request at this index (modulo the live ones).
+        Advance(usize, u64),
+        /// Complete the request at this index.
+        Finish(usize),
+        /// Abandon the request at this index (client gone).
+        Abandon(usize),
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0u64..50).prop_map(Step::Admit),
+            (any::<usize>(), 0u64..5).prop_map(|(index, tokens)| Step::Advance(index, tokens)),
+            any::<usize>().prop_map(Step::Finish),
+            any::<usize>().prop_map(Step::Abandon),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever requests do, the gauges track the live requests exactly, the concurrency and
+        /// queue limits hold, and once all are gone every gauge is back to zero and every accepted
+        /// request is either finished or cancelled.
+        #[test]
+        fn accounting_returns_to_zero(steps in proptest::collection::vec(step(), 0..80)) {
+            const CONCURRENCY_MAX: usize = 3;
+            const WAITING_MAX: usize = 4;
+            let engine = ModelEngine::new("m".into(), CONCURRENCY_MAX, WAITING_MAX, 100);
+            // Arrival order; each with its prompt tokens.
+            let mut queued = Vec::new();
+            // Each with the KV tokens it should hold.
+            let mut live: Vec<(Generation<'_>, u64)> = Vec::new();
+            let mut finished = 0u64;
+            for step in steps {
+                match step {
+                    Step::Admit(prompt_tokens) => {
+                        queued.push((Box::pin(engine.admit(prompt_tokens)), prompt_tokens));
+                    }
+                    Step::Advance(index, tokens) if !live.is_empty() => {
+                        let position = index % live.len();
+                        let (generation, held) = &mut live[position];
+                        generation.advance(tokens);
+                        *held += tokens;
+                    }
+                    Step::Finish(index) if !live.is_empty() => {
+                        let position = index % live.len();
+                        live.remove(position).0.finish();
+                        finished += 1;
+                    }
+                    Step::Abandon(index) if index % 2 == 0 && !queued.is_empty() => {
+                        let position = index % queued.len();
+                        drop(queued.remove(position));
+                    }
+                    Step::Abandon(index) if !live.is_empty() => {
+                        let position = index % live.len();
+                        drop(live.remove(position));
+                    }
+                    _ => {}
+                }
+                // Poll in arrival order, as the runtime would wake them.
+                let mut still_queued = Vec::new();
+                for (mut future, prompt_tokens) in queued.drain(..) {
+                    match poll_once(future.as_mut()) {
+                        Poll::Ready(Ok(generation)) => live.push((generation, prompt_tokens)),
+                        Poll::Ready(Err(SimError::QueueFull { .. })) => {}
+                        Poll::Ready(Err(error)) => panic!("unexpected refusal {error}"),
+                        Poll::Pending => still_queued.push((future, prompt_tokens)),
+                    }
+                }
+                queued = still_queued;
+                let snapshot = engine.snapshot();
+                proptest::prop_assert_eq!(snapshot.running, live.len() as u64);
+                proptest::prop_assert_eq!(snapshot.waiting, queued.len() as u64);
+                proptest::prop_assert_eq!(
+                    snapshot.kv_tokens,
+                    live.iter().map(|(_, held)| held).sum::<u64>()
+                );
+                proptest::prop_assert!(live.len() <= CONCURRENCY_MAX);
+                proptest::prop_assert!(queued.len() <= WAITING_MAX);
+            }
+            drop(live);
+            drop(queued);
+            let after = engine.snapshot();
+            proptest::prop_assert_eq!((after.running, after.waiting, after.kv_tokens), (0, 0, 0));
+            proptest::prop_assert_eq!(after.requests_total, finished + after.cancelled_total);
+        }
     }
 }

@@ -51,7 +51,8 @@ pub struct SimArgs {
     /// limit, queue and KV cache).
     #[arg(long, value_delimiter = ',', default_value = "sim-model")]
     pub models: Vec<String>,
-    /// Time to first token, Go duration (`250ms`). Applies to every generation request.
+    /// Time to first token, Go duration (`250ms`): from admission to the first token, which is also
+    /// the first body byte of a stream. Applies to every generation request.
     #[arg(long = "ttft", value_parser = crate::duration::parse_arg, default_value = "0ms")]
     pub time_to_first_token: Duration,
     /// Inter-token latency, Go duration, between consecutive generated tokens.
@@ -63,7 +64,8 @@ pub struct SimArgs {
     /// Requests generating at once per model; 0 means unlimited. Beyond it requests wait in FIFO.
     #[arg(long = "max-concurrency", default_value_t = 0)]
     pub concurrency_max: usize,
-    /// Requests allowed to wait per model; one more is refused with 503.
+    /// Requests allowed to wait per model when `--max-concurrency` is set; one more is refused
+    /// with 503 at once.
     #[arg(long = "max-waiting", default_value_t = 1024)]
     pub waiting_max: usize,
     /// KV cache size per model, in tokens: usage = (prompt + generated tokens of running
@@ -111,6 +113,11 @@ impl SimArgs {
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
     if args.models.iter().any(|name| name.is_empty()) {
         anyhow::bail!("--models contains an empty model name");
+    }
+    for (index, name) in args.models.iter().enumerate() {
+        if args.models[..index].contains(name) {
+            anyhow::bail!("--models names {name} twice");
+        }
     }
     let runtime = if args.threads == 1 {
         tokio::runtime::Builder::new_current_thread()

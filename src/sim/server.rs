@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
+use hyper::header::{CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -118,6 +118,8 @@ pub async fn serve(listener: TcpListener, state: &'static SimState) -> io::Resul
             let service = service_fn(move |request| handle(state, request));
             if let Err(error) = http1::Builder::new()
                 .keep_alive(true)
+                // Benchmarks may pipeline; answer a batch of requests with one write.
+                .pipeline_flush(true)
                 .serve_connection(TokioIo::new(stream), service)
                 .await
             {
@@ -203,19 +205,51 @@ async fn route(
     }
 }
 
+/// Reads the whole request body. A body that arrives as one frame (the common case for small
+/// JSON requests) is returned as is, without copying.
 async fn read_body(request: Request<Incoming>) -> Result<Bytes, SimError> {
-    match Limited::new(request.into_body(), REQUEST_BODY_MAX_BYTES)
-        .collect()
-        .await
-    {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
-            Err(SimError::BodyTooLarge {
-                limit_bytes: REQUEST_BODY_MAX_BYTES,
-            })
-        }
-        Err(_) => Err(SimError::BodyUnreadable),
+    let too_large = SimError::BodyTooLarge {
+        limit_bytes: REQUEST_BODY_MAX_BYTES,
+    };
+    let declared_bytes = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<usize>().ok());
+    if declared_bytes.is_some_and(|bytes| bytes > REQUEST_BODY_MAX_BYTES) {
+        return Err(too_large);
     }
+    let mut body = request.into_body();
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| SimError::BodyUnreadable)?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers carry nothing the simulator reads
+        };
+        match (&mut first, &mut joined) {
+            (None, None) => first = Some(data),
+            (Some(_), None) => {
+                let first = first.take().expect("checked above");
+                let mut buffer =
+                    BytesMut::with_capacity(declared_bytes.unwrap_or(first.len() + data.len()));
+                buffer.extend_from_slice(&first);
+                buffer.extend_from_slice(&data);
+                joined = Some(buffer);
+            }
+            (_, Some(buffer)) => buffer.extend_from_slice(&data),
+        }
+        let received_bytes =
+            first.as_ref().map_or(0, Bytes::len) + joined.as_ref().map_or(0, BytesMut::len);
+        if received_bytes > REQUEST_BODY_MAX_BYTES {
+            return Err(too_large);
+        }
+    }
+    Ok(match (first, joined) {
+        (_, Some(buffer)) => buffer.freeze(),
+        (Some(first), None) => first,
+        (None, None) => Bytes::new(),
+    })
 }
 
 fn json_response(status: StatusCode, body: SimBody) -> Response<SimBody> {
@@ -303,7 +337,9 @@ async fn chat_completions(
         declared_max_tokens: request.declared_max_tokens(),
         stream: request.is_stream(),
     };
+    // Nothing borrowed from the body is needed past this point; free it before queueing.
     drop(request);
+    drop(body);
     generate(state, ask, render::openai_completion, |answer| {
         StreamEvents::openai(answer, include_usage)
     })
@@ -313,14 +349,21 @@ async fn chat_completions(
 async fn messages(state: &'static SimState, body: Bytes) -> Result<Response<SimBody>, SimError> {
     let request: MessagesRequest = serde_json::from_slice(&body)?;
     let model = state.model(&request.model)?;
-    let declared_max_tokens = request.max_tokens.ok_or(SimError::MissingMaxTokens)?;
+    let declared_max_tokens = match request.max_tokens {
+        None => return Err(SimError::MissingMaxTokens),
+        // Anthropic refuses a zero limit too; an empty answer is never what a client meant.
+        Some(0) => return Err(SimError::InvalidField("max_tokens: must be at least 1")),
+        Some(limit) => limit,
+    };
     let ask = GenerationAsk {
         model,
         prompt_tokens: prompt_tokens(&request.messages, request.system.as_ref()),
         declared_max_tokens: Some(declared_max_tokens),
         stream: request.stream.unwrap_or(false),
     };
+    // Nothing borrowed from the body is needed past this point; free it before queueing.
     drop(request);
+    drop(body);
     generate(state, ask, render::anthropic_message, |_| {
         StreamEvents::Anthropic
     })
