@@ -243,14 +243,23 @@ nginx -t -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" >"$WORK/nginx-test.log" 2>
 start_bg nginx "$WORK/nginx.log" nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf"
 wait_until 20 "nginx" curl -sf "http://$NGINX_JSON/v1/models"
 
-start_router_stack() { # router-args (word-split on purpose)
-  local extra=$1 dir="$WORK/router-$2"
+# The tuning flags of one router configuration: defaults, unless the variant sets them itself.
+router_args() { # variant
+  local a=""
+  [[ " $1" == *" --shards"* ]] || a+="--shards $SHARDS "
+  [[ " $1" == *" --queue-depth"* ]] || a+="--queue-depth 1000 "
+  echo "$a$1"
+}
+
+start_router_stack() { # variant-args index
+  local dir="$WORK/router-$2" args
   mkdir -p "$dir"
-  log "starting hivenet-router (--shards $SHARDS ${extra:+$extra}) and hivenet-agent"
-  # shellcheck disable=SC2086 # extra flags are meant to be split into words
+  args=$(router_args "$1")
+  log "starting hivenet-router ($args) and hivenet-agent"
+  # shellcheck disable=SC2086 # the flags are meant to be split into words
   start_bg router "$WORK/router-$2.log" "$BIN/hivenet-router" --http-port "$ROUTER_HTTP" \
     --grpc-port "$ROUTER_GRPC" --metrics-port "$ROUTER_METRICS" --p2p-port "$ROUTER_P2P" \
-    --identity-path "$dir/router.key" --shards "$SHARDS" --queue-depth 1000 $extra
+    --identity-path "$dir/router.key" $args
   wait_until 30 "hivenet-router" curl -s "http://$ROUTER_HTTP/v1/models"
   # shellcheck disable=SC2086
   start_bg agent "$WORK/agent-$2.log" "$BIN/hivenet-agent" --backend-url "http://$SIM_ADDR" \
@@ -412,7 +421,7 @@ echo "hivenet-router vs nginx: ${DURATION}s per case, $CONNECTIONS connections, 
 echo "router --shards $SHARDS, nginx $NGINX_WORKERS workers, sim $SIM_THREADS thread(s), $NPROC CPUs;"
 echo "stream = $ROUTER_SSE_EVENTS SSE events via router, $NGINX_SSE_EVENTS via nginx"
 for i in "${!VARIANTS[@]}"; do
-  echo "router#$i args: --shards $SHARDS --queue-depth 1000 ${VARIANTS[$i]}"
+  echo "router#$i args: $(router_args "${VARIANTS[$i]}")"
 done
 echo
 fmt='%-20s %10s %9s %9s %7s %10s %10s %10s %8s %8s %8s %7s\n'
@@ -462,7 +471,7 @@ json_str() { local s=${1//\\/\\\\}; s=${s//\"/\\\"}; printf '"%s"' "$s"; }
   echo "  \"load_generator\": $(json_str "$(wrk -v 2>&1 | head -n1 | cut -c1-40)"),"
   printf '  "router_variants": ['
   sep=""
-  for i in "${!VARIANTS[@]}"; do printf '%s%s' "$sep" "$(json_str "${VARIANTS[$i]}")"; sep=", "; done
+  for i in "${!VARIANTS[@]}"; do printf '%s%s' "$sep" "$(json_str "$(router_args "${VARIANTS[$i]}")")"; sep=", "; done
   echo "],"
   echo "  \"cases\": ["
   sep=""
