@@ -1,0 +1,20 @@
+-- wrk script: POST the JSON body in $WRK_BODY_FILE and print one machine-readable result line.
+-- Used by perf/bench.sh; responses are read to the end by wrk (chunked/SSE included).
+local path = os.getenv("WRK_BODY_FILE")
+local f = assert(io.open(path, "rb"), "WRK_BODY_FILE not readable: " .. tostring(path))
+local body = f:read("*a")
+f:close()
+
+wrk.method = "POST"
+wrk.body = body
+wrk.headers["Content-Type"] = "application/json"
+
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    "WRK_RESULT requests=%d duration_us=%d bytes=%d p50_us=%d p90_us=%d p99_us=%d max_us=%d " ..
+    "err_connect=%d err_read=%d err_write=%d err_status=%d err_timeout=%d\n",
+    summary.requests, summary.duration, summary.bytes,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max,
+    e.connect, e.read, e.write, e.status, e.timeout))
+end
