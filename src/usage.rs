@@ -316,7 +316,13 @@ impl OpenAiStreamScan {
         if data.trim_ascii() == b"[DONE]" {
             return OpenAiEvent::Done;
         }
-        if self.usage_finder.find(data).is_none() {
+        // Only a chunk that carries a usage *object* is worth a JSON parse. With include_usage on,
+        // engines following OpenAI put `"usage":null` in every other chunk: skip those cheaply.
+        if self
+            .usage_finder
+            .find_iter(data)
+            .all(|at| is_null_member(&data[at + b"\"usage\"".len()..]))
+        {
             return OpenAiEvent::Data(None);
         }
         let Ok(chunk) = serde_json::from_slice::<OpenAiChunk>(data) else {
@@ -336,6 +342,15 @@ impl OpenAiStreamScan {
     /// The latest usage seen in the stream; engines report it cumulatively.
     pub fn usage(&self) -> Option<Usage> {
         self.usage
+    }
+}
+
+/// Whether `rest` (the bytes after a `"usage"` key) is `: null`, with JSON whitespace allowed.
+fn is_null_member(rest: &[u8]) -> bool {
+    let rest = rest.trim_ascii_start();
+    match rest.strip_prefix(b":") {
+        Some(value) => value.trim_ascii_start().starts_with(b"null"),
+        None => false,
     }
 }
 
@@ -707,5 +722,23 @@ mod tests {
         let (events, tail) = split_at(b"data: a\n\ndata: partial", &[3]);
         assert_eq!(events, ["data: a\n\n"]);
         assert_eq!(&tail[..], b"data: partial");
+    }
+}
+
+#[cfg(test)]
+mod null_usage_tests {
+    use super::*;
+
+    #[test]
+    fn null_usage_members_are_not_parsed_as_usage() {
+        let mut scan = OpenAiStreamScan::new();
+        let chunk = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}],\"usage\" : null}\n\n";
+        assert_eq!(scan.scan(chunk), OpenAiEvent::Data(None));
+        let last = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4,\"total_tokens\":7}}\n\n";
+        assert!(matches!(scan.scan(last), OpenAiEvent::UsageOnly(_)));
+        assert_eq!(scan.usage().unwrap().output_tokens, 4);
+        assert!(is_null_member(b":null}"));
+        assert!(!is_null_member(b":{\"prompt_tokens\":1}"));
+        assert!(!is_null_member(b"}"));
     }
 }
