@@ -13,7 +13,14 @@ fn killing_the_agent_mid_stream_ends_the_stream_and_drops_the_model() {
     let mut site = Site::start(
         "agent_loss",
         Options::new()
-            .sim(&["--models", "sim-model", "--itl", "200ms", "--output-tokens", "50"])
+            .sim(&[
+                "--models",
+                "sim-model",
+                "--itl",
+                "200ms",
+                "--output-tokens",
+                "50",
+            ])
             .sim(&["--models", "other"])
             .agent(0, &["--capacity", "4"])
             .agent(1, &["--capacity", "4"])
@@ -21,14 +28,21 @@ fn killing_the_agent_mid_stream_ends_the_stream_and_drops_the_model() {
     );
 
     let mut conn = Conn::connect(site.http);
-    conn.send(&post_request("/v1/chat/completions", &chat("sim-model", true).to_string()))
-        .unwrap();
+    conn.send(&post_request(
+        "/v1/chat/completions",
+        &chat("sim-model", true).to_string(),
+    ))
+    .unwrap();
     let head = conn.read_head().expect("response head");
     assert_eq!(head.status, 200);
     // The role chunk and a first token prove the stream is flowing through the agent.
     let mut before = Vec::new();
     for _ in 0..2 {
-        before.push(conn.read_chunk().expect("chunk").expect("not the last chunk"));
+        before.push(
+            conn.read_chunk()
+                .expect("chunk")
+                .expect("not the last chunk"),
+        );
     }
 
     site.agents[0].kill();
@@ -52,8 +66,14 @@ fn killing_the_agent_mid_stream_ends_the_stream_and_drops_the_model() {
         tail.contains("agent_disconnected"),
         "no error event after the agent died: {tail:?}"
     );
-    assert!(tail.ends_with("\n\n"), "last event not terminated: {tail:?}");
-    assert!(!tail.contains("[DONE]"), "an interrupted stream must not claim completion: {tail:?}");
+    assert!(
+        tail.ends_with("\n\n"),
+        "last event not terminated: {tail:?}"
+    );
+    assert!(
+        !tail.contains("[DONE]"),
+        "an interrupted stream must not claim completion: {tail:?}"
+    );
     eprintln!("stream ended {:?} after the kill", killed_at.elapsed());
 
     site.wait_model_gone("sim-model");
@@ -63,7 +83,12 @@ fn killing_the_agent_mid_stream_ends_the_stream_and_drops_the_model() {
     let code: serde_json::Value = serde_json::from_str(&body).unwrap();
     let code = code["error"]["code"].as_str().unwrap().to_string();
     assert!(
-        ["model_not_found", "no_agents_available", "agent_disconnected"].contains(&code.as_str()),
+        [
+            "model_not_found",
+            "no_agents_available",
+            "agent_disconnected"
+        ]
+        .contains(&code.as_str()),
         "{body}"
     );
 
@@ -83,15 +108,26 @@ fn killing_the_agent_before_the_response_head_answers_503() {
             .agent(0, &["--capacity", "4"]),
     );
     let mut conn = Conn::connect(site.http);
-    conn.send(&post_request("/v1/chat/completions", &chat("sim-model", false).to_string()))
-        .unwrap();
+    conn.send(&post_request(
+        "/v1/chat/completions",
+        &chat("sim-model", false).to_string(),
+    ))
+    .unwrap();
     site.wait_sim_metric(0, "sim_in_flight", |v| v == 1.0);
     site.agents[0].kill();
     let response = conn.read_response().unwrap_or_else(|e| {
-        panic!("no answer after the agent died before the head: {e}\n{}", site.logs())
+        panic!(
+            "no answer after the agent died before the head: {e}\n{}",
+            site.logs()
+        )
     });
     assert_eq!(response.status, 503, "{}", response.text());
-    assert_eq!(response.error_code(), "agent_disconnected", "{}", response.text());
+    assert_eq!(
+        response.error_code(),
+        "agent_disconnected",
+        "{}",
+        response.text()
+    );
     site.wait_model_gone("sim-model");
     site.wait_health();
 }

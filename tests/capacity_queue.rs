@@ -11,7 +11,14 @@ fn site(name: &str, router_args: &[&str]) -> Site {
     Site::start(
         name,
         Options::new()
-            .sim(&["--models", "sim-model", "--itl", "200ms", "--output-tokens", "10"])
+            .sim(&[
+                "--models",
+                "sim-model",
+                "--itl",
+                "200ms",
+                "--output-tokens",
+                "10",
+            ])
             .router_args(router_args)
             .agent(0, &["--capacity", "1"]),
     )
@@ -20,8 +27,11 @@ fn site(name: &str, router_args: &[&str]) -> Site {
 /// Opens a stream that holds the agent's only slot until it is read to the end.
 fn hold_the_slot(site: &Site) -> Conn {
     let mut conn = Conn::connect(site.http);
-    conn.send(&post_request("/v1/chat/completions", &chat("sim-model", true).to_string()))
-        .unwrap();
+    conn.send(&post_request(
+        "/v1/chat/completions",
+        &chat("sim-model", true).to_string(),
+    ))
+    .unwrap();
     let head = conn.read_head().expect("head of the slot holder");
     assert_eq!(head.status, 200);
     site.wait_sim_metric(0, "sim_in_flight", |v| v == 1.0);
@@ -43,7 +53,8 @@ fn second_request_waits_for_the_slot_and_succeeds() {
     let site = site("queue_waits", &[]);
     let mut holder = hold_the_slot(&site);
     std::thread::scope(|scope| {
-        let waiter = scope.spawn(|| site.post_json("/v1/chat/completions", &chat("sim-model", false)));
+        let waiter =
+            scope.spawn(|| site.post_json("/v1/chat/completions", &chat("sim-model", false)));
         site.wait_metric("hivenet_shard_queued_total", |v| v >= 1.0);
         // While the waiter is queued the sim still sees only the holder.
         assert_eq!(site.sim_metric(0, "sim_in_flight"), 1.0);
@@ -52,7 +63,10 @@ fn second_request_waits_for_the_slot_and_succeeds() {
         assert_eq!(status, 200, "{body}\n{}", site.logs());
     });
     assert_eq!(site.sim_metric(0, "sim_requests_total"), 2.0);
-    assert_eq!(site.router_metric("hivenet_shard_queue_timeouts_total"), 0.0);
+    assert_eq!(
+        site.router_metric("hivenet_shard_queue_timeouts_total"),
+        0.0
+    );
     site.wait_metric("hivenet_shard_in_flight", |v| v == 0.0);
 }
 

@@ -13,7 +13,12 @@ fn site(name: &str) -> Site {
     Site::start(
         name,
         Options::new()
-            .sim(&["--models", "sim-model", "--output-tokens", &OUTPUT_TOKENS.to_string()])
+            .sim(&[
+                "--models",
+                "sim-model",
+                "--output-tokens",
+                &OUTPUT_TOKENS.to_string(),
+            ])
             .agent(0, &["--capacity", "4"]),
     )
 }
@@ -21,7 +26,11 @@ fn site(name: &str) -> Site {
 /// Parses every `data: ` event except the final `[DONE]`, checking byte-exact framing.
 fn openai_chunks(body: &[u8]) -> Vec<Value> {
     let events = sse_events(body);
-    assert_eq!(events.last().map(|s| s.as_str()), Some("data: [DONE]"), "{events:?}");
+    assert_eq!(
+        events.last().map(|s| s.as_str()),
+        Some("data: [DONE]"),
+        "{events:?}"
+    );
     events[..events.len() - 1]
         .iter()
         .map(|event| {
@@ -44,23 +53,33 @@ fn chat_non_stream_returns_completion_with_usage() {
     let (status, headers, body) = site.post_json("/v1/chat/completions", &chat("sim-model", false));
     assert_eq!(status, 200, "{body}");
     assert!(
-        headers.iter().any(|(n, v)| n == "content-type" && v.starts_with("application/json")),
+        headers
+            .iter()
+            .any(|(n, v)| n == "content-type" && v.starts_with("application/json")),
         "{headers:?}"
     );
     let value: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(value["object"], "chat.completion");
     assert_eq!(value["choices"][0]["message"]["role"], "assistant");
     assert_eq!(value["usage"]["completion_tokens"], OUTPUT_TOKENS);
-    assert!(value["usage"]["prompt_tokens"].as_u64().unwrap() > 0, "{body}");
-    site.wait_metric("hivenet_shard_output_tokens_total", |v| v == OUTPUT_TOKENS as f64);
+    assert!(
+        value["usage"]["prompt_tokens"].as_u64().unwrap() > 0,
+        "{body}"
+    );
+    site.wait_metric("hivenet_shard_output_tokens_total", |v| {
+        v == OUTPUT_TOKENS as f64
+    });
 }
 
 #[test]
 fn chat_stream_without_usage_request_hides_usage_chunk_but_counts_it() {
     let site = site("chat_stream_no_usage");
     let mut conn = Conn::connect(site.http);
-    conn.send(&post_request("/v1/chat/completions", &chat("sim-model", true).to_string()))
-        .unwrap();
+    conn.send(&post_request(
+        "/v1/chat/completions",
+        &chat("sim-model", true).to_string(),
+    ))
+    .unwrap();
     let response = conn.read_response().unwrap();
     assert_eq!(response.status, 200, "{}", response.text());
     assert_eq!(response.header("content-type"), Some("text/event-stream"));
@@ -71,12 +90,24 @@ fn chat_stream_without_usage_request_hides_usage_chunk_but_counts_it() {
     assert_eq!(chunks.len(), 1 + OUTPUT_TOKENS + 1, "{}", response.text());
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     for token in &chunks[1..=OUTPUT_TOKENS] {
-        assert!(token["choices"][0]["delta"]["content"].is_string(), "{token}");
+        assert!(
+            token["choices"][0]["delta"]["content"].is_string(),
+            "{token}"
+        );
     }
-    assert_eq!(chunks[OUTPUT_TOKENS + 1]["choices"][0]["finish_reason"], "stop");
-    assert!(!chunks.iter().any(is_usage_only), "usage chunk leaked: {}", response.text());
+    assert_eq!(
+        chunks[OUTPUT_TOKENS + 1]["choices"][0]["finish_reason"],
+        "stop"
+    );
+    assert!(
+        !chunks.iter().any(is_usage_only),
+        "usage chunk leaked: {}",
+        response.text()
+    );
 
-    site.wait_metric("hivenet_shard_output_tokens_total", |v| v == OUTPUT_TOKENS as f64);
+    site.wait_metric("hivenet_shard_output_tokens_total", |v| {
+        v == OUTPUT_TOKENS as f64
+    });
     assert!(site.router_metric("hivenet_shard_input_tokens_total") > 0.0);
     assert_eq!(site.router_metric("hivenet_shard_usage_missing_total"), 0.0);
 }
@@ -86,7 +117,10 @@ fn chat_stream_max_tokens_cuts_the_answer() {
     let site = site("chat_stream_max_tokens");
     let mut body = chat("sim-model", true);
     body["max_tokens"] = json!(3);
-    let response = common::request(site.http, &post_request("/v1/chat/completions", &body.to_string()));
+    let response = common::request(
+        site.http,
+        &post_request("/v1/chat/completions", &body.to_string()),
+    );
     assert_eq!(response.status, 200, "{}", response.text());
     let chunks = openai_chunks(&response.body);
     assert_eq!(chunks.len(), 1 + 3 + 1, "{}", response.text());
@@ -99,14 +133,27 @@ fn chat_stream_with_usage_request_sees_usage_chunk() {
     let site = site("chat_stream_usage");
     let mut body = chat("sim-model", true);
     body["stream_options"] = json!({"include_usage": true});
-    let response = common::request(site.http, &post_request("/v1/chat/completions", &body.to_string()));
+    let response = common::request(
+        site.http,
+        &post_request("/v1/chat/completions", &body.to_string()),
+    );
     assert_eq!(response.status, 200, "{}", response.text());
     let chunks = openai_chunks(&response.body);
-    assert_eq!(chunks.len(), 1 + OUTPUT_TOKENS + 1 + 1, "{}", response.text());
+    assert_eq!(
+        chunks.len(),
+        1 + OUTPUT_TOKENS + 1 + 1,
+        "{}",
+        response.text()
+    );
     let usage = chunks.last().unwrap();
-    assert!(is_usage_only(usage), "last chunk is not usage-only: {usage}");
+    assert!(
+        is_usage_only(usage),
+        "last chunk is not usage-only: {usage}"
+    );
     assert_eq!(usage["usage"]["completion_tokens"], OUTPUT_TOKENS);
-    site.wait_metric("hivenet_shard_output_tokens_total", |v| v == OUTPUT_TOKENS as f64);
+    site.wait_metric("hivenet_shard_output_tokens_total", |v| {
+        v == OUTPUT_TOKENS as f64
+    });
     assert_eq!(site.router_metric("hivenet_shard_usage_missing_total"), 0.0);
 }
 
@@ -155,7 +202,10 @@ fn anthropic_messages_non_stream_and_stream_event_order() {
     let expected: Vec<String> = ["message_start", "content_block_start"]
         .into_iter()
         .map(String::from)
-        .chain(std::iter::repeat_n("content_block_delta".to_string(), OUTPUT_TOKENS))
+        .chain(std::iter::repeat_n(
+            "content_block_delta".to_string(),
+            OUTPUT_TOKENS,
+        ))
         .chain(
             ["content_block_stop", "message_delta", "message_stop"]
                 .into_iter()
@@ -164,7 +214,9 @@ fn anthropic_messages_non_stream_and_stream_event_order() {
         .collect();
     let without_pings: Vec<String> = types.iter().filter(|t| *t != "ping").cloned().collect();
     assert_eq!(without_pings, expected);
-    site.wait_metric("hivenet_shard_output_tokens_total", |v| v == 2.0 * OUTPUT_TOKENS as f64);
+    site.wait_metric("hivenet_shard_output_tokens_total", |v| {
+        v == 2.0 * OUTPUT_TOKENS as f64
+    });
     assert_eq!(site.router_metric("hivenet_shard_usage_missing_total"), 0.0);
 }
 
@@ -207,7 +259,11 @@ fn embeddings_and_rerank_go_through_agents_with_those_capabilities() {
     );
     assert_eq!(status, 200, "{body}");
     let value: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(value["results"].as_array().expect("results").len(), 3, "{body}");
+    assert_eq!(
+        value["results"].as_array().expect("results").len(),
+        3,
+        "{body}"
+    );
     assert_eq!(site.sim_metric(0, "sim_requests_total"), 2.0);
 
     let listing: Value = serde_json::from_str(&site.get("/v1/models").2).unwrap();

@@ -11,7 +11,14 @@ fn two_agents_for_one_model_both_get_a_share() {
         "load_sharing",
         Options::new()
             .sim(&["--models", "sim-model", "--output-tokens", "4"])
-            .sim(&["--models", "sim-model", "--output-tokens", "4", "--ttft", "20ms"])
+            .sim(&[
+                "--models",
+                "sim-model",
+                "--output-tokens",
+                "4",
+                "--ttft",
+                "20ms",
+            ])
             .agent(0, &["--capacity", "4"])
             .agent(1, &["--capacity", "4"]),
     );
@@ -47,8 +54,14 @@ fn two_agents_for_one_model_both_get_a_share() {
         });
     }
 
-    let served: Vec<f64> = (0..2).map(|sim| site.sim_metric(sim, "sim_requests_total")).collect();
+    let served: Vec<f64> = (0..2)
+        .map(|sim| site.sim_metric(sim, "sim_requests_total"))
+        .collect();
     assert_eq!(served.iter().sum::<f64>(), 40.0, "{served:?}");
-    assert!(served.iter().all(|&n| n > 0.0), "one sim got nothing: {served:?}\n{}", site.logs());
+    assert!(
+        served.iter().all(|&n| n > 0.0),
+        "one sim got nothing: {served:?}\n{}",
+        site.logs()
+    );
     site.wait_metric("hivenet_shard_in_flight", |v| v == 0.0);
 }

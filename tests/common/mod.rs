@@ -61,7 +61,13 @@ pub struct Proc {
 }
 
 impl Proc {
-    fn spawn(name: &str, binary: &str, args: &[String], env: &[(String, String)], dir: &Path) -> Proc {
+    fn spawn(
+        name: &str,
+        binary: &str,
+        args: &[String],
+        env: &[(String, String)],
+        dir: &Path,
+    ) -> Proc {
         let log = dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log).expect("create log file");
         let err = out.try_clone().expect("clone log file");
@@ -78,10 +84,12 @@ impl Proc {
                 command.env_remove(key);
             }
         }
+        // `TEST_CHILD_LOG=debug cargo test ...` turns up the children's logging for a failing test.
+        let log_filter = std::env::var("TEST_CHILD_LOG").unwrap_or_else(|_| "info".to_string());
         command
             .env("HIVENET_ROUTER_JWT_SECRET", SECRET)
             .env("NO_COLOR", "1")
-            .env("RUST_LOG", "info");
+            .env("RUST_LOG", log_filter);
         for (key, value) in env {
             command.env(key, value);
         }
@@ -121,7 +129,12 @@ impl Proc {
         while !text.is_char_boundary(start) {
             start += 1;
         }
-        format!("----- {} ({}) -----\n{}", self.name, self.log.display(), &text[start..])
+        format!(
+            "----- {} ({}) -----\n{}",
+            self.name,
+            self.log.display(),
+            &text[start..]
+        )
     }
 }
 
@@ -290,7 +303,12 @@ impl Site {
     /// Tails of every log, for panic messages.
     pub fn logs(&self) -> String {
         let mut out = String::new();
-        for proc in self.sims.iter().chain([&self.router]).chain(self.agents.iter()) {
+        for proc in self
+            .sims
+            .iter()
+            .chain([&self.router])
+            .chain(self.agents.iter())
+        {
             out.push_str(&proc.log_tail());
             out.push('\n');
         }
@@ -411,7 +429,11 @@ impl Site {
     }
 }
 
-fn start_router(dir: &Path, options: &Options, shards: usize) -> (Proc, SocketAddr, SocketAddr, SocketAddr) {
+fn start_router(
+    dir: &Path,
+    options: &Options,
+    shards: usize,
+) -> (Proc, SocketAddr, SocketAddr, SocketAddr) {
     let mut last_log = String::new();
     for attempt in 0..ROUTER_START_ATTEMPTS {
         let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
@@ -506,9 +528,11 @@ pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         if series_name != name {
             continue;
         }
-        let matches = labels
-            .iter()
-            .all(|(k, v)| label_text.split(',').any(|pair| pair == format!("{k}=\"{v}\"")));
+        let matches = labels.iter().all(|(k, v)| {
+            label_text
+                .split(',')
+                .any(|pair| pair == format!("{k}=\"{v}\""))
+        });
         if matches {
             sum += value.parse::<f64>().unwrap_or(0.0);
         }
@@ -786,7 +810,10 @@ pub fn post_request_keep_alive(path: &str, body: &str) -> Vec<u8> {
 /// Splits an SSE body into events (the text between blank lines), checking each ends in `\n\n`.
 pub fn sse_events(body: &[u8]) -> Vec<String> {
     let text = std::str::from_utf8(body).expect("SSE is utf-8");
-    assert!(text.ends_with("\n\n"), "SSE body does not end with a blank line: {text:?}");
+    assert!(
+        text.ends_with("\n\n"),
+        "SSE body does not end with a blank line: {text:?}"
+    );
     text[..text.len() - 2]
         .split("\n\n")
         .map(|e| e.to_string())
