@@ -21,12 +21,19 @@ fn assert_cancelled_and_freed(site: &Site) {
     site.wait_sim_metric(0, "sim_cancelled_total", |v| v >= 1.0);
     site.wait_sim_metric(0, "sim_in_flight", |v| v == 0.0);
     assert!(site.router_metric("hivenet_shard_client_disconnects_total") >= 1.0);
-    // Capacity 1: this succeeds only if the dropped request gave its slot back.
-    let mut body = chat("sim-model", false);
-    body["max_tokens"] = serde_json::json!(2);
-    let (status, _, text) = site.post_json("/v1/chat/completions", &body);
-    assert_eq!(status, 200, "{text}\n{}", site.logs());
-    site.wait_metric("hivenet_shard_in_flight", |v| v == 0.0);
+    // Capacity 1: a new request is granted the slot only if the dropped one gave it back. A
+    // stream shows that at once (the sim sends its role chunk before its time to first token).
+    let mut conn = Conn::connect(site.http);
+    conn.send(&post_request(
+        "/v1/chat/completions",
+        &chat("sim-model", true).to_string(),
+    ))
+    .unwrap();
+    let head = conn.read_head().unwrap();
+    assert_eq!(head.status, 200, "{}", String::from_utf8_lossy(&head.raw));
+    let first = conn.read_chunk().unwrap().expect("role chunk");
+    assert!(String::from_utf8_lossy(&first).contains("\"role\":\"assistant\""));
+    assert_eq!(site.sim_metric(0, "sim_requests_total"), 2.0);
 }
 
 #[test]
