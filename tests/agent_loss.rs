@@ -95,6 +95,61 @@ fn killing_the_agent_mid_stream_ends_the_stream_and_drops_the_model() {
     site.wait_health();
     site.assert_chat_ok("other");
     site.wait_metric("hivenet_shard_in_flight", |v| v == 0.0);
+
+    // A new agent in front of the same sim brings the model back.
+    site.spawn_agent(0, &["--capacity", "4"]);
+    site.wait_models(&["sim-model"]);
+    let mut body = chat("sim-model", false);
+    body["max_tokens"] = serde_json::json!(1);
+    let (status, _, text) = site.post_json("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{text}\n{}", site.logs());
+}
+
+#[test]
+fn killing_the_agent_mid_anthropic_stream_sends_an_error_event() {
+    let mut site = Site::start(
+        "agent_loss_anthropic",
+        Options::new()
+            .sim(&[
+                "--models",
+                "sim-model",
+                "--itl",
+                "200ms",
+                "--output-tokens",
+                "50",
+            ])
+            .agent(0, &["--capacity", "4"]),
+    );
+    let body = serde_json::json!({
+        "model": "sim-model",
+        "max_tokens": 100,
+        "stream": true,
+        "messages": [{"role": "user", "content": "hello"}],
+    });
+    let mut conn = Conn::connect(site.http);
+    conn.send(&post_request("/v1/messages", &body.to_string()))
+        .unwrap();
+    assert_eq!(conn.read_head().unwrap().status, 200);
+    let mut seen = String::new();
+    while !seen.contains("content_block_delta") {
+        let chunk = conn.read_chunk().unwrap().expect("stream ended early");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    site.agents[0].kill();
+    let mut tail = String::new();
+    while let Some(chunk) = conn
+        .read_chunk()
+        .unwrap_or_else(|e| panic!("stream did not end cleanly: {e}; got {tail:?}"))
+    {
+        tail.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let last_event = tail.trim_end().rsplit("\n\n").next().unwrap_or_default();
+    assert!(last_event.starts_with("event: error\ndata: "), "{tail:?}");
+    let data: serde_json::Value =
+        serde_json::from_str(last_event.split_once("data: ").unwrap().1).unwrap();
+    assert_eq!(data["type"], "error", "{last_event}");
+    assert!(!tail.contains("message_stop"), "{tail:?}");
+    site.wait_model_gone("sim-model");
 }
 
 #[test]

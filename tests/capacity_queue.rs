@@ -99,3 +99,22 @@ fn queued_request_past_the_request_timeout_gets_504() {
     site.wait_metric("hivenet_shard_in_flight", |v| v == 0.0);
     assert_eq!(site.sim_metric(0, "sim_requests_total"), 1.0);
 }
+
+#[test]
+fn full_model_queue_refuses_with_no_capacity() {
+    let site = site("queue_full", &["--queue-depth", "1"]);
+    let mut holder = hold_the_slot(&site);
+    std::thread::scope(|scope| {
+        let waiter =
+            scope.spawn(|| site.post_json("/v1/chat/completions", &chat("sim-model", false)));
+        site.wait_metric("hivenet_shard_queued_total", |v| v >= 1.0);
+        let (status, _, body) = site.post_json("/v1/chat/completions", &chat("sim-model", false));
+        assert_eq!(status, 503, "{body}");
+        let value: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(value["error"]["code"], "no_capacity", "{body}");
+        finish_stream(&mut holder);
+        let (status, _, body) = waiter.join().unwrap();
+        assert_eq!(status, 200, "{body}");
+    });
+    assert_eq!(site.sim_metric(0, "sim_requests_total"), 2.0);
+}

@@ -257,27 +257,7 @@ impl Site {
             .unwrap_or(2);
         let (router, http, grpc, metrics) = start_router(&dir, &options, shards);
 
-        let mut agents = Vec::new();
-        for (index, (sim, agent_args)) in options.agents.iter().enumerate() {
-            let mut args = vec![
-                "--backend-url".to_string(),
-                format!("http://{}", sim_addrs[*sim]),
-                "--router-grpc".to_string(),
-                grpc.to_string(),
-                "--identity-path".to_string(),
-                dir.join(format!("agent{index}.key")).display().to_string(),
-            ];
-            args.extend(agent_args.iter().cloned());
-            agents.push(Proc::spawn(
-                &format!("agent{index}"),
-                env!("CARGO_BIN_EXE_hivenet-agent"),
-                &args,
-                &[],
-                &dir,
-            ));
-        }
-
-        let site = Site {
+        let mut site = Site {
             dir,
             sims,
             sim_addrs,
@@ -285,9 +265,13 @@ impl Site {
             http,
             grpc,
             metrics,
-            agents,
+            agents: Vec::new(),
             shards,
         };
+        for (sim, agent_args) in &options.agents {
+            let args: Vec<&str> = agent_args.iter().map(|s| s.as_str()).collect();
+            site.spawn_agent(*sim, &args);
+        }
         site.wait_health();
         let mut models = options.models.clone();
         if models.is_empty() && !site.agents.is_empty() {
@@ -298,6 +282,32 @@ impl Site {
         let tunnels = (site.agents.len() * site.shards) as f64;
         site.wait_metric("hivenet_shard_tunnels_open", |v| v >= tunnels);
         site
+    }
+
+    /// Starts one more agent in front of sim number `sim` (identity `agentN.key`, N its index in
+    /// `agents`); does not wait for it.
+    pub fn spawn_agent(&mut self, sim: usize, agent_args: &[&str]) -> usize {
+        let index = self.agents.len();
+        let mut args = vec![
+            "--backend-url".to_string(),
+            format!("http://{}", self.sim_addrs[sim]),
+            "--router-grpc".to_string(),
+            self.grpc.to_string(),
+            "--identity-path".to_string(),
+            self.dir
+                .join(format!("agent{index}.key"))
+                .display()
+                .to_string(),
+        ];
+        args.extend(strings(agent_args));
+        self.agents.push(Proc::spawn(
+            &format!("agent{index}"),
+            env!("CARGO_BIN_EXE_hivenet-agent"),
+            &args,
+            &[],
+            &self.dir,
+        ));
+        index
     }
 
     /// Tails of every log, for panic messages.
