@@ -305,3 +305,26 @@ fn models_lists_every_served_model() {
     assert_eq!(ids, ["other", "sim-model"]);
     site.assert_chat_ok("other");
 }
+
+#[test]
+fn chat_stream_with_include_usage_false_hides_usage_chunk_but_counts_it() {
+    let site = site("chat_stream_usage_false");
+    let mut body = chat("sim-model", true);
+    body["stream_options"] = json!({"include_usage": false});
+    let response = common::request(
+        site.http,
+        &post_request("/v1/chat/completions", &body.to_string()),
+    );
+    assert_eq!(response.status, 200, "{}", response.text());
+    let chunks = openai_chunks(&response.body);
+    assert_eq!(chunks.len(), 1 + OUTPUT_TOKENS + 1, "{}", response.text());
+    assert!(
+        !chunks.iter().any(is_usage_only),
+        "usage chunk leaked: {}",
+        response.text()
+    );
+    site.wait_metric("hivenet_shard_output_tokens_total", |v| {
+        v == OUTPUT_TOKENS as f64
+    });
+    assert_eq!(site.router_metric("hivenet_shard_usage_missing_total"), 0.0);
+}

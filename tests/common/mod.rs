@@ -238,7 +238,7 @@ impl Site {
                 &[],
                 &dir,
             );
-            let addr = poll(&format!("sim{index} ready file"), WAIT, || {
+            let addr = poll(WAIT, || {
                 assert!(!sim.exited(), "sim{index} exited early\n{}", sim.log_tail());
                 let text = std::fs::read_to_string(&ready).ok()?;
                 text.trim().parse::<SocketAddr>().ok()
@@ -327,8 +327,7 @@ impl Site {
 
     /// Polls `probe` until it returns `Some` or [`WAIT`] passes; panics with the logs then.
     pub fn wait_for<T>(&self, what: &str, probe: impl FnMut() -> Option<T>) -> T {
-        poll(what, WAIT, probe)
-            .unwrap_or_else(|| panic!("timed out waiting for {what}\n{}", self.logs()))
+        poll(WAIT, probe).unwrap_or_else(|| panic!("timed out waiting for {what}\n{}", self.logs()))
     }
 
     pub fn wait_health(&self) {
@@ -473,7 +472,7 @@ fn start_router(
             &options.router_env,
             dir,
         );
-        let started = poll("router listening", WAIT, || {
+        let started = poll(WAIT, || {
             if router.log_text().contains("hivenet-router listening") {
                 return Some(true);
             }
@@ -492,7 +491,7 @@ fn start_router(
 }
 
 /// Polls `probe` every [`POLL_INTERVAL`] until it returns `Some` or `deadline` passes.
-pub fn poll<T>(_what: &str, deadline: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+pub fn poll<T>(deadline: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
     let start = Instant::now();
     loop {
         if let Some(value) = probe() {
