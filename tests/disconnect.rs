@@ -87,12 +87,8 @@ fn dropping_a_connection_close_request_waiting_for_its_answer_cancels_it_at_the_
 }
 
 /// A request queued behind a busy slot whose client leaves must not take the slot later.
-#[test]
-fn dropping_a_queued_request_leaves_the_queue_and_takes_no_slot() {
-    let site = site(
-        "disconnect_queued",
-        &["--itl", "100ms", "--output-tokens", "20"],
-    );
+fn drop_a_queued_request(name: &str, request: fn(&str, &str) -> Vec<u8>) {
+    let site = site(name, &["--itl", "100ms", "--output-tokens", "20"]);
     let mut holder = Conn::connect(site.http);
     holder
         .send(&post_request(
@@ -106,7 +102,7 @@ fn dropping_a_queued_request_leaves_the_queue_and_takes_no_slot() {
     let mut queued = Conn::connect(site.http);
     let body = chat("sim-model", false).to_string();
     queued
-        .send(&post_request_keep_alive("/v1/chat/completions", &body))
+        .send(&request("/v1/chat/completions", &body))
         .unwrap();
     site.wait_metric("hivenet_shard_queued_total", |v| v >= 1.0);
     let _ = queued.stream.shutdown(Shutdown::Both);
@@ -118,4 +114,15 @@ fn dropping_a_queued_request_leaves_the_queue_and_takes_no_slot() {
     site.assert_chat_ok("sim-model");
     // The holder and the follow-up reached the sim; the dropped request never did.
     assert_eq!(site.sim_metric(0, "sim_requests_total"), 2.0);
+}
+
+#[test]
+fn dropping_a_queued_keep_alive_request_leaves_the_queue_and_takes_no_slot() {
+    drop_a_queued_request("disconnect_queued_keep_alive", post_request_keep_alive);
+}
+
+#[test]
+#[ignore = "bug: after a `connection: close` request the router stops reading, so a client that leaves while queued is never noticed; the request later takes the slot and runs at the backend"]
+fn dropping_a_queued_connection_close_request_leaves_the_queue_and_takes_no_slot() {
+    drop_a_queued_request("disconnect_queued_close", post_request);
 }
