@@ -1,0 +1,830 @@
+//! Test harness for the integration tests: starts real `hivenet-sim`, `hivenet-router` and
+//! `hivenet-agent` processes on free loopback ports, waits for them with deadlines, and talks to
+//! the router with a tiny byte-exact HTTP/1.1 client.
+//!
+//! Invariants: every child is SIGKILLed and reaped when its guard drops (also when a test panics);
+//! every wait has a deadline and panics with the tail of the relevant logs; a port handed out by
+//! [`free_port`] is never handed out again within this test binary.
+
+#![allow(dead_code)]
+
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Agent secret shared by the router and agents of every site.
+pub const SECRET: &str = "integration-test-secret";
+/// Longest any wait helper polls before panicking. Generous: the suite runs on a loaded 2-core box.
+pub const WAIT: Duration = Duration::from_secs(30);
+/// Read timeout of the test HTTP client: a response that stalls this long fails the test instead
+/// of hanging it.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// Attempts at starting a router whose pre-picked port was taken by someone else meanwhile.
+const ROUTER_START_ATTEMPTS: u32 = 5;
+const LOG_TAIL_BYTES: usize = 4000;
+
+// ---------------------------------------------------------------------------------------------
+// Ports
+
+static PORTS_HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+
+/// A loopback port that was free a moment ago and that this test binary has never handed out.
+/// Another process can still take it before the child binds it; [`Site::start`] retries then.
+pub fn free_port() -> u16 {
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+        let port = listener.local_addr().expect("local addr").port();
+        drop(listener);
+        let mut handed_out = PORTS_HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        if handed_out.get_or_insert_with(HashSet::new).insert(port) {
+            return port;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child processes
+
+/// A child process whose stdout and stderr go to `log`; SIGKILLed and reaped on drop.
+pub struct Proc {
+    pub name: String,
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Proc {
+    fn spawn(
+        name: &str,
+        binary: &str,
+        args: &[String],
+        env: &[(String, String)],
+        dir: &Path,
+    ) -> Proc {
+        let log = dir.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log).expect("create log file");
+        let err = out.try_clone().expect("clone log file");
+        let mut command = Command::new(binary);
+        command
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err));
+        // Settings leaking in from the developer's shell would change what the test exercises.
+        for (key, _) in std::env::vars() {
+            if key.starts_with("HIVENET_") || key == "RUST_LOG" {
+                command.env_remove(key);
+            }
+        }
+        // `TEST_CHILD_LOG=debug cargo test ...` turns up the children's logging for a failing test.
+        let log_filter = std::env::var("TEST_CHILD_LOG").unwrap_or_else(|_| "info".to_string());
+        command
+            .env("HIVENET_ROUTER_JWT_SECRET", SECRET)
+            .env("NO_COLOR", "1")
+            .env("RUST_LOG", log_filter);
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {binary}: {e}"));
+        Proc {
+            name: name.to_string(),
+            log,
+            child: Some(child),
+        }
+    }
+
+    /// Whether the process has exited (reaping it if so).
+    pub fn exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            None => true,
+            Some(child) => !matches!(child.try_wait(), Ok(None)),
+        }
+    }
+
+    /// SIGKILLs the process and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(&self.log).unwrap_or_default()).into_owned()
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = self.log_text();
+        let mut start = text.len().saturating_sub(LOG_TAIL_BYTES);
+        while !text.is_char_boundary(start) {
+            start += 1;
+        }
+        format!(
+            "----- {} ({}) -----\n{}",
+            self.name,
+            self.log.display(),
+            &text[start..]
+        )
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Site
+
+/// What to start: sims, one router, agents.
+#[derive(Clone, Default)]
+pub struct Options {
+    sims: Vec<Vec<String>>,
+    router_args: Vec<String>,
+    router_env: Vec<(String, String)>,
+    agents: Vec<(usize, Vec<String>)>,
+    models: Vec<String>,
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+impl Options {
+    pub fn new() -> Options {
+        Options::default()
+    }
+
+    /// Adds a sim started with `args` (besides `--listen` and `--ready-file`).
+    pub fn sim(mut self, args: &[&str]) -> Options {
+        self.sims.push(strings(args));
+        self
+    }
+
+    /// Extra router arguments (besides the four ports and the identity path). `--shards 2` is
+    /// added unless given.
+    pub fn router_args(mut self, args: &[&str]) -> Options {
+        self.router_args.extend(strings(args));
+        self
+    }
+
+    pub fn router_env(mut self, key: &str, value: &str) -> Options {
+        self.router_env.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// Adds an agent in front of sim number `sim`, started with `args` (besides the backend URL,
+    /// router address and identity path).
+    pub fn agent(mut self, sim: usize, args: &[&str]) -> Options {
+        self.agents.push((sim, strings(args)));
+        self
+    }
+
+    /// Models [`Site::start`] waits for in `/v1/models` (default: `sim-model` when there are
+    /// agents).
+    pub fn models(mut self, models: &[&str]) -> Options {
+        self.models = strings(models);
+        self
+    }
+}
+
+pub struct Site {
+    pub dir: PathBuf,
+    pub sims: Vec<Proc>,
+    pub sim_addrs: Vec<SocketAddr>,
+    pub router: Proc,
+    pub http: SocketAddr,
+    pub grpc: SocketAddr,
+    pub metrics: SocketAddr,
+    pub agents: Vec<Proc>,
+    pub shards: usize,
+}
+
+static SITE_SEQUENCE: AtomicU32 = AtomicU32::new(0);
+
+impl Site {
+    /// Starts everything in `options` and returns once the router answers `/health`, lists the
+    /// expected models, and every agent has a tunnel open to every shard.
+    pub fn start(name: &str, options: Options) -> Site {
+        let sequence = SITE_SEQUENCE.fetch_add(1, Ordering::Relaxed);
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join("hivenet-it")
+            .join(format!("{name}-{}-{sequence}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create test dir");
+
+        let mut sims = Vec::new();
+        let mut sim_addrs = Vec::new();
+        for (index, sim_args) in options.sims.iter().enumerate() {
+            let ready = dir.join(format!("sim{index}.addr"));
+            let mut args = strings(&["--listen", "127.0.0.1:0", "--ready-file"]);
+            args.push(ready.display().to_string());
+            args.extend(sim_args.iter().cloned());
+            let mut sim = Proc::spawn(
+                &format!("sim{index}"),
+                env!("CARGO_BIN_EXE_hivenet-sim"),
+                &args,
+                &[],
+                &dir,
+            );
+            let addr = poll(WAIT, || {
+                assert!(!sim.exited(), "sim{index} exited early\n{}", sim.log_tail());
+                let text = std::fs::read_to_string(&ready).ok()?;
+                text.trim().parse::<SocketAddr>().ok()
+            })
+            .unwrap_or_else(|| panic!("sim{index} never became ready\n{}", sim.log_tail()));
+            sims.push(sim);
+            sim_addrs.push(addr);
+        }
+
+        let shards = options
+            .router_args
+            .iter()
+            .position(|a| a == "--shards")
+            .and_then(|i| options.router_args.get(i + 1))
+            .map(|s| s.parse().expect("--shards value"))
+            .unwrap_or(2);
+        let (router, http, grpc, metrics) = start_router(&dir, &options, shards);
+
+        let mut site = Site {
+            dir,
+            sims,
+            sim_addrs,
+            router,
+            http,
+            grpc,
+            metrics,
+            agents: Vec::new(),
+            shards,
+        };
+        for (sim, agent_args) in &options.agents {
+            let args: Vec<&str> = agent_args.iter().map(|s| s.as_str()).collect();
+            site.spawn_agent(*sim, &args);
+        }
+        site.wait_health();
+        let mut models = options.models.clone();
+        if models.is_empty() && !site.agents.is_empty() {
+            models.push("sim-model".to_string());
+        }
+        let wanted: Vec<&str> = models.iter().map(|s| s.as_str()).collect();
+        site.wait_models(&wanted);
+        let tunnels = (site.agents.len() * site.shards) as f64;
+        site.wait_metric("hivenet_shard_tunnels_open", |v| v >= tunnels);
+        site
+    }
+
+    /// Starts one more agent in front of sim number `sim` (identity `agentN.key`, N its index in
+    /// `agents`); does not wait for it.
+    pub fn spawn_agent(&mut self, sim: usize, agent_args: &[&str]) -> usize {
+        let index = self.agents.len();
+        let mut args = vec![
+            "--backend-url".to_string(),
+            format!("http://{}", self.sim_addrs[sim]),
+            "--router-grpc".to_string(),
+            self.grpc.to_string(),
+            "--identity-path".to_string(),
+            self.dir
+                .join(format!("agent{index}.key"))
+                .display()
+                .to_string(),
+        ];
+        args.extend(strings(agent_args));
+        self.agents.push(Proc::spawn(
+            &format!("agent{index}"),
+            env!("CARGO_BIN_EXE_hivenet-agent"),
+            &args,
+            &[],
+            &self.dir,
+        ));
+        index
+    }
+
+    /// Tails of every log, for panic messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for proc in self
+            .sims
+            .iter()
+            .chain([&self.router])
+            .chain(self.agents.iter())
+        {
+            out.push_str(&proc.log_tail());
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Polls `probe` until it returns `Some` or [`WAIT`] passes; panics with the logs then.
+    pub fn wait_for<T>(&self, what: &str, probe: impl FnMut() -> Option<T>) -> T {
+        poll(WAIT, probe).unwrap_or_else(|| panic!("timed out waiting for {what}\n{}", self.logs()))
+    }
+
+    pub fn wait_health(&self) {
+        self.wait_for("router /health", || {
+            let response = try_request(self.http, &get_request("/health")).ok()?;
+            (response.status == 200).then_some(())
+        });
+    }
+
+    /// Ids listed by the router's `/v1/models`.
+    pub fn model_ids(&self) -> Vec<String> {
+        let (status, _, body) = self.get("/v1/models");
+        assert_eq!(status, 200, "GET /v1/models: {body}");
+        let value: Value = serde_json::from_str(&body).expect("models JSON");
+        value["data"]
+            .as_array()
+            .expect("data array")
+            .iter()
+            .map(|m| m["id"].as_str().expect("model id").to_string())
+            .collect()
+    }
+
+    pub fn wait_models(&self, models: &[&str]) {
+        self.wait_for(&format!("/v1/models to list {models:?}"), || {
+            let response = try_request(self.http, &get_request("/v1/models")).ok()?;
+            let value: Value = serde_json::from_slice(&response.body).ok()?;
+            let ids: Vec<&str> = value["data"]
+                .as_array()?
+                .iter()
+                .filter_map(|m| m["id"].as_str())
+                .collect();
+            models.iter().all(|m| ids.contains(m)).then_some(())
+        });
+    }
+
+    pub fn wait_model_gone(&self, model: &str) {
+        self.wait_for(&format!("/v1/models to drop {model}"), || {
+            let response = try_request(self.http, &get_request("/v1/models")).ok()?;
+            let value: Value = serde_json::from_slice(&response.body).ok()?;
+            let listed = value["data"]
+                .as_array()?
+                .iter()
+                .any(|m| m["id"].as_str() == Some(model));
+            (!listed).then_some(())
+        });
+    }
+
+    /// The router's `/metrics` text.
+    pub fn router_metrics(&self) -> String {
+        let response = request(self.metrics, &get_request("/metrics"));
+        assert_eq!(response.status, 200);
+        String::from_utf8(response.body).expect("metrics utf-8")
+    }
+
+    /// `name` summed over every series (so over shards).
+    pub fn router_metric(&self, name: &str) -> f64 {
+        metric_sum(&self.router_metrics(), name, &[])
+    }
+
+    /// Polls the router's `name` (summed over shards) until `predicate` holds; returns the value.
+    pub fn wait_metric(&self, name: &str, predicate: impl Fn(f64) -> bool) -> f64 {
+        self.wait_for(&format!("router metric {name}"), || {
+            let response = try_request(self.metrics, &get_request("/metrics")).ok()?;
+            let value = metric_sum(&String::from_utf8_lossy(&response.body), name, &[]);
+            predicate(value).then_some(value)
+        })
+    }
+
+    pub fn sim_metrics(&self, sim: usize) -> String {
+        let response = request(self.sim_addrs[sim], &get_request("/metrics"));
+        assert_eq!(response.status, 200);
+        String::from_utf8(response.body).expect("metrics utf-8")
+    }
+
+    /// `name` on sim number `sim`, summed over models.
+    pub fn sim_metric(&self, sim: usize, name: &str) -> f64 {
+        metric_sum(&self.sim_metrics(sim), name, &[])
+    }
+
+    pub fn wait_sim_metric(&self, sim: usize, name: &str, predicate: impl Fn(f64) -> bool) -> f64 {
+        self.wait_for(&format!("sim{sim} metric {name}"), || {
+            let response = try_request(self.sim_addrs[sim], &get_request("/metrics")).ok()?;
+            let value = metric_sum(&String::from_utf8_lossy(&response.body), name, &[]);
+            predicate(value).then_some(value)
+        })
+    }
+
+    /// `POST path` with a JSON body to the router on a fresh connection.
+    pub fn post_json(&self, path: &str, body: &Value) -> (u16, Headers, String) {
+        let response = request(self.http, &post_request(path, &body.to_string()));
+        let body = String::from_utf8(response.body).expect("utf-8 body");
+        (response.status, response.headers, body)
+    }
+
+    /// `GET path` to the router on a fresh connection.
+    pub fn get(&self, path: &str) -> (u16, Headers, String) {
+        let response = request(self.http, &get_request(path));
+        let body = String::from_utf8(response.body).expect("utf-8 body");
+        (response.status, response.headers, body)
+    }
+
+    /// A short non-streamed chat request that must succeed.
+    pub fn assert_chat_ok(&self, model: &str) {
+        let (status, _, body) = self.post_json("/v1/chat/completions", &chat(model, false));
+        assert_eq!(status, 200, "chat to {model}: {body}\n{}", self.logs());
+        let value: Value = serde_json::from_str(&body).expect("chat JSON");
+        assert_eq!(value["object"], "chat.completion", "{body}");
+    }
+}
+
+fn start_router(
+    dir: &Path,
+    options: &Options,
+    shards: usize,
+) -> (Proc, SocketAddr, SocketAddr, SocketAddr) {
+    let mut last_log = String::new();
+    for attempt in 0..ROUTER_START_ATTEMPTS {
+        let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let p2p = free_port();
+        let mut args = vec![
+            "--http-port".to_string(),
+            http.to_string(),
+            "--grpc-port".to_string(),
+            grpc.to_string(),
+            "--metrics-port".to_string(),
+            metrics.to_string(),
+            "--p2p-port".to_string(),
+            p2p.to_string(),
+            "--identity-path".to_string(),
+            dir.join("router.key").display().to_string(),
+        ];
+        if !options.router_args.iter().any(|a| a == "--shards") {
+            args.extend(strings(&["--shards", &shards.to_string()]));
+        }
+        args.extend(options.router_args.iter().cloned());
+        let mut router = Proc::spawn(
+            &format!("router-attempt{attempt}"),
+            env!("CARGO_BIN_EXE_hivenet-router"),
+            &args,
+            &options.router_env,
+            dir,
+        );
+        let started = poll(WAIT, || {
+            if router.log_text().contains("hivenet-router listening") {
+                return Some(true);
+            }
+            router.exited().then_some(false)
+        });
+        match started {
+            Some(true) => return (router, http, grpc, metrics),
+            Some(false) if router.log_text().contains("in use") => {
+                last_log = router.log_tail();
+                continue;
+            }
+            _ => panic!("router did not start\n{}", router.log_tail()),
+        }
+    }
+    panic!("router could not find free ports\n{last_log}");
+}
+
+/// Polls `probe` every [`POLL_INTERVAL`] until it returns `Some` or `deadline` passes.
+pub fn poll<T>(deadline: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(value) = probe() {
+            return Some(value);
+        }
+        if start.elapsed() > deadline {
+            return None;
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request bodies
+
+/// A chat completion request for `model`.
+pub fn chat(model: &str, stream: bool) -> Value {
+    serde_json::json!({
+        "model": model,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "hello there"}],
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Metrics
+
+/// Sums every sample of `name` whose labels include all of `labels`.
+pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let mut sum = 0.0;
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let (series, value) = match line.rsplit_once(' ') {
+            Some(split) => split,
+            None => continue,
+        };
+        let (series_name, label_text) = match series.split_once('{') {
+            Some((n, rest)) => (n, rest.trim_end_matches('}')),
+            None => (series, ""),
+        };
+        if series_name != name {
+            continue;
+        }
+        let matches = labels.iter().all(|(k, v)| {
+            label_text
+                .split(',')
+                .any(|pair| pair == format!("{k}=\"{v}\""))
+        });
+        if matches {
+            sum += value.parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    sum
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP/1.1 client
+
+pub type Headers = Vec<(String, String)>;
+
+/// One response as read off the wire.
+#[derive(Debug, Default)]
+pub struct Response {
+    pub status: u16,
+    /// Lower-cased names, values as sent.
+    pub headers: Headers,
+    /// The body with the framing removed.
+    pub body: Vec<u8>,
+    /// Payloads of each chunk when the body was chunked.
+    pub chunks: Vec<Vec<u8>>,
+    /// Every byte of this response, head included, as received.
+    pub raw: Vec<u8>,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("response body is not JSON ({e}): {}", self.text()))
+    }
+
+    /// The `error.code` of an error envelope.
+    pub fn error_code(&self) -> String {
+        self.json()["error"]["code"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no error.code in {}", self.text()))
+            .to_string()
+    }
+}
+
+/// Head of a response being read.
+#[derive(Debug)]
+pub struct Head {
+    pub status: u16,
+    pub headers: Headers,
+    pub raw: Vec<u8>,
+}
+
+impl Head {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A client connection that keeps bytes read past one response for the next (pipelining).
+pub struct Conn {
+    pub stream: TcpStream,
+    buffer: Vec<u8>,
+    /// Every byte received since the last response started.
+    received: Vec<u8>,
+}
+
+impl Conn {
+    pub fn open(addr: SocketAddr) -> std::io::Result<Conn> {
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
+        stream.set_read_timeout(Some(READ_TIMEOUT))?;
+        stream.set_nodelay(true)?;
+        Ok(Conn {
+            stream,
+            buffer: Vec::new(),
+            received: Vec::new(),
+        })
+    }
+
+    pub fn connect(addr: SocketAddr) -> Conn {
+        Conn::open(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"))
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.stream.write_all(bytes)?;
+        self.stream.flush()
+    }
+
+    /// Reads more bytes into the buffer; `Ok(0)` at end of stream.
+    fn fill(&mut self) -> std::io::Result<usize> {
+        let mut chunk = [0u8; 16 * 1024];
+        let n = self.stream.read(&mut chunk)?;
+        self.buffer.extend_from_slice(&chunk[..n]);
+        Ok(n)
+    }
+
+    fn take(&mut self, n: usize) -> Vec<u8> {
+        let bytes: Vec<u8> = self.buffer.drain(..n).collect();
+        self.received.extend_from_slice(&bytes);
+        bytes
+    }
+
+    fn read_line(&mut self) -> std::io::Result<Vec<u8>> {
+        loop {
+            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\r\n") {
+                let mut line = self.take(end + 2);
+                line.truncate(end);
+                return Ok(line);
+            }
+            if self.fill()? == 0 {
+                return Err(eof("line"));
+            }
+        }
+    }
+
+    fn read_exact_buffered(&mut self, n: usize) -> std::io::Result<Vec<u8>> {
+        while self.buffer.len() < n {
+            if self.fill()? == 0 {
+                return Err(eof("body"));
+            }
+        }
+        Ok(self.take(n))
+    }
+
+    /// Reads a response head (status line and headers).
+    pub fn read_head(&mut self) -> std::io::Result<Head> {
+        self.received.clear();
+        let end = loop {
+            if let Some(end) = self.buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                break end + 4;
+            }
+            if self.fill()? == 0 {
+                return Err(eof("head"));
+            }
+        };
+        let raw = self.take(end);
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let mut lines = text.split("\r\n");
+        let status_line = lines.next().unwrap_or_default();
+        let status = status_line
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("bad status line {status_line:?}")))?;
+        let headers = lines
+            .filter(|l| !l.is_empty())
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+            .collect();
+        Ok(Head {
+            status,
+            headers,
+            raw,
+        })
+    }
+
+    /// Reads one chunk of a chunked body; `None` for the last (zero-size) chunk, whose trailer
+    /// section is consumed too.
+    pub fn read_chunk(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        let line = self.read_line()?;
+        let size_text = String::from_utf8_lossy(&line);
+        let size_text = size_text.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_text, 16)
+            .map_err(|_| std::io::Error::other(format!("bad chunk size line {size_text:?}")))?;
+        if size == 0 {
+            while !self.read_line()?.is_empty() {}
+            return Ok(None);
+        }
+        let data = self.read_exact_buffered(size)?;
+        let crlf = self.read_exact_buffered(2)?;
+        if crlf != b"\r\n" {
+            return Err(std::io::Error::other("chunk not followed by CRLF"));
+        }
+        Ok(Some(data))
+    }
+
+    /// Reads one whole response (for a request that was not `HEAD`).
+    pub fn read_response(&mut self) -> std::io::Result<Response> {
+        let head = self.read_head()?;
+        let mut response = Response {
+            status: head.status,
+            headers: head.headers.clone(),
+            ..Response::default()
+        };
+        let chunked = head
+            .header("transfer-encoding")
+            .is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
+        if head.status == 100 || head.status == 204 || head.status == 304 {
+        } else if chunked {
+            while let Some(chunk) = self.read_chunk()? {
+                response.body.extend_from_slice(&chunk);
+                response.chunks.push(chunk);
+            }
+        } else if let Some(length) = head.header("content-length") {
+            let length: usize = length
+                .parse()
+                .map_err(|_| std::io::Error::other("bad content-length"))?;
+            response.body = self.read_exact_buffered(length)?;
+        } else {
+            while self.fill()? > 0 {}
+            let n = self.buffer.len();
+            response.body = self.take(n);
+        }
+        response.raw = std::mem::take(&mut self.received);
+        Ok(response)
+    }
+
+    /// Whether the peer closed the connection (reads end of stream within `READ_TIMEOUT`, or the
+    /// connection was reset), with no further bytes.
+    pub fn closed_by_peer(&mut self) -> bool {
+        if !self.buffer.is_empty() {
+            return false;
+        }
+        match self.fill() {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted
+            ),
+        }
+    }
+}
+
+fn eof(what: &str) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::UnexpectedEof,
+        format!("connection closed while reading the {what}"),
+    )
+}
+
+/// Sends `raw` on a fresh connection and reads one response.
+pub fn try_request(addr: SocketAddr, raw: &[u8]) -> std::io::Result<Response> {
+    let mut conn = Conn::open(addr)?;
+    conn.send(raw)?;
+    conn.read_response()
+}
+
+/// [`try_request`] that panics on I/O errors.
+pub fn request(addr: SocketAddr, raw: &[u8]) -> Response {
+    try_request(addr, raw).unwrap_or_else(|e| panic!("request to {addr}: {e}"))
+}
+
+pub fn get_request(path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n").into_bytes()
+}
+
+pub fn post_request(path: &str, body: &str) -> Vec<u8> {
+    format!(
+        "POST {path} HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Like [`post_request`] without `connection: close`, for keep-alive and pipelining.
+pub fn post_request_keep_alive(path: &str, body: &str) -> Vec<u8> {
+    format!(
+        "POST {path} HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Splits an SSE body into events (the text between blank lines), checking each ends in `\n\n`.
+pub fn sse_events(body: &[u8]) -> Vec<String> {
+    let text = std::str::from_utf8(body).expect("SSE is utf-8");
+    assert!(
+        text.ends_with("\n\n"),
+        "SSE body does not end with a blank line: {text:?}"
+    );
+    text[..text.len() - 2]
+        .split("\n\n")
+        .map(|e| e.to_string())
+        .collect()
+}
