@@ -78,7 +78,6 @@ fn dropping_a_keep_alive_request_waiting_for_its_answer_cancels_it_at_the_backen
 }
 
 #[test]
-#[ignore = "bug: after a `connection: close` request the router stops reading, so it never sees the client leave before the response head; the backend request runs on and holds the slot"]
 fn dropping_a_connection_close_request_waiting_for_its_answer_cancels_it_at_the_backend() {
     let site = site("disconnect_waiting_close", &["--ttft", "30s"]);
     let body = chat("sim-model", false).to_string();
@@ -122,7 +121,6 @@ fn dropping_a_queued_keep_alive_request_leaves_the_queue_and_takes_no_slot() {
 }
 
 #[test]
-#[ignore = "bug: after a `connection: close` request the router stops reading, so a client that leaves while queued is never noticed; the request later takes the slot and runs at the backend"]
 fn dropping_a_queued_connection_close_request_leaves_the_queue_and_takes_no_slot() {
     drop_a_queued_request("disconnect_queued_close", post_request);
 }

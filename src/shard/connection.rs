@@ -43,6 +43,9 @@ const READ_CHUNK_BYTES: usize = 16 * 1024;
 /// so the client sees the answer rather than a reset.
 const LINGER: Duration = Duration::from_secs(2);
 const LINGER_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// Granularity of the read kept outstanding after a `connection: close` request (it loops until
+/// the client leaves or the answer is written, so this bounds nothing but one read).
+const WATCH_CLOSE_READ_TIMEOUT: Duration = Duration::from_secs(3600);
 
 enum Inbound {
     Request {
@@ -217,6 +220,25 @@ async fn read_loop(
         ReadOutcome::Closed => gone.set(),
         ReadOutcome::Stop => {}
         ReadOutcome::Linger => linger(&mut reader).await,
+        ReadOutcome::WatchClose => {
+            if watch_close(&mut reader).await {
+                gone.set();
+            }
+        }
+    }
+}
+
+/// After the last request a client will send (`connection: close`), keep a read outstanding anyway:
+/// it is how a client that leaves before its answer is noticed. Anything it still sends is
+/// discarded. True when the client went away; false when the writer finished first.
+async fn watch_close(reader: &mut Reader) -> bool {
+    loop {
+        reader.buf.clear();
+        match reader.fill(WATCH_CLOSE_READ_TIMEOUT).await {
+            Ok(_) | Err(ReadEnd::TimedOut) => {}
+            Err(ReadEnd::Closed) => return true,
+            Err(ReadEnd::WriterDone) => return false,
+        }
     }
 }
 
@@ -227,6 +249,8 @@ enum ReadOutcome {
     Stop,
     /// A request was refused while its body may still be arriving: drain before closing.
     Linger,
+    /// The last request has been read (`connection: close`); watch for the client leaving.
+    WatchClose,
 }
 
 async fn read_requests(
@@ -358,8 +382,11 @@ async fn read_requests(
                 head_only: head.method == Method::Head,
             })
             .await;
-        if sent.is_err() || !keep_alive {
+        if sent.is_err() {
             return ReadOutcome::Stop;
+        }
+        if !keep_alive {
+            return ReadOutcome::WatchClose;
         }
     }
 }
