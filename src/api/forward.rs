@@ -14,12 +14,14 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
+use futures_util::future::Either;
 
 use crate::api::sink::Sink;
 use crate::api::{ClientRequest, Dialect, Outcome, Route};
 use crate::error::Rejection;
 use crate::http::fields::{RequestFields, request_with_include_usage};
 use crate::metrics::ShardMetrics;
+use crate::shard::latch::race;
 use crate::shard::state::{Shard, Slot};
 use crate::usage::{self, AnthropicStreamScan, OpenAiEvent, OpenAiStreamScan, SseSplitter, Usage};
 
@@ -176,36 +178,44 @@ async fn buffer_back<S: Sink>(
     deadline: Instant,
     sink: &mut S,
 ) -> Result<(), Outcome> {
-    let mut body = BytesMut::new();
+    // Most bodies arrive in one frame: keep it as is; join frames only when there are several.
+    let mut single: Option<Bytes> = None;
+    let mut joined = BytesMut::new();
+    // One timer for the whole body, not one per chunk.
+    let mut expired = std::pin::pin!(monoio::time::sleep_until(deadline.into()));
     loop {
-        let remaining = deadline.saturating_duration_since(Instant::now());
         let next = sink
-            .until_client_gone(monoio::time::timeout(remaining, upstream.data()))
+            .until_client_gone(race(upstream.data(), expired.as_mut()))
             .await;
         match next {
             None => {
                 ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
                 return Err(Outcome::Gone);
             }
-            Some(Err(_elapsed)) => return Err(Rejection::request_timeout().into()),
-            Some(Ok(None)) => break,
-            Some(Ok(Some(Err(_)))) => {
+            Some(Either::Right(())) => return Err(Rejection::request_timeout().into()),
+            Some(Either::Left(None)) => break,
+            Some(Either::Left(Some(Err(_)))) => {
                 ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
                 return Err(Rejection::agent_disconnected().into());
             }
-            Some(Ok(Some(Ok(chunk)))) => {
+            Some(Either::Left(Some(Ok(chunk)))) => {
                 let _ = upstream.flow_control().release_capacity(chunk.len());
-                if body.len() + chunk.len() > BUFFERED_BODY_BYTES_MAX {
+                let held = single.as_ref().map_or(0, Bytes::len) + joined.len();
+                if held + chunk.len() > BUFFERED_BODY_BYTES_MAX {
                     return Err(Rejection::backend_error("backend response is too large").into());
                 }
-                if body.is_empty() {
-                    body = BytesMut::from(chunk);
-                } else {
-                    body.extend_from_slice(&chunk);
+                match single.take() {
+                    None if joined.is_empty() => single = Some(chunk),
+                    None => joined.extend_from_slice(&chunk),
+                    Some(first) => {
+                        joined.extend_from_slice(&first);
+                        joined.extend_from_slice(&chunk);
+                    }
                 }
             }
         }
     }
+    let body = single.unwrap_or_else(|| joined.freeze());
     let usage = if status == 200 {
         match route {
             Route::ChatCompletions => usage::from_openai_chat(&body),
