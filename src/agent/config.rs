@@ -71,6 +71,11 @@ pub const BUILD_VERSION: &str = match option_env!("HIVENET_AGENT_VERSION") {
     disable_version_flag = true
 )]
 pub struct Args {
+    /// Runtime threads serving tunnels and the backend. 1 (the default) runs everything on one
+    /// thread, which measured cheapest per request: an agent's load is bounded by its engine's
+    /// `--capacity`, and cross-thread hand-offs cost more than they spread.
+    #[arg(long, env = "HIVENET_AGENT_WORKER_THREADS", default_value_t = 1)]
+    pub worker_threads: usize,
     /// Inference-engine adapter.
     #[arg(long, value_enum, default_value = "vllm")]
     pub engine: Engine,

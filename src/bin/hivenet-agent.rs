@@ -19,6 +19,7 @@ const EXIT_USAGE: u8 = 2;
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let args_worker_threads = args.worker_threads;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -47,10 +48,17 @@ fn main() -> ExitCode {
         }
     };
     let peer_id = identity.peer_id.to_string();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let built = if args_worker_threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args_worker_threads)
+            .enable_all()
+            .build()
+    };
+    let runtime = match built {
         Ok(runtime) => runtime,
         Err(problem) => {
             eprintln!("hivenet-agent: cannot start the runtime: {problem}");
