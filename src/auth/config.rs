@@ -426,7 +426,8 @@ impl<'a> Sink<'a> {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ConfigError {
     /// Not YAML, or not this schema (unknown field, wrong type, unknown mode).
-    #[error("auth.yaml could not be parsed{}: {message}", line.map(|l| format!(" at line {l}")).unwrap_or_default())]
+    /// The message names the field path and the line and column.
+    #[error("auth.yaml could not be parsed: {message}")]
     Parse {
         message: String,
         /// 1-based, when the parser knows it.

@@ -125,11 +125,17 @@ fn empty_file_and_top_level_structure_default_to_none() {
 fn malformed_yaml_is_refused_with_its_line() {
     let (message, line) = parse_error("api:\n  mode: api-key\n  keys:\n    - key_hash: \"abc\n");
     assert!(line.is_some(), "{message}");
-    let error = AuthConfig::from_yaml("api: [unclosed\n").unwrap_err();
+    let error =
+        AuthConfig::from_yaml("api:\n  mode: none\nadmin:\n  mode: \"none\n  x: y\n").unwrap_err();
     assert!(
         error
             .to_string()
-            .starts_with("auth.yaml could not be parsed at line"),
+            .starts_with("auth.yaml could not be parsed: "),
+        "{error}"
+    );
+    assert!(error.to_string().contains(" line "), "{error}");
+    assert!(
+        matches!(error, ConfigError::Parse { line: Some(_), .. }),
         "{error}"
     );
 }
