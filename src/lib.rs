@@ -9,6 +9,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod control;
 pub mod duration;

@@ -1,0 +1,476 @@
+//! The key registry the shards read: an immutable snapshot mapping a presented key to its
+//! [`KeyRecord`] and per-key [`KeyId`].
+//!
+//! Owns: key hashing ([`KeyHash`]), key-ID and tenant-ID derivation, the lookup
+//! ([`KeyRegistry::authenticate`]) and the credential extraction from the two client headers.
+//!
+//! Must not: keep a raw key, log one, or show a hash in `Debug` (only the preview shows), read the
+//! clock (callers pass `now_unix_ms`), or be mutated after it is built (writers build a new one).
+//!
+//! # Key IDs
+//!
+//! Every key gets its own [`KeyId`]: the buckets and occupancy state that belong to a key (B4
+//! input/output tokens per minute, occupancy share) are keyed by it, so no two keys share them.
+//! The reference documents an older implementation in which every static key had an empty key ID
+//! and fell back to one `anonymous` ID, so all static keys shared those buckets; this closes that
+//! gap. IDs are derived, not counted, so they are the same after a reload or a restart:
+//!
+//! - static key: `SHA-256("hivenet-router/key-id/static/v1\0" ‖ key_hash)`;
+//! - dynamic key: `SHA-256("hivenet-router/key-id/dynamic/v1\0" ‖ registry id)`, so rotating a
+//!   dynamic key's hash under the same id keeps its buckets, as in the reference;
+//!
+//! and the ID is the first 32-bit window of that digest that is non-zero and not yet taken,
+//! assigning keys in digest order (then a linear probe, which a bounded registry always ends).
+//! A key's ID changes only if a key added later collides with it on 32 bits and sorts first: with
+//! n keys that chance is about n / 2^32 per added key. `KeyId(0)` is never derived: it is the
+//! anonymous key of `api.mode: none`.
+//!
+//! Flat quotas (`requests_per_minute`, `tokens_per_day`) are documented as shared by every key of
+//! one owner; [`TenantId`] is derived from the owner string the same way so limits can key those
+//! buckets by a small integer too.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::config::{AuthConfig, KeySettings, ModelAccess};
+
+/// Most keys one registry holds (static or dynamic). A bound, not a target: a 16 MiB replace body
+/// holds roughly a hundred thousand entries.
+pub const MAX_KEYS: usize = 1_000_000;
+
+/// The SHA-256 of a raw client key. `Debug` does not show it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyHash(pub [u8; 32]);
+
+impl KeyHash {
+    /// Hashes a raw key. The only place a raw key is read.
+    pub fn of_raw_key(raw_key: &[u8]) -> KeyHash {
+        KeyHash(Sha256::digest(raw_key).into())
+    }
+
+    /// 64 hex digits, either case.
+    pub fn parse_hex(text: &str) -> Option<KeyHash> {
+        if text.len() != 64 {
+            return None;
+        }
+        let mut bytes = [0u8; 32];
+        hex::decode_to_slice(text, &mut bytes).ok()?;
+        Some(KeyHash(bytes))
+    }
+
+    /// 64 lowercase hex digits, as `sha256sum` prints.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// Constant-time equality.
+    pub fn ct_eq(&self, other: &KeyHash) -> bool {
+        self.0.ct_eq(&other.0).into()
+    }
+}
+
+impl fmt::Debug for KeyHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeyHash(..)")
+    }
+}
+
+/// The "hash a key" helper: lowercase hex SHA-256 of a raw key, as `printf '%s' KEY | sha256sum`.
+pub fn hash_key_hex(raw_key: &str) -> String {
+    KeyHash::of_raw_key(raw_key.as_bytes()).to_hex()
+}
+
+/// A client key, as limits and metrics know it. See the module docs for how it is derived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct KeyId(pub u32);
+
+impl KeyId {
+    /// The anonymous key of `api.mode: none`; never assigned to a real key.
+    pub const ANONYMOUS: KeyId = KeyId(0);
+}
+
+impl fmt::Display for KeyId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:08x}", self.0)
+    }
+}
+
+/// An owner (tenant), the scope of flat quota buckets. Derived from the owner string like
+/// [`KeyId`]; `TenantId(0)` is the anonymous tenant `default`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TenantId(pub u32);
+
+impl TenantId {
+    pub const DEFAULT: TenantId = TenantId(0);
+}
+
+/// The tenant recorded for `api.mode: none` (as the reference's overview says).
+pub const ANONYMOUS_OWNER: &str = "default";
+
+const STATIC_KEY_DOMAIN: &[u8] = b"hivenet-router/key-id/static/v1\0";
+const DYNAMIC_KEY_DOMAIN: &[u8] = b"hivenet-router/key-id/dynamic/v1\0";
+const TENANT_DOMAIN: &[u8] = b"hivenet-router/tenant-id/v1\0";
+
+fn derivation_digest(domain: &[u8], input: &[u8]) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    hasher.update(domain);
+    hasher.update(input);
+    hasher.finalize().into()
+}
+
+/// Assigns one distinct non-zero ID per digest. Equal digests get distinct IDs too (callers
+/// refuse duplicate inputs before this). Result `i` belongs to `digests[i]`.
+pub(crate) fn assign_ids(digests: &[[u8; 32]]) -> Vec<u32> {
+    assert!(
+        digests.len() < MAX_KEYS * 2,
+        "more ids than any registry may hold"
+    );
+    let mut order: Vec<usize> = (0..digests.len()).collect();
+    order.sort_by(|a, b| digests[*a].cmp(&digests[*b]));
+    let mut taken: HashSet<u32> = HashSet::with_capacity(digests.len() + 1);
+    taken.insert(0);
+    let mut ids = vec![0u32; digests.len()];
+    for index in order {
+        let digest = &digests[index];
+        let window = |w: usize| {
+            u32::from_be_bytes([
+                digest[4 * w],
+                digest[4 * w + 1],
+                digest[4 * w + 2],
+                digest[4 * w + 3],
+            ])
+        };
+        let mut chosen = (0..8)
+            .map(window)
+            .find(|candidate| !taken.contains(candidate));
+        if chosen.is_none() {
+            // All eight windows taken: probe upwards from the first. Ends because fewer than
+            // 2^32 - 1 IDs exist (asserted above).
+            let mut candidate = window(0);
+            while taken.contains(&candidate) {
+                candidate = candidate.wrapping_add(1);
+            }
+            chosen = Some(candidate);
+        }
+        let id = chosen.expect("an id was chosen");
+        taken.insert(id);
+        ids[index] = id;
+    }
+    ids
+}
+
+/// Where a key came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// `api.mode: none`.
+    Anonymous,
+    /// `api.keys[index]` of `auth.yaml`.
+    Static { index: usize },
+    /// The dynamic registry entry with this id.
+    Dynamic { id: String },
+}
+
+/// One client key as the request path sees it. Holds the hash, never the raw key; `Debug` shows
+/// the preview and IDs only.
+#[derive(Clone, PartialEq)]
+pub struct KeyRecord {
+    pub key_id: KeyId,
+    pub tenant_id: TenantId,
+    pub source: KeySource,
+    pub preview: String,
+    pub name: String,
+    /// The tenant: flat quota scope, metrics and audit label.
+    pub owner: String,
+    /// First instant (Unix ms) at which the key stops authenticating; `None`: never.
+    pub expires_at_unix_ms: Option<i64>,
+    /// Dynamic keys can be disabled; static and anonymous keys are always enabled.
+    pub enabled: bool,
+    pub settings: KeySettings,
+    pub(crate) hash: KeyHash,
+}
+
+impl fmt::Debug for KeyRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyRecord")
+            .field("key_id", &self.key_id)
+            .field("preview", &self.preview)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeyRecord {
+    /// Model authorisation; see [`KeySettings::authorize`].
+    pub fn authorize(&self, model: &str) -> ModelAccess {
+        self.settings.authorize(model)
+    }
+
+    /// Whether the key may see and use `model`.
+    pub fn allows(&self, model: &str) -> bool {
+        self.settings.allows(model)
+    }
+
+    /// The id written to audit records: the registry id of a dynamic key, the derived key ID
+    /// (8 hex digits) of a static key, empty for the anonymous key.
+    pub fn audit_key_id(&self) -> String {
+        match &self.source {
+            KeySource::Anonymous => String::new(),
+            KeySource::Static { .. } => self.key_id.to_string(),
+            KeySource::Dynamic { id } => id.clone(),
+        }
+    }
+
+    fn anonymous() -> KeyRecord {
+        KeyRecord {
+            key_id: KeyId::ANONYMOUS,
+            tenant_id: TenantId::DEFAULT,
+            source: KeySource::Anonymous,
+            preview: String::new(),
+            name: "anonymous".into(),
+            owner: ANONYMOUS_OWNER.into(),
+            expires_at_unix_ms: None,
+            enabled: true,
+            settings: KeySettings::unrestricted(),
+            hash: KeyHash([0; 32]),
+        }
+    }
+}
+
+/// What the registry says about a request's credentials.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AuthOutcome<'a> {
+    Authenticated {
+        key_id: KeyId,
+        key: &'a KeyRecord,
+    },
+    /// No credential presented (and the mode needs one): 401.
+    Missing,
+    /// No key with that hash: 401.
+    Unknown,
+    /// A known key past its expiry: 401 with its own message. The record is for the log line
+    /// (preview only).
+    Expired {
+        key: &'a KeyRecord,
+    },
+    /// A dynamic key with `enabled: false`: 401.
+    Disabled {
+        key: &'a KeyRecord,
+    },
+}
+
+/// Which credential scheme the registry enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegistryMode {
+    /// Every request is the anonymous key.
+    Open,
+    Static,
+    Dynamic,
+}
+
+/// An immutable snapshot of the client keys. Build a new one to change it.
+#[derive(Debug, Clone)]
+pub struct KeyRegistry {
+    mode: RegistryMode,
+    records: Vec<KeyRecord>,
+    by_hash: HashMap<KeyHash, u32>,
+    by_key_id: HashMap<KeyId, u32>,
+    anonymous: KeyRecord,
+}
+
+/// The fields a registry needs from one key, static or dynamic.
+pub(crate) struct KeyInput {
+    pub(crate) source: KeySource,
+    pub(crate) hash: KeyHash,
+    pub(crate) preview: String,
+    pub(crate) name: String,
+    pub(crate) owner: String,
+    pub(crate) expires_at_unix_ms: Option<i64>,
+    pub(crate) enabled: bool,
+    pub(crate) settings: KeySettings,
+}
+
+impl KeyRegistry {
+    /// `api.mode: none`: every request is the anonymous key ([`KeyId::ANONYMOUS`], owner
+    /// `default`, unrestricted, unlimited).
+    pub fn open() -> KeyRegistry {
+        KeyRegistry::build(RegistryMode::Open, Vec::new())
+    }
+
+    /// The registry for a validated `auth.yaml`: static keys for `api-key`, empty for `dynamic`
+    /// (the dynamic registry builds its own snapshots), open for `none`.
+    pub fn from_config(config: &AuthConfig) -> KeyRegistry {
+        use super::config::ApiMode;
+        match config.api_mode {
+            ApiMode::None => KeyRegistry::open(),
+            ApiMode::Dynamic => KeyRegistry::build(RegistryMode::Dynamic, Vec::new()),
+            ApiMode::ApiKey => KeyRegistry::build(
+                RegistryMode::Static,
+                config
+                    .keys
+                    .iter()
+                    .map(|key| KeyInput {
+                        source: KeySource::Static { index: key.index },
+                        hash: key.hash,
+                        preview: key.preview.clone(),
+                        name: key.name.clone(),
+                        owner: key.owner.clone(),
+                        expires_at_unix_ms: key.expires_at_unix_ms(),
+                        enabled: true,
+                        settings: key.settings.clone(),
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    /// Builds a snapshot. Inputs must have distinct hashes (validation guarantees it; a later
+    /// duplicate would be unreachable and is dropped by the assertion in debug builds).
+    pub(crate) fn build(mode: RegistryMode, inputs: Vec<KeyInput>) -> KeyRegistry {
+        assert!(inputs.len() <= MAX_KEYS, "registry over MAX_KEYS");
+        let key_digests: Vec<[u8; 32]> = inputs
+            .iter()
+            .map(|input| match &input.source {
+                KeySource::Dynamic { id } => derivation_digest(DYNAMIC_KEY_DOMAIN, id.as_bytes()),
+                _ => derivation_digest(STATIC_KEY_DOMAIN, input.hash.to_hex().as_bytes()),
+            })
+            .collect();
+        let key_ids = assign_ids(&key_digests);
+
+        let mut owners: Vec<&str> = inputs.iter().map(|input| input.owner.as_str()).collect();
+        owners.sort_unstable();
+        owners.dedup();
+        let owner_digests: Vec<[u8; 32]> = owners
+            .iter()
+            .map(|owner| derivation_digest(TENANT_DOMAIN, owner.as_bytes()))
+            .collect();
+        let tenant_of: HashMap<String, TenantId> = owners
+            .iter()
+            .zip(assign_ids(&owner_digests))
+            .map(|(owner, id)| ((*owner).to_owned(), TenantId(id)))
+            .collect();
+
+        let mut records = Vec::with_capacity(inputs.len());
+        let mut by_hash = HashMap::with_capacity(inputs.len());
+        let mut by_key_id = HashMap::with_capacity(inputs.len());
+        for (input, key_id) in inputs.into_iter().zip(key_ids) {
+            let position = u32::try_from(records.len()).expect("registry bounded by MAX_KEYS");
+            let previous = by_hash.insert(input.hash, position);
+            debug_assert!(previous.is_none(), "duplicate hash reached the registry");
+            by_key_id.insert(KeyId(key_id), position);
+            records.push(KeyRecord {
+                key_id: KeyId(key_id),
+                tenant_id: tenant_of[&input.owner],
+                source: input.source,
+                preview: input.preview,
+                name: input.name,
+                owner: input.owner,
+                expires_at_unix_ms: input.expires_at_unix_ms,
+                enabled: input.enabled,
+                settings: input.settings,
+                hash: input.hash,
+            });
+        }
+        KeyRegistry {
+            mode,
+            records,
+            by_hash,
+            by_key_id,
+            anonymous: KeyRecord::anonymous(),
+        }
+    }
+
+    pub fn mode(&self) -> RegistryMode {
+        self.mode
+    }
+
+    /// Number of keys (the anonymous key is not counted).
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &KeyRecord> {
+        self.records.iter()
+    }
+
+    /// The record of a key ID (the anonymous record for [`KeyId::ANONYMOUS`] in open mode).
+    pub fn get(&self, key_id: KeyId) -> Option<&KeyRecord> {
+        if self.mode == RegistryMode::Open && key_id == KeyId::ANONYMOUS {
+            return Some(&self.anonymous);
+        }
+        self.by_key_id
+            .get(&key_id)
+            .map(|position| &self.records[*position as usize])
+    }
+
+    /// Authenticates the presented raw key (from [`presented_key`]) at `now_unix_ms`.
+    ///
+    /// One SHA-256, one map probe, then a constant-time comparison of the stored hash with the
+    /// computed one. The probe compares digests of the presented key, which reveal nothing an
+    /// attacker can steer towards a stored key, so only the final equality needs to be
+    /// constant-time.
+    pub fn authenticate(&self, presented: Option<&[u8]>, now_unix_ms: i64) -> AuthOutcome<'_> {
+        if self.mode == RegistryMode::Open {
+            return AuthOutcome::Authenticated {
+                key_id: KeyId::ANONYMOUS,
+                key: &self.anonymous,
+            };
+        }
+        let raw_key = match presented {
+            Some(raw_key) if !raw_key.is_empty() => raw_key,
+            _ => return AuthOutcome::Missing,
+        };
+        let hash = KeyHash::of_raw_key(raw_key);
+        let Some(position) = self.by_hash.get(&hash) else {
+            return AuthOutcome::Unknown;
+        };
+        let key = &self.records[*position as usize];
+        if !key.hash.ct_eq(&hash) {
+            return AuthOutcome::Unknown;
+        }
+        if !key.enabled {
+            return AuthOutcome::Disabled { key };
+        }
+        if key
+            .expires_at_unix_ms
+            .is_some_and(|expires_at| now_unix_ms >= expires_at)
+        {
+            return AuthOutcome::Expired { key };
+        }
+        AuthOutcome::Authenticated {
+            key_id: key.key_id,
+            key,
+        }
+    }
+}
+
+/// The raw key a client presented: `Authorization: Bearer <key>` (scheme case-insensitive), the
+/// raw value of `Authorization` without a scheme (accepted by the reference), else `x-api-key`
+/// (Anthropic clients). Surrounding spaces are trimmed; an empty value counts as absent.
+pub fn presented_key<'a>(
+    authorization: Option<&'a [u8]>,
+    x_api_key: Option<&'a [u8]>,
+) -> Option<&'a [u8]> {
+    let from_authorization = authorization.map(trim_spaces).and_then(|value| {
+        let value = match value.get(..7) {
+            Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer ") => trim_spaces(&value[7..]),
+            _ if value.eq_ignore_ascii_case(b"bearer") => &[],
+            _ => value,
+        };
+        (!value.is_empty()).then_some(value)
+    });
+    from_authorization.or_else(|| x_api_key.map(trim_spaces).filter(|value| !value.is_empty()))
+}
+
+fn trim_spaces(value: &[u8]) -> &[u8] {
+    value.trim_ascii()
+}
+
+#[cfg(test)]
+mod tests;
