@@ -66,6 +66,10 @@ pub struct RouterArgs {
     /// File holding the shared agent secret (wins over `HIVENET_ROUTER_JWT_SECRET`).
     #[arg(long)]
     pub jwt_secret_file: Option<PathBuf>,
+    /// `auth.yaml`: API keys, allowlists, quotas, admin section. Reloaded on SIGHUP and on change.
+    /// Without it, `HIVENET_ROUTER_AUTH_MODE` decides (`none`, the default, serves without keys).
+    #[arg(long, env = "HIVENET_ROUTER_AUTH_CONFIG")]
+    pub auth_config_file: Option<PathBuf>,
     /// Persistent Ed25519 identity of this router (its peer ID).
     #[arg(long, default_value = "./router_identity.key")]
     pub identity_path: PathBuf,

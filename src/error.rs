@@ -89,6 +89,26 @@ impl Rejection {
         )
     }
 
+    pub fn unauthorized(message: &'static str) -> Rejection {
+        Rejection::router(401, "unauthorized", message)
+    }
+
+    pub fn model_forbidden(model: &str) -> Rejection {
+        Rejection::router(
+            403,
+            "model_forbidden",
+            format!("model {model:?} is not allowed for this API key"),
+        )
+    }
+
+    pub fn no_quota_declared(model: &str) -> Rejection {
+        Rejection::router(
+            429,
+            "rate_limit_exceeded",
+            format!("no quota declared for model {model:?} on this API key"),
+        )
+    }
+
     pub fn model_not_found(model: &str) -> Rejection {
         Rejection::router(
             404,

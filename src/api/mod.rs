@@ -2,15 +2,18 @@
 //!
 //! Phases, in order (see `docs/request-path.md` for each exit and its error code):
 //! 1. `route` — method and path to a [`Route`] (404/405 otherwise);
-//! 2. `fields` — body fields (`model`, `stream`, ...) in one JSON pass (400 on bad input);
-//! 3. `resolve` — model name and capability to the routing snapshot's entry (404 model_not_found);
-//! 4. `acquire` — an agent slot from the model's owner shard, waiting in its capacity queue
+//! 2. `authenticate` — the API key against the key registry (401), every route but `/health`;
+//! 3. `fields` — body fields (`model`, `stream`, ...) in one JSON pass (400 on bad input), then
+//!    the key's model authorisation (403 model_forbidden, 429 for a strict per-model quota);
+//! 4. `resolve` — model name and capability to the routing snapshot's entry (404 model_not_found);
+//! 5. `acquire` — an agent slot from the model's owner shard, waiting in its capacity queue
 //!    (503 no_capacity / no_agents_available, 504 request_timeout);
-//! 5. `forward` — the request over this shard's tunnel to the agent, the response back to the
+//! 6. `forward` — the request over this shard's tunnel to the agent, the response back to the
 //!    client, usage read on the way (503 agent_disconnected, 502 backend_error);
-//! 6. `settle` — the slot is released when the response has fully ended (never at the headers),
+//! 7. `settle` — the slot is released when the response has fully ended (never at the headers),
 //!    and one usage event is emitted.
 
+pub mod authenticate;
 pub mod forward;
 pub mod sink;
 
@@ -19,6 +22,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use crate::auth::keys::KeyRecord;
 use crate::error::Rejection;
 use crate::http::fields::{FieldsError, extract_fields};
 use crate::http::request::Method;
@@ -102,6 +106,9 @@ pub struct ClientRequest {
     /// `anthropic-version` / `anthropic-beta`, forwarded for `/v1/messages`.
     pub anthropic_version: Option<Bytes>,
     pub anthropic_beta: Option<Bytes>,
+    /// Credentials, as sent: `authorization` and `x-api-key`.
+    pub authorization: Option<Bytes>,
+    pub x_api_key: Option<Bytes>,
     pub received_at: Instant,
 }
 
@@ -113,17 +120,30 @@ pub async fn serve<S: Sink>(
     sink: &mut S,
 ) -> Result<(), ClientGone> {
     ShardMetricsExt::request(shard);
+    if request.route == Route::Health {
+        return sink
+            .respond(200, "application/json", &[], b"{\"status\":\"ok\"}")
+            .await;
+    }
+    let keys = shard.keys();
+    let key = match authenticate::authenticate(&keys, &request, authenticate::now_unix_ms()) {
+        Ok(key) => key,
+        Err(rejection) => return sink.reject(&rejection).await,
+    };
     match request.route {
-        Route::Health => {
-            sink.respond(200, "application/json", &[], b"{\"status\":\"ok\"}")
-                .await
-        }
         Route::Models => {
             let snapshot = shard.snapshot();
-            sink.respond(200, "application/json", &[], &snapshot.models_body)
-                .await
+            let restricted = !matches!(key.settings.quota(), crate::auth::config::Quota::Flat(_))
+                || !key.settings.allowed_models().is_empty();
+            if restricted {
+                let body = snapshot.models_body_for(|model| key.allows(model));
+                sink.respond(200, "application/json", &[], &body).await
+            } else {
+                sink.respond(200, "application/json", &[], &snapshot.models_body)
+                    .await
+            }
         }
-        _ => match infer(shard, &request, sink).await {
+        _ => match infer(shard, &request, key, sink).await {
             Ok(()) => Ok(()),
             Err(Outcome::Gone) => Err(ClientGone),
             Err(Outcome::Rejected(rejection)) => sink.reject(&rejection).await,
@@ -148,16 +168,18 @@ impl From<Rejection> for Outcome {
 async fn infer<S: Sink>(
     shard: &Rc<Shard>,
     request: &ClientRequest,
+    key: &KeyRecord,
     sink: &mut S,
 ) -> Result<(), Outcome> {
-    // Phase 2: body fields.
+    // Phase 3: body fields, then the key's model authorisation.
     let fields = extract_fields(&request.body).map_err(fields_rejection)?;
-    // Phase 3: model and capability.
+    authenticate::authorize_model(key, &fields.model)?;
+    // Phase 4: model and capability.
     let snapshot = shard.snapshot();
     let Some(model) = snapshot.lookup(&fields.model, request.route.capability()) else {
         return Err(Rejection::model_not_found(&fields.model).into());
     };
-    // Phase 4: an agent slot.
+    // Phase 5: an agent slot.
     let deadline = request.received_at + shard.settings.request_timeout;
     let acquired = sink.until_client_gone(shard.acquire(model, deadline)).await;
     let slot = match acquired {
@@ -176,7 +198,7 @@ async fn infer<S: Sink>(
             .into());
         }
     };
-    // Phases 5 and 6: forward, stream back, settle.
+    // Phases 6 and 7: forward, stream back, settle.
     forward::forward(shard, request, &fields, slot, deadline, sink).await
 }
 

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use hivenet_router::config::{EnvSettings, RouterArgs, listen_address};
 use hivenet_router::control::registry::HealthTimes;
-use hivenet_router::control::{self, ControlSettings, ControlShared};
+use hivenet_router::control::{self, ControlSettings, ControlShared, auth_reload};
 use hivenet_router::identity::Identity;
 use hivenet_router::metrics::ShardMetrics;
 use hivenet_router::shard::mesh::Mesh;
@@ -48,6 +48,12 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     let env = EnvSettings::from_env()?;
     let secret = Secret::from_file_or_env(args.jwt_secret_file.as_deref())?;
     let identity = Identity::load_or_create(&args.identity_path)?;
+    let mode_env = std::env::var("HIVENET_ROUTER_AUTH_MODE").ok();
+    let keys = Arc::new(auth_reload::load(
+        args.auth_config_file.as_deref(),
+        mode_env.as_deref(),
+    )?);
+    tracing::info!(keys = keys.len(), mode = ?keys.mode(), "client API keys loaded");
     let http_address = listen_address(&args.http_port)?;
     let grpc_address = listen_address(&args.grpc_port)?;
     let metrics_address = listen_address(&args.metrics_port)?;
@@ -99,6 +105,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             tunnel_announce: tunnel_announce.clone(),
             router_peer_id: identity.peer_id.to_string(),
             grpc_address,
+            auth_config_file: args.auth_config_file.clone(),
             tunnel_address,
             metrics_address,
         },
@@ -165,6 +172,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             http_address,
             settings: settings.clone(),
             metrics: metrics[index].clone(),
+            keys: keys.clone(),
             inbox,
             to_control: to_control.clone(),
             core: (!cores.is_empty()).then(|| cores[index % cores.len()]),

@@ -7,6 +7,7 @@
 //! share; its registry lock is held only for in-memory updates and the non-blocking sends that
 //! follow, so shards see registry events in the order they happened.
 
+pub mod auth_reload;
 pub mod metrics_http;
 pub mod registry;
 pub mod service;
@@ -39,6 +40,8 @@ pub struct ControlSettings {
     pub tunnel_announce: String,
     pub router_peer_id: String,
     pub grpc_address: SocketAddr,
+    /// `auth.yaml`, watched for changes; `None`: keys come from `HIVENET_ROUTER_AUTH_MODE`.
+    pub auth_config_file: Option<std::path::PathBuf>,
     pub tunnel_address: SocketAddr,
     pub metrics_address: SocketAddr,
 }
@@ -165,7 +168,7 @@ impl ControlShared {
         }
     }
 
-    fn broadcast(&self, message: impl Fn() -> ControlToShard) {
+    pub fn broadcast(&self, message: impl Fn() -> ControlToShard) {
         for shard in &self.to_shards {
             // A shard that has stopped is shutting down with the process; nothing to do.
             let _ = shard.send(message());
@@ -223,6 +226,9 @@ pub fn start(
     });
     runtime.spawn(tunnel_accept::run(tunnel_listener, shared.clone()));
     runtime.spawn(metrics_http::run(metrics_listener, shared.clone()));
+    if let Some(path) = settings.auth_config_file.clone() {
+        runtime.spawn(auth_reload::watch(path, shared.clone()));
+    }
 
     let health_shared = shared.clone();
     runtime.spawn(async move {

@@ -290,12 +290,12 @@ impl Registry {
         }
         let mut ids: Vec<&ModelId> = summaries.keys().collect();
         ids.sort();
-        let mut data = Vec::with_capacity(ids.len());
+        let mut listing = Vec::with_capacity(ids.len());
         let mut entries = Vec::with_capacity(ids.len());
         for id in ids {
             let (name, capability) = &self.model_names[id.0 as usize];
             let summary = &summaries[id];
-            data.push(serde_json::json!({
+            let entry = serde_json::json!({
                 "id": name,
                 "object": "model",
                 "owned_by": "hivenet-router",
@@ -307,7 +307,13 @@ impl Registry {
                     "engines": summary.engines,
                     "regions": summary.regions,
                 },
-            }));
+            });
+            listing.push((
+                name.clone().into_boxed_str(),
+                Bytes::from(
+                    serde_json::to_vec(&entry).expect("serializing a json value cannot fail"),
+                ),
+            ));
             entries.push((
                 name.clone().into_boxed_str(),
                 *capability,
@@ -318,13 +324,7 @@ impl Registry {
                 },
             ));
         }
-        let body = serde_json::to_vec(&serde_json::json!({"object": "list", "data": data}))
-            .expect("serializing a json value cannot fail");
-        Arc::new(RoutingSnapshot::new(
-            self.version,
-            entries,
-            Bytes::from(body),
-        ))
+        Arc::new(RoutingSnapshot::new(self.version, entries, listing))
     }
 
     // ----- internals -----

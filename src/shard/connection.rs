@@ -372,6 +372,12 @@ async fn read_requests(
                 .anthropic_version
                 .map(|span| head_bytes.slice_ref(span.get(&head_bytes))),
             anthropic_beta: header("anthropic-beta"),
+            authorization: head
+                .authorization
+                .map(|span| head_bytes.slice_ref(span.get(&head_bytes))),
+            x_api_key: head
+                .x_api_key
+                .map(|span| head_bytes.slice_ref(span.get(&head_bytes))),
             received_at: head_parsed_at,
         };
         let keep_alive = head.keep_alive;

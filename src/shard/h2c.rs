@@ -156,6 +156,8 @@ async fn serve_stream(
         request_id: header("x-request-id"),
         anthropic_version: header("anthropic-version"),
         anthropic_beta: header("anthropic-beta"),
+        authorization: header("authorization"),
+        x_api_key: header("x-api-key"),
         received_at: Instant::now(),
     };
     let _ = api::serve(&shard, request, &mut sink).await;

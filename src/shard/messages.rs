@@ -11,6 +11,8 @@ use crate::shard::snapshot::ModelId;
 pub enum ControlToShard {
     /// A new read-mostly routing snapshot (model names, owners, `/v1/models` body).
     Snapshot(Arc<crate::shard::snapshot::RoutingSnapshot>),
+    /// A new client-key registry (start-up, `auth.yaml` reload).
+    Keys(Arc<crate::auth::keys::KeyRegistry>),
     /// The agent is registered and has a tunnel to every shard: owners add it to their models.
     AgentUp {
         agent: AgentId,

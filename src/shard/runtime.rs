@@ -27,6 +27,8 @@ pub struct ShardSetup {
     pub http_address: SocketAddr,
     pub settings: ShardSettings,
     pub metrics: Arc<ShardMetrics>,
+    /// The client-key registry at start-up; later ones arrive through the inbox.
+    pub keys: Arc<crate::auth::keys::KeyRegistry>,
     pub inbox: mpsc::UnboundedReceiver<ControlToShard>,
     pub to_control: mpsc::UnboundedSender<ShardToControl>,
     pub core: Option<core_affinity::CoreId>,
@@ -124,6 +126,7 @@ async fn run(
         setup.count,
         setup.settings,
         setup.metrics,
+        setup.keys,
         setup.to_control,
     ));
     monoio::spawn(shard.clone().run_control_inbox(setup.inbox));

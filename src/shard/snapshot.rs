@@ -56,14 +56,17 @@ pub struct RoutingSnapshot {
     by_name: HashMap<Box<str>, [Option<ModelEntry>; 3]>,
     /// `GET /v1/models` response body.
     pub models_body: Bytes,
+    /// Each model's entry of that body, for keys that may see only some models.
+    listing: Vec<(Box<str>, Bytes)>,
 }
 
 impl RoutingSnapshot {
     pub fn new(
         version: u64,
         entries: impl IntoIterator<Item = (Box<str>, Capability, ModelEntry)>,
-        models_body: Bytes,
+        listing: Vec<(Box<str>, Bytes)>,
     ) -> RoutingSnapshot {
+        let models_body = Self::render(listing.iter().map(|(_, entry)| entry));
         let mut by_name: HashMap<Box<str>, [Option<ModelEntry>; 3]> = HashMap::new();
         for (name, capability, entry) in entries {
             by_name.entry(name).or_default()[capability as usize] = Some(entry);
@@ -72,7 +75,31 @@ impl RoutingSnapshot {
             version,
             by_name,
             models_body,
+            listing,
         }
+    }
+
+    fn render<'a>(entries: impl Iterator<Item = &'a Bytes>) -> Bytes {
+        let mut body = Vec::with_capacity(256);
+        body.extend_from_slice(b"{\"object\":\"list\",\"data\":[");
+        for (index, entry) in entries.enumerate() {
+            if index > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(entry);
+        }
+        body.extend_from_slice(b"]}");
+        Bytes::from(body)
+    }
+
+    /// The `/v1/models` body listing only the models `visible` accepts.
+    pub fn models_body_for(&self, visible: impl Fn(&str) -> bool) -> Bytes {
+        Self::render(
+            self.listing
+                .iter()
+                .filter(|(name, _)| visible(name))
+                .map(|(_, entry)| entry),
+        )
     }
 
     /// The model served for `capability` under `name`, if any agent serves it.
@@ -86,7 +113,8 @@ impl RoutingSnapshot {
         Arc::new(RoutingSnapshot {
             version: 0,
             by_name: HashMap::new(),
-            models_body: Bytes::from_static(b"{\"object\":\"list\",\"data\":[]}"),
+            models_body: Self::render(std::iter::empty()),
+            listing: Vec::new(),
         })
     }
 }

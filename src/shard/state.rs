@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::auth::keys::KeyRegistry;
 use crate::metrics::ShardMetrics;
 use crate::routing::{Acquire, AgentId, ModelRoutes, Ticket};
 use crate::shard::mesh::Endpoint;
@@ -61,6 +62,7 @@ pub struct Shard {
     pub settings: ShardSettings,
     pub metrics: Arc<ShardMetrics>,
     snapshot: RefCell<Arc<RoutingSnapshot>>,
+    keys: RefCell<Arc<KeyRegistry>>,
     routes: RefCell<HashMap<ModelId, ModelRoutes>>,
     tunnels: RefCell<HashMap<AgentId, Tunnel>>,
     waiting: RefCell<HashMap<u64, oneshot::Sender<Decision>>>,
@@ -84,6 +86,7 @@ impl Shard {
         count: usize,
         settings: ShardSettings,
         metrics: Arc<ShardMetrics>,
+        keys: Arc<KeyRegistry>,
         to_control: mpsc::UnboundedSender<ShardToControl>,
     ) -> Shard {
         Shard {
@@ -92,6 +95,7 @@ impl Shard {
             settings,
             metrics,
             snapshot: RefCell::new(RoutingSnapshot::empty()),
+            keys: RefCell::new(keys),
             routes: RefCell::new(HashMap::new()),
             tunnels: RefCell::new(HashMap::new()),
             waiting: RefCell::new(HashMap::new()),
@@ -105,6 +109,10 @@ impl Shard {
 
     pub fn snapshot(&self) -> Arc<RoutingSnapshot> {
         self.snapshot.borrow().clone()
+    }
+
+    pub fn keys(&self) -> Arc<KeyRegistry> {
+        self.keys.borrow().clone()
     }
 
     pub fn tunnel(&self, agent: AgentId) -> Option<Tunnel> {
@@ -293,6 +301,7 @@ impl Shard {
     fn on_control(self: &Rc<Self>, message: ControlToShard) {
         match message {
             ControlToShard::Snapshot(snapshot) => *self.snapshot.borrow_mut() = snapshot,
+            ControlToShard::Keys(keys) => *self.keys.borrow_mut() = keys,
             ControlToShard::AgentUp {
                 agent,
                 models,

@@ -155,6 +155,7 @@ pub struct Options {
     router_env: Vec<(String, String)>,
     agents: Vec<(usize, Vec<String>)>,
     models: Vec<String>,
+    api_key: Option<String>,
 }
 
 fn strings(args: &[&str]) -> Vec<String> {
@@ -191,6 +192,13 @@ impl Options {
         self
     }
 
+    /// The API key the harness's own probes (`/v1/models`, `get`, `post_json`) present, for
+    /// routers started with API keys.
+    pub fn api_key(mut self, key: &str) -> Options {
+        self.api_key = Some(key.to_string());
+        self
+    }
+
     /// Models [`Site::start`] waits for in `/v1/models` (default: `sim-model` when there are
     /// agents).
     pub fn models(mut self, models: &[&str]) -> Options {
@@ -200,6 +208,8 @@ impl Options {
 }
 
 pub struct Site {
+    /// Presented by the harness's own requests; see [`Options::api_key`].
+    pub api_key: Option<String>,
     pub dir: PathBuf,
     pub sims: Vec<Proc>,
     pub sim_addrs: Vec<SocketAddr>,
@@ -258,6 +268,7 @@ impl Site {
         let (router, http, grpc, metrics) = start_router(&dir, &options, shards);
 
         let mut site = Site {
+            api_key: options.api_key.clone(),
             dir,
             sims,
             sim_addrs,
@@ -352,7 +363,8 @@ impl Site {
 
     pub fn wait_models(&self, models: &[&str]) {
         self.wait_for(&format!("/v1/models to list {models:?}"), || {
-            let response = try_request(self.http, &get_request("/v1/models")).ok()?;
+            let response =
+                try_request(self.http, &self.with_key(get_request("/v1/models"))).ok()?;
             let value: Value = serde_json::from_slice(&response.body).ok()?;
             let ids: Vec<&str> = value["data"]
                 .as_array()?
@@ -365,7 +377,8 @@ impl Site {
 
     pub fn wait_model_gone(&self, model: &str) {
         self.wait_for(&format!("/v1/models to drop {model}"), || {
-            let response = try_request(self.http, &get_request("/v1/models")).ok()?;
+            let response =
+                try_request(self.http, &self.with_key(get_request("/v1/models"))).ok()?;
             let value: Value = serde_json::from_slice(&response.body).ok()?;
             let listed = value["data"]
                 .as_array()?
@@ -415,16 +428,29 @@ impl Site {
         })
     }
 
+    /// Adds the harness's API key header to a raw request head, if the site has one.
+    pub fn with_key(&self, raw: Vec<u8>) -> Vec<u8> {
+        let Some(key) = &self.api_key else {
+            return raw;
+        };
+        let text = String::from_utf8(raw).expect("utf-8 request");
+        let (first_line, rest) = text.split_once("\r\n").expect("request line");
+        format!("{first_line}\r\nauthorization: Bearer {key}\r\n{rest}").into_bytes()
+    }
+
     /// `POST path` with a JSON body to the router on a fresh connection.
     pub fn post_json(&self, path: &str, body: &Value) -> (u16, Headers, String) {
-        let response = request(self.http, &post_request(path, &body.to_string()));
+        let response = request(
+            self.http,
+            &self.with_key(post_request(path, &body.to_string())),
+        );
         let body = String::from_utf8(response.body).expect("utf-8 body");
         (response.status, response.headers, body)
     }
 
     /// `GET path` to the router on a fresh connection.
     pub fn get(&self, path: &str) -> (u16, Headers, String) {
-        let response = request(self.http, &get_request(path));
+        let response = request(self.http, &self.with_key(get_request(path)));
         let body = String::from_utf8(response.body).expect("utf-8 body");
         (response.status, response.headers, body)
     }

@@ -1,0 +1,142 @@
+//! Loading `auth.yaml` into a key registry, at start-up and on every change: SIGHUP, or the file's
+//! modification time or size changing (checked every [`POLL_INTERVAL`]). An invalid file is
+//! refused with a log line naming every problem, and the previous registry stays active.
+//!
+//! Usage already counted for a key is unaffected by a reload: limits are keyed by the stable
+//! `KeyId`, which a reload does not change.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::auth::config::{ApiMode, AuthConfig, ConfigError};
+use crate::auth::keys::KeyRegistry;
+use crate::control::ControlShared;
+use crate::shard::messages::ControlToShard;
+
+pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read auth config {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("auth config {path} is invalid: {error}")]
+    Invalid { path: String, error: ConfigError },
+    #[error("HIVENET_ROUTER_AUTH_MODE must be none, api-key or dynamic, got {0:?}")]
+    BadMode(String),
+    #[error("HIVENET_ROUTER_AUTH_MODE=api-key needs an auth config file (--auth-config-file)")]
+    ApiKeyWithoutFile,
+    #[error(
+        "dynamic API keys are managed through the admin API, which this build does not serve yet; use api.mode: api-key or none"
+    )]
+    DynamicUnsupported,
+}
+
+/// The registry for the configured file, or for `HIVENET_ROUTER_AUTH_MODE` when there is none.
+pub fn load(path: Option<&Path>, mode_env: Option<&str>) -> Result<KeyRegistry, LoadError> {
+    let config = match path {
+        Some(path) => {
+            let shown = path.display().to_string();
+            let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+                path: shown.clone(),
+                source,
+            })?;
+            AuthConfig::from_yaml(&text)
+                .map_err(|error| LoadError::Invalid { path: shown, error })?
+        }
+        None => match ApiMode::parse(mode_env.unwrap_or("")) {
+            None => return Err(LoadError::BadMode(mode_env.unwrap_or("").to_owned())),
+            Some(ApiMode::None) => AuthConfig::none(),
+            Some(ApiMode::ApiKey) => return Err(LoadError::ApiKeyWithoutFile),
+            Some(ApiMode::Dynamic) => return Err(LoadError::DynamicUnsupported),
+        },
+    };
+    if config.api_mode == ApiMode::Dynamic {
+        return Err(LoadError::DynamicUnsupported);
+    }
+    Ok(KeyRegistry::from_config(&config))
+}
+
+/// What identifies a version of the file cheaply: modification time and length.
+fn stamp(path: &Path) -> Option<(std::time::SystemTime, u64)> {
+    let metadata = std::fs::metadata(path).ok()?;
+    Some((metadata.modified().ok()?, metadata.len()))
+}
+
+/// Reloads on SIGHUP and on file change until the process ends.
+pub async fn watch(path: PathBuf, shared: Arc<ControlShared>) {
+    let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(hangups) => Some(hangups),
+        Err(error) => {
+            tracing::warn!(%error, "cannot listen for SIGHUP; auth.yaml reloads on file change only");
+            None
+        }
+    };
+    let mut last = stamp(&path);
+    let mut ticker = tokio::time::interval(POLL_INTERVAL);
+    loop {
+        let reason = tokio::select! {
+            _ = ticker.tick() => {
+                let now = stamp(&path);
+                if now == last {
+                    continue;
+                }
+                last = now;
+                "file changed"
+            }
+            Some(()) = async {
+                match hangups.as_mut() {
+                    Some(hangups) => hangups.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => "SIGHUP",
+        };
+        match load(Some(&path), None) {
+            Ok(registry) => {
+                tracing::info!(path = %path.display(), reason, keys = registry.len(), "auth config reloaded");
+                let registry = Arc::new(registry);
+                shared.broadcast(|| ControlToShard::Keys(registry.clone()));
+            }
+            Err(error) => {
+                tracing::error!(reason, %error, "auth config reload refused; the previous configuration stays active");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_without_a_file() {
+        assert!(load(None, None).is_ok());
+        assert!(load(None, Some("none")).is_ok());
+        assert!(matches!(
+            load(None, Some("api-key")),
+            Err(LoadError::ApiKeyWithoutFile)
+        ));
+        assert!(matches!(
+            load(None, Some("dynamic")),
+            Err(LoadError::DynamicUnsupported)
+        ));
+        assert!(matches!(
+            load(None, Some("open")),
+            Err(LoadError::BadMode(_))
+        ));
+    }
+
+    #[test]
+    fn invalid_file_names_the_path() {
+        let dir = std::env::temp_dir().join(format!("hivenet-auth-load-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("auth.yaml");
+        std::fs::write(&path, "api: [unclosed").unwrap();
+        let error = load(Some(&path), None).unwrap_err().to_string();
+        assert!(error.contains("auth.yaml"), "{error}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
