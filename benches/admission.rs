@@ -2,8 +2,9 @@
 //! budget configured (`KeyLimits::admit`), and admit + settle together, and counts heap
 //! allocations on the admit path (expected: zero once the key has seen the model).
 //!
-//! Figures are in the commit message that last changed this file; nothing is asserted here
-//! (`tests/limits_allocation.rs` asserts the zero).
+//! Nothing is asserted here (`tests/limits_allocation.rs` asserts the zero). First run, on 2
+//! cores shared with other builds (`-- --warm-up-time 1 --measurement-time 2`): admit 27.6 ns
+//! (26.6-28.5), admit + settle 42.1 ns (40.6-43.7), 0 allocations in 100 000 admit + settle.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;

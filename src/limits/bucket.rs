@@ -169,6 +169,16 @@ impl Bucket {
         delta
     }
 
+    /// Take over `previous`'s usage after a configuration reload: the same amount used (capacity
+    /// minus level) and the same unpublished delta, under this bucket's new rate and capacity.
+    pub fn inherit(&mut self, now: Millis, previous: &Bucket) {
+        let used_units = previous.capacity_units - previous.level_at(now);
+        self.refill(now);
+        self.level_units =
+            (self.capacity_units - used_units).clamp(-self.capacity_units, self.capacity_units);
+        self.delta_tokens = previous.delta_tokens;
+    }
+
     /// Change rate and capacity (a replica-scaled RPM whose healthy-replica count changed). A full
     /// bucket stays full; otherwise the level is kept and clamped to the new capacity, so a
     /// replica count that flaps never mints tokens for a bucket in use.
@@ -319,6 +329,20 @@ mod tests {
         assert_eq!(bucket.remaining(at(0)), 5);
         bucket.set_rate(at(0), 30, 30);
         assert_eq!(bucket.remaining(at(0)), 5);
+    }
+
+    #[test]
+    fn inherit_keeps_usage_under_a_new_limit() {
+        let mut previous = Bucket::new(at(0), 100, 100);
+        previous.try_take(at(0), 40).unwrap();
+        let mut raised = Bucket::new(at(0), 200, 200);
+        raised.inherit(at(0), &previous);
+        assert_eq!(raised.remaining(at(0)), 160);
+        assert_eq!(raised.take_delta(), 40);
+        let mut lowered = Bucket::new(at(0), 30, 30);
+        lowered.inherit(at(0), &previous);
+        assert_eq!(lowered.remaining(at(0)), 0);
+        assert!(lowered.try_take(at(0), 1).is_err());
     }
 
     proptest! {

@@ -187,6 +187,17 @@ impl DailyBudget {
         }
     }
 
+    /// Take over `previous`'s totals after a reload ("usage and today's totals survive a
+    /// reload"), under this budget's limit.
+    pub fn inherit(&mut self, previous: &DailyBudget) {
+        if previous.day >= self.day {
+            self.day = previous.day;
+            self.used_tokens = previous.used_tokens;
+            self.local_tokens = previous.local_tokens;
+            self.delta_tokens = previous.delta_tokens;
+        }
+    }
+
     /// Usage other routers charged on `day` (sync round). Usage for a day already over is
     /// ignored; usage for a later day starts that day here.
     pub fn apply_remote(&mut self, day: Day, tokens: u64) {

@@ -286,6 +286,70 @@ impl KeyLimits {
         }
     }
 
+    /// The same key under a reloaded `quota`, keeping the usage of every bucket both
+    /// configurations have (auth.yaml reload: usage and today's totals survive). A bucket the
+    /// new quota adds starts full; one it removes is dropped.
+    pub fn reconfigured(
+        &self,
+        now: Millis,
+        day: Day,
+        quota: &KeyQuota,
+        burst: BurstSeconds,
+    ) -> Result<KeyLimits, LimitsConfigError> {
+        let mut next = KeyLimits::new(now, day, quota, burst)?;
+        match (&mut next.shape, &self.shape) {
+            (
+                Shape::Flat { requests, daily },
+                Shape::Flat {
+                    requests: previous_requests,
+                    daily: previous_daily,
+                },
+            ) => {
+                if let (Some(rate), Some(previous)) = (requests.as_mut(), previous_requests) {
+                    rate.inherit(now, previous);
+                }
+                if let (Some(budget), Some(previous)) = (daily.as_mut(), previous_daily) {
+                    budget.inherit(previous);
+                }
+            }
+            (Shape::PerModel(models), Shape::PerModel(previous_models)) => {
+                for limits in models.iter_mut() {
+                    let Some(previous) = previous_models
+                        .iter()
+                        .find(|previous| previous.model == limits.model)
+                    else {
+                        continue;
+                    };
+                    if let (Some(rate), Some(previous)) =
+                        (limits.requests.as_mut(), previous.requests.as_ref())
+                    {
+                        rate.inherit(now, previous);
+                    }
+                    if let (Some(budget), Some(previous)) =
+                        (limits.daily.as_mut(), previous.daily.as_ref())
+                    {
+                        budget.inherit(previous);
+                    }
+                }
+            }
+            // The shape changed: the buckets are different ones, nothing to carry over.
+            _ => {}
+        }
+        for previous in &self.token_rates {
+            if let Ok(Some(index)) = next.token_rates_index(now, previous.model) {
+                let rates = &mut next.token_rates[index];
+                if let (Some(input), Some(previous)) = (rates.input.as_mut(), &previous.input) {
+                    input.inherit(now, previous);
+                }
+                if let (Some(output), Some(previous)) = (rates.output.as_mut(), &previous.output) {
+                    output.inherit(now, previous);
+                }
+            }
+        }
+        next.compact(now);
+        Ok(next)
+    }
+
     fn model_limits(&mut self, model: ModelId) -> Option<&mut ModelLimits> {
         match &mut self.shape {
             Shape::Flat { .. } => None,
@@ -984,6 +1048,39 @@ mod tests {
     }
 
     #[test]
+    fn reload_keeps_usage_and_todays_total() {
+        let mut key = flat(10, 1000, 500, 0);
+        let model = serverless(CHAT);
+        for _ in 0..4 {
+            let admission = key.admit(Millis(0), MONDAY, &model, estimate(100)).unwrap();
+            let usage = Usage {
+                input_tokens: 100,
+                output_tokens: 50,
+            };
+            key.settle(Millis(0), MONDAY, admission, usage, Delivery::Streamed);
+        }
+        let raised = KeyQuota::Flat(FlatQuota {
+            requests_per_minute: 20,
+            tokens_per_day: 2000,
+            input_tokens_per_minute: 1000,
+            output_tokens_per_minute: 0,
+        });
+        let mut reloaded = key
+            .reconfigured(Millis(0), MONDAY, &raised, BurstSeconds::FULL_MINUTE)
+            .unwrap();
+        let admission = reloaded
+            .admit(Millis(0), MONDAY, &model, estimate(600))
+            .unwrap();
+        assert_eq!(admission.remaining_requests, Some(15));
+        assert_eq!(admission.remaining_tokens, Some(2000 - 600 - 600));
+        // ITPM kept its 400 used: 1000 - 400 - 600 = 0 left.
+        let refused = reloaded
+            .admit(Millis(0), MONDAY, &model, estimate(1))
+            .unwrap_err();
+        assert_eq!(refused.kind, RejectionKind::InputTokenRate);
+    }
+
+    #[test]
     fn invalid_quotas_are_refused() {
         let at = Millis(0);
         let burst = BurstSeconds::FULL_MINUTE;
@@ -1136,5 +1233,49 @@ mod tests {
             .unwrap();
         key.compact(Millis::from_seconds(2));
         assert!(key.token_rates.is_empty());
+    }
+
+    proptest::proptest! {
+        /// Through the aggregate, over any interleaving of admits, settles and cancels within
+        /// one day: requests admitted never exceed burst + rate x elapsed, and the daily total
+        /// equals the exact usage of what was settled.
+        #[test]
+        fn aggregate_totals_add_up(
+            steps in proptest::collection::vec(
+                (0u64..3_000, 0u64..2_000, 0u64..2_000, 0u64..2_000, 0u8..3),
+                1..150,
+            ),
+        ) {
+            let rpm = 30;
+            let mut key = flat(rpm, LIMIT_MAX, 0, 0);
+            let model = serverless(CHAT);
+            let mut now_ms = 0u64;
+            let mut requests = 0u64;
+            let mut exact_total = 0u64;
+            for (advance_ms, estimated, exact_input, exact_output, outcome) in steps {
+                now_ms += advance_ms;
+                let now = Millis(now_ms);
+                let Ok(admission) = key.admit(now, MONDAY, &model, estimate(estimated)) else {
+                    continue;
+                };
+                requests += 1;
+                match outcome {
+                    0 => key.cancel(admission),
+                    _ => {
+                        let usage = Usage { input_tokens: exact_input, output_tokens: exact_output };
+                        key.settle(now, MONDAY, admission, usage, Delivery::Streamed);
+                        exact_total += exact_input + exact_output;
+                    }
+                }
+                proptest::prop_assert!(requests * 60_000 <= rpm * 60_000 + now_ms * rpm);
+            }
+            let mut daily_total = 0;
+            key.take_deltas(|bucket, amount| {
+                if matches!(bucket, BucketRef::Daily { .. }) {
+                    daily_total = amount;
+                }
+            });
+            proptest::prop_assert_eq!(daily_total, exact_total);
+        }
     }
 }

@@ -111,6 +111,23 @@ impl RequestRate {
         Ok(self.bucket.remaining(now))
     }
 
+    /// Take over `previous`'s usage after a reload (same replica count, same used amount).
+    pub fn inherit(&mut self, now: Millis, previous: &RequestRate) {
+        self.rescale(now, previous.replicas);
+        self.bucket.inherit(now, &previous.bucket);
+    }
+
+    fn rescale(&mut self, now: Millis, healthy_replicas: u32) {
+        if healthy_replicas != self.replicas {
+            let rate = self
+                .requests_per_minute
+                .saturating_mul(healthy_replicas as u64)
+                .min(LIMIT_MAX);
+            self.bucket.set_rate(now, rate, self.burst.capacity(rate));
+            self.replicas = healthy_replicas;
+        }
+    }
+
     /// Take one request from an RPM scaled to `healthy_replicas` (effective limit =
     /// `requests_per_minute_per_replica x healthy agents serving the model`); zero replicas skip
     /// the check.
@@ -122,14 +139,7 @@ impl RequestRate {
         if healthy_replicas == 0 {
             return Ok(RateDecision::Skipped);
         }
-        if healthy_replicas != self.replicas {
-            let rate = self
-                .requests_per_minute
-                .saturating_mul(healthy_replicas as u64)
-                .min(LIMIT_MAX);
-            self.bucket.set_rate(now, rate, self.burst.capacity(rate));
-            self.replicas = healthy_replicas;
-        }
+        self.rescale(now, healthy_replicas);
         let remaining = self.admit(now)?;
         Ok(RateDecision::Taken { remaining })
     }
@@ -172,6 +182,11 @@ impl TokenRate {
 
     pub fn remaining(&self, now: Millis) -> u64 {
         self.bucket.remaining(now)
+    }
+
+    /// Take over `previous`'s usage after a reload.
+    pub fn inherit(&mut self, now: Millis, previous: &TokenRate) {
+        self.bucket.inherit(now, &previous.bucket);
     }
 
     pub fn take(&mut self, now: Millis, tokens: u64) -> Result<(), Shortfall> {
