@@ -16,6 +16,7 @@ pub mod duration;
 pub mod error;
 pub mod http;
 pub mod identity;
+pub mod limits;
 pub mod metrics;
 pub mod proto {
     //! Generated from `proto/hivenet.proto`.

@@ -1,0 +1,391 @@
+//! A continuously refilling token bucket in exact integer arithmetic, shared by the request-rate
+//! and token-rate limits.
+//!
+//! One token is [`UNITS_PER_TOKEN`] = 60 000 units, so a rate of R per minute refills exactly R
+//! units per millisecond: no floats, no rounding drift, and the bound "admitted <= capacity +
+//! rate x elapsed" holds to the unit. The level may go below zero for after-the-fact charges (output
+//! tokens, other routers' usage) but never below minus one capacity, so such charges lock a key
+//! out for at most one minute of refill.
+
+use super::{LIMIT_MAX, Millis};
+
+/// Fixed-point units per token (or request): milliseconds per minute, so that a per-minute rate
+/// is also the refill in units per millisecond.
+pub const UNITS_PER_TOKEN: i64 = 60_000;
+const MILLIS_PER_SECOND: u64 = 1000;
+
+fn units(amount: u64) -> i64 {
+    // LIMIT_MAX x 60 000 < 2^56: no overflow.
+    amount.min(LIMIT_MAX) as i64 * UNITS_PER_TOKEN
+}
+
+/// Why a bucket refused, with the values the `X-RateLimit-*` headers report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shortfall {
+    /// The bucket's rate per minute.
+    pub limit: u64,
+    /// Whole tokens (or requests) in the bucket now, floored at zero.
+    pub remaining: u64,
+    /// Whole seconds, rounded up, until the refused amount fits; `None` if it never will (more
+    /// than the bucket's capacity).
+    pub reset_seconds: Option<u32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Bucket {
+    rate_per_minute: u64,
+    capacity_units: i64,
+    level_units: i64,
+    /// The time `level_units` was last brought up to date.
+    updated: Millis,
+    /// Net tokens admitted here since the last `take_delta` (negative after refunds that crossed
+    /// a round).
+    delta_tokens: i64,
+}
+
+impl Bucket {
+    /// A full bucket: a new key starts with its whole burst (auth-yaml reference, "Request-rate
+    /// behavior": "can initially hold up to one minute's configured capacity").
+    pub fn new(now: Millis, rate_per_minute: u64, capacity: u64) -> Bucket {
+        let capacity_units = units(capacity.max(1));
+        Bucket {
+            rate_per_minute: rate_per_minute.min(LIMIT_MAX),
+            capacity_units,
+            level_units: capacity_units,
+            updated: now,
+            delta_tokens: 0,
+        }
+    }
+
+    pub fn rate_per_minute(&self) -> u64 {
+        self.rate_per_minute
+    }
+
+    pub fn capacity(&self) -> u64 {
+        (self.capacity_units / UNITS_PER_TOKEN) as u64
+    }
+
+    /// The level at `now` without changing anything. A `now` earlier than the last update (a
+    /// caller bug or reordered events) refills nothing.
+    fn level_at(&self, now: Millis) -> i64 {
+        if self.level_units >= self.capacity_units || now <= self.updated {
+            return self.level_units;
+        }
+        let gap_units = (self.capacity_units - self.level_units) as u64;
+        let refill_units = (now.0 - self.updated.0).saturating_mul(self.rate_per_minute);
+        self.level_units + refill_units.min(gap_units) as i64
+    }
+
+    fn refill(&mut self, now: Millis) {
+        self.level_units = self.level_at(now);
+        if now > self.updated {
+            self.updated = now;
+        }
+    }
+
+    /// Whole tokens available at `now`, floored at zero.
+    pub fn remaining(&self, now: Millis) -> u64 {
+        (self.level_at(now).max(0) / UNITS_PER_TOKEN) as u64
+    }
+
+    /// Full at `now`: nothing admitted within the last refill period, so dropping the bucket and
+    /// recreating it full later loses nothing (idle cleanup).
+    pub fn is_full(&self, now: Millis) -> bool {
+        self.level_at(now) >= self.capacity_units
+    }
+
+    fn shortfall(&self, amount: u64) -> Shortfall {
+        let need_units = units(amount);
+        let reset_seconds = if need_units > self.capacity_units || self.rate_per_minute == 0 {
+            None
+        } else {
+            let missing_units = (need_units - self.level_units).max(0) as u64;
+            let wait_ms = missing_units.div_ceil(self.rate_per_minute);
+            Some(wait_ms.div_ceil(MILLIS_PER_SECOND).min(u32::MAX as u64) as u32)
+        };
+        Shortfall {
+            limit: self.rate_per_minute,
+            remaining: (self.level_units.max(0) / UNITS_PER_TOKEN) as u64,
+            reset_seconds,
+        }
+    }
+
+    /// Take `amount` if the bucket holds it at `now`; otherwise change nothing.
+    pub fn try_take(&mut self, now: Millis, amount: u64) -> Result<(), Shortfall> {
+        self.refill(now);
+        let need_units = units(amount);
+        if self.level_units < need_units {
+            return Err(self.shortfall(amount));
+        }
+        self.level_units -= need_units;
+        self.delta_tokens += amount.min(LIMIT_MAX) as i64;
+        Ok(())
+    }
+
+    /// Admit only if at least one whole token is left, taking nothing: the check for a bucket
+    /// that is charged after the fact (seed, B4: "If recent output drains the bucket, the next
+    /// request is rejected").
+    pub fn check_not_drained(&mut self, now: Millis) -> Result<(), Shortfall> {
+        self.refill(now);
+        if self.level_units < UNITS_PER_TOKEN {
+            return Err(self.shortfall(1));
+        }
+        Ok(())
+    }
+
+    /// Give back an amount taken by [`Bucket::try_take`] for a request that was refused later.
+    pub fn refund(&mut self, amount: u64) {
+        let amount_units = units(amount);
+        self.level_units = (self.level_units + amount_units).min(self.capacity_units);
+        self.delta_tokens -= amount.min(LIMIT_MAX) as i64;
+    }
+
+    /// Charge usage that already happened. One charge takes at most one capacity (seed, B4: "One
+    /// response can drain at most one minute of capacity") and the level never drops below minus
+    /// one capacity. Returns the tokens charged (what the sync round will publish).
+    pub fn charge(&mut self, now: Millis, amount: u64) -> u64 {
+        self.refill(now);
+        let charged = amount.min(self.capacity());
+        self.level_units = (self.level_units - units(charged)).max(-self.capacity_units);
+        self.delta_tokens += charged as i64;
+        charged
+    }
+
+    /// Subtract usage other routers admitted (the sync round, seed `run-several-routers.md`,
+    /// "How it works", step 2). Not counted in this router's delta.
+    pub fn apply_remote(&mut self, now: Millis, amount: u64) {
+        self.refill(now);
+        self.level_units = (self.level_units - units(amount)).max(-self.capacity_units);
+    }
+
+    /// Tokens admitted here since the last call, for the sync round to publish. A net refund is
+    /// kept and offsets the next round's usage instead of being published as negative usage.
+    pub fn take_delta(&mut self) -> u64 {
+        if self.delta_tokens <= 0 {
+            return 0;
+        }
+        let delta = self.delta_tokens as u64;
+        self.delta_tokens = 0;
+        delta
+    }
+
+    /// Take over `previous`'s usage after a configuration reload: the same amount used (capacity
+    /// minus level) and the same unpublished delta, under this bucket's new rate and capacity.
+    pub fn inherit(&mut self, now: Millis, previous: &Bucket) {
+        let used_units = previous.capacity_units - previous.level_at(now);
+        self.refill(now);
+        self.level_units =
+            (self.capacity_units - used_units).clamp(-self.capacity_units, self.capacity_units);
+        self.delta_tokens = previous.delta_tokens;
+    }
+
+    /// Change rate and capacity (a replica-scaled RPM whose healthy-replica count changed). A full
+    /// bucket stays full; otherwise the level is kept and clamped to the new capacity, so a
+    /// replica count that flaps never mints tokens for a bucket in use.
+    pub fn set_rate(&mut self, now: Millis, rate_per_minute: u64, capacity: u64) {
+        self.refill(now);
+        let was_full = self.level_units >= self.capacity_units;
+        self.rate_per_minute = rate_per_minute.min(LIMIT_MAX);
+        self.capacity_units = units(capacity.max(1));
+        if was_full || self.level_units > self.capacity_units {
+            self.level_units = self.capacity_units;
+        }
+        self.level_units = self.level_units.max(-self.capacity_units);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn at(seconds: u64) -> Millis {
+        Millis::from_seconds(seconds)
+    }
+
+    #[test]
+    fn starts_full_and_refuses_exactly_past_capacity() {
+        let mut bucket = Bucket::new(at(0), 60, 60);
+        for _ in 0..60 {
+            bucket.try_take(at(0), 1).unwrap();
+        }
+        let shortfall = bucket.try_take(at(0), 1).unwrap_err();
+        assert_eq!(shortfall.limit, 60);
+        assert_eq!(shortfall.remaining, 0);
+        // 60 per minute: one per second.
+        assert_eq!(shortfall.reset_seconds, Some(1));
+    }
+
+    #[test]
+    fn refills_continuously_not_at_the_minute() {
+        let mut bucket = Bucket::new(at(0), 60, 60);
+        bucket.try_take(at(0), 60).unwrap();
+        assert!(bucket.try_take(Millis(999), 1).is_err());
+        bucket.try_take(Millis(1000), 1).unwrap();
+        assert!(bucket.try_take(Millis(1000), 1).is_err());
+    }
+
+    #[test]
+    fn full_again_after_exactly_sixty_seconds() {
+        let mut bucket = Bucket::new(at(0), 100, 100);
+        bucket.try_take(at(0), 100).unwrap();
+        assert!(!bucket.is_full(Millis(59_999)));
+        assert_eq!(bucket.remaining(Millis(59_999)), 99);
+        assert!(bucket.is_full(at(60)));
+        bucket.try_take(at(60), 100).unwrap();
+    }
+
+    #[test]
+    fn refused_take_changes_nothing() {
+        let mut bucket = Bucket::new(at(0), 10, 10);
+        bucket.try_take(at(0), 4).unwrap();
+        assert!(bucket.try_take(at(0), 7).is_err());
+        assert_eq!(bucket.remaining(at(0)), 6);
+        assert_eq!(bucket.take_delta(), 4);
+    }
+
+    #[test]
+    fn more_than_capacity_never_fits() {
+        let mut bucket = Bucket::new(at(0), 10, 10);
+        assert_eq!(bucket.try_take(at(0), 11).unwrap_err().reset_seconds, None);
+    }
+
+    #[test]
+    fn charge_is_clamped_to_one_capacity_and_locks_out_at_most_a_minute() {
+        let mut bucket = Bucket::new(at(0), 600, 600);
+        assert_eq!(bucket.charge(at(0), 1_000_000), 600);
+        assert_eq!(bucket.charge(at(0), 1_000_000), 600);
+        // Two huge responses: the floor is minus one capacity, so back to full two minutes later
+        // and not drained after one minute.
+        assert!(bucket.check_not_drained(Millis(59_999)).is_err());
+        bucket.check_not_drained(Millis(60_100)).unwrap();
+        assert!(bucket.is_full(at(120)));
+    }
+
+    #[test]
+    fn refund_restores_level_and_delta() {
+        let mut bucket = Bucket::new(at(0), 100, 100);
+        bucket.try_take(at(0), 30).unwrap();
+        bucket.refund(30);
+        assert!(bucket.is_full(at(0)));
+        assert_eq!(bucket.take_delta(), 0);
+        // A refund after the round took the delta offsets the next round.
+        bucket.try_take(at(0), 30).unwrap();
+        assert_eq!(bucket.take_delta(), 30);
+        bucket.refund(30);
+        bucket.try_take(at(0), 50).unwrap();
+        assert_eq!(bucket.take_delta(), 20);
+    }
+
+    #[test]
+    fn local_plus_remote_usage_respects_the_limit() {
+        // Two routers share a 100/min limit; each applies the other's delta every second.
+        let mut router_a = Bucket::new(at(0), 100, 100);
+        let mut router_b = Bucket::new(at(0), 100, 100);
+        let mut admitted = 0u64;
+        for second in 0..=120u64 {
+            let now = at(second);
+            for _ in 0..10 {
+                admitted += router_a.try_take(now, 1).is_ok() as u64;
+                admitted += router_b.try_take(now, 1).is_ok() as u64;
+            }
+            let delta_a = router_a.take_delta();
+            let delta_b = router_b.take_delta();
+            router_a.apply_remote(now, delta_b);
+            router_b.apply_remote(now, delta_a);
+        }
+        // Allowed over 120 s: one burst plus the refill, plus what one round can overshoot (each
+        // router spends the same last-known level once before it hears of the other).
+        let allowed = 100 + 100 * 120 / 60;
+        assert!(admitted <= allowed + 100, "admitted {admitted}");
+        // And well above a single router's share: both were used.
+        assert!(admitted >= allowed - 10, "admitted {admitted}");
+    }
+
+    #[test]
+    fn remote_usage_drains_local_bucket() {
+        let mut bucket = Bucket::new(at(0), 60, 60);
+        bucket.apply_remote(at(0), 60);
+        assert!(bucket.try_take(at(0), 1).is_err());
+        assert_eq!(bucket.take_delta(), 0);
+        bucket.try_take(at(1), 1).unwrap();
+    }
+
+    #[test]
+    fn time_going_backwards_refills_nothing() {
+        let mut bucket = Bucket::new(at(10), 60, 60);
+        bucket.try_take(at(10), 60).unwrap();
+        assert!(bucket.try_take(at(5), 1).is_err());
+        bucket.try_take(at(11), 1).unwrap();
+    }
+
+    #[test]
+    fn rescaling_keeps_a_full_bucket_full_and_a_used_one_used() {
+        let mut bucket = Bucket::new(at(0), 10, 10);
+        bucket.set_rate(at(0), 30, 30);
+        assert_eq!(bucket.remaining(at(0)), 30);
+        bucket.try_take(at(0), 25).unwrap();
+        bucket.set_rate(at(0), 10, 10);
+        assert_eq!(bucket.remaining(at(0)), 5);
+        bucket.set_rate(at(0), 30, 30);
+        assert_eq!(bucket.remaining(at(0)), 5);
+    }
+
+    #[test]
+    fn inherit_keeps_usage_under_a_new_limit() {
+        let mut previous = Bucket::new(at(0), 100, 100);
+        previous.try_take(at(0), 40).unwrap();
+        let mut raised = Bucket::new(at(0), 200, 200);
+        raised.inherit(at(0), &previous);
+        assert_eq!(raised.remaining(at(0)), 160);
+        assert_eq!(raised.take_delta(), 40);
+        let mut lowered = Bucket::new(at(0), 30, 30);
+        lowered.inherit(at(0), &previous);
+        assert_eq!(lowered.remaining(at(0)), 0);
+        assert!(lowered.try_take(at(0), 1).is_err());
+    }
+
+    proptest! {
+        /// Over any sequence of takes at non-decreasing times, what was admitted never exceeds
+        /// the capacity plus the refill over the elapsed time.
+        #[test]
+        fn admitted_never_exceeds_burst_plus_refill(
+            rate in 1u64..10_000,
+            capacity in 1u64..10_000,
+            steps in proptest::collection::vec((0u64..5_000, 1u64..50), 1..200),
+        ) {
+            let mut bucket = Bucket::new(Millis(0), rate, capacity);
+            let mut now = 0u64;
+            let mut admitted = 0u64;
+            for (advance_ms, amount) in steps {
+                now += advance_ms;
+                if bucket.try_take(Millis(now), amount).is_ok() {
+                    admitted += amount;
+                }
+                let bound_units = capacity as u128 * UNITS_PER_TOKEN as u128
+                    + now as u128 * rate as u128;
+                prop_assert!(admitted as u128 * UNITS_PER_TOKEN as u128 <= bound_units);
+            }
+            prop_assert_eq!(bucket.take_delta(), admitted);
+        }
+
+        /// A take refused at one moment succeeds once `reset_seconds` have passed.
+        #[test]
+        fn reset_seconds_is_enough(
+            rate in 1u64..10_000,
+            capacity in 1u64..10_000,
+            used in 0u64..10_000,
+            amount in 1u64..10_000,
+        ) {
+            let mut bucket = Bucket::new(Millis(0), rate, capacity);
+            bucket.charge(Millis(0), used);
+            if let Err(shortfall) = bucket.try_take(Millis(0), amount) {
+                if let Some(seconds) = shortfall.reset_seconds {
+                    prop_assert!(bucket.try_take(Millis::from_seconds(seconds as u64), amount).is_ok());
+                } else {
+                    prop_assert!(amount > capacity);
+                }
+            }
+        }
+    }
+}

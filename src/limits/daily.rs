@@ -1,0 +1,403 @@
+//! Tokens per UTC day (`tokens_per_day`): input and output combined, reset at midnight UTC.
+//!
+//! Rules (auth-yaml reference, "Token-budget enforcement"; seed, gate 5 "Daily token admission"):
+//! - Before forwarding, the worst case `estimated input + declared maximum output` must fit the
+//!   remaining budget; only the estimated input is charged ("This first check does not deduct
+//!   the requested maximum output").
+//! - After the response, the input charge is corrected to exact usage (seed, "One input
+//!   estimate": the estimate is used for "daily input admission, and the later exact-usage
+//!   correction") and the exact output is charged.
+//! - A non-streaming completion that no longer fits is refused and its output is not charged;
+//!   "the prompt-token deduction remains". A stream's output is charged even past the budget:
+//!   it was already delivered.
+//!
+//! Midnight: a request belongs to the day it was admitted for its input, so its input true-up
+//! applies only if that day is still current (after midnight the old day's total is gone, and
+//! correcting the new day for input it never charged would hand out or take tokens that day never
+//! saw). Its output is charged to the day it settles in, because that is when the tokens were
+//! produced and delivered: a stream started at 23:59 does not get its output free.
+
+use super::{Day, LIMIT_MAX};
+
+#[derive(Debug, Clone)]
+pub struct DailyBudget {
+    tokens_per_day: u64,
+    /// The UTC day the counters below belong to.
+    day: Day,
+    /// Tokens used on `day` by every router (this one plus remote usage applied).
+    used_tokens: u64,
+    /// Tokens this router charged on `day`: the running total the sync round writes to the store.
+    local_tokens: u64,
+    /// Net tokens charged here on `day` since the last `take_delta`.
+    delta_tokens: i64,
+}
+
+/// What a daily admission charged: the estimated input, on `day`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DailyAdmission {
+    pub day: Day,
+    pub input_tokens: u64,
+}
+
+/// A daily refusal: the budget and what is left of it (the `X-RateLimit-Remaining-Tokens` value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DailyShortfall {
+    pub limit: u64,
+    pub remaining: u64,
+    /// The refusal was because of the declared maximum output (the estimate alone would fit).
+    pub because_of_max_output: bool,
+}
+
+/// After-response outcome of the daily budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DailySettlement {
+    /// The output fit what was left of the day's budget. A non-streaming response that does not
+    /// fit is refused with `token_limit_exceeded` and `X-RateLimit-Remaining-Tokens: 0`.
+    pub output_fit: bool,
+    /// Output tokens charged (0 when a non-streaming output did not fit).
+    pub output_tokens_charged: u64,
+    /// Tokens left today after settling.
+    pub remaining: u64,
+}
+
+impl DailyBudget {
+    pub fn new(day: Day, tokens_per_day: u64) -> DailyBudget {
+        DailyBudget {
+            tokens_per_day: tokens_per_day.min(LIMIT_MAX),
+            day,
+            used_tokens: 0,
+            local_tokens: 0,
+            delta_tokens: 0,
+        }
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.tokens_per_day
+    }
+
+    /// Start a new day at zero when the UTC day has moved on. An earlier `day` (a caller whose
+    /// clock stepped back) changes nothing: the budget never goes back to a previous day.
+    fn roll(&mut self, day: Day) {
+        if day > self.day {
+            self.day = day;
+            self.used_tokens = 0;
+            self.local_tokens = 0;
+            // Yesterday's unpublished usage no longer limits anyone.
+            self.delta_tokens = 0;
+        }
+    }
+
+    /// Tokens left on `day`.
+    pub fn remaining(&self, day: Day) -> u64 {
+        if day > self.day {
+            return self.tokens_per_day;
+        }
+        self.tokens_per_day.saturating_sub(self.used_tokens)
+    }
+
+    /// Tokens used on `day` by every router.
+    pub fn used(&self, day: Day) -> u64 {
+        if day > self.day { 0 } else { self.used_tokens }
+    }
+
+    /// This router's running total for its current day (the per-router total the sync round
+    /// writes, seed `run-several-routers.md`, "How it works", step 3).
+    pub fn local_total(&self) -> (Day, u64) {
+        (self.day, self.local_tokens)
+    }
+
+    fn charge(&mut self, tokens: u64) {
+        self.used_tokens = self.used_tokens.saturating_add(tokens);
+        self.local_tokens = self.local_tokens.saturating_add(tokens);
+        self.delta_tokens += tokens as i64;
+    }
+
+    fn uncharge(&mut self, tokens: u64) {
+        self.used_tokens = self.used_tokens.saturating_sub(tokens);
+        self.local_tokens = self.local_tokens.saturating_sub(tokens);
+        self.delta_tokens -= tokens as i64;
+    }
+
+    /// Admit a request whose worst case is `input_tokens + max_output_tokens`; charge the input.
+    /// Refuses when the day's budget is spent, even for a request estimated at zero tokens.
+    pub fn admit(
+        &mut self,
+        day: Day,
+        input_tokens: u64,
+        max_output_tokens: Option<u64>,
+    ) -> Result<DailyAdmission, DailyShortfall> {
+        self.roll(day);
+        let input_tokens = input_tokens.min(LIMIT_MAX);
+        let max_output_tokens = max_output_tokens.unwrap_or(0).min(LIMIT_MAX);
+        let remaining = self.remaining(day);
+        if remaining == 0 || input_tokens + max_output_tokens > remaining {
+            return Err(DailyShortfall {
+                limit: self.tokens_per_day,
+                remaining,
+                because_of_max_output: max_output_tokens > 0 && input_tokens <= remaining,
+            });
+        }
+        self.charge(input_tokens);
+        Ok(DailyAdmission {
+            day: self.day,
+            input_tokens,
+        })
+    }
+
+    /// Give back an admission's input charge: a later check refused the request before it was
+    /// forwarded. A charge from a day that has ended is gone already.
+    pub fn refund(&mut self, admission: DailyAdmission) {
+        if admission.day == self.day {
+            self.uncharge(admission.input_tokens);
+        }
+    }
+
+    /// Correct the input to exact usage and charge the output (see the module doc for midnight).
+    /// `output_may_be_refused`: the response has not reached the client yet (non-streaming), so
+    /// output that does not fit is refused instead of charged.
+    pub fn settle(
+        &mut self,
+        day: Day,
+        admission: DailyAdmission,
+        exact_input_tokens: u64,
+        exact_output_tokens: u64,
+        output_may_be_refused: bool,
+    ) -> DailySettlement {
+        self.roll(day);
+        if admission.day == self.day {
+            let exact_input_tokens = exact_input_tokens.min(LIMIT_MAX);
+            if exact_input_tokens >= admission.input_tokens {
+                self.charge(exact_input_tokens - admission.input_tokens);
+            } else {
+                self.uncharge(admission.input_tokens - exact_input_tokens);
+            }
+        }
+        let exact_output_tokens = exact_output_tokens.min(LIMIT_MAX);
+        let output_fit = exact_output_tokens <= self.remaining(day);
+        let output_tokens_charged = if output_fit || !output_may_be_refused {
+            self.charge(exact_output_tokens);
+            exact_output_tokens
+        } else {
+            0
+        };
+        DailySettlement {
+            output_fit,
+            output_tokens_charged,
+            remaining: if output_fit { self.remaining(day) } else { 0 },
+        }
+    }
+
+    /// Take over `previous`'s totals after a reload ("usage and today's totals survive a
+    /// reload"), under this budget's limit.
+    pub fn inherit(&mut self, previous: &DailyBudget) {
+        if previous.day >= self.day {
+            self.day = previous.day;
+            self.used_tokens = previous.used_tokens;
+            self.local_tokens = previous.local_tokens;
+            self.delta_tokens = previous.delta_tokens;
+        }
+    }
+
+    /// Usage other routers charged on `day` (sync round). Usage for a day already over is
+    /// ignored; usage for a later day starts that day here.
+    pub fn apply_remote(&mut self, day: Day, tokens: u64) {
+        self.roll(day);
+        if day == self.day {
+            self.used_tokens = self.used_tokens.saturating_add(tokens.min(LIMIT_MAX));
+        }
+    }
+
+    /// Net tokens charged here since the last call, with the day they belong to. A net refund
+    /// is kept and offsets the next round.
+    pub fn take_delta(&mut self) -> (Day, u64) {
+        if self.delta_tokens <= 0 {
+            return (self.day, 0);
+        }
+        let delta = self.delta_tokens as u64;
+        self.delta_tokens = 0;
+        (self.day, delta)
+    }
+
+    /// Nothing to keep: the budget belongs to a past UTC day, or nothing was used today.
+    pub fn is_idle(&self, day: Day) -> bool {
+        day > self.day || self.used_tokens == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MONDAY: Day = Day(20_000);
+    const TUESDAY: Day = Day(20_001);
+
+    #[test]
+    fn worst_case_must_fit_but_only_input_is_charged() {
+        let mut budget = DailyBudget::new(MONDAY, 1000);
+        let admission = budget.admit(MONDAY, 300, Some(700)).unwrap();
+        assert_eq!(admission.input_tokens, 300);
+        assert_eq!(budget.remaining(MONDAY), 700);
+        let refused = budget.admit(MONDAY, 300, Some(500)).unwrap_err();
+        assert_eq!(refused.remaining, 700);
+        assert!(refused.because_of_max_output);
+        let refused = budget.admit(MONDAY, 800, None).unwrap_err();
+        assert!(!refused.because_of_max_output);
+    }
+
+    #[test]
+    fn exactly_at_the_limit_and_spent() {
+        let mut budget = DailyBudget::new(MONDAY, 1000);
+        budget.admit(MONDAY, 600, Some(400)).unwrap();
+        budget.admit(MONDAY, 400, None).unwrap();
+        assert_eq!(budget.remaining(MONDAY), 0);
+        let refused = budget.admit(MONDAY, 0, None).unwrap_err();
+        assert_eq!((refused.limit, refused.remaining), (1000, 0));
+    }
+
+    #[test]
+    fn true_up_adds_or_refunds_and_output_is_deducted() {
+        let mut budget = DailyBudget::new(MONDAY, 10_000);
+        let admission = budget.admit(MONDAY, 500, None).unwrap();
+        let settled = budget.settle(MONDAY, admission, 450, 200, false);
+        assert_eq!(budget.used(MONDAY), 650);
+        assert_eq!(settled.remaining, 9_350);
+        let admission = budget.admit(MONDAY, 500, None).unwrap();
+        budget.settle(MONDAY, admission, 700, 0, false);
+        assert_eq!(budget.used(MONDAY), 1_350);
+    }
+
+    #[test]
+    fn buffered_output_that_does_not_fit_is_refused_not_charged() {
+        let mut budget = DailyBudget::new(MONDAY, 1000);
+        let admission = budget.admit(MONDAY, 900, None).unwrap();
+        let settled = budget.settle(MONDAY, admission, 900, 200, true);
+        assert!(!settled.output_fit);
+        assert_eq!(settled.output_tokens_charged, 0);
+        assert_eq!(settled.remaining, 0);
+        // The prompt deduction remains.
+        assert_eq!(budget.used(MONDAY), 900);
+    }
+
+    #[test]
+    fn streamed_output_past_the_budget_is_still_charged() {
+        let mut budget = DailyBudget::new(MONDAY, 1000);
+        let admission = budget.admit(MONDAY, 900, None).unwrap();
+        let settled = budget.settle(MONDAY, admission, 900, 200, false);
+        assert!(!settled.output_fit);
+        assert_eq!(settled.output_tokens_charged, 200);
+        assert_eq!(budget.used(MONDAY), 1100);
+        assert_eq!(budget.remaining(MONDAY), 0);
+        assert!(budget.admit(MONDAY, 1, None).is_err());
+    }
+
+    #[test]
+    fn resets_at_utc_midnight() {
+        let mut budget = DailyBudget::new(MONDAY, 1000);
+        budget.admit(MONDAY, 1000, None).unwrap();
+        assert!(budget.admit(MONDAY, 1, None).is_err());
+        assert!(!budget.is_idle(MONDAY));
+        assert!(budget.is_idle(TUESDAY));
+        assert_eq!(budget.remaining(TUESDAY), 1000);
+        budget.admit(TUESDAY, 1000, None).unwrap();
+        // A clock stepping back does not reopen Monday.
+        assert!(budget.admit(MONDAY, 1, None).is_err());
+    }
+
+    #[test]
+    fn day_from_unix_seconds_changes_exactly_at_midnight() {
+        // 2024-06-01T00:00:00Z = 1717200000.
+        assert_eq!(Day::from_unix_seconds(1_717_199_999), Day(19_874));
+        assert_eq!(Day::from_unix_seconds(1_717_200_000), Day(19_875));
+        assert_eq!(Day::seconds_until_next(1_717_199_999), 1);
+        assert_eq!(Day::seconds_until_next(1_717_200_000), 86_400);
+    }
+
+    #[test]
+    fn admitted_before_midnight_settled_after() {
+        let mut budget = DailyBudget::new(MONDAY, 1000);
+        let admission = budget.admit(MONDAY, 400, None).unwrap();
+        // Settles on Tuesday: Monday's input correction is dropped with Monday's total, the
+        // output is charged to Tuesday, when it was delivered.
+        let settled = budget.settle(TUESDAY, admission, 10, 300, false);
+        assert!(settled.output_fit);
+        assert_eq!(budget.used(TUESDAY), 300);
+        assert_eq!(budget.local_total(), (TUESDAY, 300));
+        // A refund of Monday's charge does not give Tuesday free tokens.
+        budget.refund(admission);
+        assert_eq!(budget.used(TUESDAY), 300);
+    }
+
+    #[test]
+    fn refund_returns_the_input_charge() {
+        let mut budget = DailyBudget::new(MONDAY, 1000);
+        let admission = budget.admit(MONDAY, 400, None).unwrap();
+        budget.refund(admission);
+        assert_eq!(budget.used(MONDAY), 0);
+        assert_eq!(budget.take_delta(), (MONDAY, 0));
+    }
+
+    #[test]
+    fn local_plus_remote_usage_respects_the_budget() {
+        let mut router_a = DailyBudget::new(MONDAY, 1000);
+        let mut router_b = DailyBudget::new(MONDAY, 1000);
+        let mut admitted = 0;
+        for _round in 0..100 {
+            for _ in 0..3 {
+                admitted += router_a
+                    .admit(MONDAY, 10, None)
+                    .map_or(0, |a| a.input_tokens);
+                admitted += router_b
+                    .admit(MONDAY, 10, None)
+                    .map_or(0, |a| a.input_tokens);
+            }
+            let (day_a, delta_a) = router_a.take_delta();
+            let (day_b, delta_b) = router_b.take_delta();
+            router_a.apply_remote(day_b, delta_b);
+            router_b.apply_remote(day_a, delta_a);
+        }
+        // Over by at most what both routers admitted in one round before hearing of each other
+        // (seed `run-several-routers.md`: "within one sync interval of usage").
+        assert!((1000..=1060).contains(&admitted), "admitted {admitted}");
+        assert_eq!(router_a.remaining(MONDAY), 0);
+        assert_eq!(router_b.remaining(MONDAY), 0);
+        // Yesterday's remote usage is ignored once the day has moved on.
+        router_a.apply_remote(TUESDAY, 5);
+        router_a.apply_remote(MONDAY, 500);
+        assert_eq!(router_a.used(TUESDAY), 5);
+    }
+
+    proptest! {
+        /// Within one day, the total after every request has settled equals exact usage.
+        #[test]
+        fn totals_after_settle_equal_exact_usage(
+            requests in proptest::collection::vec(
+                (0u64..5_000, 0u64..5_000, 0u64..5_000, proptest::option::of(0u64..5_000)),
+                1..100,
+            ),
+        ) {
+            let mut budget = DailyBudget::new(MONDAY, LIMIT_MAX);
+            let mut exact_total = 0u64;
+            for (estimate, exact_input, exact_output, max_output) in requests {
+                let admission = budget.admit(MONDAY, estimate, max_output).unwrap();
+                budget.settle(MONDAY, admission, exact_input, exact_output, false);
+                exact_total += exact_input + exact_output;
+            }
+            prop_assert_eq!(budget.used(MONDAY), exact_total);
+            prop_assert_eq!(budget.take_delta(), (MONDAY, exact_total));
+        }
+
+        /// Admission never lets today's charged input pass the budget.
+        #[test]
+        fn admitted_input_never_exceeds_budget(
+            limit in 1u64..100_000,
+            estimates in proptest::collection::vec(0u64..10_000, 1..100),
+        ) {
+            let mut budget = DailyBudget::new(MONDAY, limit);
+            for estimate in estimates {
+                let _ = budget.admit(MONDAY, estimate, None);
+                prop_assert!(budget.used(MONDAY) <= limit);
+            }
+        }
+    }
+}

@@ -1,0 +1,1281 @@
+//! [`KeyLimits`]: every bucket configured for one quota holder, and the order its checks run in.
+//!
+//! Order (seed `admission-control.md`, "Gate order"): the request-per-minute check runs right
+//! after authentication ([`KeyLimits::admit_request`]); B1-B3 and the B4 occupancy share run in
+//! the admission module; then [`KeyLimits::admit_tokens`] runs the rest of B4 in the seed's order
+//! ("per-key occupancy share, output-rate state, and input tokens per minute") and the daily
+//! token admission last. ITPM is "charged from the shared input estimate before the daily
+//! budget", so an ITPM refusal spends no daily tokens; when the daily budget refuses, the ITPM
+//! charge is given back, so a refused request spends no token bucket.
+//!
+//! The RPM unit is not given back when a later check refuses: the seed places the RPM check
+//! before the gates, as a limit on requests made (it also protects `count_tokens`, which skips
+//! every token gate), and its "release on later rejection" rule names occupancy reservations only.
+//!
+//! Shapes (auth-yaml reference): a flat quota has one RPM and one daily budget for every model,
+//! plus B4 ITPM/OTPM buckets that are "independent for each key-and-model combination" (seed,
+//! B4); a `quota.per_model` quota has, per listed model, an RPM per healthy replica and a daily
+//! budget, and refuses unlisted models ("Strict enumeration").
+
+use super::daily::DailyAdmission;
+use super::rate::RateDecision;
+use super::{
+    BurstSeconds, DailyBudget, Day, LIMIT_MAX, LimitsConfigError, Millis, Rejection, RejectionKind,
+    RequestRate, TOKEN_RATE_MODELS_MAX, TokenRate,
+};
+use crate::shard::snapshot::ModelId;
+
+/// The flat quota shape: one budget for every model the key may call. `0` disables a field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FlatQuota {
+    /// Requests per minute, shared by every model.
+    pub requests_per_minute: u64,
+    /// Tokens (input + output) per UTC day, shared by every model.
+    pub tokens_per_day: u64,
+    /// B4 (serverless models only): input tokens per minute, per model.
+    pub input_tokens_per_minute: u64,
+    /// B4 (serverless models only): output tokens per minute, per model.
+    pub output_tokens_per_minute: u64,
+}
+
+/// One `quota.per_model` entry. `0` disables a field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelQuota {
+    pub model: ModelId,
+    /// Requests per minute per healthy replica serving the model.
+    pub requests_per_minute_per_replica: u64,
+    /// Tokens per UTC day for this model; does not scale with replicas.
+    pub tokens_per_day: u64,
+}
+
+/// A key's quota, already parsed and validated by the auth loader (shapes not mixed, no negative
+/// values), with model names resolved to ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyQuota {
+    Flat(FlatQuota),
+    PerModel(Vec<ModelQuota>),
+}
+
+/// What the router knows about the requested model at admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelContext {
+    pub model: ModelId,
+    /// Healthy replicas serving the model now, for a per-model RPM.
+    pub healthy_replicas: u32,
+    /// The model's effective policy has `mode: serverless`: B4 token rates run.
+    pub serverless: bool,
+}
+
+/// The request's one input estimate and its declared maximum output
+/// (`max_completion_tokens`, else `max_tokens`; `None` when undeclared).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Estimate {
+    pub input_tokens: u64,
+    pub max_output_tokens: Option<u64>,
+}
+
+/// Exact usage after the response (backend usage, or estimates where the backend gave none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+/// How the response reached (or will reach) the client; decides what settling charges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Already delivered (a stream): every token is charged, even past the daily budget.
+    Streamed,
+    /// Not yet delivered (non-streaming): output that no longer fits the daily budget is refused
+    /// and not charged to it; the caller answers `429 token_limit_exceeded`.
+    Buffered,
+    /// Served by a provider fallback: no OTPM charge, no daily output, no input correction
+    /// (seed, "Provider fallback accounting").
+    Provider,
+}
+
+/// The RPM phase passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestAdmission {
+    /// For `X-RateLimit-Remaining-Requests`; `None` when the key has no finite RPM here.
+    pub remaining_requests: Option<u64>,
+}
+
+/// What the token phase charged; hand it back to [`KeyLimits::settle`] or [`KeyLimits::cancel`].
+#[must_use = "an admission must be settled or cancelled"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct Admission {
+    model: ModelId,
+    serverless: bool,
+    /// Tokens taken from the model's ITPM bucket (0 when none).
+    input_rate_tokens: u64,
+    daily: Option<DailyAdmission>,
+    /// For `X-RateLimit-Remaining-Requests` (filled by [`KeyLimits::admit`]).
+    pub remaining_requests: Option<u64>,
+    /// For `X-RateLimit-Remaining-Tokens`; `None` without a finite daily budget.
+    pub remaining_tokens: Option<u64>,
+}
+
+/// What settling decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settlement {
+    /// False when a [`Delivery::Buffered`] output did not fit the daily budget: answer
+    /// `429 token_limit_exceeded` with `X-RateLimit-Remaining-Tokens: 0` and discard the body.
+    pub output_fit: bool,
+    pub remaining_tokens: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+struct ModelLimits {
+    model: ModelId,
+    requests: Option<RequestRate>,
+    daily: Option<DailyBudget>,
+}
+
+#[derive(Debug, Clone)]
+enum Shape {
+    Flat {
+        requests: Option<RequestRate>,
+        daily: Option<DailyBudget>,
+    },
+    /// Sorted by model id, no duplicates.
+    PerModel(Box<[ModelLimits]>),
+}
+
+#[derive(Debug, Clone)]
+struct ModelTokenRates {
+    model: ModelId,
+    input: Option<TokenRate>,
+    output: Option<TokenRate>,
+}
+
+impl ModelTokenRates {
+    fn is_full(&self, now: Millis) -> bool {
+        self.input.as_ref().is_none_or(|rate| rate.is_full(now))
+            && self.output.as_ref().is_none_or(|rate| rate.is_full(now))
+    }
+}
+
+/// Names one of a key's buckets for the sync round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BucketRef {
+    /// The flat RPM (`model: None`) or a per-model RPM.
+    Requests {
+        model: Option<ModelId>,
+    },
+    InputTokens {
+        model: ModelId,
+    },
+    OutputTokens {
+        model: ModelId,
+    },
+    /// The flat daily budget (`model: None`) or a per-model one, for `day`.
+    Daily {
+        model: Option<ModelId>,
+        day: Day,
+    },
+}
+
+/// Every bucket configured for one quota holder (see the module doc for order and shapes).
+#[derive(Debug, Clone)]
+pub struct KeyLimits {
+    shape: Shape,
+    /// B4 per-model token rates (flat shape only; 0 disables).
+    input_tokens_per_minute: u64,
+    output_tokens_per_minute: u64,
+    /// Created on a model's first serverless request, bounded by [`TOKEN_RATE_MODELS_MAX`],
+    /// dropped by [`KeyLimits::compact`] once full again.
+    token_rates: Vec<ModelTokenRates>,
+}
+
+fn check_limit(field: &'static str, value: u64) -> Result<u64, LimitsConfigError> {
+    if value > LIMIT_MAX {
+        return Err(LimitsConfigError::TooLarge { field, value });
+    }
+    Ok(value)
+}
+
+fn daily_rejection(model: ModelId, shortfall: super::daily::DailyShortfall) -> Rejection {
+    let kind = if shortfall.because_of_max_output {
+        RejectionKind::DailyTokensForMaxOutput
+    } else {
+        RejectionKind::DailyTokens
+    };
+    Rejection {
+        kind,
+        model,
+        limit: shortfall.limit,
+        remaining: shortfall.remaining,
+        reset_seconds: None,
+        retry_after_seconds: kind.retry_after_seconds(),
+        remaining_requests: None,
+    }
+}
+
+fn not_in_quota(model: ModelId) -> Rejection {
+    Rejection {
+        kind: RejectionKind::ModelNotInQuota,
+        model,
+        limit: 0,
+        remaining: 0,
+        reset_seconds: None,
+        retry_after_seconds: None,
+        remaining_requests: None,
+    }
+}
+
+impl KeyLimits {
+    /// Buckets for `quota`, all full, daily budgets starting on `day` at zero.
+    pub fn new(
+        now: Millis,
+        day: Day,
+        quota: &KeyQuota,
+        burst: BurstSeconds,
+    ) -> Result<KeyLimits, LimitsConfigError> {
+        match quota {
+            KeyQuota::Flat(flat) => {
+                let rpm = check_limit("requests_per_minute", flat.requests_per_minute)?;
+                let tokens_per_day = check_limit("tokens_per_day", flat.tokens_per_day)?;
+                Ok(KeyLimits {
+                    shape: Shape::Flat {
+                        requests: (rpm > 0).then(|| RequestRate::flat(now, rpm, burst)),
+                        daily: (tokens_per_day > 0).then(|| DailyBudget::new(day, tokens_per_day)),
+                    },
+                    input_tokens_per_minute: check_limit(
+                        "input_tokens_per_minute",
+                        flat.input_tokens_per_minute,
+                    )?,
+                    output_tokens_per_minute: check_limit(
+                        "output_tokens_per_minute",
+                        flat.output_tokens_per_minute,
+                    )?,
+                    token_rates: Vec::new(),
+                })
+            }
+            KeyQuota::PerModel(entries) => {
+                if entries.is_empty() {
+                    return Err(LimitsConfigError::EmptyPerModel);
+                }
+                let mut models = Vec::with_capacity(entries.len());
+                for entry in entries {
+                    let rpm = check_limit(
+                        "requests_per_minute_per_replica",
+                        entry.requests_per_minute_per_replica,
+                    )?;
+                    let tokens_per_day = check_limit("tokens_per_day", entry.tokens_per_day)?;
+                    models.push(ModelLimits {
+                        model: entry.model,
+                        requests: (rpm > 0).then(|| RequestRate::per_replica(now, rpm, burst)),
+                        daily: (tokens_per_day > 0).then(|| DailyBudget::new(day, tokens_per_day)),
+                    });
+                }
+                models.sort_unstable_by_key(|limits| limits.model);
+                if let Some(pair) = models
+                    .windows(2)
+                    .find(|pair| pair[0].model == pair[1].model)
+                {
+                    return Err(LimitsConfigError::DuplicateModel(pair[0].model.0));
+                }
+                Ok(KeyLimits {
+                    shape: Shape::PerModel(models.into_boxed_slice()),
+                    input_tokens_per_minute: 0,
+                    output_tokens_per_minute: 0,
+                    token_rates: Vec::new(),
+                })
+            }
+        }
+    }
+
+    /// The same key under a reloaded `quota`, keeping the usage of every bucket both
+    /// configurations have (auth.yaml reload: usage and today's totals survive). A bucket the
+    /// new quota adds starts full; one it removes is dropped.
+    pub fn reconfigured(
+        &self,
+        now: Millis,
+        day: Day,
+        quota: &KeyQuota,
+        burst: BurstSeconds,
+    ) -> Result<KeyLimits, LimitsConfigError> {
+        let mut next = KeyLimits::new(now, day, quota, burst)?;
+        match (&mut next.shape, &self.shape) {
+            (
+                Shape::Flat { requests, daily },
+                Shape::Flat {
+                    requests: previous_requests,
+                    daily: previous_daily,
+                },
+            ) => {
+                if let (Some(rate), Some(previous)) = (requests.as_mut(), previous_requests) {
+                    rate.inherit(now, previous);
+                }
+                if let (Some(budget), Some(previous)) = (daily.as_mut(), previous_daily) {
+                    budget.inherit(previous);
+                }
+            }
+            (Shape::PerModel(models), Shape::PerModel(previous_models)) => {
+                for limits in models.iter_mut() {
+                    let Some(previous) = previous_models
+                        .iter()
+                        .find(|previous| previous.model == limits.model)
+                    else {
+                        continue;
+                    };
+                    if let (Some(rate), Some(previous)) =
+                        (limits.requests.as_mut(), previous.requests.as_ref())
+                    {
+                        rate.inherit(now, previous);
+                    }
+                    if let (Some(budget), Some(previous)) =
+                        (limits.daily.as_mut(), previous.daily.as_ref())
+                    {
+                        budget.inherit(previous);
+                    }
+                }
+            }
+            // The shape changed: the buckets are different ones, nothing to carry over.
+            _ => {}
+        }
+        for previous in &self.token_rates {
+            if let Ok(Some(index)) = next.token_rates_index(now, previous.model) {
+                let rates = &mut next.token_rates[index];
+                if let (Some(input), Some(previous)) = (rates.input.as_mut(), &previous.input) {
+                    input.inherit(now, previous);
+                }
+                if let (Some(output), Some(previous)) = (rates.output.as_mut(), &previous.output) {
+                    output.inherit(now, previous);
+                }
+            }
+        }
+        next.compact(now);
+        Ok(next)
+    }
+
+    fn model_limits(&mut self, model: ModelId) -> Option<&mut ModelLimits> {
+        match &mut self.shape {
+            Shape::Flat { .. } => None,
+            Shape::PerModel(models) => models
+                .binary_search_by_key(&model, |limits| limits.model)
+                .ok()
+                .map(|index| &mut models[index]),
+        }
+    }
+
+    /// Whether the key may call `model` at all under its quota (strict enumeration of
+    /// `quota.per_model`; a flat quota covers every model).
+    pub fn covers(&self, model: ModelId) -> bool {
+        match &self.shape {
+            Shape::Flat { .. } => true,
+            Shape::PerModel(models) => models
+                .binary_search_by_key(&model, |limits| limits.model)
+                .is_ok(),
+        }
+    }
+
+    fn daily_mut(&mut self, model: ModelId) -> Option<&mut DailyBudget> {
+        match &mut self.shape {
+            Shape::Flat { daily, .. } => daily.as_mut(),
+            Shape::PerModel(models) => models
+                .binary_search_by_key(&model, |limits| limits.model)
+                .ok()
+                .and_then(|index| models[index].daily.as_mut()),
+        }
+    }
+
+    /// The request-per-minute check, run right after authentication for every endpoint (chat,
+    /// messages, `count_tokens`, embeddings, reranking). Also refuses a model missing from
+    /// `quota.per_model`.
+    pub fn admit_request(
+        &mut self,
+        now: Millis,
+        model: &ModelContext,
+    ) -> Result<RequestAdmission, Rejection> {
+        let (rate, scaled) = match &mut self.shape {
+            Shape::Flat { requests, .. } => (requests.as_mut(), false),
+            Shape::PerModel(models) => {
+                let Ok(index) = models.binary_search_by_key(&model.model, |limits| limits.model)
+                else {
+                    return Err(not_in_quota(model.model));
+                };
+                (models[index].requests.as_mut(), true)
+            }
+        };
+        let Some(rate) = rate else {
+            return Ok(RequestAdmission {
+                remaining_requests: None,
+            });
+        };
+        let decision = if scaled {
+            rate.admit_scaled(now, model.healthy_replicas)
+        } else {
+            rate.admit(now)
+                .map(|remaining| RateDecision::Taken { remaining })
+        };
+        match decision {
+            Ok(RateDecision::Taken { remaining }) => Ok(RequestAdmission {
+                remaining_requests: Some(remaining),
+            }),
+            Ok(RateDecision::Skipped) => Ok(RequestAdmission {
+                remaining_requests: None,
+            }),
+            Err(shortfall) => {
+                let mut rejection =
+                    Rejection::from_shortfall(RejectionKind::RequestRate, model.model, shortfall);
+                rejection.remaining_requests = Some(0);
+                Err(rejection)
+            }
+        }
+    }
+
+    /// The index of `model`'s B4 token-rate buckets, created full on first use. `Ok(None)` when
+    /// the key has no token rates.
+    fn token_rates_index(
+        &mut self,
+        now: Millis,
+        model: ModelId,
+    ) -> Result<Option<usize>, Rejection> {
+        if self.input_tokens_per_minute == 0 && self.output_tokens_per_minute == 0 {
+            return Ok(None);
+        }
+        if let Some(index) = self
+            .token_rates
+            .iter()
+            .position(|rates| rates.model == model)
+        {
+            return Ok(Some(index));
+        }
+        if self.token_rates.len() >= TOKEN_RATE_MODELS_MAX {
+            self.compact(now);
+        }
+        if self.token_rates.len() >= TOKEN_RATE_MODELS_MAX {
+            // Hundreds of models in use by one key within a minute: refuse rather than grow.
+            return Err(Rejection {
+                kind: RejectionKind::InputTokenRate,
+                model,
+                limit: self.input_tokens_per_minute,
+                remaining: 0,
+                reset_seconds: Some(1),
+                retry_after_seconds: Some(1),
+                remaining_requests: None,
+            });
+        }
+        let input_rate = self.input_tokens_per_minute;
+        let output_rate = self.output_tokens_per_minute;
+        self.token_rates.push(ModelTokenRates {
+            model,
+            input: (input_rate > 0).then(|| TokenRate::new(now, input_rate)),
+            output: (output_rate > 0).then(|| TokenRate::new(now, output_rate)),
+        });
+        Ok(Some(self.token_rates.len() - 1))
+    }
+
+    /// B4's output-rate state and input tokens per minute (serverless models only), then the
+    /// daily token admission. On refusal nothing stays charged.
+    pub fn admit_tokens(
+        &mut self,
+        now: Millis,
+        day: Day,
+        model: &ModelContext,
+        estimate: Estimate,
+    ) -> Result<Admission, Rejection> {
+        if !self.covers(model.model) {
+            return Err(not_in_quota(model.model));
+        }
+        let mut input_rate_tokens = 0;
+        let rates_index = if model.serverless {
+            self.token_rates_index(now, model.model)?
+        } else {
+            None
+        };
+        if let Some(index) = rates_index {
+            let rates = &mut self.token_rates[index];
+            if let Some(output) = rates.output.as_mut() {
+                output.check_not_drained(now).map_err(|shortfall| {
+                    Rejection::from_shortfall(
+                        RejectionKind::OutputTokenRate,
+                        model.model,
+                        shortfall,
+                    )
+                })?;
+            }
+            if let Some(input) = rates.input.as_mut() {
+                input
+                    .take(now, estimate.input_tokens)
+                    .map_err(|shortfall| {
+                        Rejection::from_shortfall(
+                            RejectionKind::InputTokenRate,
+                            model.model,
+                            shortfall,
+                        )
+                    })?;
+                input_rate_tokens = estimate.input_tokens;
+            }
+        }
+        let (daily, remaining_tokens) = match self.daily_mut(model.model) {
+            None => (None, None),
+            Some(budget) => {
+                match budget.admit(day, estimate.input_tokens, estimate.max_output_tokens) {
+                    Ok(admission) => (Some(admission), Some(budget.remaining(day))),
+                    Err(shortfall) => {
+                        if let Some(index) = rates_index
+                            && let Some(input) = self.token_rates[index].input.as_mut()
+                        {
+                            input.refund(input_rate_tokens);
+                        }
+                        return Err(daily_rejection(model.model, shortfall));
+                    }
+                }
+            }
+        };
+        Ok(Admission {
+            model: model.model,
+            serverless: model.serverless,
+            input_rate_tokens,
+            daily,
+            remaining_requests: None,
+            remaining_tokens,
+        })
+    }
+
+    /// Both admit phases, for a caller with no gate in between (a refusal of the token phase
+    /// keeps the RPM unit, see the module doc).
+    pub fn admit(
+        &mut self,
+        now: Millis,
+        day: Day,
+        model: &ModelContext,
+        estimate: Estimate,
+    ) -> Result<Admission, Rejection> {
+        let request = self.admit_request(now, model)?;
+        match self.admit_tokens(now, day, model, estimate) {
+            Ok(mut admission) => {
+                admission.remaining_requests = request.remaining_requests;
+                Ok(admission)
+            }
+            Err(mut rejection) => {
+                rejection.remaining_requests = request.remaining_requests;
+                Err(rejection)
+            }
+        }
+    }
+
+    /// After the response: charge the exact output to the model's OTPM bucket (at most one
+    /// minute), correct the daily input to exact usage and charge the daily output.
+    pub fn settle(
+        &mut self,
+        now: Millis,
+        day: Day,
+        admission: Admission,
+        usage: Usage,
+        delivery: Delivery,
+    ) -> Settlement {
+        if delivery == Delivery::Provider {
+            return Settlement {
+                output_fit: true,
+                remaining_tokens: self.daily_mut(admission.model).map(|b| b.remaining(day)),
+            };
+        }
+        if admission.serverless && self.output_tokens_per_minute > 0 {
+            // The entry may have been compacted away (it was full): recreate it to charge. If the
+            // per-key bound refuses, the charge is dropped rather than growing memory.
+            if let Ok(Some(index)) = self.token_rates_index(now, admission.model)
+                && let Some(output) = self.token_rates[index].output.as_mut()
+            {
+                output.charge(now, usage.output_tokens);
+            }
+        }
+        let Some(budget) = self.daily_mut(admission.model) else {
+            return Settlement {
+                output_fit: true,
+                remaining_tokens: None,
+            };
+        };
+        let Some(daily) = admission.daily else {
+            return Settlement {
+                output_fit: true,
+                remaining_tokens: Some(budget.remaining(day)),
+            };
+        };
+        let settled = budget.settle(
+            day,
+            daily,
+            usage.input_tokens,
+            usage.output_tokens,
+            delivery == Delivery::Buffered,
+        );
+        Settlement {
+            output_fit: settled.output_fit,
+            remaining_tokens: Some(settled.remaining),
+        }
+    }
+
+    /// Give back what the token phase charged, for a request that was admitted but never
+    /// forwarded (refused by a later phase, or the client left while it was held).
+    pub fn cancel(&mut self, admission: Admission) {
+        if admission.input_rate_tokens > 0
+            && let Some(rates) = self
+                .token_rates
+                .iter_mut()
+                .find(|rates| rates.model == admission.model)
+            && let Some(input) = rates.input.as_mut()
+        {
+            input.refund(admission.input_rate_tokens);
+        }
+        if let Some(daily) = admission.daily
+            && let Some(budget) = self.daily_mut(admission.model)
+        {
+            budget.refund(daily);
+        }
+    }
+
+    /// Drop B4 token-rate buckets that are full again: recreating them full later loses nothing.
+    pub fn compact(&mut self, now: Millis) {
+        self.token_rates.retain(|rates| !rates.is_full(now));
+    }
+
+    /// Nothing worth keeping: every rate bucket is full and every daily budget belongs to a past
+    /// day or is unused today. The owner drops idle keys every five minutes (seed, "Idle-state
+    /// cleanup") and recreates them full on the next request. Run it after the sync round has
+    /// taken the deltas, so no unpublished usage is dropped.
+    pub fn is_idle(&self, now: Millis, day: Day) -> bool {
+        let shape_idle = match &self.shape {
+            Shape::Flat { requests, daily } => {
+                requests.as_ref().is_none_or(|rate| rate.is_full(now))
+                    && daily.as_ref().is_none_or(|budget| budget.is_idle(day))
+            }
+            Shape::PerModel(models) => models.iter().all(|limits| {
+                limits
+                    .requests
+                    .as_ref()
+                    .is_none_or(|rate| rate.is_full(now))
+                    && limits
+                        .daily
+                        .as_ref()
+                        .is_none_or(|budget| budget.is_idle(day))
+            }),
+        };
+        shape_idle && self.token_rates.iter().all(|rates| rates.is_full(now))
+    }
+
+    /// Hand every non-zero local delta to `sink` (seed `run-several-routers.md`, "How it
+    /// works", step 1: publish the usage admitted since the last round).
+    pub fn take_deltas(&mut self, mut sink: impl FnMut(BucketRef, u64)) {
+        match &mut self.shape {
+            Shape::Flat { requests, daily } => {
+                if let Some(rate) = requests.as_mut() {
+                    emit(
+                        &mut sink,
+                        BucketRef::Requests { model: None },
+                        rate.take_delta(),
+                    );
+                }
+                if let Some(budget) = daily.as_mut() {
+                    let (day, tokens) = budget.take_delta();
+                    emit(&mut sink, BucketRef::Daily { model: None, day }, tokens);
+                }
+            }
+            Shape::PerModel(models) => {
+                for limits in models.iter_mut() {
+                    let model = Some(limits.model);
+                    if let Some(rate) = limits.requests.as_mut() {
+                        emit(&mut sink, BucketRef::Requests { model }, rate.take_delta());
+                    }
+                    if let Some(budget) = limits.daily.as_mut() {
+                        let (day, tokens) = budget.take_delta();
+                        emit(&mut sink, BucketRef::Daily { model, day }, tokens);
+                    }
+                }
+            }
+        }
+        for rates in &mut self.token_rates {
+            let model = rates.model;
+            if let Some(input) = rates.input.as_mut() {
+                emit(
+                    &mut sink,
+                    BucketRef::InputTokens { model },
+                    input.take_delta(),
+                );
+            }
+            if let Some(output) = rates.output.as_mut() {
+                emit(
+                    &mut sink,
+                    BucketRef::OutputTokens { model },
+                    output.take_delta(),
+                );
+            }
+        }
+    }
+
+    /// Subtract usage another router published for one of this key's buckets (seed
+    /// `run-several-routers.md`, "How it works", step 2). Usage for a bucket this key does not
+    /// have (its configuration differs, or the model is unlisted) is ignored.
+    pub fn apply_remote(&mut self, now: Millis, bucket: BucketRef, amount: u64) {
+        match bucket {
+            BucketRef::Requests { model } => {
+                let rate = match model {
+                    None => match &mut self.shape {
+                        Shape::Flat { requests, .. } => requests.as_mut(),
+                        Shape::PerModel(_) => None,
+                    },
+                    Some(model) => self
+                        .model_limits(model)
+                        .and_then(|limits| limits.requests.as_mut()),
+                };
+                if let Some(rate) = rate {
+                    rate.apply_remote(now, amount);
+                }
+            }
+            BucketRef::Daily { model, day } => {
+                let budget = match model {
+                    None => match &mut self.shape {
+                        Shape::Flat { daily, .. } => daily.as_mut(),
+                        Shape::PerModel(_) => None,
+                    },
+                    Some(model) => self
+                        .model_limits(model)
+                        .and_then(|limits| limits.daily.as_mut()),
+                };
+                if let Some(budget) = budget {
+                    budget.apply_remote(day, amount);
+                }
+            }
+            BucketRef::InputTokens { model } | BucketRef::OutputTokens { model } => {
+                if let Ok(Some(index)) = self.token_rates_index(now, model) {
+                    let rates = &mut self.token_rates[index];
+                    let rate = if matches!(bucket, BucketRef::InputTokens { .. }) {
+                        rates.input.as_mut()
+                    } else {
+                        rates.output.as_mut()
+                    };
+                    if let Some(rate) = rate {
+                        rate.apply_remote(now, amount);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn emit(sink: &mut impl FnMut(BucketRef, u64), bucket: BucketRef, amount: u64) {
+    if amount > 0 {
+        sink(bucket, amount);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    const MONDAY: Day = Day(20_000);
+    const TUESDAY: Day = Day(20_001);
+    const CHAT: ModelId = ModelId(1);
+    const EMBED: ModelId = ModelId(2);
+
+    fn serverless(model: ModelId) -> ModelContext {
+        ModelContext {
+            model,
+            healthy_replicas: 1,
+            serverless: true,
+        }
+    }
+
+    fn estimate(input_tokens: u64) -> Estimate {
+        Estimate {
+            input_tokens,
+            max_output_tokens: None,
+        }
+    }
+
+    fn flat(rpm: u64, per_day: u64, itpm: u64, otpm: u64) -> KeyLimits {
+        let quota = KeyQuota::Flat(FlatQuota {
+            requests_per_minute: rpm,
+            tokens_per_day: per_day,
+            input_tokens_per_minute: itpm,
+            output_tokens_per_minute: otpm,
+        });
+        KeyLimits::new(Millis(0), MONDAY, &quota, BurstSeconds::FULL_MINUTE).unwrap()
+    }
+
+    #[test]
+    fn unlimited_key_admits_everything() {
+        let mut key = flat(0, 0, 0, 0);
+        for _ in 0..1000 {
+            let admission = key
+                .admit(Millis(0), MONDAY, &serverless(CHAT), estimate(1_000_000))
+                .unwrap();
+            assert_eq!(admission.remaining_requests, None);
+            assert_eq!(admission.remaining_tokens, None);
+            key.settle(
+                Millis(0),
+                MONDAY,
+                admission,
+                Usage::default(),
+                Delivery::Streamed,
+            );
+        }
+        assert!(key.is_idle(Millis(0), MONDAY));
+    }
+
+    #[test]
+    fn rpm_rejection_has_no_retry_after_and_reports_zero_remaining() {
+        let mut key = flat(2, 0, 0, 0);
+        let model = serverless(CHAT);
+        assert_eq!(
+            key.admit(Millis(0), MONDAY, &model, estimate(1))
+                .unwrap()
+                .remaining_requests,
+            Some(1)
+        );
+        let _ = key.admit(Millis(0), MONDAY, &model, estimate(1)).unwrap();
+        let rejection = key
+            .admit(Millis(0), MONDAY, &model, estimate(1))
+            .unwrap_err();
+        assert_eq!(rejection.kind, RejectionKind::RequestRate);
+        assert_eq!(rejection.kind.code(), "rate_limit_exceeded");
+        assert_eq!(rejection.retry_after_seconds, None);
+        assert_eq!(rejection.remaining_requests, Some(0));
+        assert_eq!((rejection.limit, rejection.reset_seconds), (2, Some(30)));
+    }
+
+    #[test]
+    fn b4_rejections_retry_after_one_and_output_checked_before_input() {
+        let mut key = flat(0, 0, 1000, 500);
+        let model = serverless(CHAT);
+        let admission = key.admit(Millis(0), MONDAY, &model, estimate(100)).unwrap();
+        key.settle(
+            Millis(0),
+            MONDAY,
+            admission,
+            Usage {
+                input_tokens: 100,
+                output_tokens: 10_000,
+            },
+            Delivery::Streamed,
+        );
+        // The output bucket is drained: the next request is refused before ITPM is touched.
+        let rejection = key
+            .admit(Millis(0), MONDAY, &model, estimate(2000))
+            .unwrap_err();
+        assert_eq!(rejection.kind, RejectionKind::OutputTokenRate);
+        assert_eq!(rejection.retry_after_seconds, Some(1));
+        // One minute later (one capacity of debt), output is back; the estimate is over ITPM.
+        let later = Millis::from_seconds(61);
+        let rejection = key
+            .admit(later, MONDAY, &model, estimate(2000))
+            .unwrap_err();
+        assert_eq!(rejection.kind, RejectionKind::InputTokenRate);
+        assert_eq!(
+            rejection.kind.message(),
+            "input token rate exceeded, please retry"
+        );
+        assert_eq!(rejection.retry_after_seconds, Some(1));
+        assert_eq!(rejection.reset_seconds, None);
+        let _ = key.admit(later, MONDAY, &model, estimate(1000)).unwrap();
+    }
+
+    #[test]
+    fn b4_buckets_are_per_model_and_skipped_for_reserved_models() {
+        let mut key = flat(0, 0, 1000, 0);
+        let _ = key
+            .admit(Millis(0), MONDAY, &serverless(CHAT), estimate(1000))
+            .unwrap();
+        let _ = key
+            .admit(Millis(0), MONDAY, &serverless(EMBED), estimate(1000))
+            .unwrap();
+        let reserved = ModelContext {
+            serverless: false,
+            ..serverless(CHAT)
+        };
+        let _ = key
+            .admit(Millis(0), MONDAY, &reserved, estimate(1000))
+            .unwrap();
+        assert!(
+            key.admit(Millis(0), MONDAY, &serverless(CHAT), estimate(1))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn daily_refusal_gives_back_the_input_rate_charge() {
+        let mut key = flat(0, 1000, 800, 0);
+        let model = serverless(CHAT);
+        let refused = key
+            .admit(
+                Millis(0),
+                MONDAY,
+                &model,
+                Estimate {
+                    input_tokens: 600,
+                    max_output_tokens: Some(500),
+                },
+            )
+            .unwrap_err();
+        assert_eq!(refused.kind, RejectionKind::DailyTokensForMaxOutput);
+        assert_eq!(refused.kind.code(), "token_limit_exceeded");
+        assert_eq!(refused.remaining, 1000);
+        assert_eq!(refused.retry_after_seconds, None);
+        // ITPM is whole again: 800 still fits.
+        let admission = key.admit(Millis(0), MONDAY, &model, estimate(800)).unwrap();
+        assert_eq!(admission.remaining_tokens, Some(200));
+        key.cancel(admission);
+        assert!(key.is_idle(Millis(0), MONDAY));
+    }
+
+    #[test]
+    fn settle_trues_up_input_and_charges_output() {
+        let mut key = flat(0, 10_000, 5000, 5000);
+        let model = serverless(CHAT);
+        let admission = key
+            .admit(Millis(0), MONDAY, &model, estimate(1000))
+            .unwrap();
+        let settlement = key.settle(
+            Millis(0),
+            MONDAY,
+            admission,
+            Usage {
+                input_tokens: 800,
+                output_tokens: 300,
+            },
+            Delivery::Streamed,
+        );
+        assert!(settlement.output_fit);
+        assert_eq!(settlement.remaining_tokens, Some(8_900));
+        let mut deltas = Vec::new();
+        key.take_deltas(|bucket, amount| deltas.push((bucket, amount)));
+        assert_eq!(
+            deltas,
+            vec![
+                (
+                    BucketRef::Daily {
+                        model: None,
+                        day: MONDAY
+                    },
+                    1100
+                ),
+                (BucketRef::InputTokens { model: CHAT }, 1000),
+                (BucketRef::OutputTokens { model: CHAT }, 300),
+            ]
+        );
+    }
+
+    #[test]
+    fn buffered_output_over_budget_is_refused_and_provider_charges_nothing_after() {
+        let mut key = flat(0, 1000, 0, 100);
+        let model = serverless(CHAT);
+        let admission = key.admit(Millis(0), MONDAY, &model, estimate(900)).unwrap();
+        let settlement = key.settle(
+            Millis(0),
+            MONDAY,
+            admission,
+            Usage {
+                input_tokens: 900,
+                output_tokens: 200,
+            },
+            Delivery::Buffered,
+        );
+        assert!(!settlement.output_fit);
+        assert_eq!(settlement.remaining_tokens, Some(0));
+        let admission = key.admit(Millis(0), MONDAY, &model, estimate(50));
+        // OTPM was drained by the 200 output tokens, which the engine did produce.
+        assert_eq!(admission.unwrap_err().kind, RejectionKind::OutputTokenRate);
+        let later = Millis::from_seconds(120);
+        let admission = key.admit(later, MONDAY, &model, estimate(50)).unwrap();
+        let settlement = key.settle(
+            later,
+            MONDAY,
+            admission,
+            Usage {
+                input_tokens: 5,
+                output_tokens: 10_000,
+            },
+            Delivery::Provider,
+        );
+        assert_eq!(settlement.remaining_tokens, Some(50));
+        let _ = key.admit(later, MONDAY, &model, estimate(50)).unwrap();
+    }
+
+    #[test]
+    fn per_model_quota_is_strict_and_scales_with_replicas() {
+        let quota = KeyQuota::PerModel(vec![
+            ModelQuota {
+                model: CHAT,
+                requests_per_minute_per_replica: 2,
+                tokens_per_day: 1000,
+            },
+            ModelQuota {
+                model: EMBED,
+                requests_per_minute_per_replica: 0,
+                tokens_per_day: 0,
+            },
+        ]);
+        let mut key = KeyLimits::new(Millis(0), MONDAY, &quota, BurstSeconds::FULL_MINUTE).unwrap();
+        let unlisted = serverless(ModelId(9));
+        let rejection = key
+            .admit(Millis(0), MONDAY, &unlisted, estimate(1))
+            .unwrap_err();
+        assert_eq!(rejection.kind, RejectionKind::ModelNotInQuota);
+        assert_eq!(rejection.kind.code(), "rate_limit_exceeded");
+        let three_replicas = ModelContext {
+            healthy_replicas: 3,
+            ..serverless(CHAT)
+        };
+        for _ in 0..6 {
+            let _ = key.admit_request(Millis(0), &three_replicas).unwrap();
+        }
+        assert!(key.admit_request(Millis(0), &three_replicas).is_err());
+        // No healthy replica: the rate check is skipped.
+        let none = ModelContext {
+            healthy_replicas: 0,
+            ..serverless(CHAT)
+        };
+        assert_eq!(
+            key.admit_request(Millis(0), &none)
+                .unwrap()
+                .remaining_requests,
+            None
+        );
+        // The daily budget does not scale with replicas, and is per model.
+        let _ = key
+            .admit_tokens(Millis(0), MONDAY, &three_replicas, estimate(1000))
+            .unwrap();
+        assert!(
+            key.admit_tokens(Millis(0), MONDAY, &three_replicas, estimate(1))
+                .is_err()
+        );
+        let _ = key
+            .admit_tokens(Millis(0), MONDAY, &serverless(EMBED), estimate(1_000_000))
+            .unwrap();
+    }
+
+    #[test]
+    fn reload_keeps_usage_and_todays_total() {
+        let mut key = flat(10, 1000, 500, 0);
+        let model = serverless(CHAT);
+        for _ in 0..4 {
+            let admission = key.admit(Millis(0), MONDAY, &model, estimate(100)).unwrap();
+            let usage = Usage {
+                input_tokens: 100,
+                output_tokens: 50,
+            };
+            key.settle(Millis(0), MONDAY, admission, usage, Delivery::Streamed);
+        }
+        let raised = KeyQuota::Flat(FlatQuota {
+            requests_per_minute: 20,
+            tokens_per_day: 2000,
+            input_tokens_per_minute: 1000,
+            output_tokens_per_minute: 0,
+        });
+        let mut reloaded = key
+            .reconfigured(Millis(0), MONDAY, &raised, BurstSeconds::FULL_MINUTE)
+            .unwrap();
+        let admission = reloaded
+            .admit(Millis(0), MONDAY, &model, estimate(600))
+            .unwrap();
+        assert_eq!(admission.remaining_requests, Some(15));
+        assert_eq!(admission.remaining_tokens, Some(2000 - 600 - 600));
+        // ITPM kept its 400 used: 1000 - 400 - 600 = 0 left.
+        let refused = reloaded
+            .admit(Millis(0), MONDAY, &model, estimate(1))
+            .unwrap_err();
+        assert_eq!(refused.kind, RejectionKind::InputTokenRate);
+    }
+
+    #[test]
+    fn invalid_quotas_are_refused() {
+        let at = Millis(0);
+        let burst = BurstSeconds::FULL_MINUTE;
+        assert_eq!(
+            KeyLimits::new(at, MONDAY, &KeyQuota::PerModel(vec![]), burst).unwrap_err(),
+            LimitsConfigError::EmptyPerModel
+        );
+        let entry = ModelQuota {
+            model: CHAT,
+            requests_per_minute_per_replica: 1,
+            tokens_per_day: 1,
+        };
+        assert_eq!(
+            KeyLimits::new(at, MONDAY, &KeyQuota::PerModel(vec![entry, entry]), burst).unwrap_err(),
+            LimitsConfigError::DuplicateModel(1)
+        );
+        let huge = KeyQuota::Flat(FlatQuota {
+            tokens_per_day: LIMIT_MAX + 1,
+            ..FlatQuota::default()
+        });
+        let error = KeyLimits::new(at, MONDAY, &huge, burst).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "tokens_per_day is {}, over the largest supported limit of {LIMIT_MAX}",
+                LIMIT_MAX + 1
+            )
+        );
+    }
+
+    #[test]
+    fn daily_budget_resets_at_midnight_for_a_key() {
+        let mut key = flat(0, 1000, 0, 0);
+        let model = serverless(CHAT);
+        let before_midnight = key.admit(Millis(0), MONDAY, &model, estimate(700)).unwrap();
+        let spent = key.admit(Millis(1), MONDAY, &model, estimate(400));
+        assert_eq!(spent.unwrap_err().kind, RejectionKind::DailyTokens);
+        assert!(!key.is_idle(Millis::from_seconds(600), MONDAY));
+        assert!(key.is_idle(Millis::from_seconds(600), TUESDAY));
+        // Admitted Monday, settled Tuesday: only its output counts, against Tuesday.
+        let settlement = key.settle(
+            Millis(2),
+            TUESDAY,
+            before_midnight,
+            Usage {
+                input_tokens: 700,
+                output_tokens: 100,
+            },
+            Delivery::Streamed,
+        );
+        assert_eq!(settlement.remaining_tokens, Some(900));
+        let _ = key
+            .admit(Millis(3), TUESDAY, &model, estimate(900))
+            .unwrap();
+    }
+
+    #[test]
+    fn remote_usage_counts_against_the_key() {
+        let mut router_a = flat(10, 1000, 0, 0);
+        let mut router_b = flat(10, 1000, 0, 0);
+        let model = serverless(CHAT);
+        let mut admitted = 0;
+        for second in 0..=60u64 {
+            let now = Millis::from_seconds(second);
+            for _ in 0..3 {
+                admitted += router_a.admit(now, MONDAY, &model, estimate(1)).is_ok() as u64;
+                admitted += router_b.admit(now, MONDAY, &model, estimate(1)).is_ok() as u64;
+            }
+            let mut from_a = Vec::new();
+            router_a.take_deltas(|bucket, amount| from_a.push((bucket, amount)));
+            let mut from_b = Vec::new();
+            router_b.take_deltas(|bucket, amount| from_b.push((bucket, amount)));
+            for (bucket, amount) in from_b {
+                router_a.apply_remote(now, bucket, amount);
+            }
+            for (bucket, amount) in from_a {
+                router_b.apply_remote(now, bucket, amount);
+            }
+        }
+        // 10 burst + 10 refilled over 60 s, plus at most one round's overshoot (3 + 3).
+        assert!((20..=26).contains(&admitted), "admitted {admitted}");
+    }
+
+    #[test]
+    fn idle_keys_are_dropped_and_memory_stays_bounded_under_churn() {
+        // Every minute 10 000 new keys each make one request; every five minutes the owner drops
+        // idle keys. The map never holds more than the keys of the last five minutes plus one.
+        let mut keys: HashMap<u64, KeyLimits> = HashMap::new();
+        let mut next_key = 0u64;
+        let mut largest = 0;
+        for minute in 0..60u64 {
+            let now = Millis::from_seconds(minute * 60);
+            for _ in 0..10_000 {
+                let key = keys
+                    .entry(next_key)
+                    .or_insert_with(|| flat(100, 0, 1000, 1000));
+                next_key += 1;
+                let admission = key.admit(now, MONDAY, &serverless(CHAT), estimate(10));
+                let admission = admission.unwrap();
+                key.settle(now, MONDAY, admission, Usage::default(), Delivery::Streamed);
+            }
+            if minute % 5 == 4 {
+                keys.retain(|_, key| !key.is_idle(now, MONDAY));
+                keys.shrink_to_fit();
+            }
+            largest = largest.max(keys.len());
+        }
+        assert!(largest <= 6 * 10_000, "largest {largest}");
+        let later = Millis::from_seconds(61 * 60);
+        keys.retain(|_, key| !key.is_idle(later, MONDAY));
+        assert!(keys.is_empty());
+        // A key that used a daily budget today is kept until the day is over.
+        let mut daily = flat(0, 1000, 0, 0);
+        let admission = daily
+            .admit(Millis(0), MONDAY, &serverless(CHAT), estimate(1))
+            .unwrap();
+        daily.cancel(admission);
+        assert!(daily.is_idle(Millis(0), MONDAY));
+        let _ = daily
+            .admit(Millis(0), MONDAY, &serverless(CHAT), estimate(1))
+            .unwrap();
+        assert!(!daily.is_idle(later, MONDAY));
+        assert!(daily.is_idle(later, TUESDAY));
+    }
+
+    #[test]
+    fn token_rate_models_per_key_are_bounded() {
+        let mut key = flat(0, 0, 1000, 0);
+        for model in 0..TOKEN_RATE_MODELS_MAX as u32 {
+            let _ = key
+                .admit(Millis(0), MONDAY, &serverless(ModelId(model)), estimate(1))
+                .unwrap();
+        }
+        let refused = key.admit(
+            Millis(0),
+            MONDAY,
+            &serverless(ModelId(TOKEN_RATE_MODELS_MAX as u32)),
+            estimate(1),
+        );
+        assert_eq!(refused.unwrap_err().kind, RejectionKind::InputTokenRate);
+        // Once the old entries are full again they are reclaimed.
+        let later = Millis::from_seconds(1);
+        let _ = key
+            .admit(
+                later,
+                MONDAY,
+                &serverless(ModelId(TOKEN_RATE_MODELS_MAX as u32)),
+                estimate(1),
+            )
+            .unwrap();
+        key.compact(Millis::from_seconds(2));
+        assert!(key.token_rates.is_empty());
+    }
+
+    proptest::proptest! {
+        /// Through the aggregate, over any interleaving of admits, settles and cancels within
+        /// one day: requests admitted never exceed burst + rate x elapsed, and the daily total
+        /// equals the exact usage of what was settled.
+        #[test]
+        fn aggregate_totals_add_up(
+            steps in proptest::collection::vec(
+                (0u64..3_000, 0u64..2_000, 0u64..2_000, 0u64..2_000, 0u8..3),
+                1..150,
+            ),
+        ) {
+            let rpm = 30;
+            let mut key = flat(rpm, LIMIT_MAX, 0, 0);
+            let model = serverless(CHAT);
+            let mut now_ms = 0u64;
+            let mut requests = 0u64;
+            let mut exact_total = 0u64;
+            for (advance_ms, estimated, exact_input, exact_output, outcome) in steps {
+                now_ms += advance_ms;
+                let now = Millis(now_ms);
+                let Ok(admission) = key.admit(now, MONDAY, &model, estimate(estimated)) else {
+                    continue;
+                };
+                requests += 1;
+                match outcome {
+                    0 => key.cancel(admission),
+                    _ => {
+                        let usage = Usage { input_tokens: exact_input, output_tokens: exact_output };
+                        key.settle(now, MONDAY, admission, usage, Delivery::Streamed);
+                        exact_total += exact_input + exact_output;
+                    }
+                }
+                proptest::prop_assert!(requests * 60_000 <= rpm * 60_000 + now_ms * rpm);
+            }
+            let mut daily_total = 0;
+            key.take_deltas(|bucket, amount| {
+                if matches!(bucket, BucketRef::Daily { .. }) {
+                    daily_total = amount;
+                }
+            });
+            proptest::prop_assert_eq!(daily_total, exact_total);
+        }
+    }
+}
