@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use common::{Options, Site, chat, poll, request};
 use sha2::{Digest, Sha256};
@@ -58,7 +58,7 @@ fn chat_with(site: &Site, model: &str, header: &str) -> common::Response {
     request(site.http, raw.as_bytes())
 }
 
-fn start(name: &str, auth: &PathBuf, probe_key: &str) -> Site {
+fn start(name: &str, auth: &Path, probe_key: &str) -> Site {
     Site::start(
         name,
         Options::new()
