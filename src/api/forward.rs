@@ -278,19 +278,7 @@ async fn stream_back<S: Sink>(
     loop {
         let next = sink.until_client_gone(upstream.data()).await;
         let chunk = match next {
-            None => {
-                ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
-                settle(
-                    shard,
-                    UsageEvent {
-                        route,
-                        status,
-                        usage: scanner.usage(),
-                        truncated: true,
-                    },
-                );
-                return Err(Outcome::Gone);
-            }
+            None => return Err(client_left(shard, route, status, scanner.usage())),
             Some(None) => break,
             Some(Some(Err(_))) => {
                 ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
@@ -299,7 +287,7 @@ async fn stream_back<S: Sink>(
                 out.extend_from_slice(&splitter.take_tail());
                 out.extend_from_slice(stream_error_event(dialect));
                 if sink.stream_data(&out).await.is_err() {
-                    return Err(Outcome::Gone);
+                    return Err(client_left(shard, route, status, scanner.usage()));
                 }
                 break;
             }
@@ -338,23 +326,13 @@ async fn stream_back<S: Sink>(
             }
         }
         if !out.is_empty() && sink.stream_data(&out).await.is_err() {
-            ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
-            settle(
-                shard,
-                UsageEvent {
-                    route,
-                    status,
-                    usage: scanner.usage(),
-                    truncated: true,
-                },
-            );
-            return Err(Outcome::Gone);
+            return Err(client_left(shard, route, status, scanner.usage()));
         }
     }
     if !truncated {
         let tail = splitter.take_tail();
         if !tail.is_empty() && sink.stream_data(&tail).await.is_err() {
-            return Err(Outcome::Gone);
+            return Err(client_left(shard, route, status, scanner.usage()));
         }
     }
     let ended = sink.end_stream().await;
@@ -368,6 +346,21 @@ async fn stream_back<S: Sink>(
         },
     );
     ended.map_err(|_| Outcome::Gone)
+}
+
+/// The client went away mid-stream: count it and settle what the stream used so far, once.
+fn client_left(shard: &Shard, route: Route, status: u16, usage: Option<Usage>) -> Outcome {
+    ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
+    settle(
+        shard,
+        UsageEvent {
+            route,
+            status,
+            usage,
+            truncated: true,
+        },
+    );
+    Outcome::Gone
 }
 
 /// The event that tells a streaming client its stream failed upstream, in its own dialect.

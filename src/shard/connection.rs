@@ -362,22 +362,17 @@ async fn read_requests(
             head.header(&head_bytes, name)
                 .map(|value| head_bytes.slice_ref(value))
         };
+        let span = |span: Option<crate::http::request::Span>| {
+            span.map(|span| head_bytes.slice_ref(span.get(&head_bytes)))
+        };
         let request = ClientRequest {
             route,
             body,
-            request_id: head
-                .x_request_id
-                .map(|span| head_bytes.slice_ref(span.get(&head_bytes))),
-            anthropic_version: head
-                .anthropic_version
-                .map(|span| head_bytes.slice_ref(span.get(&head_bytes))),
+            request_id: span(head.x_request_id),
+            anthropic_version: span(head.anthropic_version),
             anthropic_beta: header("anthropic-beta"),
-            authorization: head
-                .authorization
-                .map(|span| head_bytes.slice_ref(span.get(&head_bytes))),
-            x_api_key: head
-                .x_api_key
-                .map(|span| head_bytes.slice_ref(span.get(&head_bytes))),
+            authorization: span(head.authorization),
+            x_api_key: span(head.x_api_key),
             received_at: head_parsed_at,
         };
         let keep_alive = head.keep_alive;
