@@ -161,11 +161,8 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     };
     let (shard_started, shards_ready) = std::sync::mpsc::channel();
     let mut threads = Vec::with_capacity(shard_count);
-    for (index, (mesh, inbox)) in Mesh::build(shard_count)
-        .into_iter()
-        .zip(inboxes)
-        .enumerate()
-    {
+    let meshes = Mesh::build(shard_count).context("cannot create the shard mesh")?;
+    for (index, (mesh, inbox)) in meshes.into_iter().zip(inboxes).enumerate() {
         let setup = ShardSetup {
             mesh,
             count: shard_count,

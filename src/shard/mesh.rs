@@ -1,21 +1,27 @@
 //! The SPSC mesh: one bounded single-producer/single-consumer ring per ordered pair of shards, and
-//! one wake-up per receiving shard.
+//! one doorbell per receiving shard.
 //!
 //! Key components: [`Mesh::build`] makes every ring up front (memory is sized at start-up, nothing
-//! grows); each shard takes its [`Endpoint`]: `to[j]` producers and `from[i]` consumers.
+//! grows); each shard takes its [`Endpoint`]: `to[j]` producers and `from[i]` consumers, and its
+//! [`Waiter`].
 //!
-//! Wake-ups are batched: a sender sets the receiver's `pending` flag and wakes its task only when
-//! the flag was clear, so a burst of messages costs one cross-thread wake. The receiving task
-//! clears the flag *before* draining, so a message pushed during a drain is never stranded.
+//! Wake-ups: a receiver that finds nothing to do raises its `sleeping` flag and waits on its own
+//! end of a socket pair, read natively by its runtime. A sender rings (writes one byte) only when it
+//! is the first to see the flag raised, so a burst of messages — or any message sent while the
+//! receiver is busy — costs no system call and no wake-up at all. Both sides fence between the
+//! ring operation and the flag, so a message is never stranded (see [`Waiter::wait_for`]).
+//!
+//! Why not the runtime's cross-thread waker: monoio's remote wake looks the target thread up in a
+//! process-wide mutex-protected map on every call; that is a lock on the request path, taken by
+//! every shard.
 //!
 //! Error handling: a full ring is a typed error ([`MeshFull`]); the caller rejects the request. It
 //! never blocks and never grows.
 
+use std::io::Write;
+use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::Poll;
-
-use atomic_waker::AtomicWaker;
+use std::sync::atomic::{AtomicBool, Ordering, fence};
 
 /// Messages each ring holds before a sender sees [`MeshFull`].
 pub const RING_CAPACITY: usize = 8192;
@@ -27,14 +33,20 @@ pub struct MeshFull {
 }
 
 struct Doorbell {
-    pending: AtomicBool,
-    waker: AtomicWaker,
+    /// Raised by the receiver just before it waits; the first sender to see it raised rings.
+    sleeping: AtomicBool,
+    /// The sending end of the receiver's socket pair (non-blocking).
+    bell: UnixStream,
 }
 
 impl Doorbell {
     fn ring(&self) {
-        if !self.pending.swap(true, Ordering::AcqRel) {
-            self.waker.wake();
+        // Pairs with the fence in `Waiter::wait_for`: either we see `sleeping` raised, or the
+        // receiver sees our message when it re-checks its rings.
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed) && self.sleeping.swap(false, Ordering::AcqRel) {
+            // A full socket buffer means wake-ups are already pending: nothing is lost.
+            let _ = (&self.bell).write(&[1]);
         }
     }
 }
@@ -45,25 +57,35 @@ pub struct Endpoint<T> {
     to: Vec<Option<rtrb::Producer<T>>>,
     from: Vec<Option<rtrb::Consumer<T>>>,
     doorbells: Arc<[Doorbell]>,
+    /// The receiving end of this shard's socket pair, until [`Endpoint::waiter`] takes it.
+    bell_receiver: Option<UnixStream>,
 }
 
 pub struct Mesh;
 
 impl Mesh {
     /// Builds the rings for `shard_count` shards; element `i` of the result belongs to shard `i`.
-    pub fn build<T>(shard_count: usize) -> Vec<Endpoint<T>> {
-        let doorbells: Arc<[Doorbell]> = (0..shard_count)
-            .map(|_| Doorbell {
-                pending: AtomicBool::new(false),
-                waker: AtomicWaker::new(),
-            })
-            .collect();
+    pub fn build<T>(shard_count: usize) -> std::io::Result<Vec<Endpoint<T>>> {
+        let mut receivers = Vec::with_capacity(shard_count);
+        let mut doorbells = Vec::with_capacity(shard_count);
+        for _ in 0..shard_count {
+            let (bell, receiver) = UnixStream::pair()?;
+            bell.set_nonblocking(true)?;
+            receiver.set_nonblocking(true)?;
+            doorbells.push(Doorbell {
+                sleeping: AtomicBool::new(false),
+                bell,
+            });
+            receivers.push(Some(receiver));
+        }
+        let doorbells: Arc<[Doorbell]> = doorbells.into();
         let mut endpoints: Vec<Endpoint<T>> = (0..shard_count)
             .map(|shard| Endpoint {
                 shard,
                 to: (0..shard_count).map(|_| None).collect(),
                 from: (0..shard_count).map(|_| None).collect(),
                 doorbells: doorbells.clone(),
+                bell_receiver: receivers[shard].take(),
             })
             .collect();
         for sender in 0..shard_count {
@@ -76,7 +98,7 @@ impl Mesh {
                 endpoints[receiver].from[sender] = Some(consumer);
             }
         }
-        endpoints
+        Ok(endpoints)
     }
 }
 
@@ -103,12 +125,12 @@ impl<T> Endpoint<T> {
         Ok(())
     }
 
-    /// A handle that waits for this shard's doorbell without borrowing the endpoint.
-    pub fn waiter(&self) -> Waiter {
-        Waiter {
-            shard: self.shard,
-            doorbells: self.doorbells.clone(),
-        }
+    /// Whether any ring into this shard holds a message.
+    pub fn has_inbound(&self) -> bool {
+        self.from
+            .iter()
+            .flatten()
+            .any(|consumer| !consumer.is_empty())
     }
 
     /// Drains everything currently queued for this shard into `handle`, up to `budget` messages
@@ -131,70 +153,132 @@ impl<T> Endpoint<T> {
         }
         handled
     }
+
+    /// This shard's doorbell, to wait on from its own runtime. Call once.
+    pub fn waiter(&mut self) -> Waiter {
+        Waiter {
+            shard: self.shard,
+            doorbells: self.doorbells.clone(),
+            receiver: self
+                .bell_receiver
+                .take()
+                .expect("the mesh waiter is taken once"),
+        }
+    }
 }
 
 /// Waits for one shard's doorbell.
 pub struct Waiter {
     shard: usize,
     doorbells: Arc<[Doorbell]>,
+    receiver: UnixStream,
 }
 
 impl Waiter {
-    /// Resolves when another shard has rung this shard's doorbell since the last call.
-    pub async fn wait(&self) {
-        let doorbell = &self.doorbells[self.shard];
-        std::future::poll_fn(|context| {
-            if doorbell.pending.swap(false, Ordering::AcqRel) {
-                return Poll::Ready(());
-            }
-            doorbell.waker.register(context.waker());
-            if doorbell.pending.swap(false, Ordering::AcqRel) {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
-        .await
+    /// The parts the shard's runtime needs: the socket to read, and a handle that raises and
+    /// lowers the flag.
+    pub fn into_parts(self) -> (UnixStream, Sleeper) {
+        (
+            self.receiver,
+            Sleeper {
+                shard: self.shard,
+                doorbells: self.doorbells,
+            },
+        )
+    }
+}
+
+/// Raises and lowers a shard's `sleeping` flag.
+pub struct Sleeper {
+    shard: usize,
+    doorbells: Arc<[Doorbell]>,
+}
+
+impl Sleeper {
+    /// Raises the flag. Returns false when messages arrived meanwhile (`has_inbound` is checked by
+    /// the caller after this, behind the fence): then lower it with [`Sleeper::wake`] and drain.
+    pub fn sleep(&self) {
+        self.doorbells[self.shard]
+            .sleeping
+            .store(true, Ordering::Relaxed);
+        // Pairs with the fence in `Doorbell::ring`.
+        fence(Ordering::SeqCst);
+    }
+
+    /// Lowers the flag (the receiver is awake again and will drain).
+    pub fn wake(&self) {
+        self.doorbells[self.shard]
+            .sleeping
+            .store(false, Ordering::Relaxed);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
 
     #[test]
-    fn delivers_between_threads_in_order() {
-        let mut endpoints = Mesh::build::<u32>(2);
+    fn delivers_between_threads_in_order_without_lost_wakeups() {
+        let mut endpoints = Mesh::build::<u32>(2).unwrap();
         let mut receiver = endpoints.pop().unwrap();
         let mut sender = endpoints.pop().unwrap();
         let thread = std::thread::spawn(move || {
-            for value in 0..10_000u32 {
+            for value in 0..100_000u32 {
                 while sender.send(1, value).is_err() {
                     std::thread::yield_now();
                 }
             }
         });
-        let mut next = 0u32;
-        let waiter = receiver.waiter();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
+        let (socket, sleeper) = receiver.waiter().into_parts();
+        socket.set_nonblocking(false).unwrap();
+        socket
+            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
             .unwrap();
-        runtime.block_on(async {
-            while next < 10_000 {
-                waiter.wait().await;
-                receiver.drain(usize::MAX, |from, value| {
-                    assert_eq!(from, 0);
-                    assert_eq!(value, next);
-                    next += 1;
-                });
+        let mut next = 0u32;
+        let mut byte = [0u8; 64];
+        while next < 100_000 {
+            receiver.drain(usize::MAX, |from, value| {
+                assert_eq!(from, 0);
+                assert_eq!(value, next);
+                next += 1;
+            });
+            if next == 100_000 {
+                break;
             }
-        });
+            sleeper.sleep();
+            if receiver.has_inbound() {
+                sleeper.wake();
+                continue;
+            }
+            // A lost wake-up would block here until the timeout and fail the test.
+            (&socket).read(&mut byte).expect("woken before the timeout");
+        }
         thread.join().unwrap();
     }
 
     #[test]
+    fn a_busy_receiver_is_not_rung() {
+        let mut endpoints = Mesh::build::<u32>(2).unwrap();
+        let mut receiver = endpoints.pop().unwrap();
+        let mut sender = endpoints.pop().unwrap();
+        let (socket, sleeper) = receiver.waiter().into_parts();
+        sender.send(1, 1).unwrap();
+        let mut byte = [0u8; 8];
+        assert!((&socket).read(&mut byte).is_err(), "rung while awake");
+        sleeper.sleep();
+        sender.send(1, 2).unwrap();
+        sender.send(1, 3).unwrap();
+        assert_eq!(
+            (&socket).read(&mut byte).unwrap(),
+            1,
+            "rung once for a burst"
+        );
+    }
+
+    #[test]
     fn full_ring_is_an_error_not_growth() {
-        let mut endpoints = Mesh::build::<u32>(2);
+        let mut endpoints = Mesh::build::<u32>(2).unwrap();
         let mut sender = endpoints.remove(0);
         for value in 0..RING_CAPACITY as u32 {
             sender.send(1, value).unwrap();

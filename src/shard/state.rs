@@ -415,7 +415,16 @@ impl Shard {
 
     /// Applies other shards' mesh messages, forever.
     pub async fn run_mesh(self: Rc<Self>) {
-        let waiter = self.mesh.borrow().waiter();
+        use monoio::io::AsyncReadRent;
+        let (socket, sleeper) = self.mesh.borrow_mut().waiter().into_parts();
+        let mut bell = match monoio::net::UnixStream::from_std(socket) {
+            Ok(bell) => bell,
+            Err(error) => {
+                tracing::error!(shard = self.id, %error, "mesh doorbell unusable; this shard cannot hear other shards");
+                return;
+            }
+        };
+        let mut rung = vec![0u8; 64];
         let mut inbound = Vec::with_capacity(MESH_DRAIN_BUDGET);
         loop {
             self.flush_deferred();
@@ -431,7 +440,23 @@ impl Shard {
                 monoio::time::sleep(Duration::from_micros(50)).await;
                 continue;
             }
-            waiter.wait().await;
+            // Raise the flag, then look once more: a message pushed before the flag was visible
+            // rang no bell and must not wait for the next one.
+            sleeper.sleep();
+            if self.mesh.borrow().has_inbound() {
+                sleeper.wake();
+                continue;
+            }
+            let (read, buffer) = bell.read(rung).await;
+            rung = buffer;
+            sleeper.wake();
+            if matches!(read, Ok(0) | Err(_)) {
+                tracing::error!(
+                    shard = self.id,
+                    "mesh doorbell closed; this shard stops hearing other shards"
+                );
+                return;
+            }
         }
     }
 }
