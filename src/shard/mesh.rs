@@ -252,7 +252,8 @@ mod tests {
                 continue;
             }
             // A lost wake-up would block here until the timeout and fail the test.
-            (&socket).read(&mut byte).expect("woken before the timeout");
+            let rung = (&socket).read(&mut byte).expect("woken before the timeout");
+            assert!(rung > 0, "doorbell closed");
         }
         thread.join().unwrap();
     }
