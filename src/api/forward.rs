@@ -62,8 +62,9 @@ fn upstream_uri(route: Route) -> http::Uri {
         Route::CountTokens => "http://agent/v1/messages/count_tokens",
         Route::Embeddings => "http://agent/v1/embeddings",
         Route::Rerank => "http://agent/v1/rerank",
-        Route::Models => "http://agent/v1/models",
-        Route::Health => "http://agent/health",
+        Route::Models | Route::Health | Route::Admin => {
+            unreachable!("{route:?} is served by the router itself, never forwarded")
+        }
     })
 }
 

@@ -13,6 +13,7 @@
 //! 7. `settle` — the slot is released when the response has fully ended (never at the headers),
 //!    and one usage event is emitted.
 
+pub mod admin;
 pub mod authenticate;
 pub mod forward;
 pub mod sink;
@@ -40,6 +41,8 @@ pub enum Route {
     Rerank,
     Models,
     Health,
+    /// `/admin/*`: served by the control core, behind admin authentication.
+    Admin,
 }
 
 /// Which wire format a route's responses (and streams) use.
@@ -74,12 +77,16 @@ impl Route {
             Route::Rerank => "/v1/rerank",
             Route::Models => "/v1/models",
             Route::Health => "/health",
+            Route::Admin => "/admin",
         }
     }
 }
 
 /// Phase 1: method and path to a route.
 pub fn route(method: Method, path: &[u8]) -> Result<Route, Rejection> {
+    if path.starts_with(b"/admin/") {
+        return Ok(Route::Admin);
+    }
     let (route, allowed) = match path {
         b"/v1/chat/completions" => (Route::ChatCompletions, Method::Post),
         b"/v1/messages" => (Route::Messages, Method::Post),
@@ -100,6 +107,9 @@ pub fn route(method: Method, path: &[u8]) -> Result<Route, Rejection> {
 /// A complete client request, as the connection read it.
 pub struct ClientRequest {
     pub route: Route,
+    pub method: Method,
+    /// The request target as sent (path and query), for routes that read them (`/admin/*`).
+    pub target: Bytes,
     pub body: Bytes,
     /// `x-request-id` from the client, forwarded to the agent.
     pub request_id: Option<Bytes>,
@@ -120,10 +130,14 @@ pub async fn serve<S: Sink>(
     sink: &mut S,
 ) -> Result<(), ClientGone> {
     ShardMetricsExt::request(shard);
-    if request.route == Route::Health {
-        return sink
-            .respond(200, "application/json", &[], b"{\"status\":\"ok\"}")
-            .await;
+    match request.route {
+        Route::Health => {
+            return sink
+                .respond(200, "application/json", &[], b"{\"status\":\"ok\"}")
+                .await;
+        }
+        Route::Admin => return admin::serve(shard, request, sink).await,
+        _ => {}
     }
     let keys = shard.keys();
     let key = match authenticate::authenticate(&keys, &request, authenticate::now_unix_ms()) {

@@ -13,6 +13,8 @@ use anyhow::Context;
 use clap::Parser;
 use tokio::sync::mpsc;
 
+use hivenet_router::auth::config::ApiMode;
+use hivenet_router::auth::dynamic::DynamicRegistry;
 use hivenet_router::config::{EnvSettings, RouterArgs, listen_address};
 use hivenet_router::control::registry::HealthTimes;
 use hivenet_router::control::{self, ControlSettings, ControlShared, auth_reload};
@@ -49,11 +51,11 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     let secret = Secret::from_file_or_env(args.jwt_secret_file.as_deref())?;
     let identity = Identity::load_or_create(&args.identity_path)?;
     let mode_env = std::env::var("HIVENET_ROUTER_AUTH_MODE").ok();
-    let keys = Arc::new(auth_reload::load(
-        args.auth_config_file.as_deref(),
-        mode_env.as_deref(),
-    )?);
-    tracing::info!(keys = keys.len(), mode = ?keys.mode(), "client API keys loaded");
+    let loaded = auth_reload::load(args.auth_config_file.as_deref(), mode_env.as_deref())?;
+    let dynamic_keys = (loaded.api_mode == ApiMode::Dynamic).then(DynamicRegistry::new);
+    let keys = Arc::new(loaded.registry);
+    let admin_access = Arc::new(loaded.admin);
+    tracing::info!(keys = keys.len(), mode = ?loaded.api_mode, admin = ?admin_access, "client API keys loaded");
     let http_address = listen_address(&args.http_port)?;
     let grpc_address = listen_address(&args.grpc_port)?;
     let metrics_address = listen_address(&args.metrics_port)?;
@@ -110,6 +112,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             metrics_address,
         },
         secret,
+        dynamic_keys,
         to_shards,
         metrics.clone(),
     ));
@@ -170,6 +173,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             settings: settings.clone(),
             metrics: metrics[index].clone(),
             keys: keys.clone(),
+            admin_access: admin_access.clone(),
             inbox,
             to_control: to_control.clone(),
             core: (!cores.is_empty()).then(|| cores[index % cores.len()]),

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::auth::config::{ApiMode, AuthConfig, ConfigError};
+use crate::auth::admin::{self, AdminAccess, AdminEnv, AdminError};
+use crate::auth::config::{AdminMode, ApiMode, AuthConfig, ConfigError};
+use crate::auth::dynamic::DynamicRegistry;
 use crate::auth::keys::KeyRegistry;
 use crate::control::ControlShared;
 use crate::shard::messages::ControlToShard;
@@ -29,14 +31,42 @@ pub enum LoadError {
     BadMode(String),
     #[error("HIVENET_ROUTER_AUTH_MODE=api-key needs an auth config file (--auth-config-file)")]
     ApiKeyWithoutFile,
-    #[error(
-        "dynamic API keys are managed through the admin API, which this build does not serve yet; use api.mode: api-key or none"
-    )]
-    DynamicUnsupported,
+    #[error("{0}")]
+    Admin(#[from] AdminError),
+    #[error("api.mode changed from {from:?} to {to:?}: restart the router to change modes")]
+    ModeChanged { from: ApiMode, to: ApiMode },
 }
 
-/// The registry for the configured file, or for `HIVENET_ROUTER_AUTH_MODE` when there is none.
-pub fn load(path: Option<&Path>, mode_env: Option<&str>) -> Result<KeyRegistry, LoadError> {
+/// What an auth configuration gives the router.
+#[derive(Debug)]
+pub struct Loaded {
+    pub api_mode: ApiMode,
+    /// The client keys (empty for `dynamic`: the admin API fills them).
+    pub registry: KeyRegistry,
+    pub admin: AdminAccess,
+}
+
+/// Who may call `/admin/*`, from the file's admin section and the environment. Without any admin
+/// key and without the insecure override, the admin API fails closed: every call is refused.
+pub fn admin_access(
+    api_mode: ApiMode,
+    admin_mode: Option<AdminMode>,
+) -> Result<AdminAccess, AdminError> {
+    let keys = std::env::var("HIVENET_ROUTER_ADMIN_API_KEYS").ok();
+    let insecure = std::env::var("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN").ok();
+    let env = AdminEnv {
+        admin_api_keys: keys.as_deref(),
+        allow_insecure_admin: insecure.as_deref(),
+    };
+    match admin::resolve(api_mode, admin_mode, env) {
+        Err(AdminError::InsecureNotAllowed) => Ok(AdminAccess::Keys(Vec::new())),
+        other => other,
+    }
+}
+
+/// The keys and admin access for the configured file, or for `HIVENET_ROUTER_AUTH_MODE` when there
+/// is none.
+pub fn load(path: Option<&Path>, mode_env: Option<&str>) -> Result<Loaded, LoadError> {
     let config = match path {
         Some(path) => {
             let shown = path.display().to_string();
@@ -51,13 +81,22 @@ pub fn load(path: Option<&Path>, mode_env: Option<&str>) -> Result<KeyRegistry, 
             None => return Err(LoadError::BadMode(mode_env.unwrap_or("").to_owned())),
             Some(ApiMode::None) => AuthConfig::none(),
             Some(ApiMode::ApiKey) => return Err(LoadError::ApiKeyWithoutFile),
-            Some(ApiMode::Dynamic) => return Err(LoadError::DynamicUnsupported),
+            Some(ApiMode::Dynamic) => AuthConfig {
+                api_mode: ApiMode::Dynamic,
+                ..AuthConfig::none()
+            },
         },
     };
-    if config.api_mode == ApiMode::Dynamic {
-        return Err(LoadError::DynamicUnsupported);
-    }
-    Ok(KeyRegistry::from_config(&config))
+    let admin = admin_access(config.api_mode, config.admin_mode)?;
+    let registry = match config.api_mode {
+        ApiMode::Dynamic => DynamicRegistry::new().snapshot(),
+        _ => KeyRegistry::from_config(&config),
+    };
+    Ok(Loaded {
+        api_mode: config.api_mode,
+        registry,
+        admin,
+    })
 }
 
 /// What identifies a version of the file cheaply: modification time and length.
@@ -67,7 +106,7 @@ fn stamp(path: &Path) -> Option<(std::time::SystemTime, u64)> {
 }
 
 /// Reloads on SIGHUP and on file change until the process ends.
-pub async fn watch(path: PathBuf, shared: Arc<ControlShared>) {
+pub async fn watch(path: PathBuf, running_mode: ApiMode, shared: Arc<ControlShared>) {
     let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(hangups) => Some(hangups),
         Err(error) => {
@@ -94,10 +133,27 @@ pub async fn watch(path: PathBuf, shared: Arc<ControlShared>) {
                 }
             } => "SIGHUP",
         };
-        match load(Some(&path), None) {
-            Ok(registry) => {
-                tracing::info!(path = %path.display(), reason, keys = registry.len(), "auth config reloaded");
-                let registry = Arc::new(registry);
+        match load(Some(&path), None).and_then(|loaded| {
+            // Switching between static and dynamic keys needs a restart; none <-> api-key does not.
+            if (loaded.api_mode == ApiMode::Dynamic) == (running_mode == ApiMode::Dynamic) {
+                Ok(loaded)
+            } else {
+                Err(LoadError::ModeChanged {
+                    from: running_mode,
+                    to: loaded.api_mode,
+                })
+            }
+        }) {
+            Ok(loaded) => {
+                let admin = Arc::new(loaded.admin);
+                shared.broadcast(|| ControlToShard::AdminAccess(admin.clone()));
+                if running_mode == ApiMode::Dynamic {
+                    // Keys live in the admin-managed registry; the file only configures admin.
+                    tracing::info!(path = %path.display(), reason, "auth config reloaded (admin section)");
+                    continue;
+                }
+                tracing::info!(path = %path.display(), reason, keys = loaded.registry.len(), "auth config reloaded");
+                let registry = Arc::new(loaded.registry);
                 shared.broadcast(|| ControlToShard::Keys(registry.clone()));
             }
             Err(error) => {
@@ -121,7 +177,7 @@ mod tests {
         ));
         assert!(matches!(
             load(None, Some("dynamic")),
-            Err(LoadError::DynamicUnsupported)
+            Err(LoadError::Admin(AdminError::DynamicWithoutAdminKeys))
         ));
         assert!(matches!(
             load(None, Some("open")),

@@ -7,6 +7,7 @@
 //! share; its registry lock is held only for in-memory updates and the non-blocking sends that
 //! follow, so shards see registry events in the order they happened.
 
+pub mod admin;
 pub mod auth_reload;
 pub mod metrics_http;
 pub mod registry;
@@ -50,6 +51,9 @@ pub struct ControlShared {
     pub settings: ControlSettings,
     pub secret: Secret,
     registry: Mutex<Registry>,
+    /// The dynamic client-key registry, when `api.mode` is `dynamic`; written only through the
+    /// admin API, one write at a time.
+    pub dynamic_keys: Option<Mutex<crate::auth::dynamic::DynamicRegistry>>,
     to_shards: Vec<mpsc::UnboundedSender<ControlToShard>>,
     sessions: Mutex<HashMap<AgentId, oneshot::Sender<&'static str>>>,
     next_session: AtomicU64,
@@ -60,11 +64,13 @@ impl ControlShared {
     pub fn new(
         settings: ControlSettings,
         secret: Secret,
+        dynamic_keys: Option<crate::auth::dynamic::DynamicRegistry>,
         to_shards: Vec<mpsc::UnboundedSender<ControlToShard>>,
         shard_metrics: Vec<Arc<ShardMetrics>>,
     ) -> ControlShared {
         ControlShared {
             registry: Mutex::new(Registry::new(settings.shard_count, settings.health)),
+            dynamic_keys: dynamic_keys.map(Mutex::new),
             settings,
             secret,
             to_shards,
@@ -227,7 +233,12 @@ pub fn start(
     runtime.spawn(tunnel_accept::run(tunnel_listener, shared.clone()));
     runtime.spawn(metrics_http::run(metrics_listener, shared.clone()));
     if let Some(path) = settings.auth_config_file.clone() {
-        runtime.spawn(auth_reload::watch(path, shared.clone()));
+        let mode = if shared.dynamic_keys.is_some() {
+            crate::auth::config::ApiMode::Dynamic
+        } else {
+            crate::auth::config::ApiMode::ApiKey
+        };
+        runtime.spawn(auth_reload::watch(path, mode, shared.clone()));
     }
 
     let health_shared = shared.clone();
@@ -244,6 +255,11 @@ pub fn start(
         while let Some(message) = from_shards.recv().await {
             let now = Instant::now();
             let events = match message {
+                ShardToControl::Admin(call) => {
+                    let reply = admin::handle(&shared, call.method, &call.target, &call.body);
+                    let _ = call.reply.send(reply);
+                    continue;
+                }
                 ShardToControl::TunnelUp { agent, shard } => {
                     shared.registry().tunnel_up(agent, shard, now)
                 }

@@ -365,8 +365,11 @@ async fn read_requests(
         let span = |span: Option<crate::http::request::Span>| {
             span.map(|span| head_bytes.slice_ref(span.get(&head_bytes)))
         };
+        let target_end = head.query.map_or(head.path.end, |query| query.end);
         let request = ClientRequest {
             route,
+            method: head.method,
+            target: head_bytes.slice(head.path.start as usize..target_end as usize),
             body,
             request_id: span(head.x_request_id),
             anthropic_version: span(head.anthropic_version),

@@ -109,6 +109,8 @@ async fn serve_stream(
         http::Method::GET => Method::Get,
         http::Method::HEAD => Method::Head,
         http::Method::POST => Method::Post,
+        http::Method::PUT => Method::Put,
+        http::Method::DELETE => Method::Delete,
         _ => Method::Other,
     };
     let route = match api::route(method, parts.uri.path().as_bytes()) {
@@ -150,8 +152,14 @@ async fn serve_stream(
             .get(name)
             .map(|value| Bytes::copy_from_slice(value.as_bytes()))
     };
+    let target = parts.uri.path_and_query().map_or_else(
+        || Bytes::from_static(b"/"),
+        |target| Bytes::copy_from_slice(target.as_str().as_bytes()),
+    );
     let request = ClientRequest {
         route,
+        method,
+        target,
         body: body.freeze(),
         request_id: header("x-request-id"),
         anthropic_version: header("anthropic-version"),

@@ -11,8 +11,10 @@ use crate::shard::snapshot::ModelId;
 pub enum ControlToShard {
     /// A new read-mostly routing snapshot (model names, owners, `/v1/models` body).
     Snapshot(Arc<crate::shard::snapshot::RoutingSnapshot>),
-    /// A new client-key registry (start-up, `auth.yaml` reload).
+    /// A new client-key registry (start-up, `auth.yaml` reload, admin API write).
     Keys(Arc<crate::auth::keys::KeyRegistry>),
+    /// Who may call `/admin/*` (start-up, `auth.yaml` reload).
+    AdminAccess(Arc<crate::auth::admin::AdminAccess>),
     /// The agent is registered and has a tunnel to every shard: owners add it to their models.
     AgentUp {
         agent: AgentId,
@@ -46,6 +48,25 @@ pub enum ShardToControl {
     TunnelUp { agent: AgentId, shard: usize },
     /// This shard's tunnel to the agent failed or closed.
     TunnelDown { agent: AgentId, shard: usize },
+    /// An authenticated `/admin/*` request, for the control core to serve.
+    Admin(AdminCall),
+}
+
+/// One `/admin/*` request handed to the control core, and where its answer goes.
+#[derive(Debug)]
+pub struct AdminCall {
+    pub method: crate::http::request::Method,
+    /// Path and query as sent.
+    pub target: bytes::Bytes,
+    pub body: bytes::Bytes,
+    pub reply: tokio::sync::oneshot::Sender<AdminReply>,
+}
+
+/// The control core's answer to an [`AdminCall`]: status and JSON body.
+#[derive(Debug)]
+pub struct AdminReply {
+    pub status: u16,
+    pub body: Vec<u8>,
 }
 
 /// What a model's owner finally answers to an acquire.

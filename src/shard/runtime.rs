@@ -29,6 +29,8 @@ pub struct ShardSetup {
     pub metrics: Arc<ShardMetrics>,
     /// The client-key registry at start-up; later ones arrive through the inbox.
     pub keys: Arc<crate::auth::keys::KeyRegistry>,
+    /// Who may call `/admin/*` at start-up.
+    pub admin_access: Arc<crate::auth::admin::AdminAccess>,
     pub inbox: mpsc::UnboundedReceiver<ControlToShard>,
     pub to_control: mpsc::UnboundedSender<ShardToControl>,
     pub core: Option<core_affinity::CoreId>,
@@ -127,6 +129,7 @@ async fn run(
         setup.settings,
         setup.metrics,
         setup.keys,
+        setup.admin_access,
         setup.to_control,
     ));
     monoio::spawn(shard.clone().run_control_inbox(setup.inbox));

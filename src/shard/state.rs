@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::auth::admin::AdminAccess;
 use crate::auth::keys::KeyRegistry;
 use crate::metrics::ShardMetrics;
 use crate::routing::{Acquire, AgentId, ModelRoutes, Ticket};
@@ -63,6 +64,7 @@ pub struct Shard {
     pub metrics: Arc<ShardMetrics>,
     snapshot: RefCell<Arc<RoutingSnapshot>>,
     keys: RefCell<Arc<KeyRegistry>>,
+    admin_access: RefCell<Arc<AdminAccess>>,
     routes: RefCell<HashMap<ModelId, ModelRoutes>>,
     tunnels: RefCell<HashMap<AgentId, Tunnel>>,
     waiting: RefCell<HashMap<u64, oneshot::Sender<Decision>>>,
@@ -87,6 +89,7 @@ impl Shard {
         settings: ShardSettings,
         metrics: Arc<ShardMetrics>,
         keys: Arc<KeyRegistry>,
+        admin_access: Arc<AdminAccess>,
         to_control: mpsc::UnboundedSender<ShardToControl>,
     ) -> Shard {
         Shard {
@@ -96,6 +99,7 @@ impl Shard {
             metrics,
             snapshot: RefCell::new(RoutingSnapshot::empty()),
             keys: RefCell::new(keys),
+            admin_access: RefCell::new(admin_access),
             routes: RefCell::new(HashMap::new()),
             tunnels: RefCell::new(HashMap::new()),
             waiting: RefCell::new(HashMap::new()),
@@ -113,6 +117,15 @@ impl Shard {
 
     pub fn keys(&self) -> Arc<KeyRegistry> {
         self.keys.borrow().clone()
+    }
+
+    pub fn admin_access(&self) -> Arc<AdminAccess> {
+        self.admin_access.borrow().clone()
+    }
+
+    /// Hands an `/admin/*` request to the control core. False when the control core is gone.
+    pub fn call_control(&self, call: crate::shard::messages::AdminCall) -> bool {
+        self.to_control.send(ShardToControl::Admin(call)).is_ok()
     }
 
     pub fn tunnel(&self, agent: AgentId) -> Option<Tunnel> {
@@ -302,6 +315,7 @@ impl Shard {
         match message {
             ControlToShard::Snapshot(snapshot) => *self.snapshot.borrow_mut() = snapshot,
             ControlToShard::Keys(keys) => *self.keys.borrow_mut() = keys,
+            ControlToShard::AdminAccess(access) => *self.admin_access.borrow_mut() = access,
             ControlToShard::AgentUp {
                 agent,
                 models,

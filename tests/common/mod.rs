@@ -156,6 +156,8 @@ pub struct Options {
     agents: Vec<(usize, Vec<String>)>,
     models: Vec<String>,
     api_key: Option<String>,
+    /// Start returns without waiting for `/v1/models` (routers whose keys are added later).
+    skip_model_wait: bool,
 }
 
 fn strings(args: &[&str]) -> Vec<String> {
@@ -196,6 +198,13 @@ impl Options {
     /// routers started with API keys.
     pub fn api_key(mut self, key: &str) -> Options {
         self.api_key = Some(key.to_string());
+        self
+    }
+
+    /// [`Site::start`] waits for health and tunnels only, not for `/v1/models` (for routers
+    /// whose client keys do not exist yet).
+    pub fn skip_model_wait(mut self) -> Options {
+        self.skip_model_wait = true;
         self
     }
 
@@ -289,7 +298,9 @@ impl Site {
             models.push("sim-model".to_string());
         }
         let wanted: Vec<&str> = models.iter().map(|s| s.as_str()).collect();
-        site.wait_models(&wanted);
+        if !options.skip_model_wait {
+            site.wait_models(&wanted);
+        }
         let tunnels = (site.agents.len() * site.shards) as f64;
         site.wait_metric("hivenet_shard_tunnels_open", |v| v >= tunnels);
         site

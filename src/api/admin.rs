@@ -1,0 +1,76 @@
+//! `/admin/*` on the client port: admin authentication on the shard (constant-time hash compare,
+//! `HIVENET_ROUTER_ADMIN_API_KEYS`), then the request goes to the control core, which owns every
+//! admin-writable registry and serialises writes; the answer comes back to this shard.
+//!
+//! Admin responses use the simpler `{"error": "..."}` form the admin reference documents.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use crate::api::ClientRequest;
+use crate::api::sink::{ClientGone, Sink};
+use crate::auth::keys::presented_key;
+use crate::shard::messages::AdminCall;
+use crate::shard::state::Shard;
+
+/// How long an admin call may wait for the control core.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub async fn serve<S: Sink>(
+    shard: &Rc<Shard>,
+    request: ClientRequest,
+    sink: &mut S,
+) -> Result<(), ClientGone> {
+    let presented = presented_key(
+        request.authorization.as_deref(),
+        request.x_api_key.as_deref(),
+    );
+    if !shard.admin_access().authorize(presented) {
+        return sink
+            .respond(
+                401,
+                "application/json",
+                &[],
+                b"{\"error\":\"admin authentication required\"}",
+            )
+            .await;
+    }
+    let (reply, answer) = oneshot::channel();
+    let call = AdminCall {
+        method: request.method,
+        target: request.target,
+        body: request.body,
+        reply,
+    };
+    if !shard.call_control(call) {
+        return sink
+            .respond(
+                503,
+                "application/json",
+                &[],
+                b"{\"error\":\"control core unavailable\"}",
+            )
+            .await;
+    }
+    match sink
+        .until_client_gone(monoio::time::timeout(CONTROL_TIMEOUT, answer))
+        .await
+    {
+        None => Err(ClientGone),
+        Some(Ok(Ok(reply))) => {
+            sink.respond(reply.status, "application/json", &[], &reply.body)
+                .await
+        }
+        Some(_) => {
+            sink.respond(
+                503,
+                "application/json",
+                &[],
+                b"{\"error\":\"control core did not answer\"}",
+            )
+            .await
+        }
+    }
+}

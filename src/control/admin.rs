@@ -1,0 +1,138 @@
+//! The admin API's control-core side: dynamic client keys (`/admin/api-keys/*`). Every write is
+//! validated by `auth::dynamic` and refused with 400 and a reason, leaving the registry unchanged;
+//! a successful write publishes a new key snapshot to every shard before it is acknowledged.
+//!
+//! Routes (admin reference): `GET /admin/api-keys`, `GET /admin/api-keys/version`,
+//! `GET|PUT|DELETE /admin/api-keys/{id}` (`DELETE ...?version=`), `POST /admin/api-keys/replace`,
+//! and `GET /admin/health`. With `api.mode` other than `dynamic`, key routes answer 501.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::auth::config::ServerlessLimits;
+use crate::auth::dynamic::{DynamicError, ErrorResponse, PutKeyRequest, ReplaceRequest};
+use crate::control::ControlShared;
+use crate::http::request::Method;
+use crate::shard::messages::{AdminReply, ControlToShard};
+
+fn json(status: u16, value: &impl Serialize) -> AdminReply {
+    AdminReply {
+        status,
+        body: serde_json::to_vec(value).expect("admin responses serialize"),
+    }
+}
+
+fn error(status: u16, message: &str) -> AdminReply {
+    json(
+        status,
+        &ErrorResponse {
+            error: message.to_owned(),
+            current_version: None,
+        },
+    )
+}
+
+fn refused(problem: &DynamicError) -> AdminReply {
+    json(problem.status(), &problem.response())
+}
+
+/// Splits `/path?query` and returns the `version` query parameter, if any.
+fn split_target(target: &[u8]) -> (&str, Option<String>) {
+    let target = std::str::from_utf8(target).unwrap_or("");
+    match target.split_once('?') {
+        None => (target, None),
+        Some((path, query)) => {
+            let version = query
+                .split('&')
+                .filter_map(|pair| pair.split_once('='))
+                .find(|(name, _)| *name == "version")
+                .map(|(_, value)| value.to_owned());
+            (path, version)
+        }
+    }
+}
+
+pub fn handle(shared: &ControlShared, method: Method, target: &[u8], body: &[u8]) -> AdminReply {
+    let (path, version) = split_target(target);
+    if path == "/admin/health" && method == Method::Get {
+        return json(200, &serde_json::json!({"status": "ok"}));
+    }
+    let Some(rest) = path.strip_prefix("/admin/api-keys") else {
+        return error(404, "no such admin route");
+    };
+    let Some(registry) = &shared.dynamic_keys else {
+        return json(501, &ErrorResponse::not_active());
+    };
+    let mut registry = registry.lock().expect("dynamic key registry lock poisoned");
+    // Serverless invariants need the routing policies, which come with admission control.
+    let limits = ServerlessLimits::none();
+    let written = match (method, rest) {
+        (Method::Get, "") => return json(200, &registry.list()),
+        (Method::Get, "/version") => return json(200, &registry.version_response()),
+        (Method::Post, "/replace") => {
+            match ReplaceRequest::from_json(body)
+                .and_then(|request| registry.replace(request, &limits))
+            {
+                Ok(count) => {
+                    serde_json::json!({"status": "ok", "count": count, "version": registry.version()})
+                }
+                Err(problem) => return refused(&problem),
+            }
+        }
+        (method, id) if id.starts_with('/') && id.len() > 1 && !id[1..].contains('/') => {
+            let id = &id[1..];
+            match method {
+                Method::Get => {
+                    return match registry.get(id) {
+                        Ok(found) => json(200, &found),
+                        Err(problem) => refused(&problem),
+                    };
+                }
+                Method::Put => match PutKeyRequest::from_json(body)
+                    .and_then(|request| registry.put(id, request, &limits))
+                {
+                    Ok(()) => {
+                        serde_json::json!({"status": "ok", "id": id, "version": registry.version()})
+                    }
+                    Err(problem) => return refused(&problem),
+                },
+                Method::Delete => match registry.delete(id, version.as_deref()) {
+                    Ok(()) => {
+                        serde_json::json!({"status": "ok", "id": id, "version": registry.version()})
+                    }
+                    Err(problem) => return refused(&problem),
+                },
+                _ => return error(405, "method not allowed for this admin route"),
+            }
+        }
+        _ => return error(404, "no such admin route"),
+    };
+    // Publish before acknowledging: by the time a client reads "ok", every shard has the new
+    // snapshot queued in its inbox (applied within microseconds, in order with earlier ones).
+    let snapshot = Arc::new(registry.snapshot());
+    tracing::info!(
+        keys = snapshot.len(),
+        version = registry.version(),
+        "dynamic keys changed"
+    );
+    shared.broadcast(|| ControlToShard::Keys(snapshot.clone()));
+    json(200, &written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_split_into_path_and_version() {
+        assert_eq!(
+            split_target(b"/admin/api-keys/a"),
+            ("/admin/api-keys/a", None)
+        );
+        assert_eq!(
+            split_target(b"/admin/api-keys/a?x=1&version=rev_00000003"),
+            ("/admin/api-keys/a", Some("rev_00000003".to_owned()))
+        );
+    }
+}

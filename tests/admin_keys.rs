@@ -1,0 +1,181 @@
+//! Proves the admin API for dynamic keys through the real router: admin calls fail closed without
+//! an admin key, a key added with PUT works at once on every shard, an invalid write is refused
+//! with 400 and a reason and leaves the registry unchanged, a stale version is 409, DELETE revokes
+//! the key, and static-key routers answer 501.
+
+mod common;
+
+use common::{Options, Site, chat, request};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+const ADMIN_KEY: &str = "admin-secret-1";
+
+fn hash(raw: &str) -> String {
+    hex::encode(Sha256::digest(raw.as_bytes()))
+}
+
+fn admin(
+    site: &Site,
+    method: &str,
+    target: &str,
+    key: Option<&str>,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let auth = key.map_or(String::new(), |key| {
+        format!("authorization: Bearer {key}\r\n")
+    });
+    let raw = format!(
+        "{method} {target} HTTP/1.1\r\nhost: test\r\n{auth}content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let response = request(site.http, raw.as_bytes());
+    let value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
+    (response.status, value)
+}
+
+fn chat_status(site: &Site, key: &str) -> u16 {
+    let body = chat("sim-model", false).to_string();
+    let raw = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {key}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    request(site.http, raw.as_bytes()).status
+}
+
+fn key_body(version: &str, raw: &str) -> Value {
+    json!({
+        "version": version,
+        "key_hash": hash(raw),
+        "key_preview": "sk-...test",
+        "owner": "acme-corp",
+        "name": "test key",
+        "enabled": true,
+        "allowed_models": ["sim-model"],
+        "quota": {"requests_per_minute": 1000, "tokens_per_day": 1000000}
+    })
+}
+
+#[test]
+fn dynamic_keys_are_managed_through_the_admin_api() {
+    let site = Site::start(
+        "admin-dynamic",
+        Options::new()
+            .sim(&["--models", "sim-model"])
+            .agent(0, &["--capacity", "4"])
+            .router_env("HIVENET_ROUTER_AUTH_MODE", "dynamic")
+            .router_env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
+            // No client key exists yet for the harness's `/v1/models` probe.
+            .skip_model_wait(),
+    );
+    assert_eq!(admin(&site, "GET", "/admin/api-keys", None, None).0, 401);
+    assert_eq!(
+        admin(&site, "GET", "/admin/api-keys", Some("wrong"), None).0,
+        401
+    );
+    let (status, listed) = admin(&site, "GET", "/admin/api-keys", Some(ADMIN_KEY), None);
+    assert_eq!(
+        (status, listed["count"].as_u64()),
+        (200, Some(0)),
+        "{listed}"
+    );
+
+    assert_eq!(chat_status(&site, "sk-dynamic-one"), 401);
+    let (status, written) = admin(
+        &site,
+        "PUT",
+        "/admin/api-keys/acme-one",
+        Some(ADMIN_KEY),
+        Some(&key_body("rev_00000001", "sk-dynamic-one")),
+    );
+    assert_eq!(status, 200, "{written}");
+    site.wait_for("the new key to work", || {
+        (chat_status(&site, "sk-dynamic-one") == 200).then_some(())
+    });
+
+    // Invalid: negative limit. Refused with a reason; the registry is unchanged.
+    let mut invalid = key_body("rev_00000002", "sk-dynamic-two");
+    invalid["quota"]["requests_per_minute"] = json!(-5);
+    let (status, refusal) = admin(
+        &site,
+        "PUT",
+        "/admin/api-keys/acme-two",
+        Some(ADMIN_KEY),
+        Some(&invalid),
+    );
+    assert_eq!(status, 400, "{refusal}");
+    assert!(
+        refusal["error"]
+            .as_str()
+            .unwrap()
+            .contains("requests_per_minute"),
+        "{refusal}"
+    );
+    let (_, version) = admin(
+        &site,
+        "GET",
+        "/admin/api-keys/version",
+        Some(ADMIN_KEY),
+        None,
+    );
+    assert_eq!(version["version"], "rev_00000001", "{version}");
+    assert_eq!(version["count"], 1, "{version}");
+    assert_eq!(chat_status(&site, "sk-dynamic-two"), 401);
+
+    // Stale version.
+    let (status, stale) = admin(
+        &site,
+        "PUT",
+        "/admin/api-keys/acme-two",
+        Some(ADMIN_KEY),
+        Some(&key_body("rev_00000000", "sk-dynamic-two")),
+    );
+    assert_eq!(status, 409, "{stale}");
+
+    let (status, _) = admin(
+        &site,
+        "DELETE",
+        "/admin/api-keys/acme-one?version=rev_00000003",
+        Some(ADMIN_KEY),
+        None,
+    );
+    assert_eq!(status, 200);
+    site.wait_for("the deleted key to be refused", || {
+        (chat_status(&site, "sk-dynamic-one") == 401).then_some(())
+    });
+    assert!(
+        !site.logs().contains("sk-dynamic-one"),
+        "a raw key reached the logs"
+    );
+}
+
+#[test]
+fn static_routers_answer_501_and_admin_fails_closed_without_keys() {
+    let site = Site::start(
+        "admin-static",
+        Options::new()
+            .sim(&["--models", "sim-model"])
+            .agent(0, &["--capacity", "2"]),
+    );
+    // No admin key configured and no insecure override: every admin call is refused.
+    assert_eq!(
+        admin(&site, "GET", "/admin/api-keys", Some("anything"), None).0,
+        401
+    );
+    site.assert_chat_ok("sim-model");
+}
+
+#[test]
+fn insecure_admin_override_reaches_the_501_of_static_mode() {
+    let site = Site::start(
+        "admin-insecure",
+        Options::new()
+            .sim(&["--models", "sim-model"])
+            .agent(0, &["--capacity", "2"])
+            .router_env("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true"),
+    );
+    let (status, body) = admin(&site, "GET", "/admin/api-keys", None, None);
+    assert_eq!(status, 501, "{body}");
+    assert_eq!(admin(&site, "GET", "/admin/health", None, None).0, 200);
+}
