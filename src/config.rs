@@ -87,6 +87,9 @@ pub struct RouterArgs {
 pub struct EnvSettings {
     /// Largest `/v1/*` request body in bytes; `None` when `HIVENET_ROUTER_MAX_REQUEST_BYTES=0`.
     pub max_request_bytes: Option<usize>,
+    /// `HIVENET_ROUTER_RPM_BURST_SECONDS` (`0`: a full minute of burst; `1`-`59`: that many
+    /// seconds of the rate).
+    pub rpm_burst: crate::limits::BurstSeconds,
 }
 
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 10 * 1024 * 1024;
@@ -103,7 +106,15 @@ impl EnvSettings {
                 ),
             },
         };
-        Ok(EnvSettings { max_request_bytes })
+        let rpm_burst = match std::env::var("HIVENET_ROUTER_RPM_BURST_SECONDS") {
+            Err(_) => crate::limits::BurstSeconds::default(),
+            Ok(text) => crate::limits::BurstSeconds::parse(&text)
+                .map_err(|error| anyhow::anyhow!("{error}"))?,
+        };
+        Ok(EnvSettings {
+            max_request_bytes,
+            rpm_burst,
+        })
     }
 }
 

@@ -34,6 +34,9 @@ pub struct Rejection {
     pub retry_after_seconds: Option<u32>,
     /// Close the client connection after answering (the request stream can no longer be trusted).
     pub close: bool,
+    /// `X-RateLimit-Remaining-Requests` / `X-RateLimit-Remaining-Tokens`, on quota refusals.
+    pub remaining_requests: Option<u64>,
+    pub remaining_tokens: Option<u64>,
 }
 
 impl Rejection {
@@ -45,6 +48,24 @@ impl Rejection {
             source: Source::Router,
             retry_after_seconds: None,
             close: false,
+            remaining_requests: None,
+            remaining_tokens: None,
+        }
+    }
+
+    /// A per-key limit refused the request (`limits`): 429 with the kind's code and message, the
+    /// `X-RateLimit-*` values, and `Retry-After` only where the kind has one (B4).
+    pub fn quota(refusal: &crate::limits::Rejection) -> Rejection {
+        use crate::limits::RejectionKind;
+        let daily = matches!(
+            refusal.kind,
+            RejectionKind::DailyTokens | RejectionKind::DailyTokensForMaxOutput
+        );
+        Rejection {
+            retry_after_seconds: refusal.retry_after_seconds,
+            remaining_requests: refusal.remaining_requests,
+            remaining_tokens: daily.then_some(refusal.remaining),
+            ..Rejection::router(429, refusal.kind.code(), refusal.kind.message())
         }
     }
 

@@ -20,9 +20,10 @@ use crate::api::sink::Sink;
 use crate::api::{ClientRequest, Dialect, Outcome, Route};
 use crate::error::Rejection;
 use crate::http::fields::{RequestFields, request_with_include_usage};
+use crate::limits::Delivery;
 use crate::metrics::ShardMetrics;
 use crate::shard::latch::race;
-use crate::shard::state::{Shard, Slot};
+use crate::shard::state::{QuotaHold, Shard, Slot};
 use crate::usage::{self, AnthropicStreamScan, OpenAiEvent, OpenAiStreamScan, SseSplitter, Usage};
 
 /// Largest non-streamed response body the router buffers; a larger one is a backend error.
@@ -41,7 +42,42 @@ pub struct UsageEvent {
     pub truncated: bool,
 }
 
-fn settle(shard: &Shard, event: UsageEvent) {
+/// What settling a response needs: the one per-request context the response phases share.
+struct Settling<'a> {
+    shard: &'a Shard,
+    quota: &'a mut QuotaHold,
+    route: Route,
+    status: u16,
+}
+
+impl Settling<'_> {
+    /// Phase 8, once per request: the usage event, and the key's quota charged with exact usage.
+    fn settle(&mut self, usage: Option<Usage>, truncated: bool) {
+        settle(
+            self.shard,
+            self.quota,
+            UsageEvent {
+                route: self.route,
+                status: self.status,
+                usage,
+                truncated,
+            },
+        );
+    }
+
+    /// The client went away mid-response: count it and settle what was used so far.
+    fn client_left(&mut self, usage: Option<Usage>) -> Outcome {
+        ShardMetrics::add(&self.shard.metrics.client_disconnects_total, 1);
+        self.settle(usage, true);
+        Outcome::Gone
+    }
+}
+
+/// Responses are charged as delivered (`Delivery::Streamed`) whether streamed or not: the quota
+/// owner may sit on another shard, and refusing a finished non-streamed answer after the fact
+/// would need a round trip before every response.
+fn settle(shard: &Shard, quota: &mut QuotaHold, event: UsageEvent) {
+    quota.settle_usage(event.usage, Delivery::Streamed);
     match event.usage {
         Some(usage) => {
             ShardMetrics::add(&shard.metrics.input_tokens_total, usage.input_tokens);
@@ -95,6 +131,7 @@ pub async fn forward<S: Sink>(
     request: &ClientRequest,
     fields: &RequestFields<'_>,
     slot: Slot,
+    mut quota: QuotaHold,
     deadline: Instant,
     sink: &mut S,
 ) -> Result<(), Outcome> {
@@ -139,12 +176,17 @@ pub async fn forward<S: Sink>(
         .and_then(|value| value.to_str().ok())
         .unwrap_or("application/json");
     ShardMetrics::gauge(&shard.metrics.in_flight, 1);
-    let result = if content_type.starts_with("text/event-stream") {
-        let content_type = content_type.to_owned();
+    let streamed = content_type.starts_with("text/event-stream");
+    let content_type = content_type.to_owned();
+    let settling = Settling {
+        shard,
+        quota: &mut quota,
+        route: request.route,
+        status,
+    };
+    let result = if streamed {
         stream_back(
-            shard,
-            request.route,
-            status,
+            settling,
             &content_type,
             upstream_body,
             suppress_usage_chunk,
@@ -152,17 +194,7 @@ pub async fn forward<S: Sink>(
         )
         .await
     } else {
-        let content_type = content_type.to_owned();
-        buffer_back(
-            shard,
-            request.route,
-            status,
-            &content_type,
-            upstream_body,
-            deadline,
-            sink,
-        )
-        .await
+        buffer_back(settling, &content_type, upstream_body, deadline, sink).await
     };
     ShardMetrics::gauge(&shard.metrics.in_flight, -1);
     // Settle: the response is over, the slot goes back now.
@@ -171,14 +203,13 @@ pub async fn forward<S: Sink>(
 }
 
 async fn buffer_back<S: Sink>(
-    shard: &Shard,
-    route: Route,
-    status: u16,
+    mut settling: Settling<'_>,
     content_type: &str,
     mut upstream: h2::RecvStream,
     deadline: Instant,
     sink: &mut S,
 ) -> Result<(), Outcome> {
+    let (shard, route, status) = (settling.shard, settling.route, settling.status);
     // Most bodies arrive in one frame: keep it as is; join frames only when there are several.
     let mut single: Option<Bytes> = None;
     let mut joined = BytesMut::new();
@@ -228,15 +259,7 @@ async fn buffer_back<S: Sink>(
         None
     };
     let written = sink.respond(status, content_type, &[], &body).await;
-    settle(
-        shard,
-        UsageEvent {
-            route,
-            status,
-            usage,
-            truncated: written.is_err(),
-        },
-    );
+    settling.settle(usage, written.is_err());
     written.map_err(|_| Outcome::Gone)
 }
 
@@ -255,16 +278,15 @@ impl Scanner {
 }
 
 async fn stream_back<S: Sink>(
-    shard: &Shard,
-    route: Route,
-    status: u16,
+    mut settling: Settling<'_>,
     content_type: &str,
     mut upstream: h2::RecvStream,
     suppress_usage_chunk: bool,
     sink: &mut S,
 ) -> Result<(), Outcome> {
-    let dialect = route.dialect();
-    sink.start_stream(status, content_type)
+    let shard = settling.shard;
+    let dialect = settling.route.dialect();
+    sink.start_stream(settling.status, content_type)
         .await
         .map_err(|_| Outcome::Gone)?;
     let mut splitter = SseSplitter::new(SSE_EVENT_BYTES_MAX);
@@ -279,7 +301,7 @@ async fn stream_back<S: Sink>(
     loop {
         let next = sink.until_client_gone(upstream.data()).await;
         let chunk = match next {
-            None => return Err(client_left(shard, route, status, scanner.usage())),
+            None => return Err(settling.client_left(scanner.usage())),
             Some(None) => break,
             Some(Some(Err(_))) => {
                 ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
@@ -288,7 +310,7 @@ async fn stream_back<S: Sink>(
                 out.extend_from_slice(&splitter.take_tail());
                 out.extend_from_slice(stream_error_event(dialect));
                 if sink.stream_data(&out).await.is_err() {
-                    return Err(client_left(shard, route, status, scanner.usage()));
+                    return Err(settling.client_left(scanner.usage()));
                 }
                 break;
             }
@@ -327,41 +349,18 @@ async fn stream_back<S: Sink>(
             }
         }
         if !out.is_empty() && sink.stream_data(&out).await.is_err() {
-            return Err(client_left(shard, route, status, scanner.usage()));
+            return Err(settling.client_left(scanner.usage()));
         }
     }
     if !truncated {
         let tail = splitter.take_tail();
         if !tail.is_empty() && sink.stream_data(&tail).await.is_err() {
-            return Err(client_left(shard, route, status, scanner.usage()));
+            return Err(settling.client_left(scanner.usage()));
         }
     }
     let ended = sink.end_stream().await;
-    settle(
-        shard,
-        UsageEvent {
-            route,
-            status,
-            usage: scanner.usage(),
-            truncated: truncated || ended.is_err(),
-        },
-    );
+    settling.settle(scanner.usage(), truncated || ended.is_err());
     ended.map_err(|_| Outcome::Gone)
-}
-
-/// The client went away mid-stream: count it and settle what the stream used so far, once.
-fn client_left(shard: &Shard, route: Route, status: u16, usage: Option<Usage>) -> Outcome {
-    ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
-    settle(
-        shard,
-        UsageEvent {
-            route,
-            status,
-            usage,
-            truncated: true,
-        },
-    );
-    Outcome::Gone
 }
 
 /// The event that tells a streaming client its stream failed upstream, in its own dialect.

@@ -6,11 +6,12 @@
 //! 3. `fields` — body fields (`model`, `stream`, ...) in one JSON pass (400 on bad input), then
 //!    the key's model authorisation (403 model_forbidden, 429 for a strict per-model quota);
 //! 4. `resolve` — model name and capability to the routing snapshot's entry (404 model_not_found);
-//! 5. `acquire` — an agent slot from the model's owner shard, waiting in its capacity queue
+//! 5. `quota` — the key's per-minute and daily limits on the quota owner's shard (429);
+//! 6. `acquire` — an agent slot from the model's owner shard, waiting in its capacity queue
 //!    (503 no_capacity / no_agents_available, 504 request_timeout);
-//! 6. `forward` — the request over this shard's tunnel to the agent, the response back to the
+//! 7. `forward` — the request over this shard's tunnel to the agent, the response back to the
 //!    client, usage read on the way (503 agent_disconnected, 502 backend_error);
-//! 7. `settle` — the slot is released when the response has fully ended (never at the headers),
+//! 8. `settle` — the slot is released when the response has fully ended (never at the headers),
 //!    and one usage event is emitted.
 
 pub mod admin;
@@ -27,8 +28,10 @@ use crate::auth::keys::KeyRecord;
 use crate::error::Rejection;
 use crate::http::fields::{FieldsError, extract_fields};
 use crate::http::request::Method;
+use crate::limits::{Estimate, ModelContext};
+use crate::shard::quotas::Charge;
 use crate::shard::snapshot::Capability;
-use crate::shard::state::{RouteError, Shard};
+use crate::shard::state::{QuotaRefusal, RouteError, Shard};
 use sink::{ClientGone, Sink};
 
 /// The routes the router serves.
@@ -193,8 +196,35 @@ async fn infer<S: Sink>(
     let Some(model) = snapshot.lookup(&fields.model, request.route.capability()) else {
         return Err(Rejection::model_not_found(&fields.model).into());
     };
-    // Phase 5: an agent slot.
     let deadline = request.received_at + shard.settings.request_timeout;
+    // Phase 5: the key's limits, on the quota owner's shard.
+    let estimate = estimate(request, &fields);
+    let charge = match request.route {
+        Route::ChatCompletions | Route::Messages => Charge::RequestsAndTokens(estimate),
+        // count_tokens, embeddings and rerank count against the request rate only.
+        _ => Charge::RequestsOnly,
+    };
+    let context = ModelContext {
+        model: model.id,
+        healthy_replicas: model.healthy_agents,
+        // Serverless policies (and so B4) come with admission control.
+        serverless: false,
+    };
+    let admitted = sink
+        .until_client_gone(shard.admit_quota(key, context, charge, deadline))
+        .await;
+    let mut quota = match admitted {
+        None => {
+            ShardMetricsExt::client_gone(shard);
+            return Err(Outcome::Gone);
+        }
+        Some(Ok(hold)) => hold,
+        Some(Err(QuotaRefusal::Limit(refusal))) => return Err(Rejection::quota(&refusal).into()),
+        Some(Err(QuotaRefusal::MeshFull)) => return Err(Rejection::queue_full().into()),
+        Some(Err(QuotaRefusal::Timeout)) => return Err(Rejection::request_timeout().into()),
+    };
+    quota.set_estimate(estimate.input_tokens);
+    // Phase 6: an agent slot. A refusal here drops `quota`, which gives its charges back.
     let acquired = sink.until_client_gone(shard.acquire(model, deadline)).await;
     let slot = match acquired {
         None => {
@@ -212,8 +242,19 @@ async fn infer<S: Sink>(
             .into());
         }
     };
-    // Phases 6 and 7: forward, stream back, settle.
-    forward::forward(shard, request, &fields, slot, deadline, sink).await
+    // Phases 7 and 8: forward, stream back, settle.
+    forward::forward(shard, request, &fields, slot, quota, deadline, sink).await
+}
+
+/// The request's input estimate until the learning estimator arrives with admission control: one
+/// token per 3.2 bytes of body (the seed's starting ratio), and the declared maximum output
+/// (`max_completion_tokens` before `max_tokens`; negative values count as undeclared).
+fn estimate(request: &ClientRequest, fields: &crate::http::fields::RequestFields<'_>) -> Estimate {
+    let declared = fields.max_completion_tokens.or(fields.max_tokens);
+    Estimate {
+        input_tokens: (request.body.len() as u64 * 10).div_ceil(32),
+        max_output_tokens: declared.and_then(|tokens| u64::try_from(tokens).ok()),
+    }
 }
 
 fn fields_rejection(error: FieldsError) -> Rejection {

@@ -41,30 +41,43 @@ pub trait Sink {
     /// Asks the connection to close after this response.
     fn close_after(&mut self);
 
-    /// Answers with the rejection's status and envelope.
+    /// Answers with the rejection's status, headers and envelope.
     fn reject(&mut self, rejection: &Rejection) -> impl Future<Output = Result<(), ClientGone>> {
         async move {
             if rejection.close {
                 self.close_after();
             }
             let body = rejection.body();
-            let mut seconds = itoa::Buffer::new();
-            match rejection.retry_after_seconds {
-                Some(after) => {
-                    let value = seconds.format(after).as_bytes();
-                    self.respond(
-                        rejection.status,
-                        "application/json",
-                        &[("retry-after", value)],
-                        &body,
-                    )
-                    .await
-                }
-                None => {
-                    self.respond(rejection.status, "application/json", &[], &body)
-                        .await
-                }
+            let mut retry_after = itoa::Buffer::new();
+            let mut requests = itoa::Buffer::new();
+            let mut tokens = itoa::Buffer::new();
+            let mut headers: [(&str, &[u8]); 3] = [("", b""); 3];
+            let mut count = 0;
+            if let Some(seconds) = rejection.retry_after_seconds {
+                headers[count] = ("retry-after", retry_after.format(seconds).as_bytes());
+                count += 1;
             }
+            if let Some(remaining) = rejection.remaining_requests {
+                headers[count] = (
+                    "x-ratelimit-remaining-requests",
+                    requests.format(remaining).as_bytes(),
+                );
+                count += 1;
+            }
+            if let Some(remaining) = rejection.remaining_tokens {
+                headers[count] = (
+                    "x-ratelimit-remaining-tokens",
+                    tokens.format(remaining).as_bytes(),
+                );
+                count += 1;
+            }
+            self.respond(
+                rejection.status,
+                "application/json",
+                &headers[..count],
+                &body,
+            )
+            .await
         }
     }
 }

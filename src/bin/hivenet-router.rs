@@ -161,6 +161,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         max_request_bytes: env.max_request_bytes,
         client_header_timeout: args.client_header_timeout,
         client_body_timeout: args.client_body_timeout,
+        rpm_burst: env.rpm_burst,
     };
     let (shard_started, shards_ready) = std::sync::mpsc::channel();
     let mut threads = Vec::with_capacity(shard_count);

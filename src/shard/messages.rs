@@ -80,6 +80,21 @@ pub enum Decision {
 /// Between shards over the SPSC mesh.
 #[derive(Debug)]
 pub enum ShardToShard {
+    /// Requester -> quota owner: check (and charge) the key's limits for one request.
+    QuotaAdmit {
+        ticket: Ticket,
+        key: crate::auth::keys::KeyId,
+        model: crate::limits::ModelContext,
+        charge: crate::shard::quotas::Charge,
+    },
+    /// Quota owner -> requester: the answer; an admission must later be settled or cancelled.
+    QuotaDecided {
+        sequence: u64,
+        tenant: crate::auth::keys::TenantId,
+        result: crate::shard::state::QuotaAnswer,
+    },
+    /// Requester -> quota owner: the request is over; charge exact usage, or give back.
+    QuotaRelease(crate::shard::quotas::Release),
     /// Requester -> owner: find an agent slot for `model`.
     Acquire { ticket: Ticket, model: ModelId },
     /// Requester -> owner: the request gave up waiting (timeout, client left).

@@ -13,6 +13,7 @@ pub mod h2c;
 pub mod latch;
 pub mod mesh;
 pub mod messages;
+pub mod quotas;
 pub mod runtime;
 pub mod snapshot;
 pub mod state;

@@ -57,6 +57,7 @@ type Runtime = monoio::FusionRuntime<
 >;
 
 const RING_ENTRIES: u32 = 4096;
+const QUOTA_CLEANUP_INTERVAL: Duration = Duration::from_secs(300);
 
 fn build_runtime() -> std::io::Result<(Runtime, Driver)> {
     let forced = std::env::var("HIVENET_ROUTER_IO_DRIVER").unwrap_or_default();
@@ -134,6 +135,14 @@ async fn run(
     ));
     monoio::spawn(shard.clone().run_control_inbox(setup.inbox));
     monoio::spawn(shard.clone().run_mesh());
+    let cleaner = shard.clone();
+    monoio::spawn(async move {
+        // Seed, "Idle-state cleanup": idle quota state goes every five minutes.
+        loop {
+            monoio::time::sleep(QUOTA_CLEANUP_INTERVAL).await;
+            cleaner.cleanup_quotas();
+        }
+    });
     let _ = started.send(Ok(driver));
     loop {
         match listener.accept().await {

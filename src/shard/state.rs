@@ -17,10 +17,13 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::auth::admin::AdminAccess;
 use crate::auth::keys::KeyRegistry;
+use crate::auth::keys::{KeyRecord, TenantId};
+use crate::limits::{Admission, BurstSeconds, Day, Delivery, Millis, ModelContext, Usage};
 use crate::metrics::ShardMetrics;
 use crate::routing::{Acquire, AgentId, ModelRoutes, Ticket};
 use crate::shard::mesh::Endpoint;
 use crate::shard::messages::{ControlToShard, Decision, ShardToControl, ShardToShard};
+use crate::shard::quotas::{Charge, Quotas, Release};
 use crate::shard::snapshot::{ModelEntry, ModelId, RoutingSnapshot};
 
 /// Messages handled per mesh wake-up before the mesh task yields to the shard's other tasks.
@@ -35,6 +38,8 @@ pub struct ShardSettings {
     pub max_request_bytes: Option<usize>,
     pub client_header_timeout: Duration,
     pub client_body_timeout: Duration,
+    /// `HIVENET_ROUTER_RPM_BURST_SECONDS`.
+    pub rpm_burst: BurstSeconds,
 }
 
 /// Why a request found no agent slot.
@@ -57,6 +62,20 @@ pub struct Tunnel {
     pub generation: u64,
 }
 
+/// What the quota owner answered: an admission to settle later (or `None` when nothing is
+/// counted), or a refusal.
+pub type QuotaAnswer = Result<Option<Admission>, QuotaRefusal>;
+
+/// Why the quota phase refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaRefusal {
+    Limit(crate::limits::Rejection),
+    /// The mesh ring to the owner is full.
+    MeshFull,
+    /// The owner did not answer before the request deadline.
+    Timeout,
+}
+
 pub struct Shard {
     pub id: usize,
     pub count: usize,
@@ -71,6 +90,11 @@ pub struct Shard {
     next_sequence: Cell<u64>,
     next_tunnel_generation: Cell<u64>,
     mesh: RefCell<Endpoint<ShardToShard>>,
+    /// Quota holders this shard owns (`tenant % count`).
+    quotas: RefCell<Quotas>,
+    quota_waiting: RefCell<HashMap<u64, oneshot::Sender<QuotaAnswer>>>,
+    /// Origin of the monotonic `Millis` the limits run on.
+    started: Instant,
     /// Mesh messages that found their ring full; retried before anything new is drained. Only
     /// releases and decisions land here: they must not be lost.
     deferred: RefCell<VecDeque<(usize, ShardToShard)>>,
@@ -92,6 +116,7 @@ impl Shard {
         admin_access: Arc<AdminAccess>,
         to_control: mpsc::UnboundedSender<ShardToControl>,
     ) -> Shard {
+        let rpm_burst = settings.rpm_burst;
         Shard {
             id: mesh.shard(),
             count,
@@ -106,6 +131,9 @@ impl Shard {
             next_sequence: Cell::new(1),
             next_tunnel_generation: Cell::new(1),
             mesh: RefCell::new(mesh),
+            quotas: RefCell::new(Quotas::new(rpm_burst)),
+            quota_waiting: RefCell::new(HashMap::new()),
+            started: Instant::now(),
             deferred: RefCell::new(VecDeque::new()),
             to_control,
         }
@@ -280,10 +308,178 @@ impl Shard {
         }
     }
 
+    // ----- quotas -----
+
+    fn now_millis(&self) -> Millis {
+        Millis(self.started.elapsed().as_millis() as u64)
+    }
+
+    fn today() -> Day {
+        let unix_seconds = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_secs());
+        Day::from_unix_seconds(unix_seconds)
+    }
+
+    fn quota_owner(&self, tenant: TenantId) -> usize {
+        tenant.0 as usize % self.count
+    }
+
+    /// The quota phase: asks the key's quota owner to check and charge the request. The returned
+    /// hold settles (or gives back) exactly once.
+    pub async fn admit_quota(
+        self: &Rc<Self>,
+        key: &KeyRecord,
+        model: ModelContext,
+        charge: Charge,
+        deadline: Instant,
+    ) -> Result<QuotaHold, QuotaRefusal> {
+        let tenant = key.tenant_id;
+        let hold = |admission| QuotaHold {
+            shard: self.clone(),
+            tenant,
+            admission,
+            estimate_input_tokens: 0,
+        };
+        if !crate::shard::quotas::is_limited(key) {
+            return Ok(hold(None));
+        }
+        let owner = self.quota_owner(tenant);
+        if owner == self.id {
+            let keys = self.keys();
+            let snapshot = self.snapshot();
+            return self
+                .quotas
+                .borrow_mut()
+                .admit(
+                    self.now_millis(),
+                    Self::today(),
+                    &keys,
+                    &snapshot,
+                    key.key_id,
+                    &model,
+                    charge,
+                )
+                .map(hold)
+                .map_err(QuotaRefusal::Limit);
+        }
+        let sequence = self.next_sequence.get();
+        self.next_sequence.set(sequence + 1);
+        let (answered, answer) = oneshot::channel();
+        self.quota_waiting.borrow_mut().insert(sequence, answered);
+        let ticket = Ticket {
+            shard: self.id as u16,
+            sequence,
+        };
+        let sent = self.mesh.borrow_mut().send(
+            owner,
+            ShardToShard::QuotaAdmit {
+                ticket,
+                key: key.key_id,
+                model,
+                charge,
+            },
+        );
+        if sent.is_err() {
+            self.quota_waiting.borrow_mut().remove(&sequence);
+            ShardMetrics::add(&self.metrics.mesh_full_total, 1);
+            return Err(QuotaRefusal::MeshFull);
+        }
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match monoio::time::timeout(wait, answer).await {
+            Ok(Ok(result)) => result.map(hold),
+            Ok(Err(_)) | Err(_) => {
+                // A late admission finds no waiter and is given back by `quota_decided`.
+                self.quota_waiting.borrow_mut().remove(&sequence);
+                Err(QuotaRefusal::Timeout)
+            }
+        }
+    }
+
+    fn quota_release(&self, tenant: TenantId, release: Release) {
+        let owner = self.quota_owner(tenant);
+        if owner == self.id {
+            self.apply_quota_release(release);
+        } else {
+            self.send_or_defer(owner, ShardToShard::QuotaRelease(release));
+        }
+    }
+
+    fn apply_quota_release(&self, release: Release) {
+        let (now, day) = (self.now_millis(), Self::today());
+        let mut quotas = self.quotas.borrow_mut();
+        match release {
+            Release::Settle {
+                tenant,
+                admission,
+                usage,
+                delivery,
+            } => quotas.settle(now, day, tenant, admission, usage, delivery),
+            Release::Cancel { tenant, admission } => quotas.cancel(tenant, admission),
+        }
+    }
+
+    fn quota_decided(&self, sequence: u64, tenant: TenantId, result: QuotaAnswer) {
+        let waiter = self.quota_waiting.borrow_mut().remove(&sequence);
+        let unwanted = match waiter {
+            Some(waiter) => waiter.send(result).err(),
+            None => Some(result),
+        };
+        if let Some(Ok(Some(admission))) = unwanted {
+            self.quota_release(tenant, Release::Cancel { tenant, admission });
+        }
+    }
+
+    /// Drops idle quota holders; run every few minutes.
+    pub fn cleanup_quotas(&self) {
+        self.quotas
+            .borrow_mut()
+            .cleanup(self.now_millis(), Self::today());
+    }
+
     // ----- inbound messages -----
 
     fn on_mesh(&self, message: ShardToShard) {
         match message {
+            ShardToShard::QuotaAdmit {
+                ticket,
+                key,
+                model,
+                charge,
+            } => {
+                let keys = self.keys();
+                let snapshot = self.snapshot();
+                let tenant = keys
+                    .get(key)
+                    .map_or(TenantId::DEFAULT, |record| record.tenant_id);
+                let result = self
+                    .quotas
+                    .borrow_mut()
+                    .admit(
+                        self.now_millis(),
+                        Self::today(),
+                        &keys,
+                        &snapshot,
+                        key,
+                        &model,
+                        charge,
+                    )
+                    .map_err(QuotaRefusal::Limit);
+                self.send_or_defer(
+                    usize::from(ticket.shard),
+                    ShardToShard::QuotaDecided {
+                        sequence: ticket.sequence,
+                        tenant,
+                        result,
+                    },
+                );
+            }
+            ShardToShard::QuotaDecided {
+                sequence,
+                tenant,
+                result,
+            } => self.quota_decided(sequence, tenant, result),
+            ShardToShard::QuotaRelease(release) => self.apply_quota_release(release),
             ShardToShard::Acquire { ticket, model } => {
                 let acquired = match self.routes.borrow_mut().get_mut(&model) {
                     Some(routes) => routes.acquire(ticket),
@@ -485,5 +681,66 @@ pub struct Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.shard.release(self.model, self.agent);
+    }
+}
+
+/// A request's quota charge, held until the request ends. [`QuotaHold::settle`] charges exact
+/// usage; dropping it unsettled (a later refusal, a client that left before forwarding) gives the
+/// token charges back. Either reaches the quota owner exactly once.
+pub struct QuotaHold {
+    shard: Rc<Shard>,
+    tenant: TenantId,
+    admission: Option<Admission>,
+    /// Charged as input when the response carries no usage.
+    estimate_input_tokens: u64,
+}
+
+impl QuotaHold {
+    pub fn set_estimate(&mut self, input_tokens: u64) {
+        self.estimate_input_tokens = input_tokens;
+    }
+
+    /// Settles with the response's exact usage; without one (an error answer, a stream cut
+    /// short), the input estimate stands and no output is charged.
+    pub fn settle_usage(&mut self, usage: Option<crate::usage::Usage>, delivery: Delivery) {
+        let usage = match usage {
+            Some(usage) => Usage {
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+            },
+            None => Usage {
+                input_tokens: self.estimate_input_tokens,
+                output_tokens: 0,
+            },
+        };
+        self.settle(usage, delivery);
+    }
+
+    pub fn settle(&mut self, usage: Usage, delivery: Delivery) {
+        if let Some(admission) = self.admission.take() {
+            self.shard.quota_release(
+                self.tenant,
+                Release::Settle {
+                    tenant: self.tenant,
+                    admission,
+                    usage,
+                    delivery,
+                },
+            );
+        }
+    }
+}
+
+impl Drop for QuotaHold {
+    fn drop(&mut self) {
+        if let Some(admission) = self.admission.take() {
+            self.shard.quota_release(
+                self.tenant,
+                Release::Cancel {
+                    tenant: self.tenant,
+                    admission,
+                },
+            );
+        }
     }
 }
