@@ -9,7 +9,8 @@
 #   OUTPUT_TOKENS=18   sim answer length (18 -> 21 SSE events per streamed answer)
 #   NGINX_WORKERS=2    nginx worker_processes ('auto' works too)
 #   ROUTER_ARGS=""     extra router flags; several configurations separated by '|' are measured
-#                      one after the other in the same run, e.g. ROUTER_ARGS='|--shards 1'
+#                      one after the other in the same run, e.g. ROUTER_ARGS='|--shards 1', or
+#                      ROUTER_ARGS='|--auth-config-file perf/auth-bench.yaml' (auth + limits)
 #   AGENT_ARGS=""      extra agent flags
 #   CASES="json stream"  which request kinds to measure
 #   PORT_BASE=23000    ports used: +80 router http, +51 grpc, +12 metrics, +900 tunnel,
@@ -33,6 +34,9 @@ SIM_THREADS=${SIM_THREADS:-1}
 OUTPUT_TOKENS=${OUTPUT_TOKENS:-18}
 NGINX_WORKERS=${NGINX_WORKERS:-2}
 ROUTER_ARGS=${ROUTER_ARGS:-}
+# Sent on every request (nginx and an open router ignore it); perf/auth-bench.yaml accepts it, so
+# ROUTER_ARGS='|--auth-config-file perf/auth-bench.yaml' measures auth and limits on vs off.
+export BENCH_API_KEY=${BENCH_API_KEY:-sk-hivenet-bench}
 AGENT_ARGS=${AGENT_ARGS:-}
 CASES=${CASES:-json stream}
 PORT_BASE=${PORT_BASE:-23000}
@@ -265,7 +269,7 @@ start_router_stack() { # variant-args index
   start_bg agent "$WORK/agent-$2.log" "$BIN/hivenet-agent" --backend-url "http://$SIM_ADDR" \
     --router-grpc "$ROUTER_GRPC" --identity-path "$dir/agent.key" --capacity 1000 $AGENT_ARGS
   wait_until 30 "the agent's model on the router" \
-    bash -c "curl -sf 'http://$ROUTER_HTTP/v1/models' | grep -q '\"$MODEL\"'"
+    bash -c "curl -sf -H 'Authorization: Bearer $BENCH_API_KEY' 'http://$ROUTER_HTTP/v1/models' | grep -q '\"$MODEL\"'"
   alive router || die "router exited"
   alive agent || die "agent exited"
 }
@@ -279,11 +283,11 @@ stop_router_stack() {
 # Sanity check one endpoint: a 200 JSON answer and the number of SSE events when streamed.
 check_endpoint() { # label base-url
   local label=$1 url=$2 code events
-  code=$(curl -s -o "$WORK/check.json" -w '%{http_code}' -X POST -H 'Content-Type: application/json' \
+  code=$(curl -s -o "$WORK/check.json" -w '%{http_code}' -X POST -H 'Content-Type: application/json' -H "Authorization: Bearer $BENCH_API_KEY" \
     --data-binary "@$JSON_BODY" "$url/v1/chat/completions")
   [[ $code == 200 ]] || { cat "$WORK/check.json" >&2; die "$label: non-stream answer HTTP $code"; }
   grep -q '"choices"' "$WORK/check.json" || die "$label: non-stream answer has no choices"
-  curl -sN -X POST -H 'Content-Type: application/json' --data-binary "@$STREAM_BODY" \
+  curl -sN -X POST -H 'Content-Type: application/json' -H "Authorization: Bearer $BENCH_API_KEY" --data-binary "@$STREAM_BODY" \
     "$url/v1/chat/completions" >"$WORK/check.sse"
   events=$(grep -c '^data:' "$WORK/check.sse" || true)
   grep -q '^data: \[DONE\]' "$WORK/check.sse" || die "$label: stream has no [DONE]"

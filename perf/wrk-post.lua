@@ -8,6 +8,10 @@ f:close()
 wrk.method = "POST"
 wrk.body = body
 wrk.headers["Content-Type"] = "application/json"
+local key = os.getenv("BENCH_API_KEY")
+if key and key ~= "" then
+  wrk.headers["Authorization"] = "Bearer " .. key
+end
 
 function done(summary, latency, requests)
   local e = summary.errors
