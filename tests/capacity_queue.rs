@@ -118,3 +118,31 @@ fn full_model_queue_refuses_with_no_capacity() {
     });
     assert_eq!(site.sim_metric(0, "sim_requests_total"), 2.0);
 }
+
+/// A queued client that leaves gives its queue place back at once: with a queue of one, the next
+/// request queues (and is served) instead of being refused for a place held by nobody.
+#[test]
+fn a_queued_client_that_leaves_frees_its_queue_place() {
+    let site = site("queue_place_freed", &["--queue-depth", "1"]);
+    let mut holder = hold_the_slot(&site);
+    let mut leaver = Conn::connect(site.http);
+    leaver
+        .send(&post_request(
+            "/v1/chat/completions",
+            &chat("sim-model", false).to_string(),
+        ))
+        .unwrap();
+    site.wait_metric("hivenet_shard_queued_total", |v| v >= 1.0);
+    drop(leaver);
+    site.wait_metric("hivenet_shard_client_disconnects_total", |v| v >= 1.0);
+    std::thread::scope(|scope| {
+        let next =
+            scope.spawn(|| site.post_json("/v1/chat/completions", &chat("sim-model", false)));
+        site.wait_metric("hivenet_shard_queued_total", |v| v >= 2.0);
+        finish_stream(&mut holder);
+        let (status, _, body) = next.join().unwrap();
+        assert_eq!(status, 200, "{body}\n{}", site.logs());
+    });
+    // Only the holder and the next request reached the engine.
+    assert_eq!(site.sim_metric(0, "sim_requests_total"), 2.0);
+}

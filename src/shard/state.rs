@@ -194,6 +194,15 @@ impl Shard {
         }
         let (decided, decision) = oneshot::channel();
         self.waiting.borrow_mut().insert(sequence, decided);
+        // From here the ticket is queued (locally or at the owner): if this future is dropped
+        // (the client left) or times out, the guard withdraws it so it holds no queue place.
+        let mut waiting = Waiting {
+            shard: self,
+            ticket,
+            owner,
+            model: model.id,
+            armed: true,
+        };
         if owner != self.id {
             let sent = self.mesh.borrow_mut().send(
                 owner,
@@ -203,6 +212,7 @@ impl Shard {
                 },
             );
             if sent.is_err() {
+                waiting.armed = false;
                 self.waiting.borrow_mut().remove(&sequence);
                 ShardMetrics::add(&self.metrics.mesh_full_total, 1);
                 return Err(RouteError::MeshFull);
@@ -210,30 +220,32 @@ impl Shard {
         }
         ShardMetrics::add(&self.metrics.queued_total, 1);
         let wait = deadline.saturating_duration_since(Instant::now());
-        match monoio::time::timeout(wait, decision).await {
+        let decided = monoio::time::timeout(wait, decision).await;
+        if decided.is_ok() {
+            // Answered: nothing left to withdraw.
+            waiting.armed = false;
+        }
+        match decided {
             Ok(Ok(Decision::Granted(agent))) => Ok(slot(agent)),
             Ok(Ok(Decision::QueueFull)) => Err(RouteError::QueueFull),
             Ok(Ok(Decision::NoAgents)) | Ok(Err(_)) => Err(RouteError::NoAgents),
             Err(_) => {
-                // Gave up: withdraw the ticket. A grant already on its way finds no waiter and is
-                // released by `resolve`.
-                self.waiting.borrow_mut().remove(&sequence);
                 ShardMetrics::add(&self.metrics.queue_timeouts_total, 1);
-                if owner == self.id {
-                    if let Some(routes) = self.routes.borrow_mut().get_mut(&model.id) {
-                        routes.cancel(ticket);
-                    }
-                } else {
-                    self.send_or_defer(
-                        owner,
-                        ShardToShard::Cancel {
-                            ticket,
-                            model: model.id,
-                        },
-                    );
-                }
                 Err(RouteError::Timeout)
             }
+        }
+    }
+
+    /// Withdraws a queued ticket: its waiter goes, and the owner drops it from the queue. A grant
+    /// already on its way finds no waiter and is released by `resolve`.
+    fn withdraw(&self, ticket: Ticket, owner: usize, model: ModelId) {
+        self.waiting.borrow_mut().remove(&ticket.sequence);
+        if owner == self.id {
+            if let Some(routes) = self.routes.borrow_mut().get_mut(&model) {
+                routes.cancel(ticket);
+            }
+        } else {
+            self.send_or_defer(owner, ShardToShard::Cancel { ticket, model });
         }
     }
 
@@ -667,6 +679,23 @@ impl Shard {
                 );
                 return;
             }
+        }
+    }
+}
+
+/// A queued acquire; dropped while armed, it withdraws its ticket.
+struct Waiting<'a> {
+    shard: &'a Shard,
+    ticket: Ticket,
+    owner: usize,
+    model: ModelId,
+    armed: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shard.withdraw(self.ticket, self.owner, self.model);
         }
     }
 }
