@@ -276,3 +276,37 @@ fn keep_alive_connection_serves_several_requests() {
     assert!(conn.closed_by_peer());
     site.assert_chat_ok("sim-model");
 }
+
+#[test]
+fn expect_100_continue_invites_a_body_within_the_limit_and_refuses_one_over_it() {
+    let site = site("expect_continue");
+    let body = chat("sim-model", false).to_string();
+    let mut conn = Conn::connect(site.http);
+    conn.send(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\nexpect: 100-continue\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let interim = conn.read_head().expect("interim response");
+    assert_eq!(interim.status, 100);
+    conn.send(body.as_bytes()).unwrap();
+    let response = conn.read_response().expect("final response");
+    assert_eq!(response.status, 200, "{}", response.text());
+
+    // Over the limit: refused at once, without inviting the body.
+    let mut conn = Conn::connect(site.http);
+    conn.send(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\nexpect: 100-continue\r\ncontent-length: {}\r\n\r\n",
+            MAX_REQUEST_BYTES + 1
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let response = conn.read_response().expect("refusal");
+    assert_error(&response, 413, "request_too_large");
+    site.assert_chat_ok("sim-model");
+}

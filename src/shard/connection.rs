@@ -339,7 +339,19 @@ async fn read_requests(
                 continue;
             }
         };
-        if head.expect_continue && has_body && to_writer.send(Inbound::Continue).await.is_err() {
+        // A declared body over the limit is refused before the client is invited to send it.
+        let too_large = match head.framing {
+            BodyFraming::ContentLength(length) => shard
+                .settings
+                .max_request_bytes
+                .is_some_and(|max| length > max as u64),
+            _ => false,
+        };
+        if head.expect_continue
+            && has_body
+            && !too_large
+            && to_writer.send(Inbound::Continue).await.is_err()
+        {
             return ReadOutcome::Stop;
         }
         // The request body.
