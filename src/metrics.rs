@@ -92,7 +92,7 @@ pub fn render_shards(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) 
         (
             "hivenet_shard_queued_total",
             "counter",
-            "Requests that waited in a model capacity queue.",
+            "Requests that waited in a model capacity queue (counted on the model's owner shard).",
             |m| m.queued_total.load(Ordering::Relaxed) as i128,
         ),
         (

@@ -189,7 +189,8 @@ impl Shard {
                 Acquire::Granted(agent) => return Ok(slot(agent)),
                 Acquire::QueueFull => return Err(RouteError::QueueFull),
                 Acquire::NoAgents => return Err(RouteError::NoAgents),
-                Acquire::Queued => {}
+                // Counted where the queue is: on the owner shard.
+                Acquire::Queued => ShardMetrics::add(&self.metrics.queued_total, 1),
             }
         }
         let (decided, decision) = oneshot::channel();
@@ -218,7 +219,6 @@ impl Shard {
                 return Err(RouteError::MeshFull);
             }
         }
-        ShardMetrics::add(&self.metrics.queued_total, 1);
         let wait = deadline.saturating_duration_since(Instant::now());
         let decided = monoio::time::timeout(wait, decision).await;
         if decided.is_ok() {
@@ -501,7 +501,10 @@ impl Shard {
                     Acquire::Granted(agent) => Decision::Granted(agent),
                     Acquire::QueueFull => Decision::QueueFull,
                     Acquire::NoAgents => Decision::NoAgents,
-                    Acquire::Queued => return,
+                    Acquire::Queued => {
+                        ShardMetrics::add(&self.metrics.queued_total, 1);
+                        return;
+                    }
                 };
                 self.decide(model, ticket, decision);
             }
