@@ -82,6 +82,7 @@ fn one_key_over_every_shard_never_exceeds_its_rpm() {
         .into_iter()
         .flat_map(|t| t.join().unwrap())
         .collect();
+    let elapsed = started.elapsed();
     let admitted = statuses
         .iter()
         .filter(|(status, ..)| *status == 200)
