@@ -99,6 +99,14 @@ fn one_key_over_every_shard_never_exceeds_its_rpm() {
         (RPM..=RPM + refilled).contains(&admitted),
         "admitted {admitted} in {elapsed:?} (refill allows {refilled}): {statuses:?}"
     );
+    for (_, remaining, ..) in statuses.iter().filter(|(status, ..)| *status == 200) {
+        let remaining: usize = remaining
+            .as_deref()
+            .expect("X-RateLimit-Remaining-Requests on success")
+            .parse()
+            .unwrap();
+        assert!(remaining < RPM, "{remaining}");
+    }
     for (_, remaining, retry_after, code) in refused {
         assert_eq!(code, "rate_limit_exceeded");
         assert_eq!(remaining.as_deref(), Some("0"));
@@ -131,7 +139,15 @@ fn daily_budget_is_corrected_to_exact_stream_usage_then_refuses() {
     let refusal = loop {
         let response = post(&site, key, &body);
         match response.status {
-            200 => admitted += 1,
+            200 => {
+                admitted += 1;
+                let remaining: u64 = response
+                    .header("x-ratelimit-remaining-tokens")
+                    .expect("X-RateLimit-Remaining-Tokens on success")
+                    .parse()
+                    .unwrap();
+                assert!(remaining < BUDGET);
+            }
             429 => break response,
             other => panic!("unexpected {other}: {}", response.text()),
         }

@@ -178,6 +178,25 @@ pub async fn forward<S: Sink>(
     ShardMetrics::gauge(&shard.metrics.in_flight, 1);
     let streamed = content_type.starts_with("text/event-stream");
     let content_type = content_type.to_owned();
+    // What the key had left at admission, as the API-key reference documents on responses.
+    let (mut requests_text, mut tokens_text) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let mut rate_headers: [(&str, &[u8]); 2] = [("", b""); 2];
+    let mut rate_header_count = 0;
+    if let Some(remaining) = quota.remaining_requests {
+        rate_headers[rate_header_count] = (
+            "x-ratelimit-remaining-requests",
+            requests_text.format(remaining).as_bytes(),
+        );
+        rate_header_count += 1;
+    }
+    if let Some(remaining) = quota.remaining_tokens {
+        rate_headers[rate_header_count] = (
+            "x-ratelimit-remaining-tokens",
+            tokens_text.format(remaining).as_bytes(),
+        );
+        rate_header_count += 1;
+    }
+    let rate_headers = &rate_headers[..rate_header_count];
     let settling = Settling {
         shard,
         quota: &mut quota,
@@ -188,13 +207,22 @@ pub async fn forward<S: Sink>(
         stream_back(
             settling,
             &content_type,
+            rate_headers,
             upstream_body,
             suppress_usage_chunk,
             sink,
         )
         .await
     } else {
-        buffer_back(settling, &content_type, upstream_body, deadline, sink).await
+        buffer_back(
+            settling,
+            &content_type,
+            rate_headers,
+            upstream_body,
+            deadline,
+            sink,
+        )
+        .await
     };
     ShardMetrics::gauge(&shard.metrics.in_flight, -1);
     // Settle: the response is over, the slot goes back now.
@@ -205,6 +233,7 @@ pub async fn forward<S: Sink>(
 async fn buffer_back<S: Sink>(
     mut settling: Settling<'_>,
     content_type: &str,
+    rate_headers: &[(&str, &[u8])],
     mut upstream: h2::RecvStream,
     deadline: Instant,
     sink: &mut S,
@@ -258,7 +287,9 @@ async fn buffer_back<S: Sink>(
     } else {
         None
     };
-    let written = sink.respond(status, content_type, &[], &body).await;
+    let written = sink
+        .respond(status, content_type, rate_headers, &body)
+        .await;
     settling.settle(usage, written.is_err());
     written.map_err(|_| Outcome::Gone)
 }
@@ -280,13 +311,14 @@ impl Scanner {
 async fn stream_back<S: Sink>(
     mut settling: Settling<'_>,
     content_type: &str,
+    rate_headers: &[(&str, &[u8])],
     mut upstream: h2::RecvStream,
     suppress_usage_chunk: bool,
     sink: &mut S,
 ) -> Result<(), Outcome> {
     let shard = settling.shard;
     let dialect = settling.route.dialect();
-    sink.start_stream(settling.status, content_type)
+    sink.start_stream(settling.status, content_type, rate_headers)
         .await
         .map_err(|_| Outcome::Gone)?;
     let mut splitter = SseSplitter::new(SSE_EVENT_BYTES_MAX);

@@ -24,6 +24,7 @@ pub trait Sink {
         &mut self,
         status: u16,
         content_type: &str,
+        extra_headers: &[(&str, &[u8])],
     ) -> impl Future<Output = Result<(), ClientGone>>;
 
     /// Sends part of a streamed response, flushed to the socket before this resolves.

@@ -542,15 +542,25 @@ impl Sink for Http1Sink {
         self.flush().await
     }
 
-    async fn start_stream(&mut self, status: u16, content_type: &str) -> Result<(), ClientGone> {
+    async fn start_stream(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+    ) -> Result<(), ClientGone> {
         self.metrics.metrics.count_response(status);
+        const STREAM_HEADERS_MAX: usize = 4;
+        let mut headers: [(&str, &[u8]); STREAM_HEADERS_MAX] =
+            [("cache-control", b"no-cache"); STREAM_HEADERS_MAX];
+        let count = 1 + extra_headers.len().min(STREAM_HEADERS_MAX - 1);
+        headers[1..count].copy_from_slice(&extra_headers[..count - 1]);
         self.out.clear();
         ResponseHead {
             status,
             content_type: Some(content_type),
             framing: ResponseFraming::Chunked,
             close: self.close,
-            extra_headers: &[("cache-control", b"no-cache")],
+            extra_headers: &headers[..count],
         }
         .write(&mut self.out);
         self.flush().await

@@ -190,8 +190,9 @@ impl H2Sink {
         let mut response = http::Response::builder()
             .status(status)
             .header(http::header::CONTENT_TYPE, content_type);
-        if let Some(length) = content_length {
-            response = response.header(http::header::CONTENT_LENGTH, length);
+        match content_length {
+            Some(length) => response = response.header(http::header::CONTENT_LENGTH, length),
+            None => response = response.header(http::header::CACHE_CONTROL, "no-cache"),
         }
         for (name, value) in extra_headers {
             response = response.header(*name, *value);
@@ -257,14 +258,13 @@ impl Sink for H2Sink {
         self.send(Bytes::copy_from_slice(body), true).await
     }
 
-    async fn start_stream(&mut self, status: u16, content_type: &str) -> Result<(), ClientGone> {
-        self.head(
-            status,
-            content_type,
-            &[("cache-control", b"no-cache")],
-            None,
-            false,
-        )
+    async fn start_stream(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+    ) -> Result<(), ClientGone> {
+        self.head(status, content_type, extra_headers, None, false)
     }
 
     async fn stream_data(&mut self, data: &[u8]) -> Result<(), ClientGone> {

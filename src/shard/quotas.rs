@@ -84,6 +84,15 @@ pub struct Quotas {
     holders: HashMap<TenantId, Holder>,
 }
 
+/// What the quota owner admitted: the charge to settle later (`None` when nothing is counted) and
+/// what the key has left, for `X-RateLimit-*` on the response.
+#[derive(Debug, Default)]
+pub struct Admitted {
+    pub admission: Option<Admission>,
+    pub remaining_requests: Option<u64>,
+    pub remaining_tokens: Option<u64>,
+}
+
 /// What an admission asks for: the RPM check only (`count_tokens`, embeddings, rerank), or the
 /// token checks too (chat and messages).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,19 +127,33 @@ impl Quotas {
         key: crate::auth::keys::KeyId,
         model: &ModelContext,
         charge: Charge,
-    ) -> Result<Option<Admission>, Rejection> {
+    ) -> Result<Admitted, Rejection> {
         let Some(record) = registry.get(key) else {
             // The key vanished in a reload between authentication and here: nothing to count.
-            return Ok(None);
+            return Ok(Admitted::default());
         };
         let Some(holder) = self.holder(now, day, registry, snapshot, record) else {
-            return Ok(None);
+            return Ok(Admitted::default());
         };
         match charge {
-            Charge::RequestsOnly => holder.limits.admit_request(now, model).map(|_| None),
-            Charge::RequestsAndTokens(estimate) => {
-                holder.limits.admit(now, day, model, estimate).map(Some)
+            Charge::RequestsOnly => {
+                holder
+                    .limits
+                    .admit_request(now, model)
+                    .map(|request| Admitted {
+                        admission: None,
+                        remaining_requests: request.remaining_requests,
+                        remaining_tokens: None,
+                    })
             }
+            Charge::RequestsAndTokens(estimate) => holder
+                .limits
+                .admit(now, day, model, estimate)
+                .map(|admission| Admitted {
+                    remaining_requests: admission.remaining_requests,
+                    remaining_tokens: admission.remaining_tokens,
+                    admission: Some(admission),
+                }),
         }
     }
 

@@ -23,7 +23,7 @@ use crate::metrics::ShardMetrics;
 use crate::routing::{Acquire, AgentId, ModelRoutes, Ticket};
 use crate::shard::mesh::Endpoint;
 use crate::shard::messages::{ControlToShard, Decision, ShardToControl, ShardToShard};
-use crate::shard::quotas::{Charge, Quotas, Release};
+use crate::shard::quotas::{Admitted, Charge, Quotas, Release};
 use crate::shard::snapshot::{ModelEntry, ModelId, RoutingSnapshot};
 
 /// Messages handled per mesh wake-up before the mesh task yields to the shard's other tasks.
@@ -64,7 +64,7 @@ pub struct Tunnel {
 
 /// What the quota owner answered: an admission to settle later (or `None` when nothing is
 /// counted), or a refusal.
-pub type QuotaAnswer = Result<Option<Admission>, QuotaRefusal>;
+pub type QuotaAnswer = Result<Admitted, QuotaRefusal>;
 
 /// Why the quota phase refused a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -347,14 +347,16 @@ impl Shard {
         deadline: Instant,
     ) -> Result<QuotaHold, QuotaRefusal> {
         let tenant = key.tenant_id;
-        let hold = |admission| QuotaHold {
+        let hold = |admitted: Admitted| QuotaHold {
             shard: self.clone(),
             tenant,
-            admission,
+            admission: admitted.admission,
             estimate_input_tokens: 0,
+            remaining_requests: admitted.remaining_requests,
+            remaining_tokens: admitted.remaining_tokens,
         };
         if !crate::shard::quotas::is_limited(key) {
-            return Ok(hold(None));
+            return Ok(hold(Admitted::default()));
         }
         let owner = self.quota_owner(tenant);
         if owner == self.id {
@@ -437,7 +439,11 @@ impl Shard {
             Some(waiter) => waiter.send(result).err(),
             None => Some(result),
         };
-        if let Some(Ok(Some(admission))) = unwanted {
+        if let Some(Ok(Admitted {
+            admission: Some(admission),
+            ..
+        })) = unwanted
+        {
             self.quota_release(tenant, Release::Cancel { tenant, admission });
         }
     }
@@ -725,6 +731,9 @@ pub struct QuotaHold {
     admission: Option<Admission>,
     /// Charged as input when the response carries no usage.
     estimate_input_tokens: u64,
+    /// What the key had left at admission: `X-RateLimit-Remaining-*` on the response.
+    pub remaining_requests: Option<u64>,
+    pub remaining_tokens: Option<u64>,
 }
 
 impl QuotaHold {
