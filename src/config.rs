@@ -106,6 +106,11 @@ impl EnvSettings {
                 ),
             },
         };
+        quota_backend(
+            std::env::var("HIVENET_ROUTER_QUOTA_BACKEND")
+                .ok()
+                .as_deref(),
+        )?;
         let rpm_burst = match std::env::var("HIVENET_ROUTER_RPM_BURST_SECONDS") {
             Err(_) => crate::limits::BurstSeconds::default(),
             Ok(text) => crate::limits::BurstSeconds::parse(&text)
@@ -115,6 +120,21 @@ impl EnvSettings {
             max_request_bytes,
             rpm_burst,
         })
+    }
+}
+
+/// `HIVENET_ROUTER_QUOTA_BACKEND`: only `memory` is built so far. `badger` (today's totals kept
+/// on disk across restarts) is refused rather than silently run in memory, so an operator who
+/// relies on persistence learns at start-up that this build does not have it.
+pub fn quota_backend(value: Option<&str>) -> anyhow::Result<()> {
+    match value.map(str::trim) {
+        None | Some("") | Some("memory") => Ok(()),
+        Some("badger") => anyhow::bail!(
+            "HIVENET_ROUTER_QUOTA_BACKEND=badger (persistent daily totals) is not available in this build yet; use memory"
+        ),
+        Some(other) => {
+            anyhow::bail!("HIVENET_ROUTER_QUOTA_BACKEND must be memory or badger, got {other:?}")
+        }
     }
 }
 
@@ -133,6 +153,19 @@ pub fn listen_address(text: &str) -> anyhow::Result<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quota_backends() {
+        assert!(quota_backend(None).is_ok());
+        assert!(quota_backend(Some("memory")).is_ok());
+        assert!(
+            quota_backend(Some("badger"))
+                .unwrap_err()
+                .to_string()
+                .contains("not available")
+        );
+        assert!(quota_backend(Some("redis")).is_err());
+    }
 
     #[test]
     fn listen_addresses() {
