@@ -56,12 +56,19 @@ fn second_request_waits_for_the_slot_and_succeeds() {
         let waiter =
             scope.spawn(|| site.post_json("/v1/chat/completions", &chat("sim-model", false)));
         site.wait_metric("hivenet_shard_queued_total", |v| v >= 1.0);
+        site.wait_metric("hivenet_queue_depth", |v| v == 1.0);
         // While the waiter is queued the sim still sees only the holder.
         assert_eq!(site.sim_metric(0, "sim_in_flight"), 1.0);
         finish_stream(&mut holder);
         let (status, _, body) = waiter.join().unwrap();
         assert_eq!(status, 200, "{body}\n{}", site.logs());
     });
+    assert!(
+        site.router_metrics()
+            .contains("hivenet_queue_depth{model=\"sim-model\"} 0"),
+        "{}",
+        site.router_metrics()
+    );
     assert_eq!(site.sim_metric(0, "sim_requests_total"), 2.0);
     assert_eq!(
         site.router_metric("hivenet_shard_queue_timeouts_total"),

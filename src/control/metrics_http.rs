@@ -21,7 +21,14 @@ pub async fn run(listener: tokio::net::TcpListener, shared: Arc<ControlShared>) 
             let service =
                 hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
                     let shared = shared.clone();
-                    async move { Ok::<_, Infallible>(respond(&request, &shared)) }
+                    async move {
+                        let queues = if request.uri().path() == "/metrics" {
+                            shared.queue_depths(QUEUE_REPORT_TIMEOUT).await
+                        } else {
+                            Vec::new()
+                        };
+                        Ok::<_, Infallible>(respond(&request, &shared, &queues))
+                    }
                 });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(socket), service)
@@ -30,9 +37,13 @@ pub async fn run(listener: tokio::net::TcpListener, shared: Arc<ControlShared>) 
     }
 }
 
+/// How long a scrape waits for each shard's queue report.
+const QUEUE_REPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
+
 fn respond(
     request: &Request<hyper::body::Incoming>,
     shared: &ControlShared,
+    queues: &[(crate::shard::snapshot::ModelId, u32)],
 ) -> Response<Full<Bytes>> {
     if request.uri().path() != "/metrics" {
         return Response::builder()
@@ -67,6 +78,24 @@ fn respond(
         "hivenet_routing_agents_routable {}",
         registry.routable_count()
     );
+    let _ = writeln!(
+        out,
+        "# HELP hivenet_queue_depth Requests waiting for a capacity slot, per model."
+    );
+    let _ = writeln!(out, "# TYPE hivenet_queue_depth gauge");
+    let mut by_model: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for (model, depth) in queues {
+        if let Some(name) = registry.model_name(*model) {
+            *by_model.entry(name).or_default() += u64::from(*depth);
+        }
+    }
+    for (model, depth) in by_model {
+        let _ = writeln!(
+            out,
+            "hivenet_queue_depth{{model=\"{}\"}} {depth}",
+            label(model)
+        );
+    }
     drop(registry);
     Response::builder()
         .header("content-type", "text/plain; version=0.0.4")

@@ -181,6 +181,28 @@ impl ControlShared {
         }
     }
 
+    /// Asks every shard for the capacity-queue lengths of the models it owns; shards that do not
+    /// answer within `timeout` are left out.
+    pub async fn queue_depths(
+        &self,
+        timeout: Duration,
+    ) -> Vec<(crate::shard::snapshot::ModelId, u32)> {
+        let mut answers = Vec::with_capacity(self.to_shards.len());
+        for shard in &self.to_shards {
+            let (reply, answer) = oneshot::channel();
+            if shard.send(ControlToShard::ReportQueues(reply)).is_ok() {
+                answers.push(answer);
+            }
+        }
+        let mut depths = Vec::new();
+        for answer in answers {
+            if let Ok(Ok(queues)) = tokio::time::timeout(timeout, answer).await {
+                depths.extend(queues);
+            }
+        }
+        depths
+    }
+
     pub fn send_to_shard(&self, shard: usize, message: ControlToShard) {
         let _ = self.to_shards[shard].send(message);
     }

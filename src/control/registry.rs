@@ -103,6 +103,13 @@ impl Registry {
             .count()
     }
 
+    /// The model name behind an id (every id was assigned here).
+    pub fn model_name(&self, model: ModelId) -> Option<&str> {
+        self.model_names
+            .get(model.0 as usize)
+            .map(|(name, _)| name.as_str())
+    }
+
     pub fn peer_id(&self, agent: AgentId) -> Option<&str> {
         self.agents
             .get(&agent)

@@ -39,6 +39,9 @@ pub enum ControlToShard {
     },
     /// The agent's session ended: drop this shard's tunnel to it.
     CloseTunnel { agent: AgentId },
+    /// A `/metrics` scrape: the capacity-queue length of every model this shard owns. Answered
+    /// from the shard's inbox, so counting queues costs the request path nothing.
+    ReportQueues(tokio::sync::oneshot::Sender<Vec<(ModelId, u32)>>),
 }
 
 /// From a shard to the control core.

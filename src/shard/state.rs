@@ -589,6 +589,15 @@ impl Shard {
                     socket,
                 ));
             }
+            ControlToShard::ReportQueues(reply) => {
+                let queues = self
+                    .routes
+                    .borrow()
+                    .iter()
+                    .map(|(model, routes)| (*model, routes.queue_len() as u32))
+                    .collect();
+                let _ = reply.send(queues);
+            }
             ControlToShard::CloseTunnel { agent } => {
                 if self.tunnels.borrow_mut().remove(&agent).is_some() {
                     ShardMetrics::gauge(&self.metrics.tunnels_open, -1);
