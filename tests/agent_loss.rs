@@ -27,12 +27,7 @@ fn killing_the_agent_mid_stream_ends_the_stream_and_drops_the_model() {
             .models(&["sim-model", "other"]),
     );
 
-    let mut conn = Conn::connect(site.http);
-    conn.send(&post_request(
-        "/v1/chat/completions",
-        &chat("sim-model", true).to_string(),
-    ))
-    .unwrap();
+    let mut conn = site.send_chat_stream("sim-model");
     let head = conn.read_head().expect("response head");
     assert_eq!(head.status, 200);
     // The role chunk and a first token prove the stream is flowing through the agent.

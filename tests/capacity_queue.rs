@@ -26,12 +26,7 @@ fn site(name: &str, router_args: &[&str]) -> Site {
 
 /// Opens a stream that holds the agent's only slot until it is read to the end.
 fn hold_the_slot(site: &Site) -> Conn {
-    let mut conn = Conn::connect(site.http);
-    conn.send(&post_request(
-        "/v1/chat/completions",
-        &chat("sim-model", true).to_string(),
-    ))
-    .unwrap();
+    let mut conn = site.send_chat_stream("sim-model");
     let head = conn.read_head().expect("head of the slot holder");
     assert_eq!(head.status, 200);
     site.wait_sim_metric(0, "sim_in_flight", |v| v == 1.0);

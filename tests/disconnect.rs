@@ -23,12 +23,7 @@ fn assert_cancelled_and_freed(site: &Site) {
     assert!(site.router_metric("hivenet_shard_client_disconnects_total") >= 1.0);
     // Capacity 1: a new request is granted the slot only if the dropped one gave it back. A
     // stream shows that at once (the sim sends its role chunk before its time to first token).
-    let mut conn = Conn::connect(site.http);
-    conn.send(&post_request(
-        "/v1/chat/completions",
-        &chat("sim-model", true).to_string(),
-    ))
-    .unwrap();
+    let mut conn = site.send_chat_stream("sim-model");
     let head = conn.read_head().unwrap();
     assert_eq!(head.status, 200, "{}", String::from_utf8_lossy(&head.raw));
     let first = conn.read_chunk().unwrap().expect("role chunk");
@@ -42,12 +37,7 @@ fn dropping_a_slow_stream_cancels_it_at_the_backend() {
         "disconnect_stream",
         &["--itl", "200ms", "--output-tokens", "100"],
     );
-    let mut conn = Conn::connect(site.http);
-    conn.send(&post_request(
-        "/v1/chat/completions",
-        &chat("sim-model", true).to_string(),
-    ))
-    .unwrap();
+    let mut conn = site.send_chat_stream("sim-model");
     assert_eq!(conn.read_head().unwrap().status, 200);
     conn.read_chunk().unwrap().expect("first chunk");
     site.wait_metric("hivenet_shard_in_flight", |v| v == 1.0);

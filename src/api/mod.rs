@@ -29,6 +29,7 @@ use crate::error::Rejection;
 use crate::http::fields::{FieldsError, extract_fields};
 use crate::http::request::Method;
 use crate::limits::{Estimate, ModelContext};
+use crate::metrics::ShardMetrics;
 use crate::shard::quotas::Charge;
 use crate::shard::snapshot::Capability;
 use crate::shard::state::{QuotaRefusal, RouteError, Shard};
@@ -132,7 +133,7 @@ pub async fn serve<S: Sink>(
     request: ClientRequest,
     sink: &mut S,
 ) -> Result<(), ClientGone> {
-    ShardMetricsExt::request(shard);
+    ShardMetrics::add(&shard.metrics.requests_total, 1);
     match request.route {
         Route::Health => {
             return sink
@@ -215,7 +216,7 @@ async fn infer<S: Sink>(
         .await;
     let mut quota = match admitted {
         None => {
-            ShardMetricsExt::client_gone(shard);
+            ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
             return Err(Outcome::Gone);
         }
         Some(Ok(hold)) => hold,
@@ -228,7 +229,7 @@ async fn infer<S: Sink>(
     let acquired = sink.until_client_gone(shard.acquire(model, deadline)).await;
     let slot = match acquired {
         None => {
-            ShardMetricsExt::client_gone(shard);
+            ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
             return Err(Outcome::Gone);
         }
         Some(Ok(slot)) => slot,
@@ -267,19 +268,6 @@ fn fields_rejection(error: FieldsError) -> Rejection {
         }
         FieldsError::NotAnObject => Rejection::request_invalid("request body is not a JSON object"),
         other => Rejection::request_invalid(other.to_string()),
-    }
-}
-
-/// Small helpers so phases count without repeating the atomics.
-struct ShardMetricsExt;
-
-impl ShardMetricsExt {
-    fn request(shard: &Shard) {
-        crate::metrics::ShardMetrics::add(&shard.metrics.requests_total, 1);
-    }
-
-    fn client_gone(shard: &Shard) {
-        crate::metrics::ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
     }
 }
 

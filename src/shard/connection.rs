@@ -110,7 +110,7 @@ async fn serve_http1(shard: &Rc<Shard>, stream: TcpStream, first: BytesMut) {
         gone,
         close: false,
         head_only: false,
-        metrics: shard.clone(),
+        shard: shard.clone(),
     };
     write_loop(shard, &mut sink, from_reader).await;
     let _ = sink.writer.shutdown().await;
@@ -499,7 +499,8 @@ struct Http1Sink {
     close: bool,
     /// The request was `HEAD`: send heads without bodies.
     head_only: bool,
-    metrics: Rc<Shard>,
+    /// Where this connection's responses are counted.
+    shard: Rc<Shard>,
 }
 
 impl Http1Sink {
@@ -526,7 +527,7 @@ impl Sink for Http1Sink {
         extra_headers: &[(&str, &[u8])],
         body: &[u8],
     ) -> Result<(), ClientGone> {
-        self.metrics.metrics.count_response(status);
+        self.shard.metrics.count_response(status);
         self.out.clear();
         ResponseHead {
             status,
@@ -548,7 +549,7 @@ impl Sink for Http1Sink {
         content_type: &str,
         extra_headers: &[(&str, &[u8])],
     ) -> Result<(), ClientGone> {
-        self.metrics.metrics.count_response(status);
+        self.shard.metrics.count_response(status);
         const STREAM_HEADERS_MAX: usize = 4;
         let mut headers: [(&str, &[u8]); STREAM_HEADERS_MAX] =
             [("cache-control", b"no-cache"); STREAM_HEADERS_MAX];

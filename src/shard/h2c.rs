@@ -102,7 +102,7 @@ async fn serve_stream(
     let mut sink = H2Sink {
         respond,
         stream: None,
-        metrics: shard.clone(),
+        shard: shard.clone(),
     };
     let (parts, mut body_stream) = request.into_parts();
     let method = match parts.method {
@@ -174,7 +174,8 @@ async fn serve_stream(
 struct H2Sink {
     respond: SendResponse<Bytes>,
     stream: Option<h2::SendStream<Bytes>>,
-    metrics: Rc<Shard>,
+    /// Where this connection's responses are counted.
+    shard: Rc<Shard>,
 }
 
 impl H2Sink {
@@ -186,7 +187,7 @@ impl H2Sink {
         content_length: Option<usize>,
         end_of_stream: bool,
     ) -> Result<(), ClientGone> {
-        self.metrics.metrics.count_response(status);
+        self.shard.metrics.count_response(status);
         let mut response = http::Response::builder()
             .status(status)
             .header(http::header::CONTENT_TYPE, content_type);

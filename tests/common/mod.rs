@@ -466,6 +466,18 @@ impl Site {
         (response.status, response.headers, body)
     }
 
+    /// Opens a connection and sends a streamed chat request for `model`; the caller reads the
+    /// answer (and decides what to assert about it).
+    pub fn send_chat_stream(&self, model: &str) -> Conn {
+        let mut conn = Conn::connect(self.http);
+        conn.send(&post_request(
+            "/v1/chat/completions",
+            &chat(model, true).to_string(),
+        ))
+        .unwrap();
+        conn
+    }
+
     /// A short non-streamed chat request that must succeed.
     pub fn assert_chat_ok(&self, model: &str) {
         let (status, _, body) = self.post_json("/v1/chat/completions", &chat(model, false));
