@@ -7,6 +7,7 @@
 //! sockets), `usage` (exact token usage read from responses), `error` (the one place rejections
 //! become HTTP). Around them: `control` (agent gRPC, registry), `metrics`, `agent`, `sim`.
 
+pub mod admission;
 pub mod agent;
 pub mod api;
 pub mod auth;
