@@ -158,6 +158,47 @@ impl Rejection {
         Rejection::router(503, "queue_full", "the router's internal queue is full")
     }
 
+    /// B1: the learned input estimate or the image count is over the model's policy cap.
+    pub fn input_too_long(message: String) -> Rejection {
+        Rejection::router(400, "input_too_long", message)
+    }
+
+    /// B2: the model's occupancy budget or request backstop stayed full for the park timeout.
+    pub fn occupancy_full() -> Rejection {
+        Rejection {
+            retry_after_seconds: Some(1),
+            ..Rejection::router(
+                429,
+                "concurrency_limit_exceeded",
+                "server at capacity for this model, please retry",
+            )
+        }
+    }
+
+    /// B3: the healthy pool's engine signals breach the policy's `shed_if`.
+    pub fn pool_shed() -> Rejection {
+        Rejection {
+            retry_after_seconds: Some(1),
+            ..Rejection::router(
+                429,
+                "concurrency_limit_exceeded",
+                "model is under high load, please retry",
+            )
+        }
+    }
+
+    /// B4: the key's occupancy share of a serverless model is in use.
+    pub fn key_occupancy_share() -> Rejection {
+        Rejection {
+            retry_after_seconds: Some(1),
+            ..Rejection::router(
+                429,
+                "rate_limit_exceeded",
+                "the key's share of this model's capacity is in use, please retry",
+            )
+        }
+    }
+
     pub fn request_timeout() -> Rejection {
         Rejection::router(
             504,

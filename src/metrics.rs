@@ -31,6 +31,10 @@ pub struct ShardMetrics {
     pub tunnels_open: AtomicI64,
     /// Requests forwarded and not yet finished on this shard.
     pub in_flight: AtomicI64,
+    /// Requests that did not fit B2 at once and parked (counted on the model's owner).
+    pub admission_parked_total: AtomicU64,
+    /// Occupancy reservations the reaper released because their release was lost.
+    pub admission_reaped_total: AtomicU64,
 }
 
 impl ShardMetrics {
@@ -58,7 +62,7 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 /// Renders every shard's series.
 pub fn render_shards(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
     type Getter = fn(&ShardMetrics) -> i128;
-    let simple: [(&str, &str, &str, Getter); 13] = [
+    let simple: [(&str, &str, &str, Getter); 15] = [
         (
             "hivenet_shard_connections_accepted_total",
             "counter",
@@ -136,6 +140,18 @@ pub fn render_shards(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) 
             "gauge",
             "Requests forwarded by the shard and not yet finished.",
             |m| m.in_flight.load(Ordering::Relaxed) as i128,
+        ),
+        (
+            "hivenet_admission_parked_total",
+            "counter",
+            "Requests that waited for room in a model's occupancy budget (B2).",
+            |m| m.admission_parked_total.load(Ordering::Relaxed) as i128,
+        ),
+        (
+            "hivenet_admission_reaped_total",
+            "counter",
+            "Occupancy reservations released by the reaper because their release was lost.",
+            |m| m.admission_reaped_total.load(Ordering::Relaxed) as i128,
         ),
     ];
     for (name, kind, help, get) in simple {

@@ -417,12 +417,18 @@ mod tests {
     fn budget_and_backstop_refuse_without_park() {
         let limits = Limits::new(1.0, 100, 2, 1);
         let mut pool = Pool::new(NOW);
-        assert_eq!(pool.admit(NOW, &limits, ask(1, 60, 0), None), Verdict::Admitted);
+        assert_eq!(
+            pool.admit(NOW, &limits, ask(1, 60, 0), None),
+            Verdict::Admitted
+        );
         assert_eq!(
             pool.admit(NOW, &limits, ask(2, 30, 20), None),
             Verdict::Refused(Refusal::Pool)
         );
-        assert_eq!(pool.admit(NOW, &limits, ask(3, 30, 10), None), Verdict::Admitted);
+        assert_eq!(
+            pool.admit(NOW, &limits, ask(3, 30, 10), None),
+            Verdict::Admitted
+        );
         assert_eq!(pool.tokens(), 100);
         // Budget full and backstop at 2.
         assert_eq!(
@@ -440,10 +446,19 @@ mod tests {
         let limits = Limits::new(1.0, 100, 0, 1);
         let mut pool = Pool::new(NOW);
         let until = Some(NOW.plus_ms(250));
-        assert_eq!(pool.admit(NOW, &limits, ask(1, 90, 0), until), Verdict::Admitted);
-        assert_eq!(pool.admit(NOW, &limits, ask(2, 50, 0), until), Verdict::Parked);
+        assert_eq!(
+            pool.admit(NOW, &limits, ask(1, 90, 0), until),
+            Verdict::Admitted
+        );
+        assert_eq!(
+            pool.admit(NOW, &limits, ask(2, 50, 0), until),
+            Verdict::Parked
+        );
         // Fits on its own, but does not overtake request 2.
-        assert_eq!(pool.admit(NOW, &limits, ask(3, 5, 0), until), Verdict::Parked);
+        assert_eq!(
+            pool.admit(NOW, &limits, ask(3, 5, 0), until),
+            Verdict::Parked
+        );
         assert!(pool.admit_parked(NOW, &limits).is_empty());
         pool.release(NOW, ticket(1));
         assert_eq!(
@@ -489,19 +504,32 @@ mod tests {
             share: 0.25,
             ..ask(sequence, input, 0)
         };
-        assert_eq!(pool.admit(NOW, &limits, shared(1, 200), None), Verdict::Admitted);
+        assert_eq!(
+            pool.admit(NOW, &limits, shared(1, 200), None),
+            Verdict::Admitted
+        );
         assert_eq!(
             pool.admit(NOW, &limits, shared(2, 51), Some(NOW.plus_ms(100))),
             Verdict::Refused(Refusal::KeyShare)
         );
-        assert_eq!(pool.admit(NOW, &limits, shared(3, 50), None), Verdict::Admitted);
+        assert_eq!(
+            pool.admit(NOW, &limits, shared(3, 50), None),
+            Verdict::Admitted
+        );
         // Another key is not affected by key 1's share.
         let other = Ask {
             key: KeyId(2),
             ..shared(4, 251)
         };
-        assert_eq!(pool.admit(NOW, &limits, other, None), Verdict::Refused(Refusal::Pool));
-        assert_eq!(pool.tokens(), 250, "a refusal leaves occupancy where it was");
+        assert_eq!(
+            pool.admit(NOW, &limits, other, None),
+            Verdict::Refused(Refusal::Pool)
+        );
+        assert_eq!(
+            pool.tokens(),
+            250,
+            "a refusal leaves occupancy where it was"
+        );
     }
 
     #[test]
@@ -546,12 +574,30 @@ mod tests {
 
     #[derive(Debug, Clone)]
     enum Op {
-        Admit { input: u64, output: u64, key: u32, share: bool, park: bool },
-        Grow { which: usize, output: u64 },
-        TrueUp { which: usize, input: u64 },
-        Release { which: usize },
-        Cancel { which: usize },
-        Expire { after_ms: u64 },
+        Admit {
+            input: u64,
+            output: u64,
+            key: u32,
+            share: bool,
+            park: bool,
+        },
+        Grow {
+            which: usize,
+            output: u64,
+        },
+        TrueUp {
+            which: usize,
+            input: u64,
+        },
+        Release {
+            which: usize,
+        },
+        Cancel {
+            which: usize,
+        },
+        Expire {
+            after_ms: u64,
+        },
         Reap,
     }
 

@@ -23,7 +23,7 @@ use crate::http::fields::{RequestFields, request_with_include_usage};
 use crate::limits::Delivery;
 use crate::metrics::ShardMetrics;
 use crate::shard::latch::race;
-use crate::shard::state::{QuotaHold, Shard, Slot};
+use crate::shard::state::{OccupancyUpdate, QuotaHold, Shard, Slot};
 use crate::usage::{self, AnthropicStreamScan, OpenAiEvent, OpenAiStreamScan, SseSplitter, Usage};
 
 /// Largest non-streamed response body the router buffers; a larger one is a backend error.
@@ -45,6 +45,7 @@ pub struct UsageEvent {
 /// What settling a response needs: the one per-request context the response phases share.
 struct Settling<'a> {
     shard: &'a Shard,
+    slot: &'a Slot,
     quota: &'a mut QuotaHold,
     route: Route,
     status: u16,
@@ -199,6 +200,7 @@ pub async fn forward<S: Sink>(
     let rate_headers = &rate_headers[..rate_header_count];
     let settling = Settling {
         shard,
+        slot: &slot,
         quota: &mut quota,
         route: request.route,
         status,
@@ -330,6 +332,7 @@ async fn stream_back<S: Sink>(
     let mut passthrough = false;
     let mut out = Vec::with_capacity(4096);
     let mut truncated = false;
+    let mut occupancy = OccupancyTracker::new(settling.slot);
     loop {
         let next = sink.until_client_gone(upstream.data()).await;
         let chunk = match next {
@@ -370,6 +373,7 @@ async fn stream_back<S: Sink>(
                         if keep {
                             out.extend_from_slice(&event);
                         }
+                        occupancy.event(&scanner);
                     }
                     Ok(None) => break,
                     Err(_) => {
@@ -393,6 +397,50 @@ async fn stream_back<S: Sink>(
     let ended = sink.end_stream().await;
     settling.settle(scanner.usage(), truncated || ended.is_err());
     ended.map_err(|_| Outcome::Gone)
+}
+
+/// Output events between two occupancy updates to the model's owner.
+const OCCUPANCY_UPDATE_EVERY: u64 = 16;
+
+/// Keeps a reserved stream's occupancy current (seed, B2): the reservation grows as output
+/// streams (one token per SSE event, the engines' usual chunking, until exact usage arrives at
+/// the end), and the estimated input is replaced as soon as the backend reports the exact count
+/// (Anthropic's `message_start`). Updates go out every [`OCCUPANCY_UPDATE_EVERY`] events, so a
+/// stream costs the owner one message per sixteen tokens.
+struct OccupancyTracker<'a> {
+    slot: &'a Slot,
+    events: u64,
+    input_known: bool,
+}
+
+impl<'a> OccupancyTracker<'a> {
+    fn new(slot: &'a Slot) -> Self {
+        OccupancyTracker {
+            slot,
+            events: 0,
+            input_known: !slot.is_reserved(),
+        }
+    }
+
+    fn event(&mut self, scanner: &Scanner) {
+        if !self.slot.is_reserved() {
+            return;
+        }
+        self.events += 1;
+        if self.events.is_multiple_of(OCCUPANCY_UPDATE_EVERY) {
+            self.slot
+                .update_occupancy(OccupancyUpdate::Output(self.events));
+        }
+        if !self.input_known
+            && let Scanner::Anthropic(scan) = scanner
+            && let Some(usage) = scan.usage()
+            && usage.input_tokens > 0
+        {
+            self.input_known = true;
+            self.slot
+                .update_occupancy(OccupancyUpdate::ExactInput(usage.input_tokens));
+        }
+    }
 }
 
 /// The event that tells a streaming client its stream failed upstream, in its own dialect.

@@ -24,15 +24,17 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use crate::admission::Reason;
+use crate::admission::occupancy::Footprint;
 use crate::auth::keys::KeyRecord;
 use crate::error::Rejection;
 use crate::http::fields::{FieldsError, extract_fields};
 use crate::http::request::Method;
 use crate::limits::{Estimate, ModelContext};
 use crate::metrics::ShardMetrics;
-use crate::shard::quotas::Charge;
+use crate::shard::quotas::{Charge, has_token_phase};
 use crate::shard::snapshot::Capability;
-use crate::shard::state::{QuotaRefusal, RouteError, Shard};
+use crate::shard::state::{Admit, PoolAsk, QuotaHold, QuotaRefusal, RouteError, Shard};
 use sink::{ClientGone, Sink};
 
 /// The routes the router serves.
@@ -198,53 +200,136 @@ async fn infer<S: Sink>(
         return Err(Rejection::model_not_found(&fields.model).into());
     };
     let deadline = request.received_at + shard.settings.request_timeout;
-    // Phase 5: the key's limits, on the quota owner's shard.
     let estimate = estimate(request, &fields);
-    let charge = match request.route {
-        Route::ChatCompletions | Route::Messages => Charge::RequestsAndTokens(estimate),
-        // count_tokens, embeddings and rerank count against the request rate only.
-        _ => Charge::RequestsOnly,
-    };
+    // Images are counted by the estimator's body pass; until it lands no request carries any.
+    let images = 0;
+    let policy = &model.admission;
+    // Admission control runs for generation only (seed: count_tokens, embeddings and rerank
+    // are exempt).
+    let generates = matches!(request.route, Route::ChatCompletions | Route::Messages);
     let context = ModelContext {
         model: model.id,
         healthy_replicas: model.healthy_agents,
-        // Serverless policies (and so B4) come with admission control.
-        serverless: false,
+        serverless: generates && policy.serverless,
     };
-    let admitted = sink
-        .until_client_gone(shard.admit_quota(key, context, charge, deadline))
-        .await;
-    let mut quota = match admitted {
-        None => {
-            ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
-            return Err(Outcome::Gone);
-        }
-        Some(Ok(hold)) => hold,
-        Some(Err(QuotaRefusal::Limit(refusal))) => return Err(Rejection::quota(&refusal).into()),
-        Some(Err(QuotaRefusal::MeshFull)) => return Err(Rejection::queue_full().into()),
-        Some(Err(QuotaRefusal::Timeout)) => return Err(Rejection::request_timeout().into()),
+    let share = match key.settings.max_occupancy_share() {
+        Some(share) if context.serverless && policy.admit_budget_tokens > 0 => share,
+        _ => 0.0,
     };
+    let caps = generates && policy.caps_requests();
+    let pool_gates = generates && (policy.gates_pool() || share > 0.0);
+    // The gate order is RPM, B1, B3, B2, B4, daily. With no gate between the RPM and the token
+    // phase, both run in one visit to the quota owner.
+    let split = caps || pool_gates;
+    // Phase 5: the key's request rate (and token phase when not split), on the quota owner.
+    let first = match request.route {
+        Route::ChatCompletions | Route::Messages if !split => Charge::RequestsAndTokens(estimate),
+        // count_tokens, embeddings and rerank count against the request rate only.
+        _ => Charge::RequestsOnly,
+    };
+    let mut quota = visit_quota(shard, key, context, first, deadline, sink).await?;
     quota.set_estimate(estimate.input_tokens);
+    // B1: request caps.
+    if caps && let Some(message) = policy.request_caps(estimate.input_tokens, images) {
+        shard.count_admission_rejection(model.id, Reason::B1);
+        return Err(Rejection::input_too_long(message).into());
+    }
+    let token_phase = split && has_token_phase(key, context.serverless);
+    let ask = pool_gates.then(|| PoolAsk {
+        footprint: Footprint {
+            input_tokens: estimate.input_tokens,
+            declared_output_tokens: estimate.max_output_tokens.unwrap_or(0),
+        },
+        key: key.key_id,
+        share,
+        policy: policy.clone(),
+    });
+    // B3, B2 and the B4 share on the model's owner; then B4's token buckets and the daily budget
+    // on the quota owner; a refusal there drops the reservation, which releases it.
+    let admit = match ask {
+        None => Admit::Direct,
+        Some(ask) if !token_phase => Admit::Gated(ask),
+        Some(ask) => {
+            let reserved = sink
+                .until_client_gone(shard.reserve(model, ask, deadline))
+                .await;
+            match reserved {
+                None => {
+                    ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
+                    return Err(Outcome::Gone);
+                }
+                Some(Ok(reservation)) => Admit::Reserved(reservation),
+                Some(Err(error)) => return Err(route_rejection(error).into()),
+            }
+        }
+    };
+    if token_phase {
+        let tokens = visit_quota(
+            shard,
+            key,
+            context,
+            Charge::TokensOnly(estimate),
+            deadline,
+            sink,
+        )
+        .await?;
+        quota.absorb(tokens);
+    }
     // Phase 6: an agent slot. A refusal here drops `quota`, which gives its charges back.
-    let acquired = sink.until_client_gone(shard.acquire(model, deadline)).await;
+    let acquired = sink
+        .until_client_gone(shard.acquire(model, deadline, admit))
+        .await;
     let slot = match acquired {
         None => {
             ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
             return Err(Outcome::Gone);
         }
         Some(Ok(slot)) => slot,
-        Some(Err(error)) => {
-            return Err(match error {
-                RouteError::QueueFull => Rejection::no_capacity(),
-                RouteError::NoAgents => Rejection::no_agents_available(),
-                RouteError::Timeout => Rejection::request_timeout(),
-                RouteError::MeshFull => Rejection::queue_full(),
-            }
-            .into());
-        }
+        Some(Err(error)) => return Err(route_rejection(error).into()),
     };
     // Phases 7 and 8: forward, stream back, settle.
     forward::forward(shard, request, &fields, slot, quota, deadline, sink).await
+}
+
+/// One visit to the key's quota owner, answered in the error envelope when refused.
+async fn visit_quota<S: Sink>(
+    shard: &Rc<Shard>,
+    key: &KeyRecord,
+    context: ModelContext,
+    charge: Charge,
+    deadline: Instant,
+    sink: &mut S,
+) -> Result<QuotaHold, Outcome> {
+    let admitted = sink
+        .until_client_gone(shard.admit_quota(key, context, charge, deadline))
+        .await;
+    match admitted {
+        None => {
+            ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
+            Err(Outcome::Gone)
+        }
+        Some(Ok(hold)) => Ok(hold),
+        Some(Err(QuotaRefusal::Limit(refusal))) => {
+            if let Some(reason) = Reason::of_quota(refusal.kind) {
+                shard.count_admission_rejection(context.model, reason);
+            }
+            Err(Rejection::quota(&refusal).into())
+        }
+        Some(Err(QuotaRefusal::MeshFull)) => Err(Rejection::queue_full().into()),
+        Some(Err(QuotaRefusal::Timeout)) => Err(Rejection::request_timeout().into()),
+    }
+}
+
+fn route_rejection(error: RouteError) -> Rejection {
+    match error {
+        RouteError::QueueFull => Rejection::no_capacity(),
+        RouteError::NoAgents => Rejection::no_agents_available(),
+        RouteError::Timeout => Rejection::request_timeout(),
+        RouteError::MeshFull => Rejection::queue_full(),
+        RouteError::Shed => Rejection::pool_shed(),
+        RouteError::PoolFull => Rejection::occupancy_full(),
+        RouteError::KeyShare => Rejection::key_occupancy_share(),
+    }
 }
 
 /// The request's input estimate until the learning estimator arrives with admission control: one

@@ -9,7 +9,9 @@ use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
 
 use crate::control::ControlShared;
+use crate::control::registry::Registry;
 use crate::metrics::{label, render_shards};
+use crate::shard::messages::ShardReport;
 
 pub async fn run(listener: tokio::net::TcpListener, shared: Arc<ControlShared>) {
     loop {
@@ -22,12 +24,12 @@ pub async fn run(listener: tokio::net::TcpListener, shared: Arc<ControlShared>) 
                 hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
                     let shared = shared.clone();
                     async move {
-                        let queues = if request.uri().path() == "/metrics" {
-                            shared.queue_depths(QUEUE_REPORT_TIMEOUT).await
+                        let reports = if request.uri().path() == "/metrics" {
+                            shared.shard_reports(SHARD_REPORT_TIMEOUT).await
                         } else {
                             Vec::new()
                         };
-                        Ok::<_, Infallible>(respond(&request, &shared, &queues))
+                        Ok::<_, Infallible>(respond(&request, &shared, &reports))
                     }
                 });
             let _ = hyper::server::conn::http1::Builder::new()
@@ -37,13 +39,13 @@ pub async fn run(listener: tokio::net::TcpListener, shared: Arc<ControlShared>) 
     }
 }
 
-/// How long a scrape waits for each shard's queue report.
-const QUEUE_REPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
+/// How long a scrape waits for each shard's report.
+const SHARD_REPORT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn respond(
     request: &Request<hyper::body::Incoming>,
     shared: &ControlShared,
-    queues: &[(crate::shard::snapshot::ModelId, u32)],
+    reports: &[ShardReport],
 ) -> Response<Full<Bytes>> {
     if request.uri().path() != "/metrics" {
         return Response::builder()
@@ -84,7 +86,7 @@ fn respond(
     );
     let _ = writeln!(out, "# TYPE hivenet_queue_depth gauge");
     let mut by_model: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
-    for (model, depth) in queues {
+    for (model, depth) in reports.iter().flat_map(|report| &report.queues) {
         if let Some(name) = registry.model_name(*model) {
             *by_model.entry(name).or_default() += u64::from(*depth);
         }
@@ -96,9 +98,68 @@ fn respond(
             label(model)
         );
     }
+    render_admission(&mut out, &registry, reports);
     drop(registry);
     Response::builder()
         .header("content-type", "text/plain; version=0.0.4")
         .body(Full::new(Bytes::from(out)))
         .expect("static response")
+}
+
+/// The admission-control families of the reference (`observability-admission-control-metrics`):
+/// gauges per model from the model's owner shard, refusals per gate and model summed over the
+/// shards that decided them.
+fn render_admission(out: &mut String, registry: &Registry, reports: &[ShardReport]) {
+    type Gauge = fn(&crate::shard::state::PoolReport) -> u64;
+    let gauges: [(&str, &str, Gauge); 4] = [
+        (
+            "hivenet_admission_occupancy_tokens",
+            "Current weighted in-flight token sum.",
+            |pool| pool.occupancy_tokens,
+        ),
+        (
+            "hivenet_admission_budget_tokens",
+            "Effective global budget: admit fraction x admit_budget_tokens x healthy replicas.",
+            |pool| pool.budget_tokens,
+        ),
+        (
+            "hivenet_admission_inflight_requests",
+            "Current in-flight request count.",
+            |pool| pool.inflight,
+        ),
+        (
+            "hivenet_admission_max_inflight",
+            "Effective max_inflight x healthy replicas; 0 means no count backstop.",
+            |pool| pool.max_inflight,
+        ),
+    ];
+    for (name, help, get) in gauges {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for pool in reports.iter().flat_map(|report| &report.admission.pools) {
+            if let Some(model) = registry.model_name(pool.model) {
+                let _ = writeln!(out, "{name}{{model=\"{}\"}} {}", label(model), get(pool));
+            }
+        }
+    }
+    let name = "hivenet_admission_rejections_total";
+    let _ = writeln!(out, "# HELP {name} Requests rejected by an admission gate.");
+    let _ = writeln!(out, "# TYPE {name} counter");
+    let mut rejections: std::collections::BTreeMap<(&str, &str), u64> =
+        std::collections::BTreeMap::new();
+    for (model, reason, count) in reports
+        .iter()
+        .flat_map(|report| &report.admission.rejections)
+    {
+        if let Some(model) = registry.model_name(*model) {
+            *rejections.entry((reason.as_str(), model)).or_default() += count;
+        }
+    }
+    for ((reason, model), count) in rejections {
+        let _ = writeln!(
+            out,
+            "{name}{{reason=\"{reason}\",model=\"{}\"}} {count}",
+            label(model)
+        );
+    }
 }

@@ -181,26 +181,26 @@ impl ControlShared {
         }
     }
 
-    /// Asks every shard for the capacity-queue lengths of the models it owns; shards that do not
+    /// Asks every shard for its report (capacity queues, admission state); shards that do not
     /// answer within `timeout` are left out.
-    pub async fn queue_depths(
+    pub async fn shard_reports(
         &self,
         timeout: Duration,
-    ) -> Vec<(crate::shard::snapshot::ModelId, u32)> {
+    ) -> Vec<crate::shard::messages::ShardReport> {
         let mut answers = Vec::with_capacity(self.to_shards.len());
         for shard in &self.to_shards {
             let (reply, answer) = oneshot::channel();
-            if shard.send(ControlToShard::ReportQueues(reply)).is_ok() {
+            if shard.send(ControlToShard::Report(reply)).is_ok() {
                 answers.push(answer);
             }
         }
-        let mut depths = Vec::new();
+        let mut reports = Vec::with_capacity(answers.len());
         for answer in answers {
-            if let Ok(Ok(queues)) = tokio::time::timeout(timeout, answer).await {
-                depths.extend(queues);
+            if let Ok(Ok(report)) = tokio::time::timeout(timeout, answer).await {
+                reports.push(report);
             }
         }
-        depths
+        reports
     }
 
     pub fn send_to_shard(&self, shard: usize, message: ControlToShard) {

@@ -328,6 +328,7 @@ impl Registry {
                     id: *id,
                     owner_shard: owner_of_model(*id, self.shard_count),
                     healthy_agents: summary.healthy,
+                    admission: crate::admission::AdmissionPolicy::none(),
                 },
             ));
         }

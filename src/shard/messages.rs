@@ -39,9 +39,17 @@ pub enum ControlToShard {
     },
     /// The agent's session ended: drop this shard's tunnel to it.
     CloseTunnel { agent: AgentId },
-    /// A `/metrics` scrape: the capacity-queue length of every model this shard owns. Answered
-    /// from the shard's inbox, so counting queues costs the request path nothing.
-    ReportQueues(tokio::sync::oneshot::Sender<Vec<(ModelId, u32)>>),
+    /// A `/metrics` scrape: the capacity-queue length and admission state of every model this
+    /// shard owns, and the admission refusals it counted. Answered from the shard's inbox, so
+    /// reporting costs the request path nothing.
+    Report(tokio::sync::oneshot::Sender<ShardReport>),
+}
+
+/// A shard's answer to [`ControlToShard::Report`].
+#[derive(Debug, Default)]
+pub struct ShardReport {
+    pub queues: Vec<(ModelId, u32)>,
+    pub admission: crate::shard::state::AdmissionReport,
 }
 
 /// From a shard to the control core.
@@ -76,8 +84,16 @@ pub struct AdminReply {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     Granted(AgentId),
+    /// The pool gates passed and occupancy is reserved under the ticket (no slot asked for yet).
+    Reserved,
     QueueFull,
     NoAgents,
+    /// B3: the pool's engine signals breach `shed_if`.
+    Shed,
+    /// B2: the pool stayed full for the park timeout.
+    PoolFull,
+    /// B4: the key's occupancy share is in use.
+    KeyShare,
 }
 
 /// Between shards over the SPSC mesh.
@@ -98,12 +114,31 @@ pub enum ShardToShard {
     },
     /// Requester -> quota owner: the request is over; charge exact usage, or give back.
     QuotaRelease(crate::shard::quotas::Release),
-    /// Requester -> owner: find an agent slot for `model`.
-    Acquire { ticket: Ticket, model: ModelId },
-    /// Requester -> owner: the request gave up waiting (timeout, client left).
+    /// Requester -> owner: pass the pool gates (`pool`, reserving occupancy under the ticket)
+    /// and/or find an agent slot (`slot`) for `model`.
+    Acquire {
+        ticket: Ticket,
+        model: ModelId,
+        pool: Option<crate::shard::state::PoolRequest>,
+        slot: bool,
+    },
+    /// Requester -> owner: the request gave up waiting (timeout, client left); whatever the
+    /// ticket holds or waits for at the owner goes.
     Cancel { ticket: Ticket, model: ModelId },
-    /// Requester -> owner: the request is finished with its slot.
-    Release { model: ModelId, agent: AgentId },
+    /// Requester -> owner: the request is finished with its slot and its reservation.
+    Release {
+        model: ModelId,
+        agent: AgentId,
+        ticket: Ticket,
+    },
+    /// Requester -> owner: the request ends before it got a slot; its reservation goes.
+    ReleaseReservation { model: ModelId, ticket: Ticket },
+    /// Requester -> owner: a reserved request's output so far, or its exact input.
+    Occupancy {
+        model: ModelId,
+        ticket: Ticket,
+        update: crate::shard::state::OccupancyUpdate,
+    },
     /// Owner -> requester: the final answer for a ticket (`model` lets an unwanted grant go back).
     Decided {
         sequence: u64,

@@ -79,6 +79,20 @@ pub fn is_limited(key: &KeyRecord) -> bool {
     }
 }
 
+/// Whether the key's token phase (B4 input/output tokens per minute on a serverless model, the
+/// daily budget) has anything to check; without it the request needs no second visit to the
+/// quota owner.
+pub fn has_token_phase(key: &KeyRecord, serverless: bool) -> bool {
+    match key.settings.quota() {
+        Quota::Flat(flat) => {
+            flat.tokens_per_day > 0
+                || (serverless
+                    && (flat.input_tokens_per_minute > 0 || flat.output_tokens_per_minute > 0))
+        }
+        Quota::PerModel(per_model) => per_model.values().any(|quota| quota.tokens_per_day > 0),
+    }
+}
+
 pub struct Quotas {
     burst: BurstSeconds,
     holders: HashMap<TenantId, Holder>,
@@ -99,6 +113,8 @@ pub struct Admitted {
 pub enum Charge {
     RequestsOnly,
     RequestsAndTokens(Estimate),
+    /// The token phase alone, for a request that passed the RPM phase and the gates between.
+    TokensOnly(Estimate),
 }
 
 impl Quotas {
@@ -146,6 +162,14 @@ impl Quotas {
                         remaining_tokens: None,
                     })
             }
+            Charge::TokensOnly(estimate) => holder
+                .limits
+                .admit_tokens(now, day, model, estimate)
+                .map(|admission| Admitted {
+                    remaining_requests: None,
+                    remaining_tokens: admission.remaining_tokens,
+                    admission: Some(admission),
+                }),
             Charge::RequestsAndTokens(estimate) => holder
                 .limits
                 .admit(now, day, model, estimate)

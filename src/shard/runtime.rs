@@ -137,10 +137,12 @@ async fn run(
     monoio::spawn(shard.clone().run_mesh());
     let cleaner = shard.clone();
     monoio::spawn(async move {
-        // Seed, "Idle-state cleanup": idle quota state goes every five minutes.
+        // Seed, "Idle-state cleanup": idle quota and occupancy state goes every five minutes,
+        // and the reaper gives back reservations whose release was lost.
         loop {
             monoio::time::sleep(QUOTA_CLEANUP_INTERVAL).await;
             cleaner.cleanup_quotas();
+            cleaner.cleanup_pools();
         }
     });
     let _ = started.send(Ok(driver));

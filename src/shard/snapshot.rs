@@ -47,6 +47,8 @@ pub struct ModelEntry {
     pub owner_shard: usize,
     /// Agents registered and routable for this model right now.
     pub healthy_agents: u32,
+    /// The admission gates of the model's effective policy.
+    pub admission: std::sync::Arc<crate::admission::AdmissionPolicy>,
 }
 
 #[derive(Debug, Default)]

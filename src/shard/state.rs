@@ -15,9 +15,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::admission::occupancy::{Ask, Footprint, Limits, Pool, Refusal, Verdict};
+use crate::admission::{AdmissionPolicy, Reason};
 use crate::auth::admin::AdminAccess;
 use crate::auth::keys::KeyRegistry;
-use crate::auth::keys::{KeyRecord, TenantId};
+use crate::auth::keys::{KeyId, KeyRecord, TenantId};
 use crate::limits::{Admission, BurstSeconds, Day, Delivery, Millis, ModelContext, Usage};
 use crate::metrics::ShardMetrics;
 use crate::routing::{Acquire, AgentId, ModelRoutes, Ticket};
@@ -28,6 +30,10 @@ use crate::shard::snapshot::{ModelEntry, ModelId, RoutingSnapshot};
 
 /// Messages handled per mesh wake-up before the mesh task yields to the shard's other tasks.
 const MESH_DRAIN_BUDGET: usize = 256;
+
+/// A reservation untouched this long lost its release (every request path releases on drop, and
+/// streams refresh theirs as output flows), so the reaper gives it back.
+pub const RESERVATION_REAP_MS: u64 = 30 * 60 * 1000;
 
 /// Per-shard settings (copied into each shard at start-up).
 #[derive(Debug, Clone)]
@@ -40,6 +46,10 @@ pub struct ShardSettings {
     pub client_body_timeout: Duration,
     /// `HIVENET_ROUTER_RPM_BURST_SECONDS`.
     pub rpm_burst: BurstSeconds,
+    /// `HIVENET_ROUTER_ADMIT_FRACTION`: the share of `admit_budget_tokens` B2 admits.
+    pub admit_fraction: f64,
+    /// `HIVENET_ROUTER_ADMIT_PARK_TIMEOUT`: how long a request that does not fit B2 waits.
+    pub admit_park_timeout: Duration,
 }
 
 /// Why a request found no agent slot.
@@ -53,6 +63,89 @@ pub enum RouteError {
     Timeout,
     /// The mesh ring to the owner shard is full.
     MeshFull,
+    /// B3 shed the request.
+    Shed,
+    /// B2: the pool stayed full for the park timeout.
+    PoolFull,
+    /// B4: the key's occupancy share is in use.
+    KeyShare,
+}
+
+impl RouteError {
+    fn from_decision(decision: Decision) -> RouteError {
+        match decision {
+            Decision::QueueFull => RouteError::QueueFull,
+            Decision::Shed => RouteError::Shed,
+            Decision::PoolFull => RouteError::PoolFull,
+            Decision::KeyShare => RouteError::KeyShare,
+            // A grant or reservation where the other was asked for cannot happen; treat it as
+            // the model having nothing to offer.
+            Decision::NoAgents | Decision::Granted(_) | Decision::Reserved => RouteError::NoAgents,
+        }
+    }
+}
+
+/// What a request asks of the model's owner besides a slot.
+pub enum Admit {
+    /// No pool gate for this model: straight to the capacity queue.
+    Direct,
+    /// The pool gates, then the capacity queue, in one visit to the owner.
+    Gated(PoolAsk),
+    /// A reservation taken earlier with [`Shard::reserve`]: its ticket joins the capacity queue.
+    Reserved(Reservation),
+}
+
+/// A request's pool admission, as the requester fills it in.
+#[derive(Debug, Clone)]
+pub struct PoolAsk {
+    pub footprint: Footprint,
+    pub key: KeyId,
+    /// The key's `max_occupancy_share` when the model is serverless; 0 otherwise.
+    pub share: f64,
+    pub policy: Arc<AdmissionPolicy>,
+}
+
+/// A pool admission on its way to the owner.
+#[derive(Debug, Clone)]
+pub struct PoolRequest {
+    pub ask: Ask,
+    pub policy: Arc<AdmissionPolicy>,
+    /// Park until then when B2 does not fit; `None`: refuse at once (park timeout 0).
+    pub park_until: Option<Instant>,
+}
+
+/// A change to a reservation while its request runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OccupancyUpdate {
+    /// Output tokens streamed so far.
+    Output(u64),
+    /// The backend's exact input count.
+    ExactInput(u64),
+}
+
+/// One model's occupancy on its owner, with the latest policy seen for it.
+struct OwnedPool {
+    pool: Pool,
+    policy: Arc<AdmissionPolicy>,
+    /// Parked tickets, and whether each asked for a slot as well.
+    parked_for_slot: HashMap<Ticket, bool>,
+}
+
+/// The admission gauges of one model this shard owns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolReport {
+    pub model: ModelId,
+    pub occupancy_tokens: u64,
+    pub budget_tokens: u64,
+    pub inflight: u64,
+    pub max_inflight: u64,
+}
+
+/// What `/metrics` reads of a shard's admission state.
+#[derive(Debug, Default)]
+pub struct AdmissionReport {
+    pub pools: Vec<PoolReport>,
+    pub rejections: Vec<(ModelId, Reason, u64)>,
 }
 
 /// The router-side HTTP/2 client handle over one agent tunnel.
@@ -93,6 +186,12 @@ pub struct Shard {
     /// Quota holders this shard owns (`tenant % count`).
     quotas: RefCell<Quotas>,
     quota_waiting: RefCell<HashMap<u64, oneshot::Sender<QuotaAnswer>>>,
+    /// Occupancy of the models this shard owns.
+    pools: RefCell<HashMap<ModelId, OwnedPool>>,
+    /// Whether the park timer task runs.
+    park_timer: Cell<bool>,
+    /// Admission refusals decided on this shard, by model and gate.
+    rejections: RefCell<HashMap<(ModelId, Reason), u64>>,
     /// Origin of the monotonic `Millis` the limits run on.
     started: Instant,
     /// Mesh messages that found their ring full; retried before anything new is drained. Only
@@ -133,6 +232,9 @@ impl Shard {
             mesh: RefCell::new(mesh),
             quotas: RefCell::new(Quotas::new(rpm_burst)),
             quota_waiting: RefCell::new(HashMap::new()),
+            pools: RefCell::new(HashMap::new()),
+            park_timer: Cell::new(false),
+            rejections: RefCell::new(HashMap::new()),
             started: Instant::now(),
             deferred: RefCell::new(VecDeque::new()),
             to_control,
@@ -162,46 +264,118 @@ impl Shard {
 
     // ----- acquire / release -----
 
-    /// Asks the model's owner for an agent slot, waiting in its capacity queue until `deadline`.
+    /// Asks the model's owner for an agent slot, waiting in its capacity queue until `deadline`;
+    /// with [`Admit::Gated`] the owner first runs the pool gates (B3, B2 with parking, the B4
+    /// share) in the same visit.
     pub async fn acquire(
         self: &Rc<Self>,
         model: &ModelEntry,
         deadline: Instant,
+        admit: Admit,
     ) -> Result<Slot, RouteError> {
-        let owner = owner_of_model(model.id, self.count);
+        let (ticket, pool, reservation) = match admit {
+            Admit::Direct => (self.new_ticket(), None, None),
+            Admit::Gated(ask) => {
+                let ticket = self.new_ticket();
+                (ticket, Some(self.pool_request(ticket, ask, deadline)), None)
+            }
+            Admit::Reserved(reservation) => (reservation.ticket, None, Some(reservation)),
+        };
+        let reserved = pool.is_some() || reservation.is_some();
+        let decision = self
+            .visit_owner(model.id, ticket, pool, true, deadline)
+            .await?;
+        match decision {
+            Decision::Granted(agent) => {
+                // The slot now answers for the reservation too.
+                if let Some(mut reservation) = reservation {
+                    reservation.armed = false;
+                }
+                Ok(Slot {
+                    shard: self.clone(),
+                    model: model.id,
+                    agent,
+                    ticket,
+                    reserved,
+                })
+            }
+            other => Err(RouteError::from_decision(other)),
+        }
+    }
+
+    /// Runs the pool gates at the model's owner and reserves occupancy, without asking for a
+    /// slot yet (a per-key check still has to run between the two).
+    pub async fn reserve(
+        self: &Rc<Self>,
+        model: &ModelEntry,
+        ask: PoolAsk,
+        deadline: Instant,
+    ) -> Result<Reservation, RouteError> {
+        let ticket = self.new_ticket();
+        let pool = self.pool_request(ticket, ask, deadline);
+        match self
+            .visit_owner(model.id, ticket, Some(pool), false, deadline)
+            .await?
+        {
+            Decision::Reserved => Ok(Reservation {
+                shard: self.clone(),
+                model: model.id,
+                ticket,
+                armed: true,
+            }),
+            other => Err(RouteError::from_decision(other)),
+        }
+    }
+
+    fn new_ticket(&self) -> Ticket {
         let sequence = self.next_sequence.get();
         self.next_sequence.set(sequence + 1);
-        let ticket = Ticket {
+        Ticket {
             shard: self.id as u16,
             sequence,
-        };
-        let slot = |agent| Slot {
-            shard: self.clone(),
-            model: model.id,
-            agent,
-        };
-        if owner == self.id {
-            let acquired = match self.routes.borrow_mut().get_mut(&model.id) {
-                Some(routes) => routes.acquire(ticket),
-                None => Acquire::NoAgents,
-            };
-            match acquired {
-                Acquire::Granted(agent) => return Ok(slot(agent)),
-                Acquire::QueueFull => return Err(RouteError::QueueFull),
-                Acquire::NoAgents => return Err(RouteError::NoAgents),
-                // Counted where the queue is: on the owner shard.
-                Acquire::Queued => ShardMetrics::add(&self.metrics.queued_total, 1),
-            }
+        }
+    }
+
+    fn pool_request(&self, ticket: Ticket, ask: PoolAsk, deadline: Instant) -> PoolRequest {
+        let park = self.settings.admit_park_timeout;
+        PoolRequest {
+            ask: Ask {
+                ticket,
+                footprint: ask.footprint,
+                key: ask.key,
+                share: ask.share,
+            },
+            policy: ask.policy,
+            park_until: (!park.is_zero()).then(|| deadline.min(Instant::now() + park)),
+        }
+    }
+
+    /// One visit to the model's owner: a decision now (the owner is this shard and decided at
+    /// once) or later over the mesh, waiting at most until `deadline`.
+    async fn visit_owner(
+        self: &Rc<Self>,
+        model: ModelId,
+        ticket: Ticket,
+        pool: Option<PoolRequest>,
+        slot: bool,
+        deadline: Instant,
+    ) -> Result<Decision, RouteError> {
+        let owner = owner_of_model(model, self.count);
+        if owner == self.id
+            && let Some(decision) = self.admit_at_owner(ticket, model, pool.clone(), slot)
+        {
+            return Ok(decision);
         }
         let (decided, decision) = oneshot::channel();
-        self.waiting.borrow_mut().insert(sequence, decided);
-        // From here the ticket is queued (locally or at the owner): if this future is dropped
-        // (the client left) or times out, the guard withdraws it so it holds no queue place.
+        self.waiting.borrow_mut().insert(ticket.sequence, decided);
+        // From here the ticket waits (locally or at the owner): if this future is dropped (the
+        // client left) or times out, the guard withdraws it so it holds no place and no
+        // occupancy.
         let mut waiting = Waiting {
             shard: self,
             ticket,
             owner,
-            model: model.id,
+            model,
             armed: true,
         };
         if owner != self.id {
@@ -209,12 +383,14 @@ impl Shard {
                 owner,
                 ShardToShard::Acquire {
                     ticket,
-                    model: model.id,
+                    model,
+                    pool,
+                    slot,
                 },
             );
             if sent.is_err() {
                 waiting.armed = false;
-                self.waiting.borrow_mut().remove(&sequence);
+                self.waiting.borrow_mut().remove(&ticket.sequence);
                 ShardMetrics::add(&self.metrics.mesh_full_total, 1);
                 return Err(RouteError::MeshFull);
             }
@@ -226,9 +402,8 @@ impl Shard {
             waiting.armed = false;
         }
         match decided {
-            Ok(Ok(Decision::Granted(agent))) => Ok(slot(agent)),
-            Ok(Ok(Decision::QueueFull)) => Err(RouteError::QueueFull),
-            Ok(Ok(Decision::NoAgents)) | Ok(Err(_)) => Err(RouteError::NoAgents),
+            Ok(Ok(decision)) => Ok(decision),
+            Ok(Err(_)) => Err(RouteError::NoAgents),
             Err(_) => {
                 ShardMetrics::add(&self.metrics.queue_timeouts_total, 1);
                 Err(RouteError::Timeout)
@@ -236,29 +411,287 @@ impl Shard {
         }
     }
 
-    /// Withdraws a queued ticket: its waiter goes, and the owner drops it from the queue. A grant
-    /// already on its way finds no waiter and is released by `resolve`.
+    /// The owner's side of [`Shard::visit_owner`]: the pool gates (when asked), then the slot
+    /// (when asked). `None`: the ticket waits (parked or queued) and is decided later.
+    fn admit_at_owner(
+        self: &Rc<Self>,
+        ticket: Ticket,
+        model: ModelId,
+        pool: Option<PoolRequest>,
+        slot: bool,
+    ) -> Option<Decision> {
+        if let Some(request) = pool {
+            let now = self.now_millis();
+            let healthy = self.healthy_agents(model);
+            let limits = Limits::new(
+                self.settings.admit_fraction,
+                request.policy.admit_budget_tokens,
+                request.policy.max_inflight,
+                healthy,
+            );
+            let park_until = request.park_until.map(|until| self.millis_at(until));
+            let verdict = {
+                let mut pools = self.pools.borrow_mut();
+                let owned = pools.entry(model).or_insert_with(|| OwnedPool {
+                    pool: Pool::new(now),
+                    policy: request.policy.clone(),
+                    parked_for_slot: HashMap::new(),
+                });
+                owned.policy = request.policy;
+                let verdict = owned.pool.admit(now, &limits, request.ask, park_until);
+                if verdict == Verdict::Parked {
+                    owned.parked_for_slot.insert(ticket, slot);
+                }
+                verdict
+            };
+            match verdict {
+                Verdict::Admitted => {}
+                Verdict::Parked => {
+                    ShardMetrics::add(&self.metrics.admission_parked_total, 1);
+                    self.arm_park_timer();
+                    return None;
+                }
+                Verdict::Refused(Refusal::Pool) => {
+                    self.count_rejection(model, Reason::B2);
+                    return Some(Decision::PoolFull);
+                }
+                Verdict::Refused(Refusal::KeyShare) => {
+                    self.count_rejection(model, Reason::B4Occupancy);
+                    return Some(Decision::KeyShare);
+                }
+            }
+        }
+        if !slot {
+            return Some(Decision::Reserved);
+        }
+        self.slot_at_owner(ticket, model)
+    }
+
+    /// The capacity part at the owner, for a ticket that passed (or skipped) the pool gates.
+    fn slot_at_owner(&self, ticket: Ticket, model: ModelId) -> Option<Decision> {
+        let acquired = match self.routes.borrow_mut().get_mut(&model) {
+            Some(routes) => routes.acquire(ticket),
+            None => Acquire::NoAgents,
+        };
+        let decision = match acquired {
+            Acquire::Granted(agent) => Decision::Granted(agent),
+            Acquire::Queued => {
+                // Counted where the queue is: on the owner shard.
+                ShardMetrics::add(&self.metrics.queued_total, 1);
+                return None;
+            }
+            Acquire::QueueFull => Decision::QueueFull,
+            Acquire::NoAgents => Decision::NoAgents,
+        };
+        if !matches!(decision, Decision::Granted(_)) {
+            self.release_reservation_at_owner(model, ticket);
+        }
+        Some(decision)
+    }
+
+    fn healthy_agents(&self, model: ModelId) -> u32 {
+        self.routes
+            .borrow()
+            .get(&model)
+            .map_or(0, |routes| routes.agent_count() as u32)
+    }
+
+    fn pool_limits(&self, model: ModelId, policy: &AdmissionPolicy) -> Limits {
+        Limits::new(
+            self.settings.admit_fraction,
+            policy.admit_budget_tokens,
+            policy.max_inflight,
+            self.healthy_agents(model),
+        )
+    }
+
+    /// Admits the parked requests of `model` that fit now (after a release, a true-up, a new
+    /// agent or an expiry) and decides each.
+    fn retry_parked(&self, model: ModelId) {
+        let decided = {
+            let mut pools = self.pools.borrow_mut();
+            let Some(owned) = pools.get_mut(&model) else {
+                return;
+            };
+            if owned.pool.parked_len() == 0 {
+                return;
+            }
+            let limits = self.pool_limits(model, &owned.policy);
+            let now = self.now_millis();
+            owned
+                .pool
+                .admit_parked(now, &limits)
+                .into_iter()
+                .map(|(ticket, result)| {
+                    let slot = owned.parked_for_slot.remove(&ticket).unwrap_or(true);
+                    (ticket, result, slot)
+                })
+                .collect::<Vec<_>>()
+        };
+        for (ticket, result, slot) in decided {
+            let decision = match result {
+                Err(_) => {
+                    self.count_rejection(model, Reason::B4Occupancy);
+                    Some(Decision::KeyShare)
+                }
+                Ok(()) if !slot => Some(Decision::Reserved),
+                Ok(()) => self.slot_at_owner(ticket, model),
+            };
+            if let Some(decision) = decision {
+                self.decide(model, ticket, decision);
+            }
+        }
+    }
+
+    /// Refuses parked requests whose park timeout passed; returns the next deadline, if any.
+    fn expire_parked(&self) -> Option<Millis> {
+        let now = self.now_millis();
+        let mut expired = Vec::new();
+        let mut models = Vec::new();
+        for (model, owned) in self.pools.borrow_mut().iter_mut() {
+            for ticket in owned.pool.expire_parked(now) {
+                owned.parked_for_slot.remove(&ticket);
+                expired.push((*model, ticket));
+            }
+            models.push(*model);
+        }
+        for (model, ticket) in expired {
+            self.count_rejection(model, Reason::B2);
+            self.decide(model, ticket, Decision::PoolFull);
+        }
+        for model in models {
+            self.retry_parked(model);
+        }
+        self.pools
+            .borrow()
+            .values()
+            .filter_map(|owned| owned.pool.next_park_deadline())
+            .min()
+    }
+
+    /// Runs a timer task while anything is parked on this shard.
+    fn arm_park_timer(self: &Rc<Self>) {
+        if self.park_timer.replace(true) {
+            return;
+        }
+        let shard = self.clone();
+        monoio::spawn(async move {
+            while let Some(next) = shard.expire_parked() {
+                let wait = next.0.saturating_sub(shard.now_millis().0).max(1);
+                monoio::time::sleep(Duration::from_millis(wait)).await;
+            }
+            shard.park_timer.set(false);
+        });
+    }
+
+    fn count_rejection(&self, model: ModelId, reason: Reason) {
+        *self
+            .rejections
+            .borrow_mut()
+            .entry((model, reason))
+            .or_insert(0) += 1;
+    }
+
+    /// Counts an admission refusal decided on this shard (B1 on the requester, per-key limits on
+    /// the quota owner's answer).
+    pub fn count_admission_rejection(&self, model: ModelId, reason: Reason) {
+        self.count_rejection(model, reason);
+    }
+
+    /// Withdraws a waiting ticket: its waiter goes, and the owner drops it from the park and
+    /// capacity queues and releases its reservation. A grant already on its way finds no waiter
+    /// and is released by `resolve`.
     fn withdraw(&self, ticket: Ticket, owner: usize, model: ModelId) {
         self.waiting.borrow_mut().remove(&ticket.sequence);
         if owner == self.id {
-            if let Some(routes) = self.routes.borrow_mut().get_mut(&model) {
-                routes.cancel(ticket);
-            }
+            self.cancel_at_owner(ticket, model);
         } else {
             self.send_or_defer(owner, ShardToShard::Cancel { ticket, model });
         }
     }
 
-    fn release(&self, model: ModelId, agent: AgentId) {
+    fn cancel_at_owner(&self, ticket: Ticket, model: ModelId) {
+        if let Some(routes) = self.routes.borrow_mut().get_mut(&model) {
+            routes.cancel(ticket);
+        }
+        if let Some(owned) = self.pools.borrow_mut().get_mut(&model)
+            && owned.pool.cancel_parked(ticket)
+        {
+            owned.parked_for_slot.remove(&ticket);
+        }
+        self.release_reservation_at_owner(model, ticket);
+    }
+
+    fn release(&self, model: ModelId, agent: AgentId, ticket: Ticket) {
         let owner = owner_of_model(model, self.count);
         if owner == self.id {
+            self.release_reservation_at_owner(model, ticket);
             let grants = match self.routes.borrow_mut().get_mut(&model) {
                 Some(routes) => routes.release(agent),
                 None => Vec::new(),
             };
             self.deliver(model, grants);
         } else {
-            self.send_or_defer(owner, ShardToShard::Release { model, agent });
+            self.send_or_defer(
+                owner,
+                ShardToShard::Release {
+                    model,
+                    agent,
+                    ticket,
+                },
+            );
+        }
+    }
+
+    fn release_reservation(&self, model: ModelId, ticket: Ticket) {
+        let owner = owner_of_model(model, self.count);
+        if owner == self.id {
+            self.release_reservation_at_owner(model, ticket);
+        } else {
+            self.send_or_defer(owner, ShardToShard::ReleaseReservation { model, ticket });
+        }
+    }
+
+    fn release_reservation_at_owner(&self, model: ModelId, ticket: Ticket) {
+        let released = self
+            .pools
+            .borrow_mut()
+            .get_mut(&model)
+            .is_some_and(|owned| owned.pool.release(self.now_millis(), ticket));
+        if released {
+            self.retry_parked(model);
+        }
+    }
+
+    fn update_occupancy(&self, model: ModelId, ticket: Ticket, update: OccupancyUpdate) {
+        let owner = owner_of_model(model, self.count);
+        if owner != self.id {
+            self.send_or_defer(
+                owner,
+                ShardToShard::Occupancy {
+                    model,
+                    ticket,
+                    update,
+                },
+            );
+            return;
+        }
+        let now = self.now_millis();
+        let shrunk = match self.pools.borrow_mut().get_mut(&model) {
+            None => false,
+            Some(owned) => match update {
+                OccupancyUpdate::Output(tokens) => {
+                    owned.pool.grow(now, ticket, tokens);
+                    false
+                }
+                OccupancyUpdate::ExactInput(tokens) => {
+                    owned.pool.true_up(now, ticket, tokens);
+                    true
+                }
+            },
+        };
+        if shrunk {
+            self.retry_parked(model);
         }
     }
 
@@ -285,16 +718,72 @@ impl Shard {
         }
     }
 
-    /// A decision for one of this shard's tickets. A grant nobody waits for any more goes back.
+    /// A decision for one of this shard's tickets. A grant or reservation nobody waits for any
+    /// more goes back.
     fn resolve(&self, model: ModelId, sequence: u64, decision: Decision) {
         let waiter = self.waiting.borrow_mut().remove(&sequence);
         let undelivered = match waiter {
             Some(waiter) => waiter.send(decision).err(),
             None => Some(decision),
         };
-        if let Some(Decision::Granted(agent)) = undelivered {
-            self.release(model, agent);
+        let ticket = Ticket {
+            shard: self.id as u16,
+            sequence,
+        };
+        match undelivered {
+            Some(Decision::Granted(agent)) => self.release(model, agent, ticket),
+            Some(Decision::Reserved) => self.release_reservation(model, ticket),
+            _ => {}
         }
+    }
+
+    /// Reaps reservations whose release was lost and drops idle occupancy state; run every few
+    /// minutes.
+    pub fn cleanup_pools(&self) {
+        let now = self.now_millis();
+        let mut reaped = 0;
+        self.pools.borrow_mut().retain(|_, owned| {
+            reaped += owned.pool.reap(now, RESERVATION_REAP_MS);
+            !owned.pool.is_idle(now)
+        });
+        if reaped > 0 {
+            tracing::warn!(
+                shard = self.id,
+                reaped,
+                "released occupancy reservations whose release was lost"
+            );
+            ShardMetrics::add(&self.metrics.admission_reaped_total, reaped as u64);
+        }
+    }
+
+    /// The admission state this shard owns, for `/metrics`.
+    pub fn admission_report(&self) -> AdmissionReport {
+        let pools = self
+            .pools
+            .borrow()
+            .iter()
+            .map(|(model, owned)| {
+                let limits = self.pool_limits(*model, &owned.policy);
+                PoolReport {
+                    model: *model,
+                    occupancy_tokens: owned.pool.tokens(),
+                    budget_tokens: limits.budget_tokens,
+                    inflight: owned.pool.inflight(),
+                    max_inflight: limits.max_inflight,
+                }
+            })
+            .collect();
+        let rejections = self
+            .rejections
+            .borrow()
+            .iter()
+            .map(|(&(model, reason), &count)| (model, reason, count))
+            .collect();
+        AdmissionReport { pools, rejections }
+    }
+
+    fn millis_at(&self, instant: Instant) -> Millis {
+        Millis(instant.saturating_duration_since(self.started).as_millis() as u64)
     }
 
     fn send_or_defer(&self, to: usize, message: ShardToShard) {
@@ -457,7 +946,7 @@ impl Shard {
 
     // ----- inbound messages -----
 
-    fn on_mesh(&self, message: ShardToShard) {
+    fn on_mesh(self: &Rc<Self>, message: ShardToShard) {
         match message {
             ShardToShard::QuotaAdmit {
                 ticket,
@@ -498,28 +987,30 @@ impl Shard {
                 result,
             } => self.quota_decided(sequence, tenant, result),
             ShardToShard::QuotaRelease(release) => self.apply_quota_release(release),
-            ShardToShard::Acquire { ticket, model } => {
-                let acquired = match self.routes.borrow_mut().get_mut(&model) {
-                    Some(routes) => routes.acquire(ticket),
-                    None => Acquire::NoAgents,
-                };
-                let decision = match acquired {
-                    Acquire::Granted(agent) => Decision::Granted(agent),
-                    Acquire::QueueFull => Decision::QueueFull,
-                    Acquire::NoAgents => Decision::NoAgents,
-                    Acquire::Queued => {
-                        ShardMetrics::add(&self.metrics.queued_total, 1);
-                        return;
-                    }
-                };
-                self.decide(model, ticket, decision);
-            }
-            ShardToShard::Cancel { ticket, model } => {
-                if let Some(routes) = self.routes.borrow_mut().get_mut(&model) {
-                    routes.cancel(ticket);
+            ShardToShard::Acquire {
+                ticket,
+                model,
+                pool,
+                slot,
+            } => {
+                if let Some(decision) = self.admit_at_owner(ticket, model, pool, slot) {
+                    self.decide(model, ticket, decision);
                 }
             }
-            ShardToShard::Release { model, agent } => self.release(model, agent),
+            ShardToShard::Cancel { ticket, model } => self.cancel_at_owner(ticket, model),
+            ShardToShard::Release {
+                model,
+                agent,
+                ticket,
+            } => self.release(model, agent, ticket),
+            ShardToShard::ReleaseReservation { model, ticket } => {
+                self.release_reservation_at_owner(model, ticket)
+            }
+            ShardToShard::Occupancy {
+                model,
+                ticket,
+                update,
+            } => self.update_occupancy(model, ticket, update),
             ShardToShard::Decided {
                 sequence,
                 decision,
@@ -589,14 +1080,17 @@ impl Shard {
                     socket,
                 ));
             }
-            ControlToShard::ReportQueues(reply) => {
+            ControlToShard::Report(reply) => {
                 let queues = self
                     .routes
                     .borrow()
                     .iter()
                     .map(|(model, routes)| (*model, routes.queue_len() as u32))
                     .collect();
-                let _ = reply.send(queues);
+                let _ = reply.send(crate::shard::messages::ShardReport {
+                    queues,
+                    admission: self.admission_report(),
+                });
             }
             ControlToShard::CloseTunnel { agent } => {
                 if self.tunnels.borrow_mut().remove(&agent).is_some() {
@@ -718,16 +1212,51 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// A held agent slot. Dropping it releases the slot to the model's owner, exactly once.
+/// A held agent slot (and the request's occupancy reservation, if it has one). Dropping it
+/// releases both to the model's owner, exactly once.
 pub struct Slot {
     shard: Rc<Shard>,
     pub model: ModelId,
     pub agent: AgentId,
+    ticket: Ticket,
+    /// The owner holds an occupancy reservation under `ticket`.
+    reserved: bool,
+}
+
+impl Slot {
+    /// Whether the request holds occupancy that streamed output should grow.
+    pub fn is_reserved(&self) -> bool {
+        self.reserved
+    }
+
+    /// Tells the owner how much output has streamed, or the exact input once known.
+    pub fn update_occupancy(&self, update: OccupancyUpdate) {
+        if self.reserved {
+            self.shard.update_occupancy(self.model, self.ticket, update);
+        }
+    }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.shard.release(self.model, self.agent);
+        self.shard.release(self.model, self.agent, self.ticket);
+    }
+}
+
+/// Occupancy reserved at the model's owner, before the request has a slot. Dropping it while
+/// armed releases it; [`Shard::acquire`] with [`Admit::Reserved`] hands it to the slot.
+pub struct Reservation {
+    shard: Rc<Shard>,
+    model: ModelId,
+    ticket: Ticket,
+    armed: bool,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shard.release_reservation(self.model, self.ticket);
+        }
     }
 }
 
@@ -746,6 +1275,17 @@ pub struct QuotaHold {
 }
 
 impl QuotaHold {
+    /// Takes over the token phase's charge (a second visit to the quota owner) so this one hold
+    /// settles or gives back everything the request was charged.
+    pub fn absorb(&mut self, mut tokens: QuotaHold) {
+        debug_assert!(
+            self.admission.is_none(),
+            "a request charged its tokens twice"
+        );
+        self.admission = tokens.admission.take();
+        self.remaining_tokens = tokens.remaining_tokens;
+    }
+
     pub fn set_estimate(&mut self, input_tokens: u64) {
         self.estimate_input_tokens = input_tokens;
     }
