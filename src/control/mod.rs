@@ -146,10 +146,12 @@ impl ControlShared {
                     agent,
                     models,
                     in_flight,
+                    engine,
                 } => self.broadcast(|| ControlToShard::Signal {
                     agent,
                     models: models.clone(),
                     in_flight,
+                    engine,
                 }),
                 Event::SnapshotChanged => {
                     let snapshot = registry.snapshot();

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::routing::AgentId;
+use crate::routing::{AgentId, EngineSignals};
 use crate::shard::snapshot::{Capability, ModelEntry, ModelId, RoutingSnapshot};
 use crate::shard::state::owner_of_model;
 
@@ -44,6 +44,7 @@ pub enum Event {
         agent: AgentId,
         models: Arc<[ModelId]>,
         in_flight: u32,
+        engine: EngineSignals,
     },
     /// The routable set changed: publish a new snapshot.
     SnapshotChanged,
@@ -60,6 +61,7 @@ struct AgentRecord {
     last_heartbeat: Instant,
     session_expires: Instant,
     in_flight: u32,
+    engine: EngineSignals,
     routable: bool,
 }
 
@@ -150,6 +152,7 @@ impl Registry {
                 last_heartbeat: now,
                 session_expires: expires,
                 in_flight: 0,
+                engine: EngineSignals::default(),
                 routable: false,
             },
         );
@@ -222,16 +225,24 @@ impl Registry {
         events
     }
 
-    pub fn signal(&mut self, agent: AgentId, in_flight: u32, now: Instant) -> Vec<Event> {
+    pub fn signal(
+        &mut self,
+        agent: AgentId,
+        in_flight: u32,
+        engine: EngineSignals,
+        now: Instant,
+    ) -> Vec<Event> {
         let mut events = self.heartbeat(agent, in_flight, now);
-        if let Some(record) = self.agents.get(&agent)
-            && record.routable
-        {
-            events.push(Event::Signal {
-                agent,
-                models: record.models.clone(),
-                in_flight,
-            });
+        if let Some(record) = self.agents.get_mut(&agent) {
+            record.engine = engine;
+            if record.routable {
+                events.push(Event::Signal {
+                    agent,
+                    models: record.models.clone(),
+                    in_flight,
+                    engine,
+                });
+            }
         }
         events
     }
@@ -367,11 +378,12 @@ impl Registry {
                 models: record.models.clone(),
                 capacity,
             });
-            if record.in_flight > 0 {
+            if record.in_flight > 0 || record.engine != EngineSignals::default() {
                 events.push(Event::Signal {
                     agent,
                     models: record.models.clone(),
                     in_flight: record.in_flight,
+                    engine: record.engine,
                 });
             }
         } else {

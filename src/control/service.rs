@@ -10,6 +10,7 @@ use futures_util::Stream;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::routing::EngineSignals;
 use crate::control::ControlShared;
 use crate::control::registry::Registration;
 use crate::proto::agent_control_server::AgentControl;
@@ -190,7 +191,18 @@ async fn run_session(
                 }
             }
             agent_message::Kind::Signal(signal) => {
-                let events = shared.registry().signal(agent, signal.in_flight, now);
+                let engine = if signal.has_engine_metrics {
+                    EngineSignals {
+                        kv_cache_utilization: Some(signal.kv_cache_utilization),
+                        running_requests: Some(f64::from(signal.running_requests)),
+                        waiting_requests: Some(f64::from(signal.waiting_requests)),
+                    }
+                } else {
+                    EngineSignals::default()
+                };
+                let events = shared
+                    .registry()
+                    .signal(agent, signal.in_flight, engine, now);
                 shared.apply(events);
             }
             agent_message::Kind::Refresh(refresh) => {

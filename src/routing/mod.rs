@@ -29,6 +29,15 @@ pub struct Ticket {
     pub sequence: u64,
 }
 
+/// An agent's engine signals from its last routing signal; `None` where the engine reports none.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct EngineSignals {
+    /// KV-cache use, 0.0 to 1.0.
+    pub kv_cache_utilization: Option<f64>,
+    pub running_requests: Option<f64>,
+    pub waiting_requests: Option<f64>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Acquire {
     /// A slot on this agent is now held for the ticket; release it exactly once.
@@ -55,6 +64,7 @@ struct AgentLoad {
     own_in_flight: u32,
     /// Other routers' requests on this agent: its last report minus our own count at that moment.
     others_in_flight: u32,
+    engine: EngineSignals,
 }
 
 impl AgentLoad {
@@ -122,6 +132,7 @@ impl ModelRoutes {
                 capacity,
                 own_in_flight: 0,
                 others_in_flight: 0,
+                engine: EngineSignals::default(),
             }),
         }
         self.drain_queue()
@@ -140,13 +151,41 @@ impl ModelRoutes {
         }
     }
 
-    /// The agent's own report of requests it is serving, from every router.
-    pub fn signal(&mut self, agent: AgentId, reported_in_flight: u32) -> Vec<(Ticket, AgentId)> {
+    /// The agent's own report of requests it is serving, from every router, and its engine's
+    /// signals.
+    pub fn signal(
+        &mut self,
+        agent: AgentId,
+        reported_in_flight: u32,
+        engine: EngineSignals,
+    ) -> Vec<(Ticket, AgentId)> {
         if let Some(index) = self.find(agent) {
             let load = &mut self.agents[index];
             load.others_in_flight = reported_in_flight.saturating_sub(load.own_in_flight);
+            load.engine = engine;
         }
         self.drain_queue()
+    }
+
+    /// Each engine signal averaged over the agents that report it (seed, B3: "averages each
+    /// available signal across healthy agents serving the requested model"); `None` where no
+    /// agent reports it.
+    pub fn pool_signals(&self) -> EngineSignals {
+        fn average(values: impl Iterator<Item = f64>) -> Option<f64> {
+            let (sum, count) = values.fold((0.0, 0u32), |(sum, count), value| (sum + value, count + 1));
+            (count > 0).then(|| sum / f64::from(count))
+        }
+        EngineSignals {
+            kv_cache_utilization: average(
+                self.agents.iter().filter_map(|load| load.engine.kv_cache_utilization),
+            ),
+            running_requests: average(
+                self.agents.iter().filter_map(|load| load.engine.running_requests),
+            ),
+            waiting_requests: average(
+                self.agents.iter().filter_map(|load| load.engine.waiting_requests),
+            ),
+        }
     }
 
     /// Least-loaded agent with room, else the queue.
@@ -284,7 +323,7 @@ mod tests {
         routes.agent_up(AgentId(1), 4);
         routes.agent_up(AgentId(2), 4);
         // Agent 1 reports 3 requests from other routers; we hold none there.
-        routes.signal(AgentId(1), 3);
+        routes.signal(AgentId(1), 3, EngineSignals::default());
         assert_eq!(routes.acquire(ticket(1)), Acquire::Granted(AgentId(2)));
         assert_eq!(routes.acquire(ticket(2)), Acquire::Granted(AgentId(2)));
         assert_eq!(routes.acquire(ticket(3)), Acquire::Granted(AgentId(2)));
@@ -299,7 +338,7 @@ mod tests {
         let mut routes = ModelRoutes::new(1);
         routes.agent_up(AgentId(1), 1);
         assert_eq!(routes.acquire(ticket(1)), Acquire::Granted(AgentId(1)));
-        routes.signal(AgentId(1), 1); // the report includes our own request
+        routes.signal(AgentId(1), 1, EngineSignals::default()); // the report includes our own request
         assert_eq!(routes.acquire(ticket(2)), Acquire::Queued);
         assert_eq!(routes.release(AgentId(1)), vec![(ticket(2), AgentId(1))]);
     }
@@ -375,7 +414,7 @@ mod tests {
                         prop_assert!(routes.cancel(ticket));
                     }
                     Step::Signal(agent, count) => {
-                        let grants = routes.signal(AgentId(agent as u32), count);
+                        let grants = routes.signal(AgentId(agent as u32), count, EngineSignals::default());
                         take(grants, &mut held, &mut queued);
                     }
                     _ => {}

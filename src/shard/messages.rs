@@ -26,11 +26,13 @@ pub enum ControlToShard {
         agent: AgentId,
         models: Arc<[ModelId]>,
     },
-    /// The agent's own count of requests it is serving, from every router.
+    /// The agent's own count of requests it is serving, from every router, and its engine's
+    /// signals (B3 and `exclude_if` read them on the owner).
     Signal {
         agent: AgentId,
         models: Arc<[ModelId]>,
         in_flight: u32,
+        engine: crate::routing::EngineSignals,
     },
     /// An authenticated tunnel socket for this shard. The shard speaks HTTP/2 (client) over it.
     Tunnel {

@@ -1061,10 +1061,11 @@ impl Shard {
                 agent,
                 models,
                 in_flight,
+                engine,
             } => {
                 for model in self.owned(&models) {
                     let grants = match self.routes.borrow_mut().get_mut(&model) {
-                        Some(routes) => routes.signal(agent, in_flight),
+                        Some(routes) => routes.signal(agent, in_flight, engine),
                         None => Vec::new(),
                     };
                     self.deliver(model, grants);

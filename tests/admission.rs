@@ -1,0 +1,400 @@
+//! Proves the admission gates through the real router, agents and simulated engines (seed
+//! `admission-control.md`): B1 request caps (and `count_tokens` exempt), B2 parking that either
+//! fits when capacity frees or answers 429 with `Retry-After: 1`, B3 shedding on pool KV-cache
+//! pressure (and passing when signals are missing), a B4 share refusal after B2 that leaves
+//! occupancy where it was, B4 input tokens per minute, and a stream without declared output
+//! growing its reservation. Every test ends with occupancy at zero and nothing reaped.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::{Conn, Options, Site, metric_sum, poll, request};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+const MODEL: &str = "sim-model";
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("hivenet-admission")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A policy directory with one named policy for [`MODEL`].
+fn policy_dir(name: &str, policy: &str) -> PathBuf {
+    let dir = scratch(name).join("policies");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("sim.yaml"),
+        format!("models:\n  - {MODEL}\n{policy}"),
+    )
+    .unwrap();
+    dir
+}
+
+/// An auth.yaml with one key whose extra settings are `settings` (indented by six spaces).
+fn auth_file(name: &str, raw_key: &str, settings: &str) -> PathBuf {
+    let path = scratch(name).join("auth.yaml");
+    let text = format!(
+        "api:\n  mode: api-key\n  keys:\n    - key_hash: \"{}\"\n      key_preview: \"sk-...test\"\n      metadata:\n        name: \"tenant\"\n        owner: \"acme\"\n{settings}",
+        hex::encode(Sha256::digest(raw_key.as_bytes()))
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn chat_body(content: &str, max_tokens: Option<u64>, stream: bool) -> String {
+    let mut body = json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "stream": stream,
+    });
+    if let Some(max_tokens) = max_tokens {
+        body["max_tokens"] = json!(max_tokens);
+    }
+    body.to_string()
+}
+
+fn raw_post(path: &str, key: Option<&str>, body: &str) -> Vec<u8> {
+    let auth = key.map_or(String::new(), |key| format!("authorization: Bearer {key}\r\n"));
+    format!(
+        "POST {path} HTTP/1.1\r\nhost: test\r\n{auth}content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+fn admission_metric(site: &Site, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric_sum(&site.router_metrics(), name, labels)
+}
+
+/// Occupancy back at zero once nothing runs, and no reservation ever reaped.
+fn assert_settled(site: &Site) {
+    site.wait_metric("hivenet_admission_inflight_requests", |value| value == 0.0);
+    assert_eq!(
+        admission_metric(site, "hivenet_admission_occupancy_tokens", &[("model", MODEL)]),
+        0.0
+    );
+    assert_eq!(
+        admission_metric(site, "hivenet_admission_reaped_total", &[]),
+        0.0
+    );
+}
+
+/// Opens a streaming chat and reads its head; the stream stays open until the caller drains it.
+fn open_stream(site: &Site, key: Option<&str>, body: &str) -> Conn {
+    let mut conn = Conn::connect(site.http);
+    conn.send(&raw_post("/v1/chat/completions", key, body))
+        .unwrap();
+    let head = conn.read_head().unwrap();
+    assert_eq!(head.status, 200, "{}", String::from_utf8_lossy(&head.raw));
+    conn
+}
+
+fn drain(mut conn: Conn) {
+    while let Ok(Some(_)) = conn.read_chunk() {}
+}
+
+#[test]
+fn b1_caps_the_input_estimate_and_count_tokens_is_exempt() {
+    let policies = policy_dir("b1", "max_input_tokens: 100\n");
+    let site = Site::start(
+        "admission-b1",
+        Options::new()
+            .sim(&["--models", MODEL])
+            .agent(0, &[])
+            .router_args(&["--policy-model-dir", policies.to_str().unwrap()]),
+    );
+    let long = "lorem ipsum ".repeat(200);
+    let refused = request(
+        site.http,
+        &raw_post("/v1/chat/completions", None, &chat_body(&long, None, false)),
+    );
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    assert_eq!(refused.error_code(), "input_too_long");
+    let message = refused.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.starts_with("input is ") && message.ends_with(" tokens, over the model limit of 100"),
+        "{message}"
+    );
+    // Reducing max_tokens does not help: the cap is on input.
+    let still = request(
+        site.http,
+        &raw_post("/v1/chat/completions", None, &chat_body(&long, Some(1), false)),
+    );
+    assert_eq!(still.status, 400);
+    // A short prompt passes.
+    let short = request(
+        site.http,
+        &raw_post("/v1/chat/completions", None, &chat_body("hi", None, false)),
+    );
+    assert_eq!(short.status, 200, "{}", short.text());
+    // count_tokens skips every admission gate.
+    let count = json!({"model": MODEL, "messages": [{"role": "user", "content": long}]}).to_string();
+    let counted = request(site.http, &raw_post("/v1/messages/count_tokens", None, &count));
+    assert_eq!(counted.status, 200, "{}", counted.text());
+    assert_eq!(
+        admission_metric(
+            &site,
+            "hivenet_admission_rejections_total",
+            &[("reason", "b1"), ("model", MODEL)]
+        ),
+        2.0
+    );
+    assert_settled(&site);
+}
+
+/// A site whose pool admits 1000 tokens (admit fraction 1.0, one replica) and whose engine
+/// streams 20 tokens 40 ms apart, so one request holds the budget for about 0.8 s.
+fn b2_site(name: &str, park_timeout: &str) -> Site {
+    let policies = policy_dir(name, "admit_budget_tokens: 1000\n");
+    Site::start(
+        name,
+        Options::new()
+            .sim(&["--models", MODEL, "--itl", "40ms", "--output-tokens", "20"])
+            .agent(0, &["--capacity", "8"])
+            .router_env("HIVENET_ROUTER_ADMIT_FRACTION", "1.0")
+            .router_env("HIVENET_ROUTER_ADMIT_PARK_TIMEOUT", park_timeout)
+            .router_args(&["--policy-model-dir", policies.to_str().unwrap()]),
+    )
+}
+
+#[test]
+fn b2_parks_a_request_until_the_budget_frees() {
+    let site = b2_site("admission-b2-fits", "5s");
+    let holder = open_stream(&site, None, &chat_body("hold", Some(900), true));
+    site.wait_metric("hivenet_admission_occupancy_tokens", |tokens| tokens >= 900.0);
+    let started = Instant::now();
+    let parked = request(
+        site.http,
+        &raw_post("/v1/chat/completions", None, &chat_body("wait", Some(900), false)),
+    );
+    assert_eq!(parked.status, 200, "{}", parked.text());
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "the second request must have waited for the first to finish"
+    );
+    assert!(admission_metric(&site, "hivenet_admission_parked_total", &[]) >= 1.0);
+    drain(holder);
+    assert_settled(&site);
+}
+
+#[test]
+fn b2_refuses_with_retry_after_when_the_park_times_out() {
+    let site = b2_site("admission-b2-full", "100ms");
+    let holder = open_stream(&site, None, &chat_body("hold", Some(900), true));
+    site.wait_metric("hivenet_admission_occupancy_tokens", |tokens| tokens >= 900.0);
+    let refused = request(
+        site.http,
+        &raw_post("/v1/chat/completions", None, &chat_body("wait", Some(900), false)),
+    );
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(refused.error_code(), "concurrency_limit_exceeded");
+    assert_eq!(
+        refused.json()["error"]["message"],
+        "server at capacity for this model, please retry"
+    );
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    // A request that fits beside the holder is not blocked.
+    let small = request(
+        site.http,
+        &raw_post("/v1/chat/completions", None, &chat_body("s", Some(10), false)),
+    );
+    assert_eq!(small.status, 200, "{}", small.text());
+    assert_eq!(
+        admission_metric(
+            &site,
+            "hivenet_admission_rejections_total",
+            &[("reason", "b2"), ("model", MODEL)]
+        ),
+        1.0
+    );
+    drain(holder);
+    assert_settled(&site);
+}
+
+#[test]
+fn b2_reservation_grows_while_undeclared_output_streams() {
+    let policies = policy_dir("b2-grow", "admit_budget_tokens: 100000\n");
+    let site = Site::start(
+        "admission-b2-grow",
+        Options::new()
+            .sim(&["--models", MODEL, "--itl", "20ms", "--output-tokens", "80"])
+            .agent(0, &[])
+            .router_args(&["--policy-model-dir", policies.to_str().unwrap()]),
+    );
+    let stream = open_stream(&site, None, &chat_body("grow", None, true));
+    let first = site.wait_metric("hivenet_admission_occupancy_tokens", |tokens| tokens > 0.0);
+    let grown = poll(Duration::from_secs(5), || {
+        let tokens = admission_metric(&site, "hivenet_admission_occupancy_tokens", &[]);
+        (tokens >= first + 32.0).then_some(tokens)
+    });
+    assert!(grown.is_some(), "occupancy never grew past {first}");
+    drain(stream);
+    assert_settled(&site);
+}
+
+#[test]
+fn b3_sheds_on_pool_kv_pressure_and_passes_without_signals() {
+    let policies = policy_dir(
+        "b3",
+        "shed_if:\n  kv_cache_utilization:\n    gt: 0.5\n",
+    );
+    let site = Site::start(
+        "admission-b3",
+        Options::new()
+            .sim(&["--models", MODEL])
+            .agent(0, &[])
+            .router_args(&["--policy-model-dir", policies.to_str().unwrap()]),
+    );
+    let body = chat_body("hi", None, false);
+    let ok = request(site.http, &raw_post("/v1/chat/completions", None, &body));
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    let control = format!(
+        "POST /sim/control HTTP/1.1\r\nhost: sim\r\ncontent-type: application/json\r\ncontent-length: 22\r\nconnection: close\r\n\r\n{{\"kv_cache_usage\":0.9}}"
+    );
+    assert_eq!(request(site.sim_addrs[0], control.as_bytes()).status, 200);
+    let shed = poll(Duration::from_secs(10), || {
+        let response = request(site.http, &raw_post("/v1/chat/completions", None, &body));
+        (response.status == 429).then_some(response)
+    })
+    .expect("the router never shed under KV pressure");
+    assert_eq!(shed.error_code(), "concurrency_limit_exceeded");
+    assert_eq!(
+        shed.json()["error"]["message"],
+        "model is under high load, please retry"
+    );
+    assert_eq!(shed.header("retry-after"), Some("1"));
+    assert!(
+        admission_metric(
+            &site,
+            "hivenet_admission_rejections_total",
+            &[("reason", "b3"), ("model", MODEL)]
+        ) >= 1.0
+    );
+    drop(site);
+
+    // The same pressure behind an engine that reports no metrics: the gate passes.
+    let mut site = Site::start(
+        "admission-b3-missing",
+        Options::new()
+            .sim(&["--models", MODEL])
+            .router_args(&["--policy-model-dir", policies.to_str().unwrap()]),
+    );
+    let health_url = format!("http://{}/health", site.sim_addrs[0]);
+    site.spawn_agent(
+        0,
+        &["--engine", "custom", "--model", MODEL, "--health-url", &health_url],
+    );
+    site.wait_models(&[MODEL]);
+    assert_eq!(request(site.sim_addrs[0], control.as_bytes()).status, 200);
+    std::thread::sleep(Duration::from_millis(1500));
+    for _ in 0..5 {
+        let response = request(site.http, &raw_post("/v1/chat/completions", None, &body));
+        assert_eq!(response.status, 200, "{}", response.text());
+    }
+}
+
+#[test]
+fn b4_share_refusal_after_b2_leaves_occupancy_unchanged() {
+    let key = "sk-serverless-share";
+    let auth = auth_file("b4-share", key, "      max_occupancy_share: 0.3\n");
+    let policies = policy_dir("b4-share", "mode: serverless\nadmit_budget_tokens: 1000\n");
+    let site = Site::start(
+        "admission-b4-share",
+        Options::new()
+            .sim(&["--models", MODEL, "--itl", "40ms", "--output-tokens", "20"])
+            .agent(0, &["--capacity", "8"])
+            .api_key(key)
+            .router_args(&[
+                "--policy-model-dir",
+                policies.to_str().unwrap(),
+                "--auth-config-file",
+                auth.to_str().unwrap(),
+            ]),
+    );
+    // The key's share is floor(0.3 × 1000) = 300 tokens; B2's budget is 900.
+    let holder = open_stream(&site, Some(key), &chat_body("hold", Some(200), true));
+    let held = site.wait_metric("hivenet_admission_occupancy_tokens", |tokens| tokens >= 200.0);
+    let refused = request(
+        site.http,
+        &raw_post("/v1/chat/completions", Some(key), &chat_body("more", Some(200), false)),
+    );
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(refused.error_code(), "rate_limit_exceeded");
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(
+        admission_metric(&site, "hivenet_admission_occupancy_tokens", &[("model", MODEL)]),
+        held,
+        "a B4 refusal after B2 must leave occupancy exactly where it was"
+    );
+    assert_eq!(
+        admission_metric(
+            &site,
+            "hivenet_admission_rejections_total",
+            &[("reason", "b4_occupancy"), ("model", MODEL)]
+        ),
+        1.0
+    );
+    drain(holder);
+    assert_settled(&site);
+}
+
+#[test]
+fn b4_input_tokens_per_minute_refuse_with_retry_after() {
+    let key = "sk-serverless-itpm";
+    let auth = auth_file(
+        "b4-itpm",
+        key,
+        "      quota:\n        input_tokens_per_minute: 400\n",
+    );
+    let policies = policy_dir("b4-itpm", "mode: serverless\nadmit_budget_tokens: 100000\n");
+    let site = Site::start(
+        "admission-b4-itpm",
+        Options::new()
+            .sim(&["--models", MODEL])
+            .agent(0, &[])
+            .api_key(key)
+            .router_args(&[
+                "--policy-model-dir",
+                policies.to_str().unwrap(),
+                "--auth-config-file",
+                auth.to_str().unwrap(),
+            ]),
+    );
+    let prompt = "tokens ".repeat(60);
+    let mut statuses = Vec::new();
+    let mut refusal = None;
+    for _ in 0..10 {
+        let response = request(
+            site.http,
+            &raw_post("/v1/chat/completions", Some(key), &chat_body(&prompt, None, false)),
+        );
+        statuses.push(response.status);
+        if response.status == 429 {
+            refusal = Some(response);
+            break;
+        }
+    }
+    let refusal = refusal.unwrap_or_else(|| panic!("never refused: {statuses:?}"));
+    assert_eq!(refusal.error_code(), "rate_limit_exceeded");
+    assert_eq!(refusal.header("retry-after"), Some("1"));
+    assert!(statuses.iter().filter(|status| **status == 200).count() >= 1);
+    assert_eq!(
+        admission_metric(
+            &site,
+            "hivenet_admission_rejections_total",
+            &[("reason", "b4_itpm"), ("model", MODEL)]
+        ),
+        1.0
+    );
+    assert_settled(&site);
+}
