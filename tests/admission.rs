@@ -61,7 +61,9 @@ fn chat_body(content: &str, max_tokens: Option<u64>, stream: bool) -> String {
 }
 
 fn raw_post(path: &str, key: Option<&str>, body: &str) -> Vec<u8> {
-    let auth = key.map_or(String::new(), |key| format!("authorization: Bearer {key}\r\n"));
+    let auth = key.map_or(String::new(), |key| {
+        format!("authorization: Bearer {key}\r\n")
+    });
     format!(
         "POST {path} HTTP/1.1\r\nhost: test\r\n{auth}content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
@@ -77,7 +79,11 @@ fn admission_metric(site: &Site, name: &str, labels: &[(&str, &str)]) -> f64 {
 fn assert_settled(site: &Site) {
     site.wait_metric("hivenet_admission_inflight_requests", |value| value == 0.0);
     assert_eq!(
-        admission_metric(site, "hivenet_admission_occupancy_tokens", &[("model", MODEL)]),
+        admission_metric(
+            site,
+            "hivenet_admission_occupancy_tokens",
+            &[("model", MODEL)]
+        ),
         0.0
     );
     assert_eq!(
@@ -122,13 +128,18 @@ fn b1_caps_the_input_estimate_and_count_tokens_is_exempt() {
         .unwrap()
         .to_owned();
     assert!(
-        message.starts_with("input is ") && message.ends_with(" tokens, over the model limit of 100"),
+        message.starts_with("input is ")
+            && message.ends_with(" tokens, over the model limit of 100"),
         "{message}"
     );
     // Reducing max_tokens does not help: the cap is on input.
     let still = request(
         site.http,
-        &raw_post("/v1/chat/completions", None, &chat_body(&long, Some(1), false)),
+        &raw_post(
+            "/v1/chat/completions",
+            None,
+            &chat_body(&long, Some(1), false),
+        ),
     );
     assert_eq!(still.status, 400);
     // A short prompt passes.
@@ -138,8 +149,12 @@ fn b1_caps_the_input_estimate_and_count_tokens_is_exempt() {
     );
     assert_eq!(short.status, 200, "{}", short.text());
     // count_tokens skips every admission gate.
-    let count = json!({"model": MODEL, "messages": [{"role": "user", "content": long}]}).to_string();
-    let counted = request(site.http, &raw_post("/v1/messages/count_tokens", None, &count));
+    let count =
+        json!({"model": MODEL, "messages": [{"role": "user", "content": long}]}).to_string();
+    let counted = request(
+        site.http,
+        &raw_post("/v1/messages/count_tokens", None, &count),
+    );
     assert_eq!(counted.status, 200, "{}", counted.text());
     assert_eq!(
         admission_metric(
@@ -171,11 +186,17 @@ fn b2_site(name: &str, park_timeout: &str) -> Site {
 fn b2_parks_a_request_until_the_budget_frees() {
     let site = b2_site("admission-b2-fits", "5s");
     let holder = open_stream(&site, None, &chat_body("hold", Some(900), true));
-    site.wait_metric("hivenet_admission_occupancy_tokens", |tokens| tokens >= 900.0);
+    site.wait_metric("hivenet_admission_occupancy_tokens", |tokens| {
+        tokens >= 900.0
+    });
     let started = Instant::now();
     let parked = request(
         site.http,
-        &raw_post("/v1/chat/completions", None, &chat_body("wait", Some(900), false)),
+        &raw_post(
+            "/v1/chat/completions",
+            None,
+            &chat_body("wait", Some(900), false),
+        ),
     );
     assert_eq!(parked.status, 200, "{}", parked.text());
     assert!(
@@ -191,10 +212,16 @@ fn b2_parks_a_request_until_the_budget_frees() {
 fn b2_refuses_with_retry_after_when_the_park_times_out() {
     let site = b2_site("admission-b2-full", "100ms");
     let holder = open_stream(&site, None, &chat_body("hold", Some(900), true));
-    site.wait_metric("hivenet_admission_occupancy_tokens", |tokens| tokens >= 900.0);
+    site.wait_metric("hivenet_admission_occupancy_tokens", |tokens| {
+        tokens >= 900.0
+    });
     let refused = request(
         site.http,
-        &raw_post("/v1/chat/completions", None, &chat_body("wait", Some(900), false)),
+        &raw_post(
+            "/v1/chat/completions",
+            None,
+            &chat_body("wait", Some(900), false),
+        ),
     );
     assert_eq!(refused.status, 429, "{}", refused.text());
     assert_eq!(refused.error_code(), "concurrency_limit_exceeded");
@@ -206,7 +233,11 @@ fn b2_refuses_with_retry_after_when_the_park_times_out() {
     // A request that fits beside the holder is not blocked.
     let small = request(
         site.http,
-        &raw_post("/v1/chat/completions", None, &chat_body("s", Some(10), false)),
+        &raw_post(
+            "/v1/chat/completions",
+            None,
+            &chat_body("s", Some(10), false),
+        ),
     );
     assert_eq!(small.status, 200, "{}", small.text());
     assert_eq!(
@@ -244,10 +275,7 @@ fn b2_reservation_grows_while_undeclared_output_streams() {
 
 #[test]
 fn b3_sheds_on_pool_kv_pressure_and_passes_without_signals() {
-    let policies = policy_dir(
-        "b3",
-        "shed_if:\n  kv_cache_utilization:\n    gt: 0.5\n",
-    );
+    let policies = policy_dir("b3", "shed_if:\n  kv_cache_utilization:\n    gt: 0.5\n");
     let site = Site::start(
         "admission-b3",
         Options::new()
@@ -258,9 +286,7 @@ fn b3_sheds_on_pool_kv_pressure_and_passes_without_signals() {
     let body = chat_body("hi", None, false);
     let ok = request(site.http, &raw_post("/v1/chat/completions", None, &body));
     assert_eq!(ok.status, 200, "{}", ok.text());
-    let control = format!(
-        "POST /sim/control HTTP/1.1\r\nhost: sim\r\ncontent-type: application/json\r\ncontent-length: 22\r\nconnection: close\r\n\r\n{{\"kv_cache_usage\":0.9}}"
-    );
+    let control = "POST /sim/control HTTP/1.1\r\nhost: sim\r\ncontent-type: application/json\r\ncontent-length: 22\r\nconnection: close\r\n\r\n{\"kv_cache_usage\":0.9}";
     assert_eq!(request(site.sim_addrs[0], control.as_bytes()).status, 200);
     let shed = poll(Duration::from_secs(10), || {
         let response = request(site.http, &raw_post("/v1/chat/completions", None, &body));
@@ -292,7 +318,14 @@ fn b3_sheds_on_pool_kv_pressure_and_passes_without_signals() {
     let health_url = format!("http://{}/health", site.sim_addrs[0]);
     site.spawn_agent(
         0,
-        &["--engine", "custom", "--model", MODEL, "--health-url", &health_url],
+        &[
+            "--engine",
+            "custom",
+            "--model",
+            MODEL,
+            "--health-url",
+            &health_url,
+        ],
     );
     site.wait_models(&[MODEL]);
     assert_eq!(request(site.sim_addrs[0], control.as_bytes()).status, 200);
@@ -323,16 +356,26 @@ fn b4_share_refusal_after_b2_leaves_occupancy_unchanged() {
     );
     // The key's share is floor(0.3 × 1000) = 300 tokens; B2's budget is 900.
     let holder = open_stream(&site, Some(key), &chat_body("hold", Some(200), true));
-    let held = site.wait_metric("hivenet_admission_occupancy_tokens", |tokens| tokens >= 200.0);
+    let held = site.wait_metric("hivenet_admission_occupancy_tokens", |tokens| {
+        tokens >= 200.0
+    });
     let refused = request(
         site.http,
-        &raw_post("/v1/chat/completions", Some(key), &chat_body("more", Some(200), false)),
+        &raw_post(
+            "/v1/chat/completions",
+            Some(key),
+            &chat_body("more", Some(200), false),
+        ),
     );
     assert_eq!(refused.status, 429, "{}", refused.text());
     assert_eq!(refused.error_code(), "rate_limit_exceeded");
     assert_eq!(refused.header("retry-after"), Some("1"));
     assert_eq!(
-        admission_metric(&site, "hivenet_admission_occupancy_tokens", &[("model", MODEL)]),
+        admission_metric(
+            &site,
+            "hivenet_admission_occupancy_tokens",
+            &[("model", MODEL)]
+        ),
         held,
         "a B4 refusal after B2 must leave occupancy exactly where it was"
     );
@@ -376,7 +419,11 @@ fn b4_input_tokens_per_minute_refuse_with_retry_after() {
     for _ in 0..10 {
         let response = request(
             site.http,
-            &raw_post("/v1/chat/completions", Some(key), &chat_body(&prompt, None, false)),
+            &raw_post(
+                "/v1/chat/completions",
+                Some(key),
+                &chat_body(&prompt, None, false),
+            ),
         );
         statuses.push(response.status);
         if response.status == 429 {

@@ -2,7 +2,9 @@
 //! may wait for an agent slot.
 //!
 //! - [`occupancy`]: B2 pool occupancy and the B4 per-key occupancy share, on the model's owner.
+//! - [`derive`]: the `derive-key-defaults` subcommand's suggested B4 values.
 
+pub mod derive;
 pub mod occupancy;
 
 use std::sync::Arc;

@@ -32,6 +32,21 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|arg| arg == "derive-key-defaults")
+    {
+        let args =
+            hivenet_router::admission::derive::DeriveArgs::parse_from(std::env::args_os().skip(1));
+        match hivenet_router::admission::derive::run(&args) {
+            Ok(fragment) => print!("{fragment}"),
+            Err(error) => {
+                eprintln!("hivenet-router derive-key-defaults: {error:#}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     if let Err(error) = run(RouterArgs::parse()) {
         eprintln!("hivenet-router: {error:#}");
         std::process::exit(1);

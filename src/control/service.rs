@@ -10,7 +10,6 @@ use futures_util::Stream;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::routing::EngineSignals;
 use crate::control::ControlShared;
 use crate::control::registry::Registration;
 use crate::proto::agent_control_server::AgentControl;
@@ -19,6 +18,7 @@ use crate::proto::{
     router_message,
 };
 use crate::routing::AgentId;
+use crate::routing::EngineSignals;
 use crate::shard::snapshot::Capability;
 use crate::tokens::{AUTH_AUDIENCE, Claims, SESSION_AUDIENCE, unix_seconds};
 

@@ -172,18 +172,25 @@ impl ModelRoutes {
     /// agent reports it.
     pub fn pool_signals(&self) -> EngineSignals {
         fn average(values: impl Iterator<Item = f64>) -> Option<f64> {
-            let (sum, count) = values.fold((0.0, 0u32), |(sum, count), value| (sum + value, count + 1));
+            let (sum, count) =
+                values.fold((0.0, 0u32), |(sum, count), value| (sum + value, count + 1));
             (count > 0).then(|| sum / f64::from(count))
         }
         EngineSignals {
             kv_cache_utilization: average(
-                self.agents.iter().filter_map(|load| load.engine.kv_cache_utilization),
+                self.agents
+                    .iter()
+                    .filter_map(|load| load.engine.kv_cache_utilization),
             ),
             running_requests: average(
-                self.agents.iter().filter_map(|load| load.engine.running_requests),
+                self.agents
+                    .iter()
+                    .filter_map(|load| load.engine.running_requests),
             ),
             waiting_requests: average(
-                self.agents.iter().filter_map(|load| load.engine.waiting_requests),
+                self.agents
+                    .iter()
+                    .filter_map(|load| load.engine.waiting_requests),
             ),
         }
     }
