@@ -131,10 +131,10 @@ fn put_global(shared: &ControlShared, body: &[u8]) -> AdminReply {
     match result {
         Ok(_) => {
             shared.policies.count_reload(Trigger::Api, true);
-            tracing::info!(
-                ?warnings,
-                "global policy replaced through the admin API (until restart)"
-            );
+            tracing::info!("global policy replaced through the admin API (until restart)");
+            for warning in &warnings {
+                tracing::warn!("PUT /admin/policy: {warning}");
+            }
             reply(200, &json!({ "status": "policy updated" }))
         }
         Err(CommitError::Build(never)) => match never {},
@@ -174,9 +174,11 @@ fn put_named(shared: &ControlShared, name: &str, body: &[u8]) -> AdminReply {
             tracing::info!(
                 name,
                 ?models,
-                ?warnings,
                 "named policy written through the admin API (until restart)"
             );
+            for warning in &warnings {
+                tracing::warn!("PUT /admin/policy/models/{name}: {warning}");
+            }
             reply(
                 200,
                 &json!({ "status": "policy updated", "name": name, "models": models }),
