@@ -80,6 +80,47 @@ pub struct RouterArgs {
     /// A client whose request body stalls this long between reads gets 408 and is disconnected.
     #[arg(long, env = "HIVENET_ROUTER_CLIENT_BODY_TIMEOUT", default_value = "30s", value_parser = duration)]
     pub client_body_timeout: Duration,
+    /// Global routing-policy YAML. Invalid: start-up fails. Reloaded on SIGHUP and on change
+    /// unless `--policy-model-dir` is set (then the directory is reloaded instead). Without
+    /// either, the built-in `least-loaded` policy applies.
+    #[arg(long, env = "HIVENET_ROUTER_POLICY_FILE")]
+    pub policy_file: Option<PathBuf>,
+    /// Directory of per-model policies (`*.yaml`, `*.yml`); its `_default.yaml` is the global
+    /// policy and wins over `--policy-file`. Reloaded on SIGHUP and on change.
+    #[arg(long, env = "HIVENET_ROUTER_POLICY_MODEL_DIR")]
+    pub policy_model_dir: Option<PathBuf>,
+    /// Failed forwards allowed per policy step whose `max_tries` is 0, negative or omitted. At
+    /// least 1.
+    #[arg(long, env = "HIVENET_ROUTER_MAX_TRIES_PER_STEP", default_value_t = 3)]
+    pub max_tries_per_step: i64,
+}
+
+impl RouterArgs {
+    /// `--policy-file`, treating an empty value (an empty environment variable) as unset.
+    pub fn policy_file(&self) -> Option<&std::path::Path> {
+        self.policy_file
+            .as_deref()
+            .filter(|path| !path.as_os_str().is_empty())
+    }
+
+    /// `--policy-model-dir`, treating an empty value as unset.
+    pub fn policy_model_dir(&self) -> Option<&std::path::Path> {
+        self.policy_model_dir
+            .as_deref()
+            .filter(|path| !path.as_os_str().is_empty())
+    }
+
+    /// `--max-tries-per-step`, refused below 1 (configuration reference, "Router validation").
+    pub fn max_tries_per_step(&self) -> anyhow::Result<u32> {
+        match u32::try_from(self.max_tries_per_step) {
+            Ok(tries) if tries >= 1 => Ok(tries),
+            _ => anyhow::bail!(
+                "--max-tries-per-step must be between 1 and {}, got {}",
+                u32::MAX,
+                self.max_tries_per_step
+            ),
+        }
+    }
 }
 
 /// Settings read only from the environment, as the reference documents them.
@@ -90,9 +131,64 @@ pub struct EnvSettings {
     /// `HIVENET_ROUTER_RPM_BURST_SECONDS` (`0`: a full minute of burst; `1`-`59`: that many
     /// seconds of the rate).
     pub rpm_burst: crate::limits::BurstSeconds,
+    /// `HIVENET_ROUTER_ADMIT_FRACTION`: share of a policy's `admit_budget_tokens` available to
+    /// B2 occupancy admission, in (0, 1]; default [`DEFAULT_ADMIT_FRACTION`]. Scope: every model.
+    pub admit_fraction: f64,
+    /// `HIVENET_ROUTER_ADMIT_PARK_TIMEOUT`: longest an over-budget request waits for occupancy
+    /// to free before `429 concurrency_limit_exceeded`; zero rejects at once; default
+    /// [`DEFAULT_ADMIT_PARK_TIMEOUT`].
+    pub admit_park_timeout: Duration,
+    /// Which provider-fallback credentials are set (`HIVENET_ROUTER_OPENAI_API_KEY`,
+    /// `HIVENET_ROUTER_ANTHROPIC_API_KEY`); a policy naming a provider without its key is refused.
+    pub provider_keys: crate::policy::ProviderKeys,
 }
 
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 10 * 1024 * 1024;
+/// Seed "B2: pool occupancy".
+pub const DEFAULT_ADMIT_FRACTION: f64 = 0.90;
+/// Seed "B2: pool occupancy".
+pub const DEFAULT_ADMIT_PARK_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// `HIVENET_ROUTER_ADMIT_FRACTION`: a number greater than 0 and at most 1.
+pub fn parse_admit_fraction(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        // Written so that NaN fails too.
+        Ok(fraction) if fraction > 0.0 && fraction <= 1.0 => Ok(fraction),
+        Ok(fraction) => Err(format!(
+            "HIVENET_ROUTER_ADMIT_FRACTION must be greater than 0 and at most 1, got {fraction}"
+        )),
+        Err(_) => Err(format!(
+            "HIVENET_ROUTER_ADMIT_FRACTION must be a number in (0, 1], got {text:?}"
+        )),
+    }
+}
+
+/// `HIVENET_ROUTER_ADMIT_PARK_TIMEOUT`: a Go duration (`250ms`, `1s`), `0` for none.
+pub fn parse_admit_park_timeout(text: &str) -> Result<Duration, String> {
+    crate::duration::parse(text)
+        .map_err(|error| format!("HIVENET_ROUTER_ADMIT_PARK_TIMEOUT: {error}"))
+}
+
+/// The configuration reference: "invalid values ... leave the default unchanged". The router
+/// still says so in its log, since a silently ignored setting is hard to diagnose.
+fn or_default_with_warning<T: std::fmt::Debug>(
+    name: &str,
+    parsed: Option<Result<T, String>>,
+    default: T,
+) -> T {
+    match parsed {
+        None => default,
+        Some(Ok(value)) => value,
+        Some(Err(error)) => {
+            tracing::warn!(%error, default = ?default, "{name} ignored; using the default");
+            default
+        }
+    }
+}
+
+fn env_is_set(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|value| !value.trim().is_empty())
+}
 
 impl EnvSettings {
     pub fn from_env() -> anyhow::Result<EnvSettings> {
@@ -116,9 +212,30 @@ impl EnvSettings {
             Ok(text) => crate::limits::BurstSeconds::parse(&text)
                 .map_err(|error| anyhow::anyhow!("{error}"))?,
         };
+        let admit_fraction = or_default_with_warning(
+            "HIVENET_ROUTER_ADMIT_FRACTION",
+            std::env::var("HIVENET_ROUTER_ADMIT_FRACTION")
+                .ok()
+                .map(|text| parse_admit_fraction(&text)),
+            DEFAULT_ADMIT_FRACTION,
+        );
+        let admit_park_timeout = or_default_with_warning(
+            "HIVENET_ROUTER_ADMIT_PARK_TIMEOUT",
+            std::env::var("HIVENET_ROUTER_ADMIT_PARK_TIMEOUT")
+                .ok()
+                .map(|text| parse_admit_park_timeout(&text)),
+            DEFAULT_ADMIT_PARK_TIMEOUT,
+        );
+        let provider_keys = crate::policy::ProviderKeys {
+            openai: env_is_set("HIVENET_ROUTER_OPENAI_API_KEY"),
+            anthropic: env_is_set("HIVENET_ROUTER_ANTHROPIC_API_KEY"),
+        };
         Ok(EnvSettings {
             max_request_bytes,
             rpm_burst,
+            admit_fraction,
+            admit_park_timeout,
+            provider_keys,
         })
     }
 }
@@ -165,6 +282,66 @@ mod tests {
                 .contains("not available")
         );
         assert!(quota_backend(Some("redis")).is_err());
+    }
+
+    #[test]
+    fn admit_fraction_is_in_zero_to_one() {
+        assert_eq!(parse_admit_fraction("0.5"), Ok(0.5));
+        assert_eq!(parse_admit_fraction(" 1 "), Ok(1.0));
+        for bad in ["0", "-0.1", "1.01", "NaN", "inf", "ninety", ""] {
+            assert!(parse_admit_fraction(bad).is_err(), "{bad:?}");
+        }
+        // Invalid values leave the default.
+        assert_eq!(
+            or_default_with_warning(
+                "HIVENET_ROUTER_ADMIT_FRACTION",
+                Some(parse_admit_fraction("2")),
+                DEFAULT_ADMIT_FRACTION
+            ),
+            0.90
+        );
+        assert_eq!(
+            or_default_with_warning("X", None, DEFAULT_ADMIT_FRACTION),
+            0.90
+        );
+    }
+
+    #[test]
+    fn admit_park_timeout_is_a_go_duration() {
+        assert_eq!(
+            parse_admit_park_timeout("250ms"),
+            Ok(Duration::from_millis(250))
+        );
+        assert_eq!(parse_admit_park_timeout("0"), Ok(Duration::ZERO));
+        assert_eq!(
+            parse_admit_park_timeout("1.5s"),
+            Ok(Duration::from_millis(1500))
+        );
+        for bad in ["-1s", "250", "soon"] {
+            assert!(parse_admit_park_timeout(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            or_default_with_warning(
+                "HIVENET_ROUTER_ADMIT_PARK_TIMEOUT",
+                Some(parse_admit_park_timeout("-1s")),
+                DEFAULT_ADMIT_PARK_TIMEOUT
+            ),
+            Duration::from_millis(250)
+        );
+    }
+
+    #[test]
+    fn max_tries_per_step_is_at_least_one() {
+        let args = |tries: &str| {
+            RouterArgs::try_parse_from(["hivenet-router", &format!("--max-tries-per-step={tries}")])
+                .unwrap()
+        };
+        assert_eq!(args("3").max_tries_per_step().unwrap(), 3);
+        assert!(args("0").max_tries_per_step().is_err());
+        assert!(args("-1").max_tries_per_step().is_err());
+        let defaults = RouterArgs::try_parse_from(["hivenet-router"]).unwrap();
+        assert_eq!(defaults.max_tries_per_step().unwrap(), 3);
+        assert_eq!(defaults.policy_file(), None);
     }
 
     #[test]

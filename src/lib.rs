@@ -19,6 +19,7 @@ pub mod http;
 pub mod identity;
 pub mod limits;
 pub mod metrics;
+pub mod policy;
 pub mod proto {
     //! Generated from `proto/hivenet.proto`.
     tonic::include_proto!("hivenet.v1");

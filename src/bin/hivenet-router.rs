@@ -16,10 +16,12 @@ use tokio::sync::mpsc;
 use hivenet_router::auth::config::ApiMode;
 use hivenet_router::auth::dynamic::DynamicRegistry;
 use hivenet_router::config::{EnvSettings, RouterArgs, listen_address};
+use hivenet_router::control::policy_reload::{self, PolicyControl};
 use hivenet_router::control::registry::HealthTimes;
 use hivenet_router::control::{self, ControlSettings, ControlShared, auth_reload};
 use hivenet_router::identity::Identity;
 use hivenet_router::metrics::ShardMetrics;
+use hivenet_router::policy::PolicyContext;
 use hivenet_router::shard::mesh::Mesh;
 use hivenet_router::shard::runtime::{self, ShardSetup};
 use hivenet_router::shard::state::ShardSettings;
@@ -65,12 +67,27 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     let env = EnvSettings::from_env()?;
     let secret = Secret::from_file_or_env(args.jwt_secret_file.as_deref())?;
     let identity = Identity::load_or_create(&args.identity_path)?;
+    // Policies before keys: static keys are checked against the serverless policies.
+    let policy_context = PolicyContext {
+        max_tries_per_step: args.max_tries_per_step()?,
+        provider_keys: env.provider_keys,
+    };
+    let policy_sources = policy_reload::Sources {
+        file: args.policy_file().map(Into::into),
+        dir: args.policy_model_dir().map(Into::into),
+    };
+    let policies = policy_reload::load_initial(&policy_sources, &policy_context)?;
     let mode_env = std::env::var("HIVENET_ROUTER_AUTH_MODE").ok();
-    let loaded = auth_reload::load(args.auth_config_file.as_deref(), mode_env.as_deref())?;
+    let loaded = auth_reload::load(
+        args.auth_config_file.as_deref(),
+        mode_env.as_deref(),
+        &policies.set.serverless_limits(),
+    )?;
     let dynamic_keys = (loaded.api_mode == ApiMode::Dynamic).then(DynamicRegistry::new);
     let keys = Arc::new(loaded.registry);
     let admin_access = Arc::new(loaded.admin);
     tracing::info!(keys = keys.len(), mode = ?loaded.api_mode, admin = ?admin_access, "client API keys loaded");
+    let policies = PolicyControl::new(policies, policy_context, policy_sources, loaded.config);
     let http_address = listen_address(&args.http_port)?;
     let grpc_address = listen_address(&args.grpc_port)?;
     let metrics_address = listen_address(&args.metrics_port)?;
@@ -130,6 +147,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         dynamic_keys,
         to_shards,
         metrics.clone(),
+        policies,
     ));
 
     // The control core: its own thread, its own tokio runtime.

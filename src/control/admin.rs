@@ -5,12 +5,13 @@
 //! Routes (admin reference): `GET /admin/api-keys`, `GET /admin/api-keys/version`,
 //! `GET|PUT|DELETE /admin/api-keys/{id}` (`DELETE ...?version=`), `POST /admin/api-keys/replace`,
 //! and `GET /admin/health`. With `api.mode` other than `dynamic`, key routes answer 501.
+//! `/admin/policy*` is served by `admin_policy`. Key writes are checked against the active
+//! routing policies' serverless limits.
 
 use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::auth::config::ServerlessLimits;
 use crate::auth::dynamic::{DynamicError, ErrorResponse, PutKeyRequest, ReplaceRequest};
 use crate::control::ControlShared;
 use crate::http::request::Method;
@@ -58,6 +59,9 @@ pub fn handle(shared: &ControlShared, method: Method, target: &[u8], body: &[u8]
     if path == "/admin/health" && method == Method::Get {
         return json(200, &serde_json::json!({"status": "ok"}));
     }
+    if path == "/admin/policy" || path.starts_with("/admin/policy/") {
+        return super::admin_policy::handle(shared, method, path, body);
+    }
     let Some(rest) = path.strip_prefix("/admin/api-keys") else {
         return error(404, "no such admin route");
     };
@@ -65,8 +69,9 @@ pub fn handle(shared: &ControlShared, method: Method, target: &[u8], body: &[u8]
         return json(501, &ErrorResponse::not_active());
     };
     let mut registry = registry.lock().expect("dynamic key registry lock poisoned");
-    // Serverless invariants need the routing policies, which come with admission control.
-    let limits = ServerlessLimits::none();
+    // Read under the registry lock: a policy change takes this lock before checking keys, so
+    // this write and a policy change cannot each pass against the other's old state.
+    let limits = shared.policies.serverless_limits();
     let written = match (method, rest) {
         (Method::Get, "") => return json(200, &registry.list()),
         (Method::Get, "/version") => return json(200, &registry.version_response()),

@@ -4,13 +4,20 @@
 //!
 //! Usage already counted for a key is unaffected by a reload: limits are keyed by the stable
 //! `KeyId`, which a reload does not change.
+//!
+//! Every static key is also checked against the active routing policies (the cross-config
+//! serverless invariant, seed "Validation and derived defaults"); a file that breaks it is refused
+//! like any invalid file. The check and the install happen under the policy side's static-auth
+//! lock, so a concurrent policy change checks against this file or the previous one, never a mix.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::auth::admin::{self, AdminAccess, AdminEnv, AdminError};
-use crate::auth::config::{AdminMode, ApiMode, AuthConfig, ConfigError};
+use crate::auth::config::{
+    AdminMode, ApiMode, AuthConfig, ConfigError, Problems, ServerlessLimits,
+};
 use crate::auth::dynamic::DynamicRegistry;
 use crate::auth::keys::KeyRegistry;
 use crate::control::ControlShared;
@@ -35,6 +42,8 @@ pub enum LoadError {
     Admin(#[from] AdminError),
     #[error("api.mode changed from {from:?} to {to:?}: restart the router to change modes")]
     ModeChanged { from: ApiMode, to: ApiMode },
+    #[error("auth config {path} conflicts with the routing policies: {problems}")]
+    Serverless { path: String, problems: Problems },
 }
 
 /// What an auth configuration gives the router.
@@ -44,6 +53,9 @@ pub struct Loaded {
     /// The client keys (empty for `dynamic`: the admin API fills them).
     pub registry: KeyRegistry,
     pub admin: AdminAccess,
+    /// The validated file (or the configuration `HIVENET_ROUTER_AUTH_MODE` implies), kept for the
+    /// reverse serverless check when policies change.
+    pub config: AuthConfig,
 }
 
 /// Who may call `/admin/*`, from the file's admin section and the environment. Without any admin
@@ -65,8 +77,13 @@ pub fn admin_access(
 }
 
 /// The keys and admin access for the configured file, or for `HIVENET_ROUTER_AUTH_MODE` when there
-/// is none.
-pub fn load(path: Option<&Path>, mode_env: Option<&str>) -> Result<Loaded, LoadError> {
+/// is none. `limits` are the active routing policies' serverless limits: a static key that breaks
+/// the cross-config invariant under them refuses the file.
+pub fn load(
+    path: Option<&Path>,
+    mode_env: Option<&str>,
+    limits: &ServerlessLimits,
+) -> Result<Loaded, LoadError> {
     let config = match path {
         Some(path) => {
             let shown = path.display().to_string();
@@ -87,6 +104,15 @@ pub fn load(path: Option<&Path>, mode_env: Option<&str>) -> Result<Loaded, LoadE
             },
         },
     };
+    config
+        .check_serverless(limits)
+        .map_err(|problems| LoadError::Serverless {
+            path: path.map_or_else(
+                || "(HIVENET_ROUTER_AUTH_MODE)".to_owned(),
+                |path| path.display().to_string(),
+            ),
+            problems,
+        })?;
     let admin = admin_access(config.api_mode, config.admin_mode)?;
     let registry = match config.api_mode {
         ApiMode::Dynamic => DynamicRegistry::new().snapshot(),
@@ -96,6 +122,7 @@ pub fn load(path: Option<&Path>, mode_env: Option<&str>) -> Result<Loaded, LoadE
         api_mode: config.api_mode,
         registry,
         admin,
+        config,
     })
 }
 
@@ -133,7 +160,10 @@ pub async fn watch(path: PathBuf, running_mode: ApiMode, shared: Arc<ControlShar
                 }
             } => "SIGHUP",
         };
-        match load(Some(&path), None).and_then(|loaded| {
+        // Held until the new file is installed: see the module doc.
+        let mut static_auth = shared.policies.static_auth();
+        let limits = shared.policies.serverless_limits();
+        match load(Some(&path), None, &limits).and_then(|loaded| {
             // Switching between static and dynamic keys needs a restart; none <-> api-key does not.
             if (loaded.api_mode == ApiMode::Dynamic) == (running_mode == ApiMode::Dynamic) {
                 Ok(loaded)
@@ -145,6 +175,7 @@ pub async fn watch(path: PathBuf, running_mode: ApiMode, shared: Arc<ControlShar
             }
         }) {
             Ok(loaded) => {
+                *static_auth = Arc::new(loaded.config);
                 let admin = Arc::new(loaded.admin);
                 shared.broadcast(|| ControlToShard::AdminAccess(admin.clone()));
                 if running_mode == ApiMode::Dynamic {
@@ -169,18 +200,19 @@ mod tests {
 
     #[test]
     fn modes_without_a_file() {
-        assert!(load(None, None).is_ok());
-        assert!(load(None, Some("none")).is_ok());
+        let none = ServerlessLimits::none();
+        assert!(load(None, None, &none).is_ok());
+        assert!(load(None, Some("none"), &none).is_ok());
         assert!(matches!(
-            load(None, Some("api-key")),
+            load(None, Some("api-key"), &none),
             Err(LoadError::ApiKeyWithoutFile)
         ));
         assert!(matches!(
-            load(None, Some("dynamic")),
+            load(None, Some("dynamic"), &none),
             Err(LoadError::Admin(AdminError::DynamicWithoutAdminKeys))
         ));
         assert!(matches!(
-            load(None, Some("open")),
+            load(None, Some("open"), &none),
             Err(LoadError::BadMode(_))
         ));
     }
@@ -191,8 +223,37 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("auth.yaml");
         std::fs::write(&path, "api: [unclosed").unwrap();
-        let error = load(Some(&path), None).unwrap_err().to_string();
+        let error = load(Some(&path), None, &ServerlessLimits::none())
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("auth.yaml"), "{error}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn keys_are_checked_against_the_serverless_policies() {
+        let dir = std::env::temp_dir().join(format!("hivenet-auth-itpm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("auth.yaml");
+        std::fs::write(
+            &path,
+            format!(
+                "api:\n  mode: api-key\n  keys:\n    - key_hash: \"{}\"\n      key_preview: sk-...itpm\n      metadata: {{name: n, owner: o}}\n      quota: {{input_tokens_per_minute: 1000}}\n",
+                "a".repeat(64)
+            ),
+        )
+        .unwrap();
+        assert!(load(Some(&path), None, &ServerlessLimits::none()).is_ok());
+        let limits = ServerlessLimits {
+            global_max_input_tokens: Some(4096),
+            ..ServerlessLimits::none()
+        };
+        let error = load(Some(&path), None, &limits).unwrap_err().to_string();
+        assert!(
+            error.contains("conflicts with the routing policies"),
+            "{error}"
+        );
+        assert!(error.contains("input_tokens_per_minute"), "{error}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

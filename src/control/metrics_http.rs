@@ -100,6 +100,17 @@ fn respond(
     }
     render_admission(&mut out, &registry, reports);
     drop(registry);
+    let _ = writeln!(
+        out,
+        "# HELP hivenet_policy_reload_total Policy changes attempted, by trigger (sighup, file_change, api) and result."
+    );
+    let _ = writeln!(out, "# TYPE hivenet_policy_reload_total counter");
+    for (trigger, result, count) in shared.policies.reload_counts() {
+        let _ = writeln!(
+            out,
+            "hivenet_policy_reload_total{{trigger=\"{trigger}\",result=\"{result}\"}} {count}"
+        );
+    }
     Response::builder()
         .header("content-type", "text/plain; version=0.0.4")
         .body(Full::new(Bytes::from(out)))

@@ -3,13 +3,17 @@
 //! changed. Nothing here is on the request path.
 //!
 //! Key components: `registry` (pure agent/model state), `service` (gRPC), `tunnel_accept` (the
-//! agent-dialed data sockets), `metrics_http` (`/metrics`). [`ControlShared`] is the state they
-//! share; its registry lock is held only for in-memory updates and the non-blocking sends that
-//! follow, so shards see registry events in the order they happened.
+//! agent-dialed data sockets), `metrics_http` (`/metrics`), `auth_reload` and `policy_reload`
+//! (`auth.yaml` and routing policies, at start-up and on change), `admin` and `admin_policy` (the
+//! control side of `/admin/*`). [`ControlShared`] is the state they share; its registry lock is
+//! held only for in-memory updates and the non-blocking sends that follow, so shards see registry
+//! events in the order they happened.
 
 pub mod admin;
+pub mod admin_policy;
 pub mod auth_reload;
 pub mod metrics_http;
+pub mod policy_reload;
 pub mod registry;
 pub mod service;
 pub mod tunnel_accept;
@@ -58,6 +62,10 @@ pub struct ControlShared {
     sessions: Mutex<HashMap<AgentId, oneshot::Sender<&'static str>>>,
     next_session: AtomicU64,
     pub shard_metrics: Vec<Arc<ShardMetrics>>,
+    /// The active routing policies (`policies.current()`, `policies.subscribe()` for changes),
+    /// installed only through `policy_reload::commit`. Lock order with the key registries:
+    /// `dynamic_keys`, then the policies' static-auth slot, then the policy set.
+    pub policies: policy_reload::PolicyControl,
 }
 
 impl ControlShared {
@@ -67,8 +75,10 @@ impl ControlShared {
         dynamic_keys: Option<crate::auth::dynamic::DynamicRegistry>,
         to_shards: Vec<mpsc::UnboundedSender<ControlToShard>>,
         shard_metrics: Vec<Arc<ShardMetrics>>,
+        policies: policy_reload::PolicyControl,
     ) -> ControlShared {
         ControlShared {
+            policies,
             registry: Mutex::new(Registry::new(settings.shard_count, settings.health)),
             dynamic_keys: dynamic_keys.map(Mutex::new),
             settings,
@@ -264,6 +274,7 @@ pub fn start(
         };
         runtime.spawn(auth_reload::watch(path, mode, shared.clone()));
     }
+    runtime.spawn(policy_reload::watch(shared.clone()));
 
     let health_shared = shared.clone();
     runtime.spawn(async move {

@@ -111,6 +111,11 @@ impl Proc {
         }
     }
 
+    /// The OS process id while the child runs (for signals such as SIGHUP).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// SIGKILLs the process and waits for it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
