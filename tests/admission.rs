@@ -27,11 +27,11 @@ fn scratch(name: &str) -> PathBuf {
 
 /// A policy directory with one named policy for [`MODEL`].
 fn policy_dir(name: &str, policy: &str) -> PathBuf {
-    let dir = scratch(name).join("policies");
+    let dir = scratch(&format!("{name}-policies"));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("sim.yaml"),
-        format!("models:\n  - {MODEL}\n{policy}"),
+        format!("models:\n  - {MODEL}\nrouting_policy:\n  strategy: least-loaded\n{policy}"),
     )
     .unwrap();
     dir

@@ -7,54 +7,38 @@
 pub mod derive;
 pub mod occupancy;
 
-use std::sync::Arc;
+use crate::policy::{Mode, ModelPolicy};
 
-/// The admission part of one model's effective policy, as the request path reads it (built by
-/// the control core from the policy files into every routing snapshot). `0` disables a limit.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct AdmissionPolicy {
-    /// `mode: serverless`: B4 (key occupancy share, input and output tokens per minute) runs.
-    pub serverless: bool,
-    pub max_input_tokens: u64,
-    pub images_max: u64,
-    /// Per replica.
-    pub admit_budget_tokens: u64,
-    /// Per replica.
-    pub max_inflight: u64,
+/// Whether B4 (key occupancy share, input and output tokens per minute) runs for the model.
+pub fn is_serverless(policy: &ModelPolicy) -> bool {
+    policy.mode == Mode::Serverless
 }
 
-impl AdmissionPolicy {
-    /// No policy: every admission gate off.
-    pub fn none() -> Arc<AdmissionPolicy> {
-        Arc::new(AdmissionPolicy::default())
-    }
+/// B1 has a cap to check.
+pub fn caps_requests(policy: &ModelPolicy) -> bool {
+    policy.max_input_tokens > 0 || policy.images_max > 0
+}
 
-    /// B1 has a cap to check.
-    pub fn caps_requests(&self) -> bool {
-        self.max_input_tokens > 0 || self.images_max > 0
-    }
+/// B3 or B2 has something to check on the model's owner (B4's share is the key's part).
+pub fn gates_pool(policy: &ModelPolicy) -> bool {
+    policy.admit_budget_tokens > 0 || policy.max_inflight > 0 || !policy.shed_if.is_empty()
+}
 
-    /// B2 or B3 has something to check on the model's owner (B4's share is the key's part).
-    pub fn gates_pool(&self) -> bool {
-        self.admit_budget_tokens > 0 || self.max_inflight > 0
+/// B1: the message of a `400 input_too_long`, if the request is over a cap.
+pub fn request_caps(policy: &ModelPolicy, input_tokens: u64, images: u64) -> Option<String> {
+    if policy.max_input_tokens > 0 && input_tokens > policy.max_input_tokens {
+        return Some(format!(
+            "input is {input_tokens} tokens, over the model limit of {}",
+            policy.max_input_tokens
+        ));
     }
-
-    /// B1: the message of a `400 input_too_long`, if the request is over a cap.
-    pub fn request_caps(&self, input_tokens: u64, images: u64) -> Option<String> {
-        if self.max_input_tokens > 0 && input_tokens > self.max_input_tokens {
-            return Some(format!(
-                "input is {input_tokens} tokens, over the model limit of {}",
-                self.max_input_tokens
-            ));
-        }
-        if self.images_max > 0 && images > self.images_max {
-            return Some(format!(
-                "request has {images} images, over the model limit of {}",
-                self.images_max
-            ));
-        }
-        None
+    if policy.images_max > 0 && images > u64::from(policy.images_max) {
+        return Some(format!(
+            "request has {images} images, over the model limit of {}",
+            policy.images_max
+        ));
     }
+    None
 }
 
 /// Which gate refused, as the `reason` label of `hivenet_admission_rejections_total`.
@@ -101,19 +85,25 @@ impl Reason {
 mod tests {
     use super::*;
 
+    fn policy(max_input_tokens: u64, images_max: u32) -> ModelPolicy {
+        let context = crate::policy::PolicyContext::default();
+        ModelPolicy {
+            max_input_tokens,
+            images_max,
+            ..ModelPolicy::built_in(&context)
+        }
+    }
+
     #[test]
     fn request_caps_message_matches_the_seed() {
-        let policy = AdmissionPolicy {
-            max_input_tokens: 131072,
-            images_max: 2,
-            ..AdmissionPolicy::default()
-        };
+        let capped = policy(131072, 2);
         assert_eq!(
-            policy.request_caps(140000, 0).as_deref(),
+            request_caps(&capped, 140000, 0).as_deref(),
             Some("input is 140000 tokens, over the model limit of 131072")
         );
-        assert_eq!(policy.request_caps(131072, 2), None);
-        assert!(policy.request_caps(10, 3).unwrap().contains("3 images"));
-        assert_eq!(AdmissionPolicy::default().request_caps(u64::MAX, 99), None);
+        assert_eq!(request_caps(&capped, 131072, 2), None);
+        assert!(request_caps(&capped, 10, 3).unwrap().contains("3 images"));
+        assert_eq!(request_caps(&policy(0, 0), u64::MAX, 99), None);
+        assert!(!caps_requests(&policy(0, 0)) && caps_requests(&capped));
     }
 }

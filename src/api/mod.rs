@@ -24,8 +24,8 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::admission::Reason;
 use crate::admission::occupancy::Footprint;
+use crate::admission::{self, Reason};
 use crate::auth::keys::KeyRecord;
 use crate::error::Rejection;
 use crate::http::fields::{FieldsError, extract_fields};
@@ -203,21 +203,21 @@ async fn infer<S: Sink>(
     let estimate = estimate(request, &fields);
     // Images are counted by the estimator's body pass; until it lands no request carries any.
     let images = 0;
-    let policy = &model.admission;
+    let policy = &model.policy;
     // Admission control runs for generation only (seed: count_tokens, embeddings and rerank
     // are exempt).
     let generates = matches!(request.route, Route::ChatCompletions | Route::Messages);
     let context = ModelContext {
         model: model.id,
         healthy_replicas: model.healthy_agents,
-        serverless: generates && policy.serverless,
+        serverless: generates && admission::is_serverless(policy),
     };
     let share = match key.settings.max_occupancy_share() {
         Some(share) if context.serverless && policy.admit_budget_tokens > 0 => share,
         _ => 0.0,
     };
-    let caps = generates && policy.caps_requests();
-    let pool_gates = generates && (policy.gates_pool() || share > 0.0);
+    let caps = generates && admission::caps_requests(policy);
+    let pool_gates = generates && (admission::gates_pool(policy) || share > 0.0);
     // The gate order is RPM, B1, B3, B2, B4, daily. With no gate between the RPM and the token
     // phase, both run in one visit to the quota owner.
     let split = caps || pool_gates;
@@ -230,7 +230,7 @@ async fn infer<S: Sink>(
     let mut quota = visit_quota(shard, key, context, first, deadline, sink).await?;
     quota.set_estimate(estimate.input_tokens);
     // B1: request caps.
-    if caps && let Some(message) = policy.request_caps(estimate.input_tokens, images) {
+    if caps && let Some(message) = admission::request_caps(policy, estimate.input_tokens, images) {
         shard.count_admission_rejection(model.id, Reason::B1);
         return Err(Rejection::input_too_long(message).into());
     }

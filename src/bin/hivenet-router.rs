@@ -195,9 +195,8 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         client_header_timeout: args.client_header_timeout,
         client_body_timeout: args.client_body_timeout,
         rpm_burst: env.rpm_burst,
-        // Seed defaults until the policy settings are read from the environment.
-        admit_fraction: 0.90,
-        admit_park_timeout: std::time::Duration::from_millis(250),
+        admit_fraction: env.admit_fraction,
+        admit_park_timeout: env.admit_park_timeout,
     };
     let (shard_started, shards_ready) = std::sync::mpsc::channel();
     let mut threads = Vec::with_capacity(shard_count);

@@ -164,7 +164,7 @@ impl ControlShared {
                     engine,
                 }),
                 Event::SnapshotChanged => {
-                    let snapshot = registry.snapshot();
+                    let snapshot = registry.snapshot(&self.policies.current());
                     self.broadcast(|| ControlToShard::Snapshot(snapshot.clone()));
                 }
                 Event::CloseSession { agent } => {
@@ -275,6 +275,20 @@ pub fn start(
         runtime.spawn(auth_reload::watch(path, mode, shared.clone()));
     }
     runtime.spawn(policy_reload::watch(shared.clone()));
+    // A new policy set changes every model's effective policy: republish the snapshot.
+    let mut policy_changes = shared.policies.subscribe();
+    let publisher = shared.clone();
+    runtime.spawn(async move {
+        while policy_changes.changed().await.is_ok() {
+            let policies = policy_changes.borrow_and_update().clone();
+            // Under the registry lock, like every other publication, so shards see snapshots in
+            // the order they were built.
+            let mut registry = publisher.registry();
+            let snapshot = registry.snapshot(&policies);
+            publisher.broadcast(|| ControlToShard::Snapshot(snapshot.clone()));
+            drop(registry);
+        }
+    });
 
     let health_shared = shared.clone();
     runtime.spawn(async move {

@@ -278,8 +278,9 @@ impl Registry {
         events
     }
 
-    /// Builds the snapshot for shards from the current routable set.
-    pub fn snapshot(&mut self) -> Arc<RoutingSnapshot> {
+    /// Builds the snapshot for shards from the current routable set, each model with its
+    /// effective policy from `policies`.
+    pub fn snapshot(&mut self, policies: &crate::policy::PolicySet) -> Arc<RoutingSnapshot> {
         self.version += 1;
         struct Summary {
             healthy: u32,
@@ -339,7 +340,7 @@ impl Registry {
                     id: *id,
                     owner_shard: owner_of_model(*id, self.shard_count),
                     healthy_agents: summary.healthy,
-                    admission: crate::admission::AdmissionPolicy::none(),
+                    policy: policies.effective(name),
                 },
             ));
         }
@@ -433,13 +434,18 @@ mod tests {
         assert!(registry.tunnel_up(agent, 0, now).is_empty());
         let events = registry.tunnel_up(agent, 1, now);
         assert!(matches!(events[0], Event::AgentUp { capacity: 4, .. }));
-        let snapshot = registry.snapshot();
+        let snapshot = registry.snapshot(&crate::policy::PolicySet::built_in(&Default::default()));
         let entry = snapshot.lookup("m", Capability::Llm).expect("listed");
         assert_eq!(entry.healthy_agents, 1);
         assert!(snapshot.lookup("m", Capability::Embedding).is_none());
         let events = registry.tunnel_down(agent, 1, now);
         assert!(matches!(events[0], Event::AgentDown { .. }));
-        assert!(registry.snapshot().lookup("m", Capability::Llm).is_none());
+        assert!(
+            registry
+                .snapshot(&crate::policy::PolicySet::built_in(&Default::default()))
+                .lookup("m", Capability::Llm)
+                .is_none()
+        );
     }
 
     #[test]

@@ -47,8 +47,8 @@ pub struct ModelEntry {
     pub owner_shard: usize,
     /// Agents registered and routable for this model right now.
     pub healthy_agents: u32,
-    /// The admission gates of the model's effective policy.
-    pub admission: std::sync::Arc<crate::admission::AdmissionPolicy>,
+    /// The model's effective routing and admission policy.
+    pub policy: std::sync::Arc<crate::policy::ModelPolicy>,
 }
 
 #[derive(Debug, Default)]

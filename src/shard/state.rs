@@ -15,13 +15,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::admission::Reason;
 use crate::admission::occupancy::{Ask, Footprint, Limits, Pool, Refusal, Verdict};
-use crate::admission::{AdmissionPolicy, Reason};
 use crate::auth::admin::AdminAccess;
 use crate::auth::keys::KeyRegistry;
 use crate::auth::keys::{KeyId, KeyRecord, TenantId};
 use crate::limits::{Admission, BurstSeconds, Day, Delivery, Millis, ModelContext, Usage};
 use crate::metrics::ShardMetrics;
+use crate::policy::ModelPolicy;
 use crate::routing::{Acquire, AgentId, ModelRoutes, Ticket};
 use crate::shard::mesh::Endpoint;
 use crate::shard::messages::{ControlToShard, Decision, ShardToControl, ShardToShard};
@@ -102,14 +103,14 @@ pub struct PoolAsk {
     pub key: KeyId,
     /// The key's `max_occupancy_share` when the model is serverless; 0 otherwise.
     pub share: f64,
-    pub policy: Arc<AdmissionPolicy>,
+    pub policy: Arc<ModelPolicy>,
 }
 
 /// A pool admission on its way to the owner.
 #[derive(Debug, Clone)]
 pub struct PoolRequest {
     pub ask: Ask,
-    pub policy: Arc<AdmissionPolicy>,
+    pub policy: Arc<ModelPolicy>,
     /// Park until then when B2 does not fit; `None`: refuse at once (park timeout 0).
     pub park_until: Option<Instant>,
 }
@@ -126,7 +127,7 @@ pub enum OccupancyUpdate {
 /// One model's occupancy on its owner, with the latest policy seen for it.
 struct OwnedPool {
     pool: Pool,
-    policy: Arc<AdmissionPolicy>,
+    policy: Arc<ModelPolicy>,
     /// Parked tickets, and whether each asked for a slot as well.
     parked_for_slot: HashMap<Ticket, bool>,
 }
@@ -421,12 +422,19 @@ impl Shard {
         slot: bool,
     ) -> Option<Decision> {
         if let Some(request) = pool {
+            // B3: the pool's averaged engine signals against `shed_if`; missing signals pass.
+            if !request.policy.shed_if.is_empty()
+                && request.policy.shed_if.fails(&self.pool_signals(model))
+            {
+                self.count_rejection(model, Reason::B3);
+                return Some(Decision::Shed);
+            }
             let now = self.now_millis();
             let healthy = self.healthy_agents(model);
             let limits = Limits::new(
                 self.settings.admit_fraction,
                 request.policy.admit_budget_tokens,
-                request.policy.max_inflight,
+                u64::from(request.policy.max_inflight),
                 healthy,
             );
             let park_until = request.park_until.map(|until| self.millis_at(until));
@@ -489,6 +497,22 @@ impl Shard {
         Some(decision)
     }
 
+    /// The model's engine signals averaged over its agents, for B3.
+    fn pool_signals(&self, model: ModelId) -> crate::policy::Signals {
+        let engine = self
+            .routes
+            .borrow()
+            .get(&model)
+            .map(|routes| routes.pool_signals())
+            .unwrap_or_default();
+        crate::policy::Signals {
+            kv_cache_utilization: engine.kv_cache_utilization,
+            running_requests: engine.running_requests,
+            waiting_requests: engine.waiting_requests,
+            ..crate::policy::Signals::default()
+        }
+    }
+
     fn healthy_agents(&self, model: ModelId) -> u32 {
         self.routes
             .borrow()
@@ -496,11 +520,11 @@ impl Shard {
             .map_or(0, |routes| routes.agent_count() as u32)
     }
 
-    fn pool_limits(&self, model: ModelId, policy: &AdmissionPolicy) -> Limits {
+    fn pool_limits(&self, model: ModelId, policy: &ModelPolicy) -> Limits {
         Limits::new(
             self.settings.admit_fraction,
             policy.admit_budget_tokens,
-            policy.max_inflight,
+            u64::from(policy.max_inflight),
             self.healthy_agents(model),
         )
     }
