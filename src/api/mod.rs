@@ -33,6 +33,7 @@ use crate::http::request::Method;
 use crate::limits::{Estimate, ModelContext};
 use crate::metrics::ShardMetrics;
 use crate::shard::quotas::{Charge, has_token_phase};
+use crate::routing::Ask as RouteAsk;
 use crate::shard::snapshot::Capability;
 use crate::shard::state::{Admit, PoolAsk, QuotaHold, QuotaRefusal, RouteError, Shard};
 use sink::{ClientGone, Sink};
@@ -277,7 +278,7 @@ async fn infer<S: Sink>(
     }
     // Phase 6: an agent slot. A refusal here drops `quota`, which gives its charges back.
     let acquired = sink
-        .until_client_gone(shard.acquire(model, deadline, admit))
+        .until_client_gone(shard.acquire(model, deadline, admit, RouteAsk::default()))
         .await;
     let slot = match acquired {
         None => {

@@ -137,12 +137,14 @@ impl ControlShared {
                     agent,
                     models,
                     capacity,
+                    profile,
                 } => {
                     tracing::info!(session = agent.0, "agent joined the routing pool");
                     self.broadcast(|| ControlToShard::AgentUp {
                         agent,
                         models: models.clone(),
                         capacity,
+                        profile: profile.clone(),
                     });
                 }
                 Event::AgentDown { agent, models } => {

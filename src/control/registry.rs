@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::routing::{AgentId, EngineSignals};
+use crate::routing::{AgentId, AgentProfile, EngineSignals};
 use crate::shard::snapshot::{Capability, ModelEntry, ModelId, RoutingSnapshot};
 use crate::shard::state::owner_of_model;
 
@@ -35,6 +35,7 @@ pub enum Event {
         agent: AgentId,
         models: Arc<[ModelId]>,
         capacity: u32,
+        profile: Arc<AgentProfile>,
     },
     AgentDown {
         agent: AgentId,
@@ -373,11 +374,20 @@ impl Registry {
         }
         record.routable = should_route;
         if should_route {
-            let capacity = record.registration.as_ref().map_or(0, |r| r.capacity);
+            let registration = record.registration.as_ref();
+            let capacity = registration.map_or(0, |r| r.capacity);
+            let profile = Arc::new(registration.map_or_else(AgentProfile::default, |r| {
+                AgentProfile {
+                    engine: r.engine.as_str().into(),
+                    region: r.region.as_str().into(),
+                    tags: r.tags.clone().into_boxed_slice(),
+                }
+            }));
             events.push(Event::AgentUp {
                 agent,
                 models: record.models.clone(),
                 capacity,
+                profile,
             });
             if record.in_flight > 0 || record.engine != EngineSignals::default() {
                 events.push(Event::Signal {

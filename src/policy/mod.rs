@@ -43,6 +43,7 @@ pub mod dir;
 pub mod document;
 pub mod gates;
 pub mod matching;
+pub mod routing;
 pub mod set;
 
 pub use compile::{

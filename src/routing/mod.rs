@@ -15,8 +15,18 @@
 //! keep the slot looking busy until the next signal. We therefore refresh it with our own changes
 //! since the report: `others = reported - own at report time` (other routers' share, clamped at 0) and
 //! `load = max(reported_refreshed, own) = own + others`. With one router this is exactly `own`.
+//!
+//! Steps: a model's policy has a primary step and fallback steps, each a filter over the agents
+//! ([`StepFilter`], the policy's `match` and `exclude_if`). A request takes the first step, from
+//! where it starts, that has an eligible agent: a free one is granted at once; when every eligible
+//! agent is full the request waits in the queue for that step, and when the queue is full it moves
+//! on to the next step. A waiter is granted the least-loaded agent its step allows (and its
+//! exclusions, the agents that already failed it) as soon as one has room; waiters that cannot
+//! use a free agent do not block those behind them that can.
 
 use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
 
 /// Dense agent index assigned by the control core; stable for the life of an agent session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -38,10 +48,63 @@ pub struct EngineSignals {
     pub waiting_requests: Option<f64>,
 }
 
+/// What an agent registered: the static facts a step's `match` reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentProfile {
+    pub engine: Box<str>,
+    pub region: Box<str>,
+    pub tags: Box<[String]>,
+}
+
+/// What a step filter sees of one candidate agent.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidate<'a> {
+    pub profile: &'a AgentProfile,
+    pub engine: &'a EngineSignals,
+    /// Requests on the agent (ours and other routers') over its declared capacity.
+    pub capacity_utilization: f64,
+}
+
+/// A model's routing steps (the policy's primary step, then its fallback chain).
+pub trait StepFilter: Send + Sync {
+    /// At least one.
+    fn step_count(&self) -> usize;
+    /// Whether step `step` may route to this candidate.
+    fn allows(&self, step: usize, candidate: &Candidate<'_>) -> bool;
+}
+
+/// One step that allows every agent: the routing of a model without a policy.
+pub struct AnyAgent;
+
+impl StepFilter for AnyAgent {
+    fn step_count(&self) -> usize {
+        1
+    }
+
+    fn allows(&self, _step: usize, _candidate: &Candidate<'_>) -> bool {
+        true
+    }
+}
+
+/// A slot granted on an agent, and the step that chose it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub agent: AgentId,
+    pub step: u8,
+}
+
+/// Where a request starts looking, and the agents it must not get again (they failed it in this
+/// step).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ask {
+    pub start_step: u8,
+    pub excluded: Box<[AgentId]>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Acquire {
     /// A slot on this agent is now held for the ticket; release it exactly once.
-    Granted(AgentId),
+    Granted(Grant),
     /// Every agent is full; the ticket waits in the capacity queue.
     Queued,
     /// Every agent is full and the queue is at `queue_depth` (or queueing is off).
@@ -65,6 +128,7 @@ struct AgentLoad {
     /// Other routers' requests on this agent: its last report minus our own count at that moment.
     others_in_flight: u32,
     engine: EngineSignals,
+    profile: Arc<AgentProfile>,
 }
 
 impl AgentLoad {
@@ -75,15 +139,45 @@ impl AgentLoad {
     fn has_room(&self) -> bool {
         self.own_in_flight < self.capacity && self.load() < self.capacity
     }
+
+    fn candidate(&self) -> Candidate<'_> {
+        Candidate {
+            profile: &self.profile,
+            engine: &self.engine,
+            capacity_utilization: if self.capacity == 0 {
+                1.0
+            } else {
+                f64::from(self.load()) / f64::from(self.capacity)
+            },
+        }
+    }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
+struct Waiter {
+    ticket: Ticket,
+    step: u8,
+    excluded: Box<[AgentId]>,
+}
+
 pub struct ModelRoutes {
     agents: Vec<AgentLoad>,
-    queue: VecDeque<Ticket>,
+    queue: VecDeque<Waiter>,
     queue_depth: usize,
     /// Rotates the starting point among equally loaded agents so ties spread evenly.
     next_tie_break: usize,
+    steps: Arc<dyn StepFilter>,
+}
+
+impl fmt::Debug for ModelRoutes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ModelRoutes")
+            .field("agents", &self.agents)
+            .field("queue", &self.queue)
+            .field("queue_depth", &self.queue_depth)
+            .field("steps", &self.steps.step_count())
+            .finish()
+    }
 }
 
 impl ModelRoutes {
@@ -93,7 +187,19 @@ impl ModelRoutes {
             queue: VecDeque::new(),
             queue_depth,
             next_tie_break: 0,
+            steps: Arc::new(AnyAgent),
         }
+    }
+
+    /// The model's steps changed (a new policy): waiters keep their step index, clamped to the
+    /// new chain, and whoever fits now is granted.
+    pub fn set_steps(&mut self, steps: Arc<dyn StepFilter>) -> Vec<(Ticket, Grant)> {
+        let last = steps.step_count().saturating_sub(1).min(usize::from(u8::MAX)) as u8;
+        for waiter in &mut self.queue {
+            waiter.step = waiter.step.min(last);
+        }
+        self.steps = steps;
+        self.drain_queue()
     }
 
     // ----- queries -----
@@ -124,15 +230,24 @@ impl ModelRoutes {
 
     /// Adds the agent, or updates its capacity when it registers again. Newly free capacity is
     /// handed to waiting tickets, returned as grants to deliver.
-    pub fn agent_up(&mut self, agent: AgentId, capacity: u32) -> Vec<(Ticket, AgentId)> {
+    pub fn agent_up(
+        &mut self,
+        agent: AgentId,
+        capacity: u32,
+        profile: Arc<AgentProfile>,
+    ) -> Vec<(Ticket, Grant)> {
         match self.find(agent) {
-            Some(index) => self.agents[index].capacity = capacity,
+            Some(index) => {
+                self.agents[index].capacity = capacity;
+                self.agents[index].profile = profile;
+            }
             None => self.agents.push(AgentLoad {
                 agent,
                 capacity,
                 own_in_flight: 0,
                 others_in_flight: 0,
                 engine: EngineSignals::default(),
+                profile,
             }),
         }
         self.drain_queue()
@@ -145,7 +260,7 @@ impl ModelRoutes {
             self.agents.swap_remove(index);
         }
         if self.agents.is_empty() {
-            self.queue.drain(..).collect()
+            self.queue.drain(..).map(|waiter| waiter.ticket).collect()
         } else {
             Vec::new()
         }
@@ -158,7 +273,7 @@ impl ModelRoutes {
         agent: AgentId,
         reported_in_flight: u32,
         engine: EngineSignals,
-    ) -> Vec<(Ticket, AgentId)> {
+    ) -> Vec<(Ticket, Grant)> {
         if let Some(index) = self.find(agent) {
             let load = &mut self.agents[index];
             load.others_in_flight = reported_in_flight.saturating_sub(load.own_in_flight);
@@ -195,26 +310,48 @@ impl ModelRoutes {
         }
     }
 
-    /// Least-loaded agent with room, else the queue.
+    /// Least-loaded agent with room from the first step, else the queue.
     pub fn acquire(&mut self, ticket: Ticket) -> Acquire {
+        self.acquire_from(ticket, &Ask::default())
+    }
+
+    /// Least-loaded eligible agent with room, from `ask.start_step` on (see the module doc).
+    pub fn acquire_from(&mut self, ticket: Ticket, ask: &Ask) -> Acquire {
         if self.agents.is_empty() {
             return Acquire::NoAgents;
         }
-        // Waiters are served first: a new request never overtakes the queue.
-        if self.queue.is_empty()
-            && let Some(agent) = self.take_least_loaded()
-        {
-            return Acquire::Granted(agent);
+        let steps = self.steps.step_count().min(usize::from(u8::MAX) + 1);
+        let mut any_eligible = false;
+        for step in usize::from(ask.start_step)..steps {
+            let step = step as u8;
+            if !self.any_eligible(step, &ask.excluded) {
+                continue;
+            }
+            any_eligible = true;
+            // Waiters are served first: a new request never overtakes the queue.
+            if self.queue.is_empty()
+                && let Some(agent) = self.take_least_loaded(step, &ask.excluded)
+            {
+                return Acquire::Granted(Grant { agent, step });
+            }
+            if self.queue.len() < self.queue_depth {
+                self.queue.push_back(Waiter {
+                    ticket,
+                    step,
+                    excluded: ask.excluded.clone(),
+                });
+                return Acquire::Queued;
+            }
         }
-        if self.queue.len() >= self.queue_depth {
-            return Acquire::QueueFull;
+        if any_eligible {
+            Acquire::QueueFull
+        } else {
+            Acquire::NoAgents
         }
-        self.queue.push_back(ticket);
-        Acquire::Queued
     }
 
     /// Returns a slot. The freed capacity goes to the head of the queue first.
-    pub fn release(&mut self, agent: AgentId) -> Vec<(Ticket, AgentId)> {
+    pub fn release(&mut self, agent: AgentId) -> Vec<(Ticket, Grant)> {
         if let Some(index) = self.find(agent) {
             let load = &mut self.agents[index];
             assert!(
@@ -229,7 +366,7 @@ impl ModelRoutes {
     /// Removes a waiting ticket (its request timed out or its client left). False when the ticket
     /// is no longer queued: it was granted already, and its grant must then be released.
     pub fn cancel(&mut self, ticket: Ticket) -> bool {
-        match self.queue.iter().position(|queued| *queued == ticket) {
+        match self.queue.iter().position(|queued| queued.ticket == ticket) {
             Some(index) => {
                 self.queue.remove(index);
                 true
@@ -244,14 +381,24 @@ impl ModelRoutes {
         self.agents.iter().position(|load| load.agent == agent)
     }
 
-    fn take_least_loaded(&mut self) -> Option<AgentId> {
+    fn eligible(&self, load: &AgentLoad, step: u8, excluded: &[AgentId]) -> bool {
+        !excluded.contains(&load.agent) && self.steps.allows(usize::from(step), &load.candidate())
+    }
+
+    fn any_eligible(&self, step: u8, excluded: &[AgentId]) -> bool {
+        self.agents
+            .iter()
+            .any(|load| self.eligible(load, step, excluded))
+    }
+
+    fn take_least_loaded(&mut self, step: u8, excluded: &[AgentId]) -> Option<AgentId> {
         let count = self.agents.len();
         let start = self.next_tie_break % count.max(1);
         let mut best: Option<(usize, u32)> = None;
         for offset in 0..count {
             let index = (start + offset) % count;
             let candidate = &self.agents[index];
-            if !candidate.has_room() {
+            if !candidate.has_room() || !self.eligible(candidate, step, excluded) {
                 continue;
             }
             let load = candidate.load();
@@ -266,14 +413,24 @@ impl ModelRoutes {
         Some(chosen.agent)
     }
 
-    fn drain_queue(&mut self) -> Vec<(Ticket, AgentId)> {
+    /// Grants every waiter, in order, that an agent with room may serve.
+    fn drain_queue(&mut self) -> Vec<(Ticket, Grant)> {
         let mut grants = Vec::new();
-        while !self.queue.is_empty() {
-            let Some(agent) = self.take_least_loaded() else {
-                break;
-            };
-            let ticket = self.queue.pop_front().expect("queue checked non-empty");
-            grants.push((ticket, agent));
+        let mut index = 0;
+        while index < self.queue.len() && self.agents.iter().any(AgentLoad::has_room) {
+            let step = self.queue[index].step;
+            // Moved out for the call (the queue and the agents are both `self`), then put back.
+            let excluded = std::mem::take(&mut self.queue[index].excluded);
+            match self.take_least_loaded(step, &excluded) {
+                Some(agent) => {
+                    let waiter = self.queue.remove(index).expect("index checked");
+                    grants.push((waiter.ticket, Grant { agent, step }));
+                }
+                None => {
+                    self.queue[index].excluded = excluded;
+                    index += 1;
+                }
+            }
         }
         grants
     }
@@ -288,6 +445,21 @@ mod tests {
         Ticket { shard: 0, sequence }
     }
 
+    fn grant(agent: u32) -> Grant {
+        Grant {
+            agent: AgentId(agent),
+            step: 0,
+        }
+    }
+
+    fn granted(agent: u32) -> Acquire {
+        Acquire::Granted(grant(agent))
+    }
+
+    fn up(routes: &mut ModelRoutes, agent: u32, capacity: u32) -> Vec<(Ticket, Grant)> {
+        routes.agent_up(AgentId(agent), capacity, Arc::new(AgentProfile::default()))
+    }
+
     #[test]
     fn no_agents_refuses() {
         let mut routes = ModelRoutes::new(4);
@@ -297,12 +469,12 @@ mod tests {
     #[test]
     fn spreads_ties_and_respects_capacity() {
         let mut routes = ModelRoutes::new(1);
-        routes.agent_up(AgentId(1), 2);
-        routes.agent_up(AgentId(2), 2);
+        up(&mut routes, 1, 2);
+        up(&mut routes, 2, 2);
         let mut granted = Vec::new();
         for sequence in 0..4 {
             match routes.acquire(ticket(sequence)) {
-                Acquire::Granted(agent) => granted.push(agent),
+                Acquire::Granted(grant) => granted.push(grant.agent),
                 other => panic!("unexpected {other:?}"),
             }
         }
@@ -313,48 +485,48 @@ mod tests {
         );
         assert_eq!(routes.acquire(ticket(5)), Acquire::Queued);
         assert_eq!(routes.acquire(ticket(6)), Acquire::QueueFull);
-        assert_eq!(routes.release(AgentId(2)), vec![(ticket(5), AgentId(2))]);
+        assert_eq!(routes.release(AgentId(2)), vec![(ticket(5), grant(2))]);
     }
 
     #[test]
     fn zero_queue_depth_never_queues() {
         let mut routes = ModelRoutes::new(0);
-        routes.agent_up(AgentId(1), 1);
-        assert_eq!(routes.acquire(ticket(1)), Acquire::Granted(AgentId(1)));
+        up(&mut routes, 1, 1);
+        assert_eq!(routes.acquire(ticket(1)), granted(1));
         assert_eq!(routes.acquire(ticket(2)), Acquire::QueueFull);
     }
 
     #[test]
     fn reported_load_from_other_routers_counts() {
         let mut routes = ModelRoutes::new(0);
-        routes.agent_up(AgentId(1), 4);
-        routes.agent_up(AgentId(2), 4);
+        up(&mut routes, 1, 4);
+        up(&mut routes, 2, 4);
         // Agent 1 reports 3 requests from other routers; we hold none there.
         routes.signal(AgentId(1), 3, EngineSignals::default());
-        assert_eq!(routes.acquire(ticket(1)), Acquire::Granted(AgentId(2)));
-        assert_eq!(routes.acquire(ticket(2)), Acquire::Granted(AgentId(2)));
-        assert_eq!(routes.acquire(ticket(3)), Acquire::Granted(AgentId(2)));
-        assert_eq!(routes.acquire(ticket(4)), Acquire::Granted(AgentId(1)));
+        assert_eq!(routes.acquire(ticket(1)), granted(2));
+        assert_eq!(routes.acquire(ticket(2)), granted(2));
+        assert_eq!(routes.acquire(ticket(3)), granted(2));
+        assert_eq!(routes.acquire(ticket(4)), granted(1));
         // Agent 1 is now at 3 others + 1 own = capacity.
-        assert_eq!(routes.acquire(ticket(5)), Acquire::Granted(AgentId(2)));
+        assert_eq!(routes.acquire(ticket(5)), granted(2));
         assert_eq!(routes.acquire(ticket(6)), Acquire::QueueFull);
     }
 
     #[test]
     fn own_release_frees_a_slot_before_the_next_report() {
         let mut routes = ModelRoutes::new(1);
-        routes.agent_up(AgentId(1), 1);
-        assert_eq!(routes.acquire(ticket(1)), Acquire::Granted(AgentId(1)));
+        up(&mut routes, 1, 1);
+        assert_eq!(routes.acquire(ticket(1)), granted(1));
         routes.signal(AgentId(1), 1, EngineSignals::default()); // the report includes our own request
         assert_eq!(routes.acquire(ticket(2)), Acquire::Queued);
-        assert_eq!(routes.release(AgentId(1)), vec![(ticket(2), AgentId(1))]);
+        assert_eq!(routes.release(AgentId(1)), vec![(ticket(2), grant(1))]);
     }
 
     #[test]
     fn cancel_and_agent_loss() {
         let mut routes = ModelRoutes::new(2);
-        routes.agent_up(AgentId(1), 1);
-        assert_eq!(routes.acquire(ticket(1)), Acquire::Granted(AgentId(1)));
+        up(&mut routes, 1, 1);
+        assert_eq!(routes.acquire(ticket(1)), granted(1));
         assert_eq!(routes.acquire(ticket(2)), Acquire::Queued);
         assert_eq!(routes.acquire(ticket(3)), Acquire::Queued);
         assert!(routes.cancel(ticket(2)));
@@ -389,13 +561,13 @@ mod tests {
         fn accounting_returns_to_zero(steps in proptest::collection::vec(step(), 1..200)) {
             let mut routes = ModelRoutes::new(3);
             for agent in 0..3 {
-                routes.agent_up(AgentId(agent), 2);
+                up(&mut routes, agent, 2);
             }
             let mut held: Vec<AgentId> = Vec::new();
             let mut queued: Vec<Ticket> = Vec::new();
             let mut sequence = 0;
-            let take = |grants: Vec<(Ticket, AgentId)>, held: &mut Vec<AgentId>, queued: &mut Vec<Ticket>| {
-                for (ticket, agent) in grants {
+            let take = |grants: Vec<(Ticket, Grant)>, held: &mut Vec<AgentId>, queued: &mut Vec<Ticket>| {
+                for (ticket, Grant { agent, .. }) in grants {
                     let index = queued.iter().position(|queued| *queued == ticket).expect("granted ticket was queued");
                     queued.remove(index);
                     held.push(agent);
@@ -406,7 +578,7 @@ mod tests {
                     Step::Acquire => {
                         sequence += 1;
                         match routes.acquire(ticket(sequence)) {
-                            Acquire::Granted(agent) => held.push(agent),
+                            Acquire::Granted(grant) => held.push(grant.agent),
                             Acquire::Queued => queued.push(ticket(sequence)),
                             Acquire::QueueFull | Acquire::NoAgents => {}
                         }

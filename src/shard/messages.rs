@@ -20,6 +20,7 @@ pub enum ControlToShard {
         agent: AgentId,
         models: Arc<[ModelId]>,
         capacity: u32,
+        profile: Arc<crate::routing::AgentProfile>,
     },
     /// The agent left the pool (session ended, heartbeat lost or a tunnel dropped).
     AgentDown {
@@ -85,7 +86,7 @@ pub struct AdminReply {
 /// What a model's owner finally answers to an acquire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
-    Granted(AgentId),
+    Granted(crate::routing::Grant),
     /// The pool gates passed and occupancy is reserved under the ticket (no slot asked for yet).
     Reserved,
     QueueFull,
@@ -122,7 +123,8 @@ pub enum ShardToShard {
         ticket: Ticket,
         model: ModelId,
         pool: Option<crate::shard::state::PoolRequest>,
-        slot: bool,
+        /// `Some`: find a slot, from this step on, avoiding these agents.
+        slot: Option<crate::routing::Ask>,
     },
     /// Requester -> owner: the request gave up waiting (timeout, client left); whatever the
     /// ticket holds or waits for at the owner goes.

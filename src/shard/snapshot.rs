@@ -56,6 +56,8 @@ pub struct RoutingSnapshot {
     /// Registry version this snapshot was built from (monotonic).
     pub version: u64,
     by_name: HashMap<Box<str>, [Option<ModelEntry>; 3]>,
+    /// Each model's effective policy, by id (the owner shard's view of its models).
+    policies: HashMap<ModelId, std::sync::Arc<crate::policy::ModelPolicy>>,
     /// `GET /v1/models` response body.
     pub models_body: Bytes,
     /// Each model's entry of that body, for keys that may see only some models.
@@ -70,12 +72,15 @@ impl RoutingSnapshot {
     ) -> RoutingSnapshot {
         let models_body = Self::render(listing.iter().map(|(_, entry)| entry));
         let mut by_name: HashMap<Box<str>, [Option<ModelEntry>; 3]> = HashMap::new();
+        let mut policies = HashMap::new();
         for (name, capability, entry) in entries {
+            policies.insert(entry.id, entry.policy.clone());
             by_name.entry(name).or_default()[capability as usize] = Some(entry);
         }
         RoutingSnapshot {
             version,
             by_name,
+            policies,
             models_body,
             listing,
         }
@@ -111,10 +116,16 @@ impl RoutingSnapshot {
             .and_then(|entries| entries[capability as usize].as_ref())
     }
 
+    /// The effective policy of a served model.
+    pub fn policy_of(&self, model: ModelId) -> Option<&Arc<crate::policy::ModelPolicy>> {
+        self.policies.get(&model)
+    }
+
     pub fn empty() -> Arc<RoutingSnapshot> {
         Arc::new(RoutingSnapshot {
             version: 0,
             by_name: HashMap::new(),
+            policies: HashMap::new(),
             models_body: Self::render(std::iter::empty()),
             listing: Vec::new(),
         })

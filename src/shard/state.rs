@@ -23,7 +23,9 @@ use crate::auth::keys::{KeyId, KeyRecord, TenantId};
 use crate::limits::{Admission, BurstSeconds, Day, Delivery, Millis, ModelContext, Usage};
 use crate::metrics::ShardMetrics;
 use crate::policy::ModelPolicy;
-use crate::routing::{Acquire, AgentId, ModelRoutes, Ticket};
+use crate::routing::{
+    Acquire, AgentId, AnyAgent, Ask as RouteAsk, Grant, ModelRoutes, StepFilter, Ticket,
+};
 use crate::shard::mesh::Endpoint;
 use crate::shard::messages::{ControlToShard, Decision, ShardToControl, ShardToShard};
 use crate::shard::quotas::{Admitted, Charge, Quotas, Release};
@@ -128,8 +130,8 @@ pub enum OccupancyUpdate {
 struct OwnedPool {
     pool: Pool,
     policy: Arc<ModelPolicy>,
-    /// Parked tickets, and whether each asked for a slot as well.
-    parked_for_slot: HashMap<Ticket, bool>,
+    /// Parked tickets, and the slot each asked for as well (`None`: a reservation only).
+    parked_for_slot: HashMap<Ticket, Option<RouteAsk>>,
 }
 
 /// The admission gauges of one model this shard owns.
@@ -273,6 +275,7 @@ impl Shard {
         model: &ModelEntry,
         deadline: Instant,
         admit: Admit,
+        route: RouteAsk,
     ) -> Result<Slot, RouteError> {
         let (ticket, pool, reservation) = match admit {
             Admit::Direct => (self.new_ticket(), None, None),
@@ -284,10 +287,10 @@ impl Shard {
         };
         let reserved = pool.is_some() || reservation.is_some();
         let decision = self
-            .visit_owner(model.id, ticket, pool, true, deadline)
+            .visit_owner(model.id, ticket, pool, Some(route), deadline)
             .await?;
         match decision {
-            Decision::Granted(agent) => {
+            Decision::Granted(grant) => {
                 // The slot now answers for the reservation too.
                 if let Some(mut reservation) = reservation {
                     reservation.armed = false;
@@ -295,7 +298,8 @@ impl Shard {
                 Ok(Slot {
                     shard: self.clone(),
                     model: model.id,
-                    agent,
+                    agent: grant.agent,
+                    step: grant.step,
                     ticket,
                     reserved,
                 })
@@ -315,7 +319,7 @@ impl Shard {
         let ticket = self.new_ticket();
         let pool = self.pool_request(ticket, ask, deadline);
         match self
-            .visit_owner(model.id, ticket, Some(pool), false, deadline)
+            .visit_owner(model.id, ticket, Some(pool), None, deadline)
             .await?
         {
             Decision::Reserved => Ok(Reservation {
@@ -358,12 +362,12 @@ impl Shard {
         model: ModelId,
         ticket: Ticket,
         pool: Option<PoolRequest>,
-        slot: bool,
+        slot: Option<RouteAsk>,
         deadline: Instant,
     ) -> Result<Decision, RouteError> {
         let owner = owner_of_model(model, self.count);
         if owner == self.id
-            && let Some(decision) = self.admit_at_owner(ticket, model, pool.clone(), slot)
+            && let Some(decision) = self.admit_at_owner(ticket, model, pool.clone(), slot.clone())
         {
             return Ok(decision);
         }
@@ -419,7 +423,7 @@ impl Shard {
         ticket: Ticket,
         model: ModelId,
         pool: Option<PoolRequest>,
-        slot: bool,
+        slot: Option<RouteAsk>,
     ) -> Option<Decision> {
         if let Some(request) = pool {
             // B3: the pool's averaged engine signals against `shed_if`; missing signals pass.
@@ -448,7 +452,7 @@ impl Shard {
                 owned.policy = request.policy;
                 let verdict = owned.pool.admit(now, &limits, request.ask, park_until);
                 if verdict == Verdict::Parked {
-                    owned.parked_for_slot.insert(ticket, slot);
+                    owned.parked_for_slot.insert(ticket, slot.clone());
                 }
                 verdict
             };
@@ -469,20 +473,20 @@ impl Shard {
                 }
             }
         }
-        if !slot {
-            return Some(Decision::Reserved);
+        match slot {
+            None => Some(Decision::Reserved),
+            Some(route) => self.slot_at_owner(ticket, model, &route),
         }
-        self.slot_at_owner(ticket, model)
     }
 
     /// The capacity part at the owner, for a ticket that passed (or skipped) the pool gates.
-    fn slot_at_owner(&self, ticket: Ticket, model: ModelId) -> Option<Decision> {
+    fn slot_at_owner(&self, ticket: Ticket, model: ModelId, route: &RouteAsk) -> Option<Decision> {
         let acquired = match self.routes.borrow_mut().get_mut(&model) {
-            Some(routes) => routes.acquire(ticket),
+            Some(routes) => routes.acquire_from(ticket, route),
             None => Acquire::NoAgents,
         };
         let decision = match acquired {
-            Acquire::Granted(agent) => Decision::Granted(agent),
+            Acquire::Granted(grant) => Decision::Granted(grant),
             Acquire::Queued => {
                 // Counted where the queue is: on the owner shard.
                 ShardMetrics::add(&self.metrics.queued_total, 1);
@@ -547,7 +551,7 @@ impl Shard {
                 .admit_parked(now, &limits)
                 .into_iter()
                 .map(|(ticket, result)| {
-                    let slot = owned.parked_for_slot.remove(&ticket).unwrap_or(true);
+                    let slot = owned.parked_for_slot.remove(&ticket).flatten();
                     (ticket, result, slot)
                 })
                 .collect::<Vec<_>>()
@@ -558,8 +562,10 @@ impl Shard {
                     self.count_rejection(model, Reason::B4Occupancy);
                     Some(Decision::KeyShare)
                 }
-                Ok(()) if !slot => Some(Decision::Reserved),
-                Ok(()) => self.slot_at_owner(ticket, model),
+                Ok(()) => match slot {
+                    None => Some(Decision::Reserved),
+                    Some(route) => self.slot_at_owner(ticket, model, &route),
+                },
             };
             if let Some(decision) = decision {
                 self.decide(model, ticket, decision);
@@ -720,9 +726,17 @@ impl Shard {
     }
 
     /// Hands grants made by this shard (as owner) to their requesters.
-    fn deliver(&self, model: ModelId, grants: Vec<(Ticket, AgentId)>) {
-        for (ticket, agent) in grants {
-            self.decide(model, ticket, Decision::Granted(agent));
+    fn deliver(&self, model: ModelId, grants: Vec<(Ticket, Grant)>) {
+        for (ticket, grant) in grants {
+            self.decide(model, ticket, Decision::Granted(grant));
+        }
+    }
+
+    /// The routing steps of `model` under the current snapshot's policy.
+    fn steps_of(&self, model: ModelId) -> Arc<dyn StepFilter> {
+        match self.snapshot.borrow().policy_of(model) {
+            Some(policy) => policy.clone(),
+            None => Arc::new(AnyAgent),
         }
     }
 
@@ -755,7 +769,7 @@ impl Shard {
             sequence,
         };
         match undelivered {
-            Some(Decision::Granted(agent)) => self.release(model, agent, ticket),
+            Some(Decision::Granted(grant)) => self.release(model, grant.agent, ticket),
             Some(Decision::Reserved) => self.release_reservation(model, ticket),
             _ => {}
         }
@@ -1045,22 +1059,42 @@ impl Shard {
 
     fn on_control(self: &Rc<Self>, message: ControlToShard) {
         match message {
-            ControlToShard::Snapshot(snapshot) => *self.snapshot.borrow_mut() = snapshot,
+            ControlToShard::Snapshot(snapshot) => {
+                *self.snapshot.borrow_mut() = snapshot;
+                // Policies may have changed: every owned model routes by its current steps.
+                let models: Vec<ModelId> = self.routes.borrow().keys().copied().collect();
+                for model in models {
+                    let steps = self.steps_of(model);
+                    let grants = match self.routes.borrow_mut().get_mut(&model) {
+                        Some(routes) => routes.set_steps(steps),
+                        None => Vec::new(),
+                    };
+                    self.deliver(model, grants);
+                }
+            }
             ControlToShard::Keys(keys) => *self.keys.borrow_mut() = keys,
             ControlToShard::AdminAccess(access) => *self.admin_access.borrow_mut() = access,
             ControlToShard::AgentUp {
                 agent,
                 models,
                 capacity,
+                profile,
             } => {
                 for model in self.owned(&models) {
+                    let steps = self.steps_of(model);
                     let grants = self
                         .routes
                         .borrow_mut()
                         .entry(model)
-                        .or_insert_with(|| ModelRoutes::new(self.settings.queue_depth))
-                        .agent_up(agent, capacity);
+                        .or_insert_with(|| {
+                            let mut routes = ModelRoutes::new(self.settings.queue_depth);
+                            let _ = routes.set_steps(steps);
+                            routes
+                        })
+                        .agent_up(agent, capacity, profile.clone());
                     self.deliver(model, grants);
+                    // A new replica raises the pool limits: parked requests may fit.
+                    self.retry_parked(model);
                 }
             }
             ControlToShard::AgentDown { agent, models } => {
@@ -1243,6 +1277,8 @@ pub struct Slot {
     shard: Rc<Shard>,
     pub model: ModelId,
     pub agent: AgentId,
+    /// The policy step that chose the agent (0: the primary `routing_policy`).
+    pub step: u8,
     ticket: Ticket,
     /// The owner holds an occupancy reservation under `ticket`.
     reserved: bool,
