@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::routing::AgentId;
-use crate::shard::snapshot::{Capability, ModelEntry, ModelId, RoutingSnapshot};
+use crate::shard::snapshot::{Capability, ModelEntry, ModelId, ModelKey, RoutingSnapshot};
 use crate::shard::state::owner_of_model;
 
 /// What an agent declared when it registered.
@@ -108,6 +108,17 @@ impl Registry {
         self.model_names
             .get(model.0 as usize)
             .map(|(name, _)| name.as_str())
+    }
+
+    /// The name and capability behind an id: how the disk database names a model (ids are
+    /// this process's own).
+    pub fn model_key(&self, model: ModelId) -> Option<ModelKey> {
+        self.model_names
+            .get(model.0 as usize)
+            .map(|(name, capability)| ModelKey {
+                name: name.as_str().into(),
+                capability: *capability,
+            })
     }
 
     pub fn peer_id(&self, agent: AgentId) -> Option<&str> {

@@ -42,6 +42,10 @@ pub enum ControlToShard {
     /// A `/metrics` scrape: the capacity-queue length of every model this shard owns. Answered
     /// from the shard's inbox, so counting queues costs the request path nothing.
     ReportQueues(tokio::sync::oneshot::Sender<Vec<(ModelId, u32)>>),
+    /// The persistence flush (`HIVENET_ROUTER_QUOTA_BACKEND=badger`, every second): the daily
+    /// totals of this shard's quota holders that changed since the last report. Answered from
+    /// the inbox; a report the control core no longer waits for is kept for the next one.
+    ReportDaily(tokio::sync::oneshot::Sender<Vec<crate::shard::quotas::DailyTotal>>),
 }
 
 /// From a shard to the control core.
