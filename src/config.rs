@@ -80,6 +80,18 @@ pub struct RouterArgs {
     /// A client whose request body stalls this long between reads gets 408 and is disconnected.
     #[arg(long, env = "HIVENET_ROUTER_CLIENT_BODY_TIMEOUT", default_value = "30s", value_parser = duration)]
     pub client_body_timeout: Duration,
+    /// Directory of the router's disk database (one redb file, `crate::disk_db`). Used with
+    /// `HIVENET_ROUTER_QUOTA_BACKEND=badger`: today's daily token totals survive a restart.
+    #[arg(
+        long,
+        env = "HIVENET_ROUTER_DISK_DB_PATH",
+        default_value = "./badger_disk"
+    )]
+    pub disk_db_path: PathBuf,
+    /// Delete the persistent database (the file in `--disk-db-path`) before start-up: today's
+    /// daily totals start from zero. Not a recovery step.
+    #[arg(long)]
+    pub reset_disk_db: bool,
     /// Global routing-policy YAML. Invalid: start-up fails. Reloaded on SIGHUP and on change
     /// unless `--policy-model-dir` is set (then the directory is reloaded instead). Without
     /// either, the built-in `least-loaded` policy applies.
@@ -141,6 +153,8 @@ pub struct EnvSettings {
     /// Which provider-fallback credentials are set (`HIVENET_ROUTER_OPENAI_API_KEY`,
     /// `HIVENET_ROUTER_ANTHROPIC_API_KEY`); a policy naming a provider without its key is refused.
     pub provider_keys: crate::policy::ProviderKeys,
+    /// `HIVENET_ROUTER_QUOTA_BACKEND`.
+    pub quota_backend: QuotaBackend,
 }
 
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 10 * 1024 * 1024;
@@ -202,7 +216,7 @@ impl EnvSettings {
                 ),
             },
         };
-        quota_backend(
+        let quota_backend = quota_backend(
             std::env::var("HIVENET_ROUTER_QUOTA_BACKEND")
                 .ok()
                 .as_deref(),
@@ -236,19 +250,28 @@ impl EnvSettings {
             admit_fraction,
             admit_park_timeout,
             provider_keys,
+            quota_backend,
         })
     }
 }
 
-/// `HIVENET_ROUTER_QUOTA_BACKEND`: only `memory` is built so far. `badger` (today's totals kept
-/// on disk across restarts) is refused rather than silently run in memory, so an operator who
-/// relies on persistence learns at start-up that this build does not have it.
-pub fn quota_backend(value: Option<&str>) -> anyhow::Result<()> {
+/// Where daily token totals live (`HIVENET_ROUTER_QUOTA_BACKEND`, default `memory`). Request
+/// rates are always in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QuotaBackend {
+    /// Lost when the router restarts.
+    #[default]
+    Memory,
+    /// `badger`: also written to the disk database (`--disk-db-path`) every second and at
+    /// shutdown, and restored at start-up. The name is the reference's; the store is redb.
+    Badger,
+}
+
+/// Parses `HIVENET_ROUTER_QUOTA_BACKEND`; unset or empty is `memory`.
+pub fn quota_backend(value: Option<&str>) -> anyhow::Result<QuotaBackend> {
     match value.map(str::trim) {
-        None | Some("") | Some("memory") => Ok(()),
-        Some("badger") => anyhow::bail!(
-            "HIVENET_ROUTER_QUOTA_BACKEND=badger (persistent daily totals) is not available in this build yet; use memory"
-        ),
+        None | Some("") | Some("memory") => Ok(QuotaBackend::Memory),
+        Some("badger") => Ok(QuotaBackend::Badger),
         Some(other) => {
             anyhow::bail!("HIVENET_ROUTER_QUOTA_BACKEND must be memory or badger, got {other:?}")
         }
@@ -273,15 +296,33 @@ mod tests {
 
     #[test]
     fn quota_backends() {
-        assert!(quota_backend(None).is_ok());
-        assert!(quota_backend(Some("memory")).is_ok());
-        assert!(
-            quota_backend(Some("badger"))
-                .unwrap_err()
-                .to_string()
-                .contains("not available")
+        assert_eq!(quota_backend(None).unwrap(), QuotaBackend::Memory);
+        assert_eq!(quota_backend(Some("")).unwrap(), QuotaBackend::Memory);
+        assert_eq!(quota_backend(Some("memory")).unwrap(), QuotaBackend::Memory);
+        assert_eq!(
+            quota_backend(Some(" badger ")).unwrap(),
+            QuotaBackend::Badger
         );
-        assert!(quota_backend(Some("redis")).is_err());
+        assert_eq!(
+            quota_backend(Some("redis")).unwrap_err().to_string(),
+            "HIVENET_ROUTER_QUOTA_BACKEND must be memory or badger, got \"redis\""
+        );
+    }
+
+    #[test]
+    fn disk_db_flags() {
+        let args = RouterArgs::try_parse_from(["hivenet-router"]).unwrap();
+        assert_eq!(args.disk_db_path, PathBuf::from("./badger_disk"));
+        assert!(!args.reset_disk_db);
+        let args = RouterArgs::try_parse_from([
+            "hivenet-router",
+            "--disk-db-path",
+            "/var/lib/router",
+            "--reset-disk-db",
+        ])
+        .unwrap();
+        assert_eq!(args.disk_db_path, PathBuf::from("/var/lib/router"));
+        assert!(args.reset_disk_db);
     }
 
     #[test]

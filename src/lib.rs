@@ -5,7 +5,8 @@
 //! (the thread-per-core data plane and its mesh), `api` (request phases), `routing` (per-model
 //! agent choice and capacity queues, pure), `tunnel` (router <-> agent HTTP/2 over agent-dialed
 //! sockets), `usage` (exact token usage read from responses), `error` (the one place rejections
-//! become HTTP). Around them: `control` (agent gRPC, registry), `metrics`, `agent`, `sim`.
+//! become HTTP). Around them: `control` (agent gRPC, registry, the daily-total flush), `disk_db`
+//! (the router's disk database: daily totals that survive a restart), `metrics`, `agent`, `sim`.
 
 pub mod admission;
 pub mod agent;
@@ -13,6 +14,7 @@ pub mod api;
 pub mod auth;
 pub mod config;
 pub mod control;
+pub mod disk_db;
 pub mod duration;
 pub mod error;
 pub mod http;

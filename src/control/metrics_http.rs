@@ -111,6 +111,18 @@ fn respond(
             "hivenet_policy_reload_total{{trigger=\"{trigger}\",result=\"{result}\"}} {count}"
         );
     }
+    let _ = writeln!(
+        out,
+        "# HELP hivenet_quota_backend_errors_total Failed writes of daily token totals to the disk database (HIVENET_ROUTER_QUOTA_BACKEND=badger)."
+    );
+    let _ = writeln!(out, "# TYPE hivenet_quota_backend_errors_total counter");
+    let _ = writeln!(
+        out,
+        "hivenet_quota_backend_errors_total {}",
+        shared
+            .quota_backend_errors_total
+            .load(std::sync::atomic::Ordering::Relaxed)
+    );
     Response::builder()
         .header("content-type", "text/plain; version=0.0.4")
         .body(Full::new(Bytes::from(out)))

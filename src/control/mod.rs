@@ -5,13 +5,15 @@
 //! Key components: `registry` (pure agent/model state), `service` (gRPC), `tunnel_accept` (the
 //! agent-dialed data sockets), `metrics_http` (`/metrics`), `auth_reload` and `policy_reload`
 //! (`auth.yaml` and routing policies, at start-up and on change), `admin` and `admin_policy` (the
-//! control side of `/admin/*`). [`ControlShared`] is the state they share; its registry lock is
-//! held only for in-memory updates and the non-blocking sends that follow, so shards see registry
-//! events in the order they happened.
+//! control side of `/admin/*`), `daily_flush` (daily totals to the disk database,
+//! `HIVENET_ROUTER_QUOTA_BACKEND=badger`). [`ControlShared`] is the state they share; its registry
+//! lock is held only for in-memory updates and the non-blocking sends that follow, so shards see
+//! registry events in the order they happened.
 
 pub mod admin;
 pub mod admin_policy;
 pub mod auth_reload;
+pub mod daily_flush;
 pub mod metrics_http;
 pub mod policy_reload;
 pub mod registry;
@@ -66,6 +68,8 @@ pub struct ControlShared {
     /// installed only through `policy_reload::commit`. Lock order with the key registries:
     /// `dynamic_keys`, then the policies' static-auth slot, then the policy set.
     pub policies: policy_reload::PolicyControl,
+    /// `hivenet_quota_backend_errors_total`: daily-total flushes that failed.
+    pub quota_backend_errors_total: AtomicU64,
 }
 
 impl ControlShared {
@@ -87,6 +91,7 @@ impl ControlShared {
             sessions: Mutex::new(HashMap::new()),
             next_session: AtomicU64::new(1),
             shard_metrics,
+            quota_backend_errors_total: AtomicU64::new(0),
         }
     }
 
@@ -215,6 +220,26 @@ impl ControlShared {
             }
         }
         reports
+    }
+
+    /// Asks every shard for the daily totals that changed since its last report and waits for
+    /// every answer: a total a shard hands out is no longer its to report, so none is given up
+    /// on. A shard that has stopped answers nothing.
+    pub async fn daily_totals(&self) -> Vec<crate::shard::quotas::DailyTotal> {
+        let mut answers = Vec::with_capacity(self.to_shards.len());
+        for shard in &self.to_shards {
+            let (reply, answer) = oneshot::channel();
+            if shard.send(ControlToShard::ReportDaily(reply)).is_ok() {
+                answers.push(answer);
+            }
+        }
+        let mut totals = Vec::new();
+        for answer in answers {
+            if let Ok(mut reported) = answer.await {
+                totals.append(&mut reported);
+            }
+        }
+        totals
     }
 
     pub fn send_to_shard(&self, shard: usize, message: ControlToShard) {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::routing::{AgentId, AgentProfile, EngineSignals};
-use crate::shard::snapshot::{Capability, ModelEntry, ModelId, RoutingSnapshot};
+use crate::shard::snapshot::{Capability, ModelEntry, ModelId, ModelKey, RoutingSnapshot};
 use crate::shard::state::owner_of_model;
 
 /// What an agent declared when it registered.
@@ -111,6 +111,17 @@ impl Registry {
         self.model_names
             .get(model.0 as usize)
             .map(|(name, _)| name.as_str())
+    }
+
+    /// The name and capability behind an id: how the disk database names a model (ids are
+    /// this process's own).
+    pub fn model_key(&self, model: ModelId) -> Option<ModelKey> {
+        self.model_names
+            .get(model.0 as usize)
+            .map(|(name, capability)| ModelKey {
+                name: name.as_str().into(),
+                capability: *capability,
+            })
     }
 
     pub fn peer_id(&self, agent: AgentId) -> Option<&str> {
@@ -376,13 +387,14 @@ impl Registry {
         if should_route {
             let registration = record.registration.as_ref();
             let capacity = registration.map_or(0, |r| r.capacity);
-            let profile = Arc::new(registration.map_or_else(AgentProfile::default, |r| {
-                AgentProfile {
-                    engine: r.engine.as_str().into(),
-                    region: r.region.as_str().into(),
-                    tags: r.tags.clone().into_boxed_slice(),
-                }
-            }));
+            let profile =
+                Arc::new(
+                    registration.map_or_else(AgentProfile::default, |r| AgentProfile {
+                        engine: r.engine.as_str().into(),
+                        region: r.region.as_str().into(),
+                        tags: r.tags.clone().into_boxed_slice(),
+                    }),
+                );
             events.push(Event::AgentUp {
                 agent,
                 models: record.models.clone(),

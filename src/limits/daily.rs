@@ -16,6 +16,12 @@
 //! correcting the new day for input it never charged would hand out or take tokens that day never
 //! saw). Its output is charged to the day it settles in, because that is when the tokens were
 //! produced and delivered: a stream started at 23:59 does not get its output free.
+//!
+//! Restart (`HIVENET_ROUTER_QUOTA_BACKEND=badger`): the control core persists this router's local
+//! total of each budget ([`DailyBudget::take_changed_total`] hands out a total only when it moved
+//! since it was last handed out) and a restarted router adds the persisted total back with
+//! [`DailyBudget::restore`]. A restored total counts as already reported (the disk holds it) and
+//! is not usage to publish to other routers: it was published before the restart.
 
 use super::{Day, LIMIT_MAX};
 
@@ -30,6 +36,9 @@ pub struct DailyBudget {
     local_tokens: u64,
     /// Net tokens charged here on `day` since the last `take_delta`.
     delta_tokens: i64,
+    /// The `(day, local total)` last handed out by `take_changed_total` or restored: what the
+    /// disk database holds for this budget. Starts at `(day, 0)`, as no record means zero.
+    reported: (Day, u64),
 }
 
 /// What a daily admission charged: the estimated input, on `day`.
@@ -68,6 +77,7 @@ impl DailyBudget {
             used_tokens: 0,
             local_tokens: 0,
             delta_tokens: 0,
+            reported: (day, 0),
         }
     }
 
@@ -195,6 +205,7 @@ impl DailyBudget {
             self.used_tokens = previous.used_tokens;
             self.local_tokens = previous.local_tokens;
             self.delta_tokens = previous.delta_tokens;
+            self.reported = previous.reported;
         }
     }
 
@@ -216,6 +227,40 @@ impl DailyBudget {
         let delta = self.delta_tokens as u64;
         self.delta_tokens = 0;
         (self.day, delta)
+    }
+
+    /// This router's total, when it changed since the last call (or since it was restored): the
+    /// value the disk database must hold for `day`. After midnight the new day's total is handed
+    /// out once it is charged; a new day with nothing charged has nothing to write (no record
+    /// means zero).
+    pub fn take_changed_total(&mut self) -> Option<(Day, u64)> {
+        let current = (self.day, self.local_tokens);
+        if current == self.reported {
+            return None;
+        }
+        let same_day = self.reported.0 == self.day;
+        self.reported = current;
+        (same_day || self.local_tokens > 0).then_some(current)
+    }
+
+    /// Add `tokens` this router charged on `day` before a restart (read back from the disk
+    /// database). Counts against the budget and in the local total, but is no sync delta: other
+    /// routers heard of it before the restart. A total for a day already over is ignored; one for
+    /// a later day starts that day here.
+    pub fn restore(&mut self, day: Day, tokens: u64) {
+        self.roll(day);
+        if day != self.day {
+            return;
+        }
+        let tokens = tokens.min(LIMIT_MAX);
+        self.used_tokens = self.used_tokens.saturating_add(tokens);
+        self.local_tokens = self.local_tokens.saturating_add(tokens);
+        let stored = if self.reported.0 == day {
+            self.reported.1
+        } else {
+            0
+        };
+        self.reported = (day, stored.saturating_add(tokens));
     }
 
     /// Nothing to keep: the budget belongs to a past UTC day, or nothing was used today.
@@ -365,6 +410,96 @@ mod tests {
         router_a.apply_remote(TUESDAY, 5);
         router_a.apply_remote(MONDAY, 500);
         assert_eq!(router_a.used(TUESDAY), 5);
+    }
+
+    #[test]
+    fn changed_total_is_handed_out_once_per_change() {
+        let mut budget = DailyBudget::new(MONDAY, 1000);
+        assert_eq!(budget.take_changed_total(), None, "nothing charged yet");
+        let admission = budget.admit(MONDAY, 300, None).unwrap();
+        assert_eq!(budget.take_changed_total(), Some((MONDAY, 300)));
+        assert_eq!(budget.take_changed_total(), None);
+        budget.settle(MONDAY, admission, 250, 100, false);
+        // The sync delta is independent of what was reported to disk.
+        assert_eq!(budget.take_delta(), (MONDAY, 350));
+        assert_eq!(budget.take_changed_total(), Some((MONDAY, 350)));
+        // A refund back to zero is a change too: the disk must not keep the old total.
+        let admission = budget.admit(MONDAY, 50, None).unwrap();
+        budget.refund(admission);
+        assert_eq!(
+            budget.take_changed_total(),
+            None,
+            "back where it was reported"
+        );
+        let mut refunded = DailyBudget::new(MONDAY, 1000);
+        let admission = refunded.admit(MONDAY, 50, None).unwrap();
+        assert_eq!(refunded.take_changed_total(), Some((MONDAY, 50)));
+        refunded.refund(admission);
+        assert_eq!(refunded.take_changed_total(), Some((MONDAY, 0)));
+    }
+
+    #[test]
+    fn changed_total_across_midnight() {
+        let mut budget = DailyBudget::new(MONDAY, 1000);
+        budget.admit(MONDAY, 400, None).unwrap();
+        assert_eq!(budget.take_changed_total(), Some((MONDAY, 400)));
+        budget.admit(MONDAY, 100, None).unwrap();
+        // Midnight passes before Monday's last change was handed out: Tuesday has nothing to
+        // write until it is charged (Monday's final total is no longer needed by anyone).
+        assert_eq!(budget.remaining(TUESDAY), 1000);
+        budget.admit(TUESDAY, 0, None).unwrap();
+        assert_eq!(budget.take_changed_total(), None);
+        budget.admit(TUESDAY, 70, None).unwrap();
+        assert_eq!(budget.take_changed_total(), Some((TUESDAY, 70)));
+        assert_eq!(budget.take_changed_total(), None);
+    }
+
+    #[test]
+    fn restore_counts_against_today_without_a_sync_delta() {
+        let mut budget = DailyBudget::new(MONDAY, 1000);
+        budget.restore(MONDAY, 600);
+        assert_eq!(budget.used(MONDAY), 600);
+        assert_eq!(budget.remaining(MONDAY), 400);
+        assert_eq!(budget.local_total(), (MONDAY, 600));
+        assert_eq!(
+            budget.take_delta(),
+            (MONDAY, 0),
+            "published before the restart"
+        );
+        assert_eq!(
+            budget.take_changed_total(),
+            None,
+            "the disk holds it already"
+        );
+        budget.admit(MONDAY, 100, None).unwrap();
+        assert_eq!(budget.take_changed_total(), Some((MONDAY, 700)));
+        assert_eq!(budget.take_delta(), (MONDAY, 100));
+        let refused = budget.admit(MONDAY, 301, None).unwrap_err();
+        assert_eq!(refused.remaining, 300);
+    }
+
+    #[test]
+    fn restore_for_a_past_day_is_ignored() {
+        let mut budget = DailyBudget::new(TUESDAY, 1000);
+        budget.restore(MONDAY, 600);
+        assert_eq!(budget.used(TUESDAY), 0);
+        assert_eq!(budget.take_changed_total(), None);
+        // A total for a later day starts that day.
+        let mut budget = DailyBudget::new(MONDAY, 1000);
+        budget.admit(MONDAY, 10, None).unwrap();
+        budget.restore(TUESDAY, 600);
+        assert_eq!(budget.used(TUESDAY), 600);
+        assert_eq!(budget.take_changed_total(), None);
+    }
+
+    #[test]
+    fn reload_keeps_what_was_reported() {
+        let mut budget = DailyBudget::new(MONDAY, 1000);
+        budget.admit(MONDAY, 100, None).unwrap();
+        assert_eq!(budget.take_changed_total(), Some((MONDAY, 100)));
+        let mut reloaded = DailyBudget::new(MONDAY, 2000);
+        reloaded.inherit(&budget);
+        assert_eq!(reloaded.take_changed_total(), None);
     }
 
     proptest! {

@@ -371,6 +371,20 @@ impl KeyLimits {
         }
     }
 
+    /// The daily budget a [`BucketRef::Daily`] names: the flat one (`None`) or a per-model one.
+    /// `None` when the key has no such budget under its current quota.
+    fn daily_bucket_mut(&mut self, model: Option<ModelId>) -> Option<&mut DailyBudget> {
+        match model {
+            None => match &mut self.shape {
+                Shape::Flat { daily, .. } => daily.as_mut(),
+                Shape::PerModel(_) => None,
+            },
+            Some(model) => self
+                .model_limits(model)
+                .and_then(|limits| limits.daily.as_mut()),
+        }
+    }
+
     fn daily_mut(&mut self, model: ModelId) -> Option<&mut DailyBudget> {
         match &mut self.shape {
             Shape::Flat { daily, .. } => daily.as_mut(),
@@ -705,6 +719,44 @@ impl KeyLimits {
         }
     }
 
+    /// Hand every daily budget whose local total changed since the last call to `sink`, as
+    /// (flat `None` or the budget's model, day, total): what the disk database must hold
+    /// (`HIVENET_ROUTER_QUOTA_BACKEND=badger`). Independent of [`KeyLimits::take_deltas`].
+    pub fn take_changed_daily_totals(&mut self, mut sink: impl FnMut(Option<ModelId>, Day, u64)) {
+        match &mut self.shape {
+            Shape::Flat { daily, .. } => {
+                if let Some((day, total)) = daily.as_mut().and_then(DailyBudget::take_changed_total)
+                {
+                    sink(None, day, total);
+                }
+            }
+            Shape::PerModel(models) => {
+                for limits in models.iter_mut() {
+                    if let Some((day, total)) = limits
+                        .daily
+                        .as_mut()
+                        .and_then(DailyBudget::take_changed_total)
+                    {
+                        sink(Some(limits.model), day, total);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Add a total persisted before a restart to the flat daily budget (`model: None`) or a
+    /// per-model one (see [`DailyBudget::restore`]). False when the key has no such budget under
+    /// its current quota: the caller keeps the total for a later rebuild.
+    pub fn restore_daily(&mut self, model: Option<ModelId>, day: Day, tokens: u64) -> bool {
+        match self.daily_bucket_mut(model) {
+            Some(budget) => {
+                budget.restore(day, tokens);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Subtract usage another router published for one of this key's buckets (seed
     /// `run-several-routers.md`, "How it works", step 2). Usage for a bucket this key does not
     /// have (its configuration differs, or the model is unlisted) is ignored.
@@ -725,16 +777,7 @@ impl KeyLimits {
                 }
             }
             BucketRef::Daily { model, day } => {
-                let budget = match model {
-                    None => match &mut self.shape {
-                        Shape::Flat { daily, .. } => daily.as_mut(),
-                        Shape::PerModel(_) => None,
-                    },
-                    Some(model) => self
-                        .model_limits(model)
-                        .and_then(|limits| limits.daily.as_mut()),
-                };
-                if let Some(budget) = budget {
+                if let Some(budget) = self.daily_bucket_mut(model) {
                     budget.apply_remote(day, amount);
                 }
             }
@@ -1078,6 +1121,77 @@ mod tests {
             .admit(Millis(0), MONDAY, &model, estimate(1))
             .unwrap_err();
         assert_eq!(refused.kind, RejectionKind::InputTokenRate);
+    }
+
+    #[test]
+    fn daily_totals_are_walked_and_restored_per_bucket() {
+        let mut key = flat(10, 1000, 0, 0);
+        let model = serverless(CHAT);
+        assert!(key.restore_daily(None, MONDAY, 600));
+        assert!(
+            !key.restore_daily(Some(CHAT), MONDAY, 1),
+            "a flat key has no per-model budget"
+        );
+        let mut totals = Vec::new();
+        key.take_changed_daily_totals(|model, day, total| totals.push((model, day, total)));
+        assert!(totals.is_empty(), "a restored total is on disk already");
+        let admission = key.admit(Millis(0), MONDAY, &model, estimate(100)).unwrap();
+        assert_eq!(admission.remaining_tokens, Some(300));
+        key.take_changed_daily_totals(|model, day, total| totals.push((model, day, total)));
+        assert_eq!(totals, vec![(None, MONDAY, 700)]);
+        // The restored part is not a sync delta.
+        let mut deltas = Vec::new();
+        key.take_deltas(|bucket, amount| deltas.push((bucket, amount)));
+        assert!(deltas.contains(&(
+            BucketRef::Daily {
+                model: None,
+                day: MONDAY
+            },
+            100
+        )));
+
+        let quota = KeyQuota::PerModel(vec![
+            ModelQuota {
+                model: CHAT,
+                requests_per_minute_per_replica: 0,
+                tokens_per_day: 1000,
+            },
+            ModelQuota {
+                model: EMBED,
+                requests_per_minute_per_replica: 0,
+                tokens_per_day: 500,
+            },
+        ]);
+        let mut key = KeyLimits::new(Millis(0), MONDAY, &quota, BurstSeconds::FULL_MINUTE).unwrap();
+        assert!(
+            !key.restore_daily(None, MONDAY, 1),
+            "a per-model key has no flat budget"
+        );
+        assert!(!key.restore_daily(Some(ModelId(9)), MONDAY, 1));
+        assert!(key.restore_daily(Some(EMBED), MONDAY, 450));
+        let refused = key
+            .admit(Millis(0), MONDAY, &serverless(EMBED), estimate(51))
+            .unwrap_err();
+        assert_eq!(refused.remaining, 50);
+        let _ = key
+            .admit(Millis(0), MONDAY, &serverless(CHAT), estimate(10))
+            .unwrap();
+        let _ = key
+            .admit(Millis(0), MONDAY, &serverless(EMBED), estimate(5))
+            .unwrap();
+        let mut totals = Vec::new();
+        key.take_changed_daily_totals(|model, day, total| totals.push((model, day, total)));
+        assert_eq!(
+            totals,
+            vec![(Some(CHAT), MONDAY, 10), (Some(EMBED), MONDAY, 455)]
+        );
+        // At midnight nothing is written until the new day is charged.
+        let _ = key
+            .admit(Millis(1), TUESDAY, &serverless(CHAT), estimate(7))
+            .unwrap();
+        totals.clear();
+        key.take_changed_daily_totals(|model, day, total| totals.push((model, day, total)));
+        assert_eq!(totals, vec![(Some(CHAT), TUESDAY, 7)]);
     }
 
     #[test]

@@ -101,7 +101,10 @@ mod tests {
         };
         let unknown = EngineSignals::default();
         assert!(policy.allows(0, &candidate(&eu, &cool)));
-        assert!(policy.allows(0, &candidate(&eu, &unknown)), "missing signals pass");
+        assert!(
+            policy.allows(0, &candidate(&eu, &unknown)),
+            "missing signals pass"
+        );
         assert!(!policy.allows(0, &candidate(&eu, &hot)));
         assert!(!policy.allows(0, &candidate(&us, &cool)));
         assert!(policy.allows(1, &candidate(&us, &hot)));

@@ -194,7 +194,10 @@ impl ModelRoutes {
     /// The model's steps changed (a new policy): waiters keep their step index, clamped to the
     /// new chain, and whoever fits now is granted.
     pub fn set_steps(&mut self, steps: Arc<dyn StepFilter>) -> Vec<(Ticket, Grant)> {
-        let last = steps.step_count().saturating_sub(1).min(usize::from(u8::MAX)) as u8;
+        let last = steps
+            .step_count()
+            .saturating_sub(1)
+            .min(usize::from(u8::MAX)) as u8;
         for waiter in &mut self.queue {
             waiter.step = waiter.step.min(last);
         }

@@ -46,6 +46,10 @@ pub enum ControlToShard {
     /// shard owns, and the admission refusals it counted. Answered from the shard's inbox, so
     /// reporting costs the request path nothing.
     Report(tokio::sync::oneshot::Sender<ShardReport>),
+    /// The persistence flush (`HIVENET_ROUTER_QUOTA_BACKEND=badger`, every second): the daily
+    /// totals of this shard's quota holders that changed since the last report. Answered from
+    /// the inbox; a report the control core no longer waits for is kept for the next one.
+    ReportDaily(tokio::sync::oneshot::Sender<Vec<crate::shard::quotas::DailyTotal>>),
 }
 
 /// A shard's answer to [`ControlToShard::Report`].

@@ -31,6 +31,9 @@ pub struct ShardSetup {
     pub keys: Arc<crate::auth::keys::KeyRegistry>,
     /// Who may call `/admin/*` at start-up.
     pub admin_access: Arc<crate::auth::admin::AdminAccess>,
+    /// `HIVENET_ROUTER_QUOTA_BACKEND=badger`: today's persisted totals of the tenants this shard
+    /// owns (`tenant % count`); `None` with the `memory` backend.
+    pub daily_restore: Option<crate::shard::quotas::DailyRestore>,
     pub inbox: mpsc::UnboundedReceiver<ControlToShard>,
     pub to_control: mpsc::UnboundedSender<ShardToControl>,
     pub core: Option<core_affinity::CoreId>,
@@ -133,6 +136,9 @@ async fn run(
         setup.admin_access,
         setup.to_control,
     ));
+    if let Some(restore) = setup.daily_restore {
+        shard.restore_daily(restore);
+    }
     monoio::spawn(shard.clone().run_control_inbox(setup.inbox));
     monoio::spawn(shard.clone().run_mesh());
     let cleaner = shard.clone();

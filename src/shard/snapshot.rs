@@ -41,6 +41,14 @@ impl Capability {
     }
 }
 
+/// A model as operators name it: its name and the capability it is served for. Unlike a
+/// [`ModelId`] (assigned per process), it means the same model after a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModelKey {
+    pub name: Box<str>,
+    pub capability: Capability,
+}
+
 #[derive(Debug, Clone)]
 pub struct ModelEntry {
     pub id: ModelId,

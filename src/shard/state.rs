@@ -203,6 +203,19 @@ pub struct Shard {
     to_control: mpsc::UnboundedSender<ShardToControl>,
 }
 
+/// The current UTC day from the wall clock: what daily budgets count in.
+pub fn utc_today() -> Day {
+    let unix_seconds = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs());
+    Day::from_unix_seconds(unix_seconds)
+}
+
+/// The shard that owns a key owner's quota holder.
+pub fn owner_of_tenant(tenant: TenantId, shard_count: usize) -> usize {
+    tenant.0 as usize % shard_count
+}
+
 /// The owner shard of a model.
 pub fn owner_of_model(model: ModelId, shard_count: usize) -> usize {
     model.0 as usize % shard_count
@@ -854,14 +867,18 @@ impl Shard {
     }
 
     fn today() -> Day {
-        let unix_seconds = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |elapsed| elapsed.as_secs());
-        Day::from_unix_seconds(unix_seconds)
+        utc_today()
+    }
+
+    /// Hands the quota holders this shard owns the daily totals persisted before a restart, and
+    /// turns on reporting changed totals (`HIVENET_ROUTER_QUOTA_BACKEND=badger`). Call before the
+    /// shard accepts connections.
+    pub fn restore_daily(&self, restore: crate::shard::quotas::DailyRestore) {
+        self.quotas.borrow_mut().restore(restore);
     }
 
     fn quota_owner(&self, tenant: TenantId) -> usize {
-        tenant.0 as usize % self.count
+        owner_of_tenant(tenant, self.count)
     }
 
     /// The quota phase: asks the key's quota owner to check and charge the request. The returned
@@ -1150,6 +1167,13 @@ impl Shard {
                     queues,
                     admission: self.admission_report(),
                 });
+            }
+            ControlToShard::ReportDaily(reply) => {
+                let totals = self.quotas.borrow_mut().take_changed_daily_totals();
+                if let Err(totals) = reply.send(totals) {
+                    // The flush gave up waiting: report these again next time.
+                    self.quotas.borrow_mut().requeue_daily_totals(totals);
+                }
             }
             ControlToShard::CloseTunnel { agent } => {
                 if self.tunnels.borrow_mut().remove(&agent).is_some() {

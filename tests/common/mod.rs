@@ -116,6 +116,25 @@ impl Proc {
         self.child.as_ref().map(Child::id)
     }
 
+    /// SIGTERMs the process and waits up to [`WAIT`] for it to exit; returns its exit status.
+    /// Panics with the log tail if it does not exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let child = self.child.as_mut().expect("process already reaped");
+        let sent = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("run kill -TERM");
+        assert!(sent.success(), "kill -TERM {} failed", self.name);
+        let status = poll(WAIT, || child.try_wait().ok().flatten());
+        match status {
+            Some(status) => {
+                self.child = None;
+                status
+            }
+            None => panic!("{} ignored SIGTERM\n{}", self.name, self.log_tail()),
+        }
+    }
+
     /// SIGKILLs the process and waits for it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -221,9 +240,24 @@ impl Options {
     }
 }
 
+/// How [`Site::restart_router`] stops the running router.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGTERM, and the router must exit with status 0 (a graceful shutdown).
+    Terminate,
+    /// SIGKILL: a crash.
+    Kill,
+}
+
 pub struct Site {
     /// Presented by the harness's own requests; see [`Options::api_key`].
     pub api_key: Option<String>,
+    /// What the site was started with, for [`Site::restart_router`].
+    options: Options,
+    /// The router's tunnel port, reused by a restart.
+    p2p: u16,
+    /// Routers started so far (names the log of the next one).
+    router_starts: u32,
     pub dir: PathBuf,
     pub sims: Vec<Proc>,
     pub sim_addrs: Vec<SocketAddr>,
@@ -279,10 +313,19 @@ impl Site {
             .and_then(|i| options.router_args.get(i + 1))
             .map(|s| s.parse().expect("--shards value"))
             .unwrap_or(2);
-        let (router, http, grpc, metrics) = start_router(&dir, &options, shards);
+        let (router, ports) = start_router(&dir, &options, shards);
+        let RouterPorts {
+            http,
+            grpc,
+            metrics,
+            p2p,
+        } = ports;
 
         let mut site = Site {
             api_key: options.api_key.clone(),
+            options: options.clone(),
+            p2p,
+            router_starts: 1,
             dir,
             sims,
             sim_addrs,
@@ -297,18 +340,67 @@ impl Site {
             let args: Vec<&str> = agent_args.iter().map(|s| s.as_str()).collect();
             site.spawn_agent(*sim, &args);
         }
-        site.wait_health();
-        let mut models = options.models.clone();
-        if models.is_empty() && !site.agents.is_empty() {
+        site.wait_ready();
+        site
+    }
+
+    /// Waits for `/health`, the expected models (unless skipped) and every agent's tunnels.
+    fn wait_ready(&self) {
+        self.wait_health();
+        let mut models = self.options.models.clone();
+        if models.is_empty() && !self.agents.is_empty() {
             models.push("sim-model".to_string());
         }
         let wanted: Vec<&str> = models.iter().map(|s| s.as_str()).collect();
-        if !options.skip_model_wait {
-            site.wait_models(&wanted);
+        if !self.options.skip_model_wait {
+            self.wait_models(&wanted);
         }
-        let tunnels = (site.agents.len() * site.shards) as f64;
-        site.wait_metric("hivenet_shard_tunnels_open", |v| v >= tunnels);
-        site
+        let tunnels = (self.agents.len() * self.shards) as f64;
+        self.wait_metric("hivenet_shard_tunnels_open", |v| v >= tunnels);
+    }
+
+    /// Stops the router (`stop`) and starts a new one in the same directory on the same ports
+    /// with the same arguments plus `extra_args`; returns once it is ready as in
+    /// [`Site::start`] (the agents reconnect by themselves). Returns the old router's exit status
+    /// for [`Stop::Terminate`].
+    pub fn restart_router(
+        &mut self,
+        stop: Stop,
+        extra_args: &[&str],
+    ) -> Option<std::process::ExitStatus> {
+        let status = match stop {
+            Stop::Terminate => Some(self.router.terminate()),
+            Stop::Kill => {
+                self.router.kill();
+                None
+            }
+        };
+        let ports = RouterPorts {
+            http: self.http,
+            grpc: self.grpc,
+            metrics: self.metrics,
+            p2p: self.p2p,
+        };
+        let mut options = self.options.clone();
+        options.router_args.extend(strings(extra_args));
+        // The kernel may release a dead router's sockets a moment after the process is reaped
+        // (io_uring tears its ring down asynchronously): retry while the port is still held.
+        let started = Instant::now();
+        let router = loop {
+            let name = format!("router-restart{}", self.router_starts);
+            self.router_starts += 1;
+            let mut router = spawn_router(&self.dir, &name, &options, self.shards, &ports);
+            match wait_router_started(&mut router) {
+                Some(true) => break router,
+                Some(false) if router.log_text().contains("in use") && started.elapsed() < WAIT => {
+                    std::thread::sleep(POLL_INTERVAL);
+                }
+                _ => panic!("restarted router did not start\n{}", router.log_tail()),
+            }
+        };
+        self.router = router;
+        self.wait_ready();
+        status
     }
 
     /// Starts one more agent in front of sim number `sim` (identity `agentN.key`, N its index in
@@ -492,48 +584,75 @@ impl Site {
     }
 }
 
-fn start_router(
+/// The four ports a router listens on.
+struct RouterPorts {
+    http: SocketAddr,
+    grpc: SocketAddr,
+    metrics: SocketAddr,
+    p2p: u16,
+}
+
+fn spawn_router(
     dir: &Path,
+    name: &str,
     options: &Options,
     shards: usize,
-) -> (Proc, SocketAddr, SocketAddr, SocketAddr) {
+    ports: &RouterPorts,
+) -> Proc {
+    let mut args = vec![
+        "--http-port".to_string(),
+        ports.http.to_string(),
+        "--grpc-port".to_string(),
+        ports.grpc.to_string(),
+        "--metrics-port".to_string(),
+        ports.metrics.to_string(),
+        "--p2p-port".to_string(),
+        ports.p2p.to_string(),
+        "--identity-path".to_string(),
+        dir.join("router.key").display().to_string(),
+    ];
+    if !options.router_args.iter().any(|a| a == "--shards") {
+        args.extend(strings(&["--shards", &shards.to_string()]));
+    }
+    args.extend(options.router_args.iter().cloned());
+    Proc::spawn(
+        name,
+        env!("CARGO_BIN_EXE_hivenet-router"),
+        &args,
+        &options.router_env,
+        dir,
+    )
+}
+
+/// `Some(true)` once the router logs that it listens, `Some(false)` if it exits first, `None`
+/// when neither happens within [`WAIT`].
+fn wait_router_started(router: &mut Proc) -> Option<bool> {
+    poll(WAIT, || {
+        if router.log_text().contains("hivenet-router listening") {
+            return Some(true);
+        }
+        router.exited().then_some(false)
+    })
+}
+
+fn start_router(dir: &Path, options: &Options, shards: usize) -> (Proc, RouterPorts) {
     let mut last_log = String::new();
     for attempt in 0..ROUTER_START_ATTEMPTS {
-        let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let p2p = free_port();
-        let mut args = vec![
-            "--http-port".to_string(),
-            http.to_string(),
-            "--grpc-port".to_string(),
-            grpc.to_string(),
-            "--metrics-port".to_string(),
-            metrics.to_string(),
-            "--p2p-port".to_string(),
-            p2p.to_string(),
-            "--identity-path".to_string(),
-            dir.join("router.key").display().to_string(),
-        ];
-        if !options.router_args.iter().any(|a| a == "--shards") {
-            args.extend(strings(&["--shards", &shards.to_string()]));
-        }
-        args.extend(options.router_args.iter().cloned());
-        let mut router = Proc::spawn(
-            &format!("router-attempt{attempt}"),
-            env!("CARGO_BIN_EXE_hivenet-router"),
-            &args,
-            &options.router_env,
+        let ports = RouterPorts {
+            http: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+            grpc: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+            metrics: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+            p2p: free_port(),
+        };
+        let mut router = spawn_router(
             dir,
+            &format!("router-attempt{attempt}"),
+            options,
+            shards,
+            &ports,
         );
-        let started = poll(WAIT, || {
-            if router.log_text().contains("hivenet-router listening") {
-                return Some(true);
-            }
-            router.exited().then_some(false)
-        });
-        match started {
-            Some(true) => return (router, http, grpc, metrics),
+        match wait_router_started(&mut router) {
+            Some(true) => return (router, ports),
             Some(false) if router.log_text().contains("in use") => {
                 last_log = router.log_tail();
                 continue;
