@@ -5,8 +5,10 @@
 //! (the thread-per-core data plane and its mesh), `api` (request phases), `routing` (per-model
 //! agent choice and capacity queues, pure), `tunnel` (router <-> agent HTTP/2 over agent-dialed
 //! sockets), `usage` (exact token usage read from responses), `error` (the one place rejections
-//! become HTTP). Around them: `control` (agent gRPC, registry), `metrics`, `agent`, `sim`.
+//! become HTTP). Around them: `control` (agent gRPC, registry), `metrics`, `agent`, `sim`. Pure
+//! policy: `limits` (per-key buckets), `admission` (the input estimate and admission gates).
 
+pub mod admission;
 pub mod agent;
 pub mod api;
 pub mod auth;
