@@ -42,8 +42,10 @@
 //!   visited position: invalid UTF-8 or a lone surrogate escape in counted text, a number beyond
 //!   `f64` (for example `1e400`) where a message, block or content is expected. Backends that
 //!   decode strings as UTF-8 refuse those bodies too.
-//! - Recursion (a `tool_result` inside content inside a block ...) is bounded by serde_json's
-//!   nesting limit of 128, the same limit that applied when these values were skipped.
+//! - Recursion follows only the counted path (content → block → a `tool_result`'s content →
+//!   ...), and serde_json's nesting limit of 128 bounds it; anything else is skipped as before,
+//!   iteratively and without a depth limit. So the one nesting now refused is blocks nested about
+//!   60 `tool_result`s deep, which no API produces.
 
 use std::fmt;
 
@@ -654,6 +656,23 @@ mod tests {
         ] {
             assert_eq!(shape(body), expected, "{body}");
         }
+    }
+
+    #[test]
+    fn deep_nesting_is_skipped_or_bounded() {
+        // Deep values outside the counted path are skipped without a depth limit, as before.
+        let deep = format!("{}{}", "[".repeat(1000), "]".repeat(1000));
+        let body = format!(
+            r#"{{"model":"m","messages":[{{"content":[{deep},{{"type":"text","text":"ab","x":{deep}}}]}}],"tools":{deep}}}"#
+        );
+        assert_eq!(shape(&body).text_bytes, 2);
+        // Nested tool results are counted, 50 deep.
+        let mut content = String::from(r#""abc""#);
+        for _ in 0..50 {
+            content = format!(r#"[{{"type":"tool_result","content":{content}}}]"#);
+        }
+        let body = format!(r#"{{"model":"m","messages":[{{"content":{content}}}]}}"#);
+        assert_eq!(shape(&body).text_bytes, 3);
     }
 
     #[test]
