@@ -7,6 +7,7 @@
 //! sockets), `usage` (exact token usage read from responses), `error` (the one place rejections
 //! become HTTP). Around them: `control` (agent gRPC, registry, the daily-total flush), `disk_db`
 //! (the router's disk database: daily totals that survive a restart), `metrics`, `agent`, `sim`.
+//! Pure policy: `limits` (per-key buckets), `admission` (the input estimate and admission gates).
 
 pub mod admission;
 pub mod agent;

@@ -2,9 +2,11 @@
 //! may wait for an agent slot.
 //!
 //! - [`occupancy`]: B2 pool occupancy and the B4 per-key occupancy share, on the model's owner.
+//! - [`estimator`]: the one input estimate, learning a tokens-per-byte ratio per model.
 //! - [`derive`]: the `derive-key-defaults` subcommand's suggested B4 values.
 
 pub mod derive;
+pub mod estimator;
 pub mod occupancy;
 
 use crate::policy::{Mode, ModelPolicy};

@@ -2,13 +2,17 @@
 //!
 //! Owns the reading of `model`, `stream`, `stream_options.include_usage`, `max_tokens` and
 //! `max_completion_tokens` from an OpenAI- or Anthropic-style JSON body, and the one rewrite the
-//! router makes to a body: asking a streaming backend to report usage.
+//! router makes to a body: asking a streaming backend to report usage. The same pass measures the
+//! prompt (`messages`, `system`, `tools`) into a [`PromptShape`] by the rules of
+//! [`super::prompt`], which never refuse a body for the shape of those values.
 //!
 //! Invariants:
 //! - A body that passes [`extract_fields`] is a syntactically valid JSON object (serde_json reads
 //!   the whole document, skipping unknown fields without building them).
 //! - `model` is non-empty and at most [`MODEL_CHARS_MAX`] characters; it borrows from the body
 //!   unless it contained escapes.
+//! - Prompt strings the shape counts are decoded, so they must be valid UTF-8 without lone
+//!   surrogate escapes; other skipped strings are only checked as JSON (see [`super::prompt`]).
 //! - [`request_with_include_usage`] changes nothing but `stream_options`; when it must go
 //!   through `serde_json::Value`, key order may change and integers beyond 64 bits lose precision,
 //!   which inference backends tolerate.
@@ -17,9 +21,13 @@ use std::borrow::Cow;
 
 use std::fmt;
 
-use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde::de::{self, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 use thiserror::Error;
+
+pub use super::prompt::PromptShape;
+use super::prompt::{self, MessagesShape, SystemShape};
 
 /// Longest accepted model name, in characters.
 pub const MODEL_CHARS_MAX: usize = 256;
@@ -56,20 +64,92 @@ pub struct RequestFields<'a> {
     pub stream_options_present: bool,
     pub max_tokens: Option<i64>,
     pub max_completion_tokens: Option<i64>,
+    /// What the prompt is made of, for the input estimate.
+    pub prompt: PromptShape,
 }
 
-#[derive(Deserialize)]
+/// The fields as read, before the model checks. `None` means absent; the inner `Option` of the
+/// scalar fields is `None` for JSON `null`.
+#[derive(Default)]
 struct RawFields<'a> {
-    #[serde(borrow, default)]
-    model: Option<ModelName<'a>>,
-    #[serde(default)]
-    stream: Option<bool>,
-    #[serde(default, deserialize_with = "present")]
+    model: Option<Option<ModelName<'a>>>,
+    stream: Option<Option<bool>>,
     stream_options: Option<Option<RawStreamOptions>>,
-    #[serde(default)]
-    max_tokens: Option<i64>,
-    #[serde(default)]
-    max_completion_tokens: Option<i64>,
+    max_tokens: Option<Option<i64>>,
+    max_completion_tokens: Option<Option<i64>>,
+    messages: MessagesShape,
+    system: SystemShape,
+    tools: Option<&'a RawValue>,
+}
+
+/// Top-level keys, matched without allocating.
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum FieldKey {
+    Model,
+    Stream,
+    StreamOptions,
+    MaxTokens,
+    MaxCompletionTokens,
+    Messages,
+    System,
+    Tools,
+    #[serde(other)]
+    Other,
+}
+
+/// By hand rather than derived so that the prompt values (`messages`, `system`, `tools`) may
+/// repeat (the last one counts, as backends parse it), while a repeated router field stays a
+/// `duplicate field` error exactly as the derived reader reported it.
+impl<'de> Deserialize<'de> for RawFields<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct FieldsVisitor;
+        impl<'de> Visitor<'de> for FieldsVisitor {
+            type Value = RawFields<'de>;
+
+            fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+                formatter.write_str("a request body object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawFields<'de>, A::Error> {
+                let mut raw = RawFields::default();
+                while let Some(key) = map.next_key::<FieldKey>()? {
+                    match key {
+                        FieldKey::Model => once(&mut map, &mut raw.model, "model")?,
+                        FieldKey::Stream => once(&mut map, &mut raw.stream, "stream")?,
+                        FieldKey::StreamOptions => {
+                            once(&mut map, &mut raw.stream_options, "stream_options")?
+                        }
+                        FieldKey::MaxTokens => once(&mut map, &mut raw.max_tokens, "max_tokens")?,
+                        FieldKey::MaxCompletionTokens => once(
+                            &mut map,
+                            &mut raw.max_completion_tokens,
+                            "max_completion_tokens",
+                        )?,
+                        FieldKey::Messages => raw.messages = map.next_value()?,
+                        FieldKey::System => raw.system = map.next_value()?,
+                        FieldKey::Tools => raw.tools = map.next_value()?,
+                        FieldKey::Other => map.next_value::<IgnoredAny>().map(drop)?,
+                    }
+                }
+                Ok(raw)
+            }
+        }
+        deserializer.deserialize_map(FieldsVisitor)
+    }
+}
+
+/// Read a router field that may appear once.
+fn once<'de, A, T>(map: &mut A, slot: &mut Option<T>, name: &'static str) -> Result<(), A::Error>
+where
+    A: MapAccess<'de>,
+    T: Deserialize<'de>,
+{
+    if slot.is_some() {
+        return Err(de::Error::duplicate_field(name));
+    }
+    *slot = Some(map.next_value()?);
+    Ok(())
 }
 
 /// serde borrows a `Cow<str>` only when it is a field's direct type, not inside `Option`; this
@@ -120,15 +200,6 @@ impl<'de> Deserialize<'de> for RawStreamOptions {
     }
 }
 
-/// Distinguishes a present-but-null field (`Some(None)`) from an absent one (`None`, the default).
-fn present<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    T::deserialize(deserializer).map(Some)
-}
-
 /// Validate `body` as a JSON object and read the router's fields from it.
 pub fn extract_fields(body: &[u8]) -> Result<RequestFields<'_>, FieldsError> {
     let Some(&first) = body.iter().find(|byte| !byte.is_ascii_whitespace()) else {
@@ -149,7 +220,7 @@ pub fn extract_fields(body: &[u8]) -> Result<RequestFields<'_>, FieldsError> {
             FieldsError::MalformedJson(error)
         }
     })?;
-    let model = raw.model.ok_or(FieldsError::ModelMissing)?.0;
+    let model = raw.model.flatten().ok_or(FieldsError::ModelMissing)?.0;
     if model.is_empty() {
         return Err(FieldsError::ModelEmpty);
     }
@@ -160,14 +231,15 @@ pub fn extract_fields(body: &[u8]) -> Result<RequestFields<'_>, FieldsError> {
     let stream_options_present = raw.stream_options.is_some();
     Ok(RequestFields {
         model,
-        stream: raw.stream.unwrap_or(false),
+        stream: raw.stream.flatten().unwrap_or(false),
         include_usage: raw
             .stream_options
             .flatten()
             .and_then(|options| options.include_usage),
         stream_options_present,
-        max_tokens: raw.max_tokens,
-        max_completion_tokens: raw.max_completion_tokens,
+        max_tokens: raw.max_tokens.flatten(),
+        max_completion_tokens: raw.max_completion_tokens.flatten(),
+        prompt: prompt::shape(raw.messages, raw.system, raw.tools),
     })
 }
 
@@ -372,6 +444,7 @@ mod tests {
             stream_options_present: false,
             max_tokens: None,
             max_completion_tokens: None,
+            prompt: PromptShape::default(),
         };
         let rewritten = request_with_include_usage(b"{ }", &stream_fields).unwrap();
         assert_eq!(rewritten, br#"{"stream_options":{"include_usage":true} }"#);

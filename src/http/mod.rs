@@ -14,6 +14,8 @@
 //! - [`response`]: writers for response heads, chunk frames and [`response::error_body`].
 //! - [`fields`]: [`fields::extract_fields`] validates the JSON body and borrows its fields in one
 //!   pass; [`fields::request_with_include_usage`] asks the backend for streamed usage.
+//! - [`prompt`]: [`prompt::PromptShape`], the prompt's text bytes, tool-schema bytes, message and
+//!   image counts, read by the same pass for the input estimate.
 //!
 //! # Error handling
 //! Each boundary has a small error enum ([`request::HeadError`], [`chunked::BodyError`],
@@ -26,6 +28,7 @@
 
 pub mod chunked;
 pub mod fields;
+pub mod prompt;
 pub mod request;
 pub mod response;
 
