@@ -19,7 +19,7 @@ use futures_util::future::Either;
 use crate::api::sink::Sink;
 use crate::api::{ClientRequest, Dialect, Outcome, Route};
 use crate::error::Rejection;
-use crate::http::fields::{RequestFields, request_with_include_usage};
+use crate::http::fields::{PromptShape, RequestFields, request_with_include_usage};
 use crate::limits::Delivery;
 use crate::metrics::ShardMetrics;
 use crate::shard::latch::race;
@@ -46,6 +46,8 @@ pub struct UsageEvent {
 struct Settling<'a> {
     shard: &'a Shard,
     slot: &'a Slot,
+    /// What the input estimate was computed from, to train the estimator with exact usage.
+    prompt: PromptShape,
     quota: &'a mut QuotaHold,
     route: Route,
     status: u16,
@@ -54,6 +56,18 @@ struct Settling<'a> {
 impl Settling<'_> {
     /// Phase 8, once per request: the usage event, and the key's quota charged with exact usage.
     fn settle(&mut self, usage: Option<Usage>, truncated: bool) {
+        // The estimator learns only from usage the backend reported for a complete answer.
+        if let Some(usage) = usage
+            && self.status == 200
+            && !truncated
+            && matches!(self.route, Route::ChatCompletions | Route::Messages)
+        {
+            self.shard.estimator.borrow_mut().observe(
+                self.slot.model,
+                &self.prompt,
+                usage.input_tokens,
+            );
+        }
         settle(
             self.shard,
             self.quota,
@@ -201,6 +215,7 @@ pub async fn forward<S: Sink>(
     let settling = Settling {
         shard,
         slot: &slot,
+        prompt: fields.prompt,
         quota: &mut quota,
         route: request.route,
         status,

@@ -34,7 +34,7 @@ use crate::limits::{Estimate, ModelContext};
 use crate::metrics::ShardMetrics;
 use crate::routing::Ask as RouteAsk;
 use crate::shard::quotas::{Charge, has_token_phase};
-use crate::shard::snapshot::Capability;
+use crate::shard::snapshot::{Capability, ModelId};
 use crate::shard::state::{Admit, PoolAsk, QuotaHold, QuotaRefusal, RouteError, Shard};
 use sink::{ClientGone, Sink};
 
@@ -201,9 +201,8 @@ async fn infer<S: Sink>(
         return Err(Rejection::model_not_found(&fields.model).into());
     };
     let deadline = request.received_at + shard.settings.request_timeout;
-    let estimate = estimate(request, &fields);
-    // Images are counted by the estimator's body pass; until it lands no request carries any.
-    let images = 0;
+    let estimate = estimate(shard, request, model.id, &fields);
+    let images = u64::from(fields.prompt.images);
     let policy = &model.policy;
     // Admission control runs for generation only (seed: count_tokens, embeddings and rerank
     // are exempt).
@@ -333,13 +332,26 @@ fn route_rejection(error: RouteError) -> Rejection {
     }
 }
 
-/// The request's input estimate until the learning estimator arrives with admission control: one
-/// token per 3.2 bytes of body (the seed's starting ratio), and the declared maximum output
-/// (`max_completion_tokens` before `max_tokens`; negative values count as undeclared).
-fn estimate(request: &ClientRequest, fields: &crate::http::fields::RequestFields<'_>) -> Estimate {
+/// The request's one input estimate (seed, "One input estimate") and its declared maximum output
+/// (`max_completion_tokens` before `max_tokens`; negative values count as undeclared). Chat and
+/// messages use this shard's learned ratio for the model over the prompt's text, system, tools
+/// and per-message overhead; the other routes, which charge no tokens, the starting ratio over
+/// the body.
+fn estimate(
+    shard: &Shard,
+    request: &ClientRequest,
+    model: ModelId,
+    fields: &crate::http::fields::RequestFields<'_>,
+) -> Estimate {
     let declared = fields.max_completion_tokens.or(fields.max_tokens);
+    let input_tokens = match request.route {
+        Route::ChatCompletions | Route::Messages => {
+            shard.estimator.borrow().estimate(model, &fields.prompt)
+        }
+        _ => (request.body.len() as u64 * 10).div_ceil(32),
+    };
     Estimate {
-        input_tokens: (request.body.len() as u64 * 10).div_ceil(32),
+        input_tokens,
         max_output_tokens: declared.and_then(|tokens| u64::try_from(tokens).ok()),
     }
 }

@@ -195,6 +195,10 @@ pub struct Shard {
     park_timer: Cell<bool>,
     /// Admission refusals decided on this shard, by model and gate.
     rejections: RefCell<HashMap<(ModelId, Reason), u64>>,
+    /// This shard's learned tokens-per-byte ratios, trained on the exact usage of the requests
+    /// it serves (each shard learns its own copy; with connections spread over shards the copies
+    /// see the same traffic and converge alike).
+    pub estimator: RefCell<crate::admission::estimator::Estimator>,
     /// Origin of the monotonic `Millis` the limits run on.
     started: Instant,
     /// Mesh messages that found their ring full; retried before anything new is drained. Only
@@ -251,6 +255,7 @@ impl Shard {
             pools: RefCell::new(HashMap::new()),
             park_timer: Cell::new(false),
             rejections: RefCell::new(HashMap::new()),
+            estimator: RefCell::new(crate::admission::estimator::Estimator::default()),
             started: Instant::now(),
             deferred: RefCell::new(VecDeque::new()),
             to_control,
