@@ -5,7 +5,8 @@
 //! (the thread-per-core data plane and its mesh), `api` (request phases), `routing` (per-model
 //! agent choice and capacity queues, pure), `tunnel` (router <-> agent HTTP/2 over agent-dialed
 //! sockets), `usage` (exact token usage read from responses), `error` (the one place rejections
-//! become HTTP). Around them: `control` (agent gRPC, registry), `metrics`, `agent`, `sim`.
+//! become HTTP), `provider` (OpenAI/Anthropic fallback once local routing is exhausted). Around
+//! them: `control` (agent gRPC, registry), `metrics`, `agent`, `sim`.
 
 pub mod admission;
 pub mod agent;
@@ -19,6 +20,7 @@ pub mod http;
 pub mod identity;
 pub mod limits;
 pub mod metrics;
+pub mod provider;
 pub mod proto {
     //! Generated from `proto/hivenet.proto`.
     tonic::include_proto!("hivenet.v1");
