@@ -310,6 +310,29 @@ fn an_unreachable_provider_fails_fast_as_a_network_error() {
 }
 
 #[test]
+fn https_to_a_plain_http_server_fails_as_a_network_error() {
+    // The TLS path (rustls, ring, webpki roots) runs and fails the handshake; it must not hang
+    // until the deadline or be mistaken for an answer.
+    let sim = Sim::start(&[]);
+    let pool = start_pool(both_at(&format!("https://{}", sim.address)));
+    let started = Instant::now();
+    let failed = call_on_monoio(
+        &pool,
+        request(
+            ProviderEngine::Anthropic,
+            "sim-model",
+            Duration::from_secs(20),
+        ),
+    );
+    assert_eq!(failed.unwrap_err(), ProviderError::Network);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
 fn a_deadline_shorter_than_the_provider_latency_times_out_at_the_deadline() {
     let sim = Sim::start(&["--ttft", "2s"]);
     let pool = start_pool(both_at(&sim.url()));

@@ -369,7 +369,9 @@ impl Exchange {
             .map_err(|_| ProviderError::Timeout)?
             .map_err(|_| ProviderError::Stopped)?;
         let started = Instant::now();
-        let limit = deadline.min(tokio::time::Instant::from_std(started) + self.timeout_max);
+        let limit = tokio::time::Instant::from_std(started)
+            .checked_add(self.timeout_max)
+            .map_or(deadline, |cap| deadline.min(cap));
         // The status label: 0 until a response head arrives (a network failure or a timeout).
         let mut status = 0u16;
         let exchanged = tokio::time::timeout_at(limit, async {

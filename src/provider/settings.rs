@@ -95,6 +95,8 @@ pub struct ProviderConfig {
 /// Why a `fallback_provider` block was refused (reference, "Configure provider fallback").
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ConfigError {
+    #[error("fallback_provider.engine {0:?} is not a supported provider (openai, anthropic)")]
+    EngineUnsupported(String),
     #[error("fallback_provider.model is empty")]
     ModelEmpty,
     #[error(
@@ -107,6 +109,21 @@ pub enum ConfigError {
 }
 
 impl ProviderConfig {
+    /// Builds the block from the policy's two strings (a missing field is the policy parser's
+    /// to report). Refuses an unsupported engine and an empty model; keys are checked by
+    /// [`validate`](ProviderConfig::validate).
+    pub fn new(engine: &str, model: &str) -> Result<ProviderConfig, ConfigError> {
+        let engine = ProviderEngine::parse(engine)
+            .ok_or_else(|| ConfigError::EngineUnsupported(engine.to_owned()))?;
+        if model.trim().is_empty() {
+            return Err(ConfigError::ModelEmpty);
+        }
+        Ok(ProviderConfig {
+            engine,
+            model: model.to_owned(),
+        })
+    }
+
     /// Refuses a block whose model is empty or whose provider has no API key loaded at start-up.
     /// Policy reloads call this too: keys are never re-read after start-up.
     pub fn validate(&self, settings: &ProviderSettings) -> Result<(), ConfigError> {
@@ -367,6 +384,26 @@ mod tests {
         assert_eq!(
             ProviderEngine::Anthropic.processed_by(),
             "provider:anthropic"
+        );
+    }
+
+    #[test]
+    fn new_refuses_unknown_engines_and_empty_models() {
+        assert_eq!(
+            ProviderConfig::new("openai", "gpt-4o-mini"),
+            Ok(ProviderConfig {
+                engine: ProviderEngine::OpenAi,
+                model: "gpt-4o-mini".into()
+            })
+        );
+        let unsupported = ProviderConfig::new("OpenAI", "m").unwrap_err();
+        assert_eq!(
+            unsupported.to_string(),
+            "fallback_provider.engine \"OpenAI\" is not a supported provider (openai, anthropic)"
+        );
+        assert_eq!(
+            ProviderConfig::new("anthropic", ""),
+            Err(ConfigError::ModelEmpty)
         );
     }
 
