@@ -222,6 +222,23 @@ impl Rejection {
         }
     }
 
+    /// Provider fallback did not produce an answer (reference, "Provider fallback", "Failure
+    /// behavior"): 502 `backend_error` for every failure of the one provider call, including its
+    /// timeout; 503 `queue_full` when the provider queue refused the call; 504
+    /// `request_timeout` when the deadline had passed and no call was made.
+    pub fn provider(error: crate::provider::ProviderError) -> Rejection {
+        use crate::provider::ProviderError;
+        match error {
+            ProviderError::QueueFull => Rejection::router(
+                503,
+                "queue_full",
+                "the router's provider fallback queue is full",
+            ),
+            ProviderError::Expired => Rejection::request_timeout(),
+            other => Rejection::backend_error(other.message()),
+        }
+    }
+
     pub fn unsupported_version() -> Rejection {
         Rejection::router(
             505,
@@ -239,6 +256,18 @@ impl Rejection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn provider_failures_are_backend_errors() {
+        use crate::provider::ProviderError;
+        let timeout = Rejection::provider(ProviderError::Timeout);
+        assert_eq!((timeout.status, timeout.code), (502, "backend_error"));
+        assert_eq!(timeout.source, Source::Backend);
+        let status = Rejection::provider(ProviderError::Status(401));
+        assert_eq!(status.message, "the provider refused the credentials");
+        assert_eq!(Rejection::provider(ProviderError::QueueFull).status, 503);
+        assert_eq!(Rejection::provider(ProviderError::Expired).status, 504);
+    }
 
     #[test]
     fn envelope_shape() {

@@ -5,9 +5,10 @@
 //! (the thread-per-core data plane and its mesh), `api` (request phases), `routing` (per-model
 //! agent choice and capacity queues, pure), `tunnel` (router <-> agent HTTP/2 over agent-dialed
 //! sockets), `usage` (exact token usage read from responses), `error` (the one place rejections
-//! become HTTP). Around them: `control` (agent gRPC, registry, the daily-total flush), `disk_db`
-//! (the router's disk database: daily totals that survive a restart), `metrics`, `agent`, `sim`.
-//! Pure policy: `limits` (per-key buckets), `admission` (the input estimate and admission gates).
+//! become HTTP), `provider` (OpenAI/Anthropic fallback once local routing is exhausted). Around
+//! them: `control` (agent gRPC, registry, the daily-total flush), `disk_db` (the router's disk
+//! database: daily totals that survive a restart), `metrics`, `agent`, `sim`. Pure policy:
+//! `limits` (per-key buckets), `admission` (the input estimate and admission gates).
 
 pub mod admission;
 pub mod agent;
@@ -23,6 +24,7 @@ pub mod identity;
 pub mod limits;
 pub mod metrics;
 pub mod policy;
+pub mod provider;
 pub mod proto {
     //! Generated from `proto/hivenet.proto`.
     tonic::include_proto!("hivenet.v1");
