@@ -285,10 +285,80 @@ async fn infer<S: Sink>(
             return Err(Outcome::Gone);
         }
         Some(Ok(slot)) => slot,
+        Some(Err(error @ (RouteError::NoAgents | RouteError::QueueFull)))
+            if generates && !fields.stream =>
+        {
+            // Local routing is exhausted: the provider, if the policy names one.
+            if let (Some(fallback), Some(pool)) =
+                (&policy.fallback_provider, &shard.settings.provider)
+            {
+                return by_provider(
+                    shard, request, fallback, pool, quota, estimate, deadline, sink,
+                )
+                .await;
+            }
+            return Err(route_rejection(error).into());
+        }
         Some(Err(error)) => return Err(route_rejection(error).into()),
     };
     // Phases 7 and 8: forward, stream back, settle.
     forward::forward(shard, request, &fields, slot, quota, deadline, sink).await
+}
+
+/// Provider fallback (seed, "Provider fallback accounting"): the request's occupancy is already
+/// released (the owner gave it back with the refused slot); the RPM, ITPM and daily input charges
+/// stay, whatever the provider answers; no output is charged and the estimator does not learn.
+/// The provider's usage is still counted in the shard's token counters.
+#[allow(clippy::too_many_arguments)]
+async fn by_provider<S: Sink>(
+    shard: &Rc<Shard>,
+    request: &ClientRequest,
+    fallback: &crate::policy::ProviderFallback,
+    pool: &crate::provider::ProviderPool,
+    mut quota: QuotaHold,
+    estimate: Estimate,
+    deadline: Instant,
+    sink: &mut S,
+) -> Result<(), Outcome> {
+    use crate::provider::{ProviderConfig, ProviderRequest};
+    quota.settle(
+        crate::limits::Usage {
+            input_tokens: estimate.input_tokens,
+            output_tokens: 0,
+        },
+        crate::limits::Delivery::Provider,
+    );
+    let config = ProviderConfig {
+        engine: fallback.engine,
+        model: fallback.model.to_string(),
+    };
+    let mut call = ProviderRequest::new(
+        &config,
+        request.route.dialect(),
+        request.body.clone(),
+        deadline,
+    );
+    call.request_id = request.request_id.clone();
+    ShardMetrics::add(&shard.metrics.provider_fallback_total, 1);
+    match sink.until_client_gone(pool.call(call)).await {
+        None => {
+            ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
+            Err(Outcome::Gone)
+        }
+        Some(Err(error)) => {
+            ShardMetrics::add(&shard.metrics.provider_fallback_failed_total, 1);
+            Err(Rejection::provider(error).into())
+        }
+        Some(Ok(answer)) => {
+            if let Some(usage) = answer.usage {
+                ShardMetrics::add(&shard.metrics.input_tokens_total, usage.input_tokens);
+                ShardMetrics::add(&shard.metrics.output_tokens_total, usage.output_tokens);
+            }
+            sink.respond(200, "application/json", &[], &answer.body)
+                .await
+                .map_err(|_| Outcome::Gone)
+        }
+    }
 }
 
 /// One visit to the key's quota owner, answered in the error envelope when refused.

@@ -30,6 +30,7 @@ use hivenet_router::identity::Identity;
 use hivenet_router::limits::Day;
 use hivenet_router::metrics::ShardMetrics;
 use hivenet_router::policy::PolicyContext;
+use hivenet_router::provider::{PoolSettings, ProviderEngine, ProviderPool, ProviderSettings};
 use hivenet_router::shard::mesh::Mesh;
 use hivenet_router::shard::quotas::DailyRestore;
 use hivenet_router::shard::runtime::{self, ShardSetup};
@@ -271,6 +272,20 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         .context("control core did not start")??;
 
     let cores = core_affinity::get_core_ids().unwrap_or_default();
+    // Provider fallback: one client thread, started only when a provider key is configured
+    // (credentials are read once, at start-up).
+    let provider_settings = ProviderSettings::from_env()?;
+    let provider = if [ProviderEngine::OpenAi, ProviderEngine::Anthropic]
+        .into_iter()
+        .any(|engine| provider_settings.api_key(engine).is_some())
+    {
+        Some(
+            ProviderPool::start(provider_settings, PoolSettings::default())
+                .context("cannot start the provider-fallback client")?,
+        )
+    } else {
+        None
+    };
     let settings = ShardSettings {
         queue_depth: args.queue_depth,
         request_timeout: args.request_timeout,
@@ -280,6 +295,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         rpm_burst: env.rpm_burst,
         admit_fraction: env.admit_fraction,
         admit_park_timeout: env.admit_park_timeout,
+        provider,
     };
     let (shard_started, shards_ready) = std::sync::mpsc::channel();
     let mut threads = Vec::with_capacity(shard_count);

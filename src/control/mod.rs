@@ -242,6 +242,14 @@ impl ControlShared {
         totals
     }
 
+    /// Builds and broadcasts a snapshot under the registry lock, like every other publication,
+    /// so shards see snapshots in the order they were built.
+    fn publish_snapshot(&self, policies: &crate::policy::PolicySet) {
+        let mut registry = self.registry();
+        let snapshot = registry.snapshot(policies);
+        self.broadcast(|| ControlToShard::Snapshot(snapshot.clone()));
+    }
+
     pub fn send_to_shard(&self, shard: usize, message: ControlToShard) {
         let _ = self.to_shards[shard].send(message);
     }
@@ -306,14 +314,14 @@ pub fn start(
     let mut policy_changes = shared.policies.subscribe();
     let publisher = shared.clone();
     runtime.spawn(async move {
-        while policy_changes.changed().await.is_ok() {
+        // The first snapshot goes out at start-up: models whose policy names a provider are
+        // resolvable before any agent registers.
+        loop {
             let policies = policy_changes.borrow_and_update().clone();
-            // Under the registry lock, like every other publication, so shards see snapshots in
-            // the order they were built.
-            let mut registry = publisher.registry();
-            let snapshot = registry.snapshot(&policies);
-            publisher.broadcast(|| ControlToShard::Snapshot(snapshot.clone()));
-            drop(registry);
+            publisher.publish_snapshot(&policies);
+            if policy_changes.changed().await.is_err() {
+                break;
+            }
         }
     });
 

@@ -356,6 +356,42 @@ impl Registry {
                 },
             ));
         }
+        // A model with no routable agent whose policy names a provider fallback stays resolvable
+        // (with no agent and no `/v1/models` entry), so its requests reach the provider instead
+        // of a 404: the models named policies claim, and every model agents have served.
+        let mut provider_only: BTreeSet<ModelId> = BTreeSet::new();
+        let claimed: Vec<String> = policies
+            .named()
+            .values()
+            .filter(|entry| entry.policy.fallback_provider.is_some())
+            .flat_map(|entry| entry.models().iter().cloned())
+            .collect();
+        for name in claimed {
+            provider_only.insert(self.model_id(&name, Capability::Llm));
+        }
+        for (index, (name, capability)) in self.model_names.iter().enumerate() {
+            if *capability == Capability::Llm
+                && policies.effective_ref(name).fallback_provider.is_some()
+            {
+                provider_only.insert(ModelId(index as u32));
+            }
+        }
+        for id in provider_only {
+            if summaries.contains_key(&id) {
+                continue;
+            }
+            let (name, _) = &self.model_names[id.0 as usize];
+            entries.push((
+                name.clone().into_boxed_str(),
+                Capability::Llm,
+                ModelEntry {
+                    id,
+                    owner_shard: owner_of_model(id, self.shard_count),
+                    healthy_agents: 0,
+                    policy: policies.effective(name),
+                },
+            ));
+        }
         Arc::new(RoutingSnapshot::new(self.version, entries, listing))
     }
 

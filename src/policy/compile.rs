@@ -105,38 +105,8 @@ impl StrategyName {
     }
 }
 
-/// External provider of `fallback_provider`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProviderEngine {
-    OpenAi,
-    Anthropic,
-}
-
-impl ProviderEngine {
-    pub fn name(self) -> &'static str {
-        match self {
-            ProviderEngine::OpenAi => "openai",
-            ProviderEngine::Anthropic => "anthropic",
-        }
-    }
-
-    /// Exact and lowercase, as the reference requires.
-    pub fn parse(text: &str) -> Option<ProviderEngine> {
-        match text {
-            "openai" => Some(ProviderEngine::OpenAi),
-            "anthropic" => Some(ProviderEngine::Anthropic),
-            _ => None,
-        }
-    }
-
-    /// The environment variable holding its credential.
-    pub fn credential_env(self) -> &'static str {
-        match self {
-            ProviderEngine::OpenAi => "HIVENET_ROUTER_OPENAI_API_KEY",
-            ProviderEngine::Anthropic => "HIVENET_ROUTER_ANTHROPIC_API_KEY",
-        }
-    }
-}
+/// External provider of `fallback_provider`: the provider client's engine (one definition).
+pub use crate::provider::ProviderEngine;
 
 /// `fallback_provider`, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -754,8 +724,8 @@ impl Checker {
                         "fallback_provider.engine",
                         format!(
                             "{} needs {}, which is not set (provider keys are read at start-up)",
-                            engine.name(),
-                            engine.credential_env()
+                            engine.as_str(),
+                            engine.key_variable()
                         ),
                     );
                     None

@@ -53,6 +53,8 @@ pub struct ShardSettings {
     pub admit_fraction: f64,
     /// `HIVENET_ROUTER_ADMIT_PARK_TIMEOUT`: how long a request that does not fit B2 waits.
     pub admit_park_timeout: Duration,
+    /// The provider-fallback client; `None` when no provider key is configured.
+    pub provider: Option<crate::provider::ProviderPool>,
 }
 
 /// Why a request found no agent slot.

@@ -206,6 +206,7 @@ impl Options {
         self
     }
 
+    /// A router environment variable; `{simN}` in the value becomes sim N's address.
     pub fn router_env(mut self, key: &str, value: &str) -> Options {
         self.router_env.push((key.to_string(), value.to_string()));
         self
@@ -304,6 +305,12 @@ impl Site {
             .unwrap_or_else(|| panic!("sim{index} never became ready\n{}", sim.log_tail()));
             sims.push(sim);
             sim_addrs.push(addr);
+        }
+        let mut options = options;
+        for (_, value) in &mut options.router_env {
+            for (index, addr) in sim_addrs.iter().enumerate() {
+                *value = value.replace(&format!("{{sim{index}}}"), &addr.to_string());
+            }
         }
 
         let shards = options
