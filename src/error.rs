@@ -239,6 +239,18 @@ impl Rejection {
         }
     }
 
+    /// The backend answered a retryable error status and no other attempt was left to make.
+    pub fn backend_status(status: u16) -> Rejection {
+        Rejection {
+            source: Source::Backend,
+            ..Rejection::router(
+                status,
+                "backend_error",
+                format!("the backend answered {status}"),
+            )
+        }
+    }
+
     pub fn unsupported_version() -> Rejection {
         Rejection::router(
             505,

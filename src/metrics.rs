@@ -39,6 +39,8 @@ pub struct ShardMetrics {
     pub provider_fallback_total: AtomicU64,
     /// Of those, the ones the provider did not answer successfully.
     pub provider_fallback_failed_total: AtomicU64,
+    /// Forwards that failed retryably and were tried again (another agent or step).
+    pub forward_retries_total: AtomicU64,
 }
 
 impl ShardMetrics {
@@ -66,7 +68,7 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 /// Renders every shard's series.
 pub fn render_shards(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
     type Getter = fn(&ShardMetrics) -> i128;
-    let simple: [(&str, &str, &str, Getter); 17] = [
+    let simple: [(&str, &str, &str, Getter); 18] = [
         (
             "hivenet_shard_connections_accepted_total",
             "counter",
@@ -168,6 +170,12 @@ pub fn render_shards(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) 
             "counter",
             "Provider-fallback requests the provider did not answer successfully.",
             |m| m.provider_fallback_failed_total.load(Ordering::Relaxed) as i128,
+        ),
+        (
+            "hivenet_shard_forward_retries_total",
+            "counter",
+            "Forwards that failed before answering and were tried again on another agent or step.",
+            |m| m.forward_retries_total.load(Ordering::Relaxed) as i128,
         ),
     ];
     for (name, kind, help, get) in simple {

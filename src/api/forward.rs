@@ -141,17 +141,32 @@ fn upstream_request(request: &ClientRequest) -> http::Request<()> {
         .expect("static method and uri form a valid request")
 }
 
+#[allow(clippy::too_many_arguments)]
 pub async fn forward<S: Sink>(
     shard: &Rc<Shard>,
     request: &ClientRequest,
     fields: &RequestFields<'_>,
     slot: Slot,
-    mut quota: QuotaHold,
+    quota: &mut QuotaHold,
     deadline: Instant,
+    may_retry: bool,
     sink: &mut S,
 ) -> Result<(), Outcome> {
+    // A failure before anything reached the client may be retried on another agent (policy
+    // reference, "What consumes a try") when the request has tries left.
+    let failed = |rejection: Rejection| -> Outcome {
+        if may_retry {
+            Outcome::Retry(Failure {
+                agent: slot.agent,
+                step: slot.step,
+                rejection,
+            })
+        } else {
+            Outcome::Rejected(rejection)
+        }
+    };
     let Some(tunnel) = shard.tunnel(slot.agent) else {
-        return Err(Rejection::agent_disconnected().into());
+        return Err(failed(Rejection::agent_disconnected()));
     };
     let injected = match request.route {
         Route::ChatCompletions => request_with_include_usage(&request.body, fields),
@@ -179,10 +194,17 @@ pub async fn forward<S: Sink>(
         Some(Ok(Err(error))) => {
             ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
             tracing::debug!(shard = shard.id, session = slot.agent.0, %error, "forward failed");
-            return Err(Rejection::agent_disconnected().into());
+            return Err(failed(Rejection::agent_disconnected()));
         }
         Some(Ok(Ok(response))) => response,
     };
+    if may_retry && is_retryable_status(response.status().as_u16()) {
+        // Dropping the response resets the stream: the agent stops the backend request.
+        ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
+        return Err(failed(Rejection::backend_status(
+            response.status().as_u16(),
+        )));
+    }
     let (parts, upstream_body) = response.into_parts();
     let status = parts.status.as_u16();
     let content_type = parts
@@ -216,7 +238,7 @@ pub async fn forward<S: Sink>(
         shard,
         slot: &slot,
         prompt: fields.prompt,
-        quota: &mut quota,
+        quota,
         route: request.route,
         status,
     };
@@ -412,6 +434,19 @@ async fn stream_back<S: Sink>(
     let ended = sink.end_stream().await;
     settling.settle(scanner.usage(), truncated || ended.is_err());
     ended.map_err(|_| Outcome::Gone)
+}
+
+/// Backend statuses that say "try elsewhere": unavailable, overloaded, rate-limited, failing.
+fn is_retryable_status(status: u16) -> bool {
+    matches!(status, 429 | 500 | 502 | 503 | 504)
+}
+
+/// A forward that failed before anything reached the client, on this agent in this step.
+pub struct Failure {
+    pub agent: crate::routing::AgentId,
+    pub step: u8,
+    /// What the client gets if no other attempt is made.
+    pub rejection: Rejection,
 }
 
 /// Output events between two occupancy updates to the model's owner.

@@ -167,7 +167,10 @@ pub async fn serve<S: Sink>(
         _ => match infer(shard, &request, key, sink).await {
             Ok(()) => Ok(()),
             Err(Outcome::Gone) => Err(ClientGone),
-            Err(Outcome::Rejected(rejection)) => sink.reject(&rejection).await,
+            Err(Outcome::Rejected(rejection))
+            | Err(Outcome::Retry(forward::Failure { rejection, .. })) => {
+                sink.reject(&rejection).await
+            }
         },
     }
 }
@@ -176,6 +179,9 @@ pub async fn serve<S: Sink>(
 pub enum Outcome {
     /// Nothing has been sent to the client yet: answer with this.
     Rejected(Rejection),
+    /// A forward failed before anything was sent to the client, and another attempt may serve
+    /// it (the caller decides; without one, the failure's rejection is the answer).
+    Retry(forward::Failure),
     /// The client is gone (or its connection broke mid-response).
     Gone,
 }
@@ -246,7 +252,7 @@ async fn infer<S: Sink>(
     });
     // B3, B2 and the B4 share on the model's owner; then B4's token buckets and the daily budget
     // on the quota owner; a refusal there drops the reservation, which releases it.
-    let admit = match ask {
+    let mut admit = match ask.clone() {
         None => Admit::Direct,
         Some(ask) if !token_phase => Admit::Gated(ask),
         Some(ask) => {
@@ -275,34 +281,124 @@ async fn infer<S: Sink>(
         .await?;
         quota.absorb(tokens);
     }
-    // Phase 6: an agent slot. A refusal here drops `quota`, which gives its charges back.
-    let acquired = sink
-        .until_client_gone(shard.acquire(model, deadline, admit, RouteAsk::default()))
-        .await;
-    let slot = match acquired {
-        None => {
-            ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
-            return Err(Outcome::Gone);
-        }
-        Some(Ok(slot)) => slot,
-        Some(Err(error @ (RouteError::NoAgents | RouteError::QueueFull)))
-            if generates && !fields.stream =>
-        {
-            // Local routing is exhausted: the provider, if the policy names one.
-            if let (Some(fallback), Some(pool)) =
-                (&policy.fallback_provider, &shard.settings.provider)
-            {
-                return by_provider(
-                    shard, request, fallback, pool, quota, estimate, deadline, sink,
-                )
-                .await;
-            }
-            return Err(route_rejection(error).into());
-        }
-        Some(Err(error)) => return Err(route_rejection(error).into()),
+    let provider = match (&policy.fallback_provider, &shard.settings.provider) {
+        (Some(fallback), Some(pool)) if generates && !fields.stream => Some((fallback, pool)),
+        _ => None,
     };
-    // Phases 7 and 8: forward, stream back, settle.
-    forward::forward(shard, request, &fields, slot, quota, deadline, sink).await
+    // Phases 6 to 8, once per attempt: a slot from the policy's steps, the forward, the answer.
+    // A refusal drops `quota`, which gives its token charges back.
+    let mut attempts = Attempts::new(policy);
+    loop {
+        let acquired = sink
+            .until_client_gone(shard.acquire(model, deadline, admit, attempts.ask()))
+            .await;
+        let slot = match acquired {
+            None => {
+                ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
+                return Err(Outcome::Gone);
+            }
+            Some(Ok(slot)) => slot,
+            Some(Err(error)) => {
+                // Local routing is exhausted: the provider, if the policy names one; else the
+                // last backend failure, or why no slot was found.
+                if matches!(error, RouteError::NoAgents | RouteError::QueueFull)
+                    && let Some((fallback, pool)) = provider
+                {
+                    return by_provider(
+                        shard, request, fallback, pool, quota, estimate, deadline, sink,
+                    )
+                    .await;
+                }
+                let rejection = attempts
+                    .last_failure
+                    .take()
+                    .unwrap_or_else(|| route_rejection(error));
+                return Err(rejection.into());
+            }
+        };
+        let may_retry = attempts.may_retry(slot.step, provider.is_some());
+        let forwarded = forward::forward(
+            shard, request, &fields, slot, &mut quota, deadline, may_retry, sink,
+        )
+        .await;
+        match forwarded {
+            Err(Outcome::Retry(failure)) => {
+                ShardMetrics::add(&shard.metrics.forward_retries_total, 1);
+                attempts.failed(failure);
+                admit = match &ask {
+                    None => Admit::Direct,
+                    Some(ask) => Admit::Gated(ask.clone()),
+                };
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A request's forward attempts over its policy's steps (policy reference, "Forward-attempt
+/// budgets"): a failed agent is excluded for the rest of its step; `max_tries` failures in a
+/// step move the request to the next step, where every agent is eligible again.
+struct Attempts<'p> {
+    policy: &'p crate::policy::ModelPolicy,
+    start_step: u8,
+    excluded: Vec<crate::routing::AgentId>,
+    failures_in_step: u32,
+    last_failure: Option<Rejection>,
+}
+
+impl<'p> Attempts<'p> {
+    fn new(policy: &'p crate::policy::ModelPolicy) -> Self {
+        Attempts {
+            policy,
+            start_step: 0,
+            excluded: Vec::new(),
+            failures_in_step: 0,
+            last_failure: None,
+        }
+    }
+
+    fn max_tries(&self, step: u8) -> u32 {
+        self.policy
+            .step(usize::from(step))
+            .map_or(1, |step| step.max_tries.max(1))
+    }
+
+    fn ask(&self) -> RouteAsk {
+        RouteAsk {
+            start_step: self.start_step,
+            excluded: self.excluded.clone().into_boxed_slice(),
+        }
+    }
+
+    /// Whether a failure on `step` could still be followed by another attempt.
+    fn may_retry(&self, step: u8, provider: bool) -> bool {
+        let failed_here = if step == self.start_step {
+            self.failures_in_step
+        } else {
+            0
+        };
+        failed_here + 1 < self.max_tries(step)
+            || usize::from(step) + 1 < 1 + self.policy.fallback_chain.len()
+            || provider
+    }
+
+    fn failed(&mut self, failure: forward::Failure) {
+        if failure.step != self.start_step {
+            // The owner moved the request on to a later step (nothing eligible before it).
+            self.start_step = failure.step;
+            self.excluded.clear();
+            self.failures_in_step = 0;
+        }
+        self.failures_in_step += 1;
+        if self.failures_in_step >= self.max_tries(failure.step) {
+            self.start_step = failure.step.saturating_add(1);
+            self.excluded.clear();
+            self.failures_in_step = 0;
+        } else {
+            self.excluded.push(failure.agent);
+        }
+        self.last_failure = Some(failure.rejection);
+    }
 }
 
 /// Provider fallback (seed, "Provider fallback accounting"): the request's occupancy is already
@@ -442,6 +538,40 @@ fn fields_rejection(error: FieldsError) -> Rejection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn failure(agent: u32, step: u8) -> forward::Failure {
+        forward::Failure {
+            agent: crate::routing::AgentId(agent),
+            step,
+            rejection: Rejection::agent_disconnected(),
+        }
+    }
+
+    #[test]
+    fn attempts_exclude_failed_agents_then_advance_steps() {
+        let compiled = crate::policy::compile_text(
+            "test.yaml",
+            "models: [m]\nrouting_policy:\n  strategy: least-loaded\n  max_tries: 2\nfallback_chain:\n  - strategy: least-loaded\n    max_tries: 1\n",
+            crate::policy::Role::Named("test"),
+            &crate::policy::PolicyContext::default(),
+        )
+        .unwrap();
+        let mut attempts = Attempts::new(&compiled.policy);
+        assert!(attempts.may_retry(0, false));
+        attempts.failed(failure(7, 0));
+        assert_eq!(attempts.ask().start_step, 0);
+        assert_eq!(&*attempts.ask().excluded, &[crate::routing::AgentId(7)]);
+        attempts.failed(failure(8, 0));
+        // Two failures used step 0's budget: step 1, every agent eligible again.
+        assert_eq!(attempts.ask().start_step, 1);
+        assert!(attempts.ask().excluded.is_empty());
+        // Step 1 allows one try and is the last step: no retry unless a provider follows.
+        assert!(!attempts.may_retry(1, false));
+        assert!(attempts.may_retry(1, true));
+        attempts.failed(failure(7, 1));
+        assert_eq!(attempts.ask().start_step, 2);
+        assert!(attempts.last_failure.is_some());
+    }
 
     #[test]
     fn routes_and_methods() {

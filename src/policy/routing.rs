@@ -9,7 +9,8 @@ use crate::policy::{AgentFacts, ModelPolicy, Signals, Step};
 use crate::routing::{Candidate, StepFilter};
 
 impl ModelPolicy {
-    fn step(&self, index: usize) -> Option<&Step> {
+    /// Step `index`: 0 is `routing_policy`, then the fallback chain in order.
+    pub fn step(&self, index: usize) -> Option<&Step> {
         match index {
             0 => Some(&self.primary),
             _ => self.fallback_chain.get(index - 1),

@@ -1,0 +1,49 @@
+//! Proves forward retries through the real router (policy reference, "Forward-attempt budgets"):
+//! when an agent's backend fails (here: its engine is killed, so the agent answers 502), the
+//! request is tried again on another eligible agent within the step's `max_tries`, and the
+//! client only ever sees successful answers.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{Options, Site, chat, request};
+
+#[test]
+fn a_failing_backend_is_retried_on_another_agent() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("hivenet-retries")
+        .join(format!("policies-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("sim.yaml"),
+        "models:\n  - sim-model\nrouting_policy:\n  strategy: least-loaded\n  max_tries: 2\n",
+    )
+    .unwrap();
+    let mut site = Site::start(
+        "forward-retries",
+        Options::new()
+            .sim(&["--models", "sim-model"])
+            .sim(&["--models", "sim-model"])
+            .agent(0, &[])
+            .agent(1, &[])
+            .router_args(&["--policy-model-dir", dir.to_str().unwrap(), "--shards", "1"]),
+    );
+    // Both agents serve; then sim 1 dies while its agent is still in the pool.
+    site.sims[1].kill();
+    let body = chat("sim-model", false).to_string();
+    let raw = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    for _ in 0..6 {
+        let response = request(site.http, raw.as_bytes());
+        assert_eq!(response.status, 200, "{}\n{}", response.text(), site.logs());
+    }
+    assert!(
+        site.router_metric("hivenet_shard_forward_retries_total") >= 1.0,
+        "no request was retried\n{}",
+        site.logs()
+    );
+}
