@@ -35,10 +35,6 @@ pub struct ShardMetrics {
     pub admission_parked_total: AtomicU64,
     /// Occupancy reservations the reaper released because their release was lost.
     pub admission_reaped_total: AtomicU64,
-    /// Requests handed to the policy's provider fallback after local routing was exhausted.
-    pub provider_fallback_total: AtomicU64,
-    /// Of those, the ones the provider did not answer successfully.
-    pub provider_fallback_failed_total: AtomicU64,
     /// Forwards that failed retryably and were tried again (another agent or step).
     pub forward_retries_total: AtomicU64,
 }
@@ -68,7 +64,7 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 /// Renders every shard's series.
 pub fn render_shards(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
     type Getter = fn(&ShardMetrics) -> i128;
-    let simple: [(&str, &str, &str, Getter); 18] = [
+    let simple: [(&str, &str, &str, Getter); 16] = [
         (
             "hivenet_shard_connections_accepted_total",
             "counter",
@@ -158,18 +154,6 @@ pub fn render_shards(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) 
             "counter",
             "Occupancy reservations released by the reaper because their release was lost.",
             |m| m.admission_reaped_total.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_shard_provider_fallback_total",
-            "counter",
-            "Requests sent to the policy's provider fallback after local routing was exhausted.",
-            |m| m.provider_fallback_total.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_shard_provider_fallback_failed_total",
-            "counter",
-            "Provider-fallback requests the provider did not answer successfully.",
-            |m| m.provider_fallback_failed_total.load(Ordering::Relaxed) as i128,
         ),
         (
             "hivenet_shard_forward_retries_total",

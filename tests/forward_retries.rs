@@ -41,6 +41,14 @@ fn a_failing_backend_is_retried_on_another_agent() {
         let response = request(site.http, raw.as_bytes());
         assert_eq!(response.status, 200, "{}\n{}", response.text(), site.logs());
     }
+    assert_eq!(
+        common::metric_sum(
+            &site.router_metrics(),
+            "hivenet_policy_primary_routed_total",
+            &[("model", "sim-model")]
+        ),
+        6.0
+    );
     assert!(
         site.router_metric("hivenet_shard_forward_retries_total") >= 1.0,
         "no request was retried\n{}",

@@ -69,10 +69,21 @@ fn exhausted_local_routing_falls_back_to_the_provider() {
     let streamed = request(site.http, &chat(true));
     assert_eq!(streamed.status, 503, "{}", streamed.text());
     assert_eq!(streamed.error_code(), "no_agents_available");
-    assert!(site.router_metric("hivenet_shard_provider_fallback_total") >= 1.0);
+    let metrics = site.router_metrics();
+    let provider = common::metric_sum(
+        &metrics,
+        "hivenet_policy_provider_fallback_total",
+        &[("model", "local-model")],
+    );
+    assert!(provider >= 1.0, "{metrics}");
+    // The streaming request found the chain exhausted.
     assert_eq!(
-        site.router_metric("hivenet_shard_provider_fallback_failed_total"),
-        0.0
+        common::metric_sum(
+            &metrics,
+            "hivenet_policy_exhausted_total",
+            &[("model", "local-model")]
+        ),
+        1.0
     );
     // A model without a provider in its policy is still unknown.
     let other =

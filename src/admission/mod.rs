@@ -43,6 +43,37 @@ pub fn request_caps(policy: &ModelPolicy, input_tokens: u64, images: u64) -> Opt
     None
 }
 
+/// How the policy routed a request, for the `hivenet_policy_*_total{model}` counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PolicyOutcome {
+    /// Forwarded by the primary step (`routing_policy`).
+    PrimaryRouted,
+    /// Forwarded by a local fallback step.
+    FallbackRouted,
+    /// Served by the external provider fallback.
+    ProviderFallback,
+    /// The local chain was exhausted and no successful result followed.
+    Exhausted,
+}
+
+impl PolicyOutcome {
+    pub const ALL: [PolicyOutcome; 4] = [
+        PolicyOutcome::PrimaryRouted,
+        PolicyOutcome::FallbackRouted,
+        PolicyOutcome::ProviderFallback,
+        PolicyOutcome::Exhausted,
+    ];
+
+    pub fn metric(self) -> &'static str {
+        match self {
+            PolicyOutcome::PrimaryRouted => "hivenet_policy_primary_routed_total",
+            PolicyOutcome::FallbackRouted => "hivenet_policy_fallback_routed_total",
+            PolicyOutcome::ProviderFallback => "hivenet_policy_provider_fallback_total",
+            PolicyOutcome::Exhausted => "hivenet_policy_exhausted_total",
+        }
+    }
+}
+
 /// Which gate refused, as the `reason` label of `hivenet_admission_rejections_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Reason {

@@ -25,7 +25,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use crate::admission::occupancy::Footprint;
-use crate::admission::{self, Reason};
+use crate::admission::{self, PolicyOutcome, Reason};
 use crate::auth::keys::KeyRecord;
 use crate::error::Rejection;
 use crate::http::fields::{FieldsError, extract_fields};
@@ -305,9 +305,12 @@ async fn infer<S: Sink>(
                     && let Some((fallback, pool)) = provider
                 {
                     return by_provider(
-                        shard, request, fallback, pool, quota, estimate, deadline, sink,
+                        shard, request, model.id, fallback, pool, quota, estimate, deadline, sink,
                     )
                     .await;
+                }
+                if generates && matches!(error, RouteError::NoAgents | RouteError::QueueFull) {
+                    shard.count_policy_outcome(model.id, PolicyOutcome::Exhausted);
                 }
                 let rejection = attempts
                     .last_failure
@@ -317,6 +320,11 @@ async fn infer<S: Sink>(
             }
         };
         let may_retry = attempts.may_retry(slot.step, provider.is_some());
+        let routed = if slot.step == 0 {
+            PolicyOutcome::PrimaryRouted
+        } else {
+            PolicyOutcome::FallbackRouted
+        };
         let forwarded = forward::forward(
             shard, request, &fields, slot, &mut quota, deadline, may_retry, sink,
         )
@@ -330,7 +338,12 @@ async fn infer<S: Sink>(
                     Some(ask) => Admit::Gated(ask.clone()),
                 };
             }
-            other => return other,
+            other => {
+                if generates {
+                    shard.count_policy_outcome(model.id, routed);
+                }
+                return other;
+            }
         }
     }
 }
@@ -409,6 +422,7 @@ impl<'p> Attempts<'p> {
 async fn by_provider<S: Sink>(
     shard: &Rc<Shard>,
     request: &ClientRequest,
+    model: ModelId,
     fallback: &crate::policy::ProviderFallback,
     pool: &crate::provider::ProviderPool,
     mut quota: QuotaHold,
@@ -435,17 +449,17 @@ async fn by_provider<S: Sink>(
         deadline,
     );
     call.request_id = request.request_id.clone();
-    ShardMetrics::add(&shard.metrics.provider_fallback_total, 1);
     match sink.until_client_gone(pool.call(call)).await {
         None => {
             ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
             Err(Outcome::Gone)
         }
         Some(Err(error)) => {
-            ShardMetrics::add(&shard.metrics.provider_fallback_failed_total, 1);
+            shard.count_policy_outcome(model, PolicyOutcome::Exhausted);
             Err(Rejection::provider(error).into())
         }
         Some(Ok(answer)) => {
+            shard.count_policy_outcome(model, PolicyOutcome::ProviderFallback);
             if let Some(usage) = answer.usage {
                 ShardMetrics::add(&shard.metrics.input_tokens_total, usage.input_tokens);
                 ShardMetrics::add(&shard.metrics.output_tokens_total, usage.output_tokens);

@@ -165,6 +165,28 @@ fn render_admission(out: &mut String, registry: &Registry, reports: &[ShardRepor
             }
         }
     }
+    for outcome in crate::admission::PolicyOutcome::ALL {
+        let name = outcome.metric();
+        let _ = writeln!(
+            out,
+            "# HELP {name} Requests by how the routing policy handled them."
+        );
+        let _ = writeln!(out, "# TYPE {name} counter");
+        let mut by_model: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+        for (model, counted, count) in reports
+            .iter()
+            .flat_map(|report| &report.admission.policy_outcomes)
+        {
+            if *counted == outcome
+                && let Some(model) = registry.model_name(*model)
+            {
+                *by_model.entry(model).or_default() += count;
+            }
+        }
+        for (model, count) in by_model {
+            let _ = writeln!(out, "{name}{{model=\"{}\"}} {count}", label(model));
+        }
+    }
     let name = "hivenet_admission_rejections_total";
     let _ = writeln!(out, "# HELP {name} Requests rejected by an admission gate.");
     let _ = writeln!(out, "# TYPE {name} counter");

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::admission::Reason;
 use crate::admission::occupancy::{Ask, Footprint, Limits, Pool, Refusal, Verdict};
+use crate::admission::{PolicyOutcome, Reason};
 use crate::auth::admin::AdminAccess;
 use crate::auth::keys::KeyRegistry;
 use crate::auth::keys::{KeyId, KeyRecord, TenantId};
@@ -151,6 +151,7 @@ pub struct PoolReport {
 pub struct AdmissionReport {
     pub pools: Vec<PoolReport>,
     pub rejections: Vec<(ModelId, Reason, u64)>,
+    pub policy_outcomes: Vec<(ModelId, PolicyOutcome, u64)>,
 }
 
 /// The router-side HTTP/2 client handle over one agent tunnel.
@@ -197,6 +198,8 @@ pub struct Shard {
     park_timer: Cell<bool>,
     /// Admission refusals decided on this shard, by model and gate.
     rejections: RefCell<HashMap<(ModelId, Reason), u64>>,
+    /// How the policy routed this shard's requests, by model.
+    policy_outcomes: RefCell<HashMap<(ModelId, PolicyOutcome), u64>>,
     /// This shard's learned tokens-per-byte ratios, trained on the exact usage of the requests
     /// it serves (each shard learns its own copy; with connections spread over shards the copies
     /// see the same traffic and converge alike).
@@ -257,6 +260,7 @@ impl Shard {
             pools: RefCell::new(HashMap::new()),
             park_timer: Cell::new(false),
             rejections: RefCell::new(HashMap::new()),
+            policy_outcomes: RefCell::new(HashMap::new()),
             estimator: RefCell::new(crate::admission::estimator::Estimator::default()),
             started: Instant::now(),
             deferred: RefCell::new(VecDeque::new()),
@@ -642,6 +646,15 @@ impl Shard {
             .or_insert(0) += 1;
     }
 
+    /// Counts how the policy routed one request.
+    pub fn count_policy_outcome(&self, model: ModelId, outcome: PolicyOutcome) {
+        *self
+            .policy_outcomes
+            .borrow_mut()
+            .entry((model, outcome))
+            .or_insert(0) += 1;
+    }
+
     /// Counts an admission refusal decided on this shard (B1 on the requester, per-key limits on
     /// the quota owner's answer).
     pub fn count_admission_rejection(&self, model: ModelId, reason: Reason) {
@@ -837,7 +850,17 @@ impl Shard {
             .iter()
             .map(|(&(model, reason), &count)| (model, reason, count))
             .collect();
-        AdmissionReport { pools, rejections }
+        let policy_outcomes = self
+            .policy_outcomes
+            .borrow()
+            .iter()
+            .map(|(&(model, outcome), &count)| (model, outcome, count))
+            .collect();
+        AdmissionReport {
+            pools,
+            rejections,
+            policy_outcomes,
+        }
     }
 
     fn millis_at(&self, instant: Instant) -> Millis {
