@@ -184,3 +184,42 @@ fn daily_budget_is_corrected_to_exact_stream_usage_then_refuses() {
         "daily total = exact usage"
     );
 }
+
+#[test]
+fn non_streamed_answer_over_the_daily_budget_is_refused_after_the_fact() {
+    // Each answer costs its exact prompt (a few tokens) plus 16 output tokens.
+    const BUDGET: u64 = 60;
+    let key = "sk-daily-buffered";
+    let auth = auth_file(
+        "daily-buffered",
+        key,
+        &format!("        tokens_per_day: {BUDGET}\n"),
+    );
+    let site = Site::start(
+        "limits-daily-buffered",
+        Options::new()
+            .sim(&["--models", "sim-model", "--output-tokens", "16"])
+            .agent(0, &[])
+            .api_key(key)
+            .router_args(&["--auth-config-file", auth.to_str().unwrap()]),
+    );
+    let body = chat("sim-model", false).to_string();
+    let mut statuses = Vec::new();
+    let refusal = loop {
+        let response = post(&site, key, &body);
+        statuses.push(response.status);
+        if response.status != 200 {
+            break response;
+        }
+        assert!(statuses.len() < 10, "never refused: {statuses:?}");
+    };
+    assert!(statuses.len() >= 2, "{statuses:?}");
+    assert_eq!(refusal.status, 429, "{}", refusal.text());
+    assert_eq!(refusal.error_code(), "token_limit_exceeded");
+    assert_eq!(refusal.header("x-ratelimit-remaining-tokens"), Some("0"));
+    // The refused answer was generated (the engine did the work) but not delivered.
+    assert_eq!(
+        site.sim_metric(0, "sim_requests_total") as usize,
+        statuses.len()
+    );
+}

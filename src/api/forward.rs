@@ -80,6 +80,15 @@ impl Settling<'_> {
         );
     }
 
+    /// A non-streamed answer, before delivery: the quota owner checks its output against the
+    /// key's daily budget (one round trip, only for keys with one). False: refuse it.
+    async fn settle_buffered(&mut self, usage: Option<Usage>, deadline: Instant) -> bool {
+        let wait = deadline
+            .saturating_duration_since(Instant::now())
+            .max(std::time::Duration::from_millis(100));
+        self.quota.settle_buffered(usage, wait).await
+    }
+
     /// The client went away mid-response: count it and settle what was used so far.
     fn client_left(&mut self, usage: Option<Usage>) -> Outcome {
         ShardMetrics::add(&self.shard.metrics.client_disconnects_total, 1);
@@ -88,9 +97,9 @@ impl Settling<'_> {
     }
 }
 
-/// Responses are charged as delivered (`Delivery::Streamed`) whether streamed or not: the quota
-/// owner may sit on another shard, and refusing a finished non-streamed answer after the fact
-/// would need a round trip before every response.
+/// Streams are charged as delivered (`Delivery::Streamed`); a non-streamed answer was settled
+/// as `Delivery::Buffered` before delivery (`Settling::settle_buffered`), so this is a no-op for
+/// its quota and only records usage.
 fn settle(shard: &Shard, quota: &mut QuotaHold, event: UsageEvent) {
     quota.settle_usage(event.usage, Delivery::Streamed);
     match event.usage {
@@ -326,6 +335,21 @@ async fn buffer_back<S: Sink>(
     } else {
         None
     };
+    if status == 200 && !settling.settle_buffered(usage, deadline).await {
+        // The answer's output no longer fits the key's daily budget: refused, not delivered
+        // (its usage is still recorded; the quota was settled without the output).
+        settling.settle(usage, false);
+        return Err(Rejection::quota(&crate::limits::Rejection {
+            kind: crate::limits::RejectionKind::DailyTokens,
+            model: settling.slot.model,
+            limit: 0,
+            remaining: 0,
+            reset_seconds: None,
+            retry_after_seconds: None,
+            remaining_requests: None,
+        })
+        .into());
+    }
     let written = sink
         .respond(status, content_type, rate_headers, &body)
         .await;

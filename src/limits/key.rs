@@ -116,6 +116,14 @@ pub struct Admission {
     pub remaining_tokens: Option<u64>,
 }
 
+impl Admission {
+    /// Whether a daily budget was charged: a non-streamed answer must then be checked against
+    /// it before delivery.
+    pub fn has_daily(&self) -> bool {
+        self.daily.is_some()
+    }
+}
+
 /// What settling decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settlement {

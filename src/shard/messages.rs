@@ -121,6 +121,19 @@ pub enum ShardToShard {
     },
     /// Requester -> quota owner: the request is over; charge exact usage, or give back.
     QuotaRelease(crate::shard::quotas::Release),
+    /// Requester -> quota owner: settle a non-streamed answer before it is delivered, and say
+    /// whether its output still fits the daily budget.
+    QuotaSettle {
+        ticket: Ticket,
+        tenant: crate::auth::keys::TenantId,
+        admission: crate::limits::Admission,
+        usage: crate::limits::Usage,
+    },
+    /// Quota owner -> requester: the settlement (`None`: the holder is gone; deliver).
+    QuotaSettled {
+        sequence: u64,
+        settlement: Option<crate::limits::Settlement>,
+    },
     /// Requester -> owner: pass the pool gates (`pool`, reserving occupancy under the ticket)
     /// and/or find an agent slot (`slot`) for `model`.
     Acquire {

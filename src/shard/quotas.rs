@@ -331,10 +331,10 @@ impl Quotas {
         admission: Admission,
         usage: Usage,
         delivery: Delivery,
-    ) {
-        if let Some(holder) = self.holders.get_mut(&tenant) {
-            let _ = holder.limits.settle(now, day, admission, usage, delivery);
-        }
+    ) -> Option<crate::limits::Settlement> {
+        self.holders
+            .get_mut(&tenant)
+            .map(|holder| holder.limits.settle(now, day, admission, usage, delivery))
     }
 
     pub fn cancel(&mut self, tenant: TenantId, admission: Admission) {

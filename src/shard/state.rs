@@ -192,6 +192,7 @@ pub struct Shard {
     /// Quota holders this shard owns (`tenant % count`).
     quotas: RefCell<Quotas>,
     quota_waiting: RefCell<HashMap<u64, oneshot::Sender<QuotaAnswer>>>,
+    settle_waiting: RefCell<HashMap<u64, oneshot::Sender<Option<crate::limits::Settlement>>>>,
     /// Occupancy of the models this shard owns.
     pools: RefCell<HashMap<ModelId, OwnedPool>>,
     /// Whether the park timer task runs.
@@ -257,6 +258,7 @@ impl Shard {
             mesh: RefCell::new(mesh),
             quotas: RefCell::new(Quotas::new(rpm_burst)),
             quota_waiting: RefCell::new(HashMap::new()),
+            settle_waiting: RefCell::new(HashMap::new()),
             pools: RefCell::new(HashMap::new()),
             park_timer: Cell::new(false),
             rejections: RefCell::new(HashMap::new()),
@@ -1002,7 +1004,9 @@ impl Shard {
                 admission,
                 usage,
                 delivery,
-            } => quotas.settle(now, day, tenant, admission, usage, delivery),
+            } => {
+                let _ = quotas.settle(now, day, tenant, admission, usage, delivery);
+            }
             Release::Cancel { tenant, admission } => quotas.cancel(tenant, admission),
         }
     }
@@ -1019,6 +1023,71 @@ impl Shard {
         })) = unwanted
         {
             self.quota_release(tenant, Release::Cancel { tenant, admission });
+        }
+    }
+
+    /// Settles a non-streamed answer on the quota owner before delivery (auth reference, "Token-
+    /// budget enforcement": output that no longer fits the day's budget is refused, the input
+    /// charge stays). `None`: nothing to refuse on (holder gone, or no answer within `wait`, in
+    /// which case the settlement still happens and the answer is delivered).
+    async fn settle_buffered(
+        self: &Rc<Self>,
+        tenant: TenantId,
+        admission: Admission,
+        usage: Usage,
+        wait: Duration,
+    ) -> Option<crate::limits::Settlement> {
+        let owner = self.quota_owner(tenant);
+        if owner == self.id {
+            return self.quotas.borrow_mut().settle(
+                self.now_millis(),
+                Self::today(),
+                tenant,
+                admission,
+                usage,
+                Delivery::Buffered,
+            );
+        }
+        let ticket = self.new_ticket();
+        let (answered, answer) = oneshot::channel();
+        self.settle_waiting
+            .borrow_mut()
+            .insert(ticket.sequence, answered);
+        let sent = self.mesh.borrow_mut().send_returning(
+            owner,
+            ShardToShard::QuotaSettle {
+                ticket,
+                tenant,
+                admission,
+                usage,
+            },
+        );
+        if let Err(message) = sent {
+            // Ring full: settle as delivered rather than lose the charge.
+            self.settle_waiting.borrow_mut().remove(&ticket.sequence);
+            ShardMetrics::add(&self.metrics.mesh_full_total, 1);
+            if let ShardToShard::QuotaSettle {
+                tenant, admission, ..
+            } = message
+            {
+                self.send_or_defer(
+                    owner,
+                    ShardToShard::QuotaRelease(Release::Settle {
+                        tenant,
+                        admission,
+                        usage,
+                        delivery: Delivery::Streamed,
+                    }),
+                );
+            }
+            return None;
+        }
+        match monoio::time::timeout(wait, answer).await {
+            Ok(Ok(settlement)) => settlement,
+            _ => {
+                self.settle_waiting.borrow_mut().remove(&ticket.sequence);
+                None
+            }
         }
     }
 
@@ -1072,6 +1141,36 @@ impl Shard {
                 result,
             } => self.quota_decided(sequence, tenant, result),
             ShardToShard::QuotaRelease(release) => self.apply_quota_release(release),
+            ShardToShard::QuotaSettle {
+                ticket,
+                tenant,
+                admission,
+                usage,
+            } => {
+                let settlement = self.quotas.borrow_mut().settle(
+                    self.now_millis(),
+                    Self::today(),
+                    tenant,
+                    admission,
+                    usage,
+                    Delivery::Buffered,
+                );
+                self.send_or_defer(
+                    usize::from(ticket.shard),
+                    ShardToShard::QuotaSettled {
+                        sequence: ticket.sequence,
+                        settlement,
+                    },
+                );
+            }
+            ShardToShard::QuotaSettled {
+                sequence,
+                settlement,
+            } => {
+                if let Some(waiter) = self.settle_waiting.borrow_mut().remove(&sequence) {
+                    let _ = waiter.send(settlement);
+                }
+            }
             ShardToShard::Acquire {
                 ticket,
                 model,
@@ -1419,6 +1518,34 @@ impl QuotaHold {
             },
         };
         self.settle(usage, delivery);
+    }
+
+    /// Settles a non-streamed answer before it is delivered. False when its output no longer
+    /// fits the key's daily budget: the caller refuses it with `token_limit_exceeded` (the input
+    /// charge stays, the output is not charged). Without a daily budget or exact usage this is
+    /// [`QuotaHold::settle_usage`] and the answer is delivered.
+    pub async fn settle_buffered(
+        &mut self,
+        usage: Option<crate::usage::Usage>,
+        wait: Duration,
+    ) -> bool {
+        let (Some(usage), true) = (
+            usage,
+            self.admission.as_ref().is_some_and(Admission::has_daily),
+        ) else {
+            self.settle_usage(usage, Delivery::Buffered);
+            return true;
+        };
+        let admission = self.admission.take().expect("checked above");
+        let usage = Usage {
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+        };
+        let settlement = self
+            .shard
+            .settle_buffered(self.tenant, admission, usage, wait)
+            .await;
+        settlement.is_none_or(|settlement| settlement.output_fit)
     }
 
     pub fn settle(&mut self, usage: Usage, delivery: Delivery) {
