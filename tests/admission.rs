@@ -445,3 +445,50 @@ fn b4_input_tokens_per_minute_refuse_with_retry_after() {
     );
     assert_settled(&site);
 }
+
+#[test]
+fn b4_output_tokens_per_minute_drained_by_a_response_refuse_the_next() {
+    let key = "sk-serverless-otpm";
+    // One answer of 64 output tokens drains a 40-token-per-minute output bucket.
+    let auth = auth_file(
+        "b4-otpm",
+        key,
+        "      quota:\n        output_tokens_per_minute: 40\n",
+    );
+    let policies = policy_dir("b4-otpm", "mode: serverless\n");
+    let site = Site::start(
+        "admission-b4-otpm",
+        Options::new()
+            .sim(&["--models", MODEL, "--output-tokens", "64"])
+            .agent(0, &[])
+            .api_key(key)
+            .router_args(&[
+                "--policy-model-dir",
+                policies.to_str().unwrap(),
+                "--auth-config-file",
+                auth.to_str().unwrap(),
+            ]),
+    );
+    let body = chat_body("hi", None, false);
+    let first = request(
+        site.http,
+        &raw_post("/v1/chat/completions", Some(key), &body),
+    );
+    assert_eq!(first.status, 200, "{}", first.text());
+    let refused = request(
+        site.http,
+        &raw_post("/v1/chat/completions", Some(key), &body),
+    );
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(refused.error_code(), "rate_limit_exceeded");
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(
+        admission_metric(
+            &site,
+            "hivenet_admission_rejections_total",
+            &[("reason", "b4_otpm"), ("model", MODEL)]
+        ),
+        1.0
+    );
+    assert_settled(&site);
+}
