@@ -397,19 +397,23 @@ impl ModelRoutes {
     fn take_least_loaded(&mut self, step: u8, excluded: &[AgentId]) -> Option<AgentId> {
         let count = self.agents.len();
         let start = self.next_tie_break % count.max(1);
-        let mut best: Option<(usize, u32)> = None;
+        // Least-loaded (policy reference, "Ranking strategy"): the lowest active requests over
+        // declared capacity, compared by cross-multiplying (no floats, exact ties).
+        let mut best: Option<(usize, u64, u64)> = None;
         for offset in 0..count {
             let index = (start + offset) % count;
             let candidate = &self.agents[index];
             if !candidate.has_room() || !self.eligible(candidate, step, excluded) {
                 continue;
             }
-            let load = candidate.load();
-            if best.is_none_or(|(_, best_load)| load < best_load) {
-                best = Some((index, load));
+            let (load, capacity) = (u64::from(candidate.load()), u64::from(candidate.capacity));
+            if best.is_none_or(|(_, best_load, best_capacity)| {
+                load * best_capacity < best_load * capacity
+            }) {
+                best = Some((index, load, capacity));
             }
         }
-        let (index, _) = best?;
+        let (index, ..) = best?;
         self.next_tie_break = index + 1;
         let chosen = &mut self.agents[index];
         chosen.own_in_flight += 1;
@@ -489,6 +493,22 @@ mod tests {
         assert_eq!(routes.acquire(ticket(5)), Acquire::Queued);
         assert_eq!(routes.acquire(ticket(6)), Acquire::QueueFull);
         assert_eq!(routes.release(AgentId(2)), vec![(ticket(5), grant(2))]);
+    }
+
+    #[test]
+    fn least_loaded_ranks_by_load_over_capacity() {
+        let mut routes = ModelRoutes::new(0);
+        up(&mut routes, 1, 8);
+        up(&mut routes, 2, 2);
+        // Both idle: agent 1 (first in rotation). Then agent 2 (0/2 < 1/8), then agent 1 while
+        // its ratio stays under agent 2's 1/2: 1/8, 2/8, 3/8.
+        assert_eq!(routes.acquire(ticket(1)), granted(1));
+        assert_eq!(routes.acquire(ticket(2)), granted(2));
+        assert_eq!(routes.acquire(ticket(3)), granted(1));
+        assert_eq!(routes.acquire(ticket(4)), granted(1));
+        assert_eq!(routes.acquire(ticket(5)), granted(1));
+        // 4/8 against 1/2: a tie, rotation picks agent 2.
+        assert_eq!(routes.acquire(ticket(6)), granted(2));
     }
 
     #[test]
