@@ -31,6 +31,14 @@ pub struct RouterArgs {
     /// Address the tunnel port binds.
     #[arg(long, default_value = "127.0.0.1")]
     pub p2p_listen_addr: IpAddr,
+    /// Open tunnel connections allowed from one source prefix (IPv4 /32, IPv6 /56); set it
+    /// comfortably above agents-behind-one-NAT × shards. 0: no limit.
+    #[arg(
+        long,
+        env = "HIVENET_ROUTER_P2P_MAX_CONNS_PER_IP",
+        default_value_t = 32
+    )]
+    pub p2p_max_conns_per_ip: u32,
     /// Multiaddr agents should dial for the tunnel (e.g. `/dns4/router.example/tcp/9000`);
     /// empty: `/ip4/<p2p-listen-addr>/tcp/<p2p-port>`.
     #[arg(long, default_value = "")]

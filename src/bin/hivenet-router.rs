@@ -214,6 +214,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             grpc_address,
             auth_config_file: args.auth_config_file.clone(),
             tunnel_address,
+            p2p_max_conns_per_ip: args.p2p_max_conns_per_ip,
             metrics_address,
         },
         secret,

@@ -13,6 +13,7 @@
 pub mod admin;
 pub mod admin_policy;
 pub mod auth_reload;
+pub mod conn_limit;
 pub mod daily_flush;
 pub mod metrics_http;
 pub mod policy_reload;
@@ -50,6 +51,8 @@ pub struct ControlSettings {
     /// `auth.yaml`, watched for changes; `None`: keys come from `HIVENET_ROUTER_AUTH_MODE`.
     pub auth_config_file: Option<std::path::PathBuf>,
     pub tunnel_address: SocketAddr,
+    /// `--p2p-max-conns-per-ip`: open tunnel connections allowed per source prefix (0: no limit).
+    pub p2p_max_conns_per_ip: u32,
     pub metrics_address: SocketAddr,
 }
 
@@ -70,6 +73,8 @@ pub struct ControlShared {
     pub policies: policy_reload::PolicyControl,
     /// `hivenet_quota_backend_errors_total`: daily-total flushes that failed.
     pub quota_backend_errors_total: AtomicU64,
+    /// Open tunnel connections per source prefix (`--p2p-max-conns-per-ip`).
+    pub tunnel_conns: conn_limit::ConnLimiter,
 }
 
 impl ControlShared {
@@ -82,6 +87,7 @@ impl ControlShared {
         policies: policy_reload::PolicyControl,
     ) -> ControlShared {
         ControlShared {
+            tunnel_conns: conn_limit::ConnLimiter::new(settings.p2p_max_conns_per_ip),
             policies,
             registry: Mutex::new(Registry::new(settings.shard_count, settings.health)),
             dynamic_keys: dynamic_keys.map(Mutex::new),

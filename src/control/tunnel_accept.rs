@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::control::ControlShared;
+use crate::control::conn_limit::ConnPermit;
 use crate::routing::AgentId;
 use crate::shard::messages::ControlToShard;
 use crate::tokens::SESSION_AUDIENCE;
@@ -27,9 +28,16 @@ pub async fn run(listener: tokio::net::TcpListener, shared: Arc<ControlShared>) 
                 continue;
             }
         };
+        // `--p2p-max-conns-per-ip`: the permit travels with the socket and is given back when
+        // the connection closes, here on refusal or on its shard when the tunnel ends.
+        let Some(permit) = shared.tunnel_conns.admit(remote.ip()) else {
+            tracing::warn!(%remote, "tunnel refused: too many connections from this address (--p2p-max-conns-per-ip)");
+            drop(socket);
+            continue;
+        };
         let shared = shared.clone();
         tokio::spawn(async move {
-            match tokio::time::timeout(PREAMBLE_TIMEOUT, handshake(socket, &shared)).await {
+            match tokio::time::timeout(PREAMBLE_TIMEOUT, handshake(socket, permit, &shared)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(reason)) => tracing::warn!(%remote, reason, "tunnel refused"),
                 Err(_) => tracing::warn!(%remote, "tunnel refused: preamble timed out"),
@@ -40,6 +48,7 @@ pub async fn run(listener: tokio::net::TcpListener, shared: Arc<ControlShared>) 
 
 async fn handshake(
     mut socket: tokio::net::TcpStream,
+    permit: ConnPermit,
     shared: &ControlShared,
 ) -> Result<(), &'static str> {
     let mut head = [0u8; 8];
@@ -77,7 +86,14 @@ async fn handshake(
                     .map_err(|_| "connection closed before acceptance")?;
                 let _ = socket.set_nodelay(true);
                 let socket = socket.into_std().map_err(|_| "cannot detach socket")?;
-                shared.send_to_shard(usize::from(shard), ControlToShard::Tunnel { agent, socket });
+                shared.send_to_shard(
+                    usize::from(shard),
+                    ControlToShard::Tunnel {
+                        agent,
+                        socket,
+                        permit,
+                    },
+                );
                 return Ok(());
             }
         }

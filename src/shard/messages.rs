@@ -39,6 +39,8 @@ pub enum ControlToShard {
     Tunnel {
         agent: AgentId,
         socket: std::net::TcpStream,
+        /// Its place under `--p2p-max-conns-per-ip`, held until the tunnel ends.
+        permit: crate::control::conn_limit::ConnPermit,
     },
     /// The agent's session ended: drop this shard's tunnel to it.
     CloseTunnel { agent: AgentId },

@@ -1275,7 +1275,11 @@ impl Shard {
                     self.deliver(model, grants);
                 }
             }
-            ControlToShard::Tunnel { agent, socket } => {
+            ControlToShard::Tunnel {
+                agent,
+                socket,
+                permit,
+            } => {
                 let generation = self.next_tunnel_generation.get();
                 self.next_tunnel_generation.set(generation + 1);
                 monoio::spawn(crate::tunnel::client::run(
@@ -1283,6 +1287,7 @@ impl Shard {
                     agent,
                     generation,
                     socket,
+                    permit,
                 ));
             }
             ControlToShard::Report(reply) => {

@@ -27,7 +27,15 @@ const CONNECTION_WINDOW_BYTES: u32 = 16 * 1024 * 1024;
 const PING_INTERVAL: Duration = Duration::from_secs(10);
 const PING_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub async fn run(shard: Rc<Shard>, agent: AgentId, generation: u64, socket: std::net::TcpStream) {
+/// `_permit` is the connection's place under `--p2p-max-conns-per-ip`, given back when this task
+/// (and so the tunnel) ends.
+pub async fn run(
+    shard: Rc<Shard>,
+    agent: AgentId,
+    generation: u64,
+    socket: std::net::TcpStream,
+    _permit: crate::control::conn_limit::ConnPermit,
+) {
     let stream = match monoio::net::TcpStream::from_std(socket) {
         Ok(stream) => stream,
         Err(error) => {
