@@ -336,15 +336,23 @@ fn b3_sheds_on_pool_kv_pressure_and_passes_without_signals() {
     }
 }
 
-#[test]
-fn b4_share_refusal_after_b2_leaves_occupancy_unchanged() {
-    let key = "sk-serverless-share";
-    let auth = auth_file("b4-share", key, "      max_occupancy_share: 0.3\n");
-    let policies = policy_dir("b4-share", "mode: serverless\nadmit_budget_tokens: 1000\n");
-    let site = Site::start(
-        "admission-b4-share",
+/// A site whose one key (`key`, with `key_settings` in auth.yaml) calls [`MODEL`] under a
+/// serverless policy with `policy` fields, the engine started with `sim_args`.
+fn serverless_site(
+    name: &str,
+    key: &str,
+    key_settings: &str,
+    policy: &str,
+    sim_args: &[&str],
+) -> Site {
+    let auth = auth_file(name, key, key_settings);
+    let policies = policy_dir(name, &format!("mode: serverless\n{policy}"));
+    let mut sim = vec!["--models", MODEL];
+    sim.extend_from_slice(sim_args);
+    Site::start(
+        &format!("admission-{name}"),
         Options::new()
-            .sim(&["--models", MODEL, "--itl", "40ms", "--output-tokens", "20"])
+            .sim(&sim)
             .agent(0, &["--capacity", "8"])
             .api_key(key)
             .router_args(&[
@@ -353,6 +361,18 @@ fn b4_share_refusal_after_b2_leaves_occupancy_unchanged() {
                 "--auth-config-file",
                 auth.to_str().unwrap(),
             ]),
+    )
+}
+
+#[test]
+fn b4_share_refusal_after_b2_leaves_occupancy_unchanged() {
+    let key = "sk-serverless-share";
+    let site = serverless_site(
+        "b4-share",
+        key,
+        "      max_occupancy_share: 0.3\n",
+        "admit_budget_tokens: 1000\n",
+        &["--itl", "40ms", "--output-tokens", "20"],
     );
     // The key's share is floor(0.3 × 1000) = 300 tokens; B2's budget is 900.
     let holder = open_stream(&site, Some(key), &chat_body("hold", Some(200), true));
@@ -394,24 +414,12 @@ fn b4_share_refusal_after_b2_leaves_occupancy_unchanged() {
 #[test]
 fn b4_input_tokens_per_minute_refuse_with_retry_after() {
     let key = "sk-serverless-itpm";
-    let auth = auth_file(
+    let site = serverless_site(
         "b4-itpm",
         key,
         "      quota:\n        input_tokens_per_minute: 400\n",
-    );
-    let policies = policy_dir("b4-itpm", "mode: serverless\nadmit_budget_tokens: 100000\n");
-    let site = Site::start(
-        "admission-b4-itpm",
-        Options::new()
-            .sim(&["--models", MODEL])
-            .agent(0, &[])
-            .api_key(key)
-            .router_args(&[
-                "--policy-model-dir",
-                policies.to_str().unwrap(),
-                "--auth-config-file",
-                auth.to_str().unwrap(),
-            ]),
+        "admit_budget_tokens: 100000\n",
+        &[],
     );
     let prompt = "tokens ".repeat(60);
     let mut statuses = Vec::new();
@@ -450,24 +458,12 @@ fn b4_input_tokens_per_minute_refuse_with_retry_after() {
 fn b4_output_tokens_per_minute_drained_by_a_response_refuse_the_next() {
     let key = "sk-serverless-otpm";
     // One answer of 64 output tokens drains a 40-token-per-minute output bucket.
-    let auth = auth_file(
+    let site = serverless_site(
         "b4-otpm",
         key,
         "      quota:\n        output_tokens_per_minute: 40\n",
-    );
-    let policies = policy_dir("b4-otpm", "mode: serverless\n");
-    let site = Site::start(
-        "admission-b4-otpm",
-        Options::new()
-            .sim(&["--models", MODEL, "--output-tokens", "64"])
-            .agent(0, &[])
-            .api_key(key)
-            .router_args(&[
-                "--policy-model-dir",
-                policies.to_str().unwrap(),
-                "--auth-config-file",
-                auth.to_str().unwrap(),
-            ]),
+        "",
+        &["--output-tokens", "64"],
     );
     let body = chat_body("hi", None, false);
     let first = request(

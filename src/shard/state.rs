@@ -198,9 +198,9 @@ pub struct Shard {
     /// Whether the park timer task runs.
     park_timer: Cell<bool>,
     /// Admission refusals decided on this shard, by model and gate.
-    rejections: RefCell<HashMap<(ModelId, Reason), u64>>,
+    rejections: PerModelCounts<Reason>,
     /// How the policy routed this shard's requests, by model.
-    policy_outcomes: RefCell<HashMap<(ModelId, PolicyOutcome), u64>>,
+    policy_outcomes: PerModelCounts<PolicyOutcome>,
     /// This shard's learned tokens-per-byte ratios, trained on the exact usage of the requests
     /// it serves (each shard learns its own copy; with connections spread over shards the copies
     /// see the same traffic and converge alike).
@@ -641,20 +641,12 @@ impl Shard {
     }
 
     fn count_rejection(&self, model: ModelId, reason: Reason) {
-        *self
-            .rejections
-            .borrow_mut()
-            .entry((model, reason))
-            .or_insert(0) += 1;
+        count_per_model(&self.rejections, model, reason);
     }
 
     /// Counts how the policy routed one request.
     pub fn count_policy_outcome(&self, model: ModelId, outcome: PolicyOutcome) {
-        *self
-            .policy_outcomes
-            .borrow_mut()
-            .entry((model, outcome))
-            .or_insert(0) += 1;
+        count_per_model(&self.policy_outcomes, model, outcome);
     }
 
     /// Counts an admission refusal decided on this shard (B1 on the requester, per-key limits on
@@ -846,22 +838,10 @@ impl Shard {
                 }
             })
             .collect();
-        let rejections = self
-            .rejections
-            .borrow()
-            .iter()
-            .map(|(&(model, reason), &count)| (model, reason, count))
-            .collect();
-        let policy_outcomes = self
-            .policy_outcomes
-            .borrow()
-            .iter()
-            .map(|(&(model, outcome), &count)| (model, outcome, count))
-            .collect();
         AdmissionReport {
             pools,
-            rejections,
-            policy_outcomes,
+            rejections: per_model_counts(&self.rejections.borrow()),
+            policy_outcomes: per_model_counts(&self.policy_outcomes.borrow()),
         }
     }
 
@@ -1410,6 +1390,24 @@ impl Shard {
             }
         }
     }
+}
+
+/// Per-model counters a shard keeps for `/metrics` (admission refusals, policy outcomes).
+type PerModelCounts<K> = RefCell<HashMap<(ModelId, K), u64>>;
+
+fn count_per_model<K: Copy + Eq + std::hash::Hash>(
+    counts: &PerModelCounts<K>,
+    model: ModelId,
+    kind: K,
+) {
+    *counts.borrow_mut().entry((model, kind)).or_insert(0) += 1;
+}
+
+fn per_model_counts<K: Copy>(counts: &HashMap<(ModelId, K), u64>) -> Vec<(ModelId, K, u64)> {
+    counts
+        .iter()
+        .map(|(&(model, kind), &count)| (model, kind, count))
+        .collect()
 }
 
 /// A queued acquire; dropped while armed, it withdraws its ticket.
