@@ -117,6 +117,19 @@ fn one_key_over_every_shard_never_exceeds_its_rpm() {
         served as usize, admitted,
         "refused requests never reach the engine"
     );
+    // The tenant counters: every refusal once, under the key's owner and its own static id.
+    let metrics = site.router_metrics();
+    let tenant = [("tenant_id", "acme")];
+    assert_eq!(
+        common::metric_sum(&metrics, "hivenet_tenant_rate_limited_total", &tenant) as usize,
+        48 - admitted,
+        "{metrics}"
+    );
+    assert_eq!(
+        common::metric_sum(&metrics, "hivenet_tenant_requests_success_total", &tenant) as usize,
+        admitted
+    );
+    assert!(metrics.contains("key_id=\"static:"), "{metrics}");
 }
 
 #[test]
@@ -221,5 +234,29 @@ fn non_streamed_answer_over_the_daily_budget_is_refused_after_the_fact() {
     assert_eq!(
         site.sim_metric(0, "sim_requests_total") as usize,
         statuses.len()
+    );
+    let metrics = site.router_metrics();
+    let output_phase = [("tenant_id", "acme"), ("phase", "output")];
+    assert_eq!(
+        common::metric_sum(
+            &metrics,
+            "hivenet_tenant_token_limited_total",
+            &output_phase
+        ),
+        1.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        common::metric_sum(
+            &metrics,
+            "hivenet_tenant_requests_failed_total",
+            &[("model", "sim-model")]
+        ),
+        1.0
+    );
+    // Every answer's exact output is counted, the refused one's too.
+    assert_eq!(
+        common::metric_sum(&metrics, "hivenet_tenant_output_tokens_total", &[]) as usize,
+        16 * statuses.len()
     );
 }

@@ -76,6 +76,19 @@ fn exhausted_local_routing_falls_back_to_the_provider() {
         &[("model", "local-model")],
     );
     assert!(provider >= 1.0, "{metrics}");
+    // The provider's usage counts under the model the client asked for.
+    assert!(
+        common::metric_sum(
+            &metrics,
+            "hivenet_tenant_input_tokens_total",
+            &[
+                ("tenant_id", "default"),
+                ("key_id", "anonymous"),
+                ("model", "local-model")
+            ]
+        ) > 0.0,
+        "{metrics}"
+    );
     // The streaming request found the chain exhausted.
     assert_eq!(
         common::metric_sum(

@@ -24,6 +24,7 @@ use crate::limits::Delivery;
 use crate::metrics::ShardMetrics;
 use crate::shard::latch::race;
 use crate::shard::state::{OccupancyUpdate, QuotaHold, Shard, Slot};
+use crate::shard::tenants::{KeyLabels, Phase};
 use crate::usage::{self, AnthropicStreamScan, OpenAiEvent, OpenAiStreamScan, SseSplitter, Usage};
 
 /// Largest non-streamed response body the router buffers; a larger one is a backend error.
@@ -56,6 +57,14 @@ struct Settling<'a> {
 impl Settling<'_> {
     /// Phase 8, once per request: the usage event, and the key's quota charged with exact usage.
     fn settle(&mut self, usage: Option<Usage>, truncated: bool) {
+        if let Some(usage) = usage {
+            self.shard.count_tenant_tokens(
+                self.quota.key,
+                self.slot.model,
+                usage.input_tokens,
+                usage.output_tokens,
+            );
+        }
         // The estimator learns only from usage the backend reported for a complete answer.
         if let Some(usage) = usage
             && self.status == 200
@@ -160,7 +169,7 @@ pub async fn forward<S: Sink>(
     deadline: Instant,
     may_retry: bool,
     sink: &mut S,
-) -> Result<(), Outcome> {
+) -> Result<u16, Outcome> {
     // A failure before anything reached the client may be retried on another agent (policy
     // reference, "What consumes a try") when the request has tries left.
     let failed = |rejection: Rejection| -> Outcome {
@@ -275,7 +284,7 @@ pub async fn forward<S: Sink>(
     ShardMetrics::gauge(&shard.metrics.in_flight, -1);
     // Settle: the response is over, the slot goes back now.
     drop(slot);
-    result
+    result.map(|()| status)
 }
 
 async fn buffer_back<S: Sink>(
@@ -339,6 +348,13 @@ async fn buffer_back<S: Sink>(
         // The answer's output no longer fits the key's daily budget: refused, not delivered
         // (its usage is still recorded; the quota was settled without the output).
         settling.settle(usage, false);
+        let key = settling.quota.key;
+        shard
+            .tenants
+            .borrow_mut()
+            .token_limited(key, Phase::Output, || {
+                shard.keys().get(key).map(KeyLabels::of)
+            });
         return Err(Rejection::quota(&crate::limits::Rejection {
             kind: crate::limits::RejectionKind::DailyTokens,
             model: settling.slot.model,

@@ -30,12 +30,14 @@ use crate::auth::keys::KeyRecord;
 use crate::error::Rejection;
 use crate::http::fields::{FieldsError, extract_fields};
 use crate::http::request::Method;
+use crate::limits::RejectionKind;
 use crate::limits::{Estimate, ModelContext};
 use crate::metrics::ShardMetrics;
 use crate::routing::Ask as RouteAsk;
 use crate::shard::quotas::{Charge, has_token_phase};
 use crate::shard::snapshot::{Capability, ModelId};
 use crate::shard::state::{Admit, PoolAsk, QuotaHold, QuotaRefusal, RouteError, Shard};
+use crate::shard::tenants::{KeyLabels, Phase};
 use sink::{ClientGone, Sink};
 
 /// The routes the router serves.
@@ -165,7 +167,7 @@ pub async fn serve<S: Sink>(
             }
         }
         _ => match infer(shard, &request, key, sink).await {
-            Ok(()) => Ok(()),
+            Ok(_status) => Ok(()),
             Err(Outcome::Gone) => Err(ClientGone),
             Err(Outcome::Rejected(rejection))
             | Err(Outcome::Retry(forward::Failure { rejection, .. })) => {
@@ -197,7 +199,7 @@ async fn infer<S: Sink>(
     request: &ClientRequest,
     key: &KeyRecord,
     sink: &mut S,
-) -> Result<(), Outcome> {
+) -> Result<u16, Outcome> {
     // Phase 3: body fields, then the key's model authorisation.
     let fields = extract_fields(&request.body).map_err(fields_rejection)?;
     authenticate::authorize_model(key, &fields.model)?;
@@ -205,6 +207,13 @@ async fn infer<S: Sink>(
     let snapshot = shard.snapshot();
     let Some(model) = snapshot.lookup(&fields.model, request.route.capability()) else {
         return Err(Rejection::model_not_found(&fields.model).into());
+    };
+    // From here every way out counts once in the key's tenant series.
+    let mut tally = Tally {
+        shard,
+        key,
+        model: model.id,
+        status: None,
     };
     let deadline = request.received_at + shard.settings.request_timeout;
     let estimate = estimate(shard, request, model.id, &fields);
@@ -304,10 +313,12 @@ async fn infer<S: Sink>(
                 if matches!(error, RouteError::NoAgents | RouteError::QueueFull)
                     && let Some((fallback, pool)) = provider
                 {
-                    return by_provider(
+                    let answered = by_provider(
                         shard, request, model.id, fallback, pool, quota, estimate, deadline, sink,
                     )
                     .await;
+                    tally.status = answered.as_ref().ok().copied();
+                    return answered;
                 }
                 if generates && matches!(error, RouteError::NoAgents | RouteError::QueueFull) {
                     shard.count_policy_outcome(model.id, PolicyOutcome::Exhausted);
@@ -342,9 +353,32 @@ async fn infer<S: Sink>(
                 if generates {
                     shard.count_policy_outcome(model.id, routed);
                 }
+                tally.status = other.as_ref().ok().copied();
                 return other;
             }
         }
+    }
+}
+
+/// Counts one inference request in its key's tenant series when it ends, whichever way: success
+/// for a 2xx answer, failure for anything else (a refusal, an error, a client gone).
+struct Tally<'a> {
+    shard: &'a Shard,
+    key: &'a KeyRecord,
+    model: ModelId,
+    /// The status the client got, once known.
+    status: Option<u16>,
+}
+
+impl Drop for Tally<'_> {
+    fn drop(&mut self) {
+        let key = self.key;
+        self.shard
+            .tenants
+            .borrow_mut()
+            .finished(key.key_id, self.model, self.status, || {
+                Some(KeyLabels::of(key))
+            });
     }
 }
 
@@ -429,7 +463,7 @@ async fn by_provider<S: Sink>(
     estimate: Estimate,
     deadline: Instant,
     sink: &mut S,
-) -> Result<(), Outcome> {
+) -> Result<u16, Outcome> {
     use crate::provider::{ProviderConfig, ProviderRequest};
     quota.settle(
         crate::limits::Usage {
@@ -463,9 +497,18 @@ async fn by_provider<S: Sink>(
             if let Some(usage) = answer.usage {
                 ShardMetrics::add(&shard.metrics.input_tokens_total, usage.input_tokens);
                 ShardMetrics::add(&shard.metrics.output_tokens_total, usage.output_tokens);
+                // Recorded under the model the client asked for (seed, "Provider fallback
+                // accounting").
+                shard.count_tenant_tokens(
+                    quota.key,
+                    model,
+                    usage.input_tokens,
+                    usage.output_tokens,
+                );
             }
             sink.respond(200, "application/json", &[], &answer.body)
                 .await
+                .map(|()| 200)
                 .map_err(|_| Outcome::Gone)
         }
     }
@@ -492,6 +535,19 @@ async fn visit_quota<S: Sink>(
         Some(Err(QuotaRefusal::Limit(refusal))) => {
             if let Some(reason) = Reason::of_quota(refusal.kind) {
                 shard.count_admission_rejection(context.model, reason);
+            }
+            let labels = || Some(KeyLabels::of(key));
+            match refusal.kind {
+                RejectionKind::RequestRate => {
+                    shard.tenants.borrow_mut().rate_limited(key.key_id, labels);
+                }
+                RejectionKind::DailyTokens | RejectionKind::DailyTokensForMaxOutput => {
+                    shard
+                        .tenants
+                        .borrow_mut()
+                        .token_limited(key.key_id, Phase::Input, labels);
+                }
+                _ => {}
             }
             Err(Rejection::quota(&refusal).into())
         }

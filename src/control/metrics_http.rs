@@ -99,6 +99,7 @@ fn respond(
         );
     }
     render_admission(&mut out, &registry, reports);
+    render_tenants(&mut out, &registry, reports);
     drop(registry);
     let _ = writeln!(
         out,
@@ -205,6 +206,109 @@ fn render_admission(out: &mut String, registry: &Registry, reports: &[ShardRepor
             out,
             "{name}{{reason=\"{reason}\",model=\"{}\"}} {count}",
             label(model)
+        );
+    }
+}
+
+/// The tenant families of the reference ("Tenant and quota metrics"), summed over shards.
+/// `deployment_id` is `unset`: agents do not register a deployment.
+fn render_tenants(out: &mut String, registry: &Registry, reports: &[ShardReport]) {
+    use std::collections::BTreeMap;
+    let mut requests: BTreeMap<(&str, &str, &str), crate::shard::tenants::RequestCounts> =
+        BTreeMap::new();
+    for (labels, model, counts) in reports.iter().flat_map(|report| &report.tenants.requests) {
+        let Some(model) = registry.model_name(*model) else {
+            continue;
+        };
+        let total = requests
+            .entry((&labels.tenant_id, &labels.key_id, model))
+            .or_default();
+        total.success += counts.success;
+        total.failed += counts.failed;
+        total.input_tokens += counts.input_tokens;
+        total.output_tokens += counts.output_tokens;
+    }
+    type Count = fn(&crate::shard::tenants::RequestCounts) -> u64;
+    let families: [(&str, &str, Count); 4] = [
+        (
+            "hivenet_tenant_requests_success_total",
+            "Inference requests answered with a 2xx status.",
+            |counts| counts.success,
+        ),
+        (
+            "hivenet_tenant_requests_failed_total",
+            "Inference requests answered with an error, or whose client left.",
+            |counts| counts.failed,
+        ),
+        (
+            "hivenet_tenant_input_tokens_total",
+            "Exact input tokens reported for the tenant's requests.",
+            |counts| counts.input_tokens,
+        ),
+        (
+            "hivenet_tenant_output_tokens_total",
+            "Exact output tokens reported for the tenant's requests.",
+            |counts| counts.output_tokens,
+        ),
+    ];
+    for (name, help, get) in families {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} counter");
+        for ((tenant, key, model), counts) in &requests {
+            let _ = writeln!(
+                out,
+                "{name}{{tenant_id=\"{}\",key_id=\"{}\",deployment_id=\"unset\",model=\"{}\"}} {}",
+                label(tenant),
+                label(key),
+                label(model),
+                get(counts)
+            );
+        }
+    }
+    let name = "hivenet_tenant_rate_limited_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Requests refused by the key's requests-per-minute limit."
+    );
+    let _ = writeln!(out, "# TYPE {name} counter");
+    let mut rate_limited: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    for (labels, count) in reports
+        .iter()
+        .flat_map(|report| &report.tenants.rate_limited)
+    {
+        *rate_limited
+            .entry((&labels.tenant_id, &labels.key_id))
+            .or_default() += count;
+    }
+    for ((tenant, key), count) in rate_limited {
+        let _ = writeln!(
+            out,
+            "{name}{{tenant_id=\"{}\",key_id=\"{}\"}} {count}",
+            label(tenant),
+            label(key)
+        );
+    }
+    let name = "hivenet_tenant_token_limited_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Requests refused by the daily token budget, by phase."
+    );
+    let _ = writeln!(out, "# TYPE {name} counter");
+    let mut token_limited: BTreeMap<(&str, &str, &str), u64> = BTreeMap::new();
+    for (labels, phase, count) in reports
+        .iter()
+        .flat_map(|report| &report.tenants.token_limited)
+    {
+        *token_limited
+            .entry((&labels.tenant_id, &labels.key_id, phase.as_str()))
+            .or_default() += count;
+    }
+    for ((tenant, key, phase), count) in token_limited {
+        let _ = writeln!(
+            out,
+            "{name}{{tenant_id=\"{}\",key_id=\"{}\",deployment_id=\"unset\",phase=\"{phase}\"}} {count}",
+            label(tenant),
+            label(key)
         );
     }
 }

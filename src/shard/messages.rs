@@ -59,6 +59,7 @@ pub enum ControlToShard {
 pub struct ShardReport {
     pub queues: Vec<(ModelId, u32)>,
     pub admission: crate::shard::state::AdmissionReport,
+    pub tenants: crate::shard::tenants::TenantReport,
 }
 
 /// From a shard to the control core.

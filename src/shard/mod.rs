@@ -20,3 +20,4 @@ pub mod quotas;
 pub mod runtime;
 pub mod snapshot;
 pub mod state;
+pub mod tenants;

@@ -205,6 +205,8 @@ pub struct Shard {
     /// it serves (each shard learns its own copy; with connections spread over shards the copies
     /// see the same traffic and converge alike).
     pub estimator: RefCell<crate::admission::estimator::Estimator>,
+    /// Per-tenant request and token counters (`hivenet_tenant_*`).
+    pub tenants: RefCell<crate::shard::tenants::TenantCounters>,
     /// Origin of the monotonic `Millis` the limits run on.
     started: Instant,
     /// Mesh messages that found their ring full; retried before anything new is drained. Only
@@ -264,6 +266,7 @@ impl Shard {
             rejections: RefCell::new(HashMap::new()),
             policy_outcomes: RefCell::new(HashMap::new()),
             estimator: RefCell::new(crate::admission::estimator::Estimator::default()),
+            tenants: RefCell::new(crate::shard::tenants::TenantCounters::default()),
             started: Instant::now(),
             deferred: RefCell::new(VecDeque::new()),
             to_control,
@@ -821,6 +824,18 @@ impl Shard {
         }
     }
 
+    /// Counts tokens a request used against its key's tenant series (resolving the key's labels
+    /// only when the series is new; a key gone in a reload is not counted).
+    pub fn count_tenant_tokens(&self, key: KeyId, model: ModelId, input: u64, output: u64) {
+        self.tenants
+            .borrow_mut()
+            .tokens(key, model, input, output, || {
+                self.keys()
+                    .get(key)
+                    .map(crate::shard::tenants::KeyLabels::of)
+            });
+    }
+
     /// The admission state this shard owns, for `/metrics`.
     pub fn admission_report(&self) -> AdmissionReport {
         let pools = self
@@ -905,6 +920,7 @@ impl Shard {
         let tenant = key.tenant_id;
         let hold = |admitted: Admitted| QuotaHold {
             shard: self.clone(),
+            key: key.key_id,
             tenant,
             admission: admitted.admission,
             estimate_input_tokens: 0,
@@ -1280,6 +1296,7 @@ impl Shard {
                 let _ = reply.send(crate::shard::messages::ShardReport {
                     queues,
                     admission: self.admission_report(),
+                    tenants: self.tenants.borrow().report(),
                 });
             }
             ControlToShard::ReportDaily(reply) => {
@@ -1482,6 +1499,8 @@ impl Drop for Reservation {
 /// token charges back. Either reaches the quota owner exactly once.
 pub struct QuotaHold {
     shard: Rc<Shard>,
+    /// The request's key, for the tenant counters.
+    pub key: KeyId,
     tenant: TenantId,
     admission: Option<Admission>,
     /// Charged as input when the response carries no usage.
