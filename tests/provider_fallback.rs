@@ -76,6 +76,13 @@ fn exhausted_local_routing_falls_back_to_the_provider() {
         &[("model", "local-model")],
     );
     assert!(provider >= 1.0, "{metrics}");
+    // The provider client's own outbound metric.
+    assert!(
+        metrics.contains(
+            "http_client_request_duration_seconds_count{provider=\"openai\",status_code=\"200\"}"
+        ),
+        "{metrics}"
+    );
     // The provider's usage counts under the model the client asked for.
     assert!(
         common::metric_sum(

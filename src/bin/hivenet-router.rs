@@ -198,6 +198,20 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         inboxes.push(receiver);
     }
 
+    // Provider fallback: one client thread, started only when a provider key is configured
+    // (credentials are read once, at start-up).
+    let provider_settings = ProviderSettings::from_env()?;
+    let provider = if [ProviderEngine::OpenAi, ProviderEngine::Anthropic]
+        .into_iter()
+        .any(|engine| provider_settings.api_key(engine).is_some())
+    {
+        Some(
+            ProviderPool::start(provider_settings, PoolSettings::default())
+                .context("cannot start the provider-fallback client")?,
+        )
+    } else {
+        None
+    };
     let shared = Arc::new(ControlShared::new(
         ControlSettings {
             shard_count,
@@ -222,6 +236,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         to_shards,
         metrics.clone(),
         policies,
+        provider.as_ref().map(|pool| pool.metrics().clone()),
     ));
 
     // The control core: its own thread, its own tokio runtime.
@@ -273,20 +288,6 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         .context("control core did not start")??;
 
     let cores = core_affinity::get_core_ids().unwrap_or_default();
-    // Provider fallback: one client thread, started only when a provider key is configured
-    // (credentials are read once, at start-up).
-    let provider_settings = ProviderSettings::from_env()?;
-    let provider = if [ProviderEngine::OpenAi, ProviderEngine::Anthropic]
-        .into_iter()
-        .any(|engine| provider_settings.api_key(engine).is_some())
-    {
-        Some(
-            ProviderPool::start(provider_settings, PoolSettings::default())
-                .context("cannot start the provider-fallback client")?,
-        )
-    } else {
-        None
-    };
     let settings = ShardSettings {
         queue_depth: args.queue_depth,
         request_timeout: args.request_timeout,

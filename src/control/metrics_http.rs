@@ -100,6 +100,9 @@ fn respond(
     }
     render_admission(&mut out, &registry, reports);
     render_tenants(&mut out, &registry, reports);
+    if let Some(provider) = &shared.provider_metrics {
+        provider.render(&mut out);
+    }
     drop(registry);
     let _ = writeln!(
         out,

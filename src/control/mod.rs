@@ -75,6 +75,8 @@ pub struct ControlShared {
     pub quota_backend_errors_total: AtomicU64,
     /// Open tunnel connections per source prefix (`--p2p-max-conns-per-ip`).
     pub tunnel_conns: conn_limit::ConnLimiter,
+    /// The provider-fallback client's outbound HTTP metrics, when it runs.
+    pub provider_metrics: Option<Arc<crate::provider::ProviderMetrics>>,
 }
 
 impl ControlShared {
@@ -85,8 +87,10 @@ impl ControlShared {
         to_shards: Vec<mpsc::UnboundedSender<ControlToShard>>,
         shard_metrics: Vec<Arc<ShardMetrics>>,
         policies: policy_reload::PolicyControl,
+        provider_metrics: Option<Arc<crate::provider::ProviderMetrics>>,
     ) -> ControlShared {
         ControlShared {
+            provider_metrics,
             tunnel_conns: conn_limit::ConnLimiter::new(settings.p2p_max_conns_per_ip),
             policies,
             registry: Mutex::new(Registry::new(settings.shard_count, settings.health)),
