@@ -260,6 +260,7 @@ start_router_stack() { # variant-args index
   mkdir -p "$dir"
   args=$(router_args "$1")
   log "starting hivenet-router ($args) and hivenet-agent"
+  export HIVENET_ROUTER_AUDIT_LOG_PATH="$dir/audit.jsonl"
   # shellcheck disable=SC2086 # the flags are meant to be split into words
   start_bg router "$WORK/router-$2.log" "$BIN/hivenet-router" --http-port "$ROUTER_HTTP" \
     --grpc-port "$ROUTER_GRPC" --metrics-port "$ROUTER_METRICS" --p2p-port "$ROUTER_P2P" \

@@ -13,6 +13,7 @@
 pub mod admission;
 pub mod agent;
 pub mod api;
+pub mod audit;
 pub mod auth;
 pub mod config;
 pub mod control;

@@ -20,7 +20,7 @@ const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn serve<S: Sink>(
     shard: &Rc<Shard>,
-    request: ClientRequest,
+    request: &ClientRequest,
     sink: &mut S,
 ) -> Result<(), ClientGone> {
     let presented = presented_key(
@@ -40,8 +40,8 @@ pub async fn serve<S: Sink>(
     let (reply, answer) = oneshot::channel();
     let call = AdminCall {
         method: request.method,
-        target: request.target,
-        body: request.body,
+        target: request.target.clone(),
+        body: request.body.clone(),
         reply,
     };
     if !shard.call_control(call) {

@@ -46,6 +46,7 @@ pub struct UsageEvent {
 /// What settling a response needs: the one per-request context the response phases share.
 struct Settling<'a> {
     shard: &'a Shard,
+    facts: &'a mut super::RequestFacts,
     slot: &'a Slot,
     /// What the input estimate was computed from, to train the estimator with exact usage.
     prompt: PromptShape,
@@ -58,6 +59,8 @@ impl Settling<'_> {
     /// Phase 8, once per request: the usage event, and the key's quota charged with exact usage.
     fn settle(&mut self, usage: Option<Usage>, truncated: bool) {
         if let Some(usage) = usage {
+            self.facts.input_tokens = usage.input_tokens;
+            self.facts.output_tokens = usage.output_tokens;
             self.shard.count_tenant_tokens(
                 self.quota.key,
                 self.slot.model,
@@ -168,6 +171,7 @@ pub async fn forward<S: Sink>(
     quota: &mut QuotaHold,
     deadline: Instant,
     may_retry: bool,
+    facts: &mut super::RequestFacts,
     sink: &mut S,
 ) -> Result<u16, Outcome> {
     // A failure before anything reached the client may be retried on another agent (policy
@@ -254,6 +258,7 @@ pub async fn forward<S: Sink>(
     let rate_headers = &rate_headers[..rate_header_count];
     let settling = Settling {
         shard,
+        facts,
         slot: &slot,
         prompt: fields.prompt,
         quota,

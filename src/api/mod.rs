@@ -129,30 +129,66 @@ pub struct ClientRequest {
     pub authorization: Option<Bytes>,
     pub x_api_key: Option<Bytes>,
     pub received_at: Instant,
+    /// The client's address (the audit log's `source_ip`).
+    pub peer: Option<std::net::IpAddr>,
+}
+
+/// What the audit record of one request needs from the phases it went through.
+#[derive(Debug, Default)]
+pub struct RequestFacts {
+    /// The authenticated key.
+    pub key: Option<crate::auth::keys::KeyId>,
+    /// The top-level `model`, when the body could be read.
+    pub model: Option<String>,
+    /// The agent that served it, or the provider marker (`provider:openai`).
+    pub agent: Option<crate::routing::AgentId>,
+    pub provider: Option<&'static str>,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// The router's error code, when the router refused or failed the request.
+    pub error_code: Option<&'static str>,
 }
 
 /// Serves one request to completion. `Err(ClientGone)` means the client connection is unusable
-/// and must be closed.
+/// and must be closed. Every request but `/health` leaves one audit record.
 pub async fn serve<S: Sink>(
     shard: &Rc<Shard>,
     request: ClientRequest,
     sink: &mut S,
 ) -> Result<(), ClientGone> {
     ShardMetrics::add(&shard.metrics.requests_total, 1);
-    match request.route {
-        Route::Health => {
-            return sink
-                .respond(200, "application/json", &[], b"{\"status\":\"ok\"}")
-                .await;
-        }
-        Route::Admin => return admin::serve(shard, request, sink).await,
-        _ => {}
+    if request.route == Route::Health {
+        return sink
+            .respond(200, "application/json", &[], b"{\"status\":\"ok\"}")
+            .await;
     }
     let keys = shard.keys();
-    let key = match authenticate::authenticate(&keys, &request, authenticate::now_unix_ms()) {
+    let mut facts = RequestFacts::default();
+    let served = serve_audited(shard, &request, &keys, &mut facts, sink).await;
+    // A client that left got no complete answer: 499, as nginx records it.
+    let status = if served.is_err() { 499 } else { sink.status() };
+    shard.audit(&request, &keys, &facts, status);
+    served
+}
+
+async fn serve_audited<S: Sink>(
+    shard: &Rc<Shard>,
+    request: &ClientRequest,
+    keys: &crate::auth::keys::KeyRegistry,
+    facts: &mut RequestFacts,
+    sink: &mut S,
+) -> Result<(), ClientGone> {
+    if request.route == Route::Admin {
+        return admin::serve(shard, request, sink).await;
+    }
+    let key = match authenticate::authenticate(keys, request, authenticate::now_unix_ms()) {
         Ok(key) => key,
-        Err(rejection) => return sink.reject(&rejection).await,
+        Err(rejection) => {
+            facts.error_code = Some(rejection.code);
+            return sink.reject(&rejection).await;
+        }
     };
+    facts.key = Some(key.key_id);
     match request.route {
         Route::Models => {
             let snapshot = shard.snapshot();
@@ -166,11 +202,12 @@ pub async fn serve<S: Sink>(
                     .await
             }
         }
-        _ => match infer(shard, &request, key, sink).await {
+        _ => match infer(shard, request, key, facts, sink).await {
             Ok(_status) => Ok(()),
             Err(Outcome::Gone) => Err(ClientGone),
             Err(Outcome::Rejected(rejection))
             | Err(Outcome::Retry(forward::Failure { rejection, .. })) => {
+                facts.error_code = Some(rejection.code);
                 sink.reject(&rejection).await
             }
         },
@@ -198,10 +235,12 @@ async fn infer<S: Sink>(
     shard: &Rc<Shard>,
     request: &ClientRequest,
     key: &KeyRecord,
+    facts: &mut RequestFacts,
     sink: &mut S,
 ) -> Result<u16, Outcome> {
     // Phase 3: body fields, then the key's model authorisation.
     let fields = extract_fields(&request.body).map_err(fields_rejection)?;
+    facts.model = Some(fields.model.clone().into_owned());
     authenticate::authorize_model(key, &fields.model)?;
     // Phase 4: model and capability.
     let snapshot = shard.snapshot();
@@ -313,8 +352,10 @@ async fn infer<S: Sink>(
                 if matches!(error, RouteError::NoAgents | RouteError::QueueFull)
                     && let Some((fallback, pool)) = provider
                 {
+                    facts.provider = Some(fallback.engine.processed_by());
                     let answered = by_provider(
-                        shard, request, model.id, fallback, pool, quota, estimate, deadline, sink,
+                        shard, request, model.id, fallback, pool, quota, estimate, deadline, facts,
+                        sink,
                     )
                     .await;
                     tally.status = answered.as_ref().ok().copied();
@@ -336,8 +377,9 @@ async fn infer<S: Sink>(
         } else {
             PolicyOutcome::FallbackRouted
         };
+        facts.agent = Some(slot.agent);
         let forwarded = forward::forward(
-            shard, request, &fields, slot, &mut quota, deadline, may_retry, sink,
+            shard, request, &fields, slot, &mut quota, deadline, may_retry, facts, sink,
         )
         .await;
         match forwarded {
@@ -462,6 +504,7 @@ async fn by_provider<S: Sink>(
     mut quota: QuotaHold,
     estimate: Estimate,
     deadline: Instant,
+    facts: &mut RequestFacts,
     sink: &mut S,
 ) -> Result<u16, Outcome> {
     use crate::provider::{ProviderConfig, ProviderRequest};
@@ -495,6 +538,8 @@ async fn by_provider<S: Sink>(
         Some(Ok(answer)) => {
             shard.count_policy_outcome(model, PolicyOutcome::ProviderFallback);
             if let Some(usage) = answer.usage {
+                facts.input_tokens = usage.input_tokens;
+                facts.output_tokens = usage.output_tokens;
                 ShardMetrics::add(&shard.metrics.input_tokens_total, usage.input_tokens);
                 ShardMetrics::add(&shard.metrics.output_tokens_total, usage.output_tokens);
                 // Recorded under the model the client asked for (seed, "Provider fallback

@@ -42,6 +42,9 @@ pub trait Sink {
     /// Asks the connection to close after this response.
     fn close_after(&mut self);
 
+    /// The status of the response head written for the current request (0: none yet).
+    fn status(&self) -> u16;
+
     /// Answers with the rejection's status, headers and envelope.
     fn reject(&mut self, rejection: &Rejection) -> impl Future<Output = Result<(), ClientGone>> {
         async move {

@@ -18,6 +18,7 @@ use anyhow::Context;
 use clap::Parser;
 use tokio::sync::mpsc;
 
+use hivenet_router::audit::AuditLog;
 use hivenet_router::auth::config::ApiMode;
 use hivenet_router::auth::dynamic::DynamicRegistry;
 use hivenet_router::config::{EnvSettings, QuotaBackend, RouterArgs, listen_address};
@@ -239,6 +240,13 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         provider.as_ref().map(|pool| pool.metrics().clone()),
     ));
 
+    // The audit log: one writer thread, one ring per shard.
+    let audit_path = hivenet_router::audit::path_from_env();
+    let (mut audit_log, audit_senders) =
+        AuditLog::start(&audit_path, shard_count).context("cannot start the audit log writer")?;
+    tracing::info!(destination = %audit_log.destination, "audit log");
+    let mut audit_senders = audit_senders.into_iter().map(Some).collect::<Vec<_>>();
+
     // The control core: its own thread, its own tokio runtime.
     let (control_started, control_ready) = std::sync::mpsc::channel();
     std::thread::Builder::new()
@@ -280,6 +288,8 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
                         tracing::warn!("the final flush of daily token totals did not finish; the last second of changes may be lost");
                     }
                 }
+                // Every record the shards have written reaches the log before the process ends.
+                audit_log.shutdown();
                 std::process::exit(0);
             });
         })?;
@@ -311,6 +321,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             metrics: metrics[index].clone(),
             keys: keys.clone(),
             admin_access: admin_access.clone(),
+            audit: audit_senders[index].take(),
             daily_restore: daily_restores
                 .as_mut()
                 .map(|restores| std::mem::take(&mut restores[index])),

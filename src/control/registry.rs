@@ -423,14 +423,14 @@ impl Registry {
         if should_route {
             let registration = record.registration.as_ref();
             let capacity = registration.map_or(0, |r| r.capacity);
-            let profile =
-                Arc::new(
-                    registration.map_or_else(AgentProfile::default, |r| AgentProfile {
-                        engine: r.engine.as_str().into(),
-                        region: r.region.as_str().into(),
-                        tags: r.tags.clone().into_boxed_slice(),
-                    }),
-                );
+            let profile = Arc::new(AgentProfile {
+                peer_id: record.peer_id.as_str().into(),
+                engine: registration.map_or("", |r| r.engine.as_str()).into(),
+                region: registration.map_or("", |r| r.region.as_str()).into(),
+                tags: registration
+                    .map_or_else(Vec::new, |r| r.tags.clone())
+                    .into_boxed_slice(),
+            });
             events.push(Event::AgentUp {
                 agent,
                 models: record.models.clone(),

@@ -84,6 +84,7 @@ mod tests {
         );
         assert_eq!(policy.step_count(), 2);
         let eu = AgentProfile {
+            peer_id: "12D3KooWtest".into(),
             engine: "vllm".into(),
             region: "eu".into(),
             tags: Box::new([]),

@@ -51,6 +51,8 @@ pub struct EngineSignals {
 /// What an agent registered: the static facts a step's `match` reads.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AgentProfile {
+    /// The agent's libp2p-style peer ID (the audit log's `agent_id`).
+    pub peer_id: Box<str>,
     pub engine: Box<str>,
     pub region: Box<str>,
     pub tags: Box<[String]>,

@@ -92,12 +92,14 @@ async fn serve_sniffed(shard: &Rc<Shard>, mut stream: TcpStream) {
 }
 
 async fn serve_http1(shard: &Rc<Shard>, stream: TcpStream, first: BytesMut) {
+    let peer = stream.peer_addr().ok().map(|address| address.ip());
     let (reader, writer) = stream.into_split();
     let gone = Rc::new(Latch::default());
     let writer_done = Rc::new(Latch::default());
     let (to_writer, from_reader) = mpsc::channel(PIPELINE_DEPTH);
     let reading = monoio::spawn(read_loop(
         shard.clone(),
+        peer,
         reader,
         first,
         to_writer,
@@ -111,6 +113,7 @@ async fn serve_http1(shard: &Rc<Shard>, stream: TcpStream, first: BytesMut) {
         close: false,
         head_only: false,
         shard: shard.clone(),
+        status: 0,
     };
     write_loop(shard, &mut sink, from_reader).await;
     let _ = sink.writer.shutdown().await;
@@ -128,6 +131,7 @@ async fn write_loop(shard: &Rc<Shard>, sink: &mut Http1Sink, mut inbound: mpsc::
             } => {
                 sink.close = !keep_alive;
                 sink.head_only = head_only;
+                sink.status = 0;
                 if api::serve(shard, request, sink).await.is_err() || sink.close {
                     return;
                 }
@@ -158,6 +162,8 @@ struct Reader {
     writer_done: Rc<Latch>,
     /// Whether a finished writer ends a read (false while lingering: the writer is done by then).
     stop_with_writer: bool,
+    /// The client's address, for the audit log.
+    peer: Option<std::net::IpAddr>,
 }
 
 enum ReadEnd {
@@ -203,6 +209,7 @@ impl Reader {
 
 async fn read_loop(
     shard: Rc<Shard>,
+    peer: Option<std::net::IpAddr>,
     socket: OwnedReadHalf<TcpStream>,
     first: BytesMut,
     to_writer: mpsc::Sender<Inbound>,
@@ -214,6 +221,7 @@ async fn read_loop(
         buf: first,
         writer_done,
         stop_with_writer: true,
+        peer,
     };
     let end = read_requests(&shard, &mut reader, &to_writer).await;
     match end {
@@ -389,6 +397,7 @@ async fn read_requests(
             authorization: span(head.authorization),
             x_api_key: span(head.x_api_key),
             received_at: head_parsed_at,
+            peer: reader.peer,
         };
         let keep_alive = head.keep_alive;
         let sent = to_writer
@@ -501,6 +510,8 @@ struct Http1Sink {
     head_only: bool,
     /// Where this connection's responses are counted.
     shard: Rc<Shard>,
+    /// The status of the response head written last (0: none yet for this request).
+    status: u16,
 }
 
 impl Http1Sink {
@@ -528,6 +539,7 @@ impl Sink for Http1Sink {
         body: &[u8],
     ) -> Result<(), ClientGone> {
         self.shard.metrics.count_response(status);
+        self.status = status;
         self.out.clear();
         ResponseHead {
             status,
@@ -550,6 +562,7 @@ impl Sink for Http1Sink {
         extra_headers: &[(&str, &[u8])],
     ) -> Result<(), ClientGone> {
         self.shard.metrics.count_response(status);
+        self.status = status;
         const STREAM_HEADERS_MAX: usize = 4;
         let mut headers: [(&str, &[u8]); STREAM_HEADERS_MAX] =
             [("cache-control", b"no-cache"); STREAM_HEADERS_MAX];
@@ -592,5 +605,9 @@ impl Sink for Http1Sink {
 
     fn close_after(&mut self) {
         self.close = true;
+    }
+
+    fn status(&self) -> u16 {
+        self.status
     }
 }

@@ -72,6 +72,7 @@ impl AsyncWrite for Prefixed {
 }
 
 pub async fn serve(shard: Rc<Shard>, stream: monoio::net::TcpStream, prefix: Bytes) {
+    let peer = stream.peer_addr().ok().map(|address| address.ip());
     let io = Prefixed {
         prefix,
         inner: StreamWrapper::new_with_buffer_size(stream, BUFFER_BYTES, BUFFER_BYTES),
@@ -90,7 +91,7 @@ pub async fn serve(shard: Rc<Shard>, stream: monoio::net::TcpStream, prefix: Byt
         let Ok((request, respond)) = accepted else {
             break;
         };
-        monoio::spawn(serve_stream(shard.clone(), request, respond));
+        monoio::spawn(serve_stream(shard.clone(), request, respond, peer));
     }
 }
 
@@ -98,11 +99,13 @@ async fn serve_stream(
     shard: Rc<Shard>,
     request: http::Request<h2::RecvStream>,
     respond: SendResponse<Bytes>,
+    peer: Option<std::net::IpAddr>,
 ) {
     let mut sink = H2Sink {
         respond,
         stream: None,
         shard: shard.clone(),
+        status: 0,
     };
     let (parts, mut body_stream) = request.into_parts();
     let method = match parts.method {
@@ -167,6 +170,7 @@ async fn serve_stream(
         authorization: header("authorization"),
         x_api_key: header("x-api-key"),
         received_at: Instant::now(),
+        peer,
     };
     let _ = api::serve(&shard, request, &mut sink).await;
 }
@@ -176,6 +180,8 @@ struct H2Sink {
     stream: Option<h2::SendStream<Bytes>>,
     /// Where this connection's responses are counted.
     shard: Rc<Shard>,
+    /// The status of the response head, once written (0 before).
+    status: u16,
 }
 
 impl H2Sink {
@@ -188,6 +194,7 @@ impl H2Sink {
         end_of_stream: bool,
     ) -> Result<(), ClientGone> {
         self.shard.metrics.count_response(status);
+        self.status = status;
         let mut response = http::Response::builder()
             .status(status)
             .header(http::header::CONTENT_TYPE, content_type);
@@ -291,4 +298,8 @@ impl Sink for H2Sink {
     }
 
     fn close_after(&mut self) {}
+
+    fn status(&self) -> u16 {
+        self.status
+    }
 }

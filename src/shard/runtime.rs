@@ -34,6 +34,8 @@ pub struct ShardSetup {
     /// `HIVENET_ROUTER_QUOTA_BACKEND=badger`: today's persisted totals of the tenants this shard
     /// owns (`tenant % count`); `None` with the `memory` backend.
     pub daily_restore: Option<crate::shard::quotas::DailyRestore>,
+    /// This shard's end of the audit log.
+    pub audit: Option<crate::audit::AuditSender>,
     pub inbox: mpsc::UnboundedReceiver<ControlToShard>,
     pub to_control: mpsc::UnboundedSender<ShardToControl>,
     pub core: Option<core_affinity::CoreId>,
@@ -136,6 +138,9 @@ async fn run(
         setup.admin_access,
         setup.to_control,
     ));
+    if let Some(audit) = setup.audit {
+        shard.set_audit(audit);
+    }
     if let Some(restore) = setup.daily_restore {
         shard.restore_daily(restore);
     }

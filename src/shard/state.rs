@@ -207,6 +207,10 @@ pub struct Shard {
     pub estimator: RefCell<crate::admission::estimator::Estimator>,
     /// Per-tenant request and token counters (`hivenet_tenant_*`).
     pub tenants: RefCell<crate::shard::tenants::TenantCounters>,
+    /// This shard's end of the audit log (`None` until start-up hands it over).
+    audit: RefCell<Option<crate::audit::AuditSender>>,
+    /// Every pooled agent's peer ID, for the audit log (all shards hear every agent).
+    agent_peers: RefCell<HashMap<AgentId, Arc<crate::routing::AgentProfile>>>,
     /// Origin of the monotonic `Millis` the limits run on.
     started: Instant,
     /// Mesh messages that found their ring full; retried before anything new is drained. Only
@@ -267,6 +271,8 @@ impl Shard {
             policy_outcomes: RefCell::new(HashMap::new()),
             estimator: RefCell::new(crate::admission::estimator::Estimator::default()),
             tenants: RefCell::new(crate::shard::tenants::TenantCounters::default()),
+            audit: RefCell::new(None),
+            agent_peers: RefCell::new(HashMap::new()),
             started: Instant::now(),
             deferred: RefCell::new(VecDeque::new()),
             to_control,
@@ -824,6 +830,70 @@ impl Shard {
         }
     }
 
+    /// Hands this shard its end of the audit log (start-up, before it accepts).
+    pub fn set_audit(&self, sender: crate::audit::AuditSender) {
+        *self.audit.borrow_mut() = Some(sender);
+    }
+
+    /// Writes the request's audit record (observability reference, "Audit record format").
+    pub fn audit(
+        &self,
+        request: &crate::api::ClientRequest,
+        keys: &KeyRegistry,
+        facts: &crate::api::RequestFacts,
+        status: u16,
+    ) {
+        use crate::audit::{AuditRecord, error_code_for_status, format_ts, request_id};
+        use crate::auth::keys::KeySource;
+        let mut audit = self.audit.borrow_mut();
+        let Some(sender) = audit.as_mut() else {
+            return;
+        };
+        let key = facts.key.and_then(|key| keys.get(key));
+        let static_id;
+        let key_id = match key.map(|key| &key.source) {
+            Some(KeySource::Dynamic { id }) => id.as_str(),
+            Some(KeySource::Static { .. }) => {
+                static_id = format!("static:{}", facts.key.unwrap_or(KeyId::ANONYMOUS));
+                static_id.as_str()
+            }
+            Some(KeySource::Anonymous) | None => "",
+        };
+        let mut id = [0u8; 36];
+        request_id(request.request_id.as_deref(), &mut id);
+        let latency = request.received_at.elapsed();
+        let mut ts = String::with_capacity(24);
+        format_ts(std::time::SystemTime::now() - latency, &mut ts);
+        let source_ip = request.peer.map(|ip| ip.to_string()).unwrap_or_default();
+        let peers = self.agent_peers.borrow();
+        let agent_id = match (facts.provider, facts.agent) {
+            (Some(provider), _) => provider,
+            (None, Some(agent)) => peers.get(&agent).map_or("", |profile| &profile.peer_id),
+            (None, None) => "",
+        };
+        let error_code = match facts.error_code {
+            Some(code) if status >= 400 => code,
+            _ => error_code_for_status(status),
+        };
+        sender.record(&AuditRecord {
+            log_type: "audit",
+            level: AuditRecord::level_of(status),
+            trace_id: "",
+            request_id: std::str::from_utf8(&id).unwrap_or(""),
+            tenant_id: key.map_or("", |key| key.owner.as_str()),
+            key_id,
+            model: facts.model.as_deref().unwrap_or(""),
+            status_code: status,
+            latency_ms: latency.as_millis() as u64,
+            input_tokens: facts.input_tokens,
+            output_tokens: facts.output_tokens,
+            agent_id,
+            error_code,
+            source_ip: &source_ip,
+            ts: &ts,
+        });
+    }
+
     /// Counts tokens a request used against its key's tenant series (resolving the key's labels
     /// only when the series is new; a key gone in a reload is not counted).
     pub fn count_tenant_tokens(&self, key: KeyId, model: ModelId, input: u64, output: u64) {
@@ -1222,6 +1292,7 @@ impl Shard {
                 capacity,
                 profile,
             } => {
+                self.agent_peers.borrow_mut().insert(agent, profile.clone());
                 for model in self.owned(&models) {
                     let steps = self.steps_of(model);
                     let grants = self
@@ -1240,6 +1311,7 @@ impl Shard {
                 }
             }
             ControlToShard::AgentDown { agent, models } => {
+                self.agent_peers.borrow_mut().remove(&agent);
                 for model in self.owned(&models) {
                     let failed = {
                         let mut routes = self.routes.borrow_mut();

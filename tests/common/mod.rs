@@ -622,11 +622,18 @@ fn spawn_router(
         args.extend(strings(&["--shards", &shards.to_string()]));
     }
     args.extend(options.router_args.iter().cloned());
+    // The audit log goes to the test's directory (its default is under /var/log); a test's
+    // own value wins (set after).
+    let mut router_env = vec![(
+        "HIVENET_ROUTER_AUDIT_LOG_PATH".to_string(),
+        dir.join("audit.jsonl").display().to_string(),
+    )];
+    router_env.extend(options.router_env.iter().cloned());
     Proc::spawn(
         name,
         env!("CARGO_BIN_EXE_hivenet-router"),
         &args,
-        &options.router_env,
+        &router_env,
         dir,
     )
 }
