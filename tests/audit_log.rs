@@ -1,7 +1,8 @@
 //! Proves the audit log through the real router: one JSON line per request (none for
 //! `/health`), with the reference's fields — the client's UUID request ID kept and anything else
 //! replaced by a UUID, tenant and key, model, final status, exact tokens, the serving agent's peer
-//! ID, the error code of a refusal — and every record written before a graceful stop ends.
+//! ID, the error code of a refusal — and every record written before a graceful stop ends. The
+//! request ID is returned as `X-Request-ID`.
 
 mod common;
 
@@ -47,8 +48,14 @@ fn every_request_leaves_one_audit_record() {
         &bearer,
     );
     assert_eq!(served.status, 200);
+    assert_eq!(
+        served.header("x-request-id"),
+        Some("8b9e4a6d-dfb4-4b95-bada-319e7e5b878a")
+    );
     let refused = post("x-request-id: \"><script>\r\n", "");
     assert_eq!(refused.status, 401);
+    let generated = refused.header("x-request-id").unwrap().to_owned();
+    assert_eq!(generated.len(), 36);
     let (health, _, _) = site.get("/health");
     assert_eq!(health, 200);
 
@@ -90,8 +97,7 @@ fn every_request_leaves_one_audit_record() {
     assert_eq!(denied["level"], "error");
     assert_eq!(denied["error_code"], "unauthorized");
     assert_eq!(denied["tenant_id"], "");
-    let id = denied["request_id"].as_str().unwrap();
-    assert!(id.len() == 36 && !id.contains('<'), "{id}");
+    assert_eq!(denied["request_id"], generated.as_str());
     // Nothing for /health, nothing but metadata anywhere.
     assert!(!text.contains("/health") && !text.contains(key) && !text.contains("messages"));
 }

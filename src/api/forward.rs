@@ -144,9 +144,9 @@ fn upstream_request(request: &ClientRequest) -> http::Request<()> {
     let mut upstream = http::Request::builder()
         .method(http::Method::POST)
         .uri(upstream_uri(request.route))
-        .header(http::header::CONTENT_TYPE, "application/json");
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header("x-request-id", request.request_id_str());
     let forwarded = [
-        ("x-request-id", &request.request_id),
         ("anthropic-version", &request.anthropic_version),
         ("anthropic-beta", &request.anthropic_beta),
     ];

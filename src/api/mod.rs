@@ -120,8 +120,9 @@ pub struct ClientRequest {
     /// The request target as sent (path and query), for routes that read them (`/admin/*`).
     pub target: Bytes,
     pub body: Bytes,
-    /// `x-request-id` from the client, forwarded to the agent.
-    pub request_id: Option<Bytes>,
+    /// The request's ID: the client's `X-Request-ID` when it is a UUID, else a new UUID v4
+    /// (`audit::request_id`). Returned to the client, forwarded to the agent, audited.
+    pub request_id: [u8; 36],
     /// `anthropic-version` / `anthropic-beta`, forwarded for `/v1/messages`.
     pub anthropic_version: Option<Bytes>,
     pub anthropic_beta: Option<Bytes>,
@@ -131,6 +132,13 @@ pub struct ClientRequest {
     pub received_at: Instant,
     /// The client's address (the audit log's `source_ip`).
     pub peer: Option<std::net::IpAddr>,
+}
+
+impl ClientRequest {
+    pub fn request_id_str(&self) -> &str {
+        // Always ASCII hex digits and dashes (see `audit::request_id`).
+        std::str::from_utf8(&self.request_id).unwrap_or("")
+    }
 }
 
 /// What the audit record of one request needs from the phases it went through.
@@ -157,6 +165,7 @@ pub async fn serve<S: Sink>(
     sink: &mut S,
 ) -> Result<(), ClientGone> {
     ShardMetrics::add(&shard.metrics.requests_total, 1);
+    sink.set_request_id(request.request_id);
     if request.route == Route::Health {
         return sink
             .respond(200, "application/json", &[], b"{\"status\":\"ok\"}")
@@ -525,7 +534,7 @@ async fn by_provider<S: Sink>(
         request.body.clone(),
         deadline,
     );
-    call.request_id = request.request_id.clone();
+    call.request_id = Some(Bytes::copy_from_slice(&request.request_id));
     match sink.until_client_gone(pool.call(call)).await {
         None => {
             ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);

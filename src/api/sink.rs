@@ -45,6 +45,9 @@ pub trait Sink {
     /// The status of the response head written for the current request (0: none yet).
     fn status(&self) -> u16;
 
+    /// The current request's ID, sent back as `X-Request-ID` on its response head.
+    fn set_request_id(&mut self, id: [u8; 36]);
+
     /// Answers with the rejection's status, headers and envelope.
     fn reject(&mut self, rejection: &Rejection) -> impl Future<Output = Result<(), ClientGone>> {
         async move {

@@ -114,6 +114,7 @@ async fn serve_http1(shard: &Rc<Shard>, stream: TcpStream, first: BytesMut) {
         head_only: false,
         shard: shard.clone(),
         status: 0,
+        request_id: None,
     };
     write_loop(shard, &mut sink, from_reader).await;
     let _ = sink.writer.shutdown().await;
@@ -391,7 +392,14 @@ async fn read_requests(
             method: head.method,
             target: head_bytes.slice(head.path.start as usize..target_end as usize),
             body,
-            request_id: span(head.x_request_id),
+            request_id: {
+                let mut id = [0u8; 36];
+                crate::audit::request_id(
+                    head.x_request_id.map(|span| span.get(&head_bytes)),
+                    &mut id,
+                );
+                id
+            },
             anthropic_version: span(head.anthropic_version),
             anthropic_beta: header("anthropic-beta"),
             authorization: span(head.authorization),
@@ -512,6 +520,8 @@ struct Http1Sink {
     shard: Rc<Shard>,
     /// The status of the response head written last (0: none yet for this request).
     status: u16,
+    /// The current request's ID, returned as `X-Request-ID`.
+    request_id: Option<[u8; 36]>,
 }
 
 impl Http1Sink {
@@ -540,13 +550,16 @@ impl Sink for Http1Sink {
     ) -> Result<(), ClientGone> {
         self.shard.metrics.count_response(status);
         self.status = status;
+        let request_id = self.request_id;
+        let mut headers: [(&str, &[u8]); RESPONSE_HEADERS_MAX] = [("", b""); RESPONSE_HEADERS_MAX];
+        let count = with_request_id(&mut headers, request_id.as_ref(), extra_headers);
         self.out.clear();
         ResponseHead {
             status,
             content_type: Some(content_type),
             framing: ResponseFraming::ContentLength(body.len() as u64),
             close: self.close,
-            extra_headers,
+            extra_headers: &headers[..count],
         }
         .write(&mut self.out);
         if !self.head_only {
@@ -563,11 +576,10 @@ impl Sink for Http1Sink {
     ) -> Result<(), ClientGone> {
         self.shard.metrics.count_response(status);
         self.status = status;
-        const STREAM_HEADERS_MAX: usize = 4;
-        let mut headers: [(&str, &[u8]); STREAM_HEADERS_MAX] =
-            [("cache-control", b"no-cache"); STREAM_HEADERS_MAX];
-        let count = 1 + extra_headers.len().min(STREAM_HEADERS_MAX - 1);
-        headers[1..count].copy_from_slice(&extra_headers[..count - 1]);
+        let request_id = self.request_id;
+        let mut headers: [(&str, &[u8]); RESPONSE_HEADERS_MAX] =
+            [("cache-control", b"no-cache"); RESPONSE_HEADERS_MAX];
+        let count = 1 + with_request_id(&mut headers[1..], request_id.as_ref(), extra_headers);
         self.out.clear();
         ResponseHead {
             status,
@@ -610,4 +622,30 @@ impl Sink for Http1Sink {
     fn status(&self) -> u16 {
         self.status
     }
+
+    fn set_request_id(&mut self, id: [u8; 36]) {
+        self.request_id = Some(id);
+    }
+}
+
+/// Response headers a head may carry besides the framing ones.
+const RESPONSE_HEADERS_MAX: usize = 8;
+
+/// Fills `headers` with `X-Request-ID` (when known) and then `extra`, as many as fit; returns
+/// how many.
+fn with_request_id<'a>(
+    headers: &mut [(&'a str, &'a [u8])],
+    request_id: Option<&'a [u8; 36]>,
+    extra: &[(&'a str, &'a [u8])],
+) -> usize {
+    let mut count = 0;
+    if let Some(id) = request_id {
+        headers[0] = ("x-request-id", id.as_slice());
+        count = 1;
+    }
+    for header in extra.iter().take(headers.len() - count) {
+        headers[count] = *header;
+        count += 1;
+    }
+    count
 }

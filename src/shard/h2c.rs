@@ -106,6 +106,7 @@ async fn serve_stream(
         stream: None,
         shard: shard.clone(),
         status: 0,
+        request_id: None,
     };
     let (parts, mut body_stream) = request.into_parts();
     let method = match parts.method {
@@ -164,7 +165,17 @@ async fn serve_stream(
         method,
         target,
         body: body.freeze(),
-        request_id: header("x-request-id"),
+        request_id: {
+            let mut id = [0u8; 36];
+            crate::audit::request_id(
+                parts
+                    .headers
+                    .get("x-request-id")
+                    .map(|value| value.as_bytes()),
+                &mut id,
+            );
+            id
+        },
         anthropic_version: header("anthropic-version"),
         anthropic_beta: header("anthropic-beta"),
         authorization: header("authorization"),
@@ -182,6 +193,8 @@ struct H2Sink {
     shard: Rc<Shard>,
     /// The status of the response head, once written (0 before).
     status: u16,
+    /// The request's ID, returned as `X-Request-ID`.
+    request_id: Option<[u8; 36]>,
 }
 
 impl H2Sink {
@@ -201,6 +214,9 @@ impl H2Sink {
         match content_length {
             Some(length) => response = response.header(http::header::CONTENT_LENGTH, length),
             None => response = response.header(http::header::CACHE_CONTROL, "no-cache"),
+        }
+        if let Some(id) = &self.request_id {
+            response = response.header("x-request-id", id.as_slice());
         }
         for (name, value) in extra_headers {
             response = response.header(*name, *value);
@@ -301,5 +317,9 @@ impl Sink for H2Sink {
 
     fn status(&self) -> u16 {
         self.status
+    }
+
+    fn set_request_id(&mut self, id: [u8; 36]) {
+        self.request_id = Some(id);
     }
 }

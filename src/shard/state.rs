@@ -843,7 +843,7 @@ impl Shard {
         facts: &crate::api::RequestFacts,
         status: u16,
     ) {
-        use crate::audit::{AuditRecord, error_code_for_status, format_ts, request_id};
+        use crate::audit::{AuditRecord, error_code_for_status, format_ts};
         use crate::auth::keys::KeySource;
         let mut audit = self.audit.borrow_mut();
         let Some(sender) = audit.as_mut() else {
@@ -859,8 +859,6 @@ impl Shard {
             }
             Some(KeySource::Anonymous) | None => "",
         };
-        let mut id = [0u8; 36];
-        request_id(request.request_id.as_deref(), &mut id);
         let latency = request.received_at.elapsed();
         let mut ts = String::with_capacity(24);
         format_ts(std::time::SystemTime::now() - latency, &mut ts);
@@ -879,7 +877,7 @@ impl Shard {
             log_type: "audit",
             level: AuditRecord::level_of(status),
             trace_id: "",
-            request_id: std::str::from_utf8(&id).unwrap_or(""),
+            request_id: request.request_id_str(),
             tenant_id: key.map_or("", |key| key.owner.as_str()),
             key_id,
             model: facts.model.as_deref().unwrap_or(""),
