@@ -25,13 +25,19 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// A policy directory with one named policy for [`MODEL`].
+/// A policy directory with one named policy for [`MODEL`] (with a plain least-loaded
+/// `routing_policy` unless `policy` has its own).
 fn policy_dir(name: &str, policy: &str) -> PathBuf {
     let dir = scratch(&format!("{name}-policies"));
     std::fs::create_dir_all(&dir).unwrap();
+    let routing = if policy.contains("routing_policy:") {
+        ""
+    } else {
+        "routing_policy:\n  strategy: least-loaded\n"
+    };
     std::fs::write(
         dir.join("sim.yaml"),
-        format!("models:\n  - {MODEL}\nrouting_policy:\n  strategy: least-loaded\n{policy}"),
+        format!("models:\n  - {MODEL}\n{routing}{policy}"),
     )
     .unwrap();
     dir
@@ -487,4 +493,50 @@ fn b4_output_tokens_per_minute_drained_by_a_response_refuse_the_next() {
         1.0
     );
     assert_settled(&site);
+}
+
+#[test]
+fn exclude_if_skips_the_hot_agent_and_match_picks_by_engine() {
+    let policies = policy_dir(
+        "exclude-if",
+        "routing_policy:\n  match:\n    engine: vllm\n  exclude_if:\n    kv_cache_utilization:\n      gt: 0.9\n  strategy: least-loaded\n",
+    );
+    let site = Site::start(
+        "admission-exclude-if",
+        Options::new()
+            .sim(&["--models", MODEL])
+            .sim(&["--models", MODEL])
+            .sim(&["--models", MODEL])
+            .agent(0, &["--engine", "vllm"])
+            .agent(1, &["--engine", "vllm"])
+            .agent(2, &["--engine", "sglang"])
+            .router_args(&["--policy-model-dir", policies.to_str().unwrap()]),
+    );
+    let control = "POST /sim/control HTTP/1.1\r\nhost: sim\r\ncontent-type: application/json\r\ncontent-length: 23\r\nconnection: close\r\n\r\n{\"kv_cache_usage\":0.95}";
+    assert_eq!(request(site.sim_addrs[0], control.as_bytes()).status, 200);
+    let body = chat_body("hi", None, false);
+    // Once sim 0's pressure has reached the router, every request goes to sim 1: sim 0 is
+    // excluded by `exclude_if`, sim 2 never matched.
+    let settled = poll(Duration::from_secs(10), || {
+        let before = site.sim_metric(0, "sim_requests_total");
+        for _ in 0..4 {
+            let response = request(site.http, &raw_post("/v1/chat/completions", None, &body));
+            assert_eq!(response.status, 200, "{}", response.text());
+        }
+        (site.sim_metric(0, "sim_requests_total") == before).then_some(())
+    });
+    assert!(
+        settled.is_some(),
+        "the hot agent kept getting requests\n{}",
+        site.logs()
+    );
+    let served_by_one = site.sim_metric(1, "sim_requests_total");
+    for _ in 0..6 {
+        let response = request(site.http, &raw_post("/v1/chat/completions", None, &body));
+        assert_eq!(response.status, 200);
+    }
+    assert_eq!(
+        site.sim_metric(1, "sim_requests_total"),
+        served_by_one + 6.0
+    );
 }
