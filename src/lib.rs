@@ -20,6 +20,7 @@ pub mod control;
 pub mod disk_db;
 pub mod duration;
 pub mod error;
+pub mod hold;
 pub mod http;
 pub mod identity;
 pub mod limits;

@@ -1,0 +1,426 @@
+//! The bookkeeping of hold at zero (seed `hold-at-zero.md`): which requests are held for a model
+//! that is asleep on this site, the hold limits, and the pending demand an autoscaler reads.
+//!
+//! Pure logic: no clock, no I/O. Not wired into the request path yet (it needs the sibling map
+//! of cross-site redirect to know which models may be held); the seed's rules it owns:
+//! - **Hold limits** ("Hold limits"): at most `per_model` requests held per model, `per_key` per
+//!   API key and model (requests without a key have only the other limits), `total` across all
+//!   models. A request beyond any limit is refused and not counted in the pending demand.
+//! - **Pending demand** ("Pending demand and the autoscaler"): the distinct requests waiting for
+//!   a model — held now, or released by a wake and still without a slot. Requests of one key
+//!   with the same client request ID (a UUID) count once; requests without an ID count on their
+//!   own; different keys always count separately, even with the same ID.
+//! - A released request no longer counts against the hold limits (they bound what is held, and
+//!   with it the request bodies kept for the hold); it stays in the pending demand until it gets
+//!   a slot, is answered, or its client leaves.
+//!
+//! Invariants (checked by the proptest below): every count returns to zero once every request
+//! has left; the pending demand never exceeds the requests in the book, and equals the number of
+//! distinct (key, client ID) pairs plus the requests without an ID.
+
+use std::collections::HashMap;
+
+use crate::auth::keys::KeyId;
+use crate::shard::snapshot::ModelId;
+
+/// The hold limits; each at least 1 (start-up refuses anything else).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HoldLimits {
+    pub per_model: u32,
+    pub per_key: u32,
+    pub total: u32,
+}
+
+impl Default for HoldLimits {
+    /// The seed's defaults: 100 per model, 20 per key and model, 1000 in total.
+    fn default() -> Self {
+        HoldLimits {
+            per_model: 100,
+            per_key: 20,
+            total: 1000,
+        }
+    }
+}
+
+/// A client request ID (`X-Client-Request-ID` or `X-Request-ID`), only when it is a UUID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClientId(pub u128);
+
+impl ClientId {
+    /// Parses a UUID in any letter case; anything else is no client ID.
+    pub fn parse(text: &[u8]) -> Option<ClientId> {
+        if text.len() != 36 {
+            return None;
+        }
+        let mut value: u128 = 0;
+        for (index, byte) in text.iter().enumerate() {
+            if matches!(index, 8 | 13 | 18 | 23) {
+                if *byte != b'-' {
+                    return None;
+                }
+                continue;
+            }
+            let digit = (*byte as char).to_digit(16)?;
+            value = (value << 4) | u128::from(digit);
+        }
+        Some(ClientId(value))
+    }
+}
+
+/// One request in the book.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HoldId(u64);
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    model: ModelId,
+    key: Option<KeyId>,
+    client: Option<ClientId>,
+    /// Still held (counts against the limits); false once released by a wake.
+    held: bool,
+}
+
+#[derive(Debug, Default, Clone)]
+struct ModelCounts {
+    held: u32,
+    /// Distinct waiting requests (held or released without a slot).
+    pending: u32,
+    held_per_key: HashMap<KeyId, u32>,
+}
+
+/// Why a request was not held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldRefusal {
+    /// A hold limit is reached: `503 model_waking` ("too many requests are already waiting").
+    Full,
+}
+
+#[derive(Debug, Default)]
+pub struct HoldBook {
+    limits: HoldLimits,
+    entries: HashMap<HoldId, Entry>,
+    models: HashMap<ModelId, ModelCounts>,
+    /// Live entries per (key, client ID, model): the first makes the pair count in the demand.
+    duplicates: HashMap<(Option<KeyId>, ClientId, ModelId), u32>,
+    held_total: u32,
+    next_id: u64,
+}
+
+impl HoldBook {
+    pub fn new(limits: HoldLimits) -> HoldBook {
+        HoldBook {
+            limits,
+            ..HoldBook::default()
+        }
+    }
+
+    /// Holds a request for `model`, or refuses it when a hold limit is reached.
+    pub fn hold(
+        &mut self,
+        model: ModelId,
+        key: Option<KeyId>,
+        client: Option<ClientId>,
+    ) -> Result<HoldId, HoldRefusal> {
+        let counts = self.models.get(&model);
+        let held_for_model = counts.map_or(0, |counts| counts.held);
+        let held_for_key = match (counts, key) {
+            (Some(counts), Some(key)) => counts.held_per_key.get(&key).copied().unwrap_or(0),
+            _ => 0,
+        };
+        if self.held_total >= self.limits.total
+            || held_for_model >= self.limits.per_model
+            || (key.is_some() && held_for_key >= self.limits.per_key)
+        {
+            return Err(HoldRefusal::Full);
+        }
+        let id = HoldId(self.next_id);
+        self.next_id += 1;
+        let counts = self.models.entry(model).or_default();
+        counts.held += 1;
+        if let Some(key) = key {
+            *counts.held_per_key.entry(key).or_insert(0) += 1;
+        }
+        let first_of_its_kind = match client {
+            None => true,
+            Some(client) => {
+                let live = self.duplicates.entry((key, client, model)).or_insert(0);
+                *live += 1;
+                *live == 1
+            }
+        };
+        if first_of_its_kind {
+            counts.pending += 1;
+        }
+        self.held_total += 1;
+        self.entries.insert(
+            id,
+            Entry {
+                model,
+                key,
+                client,
+                held: true,
+            },
+        );
+        Ok(id)
+    }
+
+    /// A wake released the request: it leaves the hold limits and waits for a slot, still in the
+    /// pending demand.
+    pub fn release(&mut self, id: HoldId) {
+        let Some(entry) = self.entries.get_mut(&id) else {
+            return;
+        };
+        if !entry.held {
+            return;
+        }
+        entry.held = false;
+        let entry = *entry;
+        self.unhold(&entry);
+    }
+
+    /// The request got a slot, was answered, or its client left: it leaves the book.
+    pub fn finish(&mut self, id: HoldId) {
+        let Some(entry) = self.entries.remove(&id) else {
+            return;
+        };
+        if entry.held {
+            self.unhold(&entry);
+        }
+        let last_of_its_kind = match entry.client {
+            None => true,
+            Some(client) => {
+                let pair = (entry.key, client, entry.model);
+                let live = self
+                    .duplicates
+                    .get_mut(&pair)
+                    .expect("a live entry has its duplicate count");
+                *live -= 1;
+                let last = *live == 0;
+                if last {
+                    self.duplicates.remove(&pair);
+                }
+                last
+            }
+        };
+        let counts = self
+            .models
+            .get_mut(&entry.model)
+            .expect("a live entry has its model's counts");
+        if last_of_its_kind {
+            counts.pending -= 1;
+        }
+        if counts.pending == 0 && counts.held == 0 {
+            self.models.remove(&entry.model);
+        }
+    }
+
+    /// `hivenet_pending_demand{model}`.
+    pub fn pending_demand(&self, model: ModelId) -> u32 {
+        self.models.get(&model).map_or(0, |counts| counts.pending)
+    }
+
+    /// Requests held now (not yet released), across all models.
+    pub fn held_total(&self) -> u32 {
+        self.held_total
+    }
+
+    /// The held (not yet released) requests of `model`, for a wake to release.
+    pub fn held_for(&self, model: ModelId) -> Vec<HoldId> {
+        let mut held: Vec<HoldId> = self
+            .entries
+            .iter()
+            .filter(|(_, entry)| entry.held && entry.model == model)
+            .map(|(id, _)| *id)
+            .collect();
+        // Oldest first: ids grow with arrival.
+        held.sort_unstable_by_key(|id| id.0);
+        held
+    }
+
+    fn unhold(&mut self, entry: &Entry) {
+        self.held_total -= 1;
+        let counts = self
+            .models
+            .get_mut(&entry.model)
+            .expect("a held entry has its model's counts");
+        counts.held -= 1;
+        if let Some(key) = entry.key {
+            let per_key = counts
+                .held_per_key
+                .get_mut(&key)
+                .expect("a held keyed entry has its key's count");
+            *per_key -= 1;
+            if *per_key == 0 {
+                counts.held_per_key.remove(&key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const M: ModelId = ModelId(1);
+
+    fn id(text: &str) -> Option<ClientId> {
+        ClientId::parse(text.as_bytes())
+    }
+
+    #[test]
+    fn client_ids_are_uuids_in_any_case() {
+        assert_eq!(
+            id("8b9e4a6d-dfb4-4b95-bada-319e7e5b878a"),
+            id("8B9E4A6D-DFB4-4B95-BADA-319E7E5B878A")
+        );
+        assert!(id("8b9e4a6d-dfb4-4b95-bada-319e7e5b878a").is_some());
+        for bad in [
+            "",
+            "retry-1",
+            "8b9e4a6d_dfb4-4b95-bada-319e7e5b878a",
+            "8b9e4a6d-dfb4-4b95-bada-319e7e5b878g",
+        ] {
+            assert_eq!(id(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn limits_refuse_without_counting_demand() {
+        let mut book = HoldBook::new(HoldLimits {
+            per_model: 3,
+            per_key: 2,
+            total: 4,
+        });
+        let key = Some(KeyId(7));
+        book.hold(M, key, None).unwrap();
+        book.hold(M, key, None).unwrap();
+        assert_eq!(book.hold(M, key, None), Err(HoldRefusal::Full), "per key");
+        // Without a key only the other limits apply.
+        book.hold(M, None, None).unwrap();
+        assert_eq!(
+            book.hold(M, None, None),
+            Err(HoldRefusal::Full),
+            "per model"
+        );
+        book.hold(ModelId(2), None, None).unwrap();
+        assert_eq!(
+            book.hold(ModelId(3), None, None),
+            Err(HoldRefusal::Full),
+            "total"
+        );
+        assert_eq!(book.pending_demand(M), 3);
+    }
+
+    #[test]
+    fn retries_with_one_client_id_count_once_per_key() {
+        let mut book = HoldBook::new(HoldLimits::default());
+        let client = id("8b9e4a6d-dfb4-4b95-bada-319e7e5b878a");
+        let first = book.hold(M, Some(KeyId(1)), client).unwrap();
+        let retry = book.hold(M, Some(KeyId(1)), client).unwrap();
+        assert_eq!(book.pending_demand(M), 1);
+        // Another key with the same ID counts separately; no ID counts on its own.
+        book.hold(M, Some(KeyId(2)), client).unwrap();
+        book.hold(M, Some(KeyId(1)), None).unwrap();
+        assert_eq!(book.pending_demand(M), 3);
+        book.finish(first);
+        assert_eq!(book.pending_demand(M), 3, "the retry still waits");
+        book.finish(retry);
+        assert_eq!(book.pending_demand(M), 2);
+    }
+
+    #[test]
+    fn released_requests_leave_the_limits_but_stay_in_the_demand() {
+        let mut book = HoldBook::new(HoldLimits {
+            per_model: 1,
+            per_key: 1,
+            total: 1,
+        });
+        let first = book.hold(M, Some(KeyId(1)), None).unwrap();
+        assert_eq!(book.held_for(M), vec![first]);
+        book.release(first);
+        assert_eq!(book.held_total(), 0);
+        assert_eq!(book.pending_demand(M), 1);
+        // The model is asleep again: a new request may be held beside the released one.
+        let second = book.hold(M, Some(KeyId(1)), None).unwrap();
+        assert_eq!(book.pending_demand(M), 2);
+        book.finish(first);
+        book.finish(second);
+        assert_eq!(book.pending_demand(M), 0);
+        assert_eq!(book.held_total(), 0);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Hold {
+            model: u32,
+            key: Option<u32>,
+            client: Option<u8>,
+        },
+        Release(usize),
+        Finish(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (
+                0u32..3,
+                proptest::option::of(0u32..3),
+                proptest::option::of(0u8..3)
+            )
+                .prop_map(|(model, key, client)| Op::Hold { model, key, client }),
+            (0usize..64).prop_map(Op::Release),
+            (0usize..64).prop_map(Op::Finish),
+        ]
+    }
+
+    proptest! {
+        /// Any interleaving keeps the demand equal to the distinct waiting requests and returns
+        /// every count to zero when everyone has left.
+        #[test]
+        fn demand_counts_distinct_requests_and_returns_to_zero(ops in proptest::collection::vec(op(), 1..200)) {
+            let mut book = HoldBook::new(HoldLimits { per_model: 5, per_key: 3, total: 8 });
+            let mut live: Vec<(HoldId, ModelId, Option<KeyId>, Option<ClientId>)> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Hold { model, key, client } => {
+                        let (model, key) = (ModelId(model), key.map(KeyId));
+                        let client = client.map(|client| ClientId(u128::from(client)));
+                        if let Ok(id) = book.hold(model, key, client) {
+                            live.push((id, model, key, client));
+                        }
+                    }
+                    Op::Release(index) if !live.is_empty() => book.release(live[index % live.len()].0),
+                    Op::Finish(index) if !live.is_empty() => {
+                        let (id, ..) = live.swap_remove(index % live.len());
+                        book.finish(id);
+                    }
+                    _ => {}
+                }
+                prop_assert!(book.held_total() <= 8);
+                for model in 0..3 {
+                    let model = ModelId(model);
+                    let mut distinct = std::collections::HashSet::new();
+                    let mut anonymous = 0;
+                    for (_, entry_model, key, client) in &live {
+                        if *entry_model != model {
+                            continue;
+                        }
+                        match client {
+                            Some(client) => { distinct.insert((*key, *client)); }
+                            None => anonymous += 1,
+                        }
+                    }
+                    prop_assert_eq!(book.pending_demand(model) as usize, distinct.len() + anonymous);
+                }
+            }
+            for (id, ..) in live {
+                book.finish(id);
+            }
+            prop_assert_eq!(book.held_total(), 0);
+            prop_assert!(book.models.is_empty());
+            prop_assert!(book.duplicates.is_empty());
+            prop_assert!(book.entries.is_empty());
+        }
+    }
+}
