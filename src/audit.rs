@@ -44,7 +44,7 @@ pub struct AuditRecord<'a> {
     pub trace_id: &'static str,
     pub request_id: &'a str,
     pub tenant_id: &'a str,
-    pub key_id: &'a str,
+    pub key_id: Shown<AuditKey<'a>>,
     pub model: &'a str,
     pub status_code: u16,
     pub latency_ms: u64,
@@ -52,8 +52,86 @@ pub struct AuditRecord<'a> {
     pub output_tokens: u64,
     pub agent_id: &'a str,
     pub error_code: &'a str,
-    pub source_ip: &'a str,
-    pub ts: &'a str,
+    pub source_ip: Shown<SourceIp>,
+    pub ts: Shown<Timestamp>,
+}
+
+/// Serializes a `Display` value as a JSON string, formatted straight into the output (no
+/// intermediate `String` on the request path).
+#[derive(Debug)]
+pub struct Shown<T>(pub T);
+
+impl<T: std::fmt::Display> Serialize for Shown<T> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&self.0)
+    }
+}
+
+/// `key_id`: the dynamic entry's id, `static:<id>` for a static key (its own stable id), empty
+/// without a key.
+#[derive(Debug, Clone, Copy)]
+pub enum AuditKey<'a> {
+    None,
+    Dynamic(&'a str),
+    Static(crate::auth::keys::KeyId),
+}
+
+impl<'a> AuditKey<'a> {
+    pub fn of(key: Option<&'a crate::auth::keys::KeyRecord>) -> AuditKey<'a> {
+        use crate::auth::keys::KeySource;
+        match key.map(|key| (&key.source, key.key_id)) {
+            Some((KeySource::Dynamic { id }, _)) => AuditKey::Dynamic(id),
+            Some((KeySource::Static { .. }, key_id)) => AuditKey::Static(key_id),
+            Some((KeySource::Anonymous, _)) | None => AuditKey::None,
+        }
+    }
+}
+
+impl std::fmt::Display for AuditKey<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AuditKey::None => Ok(()),
+            AuditKey::Dynamic(id) => f.write_str(id),
+            AuditKey::Static(key_id) => write!(f, "static:{key_id}"),
+        }
+    }
+}
+
+/// The client's address, or nothing (`""`) when unknown.
+#[derive(Debug, Clone, Copy)]
+pub struct SourceIp(pub Option<std::net::IpAddr>);
+
+impl std::fmt::Display for SourceIp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(ip) => ip.fmt(f),
+            None => Ok(()),
+        }
+    }
+}
+
+/// RFC 3339 UTC with milliseconds, e.g. `2026-07-27T14:20:10.123Z`.
+#[derive(Debug, Clone, Copy)]
+pub struct Timestamp(pub SystemTime);
+
+impl std::fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let since_epoch = self
+            .0
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        let seconds = since_epoch.as_secs();
+        let (days, of_day) = (seconds / 86_400, seconds % 86_400);
+        let (year, month, day) = civil_from_days(days as i64);
+        write!(
+            f,
+            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+            of_day / 3600,
+            of_day / 60 % 60,
+            of_day % 60,
+            since_epoch.subsec_millis()
+        )
+    }
 }
 
 impl AuditRecord<'_> {
@@ -113,23 +191,10 @@ fn is_uuid(text: &[u8]) -> bool {
         })
 }
 
-/// RFC 3339 UTC with milliseconds, e.g. `2026-07-27T14:20:10.123Z`.
+/// [`Timestamp`] appended to `out`.
 pub fn format_ts(at: SystemTime, out: &mut String) {
-    let since_epoch = at
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
-    let seconds = since_epoch.as_secs();
-    let (days, of_day) = (seconds / 86_400, seconds % 86_400);
-    let (year, month, day) = civil_from_days(days as i64);
     use std::fmt::Write as _;
-    let _ = write!(
-        out,
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        of_day / 3600,
-        of_day / 60 % 60,
-        of_day % 60,
-        since_epoch.subsec_millis()
-    );
+    let _ = write!(out, "{}", Timestamp(at));
 }
 
 /// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
@@ -309,14 +374,14 @@ fn write_loop(
 mod tests {
     use super::*;
 
-    fn record<'a>(request_id: &'a str, ts: &'a str) -> AuditRecord<'a> {
+    fn record(request_id: &str, ts: SystemTime) -> AuditRecord<'_> {
         AuditRecord {
             log_type: "audit",
             level: AuditRecord::level_of(200),
             trace_id: "",
             request_id,
             tenant_id: "acme\"corp",
-            key_id: "",
+            key_id: Shown(AuditKey::None),
             model: "m",
             status_code: 200,
             latency_ms: 12,
@@ -324,8 +389,8 @@ mod tests {
             output_tokens: 4,
             agent_id: "12D3KooW",
             error_code: "",
-            source_ip: "10.0.0.5",
-            ts,
+            source_ip: Shown(SourceIp(Some("10.0.0.5".parse().unwrap()))),
+            ts: Shown(Timestamp(ts)),
         }
     }
 
@@ -380,7 +445,7 @@ mod tests {
         let (mut log, mut senders) = AuditLog::start(&path, 2).unwrap();
         for index in 0..1000 {
             let id = format!("{index:036}");
-            senders[index % 2].record(&record(&id, "2026-07-27T14:20:10.123Z"));
+            senders[index % 2].record(&record(&id, SystemTime::now()));
         }
         log.shutdown();
         let text = std::fs::read_to_string(&path).unwrap();
@@ -391,6 +456,8 @@ mod tests {
         assert_eq!(lines.len(), 1000);
         assert_eq!(lines[0]["log_type"], "audit");
         assert_eq!(lines[0]["tenant_id"], "acme\"corp");
+        assert_eq!(lines[0]["source_ip"], "10.0.0.5");
+        assert!(lines[0]["ts"].as_str().unwrap().ends_with('Z'));
         assert_eq!(log.dropped.load(Ordering::Relaxed), 0);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -56,7 +56,8 @@ impl ShardMetrics {
     }
 }
 
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+/// The `# HELP` and `# TYPE` lines of one metric family.
+pub fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }

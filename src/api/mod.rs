@@ -146,8 +146,11 @@ impl ClientRequest {
 pub struct RequestFacts {
     /// The authenticated key.
     pub key: Option<crate::auth::keys::KeyId>,
-    /// The top-level `model`, when the body could be read.
-    pub model: Option<String>,
+    /// The top-level `model`, when the body could be read (a slice of the body unless it had
+    /// escapes).
+    pub model: Option<Bytes>,
+    /// The model it resolved to: the request then counts in its key's tenant series.
+    pub model_id: Option<ModelId>,
     /// The agent that served it, or the provider marker (`provider:openai`).
     pub agent: Option<crate::routing::AgentId>,
     pub provider: Option<&'static str>,
@@ -176,7 +179,7 @@ pub async fn serve<S: Sink>(
     let served = serve_audited(shard, &request, &keys, &mut facts, sink).await;
     // A client that left got no complete answer: 499, as nginx records it.
     let status = if served.is_err() { 499 } else { sink.status() };
-    shard.audit(&request, &keys, &facts, status);
+    shard.request_finished(&request, &keys, &facts, status);
     served
 }
 
@@ -249,20 +252,18 @@ async fn infer<S: Sink>(
 ) -> Result<u16, Outcome> {
     // Phase 3: body fields, then the key's model authorisation.
     let fields = extract_fields(&request.body).map_err(fields_rejection)?;
-    facts.model = Some(fields.model.clone().into_owned());
+    facts.model = Some(match &fields.model {
+        std::borrow::Cow::Borrowed(model) => request.body.slice_ref(model.as_bytes()),
+        std::borrow::Cow::Owned(model) => Bytes::copy_from_slice(model.as_bytes()),
+    });
     authenticate::authorize_model(key, &fields.model)?;
     // Phase 4: model and capability.
     let snapshot = shard.snapshot();
     let Some(model) = snapshot.lookup(&fields.model, request.route.capability()) else {
         return Err(Rejection::model_not_found(&fields.model).into());
     };
-    // From here every way out counts once in the key's tenant series.
-    let mut tally = Tally {
-        shard,
-        key,
-        model: model.id,
-        status: None,
-    };
+    // From here the request counts in the key's tenant series (by `serve`, once it ends).
+    facts.model_id = Some(model.id);
     let deadline = request.received_at + shard.settings.request_timeout;
     let estimate = estimate(shard, request, model.id, &fields);
     let images = u64::from(fields.prompt.images);
@@ -362,13 +363,11 @@ async fn infer<S: Sink>(
                     && let Some((fallback, pool)) = provider
                 {
                     facts.provider = Some(fallback.engine.processed_by());
-                    let answered = by_provider(
+                    return by_provider(
                         shard, request, model.id, fallback, pool, quota, estimate, deadline, facts,
                         sink,
                     )
                     .await;
-                    tally.status = answered.as_ref().ok().copied();
-                    return answered;
                 }
                 if generates && matches!(error, RouteError::NoAgents | RouteError::QueueFull) {
                     shard.count_policy_outcome(model.id, PolicyOutcome::Exhausted);
@@ -404,32 +403,9 @@ async fn infer<S: Sink>(
                 if generates {
                     shard.count_policy_outcome(model.id, routed);
                 }
-                tally.status = other.as_ref().ok().copied();
                 return other;
             }
         }
-    }
-}
-
-/// Counts one inference request in its key's tenant series when it ends, whichever way: success
-/// for a 2xx answer, failure for anything else (a refusal, an error, a client gone).
-struct Tally<'a> {
-    shard: &'a Shard,
-    key: &'a KeyRecord,
-    model: ModelId,
-    /// The status the client got, once known.
-    status: Option<u16>,
-}
-
-impl Drop for Tally<'_> {
-    fn drop(&mut self) {
-        let key = self.key;
-        self.shard
-            .tenants
-            .borrow_mut()
-            .finished(key.key_id, self.model, self.status, || {
-                Some(KeyLabels::of(key))
-            });
     }
 }
 

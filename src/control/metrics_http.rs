@@ -10,7 +10,7 @@ use hyper::{Request, Response, StatusCode};
 
 use crate::control::ControlShared;
 use crate::control::registry::Registry;
-use crate::metrics::{label, render_shards};
+use crate::metrics::{family, label, render_shards};
 use crate::shard::messages::ShardReport;
 
 pub async fn run(listener: tokio::net::TcpListener, shared: Arc<ControlShared>) {
@@ -56,11 +56,12 @@ fn respond(
     let mut out = String::with_capacity(8192);
     render_shards(&mut out, &shared.shard_metrics);
     let registry = shared.registry();
-    let _ = writeln!(
-        out,
-        "# HELP hivenet_routing_agent_healthy Whether the agent is in the routing pool (1) or not (0)."
+    family(
+        &mut out,
+        "hivenet_routing_agent_healthy",
+        "gauge",
+        "Whether the agent is in the routing pool (1) or not (0).",
     );
-    let _ = writeln!(out, "# TYPE hivenet_routing_agent_healthy gauge");
     for (peer_id, model, routable) in registry.agent_models() {
         let _ = writeln!(
             out,
@@ -70,28 +71,28 @@ fn respond(
             u8::from(routable)
         );
     }
-    let _ = writeln!(
-        out,
-        "# HELP hivenet_routing_agents_routable Agents in the routing pool."
+    family(
+        &mut out,
+        "hivenet_routing_agents_routable",
+        "gauge",
+        "Agents in the routing pool.",
     );
-    let _ = writeln!(out, "# TYPE hivenet_routing_agents_routable gauge");
     let _ = writeln!(
         out,
         "hivenet_routing_agents_routable {}",
         registry.routable_count()
     );
-    let _ = writeln!(
-        out,
-        "# HELP hivenet_queue_depth Requests waiting for a capacity slot, per model."
+    family(
+        &mut out,
+        "hivenet_queue_depth",
+        "gauge",
+        "Requests waiting for a capacity slot, per model.",
     );
-    let _ = writeln!(out, "# TYPE hivenet_queue_depth gauge");
-    let mut by_model: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
-    for (model, depth) in reports.iter().flat_map(|report| &report.queues) {
-        if let Some(name) = registry.model_name(*model) {
-            *by_model.entry(name).or_default() += u64::from(*depth);
-        }
-    }
-    for (model, depth) in by_model {
+    let depths = reports
+        .iter()
+        .flat_map(|report| &report.queues)
+        .map(|&(model, depth)| (model, (), u64::from(depth)));
+    for (((), model), depth) in sum_by_model(&registry, depths) {
         let _ = writeln!(
             out,
             "hivenet_queue_depth{{model=\"{}\"}} {depth}",
@@ -104,22 +105,24 @@ fn respond(
         provider.render(&mut out);
     }
     drop(registry);
-    let _ = writeln!(
-        out,
-        "# HELP hivenet_policy_reload_total Policy changes attempted, by trigger (sighup, file_change, api) and result."
+    family(
+        &mut out,
+        "hivenet_policy_reload_total",
+        "counter",
+        "Policy changes attempted, by trigger (sighup, file_change, api) and result.",
     );
-    let _ = writeln!(out, "# TYPE hivenet_policy_reload_total counter");
     for (trigger, result, count) in shared.policies.reload_counts() {
         let _ = writeln!(
             out,
             "hivenet_policy_reload_total{{trigger=\"{trigger}\",result=\"{result}\"}} {count}"
         );
     }
-    let _ = writeln!(
-        out,
-        "# HELP hivenet_quota_backend_errors_total Failed writes of daily token totals to the disk database (HIVENET_ROUTER_QUOTA_BACKEND=badger)."
+    family(
+        &mut out,
+        "hivenet_quota_backend_errors_total",
+        "counter",
+        "Failed writes of daily token totals to the disk database (HIVENET_ROUTER_QUOTA_BACKEND=badger).",
     );
-    let _ = writeln!(out, "# TYPE hivenet_quota_backend_errors_total counter");
     let _ = writeln!(
         out,
         "hivenet_quota_backend_errors_total {}",
@@ -161,56 +164,69 @@ fn render_admission(out: &mut String, registry: &Registry, reports: &[ShardRepor
         ),
     ];
     for (name, help, get) in gauges {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} gauge");
+        family(out, name, "gauge", help);
         for pool in reports.iter().flat_map(|report| &report.admission.pools) {
             if let Some(model) = registry.model_name(pool.model) {
                 let _ = writeln!(out, "{name}{{model=\"{}\"}} {}", label(model), get(pool));
             }
         }
     }
-    for outcome in crate::admission::PolicyOutcome::ALL {
-        let name = outcome.metric();
-        let _ = writeln!(
-            out,
-            "# HELP {name} Requests by how the routing policy handled them."
-        );
-        let _ = writeln!(out, "# TYPE {name} counter");
-        let mut by_model: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
-        for (model, counted, count) in reports
+    let outcomes = sum_by_model(
+        registry,
+        reports
             .iter()
             .flat_map(|report| &report.admission.policy_outcomes)
+            .copied(),
+    );
+    for outcome in crate::admission::PolicyOutcome::ALL {
+        let name = outcome.metric();
+        family(
+            out,
+            name,
+            "counter",
+            "Requests by how the routing policy handled them.",
+        );
+        for ((_, model), count) in outcomes
+            .iter()
+            .filter(|((counted, _), _)| *counted == outcome)
         {
-            if *counted == outcome
-                && let Some(model) = registry.model_name(*model)
-            {
-                *by_model.entry(model).or_default() += count;
-            }
-        }
-        for (model, count) in by_model {
             let _ = writeln!(out, "{name}{{model=\"{}\"}} {count}", label(model));
         }
     }
     let name = "hivenet_admission_rejections_total";
-    let _ = writeln!(out, "# HELP {name} Requests rejected by an admission gate.");
-    let _ = writeln!(out, "# TYPE {name} counter");
-    let mut rejections: std::collections::BTreeMap<(&str, &str), u64> =
-        std::collections::BTreeMap::new();
-    for (model, reason, count) in reports
+    family(
+        out,
+        name,
+        "counter",
+        "Requests rejected by an admission gate.",
+    );
+    let rejections = reports
         .iter()
         .flat_map(|report| &report.admission.rejections)
-    {
-        if let Some(model) = registry.model_name(*model) {
-            *rejections.entry((reason.as_str(), model)).or_default() += count;
-        }
-    }
-    for ((reason, model), count) in rejections {
+        .map(|&(model, reason, count)| (model, reason.as_str(), count));
+    for ((reason, model), count) in sum_by_model(registry, rejections) {
         let _ = writeln!(
             out,
             "{name}{{reason=\"{reason}\",model=\"{}\"}} {count}",
             label(model)
         );
     }
+}
+
+/// Sums the shards' per-model counts by `kind` and model name (each model is owned by one shard,
+/// but refusals and outcomes are counted wherever they were decided); models the registry no
+/// longer names are left out.
+fn sum_by_model<K: Ord>(
+    registry: &Registry,
+    counts: impl Iterator<Item = (crate::shard::snapshot::ModelId, K, u64)>,
+) -> std::collections::BTreeMap<(K, &str), u64> {
+    let mut sums = std::collections::BTreeMap::new();
+    for (model, kind, count) in counts {
+        if let Some(name) = registry.model_name(model) {
+            *sums.entry((kind, name)).or_default() += count;
+        }
+    }
+    sums
 }
 
 /// The tenant families of the reference ("Tenant and quota metrics"), summed over shards.
@@ -255,8 +271,7 @@ fn render_tenants(out: &mut String, registry: &Registry, reports: &[ShardReport]
         ),
     ];
     for (name, help, get) in families {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} counter");
+        family(out, name, "counter", help);
         for ((tenant, key, model), counts) in &requests {
             let _ = writeln!(
                 out,
@@ -269,11 +284,12 @@ fn render_tenants(out: &mut String, registry: &Registry, reports: &[ShardReport]
         }
     }
     let name = "hivenet_tenant_rate_limited_total";
-    let _ = writeln!(
+    family(
         out,
-        "# HELP {name} Requests refused by the key's requests-per-minute limit."
+        name,
+        "counter",
+        "Requests refused by the key's requests-per-minute limit.",
     );
-    let _ = writeln!(out, "# TYPE {name} counter");
     let mut rate_limited: BTreeMap<(&str, &str), u64> = BTreeMap::new();
     for (labels, count) in reports
         .iter()
@@ -292,11 +308,12 @@ fn render_tenants(out: &mut String, registry: &Registry, reports: &[ShardReport]
         );
     }
     let name = "hivenet_tenant_token_limited_total";
-    let _ = writeln!(
+    family(
         out,
-        "# HELP {name} Requests refused by the daily token budget, by phase."
+        name,
+        "counter",
+        "Requests refused by the daily token budget, by phase.",
     );
-    let _ = writeln!(out, "# TYPE {name} counter");
     let mut token_limited: BTreeMap<(&str, &str, &str), u64> = BTreeMap::new();
     for (labels, phase, count) in reports
         .iter()

@@ -510,11 +510,12 @@ impl ProviderMetrics {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         series.sort_by_key(|s| (s.engine.as_str(), s.status));
-        let _ = writeln!(
+        crate::metrics::family(
             out,
-            "# HELP {NAME} Outbound provider fallback requests by provider and status code (0: network failure or timeout)."
+            NAME,
+            "histogram",
+            "Outbound provider fallback requests by provider and status code (0: network failure or timeout).",
         );
-        let _ = writeln!(out, "# TYPE {NAME} histogram");
         for s in &series {
             let labels = format!(
                 "provider=\"{}\",status_code=\"{}\"",

@@ -835,34 +835,43 @@ impl Shard {
         *self.audit.borrow_mut() = Some(sender);
     }
 
-    /// Writes the request's audit record (observability reference, "Audit record format").
-    pub fn audit(
+    /// A request is over: it counts in its key's tenant series (success for a 2xx answer, failure
+    /// for anything else) and leaves its audit record.
+    pub fn request_finished(
         &self,
         request: &crate::api::ClientRequest,
         keys: &KeyRegistry,
         facts: &crate::api::RequestFacts,
         status: u16,
     ) {
-        use crate::audit::{AuditRecord, error_code_for_status, format_ts};
-        use crate::auth::keys::KeySource;
+        if let (Some(key), Some(model)) = (facts.key.and_then(|key| keys.get(key)), facts.model_id)
+        {
+            self.tenants
+                .borrow_mut()
+                .finished(key.key_id, model, Some(status), || {
+                    Some(crate::shard::tenants::KeyLabels::of(key))
+                });
+        }
+        self.audit(request, keys, facts, status);
+    }
+
+    /// Writes the request's audit record (observability reference, "Audit record format").
+    fn audit(
+        &self,
+        request: &crate::api::ClientRequest,
+        keys: &KeyRegistry,
+        facts: &crate::api::RequestFacts,
+        status: u16,
+    ) {
+        use crate::audit::{
+            AuditKey, AuditRecord, Shown, SourceIp, Timestamp, error_code_for_status,
+        };
         let mut audit = self.audit.borrow_mut();
         let Some(sender) = audit.as_mut() else {
             return;
         };
         let key = facts.key.and_then(|key| keys.get(key));
-        let static_id;
-        let key_id = match key.map(|key| &key.source) {
-            Some(KeySource::Dynamic { id }) => id.as_str(),
-            Some(KeySource::Static { .. }) => {
-                static_id = format!("static:{}", facts.key.unwrap_or(KeyId::ANONYMOUS));
-                static_id.as_str()
-            }
-            Some(KeySource::Anonymous) | None => "",
-        };
         let latency = request.received_at.elapsed();
-        let mut ts = String::with_capacity(24);
-        format_ts(std::time::SystemTime::now() - latency, &mut ts);
-        let source_ip = request.peer.map(|ip| ip.to_string()).unwrap_or_default();
         let peers = self.agent_peers.borrow();
         let agent_id = match (facts.provider, facts.agent) {
             (Some(provider), _) => provider,
@@ -879,16 +888,20 @@ impl Shard {
             trace_id: "",
             request_id: request.request_id_str(),
             tenant_id: key.map_or("", |key| key.owner.as_str()),
-            key_id,
-            model: facts.model.as_deref().unwrap_or(""),
+            key_id: Shown(AuditKey::of(key)),
+            model: facts
+                .model
+                .as_deref()
+                .and_then(|model| std::str::from_utf8(model).ok())
+                .unwrap_or(""),
             status_code: status,
             latency_ms: latency.as_millis() as u64,
             input_tokens: facts.input_tokens,
             output_tokens: facts.output_tokens,
             agent_id,
             error_code,
-            source_ip: &source_ip,
-            ts: &ts,
+            source_ip: Shown(SourceIp(request.peer)),
+            ts: Shown(Timestamp(std::time::SystemTime::now() - latency)),
         });
     }
 
