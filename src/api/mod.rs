@@ -295,7 +295,7 @@ async fn infer<S: Sink>(
     quota.set_estimate(estimate.input_tokens);
     // B1: request caps.
     if caps && let Some(message) = admission::request_caps(policy, estimate.input_tokens, images) {
-        shard.count_admission_rejection(model.id, Reason::B1);
+        shard.count_rejection(model.id, Reason::B1);
         return Err(Rejection::input_too_long(message).into());
     }
     let token_phase = split && has_token_phase(key, context.serverless);
@@ -564,7 +564,7 @@ async fn visit_quota<S: Sink>(
         Some(Ok(hold)) => Ok(hold),
         Some(Err(QuotaRefusal::Limit(refusal))) => {
             if let Some(reason) = Reason::of_quota(refusal.kind) {
-                shard.count_admission_rejection(context.model, reason);
+                shard.count_rejection(context.model, reason);
             }
             let labels = || Some(KeyLabels::of(key));
             match refusal.kind {

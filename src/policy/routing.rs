@@ -6,7 +6,7 @@
 //! missing signal passes its gate (policy reference, "Missing metrics").
 
 use crate::policy::{AgentFacts, ModelPolicy, Signals, Step};
-use crate::routing::{Candidate, StepFilter};
+use crate::routing::{Candidate, EngineSignals, StepFilter};
 
 impl ModelPolicy {
     /// Step `index`: 0 is `routing_policy`, then the fallback chain in order.
@@ -14,6 +14,18 @@ impl ModelPolicy {
         match index {
             0 => Some(&self.primary),
             _ => self.fallback_chain.get(index - 1),
+        }
+    }
+}
+
+impl Signals {
+    /// The gate signals an agent's engine reports; every other signal is missing (and passes).
+    pub fn of_engine(engine: &EngineSignals) -> Signals {
+        Signals {
+            kv_cache_utilization: engine.kv_cache_utilization,
+            running_requests: engine.running_requests,
+            waiting_requests: engine.waiting_requests,
+            ..Signals::default()
         }
     }
 }
@@ -43,10 +55,7 @@ impl StepFilter for ModelPolicy {
         }
         let signals = Signals {
             capacity_utilization: Some(candidate.capacity_utilization),
-            kv_cache_utilization: candidate.engine.kv_cache_utilization,
-            running_requests: candidate.engine.running_requests,
-            waiting_requests: candidate.engine.waiting_requests,
-            ..Signals::default()
+            ..Signals::of_engine(candidate.engine)
         };
         !step.exclude_if.fails(&signals)
     }
@@ -56,7 +65,7 @@ impl StepFilter for ModelPolicy {
 mod tests {
     use super::*;
     use crate::policy::{PolicyContext, Role, compile_text};
-    use crate::routing::{AgentProfile, EngineSignals};
+    use crate::routing::AgentProfile;
 
     fn policy(text: &str) -> ModelPolicy {
         let compiled = compile_text(

@@ -544,12 +544,7 @@ impl Shard {
             .get(&model)
             .map(|routes| routes.pool_signals())
             .unwrap_or_default();
-        crate::policy::Signals {
-            kv_cache_utilization: engine.kv_cache_utilization,
-            running_requests: engine.running_requests,
-            waiting_requests: engine.waiting_requests,
-            ..crate::policy::Signals::default()
-        }
+        crate::policy::Signals::of_engine(&engine)
     }
 
     fn healthy_agents(&self, model: ModelId) -> u32 {
@@ -649,19 +644,15 @@ impl Shard {
         });
     }
 
-    fn count_rejection(&self, model: ModelId, reason: Reason) {
+    /// Counts an admission refusal decided on this shard (B1 on the requester, B2/B3/B4 share on
+    /// the model's owner, per-key limits on the quota owner's answer).
+    pub fn count_rejection(&self, model: ModelId, reason: Reason) {
         count_per_model(&self.rejections, model, reason);
     }
 
     /// Counts how the policy routed one request.
     pub fn count_policy_outcome(&self, model: ModelId, outcome: PolicyOutcome) {
         count_per_model(&self.policy_outcomes, model, outcome);
-    }
-
-    /// Counts an admission refusal decided on this shard (B1 on the requester, per-key limits on
-    /// the quota owner's answer).
-    pub fn count_admission_rejection(&self, model: ModelId, reason: Reason) {
-        self.count_rejection(model, reason);
     }
 
     /// Withdraws a waiting ticket: its waiter goes, and the owner drops it from the park and
