@@ -113,6 +113,38 @@ pub struct RouterArgs {
     /// least 1.
     #[arg(long, env = "HIVENET_ROUTER_MAX_TRIES_PER_STEP", default_value_t = 3)]
     pub max_tries_per_step: i64,
+    /// Hold at zero: how long a request for a model asleep here is held when its sibling-map
+    /// placement sets no `hold_budget`. Greater than 0.
+    #[arg(long, default_value = "5m", value_parser = duration, allow_hyphen_values = true)]
+    pub wake_hold_budget: Duration,
+    /// Hold at zero: requests held per model. At least 1.
+    #[arg(long, default_value_t = 100, allow_negative_numbers = true)]
+    pub wake_hold_max: i64,
+    /// Hold at zero: requests held per API key and model (requests without a key have only the
+    /// other limits). At least 1.
+    #[arg(long, default_value_t = 20, allow_negative_numbers = true)]
+    pub wake_hold_max_per_key: i64,
+    /// Hold at zero: requests held in total, across all models (each keeps its body in memory).
+    /// At least 1.
+    #[arg(long, default_value_t = 1000, allow_negative_numbers = true)]
+    pub wake_hold_max_total: i64,
+    /// Hold at zero: the interval of keepalive bytes to a held client; the first one commits
+    /// `200`. `0`: no keepalives (plain status codes).
+    #[arg(long, default_value = "15s", value_parser = duration, allow_hyphen_values = true)]
+    pub wake_keepalive: Duration,
+    /// This site's ID in the sibling map. Turns cross-site redirect (and hold at zero) on; needs
+    /// `--redirect-secret-file`, `--redirect-allowed-domains`, and dynamic API keys or auth mode
+    /// `none`.
+    #[arg(long)]
+    pub site_id: Option<String>,
+    /// Secrets that sign and verify redirect tokens, one per line: the first signs, all verify
+    /// (add the new secret first, remove the old one later).
+    #[arg(long)]
+    pub redirect_secret_file: Option<PathBuf>,
+    /// Domains sibling sites may be under (comma-separated): a pushed map whose site URL is
+    /// elsewhere is refused.
+    #[arg(long, value_delimiter = ',')]
+    pub redirect_allowed_domains: Vec<String>,
 }
 
 impl RouterArgs {
@@ -128,6 +160,18 @@ impl RouterArgs {
         self.policy_model_dir
             .as_deref()
             .filter(|path| !path.as_os_str().is_empty())
+    }
+
+    /// The hold-at-zero flags, refused when a budget or limit is not greater than 0.
+    pub fn hold_settings(&self) -> anyhow::Result<crate::hold::HoldSettings> {
+        crate::hold::HoldSettings::new(
+            self.wake_hold_budget,
+            self.wake_hold_max,
+            self.wake_hold_max_per_key,
+            self.wake_hold_max_total,
+            self.wake_keepalive,
+        )
+        .map_err(|error| anyhow::anyhow!(error))
     }
 
     /// `--max-tries-per-step`, refused below 1 (configuration reference, "Router validation").
@@ -391,6 +435,35 @@ mod tests {
         let defaults = RouterArgs::try_parse_from(["hivenet-router"]).unwrap();
         assert_eq!(defaults.max_tries_per_step().unwrap(), 3);
         assert_eq!(defaults.policy_file(), None);
+    }
+
+    #[test]
+    fn hold_flags_have_the_seed_defaults_and_refuse_bad_values() {
+        let defaults = RouterArgs::try_parse_from(["hivenet-router"]).unwrap();
+        let hold = defaults.hold_settings().unwrap();
+        assert_eq!(hold, crate::hold::HoldSettings::default());
+        let parse = |flag: &str, value: &str| {
+            RouterArgs::try_parse_from(["hivenet-router", flag, value])
+                .map_err(|error| error.to_string())
+                .and_then(|args| args.hold_settings().map_err(|error| error.to_string()))
+        };
+        assert_eq!(
+            parse("--wake-keepalive", "0").unwrap().keepalive,
+            Duration::ZERO
+        );
+        assert!(
+            parse("--wake-keepalive", "-1s")
+                .unwrap_err()
+                .contains("negative")
+        );
+        assert!(parse("--wake-hold-budget", "0").is_err());
+        assert!(
+            parse("--wake-hold-max", "-3")
+                .unwrap_err()
+                .contains("--wake-hold-max must be")
+        );
+        assert!(parse("--wake-hold-max-per-key", "0").is_err());
+        assert!(parse("--wake-hold-max-total", "0").is_err());
     }
 
     #[test]

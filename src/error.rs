@@ -37,6 +37,21 @@ pub struct Rejection {
     /// `X-RateLimit-Remaining-Requests` / `X-RateLimit-Remaining-Tokens`, on quota refusals.
     pub remaining_requests: Option<u64>,
     pub remaining_tokens: Option<u64>,
+    /// Repeat `retry_after_seconds` in the envelope as `retry_after` (`model_waking`).
+    pub retry_after_in_body: bool,
+}
+
+/// Which `model_waking` case a rejection is (hold at zero): the code is the same, the message
+/// says which.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waking {
+    /// The hold budget ran out.
+    Expired,
+    /// A hold limit is reached.
+    Full,
+    /// A request released by a wake found no room in the admission gate before its hold budget
+    /// ended.
+    StillAtCapacity,
 }
 
 impl Rejection {
@@ -50,6 +65,7 @@ impl Rejection {
             close: false,
             remaining_requests: None,
             remaining_tokens: None,
+            retry_after_in_body: false,
         }
     }
 
@@ -199,6 +215,25 @@ impl Rejection {
         }
     }
 
+    /// Hold at zero: `503 model_waking` with `Retry-After` and `retry_after`.
+    pub fn model_waking(model: &str, case: Waking) -> Rejection {
+        let seconds = crate::hold::RETRY_AFTER_SECONDS;
+        let message = match case {
+            Waking::Expired => format!("model {model} is waking up; retry in {seconds} seconds"),
+            Waking::Full => format!(
+                "model {model} is waking up and too many requests are already waiting for it; retry in {seconds} seconds"
+            ),
+            Waking::StillAtCapacity => format!(
+                "model {model} woke up but is still at capacity; retry in {seconds} seconds"
+            ),
+        };
+        Rejection {
+            retry_after_seconds: Some(seconds),
+            retry_after_in_body: true,
+            ..Rejection::router(503, "model_waking", message)
+        }
+    }
+
     pub fn request_timeout() -> Rejection {
         Rejection::router(
             504,
@@ -261,7 +296,53 @@ impl Rejection {
 
     /// The envelope body.
     pub fn body(&self) -> Vec<u8> {
-        error_body(self.code, &self.message, self.source.as_str())
+        let mut body = error_body(self.code, &self.message, self.source.as_str());
+        if self.retry_after_in_body
+            && let Some(seconds) = self.retry_after_seconds
+        {
+            // `{"error":{...}}`: the field goes inside the error object.
+            body.truncate(body.len() - 2);
+            body.extend_from_slice(b",\"retry_after\":");
+            body.extend_from_slice(itoa::Buffer::new().format(seconds).as_bytes());
+            body.extend_from_slice(b"}}");
+        }
+        body
+    }
+
+    /// The error as the final event of an SSE stream whose `200` head is already sent: OpenAI
+    /// endpoints get `data: {"error":{...}}`, `/v1/messages` an Anthropic `error` event whose
+    /// message starts with the code.
+    pub fn stream_event(&self, dialect: crate::api::Dialect) -> Vec<u8> {
+        match dialect {
+            crate::api::Dialect::OpenAi => {
+                let mut event = b"data: ".to_vec();
+                event.extend_from_slice(&self.body());
+                event.extend_from_slice(b"\n\n");
+                event
+            }
+            crate::api::Dialect::Anthropic => {
+                let kind = match self.status {
+                    429 => "rate_limit_error",
+                    503 | 529 => "overloaded_error",
+                    504 => "timeout_error",
+                    400 | 413 => "invalid_request_error",
+                    401 => "authentication_error",
+                    403 => "permission_error",
+                    404 => "not_found_error",
+                    _ => "api_error",
+                };
+                let mut event =
+                    b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":".to_vec();
+                crate::http::response::put_json_string(&mut event, kind);
+                event.extend_from_slice(b",\"message\":");
+                crate::http::response::put_json_string(
+                    &mut event,
+                    &format!("{}: {}", self.code, self.message),
+                );
+                event.extend_from_slice(b"}}\n\n");
+                event
+            }
+        }
     }
 }
 
@@ -279,6 +360,55 @@ mod tests {
         assert_eq!(status.message, "the provider refused the credentials");
         assert_eq!(Rejection::provider(ProviderError::QueueFull).status, 503);
         assert_eq!(Rejection::provider(ProviderError::Expired).status, 504);
+    }
+
+    #[test]
+    fn model_waking_carries_retry_after_in_header_and_body() {
+        let waking = Rejection::model_waking("llama-3-70b", Waking::Expired);
+        assert_eq!((waking.status, waking.code), (503, "model_waking"));
+        assert_eq!(waking.retry_after_seconds, Some(30));
+        let value: serde_json::Value = serde_json::from_slice(&waking.body()).unwrap();
+        assert_eq!(
+            value["error"]["message"],
+            "model llama-3-70b is waking up; retry in 30 seconds"
+        );
+        assert_eq!(value["error"]["retry_after"], 30);
+        assert_eq!(value["error"]["source"], "router");
+        let full = Rejection::model_waking("m", Waking::Full);
+        assert!(
+            full.message
+                .contains("too many requests are already waiting")
+        );
+        let capacity = Rejection::model_waking("m", Waking::StillAtCapacity);
+        assert!(
+            capacity
+                .message
+                .contains("woke up but is still at capacity")
+        );
+    }
+
+    #[test]
+    fn errors_after_a_committed_head_are_stream_events() {
+        let waking = Rejection::model_waking("m", Waking::Expired);
+        let openai = waking.stream_event(crate::api::Dialect::OpenAi);
+        let text = std::str::from_utf8(&openai).unwrap();
+        assert!(text.starts_with("data: {\"error\":{\"code\":\"model_waking\""));
+        assert!(text.ends_with("}}\n\n"));
+        let anthropic = waking.stream_event(crate::api::Dialect::Anthropic);
+        let text = std::str::from_utf8(&anthropic).unwrap();
+        let data = text
+            .strip_prefix("event: error\ndata: ")
+            .and_then(|rest| rest.strip_suffix("\n\n"))
+            .unwrap();
+        let value: serde_json::Value = serde_json::from_str(data).unwrap();
+        assert_eq!(value["type"], "error");
+        assert_eq!(value["error"]["type"], "overloaded_error");
+        assert!(
+            value["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("model_waking: ")
+        );
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub struct ShardMetrics {
     pub admission_reaped_total: AtomicU64,
     /// Forwards that failed retryably and were tried again (another agent or step).
     pub forward_retries_total: AtomicU64,
+    /// Hold at zero: how holds ended and how long they lasted (counted on the requester).
+    pub holds: crate::hold::HoldMetrics,
 }
 
 impl ShardMetrics {
@@ -183,6 +185,51 @@ pub fn render_shards(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) 
             let _ = writeln!(out, "{name}{{shard=\"{shard}\",code=\"other\"}} {other}");
         }
     }
+}
+
+/// `hivenet_wake_holds_total{outcome}` and the `hivenet_wake_hold_seconds` histogram, summed
+/// over the shards (a hold is one router's, whichever shard held it).
+pub fn render_holds(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
+    use crate::hold::{HOLD_SECONDS_BUCKETS, Outcome};
+    let name = "hivenet_wake_holds_total";
+    family(
+        out,
+        name,
+        "counter",
+        "Hold-at-zero requests by how their hold ended (released, expired, full, cancelled).",
+    );
+    for outcome in Outcome::ALL {
+        let total: u64 = shards
+            .iter()
+            .map(|metrics| metrics.holds.outcome(outcome))
+            .sum();
+        let _ = writeln!(out, "{name}{{outcome=\"{}\"}} {total}", outcome.as_str());
+    }
+    let name = "hivenet_wake_hold_seconds";
+    family(
+        out,
+        name,
+        "histogram",
+        "How long requests were held for a model waking from zero.",
+    );
+    let mut buckets = [0u64; HOLD_SECONDS_BUCKETS.len() + 1];
+    let mut sum = 0.0;
+    for metrics in shards {
+        let (counts, seconds) = metrics.holds.durations();
+        for (total, count) in buckets.iter_mut().zip(counts) {
+            *total += count;
+        }
+        sum += seconds;
+    }
+    let mut cumulative = 0;
+    for (bound, count) in HOLD_SECONDS_BUCKETS.iter().zip(buckets) {
+        cumulative += count;
+        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+    }
+    cumulative += buckets[HOLD_SECONDS_BUCKETS.len()];
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+    let _ = writeln!(out, "{name}_sum {sum}");
+    let _ = writeln!(out, "{name}_count {cumulative}");
 }
 
 /// Escapes a Prometheus label value.

@@ -61,6 +61,12 @@ impl Limits {
     pub fn is_active(&self) -> bool {
         self.budget_tokens > 0 || self.max_inflight > 0
     }
+
+    /// Whether a request of this footprint fits the budget of an empty pool: one that does not
+    /// can only fit once more replicas join.
+    pub fn could_ever_fit(&self, footprint: &Footprint) -> bool {
+        self.budget_tokens == 0 || footprint.tokens() <= self.budget_tokens
+    }
 }
 
 /// A request's initial footprint: the input estimate plus the declared maximum output (0 when

@@ -17,6 +17,7 @@
 pub mod admin;
 pub mod authenticate;
 pub mod forward;
+pub mod hold;
 pub mod sink;
 
 use std::rc::Rc;
@@ -27,7 +28,7 @@ use bytes::Bytes;
 use crate::admission::occupancy::Footprint;
 use crate::admission::{self, PolicyOutcome, Reason};
 use crate::auth::keys::KeyRecord;
-use crate::error::Rejection;
+use crate::error::{Rejection, Waking};
 use crate::http::fields::{FieldsError, extract_fields};
 use crate::http::request::Method;
 use crate::limits::RejectionKind;
@@ -36,8 +37,11 @@ use crate::metrics::ShardMetrics;
 use crate::routing::Ask as RouteAsk;
 use crate::shard::quotas::{Charge, has_token_phase};
 use crate::shard::snapshot::{Capability, ModelId};
-use crate::shard::state::{Admit, PoolAsk, QuotaHold, QuotaRefusal, RouteError, Shard};
+use crate::shard::state::{
+    Admit, HoldEnd, Pending, PoolAsk, QuotaHold, QuotaRefusal, RouteError, Shard,
+};
 use crate::shard::tenants::{KeyLabels, Phase};
+use hold::{HoldSink, Keepalive};
 use sink::{ClientGone, Sink};
 
 /// The routes the router serves.
@@ -123,6 +127,9 @@ pub struct ClientRequest {
     /// The request's ID: the client's `X-Request-ID` when it is a UUID, else a new UUID v4
     /// (`audit::request_id`). Returned to the client, forwarded to the agent, audited.
     pub request_id: [u8; 36],
+    /// The client's own request ID (`X-Client-Request-ID`, else `X-Request-ID`) when it is a
+    /// UUID: hold at zero counts a request and its retries once.
+    pub client_id: Option<crate::hold::ClientId>,
     /// `anthropic-version` / `anthropic-beta`, forwarded for `/v1/messages`.
     pub anthropic_version: Option<Bytes>,
     pub anthropic_beta: Option<Bytes>,
@@ -176,7 +183,8 @@ pub async fn serve<S: Sink>(
     }
     let keys = shard.keys();
     let mut facts = RequestFacts::default();
-    let served = serve_audited(shard, &request, &keys, &mut facts, sink).await;
+    let mut sink = HoldSink::new(sink, &shard.metrics);
+    let served = serve_audited(shard, &request, &keys, &mut facts, &mut sink).await;
     // A client that left got no complete answer: 499, as nginx records it.
     let status = if served.is_err() { 499 } else { sink.status() };
     shard.request_finished(&request, &keys, &facts, status);
@@ -188,7 +196,7 @@ async fn serve_audited<S: Sink>(
     request: &ClientRequest,
     keys: &crate::auth::keys::KeyRegistry,
     facts: &mut RequestFacts,
-    sink: &mut S,
+    sink: &mut HoldSink<'_, S>,
 ) -> Result<(), ClientGone> {
     if request.route == Route::Admin {
         return admin::serve(shard, request, sink).await;
@@ -248,7 +256,7 @@ async fn infer<S: Sink>(
     request: &ClientRequest,
     key: &KeyRecord,
     facts: &mut RequestFacts,
-    sink: &mut S,
+    sink: &mut HoldSink<'_, S>,
 ) -> Result<u16, Outcome> {
     // Phase 3: body fields, then the key's model authorisation.
     let fields = extract_fields(&request.body).map_err(fields_rejection)?;
@@ -262,9 +270,18 @@ async fn infer<S: Sink>(
     let Some(model) = snapshot.lookup(&fields.model, request.route.capability()) else {
         return Err(Rejection::model_not_found(&fields.model).into());
     };
+    // Hold at zero: a model asleep here resolves through its placement, with no agent.
+    let holdable = model
+        .hold_budget
+        .filter(|_| request.route != Route::CountTokens);
+    if model.healthy_agents == 0 && model.hold_budget.is_some() && holdable.is_none() {
+        // count_tokens is never held (it would count each prompt twice in the demand); it
+        // fails as it did before the map placed the model here.
+        return Err(Rejection::model_not_found(&fields.model).into());
+    }
     // From here the request counts in the key's tenant series (by `serve`, once it ends).
     facts.model_id = Some(model.id);
-    let deadline = request.received_at + shard.settings.request_timeout;
+    let mut deadline = request.received_at + shard.settings.request_timeout;
     let estimate = estimate(shard, request, model.id, &fields);
     let images = u64::from(fields.prompt.images);
     let policy = &model.policy;
@@ -273,7 +290,13 @@ async fn infer<S: Sink>(
     let generates = matches!(request.route, Route::ChatCompletions | Route::Messages);
     let context = ModelContext {
         model: model.id,
-        healthy_replicas: model.healthy_agents,
+        // A request that may be held here is charged as if one replica served the model, so
+        // a key cannot hold requests past its quota (seed, "Quota while held").
+        healthy_replicas: if holdable.is_some() {
+            model.healthy_agents.max(1)
+        } else {
+            model.healthy_agents
+        },
         serverless: generates && admission::is_serverless(policy),
     };
     let share = match key.settings.max_occupancy_share() {
@@ -298,6 +321,19 @@ async fn infer<S: Sink>(
         shard.count_rejection(model.id, Reason::B1);
         return Err(Rejection::input_too_long(message).into());
     }
+    // Hold at zero: the quota is charged; now wait for the model to wake.
+    let mut hold_until = None;
+    let mut pending: Option<Pending> = None;
+    if let Some(budget) = holdable
+        && model.healthy_agents == 0
+    {
+        let until = request.received_at + budget;
+        pending = Some(hold(shard, request, key, model.id, &fields, until, sink).await?);
+        hold_until = Some(until);
+        // Released: the capacity wait is bounded by the request timeout from now.
+        deadline = Instant::now() + shard.settings.request_timeout;
+    }
+    let released = hold_until.is_some();
     let token_phase = split && has_token_phase(key, context.serverless);
     let ask = pool_gates.then(|| PoolAsk {
         footprint: Footprint {
@@ -307,15 +343,19 @@ async fn infer<S: Sink>(
         key: key.key_id,
         share,
         policy: policy.clone(),
+        hold_until,
     });
     // B3, B2 and the B4 share on the model's owner; then B4's token buckets and the daily budget
     // on the quota owner; a refusal there drops the reservation, which releases it.
+    // A released request reserves first, waiting up to its hold budget for room, so that its
+    // capacity wait is bounded by the request timeout alone.
     let mut admit = match ask.clone() {
         None => Admit::Direct,
-        Some(ask) if !token_phase => Admit::Gated(ask),
+        Some(ask) if !token_phase && !released => Admit::Gated(ask),
         Some(ask) => {
+            let wait_until = hold_until.map_or(deadline, |until| until.max(deadline));
             let reserved = sink
-                .until_client_gone(shard.reserve(model, ask, deadline))
+                .until_client_gone(shard.reserve(model, ask, wait_until))
                 .await;
             match reserved {
                 None => {
@@ -323,10 +363,18 @@ async fn infer<S: Sink>(
                     return Err(Outcome::Gone);
                 }
                 Some(Ok(reservation)) => Admit::Reserved(reservation),
+                Some(Err(RouteError::PoolFull)) if released => {
+                    return Err(
+                        Rejection::model_waking(&fields.model, Waking::StillAtCapacity).into(),
+                    );
+                }
                 Some(Err(error)) => return Err(route_rejection(error).into()),
             }
         }
     };
+    if released {
+        deadline = Instant::now() + shard.settings.request_timeout;
+    }
     if token_phase {
         let tokens = visit_quota(
             shard,
@@ -346,6 +394,8 @@ async fn infer<S: Sink>(
     // Phases 6 to 8, once per attempt: a slot from the policy's steps, the forward, the answer.
     // A refusal drops `quota`, which gives its token charges back.
     let mut attempts = Attempts::new(policy);
+    // Released requests queue even beyond `--queue-depth` (the hold limits bound them).
+    attempts.beyond_depth = released;
     loop {
         let acquired = sink
             .until_client_gone(shard.acquire(model, deadline, admit, attempts.ask()))
@@ -355,7 +405,11 @@ async fn infer<S: Sink>(
                 ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
                 return Err(Outcome::Gone);
             }
-            Some(Ok(slot)) => slot,
+            Some(Ok(slot)) => {
+                // A request with a slot is no longer pending demand.
+                drop(pending.take());
+                slot
+            }
             Some(Err(error)) => {
                 // Local routing is exhausted: the provider, if the policy names one; else the
                 // last backend failure, or why no slot was found.
@@ -418,6 +472,8 @@ struct Attempts<'p> {
     excluded: Vec<crate::routing::AgentId>,
     failures_in_step: u32,
     last_failure: Option<Rejection>,
+    /// Queue beyond `--queue-depth` (a request released by a wake).
+    beyond_depth: bool,
 }
 
 impl<'p> Attempts<'p> {
@@ -428,6 +484,7 @@ impl<'p> Attempts<'p> {
             excluded: Vec::new(),
             failures_in_step: 0,
             last_failure: None,
+            beyond_depth: false,
         }
     }
 
@@ -441,6 +498,7 @@ impl<'p> Attempts<'p> {
         RouteAsk {
             start_step: self.start_step,
             excluded: self.excluded.clone().into_boxed_slice(),
+            beyond_depth: self.beyond_depth,
         }
     }
 
@@ -595,6 +653,55 @@ fn route_rejection(error: RouteError) -> Rejection {
         RouteError::Shed => Rejection::pool_shed(),
         RouteError::PoolFull => Rejection::occupancy_full(),
         RouteError::KeyShare => Rejection::key_occupancy_share(),
+        RouteError::PoolTooSmall => Rejection::occupancy_full(),
+    }
+}
+
+/// Holds a request for a model asleep on this site until an agent for it registers (seed
+/// `hold-at-zero.md`, steps 5 to 7), sending keepalives meanwhile. `Ok`: the model woke; the
+/// request continues, still counted in the pending demand until it gets a slot.
+async fn hold<S: Sink>(
+    shard: &Rc<Shard>,
+    request: &ClientRequest,
+    key: &KeyRecord,
+    model: ModelId,
+    fields: &crate::http::fields::RequestFields<'_>,
+    until: Instant,
+    sink: &mut HoldSink<'_, S>,
+) -> Result<Pending, Outcome> {
+    use crate::hold::Outcome as Held;
+    let settings = &shard.settings.hold;
+    sink.arm(Keepalive {
+        interval: settings.keepalive,
+        stream: fields.stream,
+        dialect: request.route.dialect(),
+    });
+    // Requests without an API key have only the per-model and total limits.
+    let keyed = !matches!(key.source, crate::auth::keys::KeySource::Anonymous);
+    let started = Instant::now();
+    let held = sink
+        .until_client_gone(shard.hold(model, keyed.then_some(key.key_id), request.client_id, until))
+        .await;
+    let holds = &shard.metrics.holds;
+    match held {
+        None => {
+            holds.ended(Held::Cancelled, Some(started.elapsed()));
+            ShardMetrics::add(&shard.metrics.client_disconnects_total, 1);
+            Err(Outcome::Gone)
+        }
+        Some(Ok(pending)) => {
+            holds.ended(Held::Released, Some(started.elapsed()));
+            Ok(pending)
+        }
+        Some(Err(HoldEnd::Full)) => {
+            holds.ended(Held::Full, None);
+            Err(Rejection::model_waking(&fields.model, Waking::Full).into())
+        }
+        Some(Err(HoldEnd::Expired)) => {
+            holds.ended(Held::Expired, Some(started.elapsed()));
+            Err(Rejection::model_waking(&fields.model, Waking::Expired).into())
+        }
+        Some(Err(HoldEnd::MeshFull)) => Err(Rejection::queue_full().into()),
     }
 }
 

@@ -27,6 +27,14 @@ pub trait Sink {
         extra_headers: &[(&str, &[u8])],
     ) -> impl Future<Output = Result<(), ClientGone>>;
 
+    /// Starts a streamed `200` response for hold at zero's first keepalive. Unlike
+    /// [`Sink::start_stream`] the status is not counted in the HTTP metrics: the request's real
+    /// status, known only when it ends, is counted by whoever writes it (`api::hold`).
+    fn start_keepalive(
+        &mut self,
+        content_type: &str,
+    ) -> impl Future<Output = Result<(), ClientGone>>;
+
     /// Sends part of a streamed response, flushed to the socket before this resolves.
     fn stream_data(&mut self, data: &[u8]) -> impl Future<Output = Result<(), ClientGone>>;
 

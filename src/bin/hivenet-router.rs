@@ -27,6 +27,7 @@ use hivenet_router::control::policy_reload::{self, PolicyControl};
 use hivenet_router::control::registry::HealthTimes;
 use hivenet_router::control::{self, ControlSettings, ControlShared, auth_reload};
 use hivenet_router::disk_db::{self, DiskDb};
+use hivenet_router::hold::HeldTotal;
 use hivenet_router::identity::Identity;
 use hivenet_router::limits::Day;
 use hivenet_router::metrics::ShardMetrics;
@@ -134,6 +135,7 @@ fn open_quota_store(
 
 fn run(args: RouterArgs) -> anyhow::Result<()> {
     let env = EnvSettings::from_env()?;
+    let hold = args.hold_settings()?;
     let secret = Secret::from_file_or_env(args.jwt_secret_file.as_deref())?;
     let identity = Identity::load_or_create(&args.identity_path)?;
     // Policies before keys: static keys are checked against the serverless policies.
@@ -308,6 +310,8 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         admit_fraction: env.admit_fraction,
         admit_park_timeout: env.admit_park_timeout,
         provider,
+        hold,
+        held_total: Arc::new(HeldTotal::new(hold.max_total)),
     };
     let (shard_started, shards_ready) = std::sync::mpsc::channel();
     let mut threads = Vec::with_capacity(shard_count);

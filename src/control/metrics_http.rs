@@ -10,7 +10,7 @@ use hyper::{Request, Response, StatusCode};
 
 use crate::control::ControlShared;
 use crate::control::registry::Registry;
-use crate::metrics::{family, label, render_shards};
+use crate::metrics::{family, label, render_holds, render_shards};
 use crate::shard::messages::ShardReport;
 
 pub async fn run(listener: tokio::net::TcpListener, shared: Arc<ControlShared>) {
@@ -55,6 +55,7 @@ fn respond(
     }
     let mut out = String::with_capacity(8192);
     render_shards(&mut out, &shared.shard_metrics);
+    render_holds(&mut out, &shared.shard_metrics);
     let registry = shared.registry();
     family(
         &mut out,

@@ -353,6 +353,7 @@ impl Registry {
                     owner_shard: owner_of_model(*id, self.shard_count),
                     healthy_agents: summary.healthy,
                     policy: policies.effective(name),
+                    hold_budget: None,
                 },
             ));
         }
@@ -389,6 +390,7 @@ impl Registry {
                     owner_shard: owner_of_model(id, self.shard_count),
                     healthy_agents: 0,
                     policy: policies.effective(name),
+                    hold_budget: None,
                 },
             ));
         }

@@ -1,11 +1,11 @@
 //! The bookkeeping of hold at zero (seed `hold-at-zero.md`): which requests are held for a model
 //! that is asleep on this site, the hold limits, and the pending demand an autoscaler reads.
 //!
-//! Pure logic: no clock, no I/O. Not wired into the request path yet (it needs the sibling map
-//! of cross-site redirect to know which models may be held); the seed's rules it owns:
+//! Pure logic: no clock, no I/O. Each shard keeps one book for the models it owns; the router-wide
+//! total of held requests is [`super::HeldTotal`], shared by the shards. The seed's rules it owns:
 //! - **Hold limits** ("Hold limits"): at most `per_model` requests held per model, `per_key` per
-//!   API key and model (requests without a key have only the other limits), `total` across all
-//!   models. A request beyond any limit is refused and not counted in the pending demand.
+//!   API key and model (requests without a key have only the other limits). A request beyond
+//!   either is refused and not counted in the pending demand.
 //! - **Pending demand** ("Pending demand and the autoscaler"): the distinct requests waiting for
 //!   a model — held now, or released by a wake and still without a slot. Requests of one key
 //!   with the same client request ID (a UUID) count once; requests without an ID count on their
@@ -21,23 +21,24 @@
 use std::collections::HashMap;
 
 use crate::auth::keys::KeyId;
+use crate::routing::Ticket;
 use crate::shard::snapshot::ModelId;
 
-/// The hold limits; each at least 1 (start-up refuses anything else).
+/// The per-model hold limits a book enforces; each at least 1 (start-up refuses anything else).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HoldLimits {
+    /// `--wake-hold-max`.
     pub per_model: u32,
+    /// `--wake-hold-max-per-key`.
     pub per_key: u32,
-    pub total: u32,
 }
 
 impl Default for HoldLimits {
-    /// The seed's defaults: 100 per model, 20 per key and model, 1000 in total.
+    /// The seed's defaults: 100 per model, 20 per key and model.
     fn default() -> Self {
         HoldLimits {
             per_model: 100,
             per_key: 20,
-            total: 1000,
         }
     }
 }
@@ -65,11 +66,19 @@ impl ClientId {
         }
         Some(ClientId(value))
     }
-}
 
-/// One request in the book.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct HoldId(u64);
+    /// The client request ID of a request: `X-Client-Request-ID`, else `X-Request-ID`, when it
+    /// is a UUID. A header that is not a UUID is ignored (the seed: "the router ignores any other
+    /// value").
+    pub fn of_headers(
+        client_request_id: Option<&[u8]>,
+        request_id: Option<&[u8]>,
+    ) -> Option<ClientId> {
+        client_request_id
+            .and_then(ClientId::parse)
+            .or_else(|| request_id.and_then(ClientId::parse))
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -78,6 +87,8 @@ struct Entry {
     client: Option<ClientId>,
     /// Still held (counts against the limits); false once released by a wake.
     held: bool,
+    /// Arrival order, for releasing the oldest first.
+    arrival: u64,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -98,12 +109,12 @@ pub enum HoldRefusal {
 #[derive(Debug, Default)]
 pub struct HoldBook {
     limits: HoldLimits,
-    entries: HashMap<HoldId, Entry>,
+    entries: HashMap<Ticket, Entry>,
     models: HashMap<ModelId, ModelCounts>,
     /// Live entries per (key, client ID, model): the first makes the pair count in the demand.
     duplicates: HashMap<(Option<KeyId>, ClientId, ModelId), u32>,
     held_total: u32,
-    next_id: u64,
+    arrivals: u64,
 }
 
 impl HoldBook {
@@ -114,27 +125,31 @@ impl HoldBook {
         }
     }
 
-    /// Holds a request for `model`, or refuses it when a hold limit is reached.
+    /// Holds the request `ticket` for `model`, or refuses it when a hold limit is reached. A
+    /// ticket already in the book is refused too (it cannot be held twice).
     pub fn hold(
         &mut self,
+        ticket: Ticket,
         model: ModelId,
         key: Option<KeyId>,
         client: Option<ClientId>,
-    ) -> Result<HoldId, HoldRefusal> {
+    ) -> Result<(), HoldRefusal> {
+        if self.entries.contains_key(&ticket) {
+            return Err(HoldRefusal::Full);
+        }
         let counts = self.models.get(&model);
         let held_for_model = counts.map_or(0, |counts| counts.held);
         let held_for_key = match (counts, key) {
             (Some(counts), Some(key)) => counts.held_per_key.get(&key).copied().unwrap_or(0),
             _ => 0,
         };
-        if self.held_total >= self.limits.total
-            || held_for_model >= self.limits.per_model
+        if held_for_model >= self.limits.per_model
             || (key.is_some() && held_for_key >= self.limits.per_key)
         {
             return Err(HoldRefusal::Full);
         }
-        let id = HoldId(self.next_id);
-        self.next_id += 1;
+        let arrival = self.arrivals;
+        self.arrivals += 1;
         let counts = self.models.entry(model).or_default();
         counts.held += 1;
         if let Some(key) = key {
@@ -153,21 +168,22 @@ impl HoldBook {
         }
         self.held_total += 1;
         self.entries.insert(
-            id,
+            ticket,
             Entry {
                 model,
                 key,
                 client,
                 held: true,
+                arrival,
             },
         );
-        Ok(id)
+        Ok(())
     }
 
     /// A wake released the request: it leaves the hold limits and waits for a slot, still in the
     /// pending demand.
-    pub fn release(&mut self, id: HoldId) {
-        let Some(entry) = self.entries.get_mut(&id) else {
+    pub fn release(&mut self, ticket: Ticket) {
+        let Some(entry) = self.entries.get_mut(&ticket) else {
             return;
         };
         if !entry.held {
@@ -179,8 +195,8 @@ impl HoldBook {
     }
 
     /// The request got a slot, was answered, or its client left: it leaves the book.
-    pub fn finish(&mut self, id: HoldId) {
-        let Some(entry) = self.entries.remove(&id) else {
+    pub fn finish(&mut self, ticket: Ticket) {
+        let Some(entry) = self.entries.remove(&ticket) else {
             return;
         };
         if entry.held {
@@ -219,22 +235,28 @@ impl HoldBook {
         self.models.get(&model).map_or(0, |counts| counts.pending)
     }
 
-    /// Requests held now (not yet released), across all models.
+    /// Every model with a pending demand in this book, and its demand.
+    pub fn demand(&self) -> impl Iterator<Item = (ModelId, u32)> + '_ {
+        self.models
+            .iter()
+            .map(|(model, counts)| (*model, counts.pending))
+    }
+
+    /// Requests held now (not yet released), across this book's models.
     pub fn held_total(&self) -> u32 {
         self.held_total
     }
 
-    /// The held (not yet released) requests of `model`, for a wake to release.
-    pub fn held_for(&self, model: ModelId) -> Vec<HoldId> {
-        let mut held: Vec<HoldId> = self
+    /// The held (not yet released) requests of `model`, oldest first, for a wake to release.
+    pub fn held_for(&self, model: ModelId) -> Vec<Ticket> {
+        let mut held: Vec<(u64, Ticket)> = self
             .entries
             .iter()
             .filter(|(_, entry)| entry.held && entry.model == model)
-            .map(|(id, _)| *id)
+            .map(|(ticket, entry)| (entry.arrival, *ticket))
             .collect();
-        // Oldest first: ids grow with arrival.
-        held.sort_unstable_by_key(|id| id.0);
-        held
+        held.sort_unstable_by_key(|(arrival, _)| *arrival);
+        held.into_iter().map(|(_, ticket)| ticket).collect()
     }
 
     fn unhold(&mut self, entry: &Entry) {
@@ -264,6 +286,26 @@ mod tests {
 
     const M: ModelId = ModelId(1);
 
+    /// A book that hands out tickets in order, as requesters do.
+    struct Counter(u64);
+
+    impl Counter {
+        fn hold(
+            &mut self,
+            book: &mut HoldBook,
+            model: ModelId,
+            key: Option<KeyId>,
+            client: Option<ClientId>,
+        ) -> Result<Ticket, HoldRefusal> {
+            self.0 += 1;
+            let ticket = Ticket {
+                shard: 0,
+                sequence: self.0,
+            };
+            book.hold(ticket, model, key, client).map(|()| ticket)
+        }
+    }
+
     fn id(text: &str) -> Option<ClientId> {
         ClientId::parse(text.as_bytes())
     }
@@ -290,38 +332,44 @@ mod tests {
         let mut book = HoldBook::new(HoldLimits {
             per_model: 3,
             per_key: 2,
-            total: 4,
         });
+        let mut tickets = Counter(0);
         let key = Some(KeyId(7));
-        book.hold(M, key, None).unwrap();
-        book.hold(M, key, None).unwrap();
-        assert_eq!(book.hold(M, key, None), Err(HoldRefusal::Full), "per key");
-        // Without a key only the other limits apply.
-        book.hold(M, None, None).unwrap();
+        tickets.hold(&mut book, M, key, None).unwrap();
+        let second = tickets.hold(&mut book, M, key, None).unwrap();
         assert_eq!(
-            book.hold(M, None, None),
+            tickets.hold(&mut book, M, key, None),
+            Err(HoldRefusal::Full),
+            "per key"
+        );
+        // Without a key only the other limits apply.
+        tickets.hold(&mut book, M, None, None).unwrap();
+        assert_eq!(
+            tickets.hold(&mut book, M, None, None),
             Err(HoldRefusal::Full),
             "per model"
         );
-        book.hold(ModelId(2), None, None).unwrap();
+        // Another model has its own limit; a ticket cannot be held twice.
+        tickets.hold(&mut book, ModelId(2), None, None).unwrap();
         assert_eq!(
-            book.hold(ModelId(3), None, None),
-            Err(HoldRefusal::Full),
-            "total"
+            book.hold(second, ModelId(2), None, None),
+            Err(HoldRefusal::Full)
         );
         assert_eq!(book.pending_demand(M), 3);
+        assert_eq!(book.held_total(), 4);
     }
 
     #[test]
     fn retries_with_one_client_id_count_once_per_key() {
         let mut book = HoldBook::new(HoldLimits::default());
+        let mut tickets = Counter(0);
         let client = id("8b9e4a6d-dfb4-4b95-bada-319e7e5b878a");
-        let first = book.hold(M, Some(KeyId(1)), client).unwrap();
-        let retry = book.hold(M, Some(KeyId(1)), client).unwrap();
+        let first = tickets.hold(&mut book, M, Some(KeyId(1)), client).unwrap();
+        let retry = tickets.hold(&mut book, M, Some(KeyId(1)), client).unwrap();
         assert_eq!(book.pending_demand(M), 1);
         // Another key with the same ID counts separately; no ID counts on its own.
-        book.hold(M, Some(KeyId(2)), client).unwrap();
-        book.hold(M, Some(KeyId(1)), None).unwrap();
+        tickets.hold(&mut book, M, Some(KeyId(2)), client).unwrap();
+        tickets.hold(&mut book, M, Some(KeyId(1)), None).unwrap();
         assert_eq!(book.pending_demand(M), 3);
         book.finish(first);
         assert_eq!(book.pending_demand(M), 3, "the retry still waits");
@@ -334,15 +382,15 @@ mod tests {
         let mut book = HoldBook::new(HoldLimits {
             per_model: 1,
             per_key: 1,
-            total: 1,
         });
-        let first = book.hold(M, Some(KeyId(1)), None).unwrap();
+        let mut tickets = Counter(0);
+        let first = tickets.hold(&mut book, M, Some(KeyId(1)), None).unwrap();
         assert_eq!(book.held_for(M), vec![first]);
         book.release(first);
         assert_eq!(book.held_total(), 0);
         assert_eq!(book.pending_demand(M), 1);
         // The model is asleep again: a new request may be held beside the released one.
-        let second = book.hold(M, Some(KeyId(1)), None).unwrap();
+        let second = tickets.hold(&mut book, M, Some(KeyId(1)), None).unwrap();
         assert_eq!(book.pending_demand(M), 2);
         book.finish(first);
         book.finish(second);
@@ -379,14 +427,15 @@ mod tests {
         /// every count to zero when everyone has left.
         #[test]
         fn demand_counts_distinct_requests_and_returns_to_zero(ops in proptest::collection::vec(op(), 1..200)) {
-            let mut book = HoldBook::new(HoldLimits { per_model: 5, per_key: 3, total: 8 });
-            let mut live: Vec<(HoldId, ModelId, Option<KeyId>, Option<ClientId>)> = Vec::new();
+            let mut book = HoldBook::new(HoldLimits { per_model: 5, per_key: 3 });
+            let mut tickets = Counter(0);
+            let mut live: Vec<(Ticket, ModelId, Option<KeyId>, Option<ClientId>)> = Vec::new();
             for op in ops {
                 match op {
                     Op::Hold { model, key, client } => {
                         let (model, key) = (ModelId(model), key.map(KeyId));
                         let client = client.map(|client| ClientId(u128::from(client)));
-                        if let Ok(id) = book.hold(model, key, client) {
+                        if let Ok(id) = tickets.hold(&mut book, model, key, client) {
                             live.push((id, model, key, client));
                         }
                     }
@@ -397,7 +446,11 @@ mod tests {
                     }
                     _ => {}
                 }
-                prop_assert!(book.held_total() <= 8);
+                prop_assert!(book.held_total() <= 15);
+                for model in 0..3 {
+                    let oldest_first = book.held_for(ModelId(model));
+                    prop_assert!(oldest_first.windows(2).all(|pair| pair[0].sequence < pair[1].sequence));
+                }
                 for model in 0..3 {
                     let model = ModelId(model);
                     let mut distinct = std::collections::HashSet::new();

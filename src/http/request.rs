@@ -163,6 +163,9 @@ pub struct RequestHead {
     pub x_api_key: Option<Span>,
     pub content_type: Option<Span>,
     pub x_request_id: Option<Span>,
+    /// `X-Client-Request-ID`: the client's own ID for a request and its retries (hold at zero
+    /// counts a retried request once).
+    pub x_client_request_id: Option<Span>,
     pub anthropic_version: Option<Span>,
     /// `Upgrade` value (for example `h2c` or `websocket`), which the router does not honour.
     pub upgrade: Option<Span>,
@@ -317,6 +320,7 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
         x_api_key: None,
         content_type: None,
         x_request_id: None,
+        x_client_request_id: None,
         anthropic_version: None,
         upgrade: None,
         http2_settings: false,
@@ -361,6 +365,9 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
             }
             12 if name.eq_ignore_ascii_case(b"x-request-id") => {
                 head.x_request_id = Some(Span::of(buf, value));
+            }
+            19 if name.eq_ignore_ascii_case(b"x-client-request-id") => {
+                head.x_client_request_id = Some(Span::of(buf, value));
             }
             13 if name.eq_ignore_ascii_case(b"authorization") => {
                 head.authorization = Some(Span::of(buf, value));

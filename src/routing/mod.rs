@@ -101,6 +101,9 @@ pub struct Grant {
 pub struct Ask {
     pub start_step: u8,
     pub excluded: Box<[AgentId]>,
+    /// Queue even when the queue is at `queue_depth` (hold at zero: a request released by a
+    /// wake; the hold limits bound how many there are). Never when queueing is off.
+    pub beyond_depth: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -339,7 +342,7 @@ impl ModelRoutes {
             {
                 return Acquire::Granted(Grant { agent, step });
             }
-            if self.queue.len() < self.queue_depth {
+            if self.queue.len() < self.queue_depth || (ask.beyond_depth && self.queue_depth > 0) {
                 self.queue.push_back(Waiter {
                     ticket,
                     step,

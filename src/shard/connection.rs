@@ -400,6 +400,10 @@ async fn read_requests(
                 );
                 id
             },
+            client_id: crate::hold::ClientId::of_headers(
+                head.x_client_request_id.map(|span| span.get(&head_bytes)),
+                head.x_request_id.map(|span| span.get(&head_bytes)),
+            ),
             anthropic_version: span(head.anthropic_version),
             anthropic_beta: header("anthropic-beta"),
             authorization: span(head.authorization),
@@ -538,6 +542,30 @@ impl Http1Sink {
         self.out.extend_from_slice(bytes);
         self.flush().await
     }
+
+    /// A chunked response head (`start_stream`, `start_keepalive`); the caller counts the status.
+    async fn stream_head(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+    ) -> Result<(), ClientGone> {
+        self.status = status;
+        let request_id = self.request_id;
+        let mut headers: [(&str, &[u8]); RESPONSE_HEADERS_MAX] =
+            [("cache-control", b"no-cache"); RESPONSE_HEADERS_MAX];
+        let count = 1 + with_request_id(&mut headers[1..], request_id.as_ref(), extra_headers);
+        self.out.clear();
+        ResponseHead {
+            status,
+            content_type: Some(content_type),
+            framing: ResponseFraming::Chunked,
+            close: self.close,
+            extra_headers: &headers[..count],
+        }
+        .write(&mut self.out);
+        self.flush().await
+    }
 }
 
 impl Sink for Http1Sink {
@@ -575,21 +603,11 @@ impl Sink for Http1Sink {
         extra_headers: &[(&str, &[u8])],
     ) -> Result<(), ClientGone> {
         self.shard.metrics.count_response(status);
-        self.status = status;
-        let request_id = self.request_id;
-        let mut headers: [(&str, &[u8]); RESPONSE_HEADERS_MAX] =
-            [("cache-control", b"no-cache"); RESPONSE_HEADERS_MAX];
-        let count = 1 + with_request_id(&mut headers[1..], request_id.as_ref(), extra_headers);
-        self.out.clear();
-        ResponseHead {
-            status,
-            content_type: Some(content_type),
-            framing: ResponseFraming::Chunked,
-            close: self.close,
-            extra_headers: &headers[..count],
-        }
-        .write(&mut self.out);
-        self.flush().await
+        self.stream_head(status, content_type, extra_headers).await
+    }
+
+    async fn start_keepalive(&mut self, content_type: &str) -> Result<(), ClientGone> {
+        self.stream_head(200, content_type, &[]).await
     }
 
     async fn stream_data(&mut self, data: &[u8]) -> Result<(), ClientGone> {

@@ -176,6 +176,16 @@ async fn serve_stream(
             );
             id
         },
+        client_id: crate::hold::ClientId::of_headers(
+            parts
+                .headers
+                .get("x-client-request-id")
+                .map(|value| value.as_bytes()),
+            parts
+                .headers
+                .get("x-request-id")
+                .map(|value| value.as_bytes()),
+        ),
         anthropic_version: header("anthropic-version"),
         anthropic_beta: header("anthropic-beta"),
         authorization: header("authorization"),
@@ -198,6 +208,7 @@ struct H2Sink {
 }
 
 impl H2Sink {
+    /// Sends the response head; the caller counts the status.
     fn head(
         &mut self,
         status: u16,
@@ -206,7 +217,6 @@ impl H2Sink {
         content_length: Option<usize>,
         end_of_stream: bool,
     ) -> Result<(), ClientGone> {
-        self.shard.metrics.count_response(status);
         self.status = status;
         let mut response = http::Response::builder()
             .status(status)
@@ -269,6 +279,7 @@ impl Sink for H2Sink {
         extra_headers: &[(&str, &[u8])],
         body: &[u8],
     ) -> Result<(), ClientGone> {
+        self.shard.metrics.count_response(status);
         self.head(
             status,
             content_type,
@@ -288,7 +299,12 @@ impl Sink for H2Sink {
         content_type: &str,
         extra_headers: &[(&str, &[u8])],
     ) -> Result<(), ClientGone> {
+        self.shard.metrics.count_response(status);
         self.head(status, content_type, extra_headers, None, false)
+    }
+
+    async fn start_keepalive(&mut self, content_type: &str) -> Result<(), ClientGone> {
+        self.head(200, content_type, &[], None, false)
     }
 
     async fn stream_data(&mut self, data: &[u8]) -> Result<(), ClientGone> {

@@ -58,6 +58,8 @@ pub enum ControlToShard {
 #[derive(Debug, Default)]
 pub struct ShardReport {
     pub queues: Vec<(ModelId, u32)>,
+    /// Hold at zero: the pending demand of every model this shard owns that has any.
+    pub pending_demand: Vec<(ModelId, u32)>,
     pub admission: crate::shard::state::AdmissionReport,
     pub tenants: crate::shard::tenants::TenantReport,
 }
@@ -104,6 +106,17 @@ pub enum Decision {
     PoolFull,
     /// B4: the key's occupancy share is in use.
     KeyShare,
+    /// B2: the request is larger than the pool's whole budget (asked to be refused at once).
+    PoolTooSmall,
+}
+
+/// What a model's owner answers to a [`ShardToShard::Hold`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldAnswer {
+    /// An agent serves the model now (it was there already, or it just registered): go on.
+    Awake,
+    /// A per-model hold limit is reached: `503 model_waking` at once.
+    Full,
 }
 
 /// Between shards over the SPSC mesh.
@@ -163,6 +176,19 @@ pub enum ShardToShard {
         ticket: Ticket,
         update: crate::shard::state::OccupancyUpdate,
     },
+    /// Requester -> owner: hold the request until an agent for `model` registers (hold at zero),
+    /// counting it in the model's pending demand and against the per-model hold limits.
+    Hold {
+        ticket: Ticket,
+        model: ModelId,
+        key: Option<crate::auth::keys::KeyId>,
+        client: Option<crate::hold::ClientId>,
+    },
+    /// Owner -> requester: how the hold went (at once, or when the model woke).
+    HoldAnswered { sequence: u64, answer: HoldAnswer },
+    /// Requester -> owner: the request leaves the hold book (it got a slot, was answered, or its
+    /// client left); also withdraws a hold that is still waiting.
+    HoldLeave { ticket: Ticket, model: ModelId },
     /// Owner -> requester: the final answer for a ticket (`model` lets an unwanted grant go back).
     Decided {
         sequence: u64,

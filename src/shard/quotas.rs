@@ -495,6 +495,7 @@ api:
                         policy: std::sync::Arc::new(crate::policy::ModelPolicy::built_in(
                             &Default::default(),
                         )),
+                        hold_budget: None,
                     },
                 )
             }),

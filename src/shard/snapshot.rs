@@ -57,6 +57,11 @@ pub struct ModelEntry {
     pub healthy_agents: u32,
     /// The model's effective routing and admission policy.
     pub policy: std::sync::Arc<crate::policy::ModelPolicy>,
+    /// Hold at zero: `Some(budget)` when the sibling map places this model here, for this
+    /// capability, with `scale_from_zero` (the placement's `hold_budget`, else
+    /// `--wake-hold-budget`). Such a model resolves even with no agent, and its requests are
+    /// held while it has none.
+    pub hold_budget: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Default)]

@@ -20,6 +20,7 @@ use crate::admission::{PolicyOutcome, Reason};
 use crate::auth::admin::AdminAccess;
 use crate::auth::keys::KeyRegistry;
 use crate::auth::keys::{KeyId, KeyRecord, TenantId};
+use crate::hold::{ClientId, HoldBook};
 use crate::limits::{Admission, BurstSeconds, Day, Delivery, Millis, ModelContext, Usage};
 use crate::metrics::ShardMetrics;
 use crate::policy::ModelPolicy;
@@ -27,12 +28,15 @@ use crate::routing::{
     Acquire, AgentId, AnyAgent, Ask as RouteAsk, Grant, ModelRoutes, StepFilter, Ticket,
 };
 use crate::shard::mesh::Endpoint;
-use crate::shard::messages::{ControlToShard, Decision, ShardToControl, ShardToShard};
+use crate::shard::messages::{ControlToShard, Decision, HoldAnswer, ShardToControl, ShardToShard};
 use crate::shard::quotas::{Admitted, Charge, Quotas, Release};
 use crate::shard::snapshot::{ModelEntry, ModelId, RoutingSnapshot};
 
 /// Messages handled per mesh wake-up before the mesh task yields to the shard's other tasks.
 const MESH_DRAIN_BUDGET: usize = 256;
+
+/// Parked requests are re-evaluated at least this often (milliseconds).
+const PARK_RECHECK_MS: u64 = 1000;
 
 /// A reservation untouched this long lost its release (every request path releases on drop, and
 /// streams refresh theirs as output flows), so the reaper gives it back.
@@ -55,6 +59,10 @@ pub struct ShardSettings {
     pub admit_park_timeout: Duration,
     /// The provider-fallback client; `None` when no provider key is configured.
     pub provider: Option<crate::provider::ProviderPool>,
+    /// Hold at zero: the `--wake-*` flags.
+    pub hold: crate::hold::HoldSettings,
+    /// Hold at zero: `--wake-hold-max-total`, counted across the shards.
+    pub held_total: Arc<crate::hold::HeldTotal>,
 }
 
 /// Why a request found no agent slot.
@@ -74,6 +82,9 @@ pub enum RouteError {
     PoolFull,
     /// B4: the key's occupancy share is in use.
     KeyShare,
+    /// B2: the request alone is larger than the pool's whole budget (refused at once for a
+    /// request released by a wake, which would otherwise wait its whole hold budget).
+    PoolTooSmall,
 }
 
 impl RouteError {
@@ -83,6 +94,7 @@ impl RouteError {
             Decision::Shed => RouteError::Shed,
             Decision::PoolFull => RouteError::PoolFull,
             Decision::KeyShare => RouteError::KeyShare,
+            Decision::PoolTooSmall => RouteError::PoolTooSmall,
             // A grant or reservation where the other was asked for cannot happen; treat it as
             // the model having nothing to offer.
             Decision::NoAgents | Decision::Granted(_) | Decision::Reserved => RouteError::NoAgents,
@@ -108,6 +120,9 @@ pub struct PoolAsk {
     /// The key's `max_occupancy_share` when the model is serverless; 0 otherwise.
     pub share: f64,
     pub policy: Arc<ModelPolicy>,
+    /// Hold at zero: a request released by a wake waits for room until its hold budget ends,
+    /// whatever the park timeout (seed, "After the wake").
+    pub hold_until: Option<Instant>,
 }
 
 /// A pool admission on its way to the owner.
@@ -117,6 +132,9 @@ pub struct PoolRequest {
     pub policy: Arc<ModelPolicy>,
     /// Park until then when B2 does not fit; `None`: refuse at once (park timeout 0).
     pub park_until: Option<Instant>,
+    /// Refuse at once a request larger than the pool's whole budget instead of parking it (a
+    /// request released by a wake parks up to its hold budget, too long to wait for nothing).
+    pub refuse_oversize: bool,
 }
 
 /// A change to a reservation while its request runs.
@@ -195,6 +213,10 @@ pub struct Shard {
     settle_waiting: RefCell<HashMap<u64, oneshot::Sender<Option<crate::limits::Settlement>>>>,
     /// Occupancy of the models this shard owns.
     pools: RefCell<HashMap<ModelId, OwnedPool>>,
+    /// Hold at zero: the held and released-but-waiting requests of the models this shard owns.
+    holds: RefCell<HoldBook>,
+    /// Hold at zero: this shard's held requests, waiting for their owner's answer.
+    hold_waiting: RefCell<HashMap<u64, oneshot::Sender<HoldAnswer>>>,
     /// Whether the park timer task runs.
     park_timer: Cell<bool>,
     /// Admission refusals decided on this shard, by model and gate.
@@ -248,6 +270,7 @@ impl Shard {
         to_control: mpsc::UnboundedSender<ShardToControl>,
     ) -> Shard {
         let rpm_burst = settings.rpm_burst;
+        let hold_limits = settings.hold.limits;
         Shard {
             id: mesh.shard(),
             count,
@@ -266,6 +289,8 @@ impl Shard {
             quota_waiting: RefCell::new(HashMap::new()),
             settle_waiting: RefCell::new(HashMap::new()),
             pools: RefCell::new(HashMap::new()),
+            holds: RefCell::new(HoldBook::new(hold_limits)),
+            hold_waiting: RefCell::new(HashMap::new()),
             park_timer: Cell::new(false),
             rejections: RefCell::new(HashMap::new()),
             policy_outcomes: RefCell::new(HashMap::new()),
@@ -378,6 +403,10 @@ impl Shard {
 
     fn pool_request(&self, ticket: Ticket, ask: PoolAsk, deadline: Instant) -> PoolRequest {
         let park = self.settings.admit_park_timeout;
+        let park_until = match ask.hold_until {
+            Some(until) => Some(until),
+            None => (!park.is_zero()).then(|| deadline.min(Instant::now() + park)),
+        };
         PoolRequest {
             ask: Ask {
                 ticket,
@@ -386,7 +415,8 @@ impl Shard {
                 share: ask.share,
             },
             policy: ask.policy,
-            park_until: (!park.is_zero()).then(|| deadline.min(Instant::now() + park)),
+            park_until,
+            refuse_oversize: ask.hold_until.is_some(),
         }
     }
 
@@ -476,6 +506,10 @@ impl Shard {
                 u64::from(request.policy.max_inflight),
                 healthy,
             );
+            if request.refuse_oversize && !limits.could_ever_fit(&request.ask.footprint) {
+                self.count_rejection(model, Reason::B2);
+                return Some(Decision::PoolTooSmall);
+            }
             let park_until = request.park_until.map(|until| self.millis_at(until));
             let verdict = {
                 let mut pools = self.pools.borrow_mut();
@@ -637,11 +671,131 @@ impl Shard {
         let shard = self.clone();
         monoio::spawn(async move {
             while let Some(next) = shard.expire_parked() {
-                let wait = next.0.saturating_sub(shard.now_millis().0).max(1);
+                // At least once a second: the limits follow the healthy replicas, and replicas
+                // that joined since are used (seed, "After the wake").
+                let wait = next
+                    .0
+                    .saturating_sub(shard.now_millis().0)
+                    .clamp(1, PARK_RECHECK_MS);
                 monoio::time::sleep(Duration::from_millis(wait)).await;
             }
             shard.park_timer.set(false);
         });
+    }
+
+    // ----- hold at zero -----
+
+    /// Holds a request for `model`, asleep on this site, until an agent for it registers or
+    /// `until` (its hold budget) passes. The returned [`Pending`] keeps the request in the
+    /// model's pending demand until it is dropped: when the request gets a slot, or ends.
+    /// Dropping the future (the client left) withdraws the hold.
+    pub async fn hold(
+        self: &Rc<Self>,
+        model: ModelId,
+        key: Option<KeyId>,
+        client: Option<ClientId>,
+        until: Instant,
+    ) -> Result<Pending, HoldEnd> {
+        if !self.settings.held_total.take() {
+            return Err(HoldEnd::Full);
+        }
+        let ticket = self.new_ticket();
+        let owner = owner_of_model(model, self.count);
+        // From here the guard gives the place back and tells the owner, on every path.
+        let pending = Pending {
+            shard: self.clone(),
+            ticket,
+            model,
+            holds_place: true,
+        };
+        let (answered, answer) = oneshot::channel();
+        if owner == self.id {
+            if let Some(answer) = self.hold_at_owner(ticket, model, key, client) {
+                return pending.answered(answer);
+            }
+            self.hold_waiting
+                .borrow_mut()
+                .insert(ticket.sequence, answered);
+        } else {
+            self.hold_waiting
+                .borrow_mut()
+                .insert(ticket.sequence, answered);
+            let message = ShardToShard::Hold {
+                ticket,
+                model,
+                key,
+                client,
+            };
+            if self.mesh.borrow_mut().send(owner, message).is_err() {
+                ShardMetrics::add(&self.metrics.mesh_full_total, 1);
+                return Err(HoldEnd::MeshFull);
+            }
+        }
+        let wait = until.saturating_duration_since(Instant::now());
+        match monoio::time::timeout(wait, answer).await {
+            Ok(Ok(answer)) => pending.answered(answer),
+            // The owner dropped the waiter without an answer: cannot happen while the shard
+            // runs; treat it as the budget ending.
+            Ok(Err(_)) | Err(_) => Err(HoldEnd::Expired),
+        }
+    }
+
+    /// The owner's side of [`Shard::hold`]: `None` when the request is now held.
+    fn hold_at_owner(
+        &self,
+        ticket: Ticket,
+        model: ModelId,
+        key: Option<KeyId>,
+        client: Option<ClientId>,
+    ) -> Option<HoldAnswer> {
+        if self.healthy_agents(model) > 0 {
+            // An agent registered since the requester looked: nothing to wait for.
+            return Some(HoldAnswer::Awake);
+        }
+        match self.holds.borrow_mut().hold(ticket, model, key, client) {
+            Ok(()) => None,
+            Err(crate::hold::HoldRefusal::Full) => Some(HoldAnswer::Full),
+        }
+    }
+
+    /// Releases every request held for `model` (an agent for it registered), oldest first.
+    fn wake_held(&self, model: ModelId) {
+        let woken = self.holds.borrow().held_for(model);
+        for ticket in woken {
+            self.holds.borrow_mut().release(ticket);
+            self.answer_hold(ticket, HoldAnswer::Awake);
+        }
+    }
+
+    fn answer_hold(&self, ticket: Ticket, answer: HoldAnswer) {
+        let requester = usize::from(ticket.shard);
+        if requester == self.id {
+            self.hold_answered(ticket.sequence, answer);
+        } else {
+            self.send_or_defer(
+                requester,
+                ShardToShard::HoldAnswered {
+                    sequence: ticket.sequence,
+                    answer,
+                },
+            );
+        }
+    }
+
+    fn hold_answered(&self, sequence: u64, answer: HoldAnswer) {
+        if let Some(waiter) = self.hold_waiting.borrow_mut().remove(&sequence) {
+            let _ = waiter.send(answer);
+        }
+    }
+
+    fn leave_hold(&self, ticket: Ticket, model: ModelId) {
+        self.hold_waiting.borrow_mut().remove(&ticket.sequence);
+        let owner = owner_of_model(model, self.count);
+        if owner == self.id {
+            self.holds.borrow_mut().finish(ticket);
+        } else {
+            self.send_or_defer(owner, ShardToShard::HoldLeave { ticket, model });
+        }
     }
 
     /// Counts an admission refusal decided on this shard (B1 on the requester, B2/B3/B4 share on
@@ -1268,6 +1422,18 @@ impl Shard {
                 decision,
                 model,
             } => self.resolve(model, sequence, decision),
+            ShardToShard::Hold {
+                ticket,
+                model,
+                key,
+                client,
+            } => {
+                if let Some(answer) = self.hold_at_owner(ticket, model, key, client) {
+                    self.answer_hold(ticket, answer);
+                }
+            }
+            ShardToShard::HoldAnswered { sequence, answer } => self.hold_answered(sequence, answer),
+            ShardToShard::HoldLeave { ticket, .. } => self.holds.borrow_mut().finish(ticket),
         }
     }
 
@@ -1310,6 +1476,8 @@ impl Shard {
                     self.deliver(model, grants);
                     // A new replica raises the pool limits: parked requests may fit.
                     self.retry_parked(model);
+                    // Hold at zero: the model is awake; its held requests continue.
+                    self.wake_held(model);
                 }
             }
             ControlToShard::AgentDown { agent, models } => {
@@ -1367,8 +1535,10 @@ impl Shard {
                     .iter()
                     .map(|(model, routes)| (*model, routes.queue_len() as u32))
                     .collect();
+                let pending_demand = self.holds.borrow().demand().collect();
                 let _ = reply.send(crate::shard::messages::ShardReport {
                     queues,
+                    pending_demand,
                     admission: self.admission_report(),
                     tenants: self.tenants.borrow().report(),
                 });
@@ -1520,6 +1690,52 @@ impl Drop for Waiting<'_> {
 
 /// A held agent slot (and the request's occupancy reservation, if it has one). Dropping it
 /// releases both to the model's owner, exactly once.
+/// Why a request was not released by a wake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldEnd {
+    /// A hold limit is reached (per model, per key and model, or in total).
+    Full,
+    /// The hold budget ran out before an agent for the model registered.
+    Expired,
+    /// The mesh ring to the model's owner is full.
+    MeshFull,
+}
+
+/// A request's entry in its model's hold book (hold at zero): held, then, once a wake released
+/// it, still counted in the pending demand until it gets a slot. Dropping it leaves the book.
+pub struct Pending {
+    shard: Rc<Shard>,
+    ticket: Ticket,
+    model: ModelId,
+    /// Still held: counts against `--wake-hold-max-total`.
+    holds_place: bool,
+}
+
+impl Pending {
+    fn answered(mut self, answer: HoldAnswer) -> Result<Pending, HoldEnd> {
+        match answer {
+            HoldAnswer::Awake => {
+                self.give_back_place();
+                Ok(self)
+            }
+            HoldAnswer::Full => Err(HoldEnd::Full),
+        }
+    }
+
+    fn give_back_place(&mut self) {
+        if std::mem::take(&mut self.holds_place) {
+            self.shard.settings.held_total.give_back();
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.give_back_place();
+        self.shard.leave_hold(self.ticket, self.model);
+    }
+}
+
 pub struct Slot {
     shard: Rc<Shard>,
     pub model: ModelId,
