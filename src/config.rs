@@ -187,6 +187,72 @@ impl RouterArgs {
     }
 }
 
+/// Cross-site redirect, as start-up validated it (`--site-id` and its companions).
+#[derive(Debug)]
+pub struct RedirectSite {
+    /// `--site-id`: this site in the sibling map.
+    pub id: String,
+    /// `--redirect-secret-file`: the first signs redirect tokens, all verify.
+    pub secrets: crate::sibling::token::RedirectSecrets,
+    /// `--redirect-allowed-domains`.
+    pub allowed_domains: Vec<String>,
+}
+
+impl RouterArgs {
+    /// `--site-id` and what it needs; `None` when cross-site redirect is off. Refuses to start,
+    /// naming what is missing: the secret file, the allowed domains, or a key mode whose keys
+    /// every site knows (dynamic keys, pushed to every site, or `none`).
+    pub fn redirect_site(
+        &self,
+        api_mode: crate::auth::config::ApiMode,
+    ) -> anyhow::Result<Option<RedirectSite>> {
+        use crate::auth::config::ApiMode;
+        let Some(id) = self.site_id.as_deref().map(str::trim) else {
+            if self.redirect_secret_file.is_some() || !self.redirect_allowed_domains.is_empty() {
+                tracing::warn!(
+                    "--redirect-secret-file and --redirect-allowed-domains have no effect without --site-id"
+                );
+            }
+            return Ok(None);
+        };
+        anyhow::ensure!(
+            !id.is_empty()
+                && id.len() <= 128
+                && id
+                    .bytes()
+                    .all(|byte| byte.is_ascii_alphanumeric() || b"._-".contains(&byte)),
+            "--site-id must be 1 to 128 characters of letters, digits, '.', '_' and '-', got {id:?}"
+        );
+        let Some(path) = &self.redirect_secret_file else {
+            anyhow::bail!("--site-id needs --redirect-secret-file (the secrets that sign redirect tokens)");
+        };
+        let text = std::fs::read_to_string(path).map_err(|error| {
+            anyhow::anyhow!("--redirect-secret-file {}: {error}", path.display())
+        })?;
+        let secrets = crate::sibling::token::RedirectSecrets::parse(&text)
+            .map_err(|error| anyhow::anyhow!("--redirect-secret-file {}: {error}", path.display()))?;
+        let allowed_domains: Vec<String> = self
+            .redirect_allowed_domains
+            .iter()
+            .map(|domain| domain.trim().trim_start_matches('.').to_ascii_lowercase())
+            .filter(|domain| !domain.is_empty())
+            .collect();
+        anyhow::ensure!(
+            !allowed_domains.is_empty(),
+            "--site-id needs --redirect-allowed-domains (the domains sibling sites may be under)"
+        );
+        anyhow::ensure!(
+            matches!(api_mode, ApiMode::Dynamic | ApiMode::None),
+            "--site-id needs dynamic API keys (api.mode: dynamic) or auth mode none: a redirected request is authenticated by its key's registry id, which only dynamic keys share across sites"
+        );
+        Ok(Some(RedirectSite {
+            id: id.to_owned(),
+            secrets,
+            allowed_domains,
+        }))
+    }
+}
+
 /// Settings read only from the environment, as the reference documents them.
 #[derive(Debug, Clone)]
 pub struct EnvSettings {

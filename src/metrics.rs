@@ -8,8 +8,8 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 /// HTTP statuses the router answers with, for the `code` label; anything else is counted as other.
-const STATUS_CODES: [u16; 16] = [
-    200, 400, 401, 403, 404, 405, 408, 413, 429, 431, 499, 500, 502, 503, 504, 505,
+const STATUS_CODES: [u16; 17] = [
+    200, 307, 400, 401, 403, 404, 405, 408, 413, 429, 431, 499, 500, 502, 503, 504, 505,
 ];
 
 #[derive(Debug, Default)]

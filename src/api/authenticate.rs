@@ -21,7 +21,12 @@ pub fn authenticate<'r>(
         request.authorization.as_deref(),
         request.x_api_key.as_deref(),
     );
-    match registry.authenticate(presented, now_unix_ms) {
+    outcome(registry.authenticate(presented, now_unix_ms))
+}
+
+/// The 401 of each failed outcome, or the key.
+pub fn outcome(outcome: AuthOutcome<'_>) -> Result<&KeyRecord, Rejection> {
+    match outcome {
         AuthOutcome::Authenticated { key, .. } => Ok(key),
         AuthOutcome::Missing => Err(Rejection::unauthorized(
             "an API key is required: send Authorization: Bearer <key> or x-api-key",

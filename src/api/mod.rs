@@ -18,6 +18,7 @@ pub mod admin;
 pub mod authenticate;
 pub mod forward;
 pub mod hold;
+pub mod redirect;
 pub mod sink;
 
 use std::rc::Rc;
@@ -201,8 +202,22 @@ async fn serve_audited<S: Sink>(
     if request.route == Route::Admin {
         return admin::serve(shard, request, sink).await;
     }
-    let key = match authenticate::authenticate(keys, request, authenticate::now_unix_ms()) {
-        Ok(key) => key,
+    let now_unix_ms = authenticate::now_unix_ms();
+    // A request redirected here by a sibling site is authenticated by its redirect token.
+    let authenticated = match (redirect::arriving_token(shard, request), &shard.settings.site) {
+        (Some(token), Some(site)) => {
+            let spent = sink
+                .until_client_gone(redirect::authenticate(shard, site, keys, token, now_unix_ms))
+                .await;
+            match spent {
+                None => return Err(ClientGone),
+                Some(result) => result.map(|(key, claims)| (key, Some(claims))),
+            }
+        }
+        _ => authenticate::authenticate(keys, request, now_unix_ms).map(|key| (key, None)),
+    };
+    let (key, arrival) = match authenticated {
+        Ok(authenticated) => authenticated,
         Err(rejection) => {
             facts.error_code = Some(rejection.code);
             return sink.reject(&rejection).await;
@@ -222,7 +237,7 @@ async fn serve_audited<S: Sink>(
                     .await
             }
         }
-        _ => match infer(shard, request, key, facts, sink).await {
+        _ => match infer(shard, request, key, arrival.as_ref(), facts, sink).await {
             Ok(_status) => Ok(()),
             Err(Outcome::Gone) => Err(ClientGone),
             Err(Outcome::Rejected(rejection))
@@ -255,6 +270,7 @@ async fn infer<S: Sink>(
     shard: &Rc<Shard>,
     request: &ClientRequest,
     key: &KeyRecord,
+    arrival: Option<&crate::sibling::token::RedirectClaims>,
     facts: &mut RequestFacts,
     sink: &mut HoldSink<'_, S>,
 ) -> Result<u16, Outcome> {
@@ -264,10 +280,47 @@ async fn infer<S: Sink>(
         std::borrow::Cow::Borrowed(model) => request.body.slice_ref(model.as_bytes()),
         std::borrow::Cow::Owned(model) => Bytes::copy_from_slice(model.as_bytes()),
     });
+    if let Some(claims) = arrival {
+        redirect::check_model(claims, &fields.model)?;
+    }
     authenticate::authorize_model(key, &fields.model)?;
     // Phase 4: model and capability.
     let snapshot = shard.snapshot();
-    let Some(model) = snapshot.lookup(&fields.model, request.route.capability()) else {
+    let found = snapshot.lookup(&fields.model, request.route.capability());
+    // Cross-site redirect: a model not served here that a sibling serves goes there.
+    if !found.is_some_and(|model| model.healthy_agents > 0)
+        && let (Some(site), Some(map)) = (&shard.settings.site, &snapshot.siblings)
+    {
+        let holdable_here = request.route != Route::CountTokens
+            && found.is_some_and(|model| model.hold_budget.is_some());
+        let now_unix_ms = authenticate::now_unix_ms();
+        if let Some(location) = redirect::location(
+            site,
+            map,
+            key,
+            &fields.model,
+            request.route,
+            holdable_here,
+            arrival,
+            now_unix_ms,
+        ) {
+            let mut body = Vec::with_capacity(location.len() + 16);
+            body.extend_from_slice(b"{\"location\":");
+            crate::http::response::put_json_string(&mut body, &location);
+            body.push(b'}');
+            return sink
+                .respond(
+                    307,
+                    "application/json",
+                    &[("location", location.as_bytes())],
+                    &body,
+                )
+                .await
+                .map(|()| 307)
+                .map_err(|_| Outcome::Gone);
+        }
+    }
+    let Some(model) = found else {
         return Err(Rejection::model_not_found(&fields.model).into());
     };
     // Hold at zero: a model asleep here resolves through its placement, with no agent.

@@ -277,6 +277,8 @@ pub struct KeyRegistry {
     records: Vec<KeyRecord>,
     by_hash: HashMap<KeyHash, u32>,
     by_key_id: HashMap<KeyId, u32>,
+    /// Dynamic keys by registry id (a redirected request names its key by it).
+    by_registry_id: HashMap<Box<str>, u32>,
     anonymous: KeyRecord,
 }
 
@@ -355,8 +357,12 @@ impl KeyRegistry {
         let mut records = Vec::with_capacity(inputs.len());
         let mut by_hash = HashMap::with_capacity(inputs.len());
         let mut by_key_id = HashMap::with_capacity(inputs.len());
+        let mut by_registry_id = HashMap::new();
         for (input, key_id) in inputs.into_iter().zip(key_ids) {
             let position = u32::try_from(records.len()).expect("registry bounded by MAX_KEYS");
+            if let KeySource::Dynamic { id } = &input.source {
+                by_registry_id.insert(id.as_str().into(), position);
+            }
             let previous = by_hash.insert(input.hash, position);
             debug_assert!(previous.is_none(), "duplicate hash reached the registry");
             by_key_id.insert(KeyId(key_id), position);
@@ -378,6 +384,7 @@ impl KeyRegistry {
             records,
             by_hash,
             by_key_id,
+            by_registry_id,
             anonymous: KeyRecord::anonymous(),
         }
     }
@@ -407,6 +414,38 @@ impl KeyRegistry {
         self.by_key_id
             .get(&key_id)
             .map(|position| &self.records[*position as usize])
+    }
+
+    /// Authenticates a request by the key a sibling site vouched for (cross-site redirect: the
+    /// redirect token names the dynamic key's registry id, or no key in auth mode `none`). The
+    /// key must exist here too, and be enabled and unexpired, like a presented one.
+    pub fn authenticate_vouched(&self, registry_id: &str, now_unix_ms: i64) -> AuthOutcome<'_> {
+        if self.mode == RegistryMode::Open {
+            return AuthOutcome::Authenticated {
+                key_id: KeyId::ANONYMOUS,
+                key: &self.anonymous,
+            };
+        }
+        if registry_id.is_empty() {
+            return AuthOutcome::Missing;
+        }
+        let Some(position) = self.by_registry_id.get(registry_id) else {
+            return AuthOutcome::Unknown;
+        };
+        let key = &self.records[*position as usize];
+        if !key.enabled {
+            return AuthOutcome::Disabled { key };
+        }
+        if key
+            .expires_at_unix_ms
+            .is_some_and(|expires_at| now_unix_ms >= expires_at)
+        {
+            return AuthOutcome::Expired { key };
+        }
+        AuthOutcome::Authenticated {
+            key_id: key.key_id,
+            key,
+        }
     }
 
     /// Authenticates the presented raw key (from [`presented_key`]) at `now_unix_ms`.

@@ -155,6 +155,10 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         &policies.set.serverless_limits(),
     )?;
     let dynamic_keys = (loaded.api_mode == ApiMode::Dynamic).then(DynamicRegistry::new);
+    let site = args.redirect_site(loaded.api_mode)?.map(Arc::new);
+    if let Some(site) = &site {
+        tracing::info!(site = %site.id, domains = ?site.allowed_domains, "cross-site redirect on; hold at zero follows the pushed sibling map");
+    }
     let keys = Arc::new(loaded.registry);
     let admin_access = Arc::new(loaded.admin);
     tracing::info!(keys = keys.len(), mode = ?loaded.api_mode, admin = ?admin_access, "client API keys loaded");
@@ -233,6 +237,11 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             tunnel_address,
             p2p_max_conns_per_ip: args.p2p_max_conns_per_ip,
             metrics_address,
+            site: site.as_ref().map(|site| control::SiteControl {
+                id: site.id.clone(),
+                allowed_domains: site.allowed_domains.clone(),
+                default_hold_budget: hold.budget,
+            }),
         },
         secret,
         dynamic_keys,
@@ -312,6 +321,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         provider,
         hold,
         held_total: Arc::new(HeldTotal::new(hold.max_total)),
+        site,
     };
     let (shard_started, shards_ready) = std::sync::mpsc::channel();
     let mut threads = Vec::with_capacity(shard_count);

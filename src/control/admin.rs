@@ -62,6 +62,9 @@ pub fn handle(shared: &ControlShared, method: Method, target: &[u8], body: &[u8]
     if path == "/admin/policy" || path.starts_with("/admin/policy/") {
         return super::admin_policy::handle(shared, method, path, body);
     }
+    if path == "/admin/sibling-map" {
+        return sibling_map(shared, method, body);
+    }
     let Some(rest) = path.strip_prefix("/admin/api-keys") else {
         return error(404, "no such admin route");
     };
@@ -123,6 +126,64 @@ pub fn handle(shared: &ControlShared, method: Method, target: &[u8], body: &[u8]
     );
     shared.broadcast(|| ControlToShard::Keys(snapshot.clone()));
     json(200, &written)
+}
+
+/// `GET|PUT /admin/sibling-map`: the map writer pushes the whole map; an invalid value refuses
+/// the whole push (400 with the reason) and keeps the active map. The map lives in memory only.
+fn sibling_map(shared: &ControlShared, method: Method, body: &[u8]) -> AdminReply {
+    use crate::sibling::map::{MapRules, SiblingMap};
+    let Some(site) = &shared.settings.site else {
+        return error(
+            501,
+            "cross-site redirect is off: start the router with --site-id to accept a sibling map",
+        );
+    };
+    match method {
+        Method::Get => match shared.registry().siblings() {
+            Some(siblings) => AdminReply {
+                status: 200,
+                body: siblings.map.to_json(),
+            },
+            None => error(
+                404,
+                "no sibling map has been pushed since this router started",
+            ),
+        },
+        Method::Put => {
+            let rules = MapRules {
+                local_site: site.id.clone(),
+                allowed_domains: site.allowed_domains.clone(),
+            };
+            let map = match SiblingMap::parse(body, &rules) {
+                Ok(map) => Arc::new(map),
+                Err(problem) => return error(400, &problem.to_string()),
+            };
+            let (sites, placements) = (map.sites().len(), map.placements().len());
+            let held_here = map.held_here(&site.id).len();
+            // Under the registry lock, like every snapshot publication (shards see them in the
+            // order they were built).
+            let mut registry = shared.registry();
+            registry.set_siblings(crate::control::registry::Siblings {
+                map,
+                local_site: site.id.clone(),
+                default_budget: site.default_hold_budget,
+            });
+            let snapshot = registry.snapshot(&shared.policies.current());
+            shared.broadcast(|| ControlToShard::Snapshot(snapshot.clone()));
+            drop(registry);
+            tracing::info!(sites, placements, held_here, "sibling map installed");
+            json(
+                200,
+                &serde_json::json!({
+                    "status": "ok",
+                    "sites": sites,
+                    "placements": placements,
+                    "held_here": held_here,
+                }),
+            )
+        }
+        _ => error(405, "method not allowed for this admin route"),
+    }
 }
 
 #[cfg(test)]

@@ -100,6 +100,7 @@ fn respond(
             label(model)
         );
     }
+    render_pending_demand(&mut out, &registry, reports);
     render_admission(&mut out, &registry, reports);
     render_tenants(&mut out, &registry, reports);
     if let Some(provider) = &shared.provider_metrics {
@@ -135,6 +136,32 @@ fn respond(
         .header("content-type", "text/plain; version=0.0.4")
         .body(Full::new(Bytes::from(out)))
         .expect("static response")
+}
+
+/// `hivenet_pending_demand{model}` (seed `hold-at-zero.md`, "Pending demand and the
+/// autoscaler"): one series per model the sibling map places here with `scale_from_zero`, 0 when
+/// nothing waits; no series without a map, or for a model the map no longer places here. The
+/// owner shards count; a model placed for several kinds sums them.
+fn render_pending_demand(out: &mut String, registry: &Registry, reports: &[ShardReport]) {
+    let name = "hivenet_pending_demand";
+    family(
+        out,
+        name,
+        "gauge",
+        "Distinct requests waiting for a model asleep here: held, or released by a wake and not yet given a slot.",
+    );
+    let held_here = registry.held_here();
+    let mut demand: std::collections::BTreeMap<&str, u64> =
+        held_here.iter().map(|(_, model)| (*model, 0)).collect();
+    let names: std::collections::HashMap<_, _> = held_here.iter().copied().collect();
+    for (model, waiting) in reports.iter().flat_map(|report| &report.pending_demand) {
+        if let Some(total) = names.get(model).and_then(|model| demand.get_mut(model)) {
+            *total += u64::from(*waiting);
+        }
+    }
+    for (model, waiting) in demand {
+        let _ = writeln!(out, "{name}{{model=\"{}\"}} {waiting}", label(model));
+    }
 }
 
 /// The admission-control families of the reference (`observability-admission-control-metrics`):

@@ -54,6 +54,18 @@ pub struct ControlSettings {
     /// `--p2p-max-conns-per-ip`: open tunnel connections allowed per source prefix (0: no limit).
     pub p2p_max_conns_per_ip: u32,
     pub metrics_address: SocketAddr,
+    /// Cross-site redirect and hold at zero: this site, when `--site-id` is set.
+    pub site: Option<SiteControl>,
+}
+
+/// What the control core needs of `--site-id` and its companions.
+#[derive(Debug, Clone)]
+pub struct SiteControl {
+    pub id: String,
+    /// `--redirect-allowed-domains`: pushed maps may name sites only under these.
+    pub allowed_domains: Vec<String>,
+    /// `--wake-hold-budget`.
+    pub default_hold_budget: Duration,
 }
 
 pub struct ControlShared {

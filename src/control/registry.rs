@@ -15,6 +15,7 @@ use bytes::Bytes;
 use crate::routing::{AgentId, AgentProfile, EngineSignals};
 use crate::shard::snapshot::{Capability, ModelEntry, ModelId, ModelKey, RoutingSnapshot};
 use crate::shard::state::owner_of_model;
+use crate::sibling::map::SiblingMap;
 
 /// What an agent declared when it registered.
 #[derive(Debug, Clone)]
@@ -72,6 +73,16 @@ pub struct HealthTimes {
     pub remove_after: Duration,
 }
 
+/// The sibling map as the registry uses it: which models are held here, for the snapshot.
+#[derive(Debug, Clone)]
+pub struct Siblings {
+    pub map: Arc<SiblingMap>,
+    /// `--site-id`.
+    pub local_site: String,
+    /// `--wake-hold-budget`: the budget of a placement that sets none.
+    pub default_budget: Duration,
+}
+
 pub struct Registry {
     shard_count: usize,
     health: HealthTimes,
@@ -79,6 +90,8 @@ pub struct Registry {
     model_ids: HashMap<(String, Capability), ModelId>,
     model_names: Vec<(String, Capability)>,
     version: u64,
+    /// The pushed sibling map (`PUT /admin/sibling-map`); `None` until one is pushed.
+    siblings: Option<Siblings>,
 }
 
 impl Registry {
@@ -90,7 +103,36 @@ impl Registry {
             model_ids: HashMap::new(),
             model_names: Vec::new(),
             version: 0,
+            siblings: None,
         }
+    }
+
+    /// Installs a pushed sibling map; the caller publishes the snapshot that follows from it.
+    pub fn set_siblings(&mut self, siblings: Siblings) {
+        self.siblings = Some(siblings);
+    }
+
+    pub fn siblings(&self) -> Option<&Siblings> {
+        self.siblings.as_ref()
+    }
+
+    /// The models the map places here with `scale_from_zero` (every capability), by name: each
+    /// has a `hivenet_pending_demand` series, 0 when nothing waits.
+    pub fn held_here(&self) -> Vec<(ModelId, &str)> {
+        let Some(siblings) = &self.siblings else {
+            return Vec::new();
+        };
+        siblings
+            .map
+            .held_here(&siblings.local_site)
+            .into_iter()
+            .filter_map(|(model, kind)| {
+                let id = self
+                    .model_ids
+                    .get(&(model.to_owned(), kind.capability()))?;
+                Some((*id, model))
+            })
+            .collect()
     }
 
     // ----- queries -----
@@ -319,6 +361,28 @@ impl Registry {
                 summary.regions.insert(registration.region.clone());
             }
         }
+        // Hold at zero: the models placed here with `scale_from_zero` resolve even with no
+        // agent, with their hold budget.
+        let placed: Vec<(String, Capability, Duration)> = match &self.siblings {
+            None => Vec::new(),
+            Some(siblings) => siblings
+                .map
+                .held_here(&siblings.local_site)
+                .into_iter()
+                .map(|(model, kind)| {
+                    let budget = siblings
+                        .map
+                        .hold_here(&siblings.local_site, model, kind)
+                        .flatten()
+                        .unwrap_or(siblings.default_budget);
+                    (model.to_owned(), kind.capability(), budget)
+                })
+                .collect(),
+        };
+        let mut holds: HashMap<ModelId, Duration> = HashMap::new();
+        for (name, capability, budget) in placed {
+            holds.insert(self.model_id(&name, capability), budget);
+        }
         let mut ids: Vec<&ModelId> = summaries.keys().collect();
         ids.sort();
         let mut listing = Vec::with_capacity(ids.len());
@@ -353,7 +417,7 @@ impl Registry {
                     owner_shard: owner_of_model(*id, self.shard_count),
                     healthy_agents: summary.healthy,
                     policy: policies.effective(name),
-                    hold_budget: None,
+                    hold_budget: holds.get(id).copied(),
                 },
             ));
         }
@@ -377,24 +441,27 @@ impl Registry {
                 provider_only.insert(ModelId(index as u32));
             }
         }
-        for id in provider_only {
+        let mut asleep: BTreeSet<ModelId> = holds.keys().copied().collect();
+        asleep.extend(provider_only);
+        for id in asleep {
             if summaries.contains_key(&id) {
                 continue;
             }
-            let (name, _) = &self.model_names[id.0 as usize];
+            let (name, capability) = &self.model_names[id.0 as usize];
             entries.push((
                 name.clone().into_boxed_str(),
-                Capability::Llm,
+                *capability,
                 ModelEntry {
                     id,
                     owner_shard: owner_of_model(id, self.shard_count),
                     healthy_agents: 0,
                     policy: policies.effective(name),
-                    hold_budget: None,
+                    hold_budget: holds.get(&id).copied(),
                 },
             ));
         }
-        Arc::new(RoutingSnapshot::new(self.version, entries, listing))
+        let siblings = self.siblings.as_ref().map(|siblings| siblings.map.clone());
+        Arc::new(RoutingSnapshot::new(self.version, entries, listing).with_siblings(siblings))
     }
 
     // ----- internals -----

@@ -189,6 +189,14 @@ pub enum ShardToShard {
     /// Requester -> owner: the request leaves the hold book (it got a slot, was answered, or its
     /// client left); also withdraws a hold that is still waiting.
     HoldLeave { ticket: Ticket, model: ModelId },
+    /// Requester -> the nonce's owner: spend a redirect token (single use per router).
+    SpendToken {
+        ticket: Ticket,
+        nonce: [u8; 16],
+        expires_unix_ms: i64,
+    },
+    /// Owner -> requester: whether the token was fresh (first use).
+    TokenSpent { sequence: u64, fresh: bool },
     /// Owner -> requester: the final answer for a ticket (`model` lets an unwanted grant go back).
     Decided {
         sequence: u64,

@@ -75,6 +75,8 @@ pub struct RoutingSnapshot {
     pub models_body: Bytes,
     /// Each model's entry of that body, for keys that may see only some models.
     listing: Vec<(Box<str>, Bytes)>,
+    /// The pushed sibling map (cross-site redirect and hold at zero); `None` until one is pushed.
+    pub siblings: Option<Arc<crate::sibling::map::SiblingMap>>,
 }
 
 impl RoutingSnapshot {
@@ -96,7 +98,17 @@ impl RoutingSnapshot {
             policies,
             models_body,
             listing,
+            siblings: None,
         }
+    }
+
+    /// The snapshot with the sibling map it was built with.
+    pub fn with_siblings(
+        mut self,
+        siblings: Option<Arc<crate::sibling::map::SiblingMap>>,
+    ) -> RoutingSnapshot {
+        self.siblings = siblings;
+        self
     }
 
     fn render<'a>(entries: impl Iterator<Item = &'a Bytes>) -> Bytes {
@@ -141,6 +153,7 @@ impl RoutingSnapshot {
             policies: HashMap::new(),
             models_body: Self::render(std::iter::empty()),
             listing: Vec::new(),
+            siblings: None,
         })
     }
 }

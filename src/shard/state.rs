@@ -63,6 +63,8 @@ pub struct ShardSettings {
     pub hold: crate::hold::HoldSettings,
     /// Hold at zero: `--wake-hold-max-total`, counted across the shards.
     pub held_total: Arc<crate::hold::HeldTotal>,
+    /// Cross-site redirect: this site, when `--site-id` is set.
+    pub site: Option<Arc<crate::config::RedirectSite>>,
 }
 
 /// Why a request found no agent slot.
@@ -217,6 +219,10 @@ pub struct Shard {
     holds: RefCell<HoldBook>,
     /// Hold at zero: this shard's held requests, waiting for their owner's answer.
     hold_waiting: RefCell<HashMap<u64, oneshot::Sender<HoldAnswer>>>,
+    /// Cross-site redirect: the redirect tokens spent here (this shard owns `nonce[0] % count`).
+    spent_tokens: RefCell<crate::sibling::token::SpentTokens>,
+    /// Cross-site redirect: this shard's requests waiting to hear whether their token was fresh.
+    spend_waiting: RefCell<HashMap<u64, oneshot::Sender<bool>>>,
     /// Whether the park timer task runs.
     park_timer: Cell<bool>,
     /// Admission refusals decided on this shard, by model and gate.
@@ -291,6 +297,8 @@ impl Shard {
             pools: RefCell::new(HashMap::new()),
             holds: RefCell::new(HoldBook::new(hold_limits)),
             hold_waiting: RefCell::new(HashMap::new()),
+            spent_tokens: RefCell::new(crate::sibling::token::SpentTokens::new()),
+            spend_waiting: RefCell::new(HashMap::new()),
             park_timer: Cell::new(false),
             rejections: RefCell::new(HashMap::new()),
             policy_outcomes: RefCell::new(HashMap::new()),
@@ -796,6 +804,49 @@ impl Shard {
         } else {
             self.send_or_defer(owner, ShardToShard::HoldLeave { ticket, model });
         }
+    }
+
+    // ----- cross-site redirect -----
+
+    /// Spends a redirect token: true the first time this router sees its nonce, false after
+    /// (single use). The nonce's owner shard keeps the spent set, so every shard agrees; `None`
+    /// when the owner could not be asked before `deadline`.
+    pub async fn spend_redirect_token(
+        self: &Rc<Self>,
+        nonce: [u8; 16],
+        expires_unix_ms: i64,
+        deadline: Instant,
+    ) -> Option<bool> {
+        let owner = usize::from(nonce[0]) % self.count;
+        if owner == self.id {
+            return Some(self.spend_at_owner(nonce, expires_unix_ms));
+        }
+        let ticket = self.new_ticket();
+        let (answered, answer) = oneshot::channel();
+        self.spend_waiting
+            .borrow_mut()
+            .insert(ticket.sequence, answered);
+        let message = ShardToShard::SpendToken {
+            ticket,
+            nonce,
+            expires_unix_ms,
+        };
+        if self.mesh.borrow_mut().send(owner, message).is_err() {
+            self.spend_waiting.borrow_mut().remove(&ticket.sequence);
+            ShardMetrics::add(&self.metrics.mesh_full_total, 1);
+            return None;
+        }
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let fresh = monoio::time::timeout(wait, answer).await;
+        self.spend_waiting.borrow_mut().remove(&ticket.sequence);
+        fresh.ok().and_then(Result::ok)
+    }
+
+    fn spend_at_owner(&self, nonce: [u8; 16], expires_unix_ms: i64) -> bool {
+        let now = crate::api::authenticate::now_unix_ms();
+        self.spent_tokens
+            .borrow_mut()
+            .spend(nonce, expires_unix_ms, now)
     }
 
     /// Counts an admission refusal decided on this shard (B1 on the requester, B2/B3/B4 share on
@@ -1434,6 +1485,25 @@ impl Shard {
             }
             ShardToShard::HoldAnswered { sequence, answer } => self.hold_answered(sequence, answer),
             ShardToShard::HoldLeave { ticket, .. } => self.holds.borrow_mut().finish(ticket),
+            ShardToShard::SpendToken {
+                ticket,
+                nonce,
+                expires_unix_ms,
+            } => {
+                let fresh = self.spend_at_owner(nonce, expires_unix_ms);
+                self.send_or_defer(
+                    usize::from(ticket.shard),
+                    ShardToShard::TokenSpent {
+                        sequence: ticket.sequence,
+                        fresh,
+                    },
+                );
+            }
+            ShardToShard::TokenSpent { sequence, fresh } => {
+                if let Some(waiter) = self.spend_waiting.borrow_mut().remove(&sequence) {
+                    let _ = waiter.send(fresh);
+                }
+            }
         }
     }
 

@@ -1,0 +1,128 @@
+//! Cross-site redirect on the request path (`docs/cross-site-redirect.md`).
+//!
+//! Leaving: a request for a model not served here, that a sibling site in the map serves, gets
+//! `307` to that site's URL for the same path, with a signed, expiring, single-use redirect token
+//! in the query (clients drop `Authorization` on a cross-origin redirect). The site is chosen by
+//! `sibling::map::SiblingMap::choose_site` (the caller's home set); a request already redirected
+//! twice is not redirected again.
+//!
+//! Arriving: a request carrying a token is authenticated by it instead of by its credentials —
+//! the token must verify under one of this site's redirect secrets, be unexpired, be meant for
+//! this site, name a key this site knows (enabled, unexpired), name the model the body asks for,
+//! and be spent for the first time on this router. The key's limits then apply as usual.
+
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use crate::api::{ClientRequest, Outcome, Route};
+use crate::auth::keys::{KeyRecord, KeyRegistry, KeySource};
+use crate::config::RedirectSite;
+use crate::error::Rejection;
+use crate::shard::state::Shard;
+use crate::sibling::map::{Kind, RedirectAsk, SiblingMap};
+use crate::sibling::token::{self, RedirectClaims, TokenError};
+
+/// A redirected request is not redirected again after this many hops.
+pub const MAX_HOPS: u8 = 2;
+
+/// How long an arriving request may wait for its token to be spent.
+const SPEND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The redirect token in the request's query, when this router takes part in redirects.
+pub fn arriving_token<'r>(shard: &Shard, request: &'r ClientRequest) -> Option<&'r str> {
+    shard.settings.site.as_ref()?;
+    token::from_target(&request.target)
+}
+
+/// Authenticates a request by its redirect token (see the module docs); the token is spent.
+pub async fn authenticate<'k>(
+    shard: &Rc<Shard>,
+    site: &RedirectSite,
+    keys: &'k KeyRegistry,
+    token_text: &str,
+    now_unix_ms: i64,
+) -> Result<(&'k KeyRecord, RedirectClaims), Rejection> {
+    let claims = token::verify(&site.secrets, token_text, now_unix_ms).map_err(|error| {
+        tracing::debug!(%error, "redirect token refused");
+        Rejection::unauthorized(match error {
+            TokenError::Expired => "redirect token has expired",
+            _ => "redirect token is invalid",
+        })
+    })?;
+    if claims.to_site != site.id {
+        return Err(Rejection::unauthorized(
+            "redirect token was issued for another site",
+        ));
+    }
+    let key = crate::api::authenticate::outcome(keys.authenticate_vouched(&claims.key, now_unix_ms))?;
+    let deadline = Instant::now() + SPEND_TIMEOUT;
+    match shard
+        .spend_redirect_token(claims.nonce, claims.expires_unix_ms, deadline)
+        .await
+    {
+        Some(true) => Ok((key, claims)),
+        Some(false) => Err(Rejection::unauthorized(
+            "redirect token was already used",
+        )),
+        None => Err(Rejection::queue_full()),
+    }
+}
+
+/// The arriving token must be for the model the body asks for.
+pub fn check_model(claims: &RedirectClaims, model: &str) -> Result<(), Outcome> {
+    if claims.model == model {
+        Ok(())
+    } else {
+        Err(Rejection::unauthorized("redirect token was issued for another model").into())
+    }
+}
+
+/// What a sibling site is told about the caller: the key every site knows it by.
+fn vouched_key(key: &KeyRecord) -> String {
+    match &key.source {
+        KeySource::Dynamic { id } => id.clone(),
+        KeySource::Anonymous => String::new(),
+        // Start-up refuses `--site-id` with static keys; name the derived ID all the same.
+        KeySource::Static { .. } => key.key_id.to_string(),
+    }
+}
+
+/// Where to redirect a request for a model not served here, with its token: the `Location`
+/// value. `None`: serve (hold, or fail) here.
+#[allow(clippy::too_many_arguments)]
+pub fn location(
+    site: &RedirectSite,
+    map: &SiblingMap,
+    key: &KeyRecord,
+    model: &str,
+    route: Route,
+    holdable_here: bool,
+    arrival: Option<&RedirectClaims>,
+    now_unix_ms: i64,
+) -> Option<String> {
+    let hops = arrival.map_or(0, |claims| claims.hops);
+    if hops >= MAX_HOPS {
+        return None;
+    }
+    let vouched = vouched_key(key);
+    let target = map.choose_site(&RedirectAsk {
+        local_site: &site.id,
+        key: &vouched,
+        model,
+        kind: Kind::of_capability(route.capability()),
+        came_from: arrival.map(|claims| claims.from_site.as_str()),
+        holdable_here,
+        now_unix_ms,
+    })?;
+    let claims = RedirectClaims {
+        key: vouched,
+        model: model.to_owned(),
+        hops: hops + 1,
+        from_site: site.id.clone(),
+        to_site: target.id.clone(),
+        expires_unix_ms: now_unix_ms + token::TOKEN_TTL.as_millis() as i64,
+        nonce: fastrand::u128(..).to_be_bytes(),
+    };
+    let signed = token::sign(&site.secrets, &claims);
+    Some(token::location(&target.url, route.upstream_path(), &signed))
+}

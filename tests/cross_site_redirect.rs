@@ -1,0 +1,301 @@
+//! Proves cross-site redirect and the sibling map through the real routers: a model a sibling
+//! serves gets `307` with a signed single-use token the sibling accepts once (and no other site,
+//! and not for another model); a request is not redirected a third time; the map push is all or
+//! nothing; and start-up refuses `--site-id` without what it needs.
+
+mod common;
+
+use common::{Options, Site, chat, request};
+use serde_json::{Value, json};
+
+const SECRET: &str = "shared-redirect-secret-0123456789abcdef";
+
+fn secret_file(name: &str, contents: &str) -> String {
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("redirect-{name}-{}", std::process::id()));
+    std::fs::write(&path, contents).unwrap();
+    path.display().to_string()
+}
+
+/// A router for site `id`, with a sim and an agent serving `models` when given.
+fn site(name: &str, id: &str, models: Option<&str>) -> Site {
+    let secrets = secret_file(name, &format!("{SECRET}\n"));
+    let mut options = Options::new()
+        .router_args(&[
+            "--site-id",
+            id,
+            "--redirect-secret-file",
+            &secrets,
+            "--redirect-allowed-domains",
+            "127.0.0.1",
+        ])
+        .router_env("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true");
+    match models {
+        Some(models) => {
+            options = options
+                .sim(&["--models", models])
+                .agent(0, &[])
+                .models(&[models]);
+        }
+        None => options = options.skip_model_wait(),
+    }
+    Site::start(name, options)
+}
+
+fn push(site: &Site, map: &Value) -> (u16, Value) {
+    let body = map.to_string();
+    let raw = format!(
+        "PUT /admin/sibling-map HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let response = request(site.http, raw.as_bytes());
+    (
+        response.status,
+        serde_json::from_slice(&response.body).unwrap_or(Value::Null),
+    )
+}
+
+fn get_map(site: &Site) -> (u16, Value) {
+    let response = request(
+        site.http,
+        b"GET /admin/sibling-map HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n",
+    );
+    (
+        response.status,
+        serde_json::from_slice(&response.body).unwrap_or(Value::Null),
+    )
+}
+
+fn url(site: &Site) -> String {
+    format!("http://{}", site.http)
+}
+
+/// `POST` of `body` to an absolute `location` on `site` (the test resolves the URL to the site it
+/// names, as a client would).
+fn post_to(site: &Site, location: &str, body: &Value) -> common::Response {
+    let target = location
+        .strip_prefix(&url(site))
+        .unwrap_or_else(|| panic!("{location} is not on {}", url(site)));
+    let body = body.to_string();
+    let raw = format!(
+        "POST {target} HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    request(site.http, raw.as_bytes())
+}
+
+#[test]
+fn a_model_served_by_a_sibling_is_redirected_with_a_single_use_token() {
+    let a = site("redirect_a", "site-a", None);
+    let b = site("redirect_b", "site-b", Some("far-model"));
+    let map = json!({
+        "sites": [{"id": "site-a", "url": url(&a)}, {"id": "site-b", "url": url(&b)}],
+        "placements": [{"model": "far-model", "kind": "chat", "site": "site-b"}],
+    });
+    for router in [&a, &b] {
+        assert_eq!(push(router, &map).0, 200);
+    }
+    let (status, active) = get_map(&a);
+    assert_eq!(status, 200);
+    assert_eq!(active["placements"][0]["model"], "far-model");
+
+    let body = chat("far-model", false);
+    let (status, headers, text) = a.post_json("/v1/chat/completions", &body);
+    assert_eq!(status, 307, "{text}");
+    let location = headers
+        .iter()
+        .find(|(name, _)| name == "location")
+        .map(|(_, value)| value.clone())
+        .expect("a Location header");
+    assert!(
+        location.starts_with(&format!("{}/v1/chat/completions?hivenet_redirect=", url(&b))),
+        "{location}"
+    );
+    // The sibling serves it once, without credentials.
+    let served = post_to(&b, &location, &body);
+    assert_eq!(served.status, 200, "{}", served.text());
+    assert_eq!(served.json()["object"], "chat.completion");
+    let replayed = post_to(&b, &location, &body);
+    assert_eq!(replayed.status, 401);
+    assert_eq!(
+        replayed.json()["error"]["message"],
+        "redirect token was already used"
+    );
+    // A fresh token is for this model only.
+    let (_, headers, _) = a.post_json("/v1/chat/completions", &body);
+    let location = headers
+        .iter()
+        .find(|(name, _)| name == "location")
+        .map(|(_, value)| value.clone())
+        .unwrap();
+    let other = post_to(&b, &location, &chat("sim-model", false));
+    assert_eq!(other.status, 401, "{}", other.text());
+    // A model served here is never redirected.
+    let (_, headers, _) = a.post_json("/v1/chat/completions", &body);
+    let location = headers
+        .iter()
+        .find(|(name, _)| name == "location")
+        .map(|(_, value)| value.clone())
+        .unwrap();
+    let tampered = location.replace("hivenet_redirect=", "hivenet_redirect=x");
+    assert_eq!(post_to(&b, &tampered, &body).status, 401);
+    let metrics = a.router_metrics();
+    assert_eq!(
+        common::metric_sum(&metrics, "hivenet_shard_responses_total", &[("code", "307")]),
+        3.0
+    );
+}
+
+#[test]
+fn a_request_is_not_redirected_a_third_time() {
+    let sites = [
+        site("hops_a", "site-a", None),
+        site("hops_b", "site-b", None),
+        site("hops_c", "site-c", None),
+    ];
+    // Every site lists the model, none serves it: each hop forwards to a site not yet seen.
+    let map = json!({
+        "sites": sites.iter().enumerate().map(|(index, site)| json!({
+            "id": format!("site-{}", ['a', 'b', 'c'][index]),
+            "url": url(site),
+        })).collect::<Vec<_>>(),
+        "placements": ["site-a", "site-b", "site-c"].iter().map(|id| json!({
+            "model": "ghost", "kind": "chat", "site": id,
+        })).collect::<Vec<_>>(),
+    });
+    for site in &sites {
+        assert_eq!(push(site, &map).0, 200);
+    }
+    let body = chat("ghost", false);
+    let (status, headers, _) = sites[0].post_json("/v1/chat/completions", &body);
+    assert_eq!(status, 307);
+    let mut location = headers
+        .iter()
+        .find(|(name, _)| name == "location")
+        .map(|(_, value)| value.clone())
+        .unwrap();
+    let mut hops = 1;
+    loop {
+        let next = sites
+            .iter()
+            .find(|site| location.starts_with(&url(site)))
+            .expect("the Location names a site of the map");
+        let response = post_to(next, &location, &body);
+        if response.status != 307 {
+            assert_eq!(hops, 2, "stopped after {hops} redirects");
+            assert_eq!(response.error_code(), "model_not_found");
+            break;
+        }
+        hops += 1;
+        assert!(hops <= 2, "redirected a third time");
+        location = response.header("location").unwrap().to_string();
+    }
+}
+
+#[test]
+fn an_invalid_map_push_is_refused_whole_and_keeps_the_active_map() {
+    let a = site("map_push", "site-a", None);
+    assert_eq!(get_map(&a).0, 404, "no map before the first push");
+    let good = json!({
+        "sites": [{"id": "site-b", "url": "http://127.0.0.1:1"}],
+        "placements": [{"model": "m", "kind": "chat", "site": "site-b"}],
+        "generated_at": "2026-11-29T20:00:00Z",
+        "fresh_for": "60s",
+    });
+    assert_eq!(push(&a, &good).0, 200);
+    for (bad, reason) in [
+        (
+            json!({"sites": [{"id": "site-b", "url": "https://evil.example.com"}], "placements": []}),
+            "evil.example.com",
+        ),
+        (
+            json!({"sites": [], "placements": [{"model": "m", "kind": "chat", "site": "site-a", "scale_from_zero": true, "hold_budget": "2h"}]}),
+            "hold_budget",
+        ),
+        (
+            json!({"sites": [], "placements": [{"model": "m", "kind": "vision", "site": "site-a"}]}),
+            "kind",
+        ),
+    ] {
+        let (status, body) = push(&a, &bad);
+        assert_eq!(status, 400, "{bad}: {body}");
+        let message = body["error"].as_str().unwrap_or_default().to_string();
+        assert!(message.contains(reason), "{message:?} should name {reason}");
+    }
+    let (status, active) = get_map(&a);
+    assert_eq!(status, 200);
+    assert_eq!(active["sites"][0]["id"], "site-b");
+}
+
+#[test]
+fn start_up_refuses_site_id_without_what_it_needs() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("site-flags-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secrets = secret_file("flags", &format!("{SECRET}\n"));
+    let short = secret_file("flags-short", "short\n");
+    let run = |args: &[&str], env: &[(&str, &str)]| -> String {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_hivenet-router"))
+            .args(["--identity-path", &dir.join("router.key").display().to_string()])
+            .args(["--http-port", "127.0.0.1:0"])
+            .args(args)
+            .envs(env.iter().copied())
+            .env("HIVENET_ROUTER_JWT_SECRET", "test-secret")
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "started with {args:?}");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let error = run(&["--site-id", "site-a"], &[]);
+    assert!(error.contains("--redirect-secret-file"), "{error}");
+    let error = run(
+        &["--site-id", "site-a", "--redirect-secret-file", &secrets],
+        &[],
+    );
+    assert!(error.contains("--redirect-allowed-domains"), "{error}");
+    let error = run(
+        &[
+            "--site-id",
+            "site-a",
+            "--redirect-secret-file",
+            &short,
+            "--redirect-allowed-domains",
+            "example.com",
+        ],
+        &[],
+    );
+    assert!(error.contains("--redirect-secret-file"), "{error}");
+    let keys = dir.join("auth.yaml");
+    std::fs::write(
+        &keys,
+        format!(
+            "api:\n  mode: api-key\n  keys:\n    - key_hash: \"{}\"\n      metadata: {{name: k, owner: o}}\n",
+            "a".repeat(64)
+        ),
+    )
+    .unwrap();
+    let error = run(
+        &[
+            "--site-id",
+            "site-a",
+            "--redirect-secret-file",
+            &secrets,
+            "--redirect-allowed-domains",
+            "example.com",
+            "--auth-config-file",
+            &keys.display().to_string(),
+        ],
+        &[],
+    );
+    assert!(error.contains("dynamic API keys"), "{error}");
+    for (flag, value) in [
+        ("--wake-hold-budget", "0"),
+        ("--wake-hold-max", "0"),
+        ("--wake-hold-max-per-key", "-1"),
+        ("--wake-hold-max-total", "0"),
+        ("--wake-keepalive", "-1s"),
+    ] {
+        let error = run(&[flag, value], &[]);
+        assert!(error.contains(flag), "{flag} {value}: {error}");
+    }
+}

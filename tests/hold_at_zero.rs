@@ -1,0 +1,459 @@
+//! Proves hold at zero (seed `hold-at-zero.md`) through the real binaries: a request for a model
+//! the pushed sibling map places here with `scale_from_zero` is held while no agent serves it,
+//! counted in `hivenet_pending_demand`, kept alive with keepalives, and released when an agent
+//! registers; the budget ends in `503 model_waking` (or, once keepalives started, a `200` whose
+//! body carries the error); the hold limits, the quota while held, client-ID de-duplication and a
+//! client leaving while held.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Conn, Options, Site, chat, metric_sum, post_request, request, sse_events};
+use serde_json::{Value, json};
+
+/// Redirect secrets for the routers of these tests (one secret, 32+ bytes).
+fn secret_file(name: &str) -> String {
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("redirect-secret-{name}-{}", std::process::id()));
+    std::fs::write(&path, "test-redirect-secret-0123456789abcdefghij\n").unwrap();
+    path.display().to_string()
+}
+
+/// A site `site-a` with a sim serving `sleepy` and no agent yet; `extra` router arguments.
+fn sleepy_site(name: &str, sim: &[&str], extra: &[&str]) -> Site {
+    let secrets = secret_file(name);
+    let mut args = vec![
+        "--site-id",
+        "site-a",
+        "--redirect-secret-file",
+        &secrets,
+        "--redirect-allowed-domains",
+        "127.0.0.1",
+    ];
+    args.extend_from_slice(extra);
+    let mut sim_args = vec!["--models", "sleepy"];
+    sim_args.extend_from_slice(sim);
+    Site::start(
+        name,
+        Options::new()
+            .sim(&sim_args)
+            .router_args(&args)
+            .router_env("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true")
+            .skip_model_wait(),
+    )
+}
+
+fn admin_put(site: &Site, path: &str, body: &str) -> (u16, Value) {
+    let raw = format!(
+        "PUT {path} HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let response = request(site.http, raw.as_bytes());
+    (
+        response.status,
+        serde_json::from_slice(&response.body).unwrap_or(Value::Null),
+    )
+}
+
+/// Pushes a map placing `sleepy` (chat) on `site-a` with `scale_from_zero` and `budget`.
+fn place_here(site: &Site, budget: &str) {
+    let map = json!({
+        "sites": [{"id": "site-a", "url": format!("http://{}", site.http)}],
+        "placements": [
+            {"model": "sleepy", "kind": "chat", "site": "site-a", "scale_from_zero": true, "hold_budget": budget},
+        ],
+    });
+    let (status, body) = admin_put(site, "/admin/sibling-map", &map.to_string());
+    assert_eq!(status, 200, "map push: {body}");
+}
+
+fn pending(site: &Site) -> f64 {
+    metric_sum(
+        &site.router_metrics(),
+        "hivenet_pending_demand",
+        &[("model", "sleepy")],
+    )
+}
+
+fn holds(site: &Site, outcome: &str) -> f64 {
+    metric_sum(
+        &site.router_metrics(),
+        "hivenet_wake_holds_total",
+        &[("outcome", outcome)],
+    )
+}
+
+fn chat_request(stream: bool, extra_headers: &str) -> Vec<u8> {
+    let body = chat("sleepy", stream).to_string();
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n{extra_headers}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+fn messages_request(stream: bool) -> Vec<u8> {
+    let body = json!({
+        "model": "sleepy",
+        "max_tokens": 8,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "hello"}],
+    })
+    .to_string();
+    post_request("/v1/messages", &body)
+}
+
+/// Sends `raw` on a new connection (the caller reads the answer later).
+fn send(site: &Site, raw: &[u8]) -> Conn {
+    let mut conn = Conn::connect(site.http);
+    conn.send(raw).unwrap();
+    conn
+}
+
+fn wake(site: &mut Site, agent_args: &[&str]) {
+    site.spawn_agent(0, agent_args);
+}
+
+#[test]
+fn held_requests_are_released_in_order_when_an_agent_registers() {
+    let mut site = sleepy_site(
+        "hold_release",
+        &["--itl", "20ms", "--output-tokens", "5"],
+        &["--shards", "1"],
+    );
+    // Nothing held without a map: the model is unknown.
+    assert_eq!(
+        request(site.http, &chat_request(false, "")).error_code(),
+        "model_not_found"
+    );
+    assert!(
+        !site.router_metrics().contains("hivenet_pending_demand{"),
+        "no series before a map is pushed"
+    );
+    place_here(&site, "60s");
+    site.wait_for("the 0-valued pending-demand series", || {
+        site.router_metrics()
+            .contains("hivenet_pending_demand{model=\"sleepy\"} 0")
+            .then_some(())
+    });
+    // count_tokens is never held: it fails as before.
+    let count = json!({"model": "sleepy", "messages": [{"role": "user", "content": "hi"}]});
+    let (status, _, body) = site.post_json("/v1/messages/count_tokens", &count);
+    assert_eq!(status, 404, "{body}");
+
+    let mut held = Vec::new();
+    for index in 0..6 {
+        let stream = index % 2 == 0;
+        held.push((stream, send(&site, &chat_request(stream, ""))));
+        site.wait_metric("hivenet_pending_demand", |v| v == f64::from(index + 1));
+    }
+    assert_eq!(holds(&site, "released"), 0.0);
+    wake(&mut site, &["--capacity", "1"]);
+    let mut finished = Vec::new();
+    std::thread::scope(|scope| {
+        let readers: Vec<_> = held
+            .iter_mut()
+            .enumerate()
+            .map(|(index, (stream, conn))| {
+                let stream = *stream;
+                scope.spawn(move || {
+                    let response = conn.read_response().expect("held request answered");
+                    (index, stream, response, Instant::now())
+                })
+            })
+            .collect();
+        for reader in readers {
+            finished.push(reader.join().unwrap());
+        }
+    });
+    for (index, stream, response, _) in &finished {
+        assert_eq!(response.status, 200, "request {index}: {}", response.text());
+        if *stream {
+            let events = sse_events(&response.body);
+            assert_eq!(events.last().unwrap(), "data: [DONE]", "request {index}");
+        } else {
+            assert_eq!(response.json()["object"], "chat.completion");
+        }
+    }
+    // One slot: served one after another, in the order they arrived.
+    let mut by_time: Vec<(usize, Instant)> = finished
+        .iter()
+        .map(|(index, _, _, at)| (*index, *at))
+        .collect();
+    by_time.sort_by_key(|(_, at)| *at);
+    let order: Vec<usize> = by_time.iter().map(|(index, _)| *index).collect();
+    assert_eq!(order, (0..6).collect::<Vec<_>>(), "served out of order");
+    site.wait_metric("hivenet_pending_demand", |v| v == 0.0);
+    assert_eq!(holds(&site, "released"), 6.0);
+    let metrics = site.router_metrics();
+    assert_eq!(
+        metric_sum(&metrics, "hivenet_wake_hold_seconds_count", &[]),
+        6.0
+    );
+    // Awake now: served at once, not held.
+    site.assert_chat_ok("sleepy");
+    assert_eq!(holds(&site, "released"), 6.0);
+}
+
+#[test]
+fn budget_expiry_before_keepalives_is_503_model_waking() {
+    let site = sleepy_site("hold_expiry_plain", &[], &["--wake-keepalive", "0"]);
+    place_here(&site, "1s");
+    for raw in [
+        chat_request(false, ""),
+        chat_request(true, ""),
+        messages_request(true),
+    ] {
+        let started = Instant::now();
+        let response = request(site.http, &raw);
+        assert!(started.elapsed() >= Duration::from_millis(900));
+        assert_eq!(response.status, 503, "{}", response.text());
+        assert_eq!(response.header("retry-after"), Some("30"));
+        let error = &response.json()["error"];
+        assert_eq!(error["code"], "model_waking");
+        assert_eq!(error["retry_after"], 30);
+        assert_eq!(
+            error["message"],
+            "model sleepy is waking up; retry in 30 seconds"
+        );
+    }
+    assert_eq!(holds(&site, "expired"), 3.0);
+    site.wait_metric("hivenet_pending_demand", |v| v == 0.0);
+    let responses = site.router_metrics();
+    assert_eq!(
+        metric_sum(
+            &responses,
+            "hivenet_shard_responses_total",
+            &[("code", "503")]
+        ),
+        3.0
+    );
+}
+
+#[test]
+fn budget_expiry_after_keepalives_is_an_error_in_a_200_body() {
+    let site = sleepy_site("hold_expiry_keepalive", &[], &["--wake-keepalive", "300ms"]);
+    place_here(&site, "1500ms");
+    // Non-streamed: spaces, then the JSON envelope.
+    let response = request(site.http, &chat_request(false, ""));
+    assert_eq!(response.status, 200);
+    let text = response.text();
+    assert!(text.starts_with(' '), "{text:?}");
+    let error: Value = serde_json::from_str(text.trim_start()).expect("envelope after spaces");
+    assert_eq!(error["error"]["code"], "model_waking");
+    assert_eq!(error["error"]["retry_after"], 30);
+    // Streamed, OpenAI: comments, then a final `data: {"error":…}` event.
+    let response = request(site.http, &chat_request(true, ""));
+    assert_eq!(response.status, 200);
+    assert_eq!(response.header("content-type"), Some("text/event-stream"));
+    let events = sse_events(&response.body);
+    assert!(events.len() >= 3, "{events:?}");
+    assert!(events[..events.len() - 1].iter().all(|e| e == ": keep-alive"));
+    let last: Value =
+        serde_json::from_str(events.last().unwrap().strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "model_waking");
+    // Streamed, Anthropic: an `error` event whose message starts with the code.
+    let response = request(site.http, &messages_request(true));
+    assert_eq!(response.status, 200);
+    let events = sse_events(&response.body);
+    let last = events.last().unwrap();
+    let data = last.strip_prefix("event: error\ndata: ").expect(last);
+    let value: Value = serde_json::from_str(data).unwrap();
+    assert_eq!(value["type"], "error");
+    assert!(
+        value["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("model_waking: ")
+    );
+    // The metrics count the status the requests ended with, not the 200 on the wire.
+    let metrics = site.router_metrics();
+    assert_eq!(
+        metric_sum(&metrics, "hivenet_shard_responses_total", &[("code", "503")]),
+        3.0
+    );
+    assert_eq!(
+        metric_sum(&metrics, "hivenet_shard_responses_total", &[("code", "200")]),
+        0.0
+    );
+    // And so does the audit log.
+    let audit = std::fs::read_to_string(site.dir.join("audit.jsonl")).unwrap_or_default();
+    let statuses: Vec<i64> = audit
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|record| record["model"] == "sleepy")
+        .map(|record| record["status"].as_i64().unwrap_or(0))
+        .collect();
+    assert_eq!(statuses, vec![503, 503, 503], "{audit}");
+}
+
+#[test]
+fn keepalives_then_the_answer_once_the_model_wakes() {
+    let mut site = sleepy_site("hold_keepalive_wake", &[], &["--wake-keepalive", "200ms"]);
+    place_here(&site, "60s");
+    let mut plain = send(&site, &chat_request(false, ""));
+    let mut stream = send(&site, &chat_request(true, ""));
+    site.wait_metric("hivenet_pending_demand", |v| v == 2.0);
+    std::thread::sleep(Duration::from_millis(700));
+    wake(&mut site, &[]);
+    let plain = plain.read_response().unwrap();
+    assert_eq!(plain.status, 200);
+    let text = plain.text();
+    assert!(text.starts_with("  "), "several spaces first: {text:?}");
+    let value: Value = serde_json::from_str(text.trim_start()).unwrap();
+    assert_eq!(value["object"], "chat.completion");
+    let stream = stream.read_response().unwrap();
+    let events = sse_events(&stream.body);
+    assert_eq!(events[0], ": keep-alive");
+    assert_eq!(events.last().unwrap(), "data: [DONE]");
+    assert!(
+        events
+            .iter()
+            .any(|event| event.starts_with("data: {") && event.contains("chat.completion.chunk"))
+    );
+}
+
+#[test]
+fn hold_limits_refuse_at_once_and_count_full() {
+    let secrets = secret_file("hold_limits");
+    let site = Site::start(
+        "hold_limits",
+        Options::new()
+            .sim(&["--models", "sleepy,drowsy"])
+            .router_args(&[
+                "--site-id",
+                "site-a",
+                "--redirect-secret-file",
+                &secrets,
+                "--redirect-allowed-domains",
+                "127.0.0.1",
+                "--wake-hold-max",
+                "2",
+                "--wake-hold-max-total",
+                "3",
+            ])
+            .router_env("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true")
+            .skip_model_wait(),
+    );
+    let map = json!({
+        "sites": [{"id": "site-a", "url": format!("http://{}", site.http)}],
+        "placements": [
+            {"model": "sleepy", "kind": "chat", "site": "site-a", "scale_from_zero": true, "hold_budget": "30s"},
+            {"model": "drowsy", "kind": "chat", "site": "site-a", "scale_from_zero": true, "hold_budget": "30s"},
+        ],
+    });
+    assert_eq!(admin_put(&site, "/admin/sibling-map", &map.to_string()).0, 200);
+    let _first = send(&site, &chat_request(false, ""));
+    let _second = send(&site, &chat_request(false, ""));
+    site.wait_metric("hivenet_pending_demand", |v| v == 2.0);
+    // Per model: the third for `sleepy` is refused at once.
+    let started = Instant::now();
+    let refused = request(site.http, &chat_request(false, ""));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.header("retry-after"), Some("30"));
+    assert_eq!(
+        refused.json()["error"]["message"],
+        "model sleepy is waking up and too many requests are already waiting for it; retry in 30 seconds"
+    );
+    // In total: one more for `drowsy` fits, the next does not.
+    let drowsy = |_: ()| {
+        post_request(
+            "/v1/chat/completions",
+            &chat("drowsy", false).to_string(),
+        )
+    };
+    let _third = send(&site, &drowsy(()));
+    site.wait_metric("hivenet_pending_demand", |v| v == 3.0);
+    let refused = request(site.http, &drowsy(()));
+    assert_eq!(refused.error_code(), "model_waking");
+    assert_eq!(holds(&site, "full"), 2.0);
+    // Refused requests are not counted in the demand.
+    assert_eq!(pending(&site), 2.0);
+}
+
+#[test]
+fn a_client_that_leaves_while_held_is_499_and_leaves_the_demand() {
+    let site = sleepy_site("hold_disconnect", &[], &[]);
+    place_here(&site, "60s");
+    let conn = send(&site, &chat_request(false, ""));
+    site.wait_metric("hivenet_pending_demand", |v| v == 1.0);
+    drop(conn);
+    site.wait_metric("hivenet_pending_demand", |v| v == 0.0);
+    site.wait_for("the cancelled hold", || {
+        (holds(&site, "cancelled") == 1.0).then_some(())
+    });
+    site.wait_for("the 499 audit record", || {
+        let audit = std::fs::read_to_string(site.dir.join("audit.jsonl")).ok()?;
+        audit
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .any(|record| record["status"] == 499 && record["model"] == "sleepy")
+            .then_some(())
+    });
+}
+
+#[test]
+fn retries_with_one_client_request_id_count_once() {
+    let site = sleepy_site("hold_client_ids", &[], &[]);
+    place_here(&site, "60s");
+    let id = "8B9E4A6D-DFB4-4B95-BADA-319E7E5B878A";
+    let _first = send(
+        &site,
+        &chat_request(false, &format!("x-client-request-id: {id}\r\n")),
+    );
+    site.wait_metric("hivenet_pending_demand", |v| v == 1.0);
+    // The same ID in another letter case, through X-Request-ID: the same request.
+    let _retry = send(
+        &site,
+        &chat_request(false, &format!("x-request-id: {}\r\n", id.to_lowercase())),
+    );
+    site.wait_for("the retry to be held", || {
+        let text = site.router_metrics();
+        (metric_sum(&text, "hivenet_pending_demand", &[]) == 1.0).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(pending(&site), 1.0);
+    // A value that is not a UUID is ignored: each counts on its own.
+    let _other = send(
+        &site,
+        &chat_request(false, "x-client-request-id: retry-1\r\n"),
+    );
+    let _other_again = send(
+        &site,
+        &chat_request(false, "x-client-request-id: retry-1\r\n"),
+    );
+    site.wait_metric("hivenet_pending_demand", |v| v == 3.0);
+}
+
+#[test]
+fn a_hundred_held_requests_released_onto_four_slots_are_all_answered() {
+    let mut site = sleepy_site(
+        "hold_burst",
+        &["--itl", "5ms", "--output-tokens", "4"],
+        &["--request-timeout", "120s"],
+    );
+    place_here(&site, "120s");
+    let conns: Vec<Conn> = (0..100)
+        .map(|index| send(&site, &chat_request(index % 3 == 0, "")))
+        .collect();
+    site.wait_metric("hivenet_pending_demand", |v| v == 100.0);
+    wake(&mut site, &["--capacity", "4"]);
+    let statuses: Vec<u16> = std::thread::scope(|scope| {
+        let readers: Vec<_> = conns
+            .into_iter()
+            .map(|mut conn| scope.spawn(move || conn.read_response().map(|r| r.status)))
+            .collect();
+        readers
+            .into_iter()
+            .map(|reader| reader.join().unwrap().expect("every held request is answered"))
+            .collect()
+    });
+    assert!(
+        statuses.iter().all(|status| *status == 200),
+        "{statuses:?}"
+    );
+    site.wait_metric("hivenet_pending_demand", |v| v == 0.0);
+    assert_eq!(holds(&site, "released"), 100.0);
+}
