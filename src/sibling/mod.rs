@@ -8,5 +8,9 @@
 //!
 //! - [`map`]: the sibling map pushed with `PUT /admin/sibling-map` — the sites, where each model
 //!   is placed, the warm hints — and the redirect decision (which site a request goes to, or none).
+//! - [`token`]: the signed token a `307` carries in its `Location`, because clients drop
+//!   `Authorization` on a cross-origin redirect; and the record of spent tokens that makes each
+//!   one single-use.
 
 pub mod map;
+pub mod token;
