@@ -8,7 +8,8 @@
 //! become HTTP), `provider` (OpenAI/Anthropic fallback once local routing is exhausted). Around
 //! them: `control` (agent gRPC, registry, the daily-total flush), `disk_db` (the router's disk
 //! database: daily totals that survive a restart), `metrics`, `agent`, `sim`. Pure policy:
-//! `limits` (per-key buckets), `admission` (the input estimate and admission gates).
+//! `limits` (per-key buckets), `admission` (the input estimate and admission gates), `sibling`
+//! (the sibling map, the cross-site redirect decision and its signed tokens).
 
 pub mod admission;
 pub mod agent;
@@ -33,6 +34,7 @@ pub mod proto {
 }
 pub mod routing;
 pub mod shard;
+pub mod sibling;
 pub mod sim;
 pub mod tokens;
 pub mod tunnel;
