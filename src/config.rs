@@ -224,13 +224,16 @@ impl RouterArgs {
             "--site-id must be 1 to 128 characters of letters, digits, '.', '_' and '-', got {id:?}"
         );
         let Some(path) = &self.redirect_secret_file else {
-            anyhow::bail!("--site-id needs --redirect-secret-file (the secrets that sign redirect tokens)");
+            anyhow::bail!(
+                "--site-id needs --redirect-secret-file (the secrets that sign redirect tokens)"
+            );
         };
         let text = std::fs::read_to_string(path).map_err(|error| {
             anyhow::anyhow!("--redirect-secret-file {}: {error}", path.display())
         })?;
-        let secrets = crate::sibling::token::RedirectSecrets::parse(&text)
-            .map_err(|error| anyhow::anyhow!("--redirect-secret-file {}: {error}", path.display()))?;
+        let secrets = crate::sibling::token::RedirectSecrets::parse(&text).map_err(|error| {
+            anyhow::anyhow!("--redirect-secret-file {}: {error}", path.display())
+        })?;
         let allowed_domains: Vec<String> = self
             .redirect_allowed_domains
             .iter()

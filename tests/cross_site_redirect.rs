@@ -108,7 +108,10 @@ fn a_model_served_by_a_sibling_is_redirected_with_a_single_use_token() {
         .map(|(_, value)| value.clone())
         .expect("a Location header");
     assert!(
-        location.starts_with(&format!("{}/v1/chat/completions?hivenet_redirect=", url(&b))),
+        location.starts_with(&format!(
+            "{}/v1/chat/completions?hivenet_redirect=",
+            url(&b)
+        )),
         "{location}"
     );
     // The sibling serves it once, without credentials.
@@ -130,7 +133,7 @@ fn a_model_served_by_a_sibling_is_redirected_with_a_single_use_token() {
         .unwrap();
     let other = post_to(&b, &location, &chat("sim-model", false));
     assert_eq!(other.status, 401, "{}", other.text());
-    // A model served here is never redirected.
+    // A token altered in transit is refused.
     let (_, headers, _) = a.post_json("/v1/chat/completions", &body);
     let location = headers
         .iter()
@@ -141,7 +144,11 @@ fn a_model_served_by_a_sibling_is_redirected_with_a_single_use_token() {
     assert_eq!(post_to(&b, &tampered, &body).status, 401);
     let metrics = a.router_metrics();
     assert_eq!(
-        common::metric_sum(&metrics, "hivenet_shard_responses_total", &[("code", "307")]),
+        common::metric_sum(
+            &metrics,
+            "hivenet_shard_responses_total",
+            &[("code", "307")]
+        ),
         3.0
     );
 }
@@ -154,15 +161,17 @@ fn a_request_is_not_redirected_a_third_time() {
         site("hops_c", "site-c", None),
     ];
     // Every site lists the model, none serves it: each hop forwards to a site not yet seen.
-    let map = json!({
-        "sites": sites.iter().enumerate().map(|(index, site)| json!({
-            "id": format!("site-{}", ['a', 'b', 'c'][index]),
-            "url": url(site),
-        })).collect::<Vec<_>>(),
-        "placements": ["site-a", "site-b", "site-c"].iter().map(|id| json!({
-            "model": "ghost", "kind": "chat", "site": id,
-        })).collect::<Vec<_>>(),
-    });
+    let ids = ["site-a", "site-b", "site-c"];
+    let listed: Vec<Value> = sites
+        .iter()
+        .zip(ids)
+        .map(|(site, id)| json!({"id": id, "url": url(site)}))
+        .collect();
+    let placements: Vec<Value> = ids
+        .iter()
+        .map(|id| json!({"model": "ghost", "kind": "chat", "site": id}))
+        .collect();
+    let map = json!({"sites": listed, "placements": placements});
     for site in &sites {
         assert_eq!(push(site, &map).0, 200);
     }
@@ -236,7 +245,10 @@ fn start_up_refuses_site_id_without_what_it_needs() {
     let short = secret_file("flags-short", "short\n");
     let run = |args: &[&str], env: &[(&str, &str)]| -> String {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_hivenet-router"))
-            .args(["--identity-path", &dir.join("router.key").display().to_string()])
+            .args([
+                "--identity-path",
+                &dir.join("router.key").display().to_string(),
+            ])
             .args(["--http-port", "127.0.0.1:0"])
             .args(args)
             .envs(env.iter().copied())

@@ -235,6 +235,11 @@ fn budget_expiry_before_keepalives_is_503_model_waking() {
 fn budget_expiry_after_keepalives_is_an_error_in_a_200_body() {
     let site = sleepy_site("hold_expiry_keepalive", &[], &["--wake-keepalive", "300ms"]);
     place_here(&site, "1500ms");
+    let ok_before = metric_sum(
+        &site.router_metrics(),
+        "hivenet_shard_responses_total",
+        &[("code", "200")],
+    );
     // Non-streamed: spaces, then the JSON envelope.
     let response = request(site.http, &chat_request(false, ""));
     assert_eq!(response.status, 200);
@@ -249,7 +254,11 @@ fn budget_expiry_after_keepalives_is_an_error_in_a_200_body() {
     assert_eq!(response.header("content-type"), Some("text/event-stream"));
     let events = sse_events(&response.body);
     assert!(events.len() >= 3, "{events:?}");
-    assert!(events[..events.len() - 1].iter().all(|e| e == ": keep-alive"));
+    assert!(
+        events[..events.len() - 1]
+            .iter()
+            .all(|e| e == ": keep-alive")
+    );
     let last: Value =
         serde_json::from_str(events.last().unwrap().strip_prefix("data: ").unwrap()).unwrap();
     assert_eq!(last["error"]["code"], "model_waking");
@@ -270,22 +279,34 @@ fn budget_expiry_after_keepalives_is_an_error_in_a_200_body() {
     // The metrics count the status the requests ended with, not the 200 on the wire.
     let metrics = site.router_metrics();
     assert_eq!(
-        metric_sum(&metrics, "hivenet_shard_responses_total", &[("code", "503")]),
+        metric_sum(
+            &metrics,
+            "hivenet_shard_responses_total",
+            &[("code", "503")]
+        ),
         3.0
     );
     assert_eq!(
-        metric_sum(&metrics, "hivenet_shard_responses_total", &[("code", "200")]),
-        0.0
+        metric_sum(
+            &metrics,
+            "hivenet_shard_responses_total",
+            &[("code", "200")]
+        ),
+        ok_before,
+        "no 200 counted for the held requests"
     );
-    // And so does the audit log.
-    let audit = std::fs::read_to_string(site.dir.join("audit.jsonl")).unwrap_or_default();
-    let statuses: Vec<i64> = audit
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(|record| record["model"] == "sleepy")
-        .map(|record| record["status"].as_i64().unwrap_or(0))
-        .collect();
-    assert_eq!(statuses, vec![503, 503, 503], "{audit}");
+    // And so does the audit log (written by its own thread, a moment later).
+    let statuses = site.wait_for("three audit records for sleepy", || {
+        let audit = std::fs::read_to_string(site.dir.join("audit.jsonl")).ok()?;
+        let statuses: Vec<i64> = audit
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|record| record["model"] == "sleepy")
+            .map(|record| record["status_code"].as_i64().unwrap_or(0))
+            .collect();
+        (statuses.len() == 3).then_some(statuses)
+    });
+    assert_eq!(statuses, vec![503, 503, 503]);
 }
 
 #[test]
@@ -343,7 +364,10 @@ fn hold_limits_refuse_at_once_and_count_full() {
             {"model": "drowsy", "kind": "chat", "site": "site-a", "scale_from_zero": true, "hold_budget": "30s"},
         ],
     });
-    assert_eq!(admin_put(&site, "/admin/sibling-map", &map.to_string()).0, 200);
+    assert_eq!(
+        admin_put(&site, "/admin/sibling-map", &map.to_string()).0,
+        200
+    );
     let _first = send(&site, &chat_request(false, ""));
     let _second = send(&site, &chat_request(false, ""));
     site.wait_metric("hivenet_pending_demand", |v| v == 2.0);
@@ -358,12 +382,7 @@ fn hold_limits_refuse_at_once_and_count_full() {
         "model sleepy is waking up and too many requests are already waiting for it; retry in 30 seconds"
     );
     // In total: one more for `drowsy` fits, the next does not.
-    let drowsy = |_: ()| {
-        post_request(
-            "/v1/chat/completions",
-            &chat("drowsy", false).to_string(),
-        )
-    };
+    let drowsy = |_: ()| post_request("/v1/chat/completions", &chat("drowsy", false).to_string());
     let _third = send(&site, &drowsy(()));
     site.wait_metric("hivenet_pending_demand", |v| v == 3.0);
     let refused = request(site.http, &drowsy(()));
@@ -389,7 +408,7 @@ fn a_client_that_leaves_while_held_is_499_and_leaves_the_demand() {
         audit
             .lines()
             .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-            .any(|record| record["status"] == 499 && record["model"] == "sleepy")
+            .any(|record| record["status_code"] == 499 && record["model"] == "sleepy")
             .then_some(())
     });
 }
@@ -447,13 +466,15 @@ fn a_hundred_held_requests_released_onto_four_slots_are_all_answered() {
             .collect();
         readers
             .into_iter()
-            .map(|reader| reader.join().unwrap().expect("every held request is answered"))
+            .map(|reader| {
+                reader
+                    .join()
+                    .unwrap()
+                    .expect("every held request is answered")
+            })
             .collect()
     });
-    assert!(
-        statuses.iter().all(|status| *status == 200),
-        "{statuses:?}"
-    );
+    assert!(statuses.iter().all(|status| *status == 200), "{statuses:?}");
     site.wait_metric("hivenet_pending_demand", |v| v == 0.0);
     assert_eq!(holds(&site, "released"), 100.0);
 }

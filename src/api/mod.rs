@@ -204,10 +204,19 @@ async fn serve_audited<S: Sink>(
     }
     let now_unix_ms = authenticate::now_unix_ms();
     // A request redirected here by a sibling site is authenticated by its redirect token.
-    let authenticated = match (redirect::arriving_token(shard, request), &shard.settings.site) {
+    let authenticated = match (
+        redirect::arriving_token(shard, request),
+        &shard.settings.site,
+    ) {
         (Some(token), Some(site)) => {
             let spent = sink
-                .until_client_gone(redirect::authenticate(shard, site, keys, token, now_unix_ms))
+                .until_client_gone(redirect::authenticate(
+                    shard,
+                    site,
+                    keys,
+                    token,
+                    now_unix_ms,
+                ))
                 .await;
             match spent {
                 None => return Err(ClientGone),
@@ -288,7 +297,7 @@ async fn infer<S: Sink>(
     let snapshot = shard.snapshot();
     let found = snapshot.lookup(&fields.model, request.route.capability());
     // Cross-site redirect: a model not served here that a sibling serves goes there.
-    if !found.is_some_and(|model| model.healthy_agents > 0)
+    if found.is_none_or(|model| model.healthy_agents == 0)
         && let (Some(site), Some(map)) = (&shard.settings.site, &snapshot.siblings)
     {
         let holdable_here = request.route != Route::CountTokens

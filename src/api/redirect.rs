@@ -54,16 +54,15 @@ pub async fn authenticate<'k>(
             "redirect token was issued for another site",
         ));
     }
-    let key = crate::api::authenticate::outcome(keys.authenticate_vouched(&claims.key, now_unix_ms))?;
+    let key =
+        crate::api::authenticate::outcome(keys.authenticate_vouched(&claims.key, now_unix_ms))?;
     let deadline = Instant::now() + SPEND_TIMEOUT;
     match shard
         .spend_redirect_token(claims.nonce, claims.expires_unix_ms, deadline)
         .await
     {
         Some(true) => Ok((key, claims)),
-        Some(false) => Err(Rejection::unauthorized(
-            "redirect token was already used",
-        )),
+        Some(false) => Err(Rejection::unauthorized("redirect token was already used")),
         None => Err(Rejection::queue_full()),
     }
 }

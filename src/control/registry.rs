@@ -127,9 +127,7 @@ impl Registry {
             .held_here(&siblings.local_site)
             .into_iter()
             .filter_map(|(model, kind)| {
-                let id = self
-                    .model_ids
-                    .get(&(model.to_owned(), kind.capability()))?;
+                let id = self.model_ids.get(&(model.to_owned(), kind.capability()))?;
                 Some((*id, model))
             })
             .collect()

@@ -45,7 +45,8 @@ impl Default for HoldLimits {
 
 /// A client request ID (`X-Client-Request-ID` or `X-Request-ID`), only when it is a UUID.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ClientId(pub u128);
+/// Kept as bytes (alignment 1): it travels inside every parsed request.
+pub struct ClientId(pub [u8; 16]);
 
 impl ClientId {
     /// Parses a UUID in any letter case; anything else is no client ID.
@@ -64,7 +65,7 @@ impl ClientId {
             let digit = (*byte as char).to_digit(16)?;
             value = (value << 4) | u128::from(digit);
         }
-        Some(ClientId(value))
+        Some(ClientId(value.to_be_bytes()))
     }
 
     /// The client request ID of a request: `X-Client-Request-ID`, else `X-Request-ID`, when it
@@ -434,7 +435,7 @@ mod tests {
                 match op {
                     Op::Hold { model, key, client } => {
                         let (model, key) = (ModelId(model), key.map(KeyId));
-                        let client = client.map(|client| ClientId(u128::from(client)));
+                        let client = client.map(|client| ClientId(u128::from(client).to_be_bytes()));
                         if let Ok(id) = tickets.hold(&mut book, model, key, client) {
                             live.push((id, model, key, client));
                         }
