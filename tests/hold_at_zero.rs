@@ -194,6 +194,13 @@ fn held_requests_are_released_in_order_when_an_agent_registers() {
     // Awake now: served at once, not held.
     site.assert_chat_ok("sleepy");
     assert_eq!(holds(&site, "released"), 6.0);
+    // What the KEDA example reads to keep the model awake.
+    let routed = metric_sum(
+        &site.router_metrics(),
+        "hivenet_routing_requests_routed_total",
+        &[("model", "sleepy"), ("tenant_id", "default")],
+    );
+    assert_eq!(routed, 7.0);
 }
 
 #[test]
@@ -477,4 +484,183 @@ fn a_hundred_held_requests_released_onto_four_slots_are_all_answered() {
     assert!(statuses.iter().all(|status| *status == 200), "{statuses:?}");
     site.wait_metric("hivenet_pending_demand", |v| v == 0.0);
     assert_eq!(holds(&site, "released"), 100.0);
+}
+
+const ADMIN_KEY: &str = "admin-secret-hold";
+
+fn put_key(site: &Site, id: &str, version: &str, raw: &str, quota: Value, allowed: &[&str]) {
+    use sha2::{Digest, Sha256};
+    let body = json!({
+        "version": version,
+        "key_hash": hex::encode(Sha256::digest(raw.as_bytes())),
+        "key_preview": "sk-...test",
+        "owner": id,
+        "name": id,
+        "enabled": true,
+        "allowed_models": allowed,
+        "quota": quota,
+    })
+    .to_string();
+    let raw_request = format!(
+        "PUT /admin/api-keys/{id} HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {ADMIN_KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let response = request(site.http, raw_request.as_bytes());
+    assert_eq!(response.status, 200, "key {id}: {}", response.text());
+}
+
+#[test]
+fn per_key_hold_limit_quota_while_held_and_client_ids_per_key() {
+    let secrets = secret_file("hold_keys");
+    let site = Site::start(
+        "hold_keys",
+        Options::new()
+            .sim(&["--models", "sleepy"])
+            .router_args(&[
+                "--site-id",
+                "site-a",
+                "--redirect-secret-file",
+                &secrets,
+                "--redirect-allowed-domains",
+                "127.0.0.1",
+                "--wake-hold-max-per-key",
+                "3",
+            ])
+            .router_env("HIVENET_ROUTER_AUTH_MODE", "dynamic")
+            .router_env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
+            .skip_model_wait(),
+    );
+    put_key(
+        &site,
+        "busy",
+        "rev_00000001",
+        "sk-busy",
+        json!({"requests_per_minute": 1000, "tokens_per_day": 1000000}),
+        &[],
+    );
+    // A per-model quota scales with the healthy replicas; a model that may be held here counts
+    // at least one, so held requests are charged.
+    put_key(
+        &site,
+        "metered",
+        "rev_00000002",
+        "sk-metered",
+        json!({"per_model": {"sleepy": {"requests_per_minute_per_replica": 2, "tokens_per_day": 1000000}}}),
+        &[],
+    );
+    let map = json!({
+        "sites": [{"id": "site-a", "url": format!("http://{}", site.http)}],
+        "placements": [{"model": "sleepy", "kind": "chat", "site": "site-a", "scale_from_zero": true, "hold_budget": "60s"}],
+    })
+    .to_string();
+    let raw = format!(
+        "PUT /admin/sibling-map HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {ADMIN_KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{map}",
+        map.len()
+    );
+    assert_eq!(request(site.http, raw.as_bytes()).status, 200);
+
+    let id = "0f3c2a9e-7d41-4b8e-9a55-1c2d3e4f5a6b";
+    let as_key =
+        |key: &str| format!("authorization: Bearer {key}\r\nx-client-request-id: {id}\r\n");
+    // One key, one client ID: three held requests, one in the demand.
+    let _busy: Vec<Conn> = (0..3)
+        .map(|_| send(&site, &chat_request(false, &as_key("sk-busy"))))
+        .collect();
+    site.wait_for("three held requests of one key", || {
+        (metric_sum(&site.router_metrics(), "hivenet_shard_requests_total", &[]) >= 3.0)
+            .then_some(())
+    });
+    site.wait_metric("hivenet_pending_demand", |v| v == 1.0);
+    // The per-key limit counts held requests, not the demand.
+    let refused = request(site.http, &chat_request(false, &as_key("sk-busy")));
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert!(
+        refused
+            .text()
+            .contains("too many requests are already waiting")
+    );
+    // Another key with the same client ID counts on its own, and is charged while held.
+    let _metered: Vec<Conn> = (0..2)
+        .map(|_| send(&site, &chat_request(false, &as_key("sk-metered"))))
+        .collect();
+    site.wait_metric("hivenet_pending_demand", |v| v == 2.0);
+    let over_quota = request(site.http, &chat_request(false, &as_key("sk-metered")));
+    assert_eq!(over_quota.status, 429, "{}", over_quota.text());
+    assert_eq!(over_quota.error_code(), "rate_limit_exceeded");
+    // A key that may not use the model is never held: 403 at once.
+    put_key(
+        &site,
+        "narrow",
+        "rev_00000003",
+        "sk-narrow",
+        json!({"requests_per_minute": 10, "tokens_per_day": 1000}),
+        &["another-model"],
+    );
+    let forbidden = request(
+        site.http,
+        &chat_request(false, "authorization: Bearer sk-narrow\r\n"),
+    );
+    assert_eq!(forbidden.status, 403, "{}", forbidden.text());
+    assert_eq!(forbidden.error_code(), "model_forbidden");
+    assert_eq!(pending(&site), 2.0);
+}
+
+#[test]
+fn released_requests_wait_in_the_admission_gate_up_to_their_hold_budget() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("hold-gate-policies-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("sleepy.yaml"),
+        "models:\n  - sleepy\nrouting_policy:\n  strategy: least-loaded\nmax_inflight: 1\n",
+    )
+    .unwrap();
+    let policy_dir = dir.display().to_string();
+    let mut site = Site::start(
+        "hold_gate",
+        Options::new()
+            .sim(&[
+                "--models",
+                "sleepy",
+                "--itl",
+                "100ms",
+                "--output-tokens",
+                "3",
+            ])
+            .router_args(&[
+                "--site-id",
+                "site-a",
+                "--redirect-secret-file",
+                &secret_file("hold_gate"),
+                "--redirect-allowed-domains",
+                "127.0.0.1",
+                "--policy-model-dir",
+                &policy_dir,
+            ])
+            .router_env("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true")
+            // Without a hold, a request over the budget would be refused at once.
+            .router_env("HIVENET_ROUTER_ADMIT_PARK_TIMEOUT", "0")
+            .skip_model_wait(),
+    );
+    place_here(&site, "30s");
+    let conns: Vec<Conn> = (0..3)
+        .map(|_| send(&site, &chat_request(false, "")))
+        .collect();
+    site.wait_metric("hivenet_pending_demand", |v| v == 3.0);
+    wake(&mut site, &["--capacity", "4"]);
+    let statuses: Vec<u16> = std::thread::scope(|scope| {
+        let readers: Vec<_> = conns
+            .into_iter()
+            .map(|mut conn| scope.spawn(move || conn.read_response().unwrap().status))
+            .collect();
+        readers.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    assert_eq!(statuses, vec![200, 200, 200], "{}", site.logs());
+    // Awake, a request over the budget is refused at once as usual.
+    let mut holder = send(&site, &chat_request(true, ""));
+    let head = holder.read_head().unwrap();
+    assert_eq!(head.status, 200);
+    let refused = request(site.http, &chat_request(false, ""));
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(refused.error_code(), "concurrency_limit_exceeded");
 }

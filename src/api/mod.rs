@@ -470,6 +470,7 @@ async fn infer<S: Sink>(
             Some(Ok(slot)) => {
                 // A request with a slot is no longer pending demand.
                 drop(pending.take());
+                shard.count_routed(key, model.id, slot.agent);
                 slot
             }
             Some(Err(error)) => {

@@ -103,6 +103,7 @@ fn respond(
     render_pending_demand(&mut out, &registry, reports);
     render_admission(&mut out, &registry, reports);
     render_tenants(&mut out, &registry, reports);
+    render_routed(&mut out, &registry, reports);
     if let Some(provider) = &shared.provider_metrics {
         provider.render(&mut out);
     }
@@ -255,6 +256,38 @@ fn sum_by_model<K: Ord>(
         }
     }
     sums
+}
+
+/// `hivenet_routing_requests_routed_total{region,engine,model,tenant_id}`: requests given a slot
+/// on an agent, summed over shards.
+fn render_routed(out: &mut String, registry: &Registry, reports: &[ShardReport]) {
+    let name = "hivenet_routing_requests_routed_total";
+    family(
+        out,
+        name,
+        "counter",
+        "Inference requests given a slot on an agent, by the agent's region and engine.",
+    );
+    let mut routed: std::collections::BTreeMap<(&str, &str, &str, &str), u64> =
+        std::collections::BTreeMap::new();
+    for (series, count) in reports.iter().flat_map(|report| &report.tenants.routed) {
+        let Some(model) = registry.model_name(series.model) else {
+            continue;
+        };
+        *routed
+            .entry((&series.region, &series.engine, model, &series.tenant_id))
+            .or_default() += count;
+    }
+    for ((region, engine, model, tenant), count) in routed {
+        let _ = writeln!(
+            out,
+            "{name}{{region=\"{}\",engine=\"{}\",model=\"{}\",tenant_id=\"{}\"}} {count}",
+            label(region),
+            label(engine),
+            label(model),
+            label(tenant)
+        );
+    }
 }
 
 /// The tenant families of the reference ("Tenant and quota metrics"), summed over shards.

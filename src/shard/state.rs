@@ -1103,6 +1103,22 @@ impl Shard {
 
     /// Counts tokens a request used against its key's tenant series (resolving the key's labels
     /// only when the series is new; a key gone in a reload is not counted).
+    /// `hivenet_routing_requests_routed_total`: the request got a slot on `agent`.
+    pub fn count_routed(&self, key: &KeyRecord, model: ModelId, agent: AgentId) {
+        self.tenants
+            .borrow_mut()
+            .routed(key.tenant_id, model, agent, || {
+                let peers = self.agent_peers.borrow();
+                let profile = peers.get(&agent)?;
+                Some(crate::shard::tenants::RoutedSeries {
+                    tenant_id: key.owner.as_str().into(),
+                    model,
+                    engine: (*profile.engine).into(),
+                    region: (*profile.region).into(),
+                })
+            });
+    }
+
     pub fn count_tenant_tokens(&self, key: KeyId, model: ModelId, input: u64, output: u64) {
         self.tenants
             .borrow_mut()
@@ -1552,6 +1568,7 @@ impl Shard {
             }
             ControlToShard::AgentDown { agent, models } => {
                 self.agent_peers.borrow_mut().remove(&agent);
+                self.tenants.borrow_mut().forget_agent(agent);
                 for model in self.owned(&models) {
                     let failed = {
                         let mut routes = self.routes.borrow_mut();

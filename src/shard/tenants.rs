@@ -9,13 +9,19 @@
 //! key — each static key has its own stable id here, where an older implementation labelled
 //! them all `anonymous`. `deployment_id` is `unset`: agents do not register a deployment.
 //!
+//! Also `hivenet_routing_requests_routed_total{model,tenant_id,engine,region}`: requests given a
+//! slot on an agent, by the agent's engine and region (what autoscalers read to keep a model
+//! awake, seed `hold-at-zero.md`).
+//!
 //! Memory: one entry per (key, model) and per key ever counted on this shard; counters are
-//! cumulative, so entries are never dropped while the process runs.
+//! cumulative, so entries are never dropped while the process runs. Routed series are per
+//! (tenant, model, engine, region); their per-agent index is dropped when the agent leaves.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::auth::keys::{KeyId, KeyRecord, KeySource};
+use crate::auth::keys::{KeyId, KeyRecord, KeySource, TenantId};
+use crate::routing::AgentId;
 use crate::shard::snapshot::ModelId;
 
 /// `tenant_id` and `key_id` of one key.
@@ -65,12 +71,22 @@ pub struct RequestCounts {
     pub output_tokens: u64,
 }
 
+/// One `hivenet_routing_requests_routed_total` series.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RoutedSeries {
+    pub tenant_id: Arc<str>,
+    pub model: ModelId,
+    pub engine: Arc<str>,
+    pub region: Arc<str>,
+}
+
 /// What `/metrics` reads of one shard's tenant counters.
 #[derive(Debug, Default)]
 pub struct TenantReport {
     pub requests: Vec<(KeyLabels, ModelId, RequestCounts)>,
     pub rate_limited: Vec<(KeyLabels, u64)>,
     pub token_limited: Vec<(KeyLabels, Phase, u64)>,
+    pub routed: Vec<(RoutedSeries, u64)>,
 }
 
 #[derive(Debug, Default)]
@@ -78,6 +94,10 @@ pub struct TenantCounters {
     requests: HashMap<(KeyId, ModelId), (KeyLabels, RequestCounts)>,
     rate_limited: HashMap<KeyId, (KeyLabels, u64)>,
     token_limited: HashMap<(KeyId, Phase), (KeyLabels, u64)>,
+    /// Routed requests per series, and which series a (tenant, model, agent) counts in.
+    routed: Vec<(RoutedSeries, u64)>,
+    routed_series: HashMap<RoutedSeries, usize>,
+    routed_index: HashMap<(TenantId, ModelId, AgentId), usize>,
 }
 
 impl TenantCounters {
@@ -157,6 +177,42 @@ impl TenantCounters {
         entry.1 += 1;
     }
 
+    /// One request given a slot on `agent`; `series` is called only the first time this
+    /// (tenant, model, agent) is counted, and `None` from it (the agent is gone) counts nothing.
+    pub fn routed(
+        &mut self,
+        tenant: TenantId,
+        model: ModelId,
+        agent: AgentId,
+        series: impl FnOnce() -> Option<RoutedSeries>,
+    ) {
+        let index = match self.routed_index.get(&(tenant, model, agent)) {
+            Some(index) => *index,
+            None => {
+                let Some(series) = series() else {
+                    return;
+                };
+                let index = match self.routed_series.get(&series) {
+                    Some(index) => *index,
+                    None => {
+                        self.routed.push((series.clone(), 0));
+                        self.routed_series.insert(series, self.routed.len() - 1);
+                        self.routed.len() - 1
+                    }
+                };
+                self.routed_index.insert((tenant, model, agent), index);
+                index
+            }
+        };
+        self.routed[index].1 += 1;
+    }
+
+    /// The agent left: its index entries go (its series and counts stay).
+    pub fn forget_agent(&mut self, agent: AgentId) {
+        self.routed_index
+            .retain(|&(_, _, indexed), _| indexed != agent);
+    }
+
     pub fn report(&self) -> TenantReport {
         TenantReport {
             requests: self
@@ -174,6 +230,7 @@ impl TenantCounters {
                 .iter()
                 .map(|(&(_, phase), (labels, count))| (labels.clone(), phase, *count))
                 .collect(),
+            routed: self.routed.clone(),
         }
     }
 }
@@ -223,5 +280,27 @@ mod tests {
         );
         assert_eq!(report.rate_limited, vec![(labels(), 1)]);
         assert_eq!(report.token_limited, vec![(labels(), Phase::Output, 1)]);
+    }
+
+    #[test]
+    fn routed_requests_count_per_engine_and_region_across_agents() {
+        let mut counters = TenantCounters::default();
+        let series = |region: &str| RoutedSeries {
+            tenant_id: "acme".into(),
+            model: ModelId(1),
+            engine: "vllm".into(),
+            region: region.into(),
+        };
+        let (tenant, model) = (TenantId(4), ModelId(1));
+        counters.routed(tenant, model, AgentId(1), || Some(series("eu")));
+        counters.routed(tenant, model, AgentId(1), || unreachable!("resolved once"));
+        // Another agent of the same engine and region counts in the same series.
+        counters.routed(tenant, model, AgentId(2), || Some(series("eu")));
+        counters.routed(tenant, model, AgentId(3), || Some(series("us")));
+        counters.forget_agent(AgentId(1));
+        counters.routed(tenant, model, AgentId(9), || None);
+        let report = counters.report();
+        assert_eq!(report.routed, vec![(series("eu"), 3), (series("us"), 1)]);
+        assert_eq!(counters.routed_index.len(), 2);
     }
 }
