@@ -664,3 +664,65 @@ fn released_requests_wait_in_the_admission_gate_up_to_their_hold_budget() {
     assert_eq!(refused.status, 429, "{}", refused.text());
     assert_eq!(refused.error_code(), "concurrency_limit_exceeded");
 }
+
+#[test]
+fn a_released_request_that_finds_no_room_before_its_budget_ends_is_503_model_waking() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("hold-capacity-policies-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("sleepy.yaml"),
+        "models:\n  - sleepy\nrouting_policy:\n  strategy: least-loaded\nmax_inflight: 1\n",
+    )
+    .unwrap();
+    let policy_dir = dir.display().to_string();
+    let mut site = Site::start(
+        "hold_capacity",
+        Options::new()
+            // Each answer (10 tokens) takes about seven seconds: longer than the budget.
+            .sim(&[
+                "--models",
+                "sleepy",
+                "--itl",
+                "700ms",
+                "--output-tokens",
+                "10",
+            ])
+            .router_args(&[
+                "--site-id",
+                "site-a",
+                "--redirect-secret-file",
+                &secret_file("hold_capacity"),
+                "--redirect-allowed-domains",
+                "127.0.0.1",
+                "--policy-model-dir",
+                &policy_dir,
+                "--wake-keepalive",
+                "0",
+            ])
+            .router_env("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true")
+            .router_env("HIVENET_ROUTER_ADMIT_PARK_TIMEOUT", "0")
+            .skip_model_wait(),
+    );
+    place_here(&site, "4s");
+    let conns: Vec<Conn> = (0..2)
+        .map(|_| send(&site, &chat_request(false, "")))
+        .collect();
+    site.wait_metric("hivenet_pending_demand", |v| v == 2.0);
+    wake(&mut site, &["--capacity", "4"]);
+    let mut responses: Vec<common::Response> = std::thread::scope(|scope| {
+        let readers: Vec<_> = conns
+            .into_iter()
+            .map(|mut conn| scope.spawn(move || conn.read_response().unwrap()))
+            .collect();
+        readers.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    responses.sort_by_key(|response| response.status);
+    assert_eq!(responses[0].status, 200, "{}", responses[0].text());
+    assert_eq!(responses[1].status, 503, "{}", responses[1].text());
+    assert_eq!(
+        responses[1].json()["error"]["message"],
+        "model sleepy woke up but is still at capacity; retry in 30 seconds"
+    );
+    assert_eq!(responses[1].header("retry-after"), Some("30"));
+}
