@@ -10,7 +10,9 @@
 #   NGINX_WORKERS=2    nginx worker_processes ('auto' works too)
 #   ROUTER_ARGS=""     extra router flags; several configurations separated by '|' are measured
 #                      one after the other in the same run, e.g. ROUTER_ARGS='|--shards 1', or
-#                      ROUTER_ARGS='|--auth-config-file perf/auth-bench.yaml' (auth + limits)
+#                      ROUTER_ARGS='|--auth-config-file perf/auth-bench.yaml' (auth + limits);
+#                      a variant starting with '@DIR ' runs DIR/hivenet-router instead (before vs
+#                      after: ROUTER_ARGS='@/tmp/before|' with an older build saved in /tmp/before)
 #   AGENT_ARGS=""      extra agent flags
 #   CASES="json stream"  which request kinds to measure
 #   PORT_BASE=23000    ports used: +80 router http, +51 grpc, +12 metrics, +900 tunnel,
@@ -256,13 +258,18 @@ router_args() { # variant
 }
 
 start_router_stack() { # variant-args index
-  local dir="$WORK/router-$2" args
+  local dir="$WORK/router-$2" args bin=$BIN variant=$1
+  if [[ $variant == @* ]]; then
+    bin=${variant%% *}
+    variant=${variant#"$bin"}
+    bin=${bin#@}
+  fi
   mkdir -p "$dir"
-  args=$(router_args "$1")
-  log "starting hivenet-router ($args) and hivenet-agent"
+  args=$(router_args "$variant")
+  log "starting $bin/hivenet-router ($args) and hivenet-agent"
   export HIVENET_ROUTER_AUDIT_LOG_PATH="$dir/audit.jsonl"
   # shellcheck disable=SC2086 # the flags are meant to be split into words
-  start_bg router "$WORK/router-$2.log" "$BIN/hivenet-router" --http-port "$ROUTER_HTTP" \
+  start_bg router "$WORK/router-$2.log" "$bin/hivenet-router" --http-port "$ROUTER_HTTP" \
     --grpc-port "$ROUTER_GRPC" --metrics-port "$ROUTER_METRICS" --p2p-port "$ROUTER_P2P" \
     --identity-path "$dir/router.key" $args
   wait_until 30 "hivenet-router" curl -s "http://$ROUTER_HTTP/v1/models"
