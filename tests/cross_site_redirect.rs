@@ -66,6 +66,14 @@ fn get_map(site: &Site) -> (u16, Value) {
     )
 }
 
+fn location_of(headers: &common::Headers) -> String {
+    headers
+        .iter()
+        .find(|(name, _)| name == "location")
+        .map(|(_, value)| value.clone())
+        .expect("a Location header")
+}
+
 fn url(site: &Site) -> String {
     format!("http://{}", site.http)
 }
@@ -102,11 +110,7 @@ fn a_model_served_by_a_sibling_is_redirected_with_a_single_use_token() {
     let body = chat("far-model", false);
     let (status, headers, text) = a.post_json("/v1/chat/completions", &body);
     assert_eq!(status, 307, "{text}");
-    let location = headers
-        .iter()
-        .find(|(name, _)| name == "location")
-        .map(|(_, value)| value.clone())
-        .expect("a Location header");
+    let location = location_of(&headers);
     assert!(
         location.starts_with(&format!(
             "{}/v1/chat/completions?hivenet_redirect=",
@@ -126,20 +130,12 @@ fn a_model_served_by_a_sibling_is_redirected_with_a_single_use_token() {
     );
     // A fresh token is for this model only.
     let (_, headers, _) = a.post_json("/v1/chat/completions", &body);
-    let location = headers
-        .iter()
-        .find(|(name, _)| name == "location")
-        .map(|(_, value)| value.clone())
-        .unwrap();
+    let location = location_of(&headers);
     let other = post_to(&b, &location, &chat("sim-model", false));
     assert_eq!(other.status, 401, "{}", other.text());
     // A token altered in transit is refused.
     let (_, headers, _) = a.post_json("/v1/chat/completions", &body);
-    let location = headers
-        .iter()
-        .find(|(name, _)| name == "location")
-        .map(|(_, value)| value.clone())
-        .unwrap();
+    let location = location_of(&headers);
     let tampered = location.replace("hivenet_redirect=", "hivenet_redirect=x");
     assert_eq!(post_to(&b, &tampered, &body).status, 401);
     let metrics = a.router_metrics();
@@ -178,11 +174,7 @@ fn a_request_is_not_redirected_a_third_time() {
     let body = chat("ghost", false);
     let (status, headers, _) = sites[0].post_json("/v1/chat/completions", &body);
     assert_eq!(status, 307);
-    let mut location = headers
-        .iter()
-        .find(|(name, _)| name == "location")
-        .map(|(_, value)| value.clone())
-        .unwrap();
+    let mut location = location_of(&headers);
     let mut hops = 1;
     loop {
         let next = sites

@@ -20,8 +20,9 @@ fn secret_file(name: &str) -> String {
     path.display().to_string()
 }
 
-/// A site `site-a` with a sim serving `sleepy` and no agent yet; `extra` router arguments.
-fn sleepy_site(name: &str, sim: &[&str], extra: &[&str]) -> Site {
+/// What every site of these tests starts with: a sim started with `sim` and no agent yet, and a
+/// router for site `site-a` with `extra` arguments (admin open unless the caller sets keys).
+fn site_options(name: &str, sim: &[&str], extra: &[&str]) -> Options {
     let secrets = secret_file(name);
     let mut args = vec![
         "--site-id",
@@ -32,15 +33,17 @@ fn sleepy_site(name: &str, sim: &[&str], extra: &[&str]) -> Site {
         "127.0.0.1",
     ];
     args.extend_from_slice(extra);
+    Options::new().sim(sim).router_args(&args).skip_model_wait()
+}
+
+/// A site whose sim serves `sleepy` (plus `sim` arguments), with `extra` router arguments.
+fn sleepy_site(name: &str, sim: &[&str], extra: &[&str]) -> Site {
     let mut sim_args = vec!["--models", "sleepy"];
     sim_args.extend_from_slice(sim);
     Site::start(
         name,
-        Options::new()
-            .sim(&sim_args)
-            .router_args(&args)
-            .router_env("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true")
-            .skip_model_wait(),
+        site_options(name, &sim_args, extra)
+            .router_env("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true"),
     )
 }
 
@@ -344,25 +347,14 @@ fn keepalives_then_the_answer_once_the_model_wakes() {
 
 #[test]
 fn hold_limits_refuse_at_once_and_count_full() {
-    let secrets = secret_file("hold_limits");
     let site = Site::start(
         "hold_limits",
-        Options::new()
-            .sim(&["--models", "sleepy,drowsy"])
-            .router_args(&[
-                "--site-id",
-                "site-a",
-                "--redirect-secret-file",
-                &secrets,
-                "--redirect-allowed-domains",
-                "127.0.0.1",
-                "--wake-hold-max",
-                "2",
-                "--wake-hold-max-total",
-                "3",
-            ])
-            .router_env("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true")
-            .skip_model_wait(),
+        site_options(
+            "hold_limits",
+            &["--models", "sleepy,drowsy"],
+            &["--wake-hold-max", "2", "--wake-hold-max-total", "3"],
+        )
+        .router_env("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true"),
     );
     let map = json!({
         "sites": [{"id": "site-a", "url": format!("http://{}", site.http)}],
@@ -511,24 +503,15 @@ fn put_key(site: &Site, id: &str, version: &str, raw: &str, quota: Value, allowe
 
 #[test]
 fn per_key_hold_limit_quota_while_held_and_client_ids_per_key() {
-    let secrets = secret_file("hold_keys");
     let site = Site::start(
         "hold_keys",
-        Options::new()
-            .sim(&["--models", "sleepy"])
-            .router_args(&[
-                "--site-id",
-                "site-a",
-                "--redirect-secret-file",
-                &secrets,
-                "--redirect-allowed-domains",
-                "127.0.0.1",
-                "--wake-hold-max-per-key",
-                "3",
-            ])
-            .router_env("HIVENET_ROUTER_AUTH_MODE", "dynamic")
-            .router_env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
-            .skip_model_wait(),
+        site_options(
+            "hold_keys",
+            &["--models", "sleepy"],
+            &["--wake-hold-max-per-key", "3"],
+        )
+        .router_env("HIVENET_ROUTER_AUTH_MODE", "dynamic")
+        .router_env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY),
     );
     put_key(
         &site,
@@ -605,10 +588,11 @@ fn per_key_hold_limit_quota_while_held_and_client_ids_per_key() {
     assert_eq!(pending(&site), 2.0);
 }
 
-#[test]
-fn released_requests_wait_in_the_admission_gate_up_to_their_hold_budget() {
+/// A site whose policy for `sleepy` admits one request at a time (`max_inflight: 1`), with no
+/// park timeout: without a hold, a request over the budget is refused at once.
+fn gated_site(name: &str, sim: &[&str], extra: &[&str]) -> Site {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("hold-gate-policies-{}", std::process::id()));
+        .join(format!("{name}-policies-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("sleepy.yaml"),
@@ -616,31 +600,24 @@ fn released_requests_wait_in_the_admission_gate_up_to_their_hold_budget() {
     )
     .unwrap();
     let policy_dir = dir.display().to_string();
-    let mut site = Site::start(
-        "hold_gate",
-        Options::new()
-            .sim(&[
-                "--models",
-                "sleepy",
-                "--itl",
-                "100ms",
-                "--output-tokens",
-                "3",
-            ])
-            .router_args(&[
-                "--site-id",
-                "site-a",
-                "--redirect-secret-file",
-                &secret_file("hold_gate"),
-                "--redirect-allowed-domains",
-                "127.0.0.1",
-                "--policy-model-dir",
-                &policy_dir,
-            ])
+    let mut args = vec!["--policy-model-dir", &policy_dir];
+    args.extend_from_slice(extra);
+    let mut sim_args = vec!["--models", "sleepy"];
+    sim_args.extend_from_slice(sim);
+    Site::start(
+        name,
+        site_options(name, &sim_args, &args)
             .router_env("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true")
-            // Without a hold, a request over the budget would be refused at once.
-            .router_env("HIVENET_ROUTER_ADMIT_PARK_TIMEOUT", "0")
-            .skip_model_wait(),
+            .router_env("HIVENET_ROUTER_ADMIT_PARK_TIMEOUT", "0"),
+    )
+}
+
+#[test]
+fn released_requests_wait_in_the_admission_gate_up_to_their_hold_budget() {
+    let mut site = gated_site(
+        "hold_gate",
+        &["--itl", "100ms", "--output-tokens", "3"],
+        &[],
     );
     place_here(&site, "30s");
     let conns: Vec<Conn> = (0..3)
@@ -667,42 +644,11 @@ fn released_requests_wait_in_the_admission_gate_up_to_their_hold_budget() {
 
 #[test]
 fn a_released_request_that_finds_no_room_before_its_budget_ends_is_503_model_waking() {
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("hold-capacity-policies-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("sleepy.yaml"),
-        "models:\n  - sleepy\nrouting_policy:\n  strategy: least-loaded\nmax_inflight: 1\n",
-    )
-    .unwrap();
-    let policy_dir = dir.display().to_string();
-    let mut site = Site::start(
+    // Each answer (10 tokens) takes about seven seconds: longer than the budget.
+    let mut site = gated_site(
         "hold_capacity",
-        Options::new()
-            // Each answer (10 tokens) takes about seven seconds: longer than the budget.
-            .sim(&[
-                "--models",
-                "sleepy",
-                "--itl",
-                "700ms",
-                "--output-tokens",
-                "10",
-            ])
-            .router_args(&[
-                "--site-id",
-                "site-a",
-                "--redirect-secret-file",
-                &secret_file("hold_capacity"),
-                "--redirect-allowed-domains",
-                "127.0.0.1",
-                "--policy-model-dir",
-                &policy_dir,
-                "--wake-keepalive",
-                "0",
-            ])
-            .router_env("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true")
-            .router_env("HIVENET_ROUTER_ADMIT_PARK_TIMEOUT", "0")
-            .skip_model_wait(),
+        &["--itl", "700ms", "--output-tokens", "10"],
+        &["--wake-keepalive", "0"],
     );
     place_here(&site, "4s");
     let conns: Vec<Conn> = (0..2)

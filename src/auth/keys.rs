@@ -416,6 +416,23 @@ impl KeyRegistry {
             .map(|position| &self.records[*position as usize])
     }
 
+    /// A known key is usable when it is enabled and not expired at `now_unix_ms`.
+    fn usable(key: &KeyRecord, now_unix_ms: i64) -> AuthOutcome<'_> {
+        if !key.enabled {
+            return AuthOutcome::Disabled { key };
+        }
+        if key
+            .expires_at_unix_ms
+            .is_some_and(|expires_at| now_unix_ms >= expires_at)
+        {
+            return AuthOutcome::Expired { key };
+        }
+        AuthOutcome::Authenticated {
+            key_id: key.key_id,
+            key,
+        }
+    }
+
     /// Authenticates a request by the key a sibling site vouched for (cross-site redirect: the
     /// redirect token names the dynamic key's registry id, or no key in auth mode `none`). The
     /// key must exist here too, and be enabled and unexpired, like a presented one.
@@ -433,19 +450,7 @@ impl KeyRegistry {
             return AuthOutcome::Unknown;
         };
         let key = &self.records[*position as usize];
-        if !key.enabled {
-            return AuthOutcome::Disabled { key };
-        }
-        if key
-            .expires_at_unix_ms
-            .is_some_and(|expires_at| now_unix_ms >= expires_at)
-        {
-            return AuthOutcome::Expired { key };
-        }
-        AuthOutcome::Authenticated {
-            key_id: key.key_id,
-            key,
-        }
+        Self::usable(key, now_unix_ms)
     }
 
     /// Authenticates the presented raw key (from [`presented_key`]) at `now_unix_ms`.
@@ -473,19 +478,7 @@ impl KeyRegistry {
         if !key.hash.ct_eq(&hash) {
             return AuthOutcome::Unknown;
         }
-        if !key.enabled {
-            return AuthOutcome::Disabled { key };
-        }
-        if key
-            .expires_at_unix_ms
-            .is_some_and(|expires_at| now_unix_ms >= expires_at)
-        {
-            return AuthOutcome::Expired { key };
-        }
-        AuthOutcome::Authenticated {
-            key_id: key.key_id,
-            key,
-        }
+        Self::usable(key, now_unix_ms)
     }
 }
 
