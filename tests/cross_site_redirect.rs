@@ -303,3 +303,156 @@ fn start_up_refuses_site_id_without_what_it_needs() {
         assert!(error.contains(flag), "{flag} {value}: {error}");
     }
 }
+
+/// A map pushed to `a` placing `model` on `site-b` (at `b_url`) with the `warm` hint, and on
+/// `site-a` with `scale_from_zero`; the hints are fresh for an hour.
+fn map_with_hints(a: &Site, b_url: &str, warm: bool) -> Value {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let generated = time_rfc3339(now - 5);
+    json!({
+        "sites": [{"id": "site-a", "url": url(a)}, {"id": "site-b", "url": b_url}],
+        "placements": [
+            {"model": "sim-model", "kind": "chat", "site": "site-a", "scale_from_zero": true, "hold_budget": "30s"},
+            {"model": "sim-model", "kind": "chat", "site": "site-b", "warm": warm},
+        ],
+        "generated_at": generated,
+        "fresh_for": "1h",
+    })
+}
+
+/// Seconds since the epoch as RFC 3339 (UTC).
+fn time_rfc3339(unix: u64) -> String {
+    let days = unix / 86_400;
+    let seconds = unix % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        seconds / 3600,
+        seconds / 60 % 60,
+        seconds % 60
+    )
+}
+
+#[test]
+fn a_cold_home_set_keeps_a_holdable_request_here_and_a_warm_one_redirects() {
+    let a = site("cold_home_a", "site-a", None);
+    let b_url = "http://127.0.0.1:9";
+    // Site B is the whole home set and is cold: waking the model here is no slower.
+    assert_eq!(push(&a, &map_with_hints(&a, b_url, false)).0, 200);
+    let mut held = common::Conn::connect(a.http);
+    held.send(&common::post_request(
+        "/v1/chat/completions",
+        &chat("sim-model", false).to_string(),
+    ))
+    .unwrap();
+    a.wait_metric("hivenet_pending_demand", |v| v == 1.0);
+    drop(held);
+    a.wait_metric("hivenet_pending_demand", |v| v == 0.0);
+    // Warm: redirected.
+    assert_eq!(push(&a, &map_with_hints(&a, b_url, true)).0, 200);
+    let (status, headers, _) = a.post_json("/v1/chat/completions", &chat("sim-model", false));
+    assert_eq!(status, 307);
+    assert!(location_of(&headers).starts_with(b_url));
+}
+
+const ADMIN_KEY: &str = "admin-redirect";
+
+fn put_key(site: &Site, raw: &str) {
+    use sha2::{Digest, Sha256};
+    let body = json!({
+        "version": "rev_00000001",
+        "key_hash": hex::encode(Sha256::digest(raw.as_bytes())),
+        "key_preview": "sk-...shared",
+        "owner": "acme",
+        "name": "shared",
+        "enabled": true,
+        "quota": {"requests_per_minute": 1000, "tokens_per_day": 1000000},
+    })
+    .to_string();
+    let request_text = format!(
+        "PUT /admin/api-keys/shared HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {ADMIN_KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let response = request(site.http, request_text.as_bytes());
+    assert_eq!(response.status, 200, "{}", response.text());
+}
+
+#[test]
+fn a_redirected_request_is_the_same_dynamic_key_at_the_sibling() {
+    let start = |name: &str, id: &str, models: Option<&str>| {
+        let secrets = secret_file(name, &format!("{SECRET}\n"));
+        let mut options = Options::new()
+            .router_args(&[
+                "--site-id",
+                id,
+                "--redirect-secret-file",
+                &secrets,
+                "--redirect-allowed-domains",
+                "127.0.0.1",
+            ])
+            .router_env("HIVENET_ROUTER_AUTH_MODE", "dynamic")
+            .router_env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
+            .skip_model_wait();
+        if let Some(models) = models {
+            options = options.sim(&["--models", models]).agent(0, &[]);
+        }
+        Site::start(name, options)
+    };
+    let a = start("keyed_a", "site-a", None);
+    let mut b = start("keyed_b", "site-b", Some("far-model"));
+    put_key(&a, "sk-shared");
+    let map = json!({
+        "sites": [{"id": "site-a", "url": url(&a)}, {"id": "site-b", "url": url(&b)}],
+        "placements": [{"model": "far-model", "kind": "chat", "site": "site-b"}],
+    });
+    for router in [&a, &b] {
+        let body = map.to_string();
+        let raw = format!(
+            "PUT /admin/sibling-map HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {ADMIN_KEY}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        assert_eq!(request(router.http, raw.as_bytes()).status, 200);
+    }
+    let body = chat("far-model", false).to_string();
+    let keyed = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\nauthorization: Bearer sk-shared\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let redirected = request(a.http, keyed.as_bytes());
+    assert_eq!(redirected.status, 307, "{}", redirected.text());
+    // The sibling does not know the key yet: the token names a key it cannot vouch for.
+    let location = redirected.header("location").unwrap().to_string();
+    assert_eq!(
+        post_to(&b, &location, &chat("far-model", false)).status,
+        401
+    );
+    put_key(&b, "sk-shared");
+    b.api_key = Some("sk-shared".into());
+    b.wait_models(&["far-model"]);
+    let redirected = request(a.http, keyed.as_bytes());
+    let location = redirected.header("location").unwrap().to_string();
+    let served = post_to(&b, &location, &chat("far-model", false));
+    assert_eq!(served.status, 200, "{}", served.text());
+    // Served as the key: its tenant's series counts it at the sibling.
+    let counted = b.wait_for("the key's success counted at the sibling", || {
+        let value = common::metric_sum(
+            &b.router_metrics(),
+            "hivenet_tenant_requests_success_total",
+            &[("key_id", "shared"), ("model", "far-model")],
+        );
+        (value >= 1.0).then_some(value)
+    });
+    assert!(counted >= 1.0);
+}

@@ -213,6 +213,7 @@ fn budget_expiry_before_keepalives_is_503_model_waking() {
     for raw in [
         chat_request(false, ""),
         chat_request(true, ""),
+        messages_request(false),
         messages_request(true),
     ] {
         let started = Instant::now();
@@ -228,7 +229,7 @@ fn budget_expiry_before_keepalives_is_503_model_waking() {
             "model sleepy is waking up; retry in 30 seconds"
         );
     }
-    assert_eq!(holds(&site, "expired"), 3.0);
+    assert_eq!(holds(&site, "expired"), 4.0);
     site.wait_metric("hivenet_pending_demand", |v| v == 0.0);
     let responses = site.router_metrics();
     assert_eq!(
@@ -237,7 +238,7 @@ fn budget_expiry_before_keepalives_is_503_model_waking() {
             "hivenet_shard_responses_total",
             &[("code", "503")]
         ),
-        3.0
+        4.0
     );
 }
 
@@ -272,6 +273,13 @@ fn budget_expiry_after_keepalives_is_an_error_in_a_200_body() {
     let last: Value =
         serde_json::from_str(events.last().unwrap().strip_prefix("data: ").unwrap()).unwrap();
     assert_eq!(last["error"]["code"], "model_waking");
+    // Non-streamed, Anthropic: the same envelope after the spaces.
+    let response = request(site.http, &messages_request(false));
+    assert_eq!(response.status, 200);
+    let text = response.text();
+    assert!(text.starts_with(' '), "{text:?}");
+    let error: Value = serde_json::from_str(text.trim_start()).expect("envelope after spaces");
+    assert_eq!(error["error"]["code"], "model_waking");
     // Streamed, Anthropic: an `error` event whose message starts with the code.
     let response = request(site.http, &messages_request(true));
     assert_eq!(response.status, 200);
@@ -294,7 +302,7 @@ fn budget_expiry_after_keepalives_is_an_error_in_a_200_body() {
             "hivenet_shard_responses_total",
             &[("code", "503")]
         ),
-        3.0
+        4.0
     );
     assert_eq!(
         metric_sum(
@@ -306,7 +314,7 @@ fn budget_expiry_after_keepalives_is_an_error_in_a_200_body() {
         "no 200 counted for the held requests"
     );
     // And so does the audit log (written by its own thread, a moment later).
-    let statuses = site.wait_for("three audit records for sleepy", || {
+    let statuses = site.wait_for("four audit records for sleepy", || {
         let audit = std::fs::read_to_string(site.dir.join("audit.jsonl")).ok()?;
         let statuses: Vec<i64> = audit
             .lines()
@@ -314,9 +322,9 @@ fn budget_expiry_after_keepalives_is_an_error_in_a_200_body() {
             .filter(|record| record["model"] == "sleepy")
             .map(|record| record["status_code"].as_i64().unwrap_or(0))
             .collect();
-        (statuses.len() == 3).then_some(statuses)
+        (statuses.len() == 4).then_some(statuses)
     });
-    assert_eq!(statuses, vec![503, 503, 503]);
+    assert_eq!(statuses, vec![503, 503, 503, 503]);
 }
 
 #[test]
