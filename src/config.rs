@@ -43,6 +43,13 @@ pub struct RouterArgs {
     /// empty: `/ip4/<p2p-listen-addr>/tcp/<p2p-port>`.
     #[arg(long, default_value = "")]
     pub p2p_announce_addr: String,
+    /// Tunnel TLS: the router's certificate chain (PEM, leaf first). With `--p2p-tls-key`, the
+    /// tunnel port speaks TLS only and the announced address ends in `/tls`.
+    #[arg(long, env = "HIVENET_ROUTER_P2P_TLS_CERT")]
+    pub p2p_tls_cert: Option<PathBuf>,
+    /// Tunnel TLS: the certificate's private key (PEM).
+    #[arg(long, env = "HIVENET_ROUTER_P2P_TLS_KEY")]
+    pub p2p_tls_key: Option<PathBuf>,
     /// Data-plane shards (one pinned core each). Default: the cores available to this process.
     #[arg(long, env = "HIVENET_ROUTER_SHARDS")]
     pub shards: Option<usize>,

@@ -162,6 +162,10 @@ pub struct Args {
     /// Accepted, unused: the agent only dials out.
     #[arg(long, default_value_t = 0)]
     pub p2p_listen_port: u16,
+    /// CA certificates (PEM) that sign routers' tunnel certificates, for routers whose tunnel
+    /// address ends in `/tls`. Default: the public web roots.
+    #[arg(long, env = "HIVENET_AGENT_P2P_TLS_CA")]
+    pub p2p_tls_ca: Option<PathBuf>,
     /// Accepted, unused: no hardware sampling in this agent.
     #[arg(long, default_value = "2s", value_parser = parse_arg)]
     pub hardware_sample_interval: Duration,
@@ -215,6 +219,8 @@ pub struct Config {
     pub version: String,
     pub deployment_id: String,
     pub replica_id: String,
+    /// `--p2p-tls-ca`.
+    pub p2p_tls_ca: Option<PathBuf>,
 }
 
 impl Args {
@@ -276,6 +282,7 @@ impl Args {
             version: self.version,
             deployment_id: self.deployment_id,
             replica_id: self.replica_id,
+            p2p_tls_ca: self.p2p_tls_ca,
         })
     }
 }

@@ -56,10 +56,14 @@ pub struct Shared {
     pub models: Vec<String>,
     pub forward: Arc<ForwardContext>,
     pub engine: watch::Receiver<EngineSnapshot>,
+    /// TLS for routers that announce a `/tls` tunnel address (`--p2p-tls-ca` or the web roots).
+    pub tunnel_tls: Arc<rustls::ClientConfig>,
 }
 
 /// Runs the agent until the process is told to stop (the caller races this against signals).
 pub async fn run(config: Config, secret: Secret, peer_id: String) -> anyhow::Result<()> {
+    let tunnel_tls = crate::tunnel::tls::client_config(config.p2p_tls_ca.as_deref())
+        .map_err(|error| anyhow::anyhow!("--p2p-tls-ca: {error}"))?;
     let backend = backend::Backend::new(&config.backend_url);
     let models = readiness::wait_until_ready(&config, &backend).await;
 
@@ -89,6 +93,7 @@ pub async fn run(config: Config, secret: Secret, peer_id: String) -> anyhow::Res
         models,
         forward,
         engine,
+        tunnel_tls,
     });
     for router in routers {
         info!(%router, "connecting to router");

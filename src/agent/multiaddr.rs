@@ -1,6 +1,7 @@
 //! Tunnel addresses from the authentication response: the multiaddr subset routers announce
 //! (`/ip4/…/tcp/…`, `/ip6/…/tcp/…`, `/dns/…`, `/dns4/…`, `/dns6/…`, optionally followed by
-//! `/p2p/<peer id>`), turned into a host and port to dial. Pure.
+//! `/tls` — the tunnel speaks TLS, `crate::tunnel::tls` — and `/p2p/<peer id>`), turned into a
+//! host and port to dial. Pure.
 
 use std::fmt;
 
@@ -8,6 +9,8 @@ use std::fmt;
 pub struct TunnelAddr {
     pub host: String,
     pub port: u16,
+    /// The router's tunnel port speaks TLS; `host` is the name its certificate must carry.
+    pub tls: bool,
 }
 
 impl TunnelAddr {
@@ -67,10 +70,22 @@ pub fn parse(text: &str) -> Result<TunnelAddr, MultiaddrError> {
         .and_then(|port| port.parse().ok())
         .filter(|port| *port != 0)
         .ok_or_else(|| MultiaddrError::Invalid(text.to_owned()))?;
-    // Anything after the port (`/p2p/<peer id>`) identifies the router, not where to dial.
+    // After the port: `/tls`, and `/p2p/<peer id>` (which identifies the router, not where to
+    // dial); anything else is ignored.
+    let mut tls = false;
+    while let Some(component) = parts.next() {
+        match component {
+            "tls" => tls = true,
+            "p2p" => {
+                parts.next();
+            }
+            _ => {}
+        }
+    }
     Ok(TunnelAddr {
         host: host.to_owned(),
         port,
+        tls,
     })
 }
 
@@ -93,9 +108,15 @@ mod tests {
             parse("/dns4/router.internal/tcp/9001").unwrap(),
             TunnelAddr {
                 host: "router.internal".into(),
-                port: 9001
+                port: 9001,
+                tls: false,
             }
         );
+        let secure = parse("/dns4/router.example/tcp/9000/tls/p2p/12D3KooWabc").unwrap();
+        assert!(secure.tls);
+        assert_eq!(secure.host, "router.example");
+        assert!(parse("/ip4/10.0.0.1/tcp/9000/tls").unwrap().tls);
+        assert!(!parse("/ip4/10.0.0.1/tcp/9000/p2p/tls").unwrap().tls);
         assert_eq!(
             parse("/ip6/::1/tcp/9000").unwrap().dial_target(),
             "[::1]:9000"

@@ -237,6 +237,7 @@ async fn session_inner(
             tunnel_addr.clone(),
             session_token.clone(),
             shared.forward.clone(),
+            shared.tunnel_tls.clone(),
         ));
     }
 

@@ -1,6 +1,7 @@
 //! The agent's end of the data tunnel: one agent-dialed TCP connection per router shard, opened
 //! with the preamble (`crate::tunnel::preamble`) and then served as HTTP/2 with the agent as the
-//! server. Each tunnelled stream is handed to `agent::forward`.
+//! server. Each tunnelled stream is handed to `agent::forward`. When the router's tunnel address
+//! ends in `/tls`, the preamble and everything after it travel inside TLS (`crate::tunnel::tls`).
 //!
 //! Each shard connection lives in its own task and reconnects on its own with the reconnect
 //! backoff. The control session owns those tasks and aborts them when it ends; aborting a shard
@@ -9,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -50,6 +51,10 @@ pub enum TunnelError {
     UnknownStatus(u8),
     #[error("HTTP/2 on the tunnel failed: {0}")]
     Http2(#[from] h2::Error),
+    #[error("the tunnel address {0:?} is not a name a TLS certificate can carry")]
+    TlsName(String),
+    #[error("TLS handshake with the router failed: {0}")]
+    Tls(std::io::Error),
 }
 
 /// Keeps shard `shard` connected to `addr` until the task is aborted.
@@ -59,11 +64,12 @@ pub async fn run_shard(
     addr: TunnelAddr,
     session_token: watch::Receiver<String>,
     forward: Arc<ForwardContext>,
+    tls: Arc<rustls::ClientConfig>,
 ) {
     let mut backoff = Backoff::reconnect();
     loop {
         let started = Instant::now();
-        match connect_and_serve(shard, &addr, &session_token, &forward).await {
+        match connect_and_serve(shard, &addr, &session_token, &forward, &tls).await {
             Ok(()) => info!(%router, shard, "tunnel closed by the router"),
             Err(error) => warn!(%router, shard, %error, "tunnel down"),
         }
@@ -81,6 +87,7 @@ async fn connect_and_serve(
     addr: &TunnelAddr,
     session_token: &watch::Receiver<String>,
     forward: &Arc<ForwardContext>,
+    tls: &Arc<rustls::ClientConfig>,
 ) -> Result<(), TunnelError> {
     let target = addr.dial_target();
     let mut socket = tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(&target))
@@ -91,20 +98,63 @@ async fn connect_and_serve(
             source,
         })?;
     socket.set_nodelay(true)?;
+    if !addr.tls {
+        open(&mut socket, shard, session_token).await?;
+        info!(shard, addr = %target, "tunnel up");
+        return serve(shard, socket, forward).await;
+    }
+    // TLS: a plaintext hint naming the shard, the router's go-ahead, then the handshake; the
+    // preamble and its token travel inside.
+    let name = crate::tunnel::tls::server_name(&addr.host)
+        .ok_or_else(|| TunnelError::TlsName(addr.host.clone()))?;
+    socket
+        .write_all(&crate::tunnel::tls::encode_hint(shard))
+        .await?;
+    read_status(&mut socket).await?;
+    let mut socket = tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        tokio_rustls::TlsConnector::from(tls.clone()).connect(name, socket),
+    )
+    .await
+    .map_err(|_| TunnelError::StatusTimeout)?
+    .map_err(TunnelError::Tls)?;
+    open(&mut socket, shard, session_token).await?;
+    info!(shard, addr = %target, "tunnel up (TLS)");
+    serve(shard, socket, forward).await
+}
+
+/// Writes the preamble with the newest session token and waits for the router's acceptance.
+async fn open<IO: AsyncRead + AsyncWrite + Unpin>(
+    io: &mut IO,
+    shard: u16,
+    session_token: &watch::Receiver<String>,
+) -> Result<(), TunnelError> {
     // The newest token: after a session refresh, new connections present the refreshed one.
     let token = session_token.borrow().clone();
-    socket.write_all(&preamble::encode(shard, &token)).await?;
+    io.write_all(&preamble::encode(shard, &token)).await?;
+    io.flush().await?;
+    read_status(io).await
+}
+
+/// The router's one status byte: accepted, or why not.
+async fn read_status<IO: AsyncRead + Unpin>(io: &mut IO) -> Result<(), TunnelError> {
     let mut status = [0u8; 1];
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, socket.read_exact(&mut status))
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, io.read_exact(&mut status))
         .await
         .map_err(|_| TunnelError::StatusTimeout)??;
     match Status::from_byte(status[0]) {
-        Some(Status::Accepted) => {}
-        Some(refused) => return Err(TunnelError::Refused(refused)),
-        None => return Err(TunnelError::UnknownStatus(status[0])),
+        Some(Status::Accepted) => Ok(()),
+        Some(refused) => Err(TunnelError::Refused(refused)),
+        None => Err(TunnelError::UnknownStatus(status[0])),
     }
-    info!(shard, addr = %target, "tunnel up");
+}
 
+/// Serves HTTP/2 (the agent as server) on an opened tunnel until it ends.
+async fn serve<IO: AsyncRead + AsyncWrite + Unpin>(
+    shard: u16,
+    socket: IO,
+    forward: &Arc<ForwardContext>,
+) -> Result<(), TunnelError> {
     let mut connection = h2::server::Builder::new()
         .initial_window_size(STREAM_WINDOW_BYTES)
         .initial_connection_window_size(CONNECTION_WINDOW_BYTES)

@@ -38,6 +38,7 @@ use hivenet_router::shard::quotas::DailyRestore;
 use hivenet_router::shard::runtime::{self, ShardSetup};
 use hivenet_router::shard::state::{ShardSettings, owner_of_tenant, utc_today};
 use hivenet_router::tokens::Secret;
+use hivenet_router::tunnel::tls::{self, TunnelSecurity};
 
 fn main() {
     tracing_subscriber::fmt()
@@ -184,7 +185,16 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         Some(store) => (Some((store.disk_db, store.today)), Some(store.restores)),
         None => (None, None),
     };
-    let tunnel_announce = if args.p2p_announce_addr.is_empty() {
+    let tunnel_tls = match (&args.p2p_tls_cert, &args.p2p_tls_key) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => Some(Arc::new(TunnelSecurity {
+            config: tls::server_config(cert, key).context("--p2p-tls-cert/--p2p-tls-key")?,
+            secret: secret.clone(),
+        })),
+        (Some(_), None) => anyhow::bail!("--p2p-tls-cert needs --p2p-tls-key"),
+        (None, Some(_)) => anyhow::bail!("--p2p-tls-key needs --p2p-tls-cert"),
+    };
+    let mut tunnel_announce = if args.p2p_announce_addr.is_empty() {
         match args.p2p_listen_addr {
             std::net::IpAddr::V4(ip) => format!("/ip4/{ip}/tcp/{}", args.p2p_port),
             std::net::IpAddr::V6(ip) => format!("/ip6/{ip}/tcp/{}", args.p2p_port),
@@ -192,6 +202,10 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     } else {
         args.p2p_announce_addr.clone()
     };
+    // Agents dial TLS exactly when the address they are given says so.
+    if tunnel_tls.is_some() && !tunnel_announce.split('/').any(|part| part == "tls") {
+        tunnel_announce.push_str("/tls");
+    }
 
     let metrics: Vec<Arc<ShardMetrics>> = (0..shard_count)
         .map(|_| Arc::new(ShardMetrics::default()))
@@ -242,6 +256,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
                 allowed_domains: site.allowed_domains.clone(),
                 default_hold_budget: hold.budget,
             }),
+            tunnel_tls: tunnel_tls.is_some(),
         },
         secret,
         dynamic_keys,
@@ -322,6 +337,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         hold,
         held_total: Arc::new(HeldTotal::new(hold.max_total)),
         site,
+        tunnel_tls,
     };
     let (shard_started, shards_ready) = std::sync::mpsc::channel();
     let mut threads = Vec::with_capacity(shard_count);

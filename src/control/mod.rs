@@ -56,6 +56,8 @@ pub struct ControlSettings {
     pub metrics_address: SocketAddr,
     /// Cross-site redirect and hold at zero: this site, when `--site-id` is set.
     pub site: Option<SiteControl>,
+    /// The tunnel port speaks TLS (`--p2p-tls-cert`): plaintext preambles are refused.
+    pub tunnel_tls: bool,
 }
 
 /// What the control core needs of `--site-id` and its companions.
@@ -367,7 +369,21 @@ pub fn start(
                     continue;
                 }
                 ShardToControl::TunnelUp { agent, shard } => {
-                    shared.registry().tunnel_up(agent, shard, now)
+                    let mut registry = shared.registry();
+                    if registry.is_session_live(agent) {
+                        registry.tunnel_up(agent, shard, now)
+                    } else {
+                        // A TLS tunnel's token was checked on its shard, which cannot see the
+                        // sessions: one whose session has ended goes at once.
+                        drop(registry);
+                        tracing::warn!(
+                            session = agent.0,
+                            shard,
+                            "tunnel refused: session not live"
+                        );
+                        shared.send_to_shard(shard, ControlToShard::CloseTunnel { agent });
+                        Vec::new()
+                    }
                 }
                 ShardToControl::TunnelDown { agent, shard } => {
                     tracing::info!(session = agent.0, shard, "agent tunnel closed");

@@ -1,5 +1,7 @@
 //! Accepts agent-dialed tunnel sockets on `--p2p-port`, checks the preamble's session token and
-//! shard index, answers the status byte, and hands the socket to the shard it names.
+//! shard index, answers the status byte, and hands the socket to the shard it names. With
+//! `--p2p-tls-cert` the port speaks TLS: the plaintext preamble is refused, and a socket whose
+//! hint (`tunnel::tls`) names a shard goes to that shard, which terminates the TLS.
 //!
 //! Error handling: a socket that does not finish its preamble within [`PREAMBLE_TIMEOUT`], or
 //! presents a bad token or shard, is answered (when possible) and closed; nothing else is affected.
@@ -15,6 +17,7 @@ use crate::routing::AgentId;
 use crate::shard::messages::ControlToShard;
 use crate::tokens::SESSION_AUDIENCE;
 use crate::tunnel::preamble::{self, Status};
+use crate::tunnel::tls;
 
 pub const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -51,9 +54,23 @@ async fn handshake(
     permit: ConnPermit,
     shared: &ControlShared,
 ) -> Result<(), &'static str> {
-    let mut head = [0u8; 8];
+    let mut magic = [0u8; 4];
     socket
-        .read_exact(&mut head)
+        .read_exact(&mut magic)
+        .await
+        .map_err(|_| "connection closed during preamble")?;
+    let tls_on = shared.settings.tunnel_tls;
+    if &magic == tls::MAGIC {
+        return secure_handshake(socket, permit, shared).await;
+    }
+    if tls_on && &magic == preamble::MAGIC {
+        let _ = socket.write_all(&[Status::TlsRequired as u8]).await;
+        return Err("plaintext preamble on a TLS tunnel port");
+    }
+    let mut head = [0u8; 8];
+    head[..4].copy_from_slice(&magic);
+    socket
+        .read_exact(&mut head[4..])
         .await
         .map_err(|_| "connection closed during preamble")?;
     let (shard, token_len) = match preamble::decode_head(&head) {
@@ -100,4 +117,38 @@ async fn handshake(
     };
     let _ = socket.write_all(&[status as u8]).await;
     Err(status.describe())
+}
+
+/// A TLS tunnel: the hint names the shard, which terminates the TLS and checks the preamble
+/// inside it (`tunnel::client::run_secure`).
+async fn secure_handshake(
+    mut socket: tokio::net::TcpStream,
+    permit: ConnPermit,
+    shared: &ControlShared,
+) -> Result<(), &'static str> {
+    if !shared.settings.tunnel_tls {
+        let _ = socket.write_all(&[Status::TlsNotOffered as u8]).await;
+        return Err("TLS asked for, but the router has no tunnel certificate");
+    }
+    let mut shard = [0u8; 2];
+    socket
+        .read_exact(&mut shard)
+        .await
+        .map_err(|_| "connection closed during the TLS hint")?;
+    let shard = tls::decode_hint_shard(shard);
+    if usize::from(shard) >= shared.settings.shard_count {
+        let _ = socket.write_all(&[Status::BadShard as u8]).await;
+        return Err(Status::BadShard.describe());
+    }
+    socket
+        .write_all(&[Status::Accepted as u8])
+        .await
+        .map_err(|_| "connection closed before the TLS handshake")?;
+    let _ = socket.set_nodelay(true);
+    let socket = socket.into_std().map_err(|_| "cannot detach socket")?;
+    shared.send_to_shard(
+        usize::from(shard),
+        ControlToShard::SecureTunnel { socket, permit },
+    );
+    Ok(())
 }

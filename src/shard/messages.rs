@@ -42,6 +42,12 @@ pub enum ControlToShard {
         /// Its place under `--p2p-max-conns-per-ip`, held until the tunnel ends.
         permit: crate::control::conn_limit::ConnPermit,
     },
+    /// A tunnel socket that asked for TLS, for the shard its hint named: the shard terminates
+    /// the TLS and checks the preamble inside (`tunnel::tls`).
+    SecureTunnel {
+        socket: std::net::TcpStream,
+        permit: crate::control::conn_limit::ConnPermit,
+    },
     /// The agent's session ended: drop this shard's tunnel to it.
     CloseTunnel { agent: AgentId },
     /// A `/metrics` scrape: the capacity-queue length and admission state of every model this

@@ -65,6 +65,8 @@ pub struct ShardSettings {
     pub held_total: Arc<crate::hold::HeldTotal>,
     /// Cross-site redirect: this site, when `--site-id` is set.
     pub site: Option<Arc<crate::config::RedirectSite>>,
+    /// TLS on the tunnel (`--p2p-tls-cert`): this shard terminates the TLS of its tunnels.
+    pub tunnel_tls: Option<Arc<crate::tunnel::tls::TunnelSecurity>>,
 }
 
 /// Why a request found no agent slot.
@@ -1610,6 +1612,16 @@ impl Shard {
                 monoio::spawn(crate::tunnel::client::run(
                     self.clone(),
                     agent,
+                    generation,
+                    socket,
+                    permit,
+                ));
+            }
+            ControlToShard::SecureTunnel { socket, permit } => {
+                let generation = self.next_tunnel_generation.get();
+                self.next_tunnel_generation.set(generation + 1);
+                monoio::spawn(crate::tunnel::client::run_secure(
+                    self.clone(),
                     generation,
                     socket,
                     permit,

@@ -1,5 +1,6 @@
 //! The router side of one tunnel: HTTP/2 client over an agent-dialed socket, on the shard the agent
-//! named in its preamble.
+//! named in its preamble — in the clear ([`run`], the control core checked the preamble), or inside
+//! TLS that this shard terminates ([`run_secure`], which checks the preamble itself).
 //!
 //! Performance: `monoio-compat`'s wrapper copies through its own buffers; they are sized to hold a
 //! full HTTP/2 frame batch so one syscall carries many frames. The wrapper reports a write done
@@ -27,8 +28,23 @@ const CONNECTION_WINDOW_BYTES: u32 = 16 * 1024 * 1024;
 const PING_INTERVAL: Duration = Duration::from_secs(10);
 const PING_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// `_permit` is the connection's place under `--p2p-max-conns-per-ip`, given back when this task
-/// (and so the tunnel) ends.
+/// How long an agent has to finish the TLS handshake and its preamble.
+const SECURE_OPEN_TIMEOUT: Duration = Duration::from_secs(5);
+
+type Io = StreamWrapper<monoio::net::TcpStream>;
+
+fn wrap(socket: std::net::TcpStream) -> std::io::Result<Io> {
+    let stream = monoio::net::TcpStream::from_std(socket)?;
+    let _ = stream.set_nodelay(true);
+    Ok(StreamWrapper::new_with_buffer_size(
+        stream,
+        TUNNEL_BUFFER_BYTES,
+        TUNNEL_BUFFER_BYTES,
+    ))
+}
+
+/// A plaintext tunnel whose preamble the control core accepted. `_permit` is the connection's
+/// place under `--p2p-max-conns-per-ip`, given back when this task (and so the tunnel) ends.
 pub async fn run(
     shard: Rc<Shard>,
     agent: AgentId,
@@ -36,16 +52,101 @@ pub async fn run(
     socket: std::net::TcpStream,
     _permit: crate::control::conn_limit::ConnPermit,
 ) {
-    let stream = match monoio::net::TcpStream::from_std(socket) {
-        Ok(stream) => stream,
+    match wrap(socket) {
+        Ok(io) => serve(&shard, agent, generation, io).await,
         Err(error) => {
             tracing::warn!(shard = shard.id, session = agent.0, %error, "tunnel socket unusable");
             shard.tunnel_down(agent, generation);
+        }
+    }
+}
+
+/// A TLS tunnel: the TLS handshake, then the preamble inside it, checked here (the token's
+/// signature and this shard's index; the control core checks the session is live when the tunnel
+/// comes up), then HTTP/2 as for [`run`].
+pub async fn run_secure(
+    shard: Rc<Shard>,
+    generation: u64,
+    socket: std::net::TcpStream,
+    _permit: crate::control::conn_limit::ConnPermit,
+) {
+    let Some(security) = shard.settings.tunnel_tls.clone() else {
+        return;
+    };
+    let io = match wrap(socket) {
+        Ok(io) => io,
+        Err(error) => {
+            tracing::warn!(shard = shard.id, %error, "tunnel socket unusable");
             return;
         }
     };
-    let _ = stream.set_nodelay(true);
-    let io = StreamWrapper::new_with_buffer_size(stream, TUNNEL_BUFFER_BYTES, TUNNEL_BUFFER_BYTES);
+    let opened =
+        monoio::time::timeout(SECURE_OPEN_TIMEOUT, open_secure(&shard, &security, io)).await;
+    match opened {
+        Ok(Ok((agent, tls))) => serve(&shard, agent, generation, tls).await,
+        Ok(Err(reason)) => tracing::warn!(shard = shard.id, reason, "TLS tunnel refused"),
+        Err(_) => tracing::warn!(
+            shard = shard.id,
+            "TLS tunnel refused: handshake or preamble timed out"
+        ),
+    }
+}
+
+async fn open_secure(
+    shard: &Shard,
+    security: &crate::tunnel::tls::TunnelSecurity,
+    io: Io,
+) -> Result<(AgentId, tokio_rustls::server::TlsStream<Io>), &'static str> {
+    use crate::tunnel::preamble::{self, Status};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tls = tokio_rustls::TlsAcceptor::from(security.config.clone())
+        .accept(io)
+        .await
+        .map_err(|_| "TLS handshake failed")?;
+    let mut head = [0u8; 8];
+    tls.read_exact(&mut head)
+        .await
+        .map_err(|_| "connection closed during preamble")?;
+    let (claimed, token_len) = match preamble::decode_head(&head) {
+        Ok(decoded) => decoded,
+        Err(_) => {
+            let _ = tls.write_all(&[Status::Malformed as u8]).await;
+            let _ = tls.flush().await;
+            return Err("malformed preamble");
+        }
+    };
+    let mut token = vec![0u8; token_len];
+    tls.read_exact(&mut token)
+        .await
+        .map_err(|_| "connection closed during preamble")?;
+    let claims = preamble::decode_token(token).ok().and_then(|token| {
+        security
+            .secret
+            .verify(&token, crate::tokens::SESSION_AUDIENCE)
+            .ok()
+    });
+    let status = match &claims {
+        None => Status::BadToken,
+        Some(_) if usize::from(claimed) != shard.id => Status::BadShard,
+        Some(_) => Status::Accepted,
+    };
+    tls.write_all(&[status as u8])
+        .await
+        .map_err(|_| "connection closed before acceptance")?;
+    tls.flush()
+        .await
+        .map_err(|_| "connection closed before acceptance")?;
+    match (status, claims) {
+        (Status::Accepted, Some(claims)) => Ok((AgentId(claims.sid as u32), tls)),
+        _ => Err(status.describe()),
+    }
+}
+
+/// HTTP/2 (the router as client) over an opened tunnel, until it ends.
+async fn serve<IO>(shard: &Rc<Shard>, agent: AgentId, generation: u64, io: IO)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
+{
     let handshake = h2::client::Builder::new()
         .initial_window_size(STREAM_WINDOW_BYTES)
         .initial_connection_window_size(CONNECTION_WINDOW_BYTES)

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! agent -> router   "HNT1" | shard: u16 BE | token_len: u16 BE | session token (token_len bytes)
-//! router -> agent   status: u8   (0 accepted, 1 bad token, 2 bad shard, 3 malformed)
+//! router -> agent   status: u8   (0 accepted, 1 bad token, 2 bad shard, 3 malformed,
+//!                                 4 TLS required, 5 TLS not offered)
 //! ```
 //!
 //! After an accepted status the socket carries HTTP/2 with reversed roles: the router is the client
@@ -20,6 +21,10 @@ pub enum Status {
     BadToken = 1,
     BadShard = 2,
     Malformed = 3,
+    /// The router's tunnel port speaks TLS (`tunnel::tls`); a plaintext preamble is refused.
+    TlsRequired = 4,
+    /// The agent asked for TLS and the router has no tunnel certificate.
+    TlsNotOffered = 5,
 }
 
 impl Status {
@@ -29,6 +34,8 @@ impl Status {
             1 => Some(Status::BadToken),
             2 => Some(Status::BadShard),
             3 => Some(Status::Malformed),
+            4 => Some(Status::TlsRequired),
+            5 => Some(Status::TlsNotOffered),
             _ => None,
         }
     }
@@ -39,6 +46,8 @@ impl Status {
             Status::BadToken => "session token refused",
             Status::BadShard => "shard index out of range",
             Status::Malformed => "malformed preamble",
+            Status::TlsRequired => "the router requires TLS on the tunnel",
+            Status::TlsNotOffered => "the router offers no TLS on the tunnel",
         }
     }
 }

@@ -256,7 +256,7 @@ pub struct Site {
     /// What the site was started with, for [`Site::restart_router`].
     options: Options,
     /// The router's tunnel port, reused by a restart.
-    p2p: u16,
+    pub p2p: u16,
     /// Routers started so far (names the log of the next one).
     router_starts: u32,
     pub dir: PathBuf,

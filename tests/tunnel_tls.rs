@@ -1,0 +1,116 @@
+//! Proves TLS on the data tunnel through the real binaries: with `--p2p-tls-cert` the router
+//! announces a `/tls` tunnel address, an agent that trusts its CA carries chat and streams inside
+//! TLS, an agent that trusts another CA never gets a tunnel, a plaintext preamble is refused with
+//! its own status, and start-up refuses a certificate without its key.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use common::{Options, Site, chat, sse_events};
+
+fn fixture(name: &str) -> String {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tls")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn tls_router_args() -> Vec<String> {
+    vec![
+        "--p2p-tls-cert".into(),
+        fixture("router.pem"),
+        "--p2p-tls-key".into(),
+        fixture("router.key"),
+    ]
+}
+
+#[test]
+fn an_agent_that_trusts_the_router_carries_traffic_inside_tls() {
+    let args = tls_router_args();
+    let ca = fixture("ca.pem");
+    let site = Site::start(
+        "tunnel_tls",
+        Options::new()
+            .sim(&["--models", "sim-model"])
+            .router_args(&args.iter().map(String::as_str).collect::<Vec<_>>())
+            .agent(0, &["--p2p-tls-ca", &ca]),
+    );
+    site.assert_chat_ok("sim-model");
+    let mut stream = site.send_chat_stream("sim-model");
+    let response = stream.read_response().unwrap();
+    assert_eq!(response.status, 200);
+    let events = sse_events(&response.body);
+    assert_eq!(events.last().unwrap(), "data: [DONE]");
+    assert!(
+        site.logs().contains("tunnel up (TLS)"),
+        "the agent dialed TLS\n{}",
+        site.logs()
+    );
+}
+
+#[test]
+fn an_agent_that_trusts_another_ca_gets_no_tunnel_and_plaintext_is_refused() {
+    let args = tls_router_args();
+    let mut site = Site::start(
+        "tunnel_tls_refused",
+        Options::new()
+            .sim(&["--models", "sim-model"])
+            .router_args(&args.iter().map(String::as_str).collect::<Vec<_>>())
+            .skip_model_wait(),
+    );
+    let other = fixture("other-ca.pem");
+    let agent = site.spawn_agent(0, &["--p2p-tls-ca", &other]);
+    site.wait_for("the agent's failed TLS handshake", || {
+        site.agents[agent]
+            .log_text()
+            .contains("TLS handshake with the router failed")
+            .then_some(())
+    });
+    assert_eq!(site.router_metric("hivenet_shard_tunnels_open"), 0.0);
+    assert!(!site.model_ids().contains(&"sim-model".to_string()));
+    // A plaintext preamble on the TLS port: status 4, "TLS required".
+    let mut socket = std::net::TcpStream::connect(("127.0.0.1", site.p2p)).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    socket
+        .write_all(&hivenet_router::tunnel::preamble::encode(0, "not.a.token"))
+        .unwrap();
+    let mut status = [0u8; 1];
+    socket.read_exact(&mut status).unwrap();
+    assert_eq!(status[0], 4);
+    // The router keeps serving.
+    site.wait_health();
+    let (status, _, _) = site.post_json("/v1/chat/completions", &chat("sim-model", false));
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn start_up_refuses_a_certificate_without_its_key() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("tunnel-tls-flags-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |args: &[&str]| -> String {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_hivenet-router"))
+            .args([
+                "--identity-path",
+                &dir.join("router.key").display().to_string(),
+            ])
+            .args(["--http-port", "127.0.0.1:0"])
+            .args(args)
+            .env("HIVENET_ROUTER_JWT_SECRET", "test-secret")
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "started with {args:?}");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let cert = fixture("router.pem");
+    let error = run(&["--p2p-tls-cert", &cert]);
+    assert!(error.contains("--p2p-tls-key"), "{error}");
+    let other = fixture("other.key");
+    let error = run(&["--p2p-tls-cert", &cert, "--p2p-tls-key", &other]);
+    assert!(error.contains("--p2p-tls-cert"), "{error}");
+}
