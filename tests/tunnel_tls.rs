@@ -114,3 +114,80 @@ fn start_up_refuses_a_certificate_without_its_key() {
     let error = run(&["--p2p-tls-cert", &cert, "--p2p-tls-key", &other]);
     assert!(error.contains("--p2p-tls-cert"), "{error}");
 }
+
+/// Opens a TLS tunnel to shard 0 by hand and presents `token`; returns the status byte inside
+/// TLS and the TLS stream.
+async fn open_by_hand(
+    p2p: u16,
+    token: &str,
+) -> (u8, tokio_rustls::client::TlsStream<tokio::net::TcpStream>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", p2p))
+        .await
+        .unwrap();
+    socket
+        .write_all(&hivenet_router::tunnel::tls::encode_hint(0))
+        .await
+        .unwrap();
+    let mut status = [0u8; 1];
+    socket.read_exact(&mut status).await.unwrap();
+    assert_eq!(status[0], 0, "the hint is accepted");
+    let config =
+        hivenet_router::tunnel::tls::client_config(Some(std::path::Path::new(&fixture("ca.pem"))))
+            .unwrap();
+    let name = hivenet_router::tunnel::tls::server_name("127.0.0.1").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(config)
+        .connect(name, socket)
+        .await
+        .unwrap();
+    tls.write_all(&hivenet_router::tunnel::preamble::encode(0, token))
+        .await
+        .unwrap();
+    tls.flush().await.unwrap();
+    tls.read_exact(&mut status).await.unwrap();
+    (status[0], tls)
+}
+
+#[test]
+fn inside_tls_the_shard_refuses_a_bad_token_and_drops_a_session_that_is_not_live() {
+    let args = tls_router_args();
+    let site = Site::start(
+        "tunnel_tls_sessions",
+        Options::new()
+            .router_args(&args.iter().map(String::as_str).collect::<Vec<_>>())
+            .skip_model_wait(),
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (status, _) = open_by_hand(site.p2p, "not.a.token").await;
+        assert_eq!(status, 1, "bad token");
+        // A token signed with the site secret for a session this router never opened.
+        let secret = hivenet_router::tokens::Secret::new(common::SECRET.as_bytes()).unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let token = secret.sign(&hivenet_router::tokens::Claims {
+            sub: "12D3KooWtest".into(),
+            aud: hivenet_router::tokens::SESSION_AUDIENCE.into(),
+            iat: now,
+            exp: now + 600,
+            sid: 987_654,
+        });
+        let (status, tls) = open_by_hand(site.p2p, &token).await;
+        assert_eq!(status, 0, "the shard accepts a well-signed token");
+        // The router speaks HTTP/2 as the client; the control core then finds the session is
+        // not live and the shard drops the tunnel, which ends the connection.
+        let mut connection = h2::server::handshake(tls).await.unwrap();
+        let ended = tokio::time::timeout(Duration::from_secs(10), connection.accept()).await;
+        assert!(
+            matches!(ended, Ok(None) | Ok(Some(Err(_)))),
+            "the tunnel of a dead session is closed"
+        );
+    });
+    assert!(site.logs().contains("session not live"), "{}", site.logs());
+    assert_eq!(site.router_metric("hivenet_shard_tunnels_open"), 0.0);
+}
