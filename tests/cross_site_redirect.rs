@@ -17,19 +17,23 @@ fn secret_file(name: &str, contents: &str) -> String {
     path.display().to_string()
 }
 
-/// A router for site `id`, with a sim and an agent serving `models` when given.
-fn site(name: &str, id: &str, models: Option<&str>) -> Site {
+/// A router for site `id` with the shared redirect secret.
+fn site_options(name: &str, id: &str) -> Options {
     let secrets = secret_file(name, &format!("{SECRET}\n"));
-    let mut options = Options::new()
-        .router_args(&[
-            "--site-id",
-            id,
-            "--redirect-secret-file",
-            &secrets,
-            "--redirect-allowed-domains",
-            "127.0.0.1",
-        ])
-        .router_env("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true");
+    Options::new().router_args(&[
+        "--site-id",
+        id,
+        "--redirect-secret-file",
+        &secrets,
+        "--redirect-allowed-domains",
+        "127.0.0.1",
+    ])
+}
+
+/// A router for site `id` (admin open), with a sim and an agent serving `models` when given.
+fn site(name: &str, id: &str, models: Option<&str>) -> Site {
+    let mut options =
+        site_options(name, id).router_env("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true");
     match models {
         Some(models) => {
             options = options
@@ -235,21 +239,7 @@ fn start_up_refuses_site_id_without_what_it_needs() {
     std::fs::create_dir_all(&dir).unwrap();
     let secrets = secret_file("flags", &format!("{SECRET}\n"));
     let short = secret_file("flags-short", "short\n");
-    let run = |args: &[&str], env: &[(&str, &str)]| -> String {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_hivenet-router"))
-            .args([
-                "--identity-path",
-                &dir.join("router.key").display().to_string(),
-            ])
-            .args(["--http-port", "127.0.0.1:0"])
-            .args(args)
-            .envs(env.iter().copied())
-            .env("HIVENET_ROUTER_JWT_SECRET", "test-secret")
-            .output()
-            .unwrap();
-        assert!(!output.status.success(), "started with {args:?}");
-        String::from_utf8_lossy(&output.stderr).into_owned()
-    };
+    let run = |args: &[&str], env: &[(&str, &str)]| common::refused_start(&dir, args, env);
     let error = run(&["--site-id", "site-a"], &[]);
     assert!(error.contains("--redirect-secret-file"), "{error}");
     let error = run(
@@ -392,16 +382,7 @@ fn put_key(site: &Site, raw: &str) {
 #[test]
 fn a_redirected_request_is_the_same_dynamic_key_at_the_sibling() {
     let start = |name: &str, id: &str, models: Option<&str>| {
-        let secrets = secret_file(name, &format!("{SECRET}\n"));
-        let mut options = Options::new()
-            .router_args(&[
-                "--site-id",
-                id,
-                "--redirect-secret-file",
-                &secrets,
-                "--redirect-allowed-domains",
-                "127.0.0.1",
-            ])
+        let mut options = site_options(name, id)
             .router_env("HIVENET_ROUTER_AUTH_MODE", "dynamic")
             .router_env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
             .skip_model_wait();

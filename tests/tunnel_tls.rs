@@ -93,20 +93,7 @@ fn start_up_refuses_a_certificate_without_its_key() {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("tunnel-tls-flags-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let run = |args: &[&str]| -> String {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_hivenet-router"))
-            .args([
-                "--identity-path",
-                &dir.join("router.key").display().to_string(),
-            ])
-            .args(["--http-port", "127.0.0.1:0"])
-            .args(args)
-            .env("HIVENET_ROUTER_JWT_SECRET", "test-secret")
-            .output()
-            .unwrap();
-        assert!(!output.status.success(), "started with {args:?}");
-        String::from_utf8_lossy(&output.stderr).into_owned()
-    };
+    let run = |args: &[&str]| common::refused_start(&dir, args, &[]);
     let cert = fixture("router.pem");
     let error = run(&["--p2p-tls-cert", &cert]);
     assert!(error.contains("--p2p-tls-key"), "{error}");

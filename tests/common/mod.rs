@@ -970,6 +970,24 @@ fn eof(what: &str) -> std::io::Error {
     )
 }
 
+/// Runs the router binary with `args` (and an identity under `dir`), which must refuse to start;
+/// returns what it printed on stderr.
+pub fn refused_start(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_hivenet-router"))
+        .args([
+            "--identity-path",
+            &dir.join("router.key").display().to_string(),
+        ])
+        .args(["--http-port", "127.0.0.1:0"])
+        .args(args)
+        .envs(env.iter().copied())
+        .env("HIVENET_ROUTER_JWT_SECRET", "test-secret")
+        .output()
+        .expect("run hivenet-router");
+    assert!(!output.status.success(), "started with {args:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
 /// Sends `raw` on a fresh connection and reads one response.
 pub fn try_request(addr: SocketAddr, raw: &[u8]) -> std::io::Result<Response> {
     let mut conn = Conn::open(addr)?;
