@@ -57,11 +57,8 @@ pub fn decode_hint_shard(bytes: [u8; 2]) -> u16 {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsConfigError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("cannot read {path}: {error}")]
+    Read { path: String, error: std::io::Error },
     #[error("{path} holds no PEM certificate")]
     NoCertificate { path: String },
     #[error("{path} holds no PEM private key (PKCS#8, PKCS#1 or SEC1)")]
@@ -75,9 +72,9 @@ pub enum TlsConfigError {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, TlsConfigError> {
-    std::fs::read(path).map_err(|source| TlsConfigError::Read {
+    std::fs::read(path).map_err(|error| TlsConfigError::Read {
         path: path.display().to_string(),
-        source,
+        error,
     })
 }
 
