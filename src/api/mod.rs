@@ -297,37 +297,16 @@ async fn infer<S: Sink>(
     let snapshot = shard.snapshot();
     let found = snapshot.lookup(&fields.model, request.route.capability());
     // Cross-site redirect: a model not served here that a sibling serves goes there.
-    if found.is_none_or(|model| model.healthy_agents == 0)
-        && let (Some(site), Some(map)) = (&shard.settings.site, &snapshot.siblings)
-    {
-        let holdable_here = request.route != Route::CountTokens
-            && found.is_some_and(|model| model.hold_budget.is_some());
-        let now_unix_ms = authenticate::now_unix_ms();
-        if let Some(location) = redirect::location(
-            site,
-            map,
-            key,
-            &fields.model,
-            request.route,
-            holdable_here,
-            arrival,
-            now_unix_ms,
-        ) {
-            let mut body = Vec::with_capacity(location.len() + 16);
-            body.extend_from_slice(b"{\"location\":");
-            crate::http::response::put_json_string(&mut body, &location);
-            body.push(b'}');
-            return sink
-                .respond(
-                    307,
-                    "application/json",
-                    &[("location", location.as_bytes())],
-                    &body,
-                )
-                .await
-                .map(|()| 307)
-                .map_err(|_| Outcome::Gone);
-        }
+    if let Some(location) = redirect::elsewhere(
+        shard,
+        &snapshot,
+        found,
+        key,
+        &fields.model,
+        request.route,
+        arrival,
+    ) {
+        return redirect::answer(sink, &location).await;
     }
     let Some(model) = found else {
         return Err(Rejection::model_not_found(&fields.model).into());

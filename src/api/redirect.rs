@@ -14,10 +14,12 @@
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use crate::api::sink::Sink;
 use crate::api::{ClientRequest, Outcome, Route};
 use crate::auth::keys::{KeyRecord, KeyRegistry, KeySource};
 use crate::config::RedirectSite;
 use crate::error::Rejection;
+use crate::shard::snapshot::{ModelEntry, RoutingSnapshot};
 use crate::shard::state::Shard;
 use crate::sibling::map::{Kind, RedirectAsk, SiblingMap};
 use crate::sibling::token::{self, RedirectClaims, TokenError};
@@ -86,10 +88,57 @@ fn vouched_key(key: &KeyRecord) -> String {
     }
 }
 
-/// Where to redirect a request for a model not served here, with its token: the `Location`
-/// value. `None`: serve (hold, or fail) here.
+/// Where to send a request whose model has no healthy agent here (`found` is its routing entry,
+/// if any), when this router takes part in redirects and has a map: the `Location` of the
+/// sibling, with its token. `None`: serve it here (hold it, or fail as usual).
+pub fn elsewhere(
+    shard: &Shard,
+    snapshot: &RoutingSnapshot,
+    found: Option<&ModelEntry>,
+    key: &KeyRecord,
+    model: &str,
+    route: Route,
+    arrival: Option<&RedirectClaims>,
+) -> Option<String> {
+    if found.is_some_and(|entry| entry.healthy_agents > 0) {
+        return None;
+    }
+    let (site, map) = (shard.settings.site.as_ref()?, snapshot.siblings.as_ref()?);
+    let holdable_here =
+        route != Route::CountTokens && found.is_some_and(|entry| entry.hold_budget.is_some());
+    location(
+        site,
+        map,
+        key,
+        model,
+        route,
+        holdable_here,
+        arrival,
+        crate::api::authenticate::now_unix_ms(),
+    )
+}
+
+/// The `307` itself: `Location` and a small JSON body naming it.
+pub async fn answer<S: Sink>(sink: &mut S, location: &str) -> Result<u16, Outcome> {
+    let mut body = Vec::with_capacity(location.len() + 16);
+    body.extend_from_slice(b"{\"location\":");
+    crate::http::response::put_json_string(&mut body, location);
+    body.push(b'}');
+    sink.respond(
+        307,
+        "application/json",
+        &[("location", location.as_bytes())],
+        &body,
+    )
+    .await
+    .map(|()| 307)
+    .map_err(|_| Outcome::Gone)
+}
+
+/// The redirect decision for a request with no healthy agent here: the `Location` value, or
+/// `None` to serve (hold, or fail) here.
 #[allow(clippy::too_many_arguments)]
-pub fn location(
+fn location(
     site: &RedirectSite,
     map: &SiblingMap,
     key: &KeyRecord,
