@@ -599,12 +599,17 @@ fn per_key_hold_limit_quota_while_held_and_client_ids_per_key() {
 /// A site whose policy for `sleepy` admits one request at a time (`max_inflight: 1`), with no
 /// park timeout: without a hold, a request over the budget is refused at once.
 fn gated_site(name: &str, sim: &[&str], extra: &[&str]) -> Site {
+    gated_site_with(name, "max_inflight: 1", sim, extra)
+}
+
+/// [`gated_site`] with its own admission line in the policy of `sleepy`.
+fn gated_site_with(name: &str, gate: &str, sim: &[&str], extra: &[&str]) -> Site {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("{name}-policies-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("sleepy.yaml"),
-        "models:\n  - sleepy\nrouting_policy:\n  strategy: least-loaded\nmax_inflight: 1\n",
+        format!("models:\n  - sleepy\nrouting_policy:\n  strategy: least-loaded\n{gate}\n"),
     )
     .unwrap();
     let policy_dir = dir.display().to_string();
@@ -731,4 +736,31 @@ fn an_http2_client_gets_keepalives_then_the_answer() {
         let value: Value = serde_json::from_str(text.trim_start()).unwrap();
         assert_eq!(value["object"], "chat.completion");
     });
+}
+
+#[test]
+fn a_released_request_larger_than_the_whole_pool_is_refused_at_once() {
+    // One replica's budget: 0.9 x 200 = 180 tokens; the request declares 1000 output tokens.
+    let mut site = gated_site_with(
+        "hold_oversize",
+        "admit_budget_tokens: 200",
+        &[],
+        &["--wake-keepalive", "0"],
+    );
+    place_here(&site, "60s");
+    let body = json!({
+        "model": "sleepy",
+        "max_tokens": 1000,
+        "messages": [{"role": "user", "content": "hello"}],
+    })
+    .to_string();
+    let mut conn = send(&site, &post_request("/v1/chat/completions", &body));
+    site.wait_metric("hivenet_pending_demand", |v| v == 1.0);
+    wake(&mut site, &[]);
+    let started = Instant::now();
+    let response = conn.read_response().unwrap();
+    assert_eq!(response.status, 429, "{}", response.text());
+    assert_eq!(response.error_code(), "concurrency_limit_exceeded");
+    // Not after the 60 s budget: at once, once awake.
+    assert!(started.elapsed() < Duration::from_secs(20));
 }
