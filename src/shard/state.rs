@@ -771,6 +771,14 @@ impl Shard {
     /// Releases every request held for `model` (an agent for it registered), oldest first.
     fn wake_held(&self, model: ModelId) {
         let woken = self.holds.borrow().held_for(model);
+        if !woken.is_empty() {
+            tracing::info!(
+                shard = self.id,
+                model = model.0,
+                released = woken.len(),
+                "model awake: releasing its held requests"
+            );
+        }
         for ticket in woken {
             self.holds.borrow_mut().release(ticket);
             self.answer_hold(ticket, HoldAnswer::Awake);
