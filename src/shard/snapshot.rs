@@ -141,6 +141,17 @@ impl RoutingSnapshot {
             .and_then(|entries| entries[capability as usize].as_ref())
     }
 
+    /// A model's name, for logs (a scan: not for the request path).
+    pub fn name_of(&self, model: ModelId) -> Option<&str> {
+        self.by_name.iter().find_map(|(name, entries)| {
+            entries
+                .iter()
+                .flatten()
+                .any(|entry| entry.id == model)
+                .then_some(&**name)
+        })
+    }
+
     /// The effective policy of a served model.
     pub fn policy_of(&self, model: ModelId) -> Option<&Arc<crate::policy::ModelPolicy>> {
         self.policies.get(&model)

@@ -772,9 +772,10 @@ impl Shard {
     fn wake_held(&self, model: ModelId) {
         let woken = self.holds.borrow().held_for(model);
         if !woken.is_empty() {
+            let snapshot = self.snapshot();
             tracing::info!(
                 shard = self.id,
-                model = model.0,
+                model = snapshot.name_of(model).unwrap_or("?"),
                 released = woken.len(),
                 "model awake: releasing its held requests"
             );
