@@ -127,6 +127,8 @@ fn settle(shard: &Shard, quota: &mut QuotaHold, event: UsageEvent) {
     tracing::debug!(?event, "request settled");
 }
 
+const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+
 fn upstream_uri(route: Route) -> http::Uri {
     http::Uri::from_static(match route {
         Route::ChatCompletions => "http://agent/v1/chat/completions",
@@ -141,11 +143,17 @@ fn upstream_uri(route: Route) -> http::Uri {
 }
 
 fn upstream_request(request: &ClientRequest) -> http::Request<()> {
+    // Unique per request: marked sensitive, HPACK sends it as a never-indexed literal instead of
+    // inserting it into the tunnel's dynamic table (where it would only evict useful entries,
+    // and cost a table insertion per request).
+    let mut request_id = http::HeaderValue::from_bytes(&request.request_id)
+        .expect("request IDs are ASCII hex digits and dashes");
+    request_id.set_sensitive(true);
     let mut upstream = http::Request::builder()
         .method(http::Method::POST)
         .uri(upstream_uri(request.route))
         .header(http::header::CONTENT_TYPE, "application/json")
-        .header("x-request-id", request.request_id_str());
+        .header(X_REQUEST_ID, request_id);
     let forwarded = [
         ("anthropic-version", &request.anthropic_version),
         ("anthropic-beta", &request.anthropic_beta),
