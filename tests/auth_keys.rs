@@ -175,25 +175,12 @@ fn invalid_auth_config_is_refused_at_start() {
         "invalid",
         "api:\n  mode: api-key\n  keys:\n    - key_hash: \"abc\"\n      bogus_field: 1\n",
     );
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_hivenet-router"))
-        .args([
-            "--auth-config-file",
-            auth.to_str().unwrap(),
-            "--http-port",
-            &format!("127.0.0.1:{}", common::free_port()),
-            "--grpc-port",
-            &format!("127.0.0.1:{}", common::free_port()),
-            "--metrics-port",
-            &format!("127.0.0.1:{}", common::free_port()),
-            "--p2p-port",
-            &common::free_port().to_string(),
-        ])
-        .env("HIVENET_ROUTER_JWT_SECRET", "test-secret")
-        .current_dir(auth.parent().unwrap())
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (started, stderr) = common::run_router_to_exit(
+        auth.parent().unwrap(),
+        &["--auth-config-file", auth.to_str().unwrap()],
+        &[],
+    );
+    assert!(!started);
     assert!(stderr.contains("auth config"), "{stderr}");
     assert!(stderr.contains("bogus_field"), "{stderr}");
 }

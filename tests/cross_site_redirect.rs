@@ -8,32 +8,11 @@ mod common;
 use common::{Options, Site, chat, request};
 use serde_json::{Value, json};
 
-const SECRET: &str = "shared-redirect-secret-0123456789abcdef";
-
-fn secret_file(name: &str, contents: &str) -> String {
-    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("redirect-{name}-{}", std::process::id()));
-    std::fs::write(&path, contents).unwrap();
-    path.display().to_string()
-}
-
-/// A router for site `id` with the shared redirect secret.
-fn site_options(name: &str, id: &str) -> Options {
-    let secrets = secret_file(name, &format!("{SECRET}\n"));
-    Options::new().router_args(&[
-        "--site-id",
-        id,
-        "--redirect-secret-file",
-        &secrets,
-        "--redirect-allowed-domains",
-        "127.0.0.1",
-    ])
-}
-
 /// A router for site `id` (admin open), with a sim and an agent serving `models` when given.
 fn site(name: &str, id: &str, models: Option<&str>) -> Site {
-    let mut options =
-        site_options(name, id).router_env("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true");
+    let mut options = Options::new()
+        .site(name, id)
+        .router_env("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true");
     match models {
         Some(models) => {
             options = options
@@ -237,8 +216,8 @@ fn start_up_refuses_site_id_without_what_it_needs() {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("site-flags-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let secrets = secret_file("flags", &format!("{SECRET}\n"));
-    let short = secret_file("flags-short", "short\n");
+    let secrets = common::write_temp("redirect-flags", &format!("{}\n", common::REDIRECT_SECRET));
+    let short = common::write_temp("redirect-flags-short", "short\n");
     let run = |args: &[&str], env: &[(&str, &str)]| common::refused_start(&dir, args, env);
     let error = run(&["--site-id", "site-a"], &[]);
     assert!(error.contains("--redirect-secret-file"), "{error}");
@@ -382,7 +361,8 @@ fn put_key(site: &Site, raw: &str) {
 #[test]
 fn a_redirected_request_is_the_same_dynamic_key_at_the_sibling() {
     let start = |name: &str, id: &str, models: Option<&str>| {
-        let mut options = site_options(name, id)
+        let mut options = Options::new()
+            .site(name, id)
             .router_env("HIVENET_ROUTER_AUTH_MODE", "dynamic")
             .router_env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
             .skip_model_wait();

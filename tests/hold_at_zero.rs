@@ -12,28 +12,14 @@ use std::time::{Duration, Instant};
 use common::{Conn, Options, Site, chat, metric_sum, post_request, request, sse_events};
 use serde_json::{Value, json};
 
-/// Redirect secrets for the routers of these tests (one secret, 32+ bytes).
-fn secret_file(name: &str) -> String {
-    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("redirect-secret-{name}-{}", std::process::id()));
-    std::fs::write(&path, "test-redirect-secret-0123456789abcdefghij\n").unwrap();
-    path.display().to_string()
-}
-
 /// What every site of these tests starts with: a sim started with `sim` and no agent yet, and a
 /// router for site `site-a` with `extra` arguments (admin open unless the caller sets keys).
 fn site_options(name: &str, sim: &[&str], extra: &[&str]) -> Options {
-    let secrets = secret_file(name);
-    let mut args = vec![
-        "--site-id",
-        "site-a",
-        "--redirect-secret-file",
-        &secrets,
-        "--redirect-allowed-domains",
-        "127.0.0.1",
-    ];
-    args.extend_from_slice(extra);
-    Options::new().sim(sim).router_args(&args).skip_model_wait()
+    Options::new()
+        .site(name, "site-a")
+        .sim(sim)
+        .router_args(extra)
+        .skip_model_wait()
 }
 
 /// A site whose sim serves `sleepy` (plus `sim` arguments), with `extra` router arguments.

@@ -405,32 +405,7 @@ fn dynamic_key_writes_and_policy_writes_check_each_other() {
 
 /// Runs the router to completion with `args`; returns its exit success and stderr.
 fn start_and_fail(args: &[&str], dir: &Path) -> (bool, String) {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_hivenet-router"));
-    for (key, _) in std::env::vars() {
-        if key.starts_with("HIVENET_") {
-            command.env_remove(key);
-        }
-    }
-    let output = command
-        .args(args)
-        .args([
-            "--http-port",
-            &format!("127.0.0.1:{}", common::free_port()),
-            "--grpc-port",
-            &format!("127.0.0.1:{}", common::free_port()),
-            "--metrics-port",
-            &format!("127.0.0.1:{}", common::free_port()),
-            "--p2p-port",
-            &common::free_port().to_string(),
-        ])
-        .env("HIVENET_ROUTER_JWT_SECRET", "test-secret")
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    common::run_router_to_exit(dir, args, &[])
 }
 
 #[test]

@@ -185,13 +185,9 @@ fn openai_path_returns_a_chat_completion_with_usage_and_processed_by() {
     assert!(usage.input_tokens > 0);
     assert_eq!(body["usage"]["prompt_tokens"], usage.input_tokens);
 
-    let mut metrics = String::new();
-    pool.metrics().render(&mut metrics);
-    assert!(
-        metrics.contains(
-            "http_client_request_duration_seconds_count{provider=\"openai\",status_code=\"200\"} 1"
-        ),
-        "{metrics}"
+    assert_rendered(
+        &pool,
+        "http_client_request_duration_seconds_count{provider=\"openai\",status_code=\"200\"} 1",
     );
 }
 
@@ -299,13 +295,9 @@ fn an_unreachable_provider_fails_fast_as_a_network_error() {
         "took {:?}",
         started.elapsed()
     );
-    let mut metrics = String::new();
-    pool.metrics().render(&mut metrics);
-    assert!(
-        metrics.contains(
-            "http_client_request_duration_seconds_count{provider=\"openai\",status_code=\"0\"} 1"
-        ),
-        "{metrics}"
+    assert_rendered(
+        &pool,
+        "http_client_request_duration_seconds_count{provider=\"openai\",status_code=\"0\"} 1",
     );
 }
 
@@ -497,4 +489,11 @@ fn each_provider_gets_its_own_auth_headers_path_and_model() {
     assert_eq!(sent["model"], "claude-x");
     assert_eq!(sent["system"], "Be brief.");
     assert_eq!(sent["max_tokens"], 5);
+}
+
+/// The pool's metrics text contains `line`.
+fn assert_rendered(pool: &ProviderPool, line: &str) {
+    let mut metrics = String::new();
+    pool.metrics().render(&mut metrics);
+    assert!(metrics.contains(line), "{metrics}");
 }

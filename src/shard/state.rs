@@ -411,6 +411,27 @@ impl Shard {
         }
     }
 
+    /// Registers the waiter of `ticket` in `waiters`: the answer (local or over the mesh) goes
+    /// to the returned receiver.
+    fn await_answer<A>(
+        waiters: &RefCell<HashMap<u64, oneshot::Sender<A>>>,
+        ticket: Ticket,
+    ) -> oneshot::Receiver<A> {
+        let (answered, answer) = oneshot::channel();
+        waiters.borrow_mut().insert(ticket.sequence, answered);
+        answer
+    }
+
+    /// Sends a request to another shard; false (counted in `mesh_full_total`) when its ring is
+    /// full. The caller takes back whatever waits for the answer.
+    fn send_request(&self, to: usize, message: ShardToShard) -> bool {
+        let sent = self.mesh.borrow_mut().send(to, message).is_ok();
+        if !sent {
+            ShardMetrics::add(&self.metrics.mesh_full_total, 1);
+        }
+        sent
+    }
+
     fn pool_request(&self, ticket: Ticket, ask: PoolAsk, deadline: Instant) -> PoolRequest {
         let park = self.settings.admit_park_timeout;
         let park_until = match ask.hold_until {
@@ -446,8 +467,7 @@ impl Shard {
         {
             return Ok(decision);
         }
-        let (decided, decision) = oneshot::channel();
-        self.waiting.borrow_mut().insert(ticket.sequence, decided);
+        let decision = Self::await_answer(&self.waiting, ticket);
         // From here the ticket waits (locally or at the owner): if this future is dropped (the
         // client left) or times out, the guard withdraws it so it holds no place and no
         // occupancy.
@@ -458,8 +478,8 @@ impl Shard {
             model,
             armed: true,
         };
-        if owner != self.id {
-            let sent = self.mesh.borrow_mut().send(
+        if owner != self.id
+            && !self.send_request(
                 owner,
                 ShardToShard::Acquire {
                     ticket,
@@ -467,13 +487,11 @@ impl Shard {
                     pool,
                     slot,
                 },
-            );
-            if sent.is_err() {
-                waiting.armed = false;
-                self.waiting.borrow_mut().remove(&ticket.sequence);
-                ShardMetrics::add(&self.metrics.mesh_full_total, 1);
-                return Err(RouteError::MeshFull);
-            }
+            )
+        {
+            waiting.armed = false;
+            self.waiting.borrow_mut().remove(&ticket.sequence);
+            return Err(RouteError::MeshFull);
         }
         let wait = deadline.saturating_duration_since(Instant::now());
         let decided = monoio::time::timeout(wait, decision).await;
@@ -718,28 +736,21 @@ impl Shard {
             model,
             holds_place: true,
         };
-        let (answered, answer) = oneshot::channel();
-        if owner == self.id {
-            if let Some(answer) = self.hold_at_owner(ticket, model, key, client) {
-                return pending.answered(answer);
-            }
-            self.hold_waiting
-                .borrow_mut()
-                .insert(ticket.sequence, answered);
-        } else {
-            self.hold_waiting
-                .borrow_mut()
-                .insert(ticket.sequence, answered);
-            let message = ShardToShard::Hold {
-                ticket,
-                model,
-                key,
-                client,
-            };
-            if self.mesh.borrow_mut().send(owner, message).is_err() {
-                ShardMetrics::add(&self.metrics.mesh_full_total, 1);
-                return Err(HoldEnd::MeshFull);
-            }
+        if owner == self.id
+            && let Some(answer) = self.hold_at_owner(ticket, model, key, client)
+        {
+            return pending.answered(answer);
+        }
+        // Taken back out by `pending` on every early exit.
+        let answer = Self::await_answer(&self.hold_waiting, ticket);
+        let message = ShardToShard::Hold {
+            ticket,
+            model,
+            key,
+            client,
+        };
+        if owner != self.id && !self.send_request(owner, message) {
+            return Err(HoldEnd::MeshFull);
         }
         let wait = until.saturating_duration_since(Instant::now());
         match monoio::time::timeout(wait, answer).await {
@@ -833,18 +844,14 @@ impl Shard {
             return Some(self.spend_at_owner(nonce, expires_unix_ms));
         }
         let ticket = self.new_ticket();
-        let (answered, answer) = oneshot::channel();
-        self.spend_waiting
-            .borrow_mut()
-            .insert(ticket.sequence, answered);
+        let answer = Self::await_answer(&self.spend_waiting, ticket);
         let message = ShardToShard::SpendToken {
             ticket,
             nonce,
             expires_unix_ms,
         };
-        if self.mesh.borrow_mut().send(owner, message).is_err() {
+        if !self.send_request(owner, message) {
             self.spend_waiting.borrow_mut().remove(&ticket.sequence);
-            ShardMetrics::add(&self.metrics.mesh_full_total, 1);
             return None;
         }
         let wait = deadline.saturating_duration_since(Instant::now());
@@ -1253,26 +1260,17 @@ impl Shard {
                 .map(hold)
                 .map_err(QuotaRefusal::Limit);
         }
-        let sequence = self.next_sequence.get();
-        self.next_sequence.set(sequence + 1);
-        let (answered, answer) = oneshot::channel();
-        self.quota_waiting.borrow_mut().insert(sequence, answered);
-        let ticket = Ticket {
-            shard: self.id as u16,
-            sequence,
+        let ticket = self.new_ticket();
+        let sequence = ticket.sequence;
+        let answer = Self::await_answer(&self.quota_waiting, ticket);
+        let message = ShardToShard::QuotaAdmit {
+            ticket,
+            key: key.key_id,
+            model,
+            charge,
         };
-        let sent = self.mesh.borrow_mut().send(
-            owner,
-            ShardToShard::QuotaAdmit {
-                ticket,
-                key: key.key_id,
-                model,
-                charge,
-            },
-        );
-        if sent.is_err() {
+        if !self.send_request(owner, message) {
             self.quota_waiting.borrow_mut().remove(&sequence);
-            ShardMetrics::add(&self.metrics.mesh_full_total, 1);
             return Err(QuotaRefusal::MeshFull);
         }
         let wait = deadline.saturating_duration_since(Instant::now());
@@ -1349,10 +1347,7 @@ impl Shard {
             );
         }
         let ticket = self.new_ticket();
-        let (answered, answer) = oneshot::channel();
-        self.settle_waiting
-            .borrow_mut()
-            .insert(ticket.sequence, answered);
+        let answer = Self::await_answer(&self.settle_waiting, ticket);
         let sent = self.mesh.borrow_mut().send_returning(
             owner,
             ShardToShard::QuotaSettle {

@@ -226,6 +226,20 @@ impl Options {
         self
     }
 
+    /// Makes the router site `id` of a sibling map (cross-site redirect on, siblings under
+    /// 127.0.0.1), with [`REDIRECT_SECRET`] written to a file named after `name`.
+    pub fn site(self, name: &str, id: &str) -> Options {
+        let secrets = write_temp(&format!("redirect-{name}"), &format!("{REDIRECT_SECRET}\n"));
+        self.router_args(&[
+            "--site-id",
+            id,
+            "--redirect-secret-file",
+            &secrets,
+            "--redirect-allowed-domains",
+            "127.0.0.1",
+        ])
+    }
+
     /// [`Site::start`] waits for health and tunnels only, not for `/v1/models` (for routers
     /// whose client keys do not exist yet).
     pub fn skip_model_wait(mut self) -> Options {
@@ -970,22 +984,61 @@ fn eof(what: &str) -> std::io::Error {
     )
 }
 
-/// Runs the router binary with `args` (and an identity under `dir`), which must refuse to start;
-/// returns what it printed on stderr.
-pub fn refused_start(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_hivenet-router"))
+/// The redirect secret [`Options::site`] gives every site (32+ bytes, so sites verify each
+/// other's tokens).
+pub const REDIRECT_SECRET: &str = "shared-redirect-secret-0123456789abcdef";
+
+/// Writes `contents` to a file named after `name` (and this process) under the tests' temp
+/// directory; returns its path.
+pub fn write_temp(name: &str, contents: &str) -> String {
+    let path =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    std::fs::write(&path, contents).expect("write a temp file");
+    path.display().to_string()
+}
+
+/// Runs the router binary with `args` until it exits, for start-up checks: free loopback ports,
+/// an identity and working directory under `dir`, none of the test environment's `HIVENET_*`
+/// variables but `env`. Returns whether it exited successfully, and its stderr.
+pub fn run_router_to_exit(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_hivenet-router"));
+    for (key, _) in std::env::vars() {
+        if key.starts_with("HIVENET_") {
+            command.env_remove(key);
+        }
+    }
+    let output = command
+        .args(args)
         .args([
             "--identity-path",
             &dir.join("router.key").display().to_string(),
         ])
-        .args(["--http-port", "127.0.0.1:0"])
-        .args(args)
-        .envs(env.iter().copied())
+        .args([
+            "--http-port",
+            &format!("127.0.0.1:{}", free_port()),
+            "--grpc-port",
+            &format!("127.0.0.1:{}", free_port()),
+            "--metrics-port",
+            &format!("127.0.0.1:{}", free_port()),
+            "--p2p-port",
+            &free_port().to_string(),
+        ])
         .env("HIVENET_ROUTER_JWT_SECRET", "test-secret")
+        .envs(env.iter().copied())
+        .current_dir(dir)
         .output()
         .expect("run hivenet-router");
-    assert!(!output.status.success(), "started with {args:?}");
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// [`run_router_to_exit`] for a router that must refuse to start; returns its stderr.
+pub fn refused_start(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
+    let (started, stderr) = run_router_to_exit(dir, args, env);
+    assert!(!started, "started with {args:?}");
+    stderr
 }
 
 /// Sends `raw` on a fresh connection and reads one response.
