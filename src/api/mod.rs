@@ -296,11 +296,17 @@ async fn infer<S: Sink>(
     // Phase 4: model and capability.
     let snapshot = shard.snapshot();
     let found = snapshot.lookup(&fields.model, request.route.capability());
+    // Hold at zero: a model asleep here resolves through its placement, with no agent.
+    // count_tokens is never held (it would count each prompt twice in the demand).
+    let holdable = found
+        .and_then(|model| model.hold_budget)
+        .filter(|_| request.route != Route::CountTokens);
     // Cross-site redirect: a model not served here that a sibling serves goes there.
     if let Some(location) = redirect::elsewhere(
         shard,
         &snapshot,
         found,
+        holdable.is_some(),
         key,
         &fields.model,
         request.route,
@@ -311,13 +317,9 @@ async fn infer<S: Sink>(
     let Some(model) = found else {
         return Err(Rejection::model_not_found(&fields.model).into());
     };
-    // Hold at zero: a model asleep here resolves through its placement, with no agent.
-    let holdable = model
-        .hold_budget
-        .filter(|_| request.route != Route::CountTokens);
     if model.healthy_agents == 0 && model.hold_budget.is_some() && holdable.is_none() {
-        // count_tokens is never held (it would count each prompt twice in the demand); it
-        // fails as it did before the map placed the model here.
+        // A count_tokens for a model asleep here fails as it did before the map placed the
+        // model here.
         return Err(Rejection::model_not_found(&fields.model).into());
     }
     // From here the request counts in the key's tenant series (by `serve`, once it ends).

@@ -89,12 +89,15 @@ fn vouched_key(key: &KeyRecord) -> String {
 }
 
 /// Where to send a request whose model has no healthy agent here (`found` is its routing entry,
-/// if any), when this router takes part in redirects and has a map: the `Location` of the
+/// if any; `holdable_here`: this site may hold it), when this router takes part in redirects and
+/// has a map: the `Location` of the
 /// sibling, with its token. `None`: serve it here (hold it, or fail as usual).
+#[allow(clippy::too_many_arguments)]
 pub fn elsewhere(
     shard: &Shard,
     snapshot: &RoutingSnapshot,
     found: Option<&ModelEntry>,
+    holdable_here: bool,
     key: &KeyRecord,
     model: &str,
     route: Route,
@@ -104,8 +107,6 @@ pub fn elsewhere(
         return None;
     }
     let (site, map) = (shard.settings.site.as_ref()?, snapshot.siblings.as_ref()?);
-    let holdable_here =
-        route != Route::CountTokens && found.is_some_and(|entry| entry.hold_budget.is_some());
     location(
         site,
         map,
