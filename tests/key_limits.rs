@@ -42,7 +42,7 @@ fn one_key_over_every_shard_never_exceeds_its_rpm() {
         "limits-rpm",
         Options::new()
             .sim(&["--models", "sim-model"])
-            .agent(0, &["--capacity", "64"])
+            .agent(0, &["--capacity", "64", "--deployment-id", "deploy-42"])
             .api_key("sk-probe-unused")
             .skip_model_wait()
             .router_args(&[
@@ -129,6 +129,19 @@ fn one_key_over_every_shard_never_exceeds_its_rpm() {
         common::metric_sum(&metrics, "hivenet_tenant_requests_success_total", &tenant) as usize,
         admitted
     );
+    // Served requests carry the serving agent's deployment; refusals before routing `unset`.
+    let served = [("tenant_id", "acme"), ("deployment_id", "deploy-42")];
+    assert_eq!(
+        common::metric_sum(&metrics, "hivenet_tenant_requests_success_total", &served) as usize,
+        admitted,
+        "{metrics}"
+    );
+    let unrouted = [("tenant_id", "acme"), ("deployment_id", "unset")];
+    assert_eq!(
+        common::metric_sum(&metrics, "hivenet_tenant_requests_failed_total", &unrouted) as usize,
+        48 - admitted,
+        "{metrics}"
+    );
     assert!(metrics.contains("key_id=\"static:"), "{metrics}");
 }
 
@@ -212,7 +225,7 @@ fn non_streamed_answer_over_the_daily_budget_is_refused_after_the_fact() {
         "limits-daily-buffered",
         Options::new()
             .sim(&["--models", "sim-model", "--output-tokens", "16"])
-            .agent(0, &[])
+            .agent(0, &["--deployment-id", "deploy-7"])
             .api_key(key)
             .router_args(&["--auth-config-file", auth.to_str().unwrap()]),
     );
@@ -236,7 +249,12 @@ fn non_streamed_answer_over_the_daily_budget_is_refused_after_the_fact() {
         statuses.len()
     );
     let metrics = site.router_metrics();
-    let output_phase = [("tenant_id", "acme"), ("phase", "output")];
+    // Refused after an agent answered: the phase is output and the deployment is that agent's.
+    let output_phase = [
+        ("tenant_id", "acme"),
+        ("phase", "output"),
+        ("deployment_id", "deploy-7"),
+    ];
     assert_eq!(
         common::metric_sum(
             &metrics,

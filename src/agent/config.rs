@@ -136,7 +136,8 @@ pub struct Args {
     /// Version recorded in registration metadata.
     #[arg(long, default_value = BUILD_VERSION)]
     pub version: String,
-    /// Deployment identifier.
+    /// Deployment identifier: the router's tenant metrics carry it as `deployment_id` for the
+    /// requests this agent serves.
     #[arg(long, env = "HIVENET_ROUTER_DEPLOYMENT_ID", default_value = "")]
     pub deployment_id: String,
     /// Stable replica identifier.

@@ -64,6 +64,7 @@ impl Settling<'_> {
             self.shard.count_tenant_tokens(
                 self.quota.key,
                 self.slot.model,
+                Some(self.slot.agent),
                 usage.input_tokens,
                 usage.output_tokens,
             );
@@ -362,12 +363,12 @@ async fn buffer_back<S: Sink>(
         // (its usage is still recorded; the quota was settled without the output).
         settling.settle(usage, false);
         let key = settling.quota.key;
-        shard
-            .tenants
-            .borrow_mut()
-            .token_limited(key, Phase::Output, || {
-                shard.keys().get(key).map(KeyLabels::of)
-            });
+        shard.tenants.borrow_mut().token_limited(
+            key,
+            Phase::Output,
+            shard.deployment_of(Some(settling.slot.agent)),
+            || shard.keys().get(key).map(KeyLabels::of),
+        );
         return Err(Rejection::quota(&crate::limits::Rejection {
             kind: crate::limits::RejectionKind::DailyTokens,
             model: settling.slot.model,

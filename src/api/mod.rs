@@ -41,7 +41,7 @@ use crate::shard::snapshot::{Capability, ModelId};
 use crate::shard::state::{
     Admit, HoldEnd, Pending, PoolAsk, QuotaHold, QuotaRefusal, RouteError, Shard,
 };
-use crate::shard::tenants::{KeyLabels, Phase};
+use crate::shard::tenants::{KeyLabels, Phase, UNSET};
 use hold::{HoldSink, Keepalive};
 use sink::{ClientGone, Sink};
 
@@ -634,6 +634,7 @@ async fn by_provider<S: Sink>(
                 shard.count_tenant_tokens(
                     quota.key,
                     model,
+                    None,
                     usage.input_tokens,
                     usage.output_tokens,
                 );
@@ -674,10 +675,12 @@ async fn visit_quota<S: Sink>(
                     shard.tenants.borrow_mut().rate_limited(key.key_id, labels);
                 }
                 RejectionKind::DailyTokens | RejectionKind::DailyTokensForMaxOutput => {
-                    shard
-                        .tenants
-                        .borrow_mut()
-                        .token_limited(key.key_id, Phase::Input, labels);
+                    shard.tenants.borrow_mut().token_limited(
+                        key.key_id,
+                        Phase::Input,
+                        UNSET.into(),
+                        labels,
+                    );
                 }
                 _ => {}
             }

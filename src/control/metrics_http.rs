@@ -291,17 +291,22 @@ fn render_routed(out: &mut String, registry: &Registry, reports: &[ShardReport])
 }
 
 /// The tenant families of the reference ("Tenant and quota metrics"), summed over shards.
-/// `deployment_id` is `unset`: agents do not register a deployment.
+/// `deployment_id` is the serving agent's `--deployment-id`, `unset` when none served it.
 fn render_tenants(out: &mut String, registry: &Registry, reports: &[ShardReport]) {
     use std::collections::BTreeMap;
-    let mut requests: BTreeMap<(&str, &str, &str), crate::shard::tenants::RequestCounts> =
+    let mut requests: BTreeMap<(&str, &str, &str, &str), crate::shard::tenants::RequestCounts> =
         BTreeMap::new();
-    for (labels, model, counts) in reports.iter().flat_map(|report| &report.tenants.requests) {
-        let Some(model) = registry.model_name(*model) else {
+    for (series, counts) in reports.iter().flat_map(|report| &report.tenants.requests) {
+        let Some(model) = registry.model_name(series.model) else {
             continue;
         };
         let total = requests
-            .entry((&labels.tenant_id, &labels.key_id, model))
+            .entry((
+                &series.key.tenant_id,
+                &series.key.key_id,
+                &series.deployment_id,
+                model,
+            ))
             .or_default();
         total.success += counts.success;
         total.failed += counts.failed;
@@ -333,12 +338,13 @@ fn render_tenants(out: &mut String, registry: &Registry, reports: &[ShardReport]
     ];
     for (name, help, get) in families {
         family(out, name, "counter", help);
-        for ((tenant, key, model), counts) in &requests {
+        for ((tenant, key, deployment, model), counts) in &requests {
             let _ = writeln!(
                 out,
-                "{name}{{tenant_id=\"{}\",key_id=\"{}\",deployment_id=\"unset\",model=\"{}\"}} {}",
+                "{name}{{tenant_id=\"{}\",key_id=\"{}\",deployment_id=\"{}\",model=\"{}\"}} {}",
                 label(tenant),
                 label(key),
+                label(deployment),
                 label(model),
                 get(counts)
             );
@@ -375,21 +381,27 @@ fn render_tenants(out: &mut String, registry: &Registry, reports: &[ShardReport]
         "counter",
         "Requests refused by the daily token budget, by phase.",
     );
-    let mut token_limited: BTreeMap<(&str, &str, &str), u64> = BTreeMap::new();
-    for (labels, phase, count) in reports
+    let mut token_limited: BTreeMap<(&str, &str, &str, &str), u64> = BTreeMap::new();
+    for (labels, phase, deployment, count) in reports
         .iter()
         .flat_map(|report| &report.tenants.token_limited)
     {
         *token_limited
-            .entry((&labels.tenant_id, &labels.key_id, phase.as_str()))
+            .entry((
+                &labels.tenant_id,
+                &labels.key_id,
+                deployment,
+                phase.as_str(),
+            ))
             .or_default() += count;
     }
-    for ((tenant, key, phase), count) in token_limited {
+    for ((tenant, key, deployment, phase), count) in token_limited {
         let _ = writeln!(
             out,
-            "{name}{{tenant_id=\"{}\",key_id=\"{}\",deployment_id=\"unset\",phase=\"{phase}\"}} {count}",
+            "{name}{{tenant_id=\"{}\",key_id=\"{}\",deployment_id=\"{}\",phase=\"{phase}\"}} {count}",
             label(tenant),
-            label(key)
+            label(key),
+            label(deployment)
         );
     }
 }

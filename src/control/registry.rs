@@ -27,6 +27,8 @@ pub struct Registration {
     pub region: String,
     pub tags: Vec<String>,
     pub version: String,
+    /// The tenant metrics' `deployment_id` for requests this agent serves; empty: `unset`.
+    pub deployment_id: String,
 }
 
 /// Effects for the control core to carry out, in order.
@@ -497,6 +499,7 @@ impl Registry {
                 tags: registration
                     .map_or_else(Vec::new, |r| r.tags.clone())
                     .into_boxed_slice(),
+                deployment_id: registration.map_or("", |r| r.deployment_id.as_str()).into(),
             });
             events.push(Event::AgentUp {
                 agent,
@@ -535,6 +538,7 @@ mod tests {
             region: "eu".into(),
             tags: vec![],
             version: "dev".into(),
+            deployment_id: String::new(),
         }
     }
 

@@ -244,6 +244,11 @@ fn validate_registration(register: crate::proto::Register) -> Result<Registratio
     if models.iter().any(|model| model.len() > 256) {
         return Err("model IDs are at most 256 characters");
     }
+    // A metric label value: bounded, like a model ID.
+    let deployment_id = register.deployment_id.trim().to_owned();
+    if deployment_id.len() > 256 {
+        return Err("deployment ID is at most 256 characters");
+    }
     Ok(Registration {
         models,
         capability,
@@ -252,5 +257,6 @@ fn validate_registration(register: crate::proto::Register) -> Result<Registratio
         region: register.region,
         tags: register.tags,
         version: register.version,
+        deployment_id,
     })
 }

@@ -97,6 +97,7 @@ mod tests {
             engine: "vllm".into(),
             region: "eu".into(),
             tags: Box::new([]),
+            deployment_id: "".into(),
         };
         let us = AgentProfile {
             region: "us".into(),

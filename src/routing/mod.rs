@@ -56,6 +56,8 @@ pub struct AgentProfile {
     pub engine: Box<str>,
     pub region: Box<str>,
     pub tags: Box<[String]>,
+    /// `--deployment-id` as registered; empty when the agent gave none.
+    pub deployment_id: Box<str>,
 }
 
 /// What a step filter sees of one candidate agent.

@@ -1060,11 +1060,18 @@ impl Shard {
     ) {
         if let (Some(key), Some(model)) = (facts.key.and_then(|key| keys.get(key)), facts.model_id)
         {
-            self.tenants
-                .borrow_mut()
-                .finished(key.key_id, model, Some(status), || {
-                    Some(crate::shard::tenants::KeyLabels::of(key))
-                });
+            self.tenants.borrow_mut().finished(
+                key.key_id,
+                model,
+                facts.agent,
+                Some(status),
+                || {
+                    Some((
+                        crate::shard::tenants::KeyLabels::of(key),
+                        self.deployment_of(facts.agent),
+                    ))
+                },
+            );
         }
         self.audit(request, keys, facts, status);
     }
@@ -1119,8 +1126,17 @@ impl Shard {
         });
     }
 
-    /// Counts tokens a request used against its key's tenant series (resolving the key's labels
-    /// only when the series is new; a key gone in a reload is not counted).
+    /// The `deployment_id` label of a request served by `agent`: what the agent registered;
+    /// `unset` when no agent served it (refused before routing, answered by a provider) or the
+    /// agent registered none.
+    pub fn deployment_of(&self, agent: Option<AgentId>) -> Arc<str> {
+        let peers = self.agent_peers.borrow();
+        match agent.and_then(|agent| peers.get(&agent)) {
+            Some(profile) if !profile.deployment_id.is_empty() => (*profile.deployment_id).into(),
+            _ => crate::shard::tenants::UNSET.into(),
+        }
+    }
+
     /// `hivenet_routing_requests_routed_total`: the request got a slot on `agent`.
     pub fn count_routed(&self, key: &KeyRecord, model: ModelId, agent: AgentId) {
         self.tenants
@@ -1137,13 +1153,22 @@ impl Shard {
             });
     }
 
-    pub fn count_tenant_tokens(&self, key: KeyId, model: ModelId, input: u64, output: u64) {
+    /// Counts tokens a request used against its key's tenant series (resolving the key's labels
+    /// only when the series is new; a key gone in a reload is not counted). `agent`: the one
+    /// that served it, `None` for a provider's answer.
+    pub fn count_tenant_tokens(
+        &self,
+        key: KeyId,
+        model: ModelId,
+        agent: Option<AgentId>,
+        input: u64,
+        output: u64,
+    ) {
         self.tenants
             .borrow_mut()
-            .tokens(key, model, input, output, || {
-                self.keys()
-                    .get(key)
-                    .map(crate::shard::tenants::KeyLabels::of)
+            .tokens(key, model, agent, input, output, || {
+                let labels = crate::shard::tenants::KeyLabels::of(self.keys().get(key)?);
+                Some((labels, self.deployment_of(agent)))
             });
     }
 

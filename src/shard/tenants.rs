@@ -7,15 +7,19 @@
 //! only increments afterwards): `tenant_id` is the key's owner (`default` without keys),
 //! `key_id` the dynamic entry's id, `anonymous` without keys, and `static:<id>` for a static
 //! key — each static key has its own stable id here, where an older implementation labelled
-//! them all `anonymous`. `deployment_id` is `unset`: agents do not register a deployment.
+//! them all `anonymous`. `deployment_id` is what the agent that served the request registered
+//! (`--deployment-id`), and `unset` before routing, for a provider's answer, or when the agent
+//! registered none.
 //!
 //! Also `hivenet_routing_requests_routed_total{model,tenant_id,engine,region}`: requests given a
 //! slot on an agent, by the agent's engine and region (what autoscalers read to keep a model
 //! awake, seed `hold-at-zero.md`).
 //!
-//! Memory: one entry per (key, model) and per key ever counted on this shard; counters are
-//! cumulative, so entries are never dropped while the process runs. Routed series are per
-//! (tenant, model, engine, region); their per-agent index is dropped when the agent leaves.
+//! Memory: one series per (key, model, deployment) and per key ever counted on this shard;
+//! counters are cumulative, so series are never dropped while the process runs. Request series
+//! are found through a per-agent index (so the request path hashes ids, not strings), and routed
+//! series, per (tenant, model, engine, region), the same way; an agent's index entries are
+//! dropped when it leaves.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -71,6 +75,17 @@ pub struct RequestCounts {
     pub output_tokens: u64,
 }
 
+/// `deployment_id` of a request no agent served.
+pub const UNSET: &str = "unset";
+
+/// The labels of one request series: the key's, the model, and the serving deployment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestSeries {
+    pub key: KeyLabels,
+    pub model: ModelId,
+    pub deployment_id: Arc<str>,
+}
+
 /// One `hivenet_routing_requests_routed_total` series.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RoutedSeries {
@@ -83,17 +98,22 @@ pub struct RoutedSeries {
 /// What `/metrics` reads of one shard's tenant counters.
 #[derive(Debug, Default)]
 pub struct TenantReport {
-    pub requests: Vec<(KeyLabels, ModelId, RequestCounts)>,
+    pub requests: Vec<(RequestSeries, RequestCounts)>,
     pub rate_limited: Vec<(KeyLabels, u64)>,
-    pub token_limited: Vec<(KeyLabels, Phase, u64)>,
+    /// Key labels, phase and `deployment_id` (`unset` for the input phase, before routing).
+    pub token_limited: Vec<(KeyLabels, Phase, Arc<str>, u64)>,
     pub routed: Vec<(RoutedSeries, u64)>,
 }
 
 #[derive(Debug, Default)]
 pub struct TenantCounters {
-    requests: HashMap<(KeyId, ModelId), (KeyLabels, RequestCounts)>,
+    /// Request counts per series, which series a (key, model, deployment) counts in, and which
+    /// a (key, model, serving agent) counts in (`None`: no agent served it).
+    requests: Vec<(RequestSeries, RequestCounts)>,
+    request_series: HashMap<(KeyId, ModelId, Arc<str>), usize>,
+    request_index: HashMap<(KeyId, ModelId, Option<AgentId>), usize>,
     rate_limited: HashMap<KeyId, (KeyLabels, u64)>,
-    token_limited: HashMap<(KeyId, Phase), (KeyLabels, u64)>,
+    token_limited: HashMap<(KeyId, Phase, Arc<str>), (KeyLabels, u64)>,
     /// Routed requests per series, and which series a (tenant, model, agent) counts in.
     routed: Vec<(RoutedSeries, u64)>,
     routed_series: HashMap<RoutedSeries, usize>,
@@ -101,32 +121,54 @@ pub struct TenantCounters {
 }
 
 impl TenantCounters {
-    /// The counters of (key, model); `labels` is called only for a new series, and `None` from
-    /// it (the key is gone) counts nothing.
+    /// The counters of (key, model) served by `agent`. `series` is called only the first time
+    /// this (key, model, agent) is counted, for the key's labels and the agent's deployment;
+    /// `None` from it (the key is gone) counts nothing.
     fn requests(
         &mut self,
         key: KeyId,
         model: ModelId,
-        labels: impl FnOnce() -> Option<KeyLabels>,
+        agent: Option<AgentId>,
+        series: impl FnOnce() -> Option<(KeyLabels, Arc<str>)>,
     ) -> Option<&mut RequestCounts> {
-        let entry = match self.requests.entry((key, model)) {
-            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
-            std::collections::hash_map::Entry::Vacant(entry) => {
-                entry.insert((labels()?, RequestCounts::default()))
+        let index = match self.request_index.get(&(key, model, agent)) {
+            Some(index) => *index,
+            None => {
+                let (labels, deployment_id) = series()?;
+                let named = (key, model, deployment_id.clone());
+                let index = match self.request_series.get(&named) {
+                    Some(index) => *index,
+                    None => {
+                        self.requests.push((
+                            RequestSeries {
+                                key: labels,
+                                model,
+                                deployment_id,
+                            },
+                            RequestCounts::default(),
+                        ));
+                        self.request_series.insert(named, self.requests.len() - 1);
+                        self.requests.len() - 1
+                    }
+                };
+                self.request_index.insert((key, model, agent), index);
+                index
             }
         };
-        Some(&mut entry.1)
+        Some(&mut self.requests[index].1)
     }
 
-    /// One finished request with the status its client got (`None`: it got no answer).
+    /// One finished request with the status its client got (`None`: it got no answer), served
+    /// by `agent` (`None`: none was chosen).
     pub fn finished(
         &mut self,
         key: KeyId,
         model: ModelId,
+        agent: Option<AgentId>,
         status: Option<u16>,
-        labels: impl FnOnce() -> Option<KeyLabels>,
+        series: impl FnOnce() -> Option<(KeyLabels, Arc<str>)>,
     ) {
-        let Some(counts) = self.requests(key, model, labels) else {
+        let Some(counts) = self.requests(key, model, agent, series) else {
             return;
         };
         match status {
@@ -139,11 +181,12 @@ impl TenantCounters {
         &mut self,
         key: KeyId,
         model: ModelId,
+        agent: Option<AgentId>,
         input: u64,
         output: u64,
-        labels: impl FnOnce() -> Option<KeyLabels>,
+        series: impl FnOnce() -> Option<(KeyLabels, Arc<str>)>,
     ) {
-        let Some(counts) = self.requests(key, model, labels) else {
+        let Some(counts) = self.requests(key, model, agent, series) else {
             return;
         };
         counts.input_tokens += input;
@@ -161,13 +204,16 @@ impl TenantCounters {
         entry.1 += 1;
     }
 
+    /// A daily-budget refusal; `deployment_id` is the serving agent's for the output phase
+    /// (refusals are rare: the string is hashed here, no index).
     pub fn token_limited(
         &mut self,
         key: KeyId,
         phase: Phase,
+        deployment_id: Arc<str>,
         labels: impl FnOnce() -> Option<KeyLabels>,
     ) {
-        let entry = match self.token_limited.entry((key, phase)) {
+        let entry = match self.token_limited.entry((key, phase, deployment_id)) {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
             std::collections::hash_map::Entry::Vacant(entry) => match labels() {
                 Some(labels) => entry.insert((labels, 0)),
@@ -211,15 +257,13 @@ impl TenantCounters {
     pub fn forget_agent(&mut self, agent: AgentId) {
         self.routed_index
             .retain(|&(_, _, indexed), _| indexed != agent);
+        self.request_index
+            .retain(|&(_, _, indexed), _| indexed != Some(agent));
     }
 
     pub fn report(&self) -> TenantReport {
         TenantReport {
-            requests: self
-                .requests
-                .iter()
-                .map(|(&(_, model), (labels, counts))| (labels.clone(), model, *counts))
-                .collect(),
+            requests: self.requests.clone(),
             rate_limited: self
                 .rate_limited
                 .values()
@@ -228,7 +272,9 @@ impl TenantCounters {
             token_limited: self
                 .token_limited
                 .iter()
-                .map(|(&(_, phase), (labels, count))| (labels.clone(), phase, *count))
+                .map(|((_, phase, deployment_id), (labels, count))| {
+                    (labels.clone(), *phase, deployment_id.clone(), *count)
+                })
                 .collect(),
             routed: self.routed.clone(),
         }
@@ -250,36 +296,92 @@ mod tests {
         Some(labels())
     }
 
+    fn series(deployment_id: &str) -> Option<(KeyLabels, Arc<str>)> {
+        Some((labels(), deployment_id.into()))
+    }
+
+    fn request_series(deployment_id: &str) -> RequestSeries {
+        RequestSeries {
+            key: labels(),
+            model: ModelId(3),
+            deployment_id: deployment_id.into(),
+        }
+    }
+
     #[test]
-    fn counts_by_key_model_and_phase() {
+    fn counts_by_key_model_deployment_and_phase() {
         let mut counters = TenantCounters::default();
         let (key, model) = (KeyId(1), ModelId(3));
-        counters.finished(key, model, Some(200), some_labels);
-        counters.finished(key, model, Some(503), || {
-            unreachable!("labels resolved once")
+        counters.finished(key, model, Some(AgentId(1)), Some(200), || {
+            series("deploy-42")
         });
-        counters.finished(key, model, None, some_labels);
-        counters.tokens(key, model, 10, 20, some_labels);
+        counters.finished(key, model, Some(AgentId(1)), Some(503), || {
+            unreachable!("labels resolved once per agent")
+        });
+        // Another agent of the same deployment counts in the same series.
+        counters.finished(key, model, Some(AgentId(2)), Some(200), || {
+            series("deploy-42")
+        });
+        // Refused before routing: no agent, `unset`.
+        counters.finished(key, model, None, None, || series(UNSET));
+        counters.tokens(key, model, Some(AgentId(2)), 10, 20, || {
+            unreachable!("resolved")
+        });
         // A key gone before its first count is not counted.
-        counters.tokens(KeyId(9), model, 1, 1, || None);
+        counters.tokens(KeyId(9), model, None, 1, 1, || None);
         counters.rate_limited(key, some_labels);
-        counters.token_limited(key, Phase::Output, some_labels);
+        counters.token_limited(key, Phase::Input, UNSET.into(), some_labels);
+        counters.token_limited(key, Phase::Output, "deploy-42".into(), some_labels);
+        counters.token_limited(key, Phase::Output, "deploy-42".into(), some_labels);
         let report = counters.report();
         assert_eq!(
             report.requests,
-            vec![(
-                labels(),
-                model,
-                RequestCounts {
-                    success: 1,
-                    failed: 2,
-                    input_tokens: 10,
-                    output_tokens: 20,
-                }
-            )]
+            vec![
+                (
+                    request_series("deploy-42"),
+                    RequestCounts {
+                        success: 2,
+                        failed: 1,
+                        input_tokens: 10,
+                        output_tokens: 20,
+                    }
+                ),
+                (
+                    request_series(UNSET),
+                    RequestCounts {
+                        failed: 1,
+                        ..RequestCounts::default()
+                    }
+                ),
+            ]
         );
         assert_eq!(report.rate_limited, vec![(labels(), 1)]);
-        assert_eq!(report.token_limited, vec![(labels(), Phase::Output, 1)]);
+        let mut token_limited = report.token_limited;
+        token_limited.sort();
+        assert_eq!(
+            token_limited,
+            vec![
+                (labels(), Phase::Input, UNSET.into(), 1),
+                (labels(), Phase::Output, "deploy-42".into(), 2),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_departed_agent_leaves_its_series_and_counts() {
+        let mut counters = TenantCounters::default();
+        let (key, model) = (KeyId(1), ModelId(3));
+        counters.finished(key, model, Some(AgentId(1)), Some(200), || {
+            series("deploy-42")
+        });
+        counters.forget_agent(AgentId(1));
+        assert!(counters.request_index.is_empty());
+        // The same agent id seen again resolves afresh, into the series that exists.
+        counters.finished(key, model, Some(AgentId(1)), Some(200), || {
+            series("deploy-42")
+        });
+        assert_eq!(counters.report().requests.len(), 1);
+        assert_eq!(counters.report().requests[0].1.success, 2);
     }
 
     #[test]
