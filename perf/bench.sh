@@ -8,6 +8,8 @@
 #   SHARDS=2           router --shards                   SIM_THREADS=1 hivenet-sim --threads
 #   OUTPUT_TOKENS=18   sim answer length (18 -> 21 SSE events per streamed answer)
 #   NGINX_WORKERS=2    nginx worker_processes ('auto' works too)
+#   NGINX_ACCESS_LOG=0 1: nginx writes a JSON access log line per request (buffered), the way the
+#                      router always writes its audit log: a like-for-like baseline
 #   ROUTER_ARGS=""     extra router flags; several configurations separated by '|' are measured
 #                      one after the other in the same run, e.g. ROUTER_ARGS='|--shards 1', or
 #                      ROUTER_ARGS='|--auth-config-file perf/auth-bench.yaml' (auth + limits);
@@ -35,6 +37,7 @@ SHARDS=${SHARDS:-2}
 SIM_THREADS=${SIM_THREADS:-1}
 OUTPUT_TOKENS=${OUTPUT_TOKENS:-18}
 NGINX_WORKERS=${NGINX_WORKERS:-2}
+NGINX_ACCESS_LOG=${NGINX_ACCESS_LOG:-0}
 ROUTER_ARGS=${ROUTER_ARGS:-}
 # Sent on every request (nginx and an open router ignore it); perf/auth-bench.yaml accepts it, so
 # ROUTER_ARGS='|--auth-config-file perf/auth-bench.yaml' measures auth and limits on vs off.
@@ -188,6 +191,15 @@ proc_ticks() {
   echo $((f[11] + f[12]))
 }
 
+# stime alone: the kernel's share of proc_ticks.
+proc_sys_ticks() {
+  local stat rest f
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || { echo 0; return; }
+  rest=${stat##*) }
+  read -r -a f <<<"$rest"
+  echo $((f[12]))
+}
+
 nginx_pids() { # master and workers
   local master=${PID[nginx]:-}
   [[ -n $master ]] || return 0
@@ -195,9 +207,9 @@ nginx_pids() { # master and workers
   pgrep -P "$master" || true
 }
 
-nginx_ticks() {
+nginx_ticks() { # [proc_ticks|proc_sys_ticks]
   local total=0 p
-  for p in $(nginx_pids); do total=$((total + $(proc_ticks "$p"))); done
+  for p in $(nginx_pids); do total=$((total + $(${1:-proc_ticks} "$p"))); done
   echo "$total"
 }
 
@@ -240,9 +252,15 @@ log "starting nginx on $NGINX_JSON (json) and $NGINX_STREAM (stream), workers $N
 mkdir -p "$WORK/nginx"
 user_line=""
 [[ $EUID -eq 0 ]] && user_line="user root;"
+access_log="access_log off;"
+if [[ $NGINX_ACCESS_LOG == 1 ]]; then
+  # About the router audit record's fields, one JSON line per request, written in 64 KiB batches.
+  access_log="log_format audit escape=json '{\"ts\":\"\$time_iso8601\",\"request_id\":\"\$request_id\",\"source_ip\":\"\$remote_addr\",\"status_code\":\$status,\"latency_ms\":\$request_time,\"bytes\":\$body_bytes_sent,\"upstream\":\"\$upstream_addr\"}'; access_log $WORK/nginx/access.jsonl audit buffer=64k flush=1s;"
+fi
 sed -e "s|@DIR@|$WORK/nginx|g" -e "s|@SIM_ADDR@|$SIM_ADDR|g" \
   -e "s|@NGINX_JSON_ADDR@|$NGINX_JSON|g" -e "s|@NGINX_STREAM_ADDR@|$NGINX_STREAM|g" \
   -e "s|@NGINX_WORKERS@|$NGINX_WORKERS|g" -e "s|@USER_LINE@|$user_line|g" \
+  -e "s|@ACCESS_LOG@|$access_log|g" \
   "$PERF/nginx.conf.tmpl" >"$WORK/nginx/nginx.conf"
 nginx -t -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" >"$WORK/nginx-test.log" 2>&1 \
   || { cat "$WORK/nginx-test.log" >&2; die "nginx config test failed"; }
@@ -336,13 +354,15 @@ measure() { # id label target(router|nginx) kind(json|stream) url
   load=$(cut -d' ' -f1-3 /proc/loadavg)
   log "[$label] measuring ${DURATION}s, $CONNECTIONS connections (loadavg $load)"
 
-  local r0 a0 n0 s0 j0 c0 t0 r1 a1 n1 s1 j1 c1 t1
+  local r0 a0 n0 s0 j0 c0 t0 r1 a1 n1 s1 j1 c1 t1 rk0 nk0 rk1 nk1
   r0=$(proc_ticks "${PID[router]:-0}"); a0=$(proc_ticks "${PID[agent]:-0}")
   n0=$(nginx_ticks); s0=$(proc_ticks "${PID[sim]}")
+  rk0=$(proc_sys_ticks "${PID[router]:-0}"); nk0=$(nginx_ticks proc_sys_ticks)
   read -r j0 t0 < <(cpu_jiffies); children_cpu >"$WORK/c0"; c0=$(<"$WORK/c0")
   run_wrk "$url" "$body" "$DURATION"
   r1=$(proc_ticks "${PID[router]:-0}"); a1=$(proc_ticks "${PID[agent]:-0}")
   n1=$(nginx_ticks); s1=$(proc_ticks "${PID[sim]}")
+  rk1=$(proc_sys_ticks "${PID[router]:-0}"); nk1=$(nginx_ticks proc_sys_ticks)
   read -r j1 t1 < <(cpu_jiffies); children_cpu >"$WORK/c1"; c1=$(<"$WORK/c1")
   alive sim || die "sim died during $label"
 
@@ -363,6 +383,7 @@ measure() { # id label target(router|nginx) kind(json|stream) url
     R[$id.router_us_per_req]=$(calc "($r1 - $r0) * $per" 2)
     R[$id.agent_us_per_req]=$(calc "($a1 - $a0) * $per" 2)
     R[$id.proxy_us_per_req]=$(calc "($r1 - $r0 + $a1 - $a0) * $per" 2)
+    R[$id.proxy_sys_us_per_req]=$(calc "($rk1 - $rk0) * $per" 2)
     R[$id.nginx_us_per_req]=null
     R[$id.router_cores]=$(calc "($r1 - $r0) / $CLK_TCK / $secs" 2)
     R[$id.agent_cores]=$(calc "($a1 - $a0) / $CLK_TCK / $secs" 2)
@@ -370,6 +391,7 @@ measure() { # id label target(router|nginx) kind(json|stream) url
     R[$id.router_us_per_req]=null; R[$id.agent_us_per_req]=null
     R[$id.nginx_us_per_req]=$(calc "($n1 - $n0) * $per" 2)
     R[$id.proxy_us_per_req]=${R[$id.nginx_us_per_req]}
+    R[$id.proxy_sys_us_per_req]=$(calc "($nk1 - $nk0) * $per" 2)
     R[$id.nginx_cores]=$(calc "($n1 - $n0) / $CLK_TCK / $secs" 2)
   fi
   R[$id.sim_us_per_req]=$(calc "($s1 - $s0) * $per" 2)
@@ -430,24 +452,28 @@ ratio() { # a b -> a/b or n/a
 
 echo
 echo "hivenet-router vs nginx: ${DURATION}s per case, $CONNECTIONS connections, wrk $WRK_THREADS threads,"
-echo "router --shards $SHARDS, nginx $NGINX_WORKERS workers, sim $SIM_THREADS thread(s), $NPROC CPUs;"
+nginx_log="access log off"
+[[ $NGINX_ACCESS_LOG == 1 ]] && nginx_log="JSON access log on"
+echo "router --shards $SHARDS, nginx $NGINX_WORKERS workers ($nginx_log), sim $SIM_THREADS thread(s), $NPROC CPUs;"
 echo "stream = $ROUTER_SSE_EVENTS SSE events via router, $NGINX_SSE_EVENTS via nginx"
 for i in "${!VARIANTS[@]}"; do
   echo "router#$i args: $(router_args "${VARIANTS[$i]}")"
 done
 echo
-fmt='%-20s %10s %9s %9s %7s %10s %10s %10s %8s %8s %8s %7s\n'
+fmt='%-20s %10s %9s %9s %7s %10s %10s %10s %8s %8s %8s %8s %7s\n'
 # shellcheck disable=SC2059
-printf "$fmt" case req/s p50_us p99_us errors router_us agent_us nginx_us sim_us sim_cpu wrk_cpu other
+printf "$fmt" case req/s p50_us p99_us errors router_us agent_us nginx_us sys_us sim_us sim_cpu wrk_cpu other
 for id in "${CASE_IDS[@]}"; do
   # shellcheck disable=SC2059
   printf "$fmt" "${R[$id.label]}" "${R[$id.rps]}" "${R[$id.p50_us]}" "${R[$id.p99_us]}" \
     "${R[$id.errors]}" "${R[$id.router_us_per_req]/null/-}" "${R[$id.agent_us_per_req]/null/-}" \
-    "${R[$id.nginx_us_per_req]/null/-}" "${R[$id.sim_us_per_req]}" "${R[$id.sim_cores]}" \
+    "${R[$id.nginx_us_per_req]/null/-}" "${R[$id.proxy_sys_us_per_req]}" \
+    "${R[$id.sim_us_per_req]}" "${R[$id.sim_cores]}" \
     "${R[$id.wrk_cores]}" "${R[$id.other_cores]}"
 done
-echo "(*_us = CPU microseconds per request of that process; sim_cpu/wrk_cpu/other = cores busy"
-echo " during the window: the sim, the load generator, processes outside the benchmark)"
+echo "(*_us = CPU microseconds per request of that process; sys_us = the kernel's part of the"
+echo " proxy's (router's or nginx's) figure; sim_cpu/wrk_cpu/other = cores busy during the window:"
+echo " the sim, the load generator, processes outside the benchmark)"
 echo
 echo "Ratios (router / nginx):"
 fmt2='%-20s %10s %10s %14s %14s %16s\n'
@@ -478,7 +504,7 @@ json_str() { local s=${1//\\/\\\\}; s=${s//\"/\\\"}; printf '"%s"' "$s"; }
   echo "  \"commit\": $(json_str "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"),"
   echo "  \"cpus\": $NPROC,"
   echo "  \"duration_s\": $DURATION, \"warmup_s\": $WARMUP, \"connections\": $CONNECTIONS, \"wrk_threads\": $WRK_THREADS,"
-  echo "  \"shards\": $SHARDS, \"nginx_workers\": $(json_str "$NGINX_WORKERS"), \"sim_threads\": $SIM_THREADS,"
+  echo "  \"shards\": $SHARDS, \"nginx_workers\": $(json_str "$NGINX_WORKERS"), \"nginx_access_log\": $([[ $NGINX_ACCESS_LOG == 1 ]] && echo true || echo false), \"sim_threads\": $SIM_THREADS,"
   echo "  \"output_tokens\": $OUTPUT_TOKENS, \"sse_events_router\": $ROUTER_SSE_EVENTS, \"sse_events_nginx\": $NGINX_SSE_EVENTS,"
   echo "  \"load_generator\": $(json_str "$(wrk -v 2>&1 | head -n1 | cut -c1-40)"),"
   printf '  "router_variants": ['
@@ -491,7 +517,7 @@ json_str() { local s=${1//\\/\\\\}; s=${s//\"/\\\"}; printf '"%s"' "$s"; }
     printf '%s    {"id": %s, "target": %s, "kind": %s' "$sep" "$(json_str "$id")" \
       "$(json_str "${R[$id.target]}")" "$(json_str "${R[$id.kind]}")"
     for f in requests seconds rps p50_us p90_us p99_us max_us errors err_status err_timeout mb_per_s \
-      router_us_per_req agent_us_per_req proxy_us_per_req nginx_us_per_req sim_us_per_req \
+      router_us_per_req agent_us_per_req proxy_us_per_req proxy_sys_us_per_req nginx_us_per_req sim_us_per_req \
       sim_cores wrk_cores machine_busy_cores other_cores; do
       printf ', "%s": %s' "$f" "${R[$id.$f]:-null}"
     done
