@@ -13,8 +13,9 @@
 #   ROUTER_ARGS=""     extra router flags; several configurations separated by '|' are measured
 #                      one after the other in the same run, e.g. ROUTER_ARGS='|--shards 1', or
 #                      ROUTER_ARGS='|--auth-config-file perf/auth-bench.yaml' (auth + limits);
-#                      a variant starting with '@DIR ' runs DIR/hivenet-router instead (before vs
-#                      after: ROUTER_ARGS='@/tmp/before|' with an older build saved in /tmp/before)
+#                      a variant starting with '@DIR ' runs DIR/hivenet-router instead, and
+#                      DIR/hivenet-agent when DIR has one (before vs after: ROUTER_ARGS='@/tmp/before|'
+#                      with an older build saved in /tmp/before)
 #   AGENT_ARGS=""      extra agent flags
 #   CASES="json stream"  which request kinds to measure
 #   PORT_BASE=23000    ports used: +80 router http, +51 grpc, +12 metrics, +900 tunnel,
@@ -276,11 +277,12 @@ router_args() { # variant
 }
 
 start_router_stack() { # variant-args index
-  local dir="$WORK/router-$2" args bin=$BIN variant=$1
+  local dir="$WORK/router-$2" args bin=$BIN agent_bin=$BIN variant=$1
   if [[ $variant == @* ]]; then
     bin=${variant%% *}
     variant=${variant#"$bin"}
     bin=${bin#@}
+    [[ -x $bin/hivenet-agent ]] && agent_bin=$bin
   fi
   mkdir -p "$dir"
   args=$(router_args "$variant")
@@ -292,7 +294,7 @@ start_router_stack() { # variant-args index
     --identity-path "$dir/router.key" $args
   wait_until 30 "hivenet-router" curl -s "http://$ROUTER_HTTP/v1/models"
   # shellcheck disable=SC2086
-  start_bg agent "$WORK/agent-$2.log" "$BIN/hivenet-agent" --backend-url "http://$SIM_ADDR" \
+  start_bg agent "$WORK/agent-$2.log" "$agent_bin/hivenet-agent" --backend-url "http://$SIM_ADDR" \
     --router-grpc "$ROUTER_GRPC" --identity-path "$dir/agent.key" --capacity 1000 $AGENT_ARGS
   wait_until 30 "the agent's model on the router" \
     bash -c "curl -sf -H 'Authorization: Bearer $BENCH_API_KEY' 'http://$ROUTER_HTTP/v1/models' | grep -q '\"$MODEL\"'"

@@ -341,11 +341,17 @@ async fn stream_to_router(
             Ok(Some(Ok(frame))) => {
                 let frame = match frame.into_data() {
                     Ok(data) => {
+                        // A body of known length that is complete ends the stream with its last
+                        // chunk: no empty DATA frame after it for the router to read.
+                        let last = body.is_end_stream();
                         if let Err(error) =
-                            write_data(&mut send, data, context.stream_write_timeout).await
+                            write_data(&mut send, data, last, context.stream_write_timeout).await
                         {
                             debug!(%error, "cannot write the response to the router");
                             send.send_reset(Reason::CANCEL);
+                            return;
+                        }
+                        if last {
                             return;
                         }
                         continue;
@@ -371,13 +377,21 @@ enum WriteError {
     Timeout(Duration),
 }
 
-/// Sends one chunk as the router's flow-control window allows, within the rolling write timeout.
+/// Sends one chunk as the router's flow-control window allows, within the rolling write timeout;
+/// `end`: the chunk's last piece ends the stream.
 async fn write_data(
     send: &mut SendStream<Bytes>,
     mut data: Bytes,
+    end: bool,
     timeout: Option<Duration>,
 ) -> Result<(), WriteError> {
     let write = async {
+        if data.is_empty() {
+            if end {
+                send.send_data(data, true)?;
+            }
+            return Ok(());
+        }
         while !data.is_empty() {
             send.reserve_capacity(data.len());
             let granted = match poll_fn(|cx| send.poll_capacity(cx)).await {
@@ -389,7 +403,7 @@ async fn write_data(
                 continue;
             }
             let chunk = data.split_to(granted.min(data.len()));
-            send.send_data(chunk, false)?;
+            send.send_data(chunk, end && data.is_empty())?;
         }
         Ok(())
     };
@@ -441,6 +455,16 @@ mod tests {
         backend: &str,
         http_timeout: Duration,
     ) -> (StatusCode, serde_json::Value, InFlight) {
+        let (status, chunks, in_flight) = exchange(backend, http_timeout).await;
+        (
+            status,
+            serde_json::from_slice(&chunks.concat()).unwrap(),
+            in_flight,
+        )
+    }
+
+    /// Like [`one_request`], with the body as the DATA frames' payloads, in order.
+    async fn exchange(backend: &str, http_timeout: Duration) -> (StatusCode, Vec<Bytes>, InFlight) {
         let in_flight = InFlight::default();
         let context =
             Arc::new(ForwardContext::new(backend, http_timeout, None, in_flight.clone()).unwrap());
@@ -460,11 +484,37 @@ mod tests {
         let response = response.await.unwrap();
         let status = response.status();
         let mut body = response.into_body();
-        let mut bytes = Vec::new();
+        let mut chunks = Vec::new();
         while let Some(chunk) = body.data().await {
-            bytes.extend_from_slice(&chunk.unwrap());
+            chunks.push(chunk.unwrap());
         }
-        (status, serde_json::from_slice(&bytes).unwrap(), in_flight)
+        (status, chunks, in_flight)
+    }
+
+    #[tokio::test]
+    async fn a_body_of_known_length_ends_the_stream_with_its_last_chunk() {
+        let backend = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = backend.local_addr().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (mut socket, _) = backend.accept().await.unwrap();
+            let mut head = [0u8; 1024];
+            let _ = socket.read(&mut head).await.unwrap();
+            let body = r#"{"object":"list","data":[]}"#;
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            socket.write_all(answer.as_bytes()).await.unwrap();
+            let _ = socket.read(&mut head).await;
+        });
+        let (status, chunks, _) = exchange(&format!("http://{addr}"), Duration::from_secs(5)).await;
+        assert_eq!(status, StatusCode::OK);
+        // One DATA frame carrying END_STREAM, not the body then an empty frame to end it.
+        assert_eq!(
+            chunks,
+            vec![Bytes::from_static(br#"{"object":"list","data":[]}"#)]
+        );
     }
 
     #[tokio::test]
