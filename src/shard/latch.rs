@@ -6,7 +6,9 @@
 //! measured at a fifth of the router's CPU under load before this was a single slot.
 
 use std::cell::{Cell, RefCell};
-use std::task::{Poll, Waker};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 
 #[derive(Default)]
 pub struct Latch {
@@ -44,15 +46,35 @@ impl Latch {
     }
 }
 
-/// Runs two futures until the first finishes; the other is dropped.
-pub async fn race<A: std::future::Future, B: std::future::Future>(
-    first: A,
-    second: B,
-) -> futures_util::future::Either<A::Output, B::Output> {
-    use futures_util::future::{Either, select};
-    match select(std::pin::pin!(first), std::pin::pin!(second)).await {
-        Either::Left((output, _)) => Either::Left(output),
-        Either::Right((output, _)) => Either::Right(output),
+/// Runs two futures until the first finishes; the other is dropped. `first` is polled first.
+///
+/// A plain future rather than an `async fn`: an `async fn` keeps its arguments and their pinned
+/// copies in its state, and moves them into place on the first poll.
+pub fn race<A: Future, B: Future>(first: A, second: B) -> Race<A, B> {
+    Race { first, second }
+}
+
+pin_project_lite::pin_project! {
+    /// The future [`race`] returns.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct Race<A, B> {
+        #[pin]
+        first: A,
+        #[pin]
+        second: B,
+    }
+}
+
+impl<A: Future, B: Future> Future for Race<A, B> {
+    type Output = futures_util::future::Either<A::Output, B::Output>;
+
+    fn poll(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Self::Output> {
+        use futures_util::future::Either;
+        let this = self.project();
+        if let Poll::Ready(output) = this.first.poll(context) {
+            return Poll::Ready(Either::Left(output));
+        }
+        this.second.poll(context).map(Either::Right)
     }
 }
 
