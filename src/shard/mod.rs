@@ -21,3 +21,7 @@ pub mod runtime;
 pub mod snapshot;
 pub mod state;
 pub mod tenants;
+
+/// The maps a shard looks up on every request, keyed by the router's own ids (models, agents,
+/// tickets, keys): foldhash, seeded per process, instead of the standard library's SipHash.
+pub type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

@@ -7,7 +7,7 @@
 //! other cores' messages.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,6 +27,7 @@ use crate::policy::ModelPolicy;
 use crate::routing::{
     Acquire, AgentId, AnyAgent, Ask as RouteAsk, Grant, ModelRoutes, StepFilter, Ticket,
 };
+use crate::shard::IdMap;
 use crate::shard::mesh::Endpoint;
 use crate::shard::messages::{ControlToShard, Decision, HoldAnswer, ShardToControl, ShardToShard};
 use crate::shard::quotas::{Admitted, Charge, Quotas, Release};
@@ -155,7 +156,7 @@ struct OwnedPool {
     pool: Pool,
     policy: Arc<ModelPolicy>,
     /// Parked tickets, and the slot each asked for as well (`None`: a reservation only).
-    parked_for_slot: HashMap<Ticket, Option<RouteAsk>>,
+    parked_for_slot: IdMap<Ticket, Option<RouteAsk>>,
 }
 
 /// The admission gauges of one model this shard owns.
@@ -205,26 +206,26 @@ pub struct Shard {
     snapshot: RefCell<Arc<RoutingSnapshot>>,
     keys: RefCell<Arc<KeyRegistry>>,
     admin_access: RefCell<Arc<AdminAccess>>,
-    routes: RefCell<HashMap<ModelId, ModelRoutes>>,
-    tunnels: RefCell<HashMap<AgentId, Tunnel>>,
-    waiting: RefCell<HashMap<u64, oneshot::Sender<Decision>>>,
+    routes: RefCell<IdMap<ModelId, ModelRoutes>>,
+    tunnels: RefCell<IdMap<AgentId, Tunnel>>,
+    waiting: RefCell<IdMap<u64, oneshot::Sender<Decision>>>,
     next_sequence: Cell<u64>,
     next_tunnel_generation: Cell<u64>,
     mesh: RefCell<Endpoint<ShardToShard>>,
     /// Quota holders this shard owns (`tenant % count`).
     quotas: RefCell<Quotas>,
-    quota_waiting: RefCell<HashMap<u64, oneshot::Sender<QuotaAnswer>>>,
-    settle_waiting: RefCell<HashMap<u64, oneshot::Sender<Option<crate::limits::Settlement>>>>,
+    quota_waiting: RefCell<IdMap<u64, oneshot::Sender<QuotaAnswer>>>,
+    settle_waiting: RefCell<IdMap<u64, oneshot::Sender<Option<crate::limits::Settlement>>>>,
     /// Occupancy of the models this shard owns.
-    pools: RefCell<HashMap<ModelId, OwnedPool>>,
+    pools: RefCell<IdMap<ModelId, OwnedPool>>,
     /// Hold at zero: the held and released-but-waiting requests of the models this shard owns.
     holds: RefCell<HoldBook>,
     /// Hold at zero: this shard's held requests, waiting for their owner's answer.
-    hold_waiting: RefCell<HashMap<u64, oneshot::Sender<HoldAnswer>>>,
+    hold_waiting: RefCell<IdMap<u64, oneshot::Sender<HoldAnswer>>>,
     /// Cross-site redirect: the redirect tokens spent here (this shard owns `nonce[0] % count`).
     spent_tokens: RefCell<crate::sibling::token::SpentTokens>,
     /// Cross-site redirect: this shard's requests waiting to hear whether their token was fresh.
-    spend_waiting: RefCell<HashMap<u64, oneshot::Sender<bool>>>,
+    spend_waiting: RefCell<IdMap<u64, oneshot::Sender<bool>>>,
     /// Whether the park timer task runs.
     park_timer: Cell<bool>,
     /// Admission refusals decided on this shard, by model and gate.
@@ -240,7 +241,7 @@ pub struct Shard {
     /// This shard's end of the audit log (`None` until start-up hands it over).
     audit: RefCell<Option<crate::audit::AuditSender>>,
     /// Every pooled agent's peer ID, for the audit log (all shards hear every agent).
-    agent_peers: RefCell<HashMap<AgentId, Arc<crate::routing::AgentProfile>>>,
+    agent_peers: RefCell<IdMap<AgentId, Arc<crate::routing::AgentProfile>>>,
     /// Origin of the monotonic `Millis` the limits run on.
     started: Instant,
     /// Mesh messages that found their ring full; retried before anything new is drained. Only
@@ -287,27 +288,27 @@ impl Shard {
             snapshot: RefCell::new(RoutingSnapshot::empty()),
             keys: RefCell::new(keys),
             admin_access: RefCell::new(admin_access),
-            routes: RefCell::new(HashMap::new()),
-            tunnels: RefCell::new(HashMap::new()),
-            waiting: RefCell::new(HashMap::new()),
+            routes: RefCell::new(IdMap::default()),
+            tunnels: RefCell::new(IdMap::default()),
+            waiting: RefCell::new(IdMap::default()),
             next_sequence: Cell::new(1),
             next_tunnel_generation: Cell::new(1),
             mesh: RefCell::new(mesh),
             quotas: RefCell::new(Quotas::new(rpm_burst)),
-            quota_waiting: RefCell::new(HashMap::new()),
-            settle_waiting: RefCell::new(HashMap::new()),
-            pools: RefCell::new(HashMap::new()),
+            quota_waiting: RefCell::new(IdMap::default()),
+            settle_waiting: RefCell::new(IdMap::default()),
+            pools: RefCell::new(IdMap::default()),
             holds: RefCell::new(HoldBook::new(hold_limits)),
-            hold_waiting: RefCell::new(HashMap::new()),
+            hold_waiting: RefCell::new(IdMap::default()),
             spent_tokens: RefCell::new(crate::sibling::token::SpentTokens::new()),
-            spend_waiting: RefCell::new(HashMap::new()),
+            spend_waiting: RefCell::new(IdMap::default()),
             park_timer: Cell::new(false),
-            rejections: RefCell::new(HashMap::new()),
-            policy_outcomes: RefCell::new(HashMap::new()),
+            rejections: RefCell::new(IdMap::default()),
+            policy_outcomes: RefCell::new(IdMap::default()),
             estimator: RefCell::new(crate::admission::estimator::Estimator::default()),
             tenants: RefCell::new(crate::shard::tenants::TenantCounters::default()),
             audit: RefCell::new(None),
-            agent_peers: RefCell::new(HashMap::new()),
+            agent_peers: RefCell::new(IdMap::default()),
             started: Instant::now(),
             deferred: RefCell::new(VecDeque::new()),
             to_control,
@@ -414,7 +415,7 @@ impl Shard {
     /// Registers the waiter of `ticket` in `waiters`: the answer (local or over the mesh) goes
     /// to the returned receiver.
     fn await_answer<A>(
-        waiters: &RefCell<HashMap<u64, oneshot::Sender<A>>>,
+        waiters: &RefCell<IdMap<u64, oneshot::Sender<A>>>,
         ticket: Ticket,
     ) -> oneshot::Receiver<A> {
         let (answered, answer) = oneshot::channel();
@@ -544,7 +545,7 @@ impl Shard {
                 let owned = pools.entry(model).or_insert_with(|| OwnedPool {
                     pool: Pool::new(now),
                     policy: request.policy.clone(),
-                    parked_for_slot: HashMap::new(),
+                    parked_for_slot: IdMap::default(),
                 });
                 owned.policy = request.policy;
                 let verdict = owned.pool.admit(now, &limits, request.ask, park_until);
@@ -1782,7 +1783,7 @@ impl Shard {
 }
 
 /// Per-model counters a shard keeps for `/metrics` (admission refusals, policy outcomes).
-type PerModelCounts<K> = RefCell<HashMap<(ModelId, K), u64>>;
+type PerModelCounts<K> = RefCell<IdMap<(ModelId, K), u64>>;
 
 fn count_per_model<K: Copy + Eq + std::hash::Hash>(
     counts: &PerModelCounts<K>,
@@ -1792,7 +1793,7 @@ fn count_per_model<K: Copy + Eq + std::hash::Hash>(
     *counts.borrow_mut().entry((model, kind)).or_insert(0) += 1;
 }
 
-fn per_model_counts<K: Copy>(counts: &HashMap<(ModelId, K), u64>) -> Vec<(ModelId, K, u64)> {
+fn per_model_counts<K: Copy>(counts: &IdMap<(ModelId, K), u64>) -> Vec<(ModelId, K, u64)> {
     counts
         .iter()
         .map(|(&(model, kind), &count)| (model, kind, count))

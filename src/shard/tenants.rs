@@ -21,11 +21,11 @@
 //! series, per (tenant, model, engine, region), the same way; an agent's index entries are
 //! dropped when it leaves.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::auth::keys::{KeyId, KeyRecord, KeySource, TenantId};
 use crate::routing::AgentId;
+use crate::shard::IdMap;
 use crate::shard::snapshot::ModelId;
 
 /// `tenant_id` and `key_id` of one key.
@@ -110,14 +110,14 @@ pub struct TenantCounters {
     /// Request counts per series, which series a (key, model, deployment) counts in, and which
     /// a (key, model, serving agent) counts in (`None`: no agent served it).
     requests: Vec<(RequestSeries, RequestCounts)>,
-    request_series: HashMap<(KeyId, ModelId, Arc<str>), usize>,
-    request_index: HashMap<(KeyId, ModelId, Option<AgentId>), usize>,
-    rate_limited: HashMap<KeyId, (KeyLabels, u64)>,
-    token_limited: HashMap<(KeyId, Phase, Arc<str>), (KeyLabels, u64)>,
+    request_series: IdMap<(KeyId, ModelId, Arc<str>), usize>,
+    request_index: IdMap<(KeyId, ModelId, Option<AgentId>), usize>,
+    rate_limited: IdMap<KeyId, (KeyLabels, u64)>,
+    token_limited: IdMap<(KeyId, Phase, Arc<str>), (KeyLabels, u64)>,
     /// Routed requests per series, and which series a (tenant, model, agent) counts in.
     routed: Vec<(RoutedSeries, u64)>,
-    routed_series: HashMap<RoutedSeries, usize>,
-    routed_index: HashMap<(TenantId, ModelId, AgentId), usize>,
+    routed_series: IdMap<RoutedSeries, usize>,
+    routed_index: IdMap<(TenantId, ModelId, AgentId), usize>,
 }
 
 impl TenantCounters {
