@@ -53,7 +53,7 @@ pub struct AuditRecord<'a> {
     pub agent_id: &'a str,
     pub error_code: &'a str,
     pub source_ip: Shown<SourceIp>,
-    pub ts: Shown<Timestamp>,
+    pub ts: Timestamp,
 }
 
 /// Serializes a `Display` value as a JSON string, formatted straight into the output (no
@@ -114,8 +114,11 @@ impl std::fmt::Display for SourceIp {
 #[derive(Debug, Clone, Copy)]
 pub struct Timestamp(pub SystemTime);
 
-impl std::fmt::Display for Timestamp {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl Timestamp {
+    /// `YYYY-MM-DDTHH:MM:SS.mmmZ` in UTC, written digit by digit: one string for the serializer
+    /// instead of seven padded integers through `fmt` (each its own escaped write). Times before
+    /// 1970 show as 1970; years past 9999 as 9999.
+    fn render(&self) -> [u8; 24] {
         let since_epoch = self
             .0
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -123,14 +126,38 @@ impl std::fmt::Display for Timestamp {
         let seconds = since_epoch.as_secs();
         let (days, of_day) = (seconds / 86_400, seconds % 86_400);
         let (year, month, day) = civil_from_days(days as i64);
-        write!(
-            f,
-            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-            of_day / 3600,
-            of_day / 60 % 60,
-            of_day % 60,
-            since_epoch.subsec_millis()
-        )
+        let mut out = *b"0000-00-00T00:00:00.000Z";
+        put_digits(&mut out[0..4], year.clamp(0, 9999) as u64);
+        put_digits(&mut out[5..7], u64::from(month));
+        put_digits(&mut out[8..10], u64::from(day));
+        put_digits(&mut out[11..13], of_day / 3600);
+        put_digits(&mut out[14..16], of_day / 60 % 60);
+        put_digits(&mut out[17..19], of_day % 60);
+        put_digits(&mut out[20..23], u64::from(since_epoch.subsec_millis()));
+        out
+    }
+}
+
+/// `value`'s last `out.len()` decimal digits, zero-padded.
+fn put_digits(out: &mut [u8], mut value: u64) {
+    for slot in out.iter_mut().rev() {
+        *slot = b'0' + (value % 10) as u8;
+        value /= 10;
+    }
+}
+
+impl std::fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let rendered = self.render();
+        f.write_str(std::str::from_utf8(&rendered).expect("digits and ASCII punctuation"))
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let rendered = self.render();
+        serializer
+            .serialize_str(std::str::from_utf8(&rendered).expect("digits and ASCII punctuation"))
     }
 }
 
@@ -189,12 +216,6 @@ fn is_uuid(text: &[u8]) -> bool {
             8 | 13 | 18 | 23 => *byte == b'-',
             _ => byte.is_ascii_hexdigit(),
         })
-}
-
-/// [`Timestamp`] appended to `out`.
-pub fn format_ts(at: SystemTime, out: &mut String) {
-    use std::fmt::Write as _;
-    let _ = write!(out, "{}", Timestamp(at));
 }
 
 /// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
@@ -390,7 +411,7 @@ mod tests {
             agent_id: "12D3KooW",
             error_code: "",
             source_ip: Shown(SourceIp(Some("10.0.0.5".parse().unwrap()))),
-            ts: Shown(Timestamp(ts)),
+            ts: Timestamp(ts),
         }
     }
 
@@ -415,18 +436,23 @@ mod tests {
 
     #[test]
     fn timestamps_are_rfc3339_utc() {
-        let mut out = String::new();
-        format_ts(
-            SystemTime::UNIX_EPOCH + Duration::from_millis(1_785_162_010_123),
-            &mut out,
+        let at = |since_epoch: Duration| Timestamp(SystemTime::UNIX_EPOCH + since_epoch);
+        assert_eq!(
+            at(Duration::from_millis(1_785_162_010_123)).to_string(),
+            "2026-07-27T14:20:10.123Z"
         );
-        assert_eq!(out, "2026-07-27T14:20:10.123Z");
-        out.clear();
-        format_ts(
-            SystemTime::UNIX_EPOCH + Duration::from_secs(951_782_400),
-            &mut out,
+        assert_eq!(
+            at(Duration::from_secs(951_782_400)).to_string(),
+            "2000-02-29T00:00:00.000Z"
         );
-        assert_eq!(out, "2000-02-29T00:00:00.000Z");
+        assert_eq!(
+            Timestamp(SystemTime::UNIX_EPOCH - Duration::from_secs(1)).to_string(),
+            "1970-01-01T00:00:00.000Z",
+            "before the epoch shows as the epoch"
+        );
+        let serialized =
+            serde_json::to_string(&at(Duration::from_millis(1_785_162_010_123))).unwrap();
+        assert_eq!(serialized, r#""2026-07-27T14:20:10.123Z""#);
     }
 
     #[test]

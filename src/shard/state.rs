@@ -1123,7 +1123,7 @@ impl Shard {
             agent_id,
             error_code,
             source_ip: Shown(SourceIp(request.peer)),
-            ts: Shown(Timestamp(std::time::SystemTime::now() - latency)),
+            ts: Timestamp(std::time::SystemTime::now() - latency),
         });
     }
 
