@@ -1122,7 +1122,7 @@ impl Shard {
             output_tokens: facts.output_tokens,
             agent_id,
             error_code,
-            source_ip: Shown(SourceIp(request.peer)),
+            source_ip: SourceIp(request.peer),
             ts: Timestamp(std::time::SystemTime::now() - latency),
         });
     }
