@@ -15,7 +15,6 @@ use crate::control::ControlShared;
 use crate::control::conn_limit::ConnPermit;
 use crate::routing::AgentId;
 use crate::shard::messages::ControlToShard;
-use crate::tokens::SESSION_AUDIENCE;
 use crate::tunnel::preamble::{self, Status};
 use crate::tunnel::tls;
 
@@ -67,28 +66,8 @@ async fn handshake(
         let _ = socket.write_all(&[Status::TlsRequired as u8]).await;
         return Err("plaintext preamble on a TLS tunnel port");
     }
-    let mut head = [0u8; 8];
-    head[..4].copy_from_slice(&magic);
-    socket
-        .read_exact(&mut head[4..])
-        .await
-        .map_err(|_| "connection closed during preamble")?;
-    let (shard, token_len) = match preamble::decode_head(&head) {
-        Ok(decoded) => decoded,
-        Err(_) => {
-            let _ = socket.write_all(&[Status::Malformed as u8]).await;
-            return Err("malformed preamble");
-        }
-    };
-    let mut token = vec![0u8; token_len];
-    socket
-        .read_exact(&mut token)
-        .await
-        .map_err(|_| "connection closed during preamble")?;
-    let status = match preamble::decode_token(token)
-        .ok()
-        .and_then(|token| shared.secret.verify(&token, SESSION_AUDIENCE).ok())
-    {
+    let (shard, claims) = preamble::read_claims(&mut socket, &magic, &shared.secret).await?;
+    let status = match claims {
         None => Status::BadToken,
         Some(claims) => {
             let agent = AgentId(claims.sid as u32);
@@ -97,21 +76,12 @@ async fn handshake(
             } else if usize::from(shard) >= shared.settings.shard_count {
                 Status::BadShard
             } else {
-                socket
-                    .write_all(&[Status::Accepted as u8])
-                    .await
-                    .map_err(|_| "connection closed before acceptance")?;
-                let _ = socket.set_nodelay(true);
-                let socket = socket.into_std().map_err(|_| "cannot detach socket")?;
-                shared.send_to_shard(
-                    usize::from(shard),
-                    ControlToShard::Tunnel {
-                        agent,
-                        socket,
-                        permit,
-                    },
-                );
-                return Ok(());
+                return hand_to_shard(socket, shard, shared, |socket| ControlToShard::Tunnel {
+                    agent,
+                    socket,
+                    permit,
+                })
+                .await;
             }
         }
     };
@@ -140,15 +110,25 @@ async fn secure_handshake(
         let _ = socket.write_all(&[Status::BadShard as u8]).await;
         return Err(Status::BadShard.describe());
     }
+    hand_to_shard(socket, shard, shared, |socket| {
+        ControlToShard::SecureTunnel { socket, permit }
+    })
+    .await
+}
+
+/// Answers `Accepted` and hands the socket to the shard it names, in the message `message` makes.
+async fn hand_to_shard(
+    mut socket: tokio::net::TcpStream,
+    shard: u16,
+    shared: &ControlShared,
+    message: impl FnOnce(std::net::TcpStream) -> ControlToShard,
+) -> Result<(), &'static str> {
     socket
         .write_all(&[Status::Accepted as u8])
         .await
-        .map_err(|_| "connection closed before the TLS handshake")?;
+        .map_err(|_| "connection closed before acceptance")?;
     let _ = socket.set_nodelay(true);
     let socket = socket.into_std().map_err(|_| "cannot detach socket")?;
-    shared.send_to_shard(
-        usize::from(shard),
-        ControlToShard::SecureTunnel { socket, permit },
-    );
+    shared.send_to_shard(usize::from(shard), message(socket));
     Ok(())
 }

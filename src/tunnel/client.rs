@@ -98,33 +98,12 @@ async fn open_secure(
     io: Io,
 ) -> Result<(AgentId, tokio_rustls::server::TlsStream<Io>), &'static str> {
     use crate::tunnel::preamble::{self, Status};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let mut tls = tokio_rustls::TlsAcceptor::from(security.config.clone())
         .accept(io)
         .await
         .map_err(|_| "TLS handshake failed")?;
-    let mut head = [0u8; 8];
-    tls.read_exact(&mut head)
-        .await
-        .map_err(|_| "connection closed during preamble")?;
-    let (claimed, token_len) = match preamble::decode_head(&head) {
-        Ok(decoded) => decoded,
-        Err(_) => {
-            let _ = tls.write_all(&[Status::Malformed as u8]).await;
-            let _ = tls.flush().await;
-            return Err("malformed preamble");
-        }
-    };
-    let mut token = vec![0u8; token_len];
-    tls.read_exact(&mut token)
-        .await
-        .map_err(|_| "connection closed during preamble")?;
-    let claims = preamble::decode_token(token).ok().and_then(|token| {
-        security
-            .secret
-            .verify(&token, crate::tokens::SESSION_AUDIENCE)
-            .ok()
-    });
+    let (claimed, claims) = preamble::read_claims(&mut tls, &[], &security.secret).await?;
     let status = match &claims {
         None => Status::BadToken,
         Some(_) if usize::from(claimed) != shard.id => Status::BadShard,

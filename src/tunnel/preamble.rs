@@ -94,6 +94,40 @@ pub fn decode_token(bytes: Vec<u8>) -> Result<String, PreambleError> {
     String::from_utf8(bytes).map_err(|_| PreambleError::TokenNotUtf8)
 }
 
+/// The router's side of a preamble, on the plaintext port or inside TLS: reads the rest of the
+/// head after the `read_already` bytes (the plaintext port reads the magic first, to tell a TLS
+/// hint apart), answers [`Status::Malformed`] to a bad head, reads the token and checks its
+/// signature. Returns the shard the preamble names and the token's claims (`None`: a bad token;
+/// the caller answers, after its own checks).
+pub async fn read_claims<IO>(
+    io: &mut IO,
+    read_already: &[u8],
+    secret: &crate::tokens::Secret,
+) -> Result<(u16, Option<crate::tokens::Claims>), &'static str>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut head = [0u8; 8];
+    head[..read_already.len()].copy_from_slice(read_already);
+    io.read_exact(&mut head[read_already.len()..])
+        .await
+        .map_err(|_| "connection closed during preamble")?;
+    let Ok((shard, token_len)) = decode_head(&head) else {
+        let _ = io.write_all(&[Status::Malformed as u8]).await;
+        let _ = io.flush().await;
+        return Err("malformed preamble");
+    };
+    let mut token = vec![0u8; token_len];
+    io.read_exact(&mut token)
+        .await
+        .map_err(|_| "connection closed during preamble")?;
+    let claims = decode_token(token)
+        .ok()
+        .and_then(|token| secret.verify(&token, crate::tokens::SESSION_AUDIENCE).ok());
+    Ok((shard, claims))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
