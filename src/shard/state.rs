@@ -1637,22 +1637,18 @@ impl Shard {
                 socket,
                 permit,
             } => {
-                let generation = self.next_tunnel_generation.get();
-                self.next_tunnel_generation.set(generation + 1);
                 monoio::spawn(crate::tunnel::client::run(
                     self.clone(),
                     agent,
-                    generation,
+                    self.new_tunnel_generation(),
                     socket,
                     permit,
                 ));
             }
             ControlToShard::SecureTunnel { socket, permit } => {
-                let generation = self.next_tunnel_generation.get();
-                self.next_tunnel_generation.set(generation + 1);
                 monoio::spawn(crate::tunnel::client::run_secure(
                     self.clone(),
-                    generation,
+                    self.new_tunnel_generation(),
                     socket,
                     permit,
                 ));
@@ -1685,6 +1681,13 @@ impl Shard {
                 }
             }
         }
+    }
+
+    /// Tells this tunnel's end from an earlier one's to the same agent.
+    fn new_tunnel_generation(&self) -> u64 {
+        let generation = self.next_tunnel_generation.get();
+        self.next_tunnel_generation.set(generation + 1);
+        generation
     }
 
     fn owned(&self, models: &[ModelId]) -> Vec<ModelId> {
