@@ -21,6 +21,7 @@ pub mod control;
 pub mod disk_db;
 pub mod duration;
 pub mod error;
+pub mod fatal;
 pub mod hold;
 pub mod http;
 pub mod identity;

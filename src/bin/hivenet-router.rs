@@ -47,6 +47,7 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    hivenet_router::fatal::abort_on_panic("hivenet-router");
     if std::env::args_os()
         .nth(1)
         .is_some_and(|arg| arg == "derive-key-defaults")
@@ -340,6 +341,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         tunnel_tls,
     };
     let (shard_started, shards_ready) = std::sync::mpsc::channel();
+    let (thread_ended, threads_ended) = std::sync::mpsc::channel();
     let mut threads = Vec::with_capacity(shard_count);
     let meshes = Mesh::build(shard_count).context("cannot create the shard mesh")?;
     for (index, (mesh, inbox)) in meshes.into_iter().zip(inboxes).enumerate() {
@@ -359,7 +361,11 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             to_control: to_control.clone(),
             core: (!cores.is_empty()).then(|| cores[index % cores.len()]),
         };
-        threads.push(runtime::spawn(setup, shard_started.clone()));
+        threads.push(runtime::spawn(
+            setup,
+            shard_started.clone(),
+            thread_ended.clone(),
+        ));
     }
     let mut driver = None;
     for _ in 0..shard_count {
@@ -379,8 +385,13 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         peer_id = %identity.peer_id,
         "hivenet-router listening"
     );
-    for thread in threads {
-        let _ = thread.join();
-    }
-    Ok(())
+    drop(thread_ended);
+    // A shard runs for the life of the process; one that ends leaves its keys and models
+    // unserved, so the process ends with it (a panic already aborted it, see `fatal`).
+    let ended = threads_ended
+        .recv()
+        .unwrap_or_else(|_| "every shard".to_owned());
+    tracing::error!(thread = %ended, "a shard thread ended; stopping the router");
+    drop(threads);
+    std::process::exit(70);
 }

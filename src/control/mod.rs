@@ -164,13 +164,19 @@ impl ControlShared {
             match event {
                 Event::AgentUp {
                     agent,
+                    generation,
                     models,
                     capacity,
                     profile,
                 } => {
-                    tracing::info!(session = agent.0, "agent joined the routing pool");
+                    tracing::info!(
+                        session = agent.0,
+                        stay = generation.0,
+                        "agent joined the routing pool"
+                    );
                     self.broadcast(|| ControlToShard::AgentUp {
                         agent,
+                        generation,
                         models: models.clone(),
                         capacity,
                         profile: profile.clone(),

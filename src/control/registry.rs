@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::routing::{AgentId, AgentProfile, EngineSignals};
+use crate::routing::{AgentId, AgentProfile, EngineSignals, Generation};
 use crate::shard::snapshot::{Capability, ModelEntry, ModelId, ModelKey, RoutingSnapshot};
 use crate::shard::state::owner_of_model;
 use crate::sibling::map::SiblingMap;
@@ -36,6 +36,8 @@ pub struct Registration {
 pub enum Event {
     AgentUp {
         agent: AgentId,
+        /// This stay's number, new at every join (see [`Generation`]).
+        generation: Generation,
         models: Arc<[ModelId]>,
         capacity: u32,
         profile: Arc<AgentProfile>,
@@ -94,6 +96,8 @@ pub struct Registry {
     version: u64,
     /// The pushed sibling map (`PUT /admin/sibling-map`); `None` until one is pushed.
     siblings: Option<Siblings>,
+    /// The stay number the next agent to join the routing pool gets.
+    next_generation: u32,
 }
 
 impl Registry {
@@ -106,6 +110,7 @@ impl Registry {
             model_names: Vec::new(),
             version: 0,
             siblings: None,
+            next_generation: 0,
         }
     }
 
@@ -501,8 +506,11 @@ impl Registry {
                     .into_boxed_slice(),
                 deployment_id: registration.map_or("", |r| r.deployment_id.as_str()).into(),
             });
+            let generation = Generation(self.next_generation);
+            self.next_generation = self.next_generation.wrapping_add(1);
             events.push(Event::AgentUp {
                 agent,
+                generation,
                 models: record.models.clone(),
                 capacity,
                 profile,

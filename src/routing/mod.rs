@@ -7,6 +7,9 @@
 //! Invariants:
 //! - an agent's `own_in_flight` never exceeds its declared capacity, and equals the grants handed out
 //!   for it minus the releases received;
+//! - a release counts only against the generation that granted it: an agent that leaves and joins
+//!   again under the same [`AgentId`] (a lost tunnel, redialled a second later) starts a new
+//!   generation, and releases of slots granted before it left are ignored, never charged to it;
 //! - a queued ticket is either granted exactly once, cancelled, or failed (agents gone) — never two;
 //! - the queue never grows beyond `queue_depth`.
 //!
@@ -90,10 +93,19 @@ impl StepFilter for AnyAgent {
     }
 }
 
-/// A slot granted on an agent, and the step that chose it.
+/// One stay of an agent in the routing pool, from joining to leaving. The control core numbers
+/// every join of every agent (it outlives any model's state on a shard), so a slot granted in an
+/// earlier stay is told apart from one of the current stay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Generation(pub u32);
+
+/// A slot granted on an agent, and the step that chose it. Release it with [`ModelRoutes::release`]
+/// exactly once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grant {
     pub agent: AgentId,
+    /// The agent's stay that the slot belongs to.
+    pub generation: Generation,
     pub step: u8,
 }
 
@@ -130,6 +142,7 @@ pub enum Outcome {
 #[derive(Debug, Clone)]
 struct AgentLoad {
     agent: AgentId,
+    generation: Generation,
     capacity: u32,
     own_in_flight: u32,
     /// Other routers' requests on this agent: its last report minus our own count at that moment.
@@ -238,32 +251,40 @@ impl ModelRoutes {
 
     // ----- inputs -----
 
-    /// Adds the agent, or updates its capacity when it registers again. Newly free capacity is
-    /// handed to waiting tickets, returned as grants to deliver.
+    /// Adds the agent for its stay `generation`, or updates its capacity and profile within the
+    /// same stay. A new stay of an agent still listed (its leaving was never seen) starts afresh:
+    /// the old stay's slots are not this stay's. Newly free capacity is handed to waiting
+    /// tickets, returned as grants to deliver.
     pub fn agent_up(
         &mut self,
         agent: AgentId,
+        generation: Generation,
         capacity: u32,
         profile: Arc<AgentProfile>,
     ) -> Vec<(Ticket, Grant)> {
+        let fresh = AgentLoad {
+            agent,
+            generation,
+            capacity,
+            own_in_flight: 0,
+            others_in_flight: 0,
+            engine: EngineSignals::default(),
+            profile,
+        };
         match self.find(agent) {
-            Some(index) => {
-                self.agents[index].capacity = capacity;
-                self.agents[index].profile = profile;
+            Some(index) if self.agents[index].generation == generation => {
+                let load = &mut self.agents[index];
+                load.capacity = fresh.capacity;
+                load.profile = fresh.profile;
             }
-            None => self.agents.push(AgentLoad {
-                agent,
-                capacity,
-                own_in_flight: 0,
-                others_in_flight: 0,
-                engine: EngineSignals::default(),
-                profile,
-            }),
+            Some(index) => self.agents[index] = fresh,
+            None => self.agents.push(fresh),
         }
         self.drain_queue()
     }
 
-    /// Removes the agent. Its outstanding slots vanish with it (their releases are ignored). When
+    /// Removes the agent. Its outstanding slots vanish with it: their releases are ignored, even
+    /// after the agent joins again (a new generation). When
     /// no agent remains, every waiter is failed and returned.
     pub fn agent_down(&mut self, agent: AgentId) -> Vec<Ticket> {
         if let Some(index) = self.find(agent) {
@@ -340,9 +361,9 @@ impl ModelRoutes {
             any_eligible = true;
             // Waiters are served first: a new request never overtakes the queue.
             if self.queue.is_empty()
-                && let Some(agent) = self.take_least_loaded(step, &ask.excluded)
+                && let Some(grant) = self.take_least_loaded(step, &ask.excluded)
             {
-                return Acquire::Granted(Grant { agent, step });
+                return Acquire::Granted(grant);
             }
             if self.queue.len() < self.queue_depth || (ask.beyond_depth && self.queue_depth > 0) {
                 self.queue.push_back(Waiter {
@@ -360,17 +381,29 @@ impl ModelRoutes {
         }
     }
 
-    /// Returns a slot. The freed capacity goes to the head of the queue first.
-    pub fn release(&mut self, agent: AgentId) -> Vec<(Ticket, Grant)> {
-        if let Some(index) = self.find(agent) {
+    /// Returns a slot. The freed capacity goes to the head of the queue first. A slot of an
+    /// earlier generation of the agent (it left since) frees nothing.
+    pub fn release(&mut self, grant: Grant) -> Vec<(Ticket, Grant)> {
+        if let Some(index) = self.find(grant.agent) {
             let load = &mut self.agents[index];
-            assert!(
-                load.own_in_flight > 0,
-                "release without a grant on {agent:?}"
-            );
-            load.own_in_flight -= 1;
+            if load.generation == grant.generation {
+                // Stays on in release builds: a release counted twice would hand the agent more
+                // requests than its capacity.
+                assert!(
+                    load.own_in_flight > 0,
+                    "release without a grant on {:?} {:?}",
+                    grant.agent,
+                    grant.generation
+                );
+                load.own_in_flight -= 1;
+            }
         }
         self.drain_queue()
+    }
+
+    /// The agent's current generation, while it is in the pool.
+    pub fn generation(&self, agent: AgentId) -> Option<Generation> {
+        self.find(agent).map(|index| self.agents[index].generation)
     }
 
     /// Removes a waiting ticket (its request timed out or its client left). False when the ticket
@@ -401,7 +434,7 @@ impl ModelRoutes {
             .any(|load| self.eligible(load, step, excluded))
     }
 
-    fn take_least_loaded(&mut self, step: u8, excluded: &[AgentId]) -> Option<AgentId> {
+    fn take_least_loaded(&mut self, step: u8, excluded: &[AgentId]) -> Option<Grant> {
         let count = self.agents.len();
         let start = self.next_tie_break % count.max(1);
         // Least-loaded (policy reference, "Ranking strategy"): the lowest active requests over
@@ -424,7 +457,11 @@ impl ModelRoutes {
         self.next_tie_break = index + 1;
         let chosen = &mut self.agents[index];
         chosen.own_in_flight += 1;
-        Some(chosen.agent)
+        Some(Grant {
+            agent: chosen.agent,
+            generation: chosen.generation,
+            step,
+        })
     }
 
     /// Grants every waiter, in order, that an agent with room may serve.
@@ -436,9 +473,9 @@ impl ModelRoutes {
             // Moved out for the call (the queue and the agents are both `self`), then put back.
             let excluded = std::mem::take(&mut self.queue[index].excluded);
             match self.take_least_loaded(step, &excluded) {
-                Some(agent) => {
+                Some(grant) => {
                     let waiter = self.queue.remove(index).expect("index checked");
-                    grants.push((waiter.ticket, Grant { agent, step }));
+                    grants.push((waiter.ticket, grant));
                 }
                 None => {
                     self.queue[index].excluded = excluded;
@@ -459,19 +496,36 @@ mod tests {
         Ticket { shard: 0, sequence }
     }
 
-    fn grant(agent: u32) -> Grant {
+    /// A first-step slot on `agent` in its current generation.
+    fn grant_on(routes: &ModelRoutes, agent: u32) -> Grant {
         Grant {
             agent: AgentId(agent),
+            generation: routes.generation(AgentId(agent)).expect("agent is up"),
             step: 0,
         }
     }
 
-    fn granted(agent: u32) -> Acquire {
-        Acquire::Granted(grant(agent))
+    fn assert_granted(routes: &mut ModelRoutes, sequence: u64, agent: u32) {
+        let expected = grant_on(routes, agent);
+        assert_eq!(routes.acquire(ticket(sequence)), Acquire::Granted(expected));
     }
 
     fn up(routes: &mut ModelRoutes, agent: u32, capacity: u32) -> Vec<(Ticket, Grant)> {
-        routes.agent_up(AgentId(agent), capacity, Arc::new(AgentProfile::default()))
+        up_in(routes, agent, 0, capacity)
+    }
+
+    fn up_in(
+        routes: &mut ModelRoutes,
+        agent: u32,
+        generation: u32,
+        capacity: u32,
+    ) -> Vec<(Ticket, Grant)> {
+        routes.agent_up(
+            AgentId(agent),
+            Generation(generation),
+            capacity,
+            Arc::new(AgentProfile::default()),
+        )
     }
 
     #[test]
@@ -499,7 +553,8 @@ mod tests {
         );
         assert_eq!(routes.acquire(ticket(5)), Acquire::Queued);
         assert_eq!(routes.acquire(ticket(6)), Acquire::QueueFull);
-        assert_eq!(routes.release(AgentId(2)), vec![(ticket(5), grant(2))]);
+        let two = grant_on(&routes, 2);
+        assert_eq!(routes.release(two), vec![(ticket(5), two)]);
     }
 
     #[test]
@@ -509,20 +564,20 @@ mod tests {
         up(&mut routes, 2, 2);
         // Both idle: agent 1 (first in rotation). Then agent 2 (0/2 < 1/8), then agent 1 while
         // its ratio stays under agent 2's 1/2: 1/8, 2/8, 3/8.
-        assert_eq!(routes.acquire(ticket(1)), granted(1));
-        assert_eq!(routes.acquire(ticket(2)), granted(2));
-        assert_eq!(routes.acquire(ticket(3)), granted(1));
-        assert_eq!(routes.acquire(ticket(4)), granted(1));
-        assert_eq!(routes.acquire(ticket(5)), granted(1));
+        assert_granted(&mut routes, 1, 1);
+        assert_granted(&mut routes, 2, 2);
+        assert_granted(&mut routes, 3, 1);
+        assert_granted(&mut routes, 4, 1);
+        assert_granted(&mut routes, 5, 1);
         // 4/8 against 1/2: a tie, rotation picks agent 2.
-        assert_eq!(routes.acquire(ticket(6)), granted(2));
+        assert_granted(&mut routes, 6, 2);
     }
 
     #[test]
     fn zero_queue_depth_never_queues() {
         let mut routes = ModelRoutes::new(0);
         up(&mut routes, 1, 1);
-        assert_eq!(routes.acquire(ticket(1)), granted(1));
+        assert_granted(&mut routes, 1, 1);
         assert_eq!(routes.acquire(ticket(2)), Acquire::QueueFull);
     }
 
@@ -533,12 +588,12 @@ mod tests {
         up(&mut routes, 2, 4);
         // Agent 1 reports 3 requests from other routers; we hold none there.
         routes.signal(AgentId(1), 3, EngineSignals::default());
-        assert_eq!(routes.acquire(ticket(1)), granted(2));
-        assert_eq!(routes.acquire(ticket(2)), granted(2));
-        assert_eq!(routes.acquire(ticket(3)), granted(2));
-        assert_eq!(routes.acquire(ticket(4)), granted(1));
+        assert_granted(&mut routes, 1, 2);
+        assert_granted(&mut routes, 2, 2);
+        assert_granted(&mut routes, 3, 2);
+        assert_granted(&mut routes, 4, 1);
         // Agent 1 is now at 3 others + 1 own = capacity.
-        assert_eq!(routes.acquire(ticket(5)), granted(2));
+        assert_granted(&mut routes, 5, 2);
         assert_eq!(routes.acquire(ticket(6)), Acquire::QueueFull);
     }
 
@@ -546,25 +601,64 @@ mod tests {
     fn own_release_frees_a_slot_before_the_next_report() {
         let mut routes = ModelRoutes::new(1);
         up(&mut routes, 1, 1);
-        assert_eq!(routes.acquire(ticket(1)), granted(1));
+        assert_granted(&mut routes, 1, 1);
         routes.signal(AgentId(1), 1, EngineSignals::default()); // the report includes our own request
         assert_eq!(routes.acquire(ticket(2)), Acquire::Queued);
-        assert_eq!(routes.release(AgentId(1)), vec![(ticket(2), grant(1))]);
+        let one = grant_on(&routes, 1);
+        assert_eq!(routes.release(one), vec![(ticket(2), one)]);
     }
 
     #[test]
     fn cancel_and_agent_loss() {
         let mut routes = ModelRoutes::new(2);
         up(&mut routes, 1, 1);
-        assert_eq!(routes.acquire(ticket(1)), granted(1));
+        let held = grant_on(&routes, 1);
+        assert_granted(&mut routes, 1, 1);
         assert_eq!(routes.acquire(ticket(2)), Acquire::Queued);
         assert_eq!(routes.acquire(ticket(3)), Acquire::Queued);
         assert!(routes.cancel(ticket(2)));
         assert!(!routes.cancel(ticket(2)));
         assert_eq!(routes.agent_down(AgentId(1)), vec![ticket(3)]);
         // A release for the vanished agent is ignored.
-        assert!(routes.release(AgentId(1)).is_empty());
+        assert!(routes.release(held).is_empty());
         assert!(routes.is_idle());
+    }
+
+    /// Issue 10, item 1: a tunnel lost and redialled a second later makes the agent leave and join
+    /// again under the same id; the slots granted before are released afterwards. They must not be
+    /// charged to the new stay (this panicked the shard: "release without a grant").
+    #[test]
+    fn releases_from_before_a_rejoin_are_not_charged_to_the_new_stay() {
+        let mut routes = ModelRoutes::new(1);
+        up(&mut routes, 1, 2);
+        let before = grant_on(&routes, 1);
+        assert_granted(&mut routes, 1, 1);
+        assert_granted(&mut routes, 2, 1);
+        assert!(routes.agent_down(AgentId(1)).is_empty());
+        up_in(&mut routes, 1, 1, 2);
+        let after = grant_on(&routes, 1);
+        assert_ne!(before.generation, after.generation);
+        assert_granted(&mut routes, 3, 1);
+        assert!(routes.release(before).is_empty());
+        assert!(routes.release(before).is_empty());
+        assert_eq!(routes.own_in_flight(AgentId(1)), Some(1));
+        assert!(routes.release(after).is_empty());
+        assert!(routes.is_idle());
+    }
+
+    /// The model's state may be dropped while the agent is away and built anew when it returns:
+    /// the stay number comes from the control core, so an old slot still cannot match.
+    #[test]
+    fn a_new_stay_replaces_one_whose_leaving_was_not_seen() {
+        let mut routes = ModelRoutes::new(0);
+        up_in(&mut routes, 1, 3, 1);
+        let before = grant_on(&routes, 1);
+        assert_granted(&mut routes, 1, 1);
+        up_in(&mut routes, 1, 4, 1);
+        assert_eq!(routes.own_in_flight(AgentId(1)), Some(0));
+        assert_granted(&mut routes, 2, 1);
+        assert!(routes.release(before).is_empty());
+        assert_eq!(routes.own_in_flight(AgentId(1)), Some(1));
     }
 
     #[derive(Debug, Clone)]
@@ -573,6 +667,7 @@ mod tests {
         Release(usize),
         Cancel(usize),
         Signal(u8, u32),
+        Rejoin(u8),
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -581,26 +676,31 @@ mod tests {
             (0usize..64).prop_map(Step::Release),
             (0usize..64).prop_map(Step::Cancel),
             (0u8..3, 0u32..6).prop_map(|(agent, count)| Step::Signal(agent, count)),
+            (0u8..3).prop_map(Step::Rejoin),
         ]
     }
 
     proptest! {
-        /// Any interleaving of acquire, release, cancel and signals hands out each ticket at most
-        /// once, never exceeds capacity, and returns to idle once everything held is released.
+        /// Any interleaving of acquire, release, cancel, signals and agents leaving and joining
+        /// again hands out each ticket at most once, never exceeds capacity, and returns to idle
+        /// once everything held is released (releases of slots from before a rejoin included).
         #[test]
         fn accounting_returns_to_zero(steps in proptest::collection::vec(step(), 1..200)) {
             let mut routes = ModelRoutes::new(3);
             for agent in 0..3 {
                 up(&mut routes, agent, 2);
             }
-            let mut held: Vec<AgentId> = Vec::new();
+            // Slots of the agents' current stays, and slots whose agent left since.
+            let mut held: Vec<Grant> = Vec::new();
+            let mut stale: Vec<Grant> = Vec::new();
+            let mut generation = 0;
             let mut queued: Vec<Ticket> = Vec::new();
             let mut sequence = 0;
-            let take = |grants: Vec<(Ticket, Grant)>, held: &mut Vec<AgentId>, queued: &mut Vec<Ticket>| {
-                for (ticket, Grant { agent, .. }) in grants {
+            let take = |grants: Vec<(Ticket, Grant)>, held: &mut Vec<Grant>, queued: &mut Vec<Ticket>| {
+                for (ticket, grant) in grants {
                     let index = queued.iter().position(|queued| *queued == ticket).expect("granted ticket was queued");
                     queued.remove(index);
-                    held.push(agent);
+                    held.push(grant);
                 }
             };
             for step in steps {
@@ -608,14 +708,19 @@ mod tests {
                     Step::Acquire => {
                         sequence += 1;
                         match routes.acquire(ticket(sequence)) {
-                            Acquire::Granted(grant) => held.push(grant.agent),
+                            Acquire::Granted(grant) => held.push(grant),
                             Acquire::Queued => queued.push(ticket(sequence)),
                             Acquire::QueueFull | Acquire::NoAgents => {}
                         }
                     }
                     Step::Release(index) if !held.is_empty() => {
-                        let agent = held.swap_remove(index % held.len());
-                        let grants = routes.release(agent);
+                        let grant = held.swap_remove(index % held.len());
+                        let grants = routes.release(grant);
+                        take(grants, &mut held, &mut queued);
+                    }
+                    Step::Release(index) if !stale.is_empty() => {
+                        let grant = stale.swap_remove(index % stale.len());
+                        let grants = routes.release(grant);
                         take(grants, &mut held, &mut queued);
                     }
                     Step::Cancel(index) if !queued.is_empty() => {
@@ -624,6 +729,18 @@ mod tests {
                     }
                     Step::Signal(agent, count) => {
                         let grants = routes.signal(AgentId(agent as u32), count, EngineSignals::default());
+                        take(grants, &mut held, &mut queued);
+                    }
+                    Step::Rejoin(agent) => {
+                        let agent = AgentId(u32::from(agent));
+                        // Three agents, so the queue is never failed by agent_down here.
+                        prop_assert!(routes.agent_down(agent).is_empty());
+                        let (gone, kept): (Vec<Grant>, Vec<Grant>) =
+                            held.drain(..).partition(|grant| grant.agent == agent);
+                        held = kept;
+                        stale.extend(gone);
+                        generation += 1;
+                        let grants = routes.agent_up(agent, Generation(generation), 2, Arc::new(AgentProfile::default()));
                         take(grants, &mut held, &mut queued);
                     }
                     _ => {}
@@ -637,8 +754,8 @@ mod tests {
             for ticket in queued.drain(..) {
                 prop_assert!(routes.cancel(ticket));
             }
-            while let Some(agent) = held.pop() {
-                prop_assert!(routes.release(agent).is_empty());
+            while let Some(grant) = held.pop().or_else(|| stale.pop()) {
+                prop_assert!(routes.release(grant).is_empty());
             }
             prop_assert!(routes.is_idle());
         }

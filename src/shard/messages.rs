@@ -18,6 +18,8 @@ pub enum ControlToShard {
     /// The agent is registered and has a tunnel to every shard: owners add it to their models.
     AgentUp {
         agent: AgentId,
+        /// The agent's stay in the pool: slots are released against it.
+        generation: crate::routing::Generation,
         models: Arc<[ModelId]>,
         capacity: u32,
         profile: Arc<crate::routing::AgentProfile>,
@@ -171,7 +173,7 @@ pub enum ShardToShard {
     /// Requester -> owner: the request is finished with its slot and its reservation.
     Release {
         model: ModelId,
-        agent: AgentId,
+        grant: crate::routing::Grant,
         ticket: Ticket,
     },
     /// Requester -> owner: the request ends before it got a slot; its reservation goes.

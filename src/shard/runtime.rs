@@ -86,15 +86,19 @@ fn build_runtime() -> std::io::Result<(Runtime, Driver)> {
     Ok((runtime.into(), Driver::Epoll))
 }
 
-/// Starts one shard thread; `started` receives the driver or the start-up error.
+/// Starts one shard thread; `started` receives the driver or the start-up error, `ended` the
+/// thread's name should it ever end (it must not: the process stops then).
 pub fn spawn(
     setup: ShardSetup,
     started: std::sync::mpsc::Sender<Result<Driver, String>>,
+    ended: std::sync::mpsc::Sender<String>,
 ) -> JoinHandle<()> {
     let shard_id = setup.mesh.shard();
+    let name = format!("shard-{shard_id}");
     std::thread::Builder::new()
-        .name(format!("shard-{shard_id}"))
+        .name(name.clone())
         .spawn(move || {
+            let _running = crate::fatal::ThreadGuard::new(name, ended);
             if let Some(core) = setup.core {
                 core_affinity::set_for_current(core);
             }

@@ -25,7 +25,7 @@ use crate::limits::{Admission, BurstSeconds, Day, Delivery, Millis, ModelContext
 use crate::metrics::ShardMetrics;
 use crate::policy::ModelPolicy;
 use crate::routing::{
-    Acquire, AgentId, AnyAgent, Ask as RouteAsk, Grant, ModelRoutes, StepFilter, Ticket,
+    Acquire, AgentId, AnyAgent, Ask as RouteAsk, Generation, Grant, ModelRoutes, StepFilter, Ticket,
 };
 use crate::shard::IdMap;
 use crate::shard::mesh::Endpoint;
@@ -370,6 +370,7 @@ impl Shard {
                     shard: self.clone(),
                     model: model.id,
                     agent: grant.agent,
+                    generation: grant.generation,
                     step: grant.step,
                     ticket,
                     reserved,
@@ -903,12 +904,12 @@ impl Shard {
         self.release_reservation_at_owner(model, ticket);
     }
 
-    fn release(&self, model: ModelId, agent: AgentId, ticket: Ticket) {
+    fn release(&self, model: ModelId, grant: Grant, ticket: Ticket) {
         let owner = owner_of_model(model, self.count);
         if owner == self.id {
             self.release_reservation_at_owner(model, ticket);
             let grants = match self.routes.borrow_mut().get_mut(&model) {
-                Some(routes) => routes.release(agent),
+                Some(routes) => routes.release(grant),
                 None => Vec::new(),
             };
             self.deliver(model, grants);
@@ -917,7 +918,7 @@ impl Shard {
                 owner,
                 ShardToShard::Release {
                     model,
-                    agent,
+                    grant,
                     ticket,
                 },
             );
@@ -1020,7 +1021,7 @@ impl Shard {
             sequence,
         };
         match undelivered {
-            Some(Decision::Granted(grant)) => self.release(model, grant.agent, ticket),
+            Some(Decision::Granted(grant)) => self.release(model, grant, ticket),
             Some(Decision::Reserved) => self.release_reservation(model, ticket),
             _ => {}
         }
@@ -1505,9 +1506,9 @@ impl Shard {
             ShardToShard::Cancel { ticket, model } => self.cancel_at_owner(ticket, model),
             ShardToShard::Release {
                 model,
-                agent,
+                grant,
                 ticket,
-            } => self.release(model, agent, ticket),
+            } => self.release(model, grant, ticket),
             ShardToShard::ReleaseReservation { model, ticket } => {
                 self.release_reservation_at_owner(model, ticket)
             }
@@ -1574,6 +1575,7 @@ impl Shard {
             ControlToShard::AdminAccess(access) => *self.admin_access.borrow_mut() = access,
             ControlToShard::AgentUp {
                 agent,
+                generation,
                 models,
                 capacity,
                 profile,
@@ -1590,7 +1592,7 @@ impl Shard {
                             let _ = routes.set_steps(steps);
                             routes
                         })
-                        .agent_up(agent, capacity, profile.clone());
+                        .agent_up(agent, generation, capacity, profile.clone());
                     self.deliver(model, grants);
                     // A new replica raises the pool limits: parked requests may fit.
                     self.retry_parked(model);
@@ -1872,6 +1874,8 @@ pub struct Slot {
     shard: Rc<Shard>,
     pub model: ModelId,
     pub agent: AgentId,
+    /// The agent's stay in the model's pool that granted the slot.
+    generation: Generation,
     /// The policy step that chose the agent (0: the primary `routing_policy`).
     pub step: u8,
     ticket: Ticket,
@@ -1895,7 +1899,12 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.shard.release(self.model, self.agent, self.ticket);
+        let grant = Grant {
+            agent: self.agent,
+            generation: self.generation,
+            step: self.step,
+        };
+        self.shard.release(self.model, grant, self.ticket);
     }
 }
 

@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod relay;
+
 use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -182,6 +184,8 @@ pub struct Options {
     api_key: Option<String>,
     /// Start returns without waiting for `/v1/models` (routers whose keys are added later).
     skip_model_wait: bool,
+    /// Agents reach the tunnel port through a [`relay::TunnelRelay`] the test can cut.
+    relay_tunnels: bool,
 }
 
 fn strings(args: &[&str]) -> Vec<String> {
@@ -247,6 +251,13 @@ impl Options {
         self
     }
 
+    /// Agents dial the router's tunnel port through a relay ([`Site::relay`]) that the test can
+    /// cut, as a network fault would.
+    pub fn relay_tunnels(mut self) -> Options {
+        self.relay_tunnels = true;
+        self
+    }
+
     /// Models [`Site::start`] waits for in `/v1/models` (default: `sim-model` when there are
     /// agents).
     pub fn models(mut self, models: &[&str]) -> Options {
@@ -282,6 +293,8 @@ pub struct Site {
     pub metrics: SocketAddr,
     pub agents: Vec<Proc>,
     pub shards: usize,
+    /// With [`Options::relay_tunnels`]: what the agents dial instead of the tunnel port.
+    pub relay: Option<relay::TunnelRelay>,
 }
 
 static SITE_SEQUENCE: AtomicU32 = AtomicU32::new(0);
@@ -334,7 +347,17 @@ impl Site {
             .and_then(|i| options.router_args.get(i + 1))
             .map(|s| s.parse().expect("--shards value"))
             .unwrap_or(2);
+        let relay = options.relay_tunnels.then(relay::TunnelRelay::start);
+        if let Some(relay) = &relay {
+            let announce = format!("/ip4/127.0.0.1/tcp/{}", relay.port);
+            options
+                .router_args
+                .extend(strings(&["--p2p-announce-addr", &announce]));
+        }
         let (router, ports) = start_router(&dir, &options, shards);
+        if let Some(relay) = &relay {
+            relay.forward_to(ports.p2p);
+        }
         let RouterPorts {
             http,
             grpc,
@@ -356,6 +379,7 @@ impl Site {
             metrics,
             agents: Vec::new(),
             shards,
+            relay,
         };
         for (sim, agent_args) in &options.agents {
             let args: Vec<&str> = agent_args.iter().map(|s| s.as_str()).collect();
