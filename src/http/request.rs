@@ -286,6 +286,7 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
             };
         }
         Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+        Err(httparse::Error::Token) => return Err(HeadError::Malformed(token_reason(window))),
         Err(error) => return Err(HeadError::Malformed(httparse_reason(error))),
     };
 
@@ -339,6 +340,10 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
         // Dispatch on length first: most names are rejected by one integer compare.
         match name.len() {
             4 if name.eq_ignore_ascii_case(b"host") => {
+                // RFC 9112 §3.2: more than one Host is a 400, as is none on HTTP/1.1 (below).
+                if head.host.is_some() {
+                    return Err(HeadError::Malformed("more than one host header"));
+                }
                 head.host = Some(Span::of(buf, value));
             }
             6 if name.eq_ignore_ascii_case(b"expect") => {
@@ -348,6 +353,10 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
                 head.upgrade = Some(Span::of(buf, value));
             }
             9 if name.eq_ignore_ascii_case(b"x-api-key") => {
+                // Two credentials are ambiguous: which one would be charged? Refuse, never pick.
+                if head.x_api_key.is_some() {
+                    return Err(HeadError::Malformed("more than one x-api-key header"));
+                }
                 head.x_api_key = Some(Span::of(buf, value));
             }
             10 if name.eq_ignore_ascii_case(b"connection") => {
@@ -370,6 +379,9 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
                 head.x_client_request_id = Some(Span::of(buf, value));
             }
             13 if name.eq_ignore_ascii_case(b"authorization") => {
+                if head.authorization.is_some() {
+                    return Err(HeadError::Malformed("more than one authorization header"));
+                }
                 head.authorization = Some(Span::of(buf, value));
             }
             14 if name.eq_ignore_ascii_case(b"content-length") => {
@@ -424,6 +436,10 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
         head.framing = BodyFraming::ContentLength(length);
     }
 
+    if version == Version::Http11 && head.host.is_none() {
+        return Err(HeadError::Malformed("missing host header"));
+    }
+
     head.keep_alive = match version {
         Version::Http11 => !connection_close,
         Version::Http10 => connection_keep_alive && !connection_close,
@@ -448,6 +464,22 @@ fn parse_content_length(value: &[u8]) -> Result<u64, HeadError> {
             .ok_or(HeadError::Malformed("content-length overflows"))?;
     }
     Ok(length)
+}
+
+/// httparse reports a bad byte in the method and in the request target alike; say which.
+fn token_reason(window: &[u8]) -> &'static str {
+    let line = window.split(|&byte| byte == b'\n').next().unwrap_or_default();
+    match line.iter().position(|&byte| byte == b' ') {
+        Some(end) if end > 0 && line[..end].iter().all(|&byte| is_tchar(byte)) => {
+            "invalid byte in the request target"
+        }
+        _ => "invalid method token",
+    }
+}
+
+/// RFC 9110 §5.6.2 `tchar`.
+fn is_tchar(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte)
 }
 
 fn httparse_reason(error: httparse::Error) -> &'static str {
@@ -536,31 +568,31 @@ mod tests {
     fn keep_alive_defaults_follow_the_version() {
         assert!(!complete(b"GET / HTTP/1.0\r\n\r\n").keep_alive);
         assert!(complete(b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n").keep_alive);
-        assert!(complete(b"GET / HTTP/1.1\r\n\r\n").keep_alive);
-        assert!(!complete(b"GET / HTTP/1.1\r\nConnection: keep-alive, close\r\n\r\n").keep_alive);
-        assert!(!complete(b"GET / HTTP/1.1\r\nConnection: Close\r\n\r\n").keep_alive);
+        assert!(complete(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n").keep_alive);
+        assert!(!complete(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: keep-alive, close\r\n\r\n").keep_alive);
+        assert!(!complete(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: Close\r\n\r\n").keep_alive);
     }
 
     #[test]
     fn framing_is_none_chunked_or_length() {
         assert_eq!(
-            complete(b"GET /v1/models HTTP/1.1\r\n\r\n").framing,
+            complete(b"GET /v1/models HTTP/1.1\r\nHost: h\r\n\r\n").framing,
             BodyFraming::None
         );
         assert_eq!(
-            complete(b"POST / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n").framing,
+            complete(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: Chunked\r\n\r\n").framing,
             BodyFraming::Chunked
         );
         assert_eq!(
-            complete(b"POST / HTTP/1.1\r\nContent-Length: 5\r\ncontent-length: 5\r\n\r\n").framing,
+            complete(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\ncontent-length: 5\r\n\r\n").framing,
             BodyFraming::ContentLength(5)
         );
         assert_eq!(
-            complete(b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n").framing,
+            complete(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n").framing,
             BodyFraming::ContentLength(0)
         );
         assert_eq!(
-            complete(b"POST / HTTP/1.1\r\nContent-Length: 18446744073709551615\r\n\r\n").framing,
+            complete(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 18446744073709551615\r\n\r\n").framing,
             BodyFraming::ContentLength(u64::MAX)
         );
     }
@@ -568,19 +600,19 @@ mod tests {
     #[test]
     fn ambiguous_framing_is_malformed() {
         let cases: &[&[u8]] = &[
-            b"POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
-            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
-            b"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
-            b"POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n",
-            b"POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n",
-            b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
-            b"POST / HTTP/1.1\r\nContent-Length: \r\n\r\n",
-            b"POST / HTTP/1.1\r\nContent-Length: 18446744073709551616\r\n\r\n",
-            b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
-            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
-            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
-            b"POST / HTTP/1.1\r\nTransfer-Encoding: identity\r\n\r\n",
-            b"POST / HTTP/1.1\r\nTransfer-Encoding: \r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5, 5\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: +5\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: -1\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: \r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 18446744073709551616\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: identity\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: \r\n\r\n",
             b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
         ];
         for raw in cases {
@@ -596,9 +628,9 @@ mod tests {
     fn garbage_is_malformed() {
         let cases: &[&[u8]] = &[
             b"POST / HTTP/2.0\r\n\r\n",
-            b"P@ST / HTTP/1.1\r\n\r\n",
-            b"POST / HTTP/1.1\r\nBad Header: x\r\n\r\n",
-            b"POST / HTTP/1.1\r\nX: a\rb\r\n\r\n",
+            b"P@ST / HTTP/1.1\r\nHost: h\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nBad Header: x\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: h\r\nX: a\rb\r\n\r\n",
             b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
         ];
         for raw in cases {
@@ -612,7 +644,7 @@ mod tests {
 
     #[test]
     fn expect_upgrade_and_api_key_are_seen() {
-        let raw = b"POST /v1/messages HTTP/1.1\r\nExpect: 100-Continue\r\nx-api-key: k\r\n\
+        let raw = b"POST /v1/messages HTTP/1.1\r\nHost: h\r\nExpect: 100-Continue\r\nx-api-key: k\r\n\
             Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\nConnection: Upgrade, HTTP2-Settings\r\n\r\n";
         let head = complete(raw);
         assert!(head.expect_continue);
@@ -620,12 +652,12 @@ mod tests {
         assert_eq!(head.upgrade.unwrap().get(raw), b"h2c");
         assert!(head.http2_settings);
         assert!(head.keep_alive);
-        assert!(!complete(b"POST / HTTP/1.1\r\nExpect: nothing\r\n\r\n").expect_continue);
+        assert!(!complete(b"POST / HTTP/1.1\r\nHost: h\r\nExpect: nothing\r\n\r\n").expect_continue);
     }
 
     #[test]
     fn head_size_limit_is_exact() {
-        let raw = b"GET / HTTP/1.1\r\nX: y\r\n\r\n";
+        let raw = b"GET / HTTP/1.1\r\nHost: h\r\nX: y\r\n\r\n";
         let exact = HeadLimits {
             head_bytes_max: raw.len(),
             ..HeadLimits::default()
@@ -650,8 +682,8 @@ mod tests {
 
     #[test]
     fn header_count_limit() {
-        let mut raw = b"GET / HTTP/1.1\r\n".to_vec();
-        for index in 0..HEADERS_COUNT_CAP {
+        let mut raw = b"GET / HTTP/1.1\r\nHost: h\r\n".to_vec();
+        for index in 1..HEADERS_COUNT_CAP {
             raw.extend_from_slice(format!("x-h{index}: v\r\n").as_bytes());
         }
         let mut over = raw.clone();
@@ -664,20 +696,51 @@ mod tests {
             ..HeadLimits::default()
         };
         assert_eq!(
-            parse_head(b"GET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\n\r\n", &few),
+            parse_head(b"GET / HTTP/1.1\r\nHost: h\r\na: 1\r\nb: 2\r\nc: 3\r\n\r\n", &few),
             Err(HeadError::TooLarge)
+        );
+    }
+
+    /// Issue 10, item 7: RFC 9112 §3.2 asks for exactly one Host on HTTP/1.1; two credentials
+    /// are ambiguous; a bad byte in the target is named as such.
+    #[test]
+    fn host_and_credentials_must_be_unambiguous() {
+        assert_eq!(
+            parse(b"GET / HTTP/1.1\r\nA: b\r\n\r\n"),
+            Err(HeadError::Malformed("missing host header"))
+        );
+        assert!(complete(b"GET / HTTP/1.0\r\n\r\n").host.is_none());
+        assert_eq!(
+            parse(b"GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n"),
+            Err(HeadError::Malformed("more than one host header"))
+        );
+        assert_eq!(
+            parse(b"GET / HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer x\r\nauthorization: Bearer y\r\n\r\n"),
+            Err(HeadError::Malformed("more than one authorization header"))
+        );
+        assert_eq!(
+            parse(b"GET / HTTP/1.1\r\nHost: a\r\nx-api-key: x\r\nX-Api-Key: x\r\n\r\n"),
+            Err(HeadError::Malformed("more than one x-api-key header"))
+        );
+        assert_eq!(
+            parse(b"GET /a\0b HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Err(HeadError::Malformed("invalid byte in the request target"))
+        );
+        assert_eq!(
+            parse(b"G(T / HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Err(HeadError::Malformed("invalid method token"))
         );
     }
 
     #[test]
     fn leading_empty_lines_and_empty_values() {
-        let raw = b"\r\nGET /x?y HTTP/1.1\r\nX-Request-Id:\r\nA: b\r\n\r\n";
+        let raw = b"\r\nGET /x?y HTTP/1.1\r\nHost: h\r\nX-Request-Id:\r\nA: b\r\n\r\n";
         let head = complete(raw);
         assert_eq!(head.path(raw), b"/x");
         assert_eq!(head.x_request_id.unwrap().get(raw), b"");
         assert_eq!(head.header(raw, "a"), Some(&b"b"[..]));
-        assert_eq!(head.headers(raw).count(), 2);
-        let bare_lf = b"GET / HTTP/1.1\nA: b\n\n";
+        assert_eq!(head.headers(raw).count(), 3);
+        let bare_lf = b"GET / HTTP/1.1\nHost: h\nA: b\n\n";
         assert_eq!(complete(bare_lf).header(bare_lf, "A"), Some(&b"b"[..]));
     }
 
@@ -713,7 +776,7 @@ mod tests {
         assert_eq!(is_h2_preface(b"PRI * HTTP/2"), None);
         assert_eq!(is_h2_preface(b"POST /"), Some(false));
         assert_eq!(
-            is_h2_preface(b"GET / HTTP/1.1\r\n\r\n\r\n\r\n\r\n"),
+            is_h2_preface(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n\r\n\r\n\r\n"),
             Some(false)
         );
         assert_eq!(is_h2_preface(H2_PREFACE), Some(true));
