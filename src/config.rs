@@ -95,6 +95,18 @@ pub struct RouterArgs {
     /// A client whose request body stalls this long between reads gets 408 and is disconnected.
     #[arg(long, env = "HIVENET_ROUTER_CLIENT_BODY_TIMEOUT", default_value = "30s", value_parser = duration)]
     pub client_body_timeout: Duration,
+    /// Client connections each shard keeps open at once; one more is answered `503` and closed.
+    #[arg(long, env = "HIVENET_ROUTER_MAX_CLIENT_CONNECTIONS", default_value_t = 10_000)]
+    pub max_client_connections: usize,
+    /// Request-body bytes each shard holds while bodies arrive; a body that would pass it is
+    /// answered `503 queue_full` and its connection closed (bodies are also refused before they
+    /// are read when the request's credentials are refused).
+    #[arg(long, env = "HIVENET_ROUTER_MAX_BUFFERED_BODY_BYTES", default_value_t = 128 * 1024 * 1024)]
+    pub max_buffered_body_bytes: usize,
+    /// On SIGTERM: how long requests in flight may run on before the router ends them with an
+    /// error and exits. The router stops accepting and fails `/health` at once.
+    #[arg(long, env = "HIVENET_ROUTER_DRAIN_TIMEOUT", default_value = "30s", value_parser = duration)]
+    pub drain_timeout: Duration,
     /// Directory of the router's disk database (one redb file, `crate::disk_db`). Used with
     /// `HIVENET_ROUTER_QUOTA_BACKEND=badger`: today's daily token totals survive a restart.
     #[arg(

@@ -170,6 +170,42 @@ impl Rejection {
         )
     }
 
+    /// The shard holds as many arriving request bodies as `--max-buffered-body-bytes` allows.
+    pub fn bodies_full() -> Rejection {
+        Rejection {
+            retry_after_seconds: Some(1),
+            ..Rejection::router(
+                503,
+                "queue_full",
+                "the router is receiving too many request bodies at once; retry",
+            )
+        }
+    }
+
+    /// The shard has `--max-client-connections` open.
+    pub fn connections_full() -> Rejection {
+        Rejection {
+            retry_after_seconds: Some(1),
+            ..Rejection::router(
+                503,
+                "queue_full",
+                "the router has too many open client connections; retry",
+            )
+        }
+    }
+
+    /// The client's address reset too many HTTP/2 streams lately.
+    pub fn too_many_resets(penalty_seconds: u32) -> Rejection {
+        Rejection {
+            retry_after_seconds: Some(penalty_seconds),
+            ..Rejection::router(
+                429,
+                "rate_limit_exceeded",
+                "too many stream resets from this address; retry later",
+            )
+        }
+    }
+
     pub fn queue_full() -> Rejection {
         Rejection::router(503, "queue_full", "the router's internal queue is full")
     }

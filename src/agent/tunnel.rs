@@ -31,6 +31,12 @@ const CONNECTION_WINDOW_BYTES: u32 = 4 << 20;
 /// Upper bound on concurrent streams per shard connection. The router admits at most
 /// `--capacity` requests per agent; this only stops a faulty router from opening without limit.
 const STREAMS_PER_CONNECTION_MAX: u32 = 1024;
+/// Streams the router may reset before this agent has accepted them. h2's default (20) guards a
+/// server from untrusted clients; the router is an authenticated peer that passes its clients'
+/// cancellations on, so at 20 a burst of client resets closed the whole tunnel and every stream
+/// of every client on it (issue 10, item 2). The router bounds what its clients may reset; this
+/// only bounds a faulty router.
+const PENDING_ACCEPT_RESETS_MAX: usize = 4 * STREAMS_PER_CONNECTION_MAX as usize;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TunnelError {
@@ -159,6 +165,7 @@ async fn serve<IO: AsyncRead + AsyncWrite + Unpin>(
         .initial_window_size(STREAM_WINDOW_BYTES)
         .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
         .max_concurrent_streams(STREAMS_PER_CONNECTION_MAX)
+        .max_pending_accept_reset_streams(PENDING_ACCEPT_RESETS_MAX)
         .handshake(socket)
         .await?;
     // Request tasks live in this set: when the shard task is aborted, they go with it.

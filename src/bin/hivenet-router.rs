@@ -331,6 +331,11 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         max_request_bytes: env.max_request_bytes,
         client_header_timeout: args.client_header_timeout,
         client_body_timeout: args.client_body_timeout,
+        client_limits: hivenet_router::shard::guard::ClientLimits {
+            connections_max: args.max_client_connections,
+            body_bytes_max: args.max_buffered_body_bytes,
+            ..Default::default()
+        },
         rpm_burst: env.rpm_burst,
         admit_fraction: env.admit_fraction,
         admit_park_timeout: env.admit_park_timeout,

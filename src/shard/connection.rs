@@ -21,6 +21,7 @@ use monoio::io::{
 use monoio::net::TcpStream;
 use tokio::sync::mpsc;
 
+use crate::api::authenticate::{self, HeadCredentials, now_unix_ms};
 use crate::api::sink::{ClientGone, Sink};
 use crate::api::{self, ClientRequest};
 use crate::error::Rejection;
@@ -31,10 +32,13 @@ use crate::http::request::{
 };
 use crate::http::response::{LAST_CHUNK, ResponseFraming, ResponseHead, write_chunk};
 use crate::metrics::ShardMetrics;
+use crate::shard::guard::Refusal;
 use crate::shard::latch::{Latch, race};
 use crate::shard::state::Shard;
 use futures_util::future::Either;
 
+/// How long a refused connection's one answer may take to write.
+const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Requests read ahead of the one being answered.
 const PIPELINE_DEPTH: usize = 8;
 /// Bytes requested from the socket per read.
@@ -60,10 +64,40 @@ enum Inbound {
 
 pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
     ShardMetrics::add(&shard.metrics.connections_accepted_total, 1);
+    let peer = stream.peer_addr().ok().map(|address| address.ip());
+    let _permit = match shard.clients.open_connection(peer, Instant::now()) {
+        Ok(permit) => permit,
+        Err(refusal) => return refuse(&shard, stream, refusal).await,
+    };
     ShardMetrics::gauge(&shard.metrics.connections_open, 1);
     let _ = stream.set_nodelay(true);
     serve_sniffed(&shard, stream).await;
     ShardMetrics::gauge(&shard.metrics.connections_open, -1);
+}
+
+/// Answers a connection the shard will not serve with one HTTP/1.1 error and closes it (an h2c
+/// client sees the connection close).
+async fn refuse(shard: &Shard, mut stream: TcpStream, refusal: Refusal) {
+    let rejection = match refusal {
+        Refusal::Connections => Rejection::connections_full(),
+        Refusal::Resets => Rejection::too_many_resets(
+            shard.settings.client_limits.resets.penalty.as_secs() as u32,
+        ),
+    };
+    shard.metrics.count_response(rejection.status);
+    let body = rejection.body();
+    let mut answer = format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: {}\r\nconnection: close\r\n\r\n",
+        rejection.status,
+        crate::http::response::reason_phrase(rejection.status),
+        body.len(),
+        rejection.retry_after_seconds.unwrap_or(1),
+    )
+    .into_bytes();
+    answer.extend_from_slice(&body);
+    let write = stream.write_all(answer);
+    let _ = monoio::time::timeout(REFUSAL_WRITE_TIMEOUT, write).await;
+    let _ = stream.shutdown().await;
 }
 
 /// Reads until the first bytes tell HTTP/1.1 from HTTP/2 with prior knowledge, then serves the
@@ -356,6 +390,26 @@ async fn read_requests(
                 .is_some_and(|max| length > max as u64),
             _ => false,
         };
+        // Credentials are checked before a body that has yet to arrive is read (and before the
+        // client is invited to send it): a refused client costs no body buffer.
+        let body_pending = match head.framing {
+            BodyFraming::None => false,
+            BodyFraming::ContentLength(length) => (reader.buf.len() as u64) < length,
+            BodyFraming::Chunked => true,
+        };
+        if body_pending {
+            let target_end = head.query.map_or(head.path.end, |query| query.end);
+            let credentials = HeadCredentials {
+                route,
+                target: &head_bytes[head.path.start as usize..target_end as usize],
+                authorization: head.authorization.map(|span| span.get(&head_bytes)),
+                x_api_key: head.x_api_key.map(|span| span.get(&head_bytes)),
+            };
+            if let Err(rejection) = authenticate::on_head(shard, credentials, now_unix_ms()) {
+                let _ = to_writer.send(Inbound::Reject(rejection.closing())).await;
+                return ReadOutcome::Linger;
+            }
+        }
         if head.expect_continue
             && has_body
             && !too_large
@@ -363,8 +417,10 @@ async fn read_requests(
         {
             return ReadOutcome::Stop;
         }
-        // The request body.
-        let body = match read_body(shard, reader, &head).await {
+        // The request body, complete within the request deadline (`--request-timeout`) and with
+        // no gap over `--client-body-timeout`.
+        let body_deadline = head_parsed_at + settings.request_timeout;
+        let body = match read_body(shard, reader, &head, body_deadline).await {
             Ok(body) => body,
             Err(BodyEnd::Refused(rejection)) => {
                 let _ = to_writer.send(Inbound::Reject(rejection.closing())).await;
@@ -449,9 +505,11 @@ async fn read_body(
     shard: &Shard,
     reader: &mut Reader,
     head: &RequestHead,
+    deadline: Instant,
 ) -> Result<Bytes, BodyEnd> {
     let max = shard.settings.max_request_bytes;
-    let timeout = shard.settings.client_body_timeout;
+    let gap = shard.settings.client_body_timeout;
+    let wait = || gap.min(deadline.saturating_duration_since(Instant::now()));
     match head.framing {
         BodyFraming::None => Ok(Bytes::new()),
         BodyFraming::ContentLength(length) => {
@@ -459,17 +517,26 @@ async fn read_body(
                 return Err(BodyEnd::Refused(Rejection::payload_too_large()));
             }
             let length = length as usize;
+            // The bytes are counted against the shard's body buffer while they arrive.
+            let _lease = shard
+                .clients
+                .lease_body(length)
+                .ok_or_else(|| BodyEnd::Refused(Rejection::bodies_full()))?;
             if reader.buf.capacity() < length {
                 reader.buf.reserve(length - reader.buf.len());
             }
             while reader.buf.len() < length {
-                reader.fill(timeout).await?;
+                reader.fill(wait()).await?;
             }
             Ok(reader.buf.split_to(length).freeze())
         }
         BodyFraming::Chunked => {
             let mut decoder = ChunkedDecoder::new(max.map_or(u64::MAX, |max| max as u64));
             let mut body = BytesMut::new();
+            let mut lease = shard
+                .clients
+                .lease_body(reader.buf.len())
+                .ok_or_else(|| BodyEnd::Refused(Rejection::bodies_full()))?;
             loop {
                 match decoder.decode(&reader.buf, &mut body) {
                     Ok(progress) => {
@@ -487,7 +554,10 @@ async fn read_body(
                         ))));
                     }
                 }
-                reader.fill(timeout).await?;
+                reader.fill(wait()).await?;
+                if !lease.grow_to(body.len() + reader.buf.len()) {
+                    return Err(BodyEnd::Refused(Rejection::bodies_full()));
+                }
             }
         }
     }

@@ -6,6 +6,7 @@
 //! Responses respect the client's flow-control window: a slow reader holds its own stream back and
 //! never makes the router buffer without bound.
 
+use std::cell::Cell;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll};
@@ -17,6 +18,7 @@ use h2::server::SendResponse;
 use monoio_compat::StreamWrapper;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::api::authenticate::{self, HeadCredentials, now_unix_ms};
 use crate::api::sink::{ClientGone, Sink};
 use crate::api::{self, ClientRequest};
 use crate::error::Rejection;
@@ -71,27 +73,87 @@ impl AsyncWrite for Prefixed {
     }
 }
 
+/// Serves one h2c connection. Its time is bounded as HTTP/1.1's is: the handshake and every
+/// stretch without an open stream get `--client-header-timeout` (a bare preface, or HEADERS that
+/// never end, are closed then), each body `--client-body-timeout` between frames and
+/// `--request-timeout` in all. A source that resets too many streams has its connections closed
+/// with `ENHANCE_YOUR_CALM` (its resets would otherwise reach the agents' tunnels).
 pub async fn serve(shard: Rc<Shard>, stream: monoio::net::TcpStream, prefix: Bytes) {
     let peer = stream.peer_addr().ok().map(|address| address.ip());
     let io = Prefixed {
         prefix,
         inner: StreamWrapper::new_with_buffer_size(stream, BUFFER_BYTES, BUFFER_BYTES),
     };
-    let mut connection = match h2::server::Builder::new()
+    let header_timeout = shard.settings.client_header_timeout;
+    let handshake = h2::server::Builder::new()
         .max_concurrent_streams(256)
         .initial_window_size(1024 * 1024)
         .max_header_list_size(64 * 1024)
-        .handshake::<_, Bytes>(io)
-        .await
-    {
-        Ok(connection) => connection,
-        Err(_) => return,
+        .handshake::<_, Bytes>(io);
+    let mut connection = match monoio::time::timeout(header_timeout, handshake).await {
+        Ok(Ok(connection)) => connection,
+        _ => return,
     };
-    while let Some(accepted) = connection.accept().await {
-        let Ok((request, respond)) = accepted else {
-            break;
+    let streams = Rc::new(OpenStreams {
+        open: Cell::new(0),
+        idle_since: Cell::new(Instant::now()),
+    });
+    loop {
+        let wait = if streams.open.get() == 0 {
+            header_timeout.saturating_sub(streams.idle_since.get().elapsed())
+        } else {
+            header_timeout
         };
-        monoio::spawn(serve_stream(shard.clone(), request, respond, peer));
+        match race(connection.accept(), monoio::time::sleep(wait)).await {
+            Either::Left(Some(Ok((request, respond)))) => {
+                if shard.clients.is_refused(peer, Instant::now()) {
+                    connection.abrupt_shutdown(h2::Reason::ENHANCE_YOUR_CALM);
+                    break;
+                }
+                let open = OpenStream::new(&streams);
+                monoio::spawn(serve_stream(shard.clone(), request, respond, peer, open));
+            }
+            Either::Left(Some(Err(_)) | None) => return,
+            Either::Right(()) => {
+                if streams.open.get() == 0 && streams.idle_since.get().elapsed() >= header_timeout
+                {
+                    connection.graceful_shutdown();
+                    break;
+                }
+            }
+        }
+    }
+    // Let the GOAWAY reach the client, briefly.
+    let closing = std::future::poll_fn(|context| connection.poll_closed(context));
+    let _ = monoio::time::timeout(CLOSE_GRACE, closing).await;
+}
+
+/// How long a closing connection may take to deliver its GOAWAY.
+const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The connection's open streams, and since when it has had none.
+struct OpenStreams {
+    open: Cell<usize>,
+    idle_since: Cell<Instant>,
+}
+
+/// One open stream of a connection; the connection is idle again when the last one drops.
+struct OpenStream(Rc<OpenStreams>);
+
+impl OpenStream {
+    fn new(streams: &Rc<OpenStreams>) -> OpenStream {
+        streams.open.set(streams.open.get() + 1);
+        OpenStream(streams.clone())
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        let streams = &self.0;
+        streams.open.set(streams.open.get() - 1);
+        if streams.open.get() == 0 {
+            streams.idle_since.set(Instant::now());
+        }
     }
 }
 
@@ -100,13 +162,16 @@ async fn serve_stream(
     request: http::Request<h2::RecvStream>,
     respond: SendResponse<Bytes>,
     peer: Option<std::net::IpAddr>,
+    _open: OpenStream,
 ) {
+    let started = Instant::now();
     let mut sink = H2Sink {
         respond,
         stream: None,
         shard: shard.clone(),
         status: 0,
         request_id: None,
+        peer,
     };
     let (parts, mut body_stream) = request.into_parts();
     let method = match parts.method {
@@ -124,16 +189,46 @@ async fn serve_stream(
             return;
         }
     };
+    let header_bytes = |name: &str| parts.headers.get(name).map(|value| value.as_bytes());
+    // Credentials before the body, as on HTTP/1.1: a refused client costs no body buffer.
+    if !body_stream.is_end_stream() {
+        let target = parts
+            .uri
+            .path_and_query()
+            .map_or(&b"/"[..], |target| target.as_str().as_bytes());
+        let credentials = HeadCredentials {
+            route,
+            target,
+            authorization: header_bytes("authorization"),
+            x_api_key: header_bytes("x-api-key"),
+        };
+        if let Err(rejection) = authenticate::on_head(&shard, credentials, now_unix_ms()) {
+            let _ = sink.reject(&rejection).await;
+            return;
+        }
+    }
     let max = shard.settings.max_request_bytes;
+    let deadline = started + shard.settings.request_timeout;
     let mut body = BytesMut::new();
+    let Some(mut lease) = shard.clients.lease_body(0) else {
+        let _ = sink.reject(&Rejection::bodies_full()).await;
+        return;
+    };
     loop {
+        let wait = shard
+            .settings
+            .client_body_timeout
+            .min(deadline.saturating_duration_since(Instant::now()));
         let next = race(
-            monoio::time::timeout(shard.settings.client_body_timeout, body_stream.data()),
+            monoio::time::timeout(wait, body_stream.data()),
             std::future::poll_fn(|context| sink.respond.poll_reset(context)),
         )
         .await;
         match next {
-            Either::Right(_) => return,
+            Either::Right(_) => {
+                shard.clients.stream_reset(peer, Instant::now());
+                return;
+            }
             Either::Left(Err(_elapsed)) => {
                 let _ = sink.reject(&Rejection::client_timeout()).await;
                 return;
@@ -146,16 +241,16 @@ async fn serve_stream(
                     let _ = sink.reject(&Rejection::payload_too_large()).await;
                     return;
                 }
+                if !lease.grow_to(body.len() + chunk.len()) {
+                    let _ = sink.reject(&Rejection::bodies_full()).await;
+                    return;
+                }
                 body.extend_from_slice(&chunk);
             }
         }
     }
-    let header = |name: &str| {
-        parts
-            .headers
-            .get(name)
-            .map(|value| Bytes::copy_from_slice(value.as_bytes()))
-    };
+    drop(lease);
+    let header = |name: &str| header_bytes(name).map(Bytes::copy_from_slice);
     let target = parts.uri.path_and_query().map_or_else(
         || Bytes::from_static(b"/"),
         |target| Bytes::copy_from_slice(target.as_str().as_bytes()),
@@ -167,30 +262,18 @@ async fn serve_stream(
         body: body.freeze(),
         request_id: {
             let mut id = [0u8; 36];
-            crate::audit::request_id(
-                parts
-                    .headers
-                    .get("x-request-id")
-                    .map(|value| value.as_bytes()),
-                &mut id,
-            );
+            crate::audit::request_id(header_bytes("x-request-id"), &mut id);
             id
         },
         client_id: crate::hold::ClientId::of_headers(
-            parts
-                .headers
-                .get("x-client-request-id")
-                .map(|value| value.as_bytes()),
-            parts
-                .headers
-                .get("x-request-id")
-                .map(|value| value.as_bytes()),
+            header_bytes("x-client-request-id"),
+            header_bytes("x-request-id"),
         ),
         anthropic_version: header("anthropic-version"),
         anthropic_beta: header("anthropic-beta"),
         authorization: header("authorization"),
         x_api_key: header("x-api-key"),
-        received_at: Instant::now(),
+        received_at: started,
         peer,
     };
     let _ = api::serve(&shard, request, &mut sink).await;
@@ -205,6 +288,8 @@ struct H2Sink {
     status: u16,
     /// The request's ID, returned as `X-Request-ID`.
     request_id: Option<[u8; 36]>,
+    /// The client's address, charged for the stream's reset.
+    peer: Option<std::net::IpAddr>,
 }
 
 impl H2Sink {
@@ -325,7 +410,10 @@ impl Sink for H2Sink {
         });
         match race(future, reset).await {
             Either::Left(output) => Some(output),
-            Either::Right(_) => None,
+            Either::Right(_) => {
+                self.shard.clients.stream_reset(self.peer, Instant::now());
+                None
+            }
         }
     }
 

@@ -12,6 +12,7 @@
 //! response stream: each shard has its own tunnel connection to every agent.
 
 pub mod connection;
+pub mod guard;
 pub mod h2c;
 pub mod latch;
 pub mod mesh;

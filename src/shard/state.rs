@@ -68,6 +68,8 @@ pub struct ShardSettings {
     pub site: Option<Arc<crate::config::RedirectSite>>,
     /// TLS on the tunnel (`--p2p-tls-cert`): this shard terminates the TLS of its tunnels.
     pub tunnel_tls: Option<Arc<crate::tunnel::tls::TunnelSecurity>>,
+    /// What the clients of one shard may hold (connections, body bytes, resets).
+    pub client_limits: crate::shard::guard::ClientLimits,
 }
 
 /// Why a request found no agent slot.
@@ -248,6 +250,8 @@ pub struct Shard {
     /// releases and decisions land here: they must not be lost.
     deferred: RefCell<VecDeque<(usize, ShardToShard)>>,
     to_control: mpsc::UnboundedSender<ShardToControl>,
+    /// What this shard's clients hold: connections, body bytes, resets per source.
+    pub clients: Rc<crate::shard::guard::ClientGuard>,
 }
 
 /// The current UTC day from the wall clock: what daily budgets count in.
@@ -280,6 +284,7 @@ impl Shard {
     ) -> Shard {
         let rpm_burst = settings.rpm_burst;
         let hold_limits = settings.hold.limits;
+        let clients = Rc::new(crate::shard::guard::ClientGuard::new(settings.client_limits));
         Shard {
             id: mesh.shard(),
             count,
@@ -310,6 +315,7 @@ impl Shard {
             audit: RefCell::new(None),
             agent_peers: RefCell::new(IdMap::default()),
             started: Instant::now(),
+            clients,
             deferred: RefCell::new(VecDeque::new()),
             to_control,
         }
