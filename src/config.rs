@@ -96,7 +96,11 @@ pub struct RouterArgs {
     #[arg(long, env = "HIVENET_ROUTER_CLIENT_BODY_TIMEOUT", default_value = "30s", value_parser = duration)]
     pub client_body_timeout: Duration,
     /// Client connections each shard keeps open at once; one more is answered `503` and closed.
-    #[arg(long, env = "HIVENET_ROUTER_MAX_CLIENT_CONNECTIONS", default_value_t = 10_000)]
+    #[arg(
+        long,
+        env = "HIVENET_ROUTER_MAX_CLIENT_CONNECTIONS",
+        default_value_t = 10_000
+    )]
     pub max_client_connections: usize,
     /// Request-body bytes each shard holds while bodies arrive; a body that would pass it is
     /// answered `503 queue_full` and its connection closed (bodies are also refused before they

@@ -468,7 +468,10 @@ fn parse_content_length(value: &[u8]) -> Result<u64, HeadError> {
 
 /// httparse reports a bad byte in the method and in the request target alike; say which.
 fn token_reason(window: &[u8]) -> &'static str {
-    let line = window.split(|&byte| byte == b'\n').next().unwrap_or_default();
+    let line = window
+        .split(|&byte| byte == b'\n')
+        .next()
+        .unwrap_or_default();
     match line.iter().position(|&byte| byte == b' ') {
         Some(end) if end > 0 && line[..end].iter().all(|&byte| is_tchar(byte)) => {
             "invalid byte in the request target"
@@ -569,7 +572,10 @@ mod tests {
         assert!(!complete(b"GET / HTTP/1.0\r\n\r\n").keep_alive);
         assert!(complete(b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n").keep_alive);
         assert!(complete(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n").keep_alive);
-        assert!(!complete(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: keep-alive, close\r\n\r\n").keep_alive);
+        assert!(
+            !complete(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: keep-alive, close\r\n\r\n")
+                .keep_alive
+        );
         assert!(!complete(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: Close\r\n\r\n").keep_alive);
     }
 
@@ -584,7 +590,10 @@ mod tests {
             BodyFraming::Chunked
         );
         assert_eq!(
-            complete(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\ncontent-length: 5\r\n\r\n").framing,
+            complete(
+                b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\ncontent-length: 5\r\n\r\n"
+            )
+            .framing,
             BodyFraming::ContentLength(5)
         );
         assert_eq!(
@@ -592,7 +601,8 @@ mod tests {
             BodyFraming::ContentLength(0)
         );
         assert_eq!(
-            complete(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 18446744073709551615\r\n\r\n").framing,
+            complete(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 18446744073709551615\r\n\r\n")
+                .framing,
             BodyFraming::ContentLength(u64::MAX)
         );
     }
@@ -652,7 +662,9 @@ mod tests {
         assert_eq!(head.upgrade.unwrap().get(raw), b"h2c");
         assert!(head.http2_settings);
         assert!(head.keep_alive);
-        assert!(!complete(b"POST / HTTP/1.1\r\nHost: h\r\nExpect: nothing\r\n\r\n").expect_continue);
+        assert!(
+            !complete(b"POST / HTTP/1.1\r\nHost: h\r\nExpect: nothing\r\n\r\n").expect_continue
+        );
     }
 
     #[test]
@@ -696,7 +708,10 @@ mod tests {
             ..HeadLimits::default()
         };
         assert_eq!(
-            parse_head(b"GET / HTTP/1.1\r\nHost: h\r\na: 1\r\nb: 2\r\nc: 3\r\n\r\n", &few),
+            parse_head(
+                b"GET / HTTP/1.1\r\nHost: h\r\na: 1\r\nb: 2\r\nc: 3\r\n\r\n",
+                &few
+            ),
             Err(HeadError::TooLarge)
         );
     }

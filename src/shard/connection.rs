@@ -80,9 +80,9 @@ pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
 async fn refuse(shard: &Shard, mut stream: TcpStream, refusal: Refusal) {
     let rejection = match refusal {
         Refusal::Connections => Rejection::connections_full(),
-        Refusal::Resets => Rejection::too_many_resets(
-            shard.settings.client_limits.resets.penalty.as_secs() as u32,
-        ),
+        Refusal::Resets => {
+            Rejection::too_many_resets(shard.settings.client_limits.resets.penalty.as_secs() as u32)
+        }
     };
     shard.metrics.count_response(rejection.status);
     let body = rejection.body();

@@ -338,7 +338,10 @@ mod tests {
             assert!(!guard.stream_reset(ip(1), now));
         }
         assert!(guard.stream_reset(ip(1), now), "the fourth reset at once");
-        assert!(!guard.stream_reset(ip(2), now), "another source is unaffected");
+        assert!(
+            !guard.stream_reset(ip(2), now),
+            "another source is unaffected"
+        );
         assert_eq!(
             guard.open_connection(ip(1), now).err(),
             Some(Refusal::Resets)

@@ -115,8 +115,7 @@ pub async fn serve(shard: Rc<Shard>, stream: monoio::net::TcpStream, prefix: Byt
             }
             Either::Left(Some(Err(_)) | None) => return,
             Either::Right(()) => {
-                if streams.open.get() == 0 && streams.idle_since.get().elapsed() >= header_timeout
-                {
+                if streams.open.get() == 0 && streams.idle_since.get().elapsed() >= header_timeout {
                     connection.graceful_shutdown();
                     break;
                 }
@@ -171,7 +170,6 @@ async fn serve_stream(
         shard: shard.clone(),
         status: 0,
         request_id: None,
-        peer,
     };
     let (parts, mut body_stream) = request.into_parts();
     let method = match parts.method {
@@ -276,7 +274,10 @@ async fn serve_stream(
         received_at: started,
         peer,
     };
-    let _ = api::serve(&shard, request, &mut sink).await;
+    if api::serve(&shard, request, &mut sink).await.is_err() {
+        // The client reset the stream (or dropped the connection) before its answer was done.
+        shard.clients.stream_reset(peer, Instant::now());
+    }
 }
 
 struct H2Sink {
@@ -288,8 +289,6 @@ struct H2Sink {
     status: u16,
     /// The request's ID, returned as `X-Request-ID`.
     request_id: Option<[u8; 36]>,
-    /// The client's address, charged for the stream's reset.
-    peer: Option<std::net::IpAddr>,
 }
 
 impl H2Sink {
@@ -410,10 +409,7 @@ impl Sink for H2Sink {
         });
         match race(future, reset).await {
             Either::Left(output) => Some(output),
-            Either::Right(_) => {
-                self.shard.clients.stream_reset(self.peer, Instant::now());
-                None
-            }
+            Either::Right(_) => None,
         }
     }
 

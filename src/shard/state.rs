@@ -284,7 +284,9 @@ impl Shard {
     ) -> Shard {
         let rpm_burst = settings.rpm_burst;
         let hold_limits = settings.hold.limits;
-        let clients = Rc::new(crate::shard::guard::ClientGuard::new(settings.client_limits));
+        let clients = Rc::new(crate::shard::guard::ClientGuard::new(
+            settings.client_limits,
+        ));
         Shard {
             id: mesh.shard(),
             count,
