@@ -206,6 +206,20 @@ impl Rejection {
         }
     }
 
+    /// The router is shutting down (SIGTERM): a request that arrives while it drains, or one
+    /// still in flight at the end of the drain.
+    pub fn shutting_down() -> Rejection {
+        Rejection {
+            retry_after_seconds: Some(1),
+            ..Rejection::router(
+                503,
+                "no_capacity",
+                "the router is shutting down; retry on another router",
+            )
+        }
+        .closing()
+    }
+
     pub fn queue_full() -> Rejection {
         Rejection::router(503, "queue_full", "the router's internal queue is full")
     }

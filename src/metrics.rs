@@ -31,6 +31,9 @@ pub struct ShardMetrics {
     pub tunnels_open: AtomicI64,
     /// Requests forwarded and not yet finished on this shard.
     pub in_flight: AtomicI64,
+    /// Requests being served on this shard, from their head to their last byte (queued, held
+    /// and forwarded alike): what a graceful shutdown waits for.
+    pub requests_open: AtomicI64,
     /// Requests that did not fit B2 at once and parked (counted on the model's owner).
     pub admission_parked_total: AtomicU64,
     /// Occupancy reservations the reaper released because their release was lost.

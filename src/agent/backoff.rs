@@ -8,9 +8,11 @@
 
 use std::time::Duration;
 
-/// Control sessions and tunnels: 1 s doubling to 30 s.
-pub const RECONNECT_INITIAL: Duration = Duration::from_secs(1);
-pub const RECONNECT_MAX: Duration = Duration::from_secs(30);
+/// Control sessions and tunnels: 250 ms doubling to 2 s. A router that restarts is back within
+/// seconds and should have its agents back as soon (with a 30 s cap they took ~16 s, issue 10);
+/// a refused connect to a router that is down costs it next to nothing, even from many agents.
+pub const RECONNECT_INITIAL: Duration = Duration::from_millis(250);
+pub const RECONNECT_MAX: Duration = Duration::from_secs(2);
 /// A connection that stayed up this long resets its backoff.
 pub const RECONNECT_RESET_AFTER: Duration = Duration::from_secs(30);
 /// Backend readiness (health, discovery, warm-up): 500 ms doubling to 10 s; engines load models
@@ -80,16 +82,16 @@ mod tests {
         let mut high = Backoff::reconnect();
         let lows: Vec<Duration> = (0..8).map(|_| low.next_delay(0.0)).collect();
         let highs: Vec<Duration> = (0..8).map(|_| high.next_delay(1.0)).collect();
-        assert_eq!(lows[0], Duration::from_secs(1), "never below initial");
-        assert_eq!(highs[0], Duration::from_millis(1200));
-        assert_eq!(lows[1], Duration::from_millis(1600));
-        assert_eq!(highs[3], Duration::from_millis(9600));
+        assert_eq!(lows[0], Duration::from_millis(250), "never below initial");
+        assert_eq!(highs[0], Duration::from_millis(300));
+        assert_eq!(lows[1], Duration::from_millis(400));
+        assert_eq!(highs[2], Duration::from_millis(1200));
         for (low, high) in lows.iter().zip(&highs) {
             assert!(low <= high);
             assert!(*low >= RECONNECT_INITIAL && *high <= RECONNECT_MAX);
         }
         assert_eq!(highs[7], RECONNECT_MAX, "capped at max");
-        assert_eq!(lows[7], Duration::from_secs(24));
+        assert_eq!(lows[7], Duration::from_millis(1600));
     }
 
     #[test]
@@ -101,8 +103,8 @@ mod tests {
         }
         backoff.reset();
         assert_eq!(backoff.attempt(), 0);
-        assert_eq!(backoff.next_delay(0.5), Duration::from_secs(1));
+        assert_eq!(backoff.next_delay(0.5), Duration::from_millis(250));
         // Out-of-range draws are clamped, not trusted.
-        assert_eq!(backoff.next_delay(7.0), Duration::from_millis(2400));
+        assert_eq!(backoff.next_delay(7.0), Duration::from_millis(600));
     }
 }

@@ -100,6 +100,11 @@ pub struct Args {
     /// Rolling per-chunk deadline for writing a response chunk to the router; 0 disables.
     #[arg(long, default_value = "60s", value_parser = parse_arg)]
     pub stream_write_timeout: Duration,
+    /// On SIGTERM: how long the requests in flight may run on after the agent has told its
+    /// routers to send nothing new; what is left then is cut (the router ends those streams with
+    /// an error). A second signal exits at once.
+    #[arg(long, default_value = "30s", value_parser = parse_arg)]
+    pub drain_timeout: Duration,
     /// Router gRPC address(es) (host:port or URL); repeat or comma-separate to join several routers.
     #[arg(long, default_value = "localhost:50051", action = clap::ArgAction::Append)]
     pub router_grpc: Vec<String>,
@@ -208,6 +213,7 @@ pub struct Config {
     pub http_timeout: Duration,
     /// `None` when `--stream-write-timeout 0`.
     pub stream_write_timeout: Option<Duration>,
+    pub drain_timeout: Duration,
     /// One gRPC endpoint URI (`http://host:port`) per router.
     pub routers: Vec<String>,
     pub identity_path: PathBuf,
@@ -270,6 +276,7 @@ impl Args {
             capacity: self.capacity,
             http_timeout: self.http_timeout,
             stream_write_timeout: Some(self.stream_write_timeout).filter(|value| !value.is_zero()),
+            drain_timeout: self.drain_timeout,
             routers,
             identity_path: self.identity_path,
             jwt_secret_file: self.jwt_secret_file,

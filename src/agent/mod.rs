@@ -58,14 +58,28 @@ pub struct Shared {
     pub engine: watch::Receiver<EngineSnapshot>,
     /// TLS for routers that announce a `/tls` tunnel address (`--p2p-tls-ca` or the web roots).
     pub tunnel_tls: Arc<rustls::ClientConfig>,
+    /// True once the agent is shutting down: sessions tell their routers and do not reconnect.
+    pub draining: watch::Receiver<bool>,
 }
 
-/// Runs the agent until the process is told to stop (the caller races this against signals).
-pub async fn run(config: Config, secret: Secret, peer_id: String) -> anyhow::Result<()> {
+/// How often a draining agent looks at its requests in flight.
+const DRAIN_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Runs the agent until `stop` turns true, then drains: every router is told to route nothing
+/// new here, and the requests in flight get up to `--drain-timeout` to finish.
+pub async fn run(
+    config: Config,
+    secret: Secret,
+    peer_id: String,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     let tunnel_tls = crate::tunnel::tls::client_config(config.p2p_tls_ca.as_deref())
         .map_err(|error| anyhow::anyhow!("--p2p-tls-ca: {error}"))?;
     let backend = backend::Backend::new(&config.backend_url);
-    let models = readiness::wait_until_ready(&config, &backend).await;
+    let models = tokio::select! {
+        models = readiness::wait_until_ready(&config, &backend) => models,
+        _ = stop.wait_for(|stop| *stop) => return Ok(()),
+    };
 
     let forward = Arc::new(
         ForwardContext::new(
@@ -86,6 +100,8 @@ pub async fn run(config: Config, secret: Secret, peer_id: String) -> anyhow::Res
         to_sessions,
     ));
     let routers = config.routers.clone();
+    let drain_timeout = config.drain_timeout;
+    let (start_draining, draining) = watch::channel(false);
     let shared = Arc::new(Shared {
         config,
         secret,
@@ -94,14 +110,38 @@ pub async fn run(config: Config, secret: Secret, peer_id: String) -> anyhow::Res
         forward,
         engine,
         tunnel_tls,
+        draining,
     });
     for router in routers {
         info!(%router, "connecting to router");
         tasks.spawn(session::run_router(router, shared.clone()));
     }
-    while let Some(joined) = tasks.join_next().await {
-        // The poller returns at once for engines without metrics; sessions never return.
-        joined?;
+    loop {
+        tokio::select! {
+            joined = tasks.join_next() => match joined {
+                // The poller returns at once for engines without metrics; sessions never return.
+                Some(joined) => joined?,
+                None => return Ok(()),
+            },
+            _ = stop.wait_for(|stop| *stop) => break,
+        }
+    }
+    let in_flight = || shared.forward.in_flight.get();
+    info!(
+        in_flight = in_flight(),
+        ?drain_timeout,
+        "draining: routers route nothing new here; requests in flight run on"
+    );
+    start_draining.send_replace(true);
+    let deadline = tokio::time::Instant::now() + drain_timeout;
+    while in_flight() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(DRAIN_POLL).await;
+    }
+    if in_flight() > 0 {
+        tracing::warn!(
+            in_flight = in_flight(),
+            "drain deadline passed: cutting the requests still in flight"
+        );
     }
     Ok(())
 }

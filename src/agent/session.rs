@@ -25,7 +25,8 @@ use crate::proto::agent_control_client::AgentControlClient;
 use crate::proto::agent_message::Kind as AgentKind;
 use crate::proto::router_message::Kind as RouterKind;
 use crate::proto::{
-    AgentMessage, AuthRequest, AuthResponse, Heartbeat, Register, RoutingSignal, SessionRefresh,
+    AgentMessage, AuthRequest, AuthResponse, Heartbeat, Leaving, Register, RoutingSignal,
+    SessionRefresh,
 };
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -77,6 +78,10 @@ pub async fn run_router(router: String, shared: Arc<Shared>) {
                 warn!(router = %label, %error, "check that the agent and router share the same secret")
             }
             _ => warn!(router = %label, %error, "session down"),
+        }
+        if *shared.draining.borrow() {
+            // Shutting down: a new session would register the agent again.
+            return;
         }
         if established.is_some_and(|at| at.elapsed() > RECONNECT_RESET_AFTER) {
             backoff.reset();
@@ -257,9 +262,18 @@ async fn session_inner(
     signal.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut refresh_backoff = Backoff::reconnect();
     let mut refresh_at = refresh_after(auth.session_ttl_ms).map(|after| Instant::now() + after);
+    let mut draining = shared.draining.clone();
+    let mut left = false;
 
     loop {
         tokio::select! {
+            _ = async { drop(draining.wait_for(|draining| *draining).await) }, if !left => {
+                // Heartbeats go on, so the session and its tunnels stay up for what is in flight.
+                let leaving = AgentMessage { kind: Some(AgentKind::Leaving(Leaving {})) };
+                to_router.send(leaving).await.map_err(|_| SessionError::Ended)?;
+                left = true;
+                info!(%router, "told the router this agent is leaving");
+            }
             _ = heartbeat.tick() => {
                 to_router.send(heartbeat_message(shared)).await.map_err(|_| SessionError::Ended)?;
             }

@@ -197,7 +197,7 @@ pub async fn forward<S: Sink>(
         }
     };
     let Some(tunnel) = shard.tunnel(slot.agent) else {
-        return Err(failed(Rejection::agent_disconnected()));
+        return Err(failed(upstream_lost(shard)));
     };
     let injected = match request.route {
         Route::ChatCompletions => request_with_include_usage(&request.body, fields),
@@ -225,7 +225,7 @@ pub async fn forward<S: Sink>(
         Some(Ok(Err(error))) => {
             ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
             tracing::debug!(shard = shard.id, session = slot.agent.0, %error, "forward failed");
-            return Err(failed(Rejection::agent_disconnected()));
+            return Err(failed(upstream_lost(shard)));
         }
         Some(Ok(Ok(response))) => response,
     };
@@ -328,7 +328,7 @@ async fn buffer_back<S: Sink>(
             Some(Either::Left(None)) => break,
             Some(Either::Left(Some(Err(_)))) => {
                 ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
-                return Err(Rejection::agent_disconnected().into());
+                return Err(upstream_lost(shard).into());
             }
             Some(Either::Left(Some(Ok(chunk)))) => {
                 let _ = upstream.flow_control().release_capacity(chunk.len());
@@ -434,7 +434,11 @@ async fn stream_back<S: Sink>(
                 truncated = true;
                 out.clear();
                 out.extend_from_slice(&splitter.take_tail());
-                out.extend_from_slice(stream_error_event(dialect));
+                if shard.lifecycle.is_ending() {
+                    out.extend_from_slice(&Rejection::shutting_down().stream_event(dialect));
+                } else {
+                    out.extend_from_slice(stream_error_event(dialect));
+                }
                 if sink.stream_data(&out).await.is_err() {
                     return Err(settling.client_left(scanner.usage()));
                 }
@@ -544,6 +548,15 @@ impl<'a> OccupancyTracker<'a> {
             self.slot
                 .update_occupancy(OccupancyUpdate::ExactInput(usage.input_tokens));
         }
+    }
+}
+
+/// The agent's tunnel failed under the request: lost, or closed by the router's own shutdown.
+fn upstream_lost(shard: &Shard) -> Rejection {
+    if shard.lifecycle.is_ending() {
+        Rejection::shutting_down()
+    } else {
+        Rejection::agent_disconnected()
     }
 }
 

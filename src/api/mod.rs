@@ -168,6 +168,22 @@ pub struct RequestFacts {
     pub error_code: Option<&'static str>,
 }
 
+/// Counts a request from its head to its last byte (`requests_open`: what a drain waits for).
+struct RequestOpen<'m>(&'m ShardMetrics);
+
+impl<'m> RequestOpen<'m> {
+    fn enter(metrics: &'m ShardMetrics) -> RequestOpen<'m> {
+        ShardMetrics::gauge(&metrics.requests_open, 1);
+        RequestOpen(metrics)
+    }
+}
+
+impl Drop for RequestOpen<'_> {
+    fn drop(&mut self) {
+        ShardMetrics::gauge(&self.0.requests_open, -1);
+    }
+}
+
 /// Serves one request to completion. `Err(ClientGone)` means the client connection is unusable
 /// and must be closed. Every request but `/health` leaves one audit record.
 pub async fn serve<S: Sink>(
@@ -178,10 +194,19 @@ pub async fn serve<S: Sink>(
     ShardMetrics::add(&shard.metrics.requests_total, 1);
     sink.set_request_id(request.request_id);
     if request.route == Route::Health {
-        return sink
-            .respond(200, "application/json", &[], b"{\"status\":\"ok\"}")
-            .await;
+        // A draining router fails its health check so load balancers take it out.
+        return if shard.lifecycle.is_draining() {
+            sink.respond(503, "application/json", &[], b"{\"status\":\"draining\"}")
+                .await
+        } else {
+            sink.respond(200, "application/json", &[], b"{\"status\":\"ok\"}")
+                .await
+        };
     }
+    if shard.lifecycle.is_draining() {
+        return sink.reject(&Rejection::shutting_down()).await;
+    }
+    let _open = RequestOpen::enter(&shard.metrics);
     let keys = shard.keys();
     let mut facts = RequestFacts::default();
     let mut sink = HoldSink::new(sink, &shard.metrics);

@@ -68,16 +68,26 @@ fn main() -> ExitCode {
     runtime.block_on(async move {
         info!(%peer_id, engine = config.engine.as_str(), backend = %config.backend_url, "hivenet-agent starting");
         let span = tracing::info_span!("agent", %peer_id);
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let run = agent::run(config, secret, peer_id.clone(), stopped).instrument(span);
+        tokio::pin!(run);
+        let finished = |result: anyhow::Result<()>| match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(problem) => {
+                error!(%problem, "agent stopped");
+                ExitCode::FAILURE
+            }
+        };
         tokio::select! {
-            result = agent::run(config, secret, peer_id.clone()).instrument(span) => match result {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(problem) => {
-                    error!(%problem, "agent stopped");
-                    ExitCode::FAILURE
-                }
-            },
+            result = &mut run => return finished(result),
+            signal = shutdown_signal() => info!(signal, "shutting down"),
+        }
+        // The first signal drains (see `agent::run`); a second one exits at once.
+        stop.send_replace(true);
+        tokio::select! {
+            result = &mut run => finished(result),
             signal = shutdown_signal() => {
-                info!(signal, "shutting down");
+                info!(signal, "second signal: exiting without waiting for requests in flight");
                 ExitCode::SUCCESS
             }
         }

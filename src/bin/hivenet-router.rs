@@ -275,6 +275,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     let mut audit_senders = audit_senders.into_iter().map(Some).collect::<Vec<_>>();
 
     // The control core: its own thread, its own tokio runtime.
+    let drain_timeout = args.drain_timeout;
     let (control_started, control_ready) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("control".into())
@@ -290,6 +291,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
                 }
             };
             let flush_shared = shared.clone();
+            let drain_shared = shared.clone();
             let started = control::start(&runtime, shared, from_shards);
             let failed = started.is_err();
             let _ = control_started.send(started);
@@ -307,7 +309,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
                     _ = terminate.recv() => {}
                     _ = tokio::signal::ctrl_c() => {}
                 }
-                tracing::info!("hivenet-router stopping");
+                drain(&drain_shared, drain_timeout).await;
                 if let Some(daily_flush) = daily_flush {
                     if daily_flush.finish().await {
                         tracing::info!("daily token totals written to the disk database");
@@ -399,4 +401,48 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     tracing::error!(thread = %ended, "a shard thread ended; stopping the router");
     drop(threads);
     std::process::exit(70);
+}
+
+/// How often the drain looks at the requests still open.
+const DRAIN_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+/// After the drain deadline: how long the requests ended by it get to write their error.
+const END_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// SIGTERM: the shards stop accepting and fail `/health`; requests already in flight run on for
+/// up to `timeout`; those still open then end with an error (see `shard::lifecycle`).
+async fn drain(shared: &ControlShared, timeout: std::time::Duration) {
+    let open = || -> i64 {
+        shared
+            .shard_metrics
+            .iter()
+            .map(|metrics| {
+                metrics
+                    .requests_open
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            })
+            .sum()
+    };
+    tracing::info!(
+        requests_open = open(),
+        drain_timeout = ?timeout,
+        "hivenet-router draining: no new connections, /health fails, requests in flight run on"
+    );
+    shared.broadcast(|| hivenet_router::shard::messages::ControlToShard::Drain);
+    let deadline = tokio::time::Instant::now() + timeout;
+    while open() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(DRAIN_POLL).await;
+    }
+    let left = open();
+    if left > 0 {
+        tracing::warn!(
+            requests_open = left,
+            "drain deadline passed: ending the requests still in flight with an error"
+        );
+        shared.broadcast(|| hivenet_router::shard::messages::ControlToShard::End);
+        let grace = tokio::time::Instant::now() + END_GRACE;
+        while open() > 0 && tokio::time::Instant::now() < grace {
+            tokio::time::sleep(DRAIN_POLL).await;
+        }
+    }
+    tracing::info!(requests_open = open(), "hivenet-router stopping");
 }

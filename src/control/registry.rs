@@ -69,6 +69,8 @@ struct AgentRecord {
     in_flight: u32,
     engine: EngineSignals,
     routable: bool,
+    /// The agent said it is shutting down: it stays out of the pool for the rest of its session.
+    leaving: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -213,6 +215,7 @@ impl Registry {
                 in_flight: 0,
                 engine: EngineSignals::default(),
                 routable: false,
+                leaving: false,
             },
         );
     }
@@ -302,6 +305,17 @@ impl Registry {
                     engine,
                 });
             }
+        }
+        events
+    }
+
+    /// The agent is shutting down: it leaves the pool at once, and its session stays open while
+    /// the requests it serves finish.
+    pub fn leaving(&mut self, agent: AgentId, now: Instant) -> Vec<Event> {
+        let mut events = Vec::new();
+        if let Some(record) = self.agents.get_mut(&agent) {
+            record.leaving = true;
+            self.update_routable(agent, now, &mut events);
         }
         events
     }
@@ -488,8 +502,10 @@ impl Registry {
         };
         let healthy =
             now.saturating_duration_since(record.last_heartbeat) < self.health.unhealthy_after;
-        let should_route =
-            healthy && record.registration.is_some() && record.tunnels_up.iter().all(|up| *up);
+        let should_route = healthy
+            && !record.leaving
+            && record.registration.is_some()
+            && record.tunnels_up.iter().all(|up| *up);
         if should_route == record.routable {
             return;
         }

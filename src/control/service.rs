@@ -180,6 +180,11 @@ async fn run_session(
                     return "registration refused";
                 }
             },
+            agent_message::Kind::Leaving(_) => {
+                tracing::info!(%peer_id, session = agent.0, "agent is shutting down: routing nothing new to it");
+                let events = shared.registry().leaving(agent, now);
+                shared.apply(events);
+            }
             agent_message::Kind::Heartbeat(heartbeat) => {
                 let events = shared.registry().heartbeat(agent, heartbeat.in_flight, now);
                 shared.apply(events);

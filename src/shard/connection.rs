@@ -164,7 +164,8 @@ async fn write_loop(shard: &Rc<Shard>, sink: &mut Http1Sink, mut inbound: mpsc::
                 keep_alive,
                 head_only,
             } => {
-                sink.close = !keep_alive;
+                // A draining router answers this request and closes the connection.
+                sink.close = !keep_alive || shard.lifecycle.is_draining();
                 sink.head_only = head_only;
                 sink.status = 0;
                 if api::serve(shard, request, sink).await.is_err() || sink.close {

@@ -98,12 +98,19 @@ pub async fn serve(shard: Rc<Shard>, stream: monoio::net::TcpStream, prefix: Byt
         open: Cell::new(0),
         idle_since: Cell::new(Instant::now()),
     });
+    let mut going_away = false;
     loop {
+        if shard.lifecycle.is_draining() && !going_away {
+            // Streams already open finish; the client opens no more here.
+            connection.graceful_shutdown();
+            going_away = true;
+        }
         let wait = if streams.open.get() == 0 {
             header_timeout.saturating_sub(streams.idle_since.get().elapsed())
         } else {
             header_timeout
-        };
+        }
+        .min(DRAIN_CHECK_INTERVAL);
         match race(connection.accept(), monoio::time::sleep(wait)).await {
             Either::Left(Some(Ok((request, respond)))) => {
                 if shard.clients.is_refused(peer, Instant::now()) {
@@ -126,6 +133,9 @@ pub async fn serve(shard: Rc<Shard>, stream: monoio::net::TcpStream, prefix: Byt
     let closing = std::future::poll_fn(|context| connection.poll_closed(context));
     let _ = monoio::time::timeout(CLOSE_GRACE, closing).await;
 }
+
+/// How often an idle or busy connection looks whether the shard is draining.
+const DRAIN_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long a closing connection may take to deliver its GOAWAY.
 const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);

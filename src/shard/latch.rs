@@ -46,6 +46,87 @@ impl Latch {
     }
 }
 
+/// A set-once signal any number of tasks wait on, each in its own slot: a waiter that is polled
+/// again replaces its own waker, and gives its slot back when dropped, so wakers never pile up.
+#[derive(Default)]
+pub struct Signal {
+    set: Cell<bool>,
+    slots: RefCell<Vec<Option<Waker>>>,
+    free: RefCell<Vec<usize>>,
+}
+
+impl Signal {
+    pub fn is_set(&self) -> bool {
+        self.set.get()
+    }
+
+    pub fn set(&self) {
+        if self.set.replace(true) {
+            return;
+        }
+        let wakers: Vec<Waker> = self
+            .slots
+            .borrow_mut()
+            .iter_mut()
+            .filter_map(Option::take)
+            .collect();
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+
+    /// Resolves once the signal is set.
+    pub fn wait(&self) -> SignalWait<'_> {
+        SignalWait {
+            signal: self,
+            slot: None,
+        }
+    }
+}
+
+/// The future of [`Signal::wait`].
+pub struct SignalWait<'s> {
+    signal: &'s Signal,
+    slot: Option<usize>,
+}
+
+impl Future for SignalWait<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<()> {
+        let signal = self.signal;
+        if signal.set.get() {
+            return Poll::Ready(());
+        }
+        let mut slots = signal.slots.borrow_mut();
+        let slot = match self.slot {
+            Some(slot) => slot,
+            None => {
+                let slot = signal.free.borrow_mut().pop().unwrap_or_else(|| {
+                    slots.push(None);
+                    slots.len() - 1
+                });
+                self.slot = Some(slot);
+                slot
+            }
+        };
+        match slots[slot].as_mut() {
+            Some(waker) => waker.clone_from(context.waker()),
+            None => slots[slot] = Some(context.waker().clone()),
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for SignalWait<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            self.signal.slots.borrow_mut()[slot] = None;
+            self.signal.free.borrow_mut().push(slot);
+        }
+    }
+}
+
 /// Runs two futures until the first finishes; the other is dropped. `first` is polled first.
 ///
 /// A plain future rather than an `async fn`: an `async fn` keeps its arguments and their pinned
@@ -115,5 +196,50 @@ mod tests {
         let mut context = Context::from_waker(&waker);
         let mut wait = std::pin::pin!(latch.wait());
         assert!(wait.as_mut().poll(&mut context).is_ready());
+    }
+
+    #[test]
+    fn a_signal_wakes_every_waiter_once_and_reuses_the_slots_of_dropped_ones() {
+        let signal = Signal::default();
+        let counters: Vec<Arc<CountingWake>> = (0..3)
+            .map(|_| Arc::new(CountingWake(AtomicUsize::new(0))))
+            .collect();
+        let mut waits: Vec<_> = (0..3).map(|_| Box::pin(signal.wait())).collect();
+        for _ in 0..100 {
+            for (wait, counter) in waits.iter_mut().zip(&counters) {
+                let waker = Waker::from(counter.clone());
+                assert!(
+                    wait.as_mut()
+                        .poll(&mut Context::from_waker(&waker))
+                        .is_pending()
+                );
+            }
+        }
+        drop(waits.pop());
+        let mut again = Box::pin(signal.wait());
+        let waker = Waker::from(counters[2].clone());
+        assert!(
+            again
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+        assert_eq!(
+            signal.slots.borrow().len(),
+            3,
+            "the dropped waiter's slot is reused"
+        );
+        signal.set();
+        let woken: Vec<usize> = counters
+            .iter()
+            .map(|c| c.0.load(Ordering::Relaxed))
+            .collect();
+        assert_eq!(woken, vec![1, 1, 1]);
+        assert!(
+            again
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_ready()
+        );
     }
 }

@@ -52,6 +52,10 @@ pub enum ControlToShard {
     },
     /// The agent's session ended: drop this shard's tunnel to it.
     CloseTunnel { agent: AgentId },
+    /// SIGTERM: stop accepting, fail `/health`, refuse new requests (see `shard::lifecycle`).
+    Drain,
+    /// The drain deadline passed: end what is still in flight.
+    End,
     /// A `/metrics` scrape: the capacity-queue length and admission state of every model this
     /// shard owns, and the admission refusals it counted. Answered from the shard's inbox, so
     /// reporting costs the request path nothing.

@@ -15,6 +15,7 @@ pub mod connection;
 pub mod guard;
 pub mod h2c;
 pub mod latch;
+pub mod lifecycle;
 pub mod mesh;
 pub mod messages;
 pub mod quotas;

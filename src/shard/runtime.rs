@@ -11,11 +11,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use futures_util::future::Either;
 use monoio::net::{ListenerOpts, TcpListener};
 use tokio::sync::mpsc;
 
 use crate::metrics::ShardMetrics;
 use crate::shard::connection;
+use crate::shard::latch::race;
 use crate::shard::mesh::Endpoint;
 use crate::shard::messages::{ControlToShard, ShardToControl, ShardToShard};
 use crate::shard::state::{Shard, ShardSettings};
@@ -162,7 +164,16 @@ async fn run(
     });
     let _ = started.send(Ok(driver));
     loop {
-        match listener.accept().await {
+        let accepted = match race(listener.accept(), shard.lifecycle.stopped_accepting()).await {
+            Either::Left(accepted) => accepted,
+            // Draining: the listener closes; connections already open are served on until
+            // the process exits.
+            Either::Right(()) => {
+                drop(listener);
+                return std::future::pending().await;
+            }
+        };
+        match accepted {
             Ok((stream, _)) => {
                 monoio::spawn(connection::serve(shard.clone(), stream));
             }

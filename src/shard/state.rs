@@ -252,6 +252,8 @@ pub struct Shard {
     to_control: mpsc::UnboundedSender<ShardToControl>,
     /// What this shard's clients hold: connections, body bytes, resets per source.
     pub clients: Rc<crate::shard::guard::ClientGuard>,
+    /// Draining and ending on SIGTERM.
+    pub lifecycle: crate::shard::lifecycle::Lifecycle,
 }
 
 /// The current UTC day from the wall clock: what daily budgets count in.
@@ -318,6 +320,7 @@ impl Shard {
             agent_peers: RefCell::new(IdMap::default()),
             started: Instant::now(),
             clients,
+            lifecycle: Default::default(),
             deferred: RefCell::new(VecDeque::new()),
             to_control,
         }
@@ -1684,6 +1687,14 @@ impl Shard {
                     // The flush gave up waiting: report these again next time.
                     self.quotas.borrow_mut().requeue_daily_totals(totals);
                 }
+            }
+            ControlToShard::Drain => {
+                tracing::info!(shard = self.id, "draining: no new connections or requests");
+                self.lifecycle.drain();
+            }
+            ControlToShard::End => {
+                tracing::info!(shard = self.id, "ending the requests still in flight");
+                self.lifecycle.end();
             }
             ControlToShard::CloseTunnel { agent } => {
                 if self.tunnels.borrow_mut().remove(&agent).is_some() {

@@ -143,11 +143,20 @@ where
     let pings = connection.ping_pong();
     shard.tunnel_up(agent, Tunnel { send, generation });
     tracing::debug!(shard = shard.id, session = agent.0, "tunnel up");
-    match race(connection, keepalive(pings)).await {
-        Either::Left(Err(error)) => {
+    // The router's drain ended: the connection goes, and every request still on it ends.
+    let ending = shard.lifecycle.ending();
+    match race(race(connection, ending), keepalive(pings)).await {
+        Either::Left(Either::Left(Err(error))) => {
             tracing::info!(shard = shard.id, session = agent.0, %error, "tunnel connection ended");
         }
-        Either::Left(Ok(())) => {}
+        Either::Left(Either::Left(Ok(()))) => {}
+        Either::Left(Either::Right(())) => {
+            tracing::info!(
+                shard = shard.id,
+                session = agent.0,
+                "tunnel closed: the router is shutting down"
+            );
+        }
         Either::Right(()) => {
             tracing::warn!(
                 shard = shard.id,
