@@ -88,6 +88,10 @@ fn build_runtime() -> std::io::Result<(Runtime, Driver)> {
     Ok((runtime.into(), Driver::Epoll))
 }
 
+/// Draining: how long the accept loop waits for one more connection from the backlog before it
+/// closes the listener.
+const BACKLOG_DRAIN_WAIT: Duration = Duration::from_millis(10);
+
 /// Starts one shard thread; `started` receives the driver or the start-up error, `ended` the
 /// thread's name should it ever end (it must not: the process stops then).
 pub fn spawn(
@@ -169,6 +173,13 @@ async fn run(
             // Draining: the listener closes; connections already open are served on until
             // the process exits.
             Either::Right(()) => {
+                // Connections already in the backlog were accepted by the kernel: serve them
+                // rather than reset them when the listener closes.
+                while let Ok(Ok((stream, _))) =
+                    monoio::time::timeout(BACKLOG_DRAIN_WAIT, listener.accept()).await
+                {
+                    monoio::spawn(connection::serve(shard.clone(), stream));
+                }
                 drop(listener);
                 return std::future::pending().await;
             }

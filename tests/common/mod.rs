@@ -137,6 +137,26 @@ impl Proc {
         }
     }
 
+    /// Sends `signal` (`TERM`, `STOP`, `CONT`, ...) without waiting.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.pid().expect("process already reaped");
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -{signal} {} failed", self.name);
+    }
+
+    /// Waits up to `within` for the process to exit; its status, or `None` while it runs on.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
+        let status = poll(within, || child.try_wait().ok().flatten());
+        if status.is_some() {
+            self.child = None;
+        }
+        status
+    }
+
     /// SIGKILLs the process and waits for it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
