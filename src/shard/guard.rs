@@ -311,7 +311,7 @@ mod tests {
             Some(Refusal::Connections)
         );
         drop(first);
-        assert!(guard.open_connection(ip(3), now).is_ok());
+        let _third = guard.open_connection(ip(3), now).unwrap();
         assert_eq!(guard.connections(), 2);
     }
 
