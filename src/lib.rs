@@ -19,6 +19,7 @@ pub mod auth;
 pub mod config;
 pub mod control;
 pub mod disk_db;
+pub mod doc_guard;
 pub mod duration;
 pub mod error;
 pub mod hold;
