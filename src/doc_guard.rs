@@ -63,17 +63,12 @@ pub enum ShapeError {
 }
 
 /// Why a document could not be turned into its type: its shape, or the parser's verdict.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
 pub struct DocError {
     pub message: String,
     /// 1-based, when known.
     pub line: Option<usize>,
-}
-
-impl fmt::Display for DocError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
 }
 
 impl From<ShapeError> for DocError {

@@ -9,6 +9,11 @@
 //! `HIVENET_ROUTER_QUOTA_BACKEND=badger`). [`ControlShared`] is the state they share; its registry
 //! lock is held only for in-memory updates and the non-blocking sends that follow, so shards see
 //! registry events in the order they happened.
+//!
+//! Performance: this is one thread. Work whose cost grows with what an operator or client hands
+//! in — parsing and validating an admin body, a policy or `auth.yaml` reload — runs on tokio's
+//! blocking threads (`spawn_blocking`), so agent gRPC, tunnel handshakes and `/metrics` keep
+//! answering meanwhile; the key and policy locks those paths take are never taken here.
 
 pub mod admin;
 pub mod admin_policy;
@@ -31,7 +36,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::ShardMetrics;
 use crate::routing::AgentId;
-use crate::shard::messages::{ControlToShard, ShardToControl};
+use crate::shard::messages::{AdminCall, ControlToShard, ShardToControl};
 use crate::tokens::Secret;
 use registry::{Event, HealthTimes, Registry};
 
@@ -359,13 +364,32 @@ pub fn start(
         }
     });
 
+    // Admin calls, one at a time as before, each on a blocking thread: a body is parsed and
+    // validated there (up to 16 MiB, `doc_guard` bounds its shape), so neither the parse nor the
+    // checks against every key stall agent gRPC or `/metrics`, which this thread serves.
+    let (to_admin, mut admin_calls) = mpsc::unbounded_channel::<AdminCall>();
+    let admin_shared = shared.clone();
+    runtime.spawn(async move {
+        while let Some(call) = admin_calls.recv().await {
+            let shared = admin_shared.clone();
+            let handled = tokio::task::spawn_blocking(move || {
+                let reply = admin::handle(&shared, call.method, &call.target, &call.body);
+                let _ = call.reply.send(reply);
+            })
+            .await;
+            if let Err(error) = handled {
+                // The shard answers 503 when the reply is dropped.
+                tracing::error!(%error, "an admin call failed");
+            }
+        }
+    });
+
     runtime.spawn(async move {
         while let Some(message) = from_shards.recv().await {
             let now = Instant::now();
             let events = match message {
                 ShardToControl::Admin(call) => {
-                    let reply = admin::handle(&shared, call.method, &call.target, &call.body);
-                    let _ = call.reply.send(reply);
+                    let _ = to_admin.send(call);
                     continue;
                 }
                 ShardToControl::TunnelUp { agent, shard } => {
