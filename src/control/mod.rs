@@ -45,6 +45,8 @@ use registry::{Event, HealthTimes, Registry};
 pub struct ControlSettings {
     pub shard_count: usize,
     pub session_ttl: Duration,
+    /// `--agent-token-max-lifetime`: agent authentication JWTs valid for longer are refused.
+    pub agent_token_max_lifetime: Duration,
     pub heartbeat_interval: Duration,
     pub routing_signal_interval: Duration,
     pub health_check_interval: Duration,
