@@ -26,6 +26,7 @@ pub mod hold;
 pub mod http;
 pub mod identity;
 pub mod limits;
+pub mod log_limit;
 pub mod metrics;
 pub mod policy;
 pub mod provider;

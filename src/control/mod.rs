@@ -96,6 +96,8 @@ pub struct ControlShared {
     pub quota_backend_errors_total: AtomicU64,
     /// Open tunnel connections per source prefix (`--p2p-max-conns-per-ip`).
     pub tunnel_conns: conn_limit::ConnLimiter,
+    /// Rate-limited log lines for refused tunnel connections.
+    pub tunnel_refusals: tunnel_accept::RefusalLog,
     /// The provider-fallback client's outbound HTTP metrics, when it runs.
     pub provider_metrics: Option<Arc<crate::provider::ProviderMetrics>>,
 }
@@ -113,6 +115,7 @@ impl ControlShared {
         ControlShared {
             provider_metrics,
             tunnel_conns: conn_limit::ConnLimiter::new(settings.p2p_max_conns_per_ip),
+            tunnel_refusals: tunnel_accept::RefusalLog::default(),
             policies,
             registry: Mutex::new(Registry::new(settings.shard_count, settings.health)),
             dynamic_keys: dynamic_keys.map(Mutex::new),
@@ -402,10 +405,10 @@ pub fn start(
                         // A TLS tunnel's token was checked on its shard, which cannot see the
                         // sessions: one whose session has ended goes at once.
                         drop(registry);
-                        tracing::warn!(
-                            session = agent.0,
-                            shard,
-                            "tunnel refused: session not live"
+                        shared.tunnel_refusals.refused(
+                            None,
+                            Some(agent.0),
+                            "session not live (TLS tunnel)",
                         );
                         shared.send_to_shard(shard, ControlToShard::CloseTunnel { agent });
                         Vec::new()
