@@ -225,7 +225,7 @@ pub async fn forward<S: Sink>(
         Some(Ok(Err(error))) => {
             ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
             tracing::debug!(shard = shard.id, session = slot.agent.0, %error, "forward failed");
-            return Err(failed(Rejection::agent_disconnected()));
+            return Err(failed(upstream_failure(&error)));
         }
         Some(Ok(Ok(response))) => response,
     };
@@ -326,9 +326,9 @@ async fn buffer_back<S: Sink>(
             }
             Some(Either::Right(())) => return Err(Rejection::request_timeout().into()),
             Some(Either::Left(None)) => break,
-            Some(Either::Left(Some(Err(_)))) => {
+            Some(Either::Left(Some(Err(error)))) => {
                 ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
-                return Err(Rejection::agent_disconnected().into());
+                return Err(upstream_failure(&error).into());
             }
             Some(Either::Left(Some(Ok(chunk)))) => {
                 let _ = upstream.flow_control().release_capacity(chunk.len());
@@ -429,12 +429,15 @@ async fn stream_back<S: Sink>(
         let chunk = match next {
             None => return Err(settling.client_left(scanner.usage())),
             Some(None) => break,
-            Some(Some(Err(_))) => {
+            Some(Some(Err(error))) => {
                 ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
                 truncated = true;
                 out.clear();
                 out.extend_from_slice(&splitter.take_tail());
-                out.extend_from_slice(stream_error_event(dialect));
+                out.extend_from_slice(stream_error_event(
+                    dialect,
+                    crate::tunnel::is_backend_failure(&error),
+                ));
                 if sink.stream_data(&out).await.is_err() {
                     return Err(settling.client_left(scanner.usage()));
                 }
@@ -547,14 +550,31 @@ impl<'a> OccupancyTracker<'a> {
     }
 }
 
-/// The event that tells a streaming client its stream failed upstream, in its own dialect.
-fn stream_error_event(dialect: Dialect) -> &'static [u8] {
-    match dialect {
-        Dialect::OpenAi => {
+/// What a tunnelled stream's error tells the client: the agent's backend failed
+/// (`tunnel::BACKEND_FAILED`), or the tunnel or the agent was lost.
+fn upstream_failure(error: &h2::Error) -> Rejection {
+    if crate::tunnel::is_backend_failure(error) {
+        Rejection::backend_failed()
+    } else {
+        Rejection::agent_disconnected()
+    }
+}
+
+/// The event that tells a streaming client its stream failed upstream, in its own dialect:
+/// `backend_error` when the agent said its backend failed, else `agent_disconnected`.
+fn stream_error_event(dialect: Dialect, backend_failed: bool) -> &'static [u8] {
+    match (dialect, backend_failed) {
+        (Dialect::OpenAi, false) => {
             b"data: {\"error\":{\"code\":\"agent_disconnected\",\"message\":\"the agent connection was lost mid-stream\",\"source\":\"router\"}}\n\n"
         }
-        Dialect::Anthropic => {
+        (Dialect::OpenAi, true) => {
+            b"data: {\"error\":{\"code\":\"backend_error\",\"message\":\"the backend failed mid-stream\",\"source\":\"backend\"}}\n\n"
+        }
+        (Dialect::Anthropic, false) => {
             b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"the agent connection was lost mid-stream\"}}\n\n"
+        }
+        (Dialect::Anthropic, true) => {
+            b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"backend_error: the backend failed mid-stream\"}}\n\n"
         }
     }
 }
