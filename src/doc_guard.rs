@@ -37,7 +37,7 @@
 use std::cell::Cell;
 use std::fmt;
 
-use serde::de::{DeserializeOwned, DeserializeSeed, Deserializer, Error as _, Visitor};
+use serde::de::{DeserializeOwned, DeserializeSeed, Deserializer, Visitor};
 
 /// Most collections nested inside each other in one document: block mappings and sequences plus
 /// flow `[…]`/`{…}`. Real policies and key files use fewer than ten; `yaml_serde` itself stops at
@@ -297,7 +297,10 @@ impl<'a> YamlScan<'a> {
     }
 
     fn is_alpha(&self) -> bool {
-        matches!(self.byte_at(0), Some(b'0'..=b'9' | b'A'..=b'Z' | b'a'..=b'z' | b'_' | b'-'))
+        matches!(
+            self.byte_at(0),
+            Some(b'0'..=b'9' | b'A'..=b'Z' | b'a'..=b'z' | b'_' | b'-')
+        )
     }
 
     /// Moves past one character (libyaml's `SKIP`).
@@ -637,7 +640,10 @@ impl<'a> YamlScan<'a> {
         if verbatim {
             self.skip();
         }
-        while self.byte_at(0).is_some_and(|byte| is_uri_char(byte, verbatim)) {
+        while self
+            .byte_at(0)
+            .is_some_and(|byte| is_uri_char(byte, verbatim))
+        {
             self.skip();
         }
         if verbatim && self.check(b'>') {
@@ -977,9 +983,7 @@ impl<'de> Visitor<'de> for NodeCounter<'_> {
         use serde::de::VariantAccess;
         self.take()?;
         let ((), variant) = data.variant_seed(self)?;
-        variant
-            .newtype_variant_seed(self)
-            .or_else(|_: A::Error| Err(A::Error::custom("tagged node")))
+        variant.newtype_variant_seed(self)
     }
 }
 

@@ -290,11 +290,7 @@ impl Rejection {
         };
         Rejection {
             source: Source::Backend,
-            ..Rejection::router(
-                status_out,
-                code,
-                format!("the backend answered {status}"),
-            )
+            ..Rejection::router(status_out, code, format!("the backend answered {status}"))
         }
     }
 
@@ -372,9 +368,16 @@ mod tests {
             (504, 502, "backend_error"),
         ] {
             let rejection = Rejection::backend_status(answered);
-            assert_eq!((rejection.status, rejection.code), (status, code), "{answered}");
+            assert_eq!(
+                (rejection.status, rejection.code),
+                (status, code),
+                "{answered}"
+            );
             assert_eq!(rejection.source, Source::Backend);
-            assert_eq!(rejection.message, format!("the backend answered {answered}"));
+            assert_eq!(
+                rejection.message,
+                format!("the backend answered {answered}")
+            );
         }
         let failed = Rejection::backend_failed();
         assert_eq!((failed.status, failed.code), (502, "backend_error"));

@@ -151,7 +151,9 @@ impl Secret {
 /// The lifetime rule of [`Secret::verify_auth`], on verified claims; times in Unix seconds.
 pub fn check_lifetime(claims: &Claims, now: u64, max_seconds: u64) -> Result<(), TokenError> {
     let from_now = claims.exp.saturating_sub(now);
-    let declared = claims.iat.map_or(from_now, |iat| claims.exp.saturating_sub(iat));
+    let declared = claims
+        .iat
+        .map_or(from_now, |iat| claims.exp.saturating_sub(iat));
     let lifetime_seconds = declared.max(from_now);
     if lifetime_seconds > max_seconds {
         return Err(TokenError::LifetimeTooLong {
@@ -203,8 +205,14 @@ mod tests {
     #[test]
     fn lifetimes_up_to_the_maximum_pass() {
         const NOW: u64 = 1_800_000_000;
-        assert_eq!(check_lifetime(&claims(Some(NOW), NOW + 300), NOW, 3600), Ok(()));
-        assert_eq!(check_lifetime(&claims(Some(NOW), NOW + 3600), NOW, 3600), Ok(()));
+        assert_eq!(
+            check_lifetime(&claims(Some(NOW), NOW + 300), NOW, 3600),
+            Ok(())
+        );
+        assert_eq!(
+            check_lifetime(&claims(Some(NOW), NOW + 3600), NOW, 3600),
+            Ok(())
+        );
         assert_eq!(
             check_lifetime(&claims(Some(NOW), NOW + 3601), NOW, 3600),
             Err(TokenError::LifetimeTooLong {
@@ -218,9 +226,7 @@ mod tests {
         assert_eq!(check_lifetime(&claims(None, NOW + 3600), NOW, 3600), Ok(()));
         assert!(check_lifetime(&claims(None, NOW + 3601), NOW, 3600).is_err());
         // A future iat does not make a far-off exp acceptable.
-        assert!(
-            check_lifetime(&claims(Some(NOW + 86_400), NOW + 86_700), NOW, 3600).is_err()
-        );
+        assert!(check_lifetime(&claims(Some(NOW + 86_400), NOW + 86_700), NOW, 3600).is_err());
     }
 
     #[test]

@@ -98,7 +98,10 @@ fn deeply_nested_documents_are_refused_quickly_and_the_control_core_keeps_answer
     let (status, body, took) = admin(&site, "PUT", "/admin/sibling-map", &deep_map);
     assert_eq!(status, 400, "{body}");
     assert!(
-        body["error"].as_str().unwrap_or_default().contains(LIMIT_MESSAGE),
+        body["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(LIMIT_MESSAGE),
         "{body}"
     );
     assert!(took < PROMPT, "refusal took {took:?}");

@@ -30,9 +30,7 @@ pub async fn serve<S: Sink>(
 ) -> Result<(), ClientGone> {
     let presented = bearer_token(request.authorization.as_deref());
     if !shard.admin_access().authorize(presented) {
-        return sink
-            .reject(&Rejection::unauthorized("unauthorized"))
-            .await;
+        return sink.reject(&Rejection::unauthorized("unauthorized")).await;
     }
     let (reply, answer) = oneshot::channel();
     let call = AdminCall {

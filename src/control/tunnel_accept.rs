@@ -100,11 +100,9 @@ pub async fn run(listener: tokio::net::TcpListener, shared: Arc<ControlShared>) 
             match tokio::time::timeout(PREAMBLE_TIMEOUT, handshake(socket, permit, &shared)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(reason)) => shared.tunnel_refusals.refused(Some(remote), None, reason),
-                Err(_) => {
-                    shared
-                        .tunnel_refusals
-                        .refused(Some(remote), None, "preamble timed out")
-                }
+                Err(_) => shared
+                    .tunnel_refusals
+                    .refused(Some(remote), None, "preamble timed out"),
             }
         });
     }

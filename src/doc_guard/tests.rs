@@ -141,7 +141,7 @@ fn billion_laughs_is_refused_before_expansion() {
     let mut laughs = String::from("l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
     for level in 1..10 {
         let previous = format!("*l{}", level - 1);
-        let list = vec![previous.as_str(); 9].join(", ");
+        let list = [previous.as_str(); 9].join(", ");
         laughs.push_str(&format!("l{level}: &l{level} [{list}]\n"));
     }
     // The parser's own repetition limit stops this one early, before or after the node count.
@@ -152,7 +152,8 @@ fn billion_laughs_is_refused_before_expansion() {
 
 #[test]
 fn a_few_aliases_are_fine() {
-    let text = "defaults: &quota {requests_per_minute: 10}\nkeys:\n  - quota: *quota\n  - quota: *quota\n";
+    let text =
+        "defaults: &quota {requests_per_minute: 10}\nkeys:\n  - quota: *quota\n  - quota: *quota\n";
     assert_eq!(check_yaml(text), Ok(()));
     let parsed: yaml_serde::Value = from_yaml(text).unwrap();
     assert_eq!(parsed["keys"][1]["quota"]["requests_per_minute"], 10);
@@ -321,7 +322,12 @@ fn render_flow(node: &Node, styles: &mut impl Iterator<Item = u8>, out: &mut Str
 
 /// Renders `node` as the value after `key:`/`-` at `indent`, in block style where the style
 /// stream says so.
-fn render_block(node: &Node, indent: usize, styles: &mut impl Iterator<Item = u8>, out: &mut String) {
+fn render_block(
+    node: &Node,
+    indent: usize,
+    styles: &mut impl Iterator<Item = u8>,
+    out: &mut String,
+) {
     let style = styles.next().unwrap_or(0);
     let empty = matches!(node, Node::Seq(items) if items.is_empty())
         || matches!(node, Node::Map(entries) if entries.is_empty());
@@ -331,7 +337,7 @@ fn render_block(node: &Node, indent: usize, styles: &mut impl Iterator<Item = u8
             out.push_str(&scalar_text(text, style, false));
             out.push('\n');
         }
-        _ if empty || style % 4 == 0 => {
+        _ if empty || style.is_multiple_of(4) => {
             out.push(' ');
             render_flow(node, styles, out);
             out.push('\n');

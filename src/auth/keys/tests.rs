@@ -238,7 +238,10 @@ fn presented_key_from_either_header() {
 #[test]
 fn admin_credentials_are_bearer_tokens_only() {
     assert_eq!(bearer_token(Some(b"Bearer adm-1")), Some(&b"adm-1"[..]));
-    assert_eq!(bearer_token(Some(b"  bEARER   adm-1 ")), Some(&b"adm-1"[..]));
+    assert_eq!(
+        bearer_token(Some(b"  bEARER   adm-1 ")),
+        Some(&b"adm-1"[..])
+    );
     // A raw value is a client credential, not an admin one.
     assert_eq!(bearer_token(Some(b"adm-1")), None);
     assert_eq!(bearer_token(Some(b"Basic adm-1")), None);
