@@ -578,3 +578,36 @@ fn stream_error_event(dialect: Dialect, backend_failed: bool) -> &'static [u8] {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The JSON of an event's `data:` line.
+    fn data(event: &[u8]) -> serde_json::Value {
+        let text = std::str::from_utf8(event).unwrap();
+        assert!(text.ends_with("\n\n"), "{text:?}");
+        let line = text.lines().find_map(|line| line.strip_prefix("data: "));
+        serde_json::from_str(line.expect("a data line")).unwrap()
+    }
+
+    #[test]
+    fn mid_stream_errors_say_whether_the_backend_or_the_agent_failed() {
+        let backend = data(stream_error_event(Dialect::OpenAi, true));
+        assert_eq!(backend["error"]["code"], "backend_error");
+        assert_eq!(backend["error"]["source"], "backend");
+        let lost = data(stream_error_event(Dialect::OpenAi, false));
+        assert_eq!(lost["error"]["code"], "agent_disconnected");
+        assert_eq!(lost["error"]["source"], "router");
+        let backend = data(stream_error_event(Dialect::Anthropic, true));
+        assert_eq!(backend["type"], "error");
+        assert!(
+            backend["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("backend_error")
+        );
+        let lost = data(stream_error_event(Dialect::Anthropic, false));
+        assert_eq!(lost["error"]["type"], "api_error");
+    }
+}
