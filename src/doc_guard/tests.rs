@@ -103,6 +103,11 @@ fn yaml_block_nesting_counts_like_flow_nesting() {
     assert_eq!(yaml_depth("a:\n- 1\nb: 2\nc:\n  d: 1\n"), 2);
     // Block and flow add up.
     assert_eq!(yaml_depth("a:\n  b: [[1]]\n"), 4);
+    // A `key: value` entry of a flow sequence is a mapping of its own, and so is a block mapping
+    // around a flow key; both wrap what came before their `:`.
+    assert_eq!(yaml_depth("a:\t[&a :,]\n"), 3);
+    assert_eq!(yaml_depth("[[[x]: 1]: 2]\n"), 5);
+    assert_eq!(yaml_depth("[[x]]: 1\n"), 3);
 }
 
 #[test]
