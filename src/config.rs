@@ -78,6 +78,11 @@ pub struct RouterArgs {
     /// Lifetime of an agent session token; agents re-authenticate before it ends.
     #[arg(long, env = "HIVENET_ROUTER_SESSION_TTL", default_value = "1h", value_parser = duration)]
     pub session_ttl: Duration,
+    /// Longest an agent's authentication JWT may be valid for (`exp - iat`, or `exp - now` without
+    /// `iat`); a longer-lived token is refused, so a captured one cannot be replayed for long.
+    /// At least 5m (`hivenet-agent` signs five-minute tokens). Scope: agent gRPC `Authenticate`.
+    #[arg(long, env = "HIVENET_ROUTER_AGENT_TOKEN_MAX_LIFETIME", default_value = "1h", value_parser = duration)]
+    pub agent_token_max_lifetime: Duration,
     /// File holding the shared agent secret (wins over `HIVENET_ROUTER_JWT_SECRET`).
     #[arg(long)]
     pub jwt_secret_file: Option<PathBuf>,

@@ -324,15 +324,23 @@ impl Rejection {
         }
     }
 
-    /// The backend answered a retryable error status and no other attempt was left to make.
+    /// The agent said its backend's response broke off after the head (`tunnel::BACKEND_FAILED`):
+    /// the engine crashed or reset the connection mid-response.
+    pub fn backend_failed() -> Rejection {
+        Rejection::backend_error("the backend failed mid-response")
+    }
+
+    /// The backend answered a retryable error status and no other attempt was left to make, as
+    /// the error-code reference classifies it: 429 and 503 are 503 `backend_unavailable`, any
+    /// other status 502 `backend_error`.
     pub fn backend_status(status: u16) -> Rejection {
+        let (status_out, code) = match status {
+            429 | 503 => (503, "backend_unavailable"),
+            _ => (502, "backend_error"),
+        };
         Rejection {
             source: Source::Backend,
-            ..Rejection::router(
-                status,
-                "backend_error",
-                format!("the backend answered {status}"),
-            )
+            ..Rejection::router(status_out, code, format!("the backend answered {status}"))
         }
     }
 
@@ -399,6 +407,35 @@ impl Rejection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backend_failures_use_the_reference_codes_and_statuses() {
+        for (answered, status, code) in [
+            (429, 503, "backend_unavailable"),
+            (503, 503, "backend_unavailable"),
+            (500, 502, "backend_error"),
+            (502, 502, "backend_error"),
+            (504, 502, "backend_error"),
+        ] {
+            let rejection = Rejection::backend_status(answered);
+            assert_eq!(
+                (rejection.status, rejection.code),
+                (status, code),
+                "{answered}"
+            );
+            assert_eq!(rejection.source, Source::Backend);
+            assert_eq!(
+                rejection.message,
+                format!("the backend answered {answered}")
+            );
+        }
+        let failed = Rejection::backend_failed();
+        assert_eq!((failed.status, failed.code), (502, "backend_error"));
+        assert_eq!(failed.source, Source::Backend);
+        let lost = Rejection::agent_disconnected();
+        assert_eq!((lost.status, lost.code), (503, "agent_disconnected"));
+        assert_eq!(lost.source, Source::Router);
+    }
 
     #[test]
     fn provider_failures_are_backend_errors() {

@@ -13,13 +13,21 @@ pub const AUTH_AUDIENCE: &str = "hivenet-router";
 pub const SESSION_AUDIENCE: &str = "hivenet-router-session";
 /// Lifetime of the JWT an agent presents to authenticate.
 pub const AUTH_TOKEN_TTL: Duration = Duration::from_secs(300);
+/// Default of `--agent-token-max-lifetime`: the longest an agent's authentication JWT may be valid
+/// for. `hivenet-agent` signs five-minute tokens; an hour also equals the default session TTL, so
+/// a token captured on the wire buys no more than a session would.
+pub const AUTH_TOKEN_MAX_LIFETIME_DEFAULT: Duration = Duration::from_secs(3600);
+/// Clock skew allowed on `exp`.
+const LEEWAY_SECONDS: u64 = 5;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Claims {
     /// Agent peer ID.
     pub sub: String,
     pub aud: String,
-    pub iat: u64,
+    /// Issued at; optional in tokens presented to the router (the lifetime then counts from now).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iat: Option<u64>,
     pub exp: u64,
     /// Session serial for session tokens (unique per router process), 0 for auth tokens.
     #[serde(default)]
@@ -36,6 +44,13 @@ pub enum TokenError {
     WrongAudience,
     #[error("the shared secret is empty")]
     EmptySecret,
+    #[error(
+        "token is valid for {lifetime_seconds} s, longer than the {max_seconds} s maximum (--agent-token-max-lifetime)"
+    )]
+    LifetimeTooLong {
+        lifetime_seconds: u64,
+        max_seconds: u64,
+    },
 }
 
 /// The site's shared HS256 secret. Debug output never shows it.
@@ -95,7 +110,7 @@ impl Secret {
     pub fn verify(&self, token: &str, audience: &str) -> Result<Claims, TokenError> {
         let mut validation = Validation::new(Algorithm::HS256);
         validation.set_audience(&[audience]);
-        validation.leeway = 5;
+        validation.leeway = LEEWAY_SECONDS;
         validation.set_required_spec_claims(&["exp", "sub", "aud"]);
         jsonwebtoken::decode::<Claims>(token, &self.decoding, &validation)
             .map(|data| data.claims)
@@ -106,17 +121,47 @@ impl Secret {
             })
     }
 
+    /// Verifies an agent's authentication JWT ([`AUTH_AUDIENCE`]) and refuses one valid for
+    /// longer than `max_lifetime`: `exp - iat` when it says when it was issued, `exp - now` when
+    /// not, and never more than `max_lifetime` from now (a future `iat` cannot stretch it).
+    pub fn verify_auth(
+        &self,
+        token: &str,
+        now: SystemTime,
+        max_lifetime: Duration,
+    ) -> Result<Claims, TokenError> {
+        let claims = self.verify(token, AUTH_AUDIENCE)?;
+        check_lifetime(&claims, unix_seconds(now), max_lifetime.as_secs())?;
+        Ok(claims)
+    }
+
     /// The JWT an agent presents to `Authenticate`.
     pub fn auth_token(&self, peer_id: &str, now: SystemTime) -> String {
         let iat = unix_seconds(now);
         self.sign(&Claims {
             sub: peer_id.to_owned(),
             aud: AUTH_AUDIENCE.to_owned(),
-            iat,
+            iat: Some(iat),
             exp: iat + AUTH_TOKEN_TTL.as_secs(),
             sid: 0,
         })
     }
+}
+
+/// The lifetime rule of [`Secret::verify_auth`], on verified claims; times in Unix seconds.
+pub fn check_lifetime(claims: &Claims, now: u64, max_seconds: u64) -> Result<(), TokenError> {
+    let from_now = claims.exp.saturating_sub(now);
+    let declared = claims
+        .iat
+        .map_or(from_now, |iat| claims.exp.saturating_sub(iat));
+    let lifetime_seconds = declared.max(from_now);
+    if lifetime_seconds > max_seconds {
+        return Err(TokenError::LifetimeTooLong {
+            lifetime_seconds,
+            max_seconds,
+        });
+    }
+    Ok(())
 }
 
 pub fn unix_seconds(time: SystemTime) -> u64 {
@@ -145,6 +190,68 @@ mod tests {
             Err(TokenError::WrongAudience)
         );
         assert!(!format!("{secret:?}").contains("site-secret"));
+    }
+
+    fn claims(iat: Option<u64>, exp: u64) -> Claims {
+        Claims {
+            sub: "peer".to_owned(),
+            aud: AUTH_AUDIENCE.to_owned(),
+            iat,
+            exp,
+            sid: 0,
+        }
+    }
+
+    #[test]
+    fn lifetimes_up_to_the_maximum_pass() {
+        const NOW: u64 = 1_800_000_000;
+        assert_eq!(
+            check_lifetime(&claims(Some(NOW), NOW + 300), NOW, 3600),
+            Ok(())
+        );
+        assert_eq!(
+            check_lifetime(&claims(Some(NOW), NOW + 3600), NOW, 3600),
+            Ok(())
+        );
+        assert_eq!(
+            check_lifetime(&claims(Some(NOW), NOW + 3601), NOW, 3600),
+            Err(TokenError::LifetimeTooLong {
+                lifetime_seconds: 3601,
+                max_seconds: 3600
+            })
+        );
+        // Issued long ago with a long life: refused even though little of it is left.
+        assert!(check_lifetime(&claims(Some(NOW - 86_400), NOW + 60), NOW, 3600).is_err());
+        // Without iat the lifetime counts from now.
+        assert_eq!(check_lifetime(&claims(None, NOW + 3600), NOW, 3600), Ok(()));
+        assert!(check_lifetime(&claims(None, NOW + 3601), NOW, 3600).is_err());
+        // A future iat does not make a far-off exp acceptable.
+        assert!(check_lifetime(&claims(Some(NOW + 86_400), NOW + 86_700), NOW, 3600).is_err());
+    }
+
+    #[test]
+    fn verify_auth_applies_the_maximum() {
+        let secret = Secret::new(b"site-secret").unwrap();
+        let now = SystemTime::now();
+        let token = secret.auth_token("peer", now);
+        assert!(
+            secret
+                .verify_auth(&token, now, Duration::from_secs(3600))
+                .is_ok()
+        );
+        let error = secret
+            .verify_auth(&token, now, Duration::from_secs(60))
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "token is valid for 300 s, longer than the 60 s maximum (--agent-token-max-lifetime)"
+        );
+        let iat = unix_seconds(now);
+        let long = secret.sign(&claims(Some(iat), iat + 30 * 86_400));
+        assert!(matches!(
+            secret.verify_auth(&long, now, AUTH_TOKEN_MAX_LIFETIME_DEFAULT),
+            Err(TokenError::LifetimeTooLong { .. })
+        ));
     }
 
     #[test]

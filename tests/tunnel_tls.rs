@@ -160,7 +160,7 @@ fn inside_tls_the_shard_refuses_a_bad_token_and_drops_a_session_that_is_not_live
         let token = secret.sign(&hivenet_router::tokens::Claims {
             sub: "12D3KooWtest".into(),
             aud: hivenet_router::tokens::SESSION_AUDIENCE.into(),
-            iat: now,
+            iat: Some(now),
             exp: now + 600,
             sid: 987_654,
         });

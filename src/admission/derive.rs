@@ -139,7 +139,7 @@ pub fn run(args: &DeriveArgs) -> anyhow::Result<String> {
     use anyhow::Context;
     let text = std::fs::read_to_string(&args.limits)
         .with_context(|| format!("cannot read {}", args.limits.display()))?;
-    let limits: CertifiedLimits = yaml_serde::from_str(&text)
+    let limits: CertifiedLimits = crate::doc_guard::from_yaml(&text)
         .with_context(|| format!("{} is not valid certified limits", args.limits.display()))?;
     let sharing = Sharing {
         keys: args.keys,

@@ -128,9 +128,11 @@ pub enum ForwardError {
 }
 
 impl ForwardError {
+    /// The error-code reference's statuses: `backend_unavailable` is 503, `backend_error` 502.
     pub fn status(&self) -> StatusCode {
         match self {
-            ForwardError::Unavailable(_) | ForwardError::Failed(_) => StatusCode::BAD_GATEWAY,
+            ForwardError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ForwardError::Failed(_) => StatusCode::BAD_GATEWAY,
             ForwardError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ForwardError::BadPath(_) => StatusCode::BAD_REQUEST,
         }
@@ -326,7 +328,7 @@ async fn stream_to_router(
         match frame {
             Err(_) => {
                 warn!(timeout = ?context.http_timeout, "backend stalled mid-response");
-                send.send_reset(Reason::INTERNAL_ERROR);
+                send.send_reset(crate::tunnel::BACKEND_FAILED);
                 return;
             }
             Ok(None) => {
@@ -334,8 +336,10 @@ async fn stream_to_router(
                 return;
             }
             Ok(Some(Err(error))) => {
+                // The engine's connection broke mid-response (a crash, a reset): the router tells
+                // its client the backend failed, not that the agent was lost (`crate::tunnel`).
                 warn!(%error, "backend response body failed");
-                send.send_reset(Reason::INTERNAL_ERROR);
+                send.send_reset(crate::tunnel::BACKEND_FAILED);
                 return;
             }
             Ok(Some(Ok(frame))) => {
@@ -436,7 +440,7 @@ mod tests {
     #[test]
     fn errors_map_to_status_and_envelope() {
         let unavailable = ForwardError::Unavailable("connection refused".into());
-        assert_eq!(unavailable.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(unavailable.status(), StatusCode::SERVICE_UNAVAILABLE);
         let body: serde_json::Value = serde_json::from_slice(&unavailable.body()).unwrap();
         assert_eq!(body["error"]["code"], "backend_unavailable");
         assert_eq!(body["error"]["source"], "backend");
@@ -518,7 +522,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn unreachable_backend_is_a_502() {
+    async fn unreachable_backend_is_a_503() {
         // Bound then dropped: nothing listens on that port any more.
         let closed = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -526,7 +530,7 @@ mod tests {
             .unwrap();
         let (status, body, in_flight) =
             one_request(&format!("http://{closed}"), Duration::from_secs(5)).await;
-        assert_eq!(status, StatusCode::BAD_GATEWAY);
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(body["error"]["code"], "backend_unavailable");
         assert_eq!(body["error"]["source"], "backend");
         // The guard leaves just after the last frame is queued; give that task a moment.

@@ -2,7 +2,11 @@
 //! `HIVENET_ROUTER_ADMIN_API_KEYS`), then the request goes to the control core, which owns every
 //! admin-writable registry and serialises writes; the answer comes back to this shard.
 //!
-//! Admin responses use the simpler `{"error": "..."}` form the admin reference documents.
+//! The admin key is accepted only as `Authorization: Bearer <key>`, the form the admin reference
+//! documents (client keys may also come raw or in `x-api-key`; admin keys may not). A missing or
+//! wrong credential is the reference's 401: the `unauthorized` envelope with
+//! `WWW-Authenticate: Bearer realm="hivenet-router"`. Other admin responses use the simpler
+//! `{"error": "..."}` form the admin reference documents.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -11,7 +15,8 @@ use tokio::sync::oneshot;
 
 use crate::api::ClientRequest;
 use crate::api::sink::{ClientGone, Sink};
-use crate::auth::keys::presented_key;
+use crate::auth::keys::bearer_token;
+use crate::error::Rejection;
 use crate::shard::messages::AdminCall;
 use crate::shard::state::Shard;
 
@@ -23,19 +28,9 @@ pub async fn serve<S: Sink>(
     request: &ClientRequest,
     sink: &mut S,
 ) -> Result<(), ClientGone> {
-    let presented = presented_key(
-        request.authorization.as_deref(),
-        request.x_api_key.as_deref(),
-    );
+    let presented = bearer_token(request.authorization.as_deref());
     if !shard.admin_access().authorize(presented) {
-        return sink
-            .respond(
-                401,
-                "application/json",
-                &[],
-                b"{\"error\":\"admin authentication required\"}",
-            )
-            .await;
+        return sink.reject(&Rejection::unauthorized("unauthorized")).await;
     }
     let (reply, answer) = oneshot::channel();
     let call = AdminCall {

@@ -83,7 +83,8 @@ pub fn on_head(
     match head.route {
         Route::Health => Ok(()),
         Route::Admin => {
-            let presented = presented_key(head.authorization, head.x_api_key);
+            // Admin keys come only as `Authorization: Bearer` (`api::admin`).
+            let presented = crate::auth::keys::bearer_token(head.authorization);
             if shard.admin_access().authorize(presented) {
                 Ok(())
             } else {

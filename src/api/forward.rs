@@ -197,7 +197,11 @@ pub async fn forward<S: Sink>(
         }
     };
     let Some(tunnel) = shard.tunnel(slot.agent) else {
-        return Err(failed(upstream_lost(shard)));
+        return Err(failed(if shard.lifecycle.is_ending() {
+            Rejection::shutting_down()
+        } else {
+            Rejection::agent_disconnected()
+        }));
     };
     let injected = match request.route {
         Route::ChatCompletions => request_with_include_usage(&request.body, fields),
@@ -225,7 +229,7 @@ pub async fn forward<S: Sink>(
         Some(Ok(Err(error))) => {
             ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
             tracing::debug!(shard = shard.id, session = slot.agent.0, %error, "forward failed");
-            return Err(failed(upstream_lost(shard)));
+            return Err(failed(upstream_failure(shard, &error)));
         }
         Some(Ok(Ok(response))) => response,
     };
@@ -326,9 +330,9 @@ async fn buffer_back<S: Sink>(
             }
             Some(Either::Right(())) => return Err(Rejection::request_timeout().into()),
             Some(Either::Left(None)) => break,
-            Some(Either::Left(Some(Err(_)))) => {
+            Some(Either::Left(Some(Err(error)))) => {
                 ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
-                return Err(upstream_lost(shard).into());
+                return Err(upstream_failure(shard, &error).into());
             }
             Some(Either::Left(Some(Ok(chunk)))) => {
                 let _ = upstream.flow_control().release_capacity(chunk.len());
@@ -429,7 +433,7 @@ async fn stream_back<S: Sink>(
         let chunk = match next {
             None => return Err(settling.client_left(scanner.usage())),
             Some(None) => break,
-            Some(Some(Err(_))) => {
+            Some(Some(Err(error))) => {
                 ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
                 truncated = true;
                 out.clear();
@@ -437,7 +441,10 @@ async fn stream_back<S: Sink>(
                 if shard.lifecycle.is_ending() {
                     out.extend_from_slice(&Rejection::shutting_down().stream_event(dialect));
                 } else {
-                    out.extend_from_slice(stream_error_event(dialect));
+                    out.extend_from_slice(stream_error_event(
+                        dialect,
+                        crate::tunnel::is_backend_failure(&error),
+                    ));
                 }
                 if sink.stream_data(&out).await.is_err() {
                     return Err(settling.client_left(scanner.usage()));
@@ -551,23 +558,67 @@ impl<'a> OccupancyTracker<'a> {
     }
 }
 
-/// The agent's tunnel failed under the request: lost, or closed by the router's own shutdown.
-fn upstream_lost(shard: &Shard) -> Rejection {
+/// What a tunnelled stream's error tells the client: the router's own shutdown closed the
+/// tunnel, the agent's backend failed (`tunnel::BACKEND_FAILED`), or the tunnel or the agent was
+/// lost.
+fn upstream_failure(shard: &Shard, error: &h2::Error) -> Rejection {
     if shard.lifecycle.is_ending() {
         Rejection::shutting_down()
+    } else if crate::tunnel::is_backend_failure(error) {
+        Rejection::backend_failed()
     } else {
         Rejection::agent_disconnected()
     }
 }
 
-/// The event that tells a streaming client its stream failed upstream, in its own dialect.
-fn stream_error_event(dialect: Dialect) -> &'static [u8] {
-    match dialect {
-        Dialect::OpenAi => {
+/// The event that tells a streaming client its stream failed upstream, in its own dialect:
+/// `backend_error` when the agent said its backend failed, else `agent_disconnected`.
+fn stream_error_event(dialect: Dialect, backend_failed: bool) -> &'static [u8] {
+    match (dialect, backend_failed) {
+        (Dialect::OpenAi, false) => {
             b"data: {\"error\":{\"code\":\"agent_disconnected\",\"message\":\"the agent connection was lost mid-stream\",\"source\":\"router\"}}\n\n"
         }
-        Dialect::Anthropic => {
+        (Dialect::OpenAi, true) => {
+            b"data: {\"error\":{\"code\":\"backend_error\",\"message\":\"the backend failed mid-stream\",\"source\":\"backend\"}}\n\n"
+        }
+        (Dialect::Anthropic, false) => {
             b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"the agent connection was lost mid-stream\"}}\n\n"
         }
+        (Dialect::Anthropic, true) => {
+            b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"backend_error: the backend failed mid-stream\"}}\n\n"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The JSON of an event's `data:` line.
+    fn data(event: &[u8]) -> serde_json::Value {
+        let text = std::str::from_utf8(event).unwrap();
+        assert!(text.ends_with("\n\n"), "{text:?}");
+        let line = text.lines().find_map(|line| line.strip_prefix("data: "));
+        serde_json::from_str(line.expect("a data line")).unwrap()
+    }
+
+    #[test]
+    fn mid_stream_errors_say_whether_the_backend_or_the_agent_failed() {
+        let backend = data(stream_error_event(Dialect::OpenAi, true));
+        assert_eq!(backend["error"]["code"], "backend_error");
+        assert_eq!(backend["error"]["source"], "backend");
+        let lost = data(stream_error_event(Dialect::OpenAi, false));
+        assert_eq!(lost["error"]["code"], "agent_disconnected");
+        assert_eq!(lost["error"]["source"], "router");
+        let backend = data(stream_error_event(Dialect::Anthropic, true));
+        assert_eq!(backend["type"], "error");
+        assert!(
+            backend["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("backend_error")
+        );
+        let lost = data(stream_error_event(Dialect::Anthropic, false));
+        assert_eq!(lost["error"]["type"], "api_error");
     }
 }

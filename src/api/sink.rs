@@ -56,7 +56,8 @@ pub trait Sink {
     /// The current request's ID, sent back as `X-Request-ID` on its response head.
     fn set_request_id(&mut self, id: [u8; 36]);
 
-    /// Answers with the rejection's status, headers and envelope.
+    /// Answers with the rejection's status, headers and envelope; a 401 carries the reference's
+    /// bearer challenge.
     fn reject(&mut self, rejection: &Rejection) -> impl Future<Output = Result<(), ClientGone>> {
         async move {
             if rejection.close {
@@ -66,8 +67,12 @@ pub trait Sink {
             let mut retry_after = itoa::Buffer::new();
             let mut requests = itoa::Buffer::new();
             let mut tokens = itoa::Buffer::new();
-            let mut headers: [(&str, &[u8]); 3] = [("", b""); 3];
+            let mut headers: [(&str, &[u8]); 4] = [("", b""); 4];
             let mut count = 0;
+            if rejection.status == 401 {
+                headers[count] = ("www-authenticate", b"Bearer realm=\"hivenet-router\"");
+                count += 1;
+            }
             if let Some(seconds) = rejection.retry_after_seconds {
                 headers[count] = ("retry-after", retry_after.format(seconds).as_bytes());
                 count += 1;

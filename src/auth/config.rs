@@ -495,10 +495,12 @@ impl AuthConfig {
     /// The cross-config serverless check is separate ([`AuthConfig::check_serverless`]) because
     /// it needs the routing policies.
     pub fn from_yaml(text: &str) -> Result<AuthConfig, ConfigError> {
-        let file: AuthFile = yaml_serde::from_str(text).map_err(|error| ConfigError::Parse {
-            line: error.location().map(|location| location.line()),
-            message: error.to_string(),
-        })?;
+        // Shape limits first: nesting and alias expansion (`doc_guard`).
+        let file: AuthFile =
+            crate::doc_guard::from_yaml(text).map_err(|error| ConfigError::Parse {
+                line: error.line,
+                message: error.message,
+            })?;
         AuthConfig::from_file(file)
     }
 

@@ -103,7 +103,7 @@ impl PutKeyRequest {
                 limit_bytes: PUT_BODY_BYTES_MAX,
             });
         }
-        serde_json::from_slice(body).map_err(|error| DynamicError::BadBody(error.to_string()))
+        crate::doc_guard::from_json(body).map_err(|error| DynamicError::BadBody(error.message))
     }
 
     fn into_entry(self, id: &str) -> (String, DynamicKeyEntry) {
@@ -179,7 +179,7 @@ impl ReplaceRequest {
                 limit_bytes: REPLACE_BODY_BYTES_MAX,
             });
         }
-        serde_json::from_slice(body).map_err(|error| DynamicError::BadBody(error.to_string()))
+        crate::doc_guard::from_json(body).map_err(|error| DynamicError::BadBody(error.message))
     }
 }
 

@@ -500,6 +500,19 @@ pub fn presented_key<'a>(
     from_authorization.or_else(|| x_api_key.map(trim_spaces).filter(|value| !value.is_empty()))
 }
 
+/// The admin credential: only `Authorization: Bearer <key>` (scheme case-insensitive), the one
+/// form the admin reference documents. Unlike [`presented_key`], a raw `Authorization` value and
+/// `x-api-key` are not admin credentials. Surrounding spaces are trimmed; an empty key is absent.
+pub fn bearer_token(authorization: Option<&[u8]>) -> Option<&[u8]> {
+    let value = trim_spaces(authorization?);
+    let scheme = value.get(..7)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer ") {
+        return None;
+    }
+    let token = trim_spaces(&value[7..]);
+    (!token.is_empty()).then_some(token)
+}
+
 fn trim_spaces(value: &[u8]) -> &[u8] {
     value.trim_ascii()
 }

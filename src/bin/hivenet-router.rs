@@ -180,6 +180,11 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         !args.request_timeout.is_zero(),
         "--request-timeout must be positive"
     );
+    anyhow::ensure!(
+        args.agent_token_max_lifetime >= hivenet_router::tokens::AUTH_TOKEN_TTL,
+        "--agent-token-max-lifetime must be at least 5m (hivenet-agent signs five-minute tokens), got {:?}",
+        args.agent_token_max_lifetime
+    );
     refuse_if_served(http_address)?;
     let quota_store = open_quota_store(&args, env.quota_backend, shard_count)?;
     let (flush_to, mut daily_restores) = match quota_store {
@@ -238,6 +243,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         ControlSettings {
             shard_count,
             session_ttl: args.session_ttl,
+            agent_token_max_lifetime: args.agent_token_max_lifetime,
             heartbeat_interval: args.heartbeat_interval,
             routing_signal_interval: args.routing_signal_interval,
             health_check_interval: args.health_check_interval,

@@ -7,6 +7,12 @@
 //! and `GET /admin/health`. With `api.mode` other than `dynamic`, key routes answer 501.
 //! `/admin/policy*` is served by `admin_policy`. Key writes are checked against the active
 //! routing policies' serverless limits.
+//!
+//! Every request body is checked against the document shape limits (`doc_guard`: nesting depth,
+//! YAML alias expansion) before any route parses it: YAML for `/admin/policy*`, JSON elsewhere;
+//! over a limit is 400 with the reason. [`handle`] runs on a blocking thread, one call at a time
+//! (`control::start`), never on the control core's own thread, which serves agent gRPC and
+//! `/metrics`.
 
 use std::sync::Arc;
 
@@ -54,8 +60,28 @@ fn split_target(target: &[u8]) -> (&str, Option<String>) {
     }
 }
 
+/// The shape limits for an admin request body, before its route parses it.
+fn check_body_shape(path: &str, body: &[u8]) -> Result<(), String> {
+    if body.is_empty() {
+        return Ok(());
+    }
+    let checked = if path == "/admin/policy" || path.starts_with("/admin/policy/") {
+        // Policy bodies are YAML; one that is not UTF-8 is refused by its route.
+        match std::str::from_utf8(body) {
+            Ok(text) => crate::doc_guard::check_yaml(text),
+            Err(_) => Ok(()),
+        }
+    } else {
+        crate::doc_guard::check_json(body)
+    };
+    checked.map_err(|problem| format!("request body refused: {problem}"))
+}
+
 pub fn handle(shared: &ControlShared, method: Method, target: &[u8], body: &[u8]) -> AdminReply {
     let (path, version) = split_target(target);
+    if let Err(message) = check_body_shape(path, body) {
+        return error(400, &message);
+    }
     if path == "/admin/health" && method == Method::Get {
         return json(200, &serde_json::json!({"status": "ok"}));
     }
@@ -189,6 +215,24 @@ fn sibling_map(shared: &ControlShared, method: Method, body: &[u8]) -> AdminRepl
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bodies_are_checked_as_yaml_or_json_by_route() {
+        let deep_json = format!("{{\"a\": {}1{}}}", "[".repeat(65), "]".repeat(65));
+        let refused = check_body_shape("/admin/api-keys/a", deep_json.as_bytes()).unwrap_err();
+        assert_eq!(
+            refused,
+            "request body refused: nesting deeper than 64 levels (line 1)"
+        );
+        let deep_yaml = format!("shed_if:\n  - {}1{}\n", "[".repeat(70), "]".repeat(70));
+        let refused = check_body_shape("/admin/policy", deep_yaml.as_bytes()).unwrap_err();
+        assert!(refused.contains("(line 2)"), "{refused}");
+        assert!(check_body_shape("/admin/policy/models/a", b"models: [a]\n").is_ok());
+        assert!(check_body_shape("/admin/sibling-map", b"").is_ok());
+        // Brackets in a YAML block scalar are text, not nesting.
+        let text = format!("description: |\n  {}\n", "[".repeat(100));
+        assert!(check_body_shape("/admin/policy", text.as_bytes()).is_ok());
+    }
 
     #[test]
     fn targets_split_into_path_and_version() {

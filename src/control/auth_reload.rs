@@ -160,36 +160,47 @@ pub async fn watch(path: PathBuf, running_mode: ApiMode, shared: Arc<ControlShar
                 }
             } => "SIGHUP",
         };
-        // Held until the new file is installed: see the module doc.
-        let mut static_auth = shared.policies.static_auth();
-        let limits = shared.policies.serverless_limits();
-        match load(Some(&path), None, &limits).and_then(|loaded| {
-            // Switching between static and dynamic keys needs a restart; none <-> api-key does not.
-            if (loaded.api_mode == ApiMode::Dynamic) == (running_mode == ApiMode::Dynamic) {
-                Ok(loaded)
-            } else {
-                Err(LoadError::ModeChanged {
-                    from: running_mode,
-                    to: loaded.api_mode,
-                })
+        // Reading and parsing the file happens on a blocking thread: see `control`.
+        let (path, shared) = (path.clone(), shared.clone());
+        if let Err(error) =
+            tokio::task::spawn_blocking(move || reload(&path, running_mode, &shared, reason)).await
+        {
+            tracing::error!(%error, "auth config reload failed; the previous configuration stays active");
+        }
+    }
+}
+
+/// Reads, checks and installs the file once. Runs on a blocking thread.
+fn reload(path: &Path, running_mode: ApiMode, shared: &ControlShared, reason: &str) {
+    // Held until the new file is installed: see the module doc.
+    let mut static_auth = shared.policies.static_auth();
+    let limits = shared.policies.serverless_limits();
+    match load(Some(path), None, &limits).and_then(|loaded| {
+        // Switching between static and dynamic keys needs a restart; none <-> api-key does not.
+        if (loaded.api_mode == ApiMode::Dynamic) == (running_mode == ApiMode::Dynamic) {
+            Ok(loaded)
+        } else {
+            Err(LoadError::ModeChanged {
+                from: running_mode,
+                to: loaded.api_mode,
+            })
+        }
+    }) {
+        Ok(loaded) => {
+            *static_auth = Arc::new(loaded.config);
+            let admin = Arc::new(loaded.admin);
+            shared.broadcast(|| ControlToShard::AdminAccess(admin.clone()));
+            if running_mode == ApiMode::Dynamic {
+                // Keys live in the admin-managed registry; the file only configures admin.
+                tracing::info!(path = %path.display(), reason, "auth config reloaded (admin section)");
+                return;
             }
-        }) {
-            Ok(loaded) => {
-                *static_auth = Arc::new(loaded.config);
-                let admin = Arc::new(loaded.admin);
-                shared.broadcast(|| ControlToShard::AdminAccess(admin.clone()));
-                if running_mode == ApiMode::Dynamic {
-                    // Keys live in the admin-managed registry; the file only configures admin.
-                    tracing::info!(path = %path.display(), reason, "auth config reloaded (admin section)");
-                    continue;
-                }
-                tracing::info!(path = %path.display(), reason, keys = loaded.registry.len(), "auth config reloaded");
-                let registry = Arc::new(loaded.registry);
-                shared.broadcast(|| ControlToShard::Keys(registry.clone()));
-            }
-            Err(error) => {
-                tracing::error!(reason, %error, "auth config reload refused; the previous configuration stays active");
-            }
+            tracing::info!(path = %path.display(), reason, keys = loaded.registry.len(), "auth config reloaded");
+            let registry = Arc::new(loaded.registry);
+            shared.broadcast(|| ControlToShard::Keys(registry.clone()));
+        }
+        Err(error) => {
+            tracing::error!(reason, %error, "auth config reload refused; the previous configuration stays active");
         }
     }
 }

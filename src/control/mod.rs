@@ -9,6 +9,11 @@
 //! `HIVENET_ROUTER_QUOTA_BACKEND=badger`). [`ControlShared`] is the state they share; its registry
 //! lock is held only for in-memory updates and the non-blocking sends that follow, so shards see
 //! registry events in the order they happened.
+//!
+//! Performance: this is one thread. Work whose cost grows with what an operator or client hands
+//! in — parsing and validating an admin body, a policy or `auth.yaml` reload — runs on tokio's
+//! blocking threads (`spawn_blocking`), so agent gRPC, tunnel handshakes and `/metrics` keep
+//! answering meanwhile; the key and policy locks those paths take are never taken here.
 
 pub mod admin;
 pub mod admin_policy;
@@ -31,7 +36,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::ShardMetrics;
 use crate::routing::AgentId;
-use crate::shard::messages::{ControlToShard, ShardToControl};
+use crate::shard::messages::{AdminCall, ControlToShard, ShardToControl};
 use crate::tokens::Secret;
 use registry::{Event, HealthTimes, Registry};
 
@@ -40,6 +45,8 @@ use registry::{Event, HealthTimes, Registry};
 pub struct ControlSettings {
     pub shard_count: usize,
     pub session_ttl: Duration,
+    /// `--agent-token-max-lifetime`: agent authentication JWTs valid for longer are refused.
+    pub agent_token_max_lifetime: Duration,
     pub heartbeat_interval: Duration,
     pub routing_signal_interval: Duration,
     pub health_check_interval: Duration,
@@ -89,6 +96,8 @@ pub struct ControlShared {
     pub quota_backend_errors_total: AtomicU64,
     /// Open tunnel connections per source prefix (`--p2p-max-conns-per-ip`).
     pub tunnel_conns: conn_limit::ConnLimiter,
+    /// Rate-limited log lines for refused tunnel connections.
+    pub tunnel_refusals: tunnel_accept::RefusalLog,
     /// The provider-fallback client's outbound HTTP metrics, when it runs.
     pub provider_metrics: Option<Arc<crate::provider::ProviderMetrics>>,
 }
@@ -106,6 +115,7 @@ impl ControlShared {
         ControlShared {
             provider_metrics,
             tunnel_conns: conn_limit::ConnLimiter::new(settings.p2p_max_conns_per_ip),
+            tunnel_refusals: tunnel_accept::RefusalLog::default(),
             policies,
             registry: Mutex::new(Registry::new(settings.shard_count, settings.health)),
             dynamic_keys: dynamic_keys.map(Mutex::new),
@@ -365,13 +375,32 @@ pub fn start(
         }
     });
 
+    // Admin calls, one at a time as before, each on a blocking thread: a body is parsed and
+    // validated there (up to 16 MiB, `doc_guard` bounds its shape), so neither the parse nor the
+    // checks against every key stall agent gRPC or `/metrics`, which this thread serves.
+    let (to_admin, mut admin_calls) = mpsc::unbounded_channel::<AdminCall>();
+    let admin_shared = shared.clone();
+    runtime.spawn(async move {
+        while let Some(call) = admin_calls.recv().await {
+            let shared = admin_shared.clone();
+            let handled = tokio::task::spawn_blocking(move || {
+                let reply = admin::handle(&shared, call.method, &call.target, &call.body);
+                let _ = call.reply.send(reply);
+            })
+            .await;
+            if let Err(error) = handled {
+                // The shard answers 503 when the reply is dropped.
+                tracing::error!(%error, "an admin call failed");
+            }
+        }
+    });
+
     runtime.spawn(async move {
         while let Some(message) = from_shards.recv().await {
             let now = Instant::now();
             let events = match message {
                 ShardToControl::Admin(call) => {
-                    let reply = admin::handle(&shared, call.method, &call.target, &call.body);
-                    let _ = call.reply.send(reply);
+                    let _ = to_admin.send(call);
                     continue;
                 }
                 ShardToControl::TunnelUp { agent, shard } => {
@@ -382,10 +411,10 @@ pub fn start(
                         // A TLS tunnel's token was checked on its shard, which cannot see the
                         // sessions: one whose session has ended goes at once.
                         drop(registry);
-                        tracing::warn!(
-                            session = agent.0,
-                            shard,
-                            "tunnel refused: session not live"
+                        shared.tunnel_refusals.refused(
+                            None,
+                            Some(agent.0),
+                            "session not live (TLS tunnel)",
                         );
                         shared.send_to_shard(shard, ControlToShard::CloseTunnel { agent });
                         Vec::new()

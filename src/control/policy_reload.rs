@@ -450,7 +450,11 @@ pub async fn watch(shared: Arc<ControlShared>) {
                 Trigger::Sighup
             }
         };
-        reload(&shared, trigger);
+        // Reading and compiling the files happens on a blocking thread: see `control`.
+        let reloading = shared.clone();
+        if let Err(error) = tokio::task::spawn_blocking(move || reload(&reloading, trigger)).await {
+            tracing::error!(%error, "policy reload failed; the previous policies stay active");
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use crate::proto::{
 use crate::routing::AgentId;
 use crate::routing::EngineSignals;
 use crate::shard::snapshot::Capability;
-use crate::tokens::{AUTH_AUDIENCE, Claims, SESSION_AUDIENCE, unix_seconds};
+use crate::tokens::{Claims, SESSION_AUDIENCE, unix_seconds};
 
 pub struct ControlService {
     pub shared: std::sync::Arc<ControlShared>,
@@ -49,7 +49,11 @@ impl AgentControl for ControlService {
         let remote = request.remote_addr();
         let request = request.into_inner();
         let shared = &self.shared;
-        let claims = match shared.secret.verify(&request.token, AUTH_AUDIENCE) {
+        let claims = match shared.secret.verify_auth(
+            &request.token,
+            SystemTime::now(),
+            shared.settings.agent_token_max_lifetime,
+        ) {
             Ok(claims) => claims,
             Err(error) => {
                 tracing::warn!(peer_id = %request.peer_id, ?remote, reason = %error, "agent authentication refused");
@@ -74,7 +78,7 @@ impl AgentControl for ControlService {
         let session_token = shared.secret.sign(&Claims {
             sub: request.peer_id.clone(),
             aud: SESSION_AUDIENCE.to_owned(),
-            iat: unix_seconds(now_wall),
+            iat: Some(unix_seconds(now_wall)),
             exp: unix_seconds(now_wall + ttl),
             sid: session,
         });

@@ -5,27 +5,81 @@
 //!
 //! Error handling: a socket that does not finish its preamble within [`PREAMBLE_TIMEOUT`], or
 //! presents a bad token or shard, is answered (when possible) and closed; nothing else is affected.
+//! Anyone who can reach the port can cause refusals at will, so they are logged through
+//! [`RefusalLog`]: at most one WARN line per [`REFUSAL_LOG_INTERVAL`], which counts the refusals
+//! left out since the previous line (`suppressed`).
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::control::ControlShared;
 use crate::control::conn_limit::ConnPermit;
+use crate::log_limit::LogLimit;
 use crate::routing::AgentId;
 use crate::shard::messages::ControlToShard;
 use crate::tunnel::preamble::{self, Status};
 use crate::tunnel::tls;
 
 pub const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// At most one "tunnel refused" (and one "tunnel accept failed") line per this long.
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The control core's tunnel refusal lines: this module's and the session check's in `control`.
+pub struct RefusalLog {
+    refused: Mutex<LogLimit>,
+    accept_failed: Mutex<LogLimit>,
+}
+
+impl Default for RefusalLog {
+    fn default() -> RefusalLog {
+        RefusalLog {
+            refused: Mutex::new(LogLimit::new(REFUSAL_LOG_INTERVAL)),
+            accept_failed: Mutex::new(LogLimit::new(REFUSAL_LOG_INTERVAL)),
+        }
+    }
+}
+
+impl RefusalLog {
+    /// A refused tunnel connection: a WARN line unless one was written less than
+    /// [`REFUSAL_LOG_INTERVAL`] ago.
+    pub fn refused(&self, remote: Option<SocketAddr>, session: Option<u32>, reason: &str) {
+        let noted = self
+            .refused
+            .lock()
+            .expect("refusal log lock poisoned")
+            .note(Instant::now());
+        if let Some(suppressed) = noted {
+            tracing::warn!(
+                ?remote,
+                ?session,
+                reason,
+                suppressed,
+                "tunnel refused (at most one such line per 10 s; suppressed: refusals since the previous line)"
+            );
+        }
+    }
+
+    fn accept_failed(&self, error: &std::io::Error) {
+        let noted = self
+            .accept_failed
+            .lock()
+            .expect("refusal log lock poisoned")
+            .note(Instant::now());
+        if let Some(suppressed) = noted {
+            tracing::warn!(%error, suppressed, "tunnel accept failed (at most one such line per 10 s)");
+        }
+    }
+}
 
 pub async fn run(listener: tokio::net::TcpListener, shared: Arc<ControlShared>) {
     loop {
         let (socket, remote) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(error) => {
-                tracing::warn!(%error, "tunnel accept failed");
+                shared.tunnel_refusals.accept_failed(&error);
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -33,7 +87,11 @@ pub async fn run(listener: tokio::net::TcpListener, shared: Arc<ControlShared>) 
         // `--p2p-max-conns-per-ip`: the permit travels with the socket and is given back when
         // the connection closes, here on refusal or on its shard when the tunnel ends.
         let Some(permit) = shared.tunnel_conns.admit(remote.ip()) else {
-            tracing::warn!(%remote, "tunnel refused: too many connections from this address (--p2p-max-conns-per-ip)");
+            shared.tunnel_refusals.refused(
+                Some(remote),
+                None,
+                "too many connections from this address (--p2p-max-conns-per-ip)",
+            );
             drop(socket);
             continue;
         };
@@ -41,8 +99,10 @@ pub async fn run(listener: tokio::net::TcpListener, shared: Arc<ControlShared>) 
         tokio::spawn(async move {
             match tokio::time::timeout(PREAMBLE_TIMEOUT, handshake(socket, permit, &shared)).await {
                 Ok(Ok(())) => {}
-                Ok(Err(reason)) => tracing::warn!(%remote, reason, "tunnel refused"),
-                Err(_) => tracing::warn!(%remote, "tunnel refused: preamble timed out"),
+                Ok(Err(reason)) => shared.tunnel_refusals.refused(Some(remote), None, reason),
+                Err(_) => shared
+                    .tunnel_refusals
+                    .refused(Some(remote), None, "preamble timed out"),
             }
         });
     }

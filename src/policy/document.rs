@@ -170,9 +170,10 @@ impl PolicyDocument {
         if text.trim().is_empty() {
             return Ok(PolicyDocument::default());
         }
-        yaml_serde::from_str(text).map_err(|error| ParseError {
-            line: error.location().map(|location| location.line()),
-            message: error.to_string(),
+        // Shape limits first: nesting and alias expansion (`doc_guard`).
+        crate::doc_guard::from_yaml(text).map_err(|error| ParseError {
+            line: error.line,
+            message: error.message,
         })
     }
 

@@ -324,7 +324,7 @@ impl SiblingMap {
     /// map.
     pub fn parse(body: &[u8], rules: &MapRules) -> Result<SiblingMap, MapError> {
         let raw: RawMap =
-            serde_json::from_slice(body).map_err(|error| MapError::Json(error.to_string()))?;
+            crate::doc_guard::from_json(body).map_err(|error| MapError::Json(error.message))?;
         let raw_sites = raw.sites.ok_or(MapError::MissingArray("sites"))?;
         let raw_placements = raw.placements.ok_or(MapError::MissingArray("placements"))?;
         for (field, count, max) in [

@@ -7,13 +7,15 @@
 //! before it reaches the socket, so a dead peer shows on the next write or as a closed connection,
 //! which ends the connection task below and takes the tunnel out of the shard at once.
 
+use std::cell::RefCell;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::Either;
 
 use monoio_compat::StreamWrapper;
 
+use crate::log_limit::LogLimit;
 use crate::routing::AgentId;
 use crate::shard::latch::race;
 use crate::shard::state::{Shard, Tunnel};
@@ -30,6 +32,24 @@ const PING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long an agent has to finish the TLS handshake and its preamble.
 const SECURE_OPEN_TIMEOUT: Duration = Duration::from_secs(5);
+
+thread_local! {
+    /// This shard's refused-TLS-tunnel lines: anyone who reaches the tunnel port can cause them,
+    /// so at most one per `REFUSAL_LOG_INTERVAL` per shard, counting the ones left out.
+    static TLS_REFUSALS: RefCell<LogLimit> =
+        const { RefCell::new(LogLimit::new(crate::control::tunnel_accept::REFUSAL_LOG_INTERVAL)) };
+}
+
+fn log_tls_refusal(shard: usize, reason: &str) {
+    if let Some(suppressed) = TLS_REFUSALS.with_borrow_mut(|limit| limit.note(Instant::now())) {
+        tracing::warn!(
+            shard,
+            reason,
+            suppressed,
+            "TLS tunnel refused (at most one such line per 10 s per shard; suppressed: refusals since the previous line)"
+        );
+    }
+}
 
 type Io = StreamWrapper<monoio::net::TcpStream>;
 
@@ -75,8 +95,8 @@ pub async fn run_secure(
     };
     let io = match wrap(socket) {
         Ok(io) => io,
-        Err(error) => {
-            tracing::warn!(shard = shard.id, %error, "tunnel socket unusable");
+        Err(_) => {
+            log_tls_refusal(shard.id, "tunnel socket unusable");
             return;
         }
     };
@@ -84,11 +104,8 @@ pub async fn run_secure(
         monoio::time::timeout(SECURE_OPEN_TIMEOUT, open_secure(&shard, &security, io)).await;
     match opened {
         Ok(Ok((agent, tls))) => serve(&shard, agent, generation, tls).await,
-        Ok(Err(reason)) => tracing::warn!(shard = shard.id, reason, "TLS tunnel refused"),
-        Err(_) => tracing::warn!(
-            shard = shard.id,
-            "TLS tunnel refused: handshake or preamble timed out"
-        ),
+        Ok(Err(reason)) => log_tls_refusal(shard.id, reason),
+        Err(_) => log_tls_refusal(shard.id, "handshake or preamble timed out"),
     }
 }
 

@@ -552,3 +552,17 @@ fn rfc3339_timestamps() {
     assert_eq!(parse_rfc3339_unix_ms("01-01-2027"), None);
     assert_eq!(parse_rfc3339_unix_ms("2027-01-01"), None);
 }
+
+#[test]
+fn deeply_nested_files_are_refused_before_parsing() {
+    let text = format!(
+        "api:\n  mode: none\n  keys: {}{}\n",
+        "[".repeat(60_000),
+        "]".repeat(60_000)
+    );
+    let started = std::time::Instant::now();
+    let (message, line) = parse_error(&text);
+    assert_eq!(message, "nesting deeper than 64 levels (line 3)");
+    assert_eq!(line, Some(3));
+    assert!(started.elapsed() < std::time::Duration::from_secs(1));
+}

@@ -236,6 +236,22 @@ fn presented_key_from_either_header() {
 }
 
 #[test]
+fn admin_credentials_are_bearer_tokens_only() {
+    assert_eq!(bearer_token(Some(b"Bearer adm-1")), Some(&b"adm-1"[..]));
+    assert_eq!(
+        bearer_token(Some(b"  bEARER   adm-1 ")),
+        Some(&b"adm-1"[..])
+    );
+    // A raw value is a client credential, not an admin one.
+    assert_eq!(bearer_token(Some(b"adm-1")), None);
+    assert_eq!(bearer_token(Some(b"Basic adm-1")), None);
+    assert_eq!(bearer_token(Some(b"Bearer")), None);
+    assert_eq!(bearer_token(Some(b"Bearer   ")), None);
+    assert_eq!(bearer_token(Some(b"Beareradm-1")), None);
+    assert_eq!(bearer_token(None), None);
+}
+
+#[test]
 fn colliding_digests_still_get_distinct_non_zero_ids() {
     let mut same = [7u8; 32];
     same[..4].copy_from_slice(&0u32.to_be_bytes()); // first window is the reserved 0

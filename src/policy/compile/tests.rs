@@ -467,3 +467,19 @@ fn suggestions_stay_close() {
     assert_eq!(suggestion("srt", &Metric::ALL), Some(Metric::Srtt));
     assert_eq!(suggestion("temperature", &Metric::ALL), None);
 }
+
+#[test]
+fn deeply_nested_policies_are_refused_before_parsing() {
+    let text = format!(
+        "{MINIMAL}shed_if: {}{}\n",
+        "[".repeat(60_000),
+        "]".repeat(60_000)
+    );
+    let started = std::time::Instant::now();
+    let message = refused(&text);
+    assert!(
+        message.contains("nesting deeper than 64 levels (line 3)"),
+        "{message}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(1));
+}

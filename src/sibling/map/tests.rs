@@ -921,3 +921,18 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn deeply_nested_maps_are_refused_before_parsing() {
+    let body = format!(
+        "{{\"sites\": [], \"placements\": {}{}}}",
+        "[".repeat(10_000),
+        "]".repeat(10_000)
+    );
+    match SiblingMap::parse(body.as_bytes(), &rules()) {
+        Err(MapError::Json(message)) => {
+            assert_eq!(message, "nesting deeper than 64 levels (line 1)")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
