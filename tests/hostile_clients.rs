@@ -78,6 +78,16 @@ fn a_body_without_credentials_is_refused_on_its_head_and_never_buffered() {
         grown < 32 * 1024,
         "router RSS grew {grown} KiB for bodies it refused"
     );
+    // The admin API too: a large body without the admin key is refused on its head.
+    let mut conn = Conn::connect(site.http);
+    conn.send(
+        b"PUT /admin/policy HTTP/1.1\r\nhost: test\r\ncontent-type: application/yaml\r\ncontent-length: 10000000\r\n\r\n",
+    )
+    .unwrap();
+    let _ = conn.send(&chunk);
+    let refused = conn.read_response().expect("an answer before the body");
+    assert_eq!(refused.status, 401, "{}", refused.text());
+    assert_eq!(refused.error_code(), "unauthorized");
     // A keyed request with the same kind of body is served as before.
     let body = chat("sim-model", false).to_string();
     let mut conn = Conn::connect(site.http);
