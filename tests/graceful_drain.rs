@@ -13,11 +13,7 @@ use common::{Conn, Options, Site, Stop, chat, post_request};
 fn stream_to_end(conn: &mut Conn) -> String {
     let head = conn.read_head().expect("a response head");
     assert_eq!(head.status, 200);
-    let mut body = Vec::new();
-    while let Some(chunk) = conn.read_chunk().expect("a chunk") {
-        body.extend(chunk);
-    }
-    String::from_utf8_lossy(&body).into_owned()
+    conn.read_chunked_text().expect("the stream's body")
 }
 
 fn send_json(site: &Site) -> Conn {
@@ -100,14 +96,9 @@ fn the_drain_deadline_ends_what_is_left_with_an_error() {
     let terminated = Instant::now();
     site.router.signal("TERM");
 
-    let mut body = Vec::new();
-    while let Some(chunk) = stream
-        .read_chunk()
-        .expect("the stream ends with its last chunk")
-    {
-        body.extend(chunk);
-    }
-    let body = String::from_utf8_lossy(&body);
+    let body = stream
+        .read_chunked_text()
+        .expect("the stream ends with its last chunk");
     assert!(
         body.contains("shutting down") && !body.contains("[DONE]"),
         "no error event at the drain deadline: {body}"

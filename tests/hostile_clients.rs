@@ -307,15 +307,9 @@ fn a_reset_flood_costs_no_other_client_its_stream_and_its_source_is_refused() {
     });
     eprintln!("{resets} streams reset by the flood");
 
-    let mut events = Vec::new();
-    loop {
-        match victim.read_chunk() {
-            Ok(Some(chunk)) => events.extend(chunk),
-            Ok(None) => break,
-            Err(error) => panic!("the victim's stream broke: {error}\n{}", site.logs()),
-        }
-    }
-    let events = String::from_utf8_lossy(&events);
+    let events = victim
+        .read_chunked_text()
+        .unwrap_or_else(|error| panic!("the victim's stream broke: {error}\n{}", site.logs()));
     assert!(
         events.contains("[DONE]") && !events.contains("\"error\""),
         "the victim's stream did not complete: {events}"

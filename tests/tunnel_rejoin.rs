@@ -15,14 +15,8 @@ fn read_stream(conn: &mut Conn) -> Result<String, String> {
     if head.status != 200 {
         return Err(format!("status {}", head.status));
     }
-    let mut body = Vec::new();
-    loop {
-        match conn.read_chunk() {
-            Ok(Some(chunk)) => body.extend(chunk),
-            Ok(None) => return Ok(String::from_utf8_lossy(&body).into_owned()),
-            Err(error) => return Err(format!("body: {error}")),
-        }
-    }
+    conn.read_chunked_text()
+        .map_err(|error| format!("body: {error}"))
 }
 
 #[test]

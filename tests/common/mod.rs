@@ -973,6 +973,15 @@ impl Conn {
         Ok(Some(data))
     }
 
+    /// Reads the rest of a chunked body, to its last chunk, as text.
+    pub fn read_chunked_text(&mut self) -> std::io::Result<String> {
+        let mut body = Vec::new();
+        while let Some(chunk) = self.read_chunk()? {
+            body.extend(chunk);
+        }
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    }
+
     /// Reads one whole response (for a request that was not `HEAD`).
     pub fn read_response(&mut self) -> std::io::Result<Response> {
         let head = self.read_head()?;
