@@ -43,7 +43,10 @@ fuzz_target!(|data: &[u8]| {
     let mut cuts = Cuts::new(data, 40);
     let pieces = cuts.split(data);
     // Which pushes are followed by a second push before draining.
-    let doubled: Vec<bool> = pieces.iter().map(|_| cuts.next_u64() % 4 == 0).collect();
+    let doubled: Vec<bool> = pieces
+        .iter()
+        .map(|_| cuts.next_u64().is_multiple_of(4))
+        .collect();
     let in_pieces = split(&pieces, &doubled);
     assert_eq!(in_pieces.events, whole.events, "events depend on the cuts");
     assert_eq!(in_pieces.tail, whole.tail);

@@ -65,24 +65,38 @@ impl Cuts {
     }
 }
 
-/// A socket replayed from bytes: reads hand out `input` and then end of stream, writes are
-/// accepted and kept in `written`. Never returns `Pending`, so a future driving it finishes
-/// without waiting on anything.
+/// A socket replayed from bytes: reads hand out `input`, writes are accepted and kept in
+/// `written`. Once `input` is read, a read ends the stream ([`Wire::new`]) or stays pending like
+/// an idle peer ([`Wire::idle_at_end`]); it never waits otherwise, so a future driving it makes
+/// all the progress it can in one poll.
 pub struct Wire {
     input: Vec<u8>,
     read_bytes: usize,
+    /// After `input`: `Pending` instead of end of stream.
+    idle_at_end: bool,
     pub written: Vec<u8>,
     /// Most bytes `written` keeps; the rest is dropped (a peer that never reads).
     written_bytes_max: usize,
 }
 
 impl Wire {
+    /// A peer that closes after `input`.
     pub fn new(input: Vec<u8>) -> Wire {
         Wire {
             input,
             read_bytes: 0,
+            idle_at_end: false,
             written: Vec::new(),
             written_bytes_max: 64 * 1024,
+        }
+    }
+
+    /// A peer that stays connected and silent after `input`. HTTP/2 servers need it: h2 drops
+    /// the requests it has not handed out yet when the socket closes.
+    pub fn idle_at_end(input: Vec<u8>) -> Wire {
+        Wire {
+            idle_at_end: true,
+            ..Wire::new(input)
         }
     }
 
@@ -99,6 +113,9 @@ impl tokio::io::AsyncRead for Wire {
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         let start = self.read_bytes;
+        if start == self.input.len() && self.idle_at_end {
+            return std::task::Poll::Pending;
+        }
         let take = (self.input.len() - start).min(buf.remaining());
         buf.put_slice(&self.input[start..start + take]);
         self.read_bytes += take;
