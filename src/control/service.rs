@@ -235,7 +235,13 @@ async fn run_session(
     }
 }
 
-fn validate_registration(register: crate::proto::Register) -> Result<Registration, &'static str> {
+/// Checks an agent's `Register` message and turns it into the registry's [`Registration`]: a
+/// known capability, a positive capacity, 1 or more non-blank model IDs (trimmed) and IDs of at
+/// most 256 bytes. The reason of a refusal is sent back to the agent in `Refused`. Pure: the
+/// session stream and the fuzz target (`fuzz/fuzz_targets/grpc_control.rs`) call it.
+pub fn validate_registration(
+    register: crate::proto::Register,
+) -> Result<Registration, &'static str> {
     let capability = Capability::parse(&register.capability)
         .ok_or("capability must be llm, embedding or reranker")?;
     if register.capacity == 0 {

@@ -87,7 +87,9 @@ impl ChunkedDecoder {
         }
     }
 
-    /// Decoded body bytes so far.
+    /// Body bytes announced by the size lines read so far. They are counted, and held to the
+    /// limit, when a size line ends, so while a chunk's data is still arriving this runs ahead of
+    /// the bytes decoded; once the body is done the two are equal.
     pub fn body_bytes(&self) -> u64 {
         self.body_bytes
     }

@@ -13,9 +13,10 @@
 //!   unless it contained escapes.
 //! - Prompt strings the shape counts are decoded, so they must be valid UTF-8 without lone
 //!   surrogate escapes; other skipped strings are only checked as JSON (see [`super::prompt`]).
-//! - [`request_with_include_usage`] changes nothing but `stream_options`; when it must go
-//!   through `serde_json::Value`, key order may change and integers beyond 64 bits lose precision,
-//!   which inference backends tolerate.
+//! - `stream_options`, when present, is UTF-8 throughout (its unknown members are captured as raw
+//!   JSON, which checks it), so [`request_with_include_usage`] can always find it again.
+//! - [`request_with_include_usage`] changes nothing but `stream_options`: every other byte of the
+//!   body goes upstream as sent.
 
 use std::borrow::Cow;
 
@@ -190,7 +191,9 @@ impl<'de> Deserialize<'de> for RawStreamOptions {
                 while let Some(key) = map.next_key::<OptionsKey>()? {
                     match key {
                         OptionsKey::IncludeUsage => include_usage = map.next_value()?,
-                        OptionsKey::Other => map.next_value::<IgnoredAny>().map(drop)?,
+                        // Borrowed raw JSON rather than skipped: capturing it checks the value is
+                        // UTF-8, so `request_with_include_usage` can always find this object again.
+                        OptionsKey::Other => map.next_value::<&'de RawValue>().map(drop)?,
                     }
                 }
                 Ok(RawStreamOptions { include_usage })
@@ -271,19 +274,124 @@ pub fn request_with_include_usage(body: &[u8], fields: &RequestFields<'_>) -> Op
         rewritten.extend_from_slice(after_open);
         return Some(rewritten);
     }
-    // stream_options exists (maybe null, maybe with other options): edit it structurally.
-    let mut value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let object = value.as_object_mut()?;
-    let options = object
-        .entry("stream_options")
-        .or_insert(serde_json::Value::Null);
-    if !options.is_object() {
-        *options = serde_json::Value::Object(serde_json::Map::new());
+    // stream_options exists (null, or an object maybe with other options): edit it in place.
+    // Not through `serde_json::Value`: a body extract_fields accepted may still fail to parse as
+    // one (invalid UTF-8 in a string it skipped, a number beyond f64, nesting past 128), and the
+    // body would then go upstream without asking for usage.
+    let options = stream_options_span(body)?;
+    let options_text = std::str::from_utf8(&body[options.clone()]).ok()?;
+    let mut rewritten = Vec::with_capacity(body.len() + INCLUDE_USAGE_OBJECT.len());
+    rewritten.extend_from_slice(&body[..options.start]);
+    if !options_text.starts_with('{') {
+        // `null`, the one other value extract_fields accepts.
+        rewritten.extend_from_slice(INCLUDE_USAGE_OBJECT);
+    } else {
+        let spans = include_usage_spans(options_text)?;
+        if spans.is_empty() {
+            let after_open = &options_text.as_bytes()[1..];
+            let object_is_empty = after_open
+                .iter()
+                .find(|byte| !byte.is_ascii_whitespace())
+                .is_some_and(|&byte| byte == b'}');
+            rewritten.push(b'{');
+            rewritten.extend_from_slice(INCLUDE_USAGE_MEMBER_IN_OPTIONS);
+            if !object_is_empty {
+                rewritten.push(b',');
+            }
+            rewritten.extend_from_slice(after_open);
+        } else {
+            // Every occurrence: a repeated include_usage counts its last one, as backends read it.
+            let mut at = 0;
+            for span in spans {
+                rewritten.extend_from_slice(&options_text.as_bytes()[at..span.start]);
+                rewritten.extend_from_slice(b"true");
+                at = span.end;
+            }
+            rewritten.extend_from_slice(&options_text.as_bytes()[at..]);
+        }
     }
-    options
-        .as_object_mut()?
-        .insert("include_usage".to_owned(), serde_json::Value::Bool(true));
-    serde_json::to_vec(&value).ok()
+    rewritten.extend_from_slice(&body[options.end..]);
+    Some(rewritten)
+}
+
+const INCLUDE_USAGE_OBJECT: &[u8] = br#"{"include_usage":true}"#;
+const INCLUDE_USAGE_MEMBER_IN_OPTIONS: &[u8] = br#""include_usage":true"#;
+
+/// Where `part`, a slice of `whole`, lies in it.
+fn span_in(whole: &str, part: &str) -> std::ops::Range<usize> {
+    let start = part.as_ptr() as usize - whole.as_ptr() as usize;
+    start..start + part.len()
+}
+
+/// The byte range of the top-level `stream_options` value in `body`, read as extract_fields
+/// reads the body (other members skipped the same way), so it is found in any body that
+/// extract_fields accepted with `stream_options` present.
+fn stream_options_span(body: &[u8]) -> Option<std::ops::Range<usize>> {
+    struct Finder;
+    impl<'de> Visitor<'de> for Finder {
+        type Value = Option<&'de RawValue>;
+
+        fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+            formatter.write_str("a request body object")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut found = None;
+            while let Some(key) = map.next_key::<FieldKey>()? {
+                match key {
+                    FieldKey::StreamOptions => found = Some(map.next_value::<&'de RawValue>()?),
+                    _ => map.next_value::<IgnoredAny>().map(drop)?,
+                }
+            }
+            Ok(found)
+        }
+    }
+    struct Found<'de>(Option<&'de RawValue>);
+    impl<'de> Deserialize<'de> for Found<'de> {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserializer.deserialize_map(Finder).map(Found)
+        }
+    }
+    let raw = serde_json::from_slice::<Found<'_>>(body).ok()?.0?;
+    // `body` is UTF-8 where the raw value lies: serde_json checked it when capturing.
+    let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+    Some(start..start + raw.get().len())
+}
+
+/// The byte ranges, in a `stream_options` object's text, of every `include_usage` value.
+fn include_usage_spans(options: &str) -> Option<Vec<std::ops::Range<usize>>> {
+    struct SpansVisitor;
+    impl<'de> Visitor<'de> for SpansVisitor {
+        type Value = Vec<&'de RawValue>;
+
+        fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+            formatter.write_str("a stream_options object")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut values = Vec::new();
+            while let Some(key) = map.next_key::<OptionsKey>()? {
+                let value = map.next_value::<&'de RawValue>()?;
+                if let OptionsKey::IncludeUsage = key {
+                    values.push(value);
+                }
+            }
+            Ok(values)
+        }
+    }
+    struct Values<'de>(Vec<&'de RawValue>);
+    impl<'de> Deserialize<'de> for Values<'de> {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserializer.deserialize_map(SpansVisitor).map(Values)
+        }
+    }
+    let values = serde_json::from_str::<Values<'_>>(options).ok()?.0;
+    Some(
+        values
+            .into_iter()
+            .map(|value| span_in(options, value.get()))
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -452,23 +560,74 @@ mod tests {
     }
 
     #[test]
-    fn include_usage_is_set_through_value_when_stream_options_exists() {
-        for body in [
-            r#"{"model":"m","stream":true,"stream_options":null}"#,
-            r#"{"model":"m","stream":true,"stream_options":{}}"#,
-            r#"{"model":"m","stream":true,"stream_options":{"include_usage":false,"x":1}}"#,
+    fn include_usage_is_set_in_place_when_stream_options_exists() {
+        for (body, expected) in [
+            (
+                r#"{"model":"m","stream":true,"stream_options":null}"#,
+                r#"{"model":"m","stream":true,"stream_options":{"include_usage":true}}"#,
+            ),
+            (
+                r#"{"model":"m","stream":true,"stream_options": { } }"#,
+                r#"{"model":"m","stream":true,"stream_options": {"include_usage":true } }"#,
+            ),
+            (
+                r#"{"stream_options":{"x":1},"model":"m","stream":true}"#,
+                r#"{"stream_options":{"include_usage":true,"x":1},"model":"m","stream":true}"#,
+            ),
+            (
+                r#"{"model":"m","stream":true,"stream_options":{"include_usage":false,"x":1}}"#,
+                r#"{"model":"m","stream":true,"stream_options":{"include_usage":true,"x":1}}"#,
+            ),
+            (
+                r#"{"model":"m","stream":true,"stream_options":{"include_usage":true,"include_usage":null}}"#,
+                r#"{"model":"m","stream":true,"stream_options":{"include_usage":true,"include_usage":true}}"#,
+            ),
         ] {
             let rewritten = rewrite(body).unwrap();
             let value: serde_json::Value = serde_json::from_str(&rewritten).unwrap();
             assert_eq!(value["stream_options"]["include_usage"], true, "{body}");
-            assert_eq!(value["model"], "m");
-            assert_eq!(value["stream"], true);
+            assert_eq!(
+                rewritten.replace("{ }", "{}"),
+                expected.replace("{ }", "{}")
+            );
         }
-        let value: serde_json::Value = serde_json::from_str(
-            &rewrite(r#"{"model":"m","stream":true,"stream_options":{"x":1}}"#).unwrap(),
-        )
-        .unwrap();
-        assert_eq!(value["stream_options"]["x"], 1);
+    }
+
+    /// Found by the `body_fields` fuzz target: a body with `stream_options` and a string that is
+    /// not UTF-8 in a field the router skips went upstream without `include_usage`, because the
+    /// rewrite re-parsed it as a `serde_json::Value`, which refuses it; the router then had no
+    /// exact usage for the stream. The rewrite now edits `stream_options` in place.
+    #[test]
+    fn include_usage_is_set_when_a_skipped_field_would_not_parse_as_a_value() {
+        let mut invalid_utf8 = br#"{"model":"m","stream":true,"messagex":""#.to_vec();
+        invalid_utf8.extend_from_slice(&[0xe4; 12]);
+        invalid_utf8.extend_from_slice(br#"","stream_options":{"include_usage":false}}"#);
+        let deep = format!(
+            r#"{{"x":{}{},"model":"m","stream":true,"stream_options":null}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        let huge_number = br#"{"x":1e400,"model":"m","stream":true,"stream_options":{}}"#.to_vec();
+        for body in [invalid_utf8, deep.into_bytes(), huge_number] {
+            let found = extract_fields(&body).unwrap();
+            let rewritten = request_with_include_usage(&body, &found)
+                .expect("a streaming body without include_usage is rewritten");
+            let again = extract_fields(&rewritten).unwrap();
+            assert_eq!(again.include_usage, Some(true));
+            assert_eq!(again.model, "m");
+        }
+    }
+
+    /// `stream_options` must be UTF-8 throughout, or the rewrite could not find it again.
+    #[test]
+    fn stream_options_that_are_not_utf8_are_refused() {
+        let mut body = br#"{"model":"m","stream":true,"stream_options":{"x":""#.to_vec();
+        body.push(0xff);
+        body.extend_from_slice(br#""}}"#);
+        assert!(matches!(
+            extract_fields(&body),
+            Err(FieldsError::MalformedJson(_) | FieldsError::InvalidField(_))
+        ));
     }
 
     proptest::proptest! {

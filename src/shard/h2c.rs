@@ -73,6 +73,17 @@ impl AsyncWrite for Prefixed {
     }
 }
 
+/// The HTTP/2 server settings of a client connection: stream concurrency, the receive window and
+/// the header list bound. Shared with the fuzz target so it parses as the router does.
+pub fn server_builder() -> h2::server::Builder {
+    let mut builder = h2::server::Builder::new();
+    builder
+        .max_concurrent_streams(256)
+        .initial_window_size(1024 * 1024)
+        .max_header_list_size(64 * 1024);
+    builder
+}
+
 /// Serves one h2c connection. Its time is bounded as HTTP/1.1's is: the handshake and every
 /// stretch without an open stream get `--client-header-timeout` (a bare preface, or HEADERS that
 /// never end, are closed then), each body `--client-body-timeout` between frames and
@@ -85,11 +96,7 @@ pub async fn serve(shard: Rc<Shard>, stream: monoio::net::TcpStream, prefix: Byt
         inner: StreamWrapper::new_with_buffer_size(stream, BUFFER_BYTES, BUFFER_BYTES),
     };
     let header_timeout = shard.settings.client_header_timeout;
-    let handshake = h2::server::Builder::new()
-        .max_concurrent_streams(256)
-        .initial_window_size(1024 * 1024)
-        .max_header_list_size(64 * 1024)
-        .handshake::<_, Bytes>(io);
+    let handshake = server_builder().handshake::<_, Bytes>(io);
     let mut connection = match monoio::time::timeout(header_timeout, handshake).await {
         Ok(Ok(connection)) => connection,
         _ => return,
@@ -182,16 +189,8 @@ async fn serve_stream(
         request_id: None,
     };
     let (parts, mut body_stream) = request.into_parts();
-    let method = match parts.method {
-        http::Method::GET => Method::Get,
-        http::Method::HEAD => Method::Head,
-        http::Method::POST => Method::Post,
-        http::Method::PUT => Method::Put,
-        http::Method::DELETE => Method::Delete,
-        _ => Method::Other,
-    };
-    let route = match api::route(method, parts.uri.path().as_bytes()) {
-        Ok(route) => route,
+    let (route, method) = match route_of(&parts) {
+        Ok(routed) => routed,
         Err(rejection) => {
             let _ = sink.reject(&rejection).await;
             return;
@@ -258,16 +257,56 @@ async fn serve_stream(
         }
     }
     drop(lease);
+    let request = client_request(&parts, route, method, body.freeze(), started, peer);
+    if api::serve(&shard, request, &mut sink).await.is_err() {
+        // The client reset the stream (or dropped the connection) before its answer was done.
+        shard.clients.stream_reset(peer, Instant::now());
+    }
+}
+
+/// The router's method for an HTTP/2 request's `:method`, as `api::route` reads it.
+pub fn method_of(method: &http::Method) -> Method {
+    match *method {
+        http::Method::GET => Method::Get,
+        http::Method::HEAD => Method::Head,
+        http::Method::POST => Method::Post,
+        http::Method::PUT => Method::Put,
+        http::Method::DELETE => Method::Delete,
+        _ => Method::Other,
+    }
+}
+
+/// The route of an HTTP/2 request head, decided before its body is read; a rejection is answered
+/// at once. Pure: the stream task and the fuzz target (`fuzz/fuzz_targets/h2c_request.rs`) call it.
+pub fn route_of(parts: &http::request::Parts) -> Result<(api::Route, Method), Rejection> {
+    let method = method_of(&parts.method);
+    let route = api::route(method, parts.uri.path().as_bytes())?;
+    Ok((route, method))
+}
+
+/// Maps a routed HTTP/2 request head and its whole body to the [`ClientRequest`] the request phases
+/// take, exactly as HTTP/1.1 heads are mapped: header values copied as sent, the request ID
+/// checked or generated. Pure apart from the random request ID generated when the client sent
+/// none.
+pub fn client_request(
+    parts: &http::request::Parts,
+    route: api::Route,
+    method: Method,
+    body: Bytes,
+    received_at: Instant,
+    peer: Option<std::net::IpAddr>,
+) -> ClientRequest {
+    let header_bytes = |name: &str| parts.headers.get(name).map(|value| value.as_bytes());
     let header = |name: &str| header_bytes(name).map(Bytes::copy_from_slice);
     let target = parts.uri.path_and_query().map_or_else(
         || Bytes::from_static(b"/"),
         |target| Bytes::copy_from_slice(target.as_str().as_bytes()),
     );
-    let request = ClientRequest {
+    ClientRequest {
         route,
         method,
         target,
-        body: body.freeze(),
+        body,
         request_id: {
             let mut id = [0u8; 36];
             crate::audit::request_id(header_bytes("x-request-id"), &mut id);
@@ -281,12 +320,8 @@ async fn serve_stream(
         anthropic_beta: header("anthropic-beta"),
         authorization: header("authorization"),
         x_api_key: header("x-api-key"),
-        received_at: started,
+        received_at,
         peer,
-    };
-    if api::serve(&shard, request, &mut sink).await.is_err() {
-        // The client reset the stream (or dropped the connection) before its answer was done.
-        shard.clients.stream_reset(peer, Instant::now());
     }
 }
 
