@@ -750,3 +750,35 @@ fn a_released_request_larger_than_the_whole_pool_is_refused_at_once() {
     // Not after the 60 s budget: at once, once awake.
     assert!(started.elapsed() < Duration::from_secs(20));
 }
+
+/// Issue 10, item 6: a held request still waiting when the router's drain ends gets an error
+/// (the model cannot wake on a router that is going away), not a cut connection.
+#[test]
+fn a_held_request_ends_with_an_error_when_the_drain_ends() {
+    let mut site = sleepy_site(
+        "hold_drain",
+        &[],
+        &["--wake-keepalive", "0", "--drain-timeout", "1s"],
+    );
+    place_here(&site, "60s");
+    let mut conn = Conn::connect(site.http);
+    conn.send(&chat_request(false, "")).unwrap();
+    site.wait_for("the request to be held", || {
+        (pending(&site) == 1.0).then_some(())
+    });
+    let terminated = Instant::now();
+    site.router.signal("TERM");
+    let response = conn
+        .read_response()
+        .expect("an answer, not a cut connection");
+    assert_eq!(response.status, 503, "{}", response.text());
+    assert_eq!(response.error_code(), "no_capacity");
+    assert!(
+        response.text().contains("shutting down"),
+        "{}",
+        response.text()
+    );
+    assert!(terminated.elapsed() < Duration::from_secs(10));
+    let status = site.router.wait_exit(Duration::from_secs(10));
+    assert!(status.is_some_and(|status| status.success()), "{status:?}");
+}

@@ -774,6 +774,7 @@ async fn hold<S: Sink>(
             Err(Rejection::model_waking(&fields.model, Waking::Expired).into())
         }
         Some(Err(HoldEnd::MeshFull)) => Err(Rejection::queue_full().into()),
+        Some(Err(HoldEnd::ShuttingDown)) => Err(Rejection::shutting_down().into()),
     }
 }
 

@@ -28,10 +28,12 @@ use crate::routing::{
     Acquire, AgentId, AnyAgent, Ask as RouteAsk, Generation, Grant, ModelRoutes, StepFilter, Ticket,
 };
 use crate::shard::IdMap;
+use crate::shard::latch::race;
 use crate::shard::mesh::Endpoint;
 use crate::shard::messages::{ControlToShard, Decision, HoldAnswer, ShardToControl, ShardToShard};
 use crate::shard::quotas::{Admitted, Charge, Quotas, Release};
 use crate::shard::snapshot::{ModelEntry, ModelId, RoutingSnapshot};
+use futures_util::future::Either;
 
 /// Messages handled per mesh wake-up before the mesh task yields to the shard's other tasks.
 const MESH_DRAIN_BUDGET: usize = 256;
@@ -766,11 +768,13 @@ impl Shard {
             return Err(HoldEnd::MeshFull);
         }
         let wait = until.saturating_duration_since(Instant::now());
-        match monoio::time::timeout(wait, answer).await {
-            Ok(Ok(answer)) => pending.answered(answer),
+        // The router's drain ending ends a hold too: its model cannot wake here any more.
+        match race(monoio::time::timeout(wait, answer), self.lifecycle.ending()).await {
+            Either::Left(Ok(Ok(answer))) => pending.answered(answer),
             // The owner dropped the waiter without an answer: cannot happen while the shard
             // runs; treat it as the budget ending.
-            Ok(Err(_)) | Err(_) => Err(HoldEnd::Expired),
+            Either::Left(Ok(Err(_)) | Err(_)) => Err(HoldEnd::Expired),
+            Either::Right(()) => Err(HoldEnd::ShuttingDown),
         }
     }
 
@@ -1852,6 +1856,8 @@ pub enum HoldEnd {
     Expired,
     /// The mesh ring to the model's owner is full.
     MeshFull,
+    /// The router's drain ended (SIGTERM) while the request was held.
+    ShuttingDown,
 }
 
 /// A request's entry in its model's hold book (hold at zero): held, then, once a wake released
