@@ -208,7 +208,7 @@ fn hostile_client(addr: SocketAddr, index: usize, until: Instant) -> HostileTall
         if Instant::now() >= until {
             break;
         }
-        match one_request(addr, MODEL, (index + n) % 2 == 0) {
+        match one_request(addr, MODEL, (index + n).is_multiple_of(2)) {
             Ok(Answer::Served) => tally.served += 1,
             Ok(Answer::Refused { took }) => {
                 tally.refused += 1;
