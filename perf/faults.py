@@ -42,13 +42,13 @@ PHASES = os.environ.get(
     "PHASES",
     "baseline agent_kill agent_stop engine_kill engine_stop tunnel_drop_one tunnel_drop router_term",
 ).split()
-CLIENTS = int(os.environ.get("CLIENTS", "6"))
+CLIENTS = int(os.environ.get("CLIENTS", "8"))
 SHARDS = int(os.environ.get("SHARDS", "2"))
 LOAD_BEFORE_S = env_float("LOAD_BEFORE_S", 3)  # steady load before each fault
 LOAD_AFTER_S = env_float("LOAD_AFTER_S", 3)  # load once the site has recovered
 STOP_S = env_float("STOP_S", 6)  # how long SIGSTOP lasts
 DOWN_S = env_float("DOWN_S", 2)  # how long a killed agent or engine stays down
-TUNNEL_DROPS = int(os.environ.get("TUNNEL_DROPS", "3"))  # single tunnels dropped in tunnel_drop_one
+TUNNEL_DROPS = int(os.environ.get("TUNNEL_DROPS", "6"))  # single tunnels dropped in tunnel_drop_one
 REQUEST_TIMEOUT_S = env_float("REQUEST_TIMEOUT_S", 10)  # router --request-timeout
 AGENT_HTTP_TIMEOUT_S = env_float("AGENT_HTTP_TIMEOUT_S", 5)  # agent --http-timeout
 CLIENT_TIMEOUT_S = env_float("CLIENT_TIMEOUT_S", 30)  # a read that stalls this long is a hang
@@ -221,8 +221,9 @@ class Site:
             port = free_port()
             self.sims.append(Proc(f"sim{i}", [
                 f"{BIN}/hivenet-sim", "--listen", f"127.0.0.1:{port}", "--models", MODEL,
-                # Two-second answers: a fault always finds streams in flight.
-                "--itl", "40ms", "--output-tokens", "50",
+                # Three-second answers: a fault always finds streams in flight, and some of them
+                # outlast an agent's rejoin a second later.
+                "--itl", "40ms", "--output-tokens", "75",
             ], work, env))
             self.sims[i].addr = ("127.0.0.1", port)
             self.agents.append(Proc(f"agent{i}", [
@@ -379,13 +380,13 @@ def one_request(addr, kind, timeout):
     started = time.monotonic()
     record = {"kind": kind, "status": None, "outcome": None, "detail": None}
     conn = http.client.HTTPConnection(addr[0], addr[1], timeout=timeout)
+    stage = "no_response"  # what an I/O error means: before the head, nothing came back
     try:
         try:
             conn.connect()
         except ConnectionRefusedError:
             record["outcome"] = "refused"
             return record
-        stage = "no_response"
         conn.request("POST", path, body=payload, headers={
             "content-type": "application/json", "connection": "close",
             "anthropic-version": "2023-06-01"})
@@ -531,24 +532,28 @@ def fault_engine_stop(site, row):
     row.recovered_from = time.monotonic()
 
 
-def tunnel_peers(site):
-    """Agent-side ports of the established tunnel connections (the router's end is the p2p port)."""
-    out = subprocess.run(["ss", "-Htn", "state", "established", f"( sport = :{site.p2p} )"],
+def tunnel_ports(site, agent):
+    """The local ports of `agent`'s tunnel connections (the router's end is the p2p port)."""
+    out = subprocess.run(["ss", "-Htnp", "state", "established", f"( dport = :{site.p2p} )"],
                          capture_output=True, text=True, timeout=10).stdout
-    return [line.split()[3].rsplit(":", 1)[1] for line in out.splitlines() if len(line.split()) >= 4]
+    return [line.split()[2].rsplit(":", 1)[1] for line in out.splitlines()
+            if f"pid={agent.pid}," in line]
 
 
 def fault_tunnel_drop_one(site, row):
-    # Aborts one tunnel of one agent, TUNNEL_DROPS times: the agent leaves the pool while its
-    # requests on its other shard's tunnel go on, and rejoins about a second later under the same
-    # session, before they end (issue 10, item 1: "release without a grant").
+    # Aborts one tunnel of one agent, TUNNEL_DROPS times, the agents and their tunnels in turn
+    # (each shard has its own tunnel to each agent): the agent leaves the pool while its requests
+    # on its other shard's tunnel go on, and rejoins about a second later under the same session,
+    # before they end (issue 10, item 1: "release without a grant").
     for attempt in range(TUNNEL_DROPS):
-        peers = tunnel_peers(site)
-        if not peers:
-            row.skipped = "no tunnel connection found with ss"
+        agent = site.agents[attempt % len(site.agents)]
+        ports = tunnel_ports(site, agent)
+        if not ports:
+            row.skipped = f"no tunnel connection of {agent.name} found with ss -p"
             return
+        port = sorted(ports)[(attempt // len(site.agents)) % len(ports)]
         result = subprocess.run(
-            ["ss", "-K", "-tn", "state", "established", f"( sport = :{site.p2p} and dport = :{peers[0]} )"],
+            ["ss", "-K", "-tn", "state", "established", f"( sport = :{site.p2p} and dport = :{port} )"],
             capture_output=True, text=True, timeout=10)
         killed = max(0, len([l for l in result.stdout.splitlines() if l.strip()]) - 1)
         if result.returncode != 0 or killed != 1:
@@ -558,7 +563,7 @@ def fault_tunnel_drop_one(site, row):
         if attempt + 1 < TUNNEL_DROPS:
             site.wait_joined(RECOVER_S)
             time.sleep(1)
-    row.notes.append(f"ss -K closed one tunnel {TUNNEL_DROPS} times")
+    row.notes.append(f"ss -K closed one tunnel {TUNNEL_DROPS} times, the agents and their tunnels in turn")
 
 
 def fault_tunnel_drop(site, row):
