@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,12 +22,17 @@ use serde_json::Value;
 const SLOTS: usize = 4;
 /// Clients hammering the overloaded model at once: ten times its slots.
 const HOSTILE_CLIENTS: usize = 10 * SLOTS;
+/// Requests the gated model's policy admits at once (`max_inflight`, one healthy replica), and the
+/// clients hammering it: ten times that. Over the gate a request parks for the admission park
+/// timeout (250 ms by default), then gets 429.
+const GATED_INFLIGHT: usize = 1;
+const GATED_CLIENTS: usize = 10 * GATED_INFLIGHT;
 /// How long the hammering lasts, and the most requests one hostile client sends in that time:
 /// the test is bounded in time and in count.
 const HAMMER_FOR: Duration = Duration::from_secs(8);
 const HOSTILE_REQUESTS_MAX: usize = 100;
 /// A hostile client's pause after each answer: keeps the request rate (and the test's own CPU) bounded
-/// on a shared 2-core machine while 40 clients still wait for every freed slot.
+/// on a shared 2-core machine while ten clients still wait for every freed slot.
 const HOSTILE_PAUSE: Duration = Duration::from_millis(50);
 /// Connections that connect and never send a byte, held for the whole run.
 const IDLE_CONNECTIONS: usize = 300;
@@ -63,35 +69,59 @@ const OVERLOAD_CODES: [&str; 4] = [
     "rate_limit_exceeded",
 ];
 const MODEL: &str = "sim-model";
+const GATED_MODEL: &str = "gated-model";
 const POLITE_MODEL: &str = "polite-model";
 
 /// Sims 0 and 1 serve `sim-model` slowly (20 tokens 100 ms apart: two seconds an answer, two at
 /// once) behind agents of capacity 2; sim 2 serves `polite-model` at once behind an agent of
-/// capacity 8. The router queues at most 2 requests per model.
+/// capacity 8; sim 3 serves `gated-model` as slowly as sims 0 and 1, behind an agent of capacity
+/// 2 and a policy that admits [`GATED_INFLIGHT`] request at a time. The router queues at most 2
+/// requests per model.
 fn overload_site(name: &str) -> Site {
-    let slow = [
-        "--models",
-        MODEL,
-        "--max-concurrency",
-        "2",
-        "--max-waiting",
-        "4",
-        "--itl",
-        "100ms",
-        "--output-tokens",
-        "20",
-    ];
+    let slow = |model| {
+        [
+            "--models",
+            model,
+            "--max-concurrency",
+            "2",
+            "--max-waiting",
+            "4",
+            "--itl",
+            "100ms",
+            "--output-tokens",
+            "20",
+        ]
+    };
+    let policies = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{name}-policies-{}", std::process::id()));
+    std::fs::create_dir_all(&policies).expect("create the policy directory");
+    std::fs::write(
+        policies.join("gated.yaml"),
+        format!(
+            "models:\n  - {GATED_MODEL}\nrouting_policy:\n  strategy: least-loaded\nmax_inflight: {GATED_INFLIGHT}\n"
+        ),
+    )
+    .expect("write the gated model's policy");
     Site::start(
         name,
         Options::new()
-            .sim(&slow)
-            .sim(&slow)
+            .sim(&slow(MODEL))
+            .sim(&slow(MODEL))
             .sim(&["--models", POLITE_MODEL])
-            .router_args(&["--queue-depth", "2", "--request-timeout", "20s"])
+            .sim(&slow(GATED_MODEL))
+            .router_args(&[
+                "--queue-depth",
+                "2",
+                "--request-timeout",
+                "20s",
+                "--policy-model-dir",
+                &policies.display().to_string(),
+            ])
             .agent(0, &["--capacity", "2"])
             .agent(1, &["--capacity", "2"])
             .agent(2, &["--capacity", "8"])
-            .models(&[MODEL, POLITE_MODEL]),
+            .agent(3, &["--capacity", "2"])
+            .models(&[MODEL, POLITE_MODEL, GATED_MODEL]),
     )
 }
 
@@ -126,7 +156,11 @@ enum Answer {
     /// 200 with a complete answer (a stream ending in `[DONE]`).
     Served,
     /// 429 or 503 with the documented envelope and an overload code, after `took`.
-    Refused { took: Duration },
+    Refused {
+        status: u16,
+        code: String,
+        took: Duration,
+    },
 }
 
 /// Checks the documented envelope `{"error":{"code","message","source"}}`; returns the code.
@@ -186,7 +220,11 @@ fn one_request(addr: SocketAddr, model: &str, stream: bool) -> Result<Answer, St
                     response.status
                 ));
             }
-            Ok(Answer::Refused { took })
+            Ok(Answer::Refused {
+                status: response.status,
+                code,
+                took,
+            })
         }
         status => Err(format!("unexpected {status}: {}", response.text())),
     }
@@ -196,22 +234,25 @@ fn one_request(addr: SocketAddr, model: &str, stream: bool) -> Result<Answer, St
 struct HostileTally {
     served: usize,
     refused: usize,
+    /// Refusals by status and code.
+    refused_as: BTreeMap<(u16, String), usize>,
     slowest_refusal: Duration,
     problems: Vec<String>,
 }
 
-/// A client that sends requests for the overloaded model back to back (alternating streamed and
-/// not) until `until`, pausing [`HOSTILE_PAUSE`] after each answer.
-fn hostile_client(addr: SocketAddr, index: usize, until: Instant) -> HostileTally {
+/// A client that sends requests for `model` back to back (alternating streamed and not) until
+/// `until`, pausing [`HOSTILE_PAUSE`] after each answer.
+fn hostile_client(addr: SocketAddr, model: &str, index: usize, until: Instant) -> HostileTally {
     let mut tally = HostileTally::default();
     for n in 0..HOSTILE_REQUESTS_MAX {
         if Instant::now() >= until {
             break;
         }
-        match one_request(addr, MODEL, (index + n).is_multiple_of(2)) {
+        match one_request(addr, model, (index + n).is_multiple_of(2)) {
             Ok(Answer::Served) => tally.served += 1,
-            Ok(Answer::Refused { took }) => {
+            Ok(Answer::Refused { status, code, took }) => {
                 tally.refused += 1;
+                *tally.refused_as.entry((status, code)).or_default() += 1;
                 tally.slowest_refusal = tally.slowest_refusal.max(took);
             }
             Err(problem) => tally.problems.push(problem),
@@ -337,8 +378,12 @@ fn assert_router_settled(site: &Site) {
         let response = try_request(site.metrics, &get_request("/metrics")).ok()?;
         let text = String::from_utf8_lossy(&response.body);
         let zero = |name: &str, labels: &str| present_sum(&text, name, labels) == Some(0.0);
+        let gated = format!("model=\"{GATED_MODEL}\"");
         (zero("hivenet_shard_in_flight", "")
             && zero("hivenet_queue_depth", &format!("model=\"{MODEL}\""))
+            && zero("hivenet_queue_depth", &gated)
+            && zero("hivenet_admission_inflight_requests", &gated)
+            && zero("hivenet_admission_occupancy_tokens", &gated)
             && zero("hivenet_shard_connections_open", ""))
         .then_some(())
     });
@@ -375,8 +420,15 @@ fn overload_is_refused_at_once_while_a_well_behaved_client_is_served() {
     let (hostile, (polite_ok, polite_problems)) = std::thread::scope(|scope| {
         scope.spawn(|| sample_rss(router_pid, &stop_sampling, &rss_peak_kib));
         let trickler = scope.spawn(|| trickle(&mut slow, until));
-        let hostile: Vec<_> = (0..HOSTILE_CLIENTS)
-            .map(|index| scope.spawn(move || hostile_client(site.http, index, until)))
+        let hostile: Vec<_> = (0..HOSTILE_CLIENTS + GATED_CLIENTS)
+            .map(|index| {
+                let model = if index < HOSTILE_CLIENTS {
+                    MODEL
+                } else {
+                    GATED_MODEL
+                };
+                scope.spawn(move || hostile_client(site.http, model, index, until))
+            })
             .collect();
         let polite = scope.spawn(|| polite_client(site.http, until));
         let hostile: Vec<HostileTally> = hostile.into_iter().map(|h| h.join().unwrap()).collect();
@@ -393,11 +445,15 @@ fn overload_is_refused_at_once_while_a_well_behaved_client_is_served() {
         .map(|t| t.slowest_refusal)
         .max()
         .unwrap_or_default();
+    let mut refused_as = BTreeMap::new();
+    for ((status, code), count) in hostile.iter().flat_map(|t| &t.refused_as) {
+        *refused_as.entry(format!("{status} {code}")).or_insert(0) += count;
+    }
     let problems: Vec<&String> = hostile.iter().flat_map(|t| &t.problems).collect();
     let rss_peak_kib = rss_peak_kib.load(Ordering::Relaxed);
     let summary = format!(
-        "hostile: {served} served, {refused} refused (slowest refusal {slowest_refusal:?}), {} \
-         problems; polite: {polite_ok} succeeded, {} problems; router RSS idle {rss_idle_kib} \
+        "hostile: {served} served, {refused} refused {refused_as:?} (slowest refusal \
+         {slowest_refusal:?}), {} problems; polite: {polite_ok} succeeded, {} problems; router RSS idle {rss_idle_kib} \
          KiB, peak {rss_peak_kib} KiB (cap {RSS_CAP_OVERLOAD_KIB} KiB)",
         problems.len(),
         polite_problems.len(),
@@ -415,8 +471,14 @@ fn overload_is_refused_at_once_while_a_well_behaved_client_is_served() {
         "{summary}\n{polite_problems:#?}\n{}",
         site.logs()
     );
-    // The overload was real: most requests were refused, and the slots kept serving.
+    // The overload was real: most requests were refused, by the capacity queue (503) and by the
+    // admission gate (429), and the slots kept serving.
     assert!(refused > 4 * served, "{summary}");
+    assert!(refused_as.contains_key("503 no_capacity"), "{summary}");
+    assert!(
+        refused_as.contains_key("429 concurrency_limit_exceeded"),
+        "{summary}"
+    );
     assert!(served >= SLOTS, "{summary}");
     assert!(polite_ok >= 10, "{summary}");
     assert!(rss_peak_kib < RSS_CAP_OVERLOAD_KIB, "{summary}");
@@ -425,7 +487,7 @@ fn overload_is_refused_at_once_while_a_well_behaved_client_is_served() {
     drop(slow);
     assert_router_settled(&site);
     // The slow sims finished everything they were given.
-    for sim in 0..2 {
+    for sim in [0, 1, 3] {
         site.wait_sim_metric(sim, "sim_in_flight", |v| v == 0.0);
     }
 }
