@@ -59,6 +59,9 @@ const RSS_CAP_PARTIAL_BODIES_KIB: u64 = 256 * 1024;
 const PARTIAL_BODIES: usize = 96;
 const PARTIAL_BODY_DECLARED: usize = 8 * 1024 * 1024;
 const PARTIAL_BODY_SENT: usize = 4 * 1024 * 1024;
+/// Longest the test spends sending the partial bodies (a router that stops reading them makes a
+/// write block).
+const FILL_WITHIN: Duration = Duration::from_secs(10);
 /// How long the partial bodies stay open (trickling a byte now and then) once sent.
 const PARTIAL_HOLD: Duration = Duration::from_secs(3);
 /// Error codes a refusal under overload may carry (docs/request-path.md, phases 5b and 6).
@@ -316,30 +319,54 @@ fn idle_connections(addr: SocketAddr, count: usize) -> Vec<TcpStream> {
 }
 
 /// Opens `count` connections that each send a request head declaring `declared` body bytes, then
-/// `first` bytes of that body at once.
-fn partial_bodies(addr: SocketAddr, count: usize, declared: usize, first: usize) -> Vec<Conn> {
+/// `first` bytes of that body at once. A router that refuses the bodies may close or stop reading
+/// (that is its right): the sending is bounded by [`FILL_WITHIN`] in all, and by a second on any
+/// one connection. Returns the connections and the body bytes the kernel took from the test.
+fn partial_bodies(
+    addr: SocketAddr,
+    count: usize,
+    declared: usize,
+    first: usize,
+) -> (Vec<Conn>, usize) {
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {declared}\r\n\r\n"
     );
     let filler = vec![b' '; first];
-    (0..count)
+    let fill_until = Instant::now() + FILL_WITHIN;
+    let mut sent_bytes = 0;
+    let conns = (0..count)
         .map(|i| {
             let mut conn = Conn::connect(addr);
+            let left = fill_until.saturating_duration_since(Instant::now());
             conn.stream
-                .set_write_timeout(Some(Duration::from_secs(5)))
+                .set_write_timeout(Some(
+                    left.clamp(Duration::from_millis(10), Duration::from_secs(1)),
+                ))
                 .unwrap();
             conn.send(head.as_bytes())
                 .unwrap_or_else(|e| panic!("head of slow body {i}: {e}"));
-            // A router that refuses the body may close or stop reading: that is its right.
-            let _ = conn.send(&filler);
+            let mut sent = 0;
+            while sent < filler.len() {
+                match conn.stream.write(&filler[sent..]) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => sent += n,
+                }
+            }
+            sent_bytes += sent;
             conn
         })
-        .collect()
+        .collect();
+    (conns, sent_bytes)
 }
 
 /// Sends [`TRICKLE_BYTES`] on every connection each [`TRICKLE_EVERY`] until `until`; a
-/// connection the router has closed is left alone.
+/// connection the router has closed, or no longer reads from, is left alone.
 fn trickle(conns: &mut [Conn], until: Instant) {
+    for conn in conns.iter_mut() {
+        let _ = conn
+            .stream
+            .set_write_timeout(Some(Duration::from_millis(50)));
+    }
     let bytes = [b' '; TRICKLE_BYTES];
     let mut open = vec![true; conns.len()];
     while Instant::now() < until {
@@ -409,7 +436,7 @@ fn overload_is_refused_at_once_while_a_well_behaved_client_is_served() {
     // The load that only costs the router memory and connections: idle sockets and bodies that
     // trickle in, all accepted before the hammering starts.
     let idle = idle_connections(site.http, IDLE_CONNECTIONS);
-    let mut slow = partial_bodies(site.http, SLOW_BODIES, SLOW_BODY_BYTES, TRICKLE_BYTES);
+    let (mut slow, _) = partial_bodies(site.http, SLOW_BODIES, SLOW_BODY_BYTES, TRICKLE_BYTES);
     site.wait_metric("hivenet_shard_connections_open", |v| {
         v >= (IDLE_CONNECTIONS + SLOW_BODIES) as f64
     });
@@ -501,9 +528,9 @@ fn partial_bodies_keep_the_router_under_its_memory_cap() {
 
     let stop_sampling = AtomicBool::new(false);
     let rss_peak_kib = AtomicU64::new(0);
-    let (polite_ok, polite_problems) = std::thread::scope(|scope| {
+    let (polite_ok, polite_problems, sent_bytes) = std::thread::scope(|scope| {
         scope.spawn(|| sample_rss(router_pid, &stop_sampling, &rss_peak_kib));
-        let mut bodies = partial_bodies(
+        let (mut bodies, sent_bytes) = partial_bodies(
             site.http,
             PARTIAL_BODIES,
             PARTIAL_BODY_DECLARED,
@@ -517,13 +544,14 @@ fn partial_bodies_keep_the_router_under_its_memory_cap() {
         let polite = polite.join().unwrap();
         stop_sampling.store(true, Ordering::Relaxed);
         drop(bodies);
-        polite
+        (polite.0, polite.1, sent_bytes)
     });
     let rss_peak_kib = rss_peak_kib.load(Ordering::Relaxed);
     let summary = format!(
-        "{PARTIAL_BODIES} partial bodies of {PARTIAL_BODY_SENT} bytes sent (of \
-         {PARTIAL_BODY_DECLARED} declared); router RSS idle {rss_idle_kib} KiB, peak \
+        "{PARTIAL_BODIES} partial bodies ({PARTIAL_BODY_DECLARED} bytes declared, \
+         {PARTIAL_BODY_SENT} offered, {} MiB taken in all); router RSS idle {rss_idle_kib} KiB, peak \
          {rss_peak_kib} KiB (cap {RSS_CAP_PARTIAL_BODIES_KIB} KiB); polite: {polite_ok} succeeded, {} problems",
+        sent_bytes >> 20,
         polite_problems.len()
     );
     eprintln!("{summary}");
