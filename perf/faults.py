@@ -2,9 +2,9 @@
 """Faults under steady load: a router, two agents and two simulated engines on loopback, a small
 load of JSON and streamed requests that records every request's outcome, and one fault after
 another (SIGKILL and SIGSTOP an agent, SIGKILL and SIGSTOP an engine, drop one tunnel, drop every
-tunnel, SIGTERM the router and start it again). After each fault it checks that every request got an answer (a
-success or a documented error; no hang, no silently truncated stream), that the router's in-flight,
-queue and admission gauges and the engines' in-flight gauges return to 0, that
+tunnel, SIGTERM the router and start it again). After each fault it checks that every request got
+an answer (a success or a documented error; no hang, no silently truncated stream), that the
+router's in-flight, queue and admission gauges and the engines' in-flight gauges return to 0, that
 `hivenet_admission_reaped_total` stays 0, that no log says `panicked`, and that the site serves
 again. Prints one row per fault and exits 1 on any violation. See perf/README.md.
 

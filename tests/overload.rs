@@ -31,8 +31,8 @@ const GATED_CLIENTS: usize = 10 * GATED_INFLIGHT;
 /// the test is bounded in time and in count.
 const HAMMER_FOR: Duration = Duration::from_secs(8);
 const HOSTILE_REQUESTS_MAX: usize = 100;
-/// A hostile client's pause after each answer: keeps the request rate (and the test's own CPU) bounded
-/// on a shared 2-core machine while ten clients still wait for every freed slot.
+/// A hostile client's pause after each answer: keeps the request rate (and the test's own CPU)
+/// bounded on a shared 2-core machine while ten clients still wait for every freed slot.
 const HOSTILE_PAUSE: Duration = Duration::from_millis(50);
 /// Connections that connect and never send a byte, held for the whole run.
 const IDLE_CONNECTIONS: usize = 300;
@@ -45,9 +45,9 @@ const TRICKLE_EVERY: Duration = Duration::from_millis(200);
 /// room, and whose sim answers at once).
 const ANSWER_WITHIN: Duration = Duration::from_secs(5);
 /// The stated memory caps on the router's resident set (VmRSS), sampled every 50 ms. An idle
-/// two-shard router sits near 35 MiB (release build); the overload run (hundreds of connections,
-/// thousands of refusals) peaked at 47 MiB when this was written. The cap leaves room for that
-/// and for a debug build, and none for growth with the number of requests or connections.
+/// two-shard router sits near 33 MiB (release build; 46 MiB debug); the overload run (hundreds of
+/// connections, thousands of refusals) peaked at 48-52 MiB (64 MiB debug) when this was written.
+/// The cap leaves room for that, and none for growth with the number of requests or connections.
 const RSS_CAP_OVERLOAD_KIB: u64 = 128 * 1024;
 /// With partial bodies held open the router buffers what a per-shard cap on buffered bodies lets
 /// it: this leaves about 100 MiB per shard for that cap over the idle router, and nothing for
