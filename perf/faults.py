@@ -44,7 +44,7 @@ PHASES = os.environ.get(
 ).split()
 CLIENTS = int(os.environ.get("CLIENTS", "8"))
 SHARDS = int(os.environ.get("SHARDS", "2"))
-LOAD_BEFORE_S = env_float("LOAD_BEFORE_S", 3)  # steady load before each fault
+LOAD_BEFORE_S = env_float("LOAD_BEFORE_S", 4)  # steady load before each fault
 LOAD_AFTER_S = env_float("LOAD_AFTER_S", 3)  # load once the site has recovered
 STOP_S = env_float("STOP_S", 6)  # how long SIGSTOP lasts
 DOWN_S = env_float("DOWN_S", 2)  # how long a killed agent or engine stays down
@@ -60,6 +60,7 @@ DRAIN_MAX_S = env_float("DRAIN_MAX_S", 30)  # a SIGTERMed router must have exite
 TOTAL_MAX_S = env_float("TOTAL_MAX_S", 600)  # the whole run, start-up included
 KEEP_TMP = os.environ.get("KEEP_TMP", "0") == "1"
 MODEL = "sim-model"
+ANSWER_S = 3.0  # how long the sims take over an answer: 75 tokens 40 ms apart
 SECRET = "faults-secret"
 
 # Error codes of docs/request-path.md (router) and of the agent's envelope (src/agent/forward.rs).
@@ -434,7 +435,8 @@ def one_request(addr, kind, timeout):
 
 class Load:
     """`CLIENTS` threads, each sending one request at a time (the kinds in turn) with a 100 ms
-    pause, while running; every request is recorded under the phase in which it started."""
+    pause, while running, their starts spread over one answer's time; every request is recorded
+    under the phase in which it started."""
 
     def __init__(self, addr):
         self.addr = addr
@@ -451,9 +453,16 @@ class Load:
 
     def client(self, index):
         n = index
+        seen_phase = None
         while not self.done.is_set():
             if not self.running.is_set():
                 self.running.wait(0.2)
+                continue
+            if self.phase != seen_phase:
+                # Staggered starts: when a fault comes, the requests in flight are at every age
+                # (just sent, mid-stream, nearly done), not all at the same one.
+                seen_phase = self.phase
+                time.sleep(index * ANSWER_S / CLIENTS)
                 continue
             with self.lock:
                 if not self.running.is_set():
