@@ -110,7 +110,7 @@ pub struct RouterArgs {
     /// Request-body bytes each shard holds while bodies arrive; a body that would pass it is
     /// answered `503 queue_full` and its connection closed (bodies are also refused before they
     /// are read when the request's credentials are refused).
-    #[arg(long, env = "HIVENET_ROUTER_MAX_BUFFERED_BODY_BYTES", default_value_t = 128 * 1024 * 1024)]
+    #[arg(long, env = "HIVENET_ROUTER_MAX_BUFFERED_BODY_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub max_buffered_body_bytes: usize,
     /// On SIGTERM: how long requests in flight may run on before the router ends them with an
     /// error and exits. The router stops accepting and fails `/health` at once.

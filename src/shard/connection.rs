@@ -518,10 +518,12 @@ async fn read_body(
                 return Err(BodyEnd::Refused(Rejection::payload_too_large()));
             }
             let length = length as usize;
-            // The bytes are counted against the shard's body buffer while they arrive.
+            // The bytes still to come are counted against the shard's body buffer while they
+            // arrive (what came with the head is in the connection's read buffer already): a
+            // small request is never refused because others' large bodies fill the budget.
             let _lease = shard
                 .clients
-                .lease_body(length)
+                .lease_body(length.saturating_sub(reader.buf.len()))
                 .ok_or_else(|| BodyEnd::Refused(Rejection::bodies_full()))?;
             if reader.buf.capacity() < length {
                 reader.buf.reserve(length - reader.buf.len());

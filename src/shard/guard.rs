@@ -31,7 +31,7 @@ impl Default for ClientLimits {
     fn default() -> ClientLimits {
         ClientLimits {
             connections_max: 10_000,
-            body_bytes_max: 128 * 1024 * 1024,
+            body_bytes_max: 64 * 1024 * 1024,
             resets: ResetLimits::default(),
         }
     }
