@@ -176,6 +176,10 @@ impl Core {
                 // The router answers Refused and ends the session.
                 Err(_) => self.close(agent),
             },
+            agent_message::Kind::Leaving(_) => {
+                let events = self.registry.leaving(agent, now);
+                self.apply(events);
+            }
             agent_message::Kind::Heartbeat(heartbeat) => {
                 let events = self.registry.heartbeat(agent, heartbeat.in_flight, now);
                 self.apply(events);
