@@ -5,7 +5,8 @@ Small, realistic inputs: request heads, bodies and streams like the ones in the 
 docs, string literals lifted from the unit tests themselves, and the binary inputs (HTTP/2
 frames, tunnel preambles, signed tokens, protobuf messages) built here so they can be read and
 regenerated. Run from anywhere: `python3 fuzz/seeds/make.py`. Deterministic; it replaces the
-seed-* files and leaves other corpus files alone.
+seed-* files and leaves the other corpus files (cmin-*, minimized
+finds of long runs; see README.md) alone.
 """
 
 import base64
