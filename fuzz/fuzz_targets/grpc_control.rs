@@ -21,10 +21,10 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use hivenet_router::control::registry::{Event, HealthTimes, Registry};
-use hivenet_router::control::service::validate_registration;
+use hivenet_router::control::service::{engine_signals, validate_registration};
 use hivenet_router::policy::{PolicyContext, PolicySet};
 use hivenet_router::proto::{AgentMessage, AuthRequest, agent_message};
-use hivenet_router::routing::{AgentId, EngineSignals};
+use hivenet_router::routing::AgentId;
 use hivenet_router::tokens::{AUTH_AUDIENCE, SESSION_AUDIENCE, Secret};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
@@ -185,15 +185,7 @@ impl Core {
                 self.apply(events);
             }
             agent_message::Kind::Signal(signal) => {
-                let engine = if signal.has_engine_metrics {
-                    EngineSignals {
-                        kv_cache_utilization: Some(signal.kv_cache_utilization),
-                        running_requests: Some(f64::from(signal.running_requests)),
-                        waiting_requests: Some(f64::from(signal.waiting_requests)),
-                    }
-                } else {
-                    EngineSignals::default()
-                };
+                let engine = engine_signals(&signal);
                 let events = self.registry.signal(agent, signal.in_flight, engine, now);
                 self.apply(events);
             }

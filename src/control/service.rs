@@ -200,15 +200,7 @@ async fn run_session(
                 }
             }
             agent_message::Kind::Signal(signal) => {
-                let engine = if signal.has_engine_metrics {
-                    EngineSignals {
-                        kv_cache_utilization: Some(signal.kv_cache_utilization),
-                        running_requests: Some(f64::from(signal.running_requests)),
-                        waiting_requests: Some(f64::from(signal.waiting_requests)),
-                    }
-                } else {
-                    EngineSignals::default()
-                };
+                let engine = engine_signals(&signal);
                 let events = shared
                     .registry()
                     .signal(agent, signal.in_flight, engine, now);
@@ -239,6 +231,19 @@ async fn run_session(
 /// known capability, a positive capacity, 1 or more non-blank model IDs (trimmed) and IDs of at
 /// most 256 bytes. The reason of a refusal is sent back to the agent in `Refused`. Pure: the
 /// session stream and the fuzz target (`fuzz/fuzz_targets/grpc_control.rs`) call it.
+/// The engine signals a routing signal carries; none when the agent's engine reports no metrics.
+pub fn engine_signals(signal: &crate::proto::RoutingSignal) -> EngineSignals {
+    if signal.has_engine_metrics {
+        EngineSignals {
+            kv_cache_utilization: Some(signal.kv_cache_utilization),
+            running_requests: Some(f64::from(signal.running_requests)),
+            waiting_requests: Some(f64::from(signal.waiting_requests)),
+        }
+    } else {
+        EngineSignals::default()
+    }
+}
+
 pub fn validate_registration(
     register: crate::proto::Register,
 ) -> Result<Registration, &'static str> {

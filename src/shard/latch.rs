@@ -48,6 +48,7 @@ impl Latch {
 
 /// A set-once signal any number of tasks wait on, each in its own slot: a waiter that is polled
 /// again replaces its own waker, and gives its slot back when dropped, so wakers never pile up.
+/// Bound: one slot per waiter alive at once (a shard's tunnels and held requests), reused.
 #[derive(Default)]
 pub struct Signal {
     set: Cell<bool>,

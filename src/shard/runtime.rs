@@ -88,6 +88,9 @@ fn build_runtime() -> std::io::Result<(Runtime, Driver)> {
     Ok((runtime.into(), Driver::Epoll))
 }
 
+/// Connections the kernel queues for a shard before it accepts them.
+const LISTEN_BACKLOG: usize = 4096;
+
 /// Draining: how long the accept loop waits for one more connection from the backlog before it
 /// closes the listener.
 const BACKLOG_DRAIN_WAIT: Duration = Duration::from_millis(10);
@@ -127,7 +130,9 @@ async fn run(
     driver: Driver,
     started: std::sync::mpsc::Sender<Result<Driver, String>>,
 ) {
-    let options = ListenerOpts::new().reuse_port(true).backlog(4096);
+    let options = ListenerOpts::new()
+        .reuse_port(true)
+        .backlog(LISTEN_BACKLOG as i32);
     let listener = match TcpListener::bind_with_config(setup.http_address, &options) {
         Ok(listener) => listener,
         Err(error) => {
@@ -174,11 +179,15 @@ async fn run(
             // the process exits.
             Either::Right(()) => {
                 // Connections already in the backlog were accepted by the kernel: serve them
-                // rather than reset them when the listener closes.
-                while let Ok(Ok((stream, _))) =
-                    monoio::time::timeout(BACKLOG_DRAIN_WAIT, listener.accept()).await
-                {
-                    monoio::spawn(connection::serve(shard.clone(), stream));
+                // rather than reset them when the listener closes. At most a backlog's worth, so
+                // clients that keep connecting cannot hold the listener open.
+                for _ in 0..LISTEN_BACKLOG {
+                    match monoio::time::timeout(BACKLOG_DRAIN_WAIT, listener.accept()).await {
+                        Ok(Ok((stream, _))) => {
+                            monoio::spawn(connection::serve(shard.clone(), stream));
+                        }
+                        _ => break,
+                    }
                 }
                 drop(listener);
                 return std::future::pending().await;
