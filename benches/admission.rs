@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use criterion::{Criterion, criterion_group, criterion_main};
 use hivenet_router::limits::{
     BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota, Millis, ModelContext,
-    Usage,
+    UsedTokens,
 };
 use hivenet_router::shard::snapshot::ModelId;
 
@@ -79,7 +79,7 @@ fn admission(criterion: &mut Criterion) {
             Millis(now),
             DAY,
             admitted,
-            Usage {
+            UsedTokens {
                 input_tokens: 900,
                 output_tokens: 200,
             },
@@ -109,7 +109,7 @@ fn admission(criterion: &mut Criterion) {
                 Millis(now),
                 DAY,
                 admitted,
-                Usage {
+                UsedTokens {
                     input_tokens: 900,
                     output_tokens: 200,
                 },

@@ -49,7 +49,7 @@ use redb::{ReadableDatabase, TableDefinition};
 
 use crate::auth::keys::TenantId;
 use crate::limits::Day;
-use crate::shard::quotas::DailyRecord;
+use crate::shard::owner::quotas::DailyRecord;
 use crate::shard::snapshot::{Capability, ModelKey};
 
 /// The database file inside `--disk-db-path`.

@@ -71,7 +71,7 @@ impl Rejection {
 
     /// A per-key limit refused the request (`limits`): 429 with the kind's code and message, the
     /// `X-RateLimit-*` values, and `Retry-After` only where the kind has one (B4).
-    pub fn quota(refusal: &crate::limits::Rejection) -> Rejection {
+    pub fn quota(refusal: &crate::limits::LimitExceeded) -> Rejection {
         use crate::limits::RejectionKind;
         let daily = matches!(
             refusal.kind,
@@ -370,15 +370,15 @@ impl Rejection {
     /// The error as the final event of an SSE stream whose `200` head is already sent: OpenAI
     /// endpoints get `data: {"error":{...}}`, `/v1/messages` an Anthropic `error` event whose
     /// message starts with the code.
-    pub fn stream_event(&self, dialect: crate::api::Dialect) -> Vec<u8> {
+    pub fn stream_event(&self, dialect: crate::ids::Dialect) -> Vec<u8> {
         match dialect {
-            crate::api::Dialect::OpenAi => {
+            crate::ids::Dialect::OpenAi => {
                 let mut event = b"data: ".to_vec();
                 event.extend_from_slice(&self.body());
                 event.extend_from_slice(b"\n\n");
                 event
             }
-            crate::api::Dialect::Anthropic => {
+            crate::ids::Dialect::Anthropic => {
                 let kind = match self.status {
                     429 => "rate_limit_error",
                     503 | 529 => "overloaded_error",
@@ -477,11 +477,11 @@ mod tests {
     #[test]
     fn errors_after_a_committed_head_are_stream_events() {
         let waking = Rejection::model_waking("m", Waking::Expired);
-        let openai = waking.stream_event(crate::api::Dialect::OpenAi);
+        let openai = waking.stream_event(crate::ids::Dialect::OpenAi);
         let text = std::str::from_utf8(&openai).unwrap();
         assert!(text.starts_with("data: {\"error\":{\"code\":\"model_waking\""));
         assert!(text.ends_with("}}\n\n"));
-        let anthropic = waking.stream_event(crate::api::Dialect::Anthropic);
+        let anthropic = waking.stream_event(crate::ids::Dialect::Anthropic);
         let text = std::str::from_utf8(&anthropic).unwrap();
         let data = text
             .strip_prefix("event: error\ndata: ")

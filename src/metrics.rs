@@ -28,6 +28,10 @@ pub struct ShardMetrics {
     pub output_tokens_total: AtomicU64,
     pub usage_missing_total: AtomicU64,
     pub mesh_full_total: AtomicU64,
+    /// Messages to other shards waiting for room in a full ring (`shard::outbox`).
+    pub mesh_deferred: AtomicI64,
+    /// Messages to other shards dropped because the deferred queue was at its bound.
+    pub mesh_dropped_total: AtomicU64,
     pub tunnels_open: AtomicI64,
     /// Requests forwarded and not yet finished on this shard.
     pub in_flight: AtomicI64,
@@ -59,6 +63,10 @@ impl ShardMetrics {
     pub fn gauge(gauge: &AtomicI64, delta: i64) {
         gauge.fetch_add(delta, Ordering::Relaxed);
     }
+
+    pub fn set(gauge: &AtomicI64, value: i64) {
+        gauge.store(value, Ordering::Relaxed);
+    }
 }
 
 /// The `# HELP` and `# TYPE` lines of one metric family.
@@ -70,7 +78,7 @@ pub fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 /// Renders every shard's series.
 pub fn render_shards(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
     type Getter = fn(&ShardMetrics) -> i128;
-    let simple: [(&str, &str, &str, Getter); 16] = [
+    let simple: [(&str, &str, &str, Getter); 18] = [
         (
             "hivenet_shard_connections_accepted_total",
             "counter",
@@ -136,6 +144,18 @@ pub fn render_shards(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) 
             "counter",
             "Messages refused because a mesh ring was full.",
             |m| m.mesh_full_total.load(Ordering::Relaxed) as i128,
+        ),
+        (
+            "hivenet_shard_mesh_deferred",
+            "gauge",
+            "Messages to other shards waiting for room in a full mesh ring.",
+            |m| m.mesh_deferred.load(Ordering::Relaxed) as i128,
+        ),
+        (
+            "hivenet_shard_mesh_dropped_total",
+            "counter",
+            "Messages to other shards dropped because the deferred queue was at its bound.",
+            |m| m.mesh_dropped_total.load(Ordering::Relaxed) as i128,
         ),
         (
             "hivenet_shard_tunnels_open",

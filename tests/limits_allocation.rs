@@ -5,7 +5,7 @@ use std::cell::Cell;
 
 use hivenet_router::limits::{
     BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota, Millis, ModelContext,
-    Usage,
+    UsedTokens,
 };
 use hivenet_router::shard::snapshot::ModelId;
 
@@ -75,7 +75,7 @@ fn admit_and_settle_allocate_nothing() {
         match limits.admit(now, day, &model, estimate) {
             Ok(admission) => {
                 admitted += 1;
-                let usage = Usage {
+                let usage = UsedTokens {
                     input_tokens: 450,
                     output_tokens: 80,
                 };

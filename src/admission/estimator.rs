@@ -40,7 +40,7 @@
 use std::collections::HashMap;
 
 use crate::http::prompt::PromptShape;
-use crate::shard::snapshot::ModelId;
+use crate::ids::ModelId;
 
 /// Tokens a chat template adds around each message: the role header and the end-of-turn
 /// separator. Four sits in the range of common templates — OpenAI's cookbook counts 3 per message

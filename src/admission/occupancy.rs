@@ -2,7 +2,7 @@
 //! shard (seed `admission-control.md`, "B2: pool occupancy" and "B4: serverless key limits").
 //!
 //! Pure logic: no clock (the owner passes its monotonic [`Millis`]), no I/O. The owner keeps one
-//! [`Pool`] per model it owns, evaluates every admission against the [`Limits`] of that moment
+//! [`Occupancy`] per model it owns, evaluates every admission against the [`Limits`] of that moment
 //! (the policy's per-replica values scaled by the healthy replicas, recomputed per request), and
 //! applies the growth, exact-input true-up and release of each reservation as they arrive.
 //!
@@ -21,9 +21,9 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::auth::keys::KeyId;
+use crate::ids::KeyId;
+use crate::ids::Ticket;
 use crate::limits::Millis;
-use crate::routing::Ticket;
 
 /// Occupancy state that has held nothing for this long is dropped (seed, "Idle-state cleanup").
 pub const IDLE_DROP_MS: u64 = 15 * 60 * 1000;
@@ -86,7 +86,7 @@ impl Footprint {
 
 /// One admission asked of the pool.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Ask {
+pub struct Claim {
     pub ticket: Ticket,
     pub footprint: Footprint,
     pub key: KeyId,
@@ -94,7 +94,7 @@ pub struct Ask {
     pub share: f64,
 }
 
-impl Ask {
+impl Claim {
     fn share_limit(&self, limits: &Limits) -> Option<u64> {
         (self.share > 0.0 && limits.share_base_tokens > 0)
             .then(|| (self.share * limits.share_base_tokens as f64).floor() as u64)
@@ -104,18 +104,18 @@ impl Ask {
 /// Which gate refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
-    /// B2: the pool's token budget or request backstop (`429 concurrency_limit_exceeded`).
-    Pool,
+    /// B2: the model's token budget or request backstop (`429 concurrency_limit_exceeded`).
+    Budget,
     /// B4: the key's occupancy share (`429 rate_limit_exceeded`, at once).
     KeyShare,
 }
 
-/// What [`Pool::admit`] decided.
+/// What [`Occupancy::admit`] decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// Reserved; release it with [`Pool::release`].
+    /// Reserved; release it with [`Occupancy::release`].
     Admitted,
-    /// Does not fit B2 now: parked until its deadline (see [`Pool::admit_parked`]).
+    /// Does not fit B2 now: parked until its deadline (see [`Occupancy::admit_parked`]).
     Parked,
     Refused(Refusal),
 }
@@ -139,13 +139,13 @@ impl Held {
 
 #[derive(Debug, Clone, Copy)]
 struct Parked {
-    ask: Ask,
+    claim: Claim,
     deadline: Millis,
 }
 
 /// One model's occupancy.
 #[derive(Debug, Default)]
-pub struct Pool {
+pub struct Occupancy {
     tokens: u64,
     held: HashMap<Ticket, Held>,
     by_key: HashMap<KeyId, u64>,
@@ -154,11 +154,11 @@ pub struct Pool {
     last_busy: Millis,
 }
 
-impl Pool {
-    pub fn new(now: Millis) -> Pool {
-        Pool {
+impl Occupancy {
+    pub fn new(now: Millis) -> Occupancy {
+        Occupancy {
             last_busy: now,
-            ..Pool::default()
+            ..Occupancy::default()
         }
     }
 
@@ -186,21 +186,21 @@ impl Pool {
         &mut self,
         now: Millis,
         limits: &Limits,
-        ask: Ask,
+        claim: Claim,
         park_until: Option<Millis>,
     ) -> Verdict {
         // Nobody overtakes a parked request.
-        if !self.parked.is_empty() || !self.fits_pool(limits, &ask) {
+        if !self.parked.is_empty() || !self.fits_pool(limits, &claim) {
             return match park_until {
                 Some(deadline) if deadline > now => {
-                    self.parked.push_back(Parked { ask, deadline });
+                    self.parked.push_back(Parked { claim, deadline });
                     self.last_busy = now;
                     Verdict::Parked
                 }
-                _ => Verdict::Refused(Refusal::Pool),
+                _ => Verdict::Refused(Refusal::Budget),
             };
         }
-        match self.reserve_if_share_fits(now, limits, ask) {
+        match self.reserve_if_share_fits(now, limits, claim) {
             Ok(()) => Verdict::Admitted,
             Err(refusal) => Verdict::Refused(refusal),
         }
@@ -216,24 +216,24 @@ impl Pool {
     ) -> Vec<(Ticket, Result<(), Refusal>)> {
         let mut decided = Vec::new();
         while let Some(head) = self.parked.front() {
-            if !self.fits_pool(limits, &head.ask) {
+            if !self.fits_pool(limits, &head.claim) {
                 break;
             }
             let head = self.parked.pop_front().expect("front checked");
-            let reserved = self.reserve_if_share_fits(now, limits, head.ask);
-            decided.push((head.ask.ticket, reserved));
+            let reserved = self.reserve_if_share_fits(now, limits, head.claim);
+            decided.push((head.claim.ticket, reserved));
         }
         decided
     }
 
     /// Parked requests whose deadline has passed: refused by B2 (`429`, `Retry-After: 1`). The
-    /// requests behind them may fit now, so call [`Pool::admit_parked`] afterwards.
+    /// requests behind them may fit now, so call [`Occupancy::admit_parked`] afterwards.
     pub fn expire_parked(&mut self, now: Millis) -> Vec<Ticket> {
         let mut expired = Vec::new();
         self.parked.retain(|parked| {
             let keep = parked.deadline > now;
             if !keep {
-                expired.push(parked.ask.ticket);
+                expired.push(parked.claim.ticket);
             }
             keep
         });
@@ -251,7 +251,7 @@ impl Pool {
         match self
             .parked
             .iter()
-            .position(|parked| parked.ask.ticket == ticket)
+            .position(|parked| parked.claim.ticket == ticket)
         {
             Some(index) => {
                 self.parked.remove(index);
@@ -339,9 +339,9 @@ impl Pool {
             && now.0.saturating_sub(self.last_busy.0) >= IDLE_DROP_MS
     }
 
-    fn fits_pool(&self, limits: &Limits, ask: &Ask) -> bool {
+    fn fits_pool(&self, limits: &Limits, claim: &Claim) -> bool {
         let tokens_fit = limits.budget_tokens == 0
-            || self.tokens.saturating_add(ask.footprint.tokens()) <= limits.budget_tokens;
+            || self.tokens.saturating_add(claim.footprint.tokens()) <= limits.budget_tokens;
         let count_fits = limits.max_inflight == 0 || self.inflight() < limits.max_inflight;
         tokens_fit && count_fits
     }
@@ -350,30 +350,30 @@ impl Pool {
         &mut self,
         now: Millis,
         limits: &Limits,
-        ask: Ask,
+        claim: Claim,
     ) -> Result<(), Refusal> {
-        let footprint = ask.footprint.tokens();
-        let share_limit = ask.share_limit(limits);
+        let footprint = claim.footprint.tokens();
+        let share_limit = claim.share_limit(limits);
         if let Some(limit) = share_limit {
-            let used = self.by_key.get(&ask.key).copied().unwrap_or(0);
+            let used = self.by_key.get(&claim.key).copied().unwrap_or(0);
             if used.saturating_add(footprint) > limit {
                 return Err(Refusal::KeyShare);
             }
         }
         let keyed = share_limit.is_some();
         if keyed && footprint > 0 {
-            *self.by_key.entry(ask.key).or_insert(0) += footprint;
+            *self.by_key.entry(claim.key).or_insert(0) += footprint;
         }
         self.tokens = self.tokens.saturating_add(footprint);
         self.last_busy = now;
         let previous = self.held.insert(
-            ask.ticket,
+            claim.ticket,
             Held {
-                key: ask.key,
+                key: claim.key,
                 keyed,
-                input: ask.footprint.input_tokens,
-                output: ask.footprint.declared_output_tokens,
-                declared_output: ask.footprint.declared_output_tokens,
+                input: claim.footprint.input_tokens,
+                output: claim.footprint.declared_output_tokens,
+                declared_output: claim.footprint.declared_output_tokens,
                 touched: now,
             },
         );
@@ -391,8 +391,8 @@ mod tests {
         Ticket { shard: 0, sequence }
     }
 
-    fn ask(sequence: u64, input: u64, output: u64) -> Ask {
-        Ask {
+    fn claim(sequence: u64, input: u64, output: u64) -> Claim {
+        Claim {
             ticket: ticket(sequence),
             footprint: Footprint {
                 input_tokens: input,
@@ -422,24 +422,24 @@ mod tests {
     #[test]
     fn budget_and_backstop_refuse_without_park() {
         let limits = Limits::new(1.0, 100, 2, 1);
-        let mut pool = Pool::new(NOW);
+        let mut pool = Occupancy::new(NOW);
         assert_eq!(
-            pool.admit(NOW, &limits, ask(1, 60, 0), None),
+            pool.admit(NOW, &limits, claim(1, 60, 0), None),
             Verdict::Admitted
         );
         assert_eq!(
-            pool.admit(NOW, &limits, ask(2, 30, 20), None),
-            Verdict::Refused(Refusal::Pool)
+            pool.admit(NOW, &limits, claim(2, 30, 20), None),
+            Verdict::Refused(Refusal::Budget)
         );
         assert_eq!(
-            pool.admit(NOW, &limits, ask(3, 30, 10), None),
+            pool.admit(NOW, &limits, claim(3, 30, 10), None),
             Verdict::Admitted
         );
         assert_eq!(pool.tokens(), 100);
         // Budget full and backstop at 2.
         assert_eq!(
-            pool.admit(NOW, &limits, ask(4, 0, 0), None),
-            Verdict::Refused(Refusal::Pool)
+            pool.admit(NOW, &limits, claim(4, 0, 0), None),
+            Verdict::Refused(Refusal::Budget)
         );
         assert!(pool.release(NOW, ticket(1)));
         assert!(!pool.release(NOW, ticket(1)), "a second release is a no-op");
@@ -450,19 +450,19 @@ mod tests {
     #[test]
     fn parked_requests_are_admitted_in_order_when_room_frees() {
         let limits = Limits::new(1.0, 100, 0, 1);
-        let mut pool = Pool::new(NOW);
+        let mut pool = Occupancy::new(NOW);
         let until = Some(NOW.plus_ms(250));
         assert_eq!(
-            pool.admit(NOW, &limits, ask(1, 90, 0), until),
+            pool.admit(NOW, &limits, claim(1, 90, 0), until),
             Verdict::Admitted
         );
         assert_eq!(
-            pool.admit(NOW, &limits, ask(2, 50, 0), until),
+            pool.admit(NOW, &limits, claim(2, 50, 0), until),
             Verdict::Parked
         );
         // Fits on its own, but does not overtake request 2.
         assert_eq!(
-            pool.admit(NOW, &limits, ask(3, 5, 0), until),
+            pool.admit(NOW, &limits, claim(3, 5, 0), until),
             Verdict::Parked
         );
         assert!(pool.admit_parked(NOW, &limits).is_empty());
@@ -477,14 +477,14 @@ mod tests {
     #[test]
     fn park_deadline_expires_and_unblocks_those_behind() {
         let limits = Limits::new(1.0, 100, 0, 1);
-        let mut pool = Pool::new(NOW);
-        pool.admit(NOW, &limits, ask(1, 60, 0), None);
+        let mut pool = Occupancy::new(NOW);
+        pool.admit(NOW, &limits, claim(1, 60, 0), None);
         assert_eq!(
-            pool.admit(NOW, &limits, ask(2, 50, 0), Some(NOW.plus_ms(100))),
+            pool.admit(NOW, &limits, claim(2, 50, 0), Some(NOW.plus_ms(100))),
             Verdict::Parked
         );
         assert_eq!(
-            pool.admit(NOW, &limits, ask(3, 10, 0), Some(NOW.plus_ms(500))),
+            pool.admit(NOW, &limits, claim(3, 10, 0), Some(NOW.plus_ms(500))),
             Verdict::Parked
         );
         assert_eq!(pool.next_park_deadline(), Some(NOW.plus_ms(100)));
@@ -496,8 +496,8 @@ mod tests {
         );
         // A deadline already past refuses instead of parking.
         assert_eq!(
-            pool.admit(NOW, &limits, ask(4, 50, 0), Some(NOW)),
-            Verdict::Refused(Refusal::Pool)
+            pool.admit(NOW, &limits, claim(4, 50, 0), Some(NOW)),
+            Verdict::Refused(Refusal::Budget)
         );
     }
 
@@ -505,10 +505,10 @@ mod tests {
     fn key_share_refuses_at_once_and_ignores_the_admit_fraction() {
         // Budget 0.5 × 1000 = 500; share 0.25 × 1000 = 250 (no fraction).
         let limits = Limits::new(0.5, 1000, 0, 1);
-        let mut pool = Pool::new(NOW);
-        let shared = |sequence, input| Ask {
+        let mut pool = Occupancy::new(NOW);
+        let shared = |sequence, input| Claim {
             share: 0.25,
-            ..ask(sequence, input, 0)
+            ..claim(sequence, input, 0)
         };
         assert_eq!(
             pool.admit(NOW, &limits, shared(1, 200), None),
@@ -523,13 +523,13 @@ mod tests {
             Verdict::Admitted
         );
         // Another key is not affected by key 1's share.
-        let other = Ask {
+        let other = Claim {
             key: KeyId(2),
             ..shared(4, 251)
         };
         assert_eq!(
             pool.admit(NOW, &limits, other, None),
-            Verdict::Refused(Refusal::Pool)
+            Verdict::Refused(Refusal::Budget)
         );
         assert_eq!(
             pool.tokens(),
@@ -541,15 +541,15 @@ mod tests {
     #[test]
     fn growth_and_true_up_move_the_totals() {
         let limits = Limits::new(1.0, 1000, 0, 1);
-        let mut pool = Pool::new(NOW);
-        pool.admit(NOW, &limits, ask(1, 100, 0), None);
+        let mut pool = Occupancy::new(NOW);
+        pool.admit(NOW, &limits, claim(1, 100, 0), None);
         pool.grow(NOW, ticket(1), 30);
         assert_eq!(pool.tokens(), 130);
         pool.grow(NOW, ticket(1), 20);
         assert_eq!(pool.tokens(), 130, "growth never shrinks");
         pool.true_up(NOW, ticket(1), 80);
         assert_eq!(pool.tokens(), 110);
-        pool.admit(NOW, &limits, ask(2, 10, 50), None);
+        pool.admit(NOW, &limits, claim(2, 10, 50), None);
         pool.grow(NOW, ticket(2), 20);
         assert_eq!(pool.tokens(), 170, "declared output already covers 20");
         pool.release(NOW, ticket(1));
@@ -560,9 +560,9 @@ mod tests {
     #[test]
     fn reaper_releases_only_stale_reservations() {
         let limits = Limits::default();
-        let mut pool = Pool::new(NOW);
-        pool.admit(NOW, &limits, ask(1, 10, 0), None);
-        pool.admit(NOW.plus_ms(500), &limits, ask(2, 10, 0), None);
+        let mut pool = Occupancy::new(NOW);
+        pool.admit(NOW, &limits, claim(1, 10, 0), None);
+        pool.admit(NOW.plus_ms(500), &limits, claim(2, 10, 0), None);
         assert_eq!(pool.reap(NOW.plus_ms(1000), 1000), 1);
         assert!(pool.holds(ticket(2)));
         assert_eq!(pool.tokens(), 10);
@@ -570,8 +570,8 @@ mod tests {
 
     #[test]
     fn idle_after_fifteen_minutes_without_work() {
-        let mut pool = Pool::new(NOW);
-        pool.admit(NOW, &Limits::default(), ask(1, 10, 0), None);
+        let mut pool = Occupancy::new(NOW);
+        pool.admit(NOW, &Limits::default(), claim(1, 10, 0), None);
         assert!(!pool.is_idle(NOW.plus_ms(IDLE_DROP_MS * 2)));
         pool.release(NOW.plus_ms(10), ticket(1));
         assert!(!pool.is_idle(NOW.plus_ms(IDLE_DROP_MS)));
@@ -634,21 +634,21 @@ mod tests {
         #[test]
         fn idle_pool_returns_to_zero(ops in proptest::collection::vec(op(), 1..200)) {
             let limits = Limits::new(0.9, 1000, 5, 1);
-            let mut pool = Pool::new(Millis(0));
+            let mut pool = Occupancy::new(Millis(0));
             let mut now = Millis(0);
             let mut issued: Vec<Ticket> = Vec::new();
             for (sequence, op) in ops.into_iter().enumerate() {
                 match op {
                     Op::Admit { input, output, key, share, park } => {
                         let ticket = ticket(sequence as u64);
-                        let ask = Ask {
+                        let claim = Claim {
                             ticket,
                             footprint: Footprint { input_tokens: input, declared_output_tokens: output },
                             key: KeyId(key),
                             share: if share { 0.4 } else { 0.0 },
                         };
                         let park_until = park.then(|| now.plus_ms(100));
-                        pool.admit(now, &limits, ask, park_until);
+                        pool.admit(now, &limits, claim, park_until);
                         issued.push(ticket);
                     }
                     Op::Grow { which, output } => {

@@ -52,12 +52,7 @@ pub fn authorize_model(key: &KeyRecord, model: &str) -> Result<(), Rejection> {
     }
 }
 
-/// Wall-clock milliseconds for key expiry; the one clock read of this phase.
-pub fn now_unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_millis() as i64)
-}
+pub use crate::clock::now_unix_ms;
 
 /// What a request head says about its credentials, for [`on_head`].
 #[derive(Debug, Clone, Copy)]

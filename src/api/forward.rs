@@ -22,8 +22,10 @@ use crate::error::Rejection;
 use crate::http::fields::{PromptShape, RequestFields, request_with_include_usage};
 use crate::limits::Delivery;
 use crate::metrics::ShardMetrics;
+use crate::shard::guards::{QuotaHold, Slot};
 use crate::shard::latch::race;
-use crate::shard::state::{OccupancyUpdate, QuotaHold, Shard, Slot};
+use crate::shard::owner::OccupancyUpdate;
+use crate::shard::state::Shard;
 use crate::shard::tenants::{KeyLabels, Phase};
 use crate::usage::{self, AnthropicStreamScan, OpenAiEvent, OpenAiStreamScan, SseSplitter, Usage};
 
@@ -373,7 +375,7 @@ async fn buffer_back<S: Sink>(
             shard.deployment_of(Some(settling.slot.agent)),
             || shard.keys().get(key).map(KeyLabels::of),
         );
-        return Err(Rejection::quota(&crate::limits::Rejection {
+        return Err(Rejection::quota(&crate::limits::LimitExceeded {
             kind: crate::limits::RejectionKind::DailyTokens,
             model: settling.slot.model,
             limit: 0,

@@ -36,11 +36,10 @@ use crate::limits::RejectionKind;
 use crate::limits::{Estimate, ModelContext};
 use crate::metrics::ShardMetrics;
 use crate::routing::Ask as RouteAsk;
-use crate::shard::quotas::{Charge, has_token_phase};
+use crate::shard::guards::{Pending, QuotaHold};
+use crate::shard::owner::quotas::{Charge, has_token_phase};
 use crate::shard::snapshot::{Capability, ModelId};
-use crate::shard::state::{
-    Admit, HoldEnd, Pending, PoolAsk, QuotaHold, QuotaRefusal, RouteError, Shard,
-};
+use crate::shard::state::{Admit, HoldEnd, PoolAsk, QuotaRefusal, RouteError, Shard};
 use crate::shard::tenants::{KeyLabels, Phase, UNSET};
 use hold::{HoldSink, Keepalive};
 use sink::{ClientGone, Sink};
@@ -59,12 +58,7 @@ pub enum Route {
     Admin,
 }
 
-/// Which wire format a route's responses (and streams) use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dialect {
-    OpenAi,
-    Anthropic,
-}
+pub use crate::ids::Dialect;
 
 impl Route {
     pub fn capability(self) -> Capability {
@@ -621,7 +615,7 @@ async fn by_provider<S: Sink>(
 ) -> Result<u16, Outcome> {
     use crate::provider::{ProviderConfig, ProviderRequest};
     quota.settle(
-        crate::limits::Usage {
+        crate::limits::UsedTokens {
             input_tokens: estimate.input_tokens,
             output_tokens: 0,
         },

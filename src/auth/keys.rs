@@ -83,29 +83,7 @@ pub fn hash_key_hex(raw_key: &str) -> String {
     KeyHash::of_raw_key(raw_key.as_bytes()).to_hex()
 }
 
-/// A client key, as limits and metrics know it. See the module docs for how it is derived.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct KeyId(pub u32);
-
-impl KeyId {
-    /// The anonymous key of `api.mode: none`; never assigned to a real key.
-    pub const ANONYMOUS: KeyId = KeyId(0);
-}
-
-impl fmt::Display for KeyId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:08x}", self.0)
-    }
-}
-
-/// An owner (tenant), the scope of flat quota buckets. Derived from the owner string like
-/// [`KeyId`]; `TenantId(0)` is the anonymous tenant `default`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct TenantId(pub u32);
-
-impl TenantId {
-    pub const DEFAULT: TenantId = TenantId(0);
-}
+pub use crate::ids::{KeyId, TenantId};
 
 /// The tenant recorded for `api.mode: none` (as the reference's overview says).
 pub const ANONYMOUS_OWNER: &str = "default";
@@ -273,6 +251,9 @@ pub enum RegistryMode {
 /// An immutable snapshot of the client keys. Build a new one to change it.
 #[derive(Debug, Clone)]
 pub struct KeyRegistry {
+    /// Unique per build in this process (a clone keeps it: same keys): what a quota holder
+    /// compares to know whether its key's quota may have changed.
+    version: u64,
     mode: RegistryMode,
     records: Vec<KeyRecord>,
     by_hash: HashMap<KeyHash, u32>,
@@ -379,7 +360,9 @@ impl KeyRegistry {
                 hash: input.hash,
             });
         }
+        static BUILT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         KeyRegistry {
+            version: BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             mode,
             records,
             by_hash,
@@ -391,6 +374,11 @@ impl KeyRegistry {
 
     pub fn mode(&self) -> RegistryMode {
         self.mode
+    }
+
+    /// This registry's build number: a later build has a larger one.
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     /// Number of keys (the anonymous key is not counted).

@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use hivenet_router::audit::AuditLog;
 use hivenet_router::auth::config::ApiMode;
 use hivenet_router::auth::dynamic::DynamicRegistry;
+use hivenet_router::clock::utc_today;
 use hivenet_router::config::{EnvSettings, QuotaBackend, RouterArgs, listen_address};
 use hivenet_router::control::daily_flush::DailyFlush;
 use hivenet_router::control::policy_reload::{self, PolicyControl};
@@ -34,9 +35,9 @@ use hivenet_router::metrics::ShardMetrics;
 use hivenet_router::policy::PolicyContext;
 use hivenet_router::provider::{PoolSettings, ProviderEngine, ProviderPool, ProviderSettings};
 use hivenet_router::shard::mesh::Mesh;
-use hivenet_router::shard::quotas::DailyRestore;
+use hivenet_router::shard::owner::quotas::DailyRestore;
 use hivenet_router::shard::runtime::{self, ShardSetup};
-use hivenet_router::shard::state::{ShardSettings, owner_of_tenant, utc_today};
+use hivenet_router::shard::state::ShardSettings;
 use hivenet_router::tokens::Secret;
 use hivenet_router::tunnel::tls::{self, TunnelSecurity};
 
@@ -124,7 +125,7 @@ fn open_quota_store(
         })
         .collect();
     for record in records {
-        restores[owner_of_tenant(record.tenant, shard_count)]
+        restores[record.tenant.owner(shard_count)]
             .records
             .push(record);
     }

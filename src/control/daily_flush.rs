@@ -29,12 +29,12 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::auth::keys::TenantId;
+use crate::clock::utc_today;
 use crate::control::ControlShared;
 use crate::disk_db::DiskDb;
 use crate::limits::Day;
-use crate::shard::quotas::{DailyRecord, DailyTotal};
+use crate::shard::owner::quotas::{DailyRecord, DailyTotal};
 use crate::shard::snapshot::ModelKey;
-use crate::shard::state::utc_today;
 
 /// How often changed totals are written: the most a crash loses.
 pub const FLUSH_INTERVAL: Duration = Duration::from_secs(1);

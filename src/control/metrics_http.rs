@@ -169,7 +169,7 @@ fn render_pending_demand(out: &mut String, registry: &Registry, reports: &[Shard
 /// gauges per model from the model's owner shard, refusals per gate and model summed over the
 /// shards that decided them.
 fn render_admission(out: &mut String, registry: &Registry, reports: &[ShardReport]) {
-    type Gauge = fn(&crate::shard::state::PoolReport) -> u64;
+    type Gauge = fn(&crate::shard::owner::PoolReport) -> u64;
     let gauges: [(&str, &str, Gauge); 4] = [
         (
             "hivenet_admission_occupancy_tokens",

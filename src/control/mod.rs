@@ -265,7 +265,7 @@ impl ControlShared {
     /// Asks every shard for the daily totals that changed since its last report and waits for
     /// every answer: a total a shard hands out is no longer its to report, so none is given up
     /// on. A shard that has stopped answers nothing.
-    pub async fn daily_totals(&self) -> Vec<crate::shard::quotas::DailyTotal> {
+    pub async fn daily_totals(&self) -> Vec<crate::shard::owner::quotas::DailyTotal> {
         let mut answers = Vec::with_capacity(self.to_shards.len());
         for shard in &self.to_shards {
             let (reply, answer) = oneshot::channel();

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::routing::{AgentId, AgentProfile, EngineSignals, Generation};
-use crate::shard::snapshot::{Capability, ModelEntry, ModelId, ModelKey, RoutingSnapshot};
-use crate::shard::state::owner_of_model;
+use crate::ids::{AgentId, Capability, Generation, ModelId};
+use crate::routing::{AgentProfile, EngineSignals};
+use crate::shard::snapshot::{ModelEntry, ModelKey, RoutingSnapshot};
 use crate::sibling::map::SiblingMap;
 
 /// What an agent declared when it registered.
@@ -433,7 +433,7 @@ impl Registry {
                 *capability,
                 ModelEntry {
                     id: *id,
-                    owner_shard: owner_of_model(*id, self.shard_count),
+                    owner_shard: id.owner(self.shard_count),
                     healthy_agents: summary.healthy,
                     policy: policies.effective(name),
                     hold_budget: holds.get(id).copied(),
@@ -472,7 +472,7 @@ impl Registry {
                 *capability,
                 ModelEntry {
                     id,
-                    owner_shard: owner_of_model(id, self.shard_count),
+                    owner_shard: id.owner(self.shard_count),
                     healthy_agents: 0,
                     policy: policies.effective(name),
                     hold_budget: holds.get(&id).copied(),

@@ -20,9 +20,9 @@
 
 use std::collections::HashMap;
 
-use crate::auth::keys::KeyId;
-use crate::routing::Ticket;
-use crate::shard::snapshot::ModelId;
+use crate::ids::KeyId;
+use crate::ids::ModelId;
+use crate::ids::Ticket;
 
 /// The per-model hold limits a book enforces; each at least 1 (start-up refuses anything else).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -20,10 +20,10 @@
 use super::daily::DailyAdmission;
 use super::rate::RateDecision;
 use super::{
-    BurstSeconds, DailyBudget, Day, LIMIT_MAX, LimitsConfigError, Millis, Rejection, RejectionKind,
-    RequestRate, TOKEN_RATE_MODELS_MAX, TokenRate,
+    BurstSeconds, DailyBudget, Day, LIMIT_MAX, LimitExceeded, LimitsConfigError, Millis,
+    RejectionKind, RequestRate, TOKEN_RATE_MODELS_MAX, TokenRate,
 };
-use crate::shard::snapshot::ModelId;
+use crate::ids::ModelId;
 
 /// The flat quota shape: one budget for every model the key may call. `0` disables a field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -76,7 +76,7 @@ pub struct Estimate {
 
 /// Exact usage after the response (backend usage, or estimates where the backend gave none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Usage {
+pub struct UsedTokens {
     pub input_tokens: u64,
     pub output_tokens: u64,
 }
@@ -203,13 +203,13 @@ fn check_limit(field: &'static str, value: u64) -> Result<u64, LimitsConfigError
     Ok(value)
 }
 
-fn daily_rejection(model: ModelId, shortfall: super::daily::DailyShortfall) -> Rejection {
+fn daily_rejection(model: ModelId, shortfall: super::daily::DailyShortfall) -> LimitExceeded {
     let kind = if shortfall.because_of_max_output {
         RejectionKind::DailyTokensForMaxOutput
     } else {
         RejectionKind::DailyTokens
     };
-    Rejection {
+    LimitExceeded {
         kind,
         model,
         limit: shortfall.limit,
@@ -220,8 +220,8 @@ fn daily_rejection(model: ModelId, shortfall: super::daily::DailyShortfall) -> R
     }
 }
 
-fn not_in_quota(model: ModelId) -> Rejection {
-    Rejection {
+fn not_in_quota(model: ModelId) -> LimitExceeded {
+    LimitExceeded {
         kind: RejectionKind::ModelNotInQuota,
         model,
         limit: 0,
@@ -410,7 +410,7 @@ impl KeyLimits {
         &mut self,
         now: Millis,
         model: &ModelContext,
-    ) -> Result<RequestAdmission, Rejection> {
+    ) -> Result<RequestAdmission, LimitExceeded> {
         let (rate, scaled) = match &mut self.shape {
             Shape::Flat { requests, .. } => (requests.as_mut(), false),
             Shape::PerModel(models) => {
@@ -440,8 +440,11 @@ impl KeyLimits {
                 remaining_requests: None,
             }),
             Err(shortfall) => {
-                let mut rejection =
-                    Rejection::from_shortfall(RejectionKind::RequestRate, model.model, shortfall);
+                let mut rejection = LimitExceeded::from_shortfall(
+                    RejectionKind::RequestRate,
+                    model.model,
+                    shortfall,
+                );
                 rejection.remaining_requests = Some(0);
                 Err(rejection)
             }
@@ -454,7 +457,7 @@ impl KeyLimits {
         &mut self,
         now: Millis,
         model: ModelId,
-    ) -> Result<Option<usize>, Rejection> {
+    ) -> Result<Option<usize>, LimitExceeded> {
         if self.input_tokens_per_minute == 0 && self.output_tokens_per_minute == 0 {
             return Ok(None);
         }
@@ -470,7 +473,7 @@ impl KeyLimits {
         }
         if self.token_rates.len() >= TOKEN_RATE_MODELS_MAX {
             // Hundreds of models in use by one key within a minute: refuse rather than grow.
-            return Err(Rejection {
+            return Err(LimitExceeded {
                 kind: RejectionKind::InputTokenRate,
                 model,
                 limit: self.input_tokens_per_minute,
@@ -498,7 +501,7 @@ impl KeyLimits {
         day: Day,
         model: &ModelContext,
         estimate: Estimate,
-    ) -> Result<Admission, Rejection> {
+    ) -> Result<Admission, LimitExceeded> {
         if !self.covers(model.model) {
             return Err(not_in_quota(model.model));
         }
@@ -512,7 +515,7 @@ impl KeyLimits {
             let rates = &mut self.token_rates[index];
             if let Some(output) = rates.output.as_mut() {
                 output.check_not_drained(now).map_err(|shortfall| {
-                    Rejection::from_shortfall(
+                    LimitExceeded::from_shortfall(
                         RejectionKind::OutputTokenRate,
                         model.model,
                         shortfall,
@@ -523,7 +526,7 @@ impl KeyLimits {
                 input
                     .take(now, estimate.input_tokens)
                     .map_err(|shortfall| {
-                        Rejection::from_shortfall(
+                        LimitExceeded::from_shortfall(
                             RejectionKind::InputTokenRate,
                             model.model,
                             shortfall,
@@ -566,7 +569,7 @@ impl KeyLimits {
         day: Day,
         model: &ModelContext,
         estimate: Estimate,
-    ) -> Result<Admission, Rejection> {
+    ) -> Result<Admission, LimitExceeded> {
         let request = self.admit_request(now, model)?;
         match self.admit_tokens(now, day, model, estimate) {
             Ok(mut admission) => {
@@ -587,7 +590,7 @@ impl KeyLimits {
         now: Millis,
         day: Day,
         admission: Admission,
-        usage: Usage,
+        usage: UsedTokens,
         delivery: Delivery,
     ) -> Settlement {
         if delivery == Delivery::Provider {
@@ -766,7 +769,7 @@ impl KeyLimits {
     }
 
     /// Subtract usage another router published for one of this key's buckets (seed
-    /// `run-several-routers.md`, "How it works", step 2). Usage for a bucket this key does not
+    /// `run-several-routers.md`, "How it works", step 2). UsedTokens for a bucket this key does not
     /// have (its configuration differs, or the model is unlisted) is ignored.
     pub fn apply_remote(&mut self, now: Millis, bucket: BucketRef, amount: u64) {
         match bucket {
@@ -860,7 +863,7 @@ mod tests {
                 Millis(0),
                 MONDAY,
                 admission,
-                Usage::default(),
+                UsedTokens::default(),
                 Delivery::Streamed,
             );
         }
@@ -897,7 +900,7 @@ mod tests {
             Millis(0),
             MONDAY,
             admission,
-            Usage {
+            UsedTokens {
                 input_tokens: 100,
                 output_tokens: 10_000,
             },
@@ -983,7 +986,7 @@ mod tests {
             Millis(0),
             MONDAY,
             admission,
-            Usage {
+            UsedTokens {
                 input_tokens: 800,
                 output_tokens: 300,
             },
@@ -1018,7 +1021,7 @@ mod tests {
             Millis(0),
             MONDAY,
             admission,
-            Usage {
+            UsedTokens {
                 input_tokens: 900,
                 output_tokens: 200,
             },
@@ -1035,7 +1038,7 @@ mod tests {
             later,
             MONDAY,
             admission,
-            Usage {
+            UsedTokens {
                 input_tokens: 5,
                 output_tokens: 10_000,
             },
@@ -1104,7 +1107,7 @@ mod tests {
         let model = serverless(CHAT);
         for _ in 0..4 {
             let admission = key.admit(Millis(0), MONDAY, &model, estimate(100)).unwrap();
-            let usage = Usage {
+            let usage = UsedTokens {
                 input_tokens: 100,
                 output_tokens: 50,
             };
@@ -1247,7 +1250,7 @@ mod tests {
             Millis(2),
             TUESDAY,
             before_midnight,
-            Usage {
+            UsedTokens {
                 input_tokens: 700,
                 output_tokens: 100,
             },
@@ -1302,7 +1305,13 @@ mod tests {
                 next_key += 1;
                 let admission = key.admit(now, MONDAY, &serverless(CHAT), estimate(10));
                 let admission = admission.unwrap();
-                key.settle(now, MONDAY, admission, Usage::default(), Delivery::Streamed);
+                key.settle(
+                    now,
+                    MONDAY,
+                    admission,
+                    UsedTokens::default(),
+                    Delivery::Streamed,
+                );
             }
             if minute % 5 == 4 {
                 keys.retain(|_, key| !key.is_idle(now, MONDAY));
@@ -1384,7 +1393,7 @@ mod tests {
                 match outcome {
                     0 => key.cancel(admission),
                     _ => {
-                        let usage = Usage { input_tokens: exact_input, output_tokens: exact_output };
+                        let usage = UsedTokens { input_tokens: exact_input, output_tokens: exact_output };
                         key.settle(now, MONDAY, admission, usage, Delivery::Streamed);
                         exact_total += exact_input + exact_output;
                     }

@@ -6,7 +6,7 @@
 //! output-rate state and input tokens per minute, then daily token admission). It must not read a
 //! clock, do I/O, allocate on the admit path of a warmed key, or know about HTTP: the caller passes
 //! monotonic time ([`Millis`]) and the UTC day ([`Day`]) in, and gets decisions ([`Admission`],
-//! [`Rejection`], [`Settlement`]) back. `crate::error` turns a [`Rejection`] into a status, code,
+//! [`LimitExceeded`], [`Settlement`]) back. `crate::error` turns a [`LimitExceeded`] into a status, code,
 //! envelope and headers.
 //!
 //! # Key components
@@ -34,7 +34,7 @@
 //! - A rejected `admit_tokens` leaves every token bucket as it found it.
 //!
 //! # Error handling
-//! Refusals are [`Rejection`] values with `'static` messages; configuration errors are
+//! Refusals are [`LimitExceeded`] values with `'static` messages; configuration errors are
 //! [`LimitsConfigError`].
 //!
 //! # Performance
@@ -50,44 +50,13 @@ pub use bucket::{Bucket, Shortfall};
 pub use daily::{DailyAdmission, DailyBudget, DailySettlement, DailyShortfall};
 pub use key::{
     Admission, BucketRef, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota, ModelContext,
-    ModelQuota, RequestAdmission, Settlement, Usage,
+    ModelQuota, RequestAdmission, Settlement, UsedTokens,
 };
 pub use rate::{BurstSeconds, BurstSecondsError, RateDecision, RequestRate, TokenRate};
 
-use crate::shard::snapshot::ModelId;
+use crate::ids::ModelId;
 
-/// Monotonic time in milliseconds since an origin the caller picks (typically the shard's start).
-/// Never a wall clock: a wall-clock step must not refill or drain a bucket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Millis(pub u64);
-
-impl Millis {
-    pub fn from_seconds(seconds: u64) -> Millis {
-        Millis(seconds.saturating_mul(1000))
-    }
-
-    pub fn plus_ms(self, milliseconds: u64) -> Millis {
-        Millis(self.0.saturating_add(milliseconds))
-    }
-}
-
-/// A UTC calendar day: whole days since 1970-01-01 UTC. Daily budgets reset when it changes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Day(pub u32);
-
-pub const SECONDS_PER_DAY: u64 = 86_400;
-
-impl Day {
-    /// The UTC day containing `unix_seconds` (UTC has no leap-second days in Unix time).
-    pub fn from_unix_seconds(unix_seconds: u64) -> Day {
-        Day((unix_seconds / SECONDS_PER_DAY) as u32)
-    }
-
-    /// Seconds from `unix_seconds` to the next UTC midnight, for a daily budget's reset header.
-    pub fn seconds_until_next(unix_seconds: u64) -> u32 {
-        (SECONDS_PER_DAY - unix_seconds % SECONDS_PER_DAY) as u32
-    }
-}
+pub use crate::clock::{Day, Millis, SECONDS_PER_DAY};
 
 /// Largest configurable limit (per minute or per day) and the largest single charge, in tokens or
 /// requests. 2^40 (about 1.1 x 10^12) keeps the fixed-point bucket arithmetic inside `i64`.
@@ -137,7 +106,7 @@ impl RejectionKind {
 
     /// The documented message. `ModelNotInQuota`'s documented message names the model
     /// ("no quota declared for model X on this API key"); the error layer formats it from
-    /// [`Rejection::model`] on that configuration-error path.
+    /// [`LimitExceeded::model`] on that configuration-error path.
     pub fn message(self) -> &'static str {
         match self {
             RejectionKind::RequestRate => "rate limit exceeded",
@@ -165,7 +134,7 @@ impl RejectionKind {
 /// `X-RateLimit-Remaining-Requests` from `remaining_requests`, `X-RateLimit-Remaining-Tokens` from
 /// `remaining` when `kind` is a daily kind, `Retry-After` from `retry_after_seconds`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rejection {
+pub struct LimitExceeded {
     pub kind: RejectionKind,
     pub model: ModelId,
     /// The refusing bucket's limit (per minute, or per day), in requests or tokens.
@@ -181,9 +150,9 @@ pub struct Rejection {
     pub remaining_requests: Option<u64>,
 }
 
-impl Rejection {
-    fn from_shortfall(kind: RejectionKind, model: ModelId, shortfall: Shortfall) -> Rejection {
-        Rejection {
+impl LimitExceeded {
+    fn from_shortfall(kind: RejectionKind, model: ModelId, shortfall: Shortfall) -> LimitExceeded {
+        LimitExceeded {
             kind,
             model,
             limit: shortfall.limit,

@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::api::Dialect;
+use crate::ids::Dialect;
 use crate::usage::Usage;
 use chat::ChatRequest;
 pub use error::ProviderError;

@@ -635,7 +635,7 @@ mod tests {
         let request = |deadline| ProviderRequest {
             engine: ProviderEngine::OpenAi,
             model: "m".into(),
-            dialect: crate::api::Dialect::OpenAi,
+            dialect: crate::ids::Dialect::OpenAi,
             body: Bytes::from_static(br#"{"messages":[{"role":"user","content":"x"}]}"#),
             deadline,
             request_id: None,

@@ -31,16 +31,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 
-/// Dense agent index assigned by the control core; stable for the life of an agent session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct AgentId(pub u32);
-
-/// A request waiting for, or holding, a grant: the requesting shard and its per-shard sequence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Ticket {
-    pub shard: u16,
-    pub sequence: u64,
-}
+pub use crate::ids::{AgentId, Generation, Ticket};
 
 /// An agent's engine signals from its last routing signal; `None` where the engine reports none.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -92,12 +83,6 @@ impl StepFilter for AnyAgent {
         true
     }
 }
-
-/// One stay of an agent in the routing pool, from joining to leaving. The control core numbers
-/// every join of every agent (it outlives any model's state on a shard), so a slot granted in an
-/// earlier stay is told apart from one of the current stay.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Generation(pub u32);
 
 /// A slot granted on an agent, and the step that chose it. Release it with [`ModelRoutes::release`]
 /// exactly once.

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use crate::routing::{AgentId, Ticket};
-use crate::shard::snapshot::ModelId;
+use crate::ids::{AgentId, ModelId, Ticket};
+use crate::shard::owner::{Answer, Notice, Visit};
 
 /// Broadcast by the control core to every shard (each applies what it owns), except `Tunnel`,
 /// which goes to the one shard the agent dialed for.
@@ -63,7 +63,7 @@ pub enum ControlToShard {
     /// The persistence flush (`HIVENET_ROUTER_QUOTA_BACKEND=badger`, every second): the daily
     /// totals of this shard's quota holders that changed since the last report. Answered from
     /// the inbox; a report the control core no longer waits for is kept for the next one.
-    ReportDaily(tokio::sync::oneshot::Sender<Vec<crate::shard::quotas::DailyTotal>>),
+    ReportDaily(tokio::sync::oneshot::Sender<Vec<crate::shard::owner::quotas::DailyTotal>>),
 }
 
 /// A shard's answer to [`ControlToShard::Report`].
@@ -104,115 +104,14 @@ pub struct AdminReply {
     pub body: Vec<u8>,
 }
 
-/// What a model's owner finally answers to an acquire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    Granted(crate::routing::Grant),
-    /// The pool gates passed and occupancy is reserved under the ticket (no slot asked for yet).
-    Reserved,
-    QueueFull,
-    NoAgents,
-    /// B3: the pool's engine signals breach `shed_if`.
-    Shed,
-    /// B2: the pool stayed full for the park timeout.
-    PoolFull,
-    /// B4: the key's occupancy share is in use.
-    KeyShare,
-    /// B2: the request is larger than the pool's whole budget (asked to be refused at once).
-    PoolTooSmall,
-}
-
-/// What a model's owner answers to a [`ShardToShard::Hold`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HoldAnswer {
-    /// An agent serves the model now (it was there already, or it just registered): go on.
-    Awake,
-    /// A per-model hold limit is reached: `503 model_waking` at once.
-    Full,
-}
-
-/// Between shards over the SPSC mesh.
+/// Between shards over the SPSC mesh: a request's visit to an owner, the owner's answer, and
+/// the one-way notices that give back what a request held (`shard::owner`).
 #[derive(Debug)]
 pub enum ShardToShard {
-    /// Requester -> quota owner: check (and charge) the key's limits for one request.
-    QuotaAdmit {
-        ticket: Ticket,
-        key: crate::auth::keys::KeyId,
-        model: crate::limits::ModelContext,
-        charge: crate::shard::quotas::Charge,
-    },
-    /// Quota owner -> requester: the answer; an admission must later be settled or cancelled.
-    QuotaDecided {
-        sequence: u64,
-        tenant: crate::auth::keys::TenantId,
-        result: crate::shard::state::QuotaAnswer,
-    },
-    /// Requester -> quota owner: the request is over; charge exact usage, or give back.
-    QuotaRelease(crate::shard::quotas::Release),
-    /// Requester -> quota owner: settle a non-streamed answer before it is delivered, and say
-    /// whether its output still fits the daily budget.
-    QuotaSettle {
-        ticket: Ticket,
-        tenant: crate::auth::keys::TenantId,
-        admission: crate::limits::Admission,
-        usage: crate::limits::Usage,
-    },
-    /// Quota owner -> requester: the settlement (`None`: the holder is gone; deliver).
-    QuotaSettled {
-        sequence: u64,
-        settlement: Option<crate::limits::Settlement>,
-    },
-    /// Requester -> owner: pass the pool gates (`pool`, reserving occupancy under the ticket)
-    /// and/or find an agent slot (`slot`) for `model`.
-    Acquire {
-        ticket: Ticket,
-        model: ModelId,
-        pool: Option<crate::shard::state::PoolRequest>,
-        /// `Some`: find a slot, from this step on, avoiding these agents.
-        slot: Option<crate::routing::Ask>,
-    },
-    /// Requester -> owner: the request gave up waiting (timeout, client left); whatever the
-    /// ticket holds or waits for at the owner goes.
-    Cancel { ticket: Ticket, model: ModelId },
-    /// Requester -> owner: the request is finished with its slot and its reservation.
-    Release {
-        model: ModelId,
-        grant: crate::routing::Grant,
-        ticket: Ticket,
-    },
-    /// Requester -> owner: the request ends before it got a slot; its reservation goes.
-    ReleaseReservation { model: ModelId, ticket: Ticket },
-    /// Requester -> owner: a reserved request's output so far, or its exact input.
-    Occupancy {
-        model: ModelId,
-        ticket: Ticket,
-        update: crate::shard::state::OccupancyUpdate,
-    },
-    /// Requester -> owner: hold the request until an agent for `model` registers (hold at zero),
-    /// counting it in the model's pending demand and against the per-model hold limits.
-    Hold {
-        ticket: Ticket,
-        model: ModelId,
-        key: Option<crate::auth::keys::KeyId>,
-        client: Option<crate::hold::ClientId>,
-    },
-    /// Owner -> requester: how the hold went (at once, or when the model woke).
-    HoldAnswered { sequence: u64, answer: HoldAnswer },
-    /// Requester -> owner: the request leaves the hold book (it got a slot, was answered, or its
-    /// client left); also withdraws a hold that is still waiting.
-    HoldLeave { ticket: Ticket, model: ModelId },
-    /// Requester -> the nonce's owner: spend a redirect token (single use per router).
-    SpendToken {
-        ticket: Ticket,
-        nonce: [u8; 16],
-        expires_unix_ms: i64,
-    },
-    /// Owner -> requester: whether the token was fresh (first use).
-    TokenSpent { sequence: u64, fresh: bool },
-    /// Owner -> requester: the final answer for a ticket (`model` lets an unwanted grant go back).
-    Decided {
-        sequence: u64,
-        decision: Decision,
-        model: ModelId,
-    },
+    /// Requester -> owner.
+    Visit { ticket: Ticket, visit: Visit },
+    /// Owner -> requester (`ticket.shard`).
+    Answer { ticket: Ticket, answer: Answer },
+    /// Requester -> owner.
+    Notice(Notice),
 }

@@ -13,16 +13,20 @@
 
 pub mod connection;
 pub mod guard;
+pub mod guards;
 pub mod h2c;
+pub mod inbox;
 pub mod latch;
 pub mod lifecycle;
 pub mod mesh;
 pub mod messages;
-pub mod quotas;
+pub mod outbox;
+pub mod owner;
 pub mod runtime;
 pub mod snapshot;
 pub mod state;
 pub mod tenants;
+pub mod visit;
 
 /// The maps a shard looks up on every request, keyed by the router's own ids (models, agents,
 /// tickets, keys): foldhash, seeded per process, instead of the standard library's SipHash.

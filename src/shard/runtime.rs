@@ -35,7 +35,7 @@ pub struct ShardSetup {
     pub admin_access: Arc<crate::auth::admin::AdminAccess>,
     /// `HIVENET_ROUTER_QUOTA_BACKEND=badger`: today's persisted totals of the tenants this shard
     /// owns (`tenant % count`); `None` with the `memory` backend.
-    pub daily_restore: Option<crate::shard::quotas::DailyRestore>,
+    pub daily_restore: Option<crate::shard::owner::quotas::DailyRestore>,
     /// This shard's end of the audit log.
     pub audit: Option<crate::audit::AuditSender>,
     pub inbox: mpsc::UnboundedReceiver<ControlToShard>,
@@ -159,7 +159,11 @@ async fn run(
     if let Some(restore) = setup.daily_restore {
         shard.restore_daily(restore);
     }
-    monoio::spawn(shard.clone().run_control_inbox(setup.inbox));
+    monoio::spawn(
+        shard
+            .clone()
+            .run_control_inbox(setup.inbox, crate::tunnel::client::start),
+    );
     monoio::spawn(shard.clone().run_mesh());
     let cleaner = shard.clone();
     monoio::spawn(async move {

@@ -7,39 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-/// Dense model index, assigned by the control core the first time a (name, capability) is seen and
-/// never reused in this process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ModelId(pub u32);
-
-/// What an agent serves a model for. The router combines name and capability to pick an agent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Capability {
-    Llm = 0,
-    Embedding = 1,
-    Reranker = 2,
-}
-
-impl Capability {
-    pub const ALL: [Capability; 3] = [Capability::Llm, Capability::Embedding, Capability::Reranker];
-
-    pub fn parse(text: &str) -> Option<Capability> {
-        match text {
-            "llm" => Some(Capability::Llm),
-            "embedding" => Some(Capability::Embedding),
-            "reranker" => Some(Capability::Reranker),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Capability::Llm => "llm",
-            Capability::Embedding => "embedding",
-            Capability::Reranker => "reranker",
-        }
-    }
-}
+pub use crate::ids::{Capability, ModelId};
 
 /// A model as operators name it: its name and the capability it is served for. Unlike a
 /// [`ModelId`] (assigned per process), it means the same model after a restart.

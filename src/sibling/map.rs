@@ -56,7 +56,7 @@ use serde::de::{self, IgnoredAny, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::shard::snapshot::Capability;
+use crate::ids::Capability;
 
 /// Most sites a map may list. Bounds the memory of a push before it is refused.
 pub const MAX_SITES: usize = 1024;

@@ -65,6 +65,24 @@ fn wrap(socket: std::net::TcpStream) -> std::io::Result<Io> {
 
 /// A plaintext tunnel whose preamble the control core accepted. `_permit` is the connection's
 /// place under `--p2p-max-conns-per-ip`, given back when this task (and so the tunnel) ends.
+/// Starts serving a tunnel socket the control core handed `shard` (the shard's tunnel starter).
+pub fn start(shard: &Rc<Shard>, socket: crate::shard::inbox::TunnelSocket) {
+    use crate::shard::inbox::TunnelSocket;
+    let generation = shard.new_tunnel_generation();
+    match socket {
+        TunnelSocket::Plain {
+            agent,
+            socket,
+            permit,
+        } => {
+            monoio::spawn(run(shard.clone(), agent, generation, socket, permit));
+        }
+        TunnelSocket::Secure { socket, permit } => {
+            monoio::spawn(run_secure(shard.clone(), generation, socket, permit));
+        }
+    }
+}
+
 pub async fn run(
     shard: Rc<Shard>,
     agent: AgentId,

@@ -7,7 +7,8 @@
 //! "for this owner and model". Keys of one owner with different quotas share the buckets; the
 //! limits follow the quota of the key that last used them (a rebuild keeps the usage).
 //!
-//! Time: the shard passes `now` in; `Millis` count from the shard's start, `Day` is the UTC day.
+//! Pure: no I/O, no clock. Time comes in as `Millis` (the process's monotonic origin) and `Day`
+//! (the UTC day).
 //!
 //! Persistence (`HIVENET_ROUTER_QUOTA_BACKEND=badger`, off with `memory`): at start-up
 //! [`Quotas::restore`] receives today's totals the disk database holds for the tenants this shard
@@ -19,22 +20,22 @@
 //! of this adds work to admission or settlement: restoring happens where a holder is built anyway.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use crate::auth::config::Quota;
-use crate::auth::keys::{KeyRecord, KeyRegistry, TenantId};
+use crate::auth::keys::{KeyRecord, KeyRegistry};
+use crate::ids::{Capability, KeyId, ModelId, TenantId};
 use crate::limits::{
-    Admission, BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota, Millis,
-    ModelContext, ModelQuota, Rejection, Usage,
+    Admission, BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota,
+    LimitExceeded, Millis, ModelContext, ModelQuota, UsedTokens,
 };
-use crate::shard::snapshot::{Capability, ModelId, ModelKey, RoutingSnapshot};
+use crate::shard::snapshot::{ModelKey, RoutingSnapshot};
 
 /// Which key configuration and model table a holder's limits were built from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Built {
-    registry: usize,
+    registry_version: u64,
     snapshot_version: u64,
-    key: crate::auth::keys::KeyId,
+    key: KeyId,
 }
 
 struct Holder {
@@ -280,12 +281,12 @@ impl Quotas {
         &mut self,
         now: Millis,
         day: Day,
-        registry: &Arc<KeyRegistry>,
+        registry: &KeyRegistry,
         snapshot: &RoutingSnapshot,
-        key: crate::auth::keys::KeyId,
+        key: KeyId,
         model: &ModelContext,
         charge: Charge,
-    ) -> Result<Admitted, Rejection> {
+    ) -> Result<Admitted, LimitExceeded> {
         let Some(record) = registry.get(key) else {
             // The key vanished in a reload between authentication and here: nothing to count.
             return Ok(Admitted::default());
@@ -329,7 +330,7 @@ impl Quotas {
         day: Day,
         tenant: TenantId,
         admission: Admission,
-        usage: Usage,
+        usage: UsedTokens,
         delivery: Delivery,
     ) -> Option<crate::limits::Settlement> {
         self.holders
@@ -377,12 +378,12 @@ impl Quotas {
         &mut self,
         now: Millis,
         day: Day,
-        registry: &Arc<KeyRegistry>,
+        registry: &KeyRegistry,
         snapshot: &RoutingSnapshot,
         record: &KeyRecord,
     ) -> Option<&mut Holder> {
         let built = Built {
-            registry: Arc::as_ptr(registry) as usize,
+            registry_version: registry.version(),
             snapshot_version: snapshot.version,
             key: record.key_id,
         };
@@ -422,7 +423,7 @@ pub enum Release {
     Settle {
         tenant: TenantId,
         admission: Admission,
-        usage: Usage,
+        usage: UsedTokens,
         delivery: Delivery,
     },
     Cancel {
@@ -439,6 +440,7 @@ mod tests {
     use crate::auth::config::AuthConfig;
     use crate::auth::keys::AuthOutcome;
     use crate::shard::snapshot::ModelEntry;
+    use std::sync::Arc;
 
     const MONDAY: Day = Day(20_000);
     const TUESDAY: Day = Day(20_001);
@@ -528,12 +530,12 @@ api:
     fn admit(
         quotas: &mut Quotas,
         day: Day,
-        registry: &Arc<KeyRegistry>,
+        registry: &KeyRegistry,
         snapshot: &RoutingSnapshot,
         raw: &str,
         model: u32,
         input_tokens: u64,
-    ) -> Result<Admitted, Rejection> {
+    ) -> Result<Admitted, LimitExceeded> {
         let key_id = key(registry, raw).key_id;
         quotas.admit(
             Millis(0),
@@ -544,6 +546,30 @@ api:
             &context(model),
             tokens(input_tokens),
         )
+    }
+
+    /// A reload that changes a key's quota reaches its holder even when the new registry sits
+    /// where the old one was freed: the holder compares registry versions, not addresses.
+    #[test]
+    fn a_reloaded_quota_applies_whatever_address_the_new_registry_has() {
+        let snapshot = snapshot(1, &["chat"]);
+        let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+        let first = registry();
+        let first_version = first.version();
+        assert!(admit(&mut quotas, MONDAY, &first, &snapshot, "sk-flat", 0, 900).is_ok());
+        drop(first);
+        // The same key with a daily budget of 100 tokens instead of 1000.
+        let text = AUTH
+            .replace("HASH_FLAT", &crate::auth::keys::hash_key_hex("sk-flat"))
+            .replace(
+                "HASH_PER_MODEL",
+                &crate::auth::keys::hash_key_hex("sk-permodel"),
+            )
+            .replace("tokens_per_day: 1000", "tokens_per_day: 100");
+        let second = KeyRegistry::from_config(&AuthConfig::from_yaml(&text).expect("auth.yaml"));
+        assert!(second.version() > first_version);
+        // 900 used of 1000 left room for 50 more; the reloaded budget of 100 has none.
+        assert!(admit(&mut quotas, MONDAY, &second, &snapshot, "sk-flat", 0, 50).is_err());
     }
 
     #[test]

@@ -1,0 +1,439 @@
+//! What a shard owns, as pure state machines: the models whose id maps to it ([`Models`]), the
+//! quota holders of the tenants whose id maps to it ([`Quotas`]), and the redirect tokens whose
+//! nonce maps to it ([`SpentTokens`]).
+//!
+//! A request asks an owner through a [`Visit`] and gets one [`Answer`]; what it holds there it
+//! gives back with a [`Notice`]. [`Owner::serve`] and [`Owner::notice`] are the owner's whole
+//! side, whether the requester is this shard (called inline) or another (over the mesh): no
+//! operation is written twice.
+//!
+//! Pure: no I/O, no channel, no clock. Time comes in through a [`Clock`] that is read only when
+//! an operation needs it; an answer for the visiting ticket is returned, answers for other
+//! tickets (grants after a release, parked tickets that fit now, held requests a new agent wakes)
+//! are left in [`Effects`] for the caller to deliver. Unit tests and proptests drive it in
+//! virtual time (`tests.rs`).
+
+pub mod models;
+pub mod quotas;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use crate::admission::Reason;
+use crate::auth::keys::KeyRegistry;
+use crate::clock::{Clock, Millis};
+use crate::hold::{ClientId, HoldLimits};
+use crate::ids::{AgentId, Generation, KeyId, ModelId, TenantId, Ticket};
+use crate::limits::{Admission, BurstSeconds, Delivery, ModelContext, Settlement, UsedTokens};
+use crate::routing::{AgentProfile, Ask, EngineSignals, Grant};
+use crate::shard::snapshot::RoutingSnapshot;
+use crate::sibling::token::SpentTokens;
+
+pub use models::{Decision, HoldAnswer, Models, OccupancyUpdate, PoolReport, PoolRequest};
+pub use quotas::{Admitted, Charge, Quotas, Release};
+
+/// What the quota owner answers: an admission to settle later, or the limit that refused.
+pub type QuotaAnswer = Result<Admitted, crate::limits::LimitExceeded>;
+
+/// A request's question to one owner.
+#[derive(Debug)]
+pub enum Visit {
+    /// Pass the pool gates (`pool`, reserving occupancy under the ticket) and/or find an agent
+    /// slot (`slot`: from this step on, avoiding these agents).
+    Acquire {
+        model: ModelId,
+        pool: Option<PoolRequest>,
+        slot: Option<Ask>,
+    },
+    /// Hold the request until an agent for `model` registers (hold at zero), counting it in the
+    /// model's pending demand and against the per-model hold limits.
+    Hold {
+        model: ModelId,
+        key: Option<KeyId>,
+        client: Option<ClientId>,
+    },
+    /// Check (and charge) the key's limits for one request.
+    Quota {
+        tenant: TenantId,
+        key: KeyId,
+        model: ModelContext,
+        charge: Charge,
+    },
+    /// Settle a non-streamed answer before it is delivered: does its output still fit the daily
+    /// budget?
+    Settle {
+        tenant: TenantId,
+        admission: Admission,
+        usage: UsedTokens,
+    },
+    /// Spend a redirect token (single use per router).
+    SpendToken {
+        nonce: [u8; 16],
+        expires_unix_ms: i64,
+    },
+}
+
+impl Visit {
+    /// The shard that answers this visit.
+    pub fn owner(&self, shards: usize) -> usize {
+        match self {
+            Visit::Acquire { model, .. } | Visit::Hold { model, .. } => model.owner(shards),
+            Visit::Quota { tenant, .. } | Visit::Settle { tenant, .. } => tenant.owner(shards),
+            Visit::SpendToken { nonce, .. } => token_owner(nonce, shards),
+        }
+    }
+
+    /// What the owner must be told when the visitor stops waiting (timeout, client gone), so the
+    /// ticket holds no queue place and no occupancy there. A hold is left by its `Pending`
+    /// guard; the other visits hold nothing while unanswered.
+    pub fn withdrawal(&self, ticket: Ticket) -> Option<Notice> {
+        match *self {
+            Visit::Acquire { model, .. } => Some(Notice::Cancel { ticket, model }),
+            _ => None,
+        }
+    }
+}
+
+/// An owner's one answer to a [`Visit`].
+#[derive(Debug)]
+pub enum Answer {
+    /// To an acquire (`model` lets an unwanted grant go back).
+    Decided {
+        model: ModelId,
+        decision: Decision,
+    },
+    Held(HoldAnswer),
+    Quota {
+        tenant: TenantId,
+        result: QuotaAnswer,
+    },
+    /// `None`: the holder is gone; deliver.
+    Settled(Option<Settlement>),
+    /// Whether the token was fresh (first use).
+    TokenSpent(bool),
+}
+
+impl Answer {
+    pub fn decided(model: ModelId, decision: Decision) -> Answer {
+        Answer::Decided { model, decision }
+    }
+
+    /// What an answer that found nobody waiting leaves to give back: a grant, a reservation, a
+    /// quota charge.
+    pub fn unwanted(self, ticket: Ticket) -> Option<Notice> {
+        match self {
+            Answer::Decided {
+                model,
+                decision: Decision::Granted(grant),
+            } => Some(Notice::Release {
+                model,
+                grant,
+                ticket,
+            }),
+            Answer::Decided {
+                model,
+                decision: Decision::Reserved,
+            } => Some(Notice::ReleaseReservation { model, ticket }),
+            Answer::Quota {
+                tenant,
+                result:
+                    Ok(Admitted {
+                        admission: Some(admission),
+                        ..
+                    }),
+            } => Some(Notice::Quota(Release::Cancel { tenant, admission })),
+            _ => None,
+        }
+    }
+}
+
+/// One-way news from a requester to an owner: the request gives back what it held.
+#[derive(Debug)]
+pub enum Notice {
+    /// The request gave up waiting; whatever the ticket holds or waits for at the owner goes.
+    Cancel { ticket: Ticket, model: ModelId },
+    /// The request is finished with its slot and its reservation.
+    Release {
+        model: ModelId,
+        grant: Grant,
+        ticket: Ticket,
+    },
+    /// The request ends before it got a slot; its reservation goes.
+    ReleaseReservation { model: ModelId, ticket: Ticket },
+    /// A reserved request's output so far, or its exact input.
+    Occupancy {
+        model: ModelId,
+        ticket: Ticket,
+        update: OccupancyUpdate,
+    },
+    /// The request leaves the hold book (it got a slot, was answered, or its client left).
+    HoldLeave { ticket: Ticket, model: ModelId },
+    /// The request is over: charge exact usage, or give back.
+    Quota(Release),
+}
+
+impl Notice {
+    /// The shard this notice is for.
+    pub fn owner(&self, shards: usize) -> usize {
+        match self {
+            Notice::Cancel { model, .. }
+            | Notice::Release { model, .. }
+            | Notice::ReleaseReservation { model, .. }
+            | Notice::Occupancy { model, .. }
+            | Notice::HoldLeave { model, .. } => model.owner(shards),
+            Notice::Quota(Release::Settle { tenant, .. } | Release::Cancel { tenant, .. }) => {
+                tenant.owner(shards)
+            }
+        }
+    }
+}
+
+/// The shard that keeps a redirect token's nonce.
+pub fn token_owner(nonce: &[u8; 16], shards: usize) -> usize {
+    usize::from(nonce[0]) % shards
+}
+
+/// What an owner operation leaves for its caller besides its direct answer. Reused across
+/// operations: [`Effects::take`] hands the answers over and keeps the buffer.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// Answers for tickets other than the one served, in the order they were decided.
+    pub answers: Vec<(Ticket, Answer)>,
+    /// Tickets parked (B2), for `hivenet_admission_parked_total`; something to expire later.
+    pub parked: u64,
+    /// Tickets queued for capacity, for `hivenet_shard_queued_total`.
+    pub queued: u64,
+    /// Models that woke with held requests, and how many each released (for the log).
+    pub woke: Vec<(ModelId, usize)>,
+}
+
+impl Effects {
+    pub fn answer(&mut self, ticket: Ticket, answer: Answer) {
+        self.answers.push((ticket, answer));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.answers.is_empty() && self.parked == 0 && self.queued == 0 && self.woke.is_empty()
+    }
+}
+
+/// The owner settings every shard is built with.
+#[derive(Debug, Clone, Copy)]
+pub struct OwnerSettings {
+    pub shard: usize,
+    pub shards: usize,
+    pub queue_depth: usize,
+    pub admit_fraction: f64,
+    pub hold_limits: HoldLimits,
+    pub rpm_burst: BurstSeconds,
+}
+
+/// Everything one shard owns, and its view of the configuration it decides against.
+pub struct Owner {
+    shard: usize,
+    shards: usize,
+    pub models: Models,
+    pub quotas: Quotas,
+    spent_tokens: SpentTokens,
+    keys: Arc<KeyRegistry>,
+    snapshot: Arc<RoutingSnapshot>,
+}
+
+impl Owner {
+    pub fn new(settings: OwnerSettings, keys: Arc<KeyRegistry>) -> Owner {
+        Owner {
+            shard: settings.shard,
+            shards: settings.shards,
+            models: Models::new(
+                settings.queue_depth,
+                settings.admit_fraction,
+                settings.hold_limits,
+            ),
+            quotas: Quotas::new(settings.rpm_burst),
+            spent_tokens: SpentTokens::new(),
+            keys,
+            snapshot: RoutingSnapshot::empty(),
+        }
+    }
+
+    /// Answers a visit for `ticket` now, or `None` when the ticket waits (parked, queued, held)
+    /// and its answer will come through [`Effects`].
+    pub fn serve(
+        &mut self,
+        clock: &impl Clock,
+        ticket: Ticket,
+        visit: Visit,
+        effects: &mut Effects,
+    ) -> Option<Answer> {
+        debug_assert_eq!(
+            visit.owner(self.shards),
+            self.shard,
+            "visit at the wrong owner"
+        );
+        match visit {
+            Visit::Acquire { model, pool, slot } => self
+                .models
+                .acquire(clock.now(), ticket, model, pool, slot, effects)
+                .map(|decision| Answer::decided(model, decision)),
+            Visit::Hold { model, key, client } => self
+                .models
+                .hold(ticket, model, key, client)
+                .map(Answer::Held),
+            Visit::Quota {
+                tenant,
+                key,
+                model,
+                charge,
+            } => {
+                let result = self.quotas.admit(
+                    clock.now(),
+                    clock.today(),
+                    &self.keys,
+                    &self.snapshot,
+                    key,
+                    &model,
+                    charge,
+                );
+                Some(Answer::Quota { tenant, result })
+            }
+            Visit::Settle {
+                tenant,
+                admission,
+                usage,
+            } => Some(Answer::Settled(self.quotas.settle(
+                clock.now(),
+                clock.today(),
+                tenant,
+                admission,
+                usage,
+                Delivery::Buffered,
+            ))),
+            Visit::SpendToken {
+                nonce,
+                expires_unix_ms,
+            } => Some(Answer::TokenSpent(self.spent_tokens.spend(
+                nonce,
+                expires_unix_ms,
+                clock.unix_ms(),
+            ))),
+        }
+    }
+
+    /// Applies a requester's notice. Idempotent per ticket: a release that arrives twice (a
+    /// cancel racing a release) takes nothing from another request.
+    pub fn notice(&mut self, clock: &impl Clock, notice: Notice, effects: &mut Effects) {
+        match notice {
+            Notice::Cancel { ticket, model } => {
+                self.models.cancel(clock.now(), ticket, model, effects)
+            }
+            Notice::Release {
+                model,
+                grant,
+                ticket,
+            } => self
+                .models
+                .release(clock.now(), model, grant, ticket, effects),
+            Notice::ReleaseReservation { model, ticket } => {
+                self.models
+                    .release_reservation(clock.now(), model, ticket, effects)
+            }
+            Notice::Occupancy {
+                model,
+                ticket,
+                update,
+            } => self
+                .models
+                .update_occupancy(clock.now(), model, ticket, update, effects),
+            Notice::HoldLeave { ticket, .. } => self.models.leave_hold(ticket),
+            Notice::Quota(Release::Settle {
+                tenant,
+                admission,
+                usage,
+                delivery,
+            }) => {
+                let _ = self.quotas.settle(
+                    clock.now(),
+                    clock.today(),
+                    tenant,
+                    admission,
+                    usage,
+                    delivery,
+                );
+            }
+            Notice::Quota(Release::Cancel { tenant, admission }) => {
+                self.quotas.cancel(tenant, admission)
+            }
+        }
+    }
+
+    // ----- the control core's news -----
+
+    /// A new routing snapshot: owned models route by their current steps.
+    pub fn set_snapshot(&mut self, snapshot: Arc<RoutingSnapshot>, effects: &mut Effects) {
+        self.snapshot = snapshot;
+        self.models.set_steps(&self.snapshot, effects);
+    }
+
+    pub fn set_keys(&mut self, keys: Arc<KeyRegistry>) {
+        self.keys = keys;
+    }
+
+    pub fn snapshot(&self) -> &RoutingSnapshot {
+        &self.snapshot
+    }
+
+    pub fn agent_up(
+        &mut self,
+        now: Millis,
+        agent: AgentId,
+        generation: Generation,
+        models: &[ModelId],
+        capacity: u32,
+        profile: &Arc<AgentProfile>,
+        effects: &mut Effects,
+    ) {
+        let (shard, shards) = (self.shard, self.shards);
+        let owned = models.iter().copied().filter(|m| m.owner(shards) == shard);
+        self.models.agent_up(
+            now,
+            &self.snapshot,
+            agent,
+            generation,
+            owned,
+            capacity,
+            profile,
+            effects,
+        );
+    }
+
+    pub fn agent_down(
+        &mut self,
+        now: Millis,
+        agent: AgentId,
+        models: &[ModelId],
+        effects: &mut Effects,
+    ) {
+        let (shard, shards) = (self.shard, self.shards);
+        let owned = models.iter().copied().filter(|m| m.owner(shards) == shard);
+        self.models.agent_down(now, agent, owned, effects);
+    }
+
+    pub fn signal(
+        &mut self,
+        agent: AgentId,
+        models: &[ModelId],
+        in_flight: u32,
+        engine: EngineSignals,
+        effects: &mut Effects,
+    ) {
+        let (shard, shards) = (self.shard, self.shards);
+        let owned = models.iter().copied().filter(|m| m.owner(shards) == shard);
+        self.models.signal(agent, owned, in_flight, engine, effects);
+    }
+
+    /// The refusals decided here, by model and gate.
+    pub fn rejections(&self) -> impl Iterator<Item = (ModelId, Reason, u64)> + '_ {
+        self.models.rejections()
+    }
+}

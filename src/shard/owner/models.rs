@@ -1,0 +1,557 @@
+//! The models a shard owns (`model id % shards`): each one's routes (agents, capacity queue),
+//! occupancy (B2 budget, B4 shares, parked tickets) and hold book (hold at zero).
+//!
+//! Pure: no I/O, no clock, no channel. Time comes in as [`Millis`]; an answer for the ticket
+//! being served is returned, and answers for other tickets (a grant after a release, a parked
+//! ticket that now fits, held requests a new agent wakes) go to the [`Effects`] the caller
+//! delivers.
+
+use std::sync::Arc;
+
+use crate::admission::Reason;
+use crate::admission::occupancy::{Claim, Limits, Occupancy, Refusal, Verdict};
+use crate::clock::Millis;
+use crate::hold::{ClientId, HoldBook, HoldLimits, HoldRefusal};
+use crate::ids::{AgentId, Generation, KeyId, ModelId, Ticket};
+use crate::policy::ModelPolicy;
+use crate::routing::{
+    Acquire, AgentProfile, AnyAgent, Ask, EngineSignals, Grant, ModelRoutes, StepFilter,
+};
+use crate::shard::IdMap;
+use crate::shard::owner::{Answer, Effects};
+use crate::shard::snapshot::RoutingSnapshot;
+
+/// What a model's owner finally answers to an acquire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Granted(Grant),
+    /// The pool gates passed and occupancy is reserved under the ticket (no slot asked for yet).
+    Reserved,
+    QueueFull,
+    NoAgents,
+    /// B3: the pool's engine signals breach `shed_if`.
+    Shed,
+    /// B2: the pool stayed full for the park timeout.
+    PoolFull,
+    /// B4: the key's occupancy share is in use.
+    KeyShare,
+    /// B2: the request is larger than the pool's whole budget (asked to be refused at once).
+    PoolTooSmall,
+}
+
+impl Decision {
+    /// The admission gate that refused, for `hivenet_admission_rejections_total`.
+    fn gate(self) -> Option<Reason> {
+        match self {
+            Decision::Shed => Some(Reason::B3),
+            Decision::PoolFull | Decision::PoolTooSmall => Some(Reason::B2),
+            Decision::KeyShare => Some(Reason::B4Occupancy),
+            Decision::Granted(_) | Decision::Reserved | Decision::QueueFull => None,
+            Decision::NoAgents => None,
+        }
+    }
+}
+
+/// What a model's owner answers to a hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldAnswer {
+    /// An agent serves the model now (it was there already, or it just registered): go on.
+    Awake,
+    /// A per-model hold limit is reached: `503 model_waking` at once.
+    Full,
+}
+
+/// A pool admission on its way to the owner: B3, then B2 (parking until `park_until`), then the
+/// B4 share.
+#[derive(Debug, Clone)]
+pub struct PoolRequest {
+    pub claim: Claim,
+    pub policy: Arc<ModelPolicy>,
+    /// Park until then when B2 does not fit; `None`: refuse at once (park timeout 0).
+    pub park_until: Option<Millis>,
+    /// Refuse at once a request larger than the pool's whole budget instead of parking it (a
+    /// request released by a wake parks up to its hold budget, too long to wait for nothing).
+    pub refuse_oversize: bool,
+}
+
+/// A change to a reservation while its request runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OccupancyUpdate {
+    /// Output tokens streamed so far.
+    Output(u64),
+    /// The backend's exact input count.
+    ExactInput(u64),
+}
+
+/// The admission gauges of one model this shard owns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolReport {
+    pub model: ModelId,
+    pub occupancy_tokens: u64,
+    pub budget_tokens: u64,
+    pub inflight: u64,
+    pub max_inflight: u64,
+}
+
+/// One model's occupancy on its owner, with the latest policy seen for it.
+struct ModelOccupancy {
+    occupancy: Occupancy,
+    policy: Arc<ModelPolicy>,
+    /// Parked tickets, and the slot each asked for as well (`None`: a reservation only).
+    parked_for_slot: IdMap<Ticket, Option<Ask>>,
+}
+
+/// Everything this shard owns about its models.
+pub struct Models {
+    queue_depth: usize,
+    /// `HIVENET_ROUTER_ADMIT_FRACTION`: the share of `admit_budget_tokens` B2 admits.
+    admit_fraction: f64,
+    routes: IdMap<ModelId, ModelRoutes>,
+    occupancy: IdMap<ModelId, ModelOccupancy>,
+    holds: HoldBook,
+    /// Refusals decided here, by model and gate.
+    rejections: IdMap<(ModelId, Reason), u64>,
+}
+
+impl Models {
+    pub fn new(queue_depth: usize, admit_fraction: f64, hold_limits: HoldLimits) -> Models {
+        Models {
+            queue_depth,
+            admit_fraction,
+            routes: IdMap::default(),
+            occupancy: IdMap::default(),
+            holds: HoldBook::new(hold_limits),
+            rejections: IdMap::default(),
+        }
+    }
+
+    // ----- a request's visits -----
+
+    /// The pool gates (when asked), then a slot (when asked). `None`: the ticket waits, parked
+    /// or queued, and its answer comes later through `effects`.
+    pub fn acquire(
+        &mut self,
+        now: Millis,
+        ticket: Ticket,
+        model: ModelId,
+        pool: Option<PoolRequest>,
+        slot: Option<Ask>,
+        effects: &mut Effects,
+    ) -> Option<Decision> {
+        if let Some(request) = pool {
+            // B3: the pool's averaged engine signals against `shed_if`; missing signals pass.
+            if !request.policy.shed_if.is_empty()
+                && request.policy.shed_if.fails(&self.pool_signals(model))
+            {
+                return Some(self.refused(model, Decision::Shed));
+            }
+            let limits = self.limits(model, &request.policy);
+            if request.refuse_oversize && !limits.could_ever_fit(&request.claim.footprint) {
+                return Some(self.refused(model, Decision::PoolTooSmall));
+            }
+            let owned = self
+                .occupancy
+                .entry(model)
+                .or_insert_with(|| ModelOccupancy {
+                    occupancy: Occupancy::new(now),
+                    policy: request.policy.clone(),
+                    parked_for_slot: IdMap::default(),
+                });
+            owned.policy = request.policy;
+            match owned
+                .occupancy
+                .admit(now, &limits, request.claim, request.park_until)
+            {
+                Verdict::Admitted => {}
+                Verdict::Parked => {
+                    owned.parked_for_slot.insert(ticket, slot);
+                    effects.parked += 1;
+                    return None;
+                }
+                Verdict::Refused(Refusal::Budget) => {
+                    return Some(self.refused(model, Decision::PoolFull));
+                }
+                Verdict::Refused(Refusal::KeyShare) => {
+                    return Some(self.refused(model, Decision::KeyShare));
+                }
+            }
+        }
+        match slot {
+            None => Some(Decision::Reserved),
+            Some(ask) => self.slot(now, ticket, model, &ask, effects),
+        }
+    }
+
+    /// The ticket gave up waiting: it leaves the park and capacity queues, and its reservation
+    /// goes.
+    pub fn cancel(&mut self, now: Millis, ticket: Ticket, model: ModelId, effects: &mut Effects) {
+        if let Some(routes) = self.routes.get_mut(&model) {
+            routes.cancel(ticket);
+        }
+        if let Some(owned) = self.occupancy.get_mut(&model)
+            && owned.occupancy.cancel_parked(ticket)
+        {
+            owned.parked_for_slot.remove(&ticket);
+        }
+        self.release_reservation(now, model, ticket, effects);
+    }
+
+    /// The request is finished with its slot and its reservation.
+    pub fn release(
+        &mut self,
+        now: Millis,
+        model: ModelId,
+        grant: Grant,
+        ticket: Ticket,
+        effects: &mut Effects,
+    ) {
+        self.release_reservation(now, model, ticket, effects);
+        if let Some(routes) = self.routes.get_mut(&model) {
+            let grants = routes.release(grant);
+            deliver(model, grants, effects);
+        }
+    }
+
+    /// The request's reservation goes (it ends before it got a slot). Idempotent per ticket.
+    pub fn release_reservation(
+        &mut self,
+        now: Millis,
+        model: ModelId,
+        ticket: Ticket,
+        effects: &mut Effects,
+    ) {
+        let released = self
+            .occupancy
+            .get_mut(&model)
+            .is_some_and(|owned| owned.occupancy.release(now, ticket));
+        if released {
+            self.retry_parked(now, model, effects);
+        }
+    }
+
+    /// A reserved request's output so far, or its exact input.
+    pub fn update_occupancy(
+        &mut self,
+        now: Millis,
+        model: ModelId,
+        ticket: Ticket,
+        update: OccupancyUpdate,
+        effects: &mut Effects,
+    ) {
+        let Some(owned) = self.occupancy.get_mut(&model) else {
+            return;
+        };
+        match update {
+            OccupancyUpdate::Output(tokens) => owned.occupancy.grow(now, ticket, tokens),
+            OccupancyUpdate::ExactInput(tokens) => {
+                owned.occupancy.true_up(now, ticket, tokens);
+                self.retry_parked(now, model, effects);
+            }
+        }
+    }
+
+    /// Hold at zero: holds the request until an agent for `model` registers. `None`: it is
+    /// held; [`HoldAnswer::Awake`] reaches it through `effects` when the model wakes.
+    pub fn hold(
+        &mut self,
+        ticket: Ticket,
+        model: ModelId,
+        key: Option<KeyId>,
+        client: Option<ClientId>,
+    ) -> Option<HoldAnswer> {
+        if self.healthy_agents(model) > 0 {
+            // An agent registered since the requester looked: nothing to wait for.
+            return Some(HoldAnswer::Awake);
+        }
+        match self.holds.hold(ticket, model, key, client) {
+            Ok(()) => None,
+            Err(HoldRefusal::Full) => Some(HoldAnswer::Full),
+        }
+    }
+
+    /// The request leaves the hold book (it got a slot, was answered, or its client left).
+    pub fn leave_hold(&mut self, ticket: Ticket) {
+        self.holds.finish(ticket);
+    }
+
+    // ----- the pool's agents -----
+
+    /// An agent joined the pool of `models` (those this shard owns): queued tickets may get it,
+    /// parked ones may fit the raised limits, held ones wake.
+    #[allow(clippy::too_many_arguments)]
+    pub fn agent_up(
+        &mut self,
+        now: Millis,
+        snapshot: &RoutingSnapshot,
+        agent: AgentId,
+        generation: Generation,
+        models: impl Iterator<Item = ModelId>,
+        capacity: u32,
+        profile: &Arc<AgentProfile>,
+        effects: &mut Effects,
+    ) {
+        for model in models {
+            let queue_depth = self.queue_depth;
+            let grants = self
+                .routes
+                .entry(model)
+                .or_insert_with(|| {
+                    let mut routes = ModelRoutes::new(queue_depth);
+                    let _ = routes.set_steps(steps_of(snapshot, model));
+                    routes
+                })
+                .agent_up(agent, generation, capacity, profile.clone());
+            deliver(model, grants, effects);
+            self.retry_parked(now, model, effects);
+            self.wake_held(model, effects);
+        }
+    }
+
+    /// An agent left the pool: tickets queued for it alone get `NoAgents` and their
+    /// reservations go (as for any acquire that ends without a slot); a model with no agent and
+    /// nothing waiting is forgotten.
+    pub fn agent_down(
+        &mut self,
+        now: Millis,
+        agent: AgentId,
+        models: impl Iterator<Item = ModelId>,
+        effects: &mut Effects,
+    ) {
+        for model in models {
+            let Some(routes) = self.routes.get_mut(&model) else {
+                continue;
+            };
+            let failed = routes.agent_down(agent);
+            if routes.agent_count() == 0 && routes.is_idle() {
+                self.routes.remove(&model);
+            }
+            for ticket in failed {
+                self.release_reservation(now, model, ticket, effects);
+                effects.answer(ticket, Answer::decided(model, Decision::NoAgents));
+            }
+        }
+    }
+
+    /// The agent's own count of requests in flight, from every router, and its engine signals.
+    pub fn signal(
+        &mut self,
+        agent: AgentId,
+        models: impl Iterator<Item = ModelId>,
+        in_flight: u32,
+        engine: EngineSignals,
+        effects: &mut Effects,
+    ) {
+        for model in models {
+            if let Some(routes) = self.routes.get_mut(&model) {
+                let grants = routes.signal(agent, in_flight, engine);
+                deliver(model, grants, effects);
+            }
+        }
+    }
+
+    /// Policies may have changed: every owned model routes by its current steps.
+    pub fn set_steps(&mut self, snapshot: &RoutingSnapshot, effects: &mut Effects) {
+        for (model, routes) in self.routes.iter_mut() {
+            let grants = routes.set_steps(steps_of(snapshot, *model));
+            deliver(*model, grants, effects);
+        }
+    }
+
+    // ----- time passing -----
+
+    /// Refuses parked tickets whose park timeout passed, admits those that fit now; returns the
+    /// next park deadline, if anything is still parked.
+    pub fn expire_parked(&mut self, now: Millis, effects: &mut Effects) -> Option<Millis> {
+        let mut models = Vec::with_capacity(self.occupancy.len());
+        for (model, owned) in self.occupancy.iter_mut() {
+            for ticket in owned.occupancy.expire_parked(now) {
+                owned.parked_for_slot.remove(&ticket);
+                *self.rejections.entry((*model, Reason::B2)).or_insert(0) += 1;
+                effects.answer(ticket, Answer::decided(*model, Decision::PoolFull));
+            }
+            models.push(*model);
+        }
+        for model in models {
+            self.retry_parked(now, model, effects);
+        }
+        self.next_park_deadline()
+    }
+
+    pub fn next_park_deadline(&self) -> Option<Millis> {
+        self.occupancy
+            .values()
+            .filter_map(|owned| owned.occupancy.next_park_deadline())
+            .min()
+    }
+
+    /// Releases reservations untouched for `max_idle_ms` (their release was lost) and drops idle
+    /// occupancy state; returns how many it released.
+    pub fn reap(&mut self, now: Millis, max_idle_ms: u64) -> usize {
+        let mut reaped = 0;
+        self.occupancy.retain(|_, owned| {
+            reaped += owned.occupancy.reap(now, max_idle_ms);
+            !owned.occupancy.is_idle(now)
+        });
+        reaped
+    }
+
+    // ----- reports -----
+
+    pub fn pool_reports(&self) -> Vec<PoolReport> {
+        self.occupancy
+            .iter()
+            .map(|(model, owned)| {
+                let limits = self.limits(*model, &owned.policy);
+                PoolReport {
+                    model: *model,
+                    occupancy_tokens: owned.occupancy.tokens(),
+                    budget_tokens: limits.budget_tokens,
+                    inflight: owned.occupancy.inflight(),
+                    max_inflight: limits.max_inflight,
+                }
+            })
+            .collect()
+    }
+
+    pub fn rejections(&self) -> impl Iterator<Item = (ModelId, Reason, u64)> + '_ {
+        self.rejections
+            .iter()
+            .map(|(&(model, reason), &count)| (model, reason, count))
+    }
+
+    /// The capacity-queue length of every model this shard owns.
+    pub fn queues(&self) -> Vec<(ModelId, u32)> {
+        self.routes
+            .iter()
+            .map(|(model, routes)| (*model, routes.queue_len() as u32))
+            .collect()
+    }
+
+    /// Hold at zero: the pending demand of every model with any.
+    pub fn pending_demand(&self) -> Vec<(ModelId, u32)> {
+        self.holds.demand().collect()
+    }
+
+    // ----- inside -----
+
+    /// The capacity part, for a ticket that passed (or skipped) the pool gates.
+    fn slot(
+        &mut self,
+        now: Millis,
+        ticket: Ticket,
+        model: ModelId,
+        ask: &Ask,
+        effects: &mut Effects,
+    ) -> Option<Decision> {
+        let acquired = match self.routes.get_mut(&model) {
+            Some(routes) => routes.acquire_from(ticket, ask),
+            None => Acquire::NoAgents,
+        };
+        let decision = match acquired {
+            Acquire::Granted(grant) => return Some(Decision::Granted(grant)),
+            Acquire::Queued => {
+                effects.queued += 1;
+                return None;
+            }
+            Acquire::QueueFull => Decision::QueueFull,
+            Acquire::NoAgents => Decision::NoAgents,
+        };
+        self.release_reservation(now, model, ticket, effects);
+        Some(decision)
+    }
+
+    /// Admits the parked tickets of `model` that fit now and decides each.
+    fn retry_parked(&mut self, now: Millis, model: ModelId, effects: &mut Effects) {
+        let healthy = self.healthy_agents(model);
+        let Some(owned) = self.occupancy.get_mut(&model) else {
+            return;
+        };
+        if owned.occupancy.parked_len() == 0 {
+            return;
+        }
+        let limits = Limits::new(
+            self.admit_fraction,
+            owned.policy.admit_budget_tokens,
+            u64::from(owned.policy.max_inflight),
+            healthy,
+        );
+        let admitted = owned.occupancy.admit_parked(now, &limits);
+        let admitted: Vec<_> = admitted
+            .into_iter()
+            .map(|(ticket, result)| {
+                let slot = owned.parked_for_slot.remove(&ticket).flatten();
+                (ticket, result, slot)
+            })
+            .collect();
+        for (ticket, result, slot) in admitted {
+            let decision = match (result, slot) {
+                (Err(_), _) => Some(self.refused(model, Decision::KeyShare)),
+                (Ok(()), None) => Some(Decision::Reserved),
+                (Ok(()), Some(ask)) => self.slot(now, ticket, model, &ask, effects),
+            };
+            if let Some(decision) = decision {
+                effects.answer(ticket, Answer::decided(model, decision));
+            }
+        }
+    }
+
+    /// Releases every request held for `model` (an agent for it registered), oldest first.
+    fn wake_held(&mut self, model: ModelId, effects: &mut Effects) {
+        let woken = self.holds.held_for(model);
+        if woken.is_empty() {
+            return;
+        }
+        effects.woke.push((model, woken.len()));
+        for ticket in woken {
+            self.holds.release(ticket);
+            effects.answer(ticket, Answer::Held(HoldAnswer::Awake));
+        }
+    }
+
+    fn refused(&mut self, model: ModelId, decision: Decision) -> Decision {
+        if let Some(gate) = decision.gate() {
+            *self.rejections.entry((model, gate)).or_insert(0) += 1;
+        }
+        decision
+    }
+
+    /// The model's engine signals averaged over its agents, for B3.
+    fn pool_signals(&self, model: ModelId) -> crate::policy::Signals {
+        let engine = self
+            .routes
+            .get(&model)
+            .map(|routes| routes.pool_signals())
+            .unwrap_or_default();
+        crate::policy::Signals::of_engine(&engine)
+    }
+
+    fn healthy_agents(&self, model: ModelId) -> u32 {
+        self.routes
+            .get(&model)
+            .map_or(0, |routes| routes.agent_count() as u32)
+    }
+
+    fn limits(&self, model: ModelId, policy: &ModelPolicy) -> Limits {
+        Limits::new(
+            self.admit_fraction,
+            policy.admit_budget_tokens,
+            u64::from(policy.max_inflight),
+            self.healthy_agents(model),
+        )
+    }
+}
+
+/// Grants made by a model's routes, as answers to their tickets.
+fn deliver(model: ModelId, grants: Vec<(Ticket, Grant)>, effects: &mut Effects) {
+    for (ticket, grant) in grants {
+        effects.answer(ticket, Answer::decided(model, Decision::Granted(grant)));
+    }
+}
+
+/// The routing steps of `model` under the snapshot's policy.
+fn steps_of(snapshot: &RoutingSnapshot, model: ModelId) -> Arc<dyn StepFilter> {
+    match snapshot.policy_of(model) {
+        Some(policy) => policy.clone(),
+        None => Arc::new(AnyAgent),
+    }
+}

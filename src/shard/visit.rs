@@ -1,0 +1,441 @@
+//! The requester's side: one path for every visit to an owner, one waiter table, and the
+//! request-facing operations built on it (a slot, a reservation, a hold, a quota charge, a
+//! redirect token).
+//!
+//! [`Shard::visit`] serves a visit inline when this shard is the owner (the same
+//! `Owner::serve` another shard runs when the visit arrives over the mesh). An answer that
+//! comes at once is returned without a waiter; otherwise the ticket waits in `waiters` until the
+//! owner answers, the deadline passes or the caller's future is dropped. Whatever way the wait
+//! ends, the [`Visiting`] guard takes the waiter out and tells the owner to withdraw the ticket;
+//! an answer that finds no waiter gives back what it granted ([`Answer::unwanted`]).
+
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::Either;
+use tokio::sync::oneshot;
+
+use crate::auth::keys::KeyRecord;
+use crate::clock::SystemClock;
+use crate::hold::ClientId;
+use crate::ids::{KeyId, ModelId, TenantId, Ticket};
+use crate::limits::{Admission, ModelContext, Settlement, UsedTokens};
+use crate::metrics::ShardMetrics;
+use crate::routing::Ask;
+use crate::shard::guards::{Pending, QuotaHold, Reservation, Slot};
+use crate::shard::latch::race;
+use crate::shard::messages::ShardToShard;
+use crate::shard::owner::{
+    Admitted, Answer, Charge, Decision, Notice, PoolRequest, Release, Visit,
+};
+use crate::shard::snapshot::ModelEntry;
+use crate::shard::state::{Admit, HoldEnd, PoolAsk, QuotaRefusal, RouteError, Shard};
+
+/// Why a visit ended without an answer.
+#[derive(Debug)]
+pub enum Unanswered {
+    /// The ring to the owner is full, or this shard's deferred queue is congested; the visit
+    /// is handed back untouched.
+    MeshFull(Visit),
+    /// The deadline passed first.
+    Timeout,
+    /// The router's drain ended first.
+    Ending,
+    /// The waiter was dropped without an answer (cannot happen while the shard runs).
+    Dropped,
+}
+
+impl Shard {
+    /// One visit to the owner of `visit`: its answer, now or when the owner decides, waiting at
+    /// most until `deadline` (and, with `ends_with_drain`, no longer than the router's drain).
+    pub(super) async fn visit(
+        self: &Rc<Self>,
+        ticket: Ticket,
+        visit: Visit,
+        deadline: Instant,
+        ends_with_drain: bool,
+    ) -> Result<Answer, Unanswered> {
+        let owner = visit.owner(self.count);
+        let withdrawal = visit.withdrawal(ticket);
+        let answer = if owner == self.id {
+            let now = self.with_owner_serving(ticket, visit);
+            match now {
+                Ok(answer) => return Ok(answer),
+                Err(answer) => answer,
+            }
+        } else {
+            if self.outbox.borrow().is_congested() {
+                ShardMetrics::add(&self.metrics.mesh_full_total, 1);
+                return Err(Unanswered::MeshFull(visit));
+            }
+            let answer = self.await_answer(ticket);
+            let sent = self
+                .outbox
+                .borrow_mut()
+                .send(owner, ShardToShard::Visit { ticket, visit });
+            if let Err(message) = sent {
+                ShardMetrics::add(&self.metrics.mesh_full_total, 1);
+                self.waiters.borrow_mut().remove(&ticket.sequence);
+                let ShardToShard::Visit { visit, .. } = message else {
+                    unreachable!("the outbox hands back what it was given")
+                };
+                return Err(Unanswered::MeshFull(visit));
+            }
+            answer
+        };
+        // From here the ticket waits (here or at the owner): if this future is dropped (the
+        // client left) or times out, the guard withdraws it.
+        let mut visiting = Visiting {
+            shard: self,
+            ticket,
+            withdrawal,
+            armed: true,
+        };
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let answered = if ends_with_drain {
+            match race(monoio::time::timeout(wait, answer), self.lifecycle.ending()).await {
+                Either::Left(answered) => answered,
+                Either::Right(()) => return Err(Unanswered::Ending),
+            }
+        } else {
+            monoio::time::timeout(wait, answer).await
+        };
+        match answered {
+            Ok(Ok(answer)) => {
+                visiting.armed = false;
+                Ok(answer)
+            }
+            Ok(Err(_)) => {
+                visiting.armed = false;
+                Err(Unanswered::Dropped)
+            }
+            Err(_) => Err(Unanswered::Timeout),
+        }
+    }
+
+    /// Serves a visit at this shard's own owner: the answer now, or the receiver its answer will
+    /// reach (registered before anything the visit decided for others is delivered).
+    fn with_owner_serving(
+        self: &Rc<Self>,
+        ticket: Ticket,
+        visit: Visit,
+    ) -> Result<Answer, oneshot::Receiver<Answer>> {
+        let answered = {
+            let mut owner = self.owner.borrow_mut();
+            let mut effects = self.effects.borrow_mut();
+            owner.serve(&SystemClock, ticket, visit, &mut effects)
+        };
+        let result = match answered {
+            Some(answer) => Ok(answer),
+            None => Err(self.await_answer(ticket)),
+        };
+        self.deliver_effects();
+        result
+    }
+
+    fn await_answer(&self, ticket: Ticket) -> oneshot::Receiver<Answer> {
+        let (answered, answer) = oneshot::channel();
+        self.waiters.borrow_mut().insert(ticket.sequence, answered);
+        answer
+    }
+
+    /// Tells an owner that a request gives back what it held: applied here when this shard is
+    /// the owner, sent (or deferred, never lost) otherwise.
+    pub(super) fn notify(self: &Rc<Self>, notice: Notice) {
+        let owner = notice.owner(self.count);
+        if owner == self.id {
+            self.with_owner(|owner, effects| owner.notice(&SystemClock, notice, effects));
+        } else {
+            self.send_or_defer(owner, ShardToShard::Notice(notice));
+        }
+    }
+
+    /// Serves a visit that arrived over the mesh; the answer goes back when there is one.
+    pub(super) fn serve_remote(self: &Rc<Self>, ticket: Ticket, visit: Visit) {
+        let answered =
+            self.with_owner(|owner, effects| owner.serve(&SystemClock, ticket, visit, effects));
+        if let Some(answer) = answered {
+            self.answer(ticket, answer);
+        }
+    }
+
+    /// An owner's answer for `ticket`: to its waiter here, or over the mesh to its shard.
+    pub(super) fn answer(self: &Rc<Self>, ticket: Ticket, answer: Answer) {
+        let requester = usize::from(ticket.shard);
+        if requester == self.id {
+            self.resolve(ticket, answer);
+        } else {
+            self.send_or_defer(requester, ShardToShard::Answer { ticket, answer });
+        }
+    }
+
+    /// An answer for one of this shard's tickets. One nobody waits for any more gives back what
+    /// it granted.
+    pub(super) fn resolve(self: &Rc<Self>, ticket: Ticket, answer: Answer) {
+        let waiter = self.waiters.borrow_mut().remove(&ticket.sequence);
+        let unwanted = match waiter {
+            Some(waiter) => waiter.send(answer).err(),
+            None => Some(answer),
+        };
+        if let Some(notice) = unwanted.and_then(|answer| answer.unwanted(ticket)) {
+            self.notify(notice);
+        }
+    }
+
+    pub(super) fn send_or_defer(&self, to: usize, message: ShardToShard) {
+        if let Err(overflow) = self.outbox.borrow_mut().send_or_defer(to, message) {
+            ShardMetrics::add(&self.metrics.mesh_dropped_total, 1);
+            tracing::error!(shard = self.id, to, message = ?overflow.0, "mesh queue overflowing: a message to another shard is dropped");
+        }
+    }
+
+    // ----- the operations requests use -----
+
+    /// Asks the model's owner for an agent slot, waiting in its capacity queue until `deadline`;
+    /// with [`Admit::Gated`] the owner first runs the pool gates (B3, B2 with parking, the B4
+    /// share) in the same visit.
+    pub async fn acquire(
+        self: &Rc<Self>,
+        model: &ModelEntry,
+        deadline: Instant,
+        admit: Admit,
+        route: Ask,
+    ) -> Result<Slot, RouteError> {
+        let (ticket, pool, reservation) = match admit {
+            Admit::Direct => (self.new_ticket(), None, None),
+            Admit::Gated(ask) => {
+                let ticket = self.new_ticket();
+                (ticket, Some(self.pool_request(ticket, ask, deadline)), None)
+            }
+            Admit::Reserved(reservation) => (reservation.ticket(), None, Some(reservation)),
+        };
+        let reserved = pool.is_some() || reservation.is_some();
+        let visit = Visit::Acquire {
+            model: model.id,
+            pool,
+            slot: Some(route),
+        };
+        match self.decision(ticket, visit, deadline).await? {
+            Decision::Granted(grant) => {
+                // The slot now answers for the reservation too.
+                if let Some(reservation) = reservation {
+                    reservation.hand_over();
+                }
+                Ok(Slot::new(self.clone(), model.id, grant, ticket, reserved))
+            }
+            other => Err(RouteError::from_decision(other)),
+        }
+    }
+
+    /// Runs the pool gates at the model's owner and reserves occupancy, without asking for a
+    /// slot yet (a per-key check still has to run between the two).
+    pub async fn reserve(
+        self: &Rc<Self>,
+        model: &ModelEntry,
+        ask: PoolAsk,
+        deadline: Instant,
+    ) -> Result<Reservation, RouteError> {
+        let ticket = self.new_ticket();
+        let visit = Visit::Acquire {
+            model: model.id,
+            pool: Some(self.pool_request(ticket, ask, deadline)),
+            slot: None,
+        };
+        match self.decision(ticket, visit, deadline).await? {
+            Decision::Reserved => Ok(Reservation::new(self.clone(), model.id, ticket)),
+            other => Err(RouteError::from_decision(other)),
+        }
+    }
+
+    /// An acquire visit's decision.
+    async fn decision(
+        self: &Rc<Self>,
+        ticket: Ticket,
+        visit: Visit,
+        deadline: Instant,
+    ) -> Result<Decision, RouteError> {
+        match self.visit(ticket, visit, deadline, false).await {
+            Ok(Answer::Decided { decision, .. }) => Ok(decision),
+            Ok(other) => Err(mismatched(other, RouteError::NoAgents)),
+            Err(Unanswered::MeshFull(_)) => Err(RouteError::MeshFull),
+            Err(Unanswered::Timeout | Unanswered::Ending) => {
+                ShardMetrics::add(&self.metrics.queue_timeouts_total, 1);
+                Err(RouteError::Timeout)
+            }
+            Err(Unanswered::Dropped) => Err(RouteError::NoAgents),
+        }
+    }
+
+    fn pool_request(&self, ticket: Ticket, ask: PoolAsk, deadline: Instant) -> PoolRequest {
+        let park = self.settings.admit_park_timeout;
+        let park_until = match ask.hold_until {
+            Some(until) => Some(until),
+            None => (!park.is_zero()).then(|| deadline.min(Instant::now() + park)),
+        };
+        PoolRequest {
+            claim: crate::admission::occupancy::Claim {
+                ticket,
+                footprint: ask.footprint,
+                key: ask.key,
+                share: ask.share,
+            },
+            policy: ask.policy,
+            park_until: park_until.map(crate::clock::at),
+            refuse_oversize: ask.hold_until.is_some(),
+        }
+    }
+
+    /// Holds a request for `model`, asleep on this site, until an agent for it registers or
+    /// `until` (its hold budget) passes. The returned [`Pending`] keeps the request in the
+    /// model's pending demand until it is dropped: when the request gets a slot, or ends.
+    /// Dropping the future (the client left) withdraws the hold.
+    pub async fn hold(
+        self: &Rc<Self>,
+        model: ModelId,
+        key: Option<KeyId>,
+        client: Option<ClientId>,
+        until: Instant,
+    ) -> Result<Pending, HoldEnd> {
+        if !self.settings.held_total.take() {
+            return Err(HoldEnd::Full);
+        }
+        let ticket = self.new_ticket();
+        // From here the guard gives the place back and tells the owner, on every path.
+        let pending = Pending::new(self.clone(), ticket, model);
+        let visit = Visit::Hold { model, key, client };
+        // The router's drain ending ends a hold too: its model cannot wake here any more.
+        match self.visit(ticket, visit, until, true).await {
+            Ok(Answer::Held(answer)) => pending.answered(answer),
+            Ok(other) => Err(mismatched(other, HoldEnd::Expired)),
+            Err(Unanswered::MeshFull(_)) => Err(HoldEnd::MeshFull),
+            // The owner dropped the waiter without an answer: cannot happen while the shard
+            // runs; treat it as the budget ending.
+            Err(Unanswered::Timeout | Unanswered::Dropped) => Err(HoldEnd::Expired),
+            Err(Unanswered::Ending) => Err(HoldEnd::ShuttingDown),
+        }
+    }
+
+    /// Spends a redirect token: true the first time this router sees its nonce, false after
+    /// (single use). The nonce's owner shard keeps the spent set, so every shard agrees; `None`
+    /// when the owner could not be asked before `deadline`.
+    pub async fn spend_redirect_token(
+        self: &Rc<Self>,
+        nonce: [u8; 16],
+        expires_unix_ms: i64,
+        deadline: Instant,
+    ) -> Option<bool> {
+        let visit = Visit::SpendToken {
+            nonce,
+            expires_unix_ms,
+        };
+        match self.visit(self.new_ticket(), visit, deadline, false).await {
+            Ok(Answer::TokenSpent(fresh)) => Some(fresh),
+            Ok(other) => mismatched(other, None),
+            Err(_) => None,
+        }
+    }
+
+    /// The quota phase: asks the key's quota owner to check and charge the request. The returned
+    /// hold settles (or gives back) exactly once.
+    pub async fn admit_quota(
+        self: &Rc<Self>,
+        key: &KeyRecord,
+        model: ModelContext,
+        charge: Charge,
+        deadline: Instant,
+    ) -> Result<QuotaHold, QuotaRefusal> {
+        let tenant = key.tenant_id;
+        let hold = |admitted: Admitted| QuotaHold::new(self.clone(), key.key_id, tenant, admitted);
+        if !crate::shard::owner::quotas::is_limited(key) {
+            return Ok(hold(Admitted::default()));
+        }
+        let visit = Visit::Quota {
+            tenant,
+            key: key.key_id,
+            model,
+            charge,
+        };
+        // A late admission finds no waiter and is given back (`Answer::unwanted`).
+        match self.visit(self.new_ticket(), visit, deadline, false).await {
+            Ok(Answer::Quota { result, .. }) => result.map(hold).map_err(QuotaRefusal::Limit),
+            Ok(other) => Err(mismatched(other, QuotaRefusal::Timeout)),
+            Err(Unanswered::MeshFull(_)) => Err(QuotaRefusal::MeshFull),
+            Err(_) => Err(QuotaRefusal::Timeout),
+        }
+    }
+
+    /// Settles a non-streamed answer on the quota owner before delivery (auth reference, "Token-
+    /// budget enforcement": output that no longer fits the day's budget is refused, the input
+    /// charge stays). `None`: nothing to refuse on (holder gone, or no answer within `wait`, in
+    /// which case the settlement still happens and the answer is delivered).
+    pub(super) async fn settle_buffered(
+        self: &Rc<Self>,
+        tenant: TenantId,
+        admission: Admission,
+        usage: UsedTokens,
+        wait: Duration,
+    ) -> Option<Settlement> {
+        let visit = Visit::Settle {
+            tenant,
+            admission,
+            usage,
+        };
+        let deadline = Instant::now() + wait;
+        match self.visit(self.new_ticket(), visit, deadline, false).await {
+            Ok(Answer::Settled(settlement)) => settlement,
+            Ok(other) => mismatched(other, None),
+            Err(Unanswered::MeshFull(Visit::Settle {
+                tenant,
+                admission,
+                usage,
+            })) => {
+                // Ring full: settle as delivered rather than lose the charge.
+                self.notify(Notice::Quota(Release::Settle {
+                    tenant,
+                    admission,
+                    usage,
+                    delivery: crate::limits::Delivery::Streamed,
+                }));
+                None
+            }
+            Err(_) => None,
+        }
+    }
+}
+
+/// An answer of another kind than the visit asked for: a bug; logged, and the request gets
+/// `fallback`.
+fn mismatched<T>(answer: Answer, fallback: T) -> T {
+    debug_assert!(
+        false,
+        "an owner answered {answer:?} to another kind of visit"
+    );
+    tracing::error!(?answer, "an owner answered another kind of visit");
+    fallback
+}
+
+/// A visit that waits for its answer; dropped before one came, it takes its waiter out and
+/// withdraws the ticket at the owner.
+struct Visiting<'a> {
+    shard: &'a Rc<Shard>,
+    ticket: Ticket,
+    /// `None` for visits that hold nothing while they wait.
+    withdrawal: Option<Notice>,
+    /// Still waiting: the answer has not come (its waiter is still in the table).
+    armed: bool,
+}
+
+impl Drop for Visiting<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.shard
+            .waiters
+            .borrow_mut()
+            .remove(&self.ticket.sequence);
+        if let Some(notice) = self.withdrawal.take() {
+            self.shard.notify(notice);
+        }
+    }
+}
