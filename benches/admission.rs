@@ -15,7 +15,7 @@ use hivenet_router::limits::{
     BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota, Millis, ModelContext,
     UsedTokens,
 };
-use hivenet_router::shard::snapshot::ModelId;
+use hivenet_router::snapshot::ModelId;
 
 /// Counts every allocation in the process (the bench runs single-threaded).
 struct CountingAllocator;

@@ -9,7 +9,7 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group, criterion_main};
 use hivenet_router::admission::estimator::Estimator;
 use hivenet_router::http::prompt::PromptShape;
-use hivenet_router::shard::snapshot::ModelId;
+use hivenet_router::snapshot::ModelId;
 
 fn warmed() -> Estimator {
     let mut estimator = Estimator::default();

@@ -50,7 +50,7 @@ use redb::{ReadableDatabase, TableDefinition};
 use crate::auth::keys::TenantId;
 use crate::limits::Day;
 use crate::shard::owner::quotas::DailyRecord;
-use crate::shard::snapshot::{Capability, ModelKey};
+use crate::snapshot::{Capability, ModelKey};
 
 /// The database file inside `--disk-db-path`.
 pub const DATABASE_FILE: &str = "hivenet-router.redb";

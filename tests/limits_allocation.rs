@@ -7,7 +7,7 @@ use hivenet_router::limits::{
     BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota, Millis, ModelContext,
     UsedTokens,
 };
-use hivenet_router::shard::snapshot::ModelId;
+use hivenet_router::snapshot::ModelId;
 
 /// Counts allocations made by the current thread only, so other test threads do not interfere.
 struct CountingAllocator;

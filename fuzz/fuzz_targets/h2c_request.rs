@@ -1,4 +1,4 @@
-//! h2c request mapping (`shard::h2c`): client bytes after the HTTP/2 preface go through the
+//! h2c request mapping (`front::h2c`): client bytes after the HTTP/2 preface go through the
 //! router's own HTTP/2 server settings (`server_builder`), and every request the server accepts
 //! is routed (`route_of`) and mapped (`client_request`) as the stream task does.
 //!
@@ -15,7 +15,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use fuzz_support::Wire;
 use hivenet_router::http::request::H2_PREFACE;
-use hivenet_router::shard::h2c;
+use hivenet_router::front::h2c;
 use libfuzzer_sys::fuzz_target;
 
 /// Most requests mapped per input: h2 accepts up to the router's 256 concurrent streams.

@@ -38,9 +38,9 @@ use crate::metrics::ShardMetrics;
 use crate::routing::Ask as RouteAsk;
 use crate::shard::guards::{Pending, QuotaHold};
 use crate::shard::owner::quotas::{Charge, has_token_phase};
-use crate::shard::snapshot::{Capability, ModelId};
 use crate::shard::state::{Admit, HoldEnd, PoolAsk, QuotaRefusal, RouteError, Shard};
 use crate::shard::tenants::{KeyLabels, Phase, UNSET};
+use crate::snapshot::{Capability, ModelId};
 use hold::{HoldSink, Keepalive};
 use sink::{ClientGone, Sink};
 

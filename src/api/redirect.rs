@@ -19,10 +19,10 @@ use crate::api::{ClientRequest, Outcome, Route};
 use crate::auth::keys::{KeyRecord, KeyRegistry, KeySource};
 use crate::config::RedirectSite;
 use crate::error::Rejection;
-use crate::shard::snapshot::{ModelEntry, RoutingSnapshot};
 use crate::shard::state::Shard;
 use crate::sibling::map::{Kind, RedirectAsk, SiblingMap};
 use crate::sibling::token::{self, RedirectClaims, TokenError};
+use crate::snapshot::{ModelEntry, RoutingSnapshot};
 
 /// A redirected request is not redirected again after this many hops.
 pub const MAX_HOPS: u8 = 2;

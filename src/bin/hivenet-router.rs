@@ -28,6 +28,7 @@ use hivenet_router::control::policy_reload::{self, PolicyControl};
 use hivenet_router::control::registry::HealthTimes;
 use hivenet_router::control::{self, ControlSettings, ControlShared, auth_reload};
 use hivenet_router::disk_db::{self, DiskDb};
+use hivenet_router::front::runtime::{self, ShardSetup};
 use hivenet_router::hold::HeldTotal;
 use hivenet_router::identity::Identity;
 use hivenet_router::limits::Day;
@@ -36,7 +37,6 @@ use hivenet_router::policy::PolicyContext;
 use hivenet_router::provider::{PoolSettings, ProviderEngine, ProviderPool, ProviderSettings};
 use hivenet_router::shard::mesh::Mesh;
 use hivenet_router::shard::owner::quotas::DailyRestore;
-use hivenet_router::shard::runtime::{self, ShardSetup};
 use hivenet_router::shard::state::ShardSettings;
 use hivenet_router::tokens::Secret;
 use hivenet_router::tunnel::tls::{self, TunnelSecurity};
@@ -340,7 +340,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         max_request_bytes: env.max_request_bytes,
         client_header_timeout: args.client_header_timeout,
         client_body_timeout: args.client_body_timeout,
-        client_limits: hivenet_router::shard::guard::ClientLimits {
+        client_limits: hivenet_router::shard::clients::ClientLimits {
             connections_max: args.max_client_connections,
             body_bytes_max: args.max_buffered_body_bytes,
             ..Default::default()

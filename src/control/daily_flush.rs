@@ -34,7 +34,7 @@ use crate::control::ControlShared;
 use crate::disk_db::DiskDb;
 use crate::limits::Day;
 use crate::shard::owner::quotas::{DailyRecord, DailyTotal};
-use crate::shard::snapshot::ModelKey;
+use crate::snapshot::ModelKey;
 
 /// How often changed totals are written: the most a crash loses.
 pub const FLUSH_INTERVAL: Duration = Duration::from_secs(1);

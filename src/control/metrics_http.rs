@@ -247,7 +247,7 @@ fn render_admission(out: &mut String, registry: &Registry, reports: &[ShardRepor
 /// longer names are left out.
 fn sum_by_model<K: Ord>(
     registry: &Registry,
-    counts: impl Iterator<Item = (crate::shard::snapshot::ModelId, K, u64)>,
+    counts: impl Iterator<Item = (crate::snapshot::ModelId, K, u64)>,
 ) -> std::collections::BTreeMap<(K, &str), u64> {
     let mut sums = std::collections::BTreeMap::new();
     for (model, kind, count) in counts {

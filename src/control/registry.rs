@@ -14,8 +14,8 @@ use bytes::Bytes;
 
 use crate::ids::{AgentId, Capability, Generation, ModelId};
 use crate::routing::{AgentProfile, EngineSignals};
-use crate::shard::snapshot::{ModelEntry, ModelKey, RoutingSnapshot};
 use crate::sibling::map::SiblingMap;
+use crate::snapshot::{ModelEntry, ModelKey, RoutingSnapshot};
 
 /// What an agent declared when it registered.
 #[derive(Debug, Clone)]

@@ -19,7 +19,7 @@ use crate::proto::{
 };
 use crate::routing::AgentId;
 use crate::routing::EngineSignals;
-use crate::shard::snapshot::Capability;
+use crate::snapshot::Capability;
 use crate::tokens::{Claims, SESSION_AUDIENCE, unix_seconds};
 
 pub struct ControlService {

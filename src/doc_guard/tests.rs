@@ -1,5 +1,3 @@
-use std::time::{Duration, Instant};
-
 use proptest::prelude::*;
 use serde::Deserialize;
 
@@ -111,14 +109,12 @@ fn yaml_block_nesting_counts_like_flow_nesting() {
 }
 
 #[test]
-fn the_reported_freeze_is_refused_within_milliseconds() {
-    // 60 000 levels, 117 KiB: 11 s of the control core before this check existed.
+fn the_reported_freeze_is_refused_by_its_depth() {
+    // 60 000 levels, 117 KiB: 11 s of the control core before this check existed. The check
+    // stops at level 65 of line 1 (how fast is the benchmark's business, not this test's).
     let text = format!("shed_if: {}\n", flow(60_000));
-    let started = Instant::now();
     let refused = check_yaml(&text);
-    let took = started.elapsed();
     assert!(matches!(refused, Err(ShapeError::TooDeep { line: 1, .. })));
-    assert!(took < Duration::from_millis(200), "took {took:?}");
     let parsed: Result<serde_json::Value, _> = from_yaml(&text);
     assert_eq!(
         parsed.unwrap_err().message,
@@ -134,14 +130,14 @@ fn billion_laughs_is_refused_before_expansion() {
     text.push_str("1]\nb: [");
     text.push_str(&"*x,".repeat(50_000));
     text.push_str("*x]\n");
-    let started = Instant::now();
     assert_eq!(
         check_yaml(&text),
         Err(ShapeError::TooManyNodes {
             limit: YAML_EXPANDED_NODES_MAX
         })
     );
-    assert!(started.elapsed() < Duration::from_secs(5));
+    // Refused from the count alone: expanding it first would take more memory than the
+    // machine has, so reaching this line is the proof (performance is not asserted here).
     // The classic exponential form.
     let mut laughs = String::from("l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
     for level in 1..10 {
@@ -150,9 +146,7 @@ fn billion_laughs_is_refused_before_expansion() {
         laughs.push_str(&format!("l{level}: &l{level} [{list}]\n"));
     }
     // The parser's own repetition limit stops this one early, before or after the node count.
-    let started = Instant::now();
     assert!(from_yaml::<yaml_serde::Value>(&laughs).is_err());
-    assert!(started.elapsed() < Duration::from_secs(1));
 }
 
 #[test]

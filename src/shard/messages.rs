@@ -10,7 +10,7 @@ use crate::shard::owner::{Answer, Notice, Visit};
 /// which goes to the one shard the agent dialed for.
 pub enum ControlToShard {
     /// A new read-mostly routing snapshot (model names, owners, `/v1/models` body).
-    Snapshot(Arc<crate::shard::snapshot::RoutingSnapshot>),
+    Snapshot(Arc<crate::snapshot::RoutingSnapshot>),
     /// A new client-key registry (start-up, `auth.yaml` reload, admin API write).
     Keys(Arc<crate::auth::keys::KeyRegistry>),
     /// Who may call `/admin/*` (start-up, `auth.yaml` reload).

@@ -11,10 +11,8 @@
 //! client connection stays on the shard that accepted it for its whole life, and so does its
 //! response stream: each shard has its own tunnel connection to every agent.
 
-pub mod connection;
-pub mod guard;
+pub mod clients;
 pub mod guards;
-pub mod h2c;
 pub mod inbox;
 pub mod latch;
 pub mod lifecycle;
@@ -22,8 +20,6 @@ pub mod mesh;
 pub mod messages;
 pub mod outbox;
 pub mod owner;
-pub mod runtime;
-pub mod snapshot;
 pub mod state;
 pub mod tenants;
 pub mod visit;

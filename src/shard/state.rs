@@ -29,7 +29,7 @@ use crate::shard::mesh::Endpoint;
 use crate::shard::messages::{ShardToControl, ShardToShard};
 use crate::shard::outbox::Outbox;
 use crate::shard::owner::{Answer, Decision, Effects, Owner, OwnerSettings, PoolReport};
-use crate::shard::snapshot::RoutingSnapshot;
+use crate::snapshot::RoutingSnapshot;
 
 /// A reservation untouched this long lost its release (every request path releases on drop, and
 /// streams refresh theirs as output flows), so the reaper gives it back.
@@ -61,7 +61,7 @@ pub struct ShardSettings {
     /// TLS on the tunnel (`--p2p-tls-cert`): this shard terminates the TLS of its tunnels.
     pub tunnel_tls: Option<Arc<crate::tunnel::tls::TunnelSecurity>>,
     /// What the clients of one shard may hold (connections, body bytes, resets).
-    pub client_limits: crate::shard::guard::ClientLimits,
+    pub client_limits: crate::shard::clients::ClientLimits,
 }
 
 /// Why a request found no agent slot.
@@ -199,7 +199,7 @@ pub struct Shard {
     pub(super) agent_peers: RefCell<IdMap<AgentId, Arc<crate::routing::AgentProfile>>>,
     pub(super) to_control: mpsc::UnboundedSender<ShardToControl>,
     /// What this shard's clients hold: connections, body bytes, resets per source.
-    pub clients: Rc<crate::shard::guard::ClientGuard>,
+    pub clients: Rc<crate::shard::clients::ClientGuard>,
     /// Draining and ending on SIGTERM.
     pub lifecycle: crate::shard::lifecycle::Lifecycle,
 }
@@ -226,7 +226,7 @@ impl Shard {
             },
             keys.clone(),
         );
-        let clients = Rc::new(crate::shard::guard::ClientGuard::new(
+        let clients = Rc::new(crate::shard::clients::ClientGuard::new(
             settings.client_limits,
         ));
         // Every shard's `Millis` count from one origin: read it before any request is timed.

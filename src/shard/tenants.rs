@@ -26,7 +26,7 @@ use std::sync::Arc;
 use crate::auth::keys::{KeyId, KeyRecord, KeySource, TenantId};
 use crate::routing::AgentId;
 use crate::shard::IdMap;
-use crate::shard::snapshot::ModelId;
+use crate::snapshot::ModelId;
 
 /// `tenant_id` and `key_id` of one key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -28,8 +28,8 @@ use crate::shard::messages::ShardToShard;
 use crate::shard::owner::{
     Admitted, Answer, Charge, Decision, Notice, PoolRequest, Release, Visit,
 };
-use crate::shard::snapshot::ModelEntry;
 use crate::shard::state::{Admit, HoldEnd, PoolAsk, QuotaRefusal, RouteError, Shard};
+use crate::snapshot::ModelEntry;
 
 /// Why a visit ended without an answer.
 #[derive(Debug)]

@@ -27,8 +27,8 @@ use crate::hold::{ClientId, HoldLimits};
 use crate::ids::{AgentId, Generation, KeyId, ModelId, TenantId, Ticket};
 use crate::limits::{Admission, BurstSeconds, Delivery, ModelContext, Settlement, UsedTokens};
 use crate::routing::{AgentProfile, Ask, EngineSignals, Grant};
-use crate::shard::snapshot::RoutingSnapshot;
 use crate::sibling::token::SpentTokens;
+use crate::snapshot::RoutingSnapshot;
 
 pub use models::{Decision, HoldAnswer, Models, OccupancyUpdate, PoolReport, PoolRequest};
 pub use quotas::{Admitted, Charge, Quotas, Release};

@@ -19,7 +19,7 @@ use crate::routing::{
 };
 use crate::shard::IdMap;
 use crate::shard::owner::{Answer, Effects};
-use crate::shard::snapshot::RoutingSnapshot;
+use crate::snapshot::RoutingSnapshot;
 
 /// What a model's owner finally answers to an acquire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -28,7 +28,7 @@ use crate::limits::{
     Admission, BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota,
     LimitExceeded, Millis, ModelContext, ModelQuota, UsedTokens,
 };
-use crate::shard::snapshot::{ModelKey, RoutingSnapshot};
+use crate::snapshot::{ModelKey, RoutingSnapshot};
 
 /// Which key configuration and model table a holder's limits were built from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -439,7 +439,7 @@ mod tests {
     use super::*;
     use crate::auth::config::AuthConfig;
     use crate::auth::keys::AuthOutcome;
-    use crate::shard::snapshot::ModelEntry;
+    use crate::snapshot::ModelEntry;
     use std::sync::Arc;
 
     const MONDAY: Day = Day(20_000);

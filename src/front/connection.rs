@@ -32,7 +32,7 @@ use crate::http::request::{
 };
 use crate::http::response::{LAST_CHUNK, ResponseFraming, ResponseHead, write_chunk};
 use crate::metrics::ShardMetrics;
-use crate::shard::guard::Refusal;
+use crate::shard::clients::Refusal;
 use crate::shard::latch::{Latch, race};
 use crate::shard::state::Shard;
 use futures_util::future::Either;
@@ -108,7 +108,7 @@ async fn serve_sniffed(shard: &Rc<Shard>, mut stream: TcpStream) {
     loop {
         match is_h2_preface(&first) {
             Some(true) => {
-                return crate::shard::h2c::serve(shard.clone(), stream, first.freeze()).await;
+                return crate::front::h2c::serve(shard.clone(), stream, first.freeze()).await;
             }
             Some(false) => break,
             None => {}

@@ -15,8 +15,8 @@ use futures_util::future::Either;
 use monoio::net::{ListenerOpts, TcpListener};
 use tokio::sync::mpsc;
 
+use crate::front::connection;
 use crate::metrics::ShardMetrics;
-use crate::shard::connection;
 use crate::shard::latch::race;
 use crate::shard::mesh::Endpoint;
 use crate::shard::messages::{ControlToShard, ShardToControl, ShardToShard};
