@@ -373,16 +373,7 @@ async fn buffer_back<S: Sink>(
             shard.deployment_of(Some(settling.slot.agent)),
             || shard.keys().get(key).map(KeyLabels::of),
         );
-        return Err(Rejection::quota(&crate::limits::Rejection {
-            kind: crate::limits::RejectionKind::DailyTokens,
-            model: settling.slot.model,
-            limit: 0,
-            remaining: 0,
-            reset_seconds: None,
-            retry_after_seconds: None,
-            remaining_requests: None,
-        })
-        .into());
+        return Err(super::refusal::daily_output(settling.slot.model).into());
     }
     let written = sink
         .respond(status, content_type, rate_headers, &body)
