@@ -1,4 +1,4 @@
-//! Phases 5 and 6: forward the request over this shard's tunnel to the agent holding the slot,
+//! Phases 7 and 8: forward the request over this shard's tunnel to the agent holding the slot,
 //! send the response back to the client, read exact usage on the way, and settle.
 //!
 //! Streams are passed through event by event, byte for byte, flushed as each HTTP/2 data frame

@@ -3,16 +3,13 @@
 //! Phases, in order (see `docs/request-path.md` for each exit and its error code):
 //! 1. `route` — method and path to a [`Route`] (404/405 otherwise);
 //! 2. `authenticate` — the API key against the key registry (401), every route but `/health`;
-//! 3. `fields` — body fields (`model`, `stream`, ...) in one JSON pass (400 on bad input), then
-//!    the key's model authorisation (403 model_forbidden, 429 for a strict per-model quota);
-//! 4. `resolve` — model name and capability to the routing snapshot's entry (404 model_not_found);
-//! 5. `quota` — the key's per-minute and daily limits on the quota owner's shard (429);
-//! 6. `acquire` — an agent slot from the model's owner shard, waiting in its capacity queue
-//!    (503 no_capacity / no_agents_available, 504 request_timeout);
-//! 7. `forward` — the request over this shard's tunnel to the agent, the response back to the
-//!    client, usage read on the way (503 agent_disconnected, 502 backend_error);
-//! 8. `settle` — the slot is released when the response has fully ended (never at the headers),
-//!    and one usage event is emitted.
+//!    a request redirected here by a sibling site by its redirect token (`redirect`);
+//! 3. to 8. — an inference request's fields, model, admission, slot, forward and settlement,
+//!    one function per phase in `infer`; the owners its admission visits are its
+//!    [`plan::VisitPlan`], decided once.
+//!
+//! Every refusal of those phases is answered through `refusal` (status, code, message and
+//! headers); the response goes out through a [`sink::Sink`].
 
 pub mod admin;
 pub mod authenticate;
