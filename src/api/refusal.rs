@@ -2,7 +2,9 @@
 //! client's answer — a [`Rejection`] (status, `error.code`, message, source) and the headers
 //! that go with it (`Retry-After`, `X-RateLimit-Remaining-*`, the bearer challenge).
 //!
-//! Owns: which answer each refusal gets — a body field the router cannot read
+//! Owns: which answer each refusal gets — credentials that cannot pass ([`AuthOutcome`], a
+//! redirect token's [`TokenError`]), a model outside the key's access ([`ModelAccess`]), a body
+//! field the router cannot read
 //! ([`FieldsError`]), a per-key limit (`limits::Rejection`, [`QuotaRefusal`]), the model's hold
 //! ending ([`HoldEnd`]), the model owner's pool and capacity decisions ([`RouteError`], also for
 //! a request a wake released), the provider fallback's failure ([`ProviderError`]), and the
@@ -15,12 +17,48 @@
 //! Cost: no allocation but for the messages that name a client-supplied value (the model name
 //! of `model_waking`) or carry a parser's error text (malformed JSON).
 
+use crate::auth::config::ModelAccess;
+use crate::auth::keys::{AuthOutcome, KeyRecord};
 use crate::error::{Rejection, Source, Waking};
 use crate::http::fields::FieldsError;
 use crate::limits::RejectionKind;
 use crate::provider::ProviderError;
 use crate::shard::snapshot::ModelId;
 use crate::shard::state::{HoldEnd, QuotaRefusal, RouteError};
+use crate::sibling::token::TokenError;
+
+/// The key the credentials name, or the 401 of why they cannot pass. Missing, unknown, expired
+/// or disabled keys are all 401; the expired and disabled ones say so, because an operator
+/// rotating keys needs to tell them apart from a typo.
+pub fn credentials(outcome: AuthOutcome<'_>) -> Result<&KeyRecord, Rejection> {
+    match outcome {
+        AuthOutcome::Authenticated { key, .. } => Ok(key),
+        AuthOutcome::Missing => Err(Rejection::unauthorized(
+            "an API key is required: send Authorization: Bearer <key> or x-api-key",
+        )),
+        AuthOutcome::Unknown => Err(Rejection::unauthorized("invalid API key")),
+        AuthOutcome::Expired { .. } => Err(Rejection::unauthorized("API key has expired")),
+        AuthOutcome::Disabled { .. } => Err(Rejection::unauthorized("API key is disabled")),
+    }
+}
+
+/// The key's access to the model the body names (phase 3): 403 `model_forbidden` outside its
+/// allowlist, 429 `rate_limit_exceeded` for a model its per-model quota does not list.
+pub fn model_access(access: ModelAccess, model: &str) -> Result<(), Rejection> {
+    match access {
+        ModelAccess::Allowed => Ok(()),
+        ModelAccess::Forbidden => Err(Rejection::model_forbidden(model)),
+        ModelAccess::NoQuotaDeclared => Err(Rejection::no_quota_declared(model)),
+    }
+}
+
+/// An arriving redirect token that does not verify: 401, saying so when it only expired.
+pub fn redirect_token(error: &TokenError) -> Rejection {
+    Rejection::unauthorized(match error {
+        TokenError::Expired => "redirect token has expired",
+        _ => "redirect token is invalid",
+    })
+}
 
 /// A body the fields phase cannot read: 400 `request_invalid`, the error's own message.
 pub fn fields(error: FieldsError) -> Rejection {
@@ -239,6 +277,106 @@ mod tests {
             retry_after_seconds,
             remaining_requests,
         }
+    }
+
+    #[test]
+    fn credentials_that_cannot_pass_are_401_with_the_bearer_challenge() {
+        let challenge = headers(&[("www-authenticate", "Bearer realm=\"hivenet-router\"")]);
+        let refused = |outcome| answer(&credentials(outcome).unwrap_err());
+        assert_eq!(
+            refused(AuthOutcome::Missing),
+            (
+                401,
+                "unauthorized",
+                "an API key is required: send Authorization: Bearer <key> or x-api-key".into(),
+                challenge.clone()
+            )
+        );
+        assert_eq!(
+            refused(AuthOutcome::Unknown),
+            (
+                401,
+                "unauthorized",
+                "invalid API key".into(),
+                challenge.clone()
+            )
+        );
+        let registry = crate::auth::keys::KeyRegistry::open();
+        let key = match registry.authenticate(None, 0) {
+            AuthOutcome::Authenticated { key, .. } => key,
+            _ => panic!("the open registry refuses no one"),
+        };
+        assert_eq!(
+            refused(AuthOutcome::Expired { key }),
+            (
+                401,
+                "unauthorized",
+                "API key has expired".into(),
+                challenge.clone()
+            )
+        );
+        assert_eq!(
+            refused(AuthOutcome::Disabled { key }),
+            (
+                401,
+                "unauthorized",
+                "API key is disabled".into(),
+                challenge.clone()
+            )
+        );
+        let passed = credentials(AuthOutcome::Authenticated {
+            key_id: key.key_id,
+            key,
+        });
+        assert!(std::ptr::eq(passed.unwrap(), key));
+        assert_eq!(
+            answer(&redirect_token(&TokenError::Expired)),
+            (
+                401,
+                "unauthorized",
+                "redirect token has expired".into(),
+                challenge.clone()
+            )
+        );
+        for error in [
+            TokenError::BadMac,
+            TokenError::TooLong,
+            TokenError::Malformed("x"),
+        ] {
+            assert_eq!(
+                answer(&redirect_token(&error)),
+                (
+                    401,
+                    "unauthorized",
+                    "redirect token is invalid".into(),
+                    challenge.clone()
+                ),
+                "{error:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_model_outside_the_key_access_is_403_or_429() {
+        assert_eq!(model_access(ModelAccess::Allowed, "m"), Ok(()));
+        assert_eq!(
+            answer(&model_access(ModelAccess::Forbidden, "gpt-4").unwrap_err()),
+            (
+                403,
+                "model_forbidden",
+                "model \"gpt-4\" is not allowed for this API key".into(),
+                headers(&[])
+            )
+        );
+        assert_eq!(
+            answer(&model_access(ModelAccess::NoQuotaDeclared, "gpt-4").unwrap_err()),
+            (
+                429,
+                "rate_limit_exceeded",
+                "no quota declared for model \"gpt-4\" on this API key".into(),
+                headers(&[])
+            )
+        );
     }
 
     #[test]
