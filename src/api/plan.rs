@@ -66,7 +66,7 @@ pub enum Visit {
 
 /// Where the pool gates run, when the model has any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gates {
+pub enum PoolGates {
     /// No pool gate for this request.
     None,
     /// In the slot's visit.
@@ -94,7 +94,7 @@ pub struct VisitPlan {
     /// request is held up to this budget (from its arrival) after B1.
     pub hold_budget: Option<Duration>,
     /// Where the pool gates run.
-    pub gates: Gates,
+    pub gates: PoolGates,
     /// The key's `max_occupancy_share` of a serverless model with an occupancy budget; 0
     /// otherwise.
     pub share: f64,
@@ -137,9 +137,9 @@ impl VisitPlan {
         let tokens = split && has_token_phase(key, serverless);
         let hold_budget = hold_budget(route, entry).filter(|_| entry.healthy_agents == 0);
         let gates = match (pool_gates, tokens || hold_budget.is_some()) {
-            (false, _) => Gates::None,
-            (true, false) => Gates::WithSlot,
-            (true, true) => Gates::Reserve,
+            (false, _) => PoolGates::None,
+            (true, false) => PoolGates::WithSlot,
+            (true, true) => PoolGates::Reserve,
         };
         VisitPlan {
             generates,
@@ -165,9 +165,9 @@ impl VisitPlan {
     /// How the first slot visit is admitted.
     pub fn slot(&self) -> SlotAdmit {
         match self.gates {
-            Gates::None => SlotAdmit::Direct,
-            Gates::WithSlot => SlotAdmit::Gated,
-            Gates::Reserve => SlotAdmit::Reserved,
+            PoolGates::None => SlotAdmit::Direct,
+            PoolGates::WithSlot => SlotAdmit::Gated,
+            PoolGates::Reserve => SlotAdmit::Reserved,
         }
     }
 
@@ -175,8 +175,8 @@ impl VisitPlan {
     /// reservation back, so the gates run again with the slot.
     pub fn retry_slot(&self) -> SlotAdmit {
         match self.gates {
-            Gates::None => SlotAdmit::Direct,
-            Gates::WithSlot | Gates::Reserve => SlotAdmit::Gated,
+            PoolGates::None => SlotAdmit::Direct,
+            PoolGates::WithSlot | PoolGates::Reserve => SlotAdmit::Gated,
         }
     }
 
@@ -190,7 +190,7 @@ impl VisitPlan {
         [
             self.limited.then_some(Visit::Quota(self.rate)),
             self.hold_budget.map(|_| Visit::Hold),
-            (self.gates == Gates::Reserve).then_some(Visit::Reserve),
+            (self.gates == PoolGates::Reserve).then_some(Visit::Reserve),
             self.tokens.then_some(Visit::Tokens),
             Some(Visit::Slot(self.slot())),
         ]
@@ -352,7 +352,7 @@ api:
                 [Quota(RequestsAndTokens), Slot(Direct)],
                 "{raw}"
             );
-            assert!(!plan.tokens && !plan.request_caps && plan.gates == Gates::None);
+            assert!(!plan.tokens && !plan.request_caps && plan.gates == PoolGates::None);
         }
         // Serverless without an occupancy budget or cap gates nothing either.
         let plan = plan(
@@ -374,7 +374,7 @@ api:
                     [Quota(Requests), Reserve, Tokens, Slot(Reserved)],
                     "{raw}"
                 );
-                assert_eq!(plan.gates, Gates::Reserve);
+                assert_eq!(plan.gates, PoolGates::Reserve);
                 // A failed forward gave the reservation back with its slot.
                 assert_eq!(plan.retry_slot(), Gated);
             }
@@ -565,5 +565,65 @@ api:
             )),
             [Quota(RequestsAndTokens), Slot(Direct)]
         );
+    }
+
+    #[test]
+    fn every_plan_keeps_the_module_invariants() {
+        let registry = registry();
+        let open_registry = KeyRegistry::open();
+        let anonymous = match open_registry.authenticate(None, NOW_MS) {
+            AuthOutcome::Authenticated { key, .. } => key,
+            _ => panic!("the open registry refuses no one"),
+        };
+        let keys: Vec<&KeyRecord> = registry.iter().chain([anonymous]).collect();
+        let policies = [
+            open(),
+            budget(),
+            inflight(),
+            caps(),
+            caps_and_budget(),
+            serverless(open()),
+            serverless(budget()),
+            serverless(caps_and_budget()),
+        ];
+        let routes = [
+            Route::ChatCompletions,
+            Route::Messages,
+            Route::CountTokens,
+            Route::Embeddings,
+            Route::Rerank,
+        ];
+        for key in keys {
+            for policy in &policies {
+                for (agents, hold_secs) in [(1, None), (0, Some(60)), (2, Some(60))] {
+                    let entry = entry(policy.clone(), agents, hold_secs);
+                    for route in routes {
+                        let plan = VisitPlan::of(route, key, &entry, false, false);
+                        let visits = visits(&plan);
+                        let case = format!("{route:?} {} {policy:?} {agents}", key.name);
+                        // The slot visit is last, and only there.
+                        assert!(matches!(visits.last(), Some(Slot(_))), "{case}");
+                        let slots = visits.iter().filter(|visit| matches!(visit, Slot(_)));
+                        assert_eq!(slots.count(), 1, "{case}");
+                        // A token visit follows a first quota visit that charged requests alone.
+                        if visits.contains(&Tokens) {
+                            assert_eq!(visits[0], Quota(Requests), "{case}");
+                        }
+                        // A reservation is brought by the slot visit.
+                        assert_eq!(
+                            visits.contains(&Reserve),
+                            visits.last() == Some(&Slot(Reserved)),
+                            "{case}"
+                        );
+                        // The token phase is charged in one visit, never in both.
+                        assert!(
+                            !(visits.contains(&Tokens)
+                                && visits.contains(&Quota(RequestsAndTokens))),
+                            "{case}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
