@@ -1,6 +1,8 @@
-//! Rejections: the one type every phase returns when it refuses or fails a request, and the one
-//! place that turns it into an HTTP status and the documented envelope
-//! `{"error":{"code","message","source"}}`.
+//! Rejections: the one type every phase returns when it refuses or fails a request, the
+//! catalogue of answers (status, code, message), and the documented envelope
+//! `{"error":{"code","message","source"}}`. Which answer a typed refusal of the request path
+//! gets (a route error, a quota or limit refusal, a hold's end, a provider failure), and the
+//! headers of the answer, is `api::refusal`'s one job.
 //!
 //! A rejection is data (status, code, source, retry-after, message). Messages on hot reject paths
 //! are `'static`; only rejections that name a client-supplied value allocate.
@@ -66,22 +68,6 @@ impl Rejection {
             remaining_requests: None,
             remaining_tokens: None,
             retry_after_in_body: false,
-        }
-    }
-
-    /// A per-key limit refused the request (`limits`): 429 with the kind's code and message, the
-    /// `X-RateLimit-*` values, and `Retry-After` only where the kind has one (B4).
-    pub fn quota(refusal: &crate::limits::LimitExceeded) -> Rejection {
-        use crate::limits::RejectionKind;
-        let daily = matches!(
-            refusal.kind,
-            RejectionKind::DailyTokens | RejectionKind::DailyTokensForMaxOutput
-        );
-        Rejection {
-            retry_after_seconds: refusal.retry_after_seconds,
-            remaining_requests: refusal.remaining_requests,
-            remaining_tokens: daily.then_some(refusal.remaining),
-            ..Rejection::router(429, refusal.kind.code(), refusal.kind.message())
         }
     }
 
@@ -307,23 +293,6 @@ impl Rejection {
         }
     }
 
-    /// Provider fallback did not produce an answer (reference, "Provider fallback", "Failure
-    /// behavior"): 502 `backend_error` for every failure of the one provider call, including its
-    /// timeout; 503 `queue_full` when the provider queue refused the call; 504
-    /// `request_timeout` when the deadline had passed and no call was made.
-    pub fn provider(error: crate::provider::ProviderError) -> Rejection {
-        use crate::provider::ProviderError;
-        match error {
-            ProviderError::QueueFull => Rejection::router(
-                503,
-                "queue_full",
-                "the router's provider fallback queue is full",
-            ),
-            ProviderError::Expired => Rejection::request_timeout(),
-            other => Rejection::backend_error(other.message()),
-        }
-    }
-
     /// The agent said its backend's response broke off after the head (`tunnel::BACKEND_FAILED`):
     /// the engine crashed or reset the connection mid-response.
     pub fn backend_failed() -> Rejection {
@@ -435,18 +404,6 @@ mod tests {
         let lost = Rejection::agent_disconnected();
         assert_eq!((lost.status, lost.code), (503, "agent_disconnected"));
         assert_eq!(lost.source, Source::Router);
-    }
-
-    #[test]
-    fn provider_failures_are_backend_errors() {
-        use crate::provider::ProviderError;
-        let timeout = Rejection::provider(ProviderError::Timeout);
-        assert_eq!((timeout.status, timeout.code), (502, "backend_error"));
-        assert_eq!(timeout.source, Source::Backend);
-        let status = Rejection::provider(ProviderError::Status(401));
-        assert_eq!(status.message, "the provider refused the credentials");
-        assert_eq!(Rejection::provider(ProviderError::QueueFull).status, 503);
-        assert_eq!(Rejection::provider(ProviderError::Expired).status, 504);
     }
 
     #[test]

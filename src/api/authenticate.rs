@@ -6,12 +6,10 @@
 //! the body's `model` is known.
 
 use crate::api::ClientRequest;
-use crate::auth::config::ModelAccess;
 use crate::auth::keys::{AuthOutcome, KeyRecord, KeyRegistry, presented_key};
 use crate::error::Rejection;
 
-/// Missing, unknown, expired or disabled keys are all 401; the expired one says so, because an
-/// operator rotating keys needs to tell it apart from a typo.
+/// The presented key's record, or its 401 (see `api::refusal::credentials`).
 pub fn authenticate<'r>(
     registry: &'r KeyRegistry,
     request: &ClientRequest,
@@ -24,32 +22,24 @@ pub fn authenticate<'r>(
     outcome(registry.authenticate(presented, now_unix_ms))
 }
 
-/// The 401 of each failed outcome, or the key.
+/// The 401 of each failed outcome (`api::refusal::credentials`), or the key; an expired or
+/// disabled key is logged by its preview.
 pub fn outcome(outcome: AuthOutcome<'_>) -> Result<&KeyRecord, Rejection> {
-    match outcome {
-        AuthOutcome::Authenticated { key, .. } => Ok(key),
-        AuthOutcome::Missing => Err(Rejection::unauthorized(
-            "an API key is required: send Authorization: Bearer <key> or x-api-key",
-        )),
-        AuthOutcome::Unknown => Err(Rejection::unauthorized("invalid API key")),
+    match &outcome {
         AuthOutcome::Expired { key } => {
             tracing::debug!(preview = %key.preview, "expired API key presented");
-            Err(Rejection::unauthorized("API key has expired"))
         }
         AuthOutcome::Disabled { key } => {
             tracing::debug!(preview = %key.preview, "disabled API key presented");
-            Err(Rejection::unauthorized("API key is disabled"))
         }
+        _ => {}
     }
+    crate::api::refusal::credentials(outcome)
 }
 
 /// May this key use `model`?
 pub fn authorize_model(key: &KeyRecord, model: &str) -> Result<(), Rejection> {
-    match key.authorize(model) {
-        ModelAccess::Allowed => Ok(()),
-        ModelAccess::Forbidden => Err(Rejection::model_forbidden(model)),
-        ModelAccess::NoQuotaDeclared => Err(Rejection::no_quota_declared(model)),
-    }
+    crate::api::refusal::model_access(key.authorize(model), model)
 }
 
 pub use crate::clock::now_unix_ms;

@@ -1,4 +1,4 @@
-//! Phases 5 and 6: forward the request over this shard's tunnel to the agent holding the slot,
+//! Phases 7 and 8: forward the request over this shard's tunnel to the agent holding the slot,
 //! send the response back to the client, read exact usage on the way, and settle.
 //!
 //! Streams are passed through event by event, byte for byte, flushed as each HTTP/2 data frame
@@ -375,16 +375,7 @@ async fn buffer_back<S: Sink>(
             shard.deployment_of(Some(settling.slot.agent)),
             || shard.keys().get(key).map(KeyLabels::of),
         );
-        return Err(Rejection::quota(&crate::limits::LimitExceeded {
-            kind: crate::limits::RejectionKind::DailyTokens,
-            model: settling.slot.model,
-            limit: 0,
-            remaining: 0,
-            reset_seconds: None,
-            retry_after_seconds: None,
-            remaining_requests: None,
-        })
-        .into());
+        return Err(super::refusal::daily_output(settling.slot.model).into());
     }
     let written = sink
         .respond(status, content_type, rate_headers, &body)

@@ -21,7 +21,7 @@ use crate::config::RedirectSite;
 use crate::error::Rejection;
 use crate::shard::state::Shard;
 use crate::sibling::map::{Kind, RedirectAsk, SiblingMap};
-use crate::sibling::token::{self, RedirectClaims, TokenError};
+use crate::sibling::token::{self, RedirectClaims};
 use crate::snapshot::{ModelEntry, RoutingSnapshot};
 
 /// A redirected request is not redirected again after this many hops.
@@ -46,10 +46,7 @@ pub async fn authenticate<'k>(
 ) -> Result<(&'k KeyRecord, RedirectClaims), Rejection> {
     let claims = token::verify(&site.secrets, token_text, now_unix_ms).map_err(|error| {
         tracing::debug!(%error, "redirect token refused");
-        Rejection::unauthorized(match error {
-            TokenError::Expired => "redirect token has expired",
-            _ => "redirect token is invalid",
-        })
+        crate::api::refusal::redirect_token(&error)
     })?;
     if claims.to_site != site.id {
         return Err(Rejection::unauthorized(

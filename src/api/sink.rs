@@ -56,45 +56,19 @@ pub trait Sink {
     /// The current request's ID, sent back as `X-Request-ID` on its response head.
     fn set_request_id(&mut self, id: [u8; 36]);
 
-    /// Answers with the rejection's status, headers and envelope; a 401 carries the reference's
-    /// bearer challenge.
+    /// Answers with the rejection's status, headers (`api::refusal::Headers`) and envelope.
     fn reject(&mut self, rejection: &Rejection) -> impl Future<Output = Result<(), ClientGone>> {
         async move {
             if rejection.close {
                 self.close_after();
             }
             let body = rejection.body();
-            let mut retry_after = itoa::Buffer::new();
-            let mut requests = itoa::Buffer::new();
-            let mut tokens = itoa::Buffer::new();
-            let mut headers: [(&str, &[u8]); 4] = [("", b""); 4];
-            let mut count = 0;
-            if rejection.status == 401 {
-                headers[count] = ("www-authenticate", b"Bearer realm=\"hivenet-router\"");
-                count += 1;
-            }
-            if let Some(seconds) = rejection.retry_after_seconds {
-                headers[count] = ("retry-after", retry_after.format(seconds).as_bytes());
-                count += 1;
-            }
-            if let Some(remaining) = rejection.remaining_requests {
-                headers[count] = (
-                    "x-ratelimit-remaining-requests",
-                    requests.format(remaining).as_bytes(),
-                );
-                count += 1;
-            }
-            if let Some(remaining) = rejection.remaining_tokens {
-                headers[count] = (
-                    "x-ratelimit-remaining-tokens",
-                    tokens.format(remaining).as_bytes(),
-                );
-                count += 1;
-            }
+            let mut headers = crate::api::refusal::Headers::default();
+            let headers = headers.of(rejection);
             self.respond(
                 rejection.status,
                 "application/json",
-                &headers[..count],
+                headers.as_slice(),
                 &body,
             )
             .await

@@ -1,4 +1,4 @@
-//! Every way a provider fallback call ends without an answer. `crate::error::Rejection::provider`
+//! Every way a provider fallback call ends without an answer. `crate::api::refusal::provider`
 //! is the one place these become client responses (reference, "Failure behavior": one outbound
 //! call, no retry, HTTP 502 `backend_error` when it fails).
 

@@ -25,7 +25,7 @@
 //! plain http for tests), translates the request, calls the provider and translates the answer.
 //!
 //! # Error handling
-//! Every failure is a [`ProviderError`]; `crate::error::Rejection::provider` turns it into the
+//! Every failure is a [`ProviderError`]; `crate::api::refusal::provider` turns it into the
 //! documented 502 `backend_error` (or 503 `queue_full` / 504 `request_timeout` when no call was
 //! made). Provider error bodies are logged at debug level, never returned to the client.
 //!

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use crate::clock::SystemClock;
 use crate::metrics::ShardMetrics;
 use crate::shard::messages::{ControlToShard, ShardReport, ShardToShard};
+use crate::shard::owner::AgentJoin;
 use crate::shard::state::Shard;
 
 /// Messages handled per mesh wake-up before the mesh task yields to the shard's other tasks.
@@ -77,10 +78,14 @@ impl Shard {
                 profile,
             } => {
                 self.agent_peers.borrow_mut().insert(agent, profile.clone());
+                let join = AgentJoin {
+                    agent,
+                    generation,
+                    capacity,
+                    profile,
+                };
                 let now = crate::clock::now();
-                self.with_owner(|owner, effects| {
-                    owner.agent_up(now, agent, generation, &models, capacity, &profile, effects)
-                });
+                self.with_owner(|owner, effects| owner.agent_up(now, &join, &models, effects));
             }
             ControlToShard::AgentDown { agent, models } => {
                 self.agent_peers.borrow_mut().remove(&agent);

@@ -48,12 +48,15 @@ impl Outbox {
         self.endpoint.has_inbound()
     }
 
-    /// Sends at once or hands the message back (the ring is full).
+    /// Sends at once or hands the message back (the ring is full). The message comes back as
+    /// it went, unboxed: boxing every mesh message to shrink a rare error would cost more.
+    #[allow(clippy::result_large_err)]
     pub fn send(&mut self, to: usize, message: ShardToShard) -> Result<(), ShardToShard> {
         self.endpoint.send_returning(to, message)
     }
 
     /// Sends, or queues behind what is already deferred; `Err` only at [`DEFERRED_MAX`].
+    #[allow(clippy::result_large_err)]
     pub fn send_or_defer(&mut self, to: usize, message: ShardToShard) -> Result<(), Overflow> {
         if !self.deferred.is_empty() {
             return self

@@ -218,6 +218,15 @@ impl Effects {
     }
 }
 
+/// An agent joining a model's pool: who, its stay, its slots and what step filters see of it.
+#[derive(Debug, Clone)]
+pub struct AgentJoin {
+    pub agent: AgentId,
+    pub generation: Generation,
+    pub capacity: u32,
+    pub profile: Arc<AgentProfile>,
+}
+
 /// The owner settings every shard is built with.
 #[derive(Debug, Clone, Copy)]
 pub struct OwnerSettings {
@@ -383,28 +392,18 @@ impl Owner {
         &self.snapshot
     }
 
+    /// An agent joined the pool of `models`; this shard acts for those it owns.
     pub fn agent_up(
         &mut self,
         now: Millis,
-        agent: AgentId,
-        generation: Generation,
+        agent: &AgentJoin,
         models: &[ModelId],
-        capacity: u32,
-        profile: &Arc<AgentProfile>,
         effects: &mut Effects,
     ) {
         let (shard, shards) = (self.shard, self.shards);
         let owned = models.iter().copied().filter(|m| m.owner(shards) == shard);
-        self.models.agent_up(
-            now,
-            &self.snapshot,
-            agent,
-            generation,
-            owned,
-            capacity,
-            profile,
-            effects,
-        );
+        self.models
+            .agent_up(now, &self.snapshot, agent, owned, effects);
     }
 
     pub fn agent_down(

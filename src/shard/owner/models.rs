@@ -12,13 +12,11 @@ use crate::admission::Reason;
 use crate::admission::occupancy::{Claim, Limits, Occupancy, Refusal, Verdict};
 use crate::clock::Millis;
 use crate::hold::{ClientId, HoldBook, HoldLimits, HoldRefusal};
-use crate::ids::{AgentId, Generation, KeyId, ModelId, Ticket};
+use crate::ids::{AgentId, KeyId, ModelId, Ticket};
 use crate::policy::ModelPolicy;
-use crate::routing::{
-    Acquire, AgentProfile, AnyAgent, Ask, EngineSignals, Grant, ModelRoutes, StepFilter,
-};
+use crate::routing::{Acquire, AnyAgent, Ask, EngineSignals, Grant, ModelRoutes, StepFilter};
 use crate::shard::IdMap;
-use crate::shard::owner::{Answer, Effects};
+use crate::shard::owner::{AgentJoin, Answer, Effects};
 use crate::snapshot::RoutingSnapshot;
 
 /// What a model's owner finally answers to an acquire.
@@ -278,16 +276,12 @@ impl Models {
 
     /// An agent joined the pool of `models` (those this shard owns): queued tickets may get it,
     /// parked ones may fit the raised limits, held ones wake.
-    #[allow(clippy::too_many_arguments)]
     pub fn agent_up(
         &mut self,
         now: Millis,
         snapshot: &RoutingSnapshot,
-        agent: AgentId,
-        generation: Generation,
+        join: &AgentJoin,
         models: impl Iterator<Item = ModelId>,
-        capacity: u32,
-        profile: &Arc<AgentProfile>,
         effects: &mut Effects,
     ) {
         for model in models {
@@ -300,7 +294,12 @@ impl Models {
                     let _ = routes.set_steps(steps_of(snapshot, model));
                     routes
                 })
-                .agent_up(agent, generation, capacity, profile.clone());
+                .agent_up(
+                    join.agent,
+                    join.generation,
+                    join.capacity,
+                    join.profile.clone(),
+                );
             deliver(model, grants, effects);
             self.retry_parked(now, model, effects);
             self.wake_held(model, effects);

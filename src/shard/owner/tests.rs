@@ -95,15 +95,13 @@ fn at(ms: u64) -> Frozen {
 }
 
 fn up(owner: &mut Owner, capacity: u32, generation: u32, effects: &mut Effects) {
-    owner.agent_up(
-        Millis(0),
-        AGENT,
-        Generation(generation),
-        &[MODEL],
+    let join = AgentJoin {
+        agent: AGENT,
+        generation: Generation(generation),
         capacity,
-        &profile(),
-        effects,
-    );
+        profile: profile(),
+    };
+    owner.agent_up(Millis(0), &join, &[MODEL], effects);
 }
 
 fn decision(answer: Option<Answer>) -> Option<Decision> {

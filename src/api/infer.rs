@@ -1,0 +1,715 @@
+//! An inference request's phases after authentication, one function each, in the order of
+//! `docs/request-path.md`'s table: fields (3), resolve (4) and redirect (4b), quota RPM (5),
+//! B1 request caps (5a), hold at zero (5h), pool gates (5b), token phase (5d), acquire (6),
+//! provider fallback (6b), forward and settle (7, 8; `api::forward`).
+//!
+//! Which owners the admission phases visit is decided once, before the first of them, by the
+//! request's [`VisitPlan`]; each phase does its part of the plan and nothing when the plan has
+//! none for it. The phases from the quota visit on share one per-request context,
+//! [`Admission`]; what one phase hands the next — the quota charge ([`QuotaHold`]), the hold
+//! book entry ([`Pending`]), the reservation (inside [`Admit`]) — is passed by value, so
+//! dropping it on an early exit gives it back.
+//!
+//! Error handling: every refusal is answered through `api::refusal`; a phase counts it (the
+//! rejection and tenant counters) where it happens. A client that leaves while a phase waits
+//! ends the request with [`Outcome::Gone`], counted once in `client_disconnects_total`.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::admission::occupancy::Footprint;
+use crate::admission::{self, PolicyOutcome, Reason};
+use crate::api::hold::{HoldSink, Keepalive};
+use crate::api::plan::{RateCharge, SlotAdmit, VisitPlan};
+use crate::api::sink::Sink;
+use crate::api::{
+    ClientRequest, Outcome, RequestFacts, Route, authenticate, forward, plan, redirect, refusal,
+};
+use crate::auth::keys::KeyRecord;
+use crate::error::Rejection;
+use crate::http::fields::{RequestFields, extract_fields};
+use crate::limits::{Estimate, ModelContext, RejectionKind};
+use crate::metrics::ShardMetrics;
+use crate::routing::Ask as RouteAsk;
+use crate::shard::guards::{Pending, QuotaHold, Slot};
+use crate::shard::owner::quotas::Charge;
+use crate::shard::state::{Admit, HoldEnd, PoolAsk, QuotaRefusal, RouteError, Shard};
+use crate::shard::tenants::{KeyLabels, Phase, UNSET};
+use crate::sibling::token::RedirectClaims;
+use crate::snapshot::{ModelEntry, ModelId, RoutingSnapshot};
+
+/// Phases 3 to 8 of one inference request; reads like the table of `docs/request-path.md`.
+pub async fn infer<S: Sink>(
+    shard: &Rc<Shard>,
+    request: &ClientRequest,
+    key: &KeyRecord,
+    arrival: Option<&RedirectClaims>,
+    facts: &mut RequestFacts,
+    sink: &mut HoldSink<'_, S>,
+) -> Result<u16, Outcome> {
+    let fields = fields(request, key, arrival, facts)?;
+    let snapshot = shard.snapshot();
+    let model = match resolve(shard, &snapshot, request, key, &fields, arrival)? {
+        Resolved::Here(model) => model,
+        Resolved::Elsewhere(location) => return redirect::answer(sink, &location).await,
+    };
+    // From here the request counts in the key's tenant series (by `serve`, once it ends).
+    facts.model_id = Some(model.id);
+    let plan = VisitPlan::of(
+        request.route,
+        key,
+        model,
+        fields.stream,
+        shard.settings.provider.is_some(),
+    );
+    let mut admission = Admission::new(shard, request, key, &fields, model, plan);
+    let mut quota = admission.quota_rate(sink).await?;
+    admission.request_caps()?;
+    let pending = admission.hold(sink).await?;
+    let admit = admission.pool_gates(sink).await?;
+    admission.tokens(&mut quota, sink).await?;
+    admission.attempts(admit, quota, pending, facts, sink).await
+}
+
+/// Phase 3: the body's fields in one JSON pass, an arriving redirect token's model, then the
+/// key's model authorisation.
+fn fields<'r>(
+    request: &'r ClientRequest,
+    key: &KeyRecord,
+    arrival: Option<&RedirectClaims>,
+    facts: &mut RequestFacts,
+) -> Result<RequestFields<'r>, Outcome> {
+    let fields = extract_fields(&request.body).map_err(refusal::fields)?;
+    facts.model = Some(match &fields.model {
+        std::borrow::Cow::Borrowed(model) => request.body.slice_ref(model.as_bytes()),
+        std::borrow::Cow::Owned(model) => Bytes::copy_from_slice(model.as_bytes()),
+    });
+    if let Some(claims) = arrival {
+        redirect::check_model(claims, &fields.model)?;
+    }
+    authenticate::authorize_model(key, &fields.model)?;
+    Ok(fields)
+}
+
+/// Where phase 4 found the model.
+enum Resolved<'s> {
+    /// Served here (or held here at zero): its routing entry.
+    Here(&'s ModelEntry),
+    /// Not served here, served by a sibling site: the `Location` of the `307` (phase 4b).
+    Elsewhere(String),
+}
+
+/// Phases 4 and 4b: the model name and the route's capability to the routing snapshot's entry;
+/// a model with no healthy agent here that a sibling serves goes there.
+fn resolve<'s>(
+    shard: &Shard,
+    snapshot: &'s RoutingSnapshot,
+    request: &ClientRequest,
+    key: &KeyRecord,
+    fields: &RequestFields<'_>,
+    arrival: Option<&RedirectClaims>,
+) -> Result<Resolved<'s>, Outcome> {
+    let found = snapshot.lookup(&fields.model, request.route.capability());
+    // Hold at zero: a model asleep here resolves through its placement, with no agent.
+    let holdable = found.and_then(|model| plan::hold_budget(request.route, model));
+    if let Some(location) = redirect::elsewhere(
+        shard,
+        snapshot,
+        found,
+        holdable.is_some(),
+        key,
+        &fields.model,
+        request.route,
+        arrival,
+    ) {
+        return Ok(Resolved::Elsewhere(location));
+    }
+    let Some(model) = found else {
+        return Err(Rejection::model_not_found(&fields.model).into());
+    };
+    if model.healthy_agents == 0 && model.hold_budget.is_some() && holdable.is_none() {
+        // A count_tokens for a model asleep here fails as it did before the map placed the
+        // model here.
+        return Err(Rejection::model_not_found(&fields.model).into());
+    }
+    Ok(Resolved::Here(model))
+}
+
+/// The one per-request context of the admission phases and the attempts after them.
+struct Admission<'r> {
+    shard: &'r Rc<Shard>,
+    request: &'r ClientRequest,
+    key: &'r KeyRecord,
+    fields: &'r RequestFields<'r>,
+    model: &'r ModelEntry,
+    plan: VisitPlan,
+    /// The request's one input estimate and declared output (seed, "One input estimate").
+    estimate: Estimate,
+    /// The model as the quota owner sees it.
+    context: ModelContext,
+    /// Every wait ends by then: the request timeout from arrival, restarted when a wake
+    /// releases the request (phase 5h) and again once it has room in the pool (phase 5b).
+    deadline: Instant,
+    /// When the hold budget ends, once the request was held (phase 5h).
+    hold_until: Option<Instant>,
+}
+
+impl<'r> Admission<'r> {
+    fn new(
+        shard: &'r Rc<Shard>,
+        request: &'r ClientRequest,
+        key: &'r KeyRecord,
+        fields: &'r RequestFields<'r>,
+        model: &'r ModelEntry,
+        plan: VisitPlan,
+    ) -> Self {
+        let context = ModelContext {
+            model: model.id,
+            // A request held here is charged as if one replica served the model, so a key
+            // cannot hold requests past its quota (seed, "Quota while held").
+            healthy_replicas: if plan.holds() {
+                1
+            } else {
+                model.healthy_agents
+            },
+            serverless: plan.serverless,
+        };
+        Admission {
+            shard,
+            request,
+            key,
+            fields,
+            model,
+            plan,
+            estimate: estimate(shard, request, model.id, fields),
+            context,
+            deadline: request.received_at + shard.settings.request_timeout,
+            hold_until: None,
+        }
+    }
+
+    /// Phase 5: the key's request rate on its quota owner, with the token phase in the same
+    /// visit when the plan has no gate between them.
+    async fn quota_rate<S: Sink>(&self, sink: &mut HoldSink<'_, S>) -> Result<QuotaHold, Outcome> {
+        let charge = match self.plan.rate {
+            RateCharge::Requests => Charge::RequestsOnly,
+            RateCharge::RequestsAndTokens => Charge::RequestsAndTokens(self.estimate),
+        };
+        let mut quota = self.visit_quota(charge, sink).await?;
+        quota.set_estimate(self.estimate.input_tokens);
+        Ok(quota)
+    }
+
+    /// Phase 5a: B1, the policy's caps on the input estimate and the image count, on this
+    /// shard.
+    fn request_caps(&self) -> Result<(), Outcome> {
+        if !self.plan.request_caps {
+            return Ok(());
+        }
+        let images = u64::from(self.fields.prompt.images);
+        match admission::request_caps(&self.model.policy, self.estimate.input_tokens, images) {
+            None => Ok(()),
+            Some(message) => {
+                self.shard.count_rejection(self.model.id, Reason::B1);
+                Err(Rejection::input_too_long(message).into())
+            }
+        }
+    }
+
+    /// Phase 5h: holds a request for a model asleep on this site until an agent for it
+    /// registers (seed `hold-at-zero.md`, steps 5 to 7), sending keepalives meanwhile. The quota
+    /// is already charged. `Some`: the model woke; the request continues, still counted in the
+    /// pending demand until it gets a slot.
+    async fn hold<S: Sink>(
+        &mut self,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<Option<Pending>, Outcome> {
+        use crate::hold::Outcome as Held;
+        let Some(budget) = self.plan.hold_budget else {
+            return Ok(None);
+        };
+        let until = self.request.received_at + budget;
+        let shard = self.shard;
+        sink.arm(Keepalive {
+            interval: shard.settings.hold.keepalive,
+            stream: self.fields.stream,
+            dialect: self.request.route.dialect(),
+        });
+        // Requests without an API key have only the per-model and total limits.
+        let keyed = !matches!(self.key.source, crate::auth::keys::KeySource::Anonymous);
+        let started = Instant::now();
+        let held = sink
+            .until_client_gone(shard.hold(
+                self.model.id,
+                keyed.then_some(self.key.key_id),
+                self.request.client_id,
+                until,
+            ))
+            .await;
+        let holds = &shard.metrics.holds;
+        let pending = match held {
+            None => {
+                holds.ended(Held::Cancelled, Some(started.elapsed()));
+                return Err(self.client_left());
+            }
+            Some(Ok(pending)) => {
+                holds.ended(Held::Released, Some(started.elapsed()));
+                pending
+            }
+            Some(Err(end)) => {
+                match end {
+                    HoldEnd::Full => holds.ended(Held::Full, None),
+                    HoldEnd::Expired => {
+                        holds.ended(Held::Expired, Some(started.elapsed()));
+                    }
+                    _ => {}
+                }
+                return Err(refusal::hold(end, &self.fields.model).into());
+            }
+        };
+        self.hold_until = Some(until);
+        // Released: the capacity wait is bounded by the request timeout from now.
+        self.restart_deadline();
+        Ok(Some(pending))
+    }
+
+    /// Phase 5b: B3, B2 and the B4 share on the model's owner. With a visit of their own the
+    /// gates reserve occupancy now (a request a wake released waits for room up to its hold
+    /// budget, so that its capacity wait is bounded by the request timeout alone); otherwise
+    /// they run with the slot. The answer is how the slot visit is admitted.
+    async fn pool_gates<S: Sink>(&mut self, sink: &mut HoldSink<'_, S>) -> Result<Admit, Outcome> {
+        let admit = match self.plan.slot() {
+            SlotAdmit::Direct => Admit::Direct,
+            SlotAdmit::Gated => Admit::Gated(self.pool_ask()),
+            SlotAdmit::Reserved => {
+                let wait_until = self
+                    .hold_until
+                    .map_or(self.deadline, |until| until.max(self.deadline));
+                let reserved = sink
+                    .until_client_gone(self.shard.reserve(self.model, self.pool_ask(), wait_until))
+                    .await;
+                match reserved {
+                    None => return Err(self.client_left()),
+                    Some(Ok(reservation)) => Admit::Reserved(reservation),
+                    Some(Err(error)) if self.plan.holds() => {
+                        return Err(refusal::released(error, &self.fields.model).into());
+                    }
+                    Some(Err(error)) => return Err(refusal::route(error).into()),
+                }
+            }
+        };
+        if self.plan.holds() {
+            self.restart_deadline();
+        }
+        Ok(admit)
+    }
+
+    /// Phase 5d: B4's token buckets and the daily budget on the quota owner, when the plan
+    /// split them from the request rate. A refusal drops the reservation, which releases it.
+    async fn tokens<S: Sink>(
+        &self,
+        quota: &mut QuotaHold,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<(), Outcome> {
+        if !self.plan.tokens {
+            return Ok(());
+        }
+        let tokens = self
+            .visit_quota(Charge::TokensOnly(self.estimate), sink)
+            .await?;
+        quota.absorb(tokens);
+        Ok(())
+    }
+
+    /// Phases 6 to 8, once per attempt: a slot from the policy's steps, the forward, the
+    /// answer; 6b when local routing is exhausted. A refusal drops `quota`, which gives its
+    /// token charges back.
+    async fn attempts<S: Sink>(
+        &self,
+        first: Admit,
+        mut quota: QuotaHold,
+        mut pending: Option<Pending>,
+        facts: &mut RequestFacts,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<u16, Outcome> {
+        let mut attempts = Attempts::new(&self.model.policy);
+        // Released requests queue even beyond `--queue-depth` (the hold limits bound them).
+        attempts.beyond_depth = self.plan.holds();
+        let mut admit = first;
+        loop {
+            let slot = match self.acquire(admit, &attempts, &mut pending, sink).await? {
+                Ok(slot) => slot,
+                Err(error) => return self.no_slot(error, &mut attempts, quota, facts, sink).await,
+            };
+            match self.forward(slot, &mut quota, &attempts, facts, sink).await {
+                Err(Outcome::Retry(failure)) => {
+                    ShardMetrics::add(&self.shard.metrics.forward_retries_total, 1);
+                    attempts.failed(failure);
+                    admit = match self.plan.retry_slot() {
+                        SlotAdmit::Direct => Admit::Direct,
+                        // The failed slot gave its reservation back: the gates run again.
+                        SlotAdmit::Gated | SlotAdmit::Reserved => Admit::Gated(self.pool_ask()),
+                    };
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Phase 6: a slot from the model's owner, over the policy's steps. Outer `Err`: the client
+    /// left; inner `Err`: the owner found no slot.
+    async fn acquire<S: Sink>(
+        &self,
+        admit: Admit,
+        attempts: &Attempts<'_>,
+        pending: &mut Option<Pending>,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<Result<Slot, RouteError>, Outcome> {
+        let acquired = sink
+            .until_client_gone(
+                self.shard
+                    .acquire(self.model, self.deadline, admit, attempts.ask()),
+            )
+            .await;
+        match acquired {
+            None => Err(self.client_left()),
+            Some(Ok(slot)) => {
+                // A request with a slot is no longer pending demand.
+                drop(pending.take());
+                self.shard.count_routed(self.key, self.model.id, slot.agent);
+                Ok(Ok(slot))
+            }
+            Some(Err(error)) => Ok(Err(error)),
+        }
+    }
+
+    /// Phase 6 found no slot. Local routing exhausted: phase 6b when the plan has a provider
+    /// fallback; else the last forward failure, or why no slot was found.
+    async fn no_slot<S: Sink>(
+        &self,
+        error: RouteError,
+        attempts: &mut Attempts<'_>,
+        quota: QuotaHold,
+        facts: &mut RequestFacts,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<u16, Outcome> {
+        let exhausted = matches!(error, RouteError::NoAgents | RouteError::QueueFull);
+        if exhausted
+            && self.plan.provider_fallback
+            && let (Some(fallback), Some(pool)) = (
+                &self.model.policy.fallback_provider,
+                &self.shard.settings.provider,
+            )
+        {
+            facts.provider = Some(fallback.engine.processed_by());
+            return self.by_provider(fallback, pool, quota, facts, sink).await;
+        }
+        if self.plan.generates && exhausted {
+            self.shard
+                .count_policy_outcome(self.model.id, PolicyOutcome::Exhausted);
+        }
+        let rejection = attempts
+            .last_failure
+            .take()
+            .unwrap_or_else(|| refusal::route(error));
+        Err(rejection.into())
+    }
+
+    /// Phase 6b, provider fallback (seed, "Provider fallback accounting"): the request's
+    /// occupancy is already released (the owner gave it back with the refused slot); the RPM,
+    /// ITPM and daily input charges stay, whatever the provider answers; no output is charged and
+    /// the estimator does not learn. The provider's usage is still counted in the shard's token
+    /// counters.
+    async fn by_provider<S: Sink>(
+        &self,
+        fallback: &crate::policy::ProviderFallback,
+        pool: &crate::provider::ProviderPool,
+        mut quota: QuotaHold,
+        facts: &mut RequestFacts,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<u16, Outcome> {
+        use crate::provider::{ProviderConfig, ProviderRequest};
+        let (shard, request, model) = (self.shard, self.request, self.model.id);
+        quota.settle(
+            crate::limits::UsedTokens {
+                input_tokens: self.estimate.input_tokens,
+                output_tokens: 0,
+            },
+            crate::limits::Delivery::Provider,
+        );
+        let config = ProviderConfig {
+            engine: fallback.engine,
+            model: fallback.model.to_string(),
+        };
+        let mut call = ProviderRequest::new(
+            &config,
+            request.route.dialect(),
+            request.body.clone(),
+            self.deadline,
+        );
+        call.request_id = Some(Bytes::copy_from_slice(&request.request_id));
+        match sink.until_client_gone(pool.call(call)).await {
+            None => Err(self.client_left()),
+            Some(Err(error)) => {
+                shard.count_policy_outcome(model, PolicyOutcome::Exhausted);
+                Err(refusal::provider(error).into())
+            }
+            Some(Ok(answer)) => {
+                shard.count_policy_outcome(model, PolicyOutcome::ProviderFallback);
+                if let Some(usage) = answer.usage {
+                    facts.input_tokens = usage.input_tokens;
+                    facts.output_tokens = usage.output_tokens;
+                    ShardMetrics::add(&shard.metrics.input_tokens_total, usage.input_tokens);
+                    ShardMetrics::add(&shard.metrics.output_tokens_total, usage.output_tokens);
+                    // Recorded under the model the client asked for (seed, "Provider fallback
+                    // accounting").
+                    shard.count_tenant_tokens(
+                        quota.key,
+                        model,
+                        None,
+                        usage.input_tokens,
+                        usage.output_tokens,
+                    );
+                }
+                sink.respond(200, "application/json", &[], &answer.body)
+                    .await
+                    .map(|()| 200)
+                    .map_err(|_| Outcome::Gone)
+            }
+        }
+    }
+
+    /// Phases 7 and 8 on the slot (`api::forward`), and the policy counter of how it was
+    /// routed once the attempt is final.
+    async fn forward<S: Sink>(
+        &self,
+        slot: Slot,
+        quota: &mut QuotaHold,
+        attempts: &Attempts<'_>,
+        facts: &mut RequestFacts,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<u16, Outcome> {
+        let may_retry = attempts.may_retry(slot.step, self.plan.provider_fallback);
+        let routed = if slot.step == 0 {
+            PolicyOutcome::PrimaryRouted
+        } else {
+            PolicyOutcome::FallbackRouted
+        };
+        facts.agent = Some(slot.agent);
+        let forwarded = forward::forward(
+            self.shard,
+            self.request,
+            self.fields,
+            slot,
+            quota,
+            self.deadline,
+            may_retry,
+            facts,
+            sink,
+        )
+        .await;
+        if self.plan.generates && !matches!(forwarded, Err(Outcome::Retry(_))) {
+            self.shard.count_policy_outcome(self.model.id, routed);
+        }
+        forwarded
+    }
+
+    /// One visit to the key's quota owner; a refusal is counted here and answered by
+    /// `api::refusal`.
+    async fn visit_quota<S: Sink>(
+        &self,
+        charge: Charge,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<QuotaHold, Outcome> {
+        let (shard, key) = (self.shard, self.key);
+        let admitted = sink
+            .until_client_gone(shard.admit_quota(key, self.context, charge, self.deadline))
+            .await;
+        match admitted {
+            None => Err(self.client_left()),
+            Some(Ok(hold)) => Ok(hold),
+            Some(Err(refusal)) => {
+                if let QuotaRefusal::Limit(limit) = &refusal {
+                    if let Some(reason) = Reason::of_quota(limit.kind) {
+                        shard.count_rejection(self.context.model, reason);
+                    }
+                    let labels = || Some(KeyLabels::of(key));
+                    match limit.kind {
+                        RejectionKind::RequestRate => {
+                            shard.tenants.borrow_mut().rate_limited(key.key_id, labels);
+                        }
+                        RejectionKind::DailyTokens | RejectionKind::DailyTokensForMaxOutput => {
+                            shard.tenants.borrow_mut().token_limited(
+                                key.key_id,
+                                Phase::Input,
+                                UNSET.into(),
+                                labels,
+                            );
+                        }
+                        _ => {}
+                    }
+                }
+                Err(refusal::quota(&refusal).into())
+            }
+        }
+    }
+
+    /// The pool admission this request asks the model's owner for.
+    fn pool_ask(&self) -> PoolAsk {
+        PoolAsk {
+            footprint: Footprint {
+                input_tokens: self.estimate.input_tokens,
+                declared_output_tokens: self.estimate.max_output_tokens.unwrap_or(0),
+            },
+            key: self.key.key_id,
+            share: self.plan.share,
+            policy: self.model.policy.clone(),
+            hold_until: self.hold_until,
+        }
+    }
+
+    fn restart_deadline(&mut self) {
+        self.deadline = Instant::now() + self.shard.settings.request_timeout;
+    }
+
+    /// The client left while a phase waited.
+    fn client_left(&self) -> Outcome {
+        ShardMetrics::add(&self.shard.metrics.client_disconnects_total, 1);
+        Outcome::Gone
+    }
+}
+
+/// The request's one input estimate (seed, "One input estimate") and its declared maximum output
+/// (`max_completion_tokens` before `max_tokens`; negative values count as undeclared). Chat and
+/// messages use this shard's learned ratio for the model over the prompt's text, system, tools
+/// and per-message overhead; the other routes, which charge no tokens, the starting ratio over
+/// the body.
+fn estimate(
+    shard: &Shard,
+    request: &ClientRequest,
+    model: ModelId,
+    fields: &RequestFields<'_>,
+) -> Estimate {
+    let declared = fields.max_completion_tokens.or(fields.max_tokens);
+    let input_tokens = match request.route {
+        Route::ChatCompletions | Route::Messages => {
+            shard.estimator.borrow().estimate(model, &fields.prompt)
+        }
+        _ => (request.body.len() as u64 * 10).div_ceil(32),
+    };
+    Estimate {
+        input_tokens,
+        max_output_tokens: declared.and_then(|tokens| u64::try_from(tokens).ok()),
+    }
+}
+
+/// A request's forward attempts over its policy's steps (policy reference, "Forward-attempt
+/// budgets"): a failed agent is excluded for the rest of its step; `max_tries` failures in a
+/// step move the request to the next step, where every agent is eligible again.
+struct Attempts<'p> {
+    policy: &'p crate::policy::ModelPolicy,
+    start_step: u8,
+    excluded: Vec<crate::routing::AgentId>,
+    failures_in_step: u32,
+    last_failure: Option<Rejection>,
+    /// Queue beyond `--queue-depth` (a request released by a wake).
+    beyond_depth: bool,
+}
+
+impl<'p> Attempts<'p> {
+    fn new(policy: &'p crate::policy::ModelPolicy) -> Self {
+        Attempts {
+            policy,
+            start_step: 0,
+            excluded: Vec::new(),
+            failures_in_step: 0,
+            last_failure: None,
+            beyond_depth: false,
+        }
+    }
+
+    fn max_tries(&self, step: u8) -> u32 {
+        self.policy
+            .step(usize::from(step))
+            .map_or(1, |step| step.max_tries.max(1))
+    }
+
+    fn ask(&self) -> RouteAsk {
+        RouteAsk {
+            start_step: self.start_step,
+            excluded: self.excluded.clone().into_boxed_slice(),
+            beyond_depth: self.beyond_depth,
+        }
+    }
+
+    /// Whether a failure on `step` could still be followed by another attempt.
+    fn may_retry(&self, step: u8, provider: bool) -> bool {
+        let failed_here = if step == self.start_step {
+            self.failures_in_step
+        } else {
+            0
+        };
+        failed_here + 1 < self.max_tries(step)
+            || usize::from(step) + 1 < 1 + self.policy.fallback_chain.len()
+            || provider
+    }
+
+    fn failed(&mut self, failure: forward::Failure) {
+        if failure.step != self.start_step {
+            // The owner moved the request on to a later step (nothing eligible before it).
+            self.start_step = failure.step;
+            self.excluded.clear();
+            self.failures_in_step = 0;
+        }
+        self.failures_in_step += 1;
+        if self.failures_in_step >= self.max_tries(failure.step) {
+            self.start_step = failure.step.saturating_add(1);
+            self.excluded.clear();
+            self.failures_in_step = 0;
+        } else {
+            self.excluded.push(failure.agent);
+        }
+        self.last_failure = Some(failure.rejection);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(agent: u32, step: u8) -> forward::Failure {
+        forward::Failure {
+            agent: crate::routing::AgentId(agent),
+            step,
+            rejection: Rejection::agent_disconnected(),
+        }
+    }
+
+    #[test]
+    fn attempts_exclude_failed_agents_then_advance_steps() {
+        let compiled = crate::policy::compile_text(
+            "test.yaml",
+            "models: [m]\nrouting_policy:\n  strategy: least-loaded\n  max_tries: 2\nfallback_chain:\n  - strategy: least-loaded\n    max_tries: 1\n",
+            crate::policy::Role::Named("test"),
+            &crate::policy::PolicyContext::default(),
+        )
+        .unwrap();
+        let mut attempts = Attempts::new(&compiled.policy);
+        assert!(attempts.may_retry(0, false));
+        attempts.failed(failure(7, 0));
+        assert_eq!(attempts.ask().start_step, 0);
+        assert_eq!(&*attempts.ask().excluded, &[crate::routing::AgentId(7)]);
+        attempts.failed(failure(8, 0));
+        // Two failures used step 0's budget: step 1, every agent eligible again.
+        assert_eq!(attempts.ask().start_step, 1);
+        assert!(attempts.ask().excluded.is_empty());
+        // Step 1 allows one try and is the last step: no retry unless a provider follows.
+        assert!(!attempts.may_retry(1, false));
+        assert!(attempts.may_retry(1, true));
+        attempts.failed(failure(7, 1));
+        assert_eq!(attempts.ask().start_step, 2);
+        assert!(attempts.last_failure.is_some());
+    }
+}
