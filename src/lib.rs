@@ -11,6 +11,7 @@
 //! `limits` (per-key buckets), `admission` (the input estimate and admission gates), `sibling`
 //! (the sibling map, the cross-site redirect decision and its signed tokens).
 
+pub mod accounting;
 pub mod admission;
 pub mod agent;
 pub mod api;

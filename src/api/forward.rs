@@ -16,6 +16,7 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use futures_util::future::Either;
 
+use crate::accounting::tenants::{KeyLabels, Phase};
 use crate::api::sink::Sink;
 use crate::api::{ClientRequest, Dialect, Outcome, Route};
 use crate::error::Rejection;
@@ -26,7 +27,6 @@ use crate::shard::guards::{QuotaHold, Slot};
 use crate::shard::latch::race;
 use crate::shard::owner::OccupancyUpdate;
 use crate::shard::state::Shard;
-use crate::shard::tenants::{KeyLabels, Phase};
 use crate::usage::{self, AnthropicStreamScan, OpenAiEvent, OpenAiStreamScan, SseSplitter, Usage};
 
 /// Largest non-streamed response body the router buffers; a larger one is a backend error.
@@ -63,7 +63,8 @@ impl Settling<'_> {
         if let Some(usage) = usage {
             self.facts.input_tokens = usage.input_tokens;
             self.facts.output_tokens = usage.output_tokens;
-            self.shard.count_tenant_tokens(
+            self.shard.accounting.tokens(
+                &self.shard.keys(),
                 self.quota.key,
                 self.slot.model,
                 Some(self.slot.agent),
@@ -369,10 +370,10 @@ async fn buffer_back<S: Sink>(
         // (its usage is still recorded; the quota was settled without the output).
         settling.settle(usage, false);
         let key = settling.quota.key;
-        shard.tenants.borrow_mut().token_limited(
+        shard.accounting.tenants.borrow_mut().token_limited(
             key,
             Phase::Output,
-            shard.deployment_of(Some(settling.slot.agent)),
+            shard.accounting.deployment_of(Some(settling.slot.agent)),
             || shard.keys().get(key).map(KeyLabels::of),
         );
         return Err(super::refusal::daily_output(settling.slot.model).into());

@@ -19,6 +19,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+use crate::accounting::tenants::{KeyLabels, Phase, UNSET};
 use crate::admission::occupancy::Footprint;
 use crate::admission::{self, PolicyOutcome, Reason};
 use crate::api::hold::{HoldSink, Keepalive};
@@ -36,7 +37,6 @@ use crate::routing::Ask as RouteAsk;
 use crate::shard::guards::{Pending, QuotaHold, Slot};
 use crate::shard::owner::quotas::Charge;
 use crate::shard::state::{Admit, HoldEnd, PoolAsk, QuotaRefusal, RouteError, Shard};
-use crate::shard::tenants::{KeyLabels, Phase, UNSET};
 use crate::sibling::token::RedirectClaims;
 use crate::snapshot::{ModelEntry, ModelId, RoutingSnapshot};
 
@@ -378,7 +378,9 @@ impl<'r> Admission<'r> {
             Some(Ok(slot)) => {
                 // A request with a slot is no longer pending demand.
                 drop(pending.take());
-                self.shard.count_routed(self.key, self.model.id, slot.agent);
+                self.shard
+                    .accounting
+                    .routed(self.key, self.model.id, slot.agent);
                 Ok(Ok(slot))
             }
             Some(Err(error)) => Ok(Err(error)),
@@ -465,7 +467,8 @@ impl<'r> Admission<'r> {
                     ShardMetrics::add(&shard.metrics.output_tokens_total, usage.output_tokens);
                     // Recorded under the model the client asked for (seed, "Provider fallback
                     // accounting").
-                    shard.count_tenant_tokens(
+                    shard.accounting.tokens(
+                        &shard.keys(),
                         quota.key,
                         model,
                         None,
@@ -538,10 +541,14 @@ impl<'r> Admission<'r> {
                     let labels = || Some(KeyLabels::of(key));
                     match limit.kind {
                         RejectionKind::RequestRate => {
-                            shard.tenants.borrow_mut().rate_limited(key.key_id, labels);
+                            shard
+                                .accounting
+                                .tenants
+                                .borrow_mut()
+                                .rate_limited(key.key_id, labels);
                         }
                         RejectionKind::DailyTokens | RejectionKind::DailyTokensForMaxOutput => {
-                            shard.tenants.borrow_mut().token_limited(
+                            shard.accounting.tenants.borrow_mut().token_limited(
                                 key.key_id,
                                 Phase::Input,
                                 UNSET.into(),

@@ -30,7 +30,7 @@ use crate::error::Rejection;
 use crate::http::request::Method;
 use crate::metrics::ShardMetrics;
 use crate::shard::state::Shard;
-use crate::snapshot::{Capability, ModelId};
+use crate::snapshot::Capability;
 use hold::HoldSink;
 use sink::{ClientGone, Sink};
 
@@ -133,24 +133,7 @@ impl ClientRequest {
     }
 }
 
-/// What the audit record of one request needs from the phases it went through.
-#[derive(Debug, Default)]
-pub struct RequestFacts {
-    /// The authenticated key.
-    pub key: Option<crate::auth::keys::KeyId>,
-    /// The top-level `model`, when the body could be read (a slice of the body unless it had
-    /// escapes).
-    pub model: Option<Bytes>,
-    /// The model it resolved to: the request then counts in its key's tenant series.
-    pub model_id: Option<ModelId>,
-    /// The agent that served it, or the provider marker (`provider:openai`).
-    pub agent: Option<crate::routing::AgentId>,
-    pub provider: Option<&'static str>,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    /// The router's error code, when the router refused or failed the request.
-    pub error_code: Option<&'static str>,
-}
+pub use crate::accounting::RequestFacts;
 
 /// Counts a request from its head to its last byte (`requests_open`: what a drain waits for).
 struct RequestOpen<'m>(&'m ShardMetrics);
@@ -197,7 +180,14 @@ pub async fn serve<S: Sink>(
     let served = serve_audited(shard, &request, &keys, &mut facts, &mut sink).await;
     // A client that left got no complete answer: 499, as nginx records it.
     let status = if served.is_err() { 499 } else { sink.status() };
-    shard.request_finished(&request, &keys, &facts, status);
+    let arrival = crate::accounting::Arrival {
+        request_id: request.request_id_str(),
+        peer: request.peer,
+        received_at: request.received_at,
+    };
+    shard
+        .accounting
+        .request_finished(arrival, &keys, &facts, status);
     served
 }
 

@@ -294,8 +294,10 @@ fn render_routed(out: &mut String, registry: &Registry, reports: &[ShardReport])
 /// `deployment_id` is the serving agent's `--deployment-id`, `unset` when none served it.
 fn render_tenants(out: &mut String, registry: &Registry, reports: &[ShardReport]) {
     use std::collections::BTreeMap;
-    let mut requests: BTreeMap<(&str, &str, &str, &str), crate::shard::tenants::RequestCounts> =
-        BTreeMap::new();
+    let mut requests: BTreeMap<
+        (&str, &str, &str, &str),
+        crate::accounting::tenants::RequestCounts,
+    > = BTreeMap::new();
     for (series, counts) in reports.iter().flat_map(|report| &report.tenants.requests) {
         let Some(model) = registry.model_name(series.model) else {
             continue;
@@ -313,7 +315,7 @@ fn render_tenants(out: &mut String, registry: &Registry, reports: &[ShardReport]
         total.input_tokens += counts.input_tokens;
         total.output_tokens += counts.output_tokens;
     }
-    type Count = fn(&crate::shard::tenants::RequestCounts) -> u64;
+    type Count = fn(&crate::accounting::tenants::RequestCounts) -> u64;
     let families: [(&str, &str, Count); 4] = [
         (
             "hivenet_tenant_requests_success_total",

@@ -154,7 +154,7 @@ async fn run(
         setup.to_control,
     ));
     if let Some(audit) = setup.audit {
-        shard.set_audit(audit);
+        shard.accounting.set_audit(audit);
     }
     if let Some(restore) = setup.daily_restore {
         shard.restore_daily(restore);

@@ -77,7 +77,7 @@ impl Shard {
                 capacity,
                 profile,
             } => {
-                self.agent_peers.borrow_mut().insert(agent, profile.clone());
+                self.accounting.agent_up(agent, profile.clone());
                 let join = AgentJoin {
                     agent,
                     generation,
@@ -88,8 +88,7 @@ impl Shard {
                 self.with_owner(|owner, effects| owner.agent_up(now, &join, &models, effects));
             }
             ControlToShard::AgentDown { agent, models } => {
-                self.agent_peers.borrow_mut().remove(&agent);
-                self.tenants.borrow_mut().forget_agent(agent);
+                self.accounting.agent_down(agent);
                 let now = crate::clock::now();
                 self.with_owner(|owner, effects| owner.agent_down(now, agent, &models, effects));
             }
@@ -110,7 +109,7 @@ impl Shard {
                     queues,
                     pending_demand,
                     admission: self.admission_report(),
-                    tenants: self.tenants.borrow().report(),
+                    tenants: self.accounting.report(),
                 });
             }
             ControlToShard::ReportDaily(reply) => {

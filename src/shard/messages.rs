@@ -73,7 +73,7 @@ pub struct ShardReport {
     /// Hold at zero: the pending demand of every model this shard owns that has any.
     pub pending_demand: Vec<(ModelId, u32)>,
     pub admission: crate::shard::state::AdmissionReport,
-    pub tenants: crate::shard::tenants::TenantReport,
+    pub tenants: crate::accounting::tenants::TenantReport,
 }
 
 /// From a shard to the control core.

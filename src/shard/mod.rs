@@ -21,7 +21,6 @@ pub mod messages;
 pub mod outbox;
 pub mod owner;
 pub mod state;
-pub mod tenants;
 pub mod visit;
 
 /// The maps a shard looks up on every request, keyed by the router's own ids (models, agents,

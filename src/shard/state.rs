@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::admission::occupancy::Footprint;
 use crate::admission::{PolicyOutcome, Reason};
 use crate::auth::admin::AdminAccess;
-use crate::auth::keys::{KeyId, KeyRecord, KeyRegistry};
+use crate::auth::keys::{KeyId, KeyRegistry};
 use crate::clock::SystemClock;
 use crate::ids::{AgentId, ModelId};
 use crate::limits::BurstSeconds;
@@ -191,12 +191,8 @@ pub struct Shard {
     /// it serves (each shard learns its own copy; with connections spread over shards the copies
     /// see the same traffic and converge alike).
     pub estimator: RefCell<crate::admission::estimator::Estimator>,
-    /// Per-tenant request and token counters (`hivenet_tenant_*`).
-    pub tenants: RefCell<crate::shard::tenants::TenantCounters>,
-    /// This shard's end of the audit log (`None` until start-up hands it over).
-    audit: RefCell<Option<crate::audit::AuditSender>>,
-    /// Every pooled agent's peer ID, for the audit log (all shards hear every agent).
-    pub(super) agent_peers: RefCell<IdMap<AgentId, Arc<crate::routing::AgentProfile>>>,
+    /// The tenant series and audit records of the requests this shard served.
+    pub accounting: crate::accounting::Accounting,
     pub(super) to_control: mpsc::UnboundedSender<ShardToControl>,
     /// What this shard's clients hold: connections, body bytes, resets per source.
     pub clients: Rc<crate::shard::clients::ClientGuard>,
@@ -250,9 +246,7 @@ impl Shard {
             rejections: RefCell::new(IdMap::default()),
             policy_outcomes: RefCell::new(IdMap::default()),
             estimator: RefCell::new(crate::admission::estimator::Estimator::default()),
-            tenants: RefCell::new(crate::shard::tenants::TenantCounters::default()),
-            audit: RefCell::new(None),
-            agent_peers: RefCell::new(IdMap::default()),
+            accounting: Default::default(),
             clients,
             lifecycle: Default::default(),
             to_control,
@@ -481,136 +475,6 @@ impl Shard {
         let generation = self.next_tunnel_generation.get();
         self.next_tunnel_generation.set(generation + 1);
         generation
-    }
-
-    // ----- accounting -----
-
-    /// Hands this shard its end of the audit log (start-up, before it accepts).
-    pub fn set_audit(&self, sender: crate::audit::AuditSender) {
-        *self.audit.borrow_mut() = Some(sender);
-    }
-
-    /// A request is over: it counts in its key's tenant series (success for a 2xx answer, failure
-    /// for anything else) and leaves its audit record.
-    pub fn request_finished(
-        &self,
-        request: &crate::api::ClientRequest,
-        keys: &KeyRegistry,
-        facts: &crate::api::RequestFacts,
-        status: u16,
-    ) {
-        if let (Some(key), Some(model)) = (facts.key.and_then(|key| keys.get(key)), facts.model_id)
-        {
-            self.tenants.borrow_mut().finished(
-                key.key_id,
-                model,
-                facts.agent,
-                Some(status),
-                || {
-                    Some((
-                        crate::shard::tenants::KeyLabels::of(key),
-                        self.deployment_of(facts.agent),
-                    ))
-                },
-            );
-        }
-        self.audit(request, keys, facts, status);
-    }
-
-    /// Writes the request's audit record (observability reference, "Audit record format").
-    fn audit(
-        &self,
-        request: &crate::api::ClientRequest,
-        keys: &KeyRegistry,
-        facts: &crate::api::RequestFacts,
-        status: u16,
-    ) {
-        use crate::audit::{
-            AuditKey, AuditRecord, Shown, SourceIp, Timestamp, error_code_for_status,
-        };
-        let mut audit = self.audit.borrow_mut();
-        let Some(sender) = audit.as_mut() else {
-            return;
-        };
-        let key = facts.key.and_then(|key| keys.get(key));
-        let latency = request.received_at.elapsed();
-        let peers = self.agent_peers.borrow();
-        let agent_id = match (facts.provider, facts.agent) {
-            (Some(provider), _) => provider,
-            (None, Some(agent)) => peers.get(&agent).map_or("", |profile| &profile.peer_id),
-            (None, None) => "",
-        };
-        let error_code = match facts.error_code {
-            Some(code) if status >= 400 => code,
-            _ => error_code_for_status(status),
-        };
-        sender.record(&AuditRecord {
-            log_type: "audit",
-            level: AuditRecord::level_of(status),
-            trace_id: "",
-            request_id: request.request_id_str(),
-            tenant_id: key.map_or("", |key| key.owner.as_str()),
-            key_id: Shown(AuditKey::of(key)),
-            model: facts
-                .model
-                .as_deref()
-                .and_then(|model| std::str::from_utf8(model).ok())
-                .unwrap_or(""),
-            status_code: status,
-            latency_ms: latency.as_millis() as u64,
-            input_tokens: facts.input_tokens,
-            output_tokens: facts.output_tokens,
-            agent_id,
-            error_code,
-            source_ip: SourceIp(request.peer),
-            ts: Timestamp(std::time::SystemTime::now() - latency),
-        });
-    }
-
-    /// The `deployment_id` label of a request served by `agent`: what the agent registered;
-    /// `unset` when no agent served it (refused before routing, answered by a provider) or the
-    /// agent registered none.
-    pub fn deployment_of(&self, agent: Option<AgentId>) -> Arc<str> {
-        let peers = self.agent_peers.borrow();
-        match agent.and_then(|agent| peers.get(&agent)) {
-            Some(profile) if !profile.deployment_id.is_empty() => (*profile.deployment_id).into(),
-            _ => crate::shard::tenants::UNSET.into(),
-        }
-    }
-
-    /// `hivenet_routing_requests_routed_total`: the request got a slot on `agent`.
-    pub fn count_routed(&self, key: &KeyRecord, model: ModelId, agent: AgentId) {
-        self.tenants
-            .borrow_mut()
-            .routed(key.tenant_id, model, agent, || {
-                let peers = self.agent_peers.borrow();
-                let profile = peers.get(&agent)?;
-                Some(crate::shard::tenants::RoutedSeries {
-                    tenant_id: key.owner.as_str().into(),
-                    model,
-                    engine: (*profile.engine).into(),
-                    region: (*profile.region).into(),
-                })
-            });
-    }
-
-    /// Counts tokens a request used against its key's tenant series (resolving the key's labels
-    /// only when the series is new; a key gone in a reload is not counted). `agent`: the one
-    /// that served it, `None` for a provider's answer.
-    pub fn count_tenant_tokens(
-        &self,
-        key: KeyId,
-        model: ModelId,
-        agent: Option<AgentId>,
-        input: u64,
-        output: u64,
-    ) {
-        self.tenants
-            .borrow_mut()
-            .tokens(key, model, agent, input, output, || {
-                let labels = crate::shard::tenants::KeyLabels::of(self.keys().get(key)?);
-                Some((labels, self.deployment_of(agent)))
-            });
     }
 }
 

@@ -1,0 +1,190 @@
+//! What a shard counts about the requests it served, outside the data plane: the per-tenant
+//! series (`tenants`) and the audit log record of each request. One [`Accounting`] per shard,
+//! single-threaded like the shard that carries it; the request path (`api`) feeds it, the
+//! control core reads it through the shard's report.
+
+pub mod tenants;
+
+use std::cell::RefCell;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::auth::keys::{KeyRecord, KeyRegistry};
+use crate::ids::{AgentId, KeyId, ModelId};
+use crate::routing::AgentProfile;
+use crate::shard::IdMap;
+use tenants::{KeyLabels, RoutedSeries, TenantCounters, TenantReport, UNSET};
+
+/// What the audit record of one request needs from the phases it went through.
+#[derive(Debug, Default)]
+pub struct RequestFacts {
+    /// The authenticated key.
+    pub key: Option<KeyId>,
+    /// The top-level `model`, when the body could be read (a slice of the body unless it had
+    /// escapes).
+    pub model: Option<Bytes>,
+    /// The model it resolved to: the request then counts in its key's tenant series.
+    pub model_id: Option<ModelId>,
+    /// The agent that served it, or the provider marker (`provider:openai`).
+    pub agent: Option<AgentId>,
+    pub provider: Option<&'static str>,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// The router's error code, when the router refused or failed the request.
+    pub error_code: Option<&'static str>,
+}
+
+/// Who sent a request and when it arrived, for its audit record.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival<'r> {
+    pub request_id: &'r str,
+    pub peer: Option<IpAddr>,
+    pub received_at: Instant,
+}
+
+#[derive(Default)]
+pub struct Accounting {
+    /// Per-tenant request and token counters (`hivenet_tenant_*`).
+    pub tenants: RefCell<TenantCounters>,
+    /// This shard's end of the audit log (`None` until start-up hands it over).
+    audit: RefCell<Option<crate::audit::AuditSender>>,
+    /// Every pooled agent's profile: its peer ID for the audit log, its labels for the series
+    /// (every shard hears every agent).
+    agents: RefCell<IdMap<AgentId, Arc<AgentProfile>>>,
+}
+
+impl Accounting {
+    /// Hands this shard its end of the audit log (start-up, before it accepts).
+    pub fn set_audit(&self, sender: crate::audit::AuditSender) {
+        *self.audit.borrow_mut() = Some(sender);
+    }
+
+    pub fn agent_up(&self, agent: AgentId, profile: Arc<AgentProfile>) {
+        self.agents.borrow_mut().insert(agent, profile);
+    }
+
+    pub fn agent_down(&self, agent: AgentId) {
+        self.agents.borrow_mut().remove(&agent);
+        self.tenants.borrow_mut().forget_agent(agent);
+    }
+
+    pub fn report(&self) -> TenantReport {
+        self.tenants.borrow().report()
+    }
+
+    /// A request is over: it counts in its key's tenant series (success for a 2xx answer, failure
+    /// for anything else) and leaves its audit record.
+    pub fn request_finished(
+        &self,
+        arrival: Arrival<'_>,
+        keys: &KeyRegistry,
+        facts: &RequestFacts,
+        status: u16,
+    ) {
+        if let (Some(key), Some(model)) = (facts.key.and_then(|key| keys.get(key)), facts.model_id)
+        {
+            self.tenants.borrow_mut().finished(
+                key.key_id,
+                model,
+                facts.agent,
+                Some(status),
+                || Some((KeyLabels::of(key), self.deployment_of(facts.agent))),
+            );
+        }
+        self.audit(arrival, keys, facts, status);
+    }
+
+    /// Writes the request's audit record (observability reference, "Audit record format").
+    fn audit(&self, arrival: Arrival<'_>, keys: &KeyRegistry, facts: &RequestFacts, status: u16) {
+        use crate::audit::{
+            AuditKey, AuditRecord, Shown, SourceIp, Timestamp, error_code_for_status,
+        };
+        let mut audit = self.audit.borrow_mut();
+        let Some(sender) = audit.as_mut() else {
+            return;
+        };
+        let key = facts.key.and_then(|key| keys.get(key));
+        let latency = arrival.received_at.elapsed();
+        let agents = self.agents.borrow();
+        let agent_id = match (facts.provider, facts.agent) {
+            (Some(provider), _) => provider,
+            (None, Some(agent)) => agents.get(&agent).map_or("", |profile| &profile.peer_id),
+            (None, None) => "",
+        };
+        let error_code = match facts.error_code {
+            Some(code) if status >= 400 => code,
+            _ => error_code_for_status(status),
+        };
+        sender.record(&AuditRecord {
+            log_type: "audit",
+            level: AuditRecord::level_of(status),
+            trace_id: "",
+            request_id: arrival.request_id,
+            tenant_id: key.map_or("", |key| key.owner.as_str()),
+            key_id: Shown(AuditKey::of(key)),
+            model: facts
+                .model
+                .as_deref()
+                .and_then(|model| std::str::from_utf8(model).ok())
+                .unwrap_or(""),
+            status_code: status,
+            latency_ms: latency.as_millis() as u64,
+            input_tokens: facts.input_tokens,
+            output_tokens: facts.output_tokens,
+            agent_id,
+            error_code,
+            source_ip: SourceIp(arrival.peer),
+            ts: Timestamp(std::time::SystemTime::now() - latency),
+        });
+    }
+
+    /// The `deployment_id` label of a request served by `agent`: what the agent registered;
+    /// `unset` when no agent served it (refused before routing, answered by a provider) or the
+    /// agent registered none.
+    pub fn deployment_of(&self, agent: Option<AgentId>) -> Arc<str> {
+        let agents = self.agents.borrow();
+        match agent.and_then(|agent| agents.get(&agent)) {
+            Some(profile) if !profile.deployment_id.is_empty() => (*profile.deployment_id).into(),
+            _ => UNSET.into(),
+        }
+    }
+
+    /// `hivenet_routing_requests_routed_total`: the request got a slot on `agent`.
+    pub fn routed(&self, key: &KeyRecord, model: ModelId, agent: AgentId) {
+        self.tenants
+            .borrow_mut()
+            .routed(key.tenant_id, model, agent, || {
+                let agents = self.agents.borrow();
+                let profile = agents.get(&agent)?;
+                Some(RoutedSeries {
+                    tenant_id: key.owner.as_str().into(),
+                    model,
+                    engine: (*profile.engine).into(),
+                    region: (*profile.region).into(),
+                })
+            });
+    }
+
+    /// Counts tokens a request used against its key's tenant series (resolving the key's labels
+    /// only when the series is new; a key gone in a reload is not counted). `agent`: the one
+    /// that served it, `None` for a provider's answer.
+    pub fn tokens(
+        &self,
+        keys: &KeyRegistry,
+        key: KeyId,
+        model: ModelId,
+        agent: Option<AgentId>,
+        input: u64,
+        output: u64,
+    ) {
+        self.tenants
+            .borrow_mut()
+            .tokens(key, model, agent, input, output, || {
+                let labels = KeyLabels::of(keys.get(key)?);
+                Some((labels, self.deployment_of(agent)))
+            });
+    }
+}
