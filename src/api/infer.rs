@@ -34,9 +34,11 @@ use crate::http::fields::{RequestFields, extract_fields};
 use crate::limits::{Estimate, ModelContext, RejectionKind};
 use crate::metrics::ShardMetrics;
 use crate::routing::Ask as RouteAsk;
+use crate::shard::guards::HoldEnd;
 use crate::shard::guards::{Pending, QuotaHold, Slot};
 use crate::shard::owner::quotas::Charge;
-use crate::shard::state::{Admit, HoldEnd, PoolAsk, QuotaRefusal, RouteError, Shard};
+use crate::shard::state::Shard;
+use crate::shard::visit::{Admit, PoolAsk, QuotaRefusal, RouteError};
 use crate::sibling::token::RedirectClaims;
 use crate::snapshot::{ModelEntry, ModelId, RoutingSnapshot};
 

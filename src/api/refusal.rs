@@ -23,7 +23,8 @@ use crate::error::{Rejection, Source, Waking};
 use crate::http::fields::FieldsError;
 use crate::limits::RejectionKind;
 use crate::provider::ProviderError;
-use crate::shard::state::{HoldEnd, QuotaRefusal, RouteError};
+use crate::shard::guards::HoldEnd;
+use crate::shard::visit::{QuotaRefusal, RouteError};
 use crate::sibling::token::TokenError;
 use crate::snapshot::ModelId;
 

@@ -10,7 +10,7 @@ use crate::ids::{AgentId, Generation, KeyId, ModelId, TenantId, Ticket};
 use crate::limits::{Admission, Delivery, UsedTokens};
 use crate::routing::Grant;
 use crate::shard::owner::{Admitted, HoldAnswer, Notice, OccupancyUpdate, Release};
-use crate::shard::state::{HoldEnd, Shard};
+use crate::shard::state::Shard;
 
 /// A held agent slot (and the request's occupancy reservation, if it has one). Dropping it
 /// releases both to the model's owner, exactly once.
@@ -115,6 +115,19 @@ impl Drop for Reservation {
             });
         }
     }
+}
+
+/// Why a request was not released by a wake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldEnd {
+    /// A hold limit is reached (per model, per key and model, or in total).
+    Full,
+    /// The hold budget ran out before an agent for the model registered.
+    Expired,
+    /// The mesh ring to the model's owner is full.
+    MeshFull,
+    /// The router's drain ended (SIGTERM) while the request was held.
+    ShuttingDown,
 }
 
 /// A request's entry in its model's hold book (hold at zero): held, then, once a wake released

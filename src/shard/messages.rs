@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
+use crate::admission::{PolicyOutcome, Reason};
 use crate::ids::{AgentId, ModelId, Ticket};
-use crate::shard::owner::{Answer, Notice, Visit};
+use crate::shard::owner::{Answer, Notice, PoolReport, Visit};
 
 /// Broadcast by the control core to every shard (each applies what it owns), except `Tunnel`,
 /// which goes to the one shard the agent dialed for.
@@ -72,8 +73,16 @@ pub struct ShardReport {
     pub queues: Vec<(ModelId, u32)>,
     /// Hold at zero: the pending demand of every model this shard owns that has any.
     pub pending_demand: Vec<(ModelId, u32)>,
-    pub admission: crate::shard::state::AdmissionReport,
+    pub admission: AdmissionReport,
     pub tenants: crate::accounting::tenants::TenantReport,
+}
+
+/// What `/metrics` reads of a shard's admission state.
+#[derive(Debug, Default)]
+pub struct AdmissionReport {
+    pub pools: Vec<PoolReport>,
+    pub rejections: Vec<(ModelId, Reason, u64)>,
+    pub policy_outcomes: Vec<(ModelId, PolicyOutcome, u64)>,
 }
 
 /// From a shard to the control core.

@@ -10,25 +10,24 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::admission::occupancy::Footprint;
 use crate::admission::{PolicyOutcome, Reason};
 use crate::auth::admin::AdminAccess;
-use crate::auth::keys::{KeyId, KeyRegistry};
+use crate::auth::keys::KeyRegistry;
 use crate::clock::SystemClock;
 use crate::ids::{AgentId, ModelId};
 use crate::limits::BurstSeconds;
 use crate::metrics::ShardMetrics;
-use crate::policy::ModelPolicy;
 use crate::shard::IdMap;
 use crate::shard::mesh::Endpoint;
+use crate::shard::messages::AdmissionReport;
 use crate::shard::messages::{ShardToControl, ShardToShard};
 use crate::shard::outbox::Outbox;
-use crate::shard::owner::{Answer, Decision, Effects, Owner, OwnerSettings, PoolReport};
+use crate::shard::owner::{Answer, Effects, Owner, OwnerSettings};
 use crate::snapshot::RoutingSnapshot;
 
 /// A reservation untouched this long lost its release (every request path releases on drop, and
@@ -64,102 +63,11 @@ pub struct ShardSettings {
     pub client_limits: crate::shard::clients::ClientLimits,
 }
 
-/// Why a request found no agent slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RouteError {
-    /// Every agent is full and the model's queue is full (or disabled).
-    QueueFull,
-    /// The model has no agent in the pool.
-    NoAgents,
-    /// The capacity wait reached the request deadline.
-    Timeout,
-    /// The mesh ring to the owner shard is full.
-    MeshFull,
-    /// B3 shed the request.
-    Shed,
-    /// B2: the pool stayed full for the park timeout.
-    PoolFull,
-    /// B4: the key's occupancy share is in use.
-    KeyShare,
-    /// B2: the request alone is larger than the pool's whole budget (refused at once for a
-    /// request released by a wake, which would otherwise wait its whole hold budget).
-    PoolTooSmall,
-}
-
-impl RouteError {
-    pub(super) fn from_decision(decision: Decision) -> RouteError {
-        match decision {
-            Decision::QueueFull => RouteError::QueueFull,
-            Decision::Shed => RouteError::Shed,
-            Decision::PoolFull => RouteError::PoolFull,
-            Decision::KeyShare => RouteError::KeyShare,
-            Decision::PoolTooSmall => RouteError::PoolTooSmall,
-            // A grant or reservation where the other was asked for cannot happen; treat it as
-            // the model having nothing to offer.
-            Decision::NoAgents | Decision::Granted(_) | Decision::Reserved => RouteError::NoAgents,
-        }
-    }
-}
-
-/// What a request asks of the model's owner besides a slot.
-pub enum Admit {
-    /// No pool gate for this model: straight to the capacity queue.
-    Direct,
-    /// The pool gates, then the capacity queue, in one visit to the owner.
-    Gated(PoolAsk),
-    /// A reservation taken earlier with [`Shard::reserve`]: its ticket joins the capacity queue.
-    Reserved(crate::shard::guards::Reservation),
-}
-
-/// A request's pool admission, as the requester fills it in.
-#[derive(Debug, Clone)]
-pub struct PoolAsk {
-    pub footprint: Footprint,
-    pub key: KeyId,
-    /// The key's `max_occupancy_share` when the model is serverless; 0 otherwise.
-    pub share: f64,
-    pub policy: Arc<ModelPolicy>,
-    /// Hold at zero: a request released by a wake waits for room until its hold budget ends,
-    /// whatever the park timeout (seed, "After the wake").
-    pub hold_until: Option<Instant>,
-}
-
-/// What `/metrics` reads of a shard's admission state.
-#[derive(Debug, Default)]
-pub struct AdmissionReport {
-    pub pools: Vec<PoolReport>,
-    pub rejections: Vec<(ModelId, Reason, u64)>,
-    pub policy_outcomes: Vec<(ModelId, PolicyOutcome, u64)>,
-}
-
 /// The router-side HTTP/2 client handle over one agent tunnel.
 #[derive(Clone)]
 pub struct Tunnel {
     pub send: h2::client::SendRequest<Bytes>,
     pub generation: u64,
-}
-
-/// Why the quota phase refused a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QuotaRefusal {
-    Limit(crate::limits::LimitExceeded),
-    /// The mesh ring to the owner is full.
-    MeshFull,
-    /// The owner did not answer before the request deadline.
-    Timeout,
-}
-
-/// Why a request was not released by a wake.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HoldEnd {
-    /// A hold limit is reached (per model, per key and model, or in total).
-    Full,
-    /// The hold budget ran out before an agent for the model registered.
-    Expired,
-    /// The mesh ring to the model's owner is full.
-    MeshFull,
-    /// The router's drain ended (SIGTERM) while the request was held.
-    ShuttingDown,
 }
 
 pub struct Shard {

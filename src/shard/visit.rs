@@ -15,21 +15,25 @@ use std::time::{Duration, Instant};
 use futures_util::future::Either;
 use tokio::sync::oneshot;
 
+use crate::admission::occupancy::Footprint;
 use crate::auth::keys::KeyRecord;
 use crate::clock::SystemClock;
 use crate::hold::ClientId;
 use crate::ids::{KeyId, ModelId, TenantId, Ticket};
 use crate::limits::{Admission, ModelContext, Settlement, UsedTokens};
 use crate::metrics::ShardMetrics;
+use crate::policy::ModelPolicy;
 use crate::routing::Ask;
+use crate::shard::guards::HoldEnd;
 use crate::shard::guards::{Pending, QuotaHold, Reservation, Slot};
 use crate::shard::latch::race;
 use crate::shard::messages::ShardToShard;
 use crate::shard::owner::{
     Admitted, Answer, Charge, Decision, Notice, PoolRequest, Release, Visit,
 };
-use crate::shard::state::{Admit, HoldEnd, PoolAsk, QuotaRefusal, RouteError, Shard};
+use crate::shard::state::Shard;
 use crate::snapshot::ModelEntry;
+use std::sync::Arc;
 
 /// Why a visit ended without an answer.
 #[derive(Debug)]
@@ -43,6 +47,76 @@ pub enum Unanswered {
     Ending,
     /// The waiter was dropped without an answer (cannot happen while the shard runs).
     Dropped,
+}
+
+/// Why a request found no agent slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteError {
+    /// Every agent is full and the model's queue is full (or disabled).
+    QueueFull,
+    /// The model has no agent in the pool.
+    NoAgents,
+    /// The capacity wait reached the request deadline.
+    Timeout,
+    /// The mesh ring to the owner shard is full.
+    MeshFull,
+    /// B3 shed the request.
+    Shed,
+    /// B2: the pool stayed full for the park timeout.
+    PoolFull,
+    /// B4: the key's occupancy share is in use.
+    KeyShare,
+    /// B2: the request alone is larger than the pool's whole budget (refused at once for a
+    /// request released by a wake, which would otherwise wait its whole hold budget).
+    PoolTooSmall,
+}
+
+impl RouteError {
+    fn from_decision(decision: Decision) -> RouteError {
+        match decision {
+            Decision::QueueFull => RouteError::QueueFull,
+            Decision::Shed => RouteError::Shed,
+            Decision::PoolFull => RouteError::PoolFull,
+            Decision::KeyShare => RouteError::KeyShare,
+            Decision::PoolTooSmall => RouteError::PoolTooSmall,
+            // A grant or reservation where the other was asked for cannot happen; treat it as
+            // the model having nothing to offer.
+            Decision::NoAgents | Decision::Granted(_) | Decision::Reserved => RouteError::NoAgents,
+        }
+    }
+}
+
+/// What a request asks of the model's owner besides a slot.
+pub enum Admit {
+    /// No pool gate for this model: straight to the capacity queue.
+    Direct,
+    /// The pool gates, then the capacity queue, in one visit to the owner.
+    Gated(PoolAsk),
+    /// A reservation taken earlier with [`Shard::reserve`]: its ticket joins the capacity queue.
+    Reserved(Reservation),
+}
+
+/// A request's pool admission, as the requester fills it in.
+#[derive(Debug, Clone)]
+pub struct PoolAsk {
+    pub footprint: Footprint,
+    pub key: KeyId,
+    /// The key's `max_occupancy_share` when the model is serverless; 0 otherwise.
+    pub share: f64,
+    pub policy: Arc<ModelPolicy>,
+    /// Hold at zero: a request released by a wake waits for room until its hold budget ends,
+    /// whatever the park timeout (seed, "After the wake").
+    pub hold_until: Option<Instant>,
+}
+
+/// Why the quota phase refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaRefusal {
+    Limit(crate::limits::LimitExceeded),
+    /// The mesh ring to the owner is full.
+    MeshFull,
+    /// The owner did not answer before the request deadline.
+    Timeout,
 }
 
 impl Shard {

@@ -1,0 +1,329 @@
+//! Restoring persisted daily totals into holders, and reporting changed ones.
+
+use super::*;
+use crate::auth::config::AuthConfig;
+use crate::auth::keys::AuthOutcome;
+use crate::snapshot::ModelEntry;
+use std::sync::Arc;
+
+const MONDAY: Day = Day(20_000);
+const TUESDAY: Day = Day(20_001);
+const NOW_MS: i64 = 1_785_153_600_000;
+
+const AUTH: &str = r#"
+api:
+  mode: api-key
+  keys:
+- key_hash: "HASH_FLAT"
+  key_preview: "sk-...flat"
+  metadata: {name: "flat", owner: "acme"}
+  quota: {tokens_per_day: 1000}
+- key_hash: "HASH_PER_MODEL"
+  key_preview: "sk-...permodel"
+  metadata: {name: "per-model", owner: "globex"}
+  quota:
+    per_model:
+      chat: {requests_per_minute_per_replica: 100, tokens_per_day: 500}
+      embed: {requests_per_minute_per_replica: 100, tokens_per_day: 300}
+"#;
+
+fn registry() -> Arc<KeyRegistry> {
+    let text = AUTH
+        .replace("HASH_FLAT", &crate::auth::keys::hash_key_hex("sk-flat"))
+        .replace(
+            "HASH_PER_MODEL",
+            &crate::auth::keys::hash_key_hex("sk-permodel"),
+        );
+    Arc::new(KeyRegistry::from_config(
+        &AuthConfig::from_yaml(&text).expect("test auth.yaml"),
+    ))
+}
+
+fn key<'a>(registry: &'a KeyRegistry, raw: &str) -> &'a KeyRecord {
+    match registry.authenticate(Some(raw.as_bytes()), NOW_MS) {
+        AuthOutcome::Authenticated { key, .. } => key,
+        _ => panic!("{raw} does not authenticate"),
+    }
+}
+
+/// A snapshot serving `models` as LLMs, model `i` with id `i`.
+fn snapshot(version: u64, models: &[&str]) -> RoutingSnapshot {
+    RoutingSnapshot::new(
+        version,
+        models.iter().enumerate().map(|(index, name)| {
+            (
+                Box::<str>::from(*name),
+                Capability::Llm,
+                ModelEntry {
+                    id: ModelId(index as u32),
+                    owner_shard: 0,
+                    healthy_agents: 1,
+                    policy: std::sync::Arc::new(crate::policy::ModelPolicy::built_in(
+                        &Default::default(),
+                    )),
+                    hold_budget: None,
+                },
+            )
+        }),
+        Vec::new(),
+    )
+}
+
+fn llm(name: &str) -> Option<ModelKey> {
+    Some(ModelKey {
+        name: name.into(),
+        capability: Capability::Llm,
+    })
+}
+
+fn context(id: u32) -> ModelContext {
+    ModelContext {
+        model: ModelId(id),
+        healthy_replicas: 1,
+        serverless: false,
+    }
+}
+
+fn tokens(input_tokens: u64) -> Charge {
+    Charge::RequestsAndTokens(Estimate {
+        input_tokens,
+        max_output_tokens: None,
+    })
+}
+
+fn admit(
+    quotas: &mut Quotas,
+    day: Day,
+    registry: &KeyRegistry,
+    snapshot: &RoutingSnapshot,
+    raw: &str,
+    model: u32,
+    input_tokens: u64,
+) -> Result<Admitted, LimitExceeded> {
+    let key_id = key(registry, raw).key_id;
+    quotas.admit(
+        Millis(0),
+        day,
+        registry,
+        snapshot,
+        key_id,
+        &context(model),
+        tokens(input_tokens),
+    )
+}
+
+/// A reload that changes a key's quota reaches its holder even when the new registry sits
+/// where the old one was freed: the holder compares registry versions, not addresses.
+#[test]
+fn a_reloaded_quota_applies_whatever_address_the_new_registry_has() {
+    let snapshot = snapshot(1, &["chat"]);
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    let first = registry();
+    let first_version = first.version();
+    assert!(admit(&mut quotas, MONDAY, &first, &snapshot, "sk-flat", 0, 900).is_ok());
+    drop(first);
+    // The same key with a daily budget of 100 tokens instead of 1000.
+    let text = AUTH
+        .replace("HASH_FLAT", &crate::auth::keys::hash_key_hex("sk-flat"))
+        .replace(
+            "HASH_PER_MODEL",
+            &crate::auth::keys::hash_key_hex("sk-permodel"),
+        )
+        .replace("tokens_per_day: 1000", "tokens_per_day: 100");
+    let second = KeyRegistry::from_config(&AuthConfig::from_yaml(&text).expect("auth.yaml"));
+    assert!(second.version() > first_version);
+    // 900 used of 1000 left room for 50 more; the reloaded budget of 100 has none.
+    assert!(admit(&mut quotas, MONDAY, &second, &snapshot, "sk-flat", 0, 50).is_err());
+}
+
+#[test]
+fn flat_total_is_restored_when_the_holder_is_built() {
+    let registry = registry();
+    let acme = key(&registry, "sk-flat").tenant_id;
+    let snapshot = snapshot(1, &["chat"]);
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    quotas.restore(DailyRestore {
+        day: MONDAY,
+        records: vec![
+            DailyRecord {
+                tenant: acme,
+                model: None,
+                day: MONDAY,
+                tokens: 600,
+            },
+            // Another day's record is not restored.
+            DailyRecord {
+                tenant: acme,
+                model: None,
+                day: Day(MONDAY.0 - 1),
+                tokens: 999,
+            },
+        ],
+    });
+    assert_eq!(quotas.restored_waiting(), 1);
+    assert!(quotas.take_changed_daily_totals().is_empty());
+    let admitted = admit(&mut quotas, MONDAY, &registry, &snapshot, "sk-flat", 0, 100).unwrap();
+    assert_eq!(admitted.remaining_tokens, Some(300));
+    assert_eq!(quotas.restored_waiting(), 0, "applied once, then forgotten");
+    assert_eq!(
+        quotas.take_changed_daily_totals(),
+        vec![DailyTotal {
+            tenant: acme,
+            model: None,
+            day: MONDAY,
+            tokens: 700
+        }]
+    );
+    assert!(quotas.take_changed_daily_totals().is_empty());
+    // A rebuild (new snapshot) inherits the usage and does not restore a second time.
+    let newer = self::snapshot(2, &["chat"]);
+    let admitted = admit(&mut quotas, MONDAY, &registry, &newer, "sk-flat", 0, 100).unwrap();
+    assert_eq!(admitted.remaining_tokens, Some(200));
+}
+
+#[test]
+fn per_model_total_waits_for_its_model_to_be_served() {
+    let registry = registry();
+    let globex = key(&registry, "sk-permodel").tenant_id;
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    quotas.restore(DailyRestore {
+        day: MONDAY,
+        records: vec![
+            DailyRecord {
+                tenant: globex,
+                model: llm("chat"),
+                day: MONDAY,
+                tokens: 450,
+            },
+            DailyRecord {
+                tenant: globex,
+                model: llm("embed"),
+                day: MONDAY,
+                tokens: 100,
+            },
+        ],
+    });
+    // Only `embed` is served (id 0): its total applies, `chat`'s waits.
+    let only_embed = snapshot(1, &["embed"]);
+    let admitted = admit(
+        &mut quotas,
+        MONDAY,
+        &registry,
+        &only_embed,
+        "sk-permodel",
+        0,
+        10,
+    )
+    .unwrap();
+    assert_eq!(admitted.remaining_tokens, Some(300 - 100 - 10));
+    assert_eq!(quotas.restored_waiting(), 1);
+    // `chat` appears (id 1): the rebuild applies its total.
+    let both = snapshot(2, &["embed", "chat"]);
+    let refused = admit(&mut quotas, MONDAY, &registry, &both, "sk-permodel", 1, 51).unwrap_err();
+    assert_eq!(refused.remaining, 50);
+    assert_eq!(quotas.restored_waiting(), 0);
+    let mut totals = quotas.take_changed_daily_totals();
+    totals.sort_by_key(|total| total.model);
+    assert_eq!(
+        totals,
+        vec![DailyTotal {
+            tenant: globex,
+            model: Some(ModelId(0)),
+            day: MONDAY,
+            tokens: 110
+        }]
+    );
+}
+
+#[test]
+fn restored_totals_of_a_day_that_is_over_are_dropped() {
+    let registry = registry();
+    let acme = key(&registry, "sk-flat").tenant_id;
+    let snapshot = snapshot(1, &["chat"]);
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    quotas.restore(DailyRestore {
+        day: MONDAY,
+        records: vec![DailyRecord {
+            tenant: acme,
+            model: None,
+            day: MONDAY,
+            tokens: 600,
+        }],
+    });
+    let admitted = admit(
+        &mut quotas,
+        TUESDAY,
+        &registry,
+        &snapshot,
+        "sk-flat",
+        0,
+        100,
+    )
+    .unwrap();
+    assert_eq!(admitted.remaining_tokens, Some(900));
+    assert_eq!(quotas.restored_waiting(), 0);
+    // Cleanup drops them too when no holder of theirs is ever built.
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    quotas.restore(DailyRestore {
+        day: MONDAY,
+        records: vec![DailyRecord {
+            tenant: acme,
+            model: None,
+            day: MONDAY,
+            tokens: 600,
+        }],
+    });
+    quotas.cleanup(Millis(0), MONDAY);
+    assert_eq!(quotas.restored_waiting(), 1);
+    quotas.cleanup(Millis(0), TUESDAY);
+    assert_eq!(quotas.restored_waiting(), 0);
+}
+
+#[test]
+fn a_dropped_holder_reports_its_last_change_and_requeued_totals_come_first() {
+    let registry = registry();
+    let acme = key(&registry, "sk-flat").tenant_id;
+    let snapshot = snapshot(1, &["chat"]);
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    quotas.restore(DailyRestore {
+        day: MONDAY,
+        records: Vec::new(),
+    });
+    let admitted = admit(&mut quotas, MONDAY, &registry, &snapshot, "sk-flat", 0, 100).unwrap();
+    let total = |tokens| DailyTotal {
+        tenant: acme,
+        model: None,
+        day: MONDAY,
+        tokens,
+    };
+    assert_eq!(quotas.take_changed_daily_totals(), vec![total(100)]);
+    quotas.cancel(acme, admitted.admission.expect("a daily charge"));
+    // Idle again: dropped, but the disk must learn the 100 were given back.
+    quotas.cleanup(Millis(0), MONDAY);
+    assert!(quotas.is_empty());
+    let taken = quotas.take_changed_daily_totals();
+    assert_eq!(taken, vec![total(0)]);
+    // A report that never reached the control core goes out again, before newer totals.
+    quotas.requeue_daily_totals(taken);
+    let _ = admit(&mut quotas, MONDAY, &registry, &snapshot, "sk-flat", 0, 40).unwrap();
+    assert_eq!(
+        quotas.take_changed_daily_totals(),
+        vec![total(0), total(40)]
+    );
+}
+
+#[test]
+fn memory_backend_reports_nothing() {
+    let registry = registry();
+    let snapshot = snapshot(1, &["chat"]);
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    let _ = admit(&mut quotas, MONDAY, &registry, &snapshot, "sk-flat", 0, 100).unwrap();
+    assert!(quotas.take_changed_daily_totals().is_empty());
+    quotas.requeue_daily_totals(vec![DailyTotal {
+        tenant: TenantId(1),
+        model: None,
+        day: MONDAY,
+        tokens: 1,
+    }]);
+    assert!(quotas.take_changed_daily_totals().is_empty());
+}
