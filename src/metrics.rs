@@ -213,7 +213,7 @@ pub fn render_shards(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) 
 /// `hivenet_wake_holds_total{outcome}` and the `hivenet_wake_hold_seconds` histogram, summed
 /// over the shards (a hold is one router's, whichever shard held it).
 pub fn render_holds(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
-    use crate::hold::{HOLD_SECONDS_BUCKETS, Outcome};
+    use crate::hold::{HOLD_SECONDS_BUCKETS, HoldEnded};
     let name = "hivenet_wake_holds_total";
     family(
         out,
@@ -221,7 +221,7 @@ pub fn render_holds(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
         "counter",
         "Hold-at-zero requests by how their hold ended (released, expired, full, cancelled).",
     );
-    for outcome in Outcome::ALL {
+    for outcome in HoldEnded::ALL {
         let total: u64 = shards
             .iter()
             .map(|metrics| metrics.holds.outcome(outcome))

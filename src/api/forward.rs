@@ -23,7 +23,7 @@ use crate::error::Rejection;
 use crate::http::fields::{PromptShape, RequestFields, request_with_include_usage};
 use crate::limits::Delivery;
 use crate::metrics::ShardMetrics;
-use crate::shard::guards::{QuotaHold, Slot};
+use crate::shard::guards::{QuotaCharge, Slot};
 use crate::shard::latch::race;
 use crate::shard::owner::OccupancyUpdate;
 use crate::shard::state::Shard;
@@ -52,7 +52,7 @@ struct Settling<'a> {
     slot: &'a Slot,
     /// What the input estimate was computed from, to train the estimator with exact usage.
     prompt: PromptShape,
-    quota: &'a mut QuotaHold,
+    quota: &'a mut QuotaCharge,
     route: Route,
     status: u16,
 }
@@ -116,7 +116,7 @@ impl Settling<'_> {
 /// Streams are charged as delivered (`Delivery::Streamed`); a non-streamed answer was settled
 /// as `Delivery::Buffered` before delivery (`Settling::settle_buffered`), so this is a no-op for
 /// its quota and only records usage.
-fn settle(shard: &Shard, quota: &mut QuotaHold, event: UsageEvent) {
+fn settle(shard: &Shard, quota: &mut QuotaCharge, event: UsageEvent) {
     quota.settle_usage(event.usage, Delivery::Streamed);
     match event.usage {
         Some(usage) => {
@@ -180,7 +180,7 @@ pub async fn forward<S: Sink>(
     request: &ClientRequest,
     fields: &RequestFields<'_>,
     slot: Slot,
-    quota: &mut QuotaHold,
+    quota: &mut QuotaCharge,
     deadline: Instant,
     may_retry: bool,
     facts: &mut super::RequestFacts,

@@ -6,7 +6,7 @@
 //! Which owners the admission phases visit is decided once, before the first of them, by the
 //! request's [`VisitPlan`]; each phase does its part of the plan and nothing when the plan has
 //! none for it. The phases from the quota visit on share one per-request context,
-//! [`Admission`]; what one phase hands the next — the quota charge ([`QuotaHold`]), the hold
+//! [`Admission`]; what one phase hands the next — the quota charge ([`QuotaCharge`]), the hold
 //! book entry ([`Pending`]), the reservation (inside [`Admit`]) — is passed by value, so
 //! dropping it on an early exit gives it back.
 //!
@@ -35,7 +35,7 @@ use crate::limits::{Estimate, ModelContext, RejectionKind};
 use crate::metrics::ShardMetrics;
 use crate::routing::Ask as RouteAsk;
 use crate::shard::guards::HoldEnd;
-use crate::shard::guards::{Pending, QuotaHold, Slot};
+use crate::shard::guards::{Pending, QuotaCharge, Slot};
 use crate::shard::owner::quotas::Charge;
 use crate::shard::state::Shard;
 use crate::shard::visit::{Admit, PoolAsk, QuotaRefusal, RouteError};
@@ -194,7 +194,10 @@ impl<'r> Admission<'r> {
 
     /// Phase 5: the key's request rate on its quota owner, with the token phase in the same
     /// visit when the plan has no gate between them.
-    async fn quota_rate<S: Sink>(&self, sink: &mut HoldSink<'_, S>) -> Result<QuotaHold, Outcome> {
+    async fn quota_rate<S: Sink>(
+        &self,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<QuotaCharge, Outcome> {
         let charge = match self.plan.rate {
             RateCharge::Requests => Charge::RequestsOnly,
             RateCharge::RequestsAndTokens => Charge::RequestsAndTokens(self.estimate),
@@ -228,7 +231,7 @@ impl<'r> Admission<'r> {
         &mut self,
         sink: &mut HoldSink<'_, S>,
     ) -> Result<Option<Pending>, Outcome> {
-        use crate::hold::Outcome as Held;
+        use crate::hold::HoldEnded as Held;
         let Some(budget) = self.plan.hold_budget else {
             return Ok(None);
         };
@@ -312,7 +315,7 @@ impl<'r> Admission<'r> {
     /// split them from the request rate. A refusal drops the reservation, which releases it.
     async fn tokens<S: Sink>(
         &self,
-        quota: &mut QuotaHold,
+        quota: &mut QuotaCharge,
         sink: &mut HoldSink<'_, S>,
     ) -> Result<(), Outcome> {
         if !self.plan.tokens {
@@ -331,7 +334,7 @@ impl<'r> Admission<'r> {
     async fn attempts<S: Sink>(
         &self,
         first: Admit,
-        mut quota: QuotaHold,
+        mut quota: QuotaCharge,
         mut pending: Option<Pending>,
         facts: &mut RequestFacts,
         sink: &mut HoldSink<'_, S>,
@@ -395,7 +398,7 @@ impl<'r> Admission<'r> {
         &self,
         error: RouteError,
         attempts: &mut Attempts<'_>,
-        quota: QuotaHold,
+        quota: QuotaCharge,
         facts: &mut RequestFacts,
         sink: &mut HoldSink<'_, S>,
     ) -> Result<u16, Outcome> {
@@ -430,7 +433,7 @@ impl<'r> Admission<'r> {
         &self,
         fallback: &crate::policy::ProviderFallback,
         pool: &crate::provider::ProviderPool,
-        mut quota: QuotaHold,
+        mut quota: QuotaCharge,
         facts: &mut RequestFacts,
         sink: &mut HoldSink<'_, S>,
     ) -> Result<u16, Outcome> {
@@ -491,7 +494,7 @@ impl<'r> Admission<'r> {
     async fn forward<S: Sink>(
         &self,
         slot: Slot,
-        quota: &mut QuotaHold,
+        quota: &mut QuotaCharge,
         attempts: &Attempts<'_>,
         facts: &mut RequestFacts,
         sink: &mut HoldSink<'_, S>,
@@ -527,7 +530,7 @@ impl<'r> Admission<'r> {
         &self,
         charge: Charge,
         sink: &mut HoldSink<'_, S>,
-    ) -> Result<QuotaHold, Outcome> {
+    ) -> Result<QuotaCharge, Outcome> {
         let (shard, key) = (self.shard, self.key);
         let admitted = sink
             .until_client_gone(shard.admit_quota(key, self.context, charge, self.deadline))

@@ -6,7 +6,7 @@
 //! - [`HoldSettings`]: the `--wake-*` flags, validated at start-up.
 //! - [`HeldTotal`]: `--wake-hold-max-total`, the one limit across every model, shared by the
 //!   shards as a single atomic counter (the hold path is cold; no lock is taken).
-//! - [`Outcome`] and [`HoldMetrics`]: `hivenet_wake_holds_total{outcome}` and
+//! - [`HoldEnded`] and [`HoldMetrics`]: `hivenet_wake_holds_total{outcome}` and
 //!   `hivenet_wake_hold_seconds`.
 //!
 //! The request path that uses them is `api::hold` (hold, keepalives, release) and the owner's
@@ -123,7 +123,7 @@ impl HeldTotal {
 
 /// How a hold ended, the `outcome` label of `hivenet_wake_holds_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum HoldEnded {
     /// An agent for the model registered: the request continues as a normal request.
     Released = 0,
     /// The hold budget ran out: `503 model_waking`.
@@ -134,20 +134,20 @@ pub enum Outcome {
     Cancelled = 3,
 }
 
-impl Outcome {
-    pub const ALL: [Outcome; 4] = [
-        Outcome::Released,
-        Outcome::Expired,
-        Outcome::Full,
-        Outcome::Cancelled,
+impl HoldEnded {
+    pub const ALL: [HoldEnded; 4] = [
+        HoldEnded::Released,
+        HoldEnded::Expired,
+        HoldEnded::Full,
+        HoldEnded::Cancelled,
     ];
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Outcome::Released => "released",
-            Outcome::Expired => "expired",
-            Outcome::Full => "full",
-            Outcome::Cancelled => "cancelled",
+            HoldEnded::Released => "released",
+            HoldEnded::Expired => "expired",
+            HoldEnded::Full => "full",
+            HoldEnded::Cancelled => "cancelled",
         }
     }
 }
@@ -169,7 +169,7 @@ pub struct HoldMetrics {
 
 impl HoldMetrics {
     /// Counts a hold that ended after `held` (a refused hold, `Full`, has no duration).
-    pub fn ended(&self, outcome: Outcome, held: Option<Duration>) {
+    pub fn ended(&self, outcome: HoldEnded, held: Option<Duration>) {
         self.outcomes[outcome as usize].fetch_add(1, Ordering::Relaxed);
         if let Some(held) = held {
             let seconds = held.as_secs_f64();
@@ -183,7 +183,7 @@ impl HoldMetrics {
         }
     }
 
-    pub fn outcome(&self, outcome: Outcome) -> u64 {
+    pub fn outcome(&self, outcome: HoldEnded) -> u64 {
         self.outcomes[outcome as usize].load(Ordering::Relaxed)
     }
 
@@ -237,16 +237,16 @@ mod tests {
     #[test]
     fn hold_durations_fall_in_their_buckets() {
         let metrics = HoldMetrics::default();
-        metrics.ended(Outcome::Released, Some(Duration::from_millis(500)));
-        metrics.ended(Outcome::Expired, Some(Duration::from_secs(300)));
-        metrics.ended(Outcome::Expired, Some(Duration::from_secs(7200)));
-        metrics.ended(Outcome::Full, None);
+        metrics.ended(HoldEnded::Released, Some(Duration::from_millis(500)));
+        metrics.ended(HoldEnded::Expired, Some(Duration::from_secs(300)));
+        metrics.ended(HoldEnded::Expired, Some(Duration::from_secs(7200)));
+        metrics.ended(HoldEnded::Full, None);
         let (buckets, sum) = metrics.durations();
         assert_eq!(buckets[0], 1);
         assert_eq!(buckets[7], 1, "300 s is in the 300 s bucket");
         assert_eq!(buckets[HOLD_SECONDS_BUCKETS.len()], 1);
         assert!((sum - 7500.5).abs() < 1e-6);
-        assert_eq!(metrics.outcome(Outcome::Expired), 2);
-        assert_eq!(metrics.outcome(Outcome::Full), 1);
+        assert_eq!(metrics.outcome(HoldEnded::Expired), 2);
+        assert_eq!(metrics.outcome(HoldEnded::Full), 1);
     }
 }

@@ -117,13 +117,6 @@ pub enum Acquire {
     NoAgents,
 }
 
-/// What a queued ticket finally gets, delivered to its shard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Granted(AgentId),
-    NoAgents,
-}
-
 #[derive(Debug, Clone)]
 struct AgentLoad {
     agent: AgentId,

@@ -1,6 +1,6 @@
 //! What a request holds at an owner, as values that give it back when dropped: a [`Slot`]
 //! (an agent slot, and its occupancy reservation), a [`Reservation`] (occupancy before a slot),
-//! a [`Pending`] (its place in a hold book) and a [`QuotaHold`] (its key's quota charge). Each
+//! a [`Pending`] (its place in a hold book) and a [`QuotaCharge`] (its key's quota charge). Each
 //! reaches the owner exactly once, on every path: success, refusal, timeout, a client that left.
 
 use std::rc::Rc;
@@ -179,10 +179,10 @@ impl Drop for Pending {
     }
 }
 
-/// A request's quota charge, held until the request ends. [`QuotaHold::settle`] charges exact
+/// A request's quota charge, held until the request ends. [`QuotaCharge::settle`] charges exact
 /// usage; dropping it unsettled (a later refusal, a client that left before forwarding) gives the
 /// token charges back. Either reaches the quota owner exactly once.
-pub struct QuotaHold {
+pub struct QuotaCharge {
     shard: Rc<Shard>,
     /// The request's key, for the tenant counters.
     pub key: KeyId,
@@ -195,14 +195,14 @@ pub struct QuotaHold {
     pub remaining_tokens: Option<u64>,
 }
 
-impl QuotaHold {
+impl QuotaCharge {
     pub(super) fn new(
         shard: Rc<Shard>,
         key: KeyId,
         tenant: TenantId,
         admitted: Admitted,
-    ) -> QuotaHold {
-        QuotaHold {
+    ) -> QuotaCharge {
+        QuotaCharge {
             shard,
             key,
             tenant,
@@ -215,7 +215,7 @@ impl QuotaHold {
 
     /// Takes over the token phase's charge (a second visit to the quota owner) so this one hold
     /// settles or gives back everything the request was charged.
-    pub fn absorb(&mut self, mut tokens: QuotaHold) {
+    pub fn absorb(&mut self, mut tokens: QuotaCharge) {
         debug_assert!(
             self.admission.is_none(),
             "a request charged its tokens twice"
@@ -247,7 +247,7 @@ impl QuotaHold {
     /// Settles a non-streamed answer before it is delivered. False when its output no longer
     /// fits the key's daily budget: the caller refuses it with `token_limit_exceeded` (the input
     /// charge stays, the output is not charged). Without a daily budget or exact usage this is
-    /// [`QuotaHold::settle_usage`] and the answer is delivered.
+    /// [`QuotaCharge::settle_usage`] and the answer is delivered.
     pub async fn settle_buffered(
         &mut self,
         usage: Option<crate::usage::Usage>,
@@ -284,7 +284,7 @@ impl QuotaHold {
     }
 }
 
-impl Drop for QuotaHold {
+impl Drop for QuotaCharge {
     fn drop(&mut self) {
         if let Some(admission) = self.admission.take() {
             self.shard.notify(Notice::Quota(Release::Cancel {

@@ -13,7 +13,7 @@
 //! - `visit`: the requester side: one visit path (inline for a local owner, over the mesh
 //!   otherwise), one waiter table, and the operations requests use (`acquire`, `reserve`,
 //!   `hold`, `admit_quota`, `spend_redirect_token`).
-//! - `guards`: what a request holds (`Slot`, `Reservation`, `Pending`, `QuotaHold`), given back
+//! - `guards`: what a request holds (`Slot`, `Reservation`, `Pending`, `QuotaCharge`), given back
 //!   exactly once when dropped.
 //! - `state`: the `Shard` itself: its settings, its view of the configuration, running the
 //!   owner on the real clock and delivering its effects, counters, tunnels.

@@ -25,7 +25,7 @@ use crate::metrics::ShardMetrics;
 use crate::policy::ModelPolicy;
 use crate::routing::Ask;
 use crate::shard::guards::HoldEnd;
-use crate::shard::guards::{Pending, QuotaHold, Reservation, Slot};
+use crate::shard::guards::{Pending, QuotaCharge, Reservation, Slot};
 use crate::shard::latch::race;
 use crate::shard::messages::ShardToShard;
 use crate::shard::owner::{
@@ -417,9 +417,10 @@ impl Shard {
         model: ModelContext,
         charge: Charge,
         deadline: Instant,
-    ) -> Result<QuotaHold, QuotaRefusal> {
+    ) -> Result<QuotaCharge, QuotaRefusal> {
         let tenant = key.tenant_id;
-        let hold = |admitted: Admitted| QuotaHold::new(self.clone(), key.key_id, tenant, admitted);
+        let hold =
+            |admitted: Admitted| QuotaCharge::new(self.clone(), key.key_id, tenant, admitted);
         if !crate::shard::owner::quotas::is_limited(key) {
             return Ok(hold(Admitted::default()));
         }
