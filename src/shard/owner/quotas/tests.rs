@@ -14,17 +14,17 @@ const AUTH: &str = r#"
 api:
   mode: api-key
   keys:
-- key_hash: "HASH_FLAT"
-  key_preview: "sk-...flat"
-  metadata: {name: "flat", owner: "acme"}
-  quota: {tokens_per_day: 1000}
-- key_hash: "HASH_PER_MODEL"
-  key_preview: "sk-...permodel"
-  metadata: {name: "per-model", owner: "globex"}
-  quota:
-    per_model:
-      chat: {requests_per_minute_per_replica: 100, tokens_per_day: 500}
-      embed: {requests_per_minute_per_replica: 100, tokens_per_day: 300}
+    - key_hash: "HASH_FLAT"
+      key_preview: "sk-...flat"
+      metadata: {name: "flat", owner: "acme"}
+      quota: {tokens_per_day: 1000}
+    - key_hash: "HASH_PER_MODEL"
+      key_preview: "sk-...permodel"
+      metadata: {name: "per-model", owner: "globex"}
+      quota:
+        per_model:
+          chat: {requests_per_minute_per_replica: 100, tokens_per_day: 500}
+          embed: {requests_per_minute_per_replica: 100, tokens_per_day: 300}
 "#;
 
 fn registry() -> Arc<KeyRegistry> {
