@@ -124,6 +124,12 @@ fn overload_site(name: &str) -> Site {
             .agent(1, &["--capacity", "2"])
             .agent(2, &["--capacity", "8"])
             .agent(3, &["--capacity", "2"])
+            // `assert_router_settled` checks nothing was reaped, which needs a reaper that runs
+            // within the test. The gated model's reservations are its only ones: one at a time
+            // (`max_inflight` 1, an agent with 2 slots, so never queued), each a 2 s answer whose
+            // stream (if streamed) refreshes every 1.6 s; 10 s spares them on a loaded machine and
+            // reaps a lost release well within the 30 s the settle check waits.
+            .reaper("1s", "10s")
             .models(&[MODEL, POLITE_MODEL, GATED_MODEL]),
     )
 }
@@ -416,6 +422,8 @@ fn assert_router_settled(site: &Site, gated_model_used: bool) {
             && zero("hivenet_shard_connections_open", ""))
         .then_some(())
     });
+    // Whatever a reaper could release by now, it has (see `overload_site`'s reaper).
+    site.wait_reaper_pass();
     let text = site.router_metrics();
     assert_eq!(
         present_sum(&text, "hivenet_admission_reaped_total", ""),

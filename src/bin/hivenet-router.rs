@@ -138,6 +138,7 @@ fn open_quota_store(
 fn run(args: RouterArgs) -> anyhow::Result<()> {
     let env = EnvSettings::from_env()?;
     let hold = args.hold_settings()?;
+    let reaper = args.admission_reaper()?;
     let secret = Secret::from_file_or_env(args.jwt_secret_file.as_deref())?;
     let identity = Identity::load_or_create(&args.identity_path)?;
     // Policies before keys: static keys are checked against the serverless policies.
@@ -352,6 +353,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         held_total: Arc::new(HeldTotal::new(hold.max_total)),
         site,
         tunnel_tls,
+        reaper,
     };
     let (shard_started, shards_ready) = std::sync::mpsc::channel();
     let (thread_ended, threads_ended) = std::sync::mpsc::channel();

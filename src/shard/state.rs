@@ -72,6 +72,8 @@ pub struct ShardSettings {
     pub tunnel_tls: Option<Arc<crate::tunnel::tls::TunnelSecurity>>,
     /// What the clients of one shard may hold (connections, body bytes, resets).
     pub client_limits: crate::shard::guard::ClientLimits,
+    /// The occupancy reaper (`--admission-reap-interval`, `--admission-reap-after`).
+    pub reaper: crate::config::ReaperSettings,
 }
 
 /// Why a request found no agent slot.
@@ -1048,7 +1050,7 @@ impl Shard {
         let now = self.now_millis();
         let mut reaped = 0;
         self.pools.borrow_mut().retain(|_, owned| {
-            reaped += owned.pool.reap(now, RESERVATION_REAP_MS);
+            reaped += owned.pool.reap(now, self.settings.reaper.after_ms);
             !owned.pool.is_idle(now)
         });
         if reaped > 0 {
