@@ -405,7 +405,7 @@ fn present_sum(text: &str, name: &str, labels: &str) -> Option<f64> {
 }
 
 /// Waits until the router's in-flight and queue gauges are back to 0 and its connections are all
-/// closed; checks the reaper never ran and no thread panicked.
+/// closed; checks the reaper released nothing, no control queue ran full and no thread panicked.
 fn assert_router_settled(site: &Site, gated_model_used: bool) {
     site.wait_for("in-flight, queue and connection gauges back to 0", || {
         let response = try_request(site.metrics, &get_request("/metrics")).ok()?;
@@ -427,6 +427,12 @@ fn assert_router_settled(site: &Site, gated_model_used: bool) {
     let text = site.router_metrics();
     assert_eq!(
         present_sum(&text, "hivenet_admission_reaped_total", ""),
+        Some(0.0),
+        "{text}"
+    );
+    // Client overload never reaches the queues between the control core and the shards.
+    assert_eq!(
+        present_sum(&text, "hivenet_control_queue_full_total", ""),
         Some(0.0),
         "{text}"
     );

@@ -19,7 +19,7 @@ use crate::metrics::ShardMetrics;
 use crate::shard::connection;
 use crate::shard::latch::race;
 use crate::shard::mesh::Endpoint;
-use crate::shard::messages::{ControlToShard, ShardToControl, ShardToShard};
+use crate::shard::messages::{ControlToShard, ShardToShard};
 use crate::shard::state::{Shard, ShardSettings};
 
 /// Everything one shard thread needs.
@@ -38,8 +38,8 @@ pub struct ShardSetup {
     pub daily_restore: Option<crate::shard::quotas::DailyRestore>,
     /// This shard's end of the audit log.
     pub audit: Option<crate::audit::AuditSender>,
-    pub inbox: mpsc::UnboundedReceiver<ControlToShard>,
-    pub to_control: mpsc::UnboundedSender<ShardToControl>,
+    pub inbox: mpsc::Receiver<ControlToShard>,
+    pub to_control: crate::control::queues::ToControl,
     pub core: Option<core_affinity::CoreId>,
 }
 

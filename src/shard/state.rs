@@ -253,7 +253,7 @@ pub struct Shard {
     /// Mesh messages that found their ring full; retried before anything new is drained. Only
     /// releases and decisions land here: they must not be lost.
     deferred: RefCell<VecDeque<(usize, ShardToShard)>>,
-    to_control: mpsc::UnboundedSender<ShardToControl>,
+    to_control: crate::control::queues::ToControl,
     /// What this shard's clients hold: connections, body bytes, resets per source.
     pub clients: Rc<crate::shard::guard::ClientGuard>,
     /// Draining and ending on SIGTERM.
@@ -286,7 +286,7 @@ impl Shard {
         metrics: Arc<ShardMetrics>,
         keys: Arc<KeyRegistry>,
         admin_access: Arc<AdminAccess>,
-        to_control: mpsc::UnboundedSender<ShardToControl>,
+        to_control: crate::control::queues::ToControl,
     ) -> Shard {
         let rpm_burst = settings.rpm_burst;
         let hold_limits = settings.hold.limits;
@@ -342,9 +342,12 @@ impl Shard {
         self.admin_access.borrow().clone()
     }
 
-    /// Hands an `/admin/*` request to the control core. False when the control core is gone.
-    pub fn call_control(&self, call: crate::shard::messages::AdminCall) -> bool {
-        self.to_control.send(ShardToControl::Admin(call)).is_ok()
+    /// Hands an `/admin/*` request to the control core; refused at once when its queue is full.
+    pub fn call_control(
+        &self,
+        call: crate::shard::messages::AdminCall,
+    ) -> Result<(), crate::control::queues::QueueError> {
+        self.to_control.try_send(ShardToControl::Admin(call))
     }
 
     pub fn tunnel(&self, agent: AgentId) -> Option<Tunnel> {
@@ -1727,38 +1730,42 @@ impl Shard {
 
     // ----- tunnels (called by the tunnel client task) -----
 
-    pub fn tunnel_up(&self, agent: AgentId, tunnel: Tunnel) {
+    pub async fn tunnel_up(&self, agent: AgentId, tunnel: Tunnel) {
         if self.tunnels.borrow_mut().insert(agent, tunnel).is_none() {
             ShardMetrics::gauge(&self.metrics.tunnels_open, 1);
         }
-        let _ = self.to_control.send(ShardToControl::TunnelUp {
-            agent,
-            shard: self.id,
-        });
-    }
-
-    pub fn tunnel_down(&self, agent: AgentId, generation: u64) {
-        let mut tunnels = self.tunnels.borrow_mut();
-        if tunnels
-            .get(&agent)
-            .is_some_and(|tunnel| tunnel.generation == generation)
-        {
-            tunnels.remove(&agent);
-            ShardMetrics::gauge(&self.metrics.tunnels_open, -1);
-            let _ = self.to_control.send(ShardToControl::TunnelDown {
+        let _ = self
+            .to_control
+            .send(ShardToControl::TunnelUp {
                 agent,
                 shard: self.id,
-            });
+            })
+            .await;
+    }
+
+    pub async fn tunnel_down(&self, agent: AgentId, generation: u64) {
+        let current = self
+            .tunnels
+            .borrow()
+            .get(&agent)
+            .is_some_and(|tunnel| tunnel.generation == generation);
+        if current {
+            self.tunnels.borrow_mut().remove(&agent);
+            ShardMetrics::gauge(&self.metrics.tunnels_open, -1);
+            let _ = self
+                .to_control
+                .send(ShardToControl::TunnelDown {
+                    agent,
+                    shard: self.id,
+                })
+                .await;
         }
     }
 
     // ----- background tasks -----
 
     /// Applies control-core messages until the control core goes away.
-    pub async fn run_control_inbox(
-        self: Rc<Self>,
-        mut inbox: mpsc::UnboundedReceiver<ControlToShard>,
-    ) {
+    pub async fn run_control_inbox(self: Rc<Self>, mut inbox: mpsc::Receiver<ControlToShard>) {
         while let Some(message) = inbox.recv().await {
             self.on_control(message);
         }
