@@ -900,22 +900,17 @@ pub fn metric_sum_present(text: &str, name: &str, labels: &[(&str, &str)]) -> Op
 /// Sums every sample of `name` whose labels include all of `labels`. A missing series is an
 /// error, not 0: an assertion that a counter is 0 must not pass because the counter was renamed
 /// or dropped. For a series a test expects to be absent, use [`metric_absent`]; for one that may
-/// legitimately not exist yet, [`metric_or_zero`], with a comment saying why.
+/// legitimately not exist yet (a wait for its first count), [`metric_sum_present`], with a
+/// comment saying why.
 pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     metric_sum_present(text, name, labels).unwrap_or_else(|| {
         panic!(
             "no series {name} with labels {labels:?} in /metrics (renamed, dropped, or not \
              exposed until first use? if its absence is expected here, use metric_absent or \
-             metric_or_zero and say why)\n{}",
+             metric_sum_present and say why)\n{}",
             metric_lines(text, name)
         )
     })
-}
-
-/// [`metric_sum`] that reads a missing series as 0. Use it only where the series legitimately
-/// does not exist yet (say why at the call site); everywhere else a missing series is a bug.
-pub fn metric_or_zero(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    metric_sum_present(text, name, labels).unwrap_or(0.0)
 }
 
 /// Whether no sample of `name` with `labels` is exposed (for tests that expect a series to be
