@@ -35,13 +35,14 @@ use crate::shard::messages::{ControlToShard, ShardToControl};
 /// no I/O), so the queue fills only when the shard's thread stalls; what comes in bursts is a
 /// round of routing signals (one per agent every `--routing-signal-interval`) and, at start-up or
 /// after a reload, an `AgentUp` per agent and a snapshot per change. 1024 holds a signal round of
-/// a thousand agents with room to spare, at about 100 KiB per shard.
+/// a thousand agents; full, it is 72 KiB per shard (72-byte messages; tokio allocates the slots
+/// in blocks of 32 as they fill, so an idle queue costs little).
 pub const CONTROL_TO_SHARD_CAPACITY: usize = 1024;
 
 /// Messages from every shard to the control core (one queue, shared). Bursts: a `TunnelUp` per
 /// agent and shard when agents (re)connect, a `TunnelDown` per agent and shard when they leave.
-/// 1024 is a hundred agents reconnecting to a ten-shard router at once; beyond it the tunnel
-/// tasks wait their turn, which only delays those agents' joining.
+/// 1024 is a hundred agents reconnecting to a ten-shard router at once (80 KiB when full);
+/// beyond it the tunnel tasks wait their turn, which only delays those agents' joining.
 pub const SHARD_TO_CONTROL_CAPACITY: usize = 1024;
 
 /// Admin calls waiting for the control core, which serves them one at a time. A caller waits at
