@@ -160,6 +160,18 @@ pub struct RouterArgs {
     /// `200`. `0`: no keepalives (plain status codes).
     #[arg(long, default_value = "15s", value_parser = duration, allow_hyphen_values = true)]
     pub wake_keepalive: Duration,
+    /// Admission: how often each shard's reaper looks for occupancy reservations whose release
+    /// was lost (and drops occupancy state idle for 15 minutes). Greater than 0. Scope: every
+    /// model's pool on every shard.
+    #[arg(long, env = "HIVENET_ROUTER_ADMISSION_REAP_INTERVAL", default_value = "5m", value_parser = duration)]
+    pub admission_reap_interval: Duration,
+    /// Admission: a reservation untouched this long (not grown by its stream, whose reservation
+    /// is refreshed every 16 output events, nor trued up) lost its release, and the reaper gives
+    /// its tokens back (`hivenet_admission_reaped_total`). Greater than 0. A value below
+    /// `--request-timeout` can reap a live non-streamed request, which nothing refreshes (a
+    /// warning says so at start-up). Scope: every model's pool on every shard.
+    #[arg(long, env = "HIVENET_ROUTER_ADMISSION_REAP_AFTER", default_value = "30m", value_parser = duration)]
+    pub admission_reap_after: Duration,
     /// This site's ID in the sibling map. Turns cross-site redirect (and hold at zero) on; needs
     /// `--redirect-secret-file`, `--redirect-allowed-domains`, and dynamic API keys or auth mode
     /// `none`.
@@ -202,6 +214,37 @@ impl RouterArgs {
         .map_err(|error| anyhow::anyhow!(error))
     }
 
+    /// `--admission-reap-interval` and `--admission-reap-after`, refused when zero (a zero
+    /// interval would spin the reaper; a zero age would reap every reservation at once) or when
+    /// the age does not fit the pool's millisecond clock.
+    pub fn admission_reaper(&self) -> anyhow::Result<ReaperSettings> {
+        anyhow::ensure!(
+            !self.admission_reap_interval.is_zero(),
+            "--admission-reap-interval must be greater than 0"
+        );
+        anyhow::ensure!(
+            !self.admission_reap_after.is_zero(),
+            "--admission-reap-after must be greater than 0"
+        );
+        let after_ms = u64::try_from(self.admission_reap_after.as_millis()).map_err(|_| {
+            anyhow::anyhow!(
+                "--admission-reap-after is too large, got {:?}",
+                self.admission_reap_after
+            )
+        })?;
+        if self.admission_reap_after < self.request_timeout {
+            tracing::warn!(
+                reap_after = ?self.admission_reap_after,
+                request_timeout = ?self.request_timeout,
+                "--admission-reap-after is below --request-timeout: a non-streamed request that runs longer than it can lose its reservation to the reaper"
+            );
+        }
+        Ok(ReaperSettings {
+            interval: self.admission_reap_interval,
+            after_ms,
+        })
+    }
+
     /// `--max-tries-per-step`, refused below 1 (configuration reference, "Router validation").
     pub fn max_tries_per_step(&self) -> anyhow::Result<u32> {
         match u32::try_from(self.max_tries_per_step) {
@@ -213,6 +256,16 @@ impl RouterArgs {
             ),
         }
     }
+}
+
+/// The occupancy reaper, as start-up validated it (`--admission-reap-interval`,
+/// `--admission-reap-after`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReaperSettings {
+    /// How often each shard runs the reaper.
+    pub interval: Duration,
+    /// A reservation untouched this many milliseconds is reaped.
+    pub after_ms: u64,
 }
 
 /// Cross-site redirect, as start-up validated it (`--site-id` and its companions).
@@ -561,6 +614,46 @@ mod tests {
         );
         assert!(parse("--wake-hold-max-per-key", "0").is_err());
         assert!(parse("--wake-hold-max-total", "0").is_err());
+    }
+
+    #[test]
+    fn reaper_flags_default_to_the_seed_and_refuse_zero() {
+        let defaults = RouterArgs::try_parse_from(["hivenet-router"]).unwrap();
+        let reaper = defaults.admission_reaper().unwrap();
+        assert_eq!(reaper.interval, Duration::from_secs(300));
+        assert_eq!(reaper.after_ms, crate::shard::state::RESERVATION_REAP_MS);
+        assert_eq!(reaper.after_ms, 30 * 60 * 1000);
+        let parse = |args: &[&str]| {
+            let mut all = vec!["hivenet-router"];
+            all.extend_from_slice(args);
+            RouterArgs::try_parse_from(all)
+                .map_err(|error| error.to_string())
+                .and_then(|args| args.admission_reaper().map_err(|error| error.to_string()))
+        };
+        assert_eq!(
+            parse(&[
+                "--admission-reap-interval",
+                "1s",
+                "--admission-reap-after",
+                "2.5s"
+            ]),
+            Ok(ReaperSettings {
+                interval: Duration::from_secs(1),
+                after_ms: 2500
+            })
+        );
+        assert!(
+            parse(&["--admission-reap-interval", "0"])
+                .unwrap_err()
+                .contains("--admission-reap-interval must be greater than 0")
+        );
+        assert!(
+            parse(&["--admission-reap-after", "0"])
+                .unwrap_err()
+                .contains("--admission-reap-after must be greater than 0")
+        );
+        assert!(parse(&["--admission-reap-after", "-1s"]).is_err());
+        assert!(parse(&["--admission-reap-interval", "soon"]).is_err());
     }
 
     #[test]

@@ -3,14 +3,15 @@
 //! fits when capacity frees or answers 429 with `Retry-After: 1`, B3 shedding on pool KV-cache
 //! pressure (and passing when signals are missing), a B4 share refusal after B2 that leaves
 //! occupancy where it was, B4 input tokens per minute, and a stream without declared output
-//! growing its reservation. Every test ends with occupancy at zero and nothing reaped.
+//! growing its reservation, and the occupancy reaper running within a test while sparing a live
+//! stream. Every test ends with occupancy at zero and, after a reaper pass, nothing reaped.
 
 mod common;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{Conn, Options, Site, metric_sum, poll, request};
+use common::{Conn, Options, Site, metric_absent, metric_sum, poll, request};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -81,17 +82,52 @@ fn admission_metric(site: &Site, name: &str, labels: &[(&str, &str)]) -> f64 {
     metric_sum(&site.router_metrics(), name, labels)
 }
 
-/// Occupancy back at zero once nothing runs, and no reservation ever reaped.
-fn assert_settled(site: &Site) {
-    site.wait_metric("hivenet_admission_inflight_requests", |value| value == 0.0);
-    assert_eq!(
-        admission_metric(
-            site,
-            "hivenet_admission_occupancy_tokens",
-            &[("model", MODEL)]
-        ),
-        0.0
-    );
+/// The reaper of every site here: a pass every second, reaping reservations untouched for 5 s.
+/// The longest a live reservation goes untouched in these tests is a non-streamed answer of 20
+/// tokens 40 ms apart (0.8 s; streams refresh theirs every 16 events, at most 0.64 s apart here),
+/// so 5 s leaves room for a loaded machine and reaps nothing live. A lost release, on the other
+/// hand, is reaped within 6 s, well inside the 30 s `assert_settled` waits for the in-flight
+/// gauge: the leak then shows as `hivenet_admission_reaped_total` 1 instead of a timeout.
+const REAP_INTERVAL: &str = "1s";
+const REAP_AFTER: &str = "5s";
+
+/// Whether the test's model has an occupancy pool (a policy with `admit_budget_tokens` or
+/// `max_inflight`): only then does the router expose its per-model admission gauges.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pool {
+    Gated,
+    None,
+}
+
+/// Occupancy back at zero once nothing runs (or, for a model without a pool, no occupancy series
+/// at all: nothing was ever reserved), and, after a reaper pass, no reservation ever reaped.
+fn assert_settled(site: &Site, pool: Pool) {
+    match pool {
+        Pool::Gated => {
+            site.wait_metric("hivenet_admission_inflight_requests", |value| value == 0.0);
+            assert_eq!(
+                admission_metric(
+                    site,
+                    "hivenet_admission_occupancy_tokens",
+                    &[("model", MODEL)]
+                ),
+                0.0
+            );
+        }
+        Pool::None => {
+            let metrics = site.router_metrics();
+            for name in [
+                "hivenet_admission_inflight_requests",
+                "hivenet_admission_occupancy_tokens",
+            ] {
+                assert!(
+                    metric_absent(&metrics, name, &[("model", MODEL)]),
+                    "{MODEL} has no pool gate, yet {name} is exposed:\n{metrics}"
+                );
+            }
+        }
+    }
+    site.wait_reaper_pass();
     assert_eq!(
         admission_metric(site, "hivenet_admission_reaped_total", &[]),
         0.0
@@ -118,6 +154,7 @@ fn b1_caps_the_input_estimate_and_count_tokens_is_exempt() {
     let site = Site::start(
         "admission-b1",
         Options::new()
+            .reaper(REAP_INTERVAL, REAP_AFTER)
             .sim(&["--models", MODEL])
             .agent(0, &[])
             .router_args(&["--policy-model-dir", policies.to_str().unwrap()]),
@@ -170,7 +207,7 @@ fn b1_caps_the_input_estimate_and_count_tokens_is_exempt() {
         ),
         2.0
     );
-    assert_settled(&site);
+    assert_settled(&site, Pool::None);
 }
 
 /// A site whose pool admits 1000 tokens (admit fraction 1.0, one replica) and whose engine
@@ -180,6 +217,7 @@ fn b2_site(name: &str, park_timeout: &str) -> Site {
     Site::start(
         name,
         Options::new()
+            .reaper(REAP_INTERVAL, REAP_AFTER)
             .sim(&["--models", MODEL, "--itl", "40ms", "--output-tokens", "20"])
             .agent(0, &["--capacity", "8"])
             .router_env("HIVENET_ROUTER_ADMIT_FRACTION", "1.0")
@@ -211,7 +249,7 @@ fn b2_parks_a_request_until_the_budget_frees() {
     );
     assert!(admission_metric(&site, "hivenet_admission_parked_total", &[]) >= 1.0);
     drain(holder);
-    assert_settled(&site);
+    assert_settled(&site, Pool::Gated);
 }
 
 #[test]
@@ -255,7 +293,7 @@ fn b2_refuses_with_retry_after_when_the_park_times_out() {
         1.0
     );
     drain(holder);
-    assert_settled(&site);
+    assert_settled(&site, Pool::Gated);
 }
 
 #[test]
@@ -264,6 +302,7 @@ fn b2_reservation_grows_while_undeclared_output_streams() {
     let site = Site::start(
         "admission-b2-grow",
         Options::new()
+            .reaper(REAP_INTERVAL, REAP_AFTER)
             .sim(&["--models", MODEL, "--itl", "20ms", "--output-tokens", "80"])
             .agent(0, &[])
             .router_args(&["--policy-model-dir", policies.to_str().unwrap()]),
@@ -276,7 +315,51 @@ fn b2_reservation_grows_while_undeclared_output_streams() {
     });
     assert!(grown.is_some(), "occupancy never grew past {first}");
     drain(stream);
-    assert_settled(&site);
+    assert_settled(&site, Pool::Gated);
+}
+
+/// The reaper runs within a test's lifetime when the harness asks it to, and it spares a live
+/// stream older than its age because the stream refreshes its reservation every 16 events. With
+/// the defaults no pass ever happens in a test, so `reaped == 0` could not fail; here a pass
+/// happens while the stream's reservation is older than `--admission-reap-after`, so a stream
+/// that stopped refreshing would be reaped and counted. (A reservation whose release is lost is
+/// reaped and counted in `admission::occupancy`'s unit test: no production path loses one.)
+#[test]
+fn the_reaper_passes_in_test_time_and_spares_a_refreshing_stream() {
+    const AGE: Duration = Duration::from_secs(2);
+    let policies = policy_dir("reaper", "admit_budget_tokens: 100000\n");
+    // 100 tokens 40 ms apart: a 4 s stream, refreshed every 16 events (0.64 s).
+    let site = Site::start(
+        "admission-reaper",
+        Options::new()
+            .reaper("500ms", "2s")
+            .sim(&["--models", MODEL, "--itl", "40ms", "--output-tokens", "100"])
+            .agent(0, &[])
+            .router_args(&["--policy-model-dir", policies.to_str().unwrap()]),
+    );
+    let stream = open_stream(&site, None, &chat_body("live", None, true));
+    site.wait_metric("hivenet_admission_inflight_requests", |count| count == 1.0);
+    let reserved = Instant::now();
+    std::thread::sleep(AGE + Duration::from_millis(500));
+    site.wait_reaper_pass();
+    let elapsed = reserved.elapsed();
+    assert_eq!(
+        admission_metric(&site, "hivenet_admission_reaped_total", &[]),
+        0.0,
+        "a live stream older than the reaper's age was reaped"
+    );
+    // The pass must have found the reservation still held, and older than the age.
+    assert_eq!(
+        admission_metric(
+            &site,
+            "hivenet_admission_inflight_requests",
+            &[("model", MODEL)]
+        ),
+        1.0,
+        "the stream ended before the reaper pass ({elapsed:?}); the test proves nothing"
+    );
+    drain(stream);
+    assert_settled(&site, Pool::Gated);
 }
 
 #[test]
@@ -358,6 +441,7 @@ fn serverless_site(
     Site::start(
         &format!("admission-{name}"),
         Options::new()
+            .reaper(REAP_INTERVAL, REAP_AFTER)
             .sim(&sim)
             .agent(0, &["--capacity", "8"])
             .api_key(key)
@@ -414,7 +498,7 @@ fn b4_share_refusal_after_b2_leaves_occupancy_unchanged() {
         1.0
     );
     drain(holder);
-    assert_settled(&site);
+    assert_settled(&site, Pool::Gated);
 }
 
 #[test]
@@ -457,7 +541,7 @@ fn b4_input_tokens_per_minute_refuse_with_retry_after() {
         ),
         1.0
     );
-    assert_settled(&site);
+    assert_settled(&site, Pool::Gated);
 }
 
 #[test]
@@ -492,7 +576,7 @@ fn b4_output_tokens_per_minute_drained_by_a_response_refuse_the_next() {
         ),
         1.0
     );
-    assert_settled(&site);
+    assert_settled(&site, Pool::None);
 }
 
 #[test]

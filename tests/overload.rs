@@ -124,6 +124,12 @@ fn overload_site(name: &str) -> Site {
             .agent(1, &["--capacity", "2"])
             .agent(2, &["--capacity", "8"])
             .agent(3, &["--capacity", "2"])
+            // `assert_router_settled` checks nothing was reaped, which needs a reaper that runs
+            // within the test. The gated model's reservations are its only ones: one at a time
+            // (`max_inflight` 1, an agent with 2 slots, so never queued), each a 2 s answer whose
+            // stream (if streamed) refreshes every 1.6 s; 10 s spares them on a loaded machine and
+            // reaps a lost release well within the 30 s the settle check waits.
+            .reaper("1s", "10s")
             .models(&[MODEL, POLITE_MODEL, GATED_MODEL]),
     )
 }
@@ -399,7 +405,7 @@ fn present_sum(text: &str, name: &str, labels: &str) -> Option<f64> {
 }
 
 /// Waits until the router's in-flight and queue gauges are back to 0 and its connections are all
-/// closed; checks the reaper never ran and no thread panicked.
+/// closed; checks the reaper released nothing, no control queue ran full and no thread panicked.
 fn assert_router_settled(site: &Site, gated_model_used: bool) {
     site.wait_for("in-flight, queue and connection gauges back to 0", || {
         let response = try_request(site.metrics, &get_request("/metrics")).ok()?;
@@ -416,9 +422,17 @@ fn assert_router_settled(site: &Site, gated_model_used: bool) {
             && zero("hivenet_shard_connections_open", ""))
         .then_some(())
     });
+    // Whatever a reaper could release by now, it has (see `overload_site`'s reaper).
+    site.wait_reaper_pass();
     let text = site.router_metrics();
     assert_eq!(
         present_sum(&text, "hivenet_admission_reaped_total", ""),
+        Some(0.0),
+        "{text}"
+    );
+    // Client overload never reaches the queues between the control core and the shards.
+    assert_eq!(
+        present_sum(&text, "hivenet_control_queue_full_total", ""),
         Some(0.0),
         "{text}"
     );

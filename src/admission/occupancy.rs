@@ -568,6 +568,55 @@ mod tests {
         assert_eq!(pool.tokens(), 10);
     }
 
+    /// A reservation whose release is lost (the owner never hears of the request again) is the
+    /// one thing the reaper exists for. No production path loses a release, so the leak is made
+    /// here, in the pure pool the shard drives: it is reaped once, counted once, gives its tokens
+    /// and its share back, while a live stream beside it that keeps growing is never reaped; a
+    /// release that turns up after the reaper is a no-op.
+    #[test]
+    fn a_leaked_reservation_is_reaped_and_counted_once() {
+        const REAP_AFTER_MS: u64 = 2_000;
+        let limits = Limits::new(1.0, 1000, 2, 1);
+        let mut occupancy = Occupancy::new(NOW);
+        let keyed = |sequence, input| Claim {
+            share: 0.5,
+            ..claim(sequence, input, 0)
+        };
+        assert_eq!(
+            occupancy.admit(NOW, &limits, keyed(1, 100), None),
+            Verdict::Admitted
+        );
+        assert_eq!(
+            occupancy.admit(NOW, &limits, keyed(2, 50), None),
+            Verdict::Admitted
+        );
+        assert_eq!(occupancy.inflight(), 2);
+        // Ticket 1 leaks; ticket 2 streams on, growing its reservation every 16 events (here
+        // every second), so it is never untouched for as long as REAP_AFTER_MS.
+        let mut reaped = 0;
+        for second in 1..=5 {
+            let now = NOW.plus_ms(second * 1000);
+            occupancy.grow(now, ticket(2), second * 16);
+            reaped += occupancy.reap(now, REAP_AFTER_MS);
+        }
+        assert_eq!(reaped, 1, "the leak is reaped exactly once");
+        assert!(!occupancy.holds(ticket(1)));
+        assert!(
+            occupancy.holds(ticket(2)),
+            "a live stream must not be reaped"
+        );
+        assert_eq!(occupancy.inflight(), 1);
+        assert_eq!(occupancy.tokens(), 50 + 5 * 16);
+        assert_eq!(occupancy.by_key.get(&KeyId(1)), Some(&(50 + 5 * 16)));
+        // The lost release arrives after all: nothing is taken from ticket 2.
+        assert!(!occupancy.release(NOW.plus_ms(6000), ticket(1)));
+        assert_eq!(occupancy.tokens(), 50 + 5 * 16);
+        assert!(occupancy.release(NOW.plus_ms(6000), ticket(2)));
+        assert_eq!((occupancy.tokens(), occupancy.inflight()), (0, 0));
+        assert!(occupancy.by_key.is_empty());
+        assert_eq!(occupancy.reap(NOW.plus_ms(60_000), REAP_AFTER_MS), 0);
+    }
+
     #[test]
     fn idle_after_fifteen_minutes_without_work() {
         let mut pool = Occupancy::new(NOW);

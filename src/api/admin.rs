@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 use crate::api::ClientRequest;
 use crate::api::sink::{ClientGone, Sink};
 use crate::auth::keys::bearer_token;
+use crate::control::queues::QueueError;
 use crate::error::Rejection;
 use crate::shard::messages::AdminCall;
 use crate::shard::state::Shard;
@@ -39,15 +40,12 @@ pub async fn serve<S: Sink>(
         body: request.body.clone(),
         reply,
     };
-    if !shard.call_control(call) {
-        return sink
-            .respond(
-                503,
-                "application/json",
-                &[],
-                b"{\"error\":\"control core unavailable\"}",
-            )
-            .await;
+    if let Err(error) = shard.call_control(call) {
+        let body: &[u8] = match error {
+            QueueError::Full(_) => b"{\"error\":\"control core busy, retry later\"}",
+            QueueError::Closed(_) => b"{\"error\":\"control core unavailable\"}",
+        };
+        return sink.respond(503, "application/json", &[], body).await;
     }
     match sink
         .until_client_gone(monoio::time::timeout(CONTROL_TIMEOUT, answer))

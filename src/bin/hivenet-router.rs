@@ -16,7 +16,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use tokio::sync::mpsc;
 
 use hivenet_router::audit::AuditLog;
 use hivenet_router::auth::config::ApiMode;
@@ -25,6 +24,7 @@ use hivenet_router::clock::utc_today;
 use hivenet_router::config::{EnvSettings, QuotaBackend, RouterArgs, listen_address};
 use hivenet_router::control::daily_flush::DailyFlush;
 use hivenet_router::control::policy_reload::{self, PolicyControl};
+use hivenet_router::control::queues::{QueueFullCounts, Queues};
 use hivenet_router::control::registry::HealthTimes;
 use hivenet_router::control::{self, ControlSettings, ControlShared, auth_reload};
 use hivenet_router::disk_db::{self, DiskDb};
@@ -139,6 +139,7 @@ fn open_quota_store(
 fn run(args: RouterArgs) -> anyhow::Result<()> {
     let env = EnvSettings::from_env()?;
     let hold = args.hold_settings()?;
+    let reaper = args.admission_reaper()?;
     let secret = Secret::from_file_or_env(args.jwt_secret_file.as_deref())?;
     let identity = Identity::load_or_create(&args.identity_path)?;
     // Policies before keys: static keys are checked against the serverless policies.
@@ -217,14 +218,12 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     let metrics: Vec<Arc<ShardMetrics>> = (0..shard_count)
         .map(|_| Arc::new(ShardMetrics::default()))
         .collect();
-    let (to_control, from_shards) = mpsc::unbounded_channel();
-    let mut to_shards = Vec::with_capacity(shard_count);
-    let mut inboxes = Vec::with_capacity(shard_count);
-    for _ in 0..shard_count {
-        let (sender, receiver) = mpsc::unbounded_channel();
-        to_shards.push(sender);
-        inboxes.push(receiver);
-    }
+    let Queues {
+        to_shards,
+        from_shards,
+        inboxes,
+        to_control,
+    } = Queues::new(shard_count, &Arc::new(QueueFullCounts::default()));
 
     // Provider fallback: one client thread, started only when a provider key is configured
     // (credentials are read once, at start-up).
@@ -353,6 +352,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         held_total: Arc::new(HeldTotal::new(hold.max_total)),
         site,
         tunnel_tls,
+        reaper,
     };
     let (shard_started, shards_ready) = std::sync::mpsc::channel();
     let (thread_ended, threads_ended) = std::sync::mpsc::channel();
@@ -434,7 +434,9 @@ async fn drain(shared: &ControlShared, timeout: std::time::Duration) {
         drain_timeout = ?timeout,
         "hivenet-router draining: no new connections, /health fails, requests in flight run on"
     );
-    shared.broadcast(|| hivenet_router::shard::messages::ControlToShard::Drain);
+    shared
+        .broadcast(|| hivenet_router::shard::messages::ControlToShard::Drain)
+        .await;
     let deadline = tokio::time::Instant::now() + timeout;
     while open() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(DRAIN_POLL).await;
@@ -445,7 +447,9 @@ async fn drain(shared: &ControlShared, timeout: std::time::Duration) {
             requests_open = left,
             "drain deadline passed: ending the requests still in flight with an error"
         );
-        shared.broadcast(|| hivenet_router::shard::messages::ControlToShard::End);
+        shared
+            .broadcast(|| hivenet_router::shard::messages::ControlToShard::End)
+            .await;
         let grace = tokio::time::Instant::now() + END_GRACE;
         while open() > 0 && tokio::time::Instant::now() < grace {
             tokio::time::sleep(DRAIN_POLL).await;

@@ -150,7 +150,7 @@ pub fn handle(shared: &ControlShared, method: Method, target: &[u8], body: &[u8]
         version = registry.version(),
         "dynamic keys changed"
     );
-    shared.broadcast(|| ControlToShard::Keys(snapshot.clone()));
+    shared.broadcast_blocking(|| ControlToShard::Keys(snapshot.clone()));
     json(200, &written)
 }
 
@@ -186,17 +186,20 @@ fn sibling_map(shared: &ControlShared, method: Method, body: &[u8]) -> AdminRepl
             };
             let (sites, placements) = (map.sites().len(), map.placements().len());
             let held_here = map.held_here(&site.id).len();
-            // Under the registry lock, like every snapshot publication (shards see them in the
-            // order they were built).
-            let mut registry = shared.registry();
-            registry.set_siblings(crate::control::registry::Siblings {
-                map,
-                local_site: site.id.clone(),
-                default_budget: site.default_hold_budget,
-            });
-            let snapshot = registry.snapshot(&shared.policies.current());
-            shared.broadcast(|| ControlToShard::Snapshot(snapshot.clone()));
-            drop(registry);
+            // Built and queued in one publishing turn, like every snapshot publication (shards
+            // see them in the order they were built).
+            let publishing = shared.publishing_blocking();
+            let snapshot = {
+                let mut registry = shared.registry();
+                registry.set_siblings(crate::control::registry::Siblings {
+                    map,
+                    local_site: site.id.clone(),
+                    default_budget: site.default_hold_budget,
+                });
+                registry.snapshot(&shared.policies.current())
+            };
+            publishing.broadcast_blocking(|| ControlToShard::Snapshot(snapshot.clone()));
+            drop(publishing);
             tracing::info!(sites, placements, held_here, "sibling map installed");
             json(
                 200,

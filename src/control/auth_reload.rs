@@ -189,7 +189,7 @@ fn reload(path: &Path, running_mode: ApiMode, shared: &ControlShared, reason: &s
         Ok(loaded) => {
             *static_auth = Arc::new(loaded.config);
             let admin = Arc::new(loaded.admin);
-            shared.broadcast(|| ControlToShard::AdminAccess(admin.clone()));
+            shared.broadcast_blocking(|| ControlToShard::AdminAccess(admin.clone()));
             if running_mode == ApiMode::Dynamic {
                 // Keys live in the admin-managed registry; the file only configures admin.
                 tracing::info!(path = %path.display(), reason, "auth config reloaded (admin section)");
@@ -197,7 +197,7 @@ fn reload(path: &Path, running_mode: ApiMode, shared: &ControlShared, reason: &s
             }
             tracing::info!(path = %path.display(), reason, keys = loaded.registry.len(), "auth config reloaded");
             let registry = Arc::new(loaded.registry);
-            shared.broadcast(|| ControlToShard::Keys(registry.clone()));
+            shared.broadcast_blocking(|| ControlToShard::Keys(registry.clone()));
         }
         Err(error) => {
             tracing::error!(reason, %error, "auth config reload refused; the previous configuration stays active");

@@ -133,6 +133,7 @@ fn respond(
             .quota_backend_errors_total
             .load(std::sync::atomic::Ordering::Relaxed)
     );
+    shared.queue_full.render(&mut out);
     Response::builder()
         .header("content-type", "text/plain; version=0.0.4")
         .body(Full::new(Bytes::from(out)))

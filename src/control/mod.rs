@@ -6,9 +6,12 @@
 //! agent-dialed data sockets), `metrics_http` (`/metrics`), `auth_reload` and `policy_reload`
 //! (`auth.yaml` and routing policies, at start-up and on change), `admin` and `admin_policy` (the
 //! control side of `/admin/*`), `daily_flush` (daily totals to the disk database,
-//! `HIVENET_ROUTER_QUOTA_BACKEND=badger`). [`ControlShared`] is the state they share; its registry
-//! lock is held only for in-memory updates and the non-blocking sends that follow, so shards see
-//! registry events in the order they happened.
+//! `HIVENET_ROUTER_QUOTA_BACKEND=badger`), `queues` (the bounded queues to and from the shards).
+//! [`ControlShared`] is the state they share; its registry lock is held only for in-memory
+//! updates. What goes to the shards is published in turns ([`Publishing`]): a publisher builds its
+//! messages and queues them all before the next one builds, waiting when a shard's queue is full,
+//! so shards see registry events in the order they happened and a full queue loses nothing that
+//! matters (`queues` says what waits and what is dropped).
 //!
 //! Performance: this is one thread. Work whose cost grows with what an operator or client hands
 //! in — parsing and validating an admin body, a policy or `auth.yaml` reload — runs on tokio's
@@ -22,6 +25,7 @@ pub mod conn_limit;
 pub mod daily_flush;
 pub mod metrics_http;
 pub mod policy_reload;
+pub mod queues;
 pub mod registry;
 pub mod service;
 pub mod tunnel_accept;
@@ -33,6 +37,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
+
+use queues::{QueueFullCounts, ToShard};
 
 use crate::metrics::ShardMetrics;
 use crate::routing::AgentId;
@@ -84,7 +90,12 @@ pub struct ControlShared {
     /// The dynamic client-key registry, when `api.mode` is `dynamic`; written only through the
     /// admin API, one write at a time.
     pub dynamic_keys: Option<Mutex<crate::auth::dynamic::DynamicRegistry>>,
-    to_shards: Vec<mpsc::UnboundedSender<ControlToShard>>,
+    to_shards: Vec<ToShard>,
+    /// Whose turn it is to publish to the shards ([`Publishing`]). A tokio mutex: fair (first
+    /// come, first served) and held across the waits for room in a full shard queue.
+    publishing: tokio::sync::Mutex<()>,
+    /// `hivenet_control_queue_full_total`, shared with the shards.
+    pub queue_full: Arc<QueueFullCounts>,
     sessions: Mutex<HashMap<AgentId, oneshot::Sender<&'static str>>>,
     next_session: AtomicU64,
     pub shard_metrics: Vec<Arc<ShardMetrics>>,
@@ -107,7 +118,7 @@ impl ControlShared {
         settings: ControlSettings,
         secret: Secret,
         dynamic_keys: Option<crate::auth::dynamic::DynamicRegistry>,
-        to_shards: Vec<mpsc::UnboundedSender<ControlToShard>>,
+        to_shards: queues::ToShards,
         shard_metrics: Vec<Arc<ShardMetrics>>,
         policies: policy_reload::PolicyControl,
         provider_metrics: Option<Arc<crate::provider::ProviderMetrics>>,
@@ -121,7 +132,9 @@ impl ControlShared {
             dynamic_keys: dynamic_keys.map(Mutex::new),
             settings,
             secret,
-            to_shards,
+            to_shards: to_shards.shards,
+            publishing: tokio::sync::Mutex::new(()),
+            queue_full: to_shards.full,
             sessions: Mutex::new(HashMap::new()),
             next_session: AtomicU64::new(1),
             shard_metrics,
@@ -149,27 +162,55 @@ impl ControlShared {
     }
 
     /// The session is over: the agent leaves the pool at once and every shard drops its tunnel.
-    pub fn close_session(&self, agent: AgentId) {
+    pub async fn close_session(&self, agent: AgentId) {
         self.sessions
             .lock()
             .expect("sessions lock poisoned")
             .remove(&agent);
-        let mut registry = self.registry();
-        let events = registry.session_closed(agent);
-        self.apply_locked(&mut registry, events);
-        self.broadcast(|| ControlToShard::CloseTunnel { agent });
+        let publishing = self.publishing().await;
+        let events = self.registry().session_closed(agent);
+        publishing.apply(events).await;
+        publishing
+            .broadcast(|| ControlToShard::CloseTunnel { agent })
+            .await;
     }
 
-    /// Carries out registry events in order.
-    pub fn apply(&self, events: Vec<Event>) {
+    /// Waits for this task's turn to publish to the shards. Take it before computing what to
+    /// publish when the order matters; the control core's own tasks only.
+    pub async fn publishing(&self) -> Publishing<'_> {
+        Publishing {
+            shared: self,
+            _turn: self.publishing.lock().await,
+        }
+    }
+
+    /// [`ControlShared::publishing`] for the control core's blocking threads (admin calls,
+    /// `auth.yaml` reloads). Panics when called from an async task.
+    pub fn publishing_blocking(&self) -> Publishing<'_> {
+        Publishing {
+            shared: self,
+            _turn: self.publishing.blocking_lock(),
+        }
+    }
+
+    /// Publishes registry events, in order, in this task's turn. Call it right after computing
+    /// `events`, with no await in between: the turn is queued for in that order.
+    pub async fn apply(&self, events: Vec<Event>) {
         if events.is_empty() {
             return;
         }
-        let mut registry = self.registry();
-        self.apply_locked(&mut registry, events);
+        self.publishing().await.apply(events).await;
     }
 
-    fn apply_locked(&self, registry: &mut Registry, events: Vec<Event>) {
+    /// The messages that publish `events`, in order, one per shard for each (a snapshot is built
+    /// from the registry as it is now).
+    fn messages_for(
+        &self,
+        registry: &mut Registry,
+        events: Vec<Event>,
+        out: &mut Vec<(usize, ControlToShard)>,
+    ) {
+        let shards = self.to_shards.len();
         for event in events {
             match event {
                 Event::AgentUp {
@@ -184,7 +225,7 @@ impl ControlShared {
                         stay = generation.0,
                         "agent joined the routing pool"
                     );
-                    self.broadcast(|| ControlToShard::AgentUp {
+                    to_every_shard(out, shards, || ControlToShard::AgentUp {
                         agent,
                         generation,
                         models: models.clone(),
@@ -194,7 +235,7 @@ impl ControlShared {
                 }
                 Event::AgentDown { agent, models } => {
                     tracing::info!(session = agent.0, "agent left the routing pool");
-                    self.broadcast(|| ControlToShard::AgentDown {
+                    to_every_shard(out, shards, || ControlToShard::AgentDown {
                         agent,
                         models: models.clone(),
                     });
@@ -204,7 +245,7 @@ impl ControlShared {
                     models,
                     in_flight,
                     engine,
-                } => self.broadcast(|| ControlToShard::Signal {
+                } => to_every_shard(out, shards, || ControlToShard::Signal {
                     agent,
                     models: models.clone(),
                     in_flight,
@@ -212,7 +253,7 @@ impl ControlShared {
                 }),
                 Event::SnapshotChanged => {
                     let snapshot = registry.snapshot(&self.policies.current());
-                    self.broadcast(|| ControlToShard::Snapshot(snapshot.clone()));
+                    to_every_shard(out, shards, || ControlToShard::Snapshot(snapshot.clone()));
                 }
                 Event::CloseSession { agent } => {
                     if let Some(kill) = self
@@ -225,23 +266,27 @@ impl ControlShared {
                     } else {
                         // No stream was ever attached: close it here.
                         let events = registry.session_closed(agent);
-                        self.apply_locked(registry, events);
-                        self.broadcast(|| ControlToShard::CloseTunnel { agent });
+                        self.messages_for(registry, events, out);
+                        to_every_shard(out, shards, || ControlToShard::CloseTunnel { agent });
                     }
                 }
             }
         }
     }
 
-    pub fn broadcast(&self, message: impl Fn() -> ControlToShard) {
-        for shard in &self.to_shards {
-            // A shard that has stopped is shutting down with the process; nothing to do.
-            let _ = shard.send(message());
-        }
+    /// Sends `message` to every shard in this task's turn, waiting for room in full queues.
+    pub async fn broadcast(&self, message: impl Fn() -> ControlToShard) {
+        self.publishing().await.broadcast(message).await;
+    }
+
+    /// [`ControlShared::broadcast`] for the control core's blocking threads.
+    pub fn broadcast_blocking(&self, message: impl Fn() -> ControlToShard) {
+        self.publishing_blocking().broadcast_blocking(message);
     }
 
     /// Asks every shard for its report (capacity queues, admission state); shards that do not
-    /// answer within `timeout` are left out.
+    /// answer within `timeout` are left out, and so is a shard whose queue is full (counted in
+    /// `hivenet_control_queue_full_total`): the scrape answers either way.
     pub async fn shard_reports(
         &self,
         timeout: Duration,
@@ -249,7 +294,7 @@ impl ControlShared {
         let mut answers = Vec::with_capacity(self.to_shards.len());
         for shard in &self.to_shards {
             let (reply, answer) = oneshot::channel();
-            if shard.send(ControlToShard::Report(reply)).is_ok() {
+            if shard.try_report(ControlToShard::Report(reply)).is_ok() {
                 answers.push(answer);
             }
         }
@@ -264,12 +309,12 @@ impl ControlShared {
 
     /// Asks every shard for the daily totals that changed since its last report and waits for
     /// every answer: a total a shard hands out is no longer its to report, so none is given up
-    /// on. A shard that has stopped answers nothing.
+    /// on (a full queue is waited for). A shard that has stopped answers nothing.
     pub async fn daily_totals(&self) -> Vec<crate::shard::owner::quotas::DailyTotal> {
         let mut answers = Vec::with_capacity(self.to_shards.len());
         for shard in &self.to_shards {
             let (reply, answer) = oneshot::channel();
-            if shard.send(ControlToShard::ReportDaily(reply)).is_ok() {
+            if shard.send(ControlToShard::ReportDaily(reply)).await.is_ok() {
                 answers.push(answer);
             }
         }
@@ -282,16 +327,70 @@ impl ControlShared {
         totals
     }
 
-    /// Builds and broadcasts a snapshot under the registry lock, like every other publication,
-    /// so shards see snapshots in the order they were built.
-    fn publish_snapshot(&self, policies: &crate::policy::PolicySet) {
-        let mut registry = self.registry();
-        let snapshot = registry.snapshot(policies);
-        self.broadcast(|| ControlToShard::Snapshot(snapshot.clone()));
+    /// Builds and broadcasts a snapshot in this task's turn, like every other publication, so
+    /// shards see snapshots in the order they were built.
+    async fn publish_snapshot(&self, policies: &crate::policy::PolicySet) {
+        let publishing = self.publishing().await;
+        let snapshot = self.registry().snapshot(policies);
+        publishing
+            .broadcast(|| ControlToShard::Snapshot(snapshot.clone()))
+            .await;
     }
 
-    pub fn send_to_shard(&self, shard: usize, message: ControlToShard) {
-        let _ = self.to_shards[shard].send(message);
+    /// Sends `message` to one shard, waiting for room when its queue is full (a tunnel socket,
+    /// a tunnel to close: neither is ordered with the publications).
+    pub async fn send_to_shard(&self, shard: usize, message: ControlToShard) {
+        // A shard that has stopped is shutting down with the process; nothing to do.
+        let _ = self.to_shards[shard].send(message).await;
+    }
+}
+
+/// Adds one `message()` per shard to `out`.
+fn to_every_shard(
+    out: &mut Vec<(usize, ControlToShard)>,
+    shards: usize,
+    message: impl Fn() -> ControlToShard,
+) {
+    out.extend((0..shards).map(|shard| (shard, message())));
+}
+
+/// One publisher's turn to send to the shards ([`ControlShared::publishing`]): while it is held,
+/// no other publication is built or queued, so what it queues reaches every shard in the order
+/// it was built, after everything published before it. It waits for room in a full queue rather
+/// than drop a message, except a routing signal (`queues::waits_when_full`).
+pub struct Publishing<'a> {
+    shared: &'a ControlShared,
+    _turn: tokio::sync::MutexGuard<'a, ()>,
+}
+
+impl Publishing<'_> {
+    /// Publishes registry events, in order.
+    pub async fn apply(&self, events: Vec<Event>) {
+        let mut messages = Vec::new();
+        {
+            let mut registry = self.shared.registry();
+            self.shared
+                .messages_for(&mut registry, events, &mut messages);
+        }
+        for (shard, message) in messages {
+            // A shard that has stopped is shutting down with the process; a signal that found
+            // the queue full was counted and is superseded by the next.
+            let _ = self.shared.to_shards[shard].send(message).await;
+        }
+    }
+
+    /// Sends `message` to every shard.
+    pub async fn broadcast(&self, message: impl Fn() -> ControlToShard) {
+        for shard in &self.shared.to_shards {
+            let _ = shard.send(message()).await;
+        }
+    }
+
+    /// [`Publishing::broadcast`] from a blocking thread.
+    pub fn broadcast_blocking(&self, message: impl Fn() -> ControlToShard) {
+        for shard in &self.shared.to_shards {
+            let _ = shard.send_blocking(message());
+        }
     }
 }
 
@@ -300,7 +399,7 @@ impl ControlShared {
 pub fn start(
     runtime: &tokio::runtime::Runtime,
     shared: Arc<ControlShared>,
-    mut from_shards: mpsc::UnboundedReceiver<ShardToControl>,
+    mut from_shards: mpsc::Receiver<ShardToControl>,
 ) -> anyhow::Result<()> {
     let settings = shared.settings.clone();
     let grpc_listener = runtime
@@ -358,7 +457,7 @@ pub fn start(
         // resolvable before any agent registers.
         loop {
             let policies = policy_changes.borrow_and_update().clone();
-            publisher.publish_snapshot(&policies);
+            publisher.publish_snapshot(&policies).await;
             if policy_changes.changed().await.is_err() {
                 break;
             }
@@ -371,14 +470,14 @@ pub fn start(
         loop {
             ticker.tick().await;
             let events = health_shared.registry().check_health(Instant::now());
-            health_shared.apply(events);
+            health_shared.apply(events).await;
         }
     });
 
     // Admin calls, one at a time as before, each on a blocking thread: a body is parsed and
     // validated there (up to 16 MiB, `doc_guard` bounds its shape), so neither the parse nor the
     // checks against every key stall agent gRPC or `/metrics`, which this thread serves.
-    let (to_admin, mut admin_calls) = mpsc::unbounded_channel::<AdminCall>();
+    let (to_admin, mut admin_calls) = mpsc::channel::<AdminCall>(queues::ADMIN_QUEUE_CAPACITY);
     let admin_shared = shared.clone();
     runtime.spawn(async move {
         while let Some(call) = admin_calls.recv().await {
@@ -400,24 +499,31 @@ pub fn start(
             let now = Instant::now();
             let events = match message {
                 ShardToControl::Admin(call) => {
-                    let _ = to_admin.send(call);
+                    queue_admin_call(&to_admin, &shared.queue_full, call);
                     continue;
                 }
                 ShardToControl::TunnelUp { agent, shard } => {
-                    let mut registry = shared.registry();
-                    if registry.is_session_live(agent) {
-                        registry.tunnel_up(agent, shard, now)
-                    } else {
-                        // A TLS tunnel's token was checked on its shard, which cannot see the
-                        // sessions: one whose session has ended goes at once.
-                        drop(registry);
-                        shared.tunnel_refusals.refused(
-                            None,
-                            Some(agent.0),
-                            "session not live (TLS tunnel)",
-                        );
-                        shared.send_to_shard(shard, ControlToShard::CloseTunnel { agent });
-                        Vec::new()
+                    let up = {
+                        let mut registry = shared.registry();
+                        registry
+                            .is_session_live(agent)
+                            .then(|| registry.tunnel_up(agent, shard, now))
+                    };
+                    match up {
+                        Some(events) => events,
+                        None => {
+                            // A TLS tunnel's token was checked on its shard, which cannot see
+                            // the sessions: one whose session has ended goes at once.
+                            shared.tunnel_refusals.refused(
+                                None,
+                                Some(agent.0),
+                                "session not live (TLS tunnel)",
+                            );
+                            shared
+                                .send_to_shard(shard, ControlToShard::CloseTunnel { agent })
+                                .await;
+                            Vec::new()
+                        }
                     }
                 }
                 ShardToControl::TunnelDown { agent, shard } => {
@@ -425,10 +531,36 @@ pub fn start(
                     shared.registry().tunnel_down(agent, shard, now)
                 }
             };
-            shared.apply(events);
+            shared.apply(events).await;
         }
     });
     Ok(())
+}
+
+/// The answer to an admin call that finds the admin queue full: `503` in the admin envelope, at
+/// once, rather than an answer after its caller gave up.
+const ADMIN_QUEUE_FULL: &[u8] = b"{\"error\":\"too many admin calls waiting, retry later\"}";
+
+/// Queues an admin call for the blocking thread that serves them, or answers it `503` when
+/// [`queues::ADMIN_QUEUE_CAPACITY`] calls already wait (counted).
+fn queue_admin_call(
+    to_admin: &mpsc::Sender<AdminCall>,
+    queue_full: &QueueFullCounts,
+    call: AdminCall,
+) {
+    match to_admin.try_send(call) {
+        Ok(()) => {}
+        Err(mpsc::error::TrySendError::Full(call)) => {
+            queue_full.to_admin();
+            let _ = call.reply.send(crate::shard::messages::AdminReply {
+                status: 503,
+                body: ADMIN_QUEUE_FULL.to_vec(),
+            });
+        }
+        // The admin task is gone (the process is stopping): the shard answers 503 when the
+        // reply is dropped.
+        Err(mpsc::error::TrySendError::Closed(_)) => {}
+    }
 }
 
 fn tokio_listener_stream(
@@ -441,4 +573,45 @@ fn tokio_listener_stream(
         });
         Some((accepted, listener))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call() -> (
+        AdminCall,
+        oneshot::Receiver<crate::shard::messages::AdminReply>,
+    ) {
+        let (reply, answer) = oneshot::channel();
+        let call = AdminCall {
+            method: crate::http::request::Method::Get,
+            target: bytes::Bytes::from_static(b"/admin/api-keys"),
+            body: bytes::Bytes::new(),
+            reply,
+        };
+        (call, answer)
+    }
+
+    #[test]
+    fn an_admin_call_that_finds_the_admin_queue_full_is_answered_503_at_once() {
+        let full = QueueFullCounts::default();
+        let (to_admin, mut admin_calls) = mpsc::channel(1);
+        let (first, mut first_answer) = call();
+        queue_admin_call(&to_admin, &full, first);
+        let (second, mut second_answer) = call();
+        queue_admin_call(&to_admin, &full, second);
+        let reply = second_answer.try_recv().expect("answered at once");
+        assert_eq!(reply.status, 503);
+        let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"error": "too many admin calls waiting, retry later"})
+        );
+        let counted: Vec<_> = full.series().filter(|(_, _, count)| *count > 0).collect();
+        assert_eq!(counted, vec![("to_admin", "admin", 1)]);
+        // The first call is queued, unanswered, for the admin thread.
+        assert!(first_answer.try_recv().is_err());
+        assert!(admin_calls.try_recv().is_ok());
+    }
 }

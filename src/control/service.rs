@@ -130,7 +130,7 @@ impl AgentControl for ControlService {
         tokio::spawn(async move {
             let reason = run_session(&shared, agent, &peer_id, &mut inbound, &to_agent, kill).await;
             tracing::info!(%peer_id, session = agent.0, reason, "agent session ended");
-            shared.close_session(agent);
+            shared.close_session(agent).await;
         });
         let stream = futures_util::stream::unfold(from_router, |mut receiver| async move {
             receiver.recv().await.map(|item| (item, receiver))
@@ -167,7 +167,7 @@ async fn run_session(
                         capability = registration.capability.as_str(), capacity = registration.capacity,
                         engine = %registration.engine, "agent registered");
                     let events = shared.registry().register(agent, registration, now);
-                    shared.apply(events);
+                    shared.apply(events).await;
                     let registered = reply(router_message::Kind::Registered(Registered {
                         agent_id: peer_id.to_owned(),
                     }));
@@ -187,11 +187,11 @@ async fn run_session(
             agent_message::Kind::Leaving(_) => {
                 tracing::info!(%peer_id, session = agent.0, "agent is shutting down: routing nothing new to it");
                 let events = shared.registry().leaving(agent, now);
-                shared.apply(events);
+                shared.apply(events).await;
             }
             agent_message::Kind::Heartbeat(heartbeat) => {
                 let events = shared.registry().heartbeat(agent, heartbeat.in_flight, now);
-                shared.apply(events);
+                shared.apply(events).await;
                 let ack = reply(router_message::Kind::HeartbeatAck(HeartbeatAck {
                     sent_at_unix_ms: heartbeat.sent_at_unix_ms,
                 }));
@@ -204,7 +204,7 @@ async fn run_session(
                 let events = shared
                     .registry()
                     .signal(agent, signal.in_flight, engine, now);
-                shared.apply(events);
+                shared.apply(events).await;
             }
             agent_message::Kind::Refresh(refresh) => {
                 match shared

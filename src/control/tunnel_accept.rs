@@ -189,6 +189,8 @@ async fn hand_to_shard(
         .map_err(|_| "connection closed before acceptance")?;
     let _ = socket.set_nodelay(true);
     let socket = socket.into_std().map_err(|_| "cannot detach socket")?;
-    shared.send_to_shard(usize::from(shard), message(socket));
+    shared
+        .send_to_shard(usize::from(shard), message(socket))
+        .await;
     Ok(())
 }

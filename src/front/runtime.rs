@@ -19,7 +19,7 @@ use crate::front::connection;
 use crate::metrics::ShardMetrics;
 use crate::shard::latch::race;
 use crate::shard::mesh::Endpoint;
-use crate::shard::messages::{ControlToShard, ShardToControl, ShardToShard};
+use crate::shard::messages::{ControlToShard, ShardToShard};
 use crate::shard::state::{Shard, ShardSettings};
 
 /// Everything one shard thread needs.
@@ -38,8 +38,8 @@ pub struct ShardSetup {
     pub daily_restore: Option<crate::shard::owner::quotas::DailyRestore>,
     /// This shard's end of the audit log.
     pub audit: Option<crate::audit::AuditSender>,
-    pub inbox: mpsc::UnboundedReceiver<ControlToShard>,
-    pub to_control: mpsc::UnboundedSender<ShardToControl>,
+    pub inbox: mpsc::Receiver<ControlToShard>,
+    pub to_control: crate::control::queues::ToControl,
     pub core: Option<core_affinity::CoreId>,
 }
 
@@ -64,6 +64,7 @@ type Runtime = monoio::FusionRuntime<
 >;
 
 const RING_ENTRIES: u32 = 4096;
+/// Seed, "Idle-state cleanup": idle quota state goes every five minutes.
 const QUOTA_CLEANUP_INTERVAL: Duration = Duration::from_secs(300);
 
 fn build_runtime() -> std::io::Result<(Runtime, Driver)> {
@@ -167,12 +168,23 @@ async fn run(
     monoio::spawn(shard.clone().run_mesh());
     let cleaner = shard.clone();
     monoio::spawn(async move {
-        // Seed, "Idle-state cleanup": idle quota and occupancy state goes every five minutes,
-        // and the reaper gives back reservations whose release was lost.
+        // Seed, "Idle-state cleanup": idle quota state goes every five minutes.
         loop {
             monoio::time::sleep(QUOTA_CLEANUP_INTERVAL).await;
             cleaner.cleanup_quotas();
-            cleaner.cleanup_pools();
+        }
+    });
+    let reaper = shard.clone();
+    monoio::spawn(async move {
+        // The reaper gives back reservations whose release was lost, and idle occupancy state
+        // goes (seed, "Idle-state cleanup": every five minutes by default). Its own period, so
+        // tests can run it within their lifetime; the pass is logged at debug level, which is
+        // how they see that it ran.
+        let interval = reaper.settings.reaper.interval;
+        loop {
+            monoio::time::sleep(interval).await;
+            reaper.cleanup_pools();
+            tracing::debug!(shard = reaper.id, "admission reaper pass");
         }
     });
     let _ = started.send(Ok(driver));

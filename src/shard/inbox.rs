@@ -40,7 +40,7 @@ impl Shard {
     /// `start_tunnel`.
     pub async fn run_control_inbox(
         self: Rc<Self>,
-        mut inbox: mpsc::UnboundedReceiver<ControlToShard>,
+        mut inbox: mpsc::Receiver<ControlToShard>,
         start_tunnel: impl Fn(&Rc<Shard>, TunnelSocket),
     ) {
         while let Some(message) = inbox.recv().await {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::admission::{PolicyOutcome, Reason};
 use crate::auth::admin::AdminAccess;
@@ -61,6 +61,8 @@ pub struct ShardSettings {
     pub tunnel_tls: Option<Arc<crate::tunnel::tls::TunnelSecurity>>,
     /// What the clients of one shard may hold (connections, body bytes, resets).
     pub client_limits: crate::shard::clients::ClientLimits,
+    /// The occupancy reaper (`--admission-reap-interval`, `--admission-reap-after`).
+    pub reaper: crate::config::ReaperSettings,
 }
 
 /// The router-side HTTP/2 client handle over one agent tunnel.
@@ -101,7 +103,7 @@ pub struct Shard {
     pub estimator: RefCell<crate::admission::estimator::Estimator>,
     /// The tenant series and audit records of the requests this shard served.
     pub accounting: crate::accounting::Accounting,
-    pub(super) to_control: mpsc::UnboundedSender<ShardToControl>,
+    pub(super) to_control: crate::control::queues::ToControl,
     /// What this shard's clients hold: connections, body bytes, resets per source.
     pub clients: Rc<crate::shard::clients::ClientGuard>,
     /// Draining and ending on SIGTERM.
@@ -116,7 +118,7 @@ impl Shard {
         metrics: Arc<ShardMetrics>,
         keys: Arc<KeyRegistry>,
         admin_access: Arc<AdminAccess>,
-        to_control: mpsc::UnboundedSender<ShardToControl>,
+        to_control: crate::control::queues::ToControl,
     ) -> Shard {
         let id = mesh.shard();
         let owner = Owner::new(
@@ -189,9 +191,12 @@ impl Shard {
         *self.admin_access.borrow_mut() = access;
     }
 
-    /// Hands an `/admin/*` request to the control core. False when the control core is gone.
-    pub fn call_control(&self, call: crate::shard::messages::AdminCall) -> bool {
-        self.to_control.send(ShardToControl::Admin(call)).is_ok()
+    /// Hands an `/admin/*` request to the control core; refused at once when its queue is full.
+    pub fn call_control(
+        &self,
+        call: crate::shard::messages::AdminCall,
+    ) -> Result<(), crate::control::queues::QueueError> {
+        self.to_control.try_send(ShardToControl::Admin(call))
     }
 
     // ----- the owner side, on the real clock -----
@@ -277,7 +282,7 @@ impl Shard {
             .owner
             .borrow_mut()
             .models
-            .reap(now, RESERVATION_REAP_MS);
+            .reap(now, self.settings.reaper.after_ms);
         if reaped > 0 {
             tracing::warn!(
                 shard = self.id,
@@ -346,28 +351,35 @@ impl Shard {
         self.tunnels.borrow().get(&agent).cloned()
     }
 
-    pub fn tunnel_up(&self, agent: AgentId, tunnel: Tunnel) {
+    pub async fn tunnel_up(&self, agent: AgentId, tunnel: Tunnel) {
         if self.tunnels.borrow_mut().insert(agent, tunnel).is_none() {
             ShardMetrics::gauge(&self.metrics.tunnels_open, 1);
         }
-        let _ = self.to_control.send(ShardToControl::TunnelUp {
-            agent,
-            shard: self.id,
-        });
-    }
-
-    pub fn tunnel_down(&self, agent: AgentId, generation: u64) {
-        let mut tunnels = self.tunnels.borrow_mut();
-        if tunnels
-            .get(&agent)
-            .is_some_and(|tunnel| tunnel.generation == generation)
-        {
-            tunnels.remove(&agent);
-            ShardMetrics::gauge(&self.metrics.tunnels_open, -1);
-            let _ = self.to_control.send(ShardToControl::TunnelDown {
+        let _ = self
+            .to_control
+            .send(ShardToControl::TunnelUp {
                 agent,
                 shard: self.id,
-            });
+            })
+            .await;
+    }
+
+    pub async fn tunnel_down(&self, agent: AgentId, generation: u64) {
+        let current = self
+            .tunnels
+            .borrow()
+            .get(&agent)
+            .is_some_and(|tunnel| tunnel.generation == generation);
+        if current {
+            self.tunnels.borrow_mut().remove(&agent);
+            ShardMetrics::gauge(&self.metrics.tunnels_open, -1);
+            let _ = self
+                .to_control
+                .send(ShardToControl::TunnelDown {
+                    agent,
+                    shard: self.id,
+                })
+                .await;
         }
     }
 

@@ -94,7 +94,7 @@ pub async fn run(
         Ok(io) => serve(&shard, agent, generation, io).await,
         Err(error) => {
             tracing::warn!(shard = shard.id, session = agent.0, %error, "tunnel socket unusable");
-            shard.tunnel_down(agent, generation);
+            shard.tunnel_down(agent, generation).await;
         }
     }
 }
@@ -171,12 +171,12 @@ where
         Ok(pair) => pair,
         Err(error) => {
             tracing::warn!(shard = shard.id, session = agent.0, %error, "tunnel HTTP/2 handshake failed");
-            shard.tunnel_down(agent, generation);
+            shard.tunnel_down(agent, generation).await;
             return;
         }
     };
     let pings = connection.ping_pong();
-    shard.tunnel_up(agent, Tunnel { send, generation });
+    shard.tunnel_up(agent, Tunnel { send, generation }).await;
     tracing::debug!(shard = shard.id, session = agent.0, "tunnel up");
     // The router's drain ended: the connection goes, and every request still on it ends.
     let ending = shard.lifecycle.ending();
@@ -200,7 +200,7 @@ where
             );
         }
     }
-    shard.tunnel_down(agent, generation);
+    shard.tunnel_down(agent, generation).await;
 }
 
 /// Pings the agent every [`PING_INTERVAL`]; returns when one goes unanswered for [`PING_TIMEOUT`],

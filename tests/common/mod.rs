@@ -206,6 +206,8 @@ pub struct Options {
     skip_model_wait: bool,
     /// Agents reach the tunnel port through a [`relay::TunnelRelay`] the test can cut.
     relay_tunnels: bool,
+    /// [`Options::reaper`]: the router logs its reaper passes.
+    reaper_logged: bool,
 }
 
 fn strings(args: &[&str]) -> Vec<String> {
@@ -276,6 +278,24 @@ impl Options {
     pub fn relay_tunnels(mut self) -> Options {
         self.relay_tunnels = true;
         self
+    }
+
+    /// Runs the router's occupancy reaper every `interval`, releasing reservations untouched for
+    /// `after` (`--admission-reap-interval`, `--admission-reap-after`), and turns on its debug
+    /// line for each pass so [`Site::wait_reaper_pass`] sees it. For tests that assert
+    /// `hivenet_admission_reaped_total` is 0: with the defaults (a pass every 5 minutes,
+    /// reservations 30 minutes old) no pass happens while a test runs, and the assertion could
+    /// not fail. `after` must be longer than any live reservation of the test goes untouched (a
+    /// non-streamed request's whole life; a stream's gap between two refreshes, every 16 output
+    /// events), or a live request is reaped.
+    pub fn reaper(mut self, interval: &str, after: &str) -> Options {
+        self.reaper_logged = true;
+        self.router_args(&[
+            "--admission-reap-interval",
+            interval,
+            "--admission-reap-after",
+            after,
+        ])
     }
 
     /// Models [`Site::start`] waits for in `/v1/models` (default: `sim-model` when there are
@@ -494,6 +514,40 @@ impl Site {
         index
     }
 
+    /// Reaper passes each shard has logged so far (index: shard). Needs [`Options::reaper`].
+    pub fn reaper_passes(&self) -> Vec<usize> {
+        assert!(
+            self.options.reaper_logged,
+            "start the site with Options::reaper to see reaper passes"
+        );
+        let mut passes = vec![0; self.shards];
+        for line in self.router.log_text().lines() {
+            if !line.contains("admission reaper pass") {
+                continue;
+            }
+            let shard = line
+                .split_once("shard=")
+                .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
+                .and_then(|digits| digits.parse::<usize>().ok())
+                .unwrap_or_else(|| panic!("reaper pass line without a shard: {line}"));
+            passes[shard] += 1;
+        }
+        passes
+    }
+
+    /// Waits until every shard has run its reaper once more after this call: whatever a
+    /// reaper could release by now, it has.
+    pub fn wait_reaper_pass(&self) {
+        let before = self.reaper_passes();
+        self.wait_for("a reaper pass on every shard", || {
+            let now = self.reaper_passes();
+            now.iter()
+                .zip(&before)
+                .all(|(now, before)| now > before)
+                .then_some(())
+        });
+    }
+
     /// Tails of every log, for panic messages.
     pub fn logs(&self) -> String {
         let mut out = String::new();
@@ -568,17 +622,54 @@ impl Site {
         String::from_utf8(response.body).expect("metrics utf-8")
     }
 
-    /// `name` summed over every series (so over shards).
+    /// `name` summed over every series (so over shards); panics when the router exposes no
+    /// series of that name (see [`metric_sum`]).
     pub fn router_metric(&self, name: &str) -> f64 {
         metric_sum(&self.router_metrics(), name, &[])
     }
 
     /// Polls the router's `name` (summed over shards) until `predicate` holds; returns the value.
+    /// A missing series does not satisfy the predicate (it may appear later, e.g. a per-model
+    /// gauge after the model's first request); one still missing at the deadline panics saying so.
     pub fn wait_metric(&self, name: &str, predicate: impl Fn(f64) -> bool) -> f64 {
-        self.wait_for(&format!("router metric {name}"), || {
-            let response = try_request(self.metrics, &get_request("/metrics")).ok()?;
-            let value = metric_sum(&String::from_utf8_lossy(&response.body), name, &[]);
+        self.wait_metric_at(
+            self.metrics,
+            &format!("router metric {name}"),
+            name,
+            predicate,
+        )
+    }
+
+    fn wait_metric_at(
+        &self,
+        at: SocketAddr,
+        what: &str,
+        name: &str,
+        predicate: impl Fn(f64) -> bool,
+    ) -> f64 {
+        let mut last = None;
+        let found = poll(WAIT, || {
+            let response = try_request(at, &get_request("/metrics")).ok()?;
+            let text = String::from_utf8_lossy(&response.body);
+            let value = metric_sum_present(&text, name, &[]);
+            last = Some((value, text.into_owned()));
+            let value = value?;
             predicate(value).then_some(value)
+        });
+        found.unwrap_or_else(|| match last {
+            Some((None, text)) => panic!(
+                "timed out waiting for {what}: no such series is exposed\n{}\n{}",
+                metric_lines(&text, name),
+                self.logs()
+            ),
+            Some((Some(value), _)) => panic!(
+                "timed out waiting for {what}: last value {value}\n{}",
+                self.logs()
+            ),
+            None => panic!(
+                "timed out waiting for {what}: /metrics never answered\n{}",
+                self.logs()
+            ),
         })
     }
 
@@ -594,11 +685,12 @@ impl Site {
     }
 
     pub fn wait_sim_metric(&self, sim: usize, name: &str, predicate: impl Fn(f64) -> bool) -> f64 {
-        self.wait_for(&format!("sim{sim} metric {name}"), || {
-            let response = try_request(self.sim_addrs[sim], &get_request("/metrics")).ok()?;
-            let value = metric_sum(&String::from_utf8_lossy(&response.body), name, &[]);
-            predicate(value).then_some(value)
-        })
+        self.wait_metric_at(
+            self.sim_addrs[sim],
+            &format!("sim{sim} metric {name}"),
+            name,
+            predicate,
+        )
     }
 
     /// Adds the harness's API key header to a raw request head, if the site has one.
@@ -686,6 +778,13 @@ fn spawn_router(
         "HIVENET_ROUTER_AUDIT_LOG_PATH".to_string(),
         dir.join("audit.jsonl").display().to_string(),
     )];
+    if options.reaper_logged {
+        let base = std::env::var("TEST_CHILD_LOG").unwrap_or_else(|_| "info".to_string());
+        router_env.push((
+            "RUST_LOG".to_string(),
+            format!("{base},hivenet_router::shard::runtime=debug"),
+        ));
+    }
     router_env.extend(options.router_env.iter().cloned());
     Proc::spawn(
         name,
@@ -764,9 +863,10 @@ pub fn chat(model: &str, stream: bool) -> Value {
 // ---------------------------------------------------------------------------------------------
 // Metrics
 
-/// Sums every sample of `name` whose labels include all of `labels`.
-pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let mut sum = 0.0;
+/// Sums every sample of `name` whose labels include all of `labels`; `None` when no sample
+/// matches (the series is missing, not zero).
+pub fn metric_sum_present(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let mut sum = None;
     for line in text.lines() {
         if line.starts_with('#') {
             continue;
@@ -788,10 +888,54 @@ pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
                 .any(|pair| pair == format!("{k}=\"{v}\""))
         });
         if matches {
-            sum += value.parse::<f64>().unwrap_or(0.0);
+            let value = value
+                .parse::<f64>()
+                .unwrap_or_else(|_| panic!("metric {name}: unparsable sample {line:?}"));
+            *sum.get_or_insert(0.0) += value;
         }
     }
     sum
+}
+
+/// Sums every sample of `name` whose labels include all of `labels`. A missing series is an
+/// error, not 0: an assertion that a counter is 0 must not pass because the counter was renamed
+/// or dropped. For a series a test expects to be absent, use [`metric_absent`]; for one that may
+/// legitimately not exist yet (a wait for its first count), [`metric_sum_present`], with a
+/// comment saying why.
+pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric_sum_present(text, name, labels).unwrap_or_else(|| {
+        panic!(
+            "no series {name} with labels {labels:?} in /metrics (renamed, dropped, or not \
+             exposed until first use? if its absence is expected here, use metric_absent or \
+             metric_sum_present and say why)\n{}",
+            metric_lines(text, name)
+        )
+    })
+}
+
+/// Whether no sample of `name` with `labels` is exposed (for tests that expect a series to be
+/// absent, e.g. a per-model gauge of a model this router does not serve).
+pub fn metric_absent(text: &str, name: &str, labels: &[(&str, &str)]) -> bool {
+    metric_sum_present(text, name, labels).is_none()
+}
+
+/// The exposed samples whose name starts with `name`'s family prefix, for panic messages.
+fn metric_lines(text: &str, name: &str) -> String {
+    // `hivenet_admission_reaped_total` -> `hivenet_admission`: the neighbours a rename would
+    // have left.
+    let family = match name.match_indices('_').nth(1) {
+        Some((end, _)) => &name[..end],
+        None => name,
+    };
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|line| !line.starts_with('#') && line.starts_with(family))
+        .collect();
+    if lines.is_empty() {
+        format!("(no samples starting with {family})")
+    } else {
+        format!("samples starting with {family}:\n{}", lines.join("\n"))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
