@@ -144,11 +144,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn days_turn_at_utc_midnight() {
-        assert_eq!(Day::from_unix_seconds(86_399), Day(0));
-        assert_eq!(Day::from_unix_seconds(86_400), Day(1));
-        assert_eq!(Day::seconds_until_next(86_399), 1);
-        assert_eq!(Day::seconds_until_next(86_400), 86_400);
+    fn day_from_unix_seconds_changes_exactly_at_midnight() {
+        // 2024-06-01T00:00:00Z = 1717200000.
+        assert_eq!(Day::from_unix_seconds(1_717_199_999), Day(19_874));
+        assert_eq!(Day::from_unix_seconds(1_717_200_000), Day(19_875));
+        assert_eq!(Day::seconds_until_next(1_717_199_999), 1);
+        assert_eq!(Day::seconds_until_next(1_717_200_000), 86_400);
     }
 
     #[test]

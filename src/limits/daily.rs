@@ -350,15 +350,6 @@ mod tests {
     }
 
     #[test]
-    fn day_from_unix_seconds_changes_exactly_at_midnight() {
-        // 2024-06-01T00:00:00Z = 1717200000.
-        assert_eq!(Day::from_unix_seconds(1_717_199_999), Day(19_874));
-        assert_eq!(Day::from_unix_seconds(1_717_200_000), Day(19_875));
-        assert_eq!(Day::seconds_until_next(1_717_199_999), 1);
-        assert_eq!(Day::seconds_until_next(1_717_200_000), 86_400);
-    }
-
-    #[test]
     fn admitted_before_midnight_settled_after() {
         let mut budget = DailyBudget::new(MONDAY, 1000);
         let admission = budget.admit(MONDAY, 400, None).unwrap();
