@@ -169,22 +169,20 @@ impl Accounting {
     }
 
     /// Counts tokens a request used against its key's tenant series (resolving the key's labels
-    /// only when the series is new; a key gone in a reload is not counted). `agent`: the one
-    /// that served it, `None` for a provider's answer.
+    /// only when the series is new, with `labels_of`; a key gone in a reload is not counted).
+    /// `agent`: the one that served it, `None` for a provider's answer.
     pub fn tokens(
         &self,
-        keys: &KeyRegistry,
         key: KeyId,
         model: ModelId,
         agent: Option<AgentId>,
-        input: u64,
-        output: u64,
+        (input, output): (u64, u64),
+        labels_of: impl FnOnce(KeyId) -> Option<KeyLabels>,
     ) {
         self.tenants
             .borrow_mut()
             .tokens(key, model, agent, input, output, || {
-                let labels = KeyLabels::of(keys.get(key)?);
-                Some((labels, self.deployment_of(agent)))
+                Some((labels_of(key)?, self.deployment_of(agent)))
             });
     }
 }

@@ -63,13 +63,13 @@ impl Settling<'_> {
         if let Some(usage) = usage {
             self.facts.input_tokens = usage.input_tokens;
             self.facts.output_tokens = usage.output_tokens;
-            self.shard.accounting.tokens(
-                &self.shard.keys(),
+            let shard = self.shard;
+            shard.accounting.tokens(
                 self.quota.key,
                 self.slot.model,
                 Some(self.slot.agent),
-                usage.input_tokens,
-                usage.output_tokens,
+                (usage.input_tokens, usage.output_tokens),
+                |key| shard.keys().get(key).map(KeyLabels::of),
             );
         }
         // The estimator learns only from usage the backend reported for a complete answer.

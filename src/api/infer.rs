@@ -473,12 +473,11 @@ impl<'r> Admission<'r> {
                     // Recorded under the model the client asked for (seed, "Provider fallback
                     // accounting").
                     shard.accounting.tokens(
-                        &shard.keys(),
                         quota.key,
                         model,
                         None,
-                        usage.input_tokens,
-                        usage.output_tokens,
+                        (usage.input_tokens, usage.output_tokens),
+                        |key| shard.keys().get(key).map(KeyLabels::of),
                     );
                 }
                 sink.respond(200, "application/json", &[], &answer.body)

@@ -217,7 +217,16 @@ impl Shard {
 
     /// Hands the owner's decisions to their requesters (here or over the mesh) until none is
     /// left: delivering one may release something, which may decide another.
+    #[inline]
     pub(super) fn deliver_effects(self: &Rc<Self>) {
+        // Most owner operations decide nothing for others: keep that check at the call site.
+        if !self.effects.borrow().is_empty() {
+            self.deliver_pending_effects();
+        }
+    }
+
+    #[inline(never)]
+    fn deliver_pending_effects(self: &Rc<Self>) {
         loop {
             let (answers, parked, queued, woke) = {
                 let mut effects = self.effects.borrow_mut();

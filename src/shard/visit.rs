@@ -119,62 +119,107 @@ pub enum QuotaRefusal {
     Timeout,
 }
 
+/// A visit once started: answered at once, waiting for its answer, or not sent.
+pub(super) enum Started {
+    Answered(Answer),
+    Waiting(Waiter),
+    /// The ring to the owner is full, or this shard's deferred queue is congested.
+    Unsent(Visit),
+}
+
+/// A ticket waiting for its owner's answer (see [`Shard::finish_visit`]).
+pub(super) struct Waiter {
+    ticket: Ticket,
+    /// What the owner must be told if the wait ends without an answer.
+    withdrawal: Option<Notice>,
+    answer: oneshot::Receiver<Answer>,
+}
+
 impl Shard {
     /// One visit to the owner of `visit`: its answer, now or when the owner decides, waiting at
-    /// most until `deadline` (and, with `ends_with_drain`, no longer than the router's drain).
+    /// most until `deadline`.
     pub(super) async fn visit(
         self: &Rc<Self>,
         ticket: Ticket,
         visit: Visit,
         deadline: Instant,
-        ends_with_drain: bool,
     ) -> Result<Answer, Unanswered> {
+        match self.start_visit(ticket, visit) {
+            Started::Answered(answer) => Ok(answer),
+            started => self.finish_visit(started, deadline).await,
+        }
+    }
+
+    /// The first half of [`Shard::visit`], without a future: served inline by this shard's
+    /// own owner (most visits are answered at once, and need no waiter), or sent to another.
+    /// Request paths that run on every request call it directly and await
+    /// [`Shard::finish_visit`] only when the answer did not come at once.
+    pub(super) fn start_visit(self: &Rc<Self>, ticket: Ticket, visit: Visit) -> Started {
         let owner = visit.owner(self.count);
         let withdrawal = visit.withdrawal(ticket);
-        let answer = if owner == self.id {
-            let now = self.with_owner_serving(ticket, visit);
-            match now {
-                Ok(answer) => return Ok(answer),
-                Err(answer) => answer,
-            }
-        } else {
-            if self.outbox.borrow().is_congested() {
-                ShardMetrics::add(&self.metrics.mesh_full_total, 1);
-                return Err(Unanswered::MeshFull(visit));
-            }
-            let answer = self.await_answer(ticket);
-            let sent = self
-                .outbox
-                .borrow_mut()
-                .send(owner, ShardToShard::Visit { ticket, visit });
-            if let Err(message) = sent {
+        if owner == self.id {
+            let answered = {
+                let mut owner = self.owner.borrow_mut();
+                let mut effects = self.effects.borrow_mut();
+                owner.serve(&SystemClock, ticket, visit, &mut effects)
+            };
+            // The waiter is in place before anything the visit decided for others is delivered.
+            let started = match answered {
+                Some(answer) => Started::Answered(answer),
+                None => Started::Waiting(Waiter {
+                    ticket,
+                    withdrawal,
+                    answer: self.await_answer(ticket),
+                }),
+            };
+            self.deliver_effects();
+            return started;
+        }
+        if self.outbox.borrow().is_congested() {
+            ShardMetrics::add(&self.metrics.mesh_full_total, 1);
+            return Started::Unsent(visit);
+        }
+        let answer = self.await_answer(ticket);
+        let sent = self
+            .outbox
+            .borrow_mut()
+            .send(owner, ShardToShard::Visit { ticket, visit });
+        match sent {
+            Ok(()) => Started::Waiting(Waiter {
+                ticket,
+                withdrawal,
+                answer,
+            }),
+            Err(ShardToShard::Visit { visit, .. }) => {
                 ShardMetrics::add(&self.metrics.mesh_full_total, 1);
                 self.waiters.borrow_mut().remove(&ticket.sequence);
-                let ShardToShard::Visit { visit, .. } = message else {
-                    unreachable!("the outbox hands back what it was given")
-                };
-                return Err(Unanswered::MeshFull(visit));
+                Started::Unsent(visit)
             }
-            answer
+            Err(_) => unreachable!("the outbox hands back what it was given"),
+        }
+    }
+
+    /// The second half of [`Shard::visit`]: waits for the answer of a visit that did not get
+    /// one at once. If this future is dropped (the client left) or times out, the waiter goes
+    /// and the ticket is withdrawn at the owner.
+    pub(super) async fn finish_visit(
+        self: &Rc<Self>,
+        started: Started,
+        deadline: Instant,
+    ) -> Result<Answer, Unanswered> {
+        let waiter = match started {
+            Started::Answered(answer) => return Ok(answer),
+            Started::Unsent(visit) => return Err(Unanswered::MeshFull(visit)),
+            Started::Waiting(waiter) => waiter,
         };
-        // From here the ticket waits (here or at the owner): if this future is dropped (the
-        // client left) or times out, the guard withdraws it.
         let mut visiting = Visiting {
             shard: self,
-            ticket,
-            withdrawal,
+            ticket: waiter.ticket,
+            withdrawal: waiter.withdrawal,
             armed: true,
         };
         let wait = deadline.saturating_duration_since(Instant::now());
-        let answered = if ends_with_drain {
-            match race(monoio::time::timeout(wait, answer), self.lifecycle.ending()).await {
-                Either::Left(answered) => answered,
-                Either::Right(()) => return Err(Unanswered::Ending),
-            }
-        } else {
-            monoio::time::timeout(wait, answer).await
-        };
-        match answered {
+        match monoio::time::timeout(wait, waiter.answer).await {
             Ok(Ok(answer)) => {
                 visiting.armed = false;
                 Ok(answer)
@@ -185,26 +230,6 @@ impl Shard {
             }
             Err(_) => Err(Unanswered::Timeout),
         }
-    }
-
-    /// Serves a visit at this shard's own owner: the answer now, or the receiver its answer will
-    /// reach (registered before anything the visit decided for others is delivered).
-    fn with_owner_serving(
-        self: &Rc<Self>,
-        ticket: Ticket,
-        visit: Visit,
-    ) -> Result<Answer, oneshot::Receiver<Answer>> {
-        let answered = {
-            let mut owner = self.owner.borrow_mut();
-            let mut effects = self.effects.borrow_mut();
-            owner.serve(&SystemClock, ticket, visit, &mut effects)
-        };
-        let result = match answered {
-            Some(answer) => Ok(answer),
-            None => Err(self.await_answer(ticket)),
-        };
-        self.deliver_effects();
-        result
     }
 
     fn await_answer(&self, ticket: Ticket) -> oneshot::Receiver<Answer> {
@@ -289,7 +314,11 @@ impl Shard {
             pool,
             slot: Some(route),
         };
-        match self.decision(ticket, visit, deadline).await? {
+        let answered = match self.start_visit(ticket, visit) {
+            Started::Answered(answer) => Ok(answer),
+            started => self.finish_visit(started, deadline).await,
+        };
+        match self.decision(answered)? {
             Decision::Granted(grant) => {
                 // The slot now answers for the reservation too.
                 if let Some(reservation) = reservation {
@@ -315,20 +344,19 @@ impl Shard {
             pool: Some(self.pool_request(ticket, ask, deadline)),
             slot: None,
         };
-        match self.decision(ticket, visit, deadline).await? {
+        let answered = match self.start_visit(ticket, visit) {
+            Started::Answered(answer) => Ok(answer),
+            started => self.finish_visit(started, deadline).await,
+        };
+        match self.decision(answered)? {
             Decision::Reserved => Ok(Reservation::new(self.clone(), model.id, ticket)),
             other => Err(RouteError::from_decision(other)),
         }
     }
 
     /// An acquire visit's decision.
-    async fn decision(
-        self: &Rc<Self>,
-        ticket: Ticket,
-        visit: Visit,
-        deadline: Instant,
-    ) -> Result<Decision, RouteError> {
-        match self.visit(ticket, visit, deadline, false).await {
+    fn decision(&self, answered: Result<Answer, Unanswered>) -> Result<Decision, RouteError> {
+        match answered {
             Ok(Answer::Decided { decision, .. }) => Ok(decision),
             Ok(other) => Err(mismatched(other, RouteError::NoAgents)),
             Err(Unanswered::MeshFull(_)) => Err(RouteError::MeshFull),
@@ -378,7 +406,16 @@ impl Shard {
         let pending = Pending::new(self.clone(), ticket, model);
         let visit = Visit::Hold { model, key, client };
         // The router's drain ending ends a hold too: its model cannot wake here any more.
-        match self.visit(ticket, visit, until, true).await {
+        let answered = match self.start_visit(ticket, visit) {
+            Started::Answered(answer) => Ok(answer),
+            started => match race(self.finish_visit(started, until), self.lifecycle.ending()).await
+            {
+                Either::Left(answered) => answered,
+                // The wait is dropped: its guard takes the waiter out.
+                Either::Right(()) => Err(Unanswered::Ending),
+            },
+        };
+        match answered {
             Ok(Answer::Held(answer)) => pending.answered(answer),
             Ok(other) => Err(mismatched(other, HoldEnd::Expired)),
             Err(Unanswered::MeshFull(_)) => Err(HoldEnd::MeshFull),
@@ -402,7 +439,7 @@ impl Shard {
             nonce,
             expires_unix_ms,
         };
-        match self.visit(self.new_ticket(), visit, deadline, false).await {
+        match self.visit(self.new_ticket(), visit, deadline).await {
             Ok(Answer::TokenSpent(fresh)) => Some(fresh),
             Ok(other) => mismatched(other, None),
             Err(_) => None,
@@ -431,7 +468,11 @@ impl Shard {
             charge,
         };
         // A late admission finds no waiter and is given back (`Answer::unwanted`).
-        match self.visit(self.new_ticket(), visit, deadline, false).await {
+        let answered = match self.start_visit(self.new_ticket(), visit) {
+            Started::Answered(answer) => Ok(answer),
+            started => self.finish_visit(started, deadline).await,
+        };
+        match answered {
             Ok(Answer::Quota { result, .. }) => result.map(hold).map_err(QuotaRefusal::Limit),
             Ok(other) => Err(mismatched(other, QuotaRefusal::Timeout)),
             Err(Unanswered::MeshFull(_)) => Err(QuotaRefusal::MeshFull),
@@ -456,7 +497,7 @@ impl Shard {
             usage,
         };
         let deadline = Instant::now() + wait;
-        match self.visit(self.new_ticket(), visit, deadline, false).await {
+        match self.visit(self.new_ticket(), visit, deadline).await {
             Ok(Answer::Settled(settlement)) => settlement,
             Ok(other) => mismatched(other, None),
             Err(Unanswered::MeshFull(Visit::Settle {
