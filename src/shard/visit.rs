@@ -2,12 +2,13 @@
 //! request-facing operations built on it (a slot, a reservation, a hold, a quota charge, a
 //! redirect token).
 //!
-//! [`Shard::visit`] serves a visit inline when this shard is the owner (the same
-//! `Owner::serve` another shard runs when the visit arrives over the mesh). An answer that
-//! comes at once is returned without a waiter; otherwise the ticket waits in `waiters` until the
-//! owner answers, the deadline passes or the caller's future is dropped. Whatever way the wait
-//! ends, the [`Visiting`] guard takes the waiter out and tells the owner to withdraw the ticket;
-//! an answer that finds no waiter gives back what it granted ([`Answer::unwanted`]).
+//! [`Shard::start_visit`] serves a visit inline when this shard is the owner (the same
+//! `Owner::serve` another shard runs when the visit arrives over the mesh), or sends it. An
+//! answer that comes at once is returned without a waiter and without a future; otherwise
+//! [`Shard::finish_visit`] waits in `waiters` until the owner answers, the deadline passes or
+//! the caller's future is dropped. Whatever way the wait ends, the [`Visiting`] guard takes the
+//! waiter out and tells the owner to withdraw the ticket; an answer that finds no waiter gives
+//! back what it granted ([`Answer::unwanted`]). [`Shard::visit`] is the two in one call.
 
 use std::rc::Rc;
 use std::time::{Duration, Instant};
