@@ -12,8 +12,9 @@
 //! subscription to the registration feed (`control::registration_feed`), and this shard writes it
 //! as Server-Sent Events: each change as it comes, a keepalive comment every
 //! [`KEEPALIVE_INTERVAL`], a comment saying how many events a slow reader missed, and the end of
-//! the stream after [`STREAM_LIFETIME_MAX`] or when the router drains (the client reconnects and
-//! resynchronises from `/admin/routing-table`, as the reference advises).
+//! the stream after [`STREAM_LIFETIME_MAX`], or once the router is draining (at its next event or
+//! keepalive, and at the latest when the drain ends the requests still open); the client
+//! reconnects and resynchronises from `/admin/routing-table`, as the reference advises.
 
 use std::rc::Rc;
 use std::time::Duration;

@@ -673,6 +673,65 @@ mod tests {
     }
 
     #[test]
+    fn joining_and_leaving_the_pool_are_membership_events() {
+        let now = Instant::now();
+        let mut registry = Registry::new(1, health());
+        let agent = AgentId(3);
+        registry.session_opened(agent, "peer".into(), now + Duration::from_secs(3600), now);
+        let mut declared = registration(&["m"]);
+        declared.deployment_id = "deploy-42".into();
+        declared.replica_id = "replica-3".into();
+        assert!(registry.register(agent, declared, now).is_empty());
+        let membership = |joined| {
+            Event::Membership(Membership {
+                joined,
+                peer_id: "peer".into(),
+                deployment_id: "deploy-42".into(),
+                replica_id: "replica-3".into(),
+            })
+        };
+        let events = registry.tunnel_up(agent, 0, now);
+        assert!(events.contains(&membership(true)), "{events:?}");
+        // Heartbeat loss takes it out of the pool: an `unregistered` entry.
+        let events = registry.check_health(now + Duration::from_secs(16));
+        assert!(events.contains(&membership(false)), "{events:?}");
+        let events = registry.heartbeat(agent, 0, now + Duration::from_secs(17));
+        assert!(events.contains(&membership(true)), "{events:?}");
+        let events = registry.session_closed(agent);
+        assert!(events.contains(&membership(false)), "{events:?}");
+        assert!(registry.session_closed(agent).is_empty());
+    }
+
+    #[test]
+    fn agent_views_list_registered_agents_with_wall_clock_last_seen() {
+        let now = Instant::now();
+        let mut registry = Registry::new(1, health());
+        registry.session_opened(AgentId(1), "b".into(), now + Duration::from_secs(60), now);
+        registry.session_opened(AgentId(2), "a".into(), now + Duration::from_secs(60), now);
+        registry.session_opened(
+            AgentId(3),
+            "unregistered".into(),
+            now + Duration::from_secs(60),
+            now,
+        );
+        registry.register(AgentId(1), registration(&["m"]), now);
+        registry.register(AgentId(2), registration(&["m"]), now);
+        registry.tunnel_up(AgentId(2), 0, now);
+        registry.heartbeat(AgentId(2), 3, now + Duration::from_millis(500));
+        let later = now + Duration::from_millis(15_200);
+        let views = registry.agent_views(later, 1_000_000);
+        let peers: Vec<&str> = views.iter().map(|view| view.peer_id.as_str()).collect();
+        assert_eq!(peers, ["a", "b"], "sorted, registered only");
+        assert!(views[0].routable);
+        assert!(views[0].heartbeat_fresh, "silent 14.7 s, under 15 s");
+        assert_eq!(views[0].in_flight, 3);
+        assert_eq!(views[0].last_seen_unix_ms, 1_000_000 - 14_700);
+        assert!(!views[1].routable, "a tunnel never came up");
+        assert!(!views[1].heartbeat_fresh, "silent 15.2 s");
+        assert_eq!(views[1].last_seen_unix_ms, 1_000_000 - 15_200);
+    }
+
+    #[test]
     fn heartbeat_loss_then_removal() {
         let now = Instant::now();
         let mut registry = Registry::new(1, health());
