@@ -5,6 +5,10 @@
 //! Routes (admin reference): `GET /admin/api-keys`, `GET /admin/api-keys/version`,
 //! `GET|PUT|DELETE /admin/api-keys/{id}` (`DELETE ...?version=`), `POST /admin/api-keys/replace`,
 //! and `GET /admin/health`. With `api.mode` other than `dynamic`, key routes answer 501.
+//! Registry views and operations (`registry_route`): `GET /admin/models`,
+//! `GET /admin/models/{model}`, `GET /admin/routing-table` (built by `admin_views`),
+//! `GET /admin/registration-stream` (a subscription the shard streams), `GET /admin/storage` and
+//! `POST /admin/metrics/reset`.
 //! `/admin/policy*` is served by `admin_policy`. Key writes are checked against the active
 //! routing policies' serverless limits.
 //!
@@ -27,6 +31,7 @@ fn json(status: u16, value: &impl Serialize) -> AdminReply {
     AdminReply {
         status,
         body: serde_json::to_vec(value).expect("admin responses serialize"),
+        stream: None,
     }
 }
 
@@ -87,6 +92,9 @@ pub fn handle(shared: &ControlShared, method: Method, target: &[u8], body: &[u8]
     }
     if path == "/admin/policy" || path.starts_with("/admin/policy/") {
         return super::admin_policy::handle(shared, method, path, body);
+    }
+    if let Some(reply) = registry_route(shared, method, path) {
+        return reply;
     }
     if path == "/admin/sibling-map" {
         return sibling_map(shared, method, body);
@@ -154,6 +162,105 @@ pub fn handle(shared: &ControlShared, method: Method, target: &[u8], body: &[u8]
     json(200, &written)
 }
 
+/// The read-only registry views, the registration stream, storage and metrics reset; `None`
+/// for any other path.
+fn registry_route(shared: &ControlShared, method: Method, path: &str) -> Option<AdminReply> {
+    use super::admin_views;
+    let views = || {
+        shared
+            .registry()
+            .agent_views(std::time::Instant::now(), crate::clock::now_unix_ms())
+    };
+    let (allowed, reply): (Method, &dyn Fn() -> AdminReply) = match path {
+        "/admin/models" => (Method::Get, &|| json(200, &admin_views::models(&views()))),
+        "/admin/routing-table" => (Method::Get, &|| {
+            json(200, &admin_views::routing_table(&views()))
+        }),
+        "/admin/registration-stream" => (Method::Get, &|| registration_stream(shared)),
+        "/admin/storage" => (Method::Get, &storage),
+        "/admin/metrics/reset" => (Method::Post, &metrics_reset),
+        _ => {
+            let name = path.strip_prefix("/admin/models/")?;
+            let name = percent_decode(name);
+            return Some(match method {
+                Method::Get => match admin_views::model(&views(), &name) {
+                    Some(found) => json(200, &found),
+                    None => error(404, &format!("model not found: {name}")),
+                },
+                _ => error(405, "method not allowed for this admin route"),
+            });
+        }
+    };
+    Some(if method == allowed {
+        reply()
+    } else {
+        error(405, "method not allowed for this admin route")
+    })
+}
+
+/// `GET /admin/registration-stream`: a subscription to the registration feed, streamed by the
+/// shard (`api::admin`), or `503` when [`registration_feed::SUBSCRIBERS_MAX`] streams are open.
+///
+/// [`registration_feed::SUBSCRIBERS_MAX`]: super::registration_feed::SUBSCRIBERS_MAX
+fn registration_stream(shared: &ControlShared) -> AdminReply {
+    match shared.registrations.subscribe() {
+        Ok(subscription) => AdminReply {
+            status: 200,
+            body: Vec::new(),
+            stream: Some(subscription),
+        },
+        Err(_) => error(503, "too many registration-stream subscribers, retry later"),
+    }
+}
+
+/// `GET /admin/storage`. The reference's fields describe BadgerDB (LSM tree, value log, its
+/// garbage collector); this router's disk database is redb (`disk_db`), which has none of them,
+/// so it gives the answer the reference documents for another storage backend: `200` with
+/// `{"error": "storage stats not available for this backend"}`.
+fn storage() -> AdminReply {
+    error(200, "storage stats not available for this backend")
+}
+
+/// `POST /admin/metrics/reset`. The reference resets persisted per-agent lifetime history
+/// (success, failure, token and rejection totals, SRTT/RTTVAR) and leaves liveness gauges and the
+/// routing-level counters that restart with the router alone. This router keeps no per-agent
+/// lifetime history, on disk or in memory: every counter it exposes is a routing-level one that
+/// Prometheus treats as monotonic within a process, which the reference says a reset must not
+/// touch. With nothing to reset, it answers the reference's `503` ("metrics reset is
+/// unavailable") with the reason, rather than claim a reset that cleared nothing.
+fn metrics_reset() -> AdminReply {
+    error(
+        503,
+        "metrics reset unavailable: this router keeps no per-agent lifetime metrics; its counters are routing-level and restart with the router",
+    )
+}
+
+/// `%XX` escapes decoded (a model ID in a path may carry them, as the models reference says);
+/// a malformed escape is kept as written. The result is UTF-8, lossily.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let escaped = (bytes[index] == b'%')
+            .then(|| bytes.get(index + 1..index + 3))
+            .flatten()
+            .and_then(|hex| std::str::from_utf8(hex).ok())
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                out.push(byte);
+                index += 3;
+            }
+            None => {
+                out.push(bytes[index]);
+                index += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// `GET|PUT /admin/sibling-map`: the map writer pushes the whole map; an invalid value refuses
 /// the whole push (400 with the reason) and keeps the active map. The map lives in memory only.
 fn sibling_map(shared: &ControlShared, method: Method, body: &[u8]) -> AdminReply {
@@ -169,6 +276,7 @@ fn sibling_map(shared: &ControlShared, method: Method, body: &[u8]) -> AdminRepl
             Some(siblings) => AdminReply {
                 status: 200,
                 body: siblings.map.to_json(),
+                stream: None,
             },
             None => error(
                 404,
@@ -235,6 +343,17 @@ mod tests {
         // Brackets in a YAML block scalar are text, not nesting.
         let text = format!("description: |\n  {}\n", "[".repeat(100));
         assert!(check_body_shape("/admin/policy", text.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn model_ids_in_paths_are_percent_decoded() {
+        assert_eq!(
+            percent_decode("Qwen/Qwen3.6-27B-A3B"),
+            "Qwen/Qwen3.6-27B-A3B"
+        );
+        assert_eq!(percent_decode("my%20model%2Fv1"), "my model/v1");
+        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("a%zzb%4"), "a%zzb%4");
     }
 
     #[test]

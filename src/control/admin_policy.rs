@@ -32,6 +32,7 @@ fn reply(status: u16, value: &Value) -> AdminReply {
     AdminReply {
         status,
         body: serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec()),
+        stream: None,
     }
 }
 

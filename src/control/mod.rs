@@ -20,12 +20,14 @@
 
 pub mod admin;
 pub mod admin_policy;
+pub mod admin_views;
 pub mod auth_reload;
 pub mod conn_limit;
 pub mod daily_flush;
 pub mod metrics_http;
 pub mod policy_reload;
 pub mod queues;
+pub mod registration_feed;
 pub mod registry;
 pub mod service;
 pub mod tunnel_accept;
@@ -111,6 +113,8 @@ pub struct ControlShared {
     pub tunnel_refusals: tunnel_accept::RefusalLog,
     /// The provider-fallback client's outbound HTTP metrics, when it runs.
     pub provider_metrics: Option<Arc<crate::provider::ProviderMetrics>>,
+    /// Agents joining and leaving the pool, for `/admin/registration-stream`.
+    pub registrations: registration_feed::RegistrationFeed,
 }
 
 impl ControlShared {
@@ -139,6 +143,7 @@ impl ControlShared {
             next_session: AtomicU64::new(1),
             shard_metrics,
             quota_backend_errors_total: AtomicU64::new(0),
+            registrations: registration_feed::RegistrationFeed::default(),
         }
     }
 
@@ -251,6 +256,12 @@ impl ControlShared {
                     in_flight,
                     engine,
                 }),
+                Event::Membership(change) => {
+                    // Stamped as it is published: the registry keeps no wall clock.
+                    let timestamp =
+                        crate::audit::Timestamp(std::time::SystemTime::now()).to_string();
+                    self.registrations.publish(&change, &timestamp);
+                }
                 Event::SnapshotChanged => {
                     let snapshot = registry.snapshot(&self.policies.current());
                     to_every_shard(out, shards, || ControlToShard::Snapshot(snapshot.clone()));
@@ -555,6 +566,7 @@ fn queue_admin_call(
             let _ = call.reply.send(crate::shard::messages::AdminReply {
                 status: 503,
                 body: ADMIN_QUEUE_FULL.to_vec(),
+                stream: None,
             });
         }
         // The admin task is gone (the process is stopping): the shard answers 503 when the

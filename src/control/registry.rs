@@ -18,7 +18,7 @@ use crate::sibling::map::SiblingMap;
 use crate::snapshot::{ModelEntry, ModelKey, RoutingSnapshot};
 
 /// What an agent declared when it registered.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Registration {
     pub models: Vec<String>,
     pub capability: Capability,
@@ -29,6 +29,9 @@ pub struct Registration {
     pub version: String,
     /// The tenant metrics' `deployment_id` for requests this agent serves; empty: `unset`.
     pub deployment_id: String,
+    /// The agent's stable replica identifier (`--replica-id`); with `deployment_id`, the external
+    /// scheduler's join key on `/admin/registration-stream`. Empty when the agent gave none.
+    pub replica_id: String,
 }
 
 /// Effects for the control core to carry out, in order.
@@ -56,6 +59,35 @@ pub enum Event {
     SnapshotChanged,
     /// The session is over (heartbeats lost past `remove_after`, or its token expired unrefreshed).
     CloseSession { agent: AgentId },
+    /// An agent joined or left the routing pool: one entry of `/admin/registration-stream`.
+    Membership(Membership),
+}
+
+/// An agent joining (`registered`) or leaving (`unregistered`) the routing pool, as the
+/// registration stream publishes it (the caller stamps the wall-clock time).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Membership {
+    pub joined: bool,
+    pub peer_id: String,
+    pub deployment_id: String,
+    pub replica_id: String,
+}
+
+/// One registered agent as the admin API shows it ([`Registry::agent_views`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentView {
+    pub peer_id: String,
+    pub registration: Registration,
+    /// In the routing pool now.
+    pub routable: bool,
+    /// Its last heartbeat is younger than `unhealthy_after` (the backend side of health: an
+    /// agent can be heartbeating yet out of the pool, e.g. while a tunnel is down or leaving).
+    pub heartbeat_fresh: bool,
+    /// Requests the agent reported serving, from every router.
+    pub in_flight: u32,
+    pub engine: EngineSignals,
+    /// Unix milliseconds of the last heartbeat.
+    pub last_seen_unix_ms: i64,
 }
 
 #[derive(Debug)]
@@ -193,6 +225,32 @@ impl Registry {
         rows
     }
 
+    /// Every registered agent (sessions that have not registered yet are left out), sorted by
+    /// peer ID, with its last heartbeat turned into wall-clock time: `now` and `now_unix_ms` are
+    /// the same moment on the two clocks.
+    pub fn agent_views(&self, now: Instant, now_unix_ms: i64) -> Vec<AgentView> {
+        let mut views: Vec<AgentView> = self
+            .agents
+            .values()
+            .filter_map(|record| {
+                let registration = record.registration.clone()?;
+                let silent = now.saturating_duration_since(record.last_heartbeat);
+                let silent_ms = i64::try_from(silent.as_millis()).unwrap_or(i64::MAX);
+                Some(AgentView {
+                    peer_id: record.peer_id.clone(),
+                    registration,
+                    routable: record.routable,
+                    heartbeat_fresh: silent < self.health.unhealthy_after,
+                    in_flight: record.in_flight,
+                    engine: record.engine,
+                    last_seen_unix_ms: now_unix_ms.saturating_sub(silent_ms),
+                })
+            })
+            .collect();
+        views.sort_by(|a, b| a.peer_id.cmp(&b.peer_id));
+        views
+    }
+
     // ----- inputs -----
 
     /// A session was issued by `Authenticate`.
@@ -326,6 +384,7 @@ impl Registry {
         if let Some(record) = self.agents.remove(&agent)
             && record.routable
         {
+            events.push(Event::Membership(membership(&record, false)));
             events.push(Event::AgentDown {
                 agent,
                 models: record.models,
@@ -545,7 +604,18 @@ impl Registry {
                 models: record.models.clone(),
             });
         }
+        events.push(Event::Membership(membership(record, should_route)));
         events.push(Event::SnapshotChanged);
+    }
+}
+
+fn membership(record: &AgentRecord, joined: bool) -> Membership {
+    let registration = record.registration.as_ref();
+    Membership {
+        joined,
+        peer_id: record.peer_id.clone(),
+        deployment_id: registration.map_or_else(String::new, |r| r.deployment_id.clone()),
+        replica_id: registration.map_or_else(String::new, |r| r.replica_id.clone()),
     }
 }
 
@@ -563,6 +633,7 @@ mod tests {
             tags: vec![],
             version: "dev".into(),
             deployment_id: String::new(),
+            replica_id: String::new(),
         }
     }
 
@@ -599,6 +670,65 @@ mod tests {
                 .lookup("m", Capability::Llm)
                 .is_none()
         );
+    }
+
+    #[test]
+    fn joining_and_leaving_the_pool_are_membership_events() {
+        let now = Instant::now();
+        let mut registry = Registry::new(1, health());
+        let agent = AgentId(3);
+        registry.session_opened(agent, "peer".into(), now + Duration::from_secs(3600), now);
+        let mut declared = registration(&["m"]);
+        declared.deployment_id = "deploy-42".into();
+        declared.replica_id = "replica-3".into();
+        assert!(registry.register(agent, declared, now).is_empty());
+        let membership = |joined| {
+            Event::Membership(Membership {
+                joined,
+                peer_id: "peer".into(),
+                deployment_id: "deploy-42".into(),
+                replica_id: "replica-3".into(),
+            })
+        };
+        let events = registry.tunnel_up(agent, 0, now);
+        assert!(events.contains(&membership(true)), "{events:?}");
+        // Heartbeat loss takes it out of the pool: an `unregistered` entry.
+        let events = registry.check_health(now + Duration::from_secs(16));
+        assert!(events.contains(&membership(false)), "{events:?}");
+        let events = registry.heartbeat(agent, 0, now + Duration::from_secs(17));
+        assert!(events.contains(&membership(true)), "{events:?}");
+        let events = registry.session_closed(agent);
+        assert!(events.contains(&membership(false)), "{events:?}");
+        assert!(registry.session_closed(agent).is_empty());
+    }
+
+    #[test]
+    fn agent_views_list_registered_agents_with_wall_clock_last_seen() {
+        let now = Instant::now();
+        let mut registry = Registry::new(1, health());
+        registry.session_opened(AgentId(1), "b".into(), now + Duration::from_secs(60), now);
+        registry.session_opened(AgentId(2), "a".into(), now + Duration::from_secs(60), now);
+        registry.session_opened(
+            AgentId(3),
+            "unregistered".into(),
+            now + Duration::from_secs(60),
+            now,
+        );
+        registry.register(AgentId(1), registration(&["m"]), now);
+        registry.register(AgentId(2), registration(&["m"]), now);
+        registry.tunnel_up(AgentId(2), 0, now);
+        registry.heartbeat(AgentId(2), 3, now + Duration::from_millis(500));
+        let later = now + Duration::from_millis(15_200);
+        let views = registry.agent_views(later, 1_000_000);
+        let peers: Vec<&str> = views.iter().map(|view| view.peer_id.as_str()).collect();
+        assert_eq!(peers, ["a", "b"], "sorted, registered only");
+        assert!(views[0].routable);
+        assert!(views[0].heartbeat_fresh, "silent 14.7 s, under 15 s");
+        assert_eq!(views[0].in_flight, 3);
+        assert_eq!(views[0].last_seen_unix_ms, 1_000_000 - 14_700);
+        assert!(!views[1].routable, "a tunnel never came up");
+        assert!(!views[1].heartbeat_fresh, "silent 15.2 s");
+        assert_eq!(views[1].last_seen_unix_ms, 1_000_000 - 15_200);
     }
 
     #[test]

@@ -269,6 +269,10 @@ pub fn validate_registration(
     if deployment_id.len() > 256 {
         return Err("deployment ID is at most 256 characters");
     }
+    let replica_id = register.replica_id.trim().to_owned();
+    if replica_id.len() > 256 {
+        return Err("replica ID is at most 256 characters");
+    }
     Ok(Registration {
         models,
         capability,
@@ -278,5 +282,6 @@ pub fn validate_registration(
         tags: register.tags,
         version: register.version,
         deployment_id,
+        replica_id,
     })
 }

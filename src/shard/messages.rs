@@ -106,11 +106,15 @@ pub struct AdminCall {
     pub reply: tokio::sync::oneshot::Sender<AdminReply>,
 }
 
-/// The control core's answer to an [`AdminCall`]: status and JSON body.
+/// The control core's answer to an [`AdminCall`]: status and JSON body, or a stream.
 #[derive(Debug)]
 pub struct AdminReply {
     pub status: u16,
+    /// The whole JSON body; empty when `stream` is set.
     pub body: Vec<u8>,
+    /// A streamed answer (`GET /admin/registration-stream`): the shard sends `status` with
+    /// `text/event-stream` and then each frame as it comes (`api::admin`).
+    pub stream: Option<crate::control::registration_feed::Subscription>,
 }
 
 /// Between shards over the SPSC mesh: a request's visit to an owner, the owner's answer, and
