@@ -141,6 +141,14 @@ pub fn is_limited(key: &KeyRecord) -> bool {
     }
 }
 
+/// Whether the key's quota has B4 token rates, kept in a holder of its own.
+fn has_token_rates(key: &KeyRecord) -> bool {
+    match key.settings.quota() {
+        Quota::Flat(flat) => flat.input_tokens_per_minute > 0 || flat.output_tokens_per_minute > 0,
+        Quota::PerModel(_) => false,
+    }
+}
+
 /// Whether the key's token phase (B4 input/output tokens per minute on a serverless model, the
 /// daily budget) has anything to check; without it the request needs no second visit to the
 /// quota owner.
@@ -490,7 +498,9 @@ impl Quotas {
             .token_rates
             .get(&record.key_id)
             .map(|holder| holder.built);
-        if owner_current == Some(built) && rates_current.is_none_or(|current| current == built) {
+        // A key's holder may have been dropped as idle while its owner's stayed: rebuilt then.
+        let rates_wanted = has_token_rates(record);
+        if owner_current == Some(built) && (!rates_wanted || rates_current == Some(built)) {
             return true;
         }
         let Some(quota) = key_quota(record, snapshot) else {

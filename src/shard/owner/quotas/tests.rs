@@ -487,7 +487,26 @@ fn idle_key_holders_are_dropped() {
     }
     quotas.cleanup(Millis::from_seconds(1), MONDAY);
     assert_eq!(quotas.token_rate_holders(), 2, "buckets still refilling");
-    quotas.cleanup(Millis::from_seconds(61), TUESDAY);
+    // Full again, while the owner's daily budget still counts today: only the keys' holders go.
+    quotas.cleanup(Millis::from_seconds(61), MONDAY);
+    assert_eq!(quotas.token_rate_holders(), 0);
+    assert_eq!(quotas.len(), 1);
+    // The key's next request rebuilds its holder: its input rate is enforced again.
+    let key_id = key(&registry, "sk-first").key_id;
+    let refused = quotas
+        .admit(
+            Millis::from_seconds(61),
+            MONDAY,
+            &registry,
+            &snapshot,
+            key_id,
+            &serverless(0),
+            tokens(101),
+        )
+        .unwrap_err();
+    assert_eq!(refused.kind, crate::limits::RejectionKind::InputTokenRate);
+    assert_eq!(quotas.token_rate_holders(), 1);
+    quotas.cleanup(Millis::from_seconds(200), TUESDAY);
     assert_eq!(quotas.token_rate_holders(), 0);
     assert!(quotas.is_empty());
 }
