@@ -117,7 +117,9 @@ pub struct Args {
     /// File holding the shared agent secret; else HIVENET_ROUTER_JWT_SECRET.
     #[arg(long)]
     pub jwt_secret_file: Option<PathBuf>,
-    /// Overrides the heartbeat interval the router sends at authentication.
+    /// Overrides the heartbeat interval the router sends at authentication. Also how often the
+    /// backend's health check runs after registration (5s when not given); a failing backend
+    /// takes the agent out of the routing pool until it passes again.
     #[arg(long, value_parser = parse_arg)]
     pub heartbeat_interval: Option<Duration>,
     /// Routing-signal cadence. When not given: the router's value, else 500ms.

@@ -8,6 +8,7 @@
 //! - `tunnel`: per router shard, an agent-dialed socket serving HTTP/2 to the router.
 //! - `forward`: one tunnelled request proxied to the backend and streamed back.
 //! - `poller` + `engine_metrics`: engine signals from `/metrics` (parser pure).
+//! - `health`: the backend's health check after registration, carried by every heartbeat.
 //! - `headers`, `multiaddr`, `backoff`: small pure helpers.
 //!
 //! ## Architecture
@@ -15,7 +16,8 @@
 //! main ─ readiness ─┬─ session(router 1) ─┬─ tunnel(shard 0) ─ forward(stream) ─ backend
 //!                   │                     └─ tunnel(shard n) ─ …
 //!                   ├─ session(router 2) ─ …
-//!                   └─ poller ─ watch<EngineSnapshot> ─▶ routing signals
+//!                   ├─ poller ─ watch<EngineSnapshot> ─▶ routing signals
+//!                   └─ health ─ watch<bool> ─▶ heartbeats
 //! ```
 //! The in-flight count is shared by every router and shard: it is what the agent is doing, not
 //! what one router asked of it.
@@ -30,6 +32,7 @@ pub mod config;
 pub mod engine_metrics;
 pub mod forward;
 pub mod headers;
+pub mod health;
 pub mod multiaddr;
 pub mod poller;
 pub mod readiness;
@@ -56,6 +59,8 @@ pub struct Shared {
     pub models: Vec<String>,
     pub forward: Arc<ForwardContext>,
     pub engine: watch::Receiver<EngineSnapshot>,
+    /// Whether the backend passed its last health check (`health`).
+    pub backend_healthy: watch::Receiver<bool>,
     /// TLS for routers that announce a `/tls` tunnel address (`--p2p-tls-ca` or the web roots).
     pub tunnel_tls: Arc<rustls::ClientConfig>,
     /// True once the agent is shutting down: sessions tell their routers and do not reconnect.
@@ -99,6 +104,17 @@ pub async fn run(
         config.engine_sample_interval,
         to_sessions,
     ));
+    // Readiness saw the backend healthy.
+    let (to_heartbeats, backend_healthy) = watch::channel(true);
+    tasks.spawn(health::run(
+        backend.clone(),
+        config.engine,
+        config.health_url.clone(),
+        config
+            .heartbeat_interval
+            .unwrap_or(health::HEALTH_CHECK_INTERVAL_DEFAULT),
+        to_heartbeats,
+    ));
     let routers = config.routers.clone();
     let drain_timeout = config.drain_timeout;
     let (start_draining, draining) = watch::channel(false);
@@ -109,6 +125,7 @@ pub async fn run(
         models,
         forward,
         engine,
+        backend_healthy,
         tunnel_tls,
         draining,
     });

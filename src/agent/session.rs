@@ -144,6 +144,7 @@ fn heartbeat_message(shared: &Shared) -> AgentMessage {
         kind: Some(AgentKind::Heartbeat(Heartbeat {
             sent_at_unix_ms,
             in_flight: shared.forward.in_flight.get(),
+            backend_unhealthy: !*shared.backend_healthy.borrow(),
         })),
     }
 }
@@ -264,6 +265,7 @@ async fn session_inner(
     let mut refresh_at = refresh_after(auth.session_ttl_ms).map(|after| Instant::now() + after);
     let mut draining = shared.draining.clone();
     let mut left = false;
+    let mut backend_healthy = shared.backend_healthy.clone();
 
     loop {
         tokio::select! {
@@ -275,6 +277,10 @@ async fn session_inner(
                 info!(%router, "told the router this agent is leaving");
             }
             _ = heartbeat.tick() => {
+                to_router.send(heartbeat_message(shared)).await.map_err(|_| SessionError::Ended)?;
+            }
+            // The backend's health changed: tell the router now, not at the next heartbeat.
+            Ok(()) = backend_healthy.changed() => {
                 to_router.send(heartbeat_message(shared)).await.map_err(|_| SessionError::Ended)?;
             }
             _ = signal.tick() => {

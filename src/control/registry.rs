@@ -101,6 +101,9 @@ struct AgentRecord {
     in_flight: u32,
     engine: EngineSignals,
     routable: bool,
+    /// The last heartbeat said the agent's backend failed its health check: out of the pool
+    /// until a heartbeat says it is healthy again.
+    backend_unhealthy: bool,
     /// The agent said it is shutting down: it stays out of the pool for the rest of its session.
     leaving: bool,
 }
@@ -273,6 +276,7 @@ impl Registry {
                 in_flight: 0,
                 engine: EngineSignals::default(),
                 routable: false,
+                backend_unhealthy: false,
                 leaving: false,
             },
         );
@@ -335,25 +339,32 @@ impl Registry {
         events
     }
 
-    pub fn heartbeat(&mut self, agent: AgentId, in_flight: u32, now: Instant) -> Vec<Event> {
+    /// A heartbeat: the health keepalive, with whether the agent's backend passes its health
+    /// check.
+    pub fn heartbeat(
+        &mut self,
+        agent: AgentId,
+        in_flight: u32,
+        backend_healthy: bool,
+        now: Instant,
+    ) -> Vec<Event> {
         let mut events = Vec::new();
         if let Some(record) = self.agents.get_mut(&agent) {
             record.last_heartbeat = now;
             record.in_flight = in_flight;
+            record.backend_unhealthy = !backend_healthy;
             self.update_routable(agent, now, &mut events);
         }
         events
     }
 
-    pub fn signal(
-        &mut self,
-        agent: AgentId,
-        in_flight: u32,
-        engine: EngineSignals,
-        now: Instant,
-    ) -> Vec<Event> {
-        let mut events = self.heartbeat(agent, in_flight, now);
+    pub fn signal(&mut self, agent: AgentId, in_flight: u32, engine: EngineSignals) -> Vec<Event> {
+        // Routing signals carry engine data "without updating the agent's heartbeat timestamp"
+        // (reference, architecture overview): only heartbeats keep an agent in the pool, so an
+        // agent whose heartbeats stop leaves it after `unhealthy_after` even while signals flow.
+        let mut events = Vec::new();
         if let Some(record) = self.agents.get_mut(&agent) {
+            record.in_flight = in_flight;
             record.engine = engine;
             if record.routable {
                 events.push(Event::Signal {
@@ -562,6 +573,7 @@ impl Registry {
         let healthy =
             now.saturating_duration_since(record.last_heartbeat) < self.health.unhealthy_after;
         let should_route = healthy
+            && !record.backend_unhealthy
             && !record.leaving
             && record.registration.is_some()
             && record.tunnels_up.iter().all(|up| *up);
@@ -746,5 +758,50 @@ mod tests {
         assert_eq!(events, vec![Event::CloseSession { agent }]);
         let events = registry.session_closed(agent);
         assert!(events.is_empty(), "already out of the pool");
+    }
+
+    #[test]
+    fn routing_signals_do_not_keep_a_silent_agent_in_the_pool() {
+        let now = Instant::now();
+        let mut registry = Registry::new(1, health());
+        let agent = AgentId(7);
+        registry.session_opened(agent, "peer".into(), now + Duration::from_secs(3600), now);
+        registry.register(agent, registration(&["m"]), now);
+        registry.tunnel_up(agent, 0, now);
+        for second in 1..=20 {
+            let at = now + Duration::from_secs(second);
+            let _ = registry.signal(agent, 0, EngineSignals::default());
+            let _ = registry.check_health(at);
+        }
+        assert_eq!(registry.routable_count(), 0, "no heartbeat for 20 s");
+        let snapshot = registry.snapshot(&crate::policy::PolicySet::built_in(&Default::default()));
+        assert!(snapshot.lookup("m", Capability::Llm).is_none());
+        assert_eq!(&snapshot.models_body[..], br#"{"object":"list","data":[]}"#);
+        let events = registry.heartbeat(agent, 0, true, now + Duration::from_secs(21));
+        assert!(matches!(events[0], Event::AgentUp { .. }));
+    }
+
+    #[test]
+    fn a_backend_failing_its_health_check_leaves_the_pool_until_it_passes() {
+        let now = Instant::now();
+        let mut registry = Registry::new(1, health());
+        let agent = AgentId(7);
+        registry.session_opened(agent, "peer".into(), now + Duration::from_secs(3600), now);
+        registry.register(agent, registration(&["m"]), now);
+        registry.tunnel_up(agent, 0, now);
+        assert_eq!(registry.routable_count(), 1);
+        let events = registry.heartbeat(agent, 0, false, now);
+        assert!(matches!(events[0], Event::AgentDown { .. }));
+        assert_eq!(events.last(), Some(&Event::SnapshotChanged));
+        let snapshot = registry.snapshot(&crate::policy::PolicySet::built_in(&Default::default()));
+        assert!(snapshot.lookup("m", Capability::Llm).is_none());
+        assert!(
+            registry
+                .check_health(now + Duration::from_secs(1))
+                .is_empty()
+        );
+        let events = registry.heartbeat(agent, 0, true, now + Duration::from_secs(2));
+        assert!(matches!(events[0], Event::AgentUp { .. }));
+        assert_eq!(registry.routable_count(), 1);
     }
 }

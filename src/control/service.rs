@@ -190,7 +190,12 @@ async fn run_session(
                 shared.apply(events).await;
             }
             agent_message::Kind::Heartbeat(heartbeat) => {
-                let events = shared.registry().heartbeat(agent, heartbeat.in_flight, now);
+                let events = shared.registry().heartbeat(
+                    agent,
+                    heartbeat.in_flight,
+                    !heartbeat.backend_unhealthy,
+                    now,
+                );
                 shared.apply(events).await;
                 let ack = reply(router_message::Kind::HeartbeatAck(HeartbeatAck {
                     sent_at_unix_ms: heartbeat.sent_at_unix_ms,
@@ -201,9 +206,7 @@ async fn run_session(
             }
             agent_message::Kind::Signal(signal) => {
                 let engine = engine_signals(&signal);
-                let events = shared
-                    .registry()
-                    .signal(agent, signal.in_flight, engine, now);
+                let events = shared.registry().signal(agent, signal.in_flight, engine);
                 shared.apply(events).await;
             }
             agent_message::Kind::Refresh(refresh) => {

@@ -18,7 +18,9 @@
 //! - [`KeyLimits`]: every bucket configured for one quota holder, with `admit`/`settle`.
 //!
 //! # Architecture
-//! The owner shard keeps one [`KeyLimits`] per key it owns and calls, in request order:
+//! The owner shard keeps one [`KeyLimits`] per quota holder it owns (`shard::owner::quotas`: the
+//! key's owner for RPM and daily budgets, the key itself for B4 token rates) and calls, in request
+//! order:
 //! [`KeyLimits::admit_request`] (before B1), [`KeyLimits::admit_tokens`] (after B1-B3 and the
 //! B4 occupancy share), and [`KeyLimits::settle`] once exact usage is known.
 //! [`KeyLimits::admit`] does both admit phases for a caller with nothing in between. Every bucket

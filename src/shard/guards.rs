@@ -7,9 +7,9 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use crate::ids::{AgentId, Generation, KeyId, ModelId, TenantId, Ticket};
-use crate::limits::{Admission, Delivery, UsedTokens};
+use crate::limits::{Delivery, UsedTokens};
 use crate::routing::Grant;
-use crate::shard::owner::{Admitted, HoldAnswer, Notice, OccupancyUpdate, Release};
+use crate::shard::owner::{Admitted, HoldAnswer, Notice, OccupancyUpdate, QuotaAdmission, Release};
 use crate::shard::state::Shard;
 
 /// A held agent slot (and the request's occupancy reservation, if it has one). Dropping it
@@ -187,7 +187,7 @@ pub struct QuotaCharge {
     /// The request's key, for the tenant counters.
     pub key: KeyId,
     tenant: TenantId,
-    admission: Option<Admission>,
+    admission: Option<QuotaAdmission>,
     /// Charged as input when the response carries no usage.
     estimate_input_tokens: u64,
     /// What the key had left at admission: `X-RateLimit-Remaining-*` on the response.
@@ -255,7 +255,9 @@ impl QuotaCharge {
     ) -> bool {
         let (Some(usage), true) = (
             usage,
-            self.admission.as_ref().is_some_and(Admission::has_daily),
+            self.admission
+                .as_ref()
+                .is_some_and(QuotaAdmission::has_daily),
         ) else {
             self.settle_usage(usage, Delivery::Buffered);
             return true;

@@ -21,7 +21,7 @@ use crate::auth::keys::KeyRecord;
 use crate::clock::SystemClock;
 use crate::hold::ClientId;
 use crate::ids::{KeyId, ModelId, TenantId, Ticket};
-use crate::limits::{Admission, ModelContext, Settlement, UsedTokens};
+use crate::limits::{ModelContext, Settlement, UsedTokens};
 use crate::metrics::ShardMetrics;
 use crate::policy::ModelPolicy;
 use crate::routing::Ask;
@@ -30,7 +30,7 @@ use crate::shard::guards::{Pending, QuotaCharge, Reservation, Slot};
 use crate::shard::latch::race;
 use crate::shard::messages::ShardToShard;
 use crate::shard::owner::{
-    Admitted, Answer, Charge, Decision, Notice, PoolRequest, Release, Visit,
+    Admitted, Answer, Charge, Decision, Notice, PoolRequest, QuotaAdmission, Release, Visit,
 };
 use crate::shard::state::Shard;
 use crate::snapshot::ModelEntry;
@@ -488,7 +488,7 @@ impl Shard {
     pub(super) async fn settle_buffered(
         self: &Rc<Self>,
         tenant: TenantId,
-        admission: Admission,
+        admission: QuotaAdmission,
         usage: UsedTokens,
         wait: Duration,
     ) -> Option<Settlement> {

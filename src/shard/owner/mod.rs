@@ -25,13 +25,13 @@ use crate::auth::keys::KeyRegistry;
 use crate::clock::{Clock, Millis};
 use crate::hold::{ClientId, HoldLimits};
 use crate::ids::{AgentId, Generation, KeyId, ModelId, TenantId, Ticket};
-use crate::limits::{Admission, BurstSeconds, Delivery, ModelContext, Settlement, UsedTokens};
+use crate::limits::{BurstSeconds, Delivery, ModelContext, Settlement, UsedTokens};
 use crate::routing::{AgentProfile, Ask, EngineSignals, Grant};
 use crate::sibling::token::SpentTokens;
 use crate::snapshot::RoutingSnapshot;
 
 pub use models::{Decision, HoldAnswer, Models, OccupancyUpdate, PoolReport, PoolRequest};
-pub use quotas::{Admitted, Charge, Quotas, Release};
+pub use quotas::{Admitted, Charge, QuotaAdmission, Quotas, Release};
 
 /// What the quota owner answers: an admission to settle later, or the limit that refused.
 pub type QuotaAnswer = Result<Admitted, crate::limits::LimitExceeded>;
@@ -64,7 +64,7 @@ pub enum Visit {
     /// budget?
     Settle {
         tenant: TenantId,
-        admission: Admission,
+        admission: QuotaAdmission,
         usage: UsedTokens,
     },
     /// Spend a redirect token (single use per router).

@@ -2,10 +2,21 @@
 //! shard owns, built from the holder's key on first use and rebuilt (keeping usage) when the key's
 //! quota or the model table changes.
 //!
-//! Holder: the key's owner (`TenantId`). The auth reference shares flat buckets — requests per
-//! minute and the daily token budget — between every key of one owner, and per-model budgets are
-//! "for this owner and model". Keys of one owner with different quotas share the buckets; the
-//! limits follow the quota of the key that last used them (a rebuild keeps the usage).
+//! Two kinds of holder:
+//! - The key's owner (`TenantId`) holds the flat buckets the auth reference shares between every
+//!   key of one owner — requests per minute and the daily token budget — and the per-model
+//!   budgets, which are "for this owner and model". Keys of one owner with different quotas share
+//!   these buckets; the limits follow the quota of the key that last used them (a rebuild keeps
+//!   the usage).
+//! - The key (`KeyId`) holds its B4 input and output token-per-minute buckets, which "are
+//!   independent for each key-and-model combination" (seed `admission-control.md`, B4): two keys
+//!   of one owner never share them. Only a flat quota with `input_tokens_per_minute` or
+//!   `output_tokens_per_minute` has such a holder; it keeps at most
+//!   [`crate::limits::TOKEN_RATE_MODELS_MAX`] models and is dropped by [`Quotas::cleanup`] once
+//!   every bucket is full again, like an owner's holder.
+//!
+//! The token phase runs the key's B4 buckets first and the owner's daily budget after (seed,
+//! "Gate order"); when the daily budget refuses, the key's input-rate charge is given back.
 //!
 //! Pure: no I/O, no clock. Time comes in as `Millis` (the process's monotonic origin) and `Day`
 //! (the UTC day).
@@ -41,6 +52,47 @@ struct Built {
 struct Holder {
     limits: KeyLimits,
     built: Built,
+}
+
+/// A key's quota split by holder: the owner's part (RPM, daily budgets; its B4 rates zeroed) and
+/// the key's B4 token rates (`None` when the quota has none).
+fn split_quota(quota: KeyQuota) -> (KeyQuota, Option<KeyQuota>) {
+    match quota {
+        KeyQuota::Flat(flat) => {
+            let rates = (flat.input_tokens_per_minute > 0 || flat.output_tokens_per_minute > 0)
+                .then_some(KeyQuota::Flat(FlatQuota {
+                    requests_per_minute: 0,
+                    tokens_per_day: 0,
+                    input_tokens_per_minute: flat.input_tokens_per_minute,
+                    output_tokens_per_minute: flat.output_tokens_per_minute,
+                }));
+            let owner = KeyQuota::Flat(FlatQuota {
+                input_tokens_per_minute: 0,
+                output_tokens_per_minute: 0,
+                ..flat
+            });
+            (owner, rates)
+        }
+        per_model @ KeyQuota::PerModel(_) => (per_model, None),
+    }
+}
+
+/// What the token phase charged: the owner's part (daily budget) and the key's part (B4 input
+/// tokens per minute). Hand it back to [`Quotas::settle`] or [`Quotas::cancel`].
+#[must_use = "an admission must be settled or cancelled"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct QuotaAdmission {
+    key: KeyId,
+    owner: Admission,
+    rates: Option<Admission>,
+}
+
+impl QuotaAdmission {
+    /// Whether a daily budget was charged: a non-streamed answer must then be checked against
+    /// it before delivery.
+    pub fn has_daily(&self) -> bool {
+        self.owner.has_daily()
+    }
 }
 
 /// The limits a key's quota asks for, with model names resolved to this router's model ids.
@@ -89,6 +141,14 @@ pub fn is_limited(key: &KeyRecord) -> bool {
     }
 }
 
+/// Whether the key's quota has B4 token rates, kept in a holder of its own.
+fn has_token_rates(key: &KeyRecord) -> bool {
+    match key.settings.quota() {
+        Quota::Flat(flat) => flat.input_tokens_per_minute > 0 || flat.output_tokens_per_minute > 0,
+        Quota::PerModel(_) => false,
+    }
+}
+
 /// Whether the key's token phase (B4 input/output tokens per minute on a serverless model, the
 /// daily budget) has anything to check; without it the request needs no second visit to the
 /// quota owner.
@@ -105,7 +165,10 @@ pub fn has_token_phase(key: &KeyRecord, serverless: bool) -> bool {
 
 pub struct Quotas {
     burst: BurstSeconds,
+    /// Per owner: RPM, daily and per-model budgets.
     holders: HashMap<TenantId, Holder>,
+    /// Per key: B4 token-per-minute buckets (flat quotas with ITPM or OTPM only).
+    token_rates: HashMap<KeyId, Holder>,
     /// `None` with the `memory` quota backend: nothing is restored or reported.
     persistence: Option<Persistence>,
 }
@@ -186,7 +249,7 @@ impl Persistence {
 /// what the key has left, for `X-RateLimit-*` on the response.
 #[derive(Debug, Default)]
 pub struct Admitted {
-    pub admission: Option<Admission>,
+    pub admission: Option<QuotaAdmission>,
     pub remaining_requests: Option<u64>,
     pub remaining_tokens: Option<u64>,
 }
@@ -206,6 +269,7 @@ impl Quotas {
         Quotas {
             burst,
             holders: HashMap::new(),
+            token_rates: HashMap::new(),
             persistence: None,
         }
     }
@@ -291,12 +355,17 @@ impl Quotas {
             // The key vanished in a reload between authentication and here: nothing to count.
             return Ok(Admitted::default());
         };
-        let Some(holder) = self.holder(now, day, registry, snapshot, record) else {
+        if !self.build(now, day, registry, snapshot, record) {
             return Ok(Admitted::default());
-        };
+        }
+        let owner = self
+            .holders
+            .get_mut(&record.tenant_id)
+            .expect("built above");
+        let rates = self.token_rates.get_mut(&key);
         match charge {
             Charge::RequestsOnly => {
-                holder
+                owner
                     .limits
                     .admit_request(now, model)
                     .map(|request| Admitted {
@@ -305,22 +374,31 @@ impl Quotas {
                         remaining_tokens: None,
                     })
             }
-            Charge::TokensOnly(estimate) => holder
-                .limits
-                .admit_tokens(now, day, model, estimate)
-                .map(|admission| Admitted {
-                    remaining_requests: None,
-                    remaining_tokens: admission.remaining_tokens,
-                    admission: Some(admission),
-                }),
-            Charge::RequestsAndTokens(estimate) => holder
-                .limits
-                .admit(now, day, model, estimate)
-                .map(|admission| Admitted {
-                    remaining_requests: admission.remaining_requests,
-                    remaining_tokens: admission.remaining_tokens,
-                    admission: Some(admission),
-                }),
+            Charge::TokensOnly(estimate) => {
+                admit_tokens(now, day, key, owner, rates, model, estimate).map(|admission| {
+                    Admitted {
+                        remaining_requests: None,
+                        remaining_tokens: admission.owner.remaining_tokens,
+                        admission: Some(admission),
+                    }
+                })
+            }
+            Charge::RequestsAndTokens(estimate) => {
+                // Both phases with nothing in between; a refused token phase keeps the RPM unit
+                // (`limits::KeyLimits::admit`).
+                let request = owner.limits.admit_request(now, model)?;
+                match admit_tokens(now, day, key, owner, rates, model, estimate) {
+                    Ok(admission) => Ok(Admitted {
+                        remaining_requests: request.remaining_requests,
+                        remaining_tokens: admission.owner.remaining_tokens,
+                        admission: Some(admission),
+                    }),
+                    Err(mut rejection) => {
+                        rejection.remaining_requests = request.remaining_requests;
+                        Err(rejection)
+                    }
+                }
+            }
         }
     }
 
@@ -329,19 +407,37 @@ impl Quotas {
         now: Millis,
         day: Day,
         tenant: TenantId,
-        admission: Admission,
+        admission: QuotaAdmission,
         usage: UsedTokens,
         delivery: Delivery,
     ) -> Option<crate::limits::Settlement> {
-        self.holders
-            .get_mut(&tenant)
-            .map(|holder| holder.limits.settle(now, day, admission, usage, delivery))
+        if let Some(rates) = admission.rates {
+            // A holder dropped meanwhile was full; a new one is built on the key's next request.
+            if let Some(holder) = self.token_rates.get_mut(&admission.key) {
+                let _ = holder.limits.settle(now, day, rates, usage, delivery);
+            }
+        }
+        self.holders.get_mut(&tenant).map(|holder| {
+            holder
+                .limits
+                .settle(now, day, admission.owner, usage, delivery)
+        })
     }
 
-    pub fn cancel(&mut self, tenant: TenantId, admission: Admission) {
-        if let Some(holder) = self.holders.get_mut(&tenant) {
-            holder.limits.cancel(admission);
+    pub fn cancel(&mut self, tenant: TenantId, admission: QuotaAdmission) {
+        if let Some(rates) = admission.rates
+            && let Some(holder) = self.token_rates.get_mut(&admission.key)
+        {
+            holder.limits.cancel(rates);
         }
+        if let Some(holder) = self.holders.get_mut(&tenant) {
+            holder.limits.cancel(admission.owner);
+        }
+    }
+
+    /// Keys holding B4 token-rate buckets right now (for tests and logs).
+    pub fn token_rate_holders(&self) -> usize {
+        self.token_rates.len()
     }
 
     /// Drops holders whose buckets are all full again and whose daily budgets are from a past day
@@ -366,6 +462,11 @@ impl Quotas {
             }
             !idle
         });
+        // A key's holder has no daily budget: nothing to report before dropping it.
+        self.token_rates.retain(|_, holder| {
+            holder.limits.compact(now);
+            !holder.limits.is_idle(now, day)
+        });
         if let Some(persistence) = persistence
             && day > persistence.day
             && !persistence.restored.is_empty()
@@ -374,29 +475,43 @@ impl Quotas {
         }
     }
 
-    fn holder(
+    /// Builds or rebuilds (keeping usage) the owner's holder and the key's token-rate holder
+    /// for `record`'s current quota. False when the key has nothing to count here.
+    fn build(
         &mut self,
         now: Millis,
         day: Day,
         registry: &KeyRegistry,
         snapshot: &RoutingSnapshot,
         record: &KeyRecord,
-    ) -> Option<&mut Holder> {
+    ) -> bool {
         let built = Built {
             registry_version: registry.version(),
             snapshot_version: snapshot.version,
             key: record.key_id,
         };
-        let burst = self.burst;
-        let current = self
+        let owner_current = self
             .holders
             .get(&record.tenant_id)
             .map(|holder| holder.built);
-        if current != Some(built) {
-            let quota = key_quota(record, snapshot)?;
+        let rates_current = self
+            .token_rates
+            .get(&record.key_id)
+            .map(|holder| holder.built);
+        // A key's holder may have been dropped as idle while its owner's stayed: rebuilt then.
+        let rates_wanted = has_token_rates(record);
+        if owner_current == Some(built) && (!rates_wanted || rates_current == Some(built)) {
+            return true;
+        }
+        let Some(quota) = key_quota(record, snapshot) else {
+            return false;
+        };
+        let (owner_quota, rates_quota) = split_quota(quota);
+        let burst = self.burst;
+        if owner_current != Some(built) {
             let rebuilt = match self.holders.get(&record.tenant_id) {
-                Some(previous) => previous.limits.reconfigured(now, day, &quota, burst),
-                None => KeyLimits::new(now, day, &quota, burst),
+                Some(previous) => previous.limits.reconfigured(now, day, &owner_quota, burst),
+                None => KeyLimits::new(now, day, &owner_quota, burst),
             };
             match rebuilt {
                 Ok(mut limits) => {
@@ -409,11 +524,67 @@ impl Quotas {
                 Err(error) => {
                     // Validated at load; a failure here means limits beyond the supported range.
                     tracing::error!(%error, preview = %record.preview, "quota cannot be enforced");
-                    return None;
+                    return false;
                 }
             }
         }
-        self.holders.get_mut(&record.tenant_id)
+        match rates_quota {
+            None => {
+                self.token_rates.remove(&record.key_id);
+            }
+            Some(rates_quota) if rates_current != Some(built) => {
+                let rebuilt = match self.token_rates.get(&record.key_id) {
+                    Some(previous) => previous.limits.reconfigured(now, day, &rates_quota, burst),
+                    None => KeyLimits::new(now, day, &rates_quota, burst),
+                };
+                match rebuilt {
+                    Ok(limits) => {
+                        self.token_rates
+                            .insert(record.key_id, Holder { limits, built });
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, preview = %record.preview, "quota cannot be enforced");
+                        self.holders.remove(&record.tenant_id);
+                        return false;
+                    }
+                }
+            }
+            Some(_) => {}
+        }
+        true
+    }
+}
+
+/// The token phase across both holders, in the seed's order: the key's B4 output-rate state and
+/// input tokens per minute, then the owner's daily budget. A refusal leaves both as they were.
+fn admit_tokens(
+    now: Millis,
+    day: Day,
+    key: KeyId,
+    owner: &mut Holder,
+    rates: Option<&mut Holder>,
+    model: &ModelContext,
+    estimate: Estimate,
+) -> Result<QuotaAdmission, LimitExceeded> {
+    let (rates, rates_admission) = match rates {
+        Some(holder) => {
+            let admission = holder.limits.admit_tokens(now, day, model, estimate)?;
+            (Some(holder), Some(admission))
+        }
+        None => (None, None),
+    };
+    match owner.limits.admit_tokens(now, day, model, estimate) {
+        Ok(owner) => Ok(QuotaAdmission {
+            key,
+            owner,
+            rates: rates_admission,
+        }),
+        Err(rejection) => {
+            if let (Some(holder), Some(admission)) = (rates, rates_admission) {
+                holder.limits.cancel(admission);
+            }
+            Err(rejection)
+        }
     }
 }
 
@@ -422,13 +593,13 @@ impl Quotas {
 pub enum Release {
     Settle {
         tenant: TenantId,
-        admission: Admission,
+        admission: QuotaAdmission,
         usage: UsedTokens,
         delivery: Delivery,
     },
     Cancel {
         tenant: TenantId,
-        admission: Admission,
+        admission: QuotaAdmission,
     },
 }
 

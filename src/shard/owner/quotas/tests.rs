@@ -1,4 +1,5 @@
-//! Restoring persisted daily totals into holders, and reporting changed ones.
+//! Which holder each bucket lives in (owner or key), restoring persisted daily totals into
+//! holders, and reporting changed ones.
 
 use super::*;
 use crate::auth::config::AuthConfig;
@@ -326,4 +327,186 @@ fn memory_backend_reports_nothing() {
         tokens: 1,
     }]);
     assert!(quotas.take_changed_daily_totals().is_empty());
+}
+
+const TWO_KEYS_ONE_OWNER: &str = r#"
+api:
+  mode: api-key
+  keys:
+    - key_hash: "HASH_FIRST"
+      key_preview: "sk-...first"
+      metadata: {name: "first", owner: "acme"}
+      quota: {requests_per_minute: 5, tokens_per_day: 10000, input_tokens_per_minute: 100, output_tokens_per_minute: 50}
+    - key_hash: "HASH_SECOND"
+      key_preview: "sk-...second"
+      metadata: {name: "second", owner: "acme"}
+      quota: {requests_per_minute: 5, tokens_per_day: 10000, input_tokens_per_minute: 100, output_tokens_per_minute: 50}
+"#;
+
+fn two_keys_one_owner() -> KeyRegistry {
+    let text = TWO_KEYS_ONE_OWNER
+        .replace("HASH_FIRST", &crate::auth::keys::hash_key_hex("sk-first"))
+        .replace("HASH_SECOND", &crate::auth::keys::hash_key_hex("sk-second"));
+    KeyRegistry::from_config(&AuthConfig::from_yaml(&text).expect("test auth.yaml"))
+}
+
+fn serverless(id: u32) -> ModelContext {
+    ModelContext {
+        serverless: true,
+        ..context(id)
+    }
+}
+
+fn admit_serverless(
+    quotas: &mut Quotas,
+    registry: &KeyRegistry,
+    snapshot: &RoutingSnapshot,
+    raw: &str,
+    model: u32,
+    input_tokens: u64,
+) -> Result<Admitted, LimitExceeded> {
+    let key_id = key(registry, raw).key_id;
+    quotas.admit(
+        Millis(0),
+        MONDAY,
+        registry,
+        snapshot,
+        key_id,
+        &serverless(model),
+        tokens(input_tokens),
+    )
+}
+
+/// Seed `admission-control.md`, B4: "The input and output buckets are independent for each
+/// key-and-model combination": a key that spent its input tokens per minute leaves another key
+/// of the same owner untouched, and each model of one key has its own.
+#[test]
+fn input_token_rates_are_per_key_and_model_not_per_owner() {
+    let registry = two_keys_one_owner();
+    let snapshot = snapshot(1, &["chat", "embed"]);
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    let first = admit_serverless(&mut quotas, &registry, &snapshot, "sk-first", 0, 100).unwrap();
+    let refused =
+        admit_serverless(&mut quotas, &registry, &snapshot, "sk-first", 0, 1).unwrap_err();
+    assert_eq!(refused.kind, crate::limits::RejectionKind::InputTokenRate);
+    let second = admit_serverless(&mut quotas, &registry, &snapshot, "sk-second", 0, 100).unwrap();
+    let other_model =
+        admit_serverless(&mut quotas, &registry, &snapshot, "sk-first", 1, 100).unwrap();
+    assert_eq!(quotas.len(), 1, "one owner");
+    assert_eq!(quotas.token_rate_holders(), 2, "two keys");
+    let acme = key(&registry, "sk-first").tenant_id;
+    quotas.cancel(acme, first.admission.unwrap());
+    quotas.cancel(acme, second.admission.unwrap());
+    quotas.cancel(acme, other_model.admission.unwrap());
+}
+
+/// B4's output state is per key too: one key's output drains only its own bucket.
+#[test]
+fn output_token_rates_are_per_key() {
+    let registry = two_keys_one_owner();
+    let snapshot = snapshot(1, &["chat"]);
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    let acme = key(&registry, "sk-first").tenant_id;
+    let first = admit_serverless(&mut quotas, &registry, &snapshot, "sk-first", 0, 1).unwrap();
+    let usage = UsedTokens {
+        input_tokens: 1,
+        output_tokens: 100,
+    };
+    let settled = quotas.settle(
+        Millis(0),
+        MONDAY,
+        acme,
+        first.admission.unwrap(),
+        usage,
+        Delivery::Streamed,
+    );
+    assert!(settled.is_some());
+    let refused =
+        admit_serverless(&mut quotas, &registry, &snapshot, "sk-first", 0, 1).unwrap_err();
+    assert_eq!(refused.kind, crate::limits::RejectionKind::OutputTokenRate);
+    let second = admit_serverless(&mut quotas, &registry, &snapshot, "sk-second", 0, 1).unwrap();
+    quotas.cancel(acme, second.admission.unwrap());
+}
+
+/// The flat buckets the auth reference shares per owner stay shared: requests per minute and
+/// the daily budget count both keys, and a daily refusal gives the key's input-rate charge back.
+#[test]
+fn requests_per_minute_and_the_daily_budget_stay_per_owner() {
+    let text = TWO_KEYS_ONE_OWNER
+        .replace("HASH_FIRST", &crate::auth::keys::hash_key_hex("sk-first"))
+        .replace("HASH_SECOND", &crate::auth::keys::hash_key_hex("sk-second"))
+        .replace("tokens_per_day: 10000", "tokens_per_day: 150");
+    let registry = KeyRegistry::from_config(&AuthConfig::from_yaml(&text).expect("auth.yaml"));
+    let snapshot = snapshot(1, &["chat"]);
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    let acme = key(&registry, "sk-first").tenant_id;
+    let first = admit_serverless(&mut quotas, &registry, &snapshot, "sk-first", 0, 100).unwrap();
+    assert_eq!(first.remaining_tokens, Some(50));
+    // 60 fits the second key's own input rate (100) but not the owner's day (50 left).
+    let refused =
+        admit_serverless(&mut quotas, &registry, &snapshot, "sk-second", 0, 60).unwrap_err();
+    assert_eq!(refused.kind, crate::limits::RejectionKind::DailyTokens);
+    // The refusal gave the second key's input charge back: its full 100 is there, and 50 of the
+    // day's budget.
+    let second = admit_serverless(&mut quotas, &registry, &snapshot, "sk-second", 0, 50).unwrap();
+    assert_eq!(second.remaining_tokens, Some(0));
+    assert_eq!(
+        second.remaining_requests,
+        Some(2),
+        "5 per minute for the owner, 3 used"
+    );
+    quotas.cancel(acme, first.admission.unwrap());
+    quotas.cancel(acme, second.admission.unwrap());
+    let first_again =
+        admit_serverless(&mut quotas, &registry, &snapshot, "sk-first", 0, 0).unwrap();
+    assert_eq!(first_again.remaining_requests, Some(1));
+    quotas.cancel(acme, first_again.admission.unwrap());
+}
+
+/// A key's token-rate holder is dropped once its buckets are full again, like an owner's.
+#[test]
+fn idle_key_holders_are_dropped() {
+    let registry = two_keys_one_owner();
+    let snapshot = snapshot(1, &["chat"]);
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    let acme = key(&registry, "sk-first").tenant_id;
+    for raw in ["sk-first", "sk-second"] {
+        let admitted = admit_serverless(&mut quotas, &registry, &snapshot, raw, 0, 10).unwrap();
+        let usage = UsedTokens {
+            input_tokens: 10,
+            output_tokens: 10,
+        };
+        let _ = quotas.settle(
+            Millis(0),
+            MONDAY,
+            acme,
+            admitted.admission.unwrap(),
+            usage,
+            Delivery::Streamed,
+        );
+    }
+    quotas.cleanup(Millis::from_seconds(1), MONDAY);
+    assert_eq!(quotas.token_rate_holders(), 2, "buckets still refilling");
+    // Full again, while the owner's daily budget still counts today: only the keys' holders go.
+    quotas.cleanup(Millis::from_seconds(61), MONDAY);
+    assert_eq!(quotas.token_rate_holders(), 0);
+    assert_eq!(quotas.len(), 1);
+    // The key's next request rebuilds its holder: its input rate is enforced again.
+    let key_id = key(&registry, "sk-first").key_id;
+    let refused = quotas
+        .admit(
+            Millis::from_seconds(61),
+            MONDAY,
+            &registry,
+            &snapshot,
+            key_id,
+            &serverless(0),
+            tokens(101),
+        )
+        .unwrap_err();
+    assert_eq!(refused.kind, crate::limits::RejectionKind::InputTokenRate);
+    assert_eq!(quotas.token_rate_holders(), 1);
+    quotas.cleanup(Millis::from_seconds(200), TUESDAY);
+    assert_eq!(quotas.token_rate_holders(), 0);
+    assert!(quotas.is_empty());
 }
