@@ -122,7 +122,14 @@ fn serve(socket: TcpStream) {
 }
 
 fn start_site(name: &str, engine: SocketAddr) -> Site {
-    let mut site = Site::start(name, Options::new().skip_model_wait());
+    // The agent probes its backend's health every heartbeat interval and leaves the pool when it
+    // fails. This test stops the engine and wants the next request to meet the refused
+    // connection, not an agent gone from the pool: the probe runs at start and then only after a
+    // minute, and the router waits two minutes for heartbeats, far longer than the test.
+    let options = Options::new()
+        .skip_model_wait()
+        .router_args(&["--unhealthy-after", "120s"]);
+    let mut site = Site::start(name, options);
     site.sim_addrs.push(engine);
     site.spawn_agent(
         0,
@@ -135,6 +142,8 @@ fn start_site(name: &str, engine: SocketAddr) -> Site {
             MODEL,
             "--capacity",
             "4",
+            "--heartbeat-interval",
+            "60s",
         ],
     );
     site.wait_models(&[MODEL]);

@@ -707,7 +707,7 @@ mod tests {
         // Heartbeat loss takes it out of the pool: an `unregistered` entry.
         let events = registry.check_health(now + Duration::from_secs(16));
         assert!(events.contains(&membership(false)), "{events:?}");
-        let events = registry.heartbeat(agent, 0, now + Duration::from_secs(17));
+        let events = registry.heartbeat(agent, 0, true, now + Duration::from_secs(17));
         assert!(events.contains(&membership(true)), "{events:?}");
         let events = registry.session_closed(agent);
         assert!(events.contains(&membership(false)), "{events:?}");
@@ -729,7 +729,7 @@ mod tests {
         registry.register(AgentId(1), registration(&["m"]), now);
         registry.register(AgentId(2), registration(&["m"]), now);
         registry.tunnel_up(AgentId(2), 0, now);
-        registry.heartbeat(AgentId(2), 3, now + Duration::from_millis(500));
+        registry.heartbeat(AgentId(2), 3, true, now + Duration::from_millis(500));
         let later = now + Duration::from_millis(15_200);
         let views = registry.agent_views(later, 1_000_000);
         let peers: Vec<&str> = views.iter().map(|view| view.peer_id.as_str()).collect();
