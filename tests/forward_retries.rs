@@ -26,9 +26,19 @@ fn a_failing_backend_is_retried_on_another_agent() {
         Options::new()
             .sim(&["--models", "sim-model"])
             .sim(&["--models", "sim-model"])
-            .agent(0, &[])
-            .agent(1, &[])
-            .router_args(&["--policy-model-dir", dir.to_str().unwrap(), "--shards", "1"]),
+            // Agents probe their backend once a minute (and the router waits two for
+            // heartbeats), so the killed engine is met by requests, not by a probe that would
+            // take its agent out of the pool first.
+            .agent(0, &["--heartbeat-interval", "60s"])
+            .agent(1, &["--heartbeat-interval", "60s"])
+            .router_args(&[
+                "--policy-model-dir",
+                dir.to_str().unwrap(),
+                "--shards",
+                "1",
+                "--unhealthy-after",
+                "120s",
+            ]),
     );
     // Both agents serve; then sim 1 dies while its agent is still in the pool.
     site.sims[1].kill();
