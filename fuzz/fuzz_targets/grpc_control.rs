@@ -46,6 +46,8 @@ struct Core {
     current: usize,
     /// Agents in the pool, as the events say.
     up: HashSet<AgentId>,
+    /// Agents in the pool as the registration stream tells it (joins minus leaves).
+    members: usize,
     start: Instant,
     elapsed: Duration,
 }
@@ -65,6 +67,7 @@ fuzz_target!(|data: &[u8]| {
         next_session: 1,
         current: 0,
         up: HashSet::new(),
+        members: 0,
         start: Instant::now(),
         elapsed: Duration::ZERO,
     };
@@ -75,12 +78,14 @@ fuzz_target!(|data: &[u8]| {
             break;
         }
         assert_eq!(core.registry.routable_count(), core.up.len());
+        assert_eq!(core.members, core.up.len(), "registration stream out of step");
     }
     for agent in std::mem::take(&mut core.sessions) {
         let events = core.registry.session_closed(agent);
         core.apply(events);
     }
     assert!(core.up.is_empty(), "agents left in the pool: {:?}", core.up);
+    assert_eq!(core.members, 0, "registration stream out of step");
     assert_eq!(core.registry.routable_count(), 0);
     core.snapshot();
 });
@@ -181,12 +186,14 @@ impl Core {
                 self.apply(events);
             }
             agent_message::Kind::Heartbeat(heartbeat) => {
-                let events = self.registry.heartbeat(agent, heartbeat.in_flight, now);
+                let events =
+                    self.registry
+                        .heartbeat(agent, heartbeat.in_flight, !heartbeat.backend_unhealthy, now);
                 self.apply(events);
             }
             agent_message::Kind::Signal(signal) => {
                 let engine = engine_signals(&signal);
-                let events = self.registry.signal(agent, signal.in_flight, engine, now);
+                let events = self.registry.signal(agent, signal.in_flight, engine);
                 self.apply(events);
             }
             agent_message::Kind::Refresh(refresh) => {
@@ -225,6 +232,14 @@ impl Core {
                 }
                 Event::SnapshotChanged => self.snapshot(),
                 Event::CloseSession { agent } => self.close(agent),
+                // The registration stream's entries: one for every join and every leave.
+                Event::Membership(membership) if membership.joined => self.members += 1,
+                Event::Membership(_) => {
+                    self.members = self
+                        .members
+                        .checked_sub(1)
+                        .expect("a registration-stream leave without a join");
+                }
             }
         }
     }

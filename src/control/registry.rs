@@ -303,8 +303,10 @@ impl Registry {
         };
         let mut events = Vec::new();
         if record.routable {
-            // A re-registration with different models: leave with the old set first.
+            // A re-registration with different models: leave with the old set first (and say so
+            // on the registration stream, which then sees the join that follows).
             record.routable = false;
+            events.push(Event::Membership(membership(record, false)));
             events.push(Event::AgentDown {
                 agent,
                 models: record.models.clone(),
@@ -712,6 +714,28 @@ mod tests {
         let events = registry.session_closed(agent);
         assert!(events.contains(&membership(false)), "{events:?}");
         assert!(registry.session_closed(agent).is_empty());
+    }
+
+    /// Found by the gRPC fuzz target's registration-stream check: a pooled agent registering
+    /// again with other models left the pool without an `unregistered` entry, so the stream
+    /// showed it joining twice.
+    #[test]
+    fn a_re_registration_leaves_then_joins_on_the_registration_stream() {
+        let now = Instant::now();
+        let mut registry = Registry::new(1, health());
+        let agent = AgentId(4);
+        registry.session_opened(agent, "peer".into(), now + Duration::from_secs(3600), now);
+        registry.register(agent, registration(&["m"]), now);
+        registry.tunnel_up(agent, 0, now);
+        let events = registry.register(agent, registration(&["m", "n"]), now);
+        let joins: Vec<bool> = events
+            .iter()
+            .filter_map(|event| match event {
+                Event::Membership(membership) => Some(membership.joined),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(joins, [false, true], "{events:?}");
     }
 
     #[test]
