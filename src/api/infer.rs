@@ -67,11 +67,24 @@ pub async fn infer<S: Sink>(
         shard.settings.provider.is_some(),
     );
     let mut admission = Admission::new(shard, request, key, &fields, model, plan);
-    let mut quota = admission.quota_rate(sink).await?;
+    // An asynchronous phase's future is built only when the plan has a visit for it: even one
+    // with nothing to do would cost the copy of its future on every request.
+    let mut quota = match plan.limited {
+        true => admission.quota_rate(sink).await?,
+        false => admission.unlimited(),
+    };
     admission.request_caps()?;
-    let pending = admission.hold(sink).await?;
-    let admit = admission.pool_gates(sink).await?;
-    admission.tokens(&mut quota, sink).await?;
+    let pending = match plan.holds() {
+        true => admission.hold(sink).await?,
+        false => None,
+    };
+    let admit = match plan.slot() {
+        SlotAdmit::Reserved => admission.reserve(sink).await?,
+        slot => admission.admit_with_slot(slot),
+    };
+    if plan.tokens {
+        admission.tokens(&mut quota, sink).await?;
+    }
     admission.attempts(admit, quota, pending, facts, sink).await
 }
 
@@ -207,6 +220,14 @@ impl<'r> Admission<'r> {
         Ok(quota)
     }
 
+    /// Phase 5 for a key with no limit at all (the plan has no quota visit): nothing to charge
+    /// or settle.
+    fn unlimited(&self) -> QuotaCharge {
+        let mut quota = self.shard.unlimited_quota(self.key);
+        quota.set_estimate(self.estimate.input_tokens);
+        quota
+    }
+
     /// Phase 5a: B1, the policy's caps on the input estimate and the image count, on this
     /// shard.
     fn request_caps(&self) -> Result<(), Outcome> {
@@ -280,30 +301,37 @@ impl<'r> Admission<'r> {
         Ok(Some(pending))
     }
 
-    /// Phase 5b: B3, B2 and the B4 share on the model's owner. With a visit of their own the
-    /// gates reserve occupancy now (a request a wake released waits for room up to its hold
-    /// budget, so that its capacity wait is bounded by the request timeout alone); otherwise
-    /// they run with the slot. The answer is how the slot visit is admitted.
-    async fn pool_gates<S: Sink>(&mut self, sink: &mut HoldSink<'_, S>) -> Result<Admit, Outcome> {
-        let admit = match self.plan.slot() {
+    /// Phase 5b when the gates run with the slot (or there is none): how the slot visit is
+    /// admitted. (A plan that reserves goes through [`Admission::reserve`]; were it asked here,
+    /// its gates would run with the slot, as on a retry.)
+    fn admit_with_slot(&mut self, slot: SlotAdmit) -> Admit {
+        let admit = match slot {
             SlotAdmit::Direct => Admit::Direct,
-            SlotAdmit::Gated => Admit::Gated(self.pool_ask()),
-            SlotAdmit::Reserved => {
-                let wait_until = self
-                    .hold_until
-                    .map_or(self.deadline, |until| until.max(self.deadline));
-                let reserved = sink
-                    .until_client_gone(self.shard.reserve(self.model, self.pool_ask(), wait_until))
-                    .await;
-                match reserved {
-                    None => return Err(self.client_left()),
-                    Some(Ok(reservation)) => Admit::Reserved(reservation),
-                    Some(Err(error)) if self.plan.holds() => {
-                        return Err(refusal::released(error, &self.fields.model).into());
-                    }
-                    Some(Err(error)) => return Err(refusal::route(error).into()),
-                }
+            SlotAdmit::Gated | SlotAdmit::Reserved => Admit::Gated(self.pool_ask()),
+        };
+        if self.plan.holds() {
+            self.restart_deadline();
+        }
+        admit
+    }
+
+    /// Phase 5b with a visit of its own: B3, B2 and the B4 share on the model's owner reserve
+    /// occupancy now (a request a wake released waits for room up to its hold budget, so that
+    /// its capacity wait is bounded by the request timeout alone).
+    async fn reserve<S: Sink>(&mut self, sink: &mut HoldSink<'_, S>) -> Result<Admit, Outcome> {
+        let wait_until = self
+            .hold_until
+            .map_or(self.deadline, |until| until.max(self.deadline));
+        let reserved = sink
+            .until_client_gone(self.shard.reserve(self.model, self.pool_ask(), wait_until))
+            .await;
+        let admit = match reserved {
+            None => return Err(self.client_left()),
+            Some(Ok(reservation)) => Admit::Reserved(reservation),
+            Some(Err(error)) if self.plan.holds() => {
+                return Err(refusal::released(error, &self.fields.model).into());
             }
+            Some(Err(error)) => return Err(refusal::route(error).into()),
         };
         if self.plan.holds() {
             self.restart_deadline();

@@ -460,7 +460,7 @@ impl Shard {
         let hold =
             |admitted: Admitted| QuotaCharge::new(self.clone(), key.key_id, tenant, admitted);
         if !crate::shard::owner::quotas::is_limited(key) {
-            return Ok(hold(Admitted::default()));
+            return Ok(self.unlimited_quota(key));
         }
         let visit = Visit::Quota {
             tenant,
@@ -479,6 +479,11 @@ impl Shard {
             Err(Unanswered::MeshFull(_)) => Err(QuotaRefusal::MeshFull),
             Err(_) => Err(QuotaRefusal::Timeout),
         }
+    }
+
+    /// The quota phase of a key with no limit at all: nothing is visited, charged or settled.
+    pub fn unlimited_quota(self: &Rc<Self>, key: &KeyRecord) -> QuotaCharge {
+        QuotaCharge::new(self.clone(), key.key_id, key.tenant_id, Admitted::default())
     }
 
     /// Settles a non-streamed answer on the quota owner before delivery (auth reference, "Token-
