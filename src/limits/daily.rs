@@ -209,7 +209,7 @@ impl DailyBudget {
         }
     }
 
-    /// UsedTokens other routers charged on `day` (sync round). UsedTokens for a day already over is
+    /// Usage other routers charged on `day` (sync round). Usage for a day already over is
     /// ignored; usage for a later day starts that day here.
     pub fn apply_remote(&mut self, day: Day, tokens: u64) {
         self.roll(day);

@@ -769,7 +769,7 @@ impl KeyLimits {
     }
 
     /// Subtract usage another router published for one of this key's buckets (seed
-    /// `run-several-routers.md`, "How it works", step 2). UsedTokens for a bucket this key does not
+    /// `run-several-routers.md`, "How it works", step 2). Usage for a bucket this key does not
     /// have (its configuration differs, or the model is unlisted) is ignored.
     pub fn apply_remote(&mut self, now: Millis, bucket: BucketRef, amount: u64) {
         match bucket {

@@ -6,8 +6,8 @@
 //! output-rate state and input tokens per minute, then daily token admission). It must not read a
 //! clock, do I/O, allocate on the admit path of a warmed key, or know about HTTP: the caller passes
 //! monotonic time ([`Millis`]) and the UTC day ([`Day`]) in, and gets decisions ([`Admission`],
-//! [`LimitExceeded`], [`Settlement`]) back. `crate::error` turns a [`LimitExceeded`] into a status, code,
-//! envelope and headers.
+//! [`LimitExceeded`], [`Settlement`]) back. `api::refusal` turns a [`LimitExceeded`] into a
+//! status, code, envelope and headers.
 //!
 //! # Key components
 //! - [`bucket::Bucket`]: a continuously refilling token bucket in exact integer arithmetic.
