@@ -44,28 +44,14 @@ impl Shard {
         start_tunnel: impl Fn(&Rc<Shard>, TunnelSocket),
     ) {
         while let Some(message) = inbox.recv().await {
-            match message {
-                ControlToShard::Tunnel {
-                    agent,
-                    socket,
-                    permit,
-                } => start_tunnel(
-                    &self,
-                    TunnelSocket::Plain {
-                        agent,
-                        socket,
-                        permit,
-                    },
-                ),
-                ControlToShard::SecureTunnel { socket, permit } => {
-                    start_tunnel(&self, TunnelSocket::Secure { socket, permit })
-                }
-                other => self.on_control(other),
+            if let Some(socket) = self.on_control(message) {
+                start_tunnel(&self, socket);
             }
         }
     }
 
-    fn on_control(self: &Rc<Self>, message: ControlToShard) {
+    /// Applies one control message; a tunnel socket is handed back for the tunnel starter.
+    fn on_control(self: &Rc<Self>, message: ControlToShard) -> Option<TunnelSocket> {
         match message {
             ControlToShard::Snapshot(snapshot) => self.set_snapshot(snapshot),
             ControlToShard::Keys(keys) => self.set_keys(keys),
@@ -128,10 +114,22 @@ impl Shard {
                 self.lifecycle.end();
             }
             ControlToShard::CloseTunnel { agent } => self.close_tunnel(agent),
-            ControlToShard::Tunnel { .. } | ControlToShard::SecureTunnel { .. } => {
-                unreachable!("tunnel sockets go to the tunnel starter")
+            ControlToShard::Tunnel {
+                agent,
+                socket,
+                permit,
+            } => {
+                return Some(TunnelSocket::Plain {
+                    agent,
+                    socket,
+                    permit,
+                });
+            }
+            ControlToShard::SecureTunnel { socket, permit } => {
+                return Some(TunnelSocket::Secure { socket, permit });
             }
         }
+        None
     }
 
     fn on_mesh(self: &Rc<Self>, message: ShardToShard) {

@@ -18,7 +18,6 @@ use tokio::sync::oneshot;
 use crate::admission::{PolicyOutcome, Reason};
 use crate::auth::admin::AdminAccess;
 use crate::auth::keys::KeyRegistry;
-use crate::clock::SystemClock;
 use crate::ids::{AgentId, ModelId};
 use crate::limits::BurstSeconds;
 use crate::metrics::ShardMetrics;
@@ -84,7 +83,9 @@ pub struct Shard {
     pub(super) owner: RefCell<Owner>,
     /// What the owner decided besides its direct answers; delivered after every owner call.
     pub(super) effects: RefCell<Effects>,
-    /// This shard's requests waiting for an owner's answer, by ticket sequence.
+    /// This shard's requests waiting for an owner's answer, by ticket sequence. Bound: one entry
+    /// per visit in progress, each taken out when its wait ends (answer, deadline or drop), and
+    /// a request visits one owner at a time.
     pub(super) waiters: RefCell<IdMap<u64, oneshot::Sender<Answer>>>,
     next_sequence: Cell<u64>,
     tunnels: RefCell<IdMap<AgentId, Tunnel>>,
@@ -304,12 +305,8 @@ impl Shard {
 
     /// Drops idle quota holders; run every few minutes.
     pub fn cleanup_quotas(&self) {
-        let clock = SystemClock;
-        use crate::clock::Clock as _;
-        self.owner
-            .borrow_mut()
-            .quotas
-            .cleanup(clock.now(), clock.today());
+        let (now, today) = (crate::clock::now(), crate::clock::utc_today());
+        self.owner.borrow_mut().quotas.cleanup(now, today);
     }
 
     /// Hands the quota holders this shard owns the daily totals persisted before a restart, and

@@ -189,13 +189,23 @@ impl Notice {
     }
 }
 
+/// The models of `models` that `shard` owns.
+fn owned_by(shard: usize, shards: usize, models: &[ModelId]) -> impl Iterator<Item = ModelId> + '_ {
+    models
+        .iter()
+        .copied()
+        .filter(move |model| model.owner(shards) == shard)
+}
+
 /// The shard that keeps a redirect token's nonce.
 pub fn token_owner(nonce: &[u8; 16], shards: usize) -> usize {
     usize::from(nonce[0]) % shards
 }
 
-/// What an owner operation leaves for its caller besides its direct answer. Reused across
-/// operations: [`Effects::take`] hands the answers over and keeps the buffer.
+/// What an owner operation leaves for its caller besides its direct answer; the shard delivers
+/// and empties it after every operation. Bound: one operation decides at most the tickets that
+/// wait at this owner (queued, parked or held, each bounded by `--queue-depth`, the park
+/// deadline and the hold limits), each once.
 #[derive(Debug, Default)]
 pub struct Effects {
     /// Answers for tickets other than the one served, in the order they were decided.
@@ -400,8 +410,7 @@ impl Owner {
         models: &[ModelId],
         effects: &mut Effects,
     ) {
-        let (shard, shards) = (self.shard, self.shards);
-        let owned = models.iter().copied().filter(|m| m.owner(shards) == shard);
+        let owned = owned_by(self.shard, self.shards, models);
         self.models
             .agent_up(now, &self.snapshot, agent, owned, effects);
     }
@@ -413,8 +422,7 @@ impl Owner {
         models: &[ModelId],
         effects: &mut Effects,
     ) {
-        let (shard, shards) = (self.shard, self.shards);
-        let owned = models.iter().copied().filter(|m| m.owner(shards) == shard);
+        let owned = owned_by(self.shard, self.shards, models);
         self.models.agent_down(now, agent, owned, effects);
     }
 
@@ -426,8 +434,7 @@ impl Owner {
         engine: EngineSignals,
         effects: &mut Effects,
     ) {
-        let (shard, shards) = (self.shard, self.shards);
-        let owned = models.iter().copied().filter(|m| m.owner(shards) == shard);
+        let owned = owned_by(self.shard, self.shards, models);
         self.models.signal(agent, owned, in_flight, engine, effects);
     }
 

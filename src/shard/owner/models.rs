@@ -44,8 +44,10 @@ impl Decision {
             Decision::Shed => Some(Reason::B3),
             Decision::PoolFull | Decision::PoolTooSmall => Some(Reason::B2),
             Decision::KeyShare => Some(Reason::B4Occupancy),
-            Decision::Granted(_) | Decision::Reserved | Decision::QueueFull => None,
-            Decision::NoAgents => None,
+            Decision::Granted(_)
+            | Decision::Reserved
+            | Decision::QueueFull
+            | Decision::NoAgents => None,
         }
     }
 }
