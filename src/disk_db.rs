@@ -192,6 +192,7 @@ impl DiskDb {
                     model,
                     day: record_day,
                     tokens: value.value(),
+                    others: false,
                 }),
                 None => {
                     tracing::warn!(key, path = %self.path.display(), "skipping an unreadable daily total")
@@ -354,6 +355,7 @@ mod tests {
             model,
             day,
             tokens,
+            others: false,
         }
     }
 

@@ -129,6 +129,7 @@ impl Flusher {
                 model: model.clone(),
                 day: *day,
                 tokens: *tokens,
+                others: false,
             })
             .collect();
         let count = records.len();

@@ -84,7 +84,7 @@ pub enum QueueError {
 
 /// Every (route, message) pair `hivenet_control_queue_full_total` has a series for; the index
 /// of a pair is its counter.
-const SERIES: [(Route, &str); 17] = [
+const SERIES: [(Route, &str); 22] = [
     (Route::ToShard, "snapshot"),
     (Route::ToShard, "keys"),
     (Route::ToShard, "admin_access"),
@@ -98,6 +98,11 @@ const SERIES: [(Route, &str); 17] = [
     (Route::ToShard, "end"),
     (Route::ToShard, "report"),
     (Route::ToShard, "report_daily"),
+    (Route::ToShard, "take_usage"),
+    (Route::ToShard, "apply_remote"),
+    (Route::ToShard, "share"),
+    (Route::ToShard, "daily_totals"),
+    (Route::ToShard, "share_through_store"),
     (Route::ToControl, "tunnel_up"),
     (Route::ToControl, "tunnel_down"),
     (Route::ToControl, "admin"),
@@ -119,18 +124,23 @@ fn to_shard_series(message: &ControlToShard) -> usize {
         ControlToShard::End => 10,
         ControlToShard::Report(_) => 11,
         ControlToShard::ReportDaily(_) => 12,
+        ControlToShard::TakeUsage(_) => 13,
+        ControlToShard::ApplyRemote(_) => 14,
+        ControlToShard::Share(_) => 15,
+        ControlToShard::DailyTotals(_) => 16,
+        ControlToShard::ShareThroughStore(_) => 17,
     }
 }
 
 fn to_control_series(message: &ShardToControl) -> usize {
     match message {
-        ShardToControl::TunnelUp { .. } => 13,
-        ShardToControl::TunnelDown { .. } => 14,
-        ShardToControl::Admin(_) => 15,
+        ShardToControl::TunnelUp { .. } => 18,
+        ShardToControl::TunnelDown { .. } => 19,
+        ShardToControl::Admin(_) => 20,
     }
 }
 
-const ADMIN_SERIES: usize = 16;
+const ADMIN_SERIES: usize = 21;
 
 /// What a full `ControlToShard` queue means for `message`: wait for room, or drop it (a routing
 /// signal, superseded by the next) and count it.

@@ -7,6 +7,7 @@
 //! tokens, other routers' usage) but never below minus one capacity, so such charges lock a key
 //! out for at most one minute of refill.
 
+use super::share::{RoundAllowance, Share};
 use super::{LIMIT_MAX, Millis};
 
 /// Fixed-point units per token (or request): milliseconds per minute, so that a per-minute rate
@@ -41,6 +42,8 @@ pub struct Bucket {
     /// Net tokens admitted here since the last `take_delta` (negative after refunds that crossed
     /// a round).
     delta_tokens: i64,
+    /// This sync round's part of the bucket, while the routers of a site share it.
+    round: RoundAllowance,
 }
 
 impl Bucket {
@@ -54,6 +57,7 @@ impl Bucket {
             level_units: capacity_units,
             updated: now,
             delta_tokens: 0,
+            round: RoundAllowance::NONE,
         }
     }
 
@@ -78,6 +82,28 @@ impl Bucket {
 
     fn refill(&mut self, now: Millis) {
         self.level_units = self.level_at(now);
+        if now > self.updated {
+            self.updated = now;
+        }
+    }
+
+    /// Brings the level up to date under `share`: the routers this one sees may use only part of
+    /// the capacity and the refill (the rest is left to silent routers, or to the others while
+    /// the store is unreachable). A level above the scaled capacity is brought down to it.
+    fn refill_shared(&mut self, now: Millis, share: Share) {
+        let (numerator, denominator) = share.rate_scale();
+        if numerator == denominator {
+            self.refill(now);
+            return;
+        }
+        let scale = |units: u64| (u128::from(units) * u128::from(numerator) / u128::from(denominator)) as u64;
+        let capacity_units = scale(self.capacity_units as u64) as i64;
+        if now > self.updated && self.level_units < capacity_units {
+            let gap_units = (capacity_units - self.level_units) as u64;
+            let refill_units = scale((now.0 - self.updated.0).saturating_mul(self.rate_per_minute));
+            self.level_units += refill_units.min(gap_units) as i64;
+        }
+        self.level_units = self.level_units.min(capacity_units);
         if now > self.updated {
             self.updated = now;
         }
@@ -112,10 +138,32 @@ impl Bucket {
 
     /// Take `amount` if the bucket holds it at `now`; otherwise change nothing.
     pub fn try_take(&mut self, now: Millis, amount: u64) -> Result<(), Shortfall> {
-        self.refill(now);
+        self.try_take_shared(now, amount, Share::Whole)
+    }
+
+    /// [`Bucket::try_take`] within this router's `share` of a limit the routers of a site enforce
+    /// together (`limits::share`).
+    pub fn try_take_shared(
+        &mut self,
+        now: Millis,
+        amount: u64,
+        share: Share,
+    ) -> Result<(), Shortfall> {
+        self.refill_shared(now, share);
         let need_units = units(amount);
         if self.level_units < need_units {
             return Err(self.shortfall(amount));
+        }
+        if let Some(split) = share.rate_round() {
+            if let Err(left_units) = self.round.check(split, self.level_units, need_units) {
+                return Err(Shortfall {
+                    limit: self.rate_per_minute,
+                    remaining: (left_units / UNITS_PER_TOKEN) as u64,
+                    // The next round, at most `--sync-interval` (10 s at most) away.
+                    reset_seconds: Some(1),
+                });
+            }
+            self.round.take(need_units);
         }
         self.level_units -= need_units;
         self.delta_tokens += amount.min(LIMIT_MAX) as i64;
@@ -137,6 +185,7 @@ impl Bucket {
     pub fn refund(&mut self, amount: u64) {
         let amount_units = units(amount);
         self.level_units = (self.level_units + amount_units).min(self.capacity_units);
+        self.round.refund(amount_units);
         self.delta_tokens -= amount.min(LIMIT_MAX) as i64;
     }
 
@@ -153,8 +202,14 @@ impl Bucket {
 
     /// Subtract usage other routers admitted (the sync round, seed `run-several-routers.md`,
     /// "How it works", step 2). Not counted in this router's delta.
-    pub fn apply_remote(&mut self, now: Millis, amount: u64) {
-        self.refill(now);
+    ///
+    /// `age_ms`: how long ago the usage was admitted (held back while the store was unreachable,
+    /// or replayed at start-up). What the bucket has refilled since is not charged again (seed,
+    /// "Store back").
+    pub fn apply_remote(&mut self, now: Millis, amount: u64, age_ms: u64, share: Share) {
+        self.refill_shared(now, share);
+        let refilled = age_ms.saturating_mul(self.rate_per_minute) / UNITS_PER_TOKEN as u64;
+        let amount = amount.saturating_sub(refilled);
         self.level_units = (self.level_units - units(amount)).max(-self.capacity_units);
     }
 
@@ -291,8 +346,8 @@ mod tests {
             }
             let delta_a = router_a.take_delta();
             let delta_b = router_b.take_delta();
-            router_a.apply_remote(now, delta_b);
-            router_b.apply_remote(now, delta_a);
+            router_a.apply_remote(now, delta_b, 0, Share::Whole);
+            router_b.apply_remote(now, delta_a, 0, Share::Whole);
         }
         // Allowed over 120 s: one burst plus the refill, plus what one round can overshoot (each
         // router spends the same last-known level once before it hears of the other).
@@ -305,7 +360,7 @@ mod tests {
     #[test]
     fn remote_usage_drains_local_bucket() {
         let mut bucket = Bucket::new(at(0), 60, 60);
-        bucket.apply_remote(at(0), 60);
+        bucket.apply_remote(at(0), 60, 0, Share::Whole);
         assert!(bucket.try_take(at(0), 1).is_err());
         assert_eq!(bucket.take_delta(), 0);
         bucket.try_take(at(1), 1).unwrap();

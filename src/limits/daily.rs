@@ -23,6 +23,7 @@
 //! [`DailyBudget::restore`]. A restored total counts as already reported (the disk holds it) and
 //! is not usage to publish to other routers: it was published before the restart.
 
+use super::share::{RoundAllowance, Share};
 use super::{Day, LIMIT_MAX};
 
 #[derive(Debug, Clone)]
@@ -39,6 +40,9 @@ pub struct DailyBudget {
     /// The `(day, local total)` last handed out by `take_changed_total` or restored: what the
     /// disk database holds for this budget. Starts at `(day, 0)`, as no record means zero.
     reported: (Day, u64),
+    /// This round's part of what is left, while the routers of a site share the budget (input
+    /// only: output is never refused by a share).
+    round: RoundAllowance,
 }
 
 /// What a daily admission charged: the estimated input, on `day`.
@@ -78,6 +82,7 @@ impl DailyBudget {
             local_tokens: 0,
             delta_tokens: 0,
             reported: (day, 0),
+            round: RoundAllowance::NONE,
         }
     }
 
@@ -94,6 +99,7 @@ impl DailyBudget {
             self.local_tokens = 0;
             // Yesterday's unpublished usage no longer limits anyone.
             self.delta_tokens = 0;
+            self.round.reset();
         }
     }
 
@@ -130,11 +136,15 @@ impl DailyBudget {
 
     /// Admit a request whose worst case is `input_tokens + max_output_tokens`; charge the input.
     /// Refuses when the day's budget is spent, even for a request estimated at zero tokens.
+    ///
+    /// `share`: with other routers, the input estimate must also fit this router's part of what
+    /// is left (`limits::share`); the declared output is checked against the whole budget only.
     pub fn admit(
         &mut self,
         day: Day,
         input_tokens: u64,
         max_output_tokens: Option<u64>,
+        share: Share,
     ) -> Result<DailyAdmission, DailyShortfall> {
         self.roll(day);
         let input_tokens = input_tokens.min(LIMIT_MAX);
@@ -146,6 +156,22 @@ impl DailyBudget {
                 remaining,
                 because_of_max_output: max_output_tokens > 0 && input_tokens <= remaining,
             });
+        }
+        let ours = remaining.saturating_sub(share.daily_reserve(self.tokens_per_day));
+        let refused = |remaining| DailyShortfall {
+            limit: self.tokens_per_day,
+            remaining,
+            because_of_max_output: false,
+        };
+        if ours == 0 || input_tokens > ours {
+            return Err(refused(ours));
+        }
+        if let Some(split) = share.daily_round() {
+            let need = input_tokens as i64;
+            if let Err(left) = self.round.check(split, ours as i64, need) {
+                return Err(refused(left as u64));
+            }
+            self.round.take(need);
         }
         self.charge(input_tokens);
         Ok(DailyAdmission {
@@ -159,6 +185,7 @@ impl DailyBudget {
     pub fn refund(&mut self, admission: DailyAdmission) {
         if admission.day == self.day {
             self.uncharge(admission.input_tokens);
+            self.round.refund(admission.input_tokens as i64);
         }
     }
 
@@ -215,6 +242,17 @@ impl DailyBudget {
         self.roll(day);
         if day == self.day {
             self.used_tokens = self.used_tokens.saturating_add(tokens.min(LIMIT_MAX));
+        }
+    }
+
+    /// What the other routers of the site charged on `day` in all, read from the store (seed
+    /// `run-several-routers.md`, "How it works": a budget's total is the sum of the routers'
+    /// running totals). Replaces what was known of them, so reading twice counts nothing twice;
+    /// usage published after the read is added with [`DailyBudget::apply_remote`].
+    pub fn set_others_total(&mut self, day: Day, tokens: u64) {
+        self.roll(day);
+        if day == self.day {
+            self.used_tokens = self.local_tokens.saturating_add(tokens.min(LIMIT_MAX));
         }
     }
 
@@ -280,34 +318,34 @@ mod tests {
     #[test]
     fn worst_case_must_fit_but_only_input_is_charged() {
         let mut budget = DailyBudget::new(MONDAY, 1000);
-        let admission = budget.admit(MONDAY, 300, Some(700)).unwrap();
+        let admission = budget.admit(MONDAY, 300, Some(700), Share::Whole).unwrap();
         assert_eq!(admission.input_tokens, 300);
         assert_eq!(budget.remaining(MONDAY), 700);
-        let refused = budget.admit(MONDAY, 300, Some(500)).unwrap_err();
+        let refused = budget.admit(MONDAY, 300, Some(500), Share::Whole).unwrap_err();
         assert_eq!(refused.remaining, 700);
         assert!(refused.because_of_max_output);
-        let refused = budget.admit(MONDAY, 800, None).unwrap_err();
+        let refused = budget.admit(MONDAY, 800, None, Share::Whole).unwrap_err();
         assert!(!refused.because_of_max_output);
     }
 
     #[test]
     fn exactly_at_the_limit_and_spent() {
         let mut budget = DailyBudget::new(MONDAY, 1000);
-        budget.admit(MONDAY, 600, Some(400)).unwrap();
-        budget.admit(MONDAY, 400, None).unwrap();
+        budget.admit(MONDAY, 600, Some(400), Share::Whole).unwrap();
+        budget.admit(MONDAY, 400, None, Share::Whole).unwrap();
         assert_eq!(budget.remaining(MONDAY), 0);
-        let refused = budget.admit(MONDAY, 0, None).unwrap_err();
+        let refused = budget.admit(MONDAY, 0, None, Share::Whole).unwrap_err();
         assert_eq!((refused.limit, refused.remaining), (1000, 0));
     }
 
     #[test]
     fn true_up_adds_or_refunds_and_output_is_deducted() {
         let mut budget = DailyBudget::new(MONDAY, 10_000);
-        let admission = budget.admit(MONDAY, 500, None).unwrap();
+        let admission = budget.admit(MONDAY, 500, None, Share::Whole).unwrap();
         let settled = budget.settle(MONDAY, admission, 450, 200, false);
         assert_eq!(budget.used(MONDAY), 650);
         assert_eq!(settled.remaining, 9_350);
-        let admission = budget.admit(MONDAY, 500, None).unwrap();
+        let admission = budget.admit(MONDAY, 500, None, Share::Whole).unwrap();
         budget.settle(MONDAY, admission, 700, 0, false);
         assert_eq!(budget.used(MONDAY), 1_350);
     }
@@ -315,7 +353,7 @@ mod tests {
     #[test]
     fn buffered_output_that_does_not_fit_is_refused_not_charged() {
         let mut budget = DailyBudget::new(MONDAY, 1000);
-        let admission = budget.admit(MONDAY, 900, None).unwrap();
+        let admission = budget.admit(MONDAY, 900, None, Share::Whole).unwrap();
         let settled = budget.settle(MONDAY, admission, 900, 200, true);
         assert!(!settled.output_fit);
         assert_eq!(settled.output_tokens_charged, 0);
@@ -327,32 +365,32 @@ mod tests {
     #[test]
     fn streamed_output_past_the_budget_is_still_charged() {
         let mut budget = DailyBudget::new(MONDAY, 1000);
-        let admission = budget.admit(MONDAY, 900, None).unwrap();
+        let admission = budget.admit(MONDAY, 900, None, Share::Whole).unwrap();
         let settled = budget.settle(MONDAY, admission, 900, 200, false);
         assert!(!settled.output_fit);
         assert_eq!(settled.output_tokens_charged, 200);
         assert_eq!(budget.used(MONDAY), 1100);
         assert_eq!(budget.remaining(MONDAY), 0);
-        assert!(budget.admit(MONDAY, 1, None).is_err());
+        assert!(budget.admit(MONDAY, 1, None, Share::Whole).is_err());
     }
 
     #[test]
     fn resets_at_utc_midnight() {
         let mut budget = DailyBudget::new(MONDAY, 1000);
-        budget.admit(MONDAY, 1000, None).unwrap();
-        assert!(budget.admit(MONDAY, 1, None).is_err());
+        budget.admit(MONDAY, 1000, None, Share::Whole).unwrap();
+        assert!(budget.admit(MONDAY, 1, None, Share::Whole).is_err());
         assert!(!budget.is_idle(MONDAY));
         assert!(budget.is_idle(TUESDAY));
         assert_eq!(budget.remaining(TUESDAY), 1000);
-        budget.admit(TUESDAY, 1000, None).unwrap();
+        budget.admit(TUESDAY, 1000, None, Share::Whole).unwrap();
         // A clock stepping back does not reopen Monday.
-        assert!(budget.admit(MONDAY, 1, None).is_err());
+        assert!(budget.admit(MONDAY, 1, None, Share::Whole).is_err());
     }
 
     #[test]
     fn admitted_before_midnight_settled_after() {
         let mut budget = DailyBudget::new(MONDAY, 1000);
-        let admission = budget.admit(MONDAY, 400, None).unwrap();
+        let admission = budget.admit(MONDAY, 400, None, Share::Whole).unwrap();
         // Settles on Tuesday: Monday's input correction is dropped with Monday's total, the
         // output is charged to Tuesday, when it was delivered.
         let settled = budget.settle(TUESDAY, admission, 10, 300, false);
@@ -367,7 +405,7 @@ mod tests {
     #[test]
     fn refund_returns_the_input_charge() {
         let mut budget = DailyBudget::new(MONDAY, 1000);
-        let admission = budget.admit(MONDAY, 400, None).unwrap();
+        let admission = budget.admit(MONDAY, 400, None, Share::Whole).unwrap();
         budget.refund(admission);
         assert_eq!(budget.used(MONDAY), 0);
         assert_eq!(budget.take_delta(), (MONDAY, 0));
@@ -381,10 +419,10 @@ mod tests {
         for _round in 0..100 {
             for _ in 0..3 {
                 admitted += router_a
-                    .admit(MONDAY, 10, None)
+                    .admit(MONDAY, 10, None, Share::Whole)
                     .map_or(0, |a| a.input_tokens);
                 admitted += router_b
-                    .admit(MONDAY, 10, None)
+                    .admit(MONDAY, 10, None, Share::Whole)
                     .map_or(0, |a| a.input_tokens);
             }
             let (day_a, delta_a) = router_a.take_delta();
@@ -407,7 +445,7 @@ mod tests {
     fn changed_total_is_handed_out_once_per_change() {
         let mut budget = DailyBudget::new(MONDAY, 1000);
         assert_eq!(budget.take_changed_total(), None, "nothing charged yet");
-        let admission = budget.admit(MONDAY, 300, None).unwrap();
+        let admission = budget.admit(MONDAY, 300, None, Share::Whole).unwrap();
         assert_eq!(budget.take_changed_total(), Some((MONDAY, 300)));
         assert_eq!(budget.take_changed_total(), None);
         budget.settle(MONDAY, admission, 250, 100, false);
@@ -415,7 +453,7 @@ mod tests {
         assert_eq!(budget.take_delta(), (MONDAY, 350));
         assert_eq!(budget.take_changed_total(), Some((MONDAY, 350)));
         // A refund back to zero is a change too: the disk must not keep the old total.
-        let admission = budget.admit(MONDAY, 50, None).unwrap();
+        let admission = budget.admit(MONDAY, 50, None, Share::Whole).unwrap();
         budget.refund(admission);
         assert_eq!(
             budget.take_changed_total(),
@@ -423,7 +461,7 @@ mod tests {
             "back where it was reported"
         );
         let mut refunded = DailyBudget::new(MONDAY, 1000);
-        let admission = refunded.admit(MONDAY, 50, None).unwrap();
+        let admission = refunded.admit(MONDAY, 50, None, Share::Whole).unwrap();
         assert_eq!(refunded.take_changed_total(), Some((MONDAY, 50)));
         refunded.refund(admission);
         assert_eq!(refunded.take_changed_total(), Some((MONDAY, 0)));
@@ -432,15 +470,15 @@ mod tests {
     #[test]
     fn changed_total_across_midnight() {
         let mut budget = DailyBudget::new(MONDAY, 1000);
-        budget.admit(MONDAY, 400, None).unwrap();
+        budget.admit(MONDAY, 400, None, Share::Whole).unwrap();
         assert_eq!(budget.take_changed_total(), Some((MONDAY, 400)));
-        budget.admit(MONDAY, 100, None).unwrap();
+        budget.admit(MONDAY, 100, None, Share::Whole).unwrap();
         // Midnight passes before Monday's last change was handed out: Tuesday has nothing to
         // write until it is charged (Monday's final total is no longer needed by anyone).
         assert_eq!(budget.remaining(TUESDAY), 1000);
-        budget.admit(TUESDAY, 0, None).unwrap();
+        budget.admit(TUESDAY, 0, None, Share::Whole).unwrap();
         assert_eq!(budget.take_changed_total(), None);
-        budget.admit(TUESDAY, 70, None).unwrap();
+        budget.admit(TUESDAY, 70, None, Share::Whole).unwrap();
         assert_eq!(budget.take_changed_total(), Some((TUESDAY, 70)));
         assert_eq!(budget.take_changed_total(), None);
     }
@@ -462,10 +500,10 @@ mod tests {
             None,
             "the disk holds it already"
         );
-        budget.admit(MONDAY, 100, None).unwrap();
+        budget.admit(MONDAY, 100, None, Share::Whole).unwrap();
         assert_eq!(budget.take_changed_total(), Some((MONDAY, 700)));
         assert_eq!(budget.take_delta(), (MONDAY, 100));
-        let refused = budget.admit(MONDAY, 301, None).unwrap_err();
+        let refused = budget.admit(MONDAY, 301, None, Share::Whole).unwrap_err();
         assert_eq!(refused.remaining, 300);
     }
 
@@ -477,7 +515,7 @@ mod tests {
         assert_eq!(budget.take_changed_total(), None);
         // A total for a later day starts that day.
         let mut budget = DailyBudget::new(MONDAY, 1000);
-        budget.admit(MONDAY, 10, None).unwrap();
+        budget.admit(MONDAY, 10, None, Share::Whole).unwrap();
         budget.restore(TUESDAY, 600);
         assert_eq!(budget.used(TUESDAY), 600);
         assert_eq!(budget.take_changed_total(), None);
@@ -486,7 +524,7 @@ mod tests {
     #[test]
     fn reload_keeps_what_was_reported() {
         let mut budget = DailyBudget::new(MONDAY, 1000);
-        budget.admit(MONDAY, 100, None).unwrap();
+        budget.admit(MONDAY, 100, None, Share::Whole).unwrap();
         assert_eq!(budget.take_changed_total(), Some((MONDAY, 100)));
         let mut reloaded = DailyBudget::new(MONDAY, 2000);
         reloaded.inherit(&budget);
@@ -505,7 +543,7 @@ mod tests {
             let mut budget = DailyBudget::new(MONDAY, LIMIT_MAX);
             let mut exact_total = 0u64;
             for (estimate, exact_input, exact_output, max_output) in requests {
-                let admission = budget.admit(MONDAY, estimate, max_output).unwrap();
+                let admission = budget.admit(MONDAY, estimate, max_output, Share::Whole).unwrap();
                 budget.settle(MONDAY, admission, exact_input, exact_output, false);
                 exact_total += exact_input + exact_output;
             }
@@ -521,7 +559,7 @@ mod tests {
         ) {
             let mut budget = DailyBudget::new(MONDAY, limit);
             for estimate in estimates {
-                let _ = budget.admit(MONDAY, estimate, None);
+                let _ = budget.admit(MONDAY, estimate, None, Share::Whole);
                 prop_assert!(budget.used(MONDAY) <= limit);
             }
         }

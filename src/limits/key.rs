@@ -19,6 +19,7 @@
 
 use super::daily::DailyAdmission;
 use super::rate::RateDecision;
+use super::share::Share;
 use super::{
     BurstSeconds, DailyBudget, Day, LIMIT_MAX, LimitExceeded, LimitsConfigError, Millis,
     RejectionKind, RequestRate, TOKEN_RATE_MODELS_MAX, TokenRate,
@@ -406,10 +407,14 @@ impl KeyLimits {
     /// The request-per-minute check, run right after authentication for every endpoint (chat,
     /// messages, `count_tokens`, embeddings, reranking). Also refuses a model missing from
     /// `quota.per_model`.
+    ///
+    /// `share`: this router's part of the limit while the routers of a site share it
+    /// (`limits::share`; [`Share::Whole`] alone).
     pub fn admit_request(
         &mut self,
         now: Millis,
         model: &ModelContext,
+        share: Share,
     ) -> Result<RequestAdmission, LimitExceeded> {
         let (rate, scaled) = match &mut self.shape {
             Shape::Flat { requests, .. } => (requests.as_mut(), false),
@@ -427,9 +432,9 @@ impl KeyLimits {
             });
         };
         let decision = if scaled {
-            rate.admit_scaled(now, model.healthy_replicas)
+            rate.admit_scaled(now, model.healthy_replicas, share)
         } else {
-            rate.admit(now)
+            rate.admit(now, share)
                 .map(|remaining| RateDecision::Taken { remaining })
         };
         match decision {
@@ -494,13 +499,15 @@ impl KeyLimits {
     }
 
     /// B4's output-rate state and input tokens per minute (serverless models only), then the
-    /// daily token admission. On refusal nothing stays charged.
+    /// daily token admission. On refusal nothing stays charged. `share` as for
+    /// [`KeyLimits::admit_request`]; it limits the input side only.
     pub fn admit_tokens(
         &mut self,
         now: Millis,
         day: Day,
         model: &ModelContext,
         estimate: Estimate,
+        share: Share,
     ) -> Result<Admission, LimitExceeded> {
         if !self.covers(model.model) {
             return Err(not_in_quota(model.model));
@@ -524,7 +531,7 @@ impl KeyLimits {
             }
             if let Some(input) = rates.input.as_mut() {
                 input
-                    .take(now, estimate.input_tokens)
+                    .take(now, estimate.input_tokens, share)
                     .map_err(|shortfall| {
                         LimitExceeded::from_shortfall(
                             RejectionKind::InputTokenRate,
@@ -538,7 +545,12 @@ impl KeyLimits {
         let (daily, remaining_tokens) = match self.daily_mut(model.model) {
             None => (None, None),
             Some(budget) => {
-                match budget.admit(day, estimate.input_tokens, estimate.max_output_tokens) {
+                match budget.admit(
+                    day,
+                    estimate.input_tokens,
+                    estimate.max_output_tokens,
+                    share,
+                ) {
                     Ok(admission) => (Some(admission), Some(budget.remaining(day))),
                     Err(shortfall) => {
                         if let Some(index) = rates_index
@@ -569,9 +581,10 @@ impl KeyLimits {
         day: Day,
         model: &ModelContext,
         estimate: Estimate,
+        share: Share,
     ) -> Result<Admission, LimitExceeded> {
-        let request = self.admit_request(now, model)?;
-        match self.admit_tokens(now, day, model, estimate) {
+        let request = self.admit_request(now, model, share)?;
+        match self.admit_tokens(now, day, model, estimate, share) {
             Ok(mut admission) => {
                 admission.remaining_requests = request.remaining_requests;
                 Ok(admission)
@@ -768,10 +781,36 @@ impl KeyLimits {
         }
     }
 
+    /// Whether the key has a daily budget for `model` (the flat one, or the model's own).
+    pub fn has_daily(&mut self, model: ModelId) -> bool {
+        self.daily_mut(model).is_some()
+    }
+
+    /// Set what the other routers charged one daily budget (see
+    /// [`DailyBudget::set_others_total`]). False when the key has no such budget.
+    pub fn set_others_daily(&mut self, model: Option<ModelId>, day: Day, tokens: u64) -> bool {
+        match self.daily_bucket_mut(model) {
+            Some(budget) => {
+                budget.set_others_total(day, tokens);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Subtract usage another router published for one of this key's buckets (seed
     /// `run-several-routers.md`, "How it works", step 2). Usage for a bucket this key does not
     /// have (its configuration differs, or the model is unlisted) is ignored.
-    pub fn apply_remote(&mut self, now: Millis, bucket: BucketRef, amount: u64) {
+    ///
+    /// `age_ms`: how long ago the other router admitted it (see [`super::Bucket::apply_remote`]).
+    pub fn apply_remote(
+        &mut self,
+        now: Millis,
+        bucket: BucketRef,
+        amount: u64,
+        age_ms: u64,
+        share: Share,
+    ) {
         match bucket {
             BucketRef::Requests { model } => {
                 let rate = match model {
@@ -784,7 +823,7 @@ impl KeyLimits {
                         .and_then(|limits| limits.requests.as_mut()),
                 };
                 if let Some(rate) = rate {
-                    rate.apply_remote(now, amount);
+                    rate.apply_remote(now, amount, age_ms, share);
                 }
             }
             BucketRef::Daily { model, day } => {
@@ -801,7 +840,7 @@ impl KeyLimits {
                         rates.output.as_mut()
                     };
                     if let Some(rate) = rate {
-                        rate.apply_remote(now, amount);
+                        rate.apply_remote(now, amount, age_ms, share);
                     }
                 }
             }

@@ -47,6 +47,7 @@ pub mod bucket;
 mod daily;
 mod key;
 mod rate;
+pub mod share;
 
 pub use bucket::{Bucket, Shortfall};
 pub use daily::{DailyAdmission, DailyBudget, DailySettlement, DailyShortfall};
@@ -55,6 +56,7 @@ pub use key::{
     ModelQuota, RequestAdmission, Settlement, UsedTokens,
 };
 pub use rate::{BurstSeconds, BurstSecondsError, RateDecision, RequestRate, TokenRate};
+pub use share::Share;
 
 use crate::ids::ModelId;
 

@@ -1,6 +1,7 @@
 //! Request-rate (RPM) and token-rate (ITPM, OTPM) limits: what each charges and when, on top of
 //! [`Bucket`].
 
+use super::share::Share;
 use super::bucket::{Bucket, Shortfall};
 use super::{LIMIT_MAX, Millis};
 
@@ -105,9 +106,9 @@ impl RequestRate {
         self.bucket.remaining(now)
     }
 
-    /// Take one request.
-    pub fn admit(&mut self, now: Millis) -> Result<u64, Shortfall> {
-        self.bucket.try_take(now, 1)?;
+    /// Take one request, within this router's `share` of the limit.
+    pub fn admit(&mut self, now: Millis, share: Share) -> Result<u64, Shortfall> {
+        self.bucket.try_take_shared(now, 1, share)?;
         Ok(self.bucket.remaining(now))
     }
 
@@ -135,12 +136,13 @@ impl RequestRate {
         &mut self,
         now: Millis,
         healthy_replicas: u32,
+        share: Share,
     ) -> Result<RateDecision, Shortfall> {
         if healthy_replicas == 0 {
             return Ok(RateDecision::Skipped);
         }
         self.rescale(now, healthy_replicas);
-        let remaining = self.admit(now)?;
+        let remaining = self.admit(now, share)?;
         Ok(RateDecision::Taken { remaining })
     }
 
@@ -152,8 +154,9 @@ impl RequestRate {
         self.bucket.take_delta()
     }
 
-    pub fn apply_remote(&mut self, now: Millis, requests: u64) {
-        self.bucket.apply_remote(now, requests)
+    /// Another router's usage (see [`Bucket::apply_remote`]).
+    pub fn apply_remote(&mut self, now: Millis, requests: u64, age_ms: u64, share: Share) {
+        self.bucket.apply_remote(now, requests, age_ms, share)
     }
 }
 
@@ -189,8 +192,8 @@ impl TokenRate {
         self.bucket.inherit(now, &previous.bucket);
     }
 
-    pub fn take(&mut self, now: Millis, tokens: u64) -> Result<(), Shortfall> {
-        self.bucket.try_take(now, tokens)
+    pub fn take(&mut self, now: Millis, tokens: u64, share: Share) -> Result<(), Shortfall> {
+        self.bucket.try_take_shared(now, tokens, share)
     }
 
     pub fn refund(&mut self, tokens: u64) {
@@ -215,8 +218,9 @@ impl TokenRate {
         self.bucket.take_delta()
     }
 
-    pub fn apply_remote(&mut self, now: Millis, tokens: u64) {
-        self.bucket.apply_remote(now, tokens)
+    /// Another router's usage (see [`Bucket::apply_remote`]).
+    pub fn apply_remote(&mut self, now: Millis, tokens: u64, age_ms: u64, share: Share) {
+        self.bucket.apply_remote(now, tokens, age_ms, share)
     }
 }
 
@@ -262,51 +266,51 @@ mod tests {
     fn burst_limits_initial_requests_but_not_the_rate() {
         let now = Millis(0);
         let mut rate = RequestRate::flat(now, 120, BurstSeconds::new(1).unwrap());
-        rate.admit(now).unwrap();
-        rate.admit(now).unwrap();
-        assert!(rate.admit(now).is_err());
+        rate.admit(now, Share::Whole).unwrap();
+        rate.admit(now, Share::Whole).unwrap();
+        assert!(rate.admit(now, Share::Whole).is_err());
         // 120/min = one every 500 ms.
-        rate.admit(Millis(500)).unwrap();
-        assert!(rate.admit(Millis(500)).is_err());
+        rate.admit(Millis(500), Share::Whole).unwrap();
+        assert!(rate.admit(Millis(500), Share::Whole).is_err());
     }
 
     #[test]
     fn exactly_at_the_limit() {
         let now = Millis(0);
         let mut rate = RequestRate::flat(now, 3, BurstSeconds::FULL_MINUTE);
-        assert_eq!(rate.admit(now), Ok(2));
-        assert_eq!(rate.admit(now), Ok(1));
-        assert_eq!(rate.admit(now), Ok(0));
-        let shortfall = rate.admit(now).unwrap_err();
+        assert_eq!(rate.admit(now, Share::Whole), Ok(2));
+        assert_eq!(rate.admit(now, Share::Whole), Ok(1));
+        assert_eq!(rate.admit(now, Share::Whole), Ok(0));
+        let shortfall = rate.admit(now, Share::Whole).unwrap_err();
         assert_eq!((shortfall.limit, shortfall.remaining), (3, 0));
         assert_eq!(shortfall.reset_seconds, Some(20));
         // After exactly 60 s, the full minute is back.
         let later = Millis::from_seconds(60);
-        assert_eq!(rate.admit(later), Ok(2));
+        assert_eq!(rate.admit(later, Share::Whole), Ok(2));
     }
 
     #[test]
     fn per_replica_rpm_scales_and_skips_without_replicas() {
         let now = Millis(0);
         let mut rate = RequestRate::per_replica(now, 10, BurstSeconds::FULL_MINUTE);
-        assert_eq!(rate.admit_scaled(now, 0), Ok(RateDecision::Skipped));
+        assert_eq!(rate.admit_scaled(now, 0, Share::Whole), Ok(RateDecision::Skipped));
         for _ in 0..30 {
             assert!(matches!(
-                rate.admit_scaled(now, 3),
+                rate.admit_scaled(now, 3, Share::Whole),
                 Ok(RateDecision::Taken { .. })
             ));
         }
         assert_eq!(rate.limit(), 30);
-        let shortfall = rate.admit_scaled(now, 3).unwrap_err();
+        let shortfall = rate.admit_scaled(now, 3, Share::Whole).unwrap_err();
         assert_eq!(shortfall.limit, 30);
         // Scaling to five replicas does not hand out the difference to a bucket in use.
-        assert!(rate.admit_scaled(now, 5).is_err());
+        assert!(rate.admit_scaled(now, 5, Share::Whole).is_err());
         // The burst-seconds rule applies to the replica-scaled rate.
         let mut short = RequestRate::per_replica(now, 10, BurstSeconds::new(30).unwrap());
         for _ in 0..15 {
-            short.admit_scaled(now, 3).unwrap();
+            short.admit_scaled(now, 3, Share::Whole).unwrap();
         }
-        assert!(short.admit_scaled(now, 3).is_err());
+        assert!(short.admit_scaled(now, 3, Share::Whole).is_err());
     }
 
     #[test]
@@ -339,10 +343,10 @@ mod tests {
     fn input_rate_takes_the_estimate() {
         let now = Millis(0);
         let mut input = TokenRate::new(now, 1000);
-        input.take(now, 600).unwrap();
-        let shortfall = input.take(now, 600).unwrap_err();
+        input.take(now, 600, Share::Whole).unwrap();
+        let shortfall = input.take(now, 600, Share::Whole).unwrap_err();
         assert_eq!(shortfall.remaining, 400);
         assert_eq!(shortfall.reset_seconds, Some(12));
-        input.take(Millis::from_seconds(12), 600).unwrap();
+        input.take(Millis::from_seconds(12), 600, Share::Whole).unwrap();
     }
 }

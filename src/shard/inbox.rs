@@ -105,6 +105,33 @@ impl Shard {
                     self.owner.borrow_mut().quotas.requeue_daily_totals(totals);
                 }
             }
+            ControlToShard::TakeUsage(reply) => {
+                let mut report = crate::shard::messages::ShardUsage::default();
+                {
+                    let mut owner = self.owner.borrow_mut();
+                    owner.take_usage(&mut report.usage);
+                    report.daily = owner.quotas.take_changed_daily_totals();
+                }
+                if let Err(report) = reply.send(report) {
+                    // The sync core stopped waiting: the totals go out next round; the usage,
+                    // already taken from the buckets, is lost to the other routers (it still
+                    // counts here).
+                    self.owner
+                        .borrow_mut()
+                        .quotas
+                        .requeue_daily_totals(report.daily);
+                }
+            }
+            ControlToShard::ApplyRemote(remote) => {
+                let now = crate::clock::now();
+                let day = crate::clock::utc_today();
+                self.owner.borrow_mut().apply_remote(now, day, &remote);
+            }
+            ControlToShard::Share(share) => self.owner.borrow_mut().quotas.set_share(share),
+            ControlToShard::DailyTotals(restore) => self.owner.borrow_mut().restore_daily(restore),
+            ControlToShard::ShareThroughStore(day) => {
+                self.owner.borrow_mut().quotas.share_through_store(day)
+            }
             ControlToShard::Drain => {
                 tracing::info!(shard = self.id, "draining: no new connections or requests");
                 self.lifecycle.drain();

@@ -65,6 +65,27 @@ pub enum ControlToShard {
     /// totals of this shard's quota holders that changed since the last report. Answered from
     /// the inbox; a report the control core no longer waits for is kept for the next one.
     ReportDaily(tokio::sync::oneshot::Sender<Vec<crate::shard::owner::quotas::DailyTotal>>),
+    /// The sync round (`--sync-store valkey`), step 1: the usage this shard's quota holders
+    /// admitted since the last round and the daily totals that changed. Answered from the inbox.
+    TakeUsage(tokio::sync::oneshot::Sender<ShardUsage>),
+    /// The sync round, step 2: usage other routers published. Broadcast; each shard applies the
+    /// tenants it owns.
+    ApplyRemote(Arc<crate::shard::owner::quotas::RemoteUsage>),
+    /// This router's part of every limit from now on (`limits::share`), each round.
+    Share(crate::limits::Share),
+    /// Today's daily totals from the shared store, for the tenants this shard owns: this
+    /// router's own (at start-up) and the other routers' (replacing what was known of them).
+    DailyTotals(crate::shard::owner::quotas::DailyRestore),
+    /// The routers share limits through a store: refuse keys with a daily budget until
+    /// `DailyTotals` arrives (sent once, before the shard serves).
+    ShareThroughStore(crate::limits::Day),
+}
+
+/// A shard's answer to [`ControlToShard::TakeUsage`].
+#[derive(Debug, Default)]
+pub struct ShardUsage {
+    pub usage: Vec<crate::shard::owner::quotas::BucketUsage>,
+    pub daily: Vec<crate::shard::owner::quotas::DailyTotal>,
 }
 
 /// A shard's answer to [`ControlToShard::Report`].

@@ -313,7 +313,7 @@ impl Shard {
     /// turns on reporting changed totals (`HIVENET_ROUTER_QUOTA_BACKEND=badger`). Call before the
     /// shard accepts connections.
     pub fn restore_daily(&self, restore: crate::shard::owner::quotas::DailyRestore) {
-        self.owner.borrow_mut().quotas.restore(restore);
+        self.owner.borrow_mut().restore_daily(restore);
     }
 
     /// The next ticket of this shard: names one visit (and what it holds at the owner).

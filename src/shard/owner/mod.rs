@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use crate::admission::Reason;
 use crate::auth::keys::KeyRegistry;
-use crate::clock::{Clock, Millis};
+use crate::clock::{Clock, Day, Millis};
 use crate::hold::{ClientId, HoldLimits};
 use crate::ids::{AgentId, Generation, KeyId, ModelId, TenantId, Ticket};
 use crate::limits::{BurstSeconds, Delivery, ModelContext, Settlement, UsedTokens};
@@ -274,6 +274,36 @@ impl Owner {
             keys,
             snapshot: RoutingSnapshot::empty(),
         }
+    }
+
+    /// The sync round, step 1: the usage this shard's quota holders admitted since the last call.
+    pub fn take_usage(&mut self, out: &mut Vec<quotas::BucketUsage>) {
+        self.quotas.take_usage(&self.keys, out);
+    }
+
+    /// The sync round, step 2: subtract what other routers admitted from the holders this shard
+    /// owns (usage of other shards' tenants is skipped).
+    pub fn apply_remote(&mut self, now: Millis, day: Day, remote: &quotas::RemoteUsage) {
+        for batch in &remote.batches {
+            for usage in &batch.usage {
+                if usage.tenant.owner(self.shards) == self.shard {
+                    self.quotas.apply_remote(
+                        now,
+                        day,
+                        &self.keys,
+                        &self.snapshot,
+                        usage,
+                        batch.age_ms,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Daily totals read back at start-up (disk database) or from the shared store (see
+    /// [`Quotas::restore`]).
+    pub fn restore_daily(&mut self, restore: quotas::DailyRestore) {
+        self.quotas.restore(&self.snapshot, restore);
     }
 
     /// Answers a visit for `ticket` now, or `None` when the ticket waits (parked, queued, held)

@@ -37,7 +37,7 @@ use crate::auth::keys::{KeyRecord, KeyRegistry};
 use crate::ids::{Capability, KeyId, ModelId, TenantId};
 use crate::limits::{
     Admission, BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota,
-    LimitExceeded, Millis, ModelContext, ModelQuota, UsedTokens,
+    LimitExceeded, Millis, ModelContext, ModelQuota, RejectionKind, Share, UsedTokens,
 };
 use crate::snapshot::{ModelKey, RoutingSnapshot};
 
@@ -169,18 +169,28 @@ pub struct Quotas {
     holders: HashMap<TenantId, Holder>,
     /// Per key: B4 token-per-minute buckets (flat quotas with ITPM or OTPM only).
     token_rates: HashMap<KeyId, Holder>,
-    /// `None` with the `memory` quota backend: nothing is restored or reported.
+    /// `None` with the `memory` quota backend and no sync store: nothing is restored or
+    /// reported.
     persistence: Option<Persistence>,
+    /// This router's part of every limit (`limits::share`), set by the sync core each round.
+    share: Share,
+    /// False while the routers share limits and today's totals have not been read from the store
+    /// yet: a key with a daily budget is refused (`429 token_limit_exceeded`) rather than handed a
+    /// fresh budget (seed `run-several-routers.md`, "When the store is unreachable").
+    daily_known: bool,
 }
 
 /// One daily total as the disk database keeps it: the tokens this router charged one holder's
-/// flat budget (`model: None`) or per-model budget on one UTC day.
+/// flat budget (`model: None`) or per-model budget on one UTC day. From the shared store, also
+/// what the other routers charged it together (`others`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DailyRecord {
     pub tenant: TenantId,
     pub model: Option<ModelKey>,
     pub day: Day,
     pub tokens: u64,
+    /// The total of the other routers of the site, not this router's own.
+    pub others: bool,
 }
 
 /// A daily total that changed, as a shard reports it. Model ids are this process's; the control
@@ -203,8 +213,8 @@ pub struct DailyRestore {
 struct Persistence {
     /// The UTC day the restored totals belong to.
     day: Day,
-    /// Restored totals not yet applied to a holder, by tenant.
-    restored: HashMap<TenantId, Vec<(Option<ModelKey>, u64)>>,
+    /// Restored totals not yet applied to a holder, by tenant: (model, tokens, others').
+    restored: HashMap<TenantId, Vec<(Option<ModelKey>, u64, bool)>>,
     /// Changed totals of holders [`Quotas::cleanup`] dropped before they were reported.
     unreported: Vec<DailyTotal>,
 }
@@ -229,7 +239,7 @@ impl Persistence {
         let Some(waiting) = self.restored.get_mut(&tenant) else {
             return;
         };
-        waiting.retain(|(model, tokens)| {
+        waiting.retain(|(model, tokens, others)| {
             let model = match model {
                 None => None,
                 Some(key) => match snapshot.lookup(&key.name, key.capability) {
@@ -237,7 +247,12 @@ impl Persistence {
                     None => return true,
                 },
             };
-            !limits.restore_daily(model, day, *tokens)
+            let applied = if *others {
+                limits.set_others_daily(model, day, *tokens)
+            } else {
+                limits.restore_daily(model, day, *tokens)
+            };
+            !applied
         });
         if waiting.is_empty() {
             self.restored.remove(&tenant);
@@ -271,26 +286,65 @@ impl Quotas {
             holders: HashMap::new(),
             token_rates: HashMap::new(),
             persistence: None,
+            share: Share::Whole,
+            daily_known: true,
+        }
+    }
+
+    /// This router's part of every limit from now on (the sync core, each round).
+    pub fn set_share(&mut self, share: Share) {
+        self.share = share;
+    }
+
+    pub fn share(&self) -> Share {
+        self.share
+    }
+
+    /// The routers share limits through a store: report daily totals, and refuse keys with a
+    /// daily budget until today's totals are read ([`Quotas::restore`]).
+    pub fn share_through_store(&mut self, day: Day) {
+        self.daily_known = false;
+        if self.persistence.is_none() {
+            self.persistence = Some(Persistence {
+                day,
+                restored: HashMap::new(),
+                unreported: Vec::new(),
+            });
         }
     }
 
     /// Turns persistence on with the totals the disk database holds for `restore.day` (records of
     /// another day are ignored). Call before the first admission.
-    pub fn restore(&mut self, restore: DailyRestore) {
-        let mut restored: HashMap<TenantId, Vec<(Option<ModelKey>, u64)>> = HashMap::new();
+    /// From the shared store, the other routers' totals (`others`) replace what is known of
+    /// them, so reading them again counts nothing twice; this router's own totals are added once,
+    /// at start-up. Either way the key's daily budgets are known from then on.
+    pub fn restore(&mut self, snapshot: &RoutingSnapshot, restore: DailyRestore) {
+        self.daily_known = true;
+        let unreported = self
+            .persistence
+            .take()
+            .map(|persistence| persistence.unreported)
+            .unwrap_or_default();
+        let mut restored: HashMap<TenantId, Vec<(Option<ModelKey>, u64, bool)>> = HashMap::new();
         for record in restore.records {
-            if record.day == restore.day && record.tokens > 0 {
-                restored
-                    .entry(record.tenant)
-                    .or_default()
-                    .push((record.model, record.tokens));
+            if record.day == restore.day && (record.tokens > 0 || record.others) {
+                restored.entry(record.tenant).or_default().push((
+                    record.model,
+                    record.tokens,
+                    record.others,
+                ));
             }
         }
         self.persistence = Some(Persistence {
             day: restore.day,
             restored,
-            unreported: Vec::new(),
+            unreported,
         });
+        // Holders built before this read take their totals now (a re-read after a gap).
+        let persistence = self.persistence.as_mut().expect("set above");
+        for (tenant, holder) in &mut self.holders {
+            persistence.apply(restore.day, snapshot, *tenant, &mut holder.limits);
+        }
     }
 
     /// Restored totals still waiting for their holder (for tests and logs).
@@ -358,16 +412,23 @@ impl Quotas {
         if !self.build(now, day, registry, snapshot, record) {
             return Ok(Admitted::default());
         }
+        let share = self.share;
         let owner = self
             .holders
             .get_mut(&record.tenant_id)
             .expect("built above");
+        if !self.daily_known
+            && !matches!(charge, Charge::RequestsOnly)
+            && owner.limits.has_daily(model.model)
+        {
+            return Err(daily_unknown(model.model));
+        }
         let rates = self.token_rates.get_mut(&key);
         match charge {
             Charge::RequestsOnly => {
                 owner
                     .limits
-                    .admit_request(now, model)
+                    .admit_request(now, model, share)
                     .map(|request| Admitted {
                         admission: None,
                         remaining_requests: request.remaining_requests,
@@ -375,7 +436,7 @@ impl Quotas {
                     })
             }
             Charge::TokensOnly(estimate) => {
-                admit_tokens(now, day, key, owner, rates, model, estimate).map(|admission| {
+                admit_tokens(now, day, key, owner, rates, model, estimate, share).map(|admission| {
                     Admitted {
                         remaining_requests: None,
                         remaining_tokens: admission.owner.remaining_tokens,
@@ -386,8 +447,8 @@ impl Quotas {
             Charge::RequestsAndTokens(estimate) => {
                 // Both phases with nothing in between; a refused token phase keeps the RPM unit
                 // (`limits::KeyLimits::admit`).
-                let request = owner.limits.admit_request(now, model)?;
-                match admit_tokens(now, day, key, owner, rates, model, estimate) {
+                let request = owner.limits.admit_request(now, model, share)?;
+                match admit_tokens(now, day, key, owner, rates, model, estimate, share) {
                     Ok(admission) => Ok(Admitted {
                         remaining_requests: request.remaining_requests,
                         remaining_tokens: admission.owner.remaining_tokens,
@@ -555,8 +616,22 @@ impl Quotas {
     }
 }
 
+/// A key with a daily budget while today's total cannot be read: refused at once.
+fn daily_unknown(model: ModelId) -> LimitExceeded {
+    LimitExceeded {
+        kind: RejectionKind::DailyTokens,
+        model,
+        limit: 0,
+        remaining: 0,
+        reset_seconds: None,
+        retry_after_seconds: None,
+        remaining_requests: None,
+    }
+}
+
 /// The token phase across both holders, in the seed's order: the key's B4 output-rate state and
 /// input tokens per minute, then the owner's daily budget. A refusal leaves both as they were.
+#[allow(clippy::too_many_arguments)]
 fn admit_tokens(
     now: Millis,
     day: Day,
@@ -565,15 +640,18 @@ fn admit_tokens(
     rates: Option<&mut Holder>,
     model: &ModelContext,
     estimate: Estimate,
+    share: Share,
 ) -> Result<QuotaAdmission, LimitExceeded> {
     let (rates, rates_admission) = match rates {
         Some(holder) => {
-            let admission = holder.limits.admit_tokens(now, day, model, estimate)?;
+            let admission = holder
+                .limits
+                .admit_tokens(now, day, model, estimate, share)?;
             (Some(holder), Some(admission))
         }
         None => (None, None),
     };
-    match owner.limits.admit_tokens(now, day, model, estimate) {
+    match owner.limits.admit_tokens(now, day, model, estimate, share) {
         Ok(owner) => Ok(QuotaAdmission {
             key,
             owner,
@@ -602,6 +680,9 @@ pub enum Release {
         admission: QuotaAdmission,
     },
 }
+
+mod shared;
+pub use shared::{BucketUsage, RemoteBatch, RemoteUsage};
 
 #[cfg(test)]
 mod tests;

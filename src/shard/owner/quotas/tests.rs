@@ -143,7 +143,7 @@ fn flat_total_is_restored_when_the_holder_is_built() {
     let acme = key(&registry, "sk-flat").tenant_id;
     let snapshot = snapshot(1, &["chat"]);
     let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
-    quotas.restore(DailyRestore {
+    quotas.restore(&RoutingSnapshot::default(), DailyRestore {
         day: MONDAY,
         records: vec![
             DailyRecord {
@@ -151,6 +151,7 @@ fn flat_total_is_restored_when_the_holder_is_built() {
                 model: None,
                 day: MONDAY,
                 tokens: 600,
+                others: false,
             },
             // Another day's record is not restored.
             DailyRecord {
@@ -158,6 +159,7 @@ fn flat_total_is_restored_when_the_holder_is_built() {
                 model: None,
                 day: Day(MONDAY.0 - 1),
                 tokens: 999,
+                others: false,
             },
         ],
     });
@@ -187,7 +189,7 @@ fn per_model_total_waits_for_its_model_to_be_served() {
     let registry = registry();
     let globex = key(&registry, "sk-permodel").tenant_id;
     let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
-    quotas.restore(DailyRestore {
+    quotas.restore(&RoutingSnapshot::default(), DailyRestore {
         day: MONDAY,
         records: vec![
             DailyRecord {
@@ -195,12 +197,14 @@ fn per_model_total_waits_for_its_model_to_be_served() {
                 model: llm("chat"),
                 day: MONDAY,
                 tokens: 450,
+                others: false,
             },
             DailyRecord {
                 tenant: globex,
                 model: llm("embed"),
                 day: MONDAY,
                 tokens: 100,
+                others: false,
             },
         ],
     });
@@ -242,13 +246,14 @@ fn restored_totals_of_a_day_that_is_over_are_dropped() {
     let acme = key(&registry, "sk-flat").tenant_id;
     let snapshot = snapshot(1, &["chat"]);
     let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
-    quotas.restore(DailyRestore {
+    quotas.restore(&RoutingSnapshot::default(), DailyRestore {
         day: MONDAY,
         records: vec![DailyRecord {
             tenant: acme,
             model: None,
             day: MONDAY,
             tokens: 600,
+            others: false,
         }],
     });
     let admitted = admit(
@@ -265,13 +270,14 @@ fn restored_totals_of_a_day_that_is_over_are_dropped() {
     assert_eq!(quotas.restored_waiting(), 0);
     // Cleanup drops them too when no holder of theirs is ever built.
     let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
-    quotas.restore(DailyRestore {
+    quotas.restore(&RoutingSnapshot::default(), DailyRestore {
         day: MONDAY,
         records: vec![DailyRecord {
             tenant: acme,
             model: None,
             day: MONDAY,
             tokens: 600,
+            others: false,
         }],
     });
     quotas.cleanup(Millis(0), MONDAY);
@@ -286,7 +292,7 @@ fn a_dropped_holder_reports_its_last_change_and_requeued_totals_come_first() {
     let acme = key(&registry, "sk-flat").tenant_id;
     let snapshot = snapshot(1, &["chat"]);
     let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
-    quotas.restore(DailyRestore {
+    quotas.restore(&RoutingSnapshot::default(), DailyRestore {
         day: MONDAY,
         records: Vec::new(),
     });
