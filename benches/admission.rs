@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use criterion::{Criterion, criterion_group, criterion_main};
 use hivenet_router::limits::{
     BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota, Millis, ModelContext,
-    UsedTokens,
+    Share, UsedTokens,
 };
 use hivenet_router::snapshot::ModelId;
 
@@ -68,13 +68,17 @@ fn admission(criterion: &mut Criterion) {
     let mut limits = key();
     let mut now = 0u64;
     // Warm: the first serverless request for a model creates its B4 buckets.
-    let first = limits.admit(Millis(now), DAY, &MODEL, ESTIMATE).unwrap();
+    let first = limits
+        .admit(Millis(now), DAY, &MODEL, ESTIMATE, Share::Whole)
+        .unwrap();
     limits.cancel(first);
 
     let before = ALLOCATIONS.load(Ordering::Relaxed);
     for _ in 0..100_000 {
         now += 1;
-        let admitted = limits.admit(Millis(now), DAY, &MODEL, ESTIMATE).unwrap();
+        let admitted = limits
+            .admit(Millis(now), DAY, &MODEL, ESTIMATE, Share::Whole)
+            .unwrap();
         limits.settle(
             Millis(now),
             DAY,
@@ -92,7 +96,13 @@ fn admission(criterion: &mut Criterion) {
     criterion.bench_function("admit (rpm + itpm + otpm + daily)", |bencher| {
         bencher.iter(|| {
             now += 1;
-            let admitted = limits.admit(Millis(now), DAY, black_box(&MODEL), black_box(ESTIMATE));
+            let admitted = limits.admit(
+                Millis(now),
+                DAY,
+                black_box(&MODEL),
+                black_box(ESTIMATE),
+                Share::Whole,
+            );
             black_box(admitted.is_ok());
             // Dropped without settling: the bench measures the decision alone.
         })
@@ -103,7 +113,13 @@ fn admission(criterion: &mut Criterion) {
         bencher.iter(|| {
             now += 1;
             let admitted = limits
-                .admit(Millis(now), DAY, black_box(&MODEL), black_box(ESTIMATE))
+                .admit(
+                    Millis(now),
+                    DAY,
+                    black_box(&MODEL),
+                    black_box(ESTIMATE),
+                    Share::Whole,
+                )
                 .unwrap();
             black_box(limits.settle(
                 Millis(now),

@@ -185,6 +185,9 @@ pub struct RouterArgs {
     /// elsewhere is refused.
     #[arg(long, value_delimiter = ',')]
     pub redirect_allowed_domains: Vec<String>,
+    /// Several routers of one site sharing limits (`--sync-*`, `--router-id`).
+    #[command(flatten)]
+    pub sync: crate::sync::config::SyncArgs,
 }
 
 impl RouterArgs {

@@ -44,6 +44,7 @@ pub mod shard;
 pub mod sibling;
 pub mod sim;
 pub mod snapshot;
+pub mod sync;
 pub mod tokens;
 pub mod tunnel;
 pub mod usage;

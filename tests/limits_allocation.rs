@@ -5,7 +5,7 @@ use std::cell::Cell;
 
 use hivenet_router::limits::{
     BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota, Millis, ModelContext,
-    UsedTokens,
+    Share, UsedTokens,
 };
 use hivenet_router::snapshot::ModelId;
 
@@ -59,7 +59,9 @@ fn admit_and_settle_allocate_nothing() {
         output_tokens_per_minute: 10_000,
     });
     let mut limits = KeyLimits::new(Millis(0), day, &quota, BurstSeconds::FULL_MINUTE).unwrap();
-    let first = limits.admit(Millis(0), day, &model, estimate).unwrap();
+    let first = limits
+        .admit(Millis(0), day, &model, estimate, Share::Whole)
+        .unwrap();
     limits.cancel(first);
 
     // The counter sees this thread's allocations.
@@ -72,7 +74,7 @@ fn admit_and_settle_allocate_nothing() {
     let mut refused = 0;
     for step in 0..10_000u64 {
         let now = Millis(step * 7);
-        match limits.admit(now, day, &model, estimate) {
+        match limits.admit(now, day, &model, estimate, Share::Whole) {
             Ok(admission) => {
                 admitted += 1;
                 let usage = UsedTokens {

@@ -38,6 +38,9 @@ use hivenet_router::provider::{PoolSettings, ProviderEngine, ProviderPool, Provi
 use hivenet_router::shard::mesh::Mesh;
 use hivenet_router::shard::owner::quotas::DailyRestore;
 use hivenet_router::shard::state::ShardSettings;
+use hivenet_router::sync::SyncMetrics;
+use hivenet_router::sync::config::SyncSettings;
+use hivenet_router::sync::core::SyncCore;
 use hivenet_router::tokens::Secret;
 use hivenet_router::tunnel::tls::{self, TunnelSecurity};
 
@@ -188,6 +191,13 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         args.agent_token_max_lifetime
     );
     refuse_if_served(http_address)?;
+    let sync_settings = SyncSettings::from_args(
+        &args.sync,
+        args.site_id.as_deref(),
+        env.quota_backend == QuotaBackend::Badger,
+        std::env::var("HIVENET_ROUTER_SYNC_VALKEY_PASSWORD").ok(),
+        None,
+    )?;
     let quota_store = open_quota_store(&args, env.quota_backend, shard_count)?;
     let (flush_to, mut daily_restores) = match quota_store {
         Some(store) => (Some((store.disk_db, store.today)), Some(store.restores)),
@@ -280,6 +290,31 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     tracing::info!(destination = %audit_log.destination, "audit log");
     let mut audit_senders = audit_senders.into_iter().map(Some).collect::<Vec<_>>();
 
+    // The sync core: its own thread, its own runtime. Its first round waits for the shards.
+    let shared_limits = sync_settings.as_ref().map(|sync| {
+        (
+            hivenet_router::clock::utc_today(),
+            hivenet_router::limits::Share::Alone {
+                since: 0,
+                routers: sync.min_routers,
+            },
+        )
+    });
+    let sync_core = match sync_settings {
+        Some(sync) => {
+            let sync_metrics = Arc::new(SyncMetrics::default());
+            let _ = shared.sync_metrics.set(sync_metrics.clone());
+            tracing::info!(site = %sync.site, router_id = %sync.router_id, store = ?sync.store, interval = ?sync.interval, "limits shared with the routers of the site");
+            Some(SyncCore::start(
+                sync,
+                shared.clone(),
+                identity.peer_id.to_string(),
+                sync_metrics,
+            )?)
+        }
+        None => None,
+    };
+
     // The control core: its own thread, its own tokio runtime.
     let drain_timeout = args.drain_timeout;
     let (control_started, control_ready) = std::sync::mpsc::channel();
@@ -316,6 +351,13 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
                     _ = tokio::signal::ctrl_c() => {}
                 }
                 drain(&drain_shared, drain_timeout).await;
+                if let Some(sync_core) = sync_core {
+                    if sync_core.finish().await {
+                        tracing::info!("usage published and this router left the site");
+                    } else {
+                        tracing::warn!("the last sync round did not finish; the other routers count this router as silent");
+                    }
+                }
                 if let Some(daily_flush) = daily_flush {
                     if daily_flush.finish().await {
                         tracing::info!("daily token totals written to the disk database");
@@ -371,6 +413,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             daily_restore: daily_restores
                 .as_mut()
                 .map(|restores| std::mem::take(&mut restores[index])),
+            shared_limits,
             inbox,
             to_control: to_control.clone(),
             core: (!cores.is_empty()).then(|| cores[index % cores.len()]),

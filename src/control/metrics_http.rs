@@ -134,6 +134,9 @@ fn respond(
             .load(std::sync::atomic::Ordering::Relaxed)
     );
     shared.queue_full.render(&mut out);
+    if let Some(sync) = shared.sync_metrics.get() {
+        sync.render(&mut out);
+    }
     Response::builder()
         .header("content-type", "text/plain; version=0.0.4")
         .body(Full::new(Bytes::from(out)))

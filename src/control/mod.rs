@@ -115,6 +115,8 @@ pub struct ControlShared {
     pub provider_metrics: Option<Arc<crate::provider::ProviderMetrics>>,
     /// Agents joining and leaving the pool, for `/admin/registration-stream`.
     pub registrations: registration_feed::RegistrationFeed,
+    /// The sync core's metrics, set when it runs (`--sync-store valkey`).
+    pub sync_metrics: std::sync::OnceLock<Arc<crate::sync::SyncMetrics>>,
 }
 
 impl ControlShared {
@@ -144,6 +146,7 @@ impl ControlShared {
             shard_metrics,
             quota_backend_errors_total: AtomicU64::new(0),
             registrations: registration_feed::RegistrationFeed::default(),
+            sync_metrics: std::sync::OnceLock::new(),
         }
     }
 
@@ -336,6 +339,31 @@ impl ControlShared {
             }
         }
         totals
+    }
+
+    /// The sync round's step 1: every shard's usage since the last round and its changed daily
+    /// totals. Waits for every answer, like [`ControlShared::daily_totals`]: what a shard hands
+    /// out is no longer its own to publish.
+    pub async fn take_usage(&self) -> crate::shard::messages::ShardUsage {
+        let mut answers = Vec::with_capacity(self.to_shards.len());
+        for shard in &self.to_shards {
+            let (reply, answer) = oneshot::channel();
+            if shard.send(ControlToShard::TakeUsage(reply)).await.is_ok() {
+                answers.push(answer);
+            }
+        }
+        let mut usage = crate::shard::messages::ShardUsage::default();
+        for answer in answers {
+            if let Ok(mut report) = answer.await {
+                usage.usage.append(&mut report.usage);
+                usage.daily.append(&mut report.daily);
+            }
+        }
+        usage
+    }
+
+    pub fn shard_count(&self) -> usize {
+        self.to_shards.len()
     }
 
     /// Builds and broadcasts a snapshot in this task's turn, like every other publication, so

@@ -84,7 +84,7 @@ pub enum QueueError {
 
 /// Every (route, message) pair `hivenet_control_queue_full_total` has a series for; the index
 /// of a pair is its counter.
-const SERIES: [(Route, &str); 22] = [
+const SERIES: [(Route, &str); 21] = [
     (Route::ToShard, "snapshot"),
     (Route::ToShard, "keys"),
     (Route::ToShard, "admin_access"),
@@ -102,7 +102,6 @@ const SERIES: [(Route, &str); 22] = [
     (Route::ToShard, "apply_remote"),
     (Route::ToShard, "share"),
     (Route::ToShard, "daily_totals"),
-    (Route::ToShard, "share_through_store"),
     (Route::ToControl, "tunnel_up"),
     (Route::ToControl, "tunnel_down"),
     (Route::ToControl, "admin"),
@@ -128,19 +127,18 @@ fn to_shard_series(message: &ControlToShard) -> usize {
         ControlToShard::ApplyRemote(_) => 14,
         ControlToShard::Share(_) => 15,
         ControlToShard::DailyTotals(_) => 16,
-        ControlToShard::ShareThroughStore(_) => 17,
     }
 }
 
 fn to_control_series(message: &ShardToControl) -> usize {
     match message {
-        ShardToControl::TunnelUp { .. } => 18,
-        ShardToControl::TunnelDown { .. } => 19,
-        ShardToControl::Admin(_) => 20,
+        ShardToControl::TunnelUp { .. } => 17,
+        ShardToControl::TunnelDown { .. } => 18,
+        ShardToControl::Admin(_) => 19,
     }
 }
 
-const ADMIN_SERIES: usize = 21;
+const ADMIN_SERIES: usize = 20;
 
 /// What a full `ControlToShard` queue means for `message`: wait for room, or drop it (a routing
 /// signal, superseded by the next) and count it.

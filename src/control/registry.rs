@@ -208,6 +208,12 @@ impl Registry {
             })
     }
 
+    /// The id of a model this router has seen under this name and capability, without assigning
+    /// one (usage other routers publish for a model never served here limits nothing here).
+    pub fn find_model(&self, name: &str, capability: Capability) -> Option<ModelId> {
+        self.model_ids.get(&(name.to_owned(), capability)).copied()
+    }
+
     pub fn peer_id(&self, agent: AgentId) -> Option<&str> {
         self.agents
             .get(&agent)

@@ -36,6 +36,9 @@ pub struct ShardSetup {
     /// `HIVENET_ROUTER_QUOTA_BACKEND=badger`: today's persisted totals of the tenants this shard
     /// owns (`tenant % count`); `None` with the `memory` backend.
     pub daily_restore: Option<crate::shard::owner::quotas::DailyRestore>,
+    /// `--sync-store valkey`: limits are shared with the routers of the site from the start
+    /// (today's UTC day and the share before the store first answers).
+    pub shared_limits: Option<(crate::limits::Day, crate::limits::Share)>,
     /// This shard's end of the audit log.
     pub audit: Option<crate::audit::AuditSender>,
     pub inbox: mpsc::Receiver<ControlToShard>,
@@ -159,6 +162,9 @@ async fn run(
     }
     if let Some(restore) = setup.daily_restore {
         shard.restore_daily(restore);
+    }
+    if let Some((day, share)) = setup.shared_limits {
+        shard.share_limits(day, share);
     }
     monoio::spawn(
         shard

@@ -96,7 +96,9 @@ impl Bucket {
             self.refill(now);
             return;
         }
-        let scale = |units: u64| (u128::from(units) * u128::from(numerator) / u128::from(denominator)) as u64;
+        let scale = |units: u64| {
+            (u128::from(units) * u128::from(numerator) / u128::from(denominator)) as u64
+        };
         let capacity_units = scale(self.capacity_units as u64) as i64;
         if now > self.updated && self.level_units < capacity_units {
             let gap_units = (capacity_units - self.level_units) as u64;

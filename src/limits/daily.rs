@@ -321,7 +321,9 @@ mod tests {
         let admission = budget.admit(MONDAY, 300, Some(700), Share::Whole).unwrap();
         assert_eq!(admission.input_tokens, 300);
         assert_eq!(budget.remaining(MONDAY), 700);
-        let refused = budget.admit(MONDAY, 300, Some(500), Share::Whole).unwrap_err();
+        let refused = budget
+            .admit(MONDAY, 300, Some(500), Share::Whole)
+            .unwrap_err();
         assert_eq!(refused.remaining, 700);
         assert!(refused.because_of_max_output);
         let refused = budget.admit(MONDAY, 800, None, Share::Whole).unwrap_err();

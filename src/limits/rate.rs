@@ -1,8 +1,8 @@
 //! Request-rate (RPM) and token-rate (ITPM, OTPM) limits: what each charges and when, on top of
 //! [`Bucket`].
 
-use super::share::Share;
 use super::bucket::{Bucket, Shortfall};
+use super::share::Share;
 use super::{LIMIT_MAX, Millis};
 
 /// `HIVENET_ROUTER_RPM_BURST_SECONDS`: the RPM bucket's burst window. `0` (the default) keeps a
@@ -293,7 +293,10 @@ mod tests {
     fn per_replica_rpm_scales_and_skips_without_replicas() {
         let now = Millis(0);
         let mut rate = RequestRate::per_replica(now, 10, BurstSeconds::FULL_MINUTE);
-        assert_eq!(rate.admit_scaled(now, 0, Share::Whole), Ok(RateDecision::Skipped));
+        assert_eq!(
+            rate.admit_scaled(now, 0, Share::Whole),
+            Ok(RateDecision::Skipped)
+        );
         for _ in 0..30 {
             assert!(matches!(
                 rate.admit_scaled(now, 3, Share::Whole),
@@ -347,6 +350,8 @@ mod tests {
         let shortfall = input.take(now, 600, Share::Whole).unwrap_err();
         assert_eq!(shortfall.remaining, 400);
         assert_eq!(shortfall.reset_seconds, Some(12));
-        input.take(Millis::from_seconds(12), 600, Share::Whole).unwrap();
+        input
+            .take(Millis::from_seconds(12), 600, Share::Whole)
+            .unwrap();
     }
 }

@@ -58,9 +58,7 @@ impl Share {
         match self {
             Share::Whole => None,
             Share::Shared { round, live, .. } => (live > 1).then_some((round, u64::from(live))),
-            Share::Alone { since, routers } => {
-                (routers > 1).then_some((since, u64::from(routers)))
-            }
+            Share::Alone { since, routers } => (routers > 1).then_some((since, u64::from(routers))),
         }
     }
 

@@ -129,9 +129,6 @@ impl Shard {
             }
             ControlToShard::Share(share) => self.owner.borrow_mut().quotas.set_share(share),
             ControlToShard::DailyTotals(restore) => self.owner.borrow_mut().restore_daily(restore),
-            ControlToShard::ShareThroughStore(day) => {
-                self.owner.borrow_mut().quotas.share_through_store(day)
-            }
             ControlToShard::Drain => {
                 tracing::info!(shard = self.id, "draining: no new connections or requests");
                 self.lifecycle.drain();

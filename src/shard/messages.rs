@@ -76,9 +76,6 @@ pub enum ControlToShard {
     /// Today's daily totals from the shared store, for the tenants this shard owns: this
     /// router's own (at start-up) and the other routers' (replacing what was known of them).
     DailyTotals(crate::shard::owner::quotas::DailyRestore),
-    /// The routers share limits through a store: refuse keys with a daily budget until
-    /// `DailyTotals` arrives (sent once, before the shard serves).
-    ShareThroughStore(crate::limits::Day),
 }
 
 /// A shard's answer to [`ControlToShard::TakeUsage`].

@@ -316,6 +316,15 @@ impl Shard {
         self.owner.borrow_mut().restore_daily(restore);
     }
 
+    /// `--sync-store valkey`: the limits are shared with the other routers of the site from the
+    /// first request on. Keys with a daily budget are refused until the sync core has read
+    /// today's totals. Call before the shard accepts connections.
+    pub fn share_limits(&self, day: crate::limits::Day, share: crate::limits::Share) {
+        let mut owner = self.owner.borrow_mut();
+        owner.quotas.share_through_store(day);
+        owner.quotas.set_share(share);
+    }
+
     /// The next ticket of this shard: names one visit (and what it holds at the owner).
     pub(super) fn new_ticket(&self) -> crate::ids::Ticket {
         let sequence = self.next_sequence.get();

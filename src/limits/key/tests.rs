@@ -36,7 +36,13 @@ fn unlimited_key_admits_everything() {
     let mut key = flat(0, 0, 0, 0);
     for _ in 0..1000 {
         let admission = key
-            .admit(Millis(0), MONDAY, &serverless(CHAT), estimate(1_000_000))
+            .admit(
+                Millis(0),
+                MONDAY,
+                &serverless(CHAT),
+                estimate(1_000_000),
+                Share::Whole,
+            )
             .unwrap();
         assert_eq!(admission.remaining_requests, None);
         assert_eq!(admission.remaining_tokens, None);
@@ -56,14 +62,16 @@ fn rpm_rejection_has_no_retry_after_and_reports_zero_remaining() {
     let mut key = flat(2, 0, 0, 0);
     let model = serverless(CHAT);
     assert_eq!(
-        key.admit(Millis(0), MONDAY, &model, estimate(1))
+        key.admit(Millis(0), MONDAY, &model, estimate(1), Share::Whole)
             .unwrap()
             .remaining_requests,
         Some(1)
     );
-    let _ = key.admit(Millis(0), MONDAY, &model, estimate(1)).unwrap();
+    let _ = key
+        .admit(Millis(0), MONDAY, &model, estimate(1), Share::Whole)
+        .unwrap();
     let rejection = key
-        .admit(Millis(0), MONDAY, &model, estimate(1))
+        .admit(Millis(0), MONDAY, &model, estimate(1), Share::Whole)
         .unwrap_err();
     assert_eq!(rejection.kind, RejectionKind::RequestRate);
     assert_eq!(rejection.kind.code(), "rate_limit_exceeded");
@@ -76,7 +84,9 @@ fn rpm_rejection_has_no_retry_after_and_reports_zero_remaining() {
 fn b4_rejections_retry_after_one_and_output_checked_before_input() {
     let mut key = flat(0, 0, 1000, 500);
     let model = serverless(CHAT);
-    let admission = key.admit(Millis(0), MONDAY, &model, estimate(100)).unwrap();
+    let admission = key
+        .admit(Millis(0), MONDAY, &model, estimate(100), Share::Whole)
+        .unwrap();
     key.settle(
         Millis(0),
         MONDAY,
@@ -89,14 +99,14 @@ fn b4_rejections_retry_after_one_and_output_checked_before_input() {
     );
     // The output bucket is drained: the next request is refused before ITPM is touched.
     let rejection = key
-        .admit(Millis(0), MONDAY, &model, estimate(2000))
+        .admit(Millis(0), MONDAY, &model, estimate(2000), Share::Whole)
         .unwrap_err();
     assert_eq!(rejection.kind, RejectionKind::OutputTokenRate);
     assert_eq!(rejection.retry_after_seconds, Some(1));
     // One minute later (one capacity of debt), output is back; the estimate is over ITPM.
     let later = Millis::from_seconds(61);
     let rejection = key
-        .admit(later, MONDAY, &model, estimate(2000))
+        .admit(later, MONDAY, &model, estimate(2000), Share::Whole)
         .unwrap_err();
     assert_eq!(rejection.kind, RejectionKind::InputTokenRate);
     assert_eq!(
@@ -105,28 +115,48 @@ fn b4_rejections_retry_after_one_and_output_checked_before_input() {
     );
     assert_eq!(rejection.retry_after_seconds, Some(1));
     assert_eq!(rejection.reset_seconds, None);
-    let _ = key.admit(later, MONDAY, &model, estimate(1000)).unwrap();
+    let _ = key
+        .admit(later, MONDAY, &model, estimate(1000), Share::Whole)
+        .unwrap();
 }
 
 #[test]
 fn b4_buckets_are_per_model_and_skipped_for_reserved_models() {
     let mut key = flat(0, 0, 1000, 0);
     let _ = key
-        .admit(Millis(0), MONDAY, &serverless(CHAT), estimate(1000))
+        .admit(
+            Millis(0),
+            MONDAY,
+            &serverless(CHAT),
+            estimate(1000),
+            Share::Whole,
+        )
         .unwrap();
     let _ = key
-        .admit(Millis(0), MONDAY, &serverless(EMBED), estimate(1000))
+        .admit(
+            Millis(0),
+            MONDAY,
+            &serverless(EMBED),
+            estimate(1000),
+            Share::Whole,
+        )
         .unwrap();
     let reserved = ModelContext {
         serverless: false,
         ..serverless(CHAT)
     };
     let _ = key
-        .admit(Millis(0), MONDAY, &reserved, estimate(1000))
+        .admit(Millis(0), MONDAY, &reserved, estimate(1000), Share::Whole)
         .unwrap();
     assert!(
-        key.admit(Millis(0), MONDAY, &serverless(CHAT), estimate(1))
-            .is_err()
+        key.admit(
+            Millis(0),
+            MONDAY,
+            &serverless(CHAT),
+            estimate(1),
+            Share::Whole
+        )
+        .is_err()
     );
 }
 
@@ -143,6 +173,7 @@ fn daily_refusal_gives_back_the_input_rate_charge() {
                 input_tokens: 600,
                 max_output_tokens: Some(500),
             },
+            Share::Whole,
         )
         .unwrap_err();
     assert_eq!(refused.kind, RejectionKind::DailyTokensForMaxOutput);
@@ -150,7 +181,9 @@ fn daily_refusal_gives_back_the_input_rate_charge() {
     assert_eq!(refused.remaining, 1000);
     assert_eq!(refused.retry_after_seconds, None);
     // ITPM is whole again: 800 still fits.
-    let admission = key.admit(Millis(0), MONDAY, &model, estimate(800)).unwrap();
+    let admission = key
+        .admit(Millis(0), MONDAY, &model, estimate(800), Share::Whole)
+        .unwrap();
     assert_eq!(admission.remaining_tokens, Some(200));
     key.cancel(admission);
     assert!(key.is_idle(Millis(0), MONDAY));
@@ -161,7 +194,7 @@ fn settle_trues_up_input_and_charges_output() {
     let mut key = flat(0, 10_000, 5000, 5000);
     let model = serverless(CHAT);
     let admission = key
-        .admit(Millis(0), MONDAY, &model, estimate(1000))
+        .admit(Millis(0), MONDAY, &model, estimate(1000), Share::Whole)
         .unwrap();
     let settlement = key.settle(
         Millis(0),
@@ -197,7 +230,9 @@ fn settle_trues_up_input_and_charges_output() {
 fn buffered_output_over_budget_is_refused_and_provider_charges_nothing_after() {
     let mut key = flat(0, 1000, 0, 100);
     let model = serverless(CHAT);
-    let admission = key.admit(Millis(0), MONDAY, &model, estimate(900)).unwrap();
+    let admission = key
+        .admit(Millis(0), MONDAY, &model, estimate(900), Share::Whole)
+        .unwrap();
     let settlement = key.settle(
         Millis(0),
         MONDAY,
@@ -210,11 +245,13 @@ fn buffered_output_over_budget_is_refused_and_provider_charges_nothing_after() {
     );
     assert!(!settlement.output_fit);
     assert_eq!(settlement.remaining_tokens, Some(0));
-    let admission = key.admit(Millis(0), MONDAY, &model, estimate(50));
+    let admission = key.admit(Millis(0), MONDAY, &model, estimate(50), Share::Whole);
     // OTPM was drained by the 200 output tokens, which the engine did produce.
     assert_eq!(admission.unwrap_err().kind, RejectionKind::OutputTokenRate);
     let later = Millis::from_seconds(120);
-    let admission = key.admit(later, MONDAY, &model, estimate(50)).unwrap();
+    let admission = key
+        .admit(later, MONDAY, &model, estimate(50), Share::Whole)
+        .unwrap();
     let settlement = key.settle(
         later,
         MONDAY,
@@ -226,7 +263,9 @@ fn buffered_output_over_budget_is_refused_and_provider_charges_nothing_after() {
         Delivery::Provider,
     );
     assert_eq!(settlement.remaining_tokens, Some(50));
-    let _ = key.admit(later, MONDAY, &model, estimate(50)).unwrap();
+    let _ = key
+        .admit(later, MONDAY, &model, estimate(50), Share::Whole)
+        .unwrap();
 }
 
 #[test]
@@ -246,7 +285,7 @@ fn per_model_quota_is_strict_and_scales_with_replicas() {
     let mut key = KeyLimits::new(Millis(0), MONDAY, &quota, BurstSeconds::FULL_MINUTE).unwrap();
     let unlisted = serverless(ModelId(9));
     let rejection = key
-        .admit(Millis(0), MONDAY, &unlisted, estimate(1))
+        .admit(Millis(0), MONDAY, &unlisted, estimate(1), Share::Whole)
         .unwrap_err();
     assert_eq!(rejection.kind, RejectionKind::ModelNotInQuota);
     assert_eq!(rejection.kind.code(), "rate_limit_exceeded");
@@ -255,30 +294,53 @@ fn per_model_quota_is_strict_and_scales_with_replicas() {
         ..serverless(CHAT)
     };
     for _ in 0..6 {
-        let _ = key.admit_request(Millis(0), &three_replicas).unwrap();
+        let _ = key
+            .admit_request(Millis(0), &three_replicas, Share::Whole)
+            .unwrap();
     }
-    assert!(key.admit_request(Millis(0), &three_replicas).is_err());
+    assert!(
+        key.admit_request(Millis(0), &three_replicas, Share::Whole)
+            .is_err()
+    );
     // No healthy replica: the rate check is skipped.
     let none = ModelContext {
         healthy_replicas: 0,
         ..serverless(CHAT)
     };
     assert_eq!(
-        key.admit_request(Millis(0), &none)
+        key.admit_request(Millis(0), &none, Share::Whole)
             .unwrap()
             .remaining_requests,
         None
     );
     // The daily budget does not scale with replicas, and is per model.
     let _ = key
-        .admit_tokens(Millis(0), MONDAY, &three_replicas, estimate(1000))
+        .admit_tokens(
+            Millis(0),
+            MONDAY,
+            &three_replicas,
+            estimate(1000),
+            Share::Whole,
+        )
         .unwrap();
     assert!(
-        key.admit_tokens(Millis(0), MONDAY, &three_replicas, estimate(1))
-            .is_err()
+        key.admit_tokens(
+            Millis(0),
+            MONDAY,
+            &three_replicas,
+            estimate(1),
+            Share::Whole
+        )
+        .is_err()
     );
     let _ = key
-        .admit_tokens(Millis(0), MONDAY, &serverless(EMBED), estimate(1_000_000))
+        .admit_tokens(
+            Millis(0),
+            MONDAY,
+            &serverless(EMBED),
+            estimate(1_000_000),
+            Share::Whole,
+        )
         .unwrap();
 }
 
@@ -287,7 +349,9 @@ fn reload_keeps_usage_and_todays_total() {
     let mut key = flat(10, 1000, 500, 0);
     let model = serverless(CHAT);
     for _ in 0..4 {
-        let admission = key.admit(Millis(0), MONDAY, &model, estimate(100)).unwrap();
+        let admission = key
+            .admit(Millis(0), MONDAY, &model, estimate(100), Share::Whole)
+            .unwrap();
         let usage = UsedTokens {
             input_tokens: 100,
             output_tokens: 50,
@@ -304,13 +368,13 @@ fn reload_keeps_usage_and_todays_total() {
         .reconfigured(Millis(0), MONDAY, &raised, BurstSeconds::FULL_MINUTE)
         .unwrap();
     let admission = reloaded
-        .admit(Millis(0), MONDAY, &model, estimate(600))
+        .admit(Millis(0), MONDAY, &model, estimate(600), Share::Whole)
         .unwrap();
     assert_eq!(admission.remaining_requests, Some(15));
     assert_eq!(admission.remaining_tokens, Some(2000 - 600 - 600));
     // ITPM kept its 400 used: 1000 - 400 - 600 = 0 left.
     let refused = reloaded
-        .admit(Millis(0), MONDAY, &model, estimate(1))
+        .admit(Millis(0), MONDAY, &model, estimate(1), Share::Whole)
         .unwrap_err();
     assert_eq!(refused.kind, RejectionKind::InputTokenRate);
 }
@@ -327,7 +391,9 @@ fn daily_totals_are_walked_and_restored_per_bucket() {
     let mut totals = Vec::new();
     key.take_changed_daily_totals(|model, day, total| totals.push((model, day, total)));
     assert!(totals.is_empty(), "a restored total is on disk already");
-    let admission = key.admit(Millis(0), MONDAY, &model, estimate(100)).unwrap();
+    let admission = key
+        .admit(Millis(0), MONDAY, &model, estimate(100), Share::Whole)
+        .unwrap();
     assert_eq!(admission.remaining_tokens, Some(300));
     key.take_changed_daily_totals(|model, day, total| totals.push((model, day, total)));
     assert_eq!(totals, vec![(None, MONDAY, 700)]);
@@ -362,14 +428,32 @@ fn daily_totals_are_walked_and_restored_per_bucket() {
     assert!(!key.restore_daily(Some(ModelId(9)), MONDAY, 1));
     assert!(key.restore_daily(Some(EMBED), MONDAY, 450));
     let refused = key
-        .admit(Millis(0), MONDAY, &serverless(EMBED), estimate(51))
+        .admit(
+            Millis(0),
+            MONDAY,
+            &serverless(EMBED),
+            estimate(51),
+            Share::Whole,
+        )
         .unwrap_err();
     assert_eq!(refused.remaining, 50);
     let _ = key
-        .admit(Millis(0), MONDAY, &serverless(CHAT), estimate(10))
+        .admit(
+            Millis(0),
+            MONDAY,
+            &serverless(CHAT),
+            estimate(10),
+            Share::Whole,
+        )
         .unwrap();
     let _ = key
-        .admit(Millis(0), MONDAY, &serverless(EMBED), estimate(5))
+        .admit(
+            Millis(0),
+            MONDAY,
+            &serverless(EMBED),
+            estimate(5),
+            Share::Whole,
+        )
         .unwrap();
     let mut totals = Vec::new();
     key.take_changed_daily_totals(|model, day, total| totals.push((model, day, total)));
@@ -379,7 +463,13 @@ fn daily_totals_are_walked_and_restored_per_bucket() {
     );
     // At midnight nothing is written until the new day is charged.
     let _ = key
-        .admit(Millis(1), TUESDAY, &serverless(CHAT), estimate(7))
+        .admit(
+            Millis(1),
+            TUESDAY,
+            &serverless(CHAT),
+            estimate(7),
+            Share::Whole,
+        )
         .unwrap();
     totals.clear();
     key.take_changed_daily_totals(|model, day, total| totals.push((model, day, total)));
@@ -421,8 +511,10 @@ fn invalid_quotas_are_refused() {
 fn daily_budget_resets_at_midnight_for_a_key() {
     let mut key = flat(0, 1000, 0, 0);
     let model = serverless(CHAT);
-    let before_midnight = key.admit(Millis(0), MONDAY, &model, estimate(700)).unwrap();
-    let spent = key.admit(Millis(1), MONDAY, &model, estimate(400));
+    let before_midnight = key
+        .admit(Millis(0), MONDAY, &model, estimate(700), Share::Whole)
+        .unwrap();
+    let spent = key.admit(Millis(1), MONDAY, &model, estimate(400), Share::Whole);
     assert_eq!(spent.unwrap_err().kind, RejectionKind::DailyTokens);
     assert!(!key.is_idle(Millis::from_seconds(600), MONDAY));
     assert!(key.is_idle(Millis::from_seconds(600), TUESDAY));
@@ -439,7 +531,7 @@ fn daily_budget_resets_at_midnight_for_a_key() {
     );
     assert_eq!(settlement.remaining_tokens, Some(900));
     let _ = key
-        .admit(Millis(3), TUESDAY, &model, estimate(900))
+        .admit(Millis(3), TUESDAY, &model, estimate(900), Share::Whole)
         .unwrap();
 }
 
@@ -452,18 +544,22 @@ fn remote_usage_counts_against_the_key() {
     for second in 0..=60u64 {
         let now = Millis::from_seconds(second);
         for _ in 0..3 {
-            admitted += router_a.admit(now, MONDAY, &model, estimate(1)).is_ok() as u64;
-            admitted += router_b.admit(now, MONDAY, &model, estimate(1)).is_ok() as u64;
+            admitted += router_a
+                .admit(now, MONDAY, &model, estimate(1), Share::Whole)
+                .is_ok() as u64;
+            admitted += router_b
+                .admit(now, MONDAY, &model, estimate(1), Share::Whole)
+                .is_ok() as u64;
         }
         let mut from_a = Vec::new();
         router_a.take_deltas(|bucket, amount| from_a.push((bucket, amount)));
         let mut from_b = Vec::new();
         router_b.take_deltas(|bucket, amount| from_b.push((bucket, amount)));
         for (bucket, amount) in from_b {
-            router_a.apply_remote(now, bucket, amount);
+            router_a.apply_remote(now, bucket, amount, 0, Share::Whole);
         }
         for (bucket, amount) in from_a {
-            router_b.apply_remote(now, bucket, amount);
+            router_b.apply_remote(now, bucket, amount, 0, Share::Whole);
         }
     }
     // 10 burst + 10 refilled over 60 s, plus at most one round's overshoot (3 + 3).
@@ -484,7 +580,7 @@ fn idle_keys_are_dropped_and_memory_stays_bounded_under_churn() {
                 .entry(next_key)
                 .or_insert_with(|| flat(100, 0, 1000, 1000));
             next_key += 1;
-            let admission = key.admit(now, MONDAY, &serverless(CHAT), estimate(10));
+            let admission = key.admit(now, MONDAY, &serverless(CHAT), estimate(10), Share::Whole);
             let admission = admission.unwrap();
             key.settle(
                 now,
@@ -507,12 +603,24 @@ fn idle_keys_are_dropped_and_memory_stays_bounded_under_churn() {
     // A key that used a daily budget today is kept until the day is over.
     let mut daily = flat(0, 1000, 0, 0);
     let admission = daily
-        .admit(Millis(0), MONDAY, &serverless(CHAT), estimate(1))
+        .admit(
+            Millis(0),
+            MONDAY,
+            &serverless(CHAT),
+            estimate(1),
+            Share::Whole,
+        )
         .unwrap();
     daily.cancel(admission);
     assert!(daily.is_idle(Millis(0), MONDAY));
     let _ = daily
-        .admit(Millis(0), MONDAY, &serverless(CHAT), estimate(1))
+        .admit(
+            Millis(0),
+            MONDAY,
+            &serverless(CHAT),
+            estimate(1),
+            Share::Whole,
+        )
         .unwrap();
     assert!(!daily.is_idle(later, MONDAY));
     assert!(daily.is_idle(later, TUESDAY));
@@ -523,7 +631,13 @@ fn token_rate_models_per_key_are_bounded() {
     let mut key = flat(0, 0, 1000, 0);
     for model in 0..TOKEN_RATE_MODELS_MAX as u32 {
         let _ = key
-            .admit(Millis(0), MONDAY, &serverless(ModelId(model)), estimate(1))
+            .admit(
+                Millis(0),
+                MONDAY,
+                &serverless(ModelId(model)),
+                estimate(1),
+                Share::Whole,
+            )
             .unwrap();
     }
     let refused = key.admit(
@@ -531,6 +645,7 @@ fn token_rate_models_per_key_are_bounded() {
         MONDAY,
         &serverless(ModelId(TOKEN_RATE_MODELS_MAX as u32)),
         estimate(1),
+        Share::Whole,
     );
     assert_eq!(refused.unwrap_err().kind, RejectionKind::InputTokenRate);
     // Once the old entries are full again they are reclaimed.
@@ -541,6 +656,7 @@ fn token_rate_models_per_key_are_bounded() {
             MONDAY,
             &serverless(ModelId(TOKEN_RATE_MODELS_MAX as u32)),
             estimate(1),
+            Share::Whole,
         )
         .unwrap();
     key.compact(Millis::from_seconds(2));
@@ -567,7 +683,7 @@ proptest::proptest! {
         for (advance_ms, estimated, exact_input, exact_output, outcome) in steps {
             now_ms += advance_ms;
             let now = Millis(now_ms);
-            let Ok(admission) = key.admit(now, MONDAY, &model, estimate(estimated)) else {
+            let Ok(admission) = key.admit(now, MONDAY, &model, estimate(estimated), Share::Whole) else {
                 continue;
             };
             requests += 1;

@@ -283,15 +283,23 @@ impl Owner {
 
     /// The sync round, step 2: subtract what other routers admitted from the holders this shard
     /// owns (usage of other shards' tenants is skipped).
+    ///
+    /// Walks the whole round on every shard (each finds the owner of each key): one hash lookup per
+    /// bucket, once per sync interval.
     pub fn apply_remote(&mut self, now: Millis, day: Day, remote: &quotas::RemoteUsage) {
         for batch in &remote.batches {
             for usage in &batch.usage {
-                if usage.tenant.owner(self.shards) == self.shard {
+                // A key this router does not know (routers with different key files) is skipped.
+                let Some(record) = self.keys.get(usage.key) else {
+                    continue;
+                };
+                if record.tenant_id.owner(self.shards) == self.shard {
                     self.quotas.apply_remote(
                         now,
                         day,
                         &self.keys,
                         &self.snapshot,
+                        record,
                         usage,
                         batch.age_ms,
                     );

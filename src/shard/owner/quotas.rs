@@ -425,16 +425,14 @@ impl Quotas {
         }
         let rates = self.token_rates.get_mut(&key);
         match charge {
-            Charge::RequestsOnly => {
-                owner
-                    .limits
-                    .admit_request(now, model, share)
-                    .map(|request| Admitted {
-                        admission: None,
-                        remaining_requests: request.remaining_requests,
-                        remaining_tokens: None,
-                    })
-            }
+            Charge::RequestsOnly => owner
+                .limits
+                .admit_request(now, model, share)
+                .map(|request| Admitted {
+                    admission: None,
+                    remaining_requests: request.remaining_requests,
+                    remaining_tokens: None,
+                }),
             Charge::TokensOnly(estimate) => {
                 admit_tokens(now, day, key, owner, rates, model, estimate, share).map(|admission| {
                     Admitted {

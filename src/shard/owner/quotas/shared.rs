@@ -8,19 +8,19 @@
 //! not dropped: the holder is built from the key registry first, so a key used on other routers
 //! starts here already charged, not with a fresh budget.
 
-use crate::auth::keys::KeyRegistry;
-use crate::ids::{KeyId, TenantId};
+use crate::auth::keys::{KeyRecord, KeyRegistry};
+use crate::ids::KeyId;
 use crate::limits::{BucketRef, Day, Millis};
 use crate::snapshot::RoutingSnapshot;
 
 use super::Quotas;
 
-/// One bucket's usage as routers exchange it. Request and daily buckets belong to the owner's
-/// holder (`tenant`; `key` is a key of that owner that used them, to build the holder where it
-/// is unknown); input and output token buckets to the key's own holder.
+/// One bucket's usage as routers exchange it. Request and daily buckets belong to the holder of
+/// the key's owner (`key` is a key of that owner that used them: every router finds the owner,
+/// and builds the holder where it is unknown, from it); input and output token buckets to the
+/// key's own holder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BucketUsage {
-    pub tenant: TenantId,
     pub key: KeyId,
     pub bucket: BucketRef,
     pub amount: u64,
@@ -40,11 +40,10 @@ impl Quotas {
     /// Appends every bucket's usage since the last call to `out` (each once: taking resets it).
     /// Walks every holder: once per sync round, never per request.
     pub fn take_usage(&mut self, registry: &KeyRegistry, out: &mut Vec<BucketUsage>) {
-        for (tenant, holder) in &mut self.holders {
-            let (tenant, key) = (*tenant, holder.built.key);
+        for holder in self.holders.values_mut() {
+            let key = holder.built.key;
             holder.limits.take_deltas(|bucket, amount| {
                 out.push(BucketUsage {
-                    tenant,
                     key,
                     bucket,
                     amount,
@@ -52,46 +51,40 @@ impl Quotas {
             });
         }
         for (key, holder) in &mut self.token_rates {
+            let key = *key;
             // A key removed by a reload: its usage no longer limits anyone.
-            let Some(record) = registry.get(*key) else {
-                holder.limits.take_deltas(|_, _| {});
-                continue;
-            };
-            let (tenant, key) = (record.tenant_id, *key);
+            let known = registry.get(key).is_some();
             holder.limits.take_deltas(|bucket, amount| {
-                out.push(BucketUsage {
-                    tenant,
-                    key,
-                    bucket,
-                    amount,
-                })
+                if known {
+                    out.push(BucketUsage {
+                        key,
+                        bucket,
+                        amount,
+                    })
+                }
             });
         }
     }
 
-    /// Subtracts usage other routers admitted `age_ms` ago from this shard's holders (the caller
-    /// passes only usage of tenants this shard owns). A holder not built yet is built from the
-    /// key first; usage of a key this router does not know, or whose owner differs here (routers
-    /// with different key files), is ignored.
+    /// Subtracts usage other routers admitted `age_ms` ago from the holders of `record`, a key
+    /// whose owner this shard owns. A holder not built yet is built from the key first.
     pub fn apply_remote(
         &mut self,
         now: Millis,
         day: Day,
         registry: &KeyRegistry,
         snapshot: &RoutingSnapshot,
+        record: &KeyRecord,
         usage: &BucketUsage,
         age_ms: u64,
     ) {
-        let Some(record) = registry.get(usage.key) else {
-            return;
-        };
-        if record.tenant_id != usage.tenant || !self.build(now, day, registry, snapshot, record) {
+        if !self.build(now, day, registry, snapshot, record) {
             return;
         }
         let holder = if usage.is_key_bucket() {
             self.token_rates.get_mut(&usage.key)
         } else {
-            self.holders.get_mut(&usage.tenant)
+            self.holders.get_mut(&record.tenant_id)
         };
         if let Some(holder) = holder {
             holder

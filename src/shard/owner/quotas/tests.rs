@@ -143,26 +143,29 @@ fn flat_total_is_restored_when_the_holder_is_built() {
     let acme = key(&registry, "sk-flat").tenant_id;
     let snapshot = snapshot(1, &["chat"]);
     let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
-    quotas.restore(&RoutingSnapshot::default(), DailyRestore {
-        day: MONDAY,
-        records: vec![
-            DailyRecord {
-                tenant: acme,
-                model: None,
-                day: MONDAY,
-                tokens: 600,
-                others: false,
-            },
-            // Another day's record is not restored.
-            DailyRecord {
-                tenant: acme,
-                model: None,
-                day: Day(MONDAY.0 - 1),
-                tokens: 999,
-                others: false,
-            },
-        ],
-    });
+    quotas.restore(
+        &RoutingSnapshot::default(),
+        DailyRestore {
+            day: MONDAY,
+            records: vec![
+                DailyRecord {
+                    tenant: acme,
+                    model: None,
+                    day: MONDAY,
+                    tokens: 600,
+                    others: false,
+                },
+                // Another day's record is not restored.
+                DailyRecord {
+                    tenant: acme,
+                    model: None,
+                    day: Day(MONDAY.0 - 1),
+                    tokens: 999,
+                    others: false,
+                },
+            ],
+        },
+    );
     assert_eq!(quotas.restored_waiting(), 1);
     assert!(quotas.take_changed_daily_totals().is_empty());
     let admitted = admit(&mut quotas, MONDAY, &registry, &snapshot, "sk-flat", 0, 100).unwrap();
@@ -189,25 +192,28 @@ fn per_model_total_waits_for_its_model_to_be_served() {
     let registry = registry();
     let globex = key(&registry, "sk-permodel").tenant_id;
     let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
-    quotas.restore(&RoutingSnapshot::default(), DailyRestore {
-        day: MONDAY,
-        records: vec![
-            DailyRecord {
-                tenant: globex,
-                model: llm("chat"),
-                day: MONDAY,
-                tokens: 450,
-                others: false,
-            },
-            DailyRecord {
-                tenant: globex,
-                model: llm("embed"),
-                day: MONDAY,
-                tokens: 100,
-                others: false,
-            },
-        ],
-    });
+    quotas.restore(
+        &RoutingSnapshot::default(),
+        DailyRestore {
+            day: MONDAY,
+            records: vec![
+                DailyRecord {
+                    tenant: globex,
+                    model: llm("chat"),
+                    day: MONDAY,
+                    tokens: 450,
+                    others: false,
+                },
+                DailyRecord {
+                    tenant: globex,
+                    model: llm("embed"),
+                    day: MONDAY,
+                    tokens: 100,
+                    others: false,
+                },
+            ],
+        },
+    );
     // Only `embed` is served (id 0): its total applies, `chat`'s waits.
     let only_embed = snapshot(1, &["embed"]);
     let admitted = admit(
@@ -246,16 +252,19 @@ fn restored_totals_of_a_day_that_is_over_are_dropped() {
     let acme = key(&registry, "sk-flat").tenant_id;
     let snapshot = snapshot(1, &["chat"]);
     let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
-    quotas.restore(&RoutingSnapshot::default(), DailyRestore {
-        day: MONDAY,
-        records: vec![DailyRecord {
-            tenant: acme,
-            model: None,
+    quotas.restore(
+        &RoutingSnapshot::default(),
+        DailyRestore {
             day: MONDAY,
-            tokens: 600,
-            others: false,
-        }],
-    });
+            records: vec![DailyRecord {
+                tenant: acme,
+                model: None,
+                day: MONDAY,
+                tokens: 600,
+                others: false,
+            }],
+        },
+    );
     let admitted = admit(
         &mut quotas,
         TUESDAY,
@@ -270,16 +279,19 @@ fn restored_totals_of_a_day_that_is_over_are_dropped() {
     assert_eq!(quotas.restored_waiting(), 0);
     // Cleanup drops them too when no holder of theirs is ever built.
     let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
-    quotas.restore(&RoutingSnapshot::default(), DailyRestore {
-        day: MONDAY,
-        records: vec![DailyRecord {
-            tenant: acme,
-            model: None,
+    quotas.restore(
+        &RoutingSnapshot::default(),
+        DailyRestore {
             day: MONDAY,
-            tokens: 600,
-            others: false,
-        }],
-    });
+            records: vec![DailyRecord {
+                tenant: acme,
+                model: None,
+                day: MONDAY,
+                tokens: 600,
+                others: false,
+            }],
+        },
+    );
     quotas.cleanup(Millis(0), MONDAY);
     assert_eq!(quotas.restored_waiting(), 1);
     quotas.cleanup(Millis(0), TUESDAY);
@@ -292,10 +304,13 @@ fn a_dropped_holder_reports_its_last_change_and_requeued_totals_come_first() {
     let acme = key(&registry, "sk-flat").tenant_id;
     let snapshot = snapshot(1, &["chat"]);
     let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
-    quotas.restore(&RoutingSnapshot::default(), DailyRestore {
-        day: MONDAY,
-        records: Vec::new(),
-    });
+    quotas.restore(
+        &RoutingSnapshot::default(),
+        DailyRestore {
+            day: MONDAY,
+            records: Vec::new(),
+        },
+    );
     let admitted = admit(&mut quotas, MONDAY, &registry, &snapshot, "sk-flat", 0, 100).unwrap();
     let total = |tokens| DailyTotal {
         tenant: acme,

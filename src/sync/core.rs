@@ -1,0 +1,410 @@
+//! The sync core: a thread of its own that owns the store connection and runs the round every
+//! `--sync-interval` (seed `run-several-routers.md`, "How it works"). Shards never talk to the
+//! store; they hand their usage over and take the others' through their control queue.
+//!
+//! # One round
+//! 1. Take every shard's usage since the last round and its changed daily totals
+//!    ([`ControlShared::take_usage`]); they join the backlog of what is not published yet.
+//! 2. In one transaction: publish the backlog as stream entries (one per round, each with the
+//!    time it was admitted), write the changed daily totals and this router's heartbeat; then
+//!    read every heartbeat and the entries published since the last round.
+//! 3. Hand the other routers' entries to the shards ([`ControlToShard::ApplyRemote`]), and this
+//!    router's share of every limit from the heartbeats ([`ControlToShard::Share`]).
+//!
+//! At start (and after an outage, when entries may have been missed) the round first reads
+//! today's totals and the stream's newest entry together: the totals hold every entry up to it,
+//! so entries up to it are applied to the rate buckets only (the last minute of them at start,
+//! which is the replay) and nothing is counted twice.
+//!
+//! # Failure
+//! A round that fails keeps its backlog for the next one (the backlog is bounded,
+//! `round::BACKLOG_MAX`); after three in a row every router enforces its share alone
+//! (`site::Health`), after ten the connection is rebuilt from the configured addresses.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::clock::{now_unix_ms, utc_today};
+use crate::control::ControlShared;
+use crate::limits::Day;
+use crate::shard::messages::ControlToShard;
+use crate::shard::owner::quotas::{DailyRestore, RemoteUsage};
+
+use super::SyncMetrics;
+use super::config::SyncSettings;
+use super::entry::{Entry, ModelName};
+use super::round::{self, Backlog, Batch};
+use super::site::{self, AfterFailure, Health, Heartbeat, Peers};
+use super::store::{RoundWrites, Store, StreamId};
+
+/// How much usage a starting router replays: the rate buckets' window.
+const REPLAY_MS: u64 = 60_000;
+/// The longest shutdown waits for the last round.
+const FINAL_ROUND_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The running sync core; [`SyncCore::finish`] publishes what is left and leaves the site.
+pub struct SyncCore {
+    stop: mpsc::Sender<oneshot::Sender<()>>,
+}
+
+/// What the round loop keeps between rounds.
+struct Round {
+    settings: SyncSettings,
+    shared: Arc<ControlShared>,
+    metrics: Arc<SyncMetrics>,
+    store: Store,
+    health: Health,
+    backlog: Backlog,
+    /// This run's start (unix ms): tells this run's entries from a previous run's.
+    run: u64,
+    peer_id: String,
+    /// The newest entry applied; `None` until today's totals have been read.
+    cursor: Option<StreamId>,
+    /// Today's totals must be read again (start, after an outage, a new UTC day).
+    resync: bool,
+    /// This router's own totals were read back (only once: they are added).
+    own_restored: bool,
+    read_day: Day,
+}
+
+impl SyncCore {
+    /// Starts the thread. `peer_id`: this router's, published with its heartbeat.
+    pub fn start(
+        settings: SyncSettings,
+        shared: Arc<ControlShared>,
+        peer_id: String,
+        metrics: Arc<SyncMetrics>,
+    ) -> anyhow::Result<SyncCore> {
+        let (stop, stopped) = mpsc::channel(1);
+        let response_timeout = settings.interval.min(Duration::from_secs(2));
+        let store = Store::new(
+            settings.store.clone(),
+            &settings.site,
+            &settings.router_id,
+            response_timeout,
+        );
+        let round = Round {
+            health: Health::new(settings.min_routers),
+            settings,
+            shared,
+            metrics,
+            store,
+            backlog: Backlog::default(),
+            run: now_unix_ms().max(0) as u64,
+            peer_id,
+            cursor: None,
+            resync: true,
+            own_restored: false,
+            read_day: utc_today(),
+        };
+        std::thread::Builder::new()
+            .name("sync".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("building the sync core's runtime");
+                runtime.block_on(round.run(stopped));
+            })?;
+        Ok(SyncCore { stop })
+    }
+
+    /// Publishes the usage not yet published and marks this router as left, so the others stop
+    /// counting it at once. False when that did not finish in time.
+    pub async fn finish(self) -> bool {
+        let (done, finished) = oneshot::channel();
+        if self.stop.send(done).await.is_err() {
+            return false;
+        }
+        matches!(
+            tokio::time::timeout(FINAL_ROUND_TIMEOUT + Duration::from_secs(1), finished).await,
+            Ok(Ok(()))
+        )
+    }
+}
+
+impl Round {
+    async fn run(mut self, mut stop: mpsc::Receiver<oneshot::Sender<()>>) {
+        let mut ticks = tokio::time::interval(self.settings.interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => self.tick(false).await,
+                done = stop.recv() => {
+                    let _ = tokio::time::timeout(FINAL_ROUND_TIMEOUT, self.tick(true)).await;
+                    if let Some(done) = done {
+                        let _ = done.send(());
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn tick(&mut self, leaving: bool) {
+        let started = Instant::now();
+        let usage = self.shared.take_usage().await;
+        let now_ms = now_unix_ms().max(0) as u64;
+        let today = utc_today();
+        self.backlog.push(Batch {
+            admitted_at_unix_ms: now_ms,
+            day: today,
+            usage: usage.usage,
+        });
+        self.backlog.push_totals(usage.daily);
+        if today != self.read_day {
+            // Every budget starts the new day at zero on every router: nothing to read.
+            self.read_day = today;
+        }
+        let outcome = self.exchange(now_ms, leaving).await;
+        self.metrics
+            .tick_seconds
+            .observe(started.elapsed().as_secs_f64());
+        match outcome {
+            Ok(peers) => {
+                let was_up = self.health.is_up();
+                self.health.succeeded(peers);
+                if !was_up {
+                    tracing::info!(site = %self.settings.site, "the sync store answers: limits are shared with the routers of the site");
+                }
+            }
+            Err(error) => {
+                self.metrics.errors_total.fetch_add(1, Ordering::Relaxed);
+                let was_up = self.health.is_up();
+                if self.health.failed() == AfterFailure::Reconnect {
+                    tracing::warn!(%error, "the sync store has not answered for ten rounds: reconnecting from the configured addresses");
+                    self.store.rebuild();
+                }
+                if was_up && !self.health.is_up() {
+                    tracing::warn!(%error, "the sync store is unreachable: each router enforces its share of every limit alone");
+                    // Entries published meanwhile may be trimmed before this router is back.
+                    self.resync = true;
+                } else {
+                    tracing::debug!(%error, "sync round failed");
+                }
+            }
+        }
+        self.metrics
+            .up
+            .store(i64::from(self.health.is_up()), Ordering::Relaxed);
+        let share = self.health.share();
+        self.shared.broadcast(|| ControlToShard::Share(share)).await;
+    }
+
+    /// Steps 2 and 3 of the round against the store; the peers seen on success.
+    async fn exchange(&mut self, now_ms: u64, leaving: bool) -> redis::RedisResult<Peers> {
+        if self.resync {
+            self.read_totals(now_ms).await?;
+        }
+        let cursor = self.cursor.unwrap_or_default();
+        let entries: Vec<Vec<u8>> = {
+            let registry = self.shared.registry();
+            self.backlog
+                .batches()
+                .iter()
+                .map(|batch| {
+                    round::entry_of(&self.settings.router_id, self.run, batch, |model| {
+                        registry.model_key(model).map(|key| ModelName {
+                            name: key.name,
+                            capability: key.capability,
+                        })
+                    })
+                })
+                .filter(|entry| !entry.is_empty())
+                .map(|entry| entry.encode())
+                .collect()
+        };
+        let totals: Vec<(u32, String, u64)> = {
+            let registry = self.shared.registry();
+            self.backlog
+                .totals()
+                .filter_map(|total| {
+                    let model = match total.model {
+                        None => None,
+                        Some(model) => Some(registry.model_key(model)?),
+                    };
+                    let field =
+                        round::daily_field(&self.settings.router_id, total.tenant, model.as_ref());
+                    Some((total.day.0, field, total.tokens))
+                })
+                .collect()
+        };
+        let heartbeat = self.heartbeat(now_ms, leaving);
+        let heartbeat_json = serde_json::to_string(&heartbeat).expect("a heartbeat serializes");
+        let bytes: usize = entries.iter().map(Vec::len).sum();
+        let reads = self
+            .store
+            .round(RoundWrites {
+                entries: &entries,
+                totals: &totals,
+                heartbeat: &heartbeat_json,
+                after: cursor,
+            })
+            .await?;
+        self.backlog.clear();
+        self.metrics
+            .published_bytes_total
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        if reads.last < cursor {
+            // The stream is older than what this router read: the store lost its data.
+            tracing::warn!("the sync store lost its data: reading today's totals again");
+            self.resync = true;
+        }
+        let mut newest = cursor;
+        let mut remote = RemoteUsage::default();
+        let mut lag_ms = None;
+        {
+            let registry = self.shared.registry();
+            for (id, bytes) in &reads.entries {
+                newest = newest.max(*id);
+                let entry = match Entry::decode(bytes) {
+                    Ok(entry) => entry,
+                    Err(error) => {
+                        tracing::warn!(%error, id = %id, "skipping a usage entry this router cannot read");
+                        continue;
+                    }
+                };
+                if entry.router == self.settings.router_id && entry.run == self.run {
+                    continue;
+                }
+                lag_ms = Some(now_ms.saturating_sub(entry.admitted_at_unix_ms));
+                remote
+                    .batches
+                    .push(round::remote_batch(&entry, now_ms, false, |model| {
+                        registry.find_model(&model.name, model.capability)
+                    }));
+            }
+        }
+        self.cursor = Some(newest);
+        if let Some(lag_ms) = lag_ms {
+            self.metrics.lag_ms.store(lag_ms as i64, Ordering::Relaxed);
+        }
+        if !remote.batches.is_empty() {
+            let remote = Arc::new(remote);
+            self.shared
+                .broadcast(|| ControlToShard::ApplyRemote(remote.clone()))
+                .await;
+        }
+        let records: Vec<(String, Heartbeat)> = reads
+            .heartbeats
+            .iter()
+            .filter_map(|(id, json)| Some((id.clone(), serde_json::from_str(json).ok()?)))
+            .collect();
+        let peers = site::peers(
+            &self.settings.router_id,
+            &heartbeat,
+            records.iter().map(|(id, record)| (id.as_str(), record)),
+            now_ms,
+        );
+        self.metrics
+            .peers
+            .store(i64::from(peers.live), Ordering::Relaxed);
+        let gone: Vec<String> = records
+            .iter()
+            .filter(|(id, record)| {
+                *id != self.settings.router_id
+                    && record.state(now_ms) == site::PeerState::Gone
+                    && !record.left
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        if !gone.is_empty() {
+            let _ = self.store.forget_routers(&gone).await;
+        }
+        Ok(peers)
+    }
+
+    fn heartbeat(&self, now_ms: u64, leaving: bool) -> Heartbeat {
+        Heartbeat {
+            run: self.run,
+            at_unix_ms: now_ms,
+            interval_ms: self.settings.interval.as_millis() as u64,
+            peer_id: self.peer_id.clone(),
+            grpc_addr: self.settings.advertise_grpc_addr.clone(),
+            agents: Vec::new(),
+            left: leaving,
+        }
+    }
+
+    /// Reads today's totals and the stream's newest entry together, hands the totals to the
+    /// shards, and applies the entries up to that one to the rate buckets only.
+    async fn read_totals(&mut self, now_ms: u64) -> redis::RedisResult<()> {
+        let day = utc_today();
+        let (fields, last) = self.store.read_daily(day.0).await?;
+        let replay_from = match self.cursor {
+            Some(cursor) => cursor,
+            None => StreamId {
+                ms: last.ms.saturating_sub(REPLAY_MS),
+                seq: 0,
+            },
+        };
+        let replay = if last > replay_from {
+            self.store.read_range(replay_from, last).await?
+        } else {
+            Vec::new()
+        };
+        let records = round::daily_records(
+            &self.settings.router_id,
+            day,
+            fields
+                .iter()
+                .map(|(field, tokens)| (field.as_str(), *tokens)),
+            !self.own_restored,
+        );
+        let shards = self.shared.shard_count();
+        let mut per_shard: HashMap<usize, Vec<_>> = HashMap::new();
+        for record in records {
+            per_shard
+                .entry(record.tenant.owner(shards))
+                .or_default()
+                .push(record);
+        }
+        for shard in 0..shards {
+            let records = per_shard.remove(&shard).unwrap_or_default();
+            self.shared
+                .send_to_shard(
+                    shard,
+                    ControlToShard::DailyTotals(DailyRestore { day, records }),
+                )
+                .await;
+        }
+        let mut remote = RemoteUsage::default();
+        {
+            let registry = self.shared.registry();
+            for (_, bytes) in &replay {
+                let Ok(entry) = Entry::decode(bytes) else {
+                    continue;
+                };
+                if entry.router == self.settings.router_id && entry.run == self.run {
+                    continue;
+                }
+                remote
+                    .batches
+                    .push(round::remote_batch(&entry, now_ms, true, |model| {
+                        registry.find_model(&model.name, model.capability)
+                    }));
+            }
+        }
+        if !remote.batches.is_empty() {
+            let remote = Arc::new(remote);
+            self.shared
+                .broadcast(|| ControlToShard::ApplyRemote(remote.clone()))
+                .await;
+        }
+        tracing::info!(
+            totals = fields.len(),
+            replayed = replay.len(),
+            "today's totals read from the sync store"
+        );
+        // Entries up to `last` are in the totals (and their rate usage was just replayed); a
+        // cursor past `last` means the store lost its data, and its new entries start lower.
+        self.cursor = Some(last);
+        self.own_restored = true;
+        self.resync = false;
+        Ok(())
+    }
+}

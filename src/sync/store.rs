@@ -1,0 +1,403 @@
+//! The Valkey side of the sync round: one connection (directly, or to the primary the Sentinels
+//! name), the keys of one site, and the few commands a round needs.
+//!
+//! # Keys (all under the hash tag `{site}`, so they live on one node)
+//! - `hivenet:{site}:usage`: the usage stream, one entry per router and round (field `u`, the
+//!   binary entry of `sync::entry`), trimmed to the last ten minutes by the writers.
+//! - `hivenet:{site}:routers`: hash, router ID -> heartbeat (JSON, `sync::site::Heartbeat`).
+//! - `hivenet:{site}:daily:{day}`: hash, `router|tenant|capability|model` -> that router's
+//!   running total of the day (`sync::round::daily_field`); expires two days after its last write.
+//! - `hivenet:{site}:redirect:{nonce}`: a spent redirect token, until it expires.
+//!
+//! # Error handling
+//! Every call is bounded by the connection and response timeouts; any error drops the connection
+//! so the next round connects again (asking the Sentinels for the primary: that is how a failover
+//! is followed). [`Store::rebuild`] starts over from the configured addresses.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, RedisResult, Value};
+
+use super::config::StoreSettings;
+
+/// How long usage stays on the stream: a router away longer re-reads the daily totals instead
+/// of the entries it missed.
+pub const STREAM_KEEP_MS: u64 = 10 * 60 * 1000;
+/// Entries read per round at most; the rest are read next round.
+pub const READ_MAX: usize = 10_000;
+/// A daily hash outlives its day by this much (a router behind midnight still writes to it).
+const DAILY_TTL_SECONDS: u64 = 2 * 86_400;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A stream entry ID (`ms-seq`), ordered as the store orders them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct StreamId {
+    pub ms: u64,
+    pub seq: u64,
+}
+
+impl StreamId {
+    pub fn parse(text: &str) -> Option<StreamId> {
+        let (ms, seq) = text.split_once('-')?;
+        Some(StreamId {
+            ms: ms.parse().ok()?,
+            seq: seq.parse().ok()?,
+        })
+    }
+}
+
+impl std::fmt::Display for StreamId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.ms, self.seq)
+    }
+}
+
+/// What one round writes.
+pub struct RoundWrites<'a> {
+    /// Encoded entries, oldest first.
+    pub entries: &'a [Vec<u8>],
+    /// (day, field, total).
+    pub totals: &'a [(u32, String, u64)],
+    pub heartbeat: &'a str,
+    /// Read the entries after this ID.
+    pub after: StreamId,
+}
+
+/// What one round reads back.
+pub struct RoundReads {
+    pub heartbeats: HashMap<String, String>,
+    pub entries: Vec<(StreamId, Vec<u8>)>,
+    /// The stream's newest entry (0-0 when it is empty or missing).
+    pub last: StreamId,
+}
+
+pub struct Store {
+    settings: StoreSettings,
+    prefix: String,
+    /// This router's field in the heartbeat hash.
+    router: String,
+    response_timeout: Duration,
+    connection: Option<MultiplexedConnection>,
+}
+
+impl Store {
+    pub fn new(
+        settings: StoreSettings,
+        site: &str,
+        router: &str,
+        response_timeout: Duration,
+    ) -> Store {
+        if settings.tls {
+            // The redis crate's rustls needs a process-wide provider; ours is ring.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        Store {
+            settings,
+            prefix: format!("hivenet:{{{site}}}"),
+            router: router.to_owned(),
+            response_timeout,
+            connection: None,
+        }
+    }
+
+    pub fn key(&self, suffix: &str) -> String {
+        format!("{}:{suffix}", self.prefix)
+    }
+
+    fn config(&self) -> AsyncConnectionConfig {
+        AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(self.response_timeout))
+    }
+
+    async fn connect(&self) -> RedisResult<MultiplexedConnection> {
+        let settings = &self.settings;
+        let certificates = || redis::TlsCertificates {
+            client_tls: None,
+            root_cert: settings.tls_ca.clone(),
+        };
+        let redis_info = {
+            let info = redis::RedisConnectionInfo::default();
+            match &settings.password {
+                Some(password) => info.set_password(password),
+                None => info,
+            }
+        };
+        match &settings.sentinel_master {
+            None => {
+                let (host, port) = settings.addrs[0].clone();
+                let addr = if settings.tls {
+                    redis::ConnectionAddr::TcpTls {
+                        host,
+                        port,
+                        insecure: false,
+                        tls_params: None,
+                    }
+                } else {
+                    redis::ConnectionAddr::Tcp(host, port)
+                };
+                let info = redis::IntoConnectionInfo::into_connection_info(addr)?
+                    .set_redis_settings(redis_info);
+                let client = if settings.tls {
+                    redis::Client::build_with_tls(info, certificates())?
+                } else {
+                    redis::Client::open(info)?
+                };
+                tokio::time::timeout(
+                    CONNECT_TIMEOUT + self.response_timeout,
+                    client.get_multiplexed_async_connection_with_config(&self.config()),
+                )
+                .await
+                .map_err(timed_out)?
+            }
+            Some(master) => {
+                let sentinels = settings.addrs.iter().map(|(host, port)| {
+                    if settings.tls {
+                        redis::ConnectionAddr::TcpTls {
+                            host: host.clone(),
+                            port: *port,
+                            insecure: false,
+                            tls_params: None,
+                        }
+                    } else {
+                        redis::ConnectionAddr::Tcp(host.clone(), *port)
+                    }
+                });
+                let mut builder = redis::sentinel::SentinelClientBuilder::new(
+                    sentinels,
+                    master,
+                    redis::sentinel::SentinelServerType::Master,
+                )?;
+                if let Some(password) = &settings.password {
+                    builder = builder
+                        .set_client_to_redis_password(password)
+                        .set_client_to_sentinel_password(password);
+                }
+                if settings.tls {
+                    builder = builder
+                        .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+                        .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure)
+                        .set_client_to_redis_certificates(certificates())
+                        .set_client_to_sentinel_certificates(certificates());
+                }
+                let mut client = builder.build()?;
+                tokio::time::timeout(
+                    CONNECT_TIMEOUT * 3 + self.response_timeout,
+                    client.get_async_connection_with_config(&self.config()),
+                )
+                .await
+                .map_err(timed_out)?
+            }
+        }
+    }
+
+    async fn connection(&mut self) -> RedisResult<MultiplexedConnection> {
+        if let Some(connection) = &self.connection {
+            return Ok(connection.clone());
+        }
+        let connection = self.connect().await?;
+        self.connection = Some(connection.clone());
+        Ok(connection)
+    }
+
+    /// Runs `pipe`, dropping the connection on any error so the next call connects again.
+    async fn query<T: redis::FromRedisValue>(&mut self, pipe: &redis::Pipeline) -> RedisResult<T> {
+        let mut connection = self.connection().await?;
+        let result = tokio::time::timeout(
+            self.response_timeout + Duration::from_millis(100),
+            pipe.query_async(&mut connection),
+        )
+        .await
+        .map_err(timed_out)
+        .and_then(|result| result);
+        if result.is_err() {
+            self.connection = None;
+        }
+        result
+    }
+
+    /// After ten failed rounds: forget the connection (the next one starts from the configured
+    /// addresses, resolved again).
+    pub fn rebuild(&mut self) {
+        self.connection = None;
+    }
+
+    /// Today's totals of every router and the stream's newest entry, read together: every entry
+    /// up to that one is in the totals (each router writes its entry and its totals in one
+    /// transaction).
+    pub async fn read_daily(&mut self, day: u32) -> RedisResult<(Vec<(String, u64)>, StreamId)> {
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("HGETALL")
+            .arg(self.key(&format!("daily:{day}")))
+            .cmd("XREVRANGE")
+            .arg(self.key("usage"))
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1);
+        let (totals, last): (HashMap<String, u64>, Value) = self.query(&pipe).await?;
+        Ok((totals.into_iter().collect(), last_id(&last)))
+    }
+
+    /// Entries after `after` up to and including `upto`, oldest first.
+    pub async fn read_range(
+        &mut self,
+        after: StreamId,
+        upto: StreamId,
+    ) -> RedisResult<Vec<(StreamId, Vec<u8>)>> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("XRANGE")
+            .arg(self.key("usage"))
+            .arg(format!("({after}"))
+            .arg(upto.to_string())
+            .arg("COUNT")
+            .arg(READ_MAX * 10);
+        let (reply,): (Value,) = self.query(&pipe).await?;
+        Ok(entries(&reply))
+    }
+
+    /// One round: publish, write totals and the heartbeat in one transaction, then read the
+    /// heartbeats and the entries after `writes.after`.
+    pub async fn round(&mut self, writes: RoundWrites<'_>) -> RedisResult<RoundReads> {
+        let usage = self.key("usage");
+        let routers = self.key("routers");
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for entry in writes.entries {
+            pipe.cmd("XADD")
+                .arg(&usage)
+                .arg("MINID")
+                .arg("~")
+                .arg(writes.after.ms.saturating_sub(STREAM_KEEP_MS))
+                .arg("*")
+                .arg("u")
+                .arg(entry.as_slice())
+                .ignore();
+        }
+        let mut days: Vec<u32> = Vec::new();
+        for (day, field, total) in writes.totals {
+            let key = self.key(&format!("daily:{day}"));
+            pipe.cmd("HSET").arg(&key).arg(field).arg(*total).ignore();
+            if !days.contains(day) {
+                days.push(*day);
+            }
+        }
+        for day in days {
+            pipe.cmd("EXPIRE")
+                .arg(self.key(&format!("daily:{day}")))
+                .arg(DAILY_TTL_SECONDS)
+                .ignore();
+        }
+        pipe.cmd("HSET")
+            .arg(&routers)
+            .arg(&self.router)
+            .arg(writes.heartbeat)
+            .ignore();
+        pipe.cmd("HGETALL").arg(&routers);
+        pipe.cmd("XRANGE")
+            .arg(&usage)
+            .arg(format!("({}", writes.after))
+            .arg("+")
+            .arg("COUNT")
+            .arg(READ_MAX);
+        pipe.cmd("XREVRANGE")
+            .arg(&usage)
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1);
+        let (heartbeats, range, last): (HashMap<String, String>, Value, Value) =
+            self.query(&pipe).await?;
+        Ok(RoundReads {
+            heartbeats,
+            entries: entries(&range),
+            last: last_id(&last),
+        })
+    }
+
+    /// Removes heartbeats of routers given up (silent for over an hour, or left).
+    pub async fn forget_routers(&mut self, ids: &[String]) -> RedisResult<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        pipe.cmd("HDEL").arg(self.key("routers")).arg(ids).ignore();
+        self.query::<()>(&pipe).await
+    }
+
+    /// Marks a redirect token spent for the whole site; false when it already was.
+    pub async fn spend_token(&mut self, nonce: &str, ttl_ms: u64) -> RedisResult<bool> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(self.key(&format!("redirect:{nonce}")))
+            .arg(1)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms.max(1));
+        let (set,): (Option<String>,) = self.query(&pipe).await?;
+        Ok(set.is_some())
+    }
+}
+
+fn timed_out(_: tokio::time::error::Elapsed) -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "the store did not answer in time",
+    ))
+}
+
+/// The ID of the one entry an `XREVRANGE … COUNT 1` returned.
+fn last_id(reply: &Value) -> StreamId {
+    entries_ids(reply).last().copied().unwrap_or_default()
+}
+
+fn entries_ids(reply: &Value) -> Vec<StreamId> {
+    match reply {
+        Value::Array(items) => items
+            .iter()
+            .filter_map(|item| match item {
+                Value::Array(pair) => match pair.first() {
+                    Some(Value::BulkString(id)) => {
+                        std::str::from_utf8(id).ok().and_then(StreamId::parse)
+                    }
+                    Some(Value::SimpleString(id)) => StreamId::parse(id),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// (ID, field `u`) of each entry of an `XRANGE` reply; entries without it are skipped.
+fn entries(reply: &Value) -> Vec<(StreamId, Vec<u8>)> {
+    let Value::Array(items) = reply else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|item| {
+            let Value::Array(pair) = item else {
+                return None;
+            };
+            let id = match pair.first()? {
+                Value::BulkString(id) => StreamId::parse(std::str::from_utf8(id).ok()?)?,
+                Value::SimpleString(id) => StreamId::parse(id)?,
+                _ => return None,
+            };
+            let Value::Array(fields) = pair.get(1)? else {
+                return None;
+            };
+            fields.chunks(2).find_map(|field| match field {
+                [Value::BulkString(name), Value::BulkString(value)] if name == b"u" => {
+                    Some((id, value.clone()))
+                }
+                _ => None,
+            })
+        })
+        .collect()
+}
