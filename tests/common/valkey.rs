@@ -132,11 +132,9 @@ impl Reply {
             Reply::Error(message) => format!("-{message}"),
             Reply::Integer(value) => value.to_string(),
             Reply::Bulk(None) | Reply::Array(None) => "(nil)".to_string(),
-            Reply::Array(Some(items)) => items
-                .iter()
-                .map(Reply::text)
-                .collect::<Vec<_>>()
-                .join("\n"),
+            Reply::Array(Some(items)) => {
+                items.iter().map(Reply::text).collect::<Vec<_>>().join("\n")
+            }
         }
     }
 
@@ -380,10 +378,7 @@ impl Server {
     }
 
     fn signal(&self, signal: &str) {
-        self.proc
-            .as_ref()
-            .expect("a started server")
-            .signal(signal);
+        self.proc.as_ref().expect("a started server").signal(signal);
     }
 
     fn log_tail(&self) -> String {
@@ -551,7 +546,8 @@ impl Valkey {
     }
 
     /// Waits until this server's role (`master` or `slave`) is `role`; for a server Sentinel must
-    /// reconfigure, such as an old primary restarted after a failover.
+    /// reconfigure, such as an old primary restarted after a failover (Sentinel does it at its next
+    /// `INFO` of that server, up to 10 s later).
     pub fn wait_role(&self, role: &str) {
         poll(WAIT, || {
             let reply = self.reply(&["ROLE"]).ok()?;
@@ -660,9 +656,7 @@ impl Sentinels {
                 ready.then_some(())
             })
             .unwrap_or_else(|| {
-                panic!(
-                    "sentinel {addr} never saw {others} other sentinels and {replicas} replicas"
-                )
+                panic!("sentinel {addr} never saw {others} other sentinels and {replicas} replicas")
             });
         }
         sentinels
