@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod relay;
+pub mod valkey;
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
