@@ -56,10 +56,16 @@ fn an_agent_keeps_a_session_with_each_listed_router() {
     );
     let routers = format!("{},{}", site_a.grpc, site_b.grpc);
     // `--router-grpc` (the harness's, naming router A) is ignored when the list is given.
-    site_a.spawn_agent_with_env(0, &["--capacity", "4"], &[("HIVENET_AGENT_ROUTERS", &routers)]);
+    site_a.spawn_agent_with_env(
+        0,
+        &["--capacity", "4"],
+        &[("HIVENET_AGENT_ROUTERS", &routers)],
+    );
     for site in [&site_a, &site_b] {
         site.wait_metric("hivenet_shard_tunnels_open", |open| open == SHARDS);
-        site.wait_metric("hivenet_routing_agents_routable", |routable| routable == 1.0);
+        site.wait_metric("hivenet_routing_agents_routable", |routable| {
+            routable == 1.0
+        });
         site.wait_models(&["sim-model"]);
     }
     site_a.assert_chat_ok("sim-model");
@@ -69,8 +75,14 @@ fn an_agent_keeps_a_session_with_each_listed_router() {
     assert_eq!(connects(&site_a, 0), 2, "{}", site_a.agents[0].log_tail());
     for site in [&site_a, &site_b] {
         let metrics = site.router_metrics();
-        assert_eq!(metric_sum(&metrics, "hivenet_shard_tunnels_open", &[]), SHARDS);
-        assert_eq!(metric_sum(&metrics, "hivenet_routing_agents_routable", &[]), 1.0);
+        assert_eq!(
+            metric_sum(&metrics, "hivenet_shard_tunnels_open", &[]),
+            SHARDS
+        );
+        assert_eq!(
+            metric_sum(&metrics, "hivenet_routing_agents_routable", &[]),
+            1.0
+        );
     }
 }
 
@@ -80,7 +92,9 @@ fn a_router_reached_under_two_addresses_gets_one_session() {
     let port = site.grpc.port();
     let routers = format!("127.0.0.1:{port},localhost:{port}");
     site.spawn_agent(0, &["--capacity", "4", "--routers", &routers]);
-    site.wait_metric("hivenet_routing_agents_routable", |routable| routable == 1.0);
+    site.wait_metric("hivenet_routing_agents_routable", |routable| {
+        routable == 1.0
+    });
     site.wait_for("the agent to see the router twice", || {
         site.agents[0]
             .log_text()
@@ -98,7 +112,10 @@ fn a_router_reached_under_two_addresses_gets_one_session() {
         "{}",
         site.logs()
     );
-    assert_eq!(metric_sum(&metrics, "hivenet_routing_agents_routable", &[]), 1.0);
+    assert_eq!(
+        metric_sum(&metrics, "hivenet_routing_agents_routable", &[]),
+        1.0
+    );
     let registered = site.router.log_text().matches("agent registered").count();
     assert_eq!(registered, 1, "{}", site.router.log_tail());
     assert_eq!(connects(&site, 0), 2, "the two --routers entries only");
@@ -238,7 +255,9 @@ fn an_agent_opens_a_session_with_a_listed_router_and_reports_both() {
     site.spawn_agent(0, &["--capacity", "4", "--routers", &lister.to_string()]);
     // The real router, known to the agent only from the stand-in's list, gets its session.
     site.wait_metric("hivenet_shard_tunnels_open", |open| open == SHARDS);
-    site.wait_metric("hivenet_routing_agents_routable", |routable| routable == 1.0);
+    site.wait_metric("hivenet_routing_agents_routable", |routable| {
+        routable == 1.0
+    });
     site.wait_models(&["sim-model"]);
     site.assert_chat_ok("sim-model");
     // Heartbeats report both routers once both sessions are up: the stand-in, and the real
@@ -248,8 +267,14 @@ fn an_agent_opens_a_session_with_a_listed_router_and_reports_both() {
         (connected.len() == 2).then_some(connected)
     })
     .unwrap_or_else(|| panic!("no heartbeat reported both routers\n{}", site.logs()));
-    assert!(reported.iter().any(|peer| peer == LISTER_PEER_ID), "{reported:?}");
-    assert!(reported.iter().all(|peer| peer != "12D3KooWlistedrouter"), "{reported:?}");
+    assert!(
+        reported.iter().any(|peer| peer == LISTER_PEER_ID),
+        "{reported:?}"
+    );
+    assert!(
+        reported.iter().all(|peer| peer != "12D3KooWlistedrouter"),
+        "{reported:?}"
+    );
     // The stand-in's own entry (its peer ID, already reached) was never dialed: two sessions.
     assert_eq!(connects(&site, 0), 2, "{}", site.agents[0].log_tail());
 }
