@@ -345,12 +345,10 @@ async fn session_inner(
                     Some(RouterKind::Registered(registered)) => {
                         info!(%router, agent_id = %registered.agent_id, "router confirmed registration");
                     }
-                    Some(RouterKind::HeartbeatAck(ack)) => {
-                        if ack.routers_known {
-                            link.listed(&ack.routers);
-                        }
+                    Some(RouterKind::HeartbeatAck(ack)) if ack.routers_known => {
+                        link.listed(&ack.routers);
                     }
-                    None => {}
+                    Some(RouterKind::HeartbeatAck(_)) | None => {}
                 },
                 Ok(None) => return Err(SessionError::Ended),
                 Err(status) => {
