@@ -118,7 +118,7 @@ pub async fn run(shared: Arc<Shared>, starting: Vec<String>) {
     let mut tasks = JoinSet::new();
     let mut handles: HashMap<SessionId, AbortHandle> = HashMap::new();
     let mut expiry = tokio::time::interval(EXPIRY_CHECK_INTERVAL);
-    let mut ignored_over_limit = 0;
+    let mut warned_over_limit = false;
     loop {
         for action in discovery.poll_actions() {
             match action {
@@ -151,12 +151,12 @@ pub async fn run(shared: Arc<Shared>, starting: Vec<String>) {
         if **connected.borrow() != *peers {
             publish_connected.send_replace(Arc::from(peers));
         }
-        if discovery.ignored_over_limit() != ignored_over_limit {
-            ignored_over_limit = discovery.ignored_over_limit();
+        // Once: a site over the limit lists the same routers again in every heartbeat ack.
+        if !warned_over_limit && discovery.ignored_over_limit() > 0 {
+            warned_over_limit = true;
             tracing::warn!(
                 kept = super::discovery::DISCOVERED_MAX,
-                ignored = ignored_over_limit,
-                "routers listed beyond the discovered-router limit are left out"
+                "the routers list more routers than an agent keeps: the rest get no session from this agent"
             );
         }
         tokio::select! {

@@ -6,7 +6,8 @@
 //! agent-dialed data sockets), `metrics_http` (`/metrics`), `auth_reload` and `policy_reload`
 //! (`auth.yaml` and routing policies, at start-up and on change), `admin` and `admin_policy` (the
 //! control side of `/admin/*`), `daily_flush` (daily totals to the disk database,
-//! `HIVENET_ROUTER_QUOTA_BACKEND=badger`), `queues` (the bounded queues to and from the shards).
+//! `HIVENET_ROUTER_QUOTA_BACKEND=badger`), `queues` (the bounded queues to and from the shards),
+//! `site_routers` (the site's routers handed to agents for discovery).
 //! [`ControlShared`] is the state they share; its registry lock is held only for in-memory
 //! updates. What goes to the shards is published in turns ([`Publishing`]): a publisher builds its
 //! messages and queues them all before the next one builds, waiting when a shard's queue is full,
