@@ -594,6 +594,117 @@ mod tests {
         assert!(discovery.poll_actions().is_empty());
     }
 
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+        use std::collections::BTreeSet;
+
+        #[derive(Debug, Clone)]
+        enum Step {
+            /// The `n`-th live session authenticates with router `peer`.
+            Authenticated {
+                session: usize,
+                peer: u8,
+            },
+            Down {
+                session: usize,
+            },
+            /// The `n`-th live session hands a list of `(peer, address)`.
+            List {
+                session: usize,
+                routers: Vec<(u8, u8)>,
+            },
+            /// Time passes, then the expiry pass.
+            Tick {
+                seconds: u16,
+            },
+        }
+
+        fn step() -> impl Strategy<Value = Step> {
+            prop_oneof![
+                (0..8usize, 0..6u8)
+                    .prop_map(|(session, peer)| Step::Authenticated { session, peer }),
+                (0..8usize).prop_map(|session| Step::Down { session }),
+                (
+                    0..8usize,
+                    proptest::collection::vec((0..40u8, 0..3u8), 0..40)
+                )
+                    .prop_map(|(session, routers)| Step::List { session, routers }),
+                (0..200u16).prop_map(|seconds| Step::Tick { seconds }),
+            ]
+        }
+
+        proptest! {
+            /// Whatever the sessions report: `--routers` sessions are never closed, a router is
+            /// reached by one session at most, at most 32 routers are discovered, each has one
+            /// live session, and the tasks the actions leave running are exactly the sessions.
+            #[test]
+            fn one_session_per_router_and_configured_ones_stay(
+                steps in proptest::collection::vec(step(), 1..120)
+            ) {
+                let configured = vec!["http://a:1".to_owned(), "http://a-alias:1".to_owned()];
+                let mut discovery = Discovery::new(&configured);
+                let mut running: BTreeSet<SessionId> = BTreeSet::new();
+                let mut configured_ids: BTreeSet<SessionId> = BTreeSet::new();
+                let mut apply = |discovery: &mut Discovery, running: &mut BTreeSet<SessionId>| {
+                    for action in discovery.poll_actions() {
+                        match action {
+                            Action::Open { session, .. } => prop_assert!(running.insert(session)),
+                            Action::Close { session } => prop_assert!(running.remove(&session)),
+                        }
+                    }
+                    Ok(())
+                };
+                apply(&mut discovery, &mut running)?;
+                configured_ids.extend(running.iter().copied());
+                let mut now = Instant::now();
+                for step in steps {
+                    let live: Vec<SessionId> = running.iter().copied().collect();
+                    match step {
+                        Step::Authenticated { session, peer } => {
+                            let session = live[session % live.len()];
+                            discovery.handle_authenticated(session, &format!("peer-{peer}"));
+                        }
+                        Step::Down { session } => {
+                            discovery.handle_down(live[session % live.len()], now);
+                        }
+                        Step::List { session, routers } => {
+                            let list: Vec<Listed> = routers
+                                .iter()
+                                .map(|(peer, address)| {
+                                    listed(&format!("peer-{peer}"), &format!("http://r{peer}-{address}:1"))
+                                })
+                                .collect();
+                            discovery.handle_list(live[session % live.len()], Some(&list), now);
+                        }
+                        Step::Tick { seconds } => {
+                            now += Duration::from_secs(u64::from(seconds));
+                            discovery.handle_tick(now);
+                        }
+                    }
+                    apply(&mut discovery, &mut running)?;
+                    prop_assert!(configured_ids.is_subset(&running), "a --routers session was closed");
+                    let running_now: BTreeSet<SessionId> =
+                        discovery.sessions.keys().copied().collect();
+                    prop_assert_eq!(&running_now, &running);
+                    let peers = discovery.connected_peer_ids();
+                    let unique: BTreeSet<&String> = peers.iter().collect();
+                    prop_assert_eq!(unique.len(), peers.len(), "a router reached twice");
+                    prop_assert!(discovery.discovered_count() <= DISCOVERED_MAX);
+                    let discovered_sessions: BTreeSet<SessionId> =
+                        discovery.discovered.values().map(|router| router.session).collect();
+                    prop_assert_eq!(discovered_sessions.len(), discovery.discovered_count());
+                    prop_assert!(discovered_sessions.is_subset(&running));
+                    prop_assert_eq!(
+                        running.len(),
+                        configured_ids.len() + discovery.discovered_count(),
+                        "every session is a --routers entry's or one discovered router's"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn two_discovered_sessions_reaching_one_router_keep_one() {
         let now = Instant::now();
