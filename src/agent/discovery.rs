@@ -646,7 +646,7 @@ mod tests {
                 let mut discovery = Discovery::new(&configured);
                 let mut running: BTreeSet<SessionId> = BTreeSet::new();
                 let mut configured_ids: BTreeSet<SessionId> = BTreeSet::new();
-                let mut apply = |discovery: &mut Discovery, running: &mut BTreeSet<SessionId>| {
+                let apply = |discovery: &mut Discovery, running: &mut BTreeSet<SessionId>| {
                     for action in discovery.poll_actions() {
                         match action {
                             Action::Open { session, .. } => prop_assert!(running.insert(session)),
