@@ -22,6 +22,12 @@ pub struct RouterArgs {
     /// Agent gRPC (authentication and session) listen address.
     #[arg(long, env = "HIVENET_ROUTER_GRPC_PORT", default_value = ":50051")]
     pub grpc_port: String,
+    /// gRPC address (`host:port`) agents reach this router at, handed to them so an agent given
+    /// one router finds the others (with a sync store, shared through it). The host must be one
+    /// agents can dial and the port numeric: a listen address (`:50051`, `0.0.0.0:50051`) is
+    /// refused. Empty (default): not advertised. Scope: this router.
+    #[arg(long, env = "HIVENET_ROUTER_ADVERTISE_GRPC_ADDR", default_value = "")]
+    pub advertise_grpc_addr: String,
     /// Prometheus `/metrics` listen address.
     #[arg(long, env = "HIVENET_ROUTER_METRICS_PORT", default_value = ":2112")]
     pub metrics_port: String,
@@ -203,6 +209,11 @@ impl RouterArgs {
         self.policy_model_dir
             .as_deref()
             .filter(|path| !path.as_os_str().is_empty())
+    }
+
+    /// `--advertise-grpc-addr` as agents dial it; `None` when empty (not advertised).
+    pub fn advertise_grpc_addr(&self) -> anyhow::Result<Option<String>> {
+        advertise_grpc_addr(&self.advertise_grpc_addr)
     }
 
     /// The hold-at-zero flags, refused when a budget or limit is not greater than 0.
@@ -483,6 +494,70 @@ pub fn quota_backend(value: Option<&str>) -> anyhow::Result<QuotaBackend> {
     }
 }
 
+/// Checks an `--advertise-grpc-addr`: `host:port` (`[v6]:port` for an IPv6 address) with a host
+/// agents can dial — a DNS name or a specified IP, never `0.0.0.0`, `::` or none (a listen
+/// address) — and a numeric port from 1 to 65535. Empty: `None`.
+pub fn advertise_grpc_addr(text: &str) -> anyhow::Result<Option<String>> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let refuse = |reason: &str| {
+        anyhow::anyhow!(
+            "--advertise-grpc-addr {text:?} must be host:port with a host agents can dial and a numeric port: {reason}"
+        )
+    };
+    if text.contains('/') {
+        return Err(refuse("give host:port, without a scheme or path"));
+    }
+    let port = if let Some(rest) = text.strip_prefix('[') {
+        let (host, port) = rest
+            .split_once("]:")
+            .ok_or_else(|| refuse("an IPv6 address is written [address]:port"))?;
+        let ip: std::net::Ipv6Addr = host
+            .parse()
+            .map_err(|_| refuse("the bracketed host is not an IPv6 address"))?;
+        if ip.is_unspecified() {
+            return Err(refuse("[::] is a listen address, not one agents can dial"));
+        }
+        port
+    } else {
+        let (host, port) = text
+            .rsplit_once(':')
+            .ok_or_else(|| refuse("the port is missing"))?;
+        if host.is_empty() {
+            return Err(refuse("the host is missing (:PORT is a listen address)"));
+        }
+        if host.contains(':') {
+            return Err(refuse("an IPv6 address is written [address]:port"));
+        }
+        match host.parse::<IpAddr>() {
+            Ok(ip) if ip.is_unspecified() => {
+                return Err(refuse(
+                    "0.0.0.0 is a listen address, not one agents can dial",
+                ));
+            }
+            Ok(_) => {}
+            Err(_) => {
+                let name_ok = host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+                if !name_ok || host.starts_with(['-', '.']) || host.ends_with('-') {
+                    return Err(refuse("the host is not a DNS name or an IP address"));
+                }
+            }
+        }
+        port
+    };
+    if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(refuse("the port is not a number"));
+    }
+    match port.parse::<u16>() {
+        Ok(port) if port > 0 => Ok(Some(text.to_owned())),
+        _ => Err(refuse("the port is not between 1 and 65535")),
+    }
+}
+
 /// Parses `:8080`, `0.0.0.0:8080` or `[::1]:8080`.
 pub fn listen_address(text: &str) -> anyhow::Result<SocketAddr> {
     let full = if let Some(port) = text.strip_prefix(':') {
@@ -498,6 +573,38 @@ pub fn listen_address(text: &str) -> anyhow::Result<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn advertise_grpc_addr_takes_a_dialable_host_and_a_numeric_port() {
+        for good in [
+            "router-0.router-headless:50051",
+            "10.0.0.7:50051",
+            "127.0.0.1:1",
+            "[fd00::7]:50051",
+            "localhost:65535",
+        ] {
+            assert_eq!(advertise_grpc_addr(good).unwrap().as_deref(), Some(good));
+        }
+        assert_eq!(advertise_grpc_addr("").unwrap(), None);
+        assert_eq!(advertise_grpc_addr("  ").unwrap(), None);
+        for (bad, reason) in [
+            (":50051", "listen address"),
+            ("0.0.0.0:50051", "listen address"),
+            ("[::]:50051", "listen address"),
+            ("router-0", "port is missing"),
+            ("router-0:grpc", "not a number"),
+            ("router-0:0", "between 1 and 65535"),
+            ("router-0:70000", "between 1 and 65535"),
+            ("router-0:", "not a number"),
+            ("http://router-0:50051", "without a scheme"),
+            ("fd00::7:50051", "[address]:port"),
+            ("bad host:50051", "not a DNS name"),
+        ] {
+            let error = advertise_grpc_addr(bad).unwrap_err().to_string();
+            assert!(error.contains("--advertise-grpc-addr"), "{error}");
+            assert!(error.contains(reason), "{bad}: {error}");
+        }
+    }
 
     #[test]
     fn quota_backends() {

@@ -187,6 +187,7 @@ impl AgentControl for Control {
             shard_count: 1,
             heartbeat_interval_ms: 5_000,
             routing_signal_interval_ms: 0,
+            ..Default::default()
         }))
     }
 

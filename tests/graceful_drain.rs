@@ -167,8 +167,12 @@ fn agents_are_back_within_seconds_of_a_router_restart() {
     site.restart_router(Stop::Kill, &[]);
     let back = restarted.elapsed();
     eprintln!("agent back {back:?} after the router restarted");
+    // Sessions reconnect with backoff from 1 s to 30 s with jitter (seed, run-several-routers,
+    // "Connect agents to every router"): attempts at about 1, 3 and 7 s after the loss, so after
+    // 6 s down the next attempt is at most 8 s × 1.2 away. The bound was 8 s under the earlier
+    // 250 ms..2 s backoff (issue 10).
     assert!(
-        back < Duration::from_secs(8),
+        back < Duration::from_secs(12),
         "agents took {back:?} to rejoin"
     );
     site.assert_chat_ok("sim-model");

@@ -186,6 +186,8 @@ impl Core {
                 self.apply(events);
             }
             agent_message::Kind::Heartbeat(heartbeat) => {
+                self.registry
+                    .routers_reported(agent, heartbeat.connected_router_peer_ids);
                 let events =
                     self.registry
                         .heartbeat(agent, heartbeat.in_flight, !heartbeat.backend_unhealthy, now);

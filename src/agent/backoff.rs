@@ -1,6 +1,13 @@
 //! Exponential backoff with jitter for every retry loop of the agent: backend health, warm-up,
 //! authentication, control sessions and tunnel connections.
 //!
+//! Control sessions reconnect from 1 s up to 30 s, as the seed says (run-several-routers, "Connect
+//! agents to every router"). It replaces the earlier 250 ms..2 s for sessions: with every agent
+//! holding a session with every router of a site, and discovery dialing routers the agent only
+//! heard of, a router that stays down is retried by agents × routers sessions, and a fast retry
+//! there costs more than the seconds it saves after a restart. Tunnels keep 250 ms..2 s: the seed
+//! does not cover them, and they reconnect only while their router's session is up.
+//!
 //! Pure: the caller passes the random draw (`0.0..=1.0`) so the bounds are testable, and decides
 //! when to [`Backoff::reset`] (after a connection that stayed up long enough).
 //!
@@ -8,7 +15,10 @@
 
 use std::time::Duration;
 
-/// Control sessions and tunnels: 250 ms doubling to 2 s. A router that restarts is back within
+/// Control sessions: 1 s doubling to 30 s, with jitter (seed, "Connect agents to every router").
+pub const SESSION_INITIAL: Duration = Duration::from_secs(1);
+pub const SESSION_MAX: Duration = Duration::from_secs(30);
+/// Tunnels and session-token refreshes: 250 ms doubling to 2 s. A router that restarts is back within
 /// seconds and should have its agents back as soon (with a 30 s cap they took ~16 s, issue 10);
 /// a refused connect to a router that is down costs it next to nothing, even from many agents.
 pub const RECONNECT_INITIAL: Duration = Duration::from_millis(250);
@@ -41,6 +51,12 @@ impl Backoff {
         }
     }
 
+    /// A control session's reconnects ([`SESSION_INITIAL`]..[`SESSION_MAX`]).
+    pub fn session() -> Backoff {
+        Backoff::new(SESSION_INITIAL, SESSION_MAX)
+    }
+
+    /// Tunnels and refreshes ([`RECONNECT_INITIAL`]..[`RECONNECT_MAX`]).
     pub fn reconnect() -> Backoff {
         Backoff::new(RECONNECT_INITIAL, RECONNECT_MAX)
     }
@@ -92,6 +108,23 @@ mod tests {
         }
         assert_eq!(highs[7], RECONNECT_MAX, "capped at max");
         assert_eq!(lows[7], Duration::from_millis(1600));
+    }
+
+    #[test]
+    fn sessions_back_off_from_one_second_to_thirty() {
+        let mut low = Backoff::session();
+        let mut high = Backoff::session();
+        let lows: Vec<Duration> = (0..8).map(|_| low.next_delay(0.0)).collect();
+        let highs: Vec<Duration> = (0..8).map(|_| high.next_delay(1.0)).collect();
+        assert_eq!(lows[0], SESSION_INITIAL, "never below 1 s");
+        assert_eq!(highs[0], Duration::from_millis(1200));
+        assert_eq!(lows[1], Duration::from_millis(1600));
+        assert_eq!(highs[4], Duration::from_millis(19_200));
+        assert_eq!(highs[5], SESSION_MAX, "capped at 30 s");
+        assert_eq!(lows[7], Duration::from_secs(24));
+        for (low, high) in lows.iter().zip(&highs) {
+            assert!(*low >= SESSION_INITIAL && *high <= SESSION_MAX);
+        }
     }
 
     #[test]

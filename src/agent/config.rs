@@ -105,7 +105,13 @@ pub struct Args {
     /// an error). A second signal exits at once.
     #[arg(long, default_value = "30s", value_parser = parse_arg)]
     pub drain_timeout: Duration,
-    /// Router gRPC address(es) (host:port or URL); repeat or comma-separate to join several routers.
+    /// The gRPC addresses (`host:port` or URL) of the site's routers, comma-separated or
+    /// repeated: the agent keeps one session with each, and with every router they list
+    /// (discovery). Entries may be DNS names; none is ever closed. Empty: `--router-grpc`.
+    #[arg(long, env = "HIVENET_AGENT_ROUTERS", action = clap::ArgAction::Append)]
+    pub routers: Vec<String>,
+    /// Router gRPC address(es) (host:port or URL), the single-router form; used only when
+    /// `--routers` is empty. Repeat or comma-separate to join several routers.
     #[arg(long, default_value = "localhost:50051", action = clap::ArgAction::Append)]
     pub router_grpc: Vec<String>,
     /// Deprecated no-op: tunnel addresses come from the authentication response.
@@ -194,7 +200,7 @@ pub enum ConfigError {
     BadBackendUrl(String),
     #[error("--health-url {0:?} must be an http:// URL with a host")]
     BadHealthUrl(String),
-    #[error("--router-grpc is empty")]
+    #[error("--routers and --router-grpc are empty")]
     NoRouter,
     #[error("--engine-sample-interval must be greater than 0")]
     ZeroSampleInterval,
@@ -216,7 +222,8 @@ pub struct Config {
     /// `None` when `--stream-write-timeout 0`.
     pub stream_write_timeout: Option<Duration>,
     pub drain_timeout: Duration,
-    /// One gRPC endpoint URI (`http://host:port`) per router.
+    /// The starting list: one gRPC endpoint URI (`http://host:port`) per `--routers` entry (else
+    /// per `--router-grpc` entry), duplicates removed. Discovery adds to it, never removes.
     pub routers: Vec<String>,
     pub identity_path: PathBuf,
     pub jwt_secret_file: Option<PathBuf>,
@@ -257,12 +264,22 @@ impl Args {
         if !health_url.is_empty() && !is_http_url(&health_url) {
             return Err(ConfigError::BadHealthUrl(self.health_url));
         }
-        let routers: Vec<String> = self
-            .router_grpc
+        let given = if self
+            .routers
             .iter()
-            .flat_map(|value| split_list(value))
-            .map(|address| grpc_uri(&address))
-            .collect();
+            .any(|value| !split_list(value).is_empty())
+        {
+            &self.routers
+        } else {
+            &self.router_grpc
+        };
+        let mut routers: Vec<String> = Vec::new();
+        for address in given.iter().flat_map(|value| split_list(value)) {
+            let uri = grpc_uri(&address);
+            if !routers.contains(&uri) {
+                routers.push(uri);
+            }
+        }
         if routers.is_empty() {
             return Err(ConfigError::NoRouter);
         }
@@ -371,6 +388,32 @@ mod tests {
             vec!["http://r1:1", "http://r2:2", "https://r3:3"]
         );
         assert_eq!(config.models_override, vec!["m1", "m2"]);
+    }
+
+    #[test]
+    fn routers_win_over_router_grpc_and_are_deduplicated() {
+        let config = parse(&[
+            "--routers",
+            "router-0:50051, router-1:50051",
+            "--routers",
+            "router-0:50051,https://router-2:443",
+            "--router-grpc",
+            "ignored:1",
+        ])
+        .unwrap();
+        assert_eq!(
+            config.routers,
+            vec![
+                "http://router-0:50051",
+                "http://router-1:50051",
+                "https://router-2:443"
+            ]
+        );
+        // An empty --routers falls back to --router-grpc (and its default).
+        let config = parse(&["--routers", " , ", "--router-grpc", "r1:1"]).unwrap();
+        assert_eq!(config.routers, vec!["http://r1:1"]);
+        let config = parse(&["--routers", ""]).unwrap();
+        assert_eq!(config.routers, vec!["http://localhost:50051"]);
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! - `readiness` + `backend`: wait for the engine to be healthy, discover and warm up its models.
 //! - `session`: per router, the gRPC control session (authenticate, register, heartbeats, routing
 //!   signals, refresh) and the lifetime of that router's tunnels.
+//! - `discovery` (pure) + `sessions` (its driver): which routers get a session — every
+//!   `--routers` entry and every router they list — one session per router (by peer ID).
 //! - `tunnel`: per router shard, an agent-dialed socket serving HTTP/2 to the router.
 //! - `forward`: one tunnelled request proxied to the backend and streamed back.
 //! - `poller` + `engine_metrics`: engine signals from `/metrics` (parser pure).
@@ -13,9 +15,9 @@
 //!
 //! ## Architecture
 //! ```text
-//! main ─ readiness ─┬─ session(router 1) ─┬─ tunnel(shard 0) ─ forward(stream) ─ backend
-//!                   │                     └─ tunnel(shard n) ─ …
-//!                   ├─ session(router 2) ─ …
+//! main ─ readiness ─┬─ sessions ─┬─ session(router 1) ─┬─ tunnel(shard 0) ─ forward ─ backend
+//!                   │            │                     └─ tunnel(shard n) ─ …
+//!                   │            └─ session(router 2) ─ …  (added and closed by discovery)
 //!                   ├─ poller ─ watch<EngineSnapshot> ─▶ routing signals
 //!                   └─ health ─ watch<bool> ─▶ heartbeats
 //! ```
@@ -29,6 +31,7 @@
 pub mod backend;
 pub mod backoff;
 pub mod config;
+pub mod discovery;
 pub mod engine_metrics;
 pub mod forward;
 pub mod headers;
@@ -37,6 +40,7 @@ pub mod multiaddr;
 pub mod poller;
 pub mod readiness;
 pub mod session;
+pub mod sessions;
 pub mod tunnel;
 
 use std::sync::Arc;
@@ -129,10 +133,7 @@ pub async fn run(
         tunnel_tls,
         draining,
     });
-    for router in routers {
-        info!(%router, "connecting to router");
-        tasks.spawn(session::run_router(router, shared.clone()));
-    }
+    tasks.spawn(sessions::run(shared.clone(), routers));
     loop {
         tokio::select! {
             joined = tasks.join_next() => match joined {

@@ -7,6 +7,11 @@
 //! message) ends the session: its tunnels are aborted and the whole sequence starts over after the
 //! reconnect backoff (1 s to 30 s with jitter), which resets after a session that stayed up longer
 //! than 30 s. Neither the shared secret nor any token is ever logged.
+//!
+//! Discovery: after authenticating, the session asks the driver (`sessions::Link`) whether another
+//! session already reaches this router (same peer ID); if so it stops before registering and
+//! tries again once that session is down. The routers listed in the authentication response and
+//! in every heartbeat ack go to the driver; heartbeats carry the peer IDs of every router reached.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -18,8 +23,10 @@ use tonic::transport::{Channel, Endpoint};
 use tracing::{info, warn};
 
 use super::Shared;
-use super::backoff::{Backoff, RECONNECT_RESET_AFTER};
+use super::backoff::{Backoff, RECONNECT_RESET_AFTER, SESSION_MAX};
+use super::discovery::Admit;
 use super::multiaddr;
+use super::sessions::Link;
 use super::tunnel;
 use crate::proto::agent_control_client::AgentControlClient;
 use crate::proto::agent_message::Kind as AgentKind;
@@ -64,24 +71,37 @@ pub enum SessionError {
     Refused(String),
     #[error("router ended the session stream")]
     Ended,
+    #[error("router {0} is already reached by another session")]
+    Duplicate(String),
 }
 
-/// Keeps a session with `router` (a gRPC URI) alive forever, reconnecting with backoff.
-pub async fn run_router(router: String, shared: Arc<Shared>) {
+/// Keeps a session with `router` (a gRPC URI) alive until the driver aborts the task,
+/// reconnecting with backoff.
+pub async fn run_router(router: String, shared: Arc<Shared>, link: Link) {
     let label: Arc<str> = Arc::from(router.as_str());
-    let mut backoff = Backoff::reconnect();
+    let mut backoff = Backoff::session();
     loop {
         let mut established: Option<Instant> = None;
-        let error = run_session(&label, &shared, &mut established).await;
+        let error = run_session(&label, &shared, &link, &mut established).await;
+        link.down().await;
         match &error {
             SessionError::Unauthenticated(_) => {
                 warn!(router = %label, %error, "check that the agent and router share the same secret")
+            }
+            SessionError::Duplicate(_) => {
+                info!(router = %label, %error, "no second session: waiting until the other one is down")
             }
             _ => warn!(router = %label, %error, "session down"),
         }
         if *shared.draining.borrow() {
             // Shutting down: a new session would register the agent again.
             return;
+        }
+        if let SessionError::Duplicate(peer_id) = &error {
+            // Looked at again at least every SESSION_MAX: the address may reach another router
+            // by then (a DNS name).
+            link.wait_released(peer_id, SESSION_MAX).await;
+            backoff.reset();
         }
         if established.is_some_and(|at| at.elapsed() > RECONNECT_RESET_AFTER) {
             backoff.reset();
@@ -135,7 +155,7 @@ fn register_message(shared: &Shared) -> AgentMessage {
     }
 }
 
-fn heartbeat_message(shared: &Shared) -> AgentMessage {
+fn heartbeat_message(shared: &Shared, link: &Link) -> AgentMessage {
     let sent_at_unix_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
@@ -145,6 +165,7 @@ fn heartbeat_message(shared: &Shared) -> AgentMessage {
             sent_at_unix_ms,
             in_flight: shared.forward.in_flight.get(),
             backend_unhealthy: !*shared.backend_healthy.borrow(),
+            connected_router_peer_ids: link.connected_peer_ids(),
         })),
     }
 }
@@ -176,9 +197,10 @@ fn refresh_after(ttl_ms: u64) -> Option<Duration> {
 async fn run_session(
     router: &Arc<str>,
     shared: &Arc<Shared>,
+    link: &Link,
     established: &mut Option<Instant>,
 ) -> SessionError {
-    match session_inner(router, shared, established).await {
+    match session_inner(router, shared, link, established).await {
         Ok(never) => match never {},
         Err(error) => error,
     }
@@ -189,6 +211,7 @@ enum Never {}
 async fn session_inner(
     router: &Arc<str>,
     shared: &Arc<Shared>,
+    link: &Link,
     established: &mut Option<Instant>,
 ) -> Result<Never, SessionError> {
     let endpoint = Endpoint::from_shared(router.to_string())
@@ -204,6 +227,12 @@ async fn session_inner(
         return Err(SessionError::NoShards);
     }
     let shard_count = u16::try_from(auth.shard_count).unwrap_or(u16::MAX);
+    if link.authenticated(&auth.router_peer_id).await == Admit::Duplicate {
+        return Err(SessionError::Duplicate(auth.router_peer_id));
+    }
+    if auth.routers_known {
+        link.listed(&auth.routers);
+    }
 
     let (to_router, outbound) = mpsc::channel::<AgentMessage>(OUTBOUND_QUEUE_CAPACITY);
     to_router
@@ -277,11 +306,11 @@ async fn session_inner(
                 info!(%router, "told the router this agent is leaving");
             }
             _ = heartbeat.tick() => {
-                to_router.send(heartbeat_message(shared)).await.map_err(|_| SessionError::Ended)?;
+                to_router.send(heartbeat_message(shared, link)).await.map_err(|_| SessionError::Ended)?;
             }
             // The backend's health changed: tell the router now, not at the next heartbeat.
             Ok(()) = backend_healthy.changed() => {
-                to_router.send(heartbeat_message(shared)).await.map_err(|_| SessionError::Ended)?;
+                to_router.send(heartbeat_message(shared, link)).await.map_err(|_| SessionError::Ended)?;
             }
             _ = signal.tick() => {
                 to_router.send(signal_message(shared)).await.map_err(|_| SessionError::Ended)?;
@@ -315,6 +344,9 @@ async fn session_inner(
                     }
                     Some(RouterKind::Registered(registered)) => {
                         info!(%router, agent_id = %registered.agent_id, "router confirmed registration");
+                    }
+                    Some(RouterKind::HeartbeatAck(ack)) if ack.routers_known => {
+                        link.listed(&ack.routers);
                     }
                     Some(RouterKind::HeartbeatAck(_)) | None => {}
                 },

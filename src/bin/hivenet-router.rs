@@ -172,6 +172,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     let policies = PolicyControl::new(policies, policy_context, policy_sources, loaded.config);
     let http_address = listen_address(&args.http_port)?;
     let grpc_address = listen_address(&args.grpc_port)?;
+    let advertise_grpc_addr = args.advertise_grpc_addr()?;
     let metrics_address = listen_address(&args.metrics_port)?;
     let tunnel_address = SocketAddr::new(args.p2p_listen_addr, args.p2p_port);
     let shard_count = args
@@ -274,6 +275,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
                 default_hold_budget: hold.budget,
             }),
             tunnel_tls: tunnel_tls.is_some(),
+            advertise_grpc_addr,
         },
         secret,
         dynamic_keys,

@@ -6,7 +6,8 @@
 //! agent-dialed data sockets), `metrics_http` (`/metrics`), `auth_reload` and `policy_reload`
 //! (`auth.yaml` and routing policies, at start-up and on change), `admin` and `admin_policy` (the
 //! control side of `/admin/*`), `daily_flush` (daily totals to the disk database,
-//! `HIVENET_ROUTER_QUOTA_BACKEND=badger`), `queues` (the bounded queues to and from the shards).
+//! `HIVENET_ROUTER_QUOTA_BACKEND=badger`), `queues` (the bounded queues to and from the shards),
+//! `site_routers` (the site's routers handed to agents for discovery).
 //! [`ControlShared`] is the state they share; its registry lock is held only for in-memory
 //! updates. What goes to the shards is published in turns ([`Publishing`]): a publisher builds its
 //! messages and queues them all before the next one builds, waiting when a shard's queue is full,
@@ -30,9 +31,10 @@ pub mod queues;
 pub mod registration_feed;
 pub mod registry;
 pub mod service;
+pub mod site_routers;
 pub mod tunnel_accept;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -73,6 +75,9 @@ pub struct ControlSettings {
     pub site: Option<SiteControl>,
     /// The tunnel port speaks TLS (`--p2p-tls-cert`): plaintext preambles are refused.
     pub tunnel_tls: bool,
+    /// `--advertise-grpc-addr`: the `host:port` agents reach this router's gRPC service at,
+    /// handed to agents for discovery; `None`: not advertised (default). Scope: this router.
+    pub advertise_grpc_addr: Option<String>,
 }
 
 /// What the control core needs of `--site-id` and its companions.
@@ -117,6 +122,10 @@ pub struct ControlShared {
     pub registrations: registration_feed::RegistrationFeed,
     /// The sync core's metrics, set when it runs (`--sync-store valkey`).
     pub sync_metrics: std::sync::OnceLock<Arc<crate::sync::SyncMetrics>>,
+    /// The site's routers handed to agents in authentication responses and heartbeat acks. The
+    /// sync core, when there is one, publishes to it each round; without one it holds just this
+    /// router (`SiteRouters::single`).
+    pub site_routers: Arc<site_routers::SiteRouters>,
 }
 
 impl ControlShared {
@@ -129,7 +138,12 @@ impl ControlShared {
         policies: policy_reload::PolicyControl,
         provider_metrics: Option<Arc<crate::provider::ProviderMetrics>>,
     ) -> ControlShared {
+        let site_routers = Arc::new(site_routers::SiteRouters::single(
+            &settings.router_peer_id,
+            settings.advertise_grpc_addr.as_deref(),
+        ));
         ControlShared {
+            site_routers,
             provider_metrics,
             tunnel_conns: conn_limit::ConnLimiter::new(settings.p2p_max_conns_per_ip),
             tunnel_refusals: tunnel_accept::RefusalLog::default(),
@@ -152,6 +166,20 @@ impl ControlShared {
 
     pub fn registry(&self) -> MutexGuard<'_, Registry> {
         self.registry.lock().expect("registry lock poisoned")
+    }
+
+    /// For the sync core: the peer IDs of the routers the agents with a live session here
+    /// report a session with (their last heartbeat's `connected_router_peer_ids`), this router
+    /// included, as a union over agents. A router in it that the store does not list counts in
+    /// `hivenet_sync_unknown_routers`.
+    pub fn reported_routers(&self) -> HashSet<String> {
+        self.registry().reported_routers()
+    }
+
+    /// For the sync core: the peer IDs of the agents with a live, registered session here,
+    /// sorted and without duplicates (its heartbeat record in the store).
+    pub fn served_agents(&self) -> Vec<String> {
+        self.registry().served_agents()
     }
 
     pub fn next_session(&self) -> u64 {

@@ -6,7 +6,7 @@
 //! up, and its last heartbeat is younger than `unhealthy_after`. Any of those lost takes it out at
 //! once (`AgentDown`); all regained puts it back (`AgentUp`).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -106,7 +106,16 @@ struct AgentRecord {
     backend_unhealthy: bool,
     /// The agent said it is shutting down: it stays out of the pool for the rest of its session.
     leaving: bool,
+    /// Peer IDs of the routers the agent last reported a session with (its heartbeats), at most
+    /// [`REPORTED_ROUTERS_MAX`].
+    reported_routers: Box<[String]>,
 }
+
+/// Router peer IDs kept from one heartbeat: an agent keeps at most 32 discovered routers plus its
+/// `--routers` entries; the rest of a longer report is a faulty agent's.
+pub const REPORTED_ROUTERS_MAX: usize = 64;
+/// Longest router peer ID kept (an Ed25519 peer ID is 52 characters).
+const REPORTED_ROUTER_ID_BYTES_MAX: usize = 128;
 
 #[derive(Debug, Clone, Copy)]
 pub struct HealthTimes {
@@ -234,6 +243,28 @@ impl Registry {
         rows
     }
 
+    /// The union of the routers every live agent last reported a session with (see
+    /// [`Registry::routers_reported`]).
+    pub fn reported_routers(&self) -> HashSet<String> {
+        self.agents
+            .values()
+            .flat_map(|record| record.reported_routers.iter().cloned())
+            .collect()
+    }
+
+    /// Peer IDs of the agents with a live session that has registered, sorted, without
+    /// duplicates. A session that authenticated and never registered (an agent that found the
+    /// router already reached under another address) is not served here.
+    pub fn served_agents(&self) -> Vec<String> {
+        let peers: BTreeSet<&str> = self
+            .agents
+            .values()
+            .filter(|record| record.registration.is_some())
+            .map(|record| record.peer_id.as_str())
+            .collect();
+        peers.into_iter().map(str::to_owned).collect()
+    }
+
     /// Every registered agent (sessions that have not registered yet are left out), sorted by
     /// peer ID, with its last heartbeat turned into wall-clock time: `now` and `now_unix_ms` are
     /// the same moment on the two clocks.
@@ -284,6 +315,7 @@ impl Registry {
                 routable: false,
                 backend_unhealthy: false,
                 leaving: false,
+                reported_routers: Box::default(),
             },
         );
     }
@@ -364,6 +396,20 @@ impl Registry {
             self.update_routable(agent, now, &mut events);
         }
         events
+    }
+
+    /// A heartbeat's `connected_router_peer_ids`: the routers the agent has a session with now.
+    /// Kept up to [`REPORTED_ROUTERS_MAX`] entries; blank or over-long IDs are dropped.
+    pub fn routers_reported(&mut self, agent: AgentId, peer_ids: Vec<String>) {
+        if let Some(record) = self.agents.get_mut(&agent) {
+            record.reported_routers = peer_ids
+                .into_iter()
+                .filter(|peer_id| {
+                    !peer_id.trim().is_empty() && peer_id.len() <= REPORTED_ROUTER_ID_BYTES_MAX
+                })
+                .take(REPORTED_ROUTERS_MAX)
+                .collect();
+        }
     }
 
     pub fn signal(&mut self, agent: AgentId, in_flight: u32, engine: EngineSignals) -> Vec<Event> {
@@ -690,6 +736,44 @@ mod tests {
                 .lookup("m", Capability::Llm)
                 .is_none()
         );
+    }
+
+    #[test]
+    fn reported_routers_are_a_union_over_live_agents_and_served_agents_are_registered_ones() {
+        let now = Instant::now();
+        let expires = now + Duration::from_secs(3600);
+        let mut registry = Registry::new(1, health());
+        registry.session_opened(AgentId(1), "agent-1".into(), expires, now);
+        registry.session_opened(AgentId(2), "agent-2".into(), expires, now);
+        // Authenticated only: a duplicate session the agent never registered.
+        registry.session_opened(AgentId(3), "agent-1".into(), expires, now);
+        registry.register(AgentId(1), registration(&["m"]), now);
+        registry.register(AgentId(2), registration(&["m"]), now);
+        assert!(registry.reported_routers().is_empty());
+        registry.routers_reported(AgentId(1), vec!["router-a".into(), "router-b".into()]);
+        registry.routers_reported(
+            AgentId(2),
+            vec!["router-a".into(), "router-c".into(), " ".into()],
+        );
+        registry.routers_reported(AgentId(9), vec!["unknown-session".into()]);
+        let expected: HashSet<String> = ["router-a", "router-b", "router-c"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        assert_eq!(registry.reported_routers(), expected);
+        assert_eq!(registry.served_agents(), vec!["agent-1", "agent-2"]);
+        // A later heartbeat replaces the agent's report; a closed session takes its report away.
+        registry.routers_reported(AgentId(1), vec!["router-a".into()]);
+        registry.session_closed(AgentId(2));
+        let expected: HashSet<String> = ["router-a".to_owned()].into_iter().collect();
+        assert_eq!(registry.reported_routers(), expected);
+        assert_eq!(registry.served_agents(), vec!["agent-1"]);
+        // A report is bounded.
+        let many = (0..100).map(|index| format!("router-{index}")).collect();
+        registry.routers_reported(AgentId(1), many);
+        assert_eq!(registry.reported_routers().len(), REPORTED_ROUTERS_MAX);
+        registry.routers_reported(AgentId(1), vec!["x".repeat(200)]);
+        assert!(registry.reported_routers().is_empty());
     }
 
     #[test]

@@ -90,6 +90,7 @@ impl AgentControl for ControlService {
             now,
         );
         tracing::info!(peer_id = %request.peer_id, session, "agent authenticated");
+        let (routers, routers_known) = shared.site_routers.to_proto();
         Ok(Response::new(AuthResponse {
             session_token,
             session_ttl_ms: ttl.as_millis() as u64,
@@ -98,6 +99,8 @@ impl AgentControl for ControlService {
             shard_count: shared.settings.shard_count as u32,
             heartbeat_interval_ms: shared.settings.heartbeat_interval.as_millis() as u64,
             routing_signal_interval_ms: shared.settings.routing_signal_interval.as_millis() as u64,
+            routers,
+            routers_known,
         }))
     }
 
@@ -190,15 +193,23 @@ async fn run_session(
                 shared.apply(events).await;
             }
             agent_message::Kind::Heartbeat(heartbeat) => {
-                let events = shared.registry().heartbeat(
-                    agent,
-                    heartbeat.in_flight,
-                    !heartbeat.backend_unhealthy,
-                    now,
-                );
+                let events = {
+                    let mut registry = shared.registry();
+                    registry.routers_reported(agent, heartbeat.connected_router_peer_ids);
+                    registry.heartbeat(
+                        agent,
+                        heartbeat.in_flight,
+                        !heartbeat.backend_unhealthy,
+                        now,
+                    )
+                };
                 shared.apply(events).await;
+                // The site's routers, so the agent finds every one (discovery).
+                let (routers, routers_known) = shared.site_routers.to_proto();
                 let ack = reply(router_message::Kind::HeartbeatAck(HeartbeatAck {
                     sent_at_unix_ms: heartbeat.sent_at_unix_ms,
+                    routers,
+                    routers_known,
                 }));
                 if to_agent.send(Ok(ack)).await.is_err() {
                     return "agent stopped reading";

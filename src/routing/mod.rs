@@ -575,6 +575,39 @@ mod tests {
         assert_eq!(routes.acquire(ticket(6)), Acquire::QueueFull);
     }
 
+    /// Seed, run-several-routers: "Every router ranks agents by the larger of that report and
+    /// its own in-flight requests".
+    #[test]
+    fn ranks_by_the_larger_of_reported_and_own_in_flight() {
+        let mut routes = ModelRoutes::new(0);
+        up(&mut routes, 1, 8);
+        up(&mut routes, 2, 8);
+        let load = |routes: &ModelRoutes, agent: u32| {
+            routes.agents[routes.find(AgentId(agent)).unwrap()].load()
+        };
+        // Two of ours on agent 1; its report (from every router) says 5: load 5.
+        assert_granted(&mut routes, 1, 1);
+        assert_granted(&mut routes, 2, 2);
+        assert_granted(&mut routes, 3, 1);
+        routes.signal(AgentId(1), 5, EngineSignals::default());
+        assert_eq!(load(&routes, 1), 5);
+        // A report below our own count (stale, or sent before our requests arrived): our own
+        // count wins.
+        routes.signal(AgentId(2), 0, EngineSignals::default());
+        assert_eq!(load(&routes, 2), 1);
+        // Agent 2 (1 of 8) ranks before agent 1 (5 of 8, of which only 2 are ours): the report
+        // decides.
+        assert_granted(&mut routes, 4, 2);
+        assert_granted(&mut routes, 5, 2);
+        assert_granted(&mut routes, 6, 2);
+        assert_eq!(load(&routes, 2), 4);
+        // Our own requests since the report keep counting on top of the others' share.
+        assert_granted(&mut routes, 7, 2);
+        assert_eq!(load(&routes, 2), 5);
+        assert_granted(&mut routes, 8, 1);
+        assert_eq!(load(&routes, 1), 6, "max(5 reported + 1 since, 3 own)");
+    }
+
     #[test]
     fn own_release_frees_a_slot_before_the_next_report() {
         let mut routes = ModelRoutes::new(1);

@@ -492,6 +492,16 @@ impl Site {
     /// Starts one more agent in front of sim number `sim` (identity `agentN.key`, N its index in
     /// `agents`); does not wait for it.
     pub fn spawn_agent(&mut self, sim: usize, agent_args: &[&str]) -> usize {
+        self.spawn_agent_with_env(sim, agent_args, &[])
+    }
+
+    /// [`Site::spawn_agent`] with environment variables for the agent.
+    pub fn spawn_agent_with_env(
+        &mut self,
+        sim: usize,
+        agent_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> usize {
         let index = self.agents.len();
         let mut args = vec![
             "--backend-url".to_string(),
@@ -505,11 +515,15 @@ impl Site {
                 .to_string(),
         ];
         args.extend(strings(agent_args));
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(key, value)| (key.to_string(), value.to_string()))
+            .collect();
         self.agents.push(Proc::spawn(
             &format!("agent{index}"),
             env!("CARGO_BIN_EXE_hivenet-agent"),
             &args,
-            &[],
+            &env,
             &self.dir,
         ));
         index
