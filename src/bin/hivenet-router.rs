@@ -197,7 +197,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         args.site_id.as_deref(),
         env.quota_backend == QuotaBackend::Badger,
         std::env::var("HIVENET_ROUTER_SYNC_VALKEY_PASSWORD").ok(),
-        None,
+        advertise_grpc_addr.clone(),
     )?;
     let quota_store = open_quota_store(&args, env.quota_backend, shard_count)?;
     let (flush_to, mut daily_restores) = match quota_store {

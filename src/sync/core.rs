@@ -30,6 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::clock::{now_unix_ms, utc_today};
 use crate::control::ControlShared;
+use crate::control::site_routers::SiteRouter;
 use crate::limits::Day;
 use crate::shard::messages::ControlToShard;
 use crate::shard::owner::quotas::{DailyRestore, RemoteUsage};
@@ -87,6 +88,8 @@ impl SyncCore {
             &settings.router_id,
             response_timeout,
         );
+        // No list for agents until the store answers: this router cannot tell who is alive.
+        shared.site_routers.publish(None);
         let round = Round {
             health: Health::new(settings.min_routers),
             settings,
@@ -191,6 +194,7 @@ impl Round {
         self.metrics
             .up
             .store(i64::from(self.health.is_up()), Ordering::Relaxed);
+        self.publish_site();
         let share = self.health.share();
         self.shared.broadcast(|| ControlToShard::Share(share)).await;
     }
@@ -318,6 +322,35 @@ impl Round {
         Ok(peers)
     }
 
+    /// Hands agents the live routers that advertise an address (none while the store is
+    /// unreachable), and counts the routers agents report that the store does not list.
+    fn publish_site(&self) {
+        let Some(peers) = self.health.peers() else {
+            self.shared.site_routers.publish(None);
+            self.metrics.unknown_routers.store(0, Ordering::Relaxed);
+            return;
+        };
+        self.shared.site_routers.publish(Some(
+            peers
+                .advertised
+                .iter()
+                .map(|(peer_id, grpc_addr)| SiteRouter {
+                    peer_id: peer_id.clone(),
+                    grpc_addr: grpc_addr.clone(),
+                })
+                .collect(),
+        ));
+        let unknown = self
+            .shared
+            .reported_routers()
+            .into_iter()
+            .filter(|peer_id| peers.listed.binary_search(peer_id).is_err())
+            .count();
+        self.metrics
+            .unknown_routers
+            .store(unknown as i64, Ordering::Relaxed);
+    }
+
     fn heartbeat(&self, now_ms: u64, leaving: bool) -> Heartbeat {
         Heartbeat {
             run: self.run,
@@ -325,7 +358,7 @@ impl Round {
             interval_ms: self.settings.interval.as_millis() as u64,
             peer_id: self.peer_id.clone(),
             grpc_addr: self.settings.advertise_grpc_addr.clone(),
-            agents: Vec::new(),
+            agents: self.shared.served_agents(),
             left: leaving,
         }
     }
