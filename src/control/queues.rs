@@ -9,7 +9,8 @@
 //! - Waits for room (never dropped): everything that changes what a shard routes or holds —
 //!   `Snapshot`, `Keys`, `AdminAccess`, `AgentUp`, `AgentDown`, `Tunnel`, `SecureTunnel`,
 //!   `CloseTunnel`, `Drain`, `End`, `ReportDaily` (a daily total handed out is no longer the
-//!   shard's to report) — and a shard's `TunnelUp` / `TunnelDown`. Every sender of these can
+//!   shard's to report), the sync core's `TakeUsage`, `ApplyRemote`, `Share`, `DailyTotals` and
+//!   `RewriteDaily` — and a shard's `TunnelUp` / `TunnelDown`. Every sender of these can
 //!   await (the control core's tasks, its blocking threads with `blocking_send`, a shard's tunnel
 //!   task), so a full queue slows the sender instead of growing.
 //! - Dropped: `Signal`, an agent's routing signal, superseded by the next one within
@@ -84,7 +85,7 @@ pub enum QueueError {
 
 /// Every (route, message) pair `hivenet_control_queue_full_total` has a series for; the index
 /// of a pair is its counter.
-const SERIES: [(Route, &str); 21] = [
+const SERIES: [(Route, &str); 22] = [
     (Route::ToShard, "snapshot"),
     (Route::ToShard, "keys"),
     (Route::ToShard, "admin_access"),
@@ -102,6 +103,7 @@ const SERIES: [(Route, &str); 21] = [
     (Route::ToShard, "apply_remote"),
     (Route::ToShard, "share"),
     (Route::ToShard, "daily_totals"),
+    (Route::ToShard, "rewrite_daily"),
     (Route::ToControl, "tunnel_up"),
     (Route::ToControl, "tunnel_down"),
     (Route::ToControl, "admin"),
@@ -127,18 +129,19 @@ fn to_shard_series(message: &ControlToShard) -> usize {
         ControlToShard::ApplyRemote(_) => 14,
         ControlToShard::Share(_) => 15,
         ControlToShard::DailyTotals(_) => 16,
+        ControlToShard::RewriteDaily => 17,
     }
 }
 
 fn to_control_series(message: &ShardToControl) -> usize {
     match message {
-        ShardToControl::TunnelUp { .. } => 17,
-        ShardToControl::TunnelDown { .. } => 18,
-        ShardToControl::Admin(_) => 19,
+        ShardToControl::TunnelUp { .. } => 18,
+        ShardToControl::TunnelDown { .. } => 19,
+        ShardToControl::Admin(_) => 20,
     }
 }
 
-const ADMIN_SERIES: usize = 20;
+const ADMIN_SERIES: usize = 21;
 
 /// What a full `ControlToShard` queue means for `message`: wait for room, or drop it (a routing
 /// signal, superseded by the next) and count it.

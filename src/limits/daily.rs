@@ -281,6 +281,14 @@ impl DailyBudget {
         (same_day || self.local_tokens > 0).then_some(current)
     }
 
+    /// Hand the local total out again at the next [`DailyBudget::take_changed_total`], changed
+    /// or not: the store that held it lost its data.
+    pub fn mark_unreported(&mut self) {
+        if self.local_tokens > 0 {
+            self.reported = (self.day, u64::MAX);
+        }
+    }
+
     /// Add `tokens` this router charged on `day` before a restart (read back from the disk
     /// database). Counts against the budget and in the local total, but is no sync delta: other
     /// routers heard of it before the restart. A total for a day already over is ignored; one for

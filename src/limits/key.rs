@@ -768,6 +768,24 @@ impl KeyLimits {
         }
     }
 
+    /// Every daily budget hands its local total out again (see [`DailyBudget::mark_unreported`]).
+    pub fn mark_daily_unreported(&mut self) {
+        match &mut self.shape {
+            Shape::Flat { daily, .. } => {
+                if let Some(budget) = daily.as_mut() {
+                    budget.mark_unreported();
+                }
+            }
+            Shape::PerModel(models) => {
+                for limits in models.iter_mut() {
+                    if let Some(budget) = limits.daily.as_mut() {
+                        budget.mark_unreported();
+                    }
+                }
+            }
+        }
+    }
+
     /// Add a total persisted before a restart to the flat daily budget (`model: None`) or a
     /// per-model one (see [`DailyBudget::restore`]). False when the key has no such budget under
     /// its current quota: the caller keeps the total for a later rebuild.

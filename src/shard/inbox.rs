@@ -129,6 +129,7 @@ impl Shard {
             }
             ControlToShard::Share(share) => self.owner.borrow_mut().quotas.set_share(share),
             ControlToShard::DailyTotals(restore) => self.owner.borrow_mut().restore_daily(restore),
+            ControlToShard::RewriteDaily => self.owner.borrow_mut().quotas.rewrite_daily_totals(),
             ControlToShard::Drain => {
                 tracing::info!(shard = self.id, "draining: no new connections or requests");
                 self.lifecycle.drain();

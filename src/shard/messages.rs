@@ -76,6 +76,8 @@ pub enum ControlToShard {
     /// Today's daily totals from the shared store, for the tenants this shard owns: this
     /// router's own (at start-up) and the other routers' (replacing what was known of them).
     DailyTotals(crate::shard::owner::quotas::DailyRestore),
+    /// The store lost its data: hand every daily total out again at the next `TakeUsage`.
+    RewriteDaily,
 }
 
 /// A shard's answer to [`ControlToShard::TakeUsage`].

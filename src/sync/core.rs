@@ -65,8 +65,10 @@ struct Round {
     peer_id: String,
     /// The newest entry applied; `None` until today's totals have been read.
     cursor: Option<StreamId>,
-    /// Today's totals must be read again (start, after an outage, a new UTC day).
+    /// Today's totals must be read again (start, after an outage, after the store lost its data).
     resync: bool,
+    /// The store's epoch as last seen: a new one means the store lost its data.
+    epoch: Option<String>,
     /// This router's own totals were read back (only once: they are added).
     own_restored: bool,
     read_day: Day,
@@ -101,6 +103,7 @@ impl SyncCore {
             peer_id,
             cursor: None,
             resync: true,
+            epoch: None,
             own_restored: false,
             read_day: utc_today(),
         };
@@ -253,11 +256,15 @@ impl Round {
         self.metrics
             .published_bytes_total
             .fetch_add(bytes as u64, Ordering::Relaxed);
-        if reads.last < cursor {
-            // The stream is older than what this router read: the store lost its data.
-            tracing::warn!("the sync store lost its data: reading today's totals again");
+        if self.epoch.as_ref().is_some_and(|epoch| *epoch != reads.epoch) {
+            // A new epoch: the store lost its data (restarted empty, or a failover to a replica
+            // that had not synced). Today's totals are read again and this router's written again,
+            // whole.
+            tracing::warn!("the sync store lost its data: reading today's totals again and writing this router's again");
+            self.shared.broadcast(|| ControlToShard::RewriteDaily).await;
             self.resync = true;
         }
+        self.epoch = Some(reads.epoch.clone());
         let mut newest = cursor;
         let mut remote = RemoteUsage::default();
         let mut lag_ms = None;

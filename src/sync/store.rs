@@ -8,6 +8,8 @@
 //! - `hivenet:{site}:daily:{day}`: hash, `router|tenant|capability|model` -> that router's
 //!   running total of the day (`sync::round::daily_field`); expires two days after its last write.
 //! - `hivenet:{site}:redirect:{nonce}`: a spent redirect token, until it expires.
+//! - `hivenet:{site}:epoch`: set once by the first router to reach an empty store; a new value
+//!   tells every router the store lost its data.
 //!
 //! # Error handling
 //! Every call is bounded by the connection and response timeouts; any error drops the connection
@@ -69,8 +71,8 @@ pub struct RoundWrites<'a> {
 pub struct RoundReads {
     pub heartbeats: HashMap<String, String>,
     pub entries: Vec<(StreamId, Vec<u8>)>,
-    /// The stream's newest entry (0-0 when it is empty or missing).
-    pub last: StreamId,
+    /// The store's epoch (see the module doc).
+    pub epoch: String,
 }
 
 pub struct Store {
@@ -78,6 +80,8 @@ pub struct Store {
     prefix: String,
     /// This router's field in the heartbeat hash.
     router: String,
+    /// The epoch this router sets when it finds the store without one.
+    epoch_candidate: String,
     response_timeout: Duration,
     connection: Option<MultiplexedConnection>,
 }
@@ -97,6 +101,7 @@ impl Store {
             settings,
             prefix: format!("hivenet:{{{site}}}"),
             router: router.to_owned(),
+            epoch_candidate: format!("{router}-{:016x}", fastrand::u64(..)),
             response_timeout,
             connection: None,
         }
@@ -296,6 +301,12 @@ impl Store {
             .arg(&self.router)
             .arg(writes.heartbeat)
             .ignore();
+        pipe.cmd("SET")
+            .arg(self.key("epoch"))
+            .arg(&self.epoch_candidate)
+            .arg("NX")
+            .ignore();
+        pipe.cmd("GET").arg(self.key("epoch"));
         pipe.cmd("HGETALL").arg(&routers);
         pipe.cmd("XRANGE")
             .arg(&usage)
@@ -303,18 +314,12 @@ impl Store {
             .arg("+")
             .arg("COUNT")
             .arg(READ_MAX);
-        pipe.cmd("XREVRANGE")
-            .arg(&usage)
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(1);
-        let (heartbeats, range, last): (HashMap<String, String>, Value, Value) =
+        let (epoch, heartbeats, range): (String, HashMap<String, String>, Value) =
             self.query(&pipe).await?;
         Ok(RoundReads {
             heartbeats,
             entries: entries(&range),
-            last: last_id(&last),
+            epoch,
         })
     }
 

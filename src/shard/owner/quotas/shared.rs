@@ -66,6 +66,13 @@ impl Quotas {
         }
     }
 
+    /// The store lost its data: every holder's daily totals are written again next round.
+    pub fn rewrite_daily_totals(&mut self) {
+        for holder in self.holders.values_mut() {
+            holder.limits.mark_daily_unreported();
+        }
+    }
+
     /// Subtracts usage other routers admitted `age_ms` ago from the holders of `record`, a key
     /// whose owner this shard owns. A holder not built yet is built from the key first.
     pub fn apply_remote(
