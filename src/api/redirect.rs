@@ -56,13 +56,26 @@ pub async fn authenticate<'k>(
     let key =
         crate::api::authenticate::outcome(keys.authenticate_vouched(&claims.key, now_unix_ms))?;
     let deadline = Instant::now() + SPEND_TIMEOUT;
-    match shard
+    let fresh = match shard
         .spend_redirect_token(claims.nonce, claims.expires_unix_ms, deadline)
         .await
     {
-        Some(true) => Ok((key, claims)),
-        Some(false) => Err(Rejection::unauthorized("redirect token was already used")),
-        None => Err(Rejection::queue_full()),
+        Some(fresh) => fresh,
+        None => return Err(Rejection::queue_full()),
+    };
+    // Used here already, or, while the store answers, anywhere in the site.
+    let fresh = fresh
+        && match &shard.settings.site_tokens {
+            Some(tokens) => {
+                let ttl_ms = (claims.expires_unix_ms - now_unix_ms).max(1) as u64;
+                tokens.spend(claims.nonce, ttl_ms).await.unwrap_or(true)
+            }
+            None => true,
+        };
+    if fresh {
+        Ok((key, claims))
+    } else {
+        Err(Rejection::unauthorized("redirect token was already used"))
     }
 }
 

@@ -41,6 +41,7 @@ use hivenet_router::shard::state::ShardSettings;
 use hivenet_router::sync::SyncMetrics;
 use hivenet_router::sync::config::SyncSettings;
 use hivenet_router::sync::core::SyncCore;
+use hivenet_router::sync::tokens::SiteTokens;
 use hivenet_router::tokens::Secret;
 use hivenet_router::tunnel::tls::{self, TunnelSecurity};
 
@@ -302,8 +303,15 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             },
         )
     });
-    let sync_core = match sync_settings {
-        Some(sync) => {
+    let (site_tokens, token_claims) = match &sync_settings {
+        Some(_) => {
+            let (tokens, claims, up) = SiteTokens::new();
+            (Some(tokens), Some((claims, up)))
+        }
+        None => (None, None),
+    };
+    let sync_core = match sync_settings.zip(token_claims) {
+        Some((sync, token_claims)) => {
             let sync_metrics = Arc::new(SyncMetrics::default());
             let _ = shared.sync_metrics.set(sync_metrics.clone());
             tracing::info!(site = %sync.site, router_id = %sync.router_id, store = ?sync.store, interval = ?sync.interval, "limits shared with the routers of the site");
@@ -312,6 +320,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
                 shared.clone(),
                 identity.peer_id.to_string(),
                 sync_metrics,
+                token_claims,
             )?)
         }
         None => None,
@@ -395,6 +404,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         hold,
         held_total: Arc::new(HeldTotal::new(hold.max_total)),
         site,
+        site_tokens,
         tunnel_tls,
         reaper,
     };

@@ -56,6 +56,8 @@ pub struct ShardSettings {
     pub held_total: Arc<crate::hold::HeldTotal>,
     /// Cross-site redirect: this site, when `--site-id` is set.
     pub site: Option<Arc<crate::config::RedirectSite>>,
+    /// `--sync-store valkey`: redirect tokens are spent once for the whole site.
+    pub site_tokens: Option<crate::sync::tokens::SiteTokens>,
     /// TLS on the tunnel (`--p2p-tls-cert`): this shard terminates the TLS of its tunnels.
     pub tunnel_tls: Option<Arc<crate::tunnel::tls::TunnelSecurity>>,
     /// What the clients of one shard may hold (connections, body bytes, resets).

@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
@@ -41,6 +41,7 @@ use super::entry::{Entry, ModelName};
 use super::round::{self, Backlog, Batch};
 use super::site::{self, AfterFailure, Health, Heartbeat, Peers};
 use super::store::{RoundWrites, Store, StreamId};
+use super::tokens::Claim;
 
 /// How much usage a starting router replays: the rate buckets' window.
 const REPLAY_MS: u64 = 60_000;
@@ -72,15 +73,21 @@ struct Round {
     /// This router's own totals were read back (only once: they are added).
     own_restored: bool,
     read_day: Day,
+    /// Read by the shards' redirect-token claims.
+    store_up: Arc<AtomicBool>,
 }
 
 impl SyncCore {
     /// Starts the thread. `peer_id`: this router's, published with its heartbeat.
+    ///
+    /// `tokens`: the end of [`super::tokens::SiteTokens`] the shards claim redirect tokens
+    /// through, and the flag that tells them whether the store answers.
     pub fn start(
         settings: SyncSettings,
         shared: Arc<ControlShared>,
         peer_id: String,
         metrics: Arc<SyncMetrics>,
+        tokens: (mpsc::Receiver<Claim>, Arc<AtomicBool>),
     ) -> anyhow::Result<SyncCore> {
         let (stop, stopped) = mpsc::channel(1);
         let response_timeout = settings.interval.min(Duration::from_secs(2));
@@ -89,6 +96,13 @@ impl SyncCore {
             &settings.site,
             &settings.router_id,
             response_timeout,
+        );
+        let (claims, store_up) = tokens;
+        let token_store = Store::new(
+            settings.store.clone(),
+            &settings.site,
+            &settings.router_id,
+            super::tokens::SPEND_WAIT,
         );
         // No list for agents until the store answers: this router cannot tell who is alive.
         shared.site_routers.publish(None);
@@ -106,6 +120,7 @@ impl SyncCore {
             epoch: None,
             own_restored: false,
             read_day: utc_today(),
+            store_up,
         };
         std::thread::Builder::new()
             .name("sync".into())
@@ -114,6 +129,7 @@ impl SyncCore {
                     .enable_all()
                     .build()
                     .expect("building the sync core's runtime");
+                runtime.spawn(super::tokens::serve(token_store, claims));
                 runtime.block_on(round.run(stopped));
             })?;
         Ok(SyncCore { stop })
@@ -197,6 +213,8 @@ impl Round {
         self.metrics
             .up
             .store(i64::from(self.health.is_up()), Ordering::Relaxed);
+        self.store_up
+            .store(self.health.is_up(), Ordering::Relaxed);
         self.publish_site();
         let share = self.health.share();
         self.shared.broadcast(|| ControlToShard::Share(share)).await;

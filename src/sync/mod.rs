@@ -12,6 +12,7 @@
 //! - [`store`]: the Valkey connection (direct or through Sentinel, password, TLS) and the
 //!   commands of a round.
 //! - [`core`]: the sync core's thread, running the round every `--sync-interval`.
+//! - [`tokens`]: redirect tokens spent once for the whole site.
 //!
 //! # Architecture
 //! ```text
@@ -29,6 +30,7 @@ pub mod entry;
 pub mod round;
 pub mod site;
 pub mod store;
+pub mod tokens;
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
