@@ -87,9 +87,9 @@ impl Bucket {
         }
     }
 
-    /// Brings the level up to date under `share`: the routers this one sees may use only part of
-    /// the capacity and the refill (the rest is left to silent routers, or to the others while
-    /// the store is unreachable). A level above the scaled capacity is brought down to it.
+    /// Brings the level up to date under `share`: with silent routers, the live ones may use only
+    /// their part of the capacity and the refill (`Share::rate_scale`). A level above the scaled
+    /// capacity is brought down to it.
     fn refill_shared(&mut self, now: Millis, share: Share) {
         let (numerator, denominator) = share.rate_scale();
         if numerator == denominator {
@@ -156,8 +156,15 @@ impl Bucket {
         if self.level_units < need_units {
             return Err(self.shortfall(amount));
         }
-        if let Some(split) = share.rate_round() {
-            if let Err(left_units) = self.round.check(split, self.level_units, need_units) {
+        if let Some(split) = share.rate_split() {
+            if let Err(left_units) = self.round.check(
+                split,
+                self.level_units,
+                need_units,
+                now.0,
+                self.rate_per_minute,
+                self.capacity_units,
+            ) {
                 return Err(Shortfall {
                     limit: self.rate_per_minute,
                     remaining: (left_units / UNITS_PER_TOKEN) as u64,

@@ -166,9 +166,9 @@ impl DailyBudget {
         if ours == 0 || input_tokens > ours {
             return Err(refused(ours));
         }
-        if let Some(split) = share.daily_round() {
+        if let Some(split) = share.daily_split() {
             let need = input_tokens as i64;
-            if let Err(left) = self.round.check(split, ours as i64, need) {
+            if let Err(left) = self.round.check(split, ours as i64, need, 0, 0, 0) {
                 return Err(refused(left as u64));
             }
             self.round.take(need);

@@ -30,35 +30,60 @@ pub enum Share {
 }
 
 impl Share {
-    /// The fraction of a rate limit's capacity and refill this router's view may use, as
-    /// (numerator, denominator); (1, 1) for the whole limit.
+    /// The fraction of a rate limit's capacity and refill the live routers may use together, as
+    /// (numerator, denominator): `live / (live + silent)` with silent routers, else (1, 1).
+    ///
+    /// A silent router's usage is not seen while it is silent, so the live routers' buckets
+    /// refill only by their part. When it comes back and publishes what it held back, that usage
+    /// is subtracted as well: the bucket is then lower than the site's real usage for up to a
+    /// minute. That errs on the side of the limit, and a router cut off from the store alone is
+    /// rare; a whole store outage does not take this path (see [`Share::rate_split`]).
     pub fn rate_scale(self) -> (u64, u64) {
         match self {
-            Share::Whole => (1, 1),
-            Share::Shared { live, silent, .. } => {
+            Share::Shared { live, silent, .. } if silent > 0 => {
                 let live = u64::from(live.max(1));
                 (live, live + u64::from(silent))
             }
-            Share::Alone { routers, .. } => (1, u64::from(routers.max(1))),
+            _ => (1, 1),
         }
     }
 
-    /// The per-round split: (round, divisor), or `None` when nothing is split between rounds.
-    /// A rate limit is split only while the store answers (alone, its refill is scaled instead);
-    /// a daily budget is split in both cases, and alone the "round" is the start of the outage.
-    pub fn rate_round(self) -> Option<(u32, u64)> {
+    /// How a rate bucket is split between the routers now, or `None` when it is not.
+    ///
+    /// Alone, the bucket itself keeps counting this router's usage only, and the split refills at
+    /// `rate / routers`: when the store is back, the others' held-back usage is subtracted and
+    /// the bucket holds the site's real usage again, nothing counted twice.
+    pub fn rate_split(self) -> Option<Split> {
         match self {
-            Share::Shared { round, live, .. } if live > 1 => Some((round, u64::from(live))),
+            Share::Shared { round, live, .. } if live > 1 => Some(Split {
+                round,
+                divisor: u64::from(live),
+                refills: false,
+            }),
+            Share::Alone { since, routers } if routers > 1 => Some(Split {
+                round: since,
+                divisor: u64::from(routers),
+                refills: true,
+            }),
             _ => None,
         }
     }
 
-    /// See [`Share::rate_round`]: (round, divisor) for a daily budget.
-    pub fn daily_round(self) -> Option<(u32, u64)> {
+    /// How a daily budget is split: per round while the store answers; alone, what was left when
+    /// the outage began divided by the routers, for the whole outage.
+    pub fn daily_split(self) -> Option<Split> {
         match self {
             Share::Whole => None,
-            Share::Shared { round, live, .. } => (live > 1).then_some((round, u64::from(live))),
-            Share::Alone { since, routers } => (routers > 1).then_some((since, u64::from(routers))),
+            Share::Shared { round, live, .. } => (live > 1).then_some(Split {
+                round,
+                divisor: u64::from(live),
+                refills: false,
+            }),
+            Share::Alone { since, routers } => (routers > 1).then_some(Split {
+                round: since,
+                divisor: u64::from(routers),
+                refills: false,
+            }),
         }
     }
 
@@ -74,15 +99,29 @@ impl Share {
     }
 }
 
-/// What one bucket has admitted in the current round, for the per-round split. 16 bytes per
-/// bucket; [`RoundAllowance::NONE`] until the bucket is used under a split share.
+/// One bucket's split between routers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Split {
+    /// The allowance starts again when this changes (a new round, a new outage).
+    pub round: u32,
+    pub divisor: u64,
+    /// Alone: the allowance refills at the bucket's rate divided by `divisor` (and the first
+    /// admission gets no exception). While the store answers it does not: the next round brings
+    /// the refill, and the round's first admission passes whenever the bucket has room.
+    pub refills: bool,
+}
+
+/// What one bucket may still admit under a [`Split`]. 24 bytes per bucket;
+/// [`RoundAllowance::NONE`] until the bucket is used under a split.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoundAllowance {
     round: u32,
     /// Something was admitted this round: the "first request passes" rule has been used.
     taken: bool,
-    /// What is left of this round's allowance, in the bucket's units.
+    /// What is left of the allowance, in the bucket's units.
     left: i64,
+    /// When `left` last refilled (refilling splits only).
+    updated: u64,
 }
 
 impl RoundAllowance {
@@ -90,22 +129,43 @@ impl RoundAllowance {
         round: u32::MAX,
         taken: false,
         left: 0,
+        updated: 0,
     };
 
-    /// Whether `need` may be admitted this round, given `level` (what the bucket, or the part of
-    /// it this router may use, holds now) and the share's `(round, divisor)`. On the first call
-    /// of a round the allowance is `level / divisor`. Takes nothing: call [`RoundAllowance::take`]
-    /// once the admission is certain. `Err` carries what is left of the allowance.
-    pub fn check(&mut self, split: (u32, u64), level: i64, need: i64) -> Result<(), i64> {
-        let (round, divisor) = split;
-        if self.round != round {
+    /// Whether `need` may be admitted now, given `level` (what the bucket, or the part of it this
+    /// router may use, holds now). On the first call of a round the allowance is
+    /// `level / divisor`; a refilling split then gains `rate_units_per_ms / divisor` a
+    /// millisecond, up to `capacity_units / divisor`. Takes nothing: call
+    /// [`RoundAllowance::take`] once the admission is certain. `Err` carries what is left.
+    pub fn check(
+        &mut self,
+        split: Split,
+        level: i64,
+        need: i64,
+        now_ms: u64,
+        rate_units_per_ms: u64,
+        capacity_units: i64,
+    ) -> Result<(), i64> {
+        let divisor = split.divisor as i64;
+        if self.round != split.round {
             *self = RoundAllowance {
-                round,
+                round: split.round,
                 taken: false,
-                left: level.max(0) / divisor as i64,
+                left: level.max(0) / divisor,
+                updated: now_ms,
             };
+        } else if split.refills && now_ms > self.updated {
+            let refill = (u128::from(now_ms - self.updated) * u128::from(rate_units_per_ms)
+                / split.divisor as u128)
+                .min(i64::MAX as u128) as i64;
+            self.left = self
+                .left
+                .saturating_add(refill)
+                .min((capacity_units / divisor).max(self.left));
+            self.updated = now_ms;
         }
-        if self.taken && need > self.left {
+        let exempt = !self.taken && !split.refills;
+        if !exempt && need > self.left {
             return Err(self.left.max(0));
         }
         Ok(())
@@ -134,11 +194,17 @@ impl RoundAllowance {
 mod tests {
     use super::*;
 
+    const SHARED: Split = Split {
+        round: 1,
+        divisor: 3,
+        refills: false,
+    };
+
     #[test]
     fn whole_scales_nothing_and_splits_nothing() {
         assert_eq!(Share::Whole.rate_scale(), (1, 1));
-        assert_eq!(Share::Whole.rate_round(), None);
-        assert_eq!(Share::Whole.daily_round(), None);
+        assert_eq!(Share::Whole.rate_split(), None);
+        assert_eq!(Share::Whole.daily_split(), None);
         assert_eq!(Share::Whole.daily_reserve(1000), 0);
     }
 
@@ -150,8 +216,13 @@ mod tests {
             silent: 1,
         };
         assert_eq!(share.rate_scale(), (2, 3));
-        assert_eq!(share.rate_round(), Some((7, 2)));
-        assert_eq!(share.daily_round(), Some((7, 2)));
+        let split = Split {
+            round: 7,
+            divisor: 2,
+            refills: false,
+        };
+        assert_eq!(share.rate_split(), Some(split));
+        assert_eq!(share.daily_split(), Some(split));
         assert_eq!(share.daily_reserve(1000), 334);
     }
 
@@ -162,34 +233,71 @@ mod tests {
             live: 1,
             silent: 0,
         };
-        assert_eq!(share.rate_round(), None);
-        assert_eq!(share.daily_round(), None);
+        assert_eq!(share.rate_split(), None);
+        assert_eq!(share.daily_split(), None);
         assert_eq!(share.rate_scale(), (1, 1));
     }
 
     #[test]
-    fn alone_scales_rates_and_splits_daily_from_the_outage() {
+    fn alone_refills_a_share_of_the_rate_and_splits_daily_from_the_outage() {
         let share = Share::Alone {
             since: 3,
             routers: 4,
         };
-        assert_eq!(share.rate_scale(), (1, 4));
-        assert_eq!(share.rate_round(), None);
-        assert_eq!(share.daily_round(), Some((3, 4)));
+        assert_eq!(
+            share.rate_scale(),
+            (1, 1),
+            "the bucket keeps counting real usage"
+        );
+        assert_eq!(
+            share.rate_split(),
+            Some(Split {
+                round: 3,
+                divisor: 4,
+                refills: true
+            })
+        );
+        assert_eq!(
+            share.daily_split(),
+            Some(Split {
+                round: 3,
+                divisor: 4,
+                refills: false
+            })
+        );
     }
 
     #[test]
     fn the_first_admission_of_a_round_passes_then_the_allowance_holds() {
         let mut allowance = RoundAllowance::NONE;
         // 10 left, 3 routers: an allowance of 3; the first request of 5 passes anyway.
-        assert_eq!(allowance.check((1, 3), 10, 5), Ok(()));
+        assert_eq!(allowance.check(SHARED, 10, 5, 0, 0, 10), Ok(()));
         allowance.take(5);
-        assert_eq!(allowance.check((1, 3), 5, 1), Err(0));
+        assert_eq!(allowance.check(SHARED, 5, 1, 0, 0, 10), Err(0));
         // The next round starts a new allowance from what is left.
-        assert_eq!(allowance.check((2, 3), 9, 3), Ok(()));
+        let next = Split { round: 2, ..SHARED };
+        assert_eq!(allowance.check(next, 9, 3, 0, 0, 10), Ok(()));
         allowance.take(3);
-        assert_eq!(allowance.check((2, 3), 6, 1), Err(0));
+        assert_eq!(allowance.check(next, 6, 1, 0, 0, 10), Err(0));
         allowance.refund(3);
-        assert_eq!(allowance.check((2, 3), 9, 3), Ok(()));
+        assert_eq!(allowance.check(next, 9, 3, 0, 0, 10), Ok(()));
+    }
+
+    #[test]
+    fn a_refilling_split_grows_by_its_part_of_the_rate_up_to_its_part_of_the_capacity() {
+        let alone = Split {
+            round: 0,
+            divisor: 2,
+            refills: true,
+        };
+        let mut allowance = RoundAllowance::NONE;
+        // 100 units left, two routers: 50; no exception for the first admission.
+        assert_eq!(allowance.check(alone, 100, 60, 0, 10, 100), Err(50));
+        assert_eq!(allowance.check(alone, 100, 50, 0, 10, 100), Ok(()));
+        allowance.take(50);
+        // 4 ms at 10 units/ms, halved: 20.
+        assert_eq!(allowance.check(alone, 100, 21, 4, 10, 100), Err(20));
+        // A long wait refills up to half the capacity only.
+        assert_eq!(allowance.check(alone, 100, 51, 1000, 10, 100), Err(50));
     }
 }

@@ -213,8 +213,7 @@ impl Round {
         self.metrics
             .up
             .store(i64::from(self.health.is_up()), Ordering::Relaxed);
-        self.store_up
-            .store(self.health.is_up(), Ordering::Relaxed);
+        self.store_up.store(self.health.is_up(), Ordering::Relaxed);
         self.publish_site();
         let share = self.health.share();
         self.shared.broadcast(|| ControlToShard::Share(share)).await;
@@ -274,11 +273,17 @@ impl Round {
         self.metrics
             .published_bytes_total
             .fetch_add(bytes as u64, Ordering::Relaxed);
-        if self.epoch.as_ref().is_some_and(|epoch| *epoch != reads.epoch) {
+        if self
+            .epoch
+            .as_ref()
+            .is_some_and(|epoch| *epoch != reads.epoch)
+        {
             // A new epoch: the store lost its data (restarted empty, or a failover to a replica
             // that had not synced). Today's totals are read again and this router's written again,
             // whole.
-            tracing::warn!("the sync store lost its data: reading today's totals again and writing this router's again");
+            tracing::warn!(
+                "the sync store lost its data: reading today's totals again and writing this router's again"
+            );
             self.shared.broadcast(|| ControlToShard::RewriteDaily).await;
             self.resync = true;
         }

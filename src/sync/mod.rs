@@ -148,3 +148,6 @@ impl SyncMetrics {
         self.tick_seconds.render(out, name);
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -299,7 +299,6 @@ impl Owner {
                         day,
                         &self.keys,
                         &self.snapshot,
-                        record,
                         usage,
                         batch.age_ms,
                     );

@@ -8,7 +8,7 @@
 //! not dropped: the holder is built from the key registry first, so a key used on other routers
 //! starts here already charged, not with a fresh budget.
 
-use crate::auth::keys::{KeyRecord, KeyRegistry};
+use crate::auth::keys::KeyRegistry;
 use crate::ids::KeyId;
 use crate::limits::{BucketRef, Day, Millis};
 use crate::snapshot::RoutingSnapshot;
@@ -73,18 +73,21 @@ impl Quotas {
         }
     }
 
-    /// Subtracts usage other routers admitted `age_ms` ago from the holders of `record`, a key
-    /// whose owner this shard owns. A holder not built yet is built from the key first.
+    /// Subtracts usage other routers admitted `age_ms` ago from the holders of its key (the
+    /// caller passes only keys whose owner this shard owns). A holder not built yet is built from
+    /// the key first; a key this router does not know is skipped.
     pub fn apply_remote(
         &mut self,
         now: Millis,
         day: Day,
         registry: &KeyRegistry,
         snapshot: &RoutingSnapshot,
-        record: &KeyRecord,
         usage: &BucketUsage,
         age_ms: u64,
     ) {
+        let Some(record) = registry.get(usage.key) else {
+            return;
+        };
         if !self.build(now, day, registry, snapshot, record) {
             return;
         }
