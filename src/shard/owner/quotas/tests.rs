@@ -4,6 +4,7 @@
 use super::*;
 use crate::auth::config::AuthConfig;
 use crate::auth::keys::AuthOutcome;
+use crate::limits::BucketRef;
 use crate::snapshot::ModelEntry;
 use std::sync::Arc;
 
@@ -530,4 +531,125 @@ fn idle_key_holders_are_dropped() {
     quotas.cleanup(Millis::from_seconds(200), TUESDAY);
     assert_eq!(quotas.token_rate_holders(), 0);
     assert!(quotas.is_empty());
+}
+
+// ----- sharing with the other routers of a site (`quotas::shared`) -----
+
+fn remaining_tokens(admitted: Result<Admitted, LimitExceeded>) -> u64 {
+    admitted
+        .expect("admitted")
+        .remaining_tokens
+        .expect("a daily budget")
+}
+
+/// Usage published by another router for a key this router never served builds the holder
+/// already charged: the key does not get a fresh budget here.
+#[test]
+fn remote_usage_builds_an_unknown_holder_already_charged() {
+    let registry = registry();
+    let snapshot = snapshot(1, &["chat"]);
+    let flat = key(&registry, "sk-flat").key_id;
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    let usage = BucketUsage {
+        key: flat,
+        bucket: BucketRef::Daily {
+            model: None,
+            day: MONDAY,
+        },
+        amount: 600,
+    };
+    quotas.apply_remote(Millis(0), MONDAY, &registry, &snapshot, &usage, 0);
+    assert_eq!(quotas.len(), 1, "the holder was built");
+    let left = remaining_tokens(admit(
+        &mut quotas,
+        MONDAY,
+        &registry,
+        &snapshot,
+        "sk-flat",
+        0,
+        100,
+    ));
+    assert_eq!(left, 300);
+}
+
+/// What this router admitted is handed out once; what it took in from others is not.
+#[test]
+fn usage_is_handed_out_once_and_remote_usage_never() {
+    let registry = registry();
+    let snapshot = snapshot(1, &["chat"]);
+    let flat = key(&registry, "sk-flat").key_id;
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    let admitted = admit(&mut quotas, MONDAY, &registry, &snapshot, "sk-flat", 0, 40).unwrap();
+    drop(admitted);
+    let remote = BucketUsage {
+        key: flat,
+        bucket: BucketRef::Daily {
+            model: None,
+            day: MONDAY,
+        },
+        amount: 500,
+    };
+    quotas.apply_remote(Millis(0), MONDAY, &registry, &snapshot, &remote, 0);
+    let mut out = Vec::new();
+    quotas.take_usage(&registry, &mut out);
+    assert_eq!(
+        out,
+        [BucketUsage {
+            key: flat,
+            bucket: BucketRef::Daily {
+                model: None,
+                day: MONDAY
+            },
+            amount: 40,
+        }]
+    );
+    out.clear();
+    quotas.take_usage(&registry, &mut out);
+    assert!(out.is_empty());
+}
+
+/// Until today's totals are read, a key with a daily budget is refused at once; a key without
+/// one is not affected. Reading the others' totals twice counts them once.
+#[test]
+fn a_daily_key_waits_for_the_totals_and_reading_them_twice_counts_once() {
+    let registry = registry();
+    let snapshot = snapshot(1, &["chat"]);
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    quotas.share_through_store(MONDAY);
+    let refused = admit(&mut quotas, MONDAY, &registry, &snapshot, "sk-flat", 0, 1).unwrap_err();
+    assert_eq!(refused.kind, RejectionKind::DailyTokens);
+    let tenant = key(&registry, "sk-flat").tenant_id;
+    let others = |tokens| DailyRestore {
+        day: MONDAY,
+        records: vec![DailyRecord {
+            tenant,
+            model: None,
+            day: MONDAY,
+            tokens,
+            others: true,
+        }],
+    };
+    quotas.restore(&snapshot, others(300));
+    let left = remaining_tokens(admit(
+        &mut quotas,
+        MONDAY,
+        &registry,
+        &snapshot,
+        "sk-flat",
+        0,
+        100,
+    ));
+    assert_eq!(left, 600);
+    // A second read (after an outage): the others have 350 now, not 650.
+    quotas.restore(&snapshot, others(350));
+    let left = remaining_tokens(admit(
+        &mut quotas,
+        MONDAY,
+        &registry,
+        &snapshot,
+        "sk-flat",
+        0,
+        0,
+    ));
+    assert_eq!(left, 550);
 }
