@@ -321,6 +321,11 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
                 identity.peer_id.to_string(),
                 sync_metrics,
                 token_claims,
+                // Shards take cores 0..shards; a core beyond them is the sync core's alone.
+                core_affinity::get_core_ids()
+                    .unwrap_or_default()
+                    .get(shard_count)
+                    .copied(),
             )?)
         }
         None => None,

@@ -234,13 +234,16 @@ impl Bucket {
     }
 
     /// Take over `previous`'s usage after a configuration reload: the same amount used (capacity
-    /// minus level) and the same unpublished delta, under this bucket's new rate and capacity.
+    /// minus level), the same unpublished delta and what is left of this round's share, under
+    /// this bucket's new rate and capacity.
     pub fn inherit(&mut self, now: Millis, previous: &Bucket) {
         let used_units = previous.capacity_units - previous.level_at(now);
         self.refill(now);
         self.level_units =
             (self.capacity_units - used_units).clamp(-self.capacity_units, self.capacity_units);
         self.delta_tokens = previous.delta_tokens;
+        // A reload during a round or an outage does not hand out a new share.
+        self.round = previous.round;
     }
 
     /// Change rate and capacity (a replica-scaled RPM whose healthy-replica count changed). A full

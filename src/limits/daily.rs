@@ -233,6 +233,8 @@ impl DailyBudget {
             self.local_tokens = previous.local_tokens;
             self.delta_tokens = previous.delta_tokens;
             self.reported = previous.reported;
+            // A reload during an outage keeps today's usage and this router's share of it.
+            self.round = previous.round;
         }
     }
 

@@ -81,13 +81,15 @@ impl SyncCore {
     /// Starts the thread. `peer_id`: this router's, published with its heartbeat.
     ///
     /// `tokens`: the end of [`super::tokens::SiteTokens`] the shards claim redirect tokens
-    /// through, and the flag that tells them whether the store answers.
+    /// through, and the flag that tells them whether the store answers. `core`: a core no shard
+    /// runs on, when the machine has one to spare (the thread is pinned there).
     pub fn start(
         settings: SyncSettings,
         shared: Arc<ControlShared>,
         peer_id: String,
         metrics: Arc<SyncMetrics>,
         tokens: (mpsc::Receiver<Claim>, Arc<AtomicBool>),
+        core: Option<core_affinity::CoreId>,
     ) -> anyhow::Result<SyncCore> {
         let (stop, stopped) = mpsc::channel(1);
         let response_timeout = settings.interval.min(Duration::from_secs(2));
@@ -125,6 +127,9 @@ impl SyncCore {
         std::thread::Builder::new()
             .name("sync".into())
             .spawn(move || {
+                if let Some(core) = core {
+                    core_affinity::set_for_current(core);
+                }
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
