@@ -278,7 +278,7 @@ impl Owner {
 
     /// The sync round, step 1: the usage this shard's quota holders admitted since the last call.
     pub fn take_usage(&mut self, out: &mut Vec<quotas::BucketUsage>) {
-        self.quotas.take_usage(&self.keys, out);
+        self.quotas.take_usage(out);
     }
 
     /// The sync round, step 2: subtract what other routers admitted from the holders this shard

@@ -178,6 +178,10 @@ pub struct Quotas {
     /// yet: a key with a daily budget is refused (`429 token_limit_exceeded`) rather than handed a
     /// fresh budget (seed `run-several-routers.md`, "When the store is unreachable").
     daily_known: bool,
+    /// The limits are shared through a store: usage is taken every round.
+    shared: bool,
+    /// Usage taken from holders [`Quotas::cleanup`] dropped, for the next round to publish.
+    unpublished: Vec<shared::BucketUsage>,
 }
 
 /// One daily total as the disk database keeps it: the tokens this router charged one holder's
@@ -288,6 +292,8 @@ impl Quotas {
             persistence: None,
             share: Share::Whole,
             daily_known: true,
+            shared: false,
+            unpublished: Vec::new(),
         }
     }
 
@@ -304,6 +310,7 @@ impl Quotas {
     /// daily budget until today's totals are read ([`Quotas::restore`]).
     pub fn share_through_store(&mut self, day: Day) {
         self.daily_known = false;
+        self.shared = true;
         if self.persistence.is_none() {
             self.persistence = Some(Persistence {
                 day,
@@ -502,6 +509,13 @@ impl Quotas {
     /// Drops holders whose buckets are all full again and whose daily budgets are from a past day
     /// (seed, "Idle-state cleanup"): memory stays bounded however many keys come and go.
     pub fn cleanup(&mut self, now: Millis, day: Day) {
+        if self.shared {
+            // What the buckets admitted since the last round goes out with the next one, whatever
+            // is dropped below (a holder refilled to full, a full token-rate entry).
+            let mut unpublished = std::mem::take(&mut self.unpublished);
+            self.take_usage(&mut unpublished);
+            self.unpublished = unpublished;
+        }
         let mut persistence = self.persistence.as_mut();
         self.holders.retain(|tenant, holder| {
             holder.limits.compact(now);

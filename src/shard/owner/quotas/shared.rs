@@ -38,8 +38,10 @@ impl BucketUsage {
 
 impl Quotas {
     /// Appends every bucket's usage since the last call to `out` (each once: taking resets it).
-    /// Walks every holder: once per sync round, never per request.
-    pub fn take_usage(&mut self, registry: &KeyRegistry, out: &mut Vec<BucketUsage>) {
+    /// Walks every holder: once per sync round, never per request. A key removed by a reload
+    /// still has its usage published; routers that do not know the key skip it.
+    pub fn take_usage(&mut self, out: &mut Vec<BucketUsage>) {
+        out.append(&mut self.unpublished);
         for holder in self.holders.values_mut() {
             let key = holder.built.key;
             holder.limits.take_deltas(|bucket, amount| {
@@ -52,16 +54,12 @@ impl Quotas {
         }
         for (key, holder) in &mut self.token_rates {
             let key = *key;
-            // A key removed by a reload: its usage no longer limits anyone.
-            let known = registry.get(key).is_some();
             holder.limits.take_deltas(|bucket, amount| {
-                if known {
-                    out.push(BucketUsage {
-                        key,
-                        bucket,
-                        amount,
-                    })
-                }
+                out.push(BucketUsage {
+                    key,
+                    bucket,
+                    amount,
+                })
             });
         }
     }

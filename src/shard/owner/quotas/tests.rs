@@ -591,7 +591,7 @@ fn usage_is_handed_out_once_and_remote_usage_never() {
     };
     quotas.apply_remote(Millis(0), MONDAY, &registry, &snapshot, &remote, 0);
     let mut out = Vec::new();
-    quotas.take_usage(&registry, &mut out);
+    quotas.take_usage(&mut out);
     assert_eq!(
         out,
         [BucketUsage {
@@ -604,7 +604,7 @@ fn usage_is_handed_out_once_and_remote_usage_never() {
         }]
     );
     out.clear();
-    quotas.take_usage(&registry, &mut out);
+    quotas.take_usage(&mut out);
     assert!(out.is_empty());
 }
 
@@ -652,4 +652,39 @@ fn a_daily_key_waits_for_the_totals_and_reading_them_twice_counts_once() {
         0,
     ));
     assert_eq!(left, 550);
+}
+
+/// A holder dropped as idle between two rounds hands its unpublished usage over first.
+#[test]
+fn cleanup_keeps_the_usage_of_holders_it_drops_for_the_next_round() {
+    let registry = registry();
+    let snapshot = snapshot(1, &["chat"]);
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    quotas.share_through_store(MONDAY);
+    quotas.restore(
+        &snapshot,
+        DailyRestore {
+            day: MONDAY,
+            records: Vec::new(),
+        },
+    );
+    let key_id = key(&registry, "sk-permodel").key_id;
+    quotas
+        .admit(
+            Millis(0),
+            MONDAY,
+            &registry,
+            &snapshot,
+            key_id,
+            &context(0),
+            Charge::RequestsOnly,
+        )
+        .unwrap();
+    // Two minutes on, the RPM bucket is full again and the holder idle (no daily usage).
+    quotas.cleanup(Millis(120_000), MONDAY);
+    assert!(quotas.is_empty(), "dropped as idle");
+    let mut out = Vec::new();
+    quotas.take_usage(&mut out);
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].amount, 1);
 }
