@@ -342,12 +342,13 @@ impl Round {
         self.metrics
             .peers
             .store(i64::from(peers.live), Ordering::Relaxed);
+        // Records of routers gone for over an hour (silent, or left) are removed; a router that
+        // left more recently keeps its record, which says it left.
         let gone: Vec<String> = records
             .iter()
             .filter(|(id, record)| {
                 *id != self.settings.router_id
-                    && record.state(now_ms) == site::PeerState::Gone
-                    && !record.left
+                    && now_ms.saturating_sub(record.at_unix_ms) > site::SILENT_FOR_AT_MOST_MS
             })
             .map(|(id, _)| id.clone())
             .collect();
