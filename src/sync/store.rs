@@ -282,19 +282,19 @@ impl Store {
                 .arg(entry.as_slice())
                 .ignore();
         }
-        let mut days: Vec<u32> = Vec::new();
-        for (day, field, total) in writes.totals {
-            let key = self.key(&format!("daily:{day}"));
-            pipe.cmd("HSET").arg(&key).arg(field).arg(*total).ignore();
-            if !days.contains(day) {
-                days.push(*day);
-            }
-        }
+        // One HSET per day with every changed total of that day, and its expiry.
+        let mut days: Vec<u32> = writes.totals.iter().map(|(day, _, _)| *day).collect();
+        days.sort_unstable();
+        days.dedup();
         for day in days {
-            pipe.cmd("EXPIRE")
-                .arg(self.key(&format!("daily:{day}")))
-                .arg(DAILY_TTL_SECONDS)
-                .ignore();
+            let key = self.key(&format!("daily:{day}"));
+            let mut hset = redis::cmd("HSET");
+            hset.arg(&key);
+            for (_, field, total) in writes.totals.iter().filter(|(of, _, _)| *of == day) {
+                hset.arg(field).arg(*total);
+            }
+            pipe.add_command(hset).ignore();
+            pipe.cmd("EXPIRE").arg(&key).arg(DAILY_TTL_SECONDS).ignore();
         }
         pipe.cmd("HSET")
             .arg(&routers)

