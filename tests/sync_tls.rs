@@ -65,21 +65,19 @@ fn router_over_tls(name: &str, store_port: u16, ca: &str) -> Site {
     let addrs = format!("127.0.0.1:{store_port}");
     Site::start(
         name,
-        Options::new()
-            .skip_model_wait()
-            .router_args(&[
-                "--sync-store",
-                "valkey",
-                "--sync-valkey-addrs",
-                &addrs,
-                "--sync-valkey-tls",
-                "--sync-valkey-tls-ca-file",
-                ca,
-                "--router-id",
-                name,
-                "--sync-interval",
-                "200ms",
-            ]),
+        Options::new().skip_model_wait().router_args(&[
+            "--sync-store",
+            "valkey",
+            "--sync-valkey-addrs",
+            &addrs,
+            "--sync-valkey-tls",
+            "--sync-valkey-tls-ca-file",
+            ca,
+            "--router-id",
+            name,
+            "--sync-interval",
+            "200ms",
+        ]),
     )
 }
 

@@ -580,7 +580,20 @@ fn usage_is_handed_out_once_and_remote_usage_never() {
     let flat = key(&registry, "sk-flat").key_id;
     let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
     let admitted = admit(&mut quotas, MONDAY, &registry, &snapshot, "sk-flat", 0, 40).unwrap();
-    drop(admitted);
+    let tenant = key(&registry, "sk-flat").tenant_id;
+    let used = UsedTokens {
+        input_tokens: 40,
+        output_tokens: 0,
+    };
+    let admission = admitted.admission.expect("a daily budget was charged");
+    quotas.settle(
+        Millis(0),
+        MONDAY,
+        tenant,
+        admission,
+        used,
+        Delivery::Streamed,
+    );
     let remote = BucketUsage {
         key: flat,
         bucket: BucketRef::Daily {
