@@ -109,15 +109,7 @@ pub fn quota(refusal: &QuotaRefusal) -> Rejection {
 /// A non-streamed answer whose exact output no longer fits the key's daily budget (phase 7b):
 /// refused like a daily refusal with nothing left (`X-RateLimit-Remaining-Tokens: 0`).
 pub fn daily_output(model: ModelId) -> Rejection {
-    limit(&crate::limits::LimitExceeded {
-        kind: RejectionKind::DailyTokens,
-        model,
-        limit: 0,
-        remaining: 0,
-        reset_seconds: None,
-        retry_after_seconds: None,
-        remaining_requests: None,
-    })
+    limit(&crate::limits::LimitExceeded::daily_spent(model))
 }
 
 /// How a hold at zero ended without the model waking (phase 5h); `model` as the client named it.

@@ -155,6 +155,20 @@ pub struct LimitExceeded {
 }
 
 impl LimitExceeded {
+    /// A daily refusal with nothing left to report (`X-RateLimit-Remaining-Tokens: 0`): a
+    /// non-streamed answer whose output no longer fits, or a key whose total cannot be read.
+    pub fn daily_spent(model: ModelId) -> LimitExceeded {
+        LimitExceeded {
+            kind: RejectionKind::DailyTokens,
+            model,
+            limit: 0,
+            remaining: 0,
+            reset_seconds: None,
+            retry_after_seconds: None,
+            remaining_requests: None,
+        }
+    }
+
     fn from_shortfall(kind: RejectionKind, model: ModelId, shortfall: Shortfall) -> LimitExceeded {
         LimitExceeded {
             kind,

@@ -37,7 +37,7 @@ use crate::auth::keys::{KeyRecord, KeyRegistry};
 use crate::ids::{Capability, KeyId, ModelId, TenantId};
 use crate::limits::{
     Admission, BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota,
-    LimitExceeded, Millis, ModelContext, ModelQuota, RejectionKind, Share, UsedTokens,
+    LimitExceeded, Millis, ModelContext, ModelQuota, Share, UsedTokens,
 };
 use crate::snapshot::{ModelKey, RoutingSnapshot};
 
@@ -428,7 +428,8 @@ impl Quotas {
             && !matches!(charge, Charge::RequestsOnly)
             && owner.limits.has_daily(model.model)
         {
-            return Err(daily_unknown(model.model));
+            // Today's total cannot be read yet: refused at once, never a fresh budget.
+            return Err(LimitExceeded::daily_spent(model.model));
         }
         let rates = self.token_rates.get_mut(&key);
         match charge {
@@ -625,19 +626,6 @@ impl Quotas {
             Some(_) => {}
         }
         true
-    }
-}
-
-/// A key with a daily budget while today's total cannot be read: refused at once.
-fn daily_unknown(model: ModelId) -> LimitExceeded {
-    LimitExceeded {
-        kind: RejectionKind::DailyTokens,
-        model,
-        limit: 0,
-        remaining: 0,
-        reset_seconds: None,
-        retry_after_seconds: None,
-        remaining_requests: None,
     }
 }
 

@@ -4,7 +4,7 @@
 use super::*;
 use crate::auth::config::AuthConfig;
 use crate::auth::keys::AuthOutcome;
-use crate::limits::BucketRef;
+use crate::limits::{BucketRef, RejectionKind};
 use crate::snapshot::ModelEntry;
 use std::sync::Arc;
 
