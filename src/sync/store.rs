@@ -233,18 +233,40 @@ impl Store {
     /// up to that one is in the totals (each router writes its entry and its totals in one
     /// transaction).
     pub async fn read_daily(&mut self, day: u32) -> RedisResult<(Vec<(String, u64)>, StreamId)> {
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("HGETALL")
-            .arg(self.key(&format!("daily:{day}")))
-            .cmd("XREVRANGE")
-            .arg(self.key("usage"))
+        let mut totals = redis::cmd("HGETALL");
+        totals.arg(self.key(&format!("daily:{day}")));
+        let mut last = redis::cmd("XREVRANGE");
+        last.arg(self.key("usage"))
             .arg("+")
             .arg("-")
             .arg("COUNT")
             .arg(1);
-        let (totals, last): (HashMap<String, u64>, Value) = self.query(&pipe).await?;
-        Ok((totals.into_iter().collect(), last_id(&last)))
+        let replies = self.transaction(vec![totals, last], 2).await?;
+        let totals: HashMap<String, u64> = redis::from_redis_value_ref(&replies[0])?;
+        Ok((totals.into_iter().collect(), last_id(&replies[1])))
+    }
+
+    /// Runs `commands` as one `MULTI` … `EXEC` and returns the replies of the last `reads` of
+    /// them. `MULTI` and `EXEC` go as plain commands of a pipeline: the redis crate's own
+    /// transactions underflow a counter (a panic in debug builds) when the store refuses `MULTI`
+    /// itself, as it does without the password (`NOAUTH`) or while loading (`LOADING`).
+    async fn transaction(
+        &mut self,
+        commands: Vec<redis::Cmd>,
+        reads: usize,
+    ) -> RedisResult<Vec<Value>> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("MULTI").ignore();
+        for command in commands {
+            pipe.add_command(command).ignore();
+        }
+        pipe.cmd("EXEC");
+        let (exec,): (Value,) = self.query(&pipe).await?;
+        exec_replies(exec, reads).map_err(|what| {
+            // A connection in an unknown state is not used again.
+            self.connection = None;
+            redis::RedisError::from(std::io::Error::other(what))
+        })
     }
 
     /// Entries after `after` up to and including `upto`, oldest first.
@@ -269,18 +291,17 @@ impl Store {
     pub async fn round(&mut self, writes: RoundWrites<'_>) -> RedisResult<RoundReads> {
         let usage = self.key("usage");
         let routers = self.key("routers");
-        let mut pipe = redis::pipe();
-        pipe.atomic();
+        let mut commands = Vec::with_capacity(writes.entries.len() + 8);
         for entry in writes.entries {
-            pipe.cmd("XADD")
-                .arg(&usage)
+            let mut xadd = redis::cmd("XADD");
+            xadd.arg(&usage)
                 .arg("MINID")
                 .arg("~")
                 .arg(writes.after.ms.saturating_sub(STREAM_KEEP_MS))
                 .arg("*")
                 .arg("u")
-                .arg(entry.as_slice())
-                .ignore();
+                .arg(entry.as_slice());
+            commands.push(xadd);
         }
         // One HSET per day with every changed total of that day, and its expiry.
         let mut days: Vec<u32> = writes.totals.iter().map(|(day, _, _)| *day).collect();
@@ -293,32 +314,44 @@ impl Store {
             for (_, field, total) in writes.totals.iter().filter(|(of, _, _)| *of == day) {
                 hset.arg(field).arg(*total);
             }
-            pipe.add_command(hset).ignore();
-            pipe.cmd("EXPIRE").arg(&key).arg(DAILY_TTL_SECONDS).ignore();
+            commands.push(hset);
+            let mut expire = redis::cmd("EXPIRE");
+            expire.arg(&key).arg(DAILY_TTL_SECONDS);
+            commands.push(expire);
         }
-        pipe.cmd("HSET")
+        let mut heartbeat = redis::cmd("HSET");
+        heartbeat
             .arg(&routers)
             .arg(&self.router)
-            .arg(writes.heartbeat)
-            .ignore();
-        pipe.cmd("SET")
+            .arg(writes.heartbeat);
+        commands.push(heartbeat);
+        let mut set_epoch = redis::cmd("SET");
+        set_epoch
             .arg(self.key("epoch"))
             .arg(&self.epoch_candidate)
-            .arg("NX")
-            .ignore();
-        pipe.cmd("GET").arg(self.key("epoch"));
-        pipe.cmd("HGETALL").arg(&routers);
-        pipe.cmd("XRANGE")
+            .arg("NX");
+        commands.push(set_epoch);
+        let mut epoch = redis::cmd("GET");
+        epoch.arg(self.key("epoch"));
+        commands.push(epoch);
+        let mut heartbeats = redis::cmd("HGETALL");
+        heartbeats.arg(&routers);
+        commands.push(heartbeats);
+        let mut range = redis::cmd("XRANGE");
+        range
             .arg(&usage)
             .arg(format!("({}", writes.after))
             .arg("+")
             .arg("COUNT")
             .arg(READ_MAX);
-        let (epoch, heartbeats, range): (String, HashMap<String, String>, Value) =
-            self.query(&pipe).await?;
+        commands.push(range);
+        let replies = self.transaction(commands, 3).await?;
+        let epoch: String = redis::from_redis_value_ref(&replies[0])?;
+        let heartbeats: HashMap<String, String> = redis::from_redis_value_ref(&replies[1])?;
+        let range = &replies[2];
         Ok(RoundReads {
             heartbeats,
-            entries: entries(&range),
+            entries: entries(range),
             epoch,
         })
     }
@@ -345,6 +378,26 @@ impl Store {
         let (set,): (Option<String>,) = self.query(&pipe).await?;
         Ok(set.is_some())
     }
+}
+
+/// The last `reads` replies of an `EXEC` reply, or why the transaction did not run whole.
+fn exec_replies(exec: Value, reads: usize) -> Result<Vec<Value>, String> {
+    let Value::Array(mut replies) = exec else {
+        return Err(format!("the store did not run the transaction: {exec:?}"));
+    };
+    if let Some(error) = replies
+        .iter()
+        .find(|reply| matches!(reply, Value::ServerError(_)))
+    {
+        return Err(format!("the store refused a command: {error:?}"));
+    }
+    if replies.len() < reads {
+        return Err(format!(
+            "the transaction answered {} replies",
+            replies.len()
+        ));
+    }
+    Ok(replies.split_off(replies.len() - reads))
 }
 
 fn timed_out(_: tokio::time::error::Elapsed) -> redis::RedisError {

