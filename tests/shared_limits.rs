@@ -585,10 +585,13 @@ fn a_restarted_router_counts_nothing_twice() {
         let status = router.router.terminate();
         assert!(status.success(), "{status:?}");
     }
-    for router in &mut routers {
-        // Already stopped: the restart only starts it.
-        router.restart_router(Stop::Kill, &[]);
-    }
+    // Already stopped: the restart only starts each, all at once (each waits for its agent,
+    // which is backing off).
+    std::thread::scope(|scope| {
+        for router in &mut routers {
+            scope.spawn(move || router.restart_router(Stop::Kill, &[]));
+        }
+    });
     wait_site_up(&routers);
     // Each router reads the same totals at start; none has seen the others' requests below yet.
     for (index, router) in routers.iter().enumerate() {
