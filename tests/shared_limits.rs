@@ -703,7 +703,6 @@ fn an_agent_given_one_router_reaches_all_three() {
 
     // A fourth router joins the site later: the agent finds it through the others' lists, at
     // its next heartbeat (after the others' next round has read the newcomer's heartbeat).
-    let mut plan = plan;
     plan.name = "shared-discovery-late";
     let fourth = plan.start(ROUTERS);
     fourth.wait_metric("hivenet_sync_up", |v| v == 1.0);
