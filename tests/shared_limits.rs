@@ -105,6 +105,7 @@ impl Plan {
     /// Router `index` (`--router-id router-<index>`).
     fn options(&self, index: usize) -> Options {
         let id = format!("router-{index}");
+        let min_routers = ROUTERS.to_string();
         let mut args: Vec<&str> = vec![
             "--auth-config-file",
             self.auth.to_str().unwrap(),
@@ -117,7 +118,7 @@ impl Plan {
             "--sync-interval",
             INTERVAL,
             "--sync-min-routers",
-            "3",
+            &min_routers,
         ];
         args.extend(self.store.iter().map(String::as_str));
         args.extend(self.extra.iter().map(String::as_str));
