@@ -44,6 +44,17 @@ pub struct Bucket {
     delta_tokens: i64,
     /// This sync round's part of the bucket, while the routers of a site share it.
     round: RoundAllowance,
+    /// What a smaller scale (`Share::rate_scale`, with silent routers) took off a level above
+    /// its scaled capacity. Given back once the scale grows past `held_below_units`, so routers
+    /// that were silent for a while (after a store outage, every other router is, until its
+    /// next heartbeat) do not cost the key the rest of its burst: their held-back usage is then
+    /// subtracted from the whole level, not from the part the live routers were left with.
+    /// Never negative.
+    held_units: i64,
+    /// The scaled capacity `held_units` was held back under (the smallest, when several were).
+    /// A scale that is not larger keeps holding it: giving it back as the level drops would let
+    /// the live routers admit more than their part.
+    held_below_units: i64,
 }
 
 impl Bucket {
@@ -58,6 +69,8 @@ impl Bucket {
             updated: now,
             delta_tokens: 0,
             round: RoundAllowance::NONE,
+            held_units: 0,
+            held_below_units: 0,
         }
     }
 
@@ -89,23 +102,33 @@ impl Bucket {
 
     /// Brings the level up to date under `share`: with silent routers, the live ones may use only
     /// their part of the capacity and the refill (`Share::rate_scale`). A level above the scaled
-    /// capacity is brought down to it.
+    /// capacity is brought down to it, and what that takes off is held back until the scale
+    /// grows again (`held_units`).
     fn refill_shared(&mut self, now: Millis, share: Share) {
         let (numerator, denominator) = share.rate_scale();
-        if numerator == denominator {
-            self.refill(now);
-            return;
-        }
         let scale = |units: u64| {
             (u128::from(units) * u128::from(numerator) / u128::from(denominator)) as u64
         };
         let capacity_units = scale(self.capacity_units as u64) as i64;
+        if self.held_units > 0 && capacity_units > self.held_below_units {
+            // The scale grew: what the smaller one held back is the key's again.
+            self.level_units = (self.level_units + self.held_units).min(self.capacity_units);
+            self.held_units = 0;
+        }
+        if numerator == denominator {
+            self.refill(now);
+            return;
+        }
         if now > self.updated && self.level_units < capacity_units {
             let gap_units = (capacity_units - self.level_units) as u64;
             let refill_units = scale((now.0 - self.updated.0).saturating_mul(self.rate_per_minute));
             self.level_units += refill_units.min(gap_units) as i64;
         }
-        self.level_units = self.level_units.min(capacity_units);
+        if self.level_units > capacity_units {
+            self.held_units += self.level_units - capacity_units;
+            self.held_below_units = capacity_units;
+            self.level_units = capacity_units;
+        }
         if now > self.updated {
             self.updated = now;
         }
@@ -237,7 +260,8 @@ impl Bucket {
     /// minus level), the same unpublished delta and what is left of this round's share, under
     /// this bucket's new rate and capacity.
     pub fn inherit(&mut self, now: Millis, previous: &Bucket) {
-        let used_units = previous.capacity_units - previous.level_at(now);
+        // What a smaller scale held back is not used.
+        let used_units = previous.capacity_units - (previous.level_at(now) + previous.held_units);
         self.refill(now);
         self.level_units =
             (self.capacity_units - used_units).clamp(-self.capacity_units, self.capacity_units);
@@ -376,6 +400,58 @@ mod tests {
         assert!(bucket.try_take(at(0), 1).is_err());
         assert_eq!(bucket.take_delta(), 0);
         bucket.try_take(at(1), 1).unwrap();
+    }
+
+    /// After a store outage: this router's first round saw the two others' stale heartbeats.
+    const TWO_SILENT: Share = Share::Shared {
+        round: 1,
+        live: 1,
+        silent: 2,
+    };
+    const THREE_LIVE: Share = Share::Shared {
+        round: 2,
+        live: 3,
+        silent: 0,
+    };
+
+    #[test]
+    fn with_silent_routers_the_live_one_uses_its_part_however_the_level_drops() {
+        let mut bucket = Bucket::new(at(0), 30, 30);
+        let admitted = (0..30)
+            .filter(|_| bucket.try_take_shared(at(0), 1, TWO_SILENT).is_ok())
+            .count();
+        assert_eq!(admitted, 10);
+        // It refills its part of the rate: one request every six seconds.
+        assert!(bucket.try_take_shared(at(5), 1, TWO_SILENT).is_err());
+        bucket.try_take_shared(at(6), 1, TWO_SILENT).unwrap();
+        assert!(bucket.try_take_shared(at(6), 1, TWO_SILENT).is_err());
+    }
+
+    #[test]
+    fn usage_applied_while_routers_were_silent_is_charged_once_when_they_are_live() {
+        // Regression (tests/shared_limits.rs, store_stopped_each_router_enforces_its_share): a key
+        // used only on router A during a store outage showed 1 request left on router B instead
+        // of 21. B applied A's 8 in its first round after the outage, which still saw A and C as
+        // silent, and the bucket cut to a third stayed cut once they were live again.
+        let mut bucket = Bucket::new(at(0), 30, 30);
+        bucket.apply_remote(at(0), 8, 0, TWO_SILENT);
+        assert_eq!(bucket.remaining(at(0)), 2, "a third, less the usage");
+        bucket.try_take_shared(at(0), 1, THREE_LIVE).unwrap();
+        assert_eq!(bucket.remaining(at(0)), 21);
+    }
+
+    #[test]
+    fn a_scale_that_shrinks_again_holds_back_again() {
+        let mut bucket = Bucket::new(at(0), 30, 30);
+        bucket.try_take_shared(at(0), 3, TWO_SILENT).unwrap();
+        bucket.try_take_shared(at(0), 3, Share::Whole).unwrap();
+        assert_eq!(bucket.remaining(at(0)), 24);
+        let admitted = (0..30)
+            .filter(|_| bucket.try_take_shared(at(0), 1, TWO_SILENT).is_ok())
+            .count();
+        assert_eq!(admitted, 10);
+        bucket.try_take_shared(at(0), 1, Share::Whole).unwrap();
+        assert_eq!(bucket.remaining(at(0)), 13);
     }
 
     #[test]

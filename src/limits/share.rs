@@ -35,9 +35,12 @@ impl Share {
     ///
     /// A silent router's usage is not seen while it is silent, so the live routers' buckets
     /// refill only by their part. When it comes back and publishes what it held back, that usage
-    /// is subtracted as well: the bucket is then lower than the site's real usage for up to a
-    /// minute. That errs on the side of the limit, and a router cut off from the store alone is
-    /// rare; a whole store outage does not take this path (see [`Share::rate_split`]).
+    /// is subtracted from the whole bucket (the part the scale held back is given back first,
+    /// `Bucket::refill_shared`): the bucket is then lower than the site's real usage only by the
+    /// refill the live routers' part missed, for up to a minute. That errs on the side of the
+    /// limit, and a router cut off from the store alone is rare. A whole store outage takes this
+    /// path for a round at most: back with the store, a router's first round sees the others'
+    /// heartbeats from before the outage, silent until they heartbeat again.
     pub fn rate_scale(self) -> (u64, u64) {
         match self {
             Share::Shared { live, silent, .. } if silent > 0 => {

@@ -227,7 +227,8 @@ impl Options {
     }
 
     /// Extra router arguments (besides the four ports and the identity path). `--shards 2` is
-    /// added unless given.
+    /// added unless given. `{grpc}` in an argument becomes the router's gRPC address
+    /// (`127.0.0.1:<port>`, picked at start), e.g. `--advertise-grpc-addr {grpc}`.
     pub fn router_args(mut self, args: &[&str]) -> Options {
         self.router_args.extend(strings(args));
         self
@@ -786,7 +787,13 @@ fn spawn_router(
     if !options.router_args.iter().any(|a| a == "--shards") {
         args.extend(strings(&["--shards", &shards.to_string()]));
     }
-    args.extend(options.router_args.iter().cloned());
+    let grpc = ports.grpc.to_string();
+    args.extend(
+        options
+            .router_args
+            .iter()
+            .map(|arg| arg.replace("{grpc}", &grpc)),
+    );
     // The audit log goes to the test's directory (its default is under /var/log); a test's
     // own value wins (set after).
     let mut router_env = vec![(
