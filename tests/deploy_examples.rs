@@ -13,21 +13,6 @@ use serde_json::Value;
 const KEDA: &str = "deploy/keda";
 const KUBERNETES: &str = "deploy/kubernetes";
 
-/// Flags of the seed `run-several-routers.md` that the manifests use before the binaries list
-/// them in `--help` (the sync core and agents connected to several routers are being built).
-/// Drop a flag from here once `--help` lists it; it is then checked like any other.
-const ROUTER_FLAGS_OF_THE_SEED: &[&str] = &[
-    "--router-id",
-    "--advertise-grpc-addr",
-    "--sync-store",
-    "--sync-site",
-    "--sync-valkey-addrs",
-    "--sync-valkey-sentinel-master",
-    "--sync-valkey-password-file",
-    "--sync-min-routers",
-];
-const AGENT_FLAGS_OF_THE_SEED: &[&str] = &["--routers"];
-
 /// Every document of every `*.yaml` in `dir` (relative to the repository), with its file.
 fn documents_in(dir: &str) -> Vec<(PathBuf, Value)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
@@ -125,12 +110,12 @@ fn agent_flags() -> Vec<String> {
 }
 
 /// Asserts every `--flag` in `args` is one `binary --help` lists or one of `pending`.
-fn assert_known_flags(binary: &str, args: &[String], pending: &[&str]) {
+fn assert_known_flags(binary: &str, args: &[String]) {
     let known = flags_of(binary);
     for arg in args.iter().filter(|arg| arg.starts_with("--")) {
         let flag = arg.split('=').next().unwrap_or(arg);
         assert!(
-            known.iter().any(|known| known == flag) || pending.contains(&flag),
+            known.iter().any(|known| known == flag),
             "{binary} has no {flag}"
         );
     }
@@ -373,11 +358,7 @@ fn three_routers_share_limits_through_the_sentinels_of_the_site() {
         );
     }
 
-    assert_known_flags(
-        env!("CARGO_BIN_EXE_hivenet-router"),
-        &args,
-        ROUTER_FLAGS_OF_THE_SEED,
-    );
+    assert_known_flags(env!("CARGO_BIN_EXE_hivenet-router"), &args);
 }
 
 #[test]
@@ -477,11 +458,7 @@ fn agents_list_every_router_by_its_pod_name() {
         secret_holding(&router, &router_container, &router_secret_file)
     );
 
-    assert_known_flags(
-        env!("CARGO_BIN_EXE_hivenet-agent"),
-        &args,
-        AGENT_FLAGS_OF_THE_SEED,
-    );
+    assert_known_flags(env!("CARGO_BIN_EXE_hivenet-agent"), &args);
 }
 
 /// The alerts of the seed's "Monitor" section, with the peers threshold for `routers` routers.
