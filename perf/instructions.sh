@@ -12,7 +12,12 @@
 #   KIND=json          json or stream
 #   VARIANTS=""        binary directories to compare, separated by '|'; empty entry = target/release.
 #                      VARIANTS='/tmp/before|' counts /tmp/before/hivenet-{router,agent} then the
-#                      current build, one after the other
+#                      current build, one after the other. An entry may add router flags after
+#                      the directory and a space: VARIANTS='|  --sync-store valkey ...' counts the
+#                      current build without, then with, those flags
+#   ROUTER_ARGS=""     router flags for every variant (e.g. --auth-config-file perf/auth-bench.yaml)
+#   BENCH_API_KEY=""   sent as the bearer key of every request when set (sk-hivenet-bench for
+#                      perf/auth-bench.yaml)
 #   SKIP_BUILD=0       1: use the existing target/release binaries
 #   PORT_BASE=24000    ports used: +80 router http, +51 grpc, +12 metrics, +900 tunnel, +888 sim
 #
@@ -67,16 +72,19 @@ fi
 
 # One keep-alive connection, requests one after the other; prints nothing, fails on a non-200.
 client() { # port count
-  python3 - "$1" "$2" "$KIND" "$MODEL" <<'PY'
+  python3 - "$1" "$2" "$KIND" "$MODEL" "${BENCH_API_KEY:-}" <<'PY'
 import http.client, json, sys
-port, count, kind, model = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+port, count, kind, model, key = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
 if kind == "stream":
     body["stream"] = True
 payload = json.dumps(body).encode()
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 for _ in range(count):
-    conn.request("POST", "/v1/chat/completions", payload, {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    conn.request("POST", "/v1/chat/completions", payload, headers)
     response = conn.getresponse()
     response.read()
     if response.status != 200:
@@ -91,8 +99,10 @@ log "starting hivenet-sim on $HOST:$SIM_PORT"
 PIDS+=($!)
 wait_until "$!" 20 "hivenet-sim" curl -sf "http://$HOST:$SIM_PORT/v1/models"
 
-count_one() { # dir index -> prints instructions per request
-  local dir=$1 index=$2 router_cmd agent_cmd out
+count_one() { # dir [router flags] index -> prints instructions per request
+  local dir=${1%% *} index=$2 router_cmd agent_cmd out extra=()
+  [[ $1 == *" "* ]] && read -r -a extra <<<"${1#* }"
+  [[ -n ${ROUTER_ARGS:-} ]] && read -r -a base_args <<<"$ROUTER_ARGS" && extra=("${base_args[@]}" "${extra[@]}")
   out="$WORK/callgrind.$index.out"
   local grind=(valgrind --tool=callgrind "--callgrind-out-file=$out")
   router_cmd=("$dir/hivenet-router")
@@ -102,7 +112,7 @@ count_one() { # dir index -> prints instructions per request
   HIVENET_ROUTER_IO_DRIVER=epoll HIVENET_ROUTER_AUDIT_LOG_PATH="$WORK/audit.$index.jsonl" \
     "${router_cmd[@]}" --shards 1 --http-port "$HOST:$((PORT_BASE + 80))" \
     --grpc-port "$HOST:$((PORT_BASE + 51))" --metrics-port "$HOST:$((PORT_BASE + 12))" \
-    --p2p-port "$((PORT_BASE + 900))" --identity-path "$WORK/router.$index.key" \
+    --p2p-port "$((PORT_BASE + 900))" --identity-path "$WORK/router.$index.key" "${extra[@]}" \
     >"$WORK/router.$index.log" 2>&1 &
   local router=$!
   PIDS+=("$router")
@@ -113,7 +123,7 @@ count_one() { # dir index -> prints instructions per request
   local agent=$!
   PIDS+=("$agent")
   wait_until "$agent" 120 "the agent's model on the router" \
-    bash -c "curl -sf 'http://$HOST:$((PORT_BASE + 80))/v1/models' | grep -q '\"$MODEL\"'"
+    bash -c "curl -sf -H 'authorization: Bearer ${BENCH_API_KEY:-}' 'http://$HOST:$((PORT_BASE + 80))/v1/models' | grep -q '\"$MODEL\"'"
   client "$((PORT_BASE + 80))" "$WARMUP_REQUESTS"
   local grinding=$router
   [[ $TARGET == agent ]] && grinding=$agent
@@ -141,7 +151,8 @@ while :; do
 done
 echo "instructions per $KIND request of the $TARGET ($REQUESTS requests, one connection):"
 for i in "${!DIRS[@]}"; do
-  dir=${DIRS[$i]:-$BIN}
+  dir=${DIRS[$i]}
+  [[ -z ${dir%% *} ]] && dir="$BIN$dir"
   log "counting $dir"
   per_request=$(count_one "$dir" "$i")
   printf '%-40s %12s\n' "$dir" "$per_request"
