@@ -20,6 +20,7 @@ pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod control;
+pub mod credits;
 pub mod disk_db;
 pub mod doc_guard;
 pub mod duration;
