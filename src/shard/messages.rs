@@ -68,8 +68,9 @@ pub enum ControlToShard {
     /// The sync round (`--sync-store valkey`), step 1: the usage this shard's quota holders
     /// admitted since the last round and the daily totals that changed. Answered from the inbox.
     TakeUsage(tokio::sync::oneshot::Sender<ShardUsage>),
-    /// The sync round, step 2: usage other routers published. Broadcast; each shard applies the
-    /// tenants it owns.
+    /// The sync round, step 2: usage other routers published. Broadcast (one `Arc` for every
+    /// shard); each shard applies the tenants it owns. At most `sync::store::READ_MAX` entries a
+    /// round, the rest come next round.
     ApplyRemote(Arc<crate::shard::owner::quotas::RemoteUsage>),
     /// This router's part of every limit from now on (`limits::share`), each round.
     Share(crate::limits::Share),

@@ -180,7 +180,8 @@ pub struct Quotas {
     daily_known: bool,
     /// The limits are shared through a store: usage is taken every round.
     shared: bool,
-    /// Usage taken from holders [`Quotas::cleanup`] dropped, for the next round to publish.
+    /// Usage taken from holders [`Quotas::cleanup`] dropped, for the next round to publish: at
+    /// most one entry per bucket of the holders one cleanup walked, emptied every round.
     unpublished: Vec<shared::BucketUsage>,
 }
 
