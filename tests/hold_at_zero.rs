@@ -632,6 +632,10 @@ fn released_requests_wait_in_the_admission_gate_up_to_their_hold_budget() {
         readers.into_iter().map(|r| r.join().unwrap()).collect()
     });
     assert_eq!(statuses, vec![200, 200, 200], "{}", site.logs());
+    // A reservation is given back just after its answer's last byte is written, over the mesh
+    // when another shard owns the model: wait for it, or the next request may race it and find
+    // the budget still held (seen in CI).
+    site.wait_metric("hivenet_admission_inflight_requests", |v| v == 0.0);
     // Awake, a request over the budget is refused at once as usual.
     let mut holder = send(&site, &chat_request(true, ""));
     let head = holder.read_head().unwrap();
