@@ -7,13 +7,22 @@
 //! - [`wallet`]: one router's credits for one budget, on the owner shard (pure).
 //! - [`may_reclaim`]: when the others may give a router up and take its credits back (pure).
 //!
+//! - `sim` (tests): a deterministic simulation of routers, a store and clients under faults
+//!   (data loss, routers cut off, crashes and restarts), checking after every step that the
+//!   routers together never run more than the budget beyond the seed's stated excess. It holds
+//!   the protocol the sync core is to run around the pool and the wallets, and the rules the
+//!   simulation showed the seed's wording needs (see its module doc).
+//!
 //! # Status
-//! This is the pure core of issue 13. The store script, the sync core's refills and per-round
-//! rewrites, the owner shards' wallets and the deterministic simulation are not built yet; the
-//! occupancy budgets are still enforced per router (`admission::occupancy`).
+//! This is the pure core of issue 13. The store script and `WAIT`, the sync core's refills and
+//! per-round rewrites, and the owner shards' wallets are not built yet; the occupancy budgets are
+//! still enforced per router (`admission::occupancy`).
 
 pub mod pool;
 pub mod wallet;
+
+#[cfg(test)]
+mod sim;
 
 /// Heartbeats a router may miss before the others consider giving it up (about three sync
 /// intervals).

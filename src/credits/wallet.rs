@@ -112,8 +112,8 @@ impl Wallet {
     }
 
     /// The round: keep what is in use plus `headroom` (none when `others_short`), give the rest
-    /// back; a wallet idle for a minute gives everything back. Holding more than the credits
-    /// means a stream grew past them: that is what the pool must record.
+    /// back; a wallet idle for a minute gives everything back. What is in use beyond the credits
+    /// is what the pool must record as held, without it becoming credits.
     pub fn round(&mut self, now: Millis, headroom: u64, others_short: bool) -> RoundPlan {
         let ran_short = std::mem::take(&mut self.ran_short);
         let idle = self.in_use == 0 && now.0.saturating_sub(self.last_used.0) >= IDLE_RETURN_MS;
@@ -122,9 +122,12 @@ impl Wallet {
         } else {
             self.in_use + if others_short { 0 } else { headroom }
         };
-        self.credits = self.credits.min(keep).max(self.in_use);
+        self.credits = self.credits.min(keep);
+        // More in use than credits (a stream grew past them, or requests admitted before the
+        // store lost its data) is held in the pool, but never becomes credits: as those requests
+        // end, the excess goes back instead of admitting new ones.
         RoundPlan {
-            hold: self.credits,
+            hold: self.credits.max(self.in_use),
             ran_short,
         }
     }
@@ -179,12 +182,16 @@ mod tests {
     }
 
     #[test]
-    fn streamed_growth_past_the_credits_is_held() {
+    fn streamed_growth_past_the_credits_is_held_and_never_becomes_credits() {
         let mut wallet = Wallet::new(at(0));
         wallet.add(10);
         assert!(wallet.admit(at(0), 10, Cap::Credits));
         wallet.grow(at(0), 15);
         assert_eq!(wallet.round(at(1), 0, false).hold, 25);
+        // The stream ends: the excess goes back, it does not admit others.
+        wallet.release(at(2), 25);
+        assert!(!wallet.admit(at(2), 11, Cap::Credits));
+        assert_eq!(wallet.round(at(3), 0, false).hold, 0);
     }
 
     #[test]
