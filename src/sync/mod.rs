@@ -27,6 +27,7 @@
 pub mod config;
 pub mod core;
 pub mod entry;
+pub mod pool_store;
 pub mod round;
 pub mod site;
 pub mod store;

@@ -208,7 +208,10 @@ impl Store {
     }
 
     /// Runs `pipe`, dropping the connection on any error so the next call connects again.
-    async fn query<T: redis::FromRedisValue>(&mut self, pipe: &redis::Pipeline) -> RedisResult<T> {
+    pub(super) async fn query<T: redis::FromRedisValue>(
+        &mut self,
+        pipe: &redis::Pipeline,
+    ) -> RedisResult<T> {
         let mut connection = self.connection().await?;
         let result = tokio::time::timeout(
             self.response_timeout + Duration::from_millis(100),

@@ -1,0 +1,169 @@
+//! The occupancy-credit grant script (`sync::pool_store`, issue 13) in a real Valkey: grants
+//! from many routers at once never take the pool past its budget; a router that has not seen the
+//! store's epoch is refused; a newer run of a router replaces the older run's holding; `WAIT`
+//! tells a grant a replica acknowledged from one none did.
+
+mod common;
+
+use common::valkey::Valkey;
+use hivenet_router::sync::config::StoreSettings;
+use hivenet_router::sync::pool_store::Grant;
+use hivenet_router::sync::store::Store;
+
+const SITE: &str = "credits";
+const EPOCH: &str = "epoch-1";
+
+fn store(valkey: &Valkey, router: &str) -> Store {
+    let (host, port) = valkey
+        .addr()
+        .rsplit_once(':')
+        .map(|(h, p)| (h.to_owned(), p.parse().unwrap()))
+        .unwrap();
+    Store::new(
+        StoreSettings {
+            addrs: vec![(host, port)],
+            sentinel_master: None,
+            password: None,
+            tls: false,
+            tls_ca: None,
+        },
+        SITE,
+        router,
+        std::time::Duration::from_secs(2),
+    )
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn pool_total(valkey: &Valkey) -> u64 {
+    let reply = valkey
+        .reply(&["HVALS", "hivenet:{credits}:pool:chat"])
+        .unwrap();
+    reply
+        .items()
+        .iter()
+        .map(|value| {
+            let text = value.text();
+            text.split(':').nth(1).unwrap().parse::<u64>().unwrap()
+        })
+        .sum()
+}
+
+#[test]
+fn grants_from_many_routers_at_once_never_pass_the_budget() {
+    const BUDGET: u64 = 100;
+    let valkey = Valkey::primary();
+    valkey.command(&["SET", "hivenet:{credits}:epoch", EPOCH]);
+    let granted: u64 = std::thread::scope(|scope| {
+        let routers: Vec<_> = (0..6)
+            .map(|router| {
+                let valkey = &valkey;
+                scope.spawn(move || {
+                    let name = format!("router-{router}");
+                    let mut store = store(valkey, &name);
+                    runtime().block_on(async move {
+                        let mut total = 0;
+                        for want in [7u64, 13, 29, 3, 41, 17, 11, 5] {
+                            match store
+                                .grant("chat", &name, 1, EPOCH, want, BUDGET)
+                                .await
+                                .unwrap()
+                            {
+                                Grant::Granted { granted, .. } => total += granted,
+                                other => panic!("{other:?}"),
+                            }
+                        }
+                        total
+                    })
+                })
+            })
+            .collect();
+        routers
+            .into_iter()
+            .map(|router| router.join().unwrap())
+            .sum()
+    });
+    assert_eq!(
+        granted, BUDGET,
+        "six routers asked for far more than the budget"
+    );
+    assert_eq!(pool_total(&valkey), BUDGET);
+}
+
+#[test]
+fn a_stale_epoch_is_refused_and_a_newer_run_replaces_the_older() {
+    let valkey = Valkey::primary();
+    valkey.command(&["SET", "hivenet:{credits}:epoch", EPOCH]);
+    let mut store = store(&valkey, "router-0");
+    runtime().block_on(async {
+        assert_eq!(
+            store
+                .grant("chat", "router-0", 1, "an-older-epoch", 10, 100)
+                .await
+                .unwrap(),
+            Grant::StaleEpoch
+        );
+        assert_eq!(
+            store
+                .grant("chat", "router-0", 1, EPOCH, 80, 100)
+                .await
+                .unwrap(),
+            Grant::Granted {
+                granted: 80,
+                held: 80
+            }
+        );
+        // The restarted router's first grant: the old run's 80 are free again.
+        assert_eq!(
+            store
+                .grant("chat", "router-0", 2, EPOCH, 100, 100)
+                .await
+                .unwrap(),
+            Grant::Granted {
+                granted: 100,
+                held: 100
+            }
+        );
+        assert_eq!(
+            store
+                .grant("chat", "router-0", 1, EPOCH, 1, 100)
+                .await
+                .unwrap(),
+            Grant::Replaced
+        );
+    });
+    assert_eq!(pool_total(&valkey), 100);
+}
+
+#[test]
+fn wait_tells_a_grant_a_replica_acknowledged() {
+    let primary = Valkey::primary();
+    primary.command(&["SET", "hivenet:{credits}:epoch", EPOCH]);
+    let mut alone = store(&primary, "router-0");
+    runtime().block_on(async {
+        alone
+            .grant("chat", "router-0", 1, EPOCH, 10, 100)
+            .await
+            .unwrap();
+        assert_eq!(alone.wait_replicas(100).await.unwrap(), 0, "no replica yet");
+    });
+    let replica = Valkey::replica_of(&primary);
+    replica.wait_replica_synced();
+    let mut store = store(&primary, "router-1");
+    runtime().block_on(async {
+        store
+            .grant("chat", "router-1", 1, EPOCH, 10, 100)
+            .await
+            .unwrap();
+        assert_eq!(store.wait_replicas(1_000).await.unwrap(), 1);
+    });
+    assert_eq!(
+        replica.command(&["HGET", "hivenet:{credits}:pool:chat", "router-1"]),
+        "1:10"
+    );
+}
