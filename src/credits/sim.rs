@@ -84,6 +84,28 @@ struct Router {
     next_round: u64,
 }
 
+impl Router {
+    /// A router process starting run `run` at `now` (milliseconds), knowing nothing of the store.
+    fn start(run: u64, now: u64) -> Router {
+        Router {
+            run,
+            alive: true,
+            cut_off: false,
+            store_ok: false,
+            wallet: Wallet::new(Millis(now)),
+            requests: Vec::new(),
+            epoch: None,
+            seen: BTreeMap::new(),
+            seen_free: 0,
+            seen_epoch: 0,
+            guard: BTreeMap::new(),
+            unallocated: (0, 0),
+            waits_until: 0,
+            next_round: now,
+        }
+    }
+}
+
 fn name(index: usize) -> String {
     format!("router-{index}")
 }
@@ -104,22 +126,7 @@ impl Sim {
     fn new(seed: u64, faults: bool) -> Sim {
         let rng = fastrand::Rng::with_seed(seed);
         let routers = (0..ROUTERS)
-            .map(|index| Router {
-                run: 1,
-                alive: true,
-                cut_off: false,
-                store_ok: false,
-                wallet: Wallet::new(Millis(0)),
-                requests: Vec::new(),
-                epoch: None,
-                seen: BTreeMap::new(),
-                seen_free: 0,
-                seen_epoch: 0,
-                guard: BTreeMap::new(),
-                unallocated: (0, 0),
-                waits_until: 0,
-                next_round: index as u64 * 300,
-            })
+            .map(|index| Router::start(1, index as u64 * 300))
             .collect();
         Sim {
             trace: std::env::var_os("SIM_TRACE").is_some(),
@@ -400,22 +407,7 @@ impl Sim {
                 let now = self.now;
                 let router = &mut self.routers[index];
                 if !router.alive {
-                    *router = Router {
-                        run: router.run + 1,
-                        alive: true,
-                        cut_off: false,
-                        store_ok: false,
-                        wallet: Wallet::new(Millis(now)),
-                        requests: Vec::new(),
-                        epoch: None,
-                        seen: BTreeMap::new(),
-                        seen_free: 0,
-                        seen_epoch: 0,
-                        guard: BTreeMap::new(),
-                        unallocated: (0, 0),
-                        waits_until: 0,
-                        next_round: now,
-                    };
+                    *router = Router::start(router.run + 1, now);
                 }
             }
             _ => {}
