@@ -26,7 +26,7 @@
 //! Not modelled yet: replicas and `WAIT` (a failover losing an unacknowledged grant), streamed
 //! growth, the oversized-request rule, several shards per router, agents as separate parties.
 //! A failing seed is printed and reproduces with `sim::run(seed, STEPS, true)`, or with
-//! `SIM_TRACE=1 SIM_SEED=N cargo test --lib credits::sim::trace -- --ignored --nocapture`,
+//! `SIM_TRACE=1 SIM_SEED=N cargo test --lib credits::sim::trace -- --nocapture`,
 //! which prints every grant, notice and fault.
 
 use std::collections::BTreeMap;
@@ -564,14 +564,17 @@ mod tests {
 
 #[cfg(test)]
 mod trace {
+    /// One seed, `SIM_SEED` (default 0), with every grant, notice and fault printed when
+    /// `SIM_TRACE` is set: how a failing seed of the batch is looked at
+    /// (`SIM_TRACE=1 SIM_SEED=N cargo test --lib credits::sim::trace -- --nocapture`).
     #[test]
-    #[ignore = "a debugging aid: SIM_TRACE=1 SIM_SEED=N cargo test credits::sim::trace -- --ignored"]
     fn one_seed() {
         let seed = std::env::var("SIM_SEED")
             .ok()
             .and_then(|text| text.parse().ok())
             .unwrap_or(0);
-        match super::run(seed, 2_000, std::env::var_os("SIM_NO_FAULTS").is_none()) {
+        let faults = std::env::var_os("SIM_NO_FAULTS").is_none();
+        match super::run(seed, 2_000, faults) {
             Ok(used) => eprintln!(
                 "seed {seed}: {:.0} % of the budget used on average",
                 used * 100.0
