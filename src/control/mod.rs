@@ -128,6 +128,10 @@ pub struct ControlShared {
     pub site_routers: Arc<site_routers::SiteRouters>,
 }
 
+/// The longest the sync round waits for the shards' usage (shards answer from their inbox in
+/// microseconds; this is a stalled shard).
+pub const TAKE_USAGE_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl ControlShared {
     pub fn new(
         settings: ControlSettings,
@@ -370,23 +374,27 @@ impl ControlShared {
     }
 
     /// The sync round's step 1: every shard's usage since the last round and its changed daily
-    /// totals. Waits for every answer, like [`ControlShared::daily_totals`]: what a shard hands
-    /// out is no longer its own to publish.
+    /// totals. Waits for every answer, at most [`TAKE_USAGE_TIMEOUT`] in all: a shard that
+    /// answers later keeps its daily totals for the next round (`shard::inbox`); only a shard
+    /// stalled that long loses one round's usage to the other routers.
     pub async fn take_usage(&self) -> crate::shard::messages::ShardUsage {
-        let mut answers = Vec::with_capacity(self.to_shards.len());
-        for shard in &self.to_shards {
-            let (reply, answer) = oneshot::channel();
-            if shard.send(ControlToShard::TakeUsage(reply)).await.is_ok() {
-                answers.push(answer);
-            }
-        }
         let mut usage = crate::shard::messages::ShardUsage::default();
-        for answer in answers {
-            if let Ok(mut report) = answer.await {
-                usage.usage.append(&mut report.usage);
-                usage.daily.append(&mut report.daily);
+        let gather = async {
+            let mut answers = Vec::with_capacity(self.to_shards.len());
+            for shard in &self.to_shards {
+                let (reply, answer) = oneshot::channel();
+                if shard.send(ControlToShard::TakeUsage(reply)).await.is_ok() {
+                    answers.push(answer);
+                }
             }
-        }
+            for answer in answers {
+                if let Ok(mut report) = answer.await {
+                    usage.usage.append(&mut report.usage);
+                    usage.daily.append(&mut report.daily);
+                }
+            }
+        };
+        let _ = tokio::time::timeout(TAKE_USAGE_TIMEOUT, gather).await;
         usage
     }
 

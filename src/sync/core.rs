@@ -293,41 +293,15 @@ impl Round {
             self.resync = true;
         }
         self.epoch = Some(reads.epoch.clone());
-        let mut newest = cursor;
-        let mut remote = RemoteUsage::default();
-        let mut lag_ms = None;
-        {
-            let registry = self.shared.registry();
-            for (id, bytes) in &reads.entries {
-                newest = newest.max(*id);
-                let entry = match Entry::decode(bytes) {
-                    Ok(entry) => entry,
-                    Err(error) => {
-                        tracing::warn!(%error, id = %id, "skipping a usage entry this router cannot read");
-                        continue;
-                    }
-                };
-                if entry.router == self.settings.router_id && entry.run == self.run {
-                    continue;
-                }
-                lag_ms = Some(now_ms.saturating_sub(entry.admitted_at_unix_ms));
-                remote
-                    .batches
-                    .push(round::remote_batch(&entry, now_ms, false, |model| {
-                        registry.find_model(&model.name, model.capability)
-                    }));
-            }
-        }
-        self.cursor = Some(newest);
-        if let Some(lag_ms) = lag_ms {
+        // XRANGE answers in stream order: the last entry is the newest.
+        let newest = reads
+            .entries
+            .last()
+            .map_or(cursor, |(id, _)| cursor.max(*id));
+        if let Some(lag_ms) = self.apply_entries(&reads.entries, now_ms, false).await {
             self.metrics.lag_ms.store(lag_ms as i64, Ordering::Relaxed);
         }
-        if !remote.batches.is_empty() {
-            let remote = Arc::new(remote);
-            self.shared
-                .broadcast(|| ControlToShard::ApplyRemote(remote.clone()))
-                .await;
-        }
+        self.cursor = Some(newest);
         let records: Vec<(String, Heartbeat)> = reads
             .heartbeats
             .iter()
@@ -399,6 +373,47 @@ impl Round {
         }
     }
 
+    /// Hands the shards the other routers' `entries` (this run's own are skipped; an entry this
+    /// router cannot read is logged and skipped). `rates_only`: the entries are already in the
+    /// daily totals read (a replay). Returns the age of the newest applied entry, in ms.
+    async fn apply_entries(
+        &self,
+        entries: &[(StreamId, Vec<u8>)],
+        now_ms: u64,
+        rates_only: bool,
+    ) -> Option<u64> {
+        let mut remote = RemoteUsage::default();
+        let mut lag_ms = None;
+        {
+            let registry = self.shared.registry();
+            for (id, bytes) in entries {
+                let entry = match Entry::decode(bytes) {
+                    Ok(entry) => entry,
+                    Err(error) => {
+                        tracing::warn!(%error, id = %id, "skipping a usage entry this router cannot read");
+                        continue;
+                    }
+                };
+                if entry.router == self.settings.router_id && entry.run == self.run {
+                    continue;
+                }
+                lag_ms = Some(now_ms.saturating_sub(entry.admitted_at_unix_ms));
+                remote
+                    .batches
+                    .push(round::remote_batch(&entry, now_ms, rates_only, |model| {
+                        registry.find_model(&model.name, model.capability)
+                    }));
+            }
+        }
+        if !remote.batches.is_empty() {
+            let remote = Arc::new(remote);
+            self.shared
+                .broadcast(|| ControlToShard::ApplyRemote(remote.clone()))
+                .await;
+        }
+        lag_ms
+    }
+
     /// Reads today's totals and the stream's newest entry together, hands the totals to the
     /// shards, and applies the entries up to that one to the rate buckets only.
     async fn read_totals(&mut self, now_ms: u64) -> redis::RedisResult<()> {
@@ -441,29 +456,7 @@ impl Round {
                 )
                 .await;
         }
-        let mut remote = RemoteUsage::default();
-        {
-            let registry = self.shared.registry();
-            for (_, bytes) in &replay {
-                let Ok(entry) = Entry::decode(bytes) else {
-                    continue;
-                };
-                if entry.router == self.settings.router_id && entry.run == self.run {
-                    continue;
-                }
-                remote
-                    .batches
-                    .push(round::remote_batch(&entry, now_ms, true, |model| {
-                        registry.find_model(&model.name, model.capability)
-                    }));
-            }
-        }
-        if !remote.batches.is_empty() {
-            let remote = Arc::new(remote);
-            self.shared
-                .broadcast(|| ControlToShard::ApplyRemote(remote.clone()))
-                .await;
-        }
+        self.apply_entries(&replay, now_ms, true).await;
         tracing::info!(
             totals = fields.len(),
             replayed = replay.len(),

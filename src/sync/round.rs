@@ -147,8 +147,9 @@ pub fn remote_batch(
     }
 }
 
-/// Usage taken from the shards and not published yet, oldest first, and the daily totals not
-/// written yet (each a whole total: the latest replaces an earlier one).
+/// Usage taken from the shards and not published yet, oldest first (at most [`BACKLOG_MAX`]
+/// batches), and the daily totals not written yet (each a whole total: the latest replaces an
+/// earlier one, so one per budget and day changed while the store was away).
 #[derive(Debug, Default)]
 pub struct Backlog {
     batches: Vec<Batch>,

@@ -234,7 +234,8 @@ impl Store {
 
     /// Today's totals of every router and the stream's newest entry, read together: every entry
     /// up to that one is in the totals (each router writes its entry and its totals in one
-    /// transaction).
+    /// transaction). Once per start or outage; the reply holds one field per router and daily
+    /// budget used today, bounded by the keys and routers of the site, not by traffic.
     pub async fn read_daily(&mut self, day: u32) -> RedisResult<(Vec<(String, u64)>, StreamId)> {
         let mut totals = redis::cmd("HGETALL");
         totals.arg(self.key(&format!("daily:{day}")));
@@ -272,7 +273,9 @@ impl Store {
         })
     }
 
-    /// Entries after `after` up to and including `upto`, oldest first.
+    /// Entries after `after` up to and including `upto`, oldest first: at most 10 × [`READ_MAX`]
+    /// (a start-up replay of one minute; older ones are in the daily totals, and the rate
+    /// buckets have refilled them).
     pub async fn read_range(
         &mut self,
         after: StreamId,
@@ -412,25 +415,21 @@ fn timed_out(_: tokio::time::error::Elapsed) -> redis::RedisError {
 
 /// The ID of the one entry an `XREVRANGE … COUNT 1` returned.
 fn last_id(reply: &Value) -> StreamId {
-    entries_ids(reply).last().copied().unwrap_or_default()
+    match reply {
+        Value::Array(items) => items.iter().rev().find_map(entry_id).unwrap_or_default(),
+        _ => StreamId::default(),
+    }
 }
 
-fn entries_ids(reply: &Value) -> Vec<StreamId> {
-    match reply {
-        Value::Array(items) => items
-            .iter()
-            .filter_map(|item| match item {
-                Value::Array(pair) => match pair.first() {
-                    Some(Value::BulkString(id)) => {
-                        std::str::from_utf8(id).ok().and_then(StreamId::parse)
-                    }
-                    Some(Value::SimpleString(id)) => StreamId::parse(id),
-                    _ => None,
-                },
-                _ => None,
-            })
-            .collect(),
-        _ => Vec::new(),
+/// The ID of one entry of an `XRANGE` / `XREVRANGE` reply (`[id, [field, value, …]]`).
+fn entry_id(entry: &Value) -> Option<StreamId> {
+    let Value::Array(pair) = entry else {
+        return None;
+    };
+    match pair.first()? {
+        Value::BulkString(id) => StreamId::parse(std::str::from_utf8(id).ok()?),
+        Value::SimpleString(id) => StreamId::parse(id),
+        _ => None,
     }
 }
 
@@ -442,13 +441,9 @@ fn entries(reply: &Value) -> Vec<(StreamId, Vec<u8>)> {
     items
         .iter()
         .filter_map(|item| {
+            let id = entry_id(item)?;
             let Value::Array(pair) = item else {
                 return None;
-            };
-            let id = match pair.first()? {
-                Value::BulkString(id) => StreamId::parse(std::str::from_utf8(id).ok()?)?,
-                Value::SimpleString(id) => StreamId::parse(id)?,
-                _ => return None,
             };
             let Value::Array(fields) = pair.get(1)? else {
                 return None;
