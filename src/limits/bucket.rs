@@ -106,11 +106,6 @@ impl Bucket {
     /// grows again (`held_units`).
     fn refill_shared(&mut self, now: Millis, share: Share) {
         let (numerator, denominator) = share.rate_scale();
-        if numerator == denominator && self.held_units == 0 {
-            // The whole limit and nothing held back: the request path's common case.
-            self.refill(now);
-            return;
-        }
         let scale = |units: u64| {
             (u128::from(units) * u128::from(numerator) / u128::from(denominator)) as u64
         };
