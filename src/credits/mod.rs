@@ -5,6 +5,8 @@
 //! # Key components
 //! - [`pool`]: one budget's pool as the store keeps it, with the grant script's rules (pure).
 //! - [`wallet`]: one router's credits for one budget, on the owner shard (pure).
+//! - [`view`]: one router's view of one budget's pool and its guard after the store lost its
+//!   data: the ceiling every grant is held to (pure).
 //! - [`may_reclaim`]: when the others may give a router up and take its credits back (pure).
 //!
 //! - `sim` (tests): a deterministic simulation of routers, a store and clients under faults
@@ -19,6 +21,7 @@
 //! still enforced per router (`admission::occupancy`).
 
 pub mod pool;
+pub mod view;
 pub mod wallet;
 
 #[cfg(test)]

@@ -32,6 +32,7 @@
 use std::collections::BTreeMap;
 
 use super::pool::{Pool, PoolError};
+use super::view::PoolView;
 use super::wallet::{Cap, Wallet};
 use super::{AgentSays, may_reclaim};
 use crate::clock::Millis;
@@ -66,21 +67,8 @@ struct Router {
     requests: Vec<(u64, u64, bool)>,
     /// The store epoch this router knows, if any.
     epoch: Option<u64>,
-    /// What the others held at this router's last read of the pool, by router, and what no
-    /// router held then (any of them may have been granted it since).
-    seen: BTreeMap<String, u64>,
-    seen_free: u64,
-    /// The epoch of that read.
-    seen_epoch: u64,
-    /// After a data loss: the routers seen before that are not back yet, with what they held.
-    guard: BTreeMap<String, u64>,
-    /// After a data loss: what no router held at the last read (any router may have been
-    /// granted it since, one this router never saw among them), kept until the settle window
-    /// ends: (amount, until).
-    unallocated: (u64, u64),
-    /// A store this router knew nothing of when it first read it (started since, or first
-    /// deployment): no credits until the settle window has passed.
-    waits_until: u64,
+    /// What it saw of the pool, and its guard after a loss.
+    view: PoolView,
     next_round: u64,
 }
 
@@ -95,14 +83,14 @@ impl Router {
             wallet: Wallet::new(Millis(now)),
             requests: Vec::new(),
             epoch: None,
-            seen: BTreeMap::new(),
-            seen_free: 0,
-            seen_epoch: 0,
-            guard: BTreeMap::new(),
-            unallocated: (0, 0),
-            waits_until: 0,
+            view: PoolView::new(),
             next_round: now,
         }
+    }
+
+    /// What this router runs now.
+    fn in_use(&self) -> u64 {
+        self.requests.iter().map(|(need, _, _)| need).sum()
     }
 }
 
@@ -144,17 +132,6 @@ impl Sim {
         }
     }
 
-    /// What the routers in the pool may hold together at most, as router `index` sees it: the
-    /// budget less what the routers it saw before a loss held, until they are back.
-    fn ceiling(&self, index: usize) -> u64 {
-        let router = &self.routers[index];
-        let mut guarded: u64 = router.guard.values().sum();
-        if self.now < router.unallocated.1 {
-            guarded += router.unallocated.0;
-        }
-        BUDGET.saturating_sub(guarded)
-    }
-
     fn arrive(&mut self, index: usize) {
         let need = self.rng.u64(1..=BUDGET / ROUTERS as u64);
         let now = self.now;
@@ -169,7 +146,11 @@ impl Sim {
                 share: BUDGET / ROUTERS as u64,
             }
         };
-        if self.routers[index].wallet.admit(Millis(now), need, cap) {
+        let in_use = self.routers[index].in_use();
+        if self.routers[index]
+            .wallet
+            .admit(Millis(now), in_use, need, cap)
+        {
             let ends = now + self.rng.u64(1..40) * STEP_MS;
             // The seed's stated excess: admitted by a router cut off from the store when it lost
             // its data (it cannot know; each such router adds at most its share).
@@ -177,30 +158,26 @@ impl Sim {
             self.routers[index].requests.push((need, ends, alone));
             return;
         }
-        if !reachable || now < self.routers[index].waits_until {
+        if !reachable {
             return;
         }
         let Some(epoch) = self.routers[index].epoch else {
             return;
         };
         // A refill: from what no router holds, and never past this router's ceiling for the
-        // routers together. (Capping each router's own credits at the ceiling is not enough:
-        // two routers each under `budget - guarded` can hold more than it together, seed 2.)
+        // routers together (the grant script takes the ceiling for the budget). Capping each
+        // router's own credits at the ceiling is not enough: two routers each under
+        // `budget - guarded` can hold more than it together (seed 2).
         let router = &self.routers[index];
-        let want = router.wallet.want(need, HEADROOM);
-        let mut room = self.ceiling(index).saturating_sub(self.store.pool.held());
-        if self.unknown_routers(index) > 0 && now < self.store.epoch_since + SETTLE_MS {
-            // Agents report a router the store does not list (after a loss: one that has not
-            // noticed it yet, or is cut off): it may hold credits of the lost pool no one here
-            // knows of. The seed keeps the others to their share; seed 686 shows that is not
-            // enough when that router held more than its share, so no new credits are taken
-            // until it is listed again or the window ends.
-            room = 0;
-        }
+        let want = router.wallet.want(in_use, need, HEADROOM);
+        let ceiling = router
+            .view
+            .ceiling(now, BUDGET, self.unknown_routers(index) > 0);
+        let room = ceiling.saturating_sub(self.store.pool.held());
         match self
             .store
             .pool
-            .grant(&name(index), router.run, epoch, want.min(room), BUDGET)
+            .grant(&name(index), router.run, epoch, want, ceiling)
         {
             Ok(granted) => {
                 if self.trace {
@@ -212,7 +189,7 @@ impl Sim {
                 }
                 let router = &mut self.routers[index];
                 router.wallet.add(granted);
-                if router.wallet.admit(Millis(now), need, Cap::Credits) {
+                if router.wallet.admit(Millis(now), in_use, need, Cap::Credits) {
                     let ends = now + self.rng.u64(1..40) * STEP_MS;
                     router.requests.push((need, ends, false));
                 }
@@ -229,51 +206,20 @@ impl Sim {
         let epoch = self.store.epoch;
         if self.trace {
             eprintln!(
-                "{} {}: notices epoch {epoch}, seen {:?} free {}",
+                "{} {}: notices epoch {epoch}, view {:?}",
                 self.now,
                 name(index),
-                self.routers[index].seen,
-                self.routers[index].seen_free
+                self.routers[index].view
             );
         }
-        let (now, until) = (self.now, self.store.epoch_since + SETTLE_MS);
+        let (now, since) = (self.now, self.store.epoch_since);
         let router = &mut self.routers[index];
-        let knew_the_store = router.epoch.is_some();
-        // What was seen is worth something only if it was read in the epoch just lost: a pool
-        // this router never read (two losses in a row) may have granted anyone anything (seed
-        // 7882).
-        let seen_free = if router.epoch == Some(router.seen_epoch) {
-            router.seen_free
-        } else {
-            BUDGET
-        };
         router.epoch = Some(epoch);
         router.wallet.forfeit();
-        let in_use = router.wallet.in_use();
-        // The routers seen at the last read, and those a loss before this one left unsettled
-        // (seed 38: two losses a round apart emptied the guard of the first).
-        let mut guard = std::mem::take(&mut router.guard);
-        // What was seen stays what was last seen until the next read (seed 7882: a loss right
-        // after another, before any read, found nothing seen and guarded nothing).
-        for (other, held) in &router.seen {
-            let kept = guard.entry(other.clone()).or_insert(0);
-            *kept = (*kept).max(*held);
-        }
-        guard.remove(&name(index));
-        // What no router held at the last read may have been granted to any router since (seed
-        // 9: a guard of only what they held let the routers hold 130 of 100), one this router
-        // never saw among them (seed 9250): it stays guarded for the settle window.
-        let unallocated = if now < router.unallocated.1 {
-            router.unallocated.0
-        } else {
-            0
-        };
-        router.unallocated = (unallocated.max(seen_free), until);
-        router.guard = guard;
-        if !knew_the_store {
-            router.waits_until = until;
-        }
-        let run = router.run;
+        router
+            .view
+            .lost(now, since, SETTLE_MS, &name(index), BUDGET);
+        let (run, in_use) = (router.run, router.in_use());
         if in_use > 0 {
             // Requests in flight keep running; the pool records them, but they are no credits:
             // as they end, nothing new is admitted in their place (seed 79).
@@ -293,28 +239,27 @@ impl Sim {
         let Some(epoch) = self.routers[index].epoch else {
             // The first read of the store: a store younger than the settle window (the first
             // deployment, or one that lost its data) gives this router nothing until it passes.
-            let router = &mut self.routers[index];
-            router.epoch = Some(self.store.epoch);
-            if now < self.store.epoch_since + SETTLE_MS {
-                router.waits_until = self.store.epoch_since + SETTLE_MS;
-            }
-            router.seen = self
+            let holdings: Vec<(String, u64)> = self
                 .store
                 .pool
                 .holdings()
                 .map(|(name, holding)| (name.to_owned(), holding.held))
                 .collect();
-            router.seen_free = BUDGET.saturating_sub(self.store.pool.held());
-            router.seen_epoch = self.store.epoch;
+            let router = &mut self.routers[index];
+            router.epoch = Some(self.store.epoch);
+            router
+                .view
+                .first_read(now, self.store.epoch_since, SETTLE_MS, holdings, BUDGET);
             return;
         };
         if epoch != self.store.epoch {
             self.notice_new_epoch(index);
             return;
         }
+        let in_use = self.routers[index].in_use();
         let plan = self.routers[index]
             .wallet
-            .round(Millis(now), HEADROOM, false);
+            .round(Millis(now), in_use, HEADROOM, false);
         if let Err(PoolError::Replaced) =
             self.store.pool.rewrite(&name(index), run, epoch, plan.hold)
         {
@@ -323,19 +268,13 @@ impl Sim {
         }
         // Read the pool: the routers back since a loss leave the guard; a crashed router that
         // missed three heartbeats (its agents stopped its requests, and say so) is given up.
-        let holdings: BTreeMap<String, u64> = self
+        let holdings: Vec<(String, u64)> = self
             .store
             .pool
             .holdings()
             .map(|(name, holding)| (name.to_owned(), holding.held))
             .collect();
-        let router = &mut self.routers[index];
-        router
-            .guard
-            .retain(|other, _| !holdings.contains_key(other));
-        router.seen_free = BUDGET.saturating_sub(holdings.values().sum());
-        router.seen_epoch = epoch;
-        router.seen = holdings;
+        self.routers[index].view.read(holdings, BUDGET);
         for other in 0..ROUTERS {
             if other == index {
                 continue;
@@ -354,7 +293,7 @@ impl Sim {
             };
             if may_reclaim(missed, &[name(other)], says) {
                 self.store.pool.release(&name(other), run);
-                self.routers[index].guard.remove(&name(other));
+                self.routers[index].view.forget(&name(other));
             }
         }
     }
@@ -362,16 +301,11 @@ impl Sim {
     fn end_requests(&mut self) {
         let now = self.now;
         for router in &mut self.routers {
-            let mut ended = 0;
-            router.requests.retain(|&(need, ends, _)| {
-                if ends <= now {
-                    ended += need;
-                    false
-                } else {
-                    true
-                }
-            });
-            router.wallet.release(Millis(now), ended);
+            let before = router.requests.len();
+            router.requests.retain(|&(_, ends, _)| ends > now);
+            if router.requests.len() < before {
+                router.wallet.touch(Millis(now));
+            }
         }
     }
 
@@ -448,7 +382,7 @@ impl Sim {
         self.routers
             .iter()
             .filter(|router| router.alive)
-            .map(|router| router.wallet.in_use())
+            .map(Router::in_use)
             .sum()
     }
 
@@ -475,14 +409,14 @@ impl Sim {
                 .enumerate()
                 .map(|(index, router)| {
                     format!(
-                        "{}: alive {} cut off {} epoch {:?} credits {} in use {} guard {:?}",
+                        "{}: alive {} cut off {} epoch {:?} credits {} in use {} view {:?}",
                         name(index),
                         router.alive,
                         router.cut_off,
                         router.epoch,
                         router.wallet.credits(),
-                        router.wallet.in_use(),
-                        router.guard
+                        router.in_use(),
+                        router.view
                     )
                 })
                 .collect();

@@ -33,6 +33,31 @@ pub enum Cap {
     Closed,
 }
 
+/// A wallet's credits under a [`Cap`]: the one rule admission applies, on the owner shard
+/// (`admission::occupancy`) and in the simulation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allowance {
+    pub credits: u64,
+    pub cap: Cap,
+}
+
+impl Allowance {
+    /// Whether `need` more fits with `in_use` already in use of the budget on this router.
+    pub fn allows(&self, in_use: u64, need: u64) -> bool {
+        let after = in_use.saturating_add(need);
+        match self.cap {
+            Cap::Closed => false,
+            Cap::Credits => after <= self.credits,
+            Cap::Share { share } => {
+                after <= self.credits.min(share)
+                    // The oversized-request rule: one request larger than the share runs when
+                    // nothing else is in flight here.
+                    || (need > share && in_use == 0 && self.credits > 0)
+            }
+        }
+    }
+}
+
 /// What a round decided for the wallet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoundPlan {
@@ -42,10 +67,11 @@ pub struct RoundPlan {
     pub ran_short: bool,
 }
 
+/// The credits of one budget on one router. What is in use is not kept here: the owner's
+/// occupancy is the one count of it, passed in as `in_use`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Wallet {
     credits: u64,
-    in_use: u64,
     last_used: Millis,
     ran_short: bool,
 }
@@ -54,7 +80,6 @@ impl Wallet {
     pub fn new(now: Millis) -> Wallet {
         Wallet {
             credits: 0,
-            in_use: 0,
             last_used: now,
             ran_short: false,
         }
@@ -64,24 +89,18 @@ impl Wallet {
         self.credits
     }
 
-    pub fn in_use(&self) -> u64 {
-        self.in_use
+    pub fn allowance(&self, cap: Cap) -> Allowance {
+        Allowance {
+            credits: self.credits,
+            cap,
+        }
     }
 
     /// Admits `need` if it fits under `cap`; a refusal under [`Cap::Credits`] flags the wallet
     /// short (the caller asks the pool for [`Wallet::want`]).
-    pub fn admit(&mut self, now: Millis, need: u64, cap: Cap) -> bool {
-        let fits = match cap {
-            Cap::Closed => false,
-            Cap::Credits => self.in_use + need <= self.credits,
-            Cap::Share { share } => {
-                let limit = self.credits.min(share);
-                self.in_use + need <= limit
-                    || (need > share && self.in_use == 0 && self.credits > 0)
-            }
-        };
+    pub fn admit(&mut self, now: Millis, in_use: u64, need: u64, cap: Cap) -> bool {
+        let fits = self.allowance(cap).allows(in_use, need);
         if fits {
-            self.in_use += need;
             self.last_used = now;
         } else if cap == Cap::Credits {
             self.ran_short = true;
@@ -89,9 +108,18 @@ impl Wallet {
         fits
     }
 
-    /// What to ask the pool for after a refusal of `need`: enough for it and `headroom` more.
-    pub fn want(&self, need: u64, headroom: u64) -> u64 {
-        (self.in_use + need + headroom).saturating_sub(self.credits)
+    /// The wallet could not cover a request: others keep no headroom until the next round.
+    pub fn flag_short(&mut self) {
+        self.ran_short = true;
+    }
+
+    /// What to ask the pool for so `need` fits: enough for it and `headroom` more (0 when the
+    /// credits cover it already).
+    pub fn want(&self, in_use: u64, need: u64, headroom: u64) -> u64 {
+        if in_use.saturating_add(need) <= self.credits {
+            return 0;
+        }
+        (in_use + need + headroom).saturating_sub(self.credits)
     }
 
     /// Credits the pool granted.
@@ -99,42 +127,39 @@ impl Wallet {
         self.credits += granted;
     }
 
-    /// A request's output grew by `amount` (streamed): taken whatever the credits.
-    pub fn grow(&mut self, now: Millis, amount: u64) {
-        self.in_use += amount;
-        self.last_used = now;
-    }
-
-    /// A request ended (or was trued down): its occupancy is free again.
-    pub fn release(&mut self, now: Millis, amount: u64) {
-        self.in_use = self.in_use.saturating_sub(amount);
+    /// A request used the wallet (admitted, grew, ended): it is not idle.
+    pub fn touch(&mut self, now: Millis) {
         self.last_used = now;
     }
 
     /// The round: keep what is in use plus `headroom` (none when `others_short`), give the rest
     /// back; a wallet idle for a minute gives everything back. What is in use beyond the credits
-    /// is what the pool must record as held, without it becoming credits.
-    pub fn round(&mut self, now: Millis, headroom: u64, others_short: bool) -> RoundPlan {
+    /// (a stream grew past them) is what the pool must record as held, without it becoming
+    /// credits: as those requests end, the excess goes back instead of admitting new ones.
+    pub fn round(
+        &mut self,
+        now: Millis,
+        in_use: u64,
+        headroom: u64,
+        others_short: bool,
+    ) -> RoundPlan {
         let ran_short = std::mem::take(&mut self.ran_short);
-        let idle = self.in_use == 0 && now.0.saturating_sub(self.last_used.0) >= IDLE_RETURN_MS;
+        let idle = in_use == 0 && now.0.saturating_sub(self.last_used.0) >= IDLE_RETURN_MS;
         let keep = if idle {
             0
         } else {
-            self.in_use + if others_short { 0 } else { headroom }
+            in_use + if others_short { 0 } else { headroom }
         };
         self.credits = self.credits.min(keep);
-        // More in use than credits (a stream grew past them, or requests admitted before the
-        // store lost its data) is held in the pool, but never becomes credits: as those requests
-        // end, the excess goes back instead of admitting new ones.
         RoundPlan {
-            hold: self.credits.max(self.in_use),
+            hold: self.credits.max(in_use),
             ran_short,
         }
     }
 
-    /// Idle and holding nothing: the owner may drop it.
-    pub fn is_empty(&self) -> bool {
-        self.credits == 0 && self.in_use == 0
+    /// Holding nothing with nothing in use: the owner may drop it.
+    pub fn is_empty(&self, in_use: u64) -> bool {
+        self.credits == 0 && in_use == 0
     }
 
     /// The others gave this router up (or the store lost its data): what it believed it held is
@@ -156,12 +181,13 @@ mod tests {
     fn admits_within_the_credits_and_flags_a_shortfall() {
         let mut wallet = Wallet::new(at(0));
         wallet.add(100);
-        assert!(wallet.admit(at(0), 60, Cap::Credits));
-        assert!(!wallet.admit(at(0), 50, Cap::Credits));
-        assert_eq!(wallet.want(50, 20), 30);
+        assert!(wallet.admit(at(0), 0, 60, Cap::Credits));
+        assert!(!wallet.admit(at(0), 60, 50, Cap::Credits));
+        assert_eq!(wallet.want(60, 50, 20), 30);
+        assert_eq!(wallet.want(60, 40, 20), 0, "covered already");
         wallet.add(30);
-        assert!(wallet.admit(at(0), 50, Cap::Credits));
-        let plan = wallet.round(at(1), 20, false);
+        assert!(wallet.admit(at(0), 60, 50, Cap::Credits));
+        let plan = wallet.round(at(1), 110, 20, false);
         assert!(plan.ran_short);
         assert_eq!(plan.hold, 130, "in use 110 and 20 of headroom");
     }
@@ -170,12 +196,12 @@ mod tests {
     fn a_round_keeps_use_plus_headroom_and_none_when_others_ran_short() {
         let mut wallet = Wallet::new(at(0));
         wallet.add(100);
-        assert!(wallet.admit(at(0), 30, Cap::Credits));
-        assert_eq!(wallet.round(at(1), 20, false).hold, 50);
-        assert_eq!(wallet.round(at(2), 20, true).hold, 30);
-        wallet.release(at(3), 30);
+        assert!(wallet.admit(at(0), 0, 30, Cap::Credits));
+        assert_eq!(wallet.round(at(1), 30, 20, false).hold, 50);
+        assert_eq!(wallet.round(at(2), 30, 20, true).hold, 30);
+        wallet.touch(at(3));
         assert_eq!(
-            wallet.round(at(4), 20, false).hold,
+            wallet.round(at(4), 0, 20, false).hold,
             20,
             "nothing in use: the headroom"
         );
@@ -185,24 +211,23 @@ mod tests {
     fn streamed_growth_past_the_credits_is_held_and_never_becomes_credits() {
         let mut wallet = Wallet::new(at(0));
         wallet.add(10);
-        assert!(wallet.admit(at(0), 10, Cap::Credits));
-        wallet.grow(at(0), 15);
-        assert_eq!(wallet.round(at(1), 0, false).hold, 25);
+        assert!(wallet.admit(at(0), 0, 10, Cap::Credits));
+        // The stream grew to 25 in use.
+        assert_eq!(wallet.round(at(1), 25, 0, false).hold, 25);
         // The stream ends: the excess goes back, it does not admit others.
-        wallet.release(at(2), 25);
-        assert!(!wallet.admit(at(2), 11, Cap::Credits));
-        assert_eq!(wallet.round(at(3), 0, false).hold, 0);
+        assert!(!wallet.admit(at(2), 0, 11, Cap::Credits));
+        assert_eq!(wallet.round(at(3), 0, 0, false).hold, 0);
     }
 
     #[test]
     fn an_idle_wallet_gives_everything_back() {
         let mut wallet = Wallet::new(at(0));
         wallet.add(40);
-        assert!(wallet.admit(at(0), 10, Cap::Credits));
-        wallet.release(at(1), 10);
-        assert_eq!(wallet.round(at(30), 40, false).hold, 40);
-        assert_eq!(wallet.round(at(61), 40, false).hold, 0);
-        assert!(wallet.is_empty());
+        assert!(wallet.admit(at(0), 0, 10, Cap::Credits));
+        wallet.touch(at(1));
+        assert_eq!(wallet.round(at(30), 0, 40, false).hold, 40);
+        assert_eq!(wallet.round(at(61), 0, 40, false).hold, 0);
+        assert!(wallet.is_empty(0));
     }
 
     #[test]
@@ -210,19 +235,18 @@ mod tests {
         let mut wallet = Wallet::new(at(0));
         wallet.add(80);
         let alone = Cap::Share { share: 50 };
-        assert!(wallet.admit(at(0), 40, alone));
-        assert!(!wallet.admit(at(0), 20, alone), "over the share");
-        wallet.release(at(0), 40);
+        assert!(wallet.admit(at(0), 0, 40, alone));
+        assert!(!wallet.admit(at(0), 40, 20, alone), "over the share");
         // One request larger than the share runs when nothing else is in use here.
-        assert!(wallet.admit(at(0), 70, alone));
-        assert!(!wallet.admit(at(0), 1, alone));
+        assert!(wallet.admit(at(0), 0, 70, alone));
+        assert!(!wallet.admit(at(0), 70, 1, alone));
     }
 
     #[test]
     fn without_credits_nothing_is_admitted_alone_or_closed() {
         let mut wallet = Wallet::new(at(0));
-        assert!(!wallet.admit(at(0), 70, Cap::Share { share: 50 }));
+        assert!(!wallet.admit(at(0), 0, 70, Cap::Share { share: 50 }));
         wallet.add(10);
-        assert!(!wallet.admit(at(0), 1, Cap::Closed));
+        assert!(!wallet.admit(at(0), 0, 1, Cap::Closed));
     }
 }
