@@ -21,6 +21,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use crate::credits::wallet::Allowance;
 use crate::ids::KeyId;
 use crate::ids::Ticket;
 use crate::limits::Millis;
@@ -37,6 +38,17 @@ pub struct Limits {
     pub max_inflight: u64,
     /// `admit_budget_tokens × healthy`, the base of the B4 share (no admit fraction); 0: no share.
     pub share_base_tokens: u64,
+    /// When the routers of a site share the budgets (`credits`): this router's credits for the
+    /// token budget and for the request backstop. Admission keeps within them as well.
+    pub credits: Option<SiteCredits>,
+}
+
+/// This router's credits for a model's two budgets, under the cap of the moment
+/// (`credits::wallet::Allowance`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SiteCredits {
+    pub tokens: Allowance,
+    pub requests: Allowance,
 }
 
 impl Limits {
@@ -54,6 +66,7 @@ impl Limits {
             budget_tokens: (admit_fraction * share_base_tokens as f64).floor() as u64,
             max_inflight: max_inflight.saturating_mul(healthy),
             share_base_tokens,
+            credits: None,
         }
     }
 
@@ -340,9 +353,17 @@ impl Occupancy {
     }
 
     fn fits_pool(&self, limits: &Limits, claim: &Claim) -> bool {
+        let footprint = claim.footprint.tokens();
         let tokens_fit = limits.budget_tokens == 0
-            || self.tokens.saturating_add(claim.footprint.tokens()) <= limits.budget_tokens;
-        let count_fits = limits.max_inflight == 0 || self.inflight() < limits.max_inflight;
+            || (self.tokens.saturating_add(footprint) <= limits.budget_tokens
+                && limits
+                    .credits
+                    .is_none_or(|credits| credits.tokens.allows(self.tokens, footprint)));
+        let count_fits = limits.max_inflight == 0
+            || (self.inflight() < limits.max_inflight
+                && limits
+                    .credits
+                    .is_none_or(|credits| credits.requests.allows(self.inflight(), 1)));
         tokens_fit && count_fits
     }
 

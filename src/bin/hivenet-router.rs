@@ -199,7 +199,11 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         env.quota_backend == QuotaBackend::Badger,
         std::env::var("HIVENET_ROUTER_SYNC_VALKEY_PASSWORD").ok(),
         advertise_grpc_addr.clone(),
-    )?;
+    )?
+    .map(|mut sync| {
+        sync.request_timeout = args.request_timeout;
+        sync
+    });
     let quota_store = open_quota_store(&args, env.quota_backend, shard_count)?;
     let (flush_to, mut daily_restores) = match quota_store {
         Some(store) => (Some((store.disk_db, store.today)), Some(store.restores)),
@@ -310,6 +314,16 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         }
         None => (None, None),
     };
+    // Wallets that run short ask the sync core for refills (bounded: a full queue drops the ask
+    // and the wallet asks again after the next round).
+    let (credit_refills, refill_asks) = match &sync_settings {
+        Some(_) => {
+            let (asks, asked) =
+                tokio::sync::mpsc::channel(hivenet_router::sync::credits::REFILL_QUEUE);
+            (Some(asks), Some(asked))
+        }
+        None => (None, None),
+    };
     let sync_core = match sync_settings.zip(token_claims) {
         Some((sync, token_claims)) => {
             let sync_metrics = Arc::new(SyncMetrics::default());
@@ -321,6 +335,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
                 identity.peer_id.to_string(),
                 sync_metrics,
                 token_claims,
+                refill_asks.expect("a refill queue with every sync core"),
                 // Shards take cores 0..shards; a core beyond them is the sync core's alone.
                 core_affinity::get_core_ids()
                     .unwrap_or_default()
@@ -410,6 +425,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         held_total: Arc::new(HeldTotal::new(hold.max_total)),
         site,
         site_tokens,
+        credit_refills,
         tunnel_tls,
         reaper,
     };

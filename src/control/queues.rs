@@ -85,7 +85,7 @@ pub enum QueueError {
 
 /// Every (route, message) pair `hivenet_control_queue_full_total` has a series for; the index
 /// of a pair is its counter.
-const SERIES: [(Route, &str); 22] = [
+const SERIES: [(Route, &str); 23] = [
     (Route::ToShard, "snapshot"),
     (Route::ToShard, "keys"),
     (Route::ToShard, "admin_access"),
@@ -104,6 +104,7 @@ const SERIES: [(Route, &str); 22] = [
     (Route::ToShard, "share"),
     (Route::ToShard, "daily_totals"),
     (Route::ToShard, "rewrite_daily"),
+    (Route::ToShard, "credits"),
     (Route::ToControl, "tunnel_up"),
     (Route::ToControl, "tunnel_down"),
     (Route::ToControl, "admin"),
@@ -130,18 +131,19 @@ fn to_shard_series(message: &ControlToShard) -> usize {
         ControlToShard::Share(_) => 15,
         ControlToShard::DailyTotals(_) => 16,
         ControlToShard::RewriteDaily => 17,
+        ControlToShard::Credits(_) => 18,
     }
 }
 
 fn to_control_series(message: &ShardToControl) -> usize {
     match message {
-        ShardToControl::TunnelUp { .. } => 18,
-        ShardToControl::TunnelDown { .. } => 19,
-        ShardToControl::Admin(_) => 20,
+        ShardToControl::TunnelUp { .. } => 19,
+        ShardToControl::TunnelDown { .. } => 20,
+        ShardToControl::Admin(_) => 21,
     }
 }
 
-const ADMIN_SERIES: usize = 21;
+const ADMIN_SERIES: usize = 22;
 
 /// What a full `ControlToShard` queue means for `message`: wait for room, or drop it (a routing
 /// signal, superseded by the next) and count it.

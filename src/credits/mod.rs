@@ -27,6 +27,31 @@ pub mod wallet;
 #[cfg(test)]
 mod sim;
 
+/// The two occupancy budgets of a model that routers share: B2's token budget
+/// (`admit_budget_tokens`) and its request backstop (`max_inflight`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BudgetKind {
+    Tokens,
+    Requests,
+}
+
+impl BudgetKind {
+    pub fn index(self) -> usize {
+        match self {
+            BudgetKind::Tokens => 0,
+            BudgetKind::Requests => 1,
+        }
+    }
+
+    /// The suffix of the budget's pool in the store.
+    pub fn name(self) -> &'static str {
+        match self {
+            BudgetKind::Tokens => "tokens",
+            BudgetKind::Requests => "requests",
+        }
+    }
+}
+
 /// Heartbeats a router may miss before the others consider giving it up (about three sync
 /// intervals).
 pub const MISSED_HEARTBEATS: u32 = 3;

@@ -111,6 +111,9 @@ impl Shard {
                     let mut owner = self.owner.borrow_mut();
                     owner.take_usage(&mut report.usage);
                     report.daily = owner.quotas.take_changed_daily_totals();
+                    owner
+                        .models
+                        .credit_round(crate::clock::now(), &mut report.credits);
                 }
                 if let Err(report) = reply.send(report) {
                     // The sync core stopped waiting: the totals go out next round; the usage,
@@ -127,7 +130,11 @@ impl Shard {
                 let day = crate::clock::utc_today();
                 self.owner.borrow_mut().apply_remote(now, day, &remote);
             }
-            ControlToShard::Share(share) => self.owner.borrow_mut().quotas.set_share(share),
+            ControlToShard::Share(share) => self.owner.borrow_mut().set_share(share),
+            ControlToShard::Credits(news) => {
+                let now = crate::clock::now();
+                self.with_owner(|owner, effects| owner.models.credit_news(now, news, effects));
+            }
             ControlToShard::DailyTotals(restore) => self.owner.borrow_mut().restore_daily(restore),
             ControlToShard::RewriteDaily => self.owner.borrow_mut().quotas.rewrite_daily_totals(),
             ControlToShard::Drain => {

@@ -79,6 +79,8 @@ pub enum ControlToShard {
     DailyTotals(crate::shard::owner::quotas::DailyRestore),
     /// The store lost its data: hand every daily total out again at the next `TakeUsage`.
     RewriteDaily,
+    /// Occupancy credits: a refill's answer (to the model's owner), or news for every shard.
+    Credits(crate::shard::owner::wallets::CreditNews),
 }
 
 /// A shard's answer to [`ControlToShard::TakeUsage`].
@@ -86,6 +88,8 @@ pub enum ControlToShard {
 pub struct ShardUsage {
     pub usage: Vec<crate::shard::owner::quotas::BucketUsage>,
     pub daily: Vec<crate::shard::owner::quotas::DailyTotal>,
+    /// What this router holds of every budget this shard's models have credits for.
+    pub credits: Vec<crate::shard::owner::wallets::CreditHold>,
 }
 
 /// A shard's answer to [`ControlToShard::Report`].

@@ -58,6 +58,8 @@ pub struct ShardSettings {
     pub site: Option<Arc<crate::config::RedirectSite>>,
     /// `--sync-store valkey`: redirect tokens are spent once for the whole site.
     pub site_tokens: Option<crate::sync::tokens::SiteTokens>,
+    /// `--sync-store valkey`: where wallets that ran short ask the sync core for a refill.
+    pub credit_refills: Option<tokio::sync::mpsc::Sender<crate::shard::owner::wallets::Refill>>,
     /// TLS on the tunnel (`--p2p-tls-cert`): this shard terminates the TLS of its tunnels.
     pub tunnel_tls: Option<Arc<crate::tunnel::tls::TunnelSecurity>>,
     /// What the clients of one shard may hold (connections, body bytes, resets).
@@ -231,7 +233,7 @@ impl Shard {
     #[inline(never)]
     fn deliver_pending_effects(self: &Rc<Self>) {
         loop {
-            let (answers, parked, queued, woke) = {
+            let (answers, parked, queued, woke, refills) = {
                 let mut effects = self.effects.borrow_mut();
                 if effects.is_empty() {
                     return;
@@ -241,8 +243,15 @@ impl Shard {
                     std::mem::take(&mut effects.parked),
                     std::mem::take(&mut effects.queued),
                     std::mem::take(&mut effects.woke),
+                    std::mem::take(&mut effects.refills),
                 )
             };
+            if let Some(to_sync) = &self.settings.credit_refills {
+                for refill in refills {
+                    // A full queue drops the ask: the wallet asks again after the next round.
+                    let _ = to_sync.try_send(refill);
+                }
+            }
             if parked > 0 {
                 ShardMetrics::add(&self.metrics.admission_parked_total, parked);
                 self.arm_park_timer();
@@ -324,7 +333,12 @@ impl Shard {
     pub fn share_limits(&self, day: crate::limits::Day, share: crate::limits::Share) {
         let mut owner = self.owner.borrow_mut();
         owner.quotas.share_through_store(day);
-        owner.quotas.set_share(share);
+        let routers = match share {
+            crate::limits::Share::Alone { routers, .. } => routers,
+            _ => 1,
+        };
+        owner.models.share_budgets(routers);
+        owner.set_share(share);
     }
 
     /// The next ticket of this shard: names one visit (and what it holds at the owner).

@@ -89,9 +89,19 @@ pub struct SyncSettings {
     pub min_routers: u32,
     /// `--advertise-grpc-addr`, published with the heartbeat for agents' discovery.
     pub advertise_grpc_addr: Option<String>,
+    /// `--request-timeout`: the longest a request a router admitted alone may still run, part of
+    /// the settle window after the store lost its data ([`SyncSettings::settle_window`]).
+    pub request_timeout: Duration,
 }
 
 impl SyncSettings {
+    /// The settle window after the store lost its data (and for a site's first deployment):
+    /// the request timeout plus ten sync intervals plus 5 s (seed, "When the store is
+    /// unreachable").
+    pub fn settle_window(&self) -> Duration {
+        self.request_timeout + self.interval * 10 + Duration::from_secs(5)
+    }
+
     /// `None` with `--sync-store none`. `site_id`: `--site-id`; `quota_backend_badger`: the
     /// disk database is on (refused together with a shared store, which keeps today's totals);
     /// `password_env`: `HIVENET_ROUTER_SYNC_VALKEY_PASSWORD`.
@@ -184,6 +194,8 @@ impl SyncSettings {
             interval: args.sync_interval,
             min_routers: args.sync_min_routers,
             advertise_grpc_addr,
+            // The flag's default; the router sets its own (`--request-timeout` is not a sync flag).
+            request_timeout: Duration::from_secs(60),
         }))
     }
 }

@@ -37,11 +37,14 @@ use crate::shard::owner::quotas::{DailyRestore, RemoteUsage};
 
 use super::SyncMetrics;
 use super::config::SyncSettings;
+use super::credits::{self, SiteCredits};
 use super::entry::{Entry, ModelName};
+use super::pool_store::Grant;
 use super::round::{self, Backlog, Batch};
 use super::site::{self, AfterFailure, Health, Heartbeat, Peers};
 use super::store::{RoundWrites, Store, StreamId};
 use super::tokens::Claim;
+use crate::shard::owner::wallets::{CreditNews, Refill};
 
 /// How much usage a starting router replays: the rate buckets' window.
 const REPLAY_MS: u64 = 60_000;
@@ -75,6 +78,10 @@ struct Round {
     read_day: Day,
     /// Read by the shards' redirect-token claims.
     store_up: Arc<AtomicBool>,
+    /// Occupancy credits: the pools of the budgets this router has credits for.
+    credits: SiteCredits,
+    /// Agents report routers the store does not list (no new credits within a settle window).
+    unknown_routers: bool,
 }
 
 impl SyncCore {
@@ -89,6 +96,7 @@ impl SyncCore {
         peer_id: String,
         metrics: Arc<SyncMetrics>,
         tokens: (mpsc::Receiver<Claim>, Arc<AtomicBool>),
+        refills: mpsc::Receiver<Refill>,
         core: Option<core_affinity::CoreId>,
     ) -> anyhow::Result<SyncCore> {
         let (stop, stopped) = mpsc::channel(1);
@@ -108,6 +116,12 @@ impl SyncCore {
         );
         // No list for agents until the store answers: this router cannot tell who is alive.
         shared.site_routers.publish(None);
+        let run = now_unix_ms().max(0) as u64;
+        let credits = SiteCredits::new(
+            &settings.router_id,
+            run,
+            settings.settle_window().as_millis() as u64,
+        );
         let round = Round {
             health: Health::new(settings.min_routers),
             settings,
@@ -115,7 +129,7 @@ impl SyncCore {
             metrics,
             store,
             backlog: Backlog::default(),
-            run: now_unix_ms().max(0) as u64,
+            run,
             peer_id,
             cursor: None,
             resync: true,
@@ -123,6 +137,8 @@ impl SyncCore {
             own_restored: false,
             read_day: utc_today(),
             store_up,
+            credits,
+            unknown_routers: false,
         };
         std::thread::Builder::new()
             .name("sync".into())
@@ -135,7 +151,7 @@ impl SyncCore {
                     .build()
                     .expect("building the sync core's runtime");
                 runtime.spawn(super::tokens::serve(token_store, claims));
-                runtime.block_on(round.run(stopped));
+                runtime.block_on(round.run(stopped, refills));
             })?;
         Ok(SyncCore { stop })
     }
@@ -155,14 +171,23 @@ impl SyncCore {
 }
 
 impl Round {
-    async fn run(mut self, mut stop: mpsc::Receiver<oneshot::Sender<()>>) {
+    async fn run(
+        mut self,
+        mut stop: mpsc::Receiver<oneshot::Sender<()>>,
+        mut refills: mpsc::Receiver<Refill>,
+    ) {
         let mut ticks = tokio::time::interval(self.settings.interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = ticks.tick() => self.tick(false).await,
+                Some(refill) = refills.recv() => self.refill(refill).await,
                 done = stop.recv() => {
-                    let _ = tokio::time::timeout(FINAL_ROUND_TIMEOUT, self.tick(true)).await;
+                    let _ = tokio::time::timeout(FINAL_ROUND_TIMEOUT, async {
+                        self.tick(true).await;
+                        self.release_credits().await;
+                    })
+                    .await;
                     if let Some(done) = done {
                         let _ = done.send(());
                     }
@@ -183,6 +208,11 @@ impl Round {
             usage: usage.usage,
         });
         self.backlog.push_totals(usage.daily);
+        {
+            let registry = self.shared.registry();
+            self.credits
+                .take_holds(now_ms, usage.credits, |model| registry.model_key(model));
+        }
         if today != self.read_day {
             // Every budget starts the new day at zero on every router: nothing to read.
             self.read_day = today;
@@ -265,6 +295,7 @@ impl Round {
         let heartbeat = self.heartbeat(now_ms, leaving);
         let heartbeat_json = serde_json::to_string(&heartbeat).expect("a heartbeat serializes");
         let bytes: usize = entries.iter().map(Vec::len).sum();
+        let pools = self.credits.pool_writes(self.epoch.as_deref(), leaving);
         let reads = self
             .store
             .round(RoundWrites {
@@ -272,8 +303,11 @@ impl Round {
                 totals: &totals,
                 heartbeat: &heartbeat_json,
                 after: cursor,
+                now_ms,
+                pools: &pools,
             })
             .await?;
+        drop(pools);
         self.backlog.clear();
         self.metrics
             .published_bytes_total
@@ -307,6 +341,7 @@ impl Round {
             .iter()
             .filter_map(|(id, json)| Some((id.clone(), serde_json::from_str(json).ok()?)))
             .collect();
+        self.after_pools(now_ms, &reads).await;
         let peers = site::peers(
             &self.settings.router_id,
             &heartbeat,
@@ -334,7 +369,7 @@ impl Round {
 
     /// Hands agents the live routers that advertise an address (none while the store is
     /// unreachable), and counts the routers agents report that the store does not list.
-    fn publish_site(&self) {
+    fn publish_site(&mut self) {
         let Some(peers) = self.health.peers() else {
             self.shared.site_routers.publish(None);
             self.metrics.unknown_routers.store(0, Ordering::Relaxed);
@@ -356,9 +391,128 @@ impl Round {
             .into_iter()
             .filter(|peer_id| peers.listed.binary_search(peer_id).is_err())
             .count();
+        self.unknown_routers = unknown > 0;
         self.metrics
             .unknown_routers
             .store(unknown as i64, Ordering::Relaxed);
+    }
+
+    /// What the round read of the pools: a new epoch or a router given up makes every shard
+    /// forfeit its credits; every shard learns which budgets others ran short of.
+    async fn after_pools(&mut self, now_ms: u64, reads: &super::store::RoundReads) {
+        let epoch_changed = self
+            .epoch
+            .as_ref()
+            .is_some_and(|epoch| *epoch != reads.epoch);
+        let after = self.credits.after_round(
+            now_ms,
+            epoch_changed,
+            credits::epoch_since(&reads.epoch),
+            &reads.pools,
+        );
+        if after.given_up {
+            tracing::warn!(
+                "the other routers gave this router up: its occupancy credits are asked for again"
+            );
+        }
+        if after.forfeit {
+            self.shared
+                .broadcast(|| ControlToShard::Credits(CreditNews::Forfeit))
+                .await;
+        }
+        let short = after.others_short;
+        self.shared
+            .broadcast(|| ControlToShard::Credits(CreditNews::OthersShort(short.clone())))
+            .await;
+    }
+
+    /// A wallet ran short: ask its pool for more, held to this router's ceiling, and hand the
+    /// answer to the model's owner shard (0 while the store is unreachable or refuses).
+    async fn refill(&mut self, refill: Refill) {
+        let started = Instant::now();
+        let now_ms = now_unix_ms().max(0) as u64;
+        let mut granted = 0;
+        let mut acknowledged = true;
+        let ceiling = if self.health.is_up() {
+            let registry = self.shared.registry();
+            self.credits.ceiling(
+                now_ms,
+                refill.model,
+                refill.kind,
+                refill.budget,
+                self.unknown_routers,
+                |model| registry.model_key(model),
+            )
+        } else {
+            None
+        };
+        if let (Some((pool, ceiling)), Some(epoch)) = (ceiling, self.epoch.clone()) {
+            let answer = self
+                .store
+                .grant(
+                    &pool,
+                    &self.settings.router_id,
+                    self.run,
+                    &epoch,
+                    refill.want,
+                    ceiling,
+                )
+                .await;
+            match answer {
+                Ok(Grant::Granted { granted: more, .. }) => {
+                    granted = more;
+                    if more > 0 && self.settings.store.sentinel_master.is_some() {
+                        // A failover must not hand the same capacity out twice: until a replica
+                        // has the grant, the router keeps to its share.
+                        acknowledged = matches!(
+                            self.store.wait_replicas(credits::ACKNOWLEDGE_WAIT_MS).await,
+                            Ok(replicas) if replicas > 0
+                        );
+                    }
+                }
+                // The store lost its data: the next round notices the epoch.
+                Ok(Grant::StaleEpoch) => {}
+                Ok(Grant::Replaced) => {
+                    tracing::error!(router_id = %self.settings.router_id, "another process runs under this --router-id: one router ID runs one process at a time");
+                }
+                Err(error) => {
+                    self.metrics
+                        .credit_errors_total
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%error, "credit refill failed");
+                }
+            }
+            self.metrics
+                .credit_refill_seconds
+                .observe(started.elapsed().as_secs_f64());
+        }
+        let owner = refill.model.owner(self.shared.shard_count());
+        self.shared
+            .send_to_shard(
+                owner,
+                ControlToShard::Credits(CreditNews::Granted {
+                    model: refill.model,
+                    kind: refill.kind,
+                    granted,
+                    acknowledged,
+                }),
+            )
+            .await;
+    }
+
+    /// A clean shutdown: every credit back at once (the shards admit nothing any more).
+    async fn release_credits(&mut self) {
+        let pools = self.credits.pools();
+        if let Err(error) = self
+            .store
+            .release_pools(&pools, &self.settings.router_id, self.run)
+            .await
+        {
+            self.metrics
+                .credit_errors_total
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%error, "could not give the occupancy credits back: the others take them back once this router misses its heartbeats");
+        }
     }
 
     fn heartbeat(&self, now_ms: u64, leaving: bool) -> Heartbeat {

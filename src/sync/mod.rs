@@ -26,6 +26,7 @@
 
 pub mod config;
 pub mod core;
+pub mod credits;
 pub mod entry;
 pub mod pool_store;
 pub mod round;
@@ -57,6 +58,13 @@ pub struct SyncMetrics {
     /// Bytes of usage entries published (for the benchmark's bytes per round).
     pub published_bytes_total: AtomicU64,
     pub tick_seconds: Histogram,
+    /// Occupancy credits: the duration of each refill (`hivenet_occupancy_credit_seconds`,
+    /// `op="refill"`).
+    pub credit_refill_seconds: Histogram,
+    /// Credit calls to the store that failed.
+    pub credit_errors_total: AtomicU64,
+    /// Routers given up early because no agent was connected to them.
+    pub credit_reclaims_total: AtomicU64,
 }
 
 /// A fixed-bucket histogram written by one thread and read at scrape time.
@@ -78,17 +86,24 @@ impl Histogram {
             .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
     }
 
-    fn render(&self, out: &mut String, name: &str) {
+    /// `labels`: the series' own labels, each followed by a comma (or empty).
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
         let mut cumulative = 0;
         for (bound, count) in TICK_SECONDS_BUCKETS.iter().zip(&self.counts) {
             cumulative += count.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+            let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{bound}\"}} {cumulative}");
         }
         cumulative += self.counts[TICK_SECONDS_BUCKETS.len()].load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+        let _ = writeln!(out, "{name}_bucket{{{labels}le=\"+Inf\"}} {cumulative}");
         let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}");
-        let _ = writeln!(out, "{name}_count {cumulative}");
+        let series = labels.trim_end_matches(',');
+        if series.is_empty() {
+            let _ = writeln!(out, "{name}_sum {sum}");
+            let _ = writeln!(out, "{name}_count {cumulative}");
+        } else {
+            let _ = writeln!(out, "{name}_sum{{{series}}} {sum}");
+            let _ = writeln!(out, "{name}_count{{{series}}} {cumulative}");
+        }
     }
 }
 
@@ -146,7 +161,32 @@ impl SyncMetrics {
         );
         let name = "hivenet_sync_tick_seconds";
         family(out, name, "histogram", "Duration of one sync round.");
-        self.tick_seconds.render(out, name);
+        self.tick_seconds.render(out, name, "");
+        let name = "hivenet_occupancy_credit_seconds";
+        family(
+            out,
+            name,
+            "histogram",
+            "Duration of one occupancy credit call to the store.",
+        );
+        self.credit_refill_seconds
+            .render(out, name, "op=\"refill\",");
+        let counters = [
+            (
+                "hivenet_occupancy_credit_errors_total",
+                "Occupancy credit calls to the store that failed.",
+                &self.credit_errors_total,
+            ),
+            (
+                "hivenet_occupancy_credit_reclaims_total",
+                "Routers given up early because no agent was connected to them.",
+                &self.credit_reclaims_total,
+            ),
+        ];
+        for (name, help, value) in counters {
+            family(out, name, "counter", help);
+            let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
+        }
     }
 }
 

@@ -5,7 +5,8 @@
 //! holding, a router that has not seen the store's epoch is refused). With replicas, `WAIT`
 //! tells whether one acknowledged the grant.
 //!
-//! Not wired into the sync core yet: the occupancy budgets are still per router.
+//! Each round rewrites what the router holds with [`REWRITE`] (in the round's transaction, with
+//! a read of the pool), and a clean shutdown removes the router's holdings.
 
 use redis::RedisResult;
 
@@ -21,7 +22,7 @@ if epoch ~= ARGV[3] then return {-1, 0} end
 local fields = redis.call('HGETALL', KEYS[1])
 local others, mine_run, mine_held = 0, nil, 0
 for i = 1, #fields, 2 do
-  local run, held = string.match(fields[i + 1], '^(%d+):(%d+)$')
+  local run, held = string.match(fields[i + 1], '^(%d+):(%d+)')
   if fields[i] == ARGV[1] then
     mine_run, mine_held = tonumber(run), tonumber(held)
   else
@@ -34,9 +35,68 @@ if mine_run ~= nil and run > mine_run then mine_held = 0 end
 local free = tonumber(ARGV[5]) - others - mine_held
 if free < 0 then free = 0 end
 local granted = math.min(tonumber(ARGV[4]), free)
-redis.call('HSET', KEYS[1], ARGV[1], string.format('%d:%d', run, mine_held + granted))
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%d:%d:1', run, mine_held + granted))
 return {granted, mine_held + granted}
 "#;
+
+/// The round's rewrite of what the router holds, atomically in the store. KEYS: the pool hash,
+/// the epoch key. ARGV: router ID, run, the epoch the router knows, hold, in use, short (0/1).
+/// Returns 0, `-1` when the epoch is not the store's, `-2` when a newer run holds the router's
+/// credits, and 1 when the router held nothing in the pool: the others gave it up, so only
+/// what is in use is written (held, never credits) and the router forfeits its credits.
+/// A holding of 0 is removed.
+pub const REWRITE: &str = r#"
+local epoch = redis.call('GET', KEYS[2])
+if epoch ~= ARGV[3] then return -1 end
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+local run = tonumber(ARGV[2])
+local hold = tonumber(ARGV[4])
+local result = 0
+if current then
+  local stored = tonumber(string.match(current, '^(%d+):'))
+  if stored ~= nil and stored > run then return -2 end
+  if stored ~= nil and stored < run then
+    if hold > tonumber(ARGV[5]) then hold = tonumber(ARGV[5]); result = 1 end
+  end
+else
+  if hold > tonumber(ARGV[5]) then hold = tonumber(ARGV[5]); result = 1 end
+end
+if hold == 0 then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+else
+  redis.call('HSET', KEYS[1], ARGV[1], string.format('%d:%d:%s', run, hold, ARGV[6]))
+end
+return result
+"#;
+
+/// A clean shutdown: the router's holding goes, unless a newer run holds it. KEYS: the pool
+/// hash. ARGV: router ID, run.
+pub const RELEASE: &str = r#"
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if not current then return 0 end
+local stored = tonumber(string.match(current, '^(%d+):'))
+if stored ~= nil and stored > tonumber(ARGV[2]) then return 0 end
+return redis.call('HDEL', KEYS[1], ARGV[1])
+"#;
+
+/// One holding in a pool as the store keeps it: `run:held[:short]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredHolding {
+    pub run: u64,
+    pub held: u64,
+    /// The router ran short of this budget since its last round.
+    pub short: bool,
+}
+
+impl StoredHolding {
+    pub fn parse(text: &str) -> Option<StoredHolding> {
+        let mut parts = text.split(':');
+        let run = parts.next()?.parse().ok()?;
+        let held = parts.next()?.parse().ok()?;
+        let short = parts.next() == Some("1");
+        Some(StoredHolding { run, held, short })
+    }
+}
 
 /// What a grant came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +140,30 @@ impl Store {
                 held: held.max(0) as u64,
             },
         })
+    }
+
+    /// Removes this router's holdings from `pools` (a clean shutdown), unless a newer run holds
+    /// them.
+    pub async fn release_pools(
+        &mut self,
+        pools: &[String],
+        router: &str,
+        run: u64,
+    ) -> RedisResult<()> {
+        if pools.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for pool in pools {
+            pipe.cmd("EVAL")
+                .arg(RELEASE)
+                .arg(1)
+                .arg(self.key(&format!("pool:{pool}")))
+                .arg(router)
+                .arg(run)
+                .ignore();
+        }
+        self.query::<()>(&pipe).await
     }
 
     /// How many replicas acknowledged every write before this call within `timeout_ms` (`WAIT`):

@@ -65,6 +65,33 @@ pub struct RoundWrites<'a> {
     pub heartbeat: &'a str,
     /// Read the entries after this ID.
     pub after: StreamId,
+    /// Now (unix ms): an epoch this router sets begins now.
+    pub now_ms: u64,
+    /// The occupancy pools this router rewrites or reads (each is read after its rewrite).
+    pub pools: &'a [PoolWrite<'a>],
+}
+
+/// One occupancy pool in a round: what the router holds of it now (rewritten under `epoch`,
+/// the epoch the router knows; `None`: only read), then a read of every holding.
+pub struct PoolWrite<'a> {
+    /// The pool's name under `pool:`.
+    pub pool: &'a str,
+    pub rewrite: Option<PoolRewrite<'a>>,
+}
+
+pub struct PoolRewrite<'a> {
+    pub epoch: &'a str,
+    pub run: u64,
+    pub hold: u64,
+    pub in_use: u64,
+    pub short: bool,
+}
+
+/// What a round read of one pool: the rewrite's answer (`pool_store::REWRITE`), and every
+/// holding (router ID -> `run:held[:short]`).
+pub struct PoolRead {
+    pub rewritten: Option<i64>,
+    pub holdings: HashMap<String, String>,
 }
 
 /// What one round reads back.
@@ -73,6 +100,8 @@ pub struct RoundReads {
     pub entries: Vec<(StreamId, Vec<u8>)>,
     /// The store's epoch (see the module doc).
     pub epoch: String,
+    /// One per [`RoundWrites::pools`], in its order.
+    pub pools: Vec<PoolRead>,
 }
 
 pub struct Store {
@@ -80,8 +109,9 @@ pub struct Store {
     prefix: String,
     /// This router's field in the heartbeat hash.
     router: String,
-    /// The epoch this router sets when it finds the store without one.
-    epoch_candidate: String,
+    /// The epoch this router sets when it finds the store without one, after the time it
+    /// sets it: `{unix ms}-{router}-{random}` (the time starts the settle window).
+    epoch_suffix: String,
     response_timeout: Duration,
     connection: Option<MultiplexedConnection>,
 }
@@ -101,7 +131,7 @@ impl Store {
             settings,
             prefix: format!("hivenet:{{{site}}}"),
             router: router.to_owned(),
-            epoch_candidate: format!("{router}-{:016x}", fastrand::u64(..)),
+            epoch_suffix: format!("{router}-{:016x}", fastrand::u64(..)),
             response_timeout,
             connection: None,
         }
@@ -334,9 +364,29 @@ impl Store {
         let mut set_epoch = redis::cmd("SET");
         set_epoch
             .arg(self.key("epoch"))
-            .arg(&self.epoch_candidate)
+            .arg(format!("{}-{}", writes.now_ms, self.epoch_suffix))
             .arg("NX");
         commands.push(set_epoch);
+        for pool in writes.pools {
+            let key = self.key(&format!("pool:{}", pool.pool));
+            if let Some(rewrite) = &pool.rewrite {
+                let mut eval = redis::cmd("EVAL");
+                eval.arg(super::pool_store::REWRITE)
+                    .arg(2)
+                    .arg(&key)
+                    .arg(self.key("epoch"))
+                    .arg(&self.router)
+                    .arg(rewrite.run)
+                    .arg(rewrite.epoch)
+                    .arg(rewrite.hold)
+                    .arg(rewrite.in_use)
+                    .arg(u8::from(rewrite.short));
+                commands.push(eval);
+            }
+            let mut read = redis::cmd("HGETALL");
+            read.arg(&key);
+            commands.push(read);
+        }
         let mut epoch = redis::cmd("GET");
         epoch.arg(self.key("epoch"));
         commands.push(epoch);
@@ -351,14 +401,37 @@ impl Store {
             .arg("COUNT")
             .arg(READ_MAX);
         commands.push(range);
-        let replies = self.transaction(commands, 3).await?;
-        let epoch: String = redis::from_redis_value_ref(&replies[0])?;
-        let heartbeats: HashMap<String, String> = redis::from_redis_value_ref(&replies[1])?;
-        let range = &replies[2];
+        let pool_replies: usize = writes
+            .pools
+            .iter()
+            .map(|pool| 1 + usize::from(pool.rewrite.is_some()))
+            .sum();
+        let replies = self.transaction(commands, pool_replies + 3).await?;
+        let mut pools = Vec::with_capacity(writes.pools.len());
+        let mut at = 0;
+        for pool in writes.pools {
+            let rewritten = match pool.rewrite {
+                Some(_) => {
+                    at += 1;
+                    Some(redis::from_redis_value_ref::<i64>(&replies[at - 1])?)
+                }
+                None => None,
+            };
+            let holdings: HashMap<String, String> = redis::from_redis_value_ref(&replies[at])?;
+            at += 1;
+            pools.push(PoolRead {
+                rewritten,
+                holdings,
+            });
+        }
+        let epoch: String = redis::from_redis_value_ref(&replies[at])?;
+        let heartbeats: HashMap<String, String> = redis::from_redis_value_ref(&replies[at + 1])?;
+        let range = &replies[at + 2];
         Ok(RoundReads {
             heartbeats,
             entries: entries(range),
             epoch,
+            pools,
         })
     }
 

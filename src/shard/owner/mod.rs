@@ -17,6 +17,7 @@ pub mod models;
 pub mod quotas;
 #[cfg(test)]
 mod tests;
+pub mod wallets;
 
 use std::sync::Arc;
 
@@ -216,6 +217,8 @@ pub struct Effects {
     pub queued: u64,
     /// Models that woke with held requests, and how many each released (for the log).
     pub woke: Vec<(ModelId, usize)>,
+    /// Wallets that ran short: refills for the sync core to ask the pool for.
+    pub refills: Vec<wallets::Refill>,
 }
 
 impl Effects {
@@ -224,7 +227,11 @@ impl Effects {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.answers.is_empty() && self.parked == 0 && self.queued == 0 && self.woke.is_empty()
+        self.answers.is_empty()
+            && self.parked == 0
+            && self.queued == 0
+            && self.woke.is_empty()
+            && self.refills.is_empty()
     }
 }
 
@@ -279,6 +286,19 @@ impl Owner {
     /// The sync round, step 1: the usage this shard's quota holders admitted since the last call.
     pub fn take_usage(&mut self, out: &mut Vec<quotas::BucketUsage>) {
         self.quotas.take_usage(out);
+    }
+
+    /// This router's part of every limit from now on (the sync core, each round): the rate
+    /// limits' share, and whether occupancy credits count or each router keeps to its share of
+    /// the budgets alone.
+    pub fn set_share(&mut self, share: crate::limits::Share) {
+        self.quotas.set_share(share);
+        let (reachable, routers) = match share {
+            crate::limits::Share::Whole => (true, 1),
+            crate::limits::Share::Shared { live, .. } => (true, live),
+            crate::limits::Share::Alone { routers, .. } => (false, routers),
+        };
+        self.models.set_credit_cap(reachable, routers);
     }
 
     /// The sync round, step 2: subtract what other routers admitted from the holders this shard

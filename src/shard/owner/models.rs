@@ -11,11 +11,13 @@ use std::sync::Arc;
 use crate::admission::Reason;
 use crate::admission::occupancy::{Claim, Limits, Occupancy, Refusal, Verdict};
 use crate::clock::Millis;
+use crate::credits::BudgetKind;
 use crate::hold::{ClientId, HoldBook, HoldLimits, HoldRefusal};
 use crate::ids::{AgentId, KeyId, ModelId, Ticket};
 use crate::policy::ModelPolicy;
 use crate::routing::{Acquire, AnyAgent, Ask, EngineSignals, Grant, ModelRoutes, StepFilter};
 use crate::shard::IdMap;
+use crate::shard::owner::wallets::{CreditCap, CreditHold, CreditNews, ModelWallets};
 use crate::shard::owner::{AgentJoin, Answer, Effects};
 use crate::snapshot::RoutingSnapshot;
 
@@ -99,6 +101,31 @@ struct ModelOccupancy {
     policy: Arc<ModelPolicy>,
     /// Parked tickets, and the slot each asked for as well (`None`: a reservation only).
     parked_for_slot: IdMap<Ticket, Option<Ask>>,
+    /// This router's credits for the model's budgets, when the routers of a site share them.
+    wallets: Option<ModelWallets>,
+}
+
+impl ModelOccupancy {
+    /// (tokens, requests) in flight here.
+    fn in_use(&self) -> (u64, u64) {
+        (self.occupancy.tokens(), self.occupancy.inflight())
+    }
+
+    /// `base` with this router's credits, when routers share the budgets.
+    fn limits(&self, base: Limits, sharing: Option<Sharing>) -> Limits {
+        match (&self.wallets, sharing) {
+            (Some(wallets), Some(sharing)) => wallets.limit(base, sharing.cap, sharing.live),
+            _ => base,
+        }
+    }
+}
+
+/// How the routers of the site share the occupancy budgets now (from the sync core's rounds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sharing {
+    cap: CreditCap,
+    /// Live routers, this one included (an unacknowledged grant keeps to budget ÷ live).
+    live: u32,
 }
 
 /// Everything this shard owns about its models.
@@ -111,6 +138,8 @@ pub struct Models {
     holds: HoldBook,
     /// Refusals decided here, by model and gate.
     rejections: IdMap<(ModelId, Reason), u64>,
+    /// `None`: this router's budgets are its own (no shared store).
+    sharing: Option<Sharing>,
 }
 
 impl Models {
@@ -122,7 +151,122 @@ impl Models {
             occupancy: IdMap::default(),
             holds: HoldBook::new(hold_limits),
             rejections: IdMap::default(),
+            sharing: None,
         }
+    }
+
+    // ----- occupancy credits (routers sharing the budgets) -----
+
+    /// The routers of the site share the occupancy budgets through credits: every model keeps
+    /// wallets from now on, and admits nothing beyond them. Until the store answers, a router
+    /// holds none, so it admits nothing on a model with a budget (seed: "A router that holds
+    /// no credits ... admits nothing until the store answers").
+    pub fn share_budgets(&mut self, routers: u32) {
+        self.sharing = Some(Sharing {
+            cap: CreditCap::Alone { routers },
+            live: routers,
+        });
+    }
+
+    /// The sync core's latest word on the store: `None` while it is unreachable (each router
+    /// then keeps to budget ÷ `routers`).
+    pub fn set_credit_cap(&mut self, reachable: bool, routers: u32) {
+        if let Some(sharing) = &mut self.sharing {
+            *sharing = Sharing {
+                cap: if reachable {
+                    CreditCap::Credits
+                } else {
+                    CreditCap::Alone { routers }
+                },
+                live: routers,
+            };
+        }
+    }
+
+    /// The pool's answer to a refill: parked tickets may fit now.
+    pub fn granted(
+        &mut self,
+        now: Millis,
+        model: ModelId,
+        kind: BudgetKind,
+        granted: u64,
+        acknowledged: bool,
+        effects: &mut Effects,
+    ) {
+        if let Some(wallets) = self
+            .occupancy
+            .get_mut(&model)
+            .and_then(|owned| owned.wallets.as_mut())
+        {
+            wallets.granted(kind, granted, acknowledged);
+            self.retry_parked(now, model, effects);
+        }
+    }
+
+    /// The sync core's news of the credits.
+    pub fn credit_news(&mut self, now: Millis, news: CreditNews, effects: &mut Effects) {
+        match news {
+            CreditNews::Granted {
+                model,
+                kind,
+                granted,
+                acknowledged,
+            } => self.granted(now, model, kind, granted, acknowledged, effects),
+            CreditNews::OthersShort(short) => self.set_others_short(&short),
+            CreditNews::Forfeit => self.forfeit_credits(),
+        }
+    }
+
+    /// The sync round: what this router holds of every budget it has credits for.
+    pub fn credit_round(&mut self, now: Millis, out: &mut Vec<CreditHold>) {
+        let models: Vec<ModelId> = self.occupancy.keys().copied().collect();
+        for model in models {
+            let healthy = self.healthy_agents(model);
+            let admit_fraction = self.admit_fraction;
+            let Some(owned) = self.occupancy.get_mut(&model) else {
+                continue;
+            };
+            let in_use = owned.in_use();
+            let base = Limits::new(
+                admit_fraction,
+                owned.policy.admit_budget_tokens,
+                u64::from(owned.policy.max_inflight),
+                healthy,
+            );
+            if let Some(wallets) = owned.wallets.as_mut() {
+                wallets.round(now, model, &base, in_use, out);
+            }
+        }
+    }
+
+    /// Which budgets other routers ran short of at the last round (all others: none).
+    pub fn set_others_short(&mut self, short: &[(ModelId, BudgetKind)]) {
+        for (model, owned) in self.occupancy.iter_mut() {
+            if let Some(wallets) = owned.wallets.as_mut() {
+                for kind in [BudgetKind::Tokens, BudgetKind::Requests] {
+                    wallets.set_others_short(kind, short.contains(&(*model, kind)));
+                }
+            }
+        }
+    }
+
+    /// What this router believed it held is no longer its (the store lost its data, or the
+    /// others gave it up): requests in flight keep running, new ones need new credits.
+    pub fn forfeit_credits(&mut self) {
+        for owned in self.occupancy.values_mut() {
+            if let Some(wallets) = owned.wallets.as_mut() {
+                wallets.forfeit();
+            }
+        }
+    }
+
+    /// This router's credits for `model`'s `kind` budget (tests and reports).
+    pub fn credits(&self, model: ModelId, kind: BudgetKind) -> Option<u64> {
+        self.occupancy
+            .get(&model)?
+            .wallets
+            .as_ref()
+            .map(|wallets| wallets.credits(kind))
     }
 
     // ----- a request's visits -----
@@ -145,10 +289,11 @@ impl Models {
             {
                 return Some(self.refused(model, Decision::Shed));
             }
-            let limits = self.limits(model, &request.policy);
-            if request.refuse_oversize && !limits.could_ever_fit(&request.claim.footprint) {
+            let base = self.limits(model, &request.policy);
+            if request.refuse_oversize && !base.could_ever_fit(&request.claim.footprint) {
                 return Some(self.refused(model, Decision::PoolTooSmall));
             }
+            let sharing = self.sharing;
             let owned = self
                 .occupancy
                 .entry(model)
@@ -156,12 +301,30 @@ impl Models {
                     occupancy: Occupancy::new(now),
                     policy: request.policy.clone(),
                     parked_for_slot: IdMap::default(),
+                    wallets: sharing.map(|_| ModelWallets::new(now)),
                 });
             owned.policy = request.policy;
-            match owned
+            let limits = owned.limits(base, sharing);
+            let verdict = owned
                 .occupancy
-                .admit(now, &limits, request.claim, request.park_until)
-            {
+                .admit(now, &limits, request.claim, request.park_until);
+            if let (Some(wallets), Some(sharing)) = (owned.wallets.as_mut(), sharing) {
+                if verdict == Verdict::Admitted {
+                    wallets.touch(now);
+                } else if base.is_active() {
+                    let in_use = (owned.occupancy.tokens(), owned.occupancy.inflight());
+                    let footprint = request.claim.footprint.tokens();
+                    wallets.short(
+                        model,
+                        &base,
+                        in_use,
+                        footprint,
+                        sharing.cap,
+                        &mut effects.refills,
+                    );
+                }
+            }
+            match verdict {
                 Verdict::Admitted => {}
                 Verdict::Parked => {
                     owned.parked_for_slot.insert(ticket, slot);
@@ -220,10 +383,13 @@ impl Models {
         ticket: Ticket,
         effects: &mut Effects,
     ) {
-        let released = self
-            .occupancy
-            .get_mut(&model)
-            .is_some_and(|owned| owned.occupancy.release(now, ticket));
+        let released = self.occupancy.get_mut(&model).is_some_and(|owned| {
+            let released = owned.occupancy.release(now, ticket);
+            if released && let Some(wallets) = owned.wallets.as_mut() {
+                wallets.touch(now);
+            }
+            released
+        });
         if released {
             self.retry_parked(now, model, effects);
         }
@@ -391,7 +557,12 @@ impl Models {
         let mut reaped = 0;
         self.occupancy.retain(|_, owned| {
             reaped += owned.occupancy.reap(now, max_idle_ms);
-            !owned.occupancy.is_idle(now)
+            // Credits still held go back at a round first (a wallet idle for a minute).
+            let holds_credits = owned
+                .wallets
+                .as_ref()
+                .is_some_and(|wallets| !wallets.is_empty((0, 0)));
+            !owned.occupancy.is_idle(now) || holds_credits
         });
         reaped
     }
@@ -464,19 +635,26 @@ impl Models {
     /// Admits the parked tickets of `model` that fit now and decides each.
     fn retry_parked(&mut self, now: Millis, model: ModelId, effects: &mut Effects) {
         let healthy = self.healthy_agents(model);
+        let sharing = self.sharing;
         let Some(owned) = self.occupancy.get_mut(&model) else {
             return;
         };
         if owned.occupancy.parked_len() == 0 {
             return;
         }
-        let limits = Limits::new(
+        let base = Limits::new(
             self.admit_fraction,
             owned.policy.admit_budget_tokens,
             u64::from(owned.policy.max_inflight),
             healthy,
         );
+        let limits = owned.limits(base, sharing);
         let admitted = owned.occupancy.admit_parked(now, &limits);
+        if let Some(wallets) = owned.wallets.as_mut()
+            && !admitted.is_empty()
+        {
+            wallets.touch(now);
+        }
         let admitted: Vec<_> = admitted
             .into_iter()
             .map(|(ticket, result)| {

@@ -1,0 +1,179 @@
+//! Occupancy credits through the real binaries and a real Valkey (seed `run-several-routers.md`,
+//! "Occupancy credits"): two routers of one site, hammered together on a model whose policy
+//! admits two requests at a time, never run more than two together; a router that shuts down
+//! cleanly gives its credits back at once, and the other may then use the whole budget; a router
+//! whose store has not answered holds no credits and admits nothing on a budgeted model.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::valkey::Valkey;
+use common::{Options, Site, chat, request};
+
+/// `max_inflight` of `sim-model` for one replica: each router sees its own agent, so the
+/// budget is 2 on each, and they share it.
+const BUDGET: usize = 2;
+/// Each answer streams 15 tokens 100 ms apart: every request of a burst overlaps the others.
+const SIM: [&str; 6] = [
+    "--models",
+    "sim-model",
+    "--output-tokens",
+    "15",
+    "--itl",
+    "100ms",
+];
+const POOL: &str = "hivenet:{default}:pool:llm|sim-model|requests";
+
+fn policy_dir(name: &str) -> String {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{name}-policies-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("sim-model.yaml"),
+        format!(
+            "models:\n  - sim-model\nrouting_policy:\n  strategy: least-loaded\nmax_inflight: {BUDGET}\n"
+        ),
+    )
+    .unwrap();
+    dir.display().to_string()
+}
+
+fn router(name: &str, index: usize, store: &str, policies: &str) -> Site {
+    let id = format!("router-{index}");
+    Site::start(
+        &format!("{name}-{index}"),
+        Options::new()
+            .router_args(&[
+                "--shards",
+                "1",
+                "--sync-store",
+                "valkey",
+                "--sync-valkey-addrs",
+                store,
+                "--router-id",
+                &id,
+                "--sync-interval",
+                "200ms",
+                "--sync-min-routers",
+                "2",
+                "--policy-model-dir",
+                policies,
+            ])
+            .sim(&SIM)
+            .agent(0, &["--capacity", "64"]),
+    )
+}
+
+fn chat_request() -> Vec<u8> {
+    let body = chat("sim-model", false).to_string();
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Sends `per_router` chats to every router at once; returns how many each admitted. Every
+/// refusal must be B2's.
+fn burst(routers: &[&Site], per_router: usize) -> Vec<usize> {
+    std::thread::scope(|scope| {
+        let threads: Vec<Vec<_>> = routers
+            .iter()
+            .map(|router| {
+                (0..per_router)
+                    .map(|_| {
+                        let addr = router.http;
+                        scope.spawn(move || request(addr, &chat_request()))
+                    })
+                    .collect()
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|threads| {
+                threads
+                    .into_iter()
+                    .map(|thread| thread.join().unwrap())
+                    .filter(|response| match response.status {
+                        200 => true,
+                        429 => {
+                            assert_eq!(response.error_code(), "concurrency_limit_exceeded");
+                            false
+                        }
+                        other => panic!("unexpected {other}: {}", response.text()),
+                    })
+                    .count()
+            })
+            .collect()
+    })
+}
+
+/// The settled store of a site that ran before: no first-deployment settle window.
+fn settled_store() -> Valkey {
+    let valkey = Valkey::primary();
+    valkey.command(&["SET", "hivenet:{default}:epoch", "1-an-earlier-router"]);
+    valkey
+}
+
+#[test]
+fn two_routers_together_never_run_more_than_the_budget() {
+    let valkey = settled_store();
+    let policies = policy_dir("occupancy-budget");
+    let (mut a, b) = std::thread::scope(|scope| {
+        let a = scope.spawn(|| router("occupancy", 0, &valkey.addr(), &policies));
+        let b = scope.spawn(|| router("occupancy", 1, &valkey.addr(), &policies));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    for site in [&a, &b] {
+        site.wait_metric("hivenet_sync_up", |v| v == 1.0);
+        site.wait_metric("hivenet_sync_peers", |v| v == 1.0);
+    }
+    for round in 0..3 {
+        let admitted = burst(&[&a, &b], 4);
+        let together: usize = admitted.iter().sum();
+        assert!(
+            (1..=BUDGET).contains(&together),
+            "round {round}: {admitted:?} admitted together, budget {BUDGET}\n{}\n{}",
+            a.logs(),
+            b.logs()
+        );
+    }
+    assert!(
+        valkey.command(&["HGET", POOL, "router-0"]).contains(':')
+            || valkey.command(&["HGET", POOL, "router-1"]).contains(':'),
+        "a router holds credits in the pool: {}",
+        valkey.command(&["HGETALL", POOL])
+    );
+
+    // A clean shutdown gives router-0's credits back at once; router-1 may use the whole
+    // budget.
+    let status = a.router.terminate();
+    assert!(status.success(), "{}", a.logs());
+    let holdings = valkey.command(&["HGETALL", POOL]);
+    assert!(
+        !holdings.contains("router-0"),
+        "router-0 left its credits: {holdings}"
+    );
+    let admitted = burst(&[&b], BUDGET);
+    assert_eq!(admitted, vec![BUDGET], "{}", b.logs());
+    assert_eq!(
+        b.router_metric("hivenet_admission_reaped_total"),
+        0.0,
+        "no reservation outlived its request"
+    );
+}
+
+#[test]
+fn a_router_whose_store_never_answered_admits_nothing_on_a_budgeted_model() {
+    // A port nothing listens on: the store never answers.
+    let nowhere = format!("127.0.0.1:{}", common::free_port());
+    let policies = policy_dir("occupancy-no-store");
+    let site = router("occupancy-no-store", 0, &nowhere, &policies);
+    let response = request(site.http, &chat_request());
+    assert_eq!(response.status, 429, "{}", response.text());
+    assert_eq!(response.error_code(), "concurrency_limit_exceeded");
+    // Nothing else is held back: the router still answers what needs no credits.
+    let (status, _, _) = site.get("/v1/models");
+    assert_eq!(status, 200);
+}
