@@ -164,6 +164,6 @@ fn wait_tells_a_grant_a_replica_acknowledged() {
     });
     assert_eq!(
         replica.command(&["HGET", "hivenet:{credits}:pool:chat", "router-1"]),
-        "1:10"
+        "1:10:1"
     );
 }

@@ -2,7 +2,9 @@
 //! "Occupancy credits"): two routers of one site, hammered together on a model whose policy
 //! admits two requests at a time, never run more than two together; a router that shuts down
 //! cleanly gives its credits back at once, and the other may then use the whole budget; a router
-//! whose store has not answered holds no credits and admits nothing on a budgeted model.
+//! whose store has not answered holds no credits and admits nothing on a budgeted model; a router
+//! that crashes is given up once its agents report no connection to it, and its credits serve
+//! the others.
 
 mod common;
 
@@ -40,29 +42,32 @@ fn policy_dir(name: &str) -> String {
 }
 
 fn router(name: &str, index: usize, store: &str, policies: &str) -> Site {
-    let id = format!("router-{index}");
     Site::start(
         &format!("{name}-{index}"),
-        Options::new()
-            .router_args(&[
-                "--shards",
-                "1",
-                "--sync-store",
-                "valkey",
-                "--sync-valkey-addrs",
-                store,
-                "--router-id",
-                &id,
-                "--sync-interval",
-                "200ms",
-                "--sync-min-routers",
-                "2",
-                "--policy-model-dir",
-                policies,
-            ])
+        router_options(index, store, policies)
             .sim(&SIM)
             .agent(0, &["--capacity", "64"]),
     )
+}
+
+fn router_options(index: usize, store: &str, policies: &str) -> Options {
+    let id = format!("router-{index}");
+    Options::new().router_args(&[
+        "--shards",
+        "1",
+        "--sync-store",
+        "valkey",
+        "--sync-valkey-addrs",
+        store,
+        "--router-id",
+        &id,
+        "--sync-interval",
+        "200ms",
+        "--sync-min-routers",
+        "2",
+        "--policy-model-dir",
+        policies,
+    ])
 }
 
 fn chat_request() -> Vec<u8> {
@@ -176,4 +181,50 @@ fn a_router_whose_store_never_answered_admits_nothing_on_a_budgeted_model() {
     // Nothing else is held back: the router still answers what needs no credits.
     let (status, _, _) = site.get("/v1/models");
     assert_eq!(status, 200);
+}
+
+#[test]
+fn a_crashed_router_is_given_up_once_its_agents_report_it_gone() {
+    let valkey = settled_store();
+    let policies = policy_dir("occupancy-crash");
+    // One engine and one agent with a session to both routers.
+    let (mut a, b) = std::thread::scope(|scope| {
+        let a = scope.spawn(|| {
+            Site::start(
+                "occupancy-crash-0",
+                router_options(0, &valkey.addr(), &policies)
+                    .sim(&SIM)
+                    .skip_model_wait(),
+            )
+        });
+        let b = scope.spawn(|| {
+            Site::start(
+                "occupancy-crash-1",
+                router_options(1, &valkey.addr(), &policies).skip_model_wait(),
+            )
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let both = format!("{},{}", a.grpc, b.grpc);
+    a.spawn_agent_with_env(0, &["--routers", &both, "--capacity", "64"], &[]);
+    for site in [&a, &b] {
+        site.wait_metric("hivenet_sync_peers", |v| v == 1.0);
+        site.wait_models(&["sim-model"]);
+    }
+    // Router 0 takes the whole budget, then crashes with it.
+    let admitted = burst(&[&a], BUDGET);
+    assert_eq!(admitted, vec![BUDGET], "{}", a.logs());
+    assert!(
+        valkey.command(&["HGET", POOL, "router-0"]).contains(':'),
+        "{}",
+        valkey.command(&["HGETALL", POOL])
+    );
+    a.router.kill();
+    // The agent reports no session with router 0 any more: router 1 takes its credits back
+    // after three missed heartbeats.
+    b.wait_metric("hivenet_occupancy_credit_reclaims_total", |v| v == 1.0);
+    let holdings = valkey.command(&["HGETALL", POOL]);
+    assert!(!holdings.contains("router-0"), "{holdings}");
+    let admitted = burst(&[&b], BUDGET);
+    assert_eq!(admitted, vec![BUDGET], "{}", b.logs());
 }

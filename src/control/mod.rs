@@ -180,10 +180,20 @@ impl ControlShared {
         self.registry().reported_routers()
     }
 
+    /// For the sync core: what every agent served here reports of its routers.
+    pub fn agent_reports(&self) -> std::collections::HashMap<String, Box<[String]>> {
+        self.registry().agent_reports()
+    }
+
     /// For the sync core: the peer IDs of the agents with a live, registered session here,
     /// sorted and without duplicates (its heartbeat record in the store).
     pub fn served_agents(&self) -> Vec<String> {
         self.registry().served_agents()
+    }
+
+    /// Agent sessions started so far (each authentication starts one).
+    pub fn sessions_started(&self) -> u64 {
+        self.next_session.load(Ordering::Relaxed) - 1
     }
 
     pub fn next_session(&self) -> u64 {

@@ -252,6 +252,16 @@ impl Registry {
             .collect()
     }
 
+    /// For each agent with a live, registered session: the routers it last reported a session
+    /// with (by peer ID). What the sync core asks before giving a silent router up.
+    pub fn agent_reports(&self) -> HashMap<String, Box<[String]>> {
+        self.agents
+            .values()
+            .filter(|record| record.registration.is_some())
+            .map(|record| (record.peer_id.clone(), record.reported_routers.clone()))
+            .collect()
+    }
+
     /// Peer IDs of the agents with a live session that has registered, sorted, without
     /// duplicates. A session that authenticated and never registered (an agent that found the
     /// router already reached under another address) is not served here.

@@ -82,6 +82,11 @@ struct Round {
     credits: SiteCredits,
     /// Agents report routers the store does not list (no new credits within a settle window).
     unknown_routers: bool,
+    /// Agent sessions started here as of the last round that reached the store.
+    sessions_at_last_answer: u64,
+    /// Cut off from the store with an agent connected since: the shards admit nothing on
+    /// budgeted models until the store answers (`CreditCap::Closed`).
+    closed: bool,
 }
 
 impl SyncCore {
@@ -139,6 +144,8 @@ impl SyncCore {
             store_up,
             credits,
             unknown_routers: false,
+            sessions_at_last_answer: 0,
+            closed: false,
         };
         std::thread::Builder::new()
             .name("sync".into())
@@ -221,6 +228,7 @@ impl Round {
         self.metrics
             .tick_seconds
             .observe(started.elapsed().as_secs_f64());
+        let outcome_ok = outcome.is_ok();
         match outcome {
             Ok(peers) => {
                 let was_up = self.health.is_up();
@@ -249,6 +257,7 @@ impl Round {
             .up
             .store(i64::from(self.health.is_up()), Ordering::Relaxed);
         self.store_up.store(self.health.is_up(), Ordering::Relaxed);
+        self.close_if_reached_while_cut_off(outcome_ok).await;
         self.publish_site();
         let share = self.health.share();
         self.shared.broadcast(|| ControlToShard::Share(share)).await;
@@ -351,6 +360,15 @@ impl Round {
         self.metrics
             .peers
             .store(i64::from(peers.live), Ordering::Relaxed);
+        let given_up = site::given_up(
+            &self.settings.router_id,
+            records.iter().map(|(id, record)| (id.as_str(), record)),
+            &self.shared.agent_reports(),
+            now_ms,
+        );
+        for (router, run) in given_up {
+            self.reclaim(&router, run).await;
+        }
         // Records of routers gone for over an hour (silent, or left) are removed; a router that
         // left more recently keeps its record, which says it left.
         let gone: Vec<String> = records
@@ -424,6 +442,30 @@ impl Round {
         self.shared
             .broadcast(|| ControlToShard::Credits(CreditNews::OthersShort(short.clone())))
             .await;
+    }
+
+    /// A router cut off from the store admits nothing more once an agent connects to it again
+    /// (seed, "A router that stops"): that agent may have reported it gone meanwhile, and the
+    /// others may have taken its credits back. It admits again once the store answers.
+    async fn close_if_reached_while_cut_off(&mut self, answered: bool) {
+        let sessions = self.shared.sessions_started();
+        let closed = if answered {
+            self.sessions_at_last_answer = sessions;
+            false
+        } else {
+            self.closed || sessions > self.sessions_at_last_answer
+        };
+        if closed != self.closed {
+            self.closed = closed;
+            if closed {
+                tracing::warn!(
+                    "an agent connected while the sync store is unreachable: no request on a model with an occupancy budget is admitted until the store answers"
+                );
+            }
+            self.shared
+                .broadcast(|| ControlToShard::Credits(CreditNews::Closed(closed)))
+                .await;
+        }
     }
 
     /// A wallet ran short: ask its pool for more, held to this router's ceiling, and hand the
@@ -500,12 +542,36 @@ impl Round {
             .await;
     }
 
+    /// Gives `router`'s `run` up: its holdings in every pool this router knows go back (counted
+    /// once, when some went). A failure is retried next round.
+    async fn reclaim(&mut self, router: &str, run: u64) {
+        match self.store.release_holdings(router, run).await {
+            Ok(0) => {}
+            Ok(released) => {
+                self.metrics
+                    .credit_reclaims_total
+                    .fetch_add(1, Ordering::Relaxed);
+                self.credits.forget(router);
+                tracing::warn!(
+                    router,
+                    released,
+                    "a router missed its heartbeats and every agent it served reports no connection to it: its occupancy credits are taken back"
+                );
+            }
+            Err(error) => {
+                self.metrics
+                    .credit_errors_total
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%error, router, "taking a router's credits back failed");
+            }
+        }
+    }
+
     /// A clean shutdown: every credit back at once (the shards admit nothing any more).
     async fn release_credits(&mut self) {
-        let pools = self.credits.pools();
         if let Err(error) = self
             .store
-            .release_pools(&pools, &self.settings.router_id, self.run)
+            .release_holdings(&self.settings.router_id, self.run)
             .await
         {
             self.metrics

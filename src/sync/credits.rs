@@ -269,12 +269,11 @@ impl SiteCredits {
         ))
     }
 
-    /// The pools this router may hold credits in (released at a clean shutdown).
-    pub fn pools(&self) -> Vec<String> {
-        self.budgets
-            .values()
-            .map(|budget| budget.pool.clone())
-            .collect()
+    /// The others gave `router` up: no view guards what it held any more.
+    pub fn forget(&mut self, router: &str) {
+        for budget in self.budgets.values_mut() {
+            budget.view.forget(router);
+        }
     }
 }
 

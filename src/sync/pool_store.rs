@@ -12,7 +12,8 @@ use redis::RedisResult;
 
 use super::store::Store;
 
-/// The grant, atomically in the store. KEYS: the pool hash, the epoch key. ARGV: router ID, run,
+/// The grant, atomically in the store. KEYS: the pool hash, the epoch key, the set of pools
+/// (every pool a router may hold in, for [`RELEASE`]). ARGV: router ID, run,
 /// the epoch the router knows, want, budget. Returns `{granted, held}`, or `{-1, 0}` when the
 /// epoch is not the store's (it lost its data since the router read it), `{-2, 0}` when a newer
 /// run of the router holds its credits.
@@ -36,11 +37,12 @@ local free = tonumber(ARGV[5]) - others - mine_held
 if free < 0 then free = 0 end
 local granted = math.min(tonumber(ARGV[4]), free)
 redis.call('HSET', KEYS[1], ARGV[1], string.format('%d:%d:1', run, mine_held + granted))
+redis.call('SADD', KEYS[3], KEYS[1])
 return {granted, mine_held + granted}
 "#;
 
 /// The round's rewrite of what the router holds, atomically in the store. KEYS: the pool hash,
-/// the epoch key. ARGV: router ID, run, the epoch the router knows, hold, in use, short (0/1).
+/// the epoch key, the set of pools. ARGV: router ID, run, the epoch the router knows, hold, in use, short (0/1).
 /// Returns 0, `-1` when the epoch is not the store's, `-2` when a newer run holds the router's
 /// credits, and 1 when the router held nothing in the pool: the others gave it up, so only
 /// what is in use is written (held, never credits) and the router forfeits its credits.
@@ -65,18 +67,27 @@ if hold == 0 then
   redis.call('HDEL', KEYS[1], ARGV[1])
 else
   redis.call('HSET', KEYS[1], ARGV[1], string.format('%d:%d:%s', run, hold, ARGV[6]))
+  redis.call('SADD', KEYS[3], KEYS[1])
 end
 return result
 "#;
 
-/// A clean shutdown: the router's holding goes, unless a newer run holds it. KEYS: the pool
-/// hash. ARGV: router ID, run.
+/// Takes a router's holdings back from every pool of the site (a clean shutdown, or the others
+/// giving it up), unless a newer run holds them; pools left empty leave the set. KEYS: the set
+/// of pools. ARGV: router ID, run. Returns how many holdings went.
 pub const RELEASE: &str = r#"
-local current = redis.call('HGET', KEYS[1], ARGV[1])
-if not current then return 0 end
-local stored = tonumber(string.match(current, '^(%d+):'))
-if stored ~= nil and stored > tonumber(ARGV[2]) then return 0 end
-return redis.call('HDEL', KEYS[1], ARGV[1])
+local released = 0
+for _, pool in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local current = redis.call('HGET', pool, ARGV[1])
+  if current then
+    local stored = tonumber(string.match(current, '^(%d+):'))
+    if stored == nil or stored <= tonumber(ARGV[2]) then
+      released = released + redis.call('HDEL', pool, ARGV[1])
+    end
+  end
+  if redis.call('EXISTS', pool) == 0 then redis.call('SREM', KEYS[1], pool) end
+end
+return released
 "#;
 
 /// One holding in a pool as the store keeps it: `run:held[:short]`.
@@ -123,9 +134,10 @@ impl Store {
         let mut pipe = redis::pipe();
         pipe.cmd("EVAL")
             .arg(GRANT)
-            .arg(2)
+            .arg(3)
             .arg(self.key(&format!("pool:{budget_name}")))
             .arg(self.key("epoch"))
+            .arg(self.key("pools"))
             .arg(router)
             .arg(run)
             .arg(epoch)
@@ -142,28 +154,19 @@ impl Store {
         })
     }
 
-    /// Removes this router's holdings from `pools` (a clean shutdown), unless a newer run holds
-    /// them.
-    pub async fn release_pools(
-        &mut self,
-        pools: &[String],
-        router: &str,
-        run: u64,
-    ) -> RedisResult<()> {
-        if pools.is_empty() {
-            return Ok(());
-        }
+    /// Takes `router`'s holdings of `run` (or an older run) back from every pool of the site:
+    /// this router's own at a clean shutdown, or another's the others gave up. Returns how many
+    /// holdings went.
+    pub async fn release_holdings(&mut self, router: &str, run: u64) -> RedisResult<u64> {
         let mut pipe = redis::pipe();
-        for pool in pools {
-            pipe.cmd("EVAL")
-                .arg(RELEASE)
-                .arg(1)
-                .arg(self.key(&format!("pool:{pool}")))
-                .arg(router)
-                .arg(run)
-                .ignore();
-        }
-        self.query::<()>(&pipe).await
+        pipe.cmd("EVAL")
+            .arg(RELEASE)
+            .arg(1)
+            .arg(self.key("pools"))
+            .arg(router)
+            .arg(run);
+        let (released,): (u64,) = self.query(&pipe).await?;
+        Ok(released)
     }
 
     /// How many replicas acknowledged every write before this call within `timeout_ms` (`WAIT`):

@@ -15,8 +15,11 @@
 //!   the store first answers, `--sync-min-routers`.
 //! - Ten failed rounds in a row: reconnect from the configured addresses, and again every ten.
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 
+use crate::credits::AgentSays;
 use crate::limits::Share;
 
 /// A router silent this long is given up: the others stop keeping its share.
@@ -205,6 +208,36 @@ impl Health {
     }
 }
 
+/// The other routers this one may give up now, with the run it gives up (seed "A router that
+/// stops", `credits::may_reclaim`): each missed three heartbeats without leaving, and every
+/// agent it served reports no connection to it. An agent this router does not serve is one it
+/// cannot hear: that keeps the credits where they are. `reports`: per agent served here, the
+/// routers it reports a session with.
+pub fn given_up<'a>(
+    me: &str,
+    records: impl IntoIterator<Item = (&'a str, &'a Heartbeat)>,
+    reports: &HashMap<String, Box<[String]>>,
+    now_ms: u64,
+) -> Vec<(String, u64)> {
+    records
+        .into_iter()
+        .filter(|(id, record)| *id != me && !record.left)
+        .filter(|(_, record)| {
+            let missed = now_ms.saturating_sub(record.at_unix_ms) / record.interval_ms.max(1);
+            crate::credits::may_reclaim(
+                u32::try_from(missed).unwrap_or(u32::MAX),
+                &record.agents,
+                |agent| match reports.get(agent) {
+                    None => AgentSays::Unheard,
+                    Some(routers) if routers.contains(&record.peer_id) => AgentSays::Connected,
+                    Some(_) => AgentSays::NotConnected,
+                },
+            )
+        })
+        .map(|(id, record)| (id.to_owned(), record.run))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,6 +255,37 @@ mod tests {
             agents: Vec::new(),
             left: false,
         }
+    }
+
+    #[test]
+    fn a_silent_router_is_given_up_only_once_every_agent_it_served_says_so() {
+        let mut crashed = heartbeat("peer-b", 4 * SECOND);
+        crashed.agents = vec!["agent-1".into(), "agent-2".into()];
+        let records = [("b", &crashed)];
+        let mut reports: HashMap<String, Box<[String]>> = HashMap::new();
+        reports.insert("agent-1".into(), Box::new(["peer-a".to_string()]));
+        assert!(
+            given_up("a", records, &reports, NOW).is_empty(),
+            "agent-2 is not heard here"
+        );
+        reports.insert(
+            "agent-2".into(),
+            Box::new(["peer-a".to_string(), "peer-b".to_string()]),
+        );
+        assert!(
+            given_up("a", records, &reports, NOW).is_empty(),
+            "agent-2 still has a session with b"
+        );
+        reports.insert("agent-2".into(), Box::new(["peer-a".to_string()]));
+        assert_eq!(
+            given_up("a", records, &reports, NOW),
+            vec![("b".to_string(), 1)]
+        );
+        let recent = heartbeat("peer-b", 2 * SECOND);
+        assert!(
+            given_up("a", [("b", &recent)], &reports, NOW).is_empty(),
+            "two missed heartbeats are not enough"
+        );
     }
 
     #[test]

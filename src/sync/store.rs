@@ -8,6 +8,9 @@
 //! - `hivenet:{site}:daily:{day}`: hash, `router|tenant|capability|model` -> that router's
 //!   running total of the day (`sync::round::daily_field`); expires two days after its last write.
 //! - `hivenet:{site}:redirect:{nonce}`: a spent redirect token, until it expires.
+//! - `hivenet:{site}:pool:{capability}|{model}|{tokens,requests}`: an occupancy budget's pool,
+//!   router ID -> `run:held[:short]` (`sync::pool_store`); `hivenet:{site}:pools`: the set of
+//!   pools, for taking a router's holdings back from all of them.
 //! - `hivenet:{site}:epoch`: set once by the first router to reach an empty store; a new value
 //!   tells every router the store lost its data.
 //!
@@ -372,9 +375,10 @@ impl Store {
             if let Some(rewrite) = &pool.rewrite {
                 let mut eval = redis::cmd("EVAL");
                 eval.arg(super::pool_store::REWRITE)
-                    .arg(2)
+                    .arg(3)
                     .arg(&key)
                     .arg(self.key("epoch"))
+                    .arg(self.key("pools"))
                     .arg(&self.router)
                     .arg(rewrite.run)
                     .arg(rewrite.epoch)

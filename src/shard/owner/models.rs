@@ -114,7 +114,14 @@ impl ModelOccupancy {
     /// `base` with this router's credits, when routers share the budgets.
     fn limits(&self, base: Limits, sharing: Option<Sharing>) -> Limits {
         match (&self.wallets, sharing) {
-            (Some(wallets), Some(sharing)) => wallets.limit(base, sharing.cap, sharing.live),
+            (Some(wallets), Some(sharing)) => {
+                let cap = if sharing.closed {
+                    CreditCap::Closed
+                } else {
+                    sharing.cap
+                };
+                wallets.limit(base, cap, sharing.live)
+            }
             _ => base,
         }
     }
@@ -124,6 +131,8 @@ impl ModelOccupancy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Sharing {
     cap: CreditCap,
+    /// [`CreditCap::Closed`] until the store answers, whatever the rounds say meanwhile.
+    closed: bool,
     /// Live routers, this one included (an unacknowledged grant keeps to budget ÷ live).
     live: u32,
 }
@@ -164,6 +173,7 @@ impl Models {
     pub fn share_budgets(&mut self, routers: u32) {
         self.sharing = Some(Sharing {
             cap: CreditCap::Alone { routers },
+            closed: false,
             live: routers,
         });
     }
@@ -172,14 +182,12 @@ impl Models {
     /// then keeps to budget ÷ `routers`).
     pub fn set_credit_cap(&mut self, reachable: bool, routers: u32) {
         if let Some(sharing) = &mut self.sharing {
-            *sharing = Sharing {
-                cap: if reachable {
-                    CreditCap::Credits
-                } else {
-                    CreditCap::Alone { routers }
-                },
-                live: routers,
+            sharing.cap = if reachable {
+                CreditCap::Credits
+            } else {
+                CreditCap::Alone { routers }
             };
+            sharing.live = routers;
         }
     }
 
@@ -214,6 +222,11 @@ impl Models {
             } => self.granted(now, model, kind, granted, acknowledged, effects),
             CreditNews::OthersShort(short) => self.set_others_short(&short),
             CreditNews::Forfeit => self.forfeit_credits(),
+            CreditNews::Closed(closed) => {
+                if let Some(sharing) = &mut self.sharing {
+                    sharing.closed = closed;
+                }
+            }
         }
     }
 

@@ -52,6 +52,9 @@ pub enum CreditNews {
     /// What this router believed it held is no longer its: the store lost its data, or the
     /// others gave it up.
     Forfeit,
+    /// Cut off from the store with an agent connected since (true), or the store answers again
+    /// (false): see [`CreditCap::Closed`].
+    Closed(bool),
 }
 
 /// The headroom a round keeps beyond what is in use: an eighth of the budget, at least one.
@@ -66,6 +69,10 @@ pub enum CreditCap {
     Credits,
     /// The store is unreachable: at most the budget ÷ `routers` on this router.
     Alone { routers: u32 },
+    /// Cut off from the store, and an agent connected since: that agent may have reported this
+    /// router gone, and the others may have taken its credits back. Nothing is admitted until
+    /// the store answers.
+    Closed,
 }
 
 /// One model's two wallets.
@@ -110,6 +117,7 @@ impl ModelWallets {
             CreditCap::Alone { routers } => Cap::Share {
                 share: share(budget, routers),
             },
+            CreditCap::Closed => Cap::Closed,
         };
         Limits {
             credits: Some(SiteCredits {
