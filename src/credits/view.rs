@@ -18,6 +18,13 @@
 //!   window has passed.
 //! - While agents report a router the store does not list, within the window after a loss, no
 //!   new credits are taken (seed 686: that router may hold more than its share of the lost pool).
+//! - A failover (a replica promoted, or a restart that kept its data) may have lost the last
+//!   writes: grants no replica acknowledged, and returns. The epoch is the same, so the pool is
+//!   not new: for the settle window, what each other router held at the last read before the
+//!   failover counts for it where the new pool shows less, and what no router held then is
+//!   guarded as after a loss. (The seed keeps only the router whose grant was not acknowledged
+//!   at its share; that bounds its own admissions, not the grants the others may then get of
+//!   the same capacity.)
 //!
 //! Pure: times are milliseconds on the caller's clock (unix ms in the sync core, virtual in the
 //! simulation).
@@ -45,6 +52,18 @@ pub struct PoolView {
     waits_until: u64,
     /// When the settle window of the latest loss ends.
     settles_at: u64,
+    /// After a failover, until the settle window ends.
+    failover: Option<Failover>,
+}
+
+/// What a failover may have lost, as this router saw the pool before it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Failover {
+    /// What each other router held at the last read before the failover.
+    seen: BTreeMap<String, u64>,
+    /// What no router held then.
+    free: u64,
+    until: u64,
 }
 
 impl PoolView {
@@ -127,9 +146,36 @@ impl PoolView {
         self.read = false;
     }
 
+    /// The store failed over (noticed now by `me`): the last writes before it may be lost,
+    /// though the pool is not new. See the module doc.
+    pub fn failed_over(&mut self, now: u64, settle_ms: u64, me: &str) {
+        let mut seen: BTreeMap<String, u64> = self
+            .seen
+            .iter()
+            .filter(|(router, _)| router.as_str() != me)
+            .map(|(router, held)| (router.clone(), *held))
+            .collect();
+        let mut free = if self.read { self.seen_free } else { 0 };
+        if let Some(earlier) = self.failover.take().filter(|earlier| now < earlier.until) {
+            for (router, held) in earlier.seen {
+                let kept = seen.entry(router).or_insert(0);
+                *kept = (*kept).max(held);
+            }
+            free = free.max(earlier.free);
+        }
+        self.failover = Some(Failover {
+            seen,
+            free,
+            until: now.saturating_add(settle_ms),
+        });
+    }
+
     /// The others gave `router` up (or it left cleanly): it no longer holds what was guarded.
     pub fn forget(&mut self, router: &str) {
         self.guard.remove(router);
+        if let Some(failover) = &mut self.failover {
+            failover.seen.remove(router);
+        }
     }
 
     /// What the routers in the pool may hold together at most, as this router sees it now: the
@@ -143,6 +189,14 @@ impl PoolView {
         let mut guarded: u64 = self.guard.values().sum();
         if now < self.unallocated.1 {
             guarded = guarded.saturating_add(self.unallocated.0);
+        }
+        if let Some(failover) = self.failover.as_ref().filter(|f| now < f.until) {
+            let lost: u64 = failover
+                .seen
+                .iter()
+                .map(|(router, held)| held.saturating_sub(self.seen(router).unwrap_or(0)))
+                .sum();
+            guarded = guarded.saturating_add(lost).saturating_add(failover.free);
         }
         budget.saturating_sub(guarded)
     }
@@ -217,6 +271,19 @@ mod tests {
         view.read(holdings(&[]), 100);
         assert_eq!(view.ceiling(65_000, 100, true), 0);
         assert_eq!(view.ceiling(69_000, 100, true), 100);
+    }
+
+    #[test]
+    fn after_a_failover_what_the_new_pool_lost_and_what_was_free_are_guarded() {
+        let mut view = PoolView::new();
+        view.first_read(50_000, 0, 10_000, holdings(&[("a", 10), ("b", 30)]), 100);
+        view.failed_over(60_000, 10_000, "a");
+        // Not read since: 60 free at the last read are guarded.
+        assert_eq!(view.ceiling(60_000, 100, false), 40);
+        // The new pool lost 20 of b's: they count for b still.
+        view.read(holdings(&[("a", 10), ("b", 10)]), 100);
+        assert_eq!(view.ceiling(61_000, 100, false), 100 - 20 - 60);
+        assert_eq!(view.ceiling(70_000, 100, false), 100, "the window passed");
     }
 
     #[test]

@@ -82,6 +82,8 @@ struct Round {
     credits: SiteCredits,
     /// Agents report routers the store does not list (no new credits within a settle window).
     unknown_routers: bool,
+    /// Failovers of the store noticed so far (`Store::failovers`).
+    failovers_seen: u64,
     /// Agent sessions started here as of the last round that reached the store.
     sessions_at_last_answer: u64,
     /// Cut off from the store with an agent connected since: the shards admit nothing on
@@ -145,6 +147,7 @@ impl SyncCore {
             credits,
             unknown_routers: false,
             sessions_at_last_answer: 0,
+            failovers_seen: 0,
             closed: false,
         };
         std::thread::Builder::new()
@@ -265,6 +268,8 @@ impl Round {
 
     /// Steps 2 and 3 of the round against the store; the peers seen on success.
     async fn exchange(&mut self, now_ms: u64, leaving: bool) -> redis::RedisResult<Peers> {
+        self.store.ensure_connected().await?;
+        self.notice_failover(now_ms);
         if self.resync {
             self.read_totals(now_ms).await?;
         }
@@ -444,6 +449,19 @@ impl Round {
             .await;
     }
 
+    /// The store's primary has a new replication ID since the last connect: a failover (or a
+    /// restart) that may have lost the latest writes.
+    fn notice_failover(&mut self, now_ms: u64) {
+        let failovers = self.store.failovers();
+        if failovers != self.failovers_seen {
+            self.failovers_seen = failovers;
+            tracing::warn!(
+                "the sync store failed over or restarted: occupancy grants lost with it are guarded for the settle window"
+            );
+            self.credits.failed_over(now_ms);
+        }
+    }
+
     /// A router cut off from the store admits nothing more once an agent connects to it again
     /// (seed, "A router that stops"): that agent may have reported it gone meanwhile, and the
     /// others may have taken its credits back. It admits again once the store answers.
@@ -487,6 +505,13 @@ impl Round {
             )
         } else {
             None
+        };
+        let ceiling = match self.store.ensure_connected().await {
+            Ok(()) => {
+                self.notice_failover(now_ms);
+                ceiling.filter(|_| !self.credits.awaiting_rewrite())
+            }
+            Err(_) => None,
         };
         if let (Some((pool, ceiling)), Some(epoch)) = (ceiling, self.epoch.clone()) {
             let answer = self

@@ -70,6 +70,8 @@ pub struct SiteCredits {
     settles_at: u64,
     /// The pools written this round, in order (for [`SiteCredits::after_round`]).
     written: Vec<(ModelId, BudgetKind)>,
+    /// A failover was noticed: no grant until a round has rewritten what this router holds.
+    awaiting_rewrite: bool,
 }
 
 /// The pool name of a model's budget.
@@ -102,7 +104,24 @@ impl SiteCredits {
             knows_the_store: false,
             settles_at: 0,
             written: Vec::new(),
+            awaiting_rewrite: false,
         }
+    }
+
+    /// The store failed over, or restarted (a new replication ID): its latest writes may be
+    /// lost though its epoch is the same. Every view guards what the new pool lost
+    /// (`PoolView::failed_over`), and no grant is asked for until a round has rewritten what
+    /// this router holds.
+    pub fn failed_over(&mut self, now_ms: u64) {
+        if !self.knows_the_store {
+            return;
+        }
+        for budget in self.budgets.values_mut() {
+            budget
+                .view
+                .failed_over(now_ms, self.settle_ms, &self.router);
+        }
+        self.awaiting_rewrite = true;
     }
 
     /// This round's reports from the owner shards; `name` names a model (a model the registry
@@ -192,6 +211,7 @@ impl SiteCredits {
         reads: &[PoolRead],
     ) -> AfterRound {
         let mut after = AfterRound::default();
+        self.awaiting_rewrite = false;
         let first = !self.knows_the_store;
         if first {
             self.knows_the_store = true;
@@ -259,7 +279,7 @@ impl SiteCredits {
         unknown_routers: bool,
         name: impl Fn(ModelId) -> Option<ModelKey>,
     ) -> Option<(String, u64)> {
-        if !self.knows_the_store {
+        if !self.knows_the_store || self.awaiting_rewrite {
             return None;
         }
         let budget = self.budget(now_ms, model, kind, size, name)?;
@@ -267,6 +287,11 @@ impl SiteCredits {
             budget.pool.clone(),
             budget.view.ceiling(now_ms, budget.budget, unknown_routers),
         ))
+    }
+
+    /// A failover was noticed and no round has rewritten this router's holdings since.
+    pub fn awaiting_rewrite(&self) -> bool {
+        self.awaiting_rewrite
     }
 
     /// The others gave `router` up: no view guards what it held any more.

@@ -117,6 +117,11 @@ pub struct Store {
     epoch_suffix: String,
     response_timeout: Duration,
     connection: Option<MultiplexedConnection>,
+    /// The primary's replication ID (`INFO replication`, `master_replid`) at the last connect.
+    replication_id: Option<String>,
+    /// Times a connect found a new replication ID: a replica promoted, or the primary
+    /// restarted; either may have lost its latest writes.
+    failovers: u64,
 }
 
 impl Store {
@@ -137,6 +142,8 @@ impl Store {
             epoch_suffix: format!("{router}-{:016x}", fastrand::u64(..)),
             response_timeout,
             connection: None,
+            replication_id: None,
+            failovers: 0,
         }
     }
 
@@ -235,9 +242,35 @@ impl Store {
         if let Some(connection) = &self.connection {
             return Ok(connection.clone());
         }
-        let connection = self.connect().await?;
+        let mut connection = self.connect().await?;
+        let info: String = tokio::time::timeout(
+            self.response_timeout,
+            redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut connection),
+        )
+        .await
+        .map_err(timed_out)??;
+        let replication_id = info
+            .lines()
+            .find_map(|line| line.strip_prefix("master_replid:"))
+            .map(|id| id.trim().to_owned());
+        if self.replication_id.is_some() && replication_id != self.replication_id {
+            self.failovers += 1;
+        }
+        self.replication_id = replication_id;
         self.connection = Some(connection.clone());
         Ok(connection)
+    }
+
+    /// Connects when there is no connection (noting a failover, [`Store::failovers`]).
+    pub async fn ensure_connected(&mut self) -> RedisResult<()> {
+        self.connection().await.map(|_| ())
+    }
+
+    /// Times a connect found the primary with a new replication ID since this store was made.
+    pub fn failovers(&self) -> u64 {
+        self.failovers
     }
 
     /// Runs `pipe`, dropping the connection on any error so the next call connects again.
