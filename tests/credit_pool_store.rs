@@ -1,11 +1,12 @@
 //! The occupancy-credit grant script (`sync::pool_store`, issue 13) in a real Valkey: grants
 //! from many routers at once never take the pool past its budget; a router that has not seen the
 //! store's epoch is refused; a newer run of a router replaces the older run's holding; `WAIT`
-//! tells a grant a replica acknowledged from one none did.
+//! tells a grant a replica acknowledged from one none did; a failover before the acknowledgement
+//! loses the grant, and the store notices the promoted primary by its replication ID.
 
 mod common;
 
-use common::valkey::Valkey;
+use common::valkey::{Sentinels, Valkey};
 use hivenet_router::sync::config::StoreSettings;
 use hivenet_router::sync::pool_store::Grant;
 use hivenet_router::sync::store::Store;
@@ -166,4 +167,82 @@ fn wait_tells_a_grant_a_replica_acknowledged() {
         replica.command(&["HGET", "hivenet:{credits}:pool:chat", "router-1"]),
         "1:10:1"
     );
+}
+
+#[test]
+fn a_failover_before_the_acknowledgement_loses_the_grant_and_is_noticed() {
+    let mut primary = Valkey::primary();
+    let replica = Valkey::replica_of(&primary);
+    replica.wait_replica_synced();
+    let mut sentinels = Sentinels::start(3, &primary, "hivenet");
+    primary.command(&["SET", "hivenet:{credits}:epoch", EPOCH]);
+    let mut store = Store::new(
+        StoreSettings {
+            addrs: sentinels
+                .addrs()
+                .iter()
+                .map(|addr| {
+                    let (host, port) = addr.rsplit_once(':').unwrap();
+                    (host.to_owned(), port.parse().unwrap())
+                })
+                .collect(),
+            sentinel_master: Some("hivenet".into()),
+            password: None,
+            tls: false,
+            tls_ca: None,
+        },
+        SITE,
+        "router-0",
+        std::time::Duration::from_secs(2),
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        store.ensure_connected().await.unwrap();
+        store
+            .grant("chat", "router-0", 1, EPOCH, 10, 100)
+            .await
+            .unwrap();
+        assert_eq!(store.wait_replicas(1_000).await.unwrap(), 1, "acknowledged");
+    });
+    // The replica stops answering and its link is cut: the next grant is used unacknowledged,
+    // then the primary dies before the replica ever had it.
+    replica.freeze();
+    primary.command(&["CLIENT", "KILL", "TYPE", "replica"]);
+    rt.block_on(async {
+        assert_eq!(
+            store
+                .grant("chat", "router-0", 1, EPOCH, 20, 100)
+                .await
+                .unwrap(),
+            Grant::Granted {
+                granted: 20,
+                held: 30
+            }
+        );
+        assert_eq!(
+            store.wait_replicas(100).await.unwrap(),
+            0,
+            "not acknowledged"
+        );
+    });
+    let old = primary.addr();
+    primary.kill();
+    replica.thaw();
+    let promoted = sentinels.wait_failover_from(&old);
+    assert_eq!(promoted, replica.addr());
+    assert_eq!(
+        replica.command(&["HGET", "hivenet:{credits}:pool:chat", "router-0"]),
+        "1:10:1",
+        "the promoted replica never had the unacknowledged grant"
+    );
+    // The store follows the Sentinels to the promoted replica and notices the new replication
+    // ID: the router guards what may have been lost (`credits::view::PoolView::failed_over`).
+    let failovers = common::poll(std::time::Duration::from_secs(20), || {
+        rt.block_on(async {
+            let _ = store.ensure_connected().await;
+            let _ = store.grant("chat", "router-0", 1, EPOCH, 0, 100).await;
+        });
+        (store.failovers() == 1).then_some(())
+    });
+    assert!(failovers.is_some(), "the failover went unnoticed");
 }

@@ -9,6 +9,7 @@
 mod common;
 
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use common::valkey::Valkey;
 use common::{Options, Site, chat, request};
@@ -19,7 +20,7 @@ const BUDGET: usize = 2;
 /// Each answer streams 15 tokens 100 ms apart: every request of a burst overlaps the others.
 const SIM: [&str; 6] = [
     "--models",
-    "sim-model",
+    "sim-model,fresh-model",
     "--output-tokens",
     "15",
     "--itl",
@@ -27,17 +28,20 @@ const SIM: [&str; 6] = [
 ];
 const POOL: &str = "hivenet:{default}:pool:llm|sim-model|requests";
 
+/// A policy for `sim-model` and `fresh-model`, each admitting [`BUDGET`] requests at a time.
 fn policy_dir(name: &str) -> String {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("{name}-policies-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("sim-model.yaml"),
-        format!(
-            "models:\n  - sim-model\nrouting_policy:\n  strategy: least-loaded\nmax_inflight: {BUDGET}\n"
-        ),
-    )
-    .unwrap();
+    for model in ["sim-model", "fresh-model"] {
+        std::fs::write(
+            dir.join(format!("{model}.yaml")),
+            format!(
+                "models:\n  - {model}\nrouting_policy:\n  strategy: least-loaded\nmax_inflight: {BUDGET}\n"
+            ),
+        )
+        .unwrap();
+    }
     dir.display().to_string()
 }
 
@@ -53,6 +57,9 @@ fn router(name: &str, index: usize, store: &str, policies: &str) -> Site {
 fn router_options(index: usize, store: &str, policies: &str) -> Options {
     let id = format!("router-{index}");
     Options::new().router_args(&[
+        // With a 200 ms interval, a settle window of 2 s + 10 × 200 ms + 5 s = 9 s.
+        "--request-timeout",
+        "2s",
         "--shards",
         "1",
         "--sync-store",
@@ -71,7 +78,11 @@ fn router_options(index: usize, store: &str, policies: &str) -> Options {
 }
 
 fn chat_request() -> Vec<u8> {
-    let body = chat("sim-model", false).to_string();
+    chat_for("sim-model")
+}
+
+fn chat_for(model: &str) -> Vec<u8> {
+    let body = chat(model, false).to_string();
     format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
@@ -227,4 +238,67 @@ fn a_crashed_router_is_given_up_once_its_agents_report_it_gone() {
     assert!(!holdings.contains("router-0"), "{holdings}");
     let admitted = burst(&[&b], BUDGET);
     assert_eq!(admitted, vec![BUDGET], "{}", b.logs());
+}
+
+/// Asks `model` on `site` once a quarter second until it is admitted (up to 30 s); returns how
+/// long that took. Every refusal must be B2's.
+fn admitted_after(site: &Site, model: &str) -> Duration {
+    let started = Instant::now();
+    let admitted = common::poll(Duration::from_secs(30), || {
+        let response = request(site.http, &chat_for(model));
+        match response.status {
+            200 => Some(()),
+            429 => {
+                assert_eq!(response.error_code(), "concurrency_limit_exceeded");
+                std::thread::sleep(Duration::from_millis(250));
+                None
+            }
+            other => panic!("unexpected {other}: {}", response.text()),
+        }
+    });
+    assert!(
+        admitted.is_some(),
+        "{model} never admitted\n{}",
+        site.logs()
+    );
+    started.elapsed()
+}
+
+#[test]
+fn the_first_deployment_of_a_site_waits_the_settle_window() {
+    // An empty store: no router of the site ran before.
+    let valkey = Valkey::primary();
+    let policies = policy_dir("occupancy-first");
+    let site = router("occupancy-first", 0, &valkey.addr(), &policies);
+    let waited = admitted_after(&site, "sim-model");
+    assert!(
+        waited >= Duration::from_secs(5),
+        "admitted after {waited:?}: a router cut off when a store lost its data may still run requests within the settle window"
+    );
+}
+
+#[test]
+fn after_the_store_lost_its_data_a_budget_not_seen_before_waits_the_settle_window() {
+    let mut valkey = settled_store();
+    let policies = policy_dir("occupancy-loss");
+    let site = router("occupancy-loss", 0, &valkey.addr(), &policies);
+    site.wait_metric("hivenet_sync_up", |v| v == 1.0);
+    assert_eq!(burst(&[&site], BUDGET), vec![BUDGET], "{}", site.logs());
+    // The store restarts without its data (no persistence).
+    valkey.kill();
+    valkey.restart();
+    let noticed = common::poll(Duration::from_secs(20), || {
+        site.logs()
+            .contains("the sync store lost its data")
+            .then_some(())
+    });
+    assert!(noticed.is_some(), "{}", site.logs());
+    // `fresh-model` was not seen before the loss: no credits until the window has passed.
+    let refused = request(site.http, &chat_for("fresh-model"));
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    let waited = admitted_after(&site, "fresh-model");
+    assert!(
+        waited >= Duration::from_secs(3),
+        "admitted after {waited:?}"
+    );
 }

@@ -326,6 +326,8 @@ impl Round {
         self.metrics
             .published_bytes_total
             .fetch_add(bytes as u64, Ordering::Relaxed);
+        // Before the epoch below is taken as known: the pools' views need to tell a new one.
+        self.after_pools(now_ms, &reads).await;
         if self
             .epoch
             .as_ref()
@@ -355,7 +357,6 @@ impl Round {
             .iter()
             .filter_map(|(id, json)| Some((id.clone(), serde_json::from_str(json).ok()?)))
             .collect();
-        self.after_pools(now_ms, &reads).await;
         let peers = site::peers(
             &self.settings.router_id,
             &heartbeat,
