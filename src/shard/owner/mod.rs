@@ -293,12 +293,12 @@ impl Owner {
     /// the budgets alone.
     pub fn set_share(&mut self, share: crate::limits::Share) {
         self.quotas.set_share(share);
-        let (reachable, routers) = match share {
-            crate::limits::Share::Whole => (true, 1),
-            crate::limits::Share::Shared { live, .. } => (true, live),
-            crate::limits::Share::Alone { routers, .. } => (false, routers),
+        let (reachable, live, routers) = match share {
+            crate::limits::Share::Whole => (true, 1, 1),
+            crate::limits::Share::Shared { live, silent, .. } => (true, live, live + silent),
+            crate::limits::Share::Alone { routers, .. } => (false, routers, routers),
         };
-        self.models.set_credit_cap(reachable, routers);
+        self.models.set_credit_cap(reachable, live, routers);
     }
 
     /// The sync round, step 2: subtract what other routers admitted from the holders this shard

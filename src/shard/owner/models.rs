@@ -111,7 +111,9 @@ impl ModelOccupancy {
         (self.occupancy.tokens(), self.occupancy.inflight())
     }
 
-    /// `base` with this router's credits, when routers share the budgets.
+    /// `base` with this router's credits, when routers share the budgets. A key's B4 share is
+    /// split evenly between the routers (`routers`, silent ones included): together they never
+    /// give a key more than its share, though a key served by one router gets only its part.
     fn limits(&self, base: Limits, sharing: Option<Sharing>) -> Limits {
         match (&self.wallets, sharing) {
             (Some(wallets), Some(sharing)) => {
@@ -120,7 +122,11 @@ impl ModelOccupancy {
                 } else {
                     sharing.cap
                 };
-                wallets.limit(base, cap, sharing.live)
+                let split = Limits {
+                    share_base_tokens: base.share_base_tokens / u64::from(sharing.routers.max(1)),
+                    ..base
+                };
+                wallets.limit(split, cap, sharing.live)
             }
             _ => base,
         }
@@ -135,6 +141,9 @@ struct Sharing {
     closed: bool,
     /// Live routers, this one included (an unacknowledged grant keeps to budget ÷ live).
     live: u32,
+    /// Routers that may be admitting (live and silent, or those last seen while the store is
+    /// unreachable): what a key's B4 share is split between.
+    routers: u32,
 }
 
 /// Everything this shard owns about its models.
@@ -175,19 +184,21 @@ impl Models {
             cap: CreditCap::Alone { routers },
             closed: false,
             live: routers,
+            routers,
         });
     }
 
-    /// The sync core's latest word on the store: `None` while it is unreachable (each router
-    /// then keeps to budget ÷ `routers`).
-    pub fn set_credit_cap(&mut self, reachable: bool, routers: u32) {
+    /// The sync core's latest word on the store: reachable with `live` routers of `routers`
+    /// that may be admitting, or unreachable (each router then keeps to budget ÷ `routers`).
+    pub fn set_credit_cap(&mut self, reachable: bool, live: u32, routers: u32) {
         if let Some(sharing) = &mut self.sharing {
             sharing.cap = if reachable {
                 CreditCap::Credits
             } else {
                 CreditCap::Alone { routers }
             };
-            sharing.live = routers;
+            sharing.live = live;
+            sharing.routers = routers;
         }
     }
 

@@ -202,6 +202,11 @@ impl ModelWallets {
             (BudgetKind::Requests, limits.max_inflight, in_use.1),
         ];
         for (kind, budget, used) in kinds {
+            if budget == 0 {
+                // No such budget (or no longer): nothing is held of it.
+                self.wallet(kind).forfeit();
+                continue;
+            }
             let others_short = self.others_short[kind.index()];
             let wallet = self.wallet(kind);
             let had = wallet.credits();
