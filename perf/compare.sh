@@ -6,7 +6,7 @@
 #
 # Environment (all optional; perf/lib.sh lists the stack's: SHARDS, SIM_THREADS, OUTPUT_TOKENS,
 # NGINX_WORKERS, AGENT_ARGS, PORT_BASE, SKIP_BUILD, SKIP_INSTALL, KEEP_TMP):
-#   RATES="2500 5000 10000 20000"  offered requests/s, one step each (JSON)
+#   RATES="2500 5000 7500 10000 15000 20000"  offered requests/s, one step each (JSON)
 #   STREAM_RATES=$RATES            the same for streams
 #   DURATION=5         seconds per step                 CASES="json stream"
 #   CONNECTIONS=128    oha connections (most requests in flight; few, so that opening them
@@ -20,7 +20,7 @@ LOG_TAG=compare
 # shellcheck source=perf/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-RATES=${RATES:-2500 5000 10000 20000}
+RATES=${RATES:-2500 5000 7500 10000 15000 20000}
 STREAM_RATES=${STREAM_RATES:-$RATES}
 DURATION=${DURATION:-5}
 CASES=${CASES:-json stream}
