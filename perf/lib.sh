@@ -12,6 +12,7 @@
 #   NGINX_ACCESS_LOG=0 1: nginx writes a JSON access log line per request (buffered), the way the
 #                      router always writes its audit log: a like-for-like baseline
 #   AGENT_ARGS=""      extra agent flags
+#   SIM_ARGS=""        extra hivenet-sim flags, e.g. '--ttft 50ms --itl 10ms' for a paced answer
 #   PORT_BASE=23000    ports used: +80 router http, +51 grpc, +12 metrics, +900 tunnel,
 #                      +888 sim, +180 nginx json, +181 nginx stream (one hop),
 #                      +182 nginx json, +183 nginx stream (two hops: nginx -> nginx -> sim)
@@ -35,6 +36,7 @@ NGINX_ACCESS_LOG=${NGINX_ACCESS_LOG:-0}
 # ROUTER_ARGS='|--auth-config-file perf/auth-bench.yaml' measures auth and limits on vs off.
 export BENCH_API_KEY=${BENCH_API_KEY:-sk-hivenet-bench}
 AGENT_ARGS=${AGENT_ARGS:-}
+SIM_ARGS=${SIM_ARGS:-}
 PORT_BASE=${PORT_BASE:-23000}
 SKIP_BUILD=${SKIP_BUILD:-0}
 SKIP_INSTALL=${SKIP_INSTALL:-0}
@@ -247,9 +249,10 @@ printf '{"model":"%s","messages":[{"role":"user","content":"hi"}]}' "$MODEL" >"$
 printf '{"model":"%s","messages":[{"role":"user","content":"hi"}],"stream":true}' "$MODEL" >"$STREAM_BODY"
 
 start_sim() {
-  log "starting hivenet-sim on $SIM_ADDR (output tokens $OUTPUT_TOKENS, threads $SIM_THREADS)"
+  log "starting hivenet-sim on $SIM_ADDR (output tokens $OUTPUT_TOKENS, threads $SIM_THREADS) $SIM_ARGS"
+  # shellcheck disable=SC2086 # the flags are meant to be split into words
   start_bg sim "$WORK/sim.log" "$BIN/hivenet-sim" --listen "$SIM_ADDR" --models "$MODEL" \
-    --output-tokens "$OUTPUT_TOKENS" --threads "$SIM_THREADS"
+    --output-tokens "$OUTPUT_TOKENS" --threads "$SIM_THREADS" $SIM_ARGS
   wait_until 20 "hivenet-sim" curl -sf "http://$SIM_ADDR/v1/models"
 }
 
