@@ -582,6 +582,71 @@ fn per_key_hold_limit_quota_while_held_and_client_ids_per_key() {
     assert_eq!(pending(&site), 2.0);
 }
 
+/// Issue 15, item 3: with an admission gate in the model's policy the daily budget and the token
+/// buckets used to be checked only after the release, so a key with no tokens left was held,
+/// raised the demand, and got `429` once the model woke.
+#[test]
+fn a_key_over_its_daily_tokens_is_refused_before_it_is_held() {
+    let name = "hold_quota_first";
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{name}-policies-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("sleepy.yaml"),
+        "models:\n  - sleepy\nrouting_policy:\n  strategy: least-loaded\nmax_inflight: 1\n",
+    )
+    .unwrap();
+    let policy_dir = dir.display().to_string();
+    let site = Site::start(
+        name,
+        site_options(
+            name,
+            &["--models", "sleepy"],
+            &["--policy-model-dir", &policy_dir, "--wake-keepalive", "0"],
+        )
+        .router_env("HIVENET_ROUTER_AUTH_MODE", "dynamic")
+        .router_env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY),
+    );
+    put_key(
+        &site,
+        "poor",
+        "rev_00000001",
+        "sk-poor",
+        json!({"requests_per_minute": 100, "tokens_per_day": 1}),
+        &[],
+    );
+    let map = json!({
+        "sites": [{"id": "site-a", "url": format!("http://{}", site.http)}],
+        "placements": [{"model": "sleepy", "kind": "chat", "site": "site-a", "scale_from_zero": true, "hold_budget": "10s"}],
+    })
+    .to_string();
+    let raw = format!(
+        "PUT /admin/sibling-map HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {ADMIN_KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{map}",
+        map.len()
+    );
+    assert_eq!(request(site.http, raw.as_bytes()).status, 200);
+    site.wait_for("the 0-valued pending-demand series", || {
+        site.router_metrics()
+            .contains("hivenet_pending_demand{model=\"sleepy\"} 0")
+            .then_some(())
+    });
+    let started = Instant::now();
+    let refused = request(
+        site.http,
+        &chat_request(false, "authorization: Bearer sk-poor\r\n"),
+    );
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(refused.error_code(), "token_limit_exceeded");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "refused at once, not after a hold"
+    );
+    // Never held: no hold outcome at all, nothing in the demand.
+    let metrics = site.router_metrics();
+    assert_eq!(metric_sum(&metrics, "hivenet_wake_holds_total", &[]), 0.0);
+    assert_eq!(pending(&site), 0.0);
+}
+
 /// A site whose policy for `sleepy` admits one request at a time (`max_inflight: 1`), with no
 /// park timeout: without a hold, a request over the budget is refused at once.
 fn gated_site(name: &str, sim: &[&str], extra: &[&str]) -> Site {

@@ -74,6 +74,9 @@ pub async fn infer<S: Sink>(
         false => admission.unlimited(),
     };
     admission.request_caps()?;
+    if plan.tokens_before_hold() {
+        admission.tokens(&mut quota, sink).await?;
+    }
     let pending = match plan.holds() {
         true => admission.hold(sink).await?,
         false => None,
@@ -82,7 +85,7 @@ pub async fn infer<S: Sink>(
         SlotAdmit::Reserved => admission.reserve(sink).await?,
         slot => admission.admit_with_slot(slot),
     };
-    if plan.tokens {
+    if plan.tokens_after_gates() {
         admission.tokens(&mut quota, sink).await?;
     }
     admission.attempts(admit, quota, pending, facts, sink).await
@@ -245,9 +248,9 @@ impl<'r> Admission<'r> {
     }
 
     /// Phase 5h: holds a request for a model asleep on this site until an agent for it
-    /// registers (seed `hold-at-zero.md`, steps 5 to 7), sending keepalives meanwhile. The quota
-    /// is already charged. `Some`: the model woke; the request continues, still counted in the
-    /// pending demand until it gets a slot.
+    /// registers (seed `hold-at-zero.md`, steps 5 to 7), sending keepalives meanwhile. The whole
+    /// quota (rate, token buckets, daily budget) is already charged (step 4). `Some`: the model
+    /// woke; the request continues, still counted in the pending demand until it gets a slot.
     async fn hold<S: Sink>(
         &mut self,
         sink: &mut HoldSink<'_, S>,
@@ -340,7 +343,8 @@ impl<'r> Admission<'r> {
     }
 
     /// Phase 5d: B4's token buckets and the daily budget on the quota owner, when the plan
-    /// split them from the request rate. A refusal drops the reservation, which releases it.
+    /// split them from the request rate: after the reservation, or before the hold for a
+    /// request that may be held. A refusal drops the reservation, which releases it.
     async fn tokens<S: Sink>(
         &self,
         quota: &mut QuotaCharge,
