@@ -378,7 +378,11 @@ impl<'r> Admission<'r> {
         loop {
             let slot = match self.acquire(admit, &attempts, &mut pending, sink).await? {
                 Ok(slot) => slot,
-                Err(error) => return self.no_slot(error, &mut attempts, quota, facts, sink).await,
+                Err(error) => {
+                    return self
+                        .no_slot(error, &mut attempts, quota, pending, facts, sink)
+                        .await;
+                }
             };
             match self.forward(slot, &mut quota, &attempts, facts, sink).await {
                 Err(Outcome::Retry(failure)) => {
@@ -425,12 +429,16 @@ impl<'r> Admission<'r> {
     }
 
     /// Phase 6 found no slot. Local routing exhausted: phase 6b when the plan has a provider
-    /// fallback; else the last forward failure, or why no slot was found.
+    /// fallback; else the last forward failure, or why no slot was found. `pending`, a request
+    /// a wake released, leaves the pending demand before the provider is called: the provider's
+    /// answer is its slot (seed `hold-at-zero.md`: "a request being generated is never
+    /// counted").
     async fn no_slot<S: Sink>(
         &self,
         error: RouteError,
         attempts: &mut Attempts<'_>,
         quota: QuotaCharge,
+        pending: Option<Pending>,
         facts: &mut RequestFacts,
         sink: &mut HoldSink<'_, S>,
     ) -> Result<u16, Outcome> {
@@ -443,6 +451,7 @@ impl<'r> Admission<'r> {
             )
         {
             facts.provider = Some(fallback.engine.processed_by());
+            drop(pending);
             return self.by_provider(fallback, pool, quota, facts, sink).await;
         }
         if self.plan.generates && exhausted {
