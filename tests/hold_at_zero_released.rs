@@ -1,15 +1,16 @@
 //! Proves what a request a wake released does when the woken capacity is short (seed
-//! `hold-at-zero.md`, "After the wake" and "Pending demand"): when the provider fallback serves
-//! it, it leaves `hivenet_pending_demand` as the provider starts, not when the provider's answer
-//! ends.
+//! `hold-at-zero.md`, "After the wake" and "Pending demand"): when its wait in the capacity queue
+//! runs out it moves to the next fallback step instead of failing, and when the provider
+//! fallback serves it, it leaves `hivenet_pending_demand` as the provider starts, not when the
+//! provider's answer ends.
 
 mod common;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{Conn, Options, Site, chat, request};
-use serde_json::json;
+use common::{Conn, Options, Site, chat, metric_sum, request, sse_events};
+use serde_json::{Value, json};
 
 /// A site `site-a` with `sims`, whose policy for `sleepy` is `policy` (after its `models:`
 /// line), with `extra` router arguments; no agent yet.
@@ -63,6 +64,14 @@ fn place_here(site: &Site) {
     assert_eq!(response.status, 200, "map push: {}", response.text());
 }
 
+fn pending(site: &Site) -> f64 {
+    metric_sum(
+        &site.router_metrics(),
+        "hivenet_pending_demand",
+        &[("model", "sleepy")],
+    )
+}
+
 fn send_chat(site: &Site, stream: bool) -> Conn {
     let body = chat("sleepy", stream).to_string();
     let raw = format!(
@@ -72,6 +81,89 @@ fn send_chat(site: &Site, stream: bool) -> Conn {
     let mut conn = Conn::connect(site.http);
     conn.send(raw.as_bytes()).unwrap();
     conn
+}
+
+#[test]
+fn a_released_request_whose_queue_wait_runs_out_moves_to_the_next_fallback_step() {
+    // Each streamed answer takes about eight seconds; the queue wait is five.
+    let mut site = site(
+        "released_move_on",
+        &[&["--models", "sleepy", "--itl", "800ms", "--output-tokens", "10"]],
+        "routing_policy:\n  match:\n    region: primary\n  strategy: least-loaded\nfallback_chain:\n  - name: spare\n    match:\n      region: spare\n    strategy: least-loaded\n",
+        &["--request-timeout", "5s", "--queue-depth", "1"],
+        &[],
+    );
+    place_here(&site);
+    let mut first = send_chat(&site, true);
+    site.wait_metric("hivenet_pending_demand", |v| v == 1.0);
+    let mut second = send_chat(&site, true);
+    site.wait_metric("hivenet_pending_demand", |v| v == 2.0);
+    // The wake: one primary slot. The first request takes it, the second waits at step 0.
+    site.spawn_agent(0, &["--capacity", "1", "--region", "primary"]);
+    site.wait_metric("hivenet_pending_demand", |v| v == 1.0);
+    let released = Instant::now();
+    // A spare agent only the fallback step may use: free, but not for a waiter of step 0.
+    site.spawn_agent(0, &["--capacity", "1", "--region", "spare"]);
+    site.wait_for("the spare agent in the pool", || {
+        let (_, _, models) = site.get("/v1/models");
+        let models: Value = serde_json::from_str(&models).ok()?;
+        let healthy = models["data"]
+            .as_array()?
+            .iter()
+            .find(|model| model["id"] == "sleepy")?["agents"]["healthy"]
+            .as_u64()?;
+        (healthy == 2).then_some(())
+    });
+    assert!(
+        released.elapsed() < Duration::from_secs(4),
+        "the spare agent came after the wait ran out: the test proves nothing"
+    );
+    assert_eq!(pending(&site), 1.0, "the second request still waits");
+    std::thread::scope(|scope| {
+        let first = scope.spawn(move || first.read_response().unwrap());
+        let second = scope.spawn(move || second.read_response().unwrap());
+        for (name, response) in [("first", first), ("second", second)] {
+            let response = response.join().unwrap();
+            assert_eq!(response.status, 200, "{name}: {}", response.text());
+            let events = sse_events(&response.body);
+            assert_eq!(events.last().unwrap(), "data: [DONE]", "{name}");
+        }
+    });
+    // Routed once by the primary step and once by the fallback step.
+    let metrics = site.router_metrics();
+    for name in [
+        "hivenet_policy_primary_routed_total",
+        "hivenet_policy_fallback_routed_total",
+    ] {
+        assert_eq!(
+            metric_sum(&metrics, name, &[("model", "sleepy")]),
+            1.0,
+            "{name}"
+        );
+    }
+    assert_eq!(pending(&site), 0.0);
+}
+
+#[test]
+fn a_released_request_whose_wait_runs_out_at_the_last_step_is_504() {
+    let mut site = site(
+        "released_last_step",
+        &[&["--models", "sleepy", "--itl", "800ms", "--output-tokens", "10"]],
+        "routing_policy:\n  strategy: least-loaded\n",
+        &["--request-timeout", "2s", "--queue-depth", "1"],
+        &[],
+    );
+    place_here(&site);
+    let mut first = send_chat(&site, true);
+    site.wait_metric("hivenet_pending_demand", |v| v == 1.0);
+    let mut second = send_chat(&site, false);
+    site.wait_metric("hivenet_pending_demand", |v| v == 2.0);
+    site.spawn_agent(0, &["--capacity", "1"]);
+    let first = first.read_head().unwrap();
+    assert_eq!(first.status, 200);
+    let second = second.read_response().unwrap();
+    assert_eq!(second.status, 504, "{}", second.text());
+    assert_eq!(second.error_code(), "request_timeout");
 }
 
 #[test]

@@ -364,7 +364,7 @@ impl<'r> Admission<'r> {
     /// answer; 6b when local routing is exhausted. A refusal drops `quota`, which gives its
     /// token charges back.
     async fn attempts<S: Sink>(
-        &self,
+        &mut self,
         first: Admit,
         mut quota: QuotaCharge,
         mut pending: Option<Pending>,
@@ -378,6 +378,14 @@ impl<'r> Admission<'r> {
         loop {
             let slot = match self.acquire(admit, &attempts, &mut pending, sink).await? {
                 Ok(slot) => slot,
+                // A request a wake released waited its `--request-timeout` in the capacity
+                // queue: it moves on to the next fallback step with a wait of its own, and
+                // gets `504` only after the last (seed `hold-at-zero.md`, "After the wake").
+                Err(RouteError::Timeout) if self.plan.holds() && attempts.move_on() => {
+                    self.restart_deadline();
+                    admit = self.retry_admit();
+                    continue;
+                }
                 Err(error) => {
                     return self
                         .no_slot(error, &mut attempts, quota, pending, facts, sink)
@@ -388,14 +396,19 @@ impl<'r> Admission<'r> {
                 Err(Outcome::Retry(failure)) => {
                     ShardMetrics::add(&self.shard.metrics.forward_retries_total, 1);
                     attempts.failed(failure);
-                    admit = match self.plan.retry_slot() {
-                        SlotAdmit::Direct => Admit::Direct,
-                        // The failed slot gave its reservation back: the gates run again.
-                        SlotAdmit::Gated | SlotAdmit::Reserved => Admit::Gated(self.pool_ask()),
-                    };
+                    admit = self.retry_admit();
                 }
                 other => return other,
             }
+        }
+    }
+
+    /// How a slot visit after the first is admitted: the failed or abandoned attempt gave its
+    /// reservation back, so the gates run again with the slot.
+    fn retry_admit(&self) -> Admit {
+        match self.plan.retry_slot() {
+            SlotAdmit::Direct => Admit::Direct,
+            SlotAdmit::Gated | SlotAdmit::Reserved => Admit::Gated(self.pool_ask()),
         }
     }
 
@@ -708,6 +721,23 @@ impl<'p> Attempts<'p> {
             || provider
     }
 
+    /// Moves the request to the step after the one it starts from, every agent eligible
+    /// again (a request a wake released whose wait ran out). False on the last step.
+    ///
+    /// The owner does not tell where a ticket waited: a step with no eligible agent between is
+    /// skipped by the owner's own search, so the next wait is at the first later step that has
+    /// one, or at the same step when the request started before an empty step.
+    fn move_on(&mut self) -> bool {
+        let next = usize::from(self.start_step) + 1;
+        if next >= 1 + self.policy.fallback_chain.len() {
+            return false;
+        }
+        self.start_step = next as u8;
+        self.excluded.clear();
+        self.failures_in_step = 0;
+        true
+    }
+
     fn failed(&mut self, failure: forward::Failure) {
         if failure.step != self.start_step {
             // The owner moved the request on to a later step (nothing eligible before it).
@@ -763,5 +793,26 @@ mod tests {
         attempts.failed(failure(7, 1));
         assert_eq!(attempts.ask().start_step, 2);
         assert!(attempts.last_failure.is_some());
+    }
+
+    #[test]
+    fn a_wait_that_runs_out_moves_on_until_the_last_step() {
+        let compiled = crate::policy::compile_text(
+            "test.yaml",
+            "models: [m]\nrouting_policy:\n  strategy: least-loaded\n  max_tries: 2\nfallback_chain:\n  - strategy: least-loaded\n",
+            crate::policy::Role::Named("test"),
+            &crate::policy::PolicyContext::default(),
+        )
+        .unwrap();
+        let mut attempts = Attempts::new(&compiled.policy);
+        attempts.failed(failure(7, 0));
+        assert!(attempts.move_on());
+        // The next step, with every agent eligible and its own try budget.
+        assert_eq!(attempts.ask().start_step, 1);
+        assert!(attempts.ask().excluded.is_empty());
+        assert_eq!(attempts.failures_in_step, 0);
+        // No step after the last: the caller answers `504`.
+        assert!(!attempts.move_on());
+        assert_eq!(attempts.ask().start_step, 1);
     }
 }
