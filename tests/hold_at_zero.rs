@@ -339,6 +339,48 @@ fn keepalives_then_the_answer_once_the_model_wakes() {
     );
 }
 
+/// Issue 15, item 4: a backend's error answer after the keepalives committed `200` reaches a
+/// streaming `/v1/messages` client as an Anthropic `error` event whose message starts with the
+/// error code (it was the backend's body, passed through).
+#[test]
+fn a_backend_error_after_keepalives_is_an_anthropic_error_event_that_starts_with_the_code() {
+    let mut site = sleepy_site("hold_anthropic_error", &[], &["--wake-keepalive", "200ms"]);
+    place_here(&site, "60s");
+    // No `max_tokens`: the router forwards it, the engine (the sim, like Anthropic) refuses it.
+    let body = json!({
+        "model": "sleepy",
+        "stream": true,
+        "messages": [{"role": "user", "content": "hello"}],
+    })
+    .to_string();
+    let mut conn = send(&site, &post_request("/v1/messages", &body));
+    site.wait_metric("hivenet_pending_demand", |v| v == 1.0);
+    std::thread::sleep(Duration::from_millis(500));
+    wake(&mut site, &[]);
+    let response = conn.read_response().unwrap();
+    assert_eq!(response.status, 200);
+    let events = sse_events(&response.body);
+    assert_eq!(events[0], ": keep-alive");
+    let last = events.last().unwrap();
+    let data = last.strip_prefix("event: error\ndata: ").expect(last);
+    let value: Value = serde_json::from_str(data).unwrap();
+    assert_eq!(value["type"], "error");
+    assert_eq!(value["error"]["type"], "invalid_request_error");
+    assert_eq!(
+        value["error"]["message"],
+        "invalid_parameter: max_tokens: field required"
+    );
+    let metrics = site.router_metrics();
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "hivenet_shard_responses_total",
+            &[("code", "400")]
+        ),
+        1.0
+    );
+}
+
 #[test]
 fn hold_limits_refuse_at_once_and_count_full() {
     let site = Site::start(
