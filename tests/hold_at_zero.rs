@@ -427,6 +427,71 @@ fn hold_limits_refuse_at_once_and_count_full() {
     assert_eq!(pending(&site), 2.0);
 }
 
+/// Issue 15, item 6: the hold limits count per model and per key and model, whatever the kind of
+/// endpoint (they counted per model and kind).
+#[test]
+fn hold_limits_count_a_model_across_its_kinds() {
+    let site = Site::start(
+        "hold_limits_kinds",
+        site_options(
+            "hold_limits_kinds",
+            &["--models", "sleepy"],
+            &["--wake-hold-max", "3", "--wake-hold-max-per-key", "1"],
+        )
+        .router_env("HIVENET_ROUTER_AUTH_MODE", "dynamic")
+        .router_env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY),
+    );
+    for (index, name) in ["a", "b", "c", "d"].into_iter().enumerate() {
+        put_key(
+            &site,
+            name,
+            &format!("rev_0000000{}", index + 1),
+            &format!("sk-{name}"),
+            json!({"requests_per_minute": 1000}),
+            &[],
+        );
+    }
+    let map = json!({
+        "sites": [{"id": "site-a", "url": format!("http://{}", site.http)}],
+        "placements": [
+            {"model": "sleepy", "kind": "chat", "site": "site-a", "scale_from_zero": true, "hold_budget": "30s"},
+            {"model": "sleepy", "kind": "embedding", "site": "site-a", "scale_from_zero": true, "hold_budget": "30s"},
+        ],
+    })
+    .to_string();
+    let raw = format!(
+        "PUT /admin/sibling-map HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {ADMIN_KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{map}",
+        map.len()
+    );
+    assert_eq!(request(site.http, raw.as_bytes()).status, 200);
+    let as_key = |key: &str| format!("authorization: Bearer sk-{key}\r\n");
+    let embedding = |key: &str| {
+        let body = json!({"model": "sleepy", "input": "hello"}).to_string();
+        format!(
+            "POST /v1/embeddings HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n{}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            as_key(key),
+            body.len()
+        )
+        .into_bytes()
+    };
+    let full = "model sleepy is waking up and too many requests are already waiting for it; retry in 30 seconds";
+    let _a_chat = send(&site, &chat_request(false, &as_key("a")));
+    site.wait_metric("hivenet_pending_demand", |v| v == 1.0);
+    // Per key and model: key a's embedding request is its second for `sleepy`.
+    let refused = request(site.http, &embedding("a"));
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(refused.json()["error"]["message"], full);
+    let _b_embedding = send(&site, &embedding("b"));
+    let _c_chat = send(&site, &chat_request(false, &as_key("c")));
+    site.wait_metric("hivenet_pending_demand", |v| v == 3.0);
+    // Per model: three held, of both kinds.
+    let refused = request(site.http, &embedding("d"));
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(refused.json()["error"]["message"], full);
+    assert_eq!(holds(&site, "full"), 2.0);
+    assert_eq!(pending(&site), 3.0);
+}
+
 #[test]
 fn a_client_that_leaves_while_held_is_499_and_leaves_the_demand() {
     let site = sleepy_site("hold_disconnect", &[], &[]);
