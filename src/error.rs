@@ -558,7 +558,10 @@ mod tests {
         let text = backend_error_event(502, "bad gateway é".repeat(100).as_bytes());
         let message = anthropic_event(&text)["error"]["message"].clone();
         let message = message.as_str().unwrap();
-        assert!(message.starts_with("backend_error: bad gateway"), "{message}");
+        assert!(
+            message.starts_with("backend_error: bad gateway"),
+            "{message}"
+        );
         assert!(message.len() <= 512 + "backend_error: ".len());
         let empty = backend_error_event(500, b"");
         assert_eq!(

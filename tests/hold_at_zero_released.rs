@@ -14,13 +14,7 @@ use serde_json::{Value, json};
 
 /// A site `site-a` with `sims`, whose policy for `sleepy` is `policy` (after its `models:`
 /// line), with `extra` router arguments; no agent yet.
-fn site(
-    name: &str,
-    sims: &[&[&str]],
-    policy: &str,
-    extra: &[&str],
-    env: &[(&str, &str)],
-) -> Site {
+fn site(name: &str, sims: &[&[&str]], policy: &str, extra: &[&str], env: &[(&str, &str)]) -> Site {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("{name}-policies-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -88,7 +82,14 @@ fn a_released_request_whose_queue_wait_runs_out_moves_to_the_next_fallback_step(
     // Each streamed answer takes about eight seconds; the queue wait is five.
     let mut site = site(
         "released_move_on",
-        &[&["--models", "sleepy", "--itl", "800ms", "--output-tokens", "10"]],
+        &[&[
+            "--models",
+            "sleepy",
+            "--itl",
+            "800ms",
+            "--output-tokens",
+            "10",
+        ]],
         "routing_policy:\n  match:\n    region: primary\n  strategy: least-loaded\nfallback_chain:\n  - name: spare\n    match:\n      region: spare\n    strategy: least-loaded\n",
         &["--request-timeout", "5s", "--queue-depth", "1"],
         &[],
@@ -148,7 +149,14 @@ fn a_released_request_whose_queue_wait_runs_out_moves_to_the_next_fallback_step(
 fn a_released_request_whose_wait_runs_out_at_the_last_step_is_504() {
     let mut site = site(
         "released_last_step",
-        &[&["--models", "sleepy", "--itl", "800ms", "--output-tokens", "10"]],
+        &[&[
+            "--models",
+            "sleepy",
+            "--itl",
+            "800ms",
+            "--output-tokens",
+            "10",
+        ]],
         "routing_policy:\n  strategy: least-loaded\n",
         &["--request-timeout", "2s", "--queue-depth", "1"],
         &[],
@@ -173,7 +181,14 @@ fn a_released_request_served_by_the_provider_leaves_the_demand_as_the_provider_s
     let mut site = site(
         "released_provider",
         &[
-            &["--models", "sleepy", "--itl", "400ms", "--output-tokens", "10"],
+            &[
+                "--models",
+                "sleepy",
+                "--itl",
+                "400ms",
+                "--output-tokens",
+                "10",
+            ],
             &[
                 "--models",
                 "provider-model",

@@ -78,11 +78,8 @@ impl Settling<'_> {
             && !truncated
             && matches!(self.route, Route::ChatCompletions | Route::Messages)
         {
-            self.shard.estimator.borrow_mut().observe(
-                self.slot.model,
-                &self.prompt,
-                usage.input_tokens,
-            );
+            // Learned by the model's owner, with the slot's release.
+            self.slot.observe(self.prompt, usage.input_tokens);
         }
         settle(
             self.shard,

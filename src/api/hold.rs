@@ -132,9 +132,7 @@ impl<S: Sink> Sink for HoldSink<'_, S> {
             // one gets an `error` event whose message starts with the error code), as is after
             // the spaces to any other.
             let event = match (self.streams(), self.keepalive.map(|k| k.dialect)) {
-                (true, Some(Dialect::Anthropic)) => {
-                    crate::error::backend_error_event(status, body)
-                }
+                (true, Some(Dialect::Anthropic)) => crate::error::backend_error_event(status, body),
                 (true, _) => [b"data: ".as_slice(), body, b"\n\n"].concat(),
                 (false, _) => body.to_vec(),
             };

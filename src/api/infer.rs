@@ -40,7 +40,7 @@ use crate::shard::owner::quotas::Charge;
 use crate::shard::state::Shard;
 use crate::shard::visit::{Admit, PoolAsk, QuotaRefusal, RouteError};
 use crate::sibling::token::RedirectClaims;
-use crate::snapshot::{ModelEntry, ModelId, RoutingSnapshot};
+use crate::snapshot::{ModelEntry, RoutingSnapshot};
 
 /// Phases 3 to 8 of one inference request; reads like the table of `docs/request-path.md`.
 pub async fn infer<S: Sink>(
@@ -201,7 +201,7 @@ impl<'r> Admission<'r> {
             fields,
             model,
             plan,
-            estimate: estimate(shard, request, model.id, fields),
+            estimate: estimate(request, model, fields),
             context,
             deadline: request.received_at + shard.settings.request_timeout,
             hold_until: None,
@@ -648,20 +648,13 @@ impl<'r> Admission<'r> {
 
 /// The request's one input estimate (seed, "One input estimate") and its declared maximum output
 /// (`max_completion_tokens` before `max_tokens`; negative values count as undeclared). Chat and
-/// messages use this shard's learned ratio for the model over the prompt's text, system, tools
-/// and per-message overhead; the other routes, which charge no tokens, the starting ratio over
-/// the body.
-fn estimate(
-    shard: &Shard,
-    request: &ClientRequest,
-    model: ModelId,
-    fields: &RequestFields<'_>,
-) -> Estimate {
+/// messages use the model's learned ratio (the router's one, published by the model's owner)
+/// over the prompt's text, system, tools and per-message overhead; the other routes, which
+/// charge no tokens, the starting ratio over the body.
+fn estimate(request: &ClientRequest, model: &ModelEntry, fields: &RequestFields<'_>) -> Estimate {
     let declared = fields.max_completion_tokens.or(fields.max_tokens);
     let input_tokens = match request.route {
-        Route::ChatCompletions | Route::Messages => {
-            shard.estimator.borrow().estimate(model, &fields.prompt)
-        }
+        Route::ChatCompletions | Route::Messages => model.tokens_per_byte.estimate(&fields.prompt),
         _ => (request.body.len() as u64 * 10).div_ceil(32),
     };
     Estimate {

@@ -346,6 +346,7 @@ api:
             healthy_agents,
             policy: std::sync::Arc::new(policy),
             hold_budget: hold_secs.map(Duration::from_secs),
+            tokens_per_byte: Default::default(),
         }
     }
 

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::admission::estimator::PublishedRatio;
 use crate::ids::{AgentId, Capability, Generation, ModelId, ModelNameId};
 use crate::routing::{AgentProfile, EngineSignals};
 use crate::sibling::map::SiblingMap;
@@ -141,6 +142,9 @@ pub struct Registry {
     /// Every name seen, by its [`ModelNameId`].
     model_names: Vec<String>,
     name_ids: HashMap<String, ModelNameId>,
+    /// Each model's learned input ratio, the same cell in every snapshot: its owner shard
+    /// publishes, every shard reads (`admission::estimator::PublishedRatio`).
+    ratios: HashMap<ModelId, Arc<PublishedRatio>>,
     version: u64,
     /// The pushed sibling map (`PUT /admin/sibling-map`); `None` until one is pushed.
     siblings: Option<Siblings>,
@@ -157,6 +161,7 @@ impl Registry {
             model_ids: HashMap::new(),
             model_names: Vec::new(),
             name_ids: HashMap::new(),
+            ratios: HashMap::new(),
             version: 0,
             siblings: None,
             next_generation: 0,
@@ -562,6 +567,8 @@ impl Registry {
                     healthy_agents: summary.healthy,
                     policy: policies.effective(name),
                     hold_budget: holds.get(id).copied(),
+                    // Every id was assigned by `model_id`, with its cell.
+                    tokens_per_byte: self.ratios.get(id).cloned().unwrap_or_default(),
                 },
             ));
         }
@@ -601,6 +608,7 @@ impl Registry {
                     healthy_agents: 0,
                     policy: policies.effective(name),
                     hold_budget: holds.get(&id).copied(),
+                    tokens_per_byte: self.ratios.get(&id).cloned().unwrap_or_default(),
                 },
             ));
         }
@@ -626,6 +634,7 @@ impl Registry {
         };
         let id = ModelId::new(name, capability);
         self.model_ids.insert(key, id);
+        self.ratios.insert(id, Arc::default());
         id
     }
 

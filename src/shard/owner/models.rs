@@ -111,6 +111,9 @@ pub struct Models {
     holds: HoldBook,
     /// Refusals decided here, by model and gate.
     rejections: IdMap<(ModelId, Reason), u64>,
+    /// The input estimate's ratios of the models owned here, learned from exact usage (the
+    /// router's one ratio per model; `Owner::learn` publishes them).
+    pub estimator: crate::admission::estimator::Estimator,
 }
 
 impl Models {
@@ -122,6 +125,7 @@ impl Models {
             occupancy: IdMap::default(),
             holds: HoldBook::new(hold_limits),
             rejections: IdMap::default(),
+            estimator: crate::admission::estimator::Estimator::default(),
         }
     }
 
