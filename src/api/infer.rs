@@ -722,7 +722,8 @@ impl<'p> Attempts<'p> {
     /// one, or at the same step when the request started before an empty step.
     fn move_on(&mut self) -> bool {
         let next = usize::from(self.start_step) + 1;
-        if next >= 1 + self.policy.fallback_chain.len() {
+        // The steps are the primary one and the fallback chain's.
+        if next > self.policy.fallback_chain.len() {
             return false;
         }
         self.start_step = next as u8;
