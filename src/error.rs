@@ -348,29 +348,83 @@ impl Rejection {
                 event
             }
             crate::ids::Dialect::Anthropic => {
-                let kind = match self.status {
-                    429 => "rate_limit_error",
-                    503 | 529 => "overloaded_error",
-                    504 => "timeout_error",
-                    400 | 413 => "invalid_request_error",
-                    401 => "authentication_error",
-                    403 => "permission_error",
-                    404 => "not_found_error",
-                    _ => "api_error",
-                };
-                let mut event =
-                    b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":".to_vec();
-                crate::http::response::put_json_string(&mut event, kind);
-                event.extend_from_slice(b",\"message\":");
-                crate::http::response::put_json_string(
-                    &mut event,
-                    &format!("{}: {}", self.code, self.message),
-                );
-                event.extend_from_slice(b"}}\n\n");
-                event
+                anthropic_error_event(self.status, self.code, &self.message)
             }
         }
     }
+}
+
+/// An Anthropic `error` event (`event: error`) for an error of `status` with `code`: its
+/// `error.type` is Anthropic's type for the status, its message starts with the code (seed
+/// `hold-at-zero.md`, "Keepalive": "an Anthropic `error` event whose message starts with the
+/// error code"), unless `message` already does.
+pub fn anthropic_error_event(status: u16, code: &str, message: &str) -> Vec<u8> {
+    let kind = match status {
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        504 => "timeout_error",
+        400 | 413 | 422 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        _ => "api_error",
+    };
+    let mut event = b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":".to_vec();
+    crate::http::response::put_json_string(&mut event, kind);
+    event.extend_from_slice(b",\"message\":");
+    let prefixed = message
+        .strip_prefix(code)
+        .is_some_and(|rest| rest.starts_with(':'));
+    if prefixed {
+        crate::http::response::put_json_string(&mut event, message);
+    } else {
+        crate::http::response::put_json_string(&mut event, &format!("{code}: {message}"));
+    }
+    event.extend_from_slice(b"}}\n\n");
+    event
+}
+
+/// A backend's error answer (`status`, `body`) as the Anthropic `error` event a streaming
+/// `/v1/messages` client gets once its `200` head is committed (hold at zero's keepalives). The
+/// code is the body's own `error.code` when it is text (the router's envelope, which the agent
+/// also answers, and OpenAI's); else the error-code reference's for the status
+/// (`invalid_parameter` for 400 and 422, `backend_unavailable` for 429, 503 and 529,
+/// `backend_error` otherwise): an engine's own error type or numeric code is not one of the
+/// router's codes. The message is the body's `error.message` or top-level `message`, else the body's
+/// text (at most 512 bytes), else the status.
+pub fn backend_error_event(status: u16, body: &[u8]) -> Vec<u8> {
+    /// Keeps an event from carrying a whole unexpected page.
+    const TEXT_BYTES_MAX: usize = 512;
+    let value: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let error = value.as_ref().and_then(|value| value.get("error"));
+    let text_of = |value: Option<&serde_json::Value>, field: &str| {
+        value
+            .and_then(|value| value.get(field))
+            .and_then(serde_json::Value::as_str)
+            .filter(|text| !text.is_empty())
+            .map(str::to_owned)
+    };
+    let code = text_of(error, "code").unwrap_or_else(|| {
+        match status {
+            400 | 422 => "invalid_parameter",
+            429 | 503 | 529 => "backend_unavailable",
+            _ => "backend_error",
+        }
+        .to_owned()
+    });
+    let message = text_of(error, "message")
+        .or_else(|| text_of(value.as_ref(), "message"))
+        .or_else(|| {
+            let text = String::from_utf8_lossy(body);
+            let text = text.trim();
+            let mut end = text.len().min(TEXT_BYTES_MAX);
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            (value.is_none() && !text.is_empty()).then(|| text[..end].to_owned())
+        })
+        .unwrap_or_else(|| format!("the backend answered {status}"));
+    anthropic_error_event(status, &code, &message)
 }
 
 #[cfg(test)]
@@ -452,6 +506,73 @@ mod tests {
                 .as_str()
                 .unwrap()
                 .starts_with("model_waking: ")
+        );
+    }
+
+    /// The JSON of an Anthropic `error` event.
+    fn anthropic_event(event: &[u8]) -> serde_json::Value {
+        let text = std::str::from_utf8(event).unwrap();
+        let data = text
+            .strip_prefix("event: error\ndata: ")
+            .and_then(|rest| rest.strip_suffix("\n\n"))
+            .unwrap();
+        let value: serde_json::Value = serde_json::from_str(data).unwrap();
+        assert_eq!(value["type"], "error");
+        value
+    }
+
+    #[test]
+    fn a_backend_error_body_becomes_an_anthropic_event_that_starts_with_its_code() {
+        // The router's envelope, as the agent answers when the engine refuses the connection.
+        let agent = backend_error_event(
+            503,
+            br#"{"error":{"code":"backend_unavailable","message":"backend unreachable","source":"backend"}}"#,
+        );
+        let value = anthropic_event(&agent);
+        assert_eq!(value["error"]["type"], "overloaded_error");
+        assert_eq!(
+            value["error"]["message"],
+            "backend_unavailable: backend unreachable"
+        );
+        // An Anthropic backend's own error: its type is not a router code; the status's is.
+        let anthropic = backend_error_event(
+            529,
+            br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+        );
+        assert_eq!(
+            anthropic_event(&anthropic)["error"]["message"],
+            "backend_unavailable: Overloaded"
+        );
+        // An engine's error with a numeric code (vLLM): the code the status maps to.
+        let engine = backend_error_event(
+            400,
+            br#"{"object":"error","message":"max_tokens is too large","type":"BadRequestError","code":400}"#,
+        );
+        let value = anthropic_event(&engine);
+        assert_eq!(value["error"]["type"], "invalid_request_error");
+        assert_eq!(
+            value["error"]["message"],
+            "invalid_parameter: max_tokens is too large"
+        );
+        // Not JSON: the text, bounded; nothing at all: the status.
+        let text = backend_error_event(502, "bad gateway é".repeat(100).as_bytes());
+        let message = anthropic_event(&text)["error"]["message"].clone();
+        let message = message.as_str().unwrap();
+        assert!(
+            message.starts_with("backend_error: bad gateway"),
+            "{message}"
+        );
+        assert!(message.len() <= 512 + "backend_error: ".len());
+        let empty = backend_error_event(500, b"");
+        assert_eq!(
+            anthropic_event(&empty)["error"]["message"],
+            "backend_error: the backend answered 500"
+        );
+        // A message that already starts with its code is not prefixed twice.
+        let once = anthropic_error_event(502, "backend_error", "backend_error: it broke");
+        assert_eq!(
+            anthropic_event(&once)["error"]["message"],
+            "backend_error: it broke"
         );
     }
 

@@ -7,17 +7,40 @@
 
 use std::fmt;
 
-/// Dense model index, assigned by the control core the first time a (name, capability) is seen and
-/// never reused in this process.
+/// A model as the router serves it: a name for one capability. Assigned by the control core the
+/// first time a (name, capability) is seen and never reused in this process: the name's
+/// [`ModelNameId`] times three plus the capability, so every capability of one name has the same
+/// owner shard (DESIGN: "model M lives on shard hash(M) % N") and what the seeds count per model
+/// across kinds (the hold limits) is counted in one place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ModelId(pub u32);
 
 impl ModelId {
-    /// The shard that owns the model's routing, occupancy and hold state.
+    /// The id of `name` for `capability`.
+    pub fn new(name: ModelNameId, capability: Capability) -> ModelId {
+        ModelId(name.0 * 3 + capability as u32)
+    }
+
+    /// The model's name, whatever the capability.
+    pub fn name(self) -> ModelNameId {
+        ModelNameId(self.0 / 3)
+    }
+
+    pub fn capability(self) -> Capability {
+        Capability::ALL[(self.0 % 3) as usize]
+    }
+
+    /// The shard that owns the model's routing, occupancy and hold state: the owner of its
+    /// name, so every capability of a name has the same.
     pub fn owner(self, shard_count: usize) -> usize {
-        self.0 as usize % shard_count
+        self.name().0 as usize % shard_count
     }
 }
+
+/// A model name, whatever the capability: dense, assigned by the control core the first time the
+/// name is seen and never reused in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModelNameId(pub u32);
 
 /// What an agent serves a model for. The router combines name and capability to pick an agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -101,4 +124,28 @@ pub struct Ticket {
 pub enum Dialect {
     OpenAi,
     Anthropic,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_capability_of_a_name_has_the_names_owner() {
+        for name in [ModelNameId(0), ModelNameId(1), ModelNameId(7)] {
+            let ids = Capability::ALL.map(|capability| ModelId::new(name, capability));
+            for (id, capability) in ids.iter().zip(Capability::ALL) {
+                assert_eq!(id.name(), name);
+                assert_eq!(id.capability(), capability);
+                for shards in 1..5 {
+                    assert_eq!(id.owner(shards), ids[0].owner(shards));
+                }
+            }
+        }
+        // Names spread over the shards.
+        let owners: Vec<usize> = (0..4)
+            .map(|name| ModelId::new(ModelNameId(name), Capability::Llm).owner(4))
+            .collect();
+        assert_eq!(owners, [0, 1, 2, 3]);
+    }
 }

@@ -30,6 +30,9 @@ pub struct ModelEntry {
     /// `--wake-hold-budget`). Such a model resolves even with no agent, and its requests are
     /// held while it has none.
     pub hold_budget: Option<std::time::Duration>,
+    /// The model's learned tokens-per-byte ratio, published by its owner shard, read by every
+    /// shard for the input estimate (`admission::estimator`). The same cell in every snapshot.
+    pub tokens_per_byte: Arc<crate::admission::estimator::PublishedRatio>,
 }
 
 #[derive(Debug, Default)]
@@ -39,6 +42,8 @@ pub struct RoutingSnapshot {
     by_name: HashMap<Box<str>, [Option<ModelEntry>; 3]>,
     /// Each model's effective policy, by id (the owner shard's view of its models).
     policies: HashMap<ModelId, std::sync::Arc<crate::policy::ModelPolicy>>,
+    /// Each model's published ratio, by id (where the owner publishes what it learned).
+    ratios: HashMap<ModelId, Arc<crate::admission::estimator::PublishedRatio>>,
     /// `GET /v1/models` response body.
     pub models_body: Bytes,
     /// Each model's entry of that body, for keys that may see only some models.
@@ -56,14 +61,17 @@ impl RoutingSnapshot {
         let models_body = Self::render(listing.iter().map(|(_, entry)| entry));
         let mut by_name: HashMap<Box<str>, [Option<ModelEntry>; 3]> = HashMap::new();
         let mut policies = HashMap::new();
+        let mut ratios = HashMap::new();
         for (name, capability, entry) in entries {
             policies.insert(entry.id, entry.policy.clone());
+            ratios.insert(entry.id, entry.tokens_per_byte.clone());
             by_name.entry(name).or_default()[capability as usize] = Some(entry);
         }
         RoutingSnapshot {
             version,
             by_name,
             policies,
+            ratios,
             models_body,
             listing,
             siblings: None,
@@ -120,6 +128,14 @@ impl RoutingSnapshot {
         })
     }
 
+    /// Where `model`'s learned ratio is published.
+    pub fn ratio_of(
+        &self,
+        model: ModelId,
+    ) -> Option<&Arc<crate::admission::estimator::PublishedRatio>> {
+        self.ratios.get(&model)
+    }
+
     /// The effective policy of a served model.
     pub fn policy_of(&self, model: ModelId) -> Option<&Arc<crate::policy::ModelPolicy>> {
         self.policies.get(&model)
@@ -130,6 +146,7 @@ impl RoutingSnapshot {
             version: 0,
             by_name: HashMap::new(),
             policies: HashMap::new(),
+            ratios: HashMap::new(),
             models_body: Self::render(std::iter::empty()),
             listing: Vec::new(),
             siblings: None,

@@ -339,6 +339,48 @@ fn keepalives_then_the_answer_once_the_model_wakes() {
     );
 }
 
+/// Issue 15, item 4: a backend's error answer after the keepalives committed `200` reaches a
+/// streaming `/v1/messages` client as an Anthropic `error` event whose message starts with the
+/// error code (it was the backend's body, passed through).
+#[test]
+fn a_backend_error_after_keepalives_is_an_anthropic_error_event_that_starts_with_the_code() {
+    let mut site = sleepy_site("hold_anthropic_error", &[], &["--wake-keepalive", "200ms"]);
+    place_here(&site, "60s");
+    // No `max_tokens`: the router forwards it, the engine (the sim, like Anthropic) refuses it.
+    let body = json!({
+        "model": "sleepy",
+        "stream": true,
+        "messages": [{"role": "user", "content": "hello"}],
+    })
+    .to_string();
+    let mut conn = send(&site, &post_request("/v1/messages", &body));
+    site.wait_metric("hivenet_pending_demand", |v| v == 1.0);
+    std::thread::sleep(Duration::from_millis(500));
+    wake(&mut site, &[]);
+    let response = conn.read_response().unwrap();
+    assert_eq!(response.status, 200);
+    let events = sse_events(&response.body);
+    assert_eq!(events[0], ": keep-alive");
+    let last = events.last().unwrap();
+    let data = last.strip_prefix("event: error\ndata: ").expect(last);
+    let value: Value = serde_json::from_str(data).unwrap();
+    assert_eq!(value["type"], "error");
+    assert_eq!(value["error"]["type"], "invalid_request_error");
+    assert_eq!(
+        value["error"]["message"],
+        "invalid_parameter: max_tokens: field required"
+    );
+    let metrics = site.router_metrics();
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "hivenet_shard_responses_total",
+            &[("code", "400")]
+        ),
+        1.0
+    );
+}
+
 #[test]
 fn hold_limits_refuse_at_once_and_count_full() {
     let site = Site::start(
@@ -383,6 +425,71 @@ fn hold_limits_refuse_at_once_and_count_full() {
     assert_eq!(holds(&site, "full"), 2.0);
     // Refused requests are not counted in the demand.
     assert_eq!(pending(&site), 2.0);
+}
+
+/// Issue 15, item 6: the hold limits count per model and per key and model, whatever the kind of
+/// endpoint (they counted per model and kind).
+#[test]
+fn hold_limits_count_a_model_across_its_kinds() {
+    let site = Site::start(
+        "hold_limits_kinds",
+        site_options(
+            "hold_limits_kinds",
+            &["--models", "sleepy"],
+            &["--wake-hold-max", "3", "--wake-hold-max-per-key", "1"],
+        )
+        .router_env("HIVENET_ROUTER_AUTH_MODE", "dynamic")
+        .router_env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY),
+    );
+    for (index, name) in ["a", "b", "c", "d"].into_iter().enumerate() {
+        put_key(
+            &site,
+            name,
+            &format!("rev_0000000{}", index + 1),
+            &format!("sk-{name}"),
+            json!({"requests_per_minute": 1000}),
+            &[],
+        );
+    }
+    let map = json!({
+        "sites": [{"id": "site-a", "url": format!("http://{}", site.http)}],
+        "placements": [
+            {"model": "sleepy", "kind": "chat", "site": "site-a", "scale_from_zero": true, "hold_budget": "30s"},
+            {"model": "sleepy", "kind": "embedding", "site": "site-a", "scale_from_zero": true, "hold_budget": "30s"},
+        ],
+    })
+    .to_string();
+    let raw = format!(
+        "PUT /admin/sibling-map HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {ADMIN_KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{map}",
+        map.len()
+    );
+    assert_eq!(request(site.http, raw.as_bytes()).status, 200);
+    let as_key = |key: &str| format!("authorization: Bearer sk-{key}\r\n");
+    let embedding = |key: &str| {
+        let body = json!({"model": "sleepy", "input": "hello"}).to_string();
+        format!(
+            "POST /v1/embeddings HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n{}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            as_key(key),
+            body.len()
+        )
+        .into_bytes()
+    };
+    let full = "model sleepy is waking up and too many requests are already waiting for it; retry in 30 seconds";
+    let _a_chat = send(&site, &chat_request(false, &as_key("a")));
+    site.wait_metric("hivenet_pending_demand", |v| v == 1.0);
+    // Per key and model: key a's embedding request is its second for `sleepy`.
+    let refused = request(site.http, &embedding("a"));
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(refused.json()["error"]["message"], full);
+    let _b_embedding = send(&site, &embedding("b"));
+    let _c_chat = send(&site, &chat_request(false, &as_key("c")));
+    site.wait_metric("hivenet_pending_demand", |v| v == 3.0);
+    // Per model: three held, of both kinds.
+    let refused = request(site.http, &embedding("d"));
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(refused.json()["error"]["message"], full);
+    assert_eq!(holds(&site, "full"), 2.0);
+    assert_eq!(pending(&site), 3.0);
 }
 
 #[test]
@@ -580,6 +687,71 @@ fn per_key_hold_limit_quota_while_held_and_client_ids_per_key() {
     assert_eq!(forbidden.status, 403, "{}", forbidden.text());
     assert_eq!(forbidden.error_code(), "model_forbidden");
     assert_eq!(pending(&site), 2.0);
+}
+
+/// Issue 15, item 3: with an admission gate in the model's policy the daily budget and the token
+/// buckets used to be checked only after the release, so a key with no tokens left was held,
+/// raised the demand, and got `429` once the model woke.
+#[test]
+fn a_key_over_its_daily_tokens_is_refused_before_it_is_held() {
+    let name = "hold_quota_first";
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{name}-policies-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("sleepy.yaml"),
+        "models:\n  - sleepy\nrouting_policy:\n  strategy: least-loaded\nmax_inflight: 1\n",
+    )
+    .unwrap();
+    let policy_dir = dir.display().to_string();
+    let site = Site::start(
+        name,
+        site_options(
+            name,
+            &["--models", "sleepy"],
+            &["--policy-model-dir", &policy_dir, "--wake-keepalive", "0"],
+        )
+        .router_env("HIVENET_ROUTER_AUTH_MODE", "dynamic")
+        .router_env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY),
+    );
+    put_key(
+        &site,
+        "poor",
+        "rev_00000001",
+        "sk-poor",
+        json!({"requests_per_minute": 100, "tokens_per_day": 1}),
+        &[],
+    );
+    let map = json!({
+        "sites": [{"id": "site-a", "url": format!("http://{}", site.http)}],
+        "placements": [{"model": "sleepy", "kind": "chat", "site": "site-a", "scale_from_zero": true, "hold_budget": "10s"}],
+    })
+    .to_string();
+    let raw = format!(
+        "PUT /admin/sibling-map HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {ADMIN_KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{map}",
+        map.len()
+    );
+    assert_eq!(request(site.http, raw.as_bytes()).status, 200);
+    site.wait_for("the 0-valued pending-demand series", || {
+        site.router_metrics()
+            .contains("hivenet_pending_demand{model=\"sleepy\"} 0")
+            .then_some(())
+    });
+    let started = Instant::now();
+    let refused = request(
+        site.http,
+        &chat_request(false, "authorization: Bearer sk-poor\r\n"),
+    );
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(refused.error_code(), "token_limit_exceeded");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "refused at once, not after a hold"
+    );
+    // Never held: no hold outcome at all, nothing in the demand.
+    let metrics = site.router_metrics();
+    assert_eq!(metric_sum(&metrics, "hivenet_wake_holds_total", &[]), 0.0);
+    assert_eq!(pending(&site), 0.0);
 }
 
 /// A site whose policy for `sleepy` admits one request at a time (`max_inflight: 1`), with no

@@ -27,6 +27,13 @@
 //! Image tokens are not part of [`Estimator::estimate`] either: images are capped by count
 //! (`images_max`) and trued up from exact usage.
 //!
+//! # Where it runs
+//! One ratio per model for the whole router (seed: "a separate tokens-per-byte ratio for each
+//! model"): the [`Estimator`] of the shard that owns the model learns it (exact usage reaches
+//! the owner with the request's slot release), and publishes each new ratio in the model's
+//! [`PublishedRatio`], which the routing snapshot hands every shard: any shard estimates a
+//! prompt with the same ratio, read without a lock, and every request trains it.
+//!
 //! # Invariants
 //! - Every ratio, learned or starting, is within [`TOKENS_PER_BYTE_MIN`]..=[`TOKENS_PER_BYTE_MAX`];
 //!   so one abnormal report moves a ratio by at most `OBSERVATION_WEIGHT × (MAX - MIN)`, and the
@@ -38,9 +45,49 @@
 //!   integer conversion saturates.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::http::prompt::PromptShape;
 use crate::ids::ModelId;
+
+/// One model's learned ratio as every shard reads it: written only by the model's owner shard
+/// (after its [`Estimator`] learned), read by any shard at admission. A whole `f64` in one
+/// atomic: a reader sees the last ratio published or the one before, never a torn value, and
+/// needs no ordering with anything else (`Relaxed`).
+#[derive(Debug)]
+pub struct PublishedRatio(AtomicU64);
+
+impl Default for PublishedRatio {
+    /// [`TOKENS_PER_BYTE_START`] until the owner learns.
+    fn default() -> Self {
+        PublishedRatio(AtomicU64::new(TOKENS_PER_BYTE_START.to_bits()))
+    }
+}
+
+impl PublishedRatio {
+    pub fn tokens_per_byte(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+
+    /// The owner's new ratio (within the estimator's bounds).
+    pub fn publish(&self, tokens_per_byte: f64) {
+        debug_assert!((TOKENS_PER_BYTE_MIN..=TOKENS_PER_BYTE_MAX).contains(&tokens_per_byte));
+        self.0.store(tokens_per_byte.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Input tokens of a request with `shape` at the published ratio (see [`estimate`]).
+    pub fn estimate(&self, shape: &PromptShape) -> u64 {
+        estimate(self.tokens_per_byte(), shape)
+    }
+}
+
+/// Input tokens of a request with `shape` at `tokens_per_byte`: `ceil(estimable bytes × ratio)
+/// + TOKENS_PER_MESSAGE × messages`. Images add nothing here (see the module docs).
+pub fn estimate(tokens_per_byte: f64, shape: &PromptShape) -> u64 {
+    let text_tokens = (shape.estimable_bytes() as f64 * tokens_per_byte).ceil();
+    // `as` saturates (and the ratio is finite and positive, so the product is never NaN).
+    (text_tokens as u64).saturating_add(overhead_tokens(shape))
+}
 
 /// Tokens a chat template adds around each message: the role header and the end-of-turn
 /// separator. Four sits in the range of common templates — OpenAI's cookbook counts 3 per message
@@ -141,9 +188,7 @@ impl Estimator {
     /// Input tokens of a request with `shape` for `model`: `ceil(estimable bytes × ratio) +
     /// TOKENS_PER_MESSAGE × messages`. Images add nothing here (see the module docs).
     pub fn estimate(&self, model: ModelId, shape: &PromptShape) -> u64 {
-        let text_tokens = (shape.estimable_bytes() as f64 * self.tokens_per_byte(model)).ceil();
-        // `as` saturates (and the ratio is finite and positive, so the product is never NaN).
-        (text_tokens as u64).saturating_add(overhead_tokens(shape))
+        estimate(self.tokens_per_byte(model), shape)
     }
 
     /// Learn from the exact input tokens the backend reported for a request with `shape`.

@@ -78,11 +78,8 @@ impl Settling<'_> {
             && !truncated
             && matches!(self.route, Route::ChatCompletions | Route::Messages)
         {
-            self.shard.estimator.borrow_mut().observe(
-                self.slot.model,
-                &self.prompt,
-                usage.input_tokens,
-            );
+            // Learned by the model's owner, with the slot's release.
+            self.slot.observe(self.prompt, usage.input_tokens);
         }
         settle(
             self.shard,
@@ -576,7 +573,7 @@ fn stream_error_event(dialect: Dialect, backend_failed: bool) -> &'static [u8] {
             b"data: {\"error\":{\"code\":\"backend_error\",\"message\":\"the backend failed mid-stream\",\"source\":\"backend\"}}\n\n"
         }
         (Dialect::Anthropic, false) => {
-            b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"the agent connection was lost mid-stream\"}}\n\n"
+            b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"agent_disconnected: the agent connection was lost mid-stream\"}}\n\n"
         }
         (Dialect::Anthropic, true) => {
             b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"backend_error: the backend failed mid-stream\"}}\n\n"
@@ -614,5 +611,12 @@ mod tests {
         );
         let lost = data(stream_error_event(Dialect::Anthropic, false));
         assert_eq!(lost["error"]["type"], "api_error");
+        // The seed: an Anthropic `error` event's message starts with the error code.
+        assert!(
+            lost["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("agent_disconnected: ")
+        );
     }
 }

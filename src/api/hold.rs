@@ -128,12 +128,11 @@ impl<S: Sink> Sink for HoldSink<'_, S> {
                 .await;
         }
         if status >= 400 {
-            // A backend's own error body: as an SSE event to a streaming client, as is after
+            // A backend's own error body: as an SSE event to a streaming client (an Anthropic
+            // one gets an `error` event whose message starts with the error code), as is after
             // the spaces to any other.
             let event = match (self.streams(), self.keepalive.map(|k| k.dialect)) {
-                (true, Some(Dialect::Anthropic)) => {
-                    [b"event: error\ndata: ".as_slice(), body, b"\n\n"].concat()
-                }
+                (true, Some(Dialect::Anthropic)) => crate::error::backend_error_event(status, body),
                 (true, _) => [b"data: ".as_slice(), body, b"\n\n"].concat(),
                 (false, _) => body.to_vec(),
             };

@@ -40,7 +40,7 @@ use crate::shard::owner::quotas::Charge;
 use crate::shard::state::Shard;
 use crate::shard::visit::{Admit, PoolAsk, QuotaRefusal, RouteError};
 use crate::sibling::token::RedirectClaims;
-use crate::snapshot::{ModelEntry, ModelId, RoutingSnapshot};
+use crate::snapshot::{ModelEntry, RoutingSnapshot};
 
 /// Phases 3 to 8 of one inference request; reads like the table of `docs/request-path.md`.
 pub async fn infer<S: Sink>(
@@ -74,6 +74,9 @@ pub async fn infer<S: Sink>(
         false => admission.unlimited(),
     };
     admission.request_caps()?;
+    if plan.tokens_before_hold() {
+        admission.tokens(&mut quota, sink).await?;
+    }
     let pending = match plan.holds() {
         true => admission.hold(sink).await?,
         false => None,
@@ -82,7 +85,7 @@ pub async fn infer<S: Sink>(
         SlotAdmit::Reserved => admission.reserve(sink).await?,
         slot => admission.admit_with_slot(slot),
     };
-    if plan.tokens {
+    if plan.tokens_after_gates() {
         admission.tokens(&mut quota, sink).await?;
     }
     admission.attempts(admit, quota, pending, facts, sink).await
@@ -198,7 +201,7 @@ impl<'r> Admission<'r> {
             fields,
             model,
             plan,
-            estimate: estimate(shard, request, model.id, fields),
+            estimate: estimate(request, model, fields),
             context,
             deadline: request.received_at + shard.settings.request_timeout,
             hold_until: None,
@@ -245,9 +248,9 @@ impl<'r> Admission<'r> {
     }
 
     /// Phase 5h: holds a request for a model asleep on this site until an agent for it
-    /// registers (seed `hold-at-zero.md`, steps 5 to 7), sending keepalives meanwhile. The quota
-    /// is already charged. `Some`: the model woke; the request continues, still counted in the
-    /// pending demand until it gets a slot.
+    /// registers (seed `hold-at-zero.md`, steps 5 to 7), sending keepalives meanwhile. The whole
+    /// quota (rate, token buckets, daily budget) is already charged (step 4). `Some`: the model
+    /// woke; the request continues, still counted in the pending demand until it gets a slot.
     async fn hold<S: Sink>(
         &mut self,
         sink: &mut HoldSink<'_, S>,
@@ -340,7 +343,8 @@ impl<'r> Admission<'r> {
     }
 
     /// Phase 5d: B4's token buckets and the daily budget on the quota owner, when the plan
-    /// split them from the request rate. A refusal drops the reservation, which releases it.
+    /// split them from the request rate: after the reservation, or before the hold for a
+    /// request that may be held. A refusal drops the reservation, which releases it.
     async fn tokens<S: Sink>(
         &self,
         quota: &mut QuotaCharge,
@@ -360,7 +364,7 @@ impl<'r> Admission<'r> {
     /// answer; 6b when local routing is exhausted. A refusal drops `quota`, which gives its
     /// token charges back.
     async fn attempts<S: Sink>(
-        &self,
+        &mut self,
         first: Admit,
         mut quota: QuotaCharge,
         mut pending: Option<Pending>,
@@ -374,20 +378,37 @@ impl<'r> Admission<'r> {
         loop {
             let slot = match self.acquire(admit, &attempts, &mut pending, sink).await? {
                 Ok(slot) => slot,
-                Err(error) => return self.no_slot(error, &mut attempts, quota, facts, sink).await,
+                // A request a wake released waited its `--request-timeout` in the capacity
+                // queue: it moves on to the next fallback step with a wait of its own, and
+                // gets `504` only after the last (seed `hold-at-zero.md`, "After the wake").
+                Err(RouteError::Timeout) if self.plan.holds() && attempts.move_on() => {
+                    self.restart_deadline();
+                    admit = self.retry_admit();
+                    continue;
+                }
+                Err(error) => {
+                    return self
+                        .no_slot(error, &mut attempts, quota, pending, facts, sink)
+                        .await;
+                }
             };
             match self.forward(slot, &mut quota, &attempts, facts, sink).await {
                 Err(Outcome::Retry(failure)) => {
                     ShardMetrics::add(&self.shard.metrics.forward_retries_total, 1);
                     attempts.failed(failure);
-                    admit = match self.plan.retry_slot() {
-                        SlotAdmit::Direct => Admit::Direct,
-                        // The failed slot gave its reservation back: the gates run again.
-                        SlotAdmit::Gated | SlotAdmit::Reserved => Admit::Gated(self.pool_ask()),
-                    };
+                    admit = self.retry_admit();
                 }
                 other => return other,
             }
+        }
+    }
+
+    /// How a slot visit after the first is admitted: the failed or abandoned attempt gave its
+    /// reservation back, so the gates run again with the slot.
+    fn retry_admit(&self) -> Admit {
+        match self.plan.retry_slot() {
+            SlotAdmit::Direct => Admit::Direct,
+            SlotAdmit::Gated | SlotAdmit::Reserved => Admit::Gated(self.pool_ask()),
         }
     }
 
@@ -421,12 +442,16 @@ impl<'r> Admission<'r> {
     }
 
     /// Phase 6 found no slot. Local routing exhausted: phase 6b when the plan has a provider
-    /// fallback; else the last forward failure, or why no slot was found.
+    /// fallback; else the last forward failure, or why no slot was found. `pending`, a request
+    /// a wake released, leaves the pending demand before the provider is called: the provider's
+    /// answer is its slot (seed `hold-at-zero.md`: "a request being generated is never
+    /// counted").
     async fn no_slot<S: Sink>(
         &self,
         error: RouteError,
         attempts: &mut Attempts<'_>,
         quota: QuotaCharge,
+        pending: Option<Pending>,
         facts: &mut RequestFacts,
         sink: &mut HoldSink<'_, S>,
     ) -> Result<u16, Outcome> {
@@ -439,6 +464,7 @@ impl<'r> Admission<'r> {
             )
         {
             facts.provider = Some(fallback.engine.processed_by());
+            drop(pending);
             return self.by_provider(fallback, pool, quota, facts, sink).await;
         }
         if self.plan.generates && exhausted {
@@ -622,20 +648,13 @@ impl<'r> Admission<'r> {
 
 /// The request's one input estimate (seed, "One input estimate") and its declared maximum output
 /// (`max_completion_tokens` before `max_tokens`; negative values count as undeclared). Chat and
-/// messages use this shard's learned ratio for the model over the prompt's text, system, tools
-/// and per-message overhead; the other routes, which charge no tokens, the starting ratio over
-/// the body.
-fn estimate(
-    shard: &Shard,
-    request: &ClientRequest,
-    model: ModelId,
-    fields: &RequestFields<'_>,
-) -> Estimate {
+/// messages use the model's learned ratio (the router's one, published by the model's owner)
+/// over the prompt's text, system, tools and per-message overhead; the other routes, which
+/// charge no tokens, the starting ratio over the body.
+fn estimate(request: &ClientRequest, model: &ModelEntry, fields: &RequestFields<'_>) -> Estimate {
     let declared = fields.max_completion_tokens.or(fields.max_tokens);
     let input_tokens = match request.route {
-        Route::ChatCompletions | Route::Messages => {
-            shard.estimator.borrow().estimate(model, &fields.prompt)
-        }
+        Route::ChatCompletions | Route::Messages => model.tokens_per_byte.estimate(&fields.prompt),
         _ => (request.body.len() as u64 * 10).div_ceil(32),
     };
     Estimate {
@@ -695,6 +714,24 @@ impl<'p> Attempts<'p> {
             || provider
     }
 
+    /// Moves the request to the step after the one it starts from, every agent eligible
+    /// again (a request a wake released whose wait ran out). False on the last step.
+    ///
+    /// The owner does not tell where a ticket waited: a step with no eligible agent between is
+    /// skipped by the owner's own search, so the next wait is at the first later step that has
+    /// one, or at the same step when the request started before an empty step.
+    fn move_on(&mut self) -> bool {
+        let next = usize::from(self.start_step) + 1;
+        // The steps are the primary one and the fallback chain's.
+        if next > self.policy.fallback_chain.len() {
+            return false;
+        }
+        self.start_step = next as u8;
+        self.excluded.clear();
+        self.failures_in_step = 0;
+        true
+    }
+
     fn failed(&mut self, failure: forward::Failure) {
         if failure.step != self.start_step {
             // The owner moved the request on to a later step (nothing eligible before it).
@@ -750,5 +787,26 @@ mod tests {
         attempts.failed(failure(7, 1));
         assert_eq!(attempts.ask().start_step, 2);
         assert!(attempts.last_failure.is_some());
+    }
+
+    #[test]
+    fn a_wait_that_runs_out_moves_on_until_the_last_step() {
+        let compiled = crate::policy::compile_text(
+            "test.yaml",
+            "models: [m]\nrouting_policy:\n  strategy: least-loaded\n  max_tries: 2\nfallback_chain:\n  - strategy: least-loaded\n",
+            crate::policy::Role::Named("test"),
+            &crate::policy::PolicyContext::default(),
+        )
+        .unwrap();
+        let mut attempts = Attempts::new(&compiled.policy);
+        attempts.failed(failure(7, 0));
+        assert!(attempts.move_on());
+        // The next step, with every agent eligible and its own try budget.
+        assert_eq!(attempts.ask().start_step, 1);
+        assert!(attempts.ask().excluded.is_empty());
+        assert_eq!(attempts.failures_in_step, 0);
+        // No step after the last: the caller answers `504`.
+        assert!(!attempts.move_on());
+        assert_eq!(attempts.ask().start_step, 1);
     }
 }

@@ -8,9 +8,10 @@
 //! shard. A model with no gate between RPM and the token phase gets both in one quota visit; a
 //! model with pool gates and a key with a token phase gets the gates first (a reservation), then
 //! the token phase, then the slot; without a token phase the gates and the slot share one visit.
-//! Hold at zero waits on the model's owner after B1, and a request a wake released always
-//! reserves first, so that its wait for room is bounded by its hold budget and its wait for a
-//! slot by the request timeout.
+//! Hold at zero waits on the model's owner after B1 and after the whole quota (request rate,
+//! token buckets, daily budget: a key over its limits is refused before it is held), and a
+//! request a wake released always reserves first, so that its wait for room is bounded by its
+//! hold budget and its wait for a slot by the request timeout.
 //!
 //! Must not: do I/O, read the clock or touch a shard. The phases (`api::infer`) follow the plan;
 //! the shard's requester API (`Shard::admit_quota`, `reserve`, `hold`, `acquire`) makes the
@@ -98,7 +99,8 @@ pub struct VisitPlan {
     /// The key's `max_occupancy_share` of a serverless model with an occupancy budget; 0
     /// otherwise.
     pub share: f64,
-    /// The token phase needs a visit of its own (after the gates).
+    /// The token phase needs a visit of its own: after the gates, or, for a request that may
+    /// be held, before the hold.
     pub tokens: bool,
     /// When no local slot is found, the policy's `fallback_provider` answers (non-streamed
     /// chat and messages, with a provider client configured).
@@ -131,11 +133,13 @@ impl VisitPlan {
         };
         let request_caps = generates && admission::caps_requests(policy);
         let pool_gates = generates && (admission::gates_pool(policy) || share > 0.0);
-        // The gate order is RPM, B1, B3, B2, B4, daily: with a gate between them, the request
-        // rate and the token phase are two visits.
-        let split = request_caps || pool_gates;
-        let tokens = split && has_token_phase(key, serverless);
         let hold_budget = hold_budget(route, entry).filter(|_| entry.healthy_agents == 0);
+        // The gate order is RPM, B1, B3, B2, B4, daily: with a gate between them, the request
+        // rate and the token phase are two visits. A request that may be held has its whole
+        // quota checked before the hold (seed `hold-at-zero.md`, step 4: "a key over its limits
+        // is refused at once"), so its pool gates, which run after the release, split nothing.
+        let split = request_caps || (pool_gates && hold_budget.is_none());
+        let tokens = split && has_token_phase(key, serverless);
         let gates = match (pool_gates, tokens || hold_budget.is_some()) {
             (false, _) => PoolGates::None,
             (true, false) => PoolGates::WithSlot,
@@ -185,13 +189,25 @@ impl VisitPlan {
         self.hold_budget.is_some()
     }
 
+    /// The token phase has a visit of its own before the hold (B1 split it from the request
+    /// rate; the quota is checked before a request is held).
+    pub fn tokens_before_hold(&self) -> bool {
+        self.tokens && self.holds()
+    }
+
+    /// The token phase has a visit of its own after the pool gates' reservation.
+    pub fn tokens_after_gates(&self) -> bool {
+        self.tokens && !self.holds()
+    }
+
     /// The visits of a request that is not refused on the way, in order, up to its first slot.
     pub fn visits(&self) -> impl Iterator<Item = Visit> + use<> {
         [
             self.limited.then_some(Visit::Quota(self.rate)),
+            self.tokens_before_hold().then_some(Visit::Tokens),
             self.hold_budget.map(|_| Visit::Hold),
             (self.gates == PoolGates::Reserve).then_some(Visit::Reserve),
-            self.tokens.then_some(Visit::Tokens),
+            self.tokens_after_gates().then_some(Visit::Tokens),
             Some(Visit::Slot(self.slot())),
         ]
         .into_iter()
@@ -330,6 +346,7 @@ api:
             healthy_agents,
             policy: std::sync::Arc::new(policy),
             hold_budget: hold_secs.map(Duration::from_secs),
+            tokens_per_byte: Default::default(),
         }
     }
 
@@ -501,14 +518,35 @@ api:
         let plan_gated = plan(Route::ChatCompletions, "sk-rpm", &asleep(budget()));
         assert_eq!(
             visits(&plan_gated),
-            [Quota(Requests), Hold, Reserve, Slot(Reserved)]
+            [Quota(RequestsAndTokens), Hold, Reserve, Slot(Reserved)]
         );
         assert_eq!(plan_gated.retry_slot(), Gated);
+        // The whole quota before the hold: the pool gates, after the release, split nothing.
         let plan_tokens = plan(Route::ChatCompletions, "sk-daily", &asleep(budget()));
         assert_eq!(
             visits(&plan_tokens),
-            [Quota(Requests), Hold, Reserve, Tokens, Slot(Reserved)]
+            [Quota(RequestsAndTokens), Hold, Reserve, Slot(Reserved)]
         );
+        let plan_itpm = plan(
+            Route::ChatCompletions,
+            "sk-itpm",
+            &asleep(serverless(budget())),
+        );
+        assert_eq!(
+            visits(&plan_itpm),
+            [Quota(RequestsAndTokens), Hold, Reserve, Slot(Reserved)]
+        );
+        // B1 splits them: the token phase still comes before the hold.
+        let plan_caps = plan(
+            Route::ChatCompletions,
+            "sk-daily",
+            &asleep(caps_and_budget()),
+        );
+        assert_eq!(
+            visits(&plan_caps),
+            [Quota(Requests), Tokens, Hold, Reserve, Slot(Reserved)]
+        );
+        assert!(plan_caps.tokens_before_hold() && !plan_caps.tokens_after_gates());
         // Embeddings are held too, and gate nothing.
         let plan_embed = plan(Route::Embeddings, "sk-none", &asleep(budget()));
         assert_eq!(visits(&plan_embed), [Hold, Slot(Direct)]);
@@ -615,6 +653,14 @@ api:
                             visits.last() == Some(&Slot(Reserved)),
                             "{case}"
                         );
+                        // A held request's whole quota is checked before the hold.
+                        if let Some(hold) = visits.iter().position(|visit| *visit == Hold) {
+                            assert!(
+                                !visits[hold..].contains(&Tokens)
+                                    && !visits[hold..].iter().any(|v| matches!(v, Quota(_))),
+                                "{case}"
+                            );
+                        }
                         // The token phase is charged in one visit, never in both.
                         assert!(
                             !(visits.contains(&Tokens)

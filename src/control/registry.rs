@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::ids::{AgentId, Capability, Generation, ModelId};
+use crate::admission::estimator::PublishedRatio;
+use crate::ids::{AgentId, Capability, Generation, ModelId, ModelNameId};
 use crate::routing::{AgentProfile, EngineSignals};
 use crate::sibling::map::SiblingMap;
 use crate::snapshot::{ModelEntry, ModelKey, RoutingSnapshot};
@@ -138,7 +139,12 @@ pub struct Registry {
     health: HealthTimes,
     agents: HashMap<AgentId, AgentRecord>,
     model_ids: HashMap<(String, Capability), ModelId>,
-    model_names: Vec<(String, Capability)>,
+    /// Every name seen, by its [`ModelNameId`].
+    model_names: Vec<String>,
+    name_ids: HashMap<String, ModelNameId>,
+    /// Each model's learned input ratio, the same cell in every snapshot: its owner shard
+    /// publishes, every shard reads (`admission::estimator::PublishedRatio`).
+    ratios: HashMap<ModelId, Arc<PublishedRatio>>,
     version: u64,
     /// The pushed sibling map (`PUT /admin/sibling-map`); `None` until one is pushed.
     siblings: Option<Siblings>,
@@ -154,6 +160,8 @@ impl Registry {
             agents: HashMap::new(),
             model_ids: HashMap::new(),
             model_names: Vec::new(),
+            name_ids: HashMap::new(),
+            ratios: HashMap::new(),
             version: 0,
             siblings: None,
             next_generation: 0,
@@ -201,20 +209,18 @@ impl Registry {
 
     /// The model name behind an id (every id was assigned here).
     pub fn model_name(&self, model: ModelId) -> Option<&str> {
-        self.model_names
-            .get(model.0 as usize)
-            .map(|(name, _)| name.as_str())
+        let name = self.model_names.get(model.name().0 as usize)?;
+        let assigned = self.model_ids.get(&(name.clone(), model.capability()));
+        (assigned == Some(&model)).then_some(name.as_str())
     }
 
     /// The name and capability behind an id: how the disk database names a model (ids are
     /// this process's own).
     pub fn model_key(&self, model: ModelId) -> Option<ModelKey> {
-        self.model_names
-            .get(model.0 as usize)
-            .map(|(name, capability)| ModelKey {
-                name: name.as_str().into(),
-                capability: *capability,
-            })
+        self.model_name(model).map(|name| ModelKey {
+            name: name.into(),
+            capability: model.capability(),
+        })
     }
 
     /// The id of a model this router has seen under this name and capability, without assigning
@@ -541,7 +547,7 @@ impl Registry {
         let mut listing = Vec::with_capacity(ids.len());
         let mut entries = Vec::with_capacity(ids.len());
         for id in ids {
-            let (name, capability) = &self.model_names[id.0 as usize];
+            let (name, capability) = (&self.model_names[id.name().0 as usize], &id.capability());
             let summary = &summaries[id];
             let entry = serde_json::json!({
                 "id": name,
@@ -571,6 +577,8 @@ impl Registry {
                     healthy_agents: summary.healthy,
                     policy: policies.effective(name),
                     hold_budget: holds.get(id).copied(),
+                    // Every id was assigned by `model_id`, with its cell.
+                    tokens_per_byte: self.ratios.get(id).cloned().unwrap_or_default(),
                 },
             ));
         }
@@ -587,11 +595,11 @@ impl Registry {
         for name in claimed {
             provider_only.insert(self.model_id(&name, Capability::Llm));
         }
-        for (index, (name, capability)) in self.model_names.iter().enumerate() {
+        for ((name, capability), id) in &self.model_ids {
             if *capability == Capability::Llm
                 && policies.effective_ref(name).fallback_provider.is_some()
             {
-                provider_only.insert(ModelId(index as u32));
+                provider_only.insert(*id);
             }
         }
         let mut asleep: BTreeSet<ModelId> = holds.keys().copied().collect();
@@ -600,7 +608,7 @@ impl Registry {
             if summaries.contains_key(&id) {
                 continue;
             }
-            let (name, capability) = &self.model_names[id.0 as usize];
+            let (name, capability) = (&self.model_names[id.name().0 as usize], &id.capability());
             entries.push((
                 name.clone().into_boxed_str(),
                 *capability,
@@ -610,6 +618,7 @@ impl Registry {
                     healthy_agents: 0,
                     policy: policies.effective(name),
                     hold_budget: holds.get(&id).copied(),
+                    tokens_per_byte: self.ratios.get(&id).cloned().unwrap_or_default(),
                 },
             ));
         }
@@ -624,9 +633,18 @@ impl Registry {
         if let Some(id) = self.model_ids.get(&key) {
             return *id;
         }
-        let id = ModelId(self.model_names.len() as u32);
-        self.model_names.push(key.clone());
+        let name = match self.name_ids.get(name) {
+            Some(name) => *name,
+            None => {
+                let id = ModelNameId(self.model_names.len() as u32);
+                self.model_names.push(name.to_owned());
+                self.name_ids.insert(name.to_owned(), id);
+                id
+            }
+        };
+        let id = ModelId::new(name, capability);
         self.model_ids.insert(key, id);
+        self.ratios.insert(id, Arc::default());
         id
     }
 

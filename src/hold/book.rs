@@ -5,7 +5,10 @@
 //! total of held requests is [`super::HeldTotal`], shared by the shards. The seed's rules it owns:
 //! - **Hold limits** ("Hold limits"): at most `per_model` requests held per model, `per_key` per
 //!   API key and model (requests without a key have only the other limits). A request beyond
-//!   either is refused and not counted in the pending demand.
+//!   either is refused and not counted in the pending demand. "Model" is the name, whatever the
+//!   endpoint's kind: a chat and an embedding request for one name count against the same
+//!   limits, which is why every capability of a name has the same owner shard
+//!   ([`ModelId::owner`]), this book's.
 //! - **Pending demand** ("Pending demand and the autoscaler"): the distinct requests waiting for
 //!   a model — held now, or released by a wake and still without a slot. Requests of one key
 //!   with the same client request ID (a UUID) count once; requests without an ID count on their
@@ -21,8 +24,8 @@
 use std::collections::HashMap;
 
 use crate::ids::KeyId;
-use crate::ids::ModelId;
 use crate::ids::Ticket;
+use crate::ids::{ModelId, ModelNameId};
 
 /// The per-model hold limits a book enforces; each at least 1 (start-up refuses anything else).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,11 +95,19 @@ struct Entry {
     arrival: u64,
 }
 
+/// One model (name and capability): its pending demand, `hivenet_pending_demand` per kind.
 #[derive(Debug, Default, Clone)]
 struct ModelCounts {
+    /// Held now (not yet released): the entry goes once this and `pending` are 0.
     held: u32,
     /// Distinct waiting requests (held or released without a slot).
     pending: u32,
+}
+
+/// One model name, every kind: what the hold limits count.
+#[derive(Debug, Default, Clone)]
+struct NameCounts {
+    held: u32,
     held_per_key: HashMap<KeyId, u32>,
 }
 
@@ -112,6 +123,8 @@ pub struct HoldBook {
     limits: HoldLimits,
     entries: HashMap<Ticket, Entry>,
     models: HashMap<ModelId, ModelCounts>,
+    /// The held requests of each model name, against the hold limits.
+    names: HashMap<ModelNameId, NameCounts>,
     /// Live entries per (key, client ID, model): the first makes the pair count in the demand.
     duplicates: HashMap<(Option<KeyId>, ClientId, ModelId), u32>,
     held_total: u32,
@@ -138,7 +151,7 @@ impl HoldBook {
         if self.entries.contains_key(&ticket) {
             return Err(HoldRefusal::Full);
         }
-        let counts = self.models.get(&model);
+        let counts = self.names.get(&model.name());
         let held_for_model = counts.map_or(0, |counts| counts.held);
         let held_for_key = match (counts, key) {
             (Some(counts), Some(key)) => counts.held_per_key.get(&key).copied().unwrap_or(0),
@@ -151,11 +164,13 @@ impl HoldBook {
         }
         let arrival = self.arrivals;
         self.arrivals += 1;
+        let name = self.names.entry(model.name()).or_default();
+        name.held += 1;
+        if let Some(key) = key {
+            *name.held_per_key.entry(key).or_insert(0) += 1;
+        }
         let counts = self.models.entry(model).or_default();
         counts.held += 1;
-        if let Some(key) = key {
-            *counts.held_per_key.entry(key).or_insert(0) += 1;
-        }
         let first_of_its_kind = match client {
             None => true,
             Some(client) => {
@@ -267,15 +282,23 @@ impl HoldBook {
             .get_mut(&entry.model)
             .expect("a held entry has its model's counts");
         counts.held -= 1;
+        let name = self
+            .names
+            .get_mut(&entry.model.name())
+            .expect("a held entry has its name's counts");
+        name.held -= 1;
         if let Some(key) = entry.key {
-            let per_key = counts
+            let per_key = name
                 .held_per_key
                 .get_mut(&key)
                 .expect("a held keyed entry has its key's count");
             *per_key -= 1;
             if *per_key == 0 {
-                counts.held_per_key.remove(&key);
+                name.held_per_key.remove(&key);
             }
+        }
+        if name.held == 0 {
+            self.names.remove(&entry.model.name());
         }
     }
 }
@@ -285,7 +308,13 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const M: ModelId = ModelId(1);
+    use crate::ids::Capability;
+
+    const M: ModelId = ModelId(0);
+
+    fn model(name: u32, capability: Capability) -> ModelId {
+        ModelId::new(ModelNameId(name), capability)
+    }
 
     /// A book that hands out tickets in order, as requesters do.
     struct Counter(u64);
@@ -351,13 +380,40 @@ mod tests {
             "per model"
         );
         // Another model has its own limit; a ticket cannot be held twice.
-        tickets.hold(&mut book, ModelId(2), None, None).unwrap();
-        assert_eq!(
-            book.hold(second, ModelId(2), None, None),
-            Err(HoldRefusal::Full)
-        );
+        let other = model(1, Capability::Llm);
+        tickets.hold(&mut book, other, None, None).unwrap();
+        assert_eq!(book.hold(second, other, None, None), Err(HoldRefusal::Full));
         assert_eq!(book.pending_demand(M), 3);
         assert_eq!(book.held_total(), 4);
+    }
+
+    #[test]
+    fn limits_count_per_model_name_whatever_the_kind() {
+        let mut book = HoldBook::new(HoldLimits {
+            per_model: 2,
+            per_key: 1,
+        });
+        let mut tickets = Counter(0);
+        let (chat, embedding) = (model(0, Capability::Llm), model(0, Capability::Embedding));
+        let key = Some(KeyId(7));
+        tickets.hold(&mut book, chat, key, None).unwrap();
+        // Per key and model: the key's embedding request is its second for the model.
+        assert_eq!(
+            tickets.hold(&mut book, embedding, key, None),
+            Err(HoldRefusal::Full)
+        );
+        tickets.hold(&mut book, embedding, None, None).unwrap();
+        // Per model: two held, one of each kind.
+        assert_eq!(
+            tickets.hold(&mut book, model(0, Capability::Reranker), None, None),
+            Err(HoldRefusal::Full)
+        );
+        // Another name has its own limits; the demand stays per kind.
+        tickets
+            .hold(&mut book, model(1, Capability::Embedding), key, None)
+            .unwrap();
+        assert_eq!(book.pending_demand(chat), 1);
+        assert_eq!(book.pending_demand(embedding), 1);
     }
 
     #[test]
@@ -413,7 +469,8 @@ mod tests {
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             (
-                0u32..3,
+                // Two names, every kind of each.
+                0u32..6,
                 proptest::option::of(0u32..3),
                 proptest::option::of(0u8..3)
             )
@@ -447,12 +504,16 @@ mod tests {
                     }
                     _ => {}
                 }
-                prop_assert!(book.held_total() <= 15);
-                for model in 0..3 {
+                prop_assert!(book.held_total() <= 10);
+                for counts in book.names.values() {
+                    prop_assert!(counts.held <= 5);
+                    prop_assert!(counts.held_per_key.values().all(|held| *held <= 3));
+                }
+                for model in 0..6 {
                     let oldest_first = book.held_for(ModelId(model));
                     prop_assert!(oldest_first.windows(2).all(|pair| pair[0].sequence < pair[1].sequence));
                 }
-                for model in 0..3 {
+                for model in 0..6 {
                     let model = ModelId(model);
                     let mut distinct = std::collections::HashSet::new();
                     let mut anonymous = 0;
@@ -473,6 +534,7 @@ mod tests {
             }
             prop_assert_eq!(book.held_total(), 0);
             prop_assert!(book.models.is_empty());
+            prop_assert!(book.names.is_empty());
             prop_assert!(book.duplicates.is_empty());
             prop_assert!(book.entries.is_empty());
         }

@@ -6,10 +6,13 @@
 use std::rc::Rc;
 use std::time::Duration;
 
+use crate::http::prompt::PromptShape;
 use crate::ids::{AgentId, Generation, KeyId, ModelId, TenantId, Ticket};
 use crate::limits::{Delivery, UsedTokens};
 use crate::routing::Grant;
-use crate::shard::owner::{Admitted, HoldAnswer, Notice, OccupancyUpdate, QuotaAdmission, Release};
+use crate::shard::owner::{
+    Admitted, HoldAnswer, Notice, Observed, OccupancyUpdate, QuotaAdmission, Release,
+};
 use crate::shard::state::Shard;
 
 /// A held agent slot (and the request's occupancy reservation, if it has one). Dropping it
@@ -25,6 +28,8 @@ pub struct Slot {
     ticket: Ticket,
     /// The owner holds an occupancy reservation under `ticket`.
     reserved: bool,
+    /// Exact input usage to train the model's estimator with, sent with the release.
+    observed: std::cell::Cell<Option<Observed>>,
 }
 
 impl Slot {
@@ -43,7 +48,18 @@ impl Slot {
             step: grant.step,
             ticket,
             reserved,
+            observed: std::cell::Cell::new(None),
         }
+    }
+
+    /// The backend reported `exact_input_tokens` for the prompt `shape` of a complete answer:
+    /// the model's owner learns from it when the slot is released (its estimator is the
+    /// router's one for the model).
+    pub fn observe(&self, shape: PromptShape, exact_input_tokens: u64) {
+        self.observed.set(Some(Observed {
+            shape,
+            exact_input_tokens,
+        }));
     }
 
     /// Whether the request holds occupancy that streamed output should grow.
@@ -73,6 +89,7 @@ impl Drop for Slot {
                 step: self.step,
             },
             ticket: self.ticket,
+            observed: self.observed.take(),
         });
     }
 }

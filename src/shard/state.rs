@@ -102,10 +102,6 @@ pub struct Shard {
     rejections: PerModelCounts<Reason>,
     /// How the policy routed this shard's requests, by model.
     policy_outcomes: PerModelCounts<PolicyOutcome>,
-    /// This shard's learned tokens-per-byte ratios, trained on the exact usage of the requests
-    /// it serves (each shard learns its own copy; with connections spread over shards the copies
-    /// see the same traffic and converge alike).
-    pub estimator: RefCell<crate::admission::estimator::Estimator>,
     /// The tenant series and audit records of the requests this shard served.
     pub accounting: crate::accounting::Accounting,
     pub(super) to_control: crate::control::queues::ToControl,
@@ -160,7 +156,6 @@ impl Shard {
             park_timer: Cell::new(false),
             rejections: RefCell::new(IdMap::default()),
             policy_outcomes: RefCell::new(IdMap::default()),
-            estimator: RefCell::new(crate::admission::estimator::Estimator::default()),
             accounting: Default::default(),
             clients,
             lifecycle: Default::default(),

@@ -131,6 +131,7 @@ impl Answer {
                 model,
                 grant,
                 ticket,
+                observed: None,
             }),
             Answer::Decided {
                 model,
@@ -149,16 +150,25 @@ impl Answer {
     }
 }
 
+/// A complete answer's exact input usage, for the model's estimator.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Observed {
+    pub shape: crate::http::prompt::PromptShape,
+    pub exact_input_tokens: u64,
+}
+
 /// One-way news from a requester to an owner: the request gives back what it held.
 #[derive(Debug)]
 pub enum Notice {
     /// The request gave up waiting; whatever the ticket holds or waits for at the owner goes.
     Cancel { ticket: Ticket, model: ModelId },
-    /// The request is finished with its slot and its reservation.
+    /// The request is finished with its slot and its reservation; `observed`, the exact input
+    /// of a complete answer, trains the model's estimator.
     Release {
         model: ModelId,
         grant: Grant,
         ticket: Ticket,
+        observed: Option<Observed>,
     },
     /// The request ends before it got a slot; its reservation goes.
     ReleaseReservation { model: ModelId, ticket: Ticket },
@@ -407,9 +417,14 @@ impl Owner {
                 model,
                 grant,
                 ticket,
-            } => self
-                .models
-                .release(clock.now(), model, grant, ticket, effects),
+                observed,
+            } => {
+                self.models
+                    .release(clock.now(), model, grant, ticket, effects);
+                if let Some(observed) = observed {
+                    self.learn(model, observed);
+                }
+            }
             Notice::ReleaseReservation { model, ticket } => {
                 self.models
                     .release_reservation(clock.now(), model, ticket, effects)
@@ -440,6 +455,22 @@ impl Owner {
             Notice::Quota(Release::Cancel { tenant, admission }) => {
                 self.quotas.cancel(tenant, admission)
             }
+        }
+    }
+
+    /// Trains `model`'s estimator, the router's one (this shard owns the model), and publishes
+    /// its new ratio where every shard reads it.
+    fn learn(&mut self, model: ModelId, observed: Observed) {
+        let learned =
+            self.models
+                .estimator
+                .observe(model, &observed.shape, observed.exact_input_tokens);
+        if let crate::admission::estimator::Observation::Learned {
+            tokens_per_byte, ..
+        } = learned
+            && let Some(published) = self.snapshot.ratio_of(model)
+        {
+            published.publish(tokens_per_byte);
         }
     }
 

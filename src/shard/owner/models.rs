@@ -158,6 +158,9 @@ pub struct Models {
     rejections: IdMap<(ModelId, Reason), u64>,
     /// `None`: this router's budgets are its own (no shared store).
     sharing: Option<Sharing>,
+    /// The input estimate's ratios of the models owned here, learned from exact usage (the
+    /// router's one ratio per model; `Owner::learn` publishes them).
+    pub estimator: crate::admission::estimator::Estimator,
 }
 
 impl Models {
@@ -170,6 +173,7 @@ impl Models {
             holds: HoldBook::new(hold_limits),
             rejections: IdMap::default(),
             sharing: None,
+            estimator: crate::admission::estimator::Estimator::default(),
         }
     }
 

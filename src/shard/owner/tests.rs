@@ -162,6 +162,7 @@ fn a_release_grants_the_queued_ticket() {
             model: MODEL,
             grant,
             ticket: ticket(1),
+            observed: None,
         },
         &mut effects,
     );
@@ -225,6 +226,7 @@ fn a_release_admits_the_parked_ticket_and_grants_it() {
             model: MODEL,
             grant,
             ticket: ticket(1),
+            observed: None,
         },
         &mut effects,
     );
@@ -271,6 +273,7 @@ fn a_cancelled_parked_ticket_is_never_decided() {
             model: MODEL,
             grant,
             ticket: ticket(1),
+            observed: None,
         },
         &mut effects,
     );
@@ -550,6 +553,7 @@ impl Run {
                 model: MODEL,
                 grant,
                 ticket,
+                observed: None,
             }),
             Held::Reserved => self.notice(Notice::ReleaseReservation {
                 model: MODEL,
@@ -913,4 +917,67 @@ fn a_keys_occupancy_share_is_split_between_the_routers() {
         decision(owner.serve(&at(1), ticket(3), keyed(3, 1), &mut effects)),
         Some(Decision::KeyShare)
     );
+}
+
+/// Issue 15, item 7: the model's owner trains its one ratio from the exact usage a release
+/// brings, and publishes it where every shard's snapshot entry reads it.
+#[test]
+fn exact_usage_with_a_release_trains_the_models_one_published_ratio() {
+    use crate::admission::estimator::{PublishedRatio, TOKENS_PER_BYTE_START};
+    use crate::http::prompt::PromptShape;
+    use crate::snapshot::{Capability, ModelEntry};
+
+    let mut owner = owner();
+    let ratio = Arc::new(PublishedRatio::default());
+    let entry = ModelEntry {
+        id: MODEL,
+        owner_shard: 0,
+        healthy_agents: 1,
+        policy: policy(0),
+        hold_budget: None,
+        tokens_per_byte: ratio.clone(),
+    };
+    let mut effects = Effects::default();
+    owner.set_snapshot(
+        Arc::new(RoutingSnapshot::new(
+            1,
+            [(Box::<str>::from("m"), Capability::Llm, entry)],
+            Vec::new(),
+        )),
+        &mut effects,
+    );
+    assert_eq!(ratio.tokens_per_byte(), TOKENS_PER_BYTE_START);
+    let shape = PromptShape {
+        text_bytes: 1000,
+        tools_bytes: 0,
+        messages: 1,
+        images: 0,
+    };
+    let release = |sequence, observed| Notice::Release {
+        model: MODEL,
+        grant: Grant {
+            agent: AGENT,
+            generation: Generation(0),
+            step: 0,
+        },
+        ticket: ticket(sequence),
+        observed,
+    };
+    // 254 exact tokens: 4 for the message, 250 over 1000 bytes.
+    let observed = Observed {
+        shape,
+        exact_input_tokens: 254,
+    };
+    owner.notice(&at(0), release(1, Some(observed)), &mut effects);
+    let expected = 0.8 * TOKENS_PER_BYTE_START + 0.2 * 0.25;
+    assert!((ratio.tokens_per_byte() - expected).abs() < 1e-12);
+    assert_eq!(
+        ratio.estimate(&shape),
+        (1000.0 * expected).ceil() as u64 + 4
+    );
+    assert_eq!(owner.models.estimator.observations(MODEL), 1);
+    // A release without exact usage (none reported, a broken answer) teaches nothing.
+    owner.notice(&at(0), release(2, None), &mut effects);
+    assert_eq!(owner.models.estimator.observations(MODEL), 1);
+    assert!((ratio.tokens_per_byte() - expected).abs() < 1e-12);
 }

@@ -64,6 +64,7 @@ fn snapshot(version: u64, models: &[&str]) -> RoutingSnapshot {
                         &Default::default(),
                     )),
                     hold_budget: None,
+                    tokens_per_byte: Default::default(),
                 },
             )
         }),
