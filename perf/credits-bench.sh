@@ -87,7 +87,7 @@ for variant in none valkey; do
     python3 - "$out/steps.json" "$variant" "$rate" "$before" "$after" "$DURATION" >>"$results" <<'PY'
 import json, sys
 steps, variant, rate, before, after, duration = sys.argv[1:]
-step = json.load(open(steps))[0]
+step = json.load(open(steps))["steps"][0]
 def get(*names):
     for name in names:
         if name in step:
