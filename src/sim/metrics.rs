@@ -12,7 +12,7 @@ struct Family {
     help: &'static str,
 }
 
-const FAMILIES: [Family; 6] = [
+const FAMILIES: [Family; 7] = [
     Family {
         name: "vllm:num_requests_running",
         kind: "gauge",
@@ -43,6 +43,11 @@ const FAMILIES: [Family; 6] = [
         kind: "gauge",
         help: "Requests waiting or running.",
     },
+    Family {
+        name: "sim_running_peak",
+        kind: "gauge",
+        help: "The most requests that were ever running at once.",
+    },
 ];
 
 /// Renders every family for every model. `kv_usage_pinned` is the control endpoint's override.
@@ -63,7 +68,8 @@ pub fn render(models: &[ModelEngine], kv_usage_pinned: Option<f64>) -> String {
                 ),
                 3 => snapshot.requests_total as f64,
                 4 => snapshot.cancelled_total as f64,
-                _ => (snapshot.waiting + snapshot.running) as f64,
+                5 => (snapshot.waiting + snapshot.running) as f64,
+                _ => snapshot.running_peak as f64,
             };
             // Model names come from the command line; escape what the exposition format requires.
             let label = model
