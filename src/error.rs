@@ -492,14 +492,7 @@ mod tests {
         let text = std::str::from_utf8(&openai).unwrap();
         assert!(text.starts_with("data: {\"error\":{\"code\":\"model_waking\""));
         assert!(text.ends_with("}}\n\n"));
-        let anthropic = waking.stream_event(crate::ids::Dialect::Anthropic);
-        let text = std::str::from_utf8(&anthropic).unwrap();
-        let data = text
-            .strip_prefix("event: error\ndata: ")
-            .and_then(|rest| rest.strip_suffix("\n\n"))
-            .unwrap();
-        let value: serde_json::Value = serde_json::from_str(data).unwrap();
-        assert_eq!(value["type"], "error");
+        let value = anthropic_event(&waking.stream_event(crate::ids::Dialect::Anthropic));
         assert_eq!(value["error"]["type"], "overloaded_error");
         assert!(
             value["error"]["message"]

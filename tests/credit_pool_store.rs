@@ -15,15 +15,21 @@ const SITE: &str = "credits";
 const EPOCH: &str = "epoch-1";
 
 fn store(valkey: &Valkey, router: &str) -> Store {
-    let (host, port) = valkey
-        .addr()
-        .rsplit_once(':')
-        .map(|(h, p)| (h.to_owned(), p.parse().unwrap()))
-        .unwrap();
+    store_at(&[valkey.addr()], None, router)
+}
+
+/// A store for `router` at `addrs`: the primary, or the Sentinels of `sentinel_master`.
+fn store_at(addrs: &[String], sentinel_master: Option<&str>, router: &str) -> Store {
     Store::new(
         StoreSettings {
-            addrs: vec![(host, port)],
-            sentinel_master: None,
+            addrs: addrs
+                .iter()
+                .map(|addr| {
+                    let (host, port) = addr.rsplit_once(':').unwrap();
+                    (host.to_owned(), port.parse().unwrap())
+                })
+                .collect(),
+            sentinel_master: sentinel_master.map(str::to_owned),
             password: None,
             tls: false,
             tls_ca: None,
@@ -176,25 +182,7 @@ fn a_failover_before_the_acknowledgement_loses_the_grant_and_is_noticed() {
     replica.wait_replica_synced();
     let mut sentinels = Sentinels::start(3, &primary, "hivenet");
     primary.command(&["SET", "hivenet:{credits}:epoch", EPOCH]);
-    let mut store = Store::new(
-        StoreSettings {
-            addrs: sentinels
-                .addrs()
-                .iter()
-                .map(|addr| {
-                    let (host, port) = addr.rsplit_once(':').unwrap();
-                    (host.to_owned(), port.parse().unwrap())
-                })
-                .collect(),
-            sentinel_master: Some("hivenet".into()),
-            password: None,
-            tls: false,
-            tls_ca: None,
-        },
-        SITE,
-        "router-0",
-        std::time::Duration::from_secs(2),
-    );
+    let mut store = store_at(&sentinels.addrs(), Some("hivenet"), "router-0");
     let rt = runtime();
     rt.block_on(async {
         store.ensure_connected().await.unwrap();

@@ -77,19 +77,22 @@ fn send_chat(site: &Site, stream: bool) -> Conn {
     conn
 }
 
+/// Sim flags for `sleepy` answers that stream for about eight seconds.
+const EIGHT_SECOND_ANSWERS: [&str; 6] = [
+    "--models",
+    "sleepy",
+    "--itl",
+    "800ms",
+    "--output-tokens",
+    "10",
+];
+
 #[test]
 fn a_released_request_whose_queue_wait_runs_out_moves_to_the_next_fallback_step() {
     // Each streamed answer takes about eight seconds; the queue wait is five.
     let mut site = site(
         "released_move_on",
-        &[&[
-            "--models",
-            "sleepy",
-            "--itl",
-            "800ms",
-            "--output-tokens",
-            "10",
-        ]],
+        &[&EIGHT_SECOND_ANSWERS],
         "routing_policy:\n  match:\n    region: primary\n  strategy: least-loaded\nfallback_chain:\n  - name: spare\n    match:\n      region: spare\n    strategy: least-loaded\n",
         &["--request-timeout", "5s", "--queue-depth", "1"],
         &[],
@@ -149,14 +152,7 @@ fn a_released_request_whose_queue_wait_runs_out_moves_to_the_next_fallback_step(
 fn a_released_request_whose_wait_runs_out_at_the_last_step_is_504() {
     let mut site = site(
         "released_last_step",
-        &[&[
-            "--models",
-            "sleepy",
-            "--itl",
-            "800ms",
-            "--output-tokens",
-            "10",
-        ]],
+        &[&EIGHT_SECOND_ANSWERS],
         "routing_policy:\n  strategy: least-loaded\n",
         &["--request-timeout", "2s", "--queue-depth", "1"],
         &[],

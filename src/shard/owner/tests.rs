@@ -70,6 +70,18 @@ fn gated(
     park_until: Option<Millis>,
     with_slot: bool,
 ) -> Visit {
+    gated_with_share(sequence, tokens, budget, park_until, with_slot, 0.0)
+}
+
+/// [`gated`] for a key with a B4 occupancy `share` of the model.
+fn gated_with_share(
+    sequence: u64,
+    tokens: u64,
+    budget: u64,
+    park_until: Option<Millis>,
+    with_slot: bool,
+    share: f64,
+) -> Visit {
     Visit::Acquire {
         model: MODEL,
         pool: Some(PoolRequest {
@@ -80,7 +92,7 @@ fn gated(
                     declared_output_tokens: 0,
                 },
                 key: KeyId(1),
-                share: 0.0,
+                share,
             },
             policy: policy(budget),
             park_until,
@@ -879,24 +891,8 @@ fn a_keys_occupancy_share_is_split_between_the_routers() {
     use crate::shard::owner::wallets::CreditNews;
     let (mut owner, mut effects) = (sharing_owner(2), Effects::default());
     up(&mut owner, 4, 1, &mut effects);
-    let keyed = |sequence: u64, tokens: u64| Visit::Acquire {
-        model: MODEL,
-        pool: Some(PoolRequest {
-            claim: Claim {
-                ticket: ticket(sequence),
-                footprint: Footprint {
-                    input_tokens: tokens,
-                    declared_output_tokens: 0,
-                },
-                key: KeyId(1),
-                share: 0.5,
-            },
-            policy: policy(100),
-            park_until: None,
-            refuse_oversize: false,
-        }),
-        slot: None,
-    };
+    let keyed =
+        |sequence: u64, tokens: u64| gated_with_share(sequence, tokens, 100, None, false, 0.5);
     let _ = owner.serve(&at(0), ticket(1), keyed(1, 1), &mut effects);
     owner.models.credit_news(
         Millis(0),
