@@ -8,6 +8,8 @@
 //!   hold more than the budget through grants.
 //! - Each round a router rewrites what it holds (what it uses plus its headroom, or more when a
 //!   stream grew past its credits: the seed's one stated excess, recorded so the others see it).
+//!   A router that holds nothing in the pool was given up by the others (or its run replaced):
+//!   only what it has in flight is written, never credits, and it learns it was given up.
 //! - A router ID runs one process at a time: a holding written by a newer run replaces the
 //!   older run's, which is given back at once.
 //! - The pool carries the store's epoch. A grant or rewrite made by a router that has not seen
@@ -24,6 +26,15 @@ pub struct Holding {
     /// The router's run (its start time): a newer run replaces an older one.
     pub run: u64,
     pub held: u64,
+}
+
+/// What a rewrite found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rewritten {
+    Held,
+    /// The router held nothing here (given up by the others): only what is in flight was
+    /// written.
+    GivenUp,
 }
 
 /// Why the pool refused a router's call.
@@ -110,17 +121,31 @@ impl Pool {
         Ok(granted)
     }
 
-    /// The router's per-round rewrite of what it holds. Lower than before gives credits back;
-    /// higher is only ever what streamed output grew past the router's credits (never a grant).
+    /// The router's per-round rewrite of what it holds (`sync::pool_store::REWRITE` runs the
+    /// same rule). Lower than before gives credits back; higher is only ever what streamed
+    /// output grew past the router's credits (never a grant). When the pool has no holding of
+    /// this run (the others gave the router up), only `in_use` is written and the answer is
+    /// [`Rewritten::GivenUp`]: the router forfeits what it believed it held.
     pub fn rewrite(
         &mut self,
         router: &str,
         run: u64,
         epoch: u64,
         held: u64,
-    ) -> Result<(), PoolError> {
-        self.entry(router, run, epoch)?.held = held;
-        Ok(())
+        in_use: u64,
+    ) -> Result<Rewritten, PoolError> {
+        let known = self
+            .holdings
+            .get(router)
+            .is_some_and(|holding| holding.run == run);
+        let holding = self.entry(router, run, epoch)?;
+        if known || held <= in_use {
+            holding.held = held;
+            Ok(Rewritten::Held)
+        } else {
+            holding.held = in_use;
+            Ok(Rewritten::GivenUp)
+        }
     }
 
     /// A clean shutdown, or the others giving the router up (only the run they gave up: a newer
@@ -149,7 +174,7 @@ mod tests {
         assert_eq!(pool.grant("c", 1, 1, 10, 100), Ok(0));
         assert_eq!(pool.held(), 100);
         // A returns half in its round: B can have it.
-        pool.rewrite("a", 1, 1, 30).unwrap();
+        pool.rewrite("a", 1, 1, 30, 0).unwrap();
         assert_eq!(pool.grant("b", 1, 1, 50, 100), Ok(30));
         assert_eq!(pool.held(), 100);
     }
@@ -161,7 +186,7 @@ mod tests {
         // The restarted router holds nothing it did not ask for: the old run's 80 are free again.
         assert_eq!(pool.grant("a", 2, 1, 100, 100), Ok(100));
         // The old process, still writing, is refused.
-        assert_eq!(pool.rewrite("a", 1, 1, 80), Err(PoolError::Replaced));
+        assert_eq!(pool.rewrite("a", 1, 1, 80, 0), Err(PoolError::Replaced));
         assert_eq!(pool.grant("a", 1, 1, 1, 100), Err(PoolError::Replaced));
     }
 
@@ -169,8 +194,19 @@ mod tests {
     fn a_router_that_missed_the_stores_data_loss_is_refused() {
         let mut pool = Pool::new(2);
         assert_eq!(pool.grant("a", 1, 1, 10, 100), Err(PoolError::StaleEpoch));
-        assert_eq!(pool.rewrite("a", 1, 1, 10), Err(PoolError::StaleEpoch));
+        assert_eq!(pool.rewrite("a", 1, 1, 10, 0), Err(PoolError::StaleEpoch));
         assert_eq!(pool.held(), 0);
+    }
+
+    #[test]
+    fn a_router_given_up_writes_back_only_what_is_in_flight() {
+        let mut pool = Pool::new(1);
+        pool.grant("a", 1, 1, 40, 100).unwrap();
+        pool.release("a", 1);
+        assert_eq!(pool.rewrite("a", 1, 1, 40, 15), Ok(Rewritten::GivenUp));
+        assert_eq!(pool.held(), 15);
+        assert_eq!(pool.rewrite("a", 1, 1, 20, 15), Ok(Rewritten::Held));
+        assert_eq!(pool.held(), 20);
     }
 
     #[test]
@@ -224,7 +260,7 @@ mod tests {
                     Call::Shrink { router, run, by } => {
                         let router = router.to_string();
                         let held = pool.holding(&router).map_or(0, |holding| holding.held);
-                        let _ = pool.rewrite(&router, run, 1, held.saturating_sub(by));
+                        let _ = pool.rewrite(&router, run, 1, held.saturating_sub(by), 0);
                     }
                     Call::Release { router, run } => pool.release(&router.to_string(), run),
                 }

@@ -2,8 +2,9 @@
 //! store with a lagging replica, clients, on a virtual clock, driven by a seeded random
 //! generator, with faults: the store losing its data, a failover to a replica that missed the
 //! latest writes (grants not acknowledged among them), routers cut off from the store and back,
-//! routers crashing and restarting. After every step it checks that the requests all routers
-//! run together never need more than the budget, beyond the seed's one stated excess.
+//! routers crashing and restarting, agents losing and regaining sessions, agents stopping, and
+//! streamed growth. After every step it checks that the requests all routers run together never
+//! need more than the budget, beyond the seed's two stated excesses.
 //!
 //! It drives the real pure logic ([`Pool`], [`Wallet`], [`PoolView`], [`may_reclaim`]); what it
 //! adds is the protocol around them the sync core runs (`sync::credits`, `sync::core`): refills
@@ -29,9 +30,18 @@
 //!   lost of the others and what was free, for the settle window (`PoolView::failed_over`),
 //!   and takes no credits until a round has rewritten what it holds.
 //!
-//! Not modelled yet: streamed growth, the oversized-request rule, several shards per router
-//! (each model has one owner shard, so a router's wallets are one party), agents as separate
-//! parties, midnight and reloads (neither touches occupancy).
+//! - Agents with sessions to some routers, sessions that break and come back, agents that stop:
+//!   a router the others give up may still run requests on an agent that connected after its
+//!   last heartbeat, which no other router hears (seed 1724, and 2866 with a router cut off just
+//!   after): an agent takes a router's requests only once a heartbeat has published it; the
+//!   others ask every agent they hear as well as those published; a router cut off from the
+//!   store with an agent connected since its last round admits nothing until the store answers
+//!   (seed 22 without that rule).
+//!
+//! Streamed growth past the credits is taken and allowed for, as the seed states. Not modelled:
+//! the oversized-request rule (unit-tested in `credits::wallet`), several shards per router
+//! (a model's wallets live on its one owner shard), midnight and reloads (neither touches
+//! occupancy).
 //!
 //! A failing seed is printed and reproduces with `sim::run(seed, STEPS, true)`, or with
 //! `SIM_TRACE=1 SIM_SEED=N cargo test --lib credits::sim::trace -- --nocapture`,
@@ -39,7 +49,7 @@
 
 use std::collections::BTreeMap;
 
-use super::pool::{Pool, PoolError};
+use super::pool::{Pool, PoolError, Rewritten};
 use super::view::PoolView;
 use super::wallet::{Cap, Wallet};
 use super::{AgentSays, may_reclaim};
@@ -53,14 +63,38 @@ const INTERVAL_MS: u64 = 1000;
 /// Request timeout + ten intervals + 5 s, with a 2 s request timeout.
 const SETTLE_MS: u64 = 2_000 + 10 * INTERVAL_MS + 5_000;
 const HEADROOM: u64 = 5;
+/// Agents, each with a session to some of the routers (all at first).
+const AGENTS: usize = 2;
+
+/// A router's heartbeat as the store keeps it.
+#[derive(Debug, Clone)]
+struct Beat {
+    at: u64,
+    run: u64,
+    /// The agents with a session to the router at that round.
+    agents: Vec<usize>,
+}
+
+/// One request in flight on an engine.
+#[derive(Debug, Clone, Copy)]
+struct Request {
+    need: u64,
+    /// Streamed output past what was admitted (taken whatever the credits).
+    grown: u64,
+    ends: u64,
+    /// Admitted alone across a store data loss (the seed's stated excess).
+    alone: bool,
+    /// The agent whose engine runs it.
+    agent: usize,
+}
 
 struct Store {
     pool: Pool,
     epoch: u64,
     /// When the current epoch began (the settle window runs from it).
     epoch_since: u64,
-    /// Last heartbeat (time, run) per router.
-    heartbeats: BTreeMap<usize, (u64, u64)>,
+    /// Last heartbeat per router.
+    heartbeats: BTreeMap<usize, Beat>,
     /// The replica: the primary's pool as of its last sync (it lags).
     replica: Pool,
     /// Failovers so far (routers notice one by the primary's new replication ID).
@@ -75,8 +109,12 @@ struct Router {
     /// This router's last round reached the store (its own view): credits count only then.
     store_ok: bool,
     wallet: Wallet,
-    /// In flight: (need, when it ends, admitted alone across a store data loss).
-    requests: Vec<(u64, u64, bool)>,
+    requests: Vec<Request>,
+    /// Cut off from the store (its last round failed) and an agent connected since: admits
+    /// nothing until a round reaches the store.
+    closed: bool,
+    /// The agents its last heartbeat in the store published.
+    published: Vec<usize>,
     /// The store epoch this router knows, if any.
     epoch: Option<u64>,
     /// What it saw of the pool, and its guard after a loss.
@@ -100,6 +138,8 @@ impl Router {
             store_ok: false,
             wallet: Wallet::new(Millis(now)),
             requests: Vec::new(),
+            closed: false,
+            published: Vec::new(),
             epoch: None,
             view: PoolView::new(),
             next_round: now,
@@ -111,7 +151,10 @@ impl Router {
 
     /// What this router runs now.
     fn in_use(&self) -> u64 {
-        self.requests.iter().map(|(need, _, _)| need).sum()
+        self.requests
+            .iter()
+            .map(|request| request.need + request.grown)
+            .sum()
     }
 }
 
@@ -128,6 +171,8 @@ struct Sim {
     rng: fastrand::Rng,
     store: Store,
     routers: Vec<Router>,
+    /// Which router each agent has a session with.
+    links: [[bool; ROUTERS]; AGENTS],
     next_request: u64,
 }
 
@@ -151,6 +196,7 @@ impl Sim {
                 failovers: 0,
             },
             routers,
+            links: [[true; ROUTERS]; AGENTS],
             next_request: 0,
         }
     }
@@ -162,8 +208,22 @@ impl Sim {
         // not, it admits within its share alone (a router an agent reached again would admit
         // nothing: agents are not modelled yet, so the share is the looser of the two).
         let reachable = self.routers[index].store_ok && !self.routers[index].cut_off;
+        // Only an agent the router's heartbeat has published takes its requests: the others
+        // ask the agents it published before giving it up (seed 2866: an agent that connected
+        // after the last heartbeat, heard by no other router, ran requests of a router the
+        // others gave up).
+        let agents: Vec<usize> = (0..AGENTS)
+            .filter(|&a| self.links[a][index] && self.routers[index].published.contains(&a))
+            .collect();
+        if agents.is_empty() {
+            // No engine to send it to: refused before any occupancy is held.
+            return;
+        }
+        let agent = agents[self.rng.usize(0..agents.len())];
         let share = BUDGET / ROUTERS as u64;
-        let cap = if reachable && self.routers[index].unacknowledged {
+        let cap = if self.routers[index].closed {
+            Cap::Closed
+        } else if reachable && self.routers[index].unacknowledged {
             Cap::Share { share }
         } else if reachable {
             Cap::Credits
@@ -181,7 +241,13 @@ impl Sim {
             // The seed's stated excess: admitted by a router cut off from the store when it lost
             // its data (it cannot know; each such router adds at most its share).
             let alone = !reachable && self.routers[index].epoch != Some(self.store.epoch);
-            self.routers[index].requests.push((need, ends, alone));
+            self.routers[index].requests.push(Request {
+                need,
+                grown: 0,
+                ends,
+                alone,
+                agent,
+            });
             return;
         }
         if !reachable {
@@ -227,9 +293,20 @@ impl Sim {
                     router.unacknowledged = !acknowledged;
                 }
                 router.wallet.add(granted);
-                if router.wallet.admit(Millis(now), in_use, need, Cap::Credits) {
+                let cap = if router.unacknowledged {
+                    Cap::Share { share }
+                } else {
+                    Cap::Credits
+                };
+                if router.wallet.admit(Millis(now), in_use, need, cap) {
                     let ends = now + self.rng.u64(1..40) * STEP_MS;
-                    router.requests.push((need, ends, false));
+                    router.requests.push(Request {
+                        need,
+                        grown: 0,
+                        ends,
+                        alone: false,
+                        agent,
+                    });
                 }
             }
             Err(PoolError::StaleEpoch) => self.notice_new_epoch(index),
@@ -261,7 +338,10 @@ impl Sim {
         if in_use > 0 {
             // Requests in flight keep running; the pool records them, but they are no credits:
             // as they end, nothing new is admitted in their place (seed 79).
-            let _ = self.store.pool.rewrite(&name(index), run, epoch, in_use);
+            let _ = self
+                .store
+                .pool
+                .rewrite(&name(index), run, epoch, in_use, in_use);
         }
     }
 
@@ -294,7 +374,17 @@ impl Sim {
             return;
         }
         let run = self.routers[index].run;
-        self.store.heartbeats.insert(index, (now, run));
+        let agents: Vec<usize> = (0..AGENTS).filter(|&a| self.links[a][index]).collect();
+        self.routers[index].published = agents.clone();
+        self.store.heartbeats.insert(
+            index,
+            Beat {
+                at: now,
+                run,
+                agents,
+            },
+        );
+        self.routers[index].closed = false;
         self.notice_failover(index);
         let Some(epoch) = self.routers[index].epoch else {
             // The first read of the store: a store younger than the settle window (the first
@@ -320,11 +410,16 @@ impl Sim {
         let plan = self.routers[index]
             .wallet
             .round(Millis(now), in_use, HEADROOM, false);
-        if let Err(PoolError::Replaced) =
-            self.store.pool.rewrite(&name(index), run, epoch, plan.hold)
+        match self
+            .store
+            .pool
+            .rewrite(&name(index), run, epoch, plan.hold, in_use)
         {
+            // The others gave this router up: what it believed it held is not its any more.
+            Ok(Rewritten::GivenUp) => self.routers[index].wallet.forfeit(),
+            Ok(Rewritten::Held) | Err(PoolError::StaleEpoch) => {}
             // A newer run of this router ID holds its credits: this process is gone.
-            self.routers[index].alive = false;
+            Err(PoolError::Replaced) => self.routers[index].alive = false,
         }
         self.routers[index].awaiting_rewrite = false;
         // Read the pool: the routers back since a loss leave the guard; a crashed router that
@@ -340,39 +435,88 @@ impl Sim {
             if other == index {
                 continue;
             }
-            let Some(&(at, run)) = self.store.heartbeats.get(&other) else {
+            let Some(beat) = self.store.heartbeats.get(&other) else {
                 continue;
             };
-            let missed = ((now - at) / INTERVAL_MS) as u32;
-            let crashed = !self.routers[other].alive;
-            let says = |_: &str| {
-                if crashed {
-                    AgentSays::NotConnected
-                } else {
+            let (missed, run) = (((now - beat.at) / INTERVAL_MS) as u32, beat.run);
+            // What each agent the other router served says of it, as this router hears it: only
+            // an agent with a session here is heard.
+            // The agents it served, and every agent heard here: one that reports a session with
+            // it keeps its credits too (it may have connected after its last heartbeat, seed
+            // 2866).
+            let served: Vec<String> = (0..AGENTS)
+                .filter(|a| beat.agents.contains(a) || self.links[*a][index])
+                .map(|a| a.to_string())
+                .collect();
+            let links = self.links;
+            let says = |agent: &str| {
+                let agent: usize = agent.parse().expect("an agent index");
+                if !links[agent][index] {
+                    AgentSays::Unheard
+                } else if links[agent][other] {
                     AgentSays::Connected
+                } else {
+                    AgentSays::NotConnected
                 }
             };
-            if may_reclaim(missed, &[name(other)], says) {
+            if may_reclaim(missed, &served, says) {
+                if self.trace && self.store.pool.holding(&name(other)).is_some() {
+                    eprintln!(
+                        "{now} {}: gives {} up (served {served:?})",
+                        name(index),
+                        name(other)
+                    );
+                }
                 self.store.pool.release(&name(other), run);
                 self.routers[index].view.forget(&name(other));
             }
         }
     }
 
+    /// Requests end when done, or at once when their agent loses its session with the router
+    /// (the agent stops them, and the router's reservation goes with the tunnel).
     fn end_requests(&mut self) {
         let now = self.now;
-        for router in &mut self.routers {
+        for (index, router) in self.routers.iter_mut().enumerate() {
             let before = router.requests.len();
-            router.requests.retain(|&(_, ends, _)| ends > now);
+            let links = self.links;
+            router
+                .requests
+                .retain(|request| request.ends > now && links[request.agent][index]);
             if router.requests.len() < before {
                 router.wallet.touch(Millis(now));
             }
         }
     }
 
+    /// Streamed output: now and then a request's answer grows past what it was admitted with.
+    fn grow(&mut self) {
+        let index = self.rng.usize(0..ROUTERS);
+        let router = &mut self.routers[index];
+        if router.requests.is_empty() {
+            return;
+        }
+        let at = self.rng.usize(0..router.requests.len());
+        router.requests[at].grown += self.rng.u64(1..4);
+    }
+
+    /// The session of `agent` with router `index` comes up: a router cut off from the store
+    /// admits nothing from then on until the store answers (the agent may have reported it gone
+    /// meanwhile, and the others taken its credits back).
+    fn link_up(&mut self, agent: usize, index: usize) {
+        if !self.routers[index].alive || self.links[agent][index] {
+            return;
+        }
+        self.links[agent][index] = true;
+        let router = &mut self.routers[index];
+        if !router.store_ok || router.cut_off {
+            router.closed = true;
+        }
+    }
+
     fn fault(&mut self) {
         let fault = self.rng.u8(0..100);
-        if self.trace && fault < 12 {
+        if self.trace && fault < 18 {
             eprintln!("{} fault {fault}", self.now);
         }
         match fault {
@@ -390,13 +534,17 @@ impl Sim {
                 let router = &mut self.routers[index];
                 router.cut_off = !router.cut_off;
             }
-            // A router crashes (its agents stop its requests) and restarts as a new run.
+            // A router crashes (its agents lose their sessions and stop its requests) and
+            // restarts as a new run.
             6 => {
                 let index = self.rng.usize(0..ROUTERS);
                 let router = &mut self.routers[index];
                 router.alive = false;
                 router.requests.clear();
                 router.wallet = Wallet::new(Millis(self.now));
+                for links in &mut self.links {
+                    links[index] = false;
+                }
             }
             7..=9 => {
                 let index = self.rng.usize(0..ROUTERS);
@@ -406,6 +554,9 @@ impl Sim {
                 if !router.alive {
                     *router = Router::start(router.run + 1, now);
                     router.failovers_seen = failovers;
+                    for agent in 0..AGENTS {
+                        self.link_up(agent, index);
+                    }
                 }
             }
             // The primary fails and its replica, behind by the writes since it last synced
@@ -413,6 +564,39 @@ impl Sim {
             10..=11 => {
                 self.store.pool = self.store.replica.clone();
                 self.store.failovers += 1;
+            }
+            // A session between an agent and a router breaks (a network split between the two),
+            // or comes back.
+            12..=15 => {
+                let (agent, index) = (self.rng.usize(0..AGENTS), self.rng.usize(0..ROUTERS));
+                if self.trace {
+                    eprintln!(
+                        "{} agent {agent} - {}: {}",
+                        self.now,
+                        name(index),
+                        if self.links[agent][index] {
+                            "down"
+                        } else {
+                            "up"
+                        }
+                    );
+                }
+                if self.links[agent][index] {
+                    self.links[agent][index] = false;
+                } else {
+                    self.link_up(agent, index);
+                }
+            }
+            // An agent stops (every session goes), and comes back to every live router.
+            16 => {
+                let agent = self.rng.usize(0..AGENTS);
+                self.links[agent] = [false; ROUTERS];
+            }
+            17 => {
+                let agent = self.rng.usize(0..AGENTS);
+                for index in 0..ROUTERS {
+                    self.link_up(agent, index);
+                }
             }
             _ => {}
         }
@@ -435,6 +619,9 @@ impl Sim {
         if self.faults && self.rng.u8(0..10) == 0 {
             self.fault();
         }
+        if self.rng.u8(0..4) == 0 {
+            self.grow();
+        }
         // The replica syncs now and then between acknowledged grants.
         if self.rng.u8(0..4) == 0 {
             self.store.replica = self.store.pool.clone();
@@ -442,11 +629,12 @@ impl Sim {
         self.next_request += 1;
     }
 
-    /// Routers the agents report a connection to (every live router: agents connect to all)
-    /// that the store does not list (no heartbeat since the store's epoch began).
+    /// Routers that agents with a session here report a session with, and that the store does
+    /// not list (no heartbeat since the store's epoch began).
     fn unknown_routers(&self, index: usize) -> usize {
         (0..ROUTERS)
-            .filter(|&other| other != index && self.routers[other].alive)
+            .filter(|&other| other != index)
+            .filter(|&other| (0..AGENTS).any(|a| self.links[a][index] && self.links[a][other]))
             .filter(|other| !self.store.heartbeats.contains_key(other))
             .count()
     }
@@ -460,9 +648,10 @@ impl Sim {
             .sum()
     }
 
-    /// The budget, and the seed's one stated excess ("Deploy Valkey"): a router cut off from the
-    /// store when it lost its data, that stays cut off past the settle window, "can add up to its
-    /// own share of the budget": what such a router admitted alone counts up to its share on top.
+    /// The budget, and the seed's two stated excesses: a router cut off from the store when it
+    /// lost its data, that stays cut off past the settle window, "can add up to its own share of
+    /// the budget" ("Deploy Valkey"): what such a router admitted alone counts up to its share on
+    /// top; and streamed output that grows a request past its credits ("Occupancy credits").
     fn check(&self, seed: u64, step: usize) -> Result<(), String> {
         let share = BUDGET / ROUTERS as u64;
         let mut allowed = BUDGET;
@@ -470,10 +659,16 @@ impl Sim {
             let alone: u64 = router
                 .requests
                 .iter()
-                .filter(|(_, _, alone)| *alone)
-                .map(|(need, _, _)| need)
+                .filter(|request| request.alone)
+                .map(|request| request.need)
                 .sum();
             allowed += alone.min(share);
+            // The seed's other stated excess: streamed output past a request's credits.
+            allowed += router
+                .requests
+                .iter()
+                .map(|request| request.grown)
+                .sum::<u64>();
         }
         let in_use = self.in_use();
         if in_use > allowed {
@@ -556,7 +751,7 @@ mod tests {
     /// The seeds that each showed a rule the seed's wording needs (module doc), kept by name.
     #[test]
     fn the_seeds_that_found_a_rule_hold() {
-        for seed in [2, 9, 38, 79, 686, 920, 7882, 9250] {
+        for seed in [2, 9, 22, 38, 79, 686, 920, 1724, 2866, 7882, 8468, 9250] {
             if let Err(failure) = run(seed, 2_000, true) {
                 panic!("{failure}");
             }

@@ -170,12 +170,12 @@ impl PoolView {
         });
     }
 
-    /// The others gave `router` up (or it left cleanly): it no longer holds what was guarded.
+    /// The others gave `router` up (or it left cleanly): it no longer holds what was guarded
+    /// after a loss. What a failover may have lost stays guarded: the capacity a router given
+    /// up held may have gone to another router in a grant the failover lost, and the promoted
+    /// replica may show the router's holding again.
     pub fn forget(&mut self, router: &str) {
         self.guard.remove(router);
-        if let Some(failover) = &mut self.failover {
-            failover.seen.remove(router);
-        }
     }
 
     /// What the routers in the pool may hold together at most, as this router sees it now: the
