@@ -165,7 +165,9 @@ fn metric_names(expr: &str) -> Vec<String> {
                     index += 1;
                 }
             }
-        } else if c.is_ascii_digit() || (c == '.' && chars.get(index + 1).is_some_and(char::is_ascii_digit)) {
+        } else if c.is_ascii_digit()
+            || (c == '.' && chars.get(index + 1).is_some_and(char::is_ascii_digit))
+        {
             // A number or a duration (`0.90`, `1e3`, `5m`).
             while index < chars.len() && (is_name_char(chars[index]) || chars[index] == '.') {
                 index += 1;
@@ -207,10 +209,7 @@ fn the_scan_finds_metric_names_only() {
             "sum by (le, peer_id) (rate(x_bucket{a=\"b}\", model=~\"$model\"}[5m] offset 1h))",
             &["x_bucket"],
         ),
-        (
-            "(a / b) and on (model) b > 0.90",
-            &["a", "b", "b"],
-        ),
+        ("(a / b) and on (model) b > 0.90", &["a", "b", "b"]),
         (
             "clamp_min(delta(c_total[$__rate_interval]), 0) > 1e3",
             &["c_total"],
@@ -320,7 +319,11 @@ fn expressions() -> Vec<(String, String)> {
                 all.push((format!("{file}: panel {title:?}"), expr.to_owned()));
             }
         }
-        for variable in dashboard["templating"]["list"].as_array().into_iter().flatten() {
+        for variable in dashboard["templating"]["list"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             if let Some(promql) = variable_promql(variable) {
                 all.push((format!("{file}: variable {}", variable["name"]), promql));
             }
@@ -362,13 +365,22 @@ fn the_dashboard_reads_one_prometheus_input_and_every_panel_queries_a_metric() {
         let mut ids = BTreeSet::new();
         for panel in panels(&dashboard) {
             let title = panel["title"].as_str().expect("a panel title");
-            assert!(ids.insert(panel["id"].as_u64()), "{file}: panel {title:?}: duplicate id");
+            assert!(
+                ids.insert(panel["id"].as_u64()),
+                "{file}: panel {title:?}: duplicate id"
+            );
             if panel["type"] == "row" {
                 continue;
             }
-            assert_eq!(panel["datasource"]["uid"], "${DS_PROMETHEUS}", "{file}: {title:?}");
+            assert_eq!(
+                panel["datasource"]["uid"], "${DS_PROMETHEUS}",
+                "{file}: {title:?}"
+            );
             for target in panel["targets"].as_array().expect("targets") {
-                assert_eq!(target["datasource"]["uid"], "${DS_PROMETHEUS}", "{file}: {title:?}");
+                assert_eq!(
+                    target["datasource"]["uid"], "${DS_PROMETHEUS}",
+                    "{file}: {title:?}"
+                );
                 let expr = target["expr"].as_str().expect("expr");
                 assert!(
                     !metric_names(expr).is_empty(),
@@ -433,8 +445,15 @@ fn check_structure(file: &Path, rules: &Value, alerts: &mut BTreeMap<String, Pat
             let alert = rule["alert"].as_str().expect("an alert name");
             for key in rule.as_object().expect("a rule").keys() {
                 assert!(
-                    ["alert", "expr", "for", "keep_firing_for", "labels", "annotations"]
-                        .contains(&key.as_str()),
+                    [
+                        "alert",
+                        "expr",
+                        "for",
+                        "keep_firing_for",
+                        "labels",
+                        "annotations"
+                    ]
+                    .contains(&key.as_str()),
                     "{file_name}: {alert}: unknown field {key}"
                 );
             }
@@ -451,16 +470,25 @@ fn check_structure(file: &Path, rules: &Value, alerts: &mut BTreeMap<String, Pat
             assert!(parens, "{file_name}: {alert}: unbalanced parentheses");
             if let Some(duration) = rule.get("for") {
                 let duration = duration.as_str().expect("for: a string");
-                assert!(is_duration(duration), "{file_name}: {alert}: for: {duration}");
+                assert!(
+                    is_duration(duration),
+                    "{file_name}: {alert}: for: {duration}"
+                );
             }
-            assert!(is_string_map(&rule["labels"]), "{file_name}: {alert}: labels");
+            assert!(
+                is_string_map(&rule["labels"]),
+                "{file_name}: {alert}: labels"
+            );
             let severity = rule["labels"]["severity"].as_str();
             assert!(
                 matches!(severity, Some("warning" | "critical")),
                 "{file_name}: {alert}: severity {severity:?}"
             );
             if let Some(annotations) = rule.get("annotations") {
-                assert!(is_string_map(annotations), "{file_name}: {alert}: annotations");
+                assert!(
+                    is_string_map(annotations),
+                    "{file_name}: {alert}: annotations"
+                );
             }
         }
     }
@@ -524,7 +552,9 @@ fn promtool_or_structure_only(what: &str) -> Option<PathBuf> {
             std::env::var_os("CI").is_none(),
             "no promtool on PATH under CI: scripts/test installs Debian's prometheus package"
         );
-        eprintln!("promtool not on PATH: checked {what}' structure only (apt-get install prometheus)");
+        eprintln!(
+            "promtool not on PATH: checked {what}' structure only (apt-get install prometheus)"
+        );
     }
     found
 }
@@ -607,7 +637,10 @@ fn is_exposed(name: &str, families: &BTreeMap<String, String>, samples: &BTreeSe
     }
     let histogram = ["_bucket", "_sum", "_count"].iter().any(|suffix| {
         name.strip_suffix(suffix).is_some_and(|family| {
-            matches!(families.get(family).map(String::as_str), Some("histogram" | "summary"))
+            matches!(
+                families.get(family).map(String::as_str),
+                Some("histogram" | "summary")
+            )
         })
     });
     let counter = name
@@ -682,11 +715,20 @@ fn every_metric_a_panel_or_rule_queries_is_exposed() {
 
     // The exceptions stay honest: each is still queried, and a pending one is still absent.
     for (name, exporter) in EXTERNAL {
-        assert!(queried.contains(name), "{name} ({exporter}) is no longer queried");
-        assert!(!is_exposed(name, &families, &samples), "the router now exposes {name}");
+        assert!(
+            queried.contains(name),
+            "{name} ({exporter}) is no longer queried"
+        );
+        assert!(
+            !is_exposed(name, &families, &samples),
+            "the router now exposes {name}"
+        );
     }
     for name in PENDING {
-        assert!(queried.contains(name), "{name} is pending but no longer queried");
+        assert!(
+            queried.contains(name),
+            "{name} is pending but no longer queried"
+        );
         assert!(
             !is_exposed(name, &families, &samples),
             "{name} is exposed now: remove it from PENDING"
