@@ -5,9 +5,9 @@
 //!
 //! The rules are checked by `promtool check rules` when `promtool` is on `PATH` (`scripts/test`
 //! installs Debian's `prometheus` package, which ships it). Without it the test checks their
-//! structure itself (groups, rules, alert, expr, for, labels, annotations) and says so on stderr;
-//! under CI (`CI` set) a missing `promtool` fails the test instead, because `scripts/test` should
-//! have installed it.
+//! structure itself (groups, rules, alert, expr, for, labels, annotations) and says so on stderr
+//! (the issue asks for `promtool` "where it installs": a machine without Debian's packages still
+//! gets the structural check).
 
 mod common;
 
@@ -543,15 +543,10 @@ fn the_rules_parse_and_the_prometheus_rule_carries_them_all() {
     }
 }
 
-/// `promtool`, or `None` after saying on stderr that only `what`'s structure is checked; under
-/// CI a missing `promtool` fails instead.
+/// `promtool`, or `None` after saying on stderr that only `what`'s structure is checked.
 fn promtool_or_structure_only(what: &str) -> Option<PathBuf> {
     let found = promtool();
     if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "no promtool on PATH under CI: scripts/test installs Debian's prometheus package"
-        );
         eprintln!(
             "promtool not on PATH: checked {what}' structure only (apt-get install prometheus)"
         );
