@@ -185,6 +185,27 @@ impl ControlShared {
         self.registry().agent_reports()
     }
 
+    /// For the sync core: the registered sessions and their peer IDs, for the heartbeat.
+    pub fn served_sessions(&self) -> (Vec<AgentId>, Vec<String>) {
+        self.registry().served_sessions()
+    }
+
+    /// For the sync core: `sessions` are in this router's heartbeat in the store; they may join
+    /// the routing pool (`Registry::published`).
+    pub async fn agents_published(&self, sessions: &[AgentId]) {
+        let publishing = self.publishing().await;
+        let events = self.registry().published(sessions, Instant::now());
+        publishing.apply(events).await;
+    }
+
+    /// For the sync core: whether new sessions wait for a heartbeat to publish them
+    /// (`Registry::hold_unpublished`): while the store answers.
+    pub async fn hold_unpublished_agents(&self, hold: bool) {
+        let publishing = self.publishing().await;
+        let events = self.registry().hold_unpublished(hold, Instant::now());
+        publishing.apply(events).await;
+    }
+
     /// For the sync core: the peer IDs of the agents with a live, registered session here,
     /// sorted and without duplicates (its heartbeat record in the store).
     pub fn served_agents(&self) -> Vec<String> {

@@ -110,6 +110,9 @@ struct AgentRecord {
     /// Peer IDs of the routers the agent last reported a session with (its heartbeats), at most
     /// [`REPORTED_ROUTERS_MAX`].
     reported_routers: Box<[String]>,
+    /// A sync round has published this session in the router's heartbeat (see
+    /// [`Registry::hold_unpublished`]).
+    published: bool,
 }
 
 /// Router peer IDs kept from one heartbeat: an agent keeps at most 32 discovered routers plus its
@@ -150,6 +153,10 @@ pub struct Registry {
     siblings: Option<Siblings>,
     /// The stay number the next agent to join the routing pool gets.
     next_generation: u32,
+    /// Routers share occupancy budgets and the store answers: a new session joins the routing
+    /// pool only once a sync round has published it in this router's heartbeat, so the other
+    /// routers ask that agent before they give this router up (`credits::sim`, seed 1724).
+    hold_unpublished: bool,
 }
 
 impl Registry {
@@ -165,6 +172,7 @@ impl Registry {
             version: 0,
             siblings: None,
             next_generation: 0,
+            hold_unpublished: false,
         }
     }
 
@@ -268,6 +276,51 @@ impl Registry {
             .collect()
     }
 
+    /// The registered sessions, and their peer IDs sorted without duplicates: what a heartbeat
+    /// publishes ([`Registry::published`] once it is in the store).
+    pub fn served_sessions(&self) -> (Vec<AgentId>, Vec<String>) {
+        let sessions = self
+            .agents
+            .iter()
+            .filter(|(_, record)| record.registration.is_some())
+            .map(|(agent, _)| *agent)
+            .collect();
+        (sessions, self.served_agents())
+    }
+
+    /// A sync round put `sessions` in this router's heartbeat: they may join the routing pool.
+    pub fn published(&mut self, sessions: &[AgentId], now: Instant) -> Vec<Event> {
+        let mut events = Vec::new();
+        for agent in sessions {
+            if let Some(record) = self.agents.get_mut(agent) {
+                record.published = true;
+            }
+            self.update_routable(*agent, now, &mut events);
+        }
+        events
+    }
+
+    /// Whether new sessions wait for a heartbeat to publish them before they route (while the
+    /// store answers). Turned off (the store is unreachable), every session may route: a router
+    /// cut off from the store admits nothing on budgeted models once an agent connects anyway.
+    pub fn hold_unpublished(&mut self, hold: bool, now: Instant) -> Vec<Event> {
+        let mut events = Vec::new();
+        if hold == self.hold_unpublished {
+            return events;
+        }
+        self.hold_unpublished = hold;
+        let agents: Vec<AgentId> = self.agents.keys().copied().collect();
+        for agent in agents {
+            if hold && let Some(record) = self.agents.get_mut(&agent) {
+                // Already routing (joined while the store was unreachable): its session goes into
+                // the next heartbeat; it stays.
+                record.published |= record.routable;
+            }
+            self.update_routable(agent, now, &mut events);
+        }
+        events
+    }
+
     /// Peer IDs of the agents with a live session that has registered, sorted, without
     /// duplicates. A session that authenticated and never registered (an agent that found the
     /// router already reached under another address) is not served here.
@@ -332,6 +385,7 @@ impl Registry {
                 backend_unhealthy: false,
                 leaving: false,
                 reported_routers: Box::default(),
+                published: false,
             },
         );
     }
@@ -658,7 +712,8 @@ impl Registry {
             && !record.backend_unhealthy
             && !record.leaving
             && record.registration.is_some()
-            && record.tunnels_up.iter().all(|up| *up);
+            && record.tunnels_up.iter().all(|up| *up)
+            && (record.published || !self.hold_unpublished);
         if should_route == record.routable {
             return;
         }

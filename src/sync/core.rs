@@ -261,6 +261,11 @@ impl Round {
             .store(i64::from(self.health.is_up()), Ordering::Relaxed);
         self.store_up.store(self.health.is_up(), Ordering::Relaxed);
         self.close_if_reached_while_cut_off(outcome_ok).await;
+        // While the store answers, a new session routes once a heartbeat has published it; while
+        // it does not, at once (budgeted models are closed to an agent that connects then).
+        self.shared
+            .hold_unpublished_agents(self.health.is_up())
+            .await;
         self.publish_site();
         let share = self.health.share();
         self.shared.broadcast(|| ControlToShard::Share(share)).await;
@@ -306,7 +311,8 @@ impl Round {
                 })
                 .collect()
         };
-        let heartbeat = self.heartbeat(now_ms, leaving);
+        let (sessions, agents) = self.shared.served_sessions();
+        let heartbeat = self.heartbeat(now_ms, leaving, agents);
         let heartbeat_json = serde_json::to_string(&heartbeat).expect("a heartbeat serializes");
         let bytes: usize = entries.iter().map(Vec::len).sum();
         let pools = self.credits.pool_writes(self.epoch.as_deref(), leaving);
@@ -322,6 +328,11 @@ impl Round {
             })
             .await?;
         drop(pools);
+        // The sessions in the heartbeat may route now: the others will ask their agents before
+        // giving this router up.
+        if !leaving {
+            self.shared.agents_published(&sessions).await;
+        }
         self.backlog.clear();
         self.metrics
             .published_bytes_total
@@ -607,14 +618,14 @@ impl Round {
         }
     }
 
-    fn heartbeat(&self, now_ms: u64, leaving: bool) -> Heartbeat {
+    fn heartbeat(&self, now_ms: u64, leaving: bool, agents: Vec<String>) -> Heartbeat {
         Heartbeat {
             run: self.run,
             at_unix_ms: now_ms,
             interval_ms: self.settings.interval.as_millis() as u64,
             peer_id: self.peer_id.clone(),
             grpc_addr: self.settings.advertise_grpc_addr.clone(),
-            agents: self.shared.served_agents(),
+            agents,
             left: leaving,
         }
     }

@@ -211,8 +211,10 @@ impl Health {
 /// The other routers this one may give up now, with the run it gives up (seed "A router that
 /// stops", `credits::may_reclaim`): each missed three heartbeats without leaving, and every
 /// agent it served reports no connection to it. An agent this router does not serve is one it
-/// cannot hear: that keeps the credits where they are. `reports`: per agent served here, the
-/// routers it reports a session with.
+/// cannot hear: that keeps the credits where they are. An agent heard here that reports a
+/// session with it keeps them too, whether its heartbeat listed that agent or not (it may have
+/// connected since, `credits::sim` seed 2866). `reports`: per agent served here, the routers it
+/// reports a session with.
 pub fn given_up<'a>(
     me: &str,
     records: impl IntoIterator<Item = (&'a str, &'a Heartbeat)>,
@@ -222,6 +224,11 @@ pub fn given_up<'a>(
     records
         .into_iter()
         .filter(|(id, record)| *id != me && !record.left)
+        .filter(|(_, record)| {
+            !reports
+                .values()
+                .any(|routers| routers.contains(&record.peer_id))
+        })
         .filter(|(_, record)| {
             let missed = now_ms.saturating_sub(record.at_unix_ms) / record.interval_ms.max(1);
             crate::credits::may_reclaim(
@@ -281,6 +288,13 @@ mod tests {
             given_up("a", records, &reports, NOW),
             vec![("b".to_string(), 1)]
         );
+        // An agent b never listed, heard here, with a session to b: it may be serving b.
+        reports.insert(
+            "agent-3".into(),
+            Box::new(["peer-a".to_string(), "peer-b".to_string()]),
+        );
+        assert!(given_up("a", records, &reports, NOW).is_empty());
+        reports.remove("agent-3");
         let recent = heartbeat("peer-b", 2 * SECOND);
         assert!(
             given_up("a", [("b", &recent)], &reports, NOW).is_empty(),

@@ -231,3 +231,36 @@ fn a_backend_failing_its_health_check_leaves_the_pool_until_it_passes() {
     assert!(matches!(events[0], Event::AgentUp { .. }));
     assert_eq!(registry.routable_count(), 1);
 }
+
+#[test]
+fn while_the_store_answers_a_session_routes_once_a_heartbeat_published_it() {
+    let now = Instant::now();
+    let expires = now + Duration::from_secs(3600);
+    let mut registry = Registry::new(1, health());
+    assert!(registry.hold_unpublished(true, now).is_empty());
+    registry.session_opened(AgentId(1), "agent-1".into(), expires, now);
+    assert!(
+        registry
+            .register(AgentId(1), registration(&["m"]), now)
+            .is_empty()
+    );
+    assert!(
+        registry.tunnel_up(AgentId(1), 0, now).is_empty(),
+        "not in a heartbeat yet"
+    );
+    let (sessions, peers) = registry.served_sessions();
+    assert_eq!(
+        (sessions.clone(), peers),
+        (vec![AgentId(1)], vec!["agent-1".to_string()])
+    );
+    let events = registry.published(&sessions, now);
+    assert!(matches!(events[0], Event::AgentUp { .. }));
+    // The store is unreachable: a new session routes at once; when it answers again, what
+    // routes stays.
+    assert!(registry.hold_unpublished(false, now).is_empty());
+    registry.session_opened(AgentId(2), "agent-2".into(), expires, now);
+    registry.register(AgentId(2), registration(&["m"]), now);
+    let events = registry.tunnel_up(AgentId(2), 0, now);
+    assert!(matches!(events[0], Event::AgentUp { .. }));
+    assert!(registry.hold_unpublished(true, now).is_empty());
+}
