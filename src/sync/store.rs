@@ -243,22 +243,37 @@ impl Store {
             return Ok(connection.clone());
         }
         let mut connection = self.connect().await?;
-        let info: String = tokio::time::timeout(
+        let info: RedisResult<String> = tokio::time::timeout(
             self.response_timeout,
             redis::cmd("INFO")
                 .arg("replication")
                 .query_async(&mut connection),
         )
         .await
-        .map_err(timed_out)??;
-        let replication_id = info
-            .lines()
-            .find_map(|line| line.strip_prefix("master_replid:"))
-            .map(|id| id.trim().to_owned());
-        if self.replication_id.is_some() && replication_id != self.replication_id {
+        .map_err(timed_out)?;
+        let info = match info {
+            Ok(info) => Some(info),
+            Err(error) if error.is_io_error() || error.is_timeout() => return Err(error),
+            // Refused (an ACL without INFO): no failover is noticed through this connection.
+            Err(error) => {
+                tracing::warn!(%error, "the sync store refuses INFO: a failover that loses occupancy grants cannot be noticed");
+                None
+            }
+        };
+        let replication_id = info.as_deref().and_then(|info| {
+            info.lines()
+                .find_map(|line| line.strip_prefix("master_replid:"))
+                .map(|id| id.trim().to_owned())
+        });
+        if self.replication_id.is_some()
+            && replication_id.is_some()
+            && replication_id != self.replication_id
+        {
             self.failovers += 1;
         }
-        self.replication_id = replication_id;
+        if replication_id.is_some() {
+            self.replication_id = replication_id;
+        }
         self.connection = Some(connection.clone());
         Ok(connection)
     }
