@@ -99,7 +99,7 @@ mod tests {
         assert!(text.contains("sim_cancelled_total{model_name=\"b\\\"x\"} 0\n"));
         assert_eq!(
             text.lines().filter(|line| !line.starts_with('#')).count(),
-            12
+            14
         );
     }
 }
