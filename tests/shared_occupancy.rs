@@ -27,6 +27,8 @@ const SIM: [&str; 6] = [
     "100ms",
 ];
 const POOL: &str = "hivenet:{default}:pool:llm|sim-model|requests";
+/// The routers' settle window: `--request-timeout` 2 s + 10 × 200 ms + 5 s.
+const SETTLE: Duration = Duration::from_secs(9);
 
 /// A policy for `sim-model` and `fresh-model`, each admitting [`BUDGET`] requests at a time.
 fn policy_dir(name: &str) -> String {
@@ -56,25 +58,30 @@ fn router(name: &str, index: usize, store: &str, policies: &str) -> Site {
 
 fn router_options(index: usize, store: &str, policies: &str) -> Options {
     let id = format!("router-{index}");
-    Options::new().router_args(&[
-        // With a 200 ms interval, a settle window of 2 s + 10 × 200 ms + 5 s = 9 s.
-        "--request-timeout",
-        "2s",
-        "--shards",
-        "1",
-        "--sync-store",
-        "valkey",
-        "--sync-valkey-addrs",
-        store,
-        "--router-id",
-        &id,
-        "--sync-interval",
-        "200ms",
-        "--sync-min-routers",
-        "2",
-        "--policy-model-dir",
-        policies,
-    ])
+    Options::new()
+        .router_args(&[
+            // With a 200 ms interval, a settle window of 2 s + 10 × 200 ms + 5 s ([`SETTLE`]).
+            "--request-timeout",
+            "2s",
+            "--shards",
+            "1",
+            "--sync-store",
+            "valkey",
+            "--sync-valkey-addrs",
+            store,
+            "--router-id",
+            &id,
+            "--sync-interval",
+            "200ms",
+            "--sync-min-routers",
+            "2",
+            "--policy-model-dir",
+            policies,
+        ])
+        // A request parks while its wallet asks the pool: long enough for a refill on a loaded
+        // machine (the default 250 ms was not, under CI), shorter than an answer, so every request
+        // a burst admits overlaps the others.
+        .router_env("HIVENET_ROUTER_ADMIT_PARK_TIMEOUT", "1s")
 }
 
 fn chat_request() -> Vec<u8> {
@@ -269,11 +276,14 @@ fn the_first_deployment_of_a_site_waits_the_settle_window() {
     // An empty store: no router of the site ran before.
     let valkey = Valkey::primary();
     let policies = policy_dir("occupancy-first");
+    // The store's epoch begins after this: nothing is admitted within 9 s of it.
+    let started = Instant::now();
     let site = router("occupancy-first", 0, &valkey.addr(), &policies);
-    let waited = admitted_after(&site, "sim-model");
+    admitted_after(&site, "sim-model");
+    let waited = started.elapsed();
     assert!(
-        waited >= Duration::from_secs(5),
-        "admitted after {waited:?}: a router cut off when a store lost its data may still run requests within the settle window"
+        waited >= SETTLE - Duration::from_millis(500),
+        "admitted {waited:?} after the start: a router cut off when a store lost its data may still run requests within the settle window"
     );
 }
 
@@ -284,7 +294,8 @@ fn after_the_store_lost_its_data_a_budget_not_seen_before_waits_the_settle_windo
     let site = router("occupancy-loss", 0, &valkey.addr(), &policies);
     site.wait_metric("hivenet_sync_up", |v| v == 1.0);
     assert_eq!(burst(&[&site], BUDGET), vec![BUDGET], "{}", site.logs());
-    // The store restarts without its data (no persistence).
+    // The store restarts without its data (no persistence). Its new epoch begins after this.
+    let lost = Instant::now();
     valkey.kill();
     valkey.restart();
     let noticed = common::poll(Duration::from_secs(20), || {
@@ -295,10 +306,13 @@ fn after_the_store_lost_its_data_a_budget_not_seen_before_waits_the_settle_windo
     assert!(noticed.is_some(), "{}", site.logs());
     // `fresh-model` was not seen before the loss: no credits until the window has passed.
     let refused = request(site.http, &chat_for("fresh-model"));
-    assert_eq!(refused.status, 429, "{}", refused.text());
-    let waited = admitted_after(&site, "fresh-model");
+    if lost.elapsed() < SETTLE - Duration::from_secs(1) {
+        assert_eq!(refused.status, 429, "{}", refused.text());
+    }
+    admitted_after(&site, "fresh-model");
+    let waited = lost.elapsed();
     assert!(
-        waited >= Duration::from_secs(3),
-        "admitted after {waited:?}"
+        waited >= SETTLE - Duration::from_millis(500),
+        "admitted {waited:?} after the loss"
     );
 }
