@@ -4,7 +4,9 @@
 //! cleanly gives its credits back at once, and the other may then use the whole budget; a router
 //! whose store has not answered holds no credits and admits nothing on a budgeted model; a router
 //! that crashes is given up once its agents report no connection to it, and its credits serve
-//! the others.
+//! the others; the first deployment and a budget not seen before a data loss wait the settle
+//! window; a router cut off from the store keeps to its share of what it holds, and admits
+//! nothing once an agent connects, until the store answers.
 
 mod common;
 
@@ -315,4 +317,35 @@ fn after_the_store_lost_its_data_a_budget_not_seen_before_waits_the_settle_windo
         waited >= SETTLE - Duration::from_millis(500),
         "admitted {waited:?} after the loss"
     );
+}
+
+#[test]
+fn a_router_cut_off_from_the_store_admits_nothing_once_an_agent_connects_until_it_answers() {
+    let valkey = settled_store();
+    let policies = policy_dir("occupancy-closed");
+    // `--sync-min-routers 2`: alone, this router keeps to half the budget.
+    let mut site = router("occupancy-closed", 0, &valkey.addr(), &policies);
+    site.wait_metric("hivenet_sync_up", |v| v == 1.0);
+    assert_eq!(burst(&[&site], BUDGET), vec![BUDGET], "{}", site.logs());
+
+    // The store hangs: the router admits within the credits it holds, capped at its share.
+    valkey.freeze();
+    site.wait_metric("hivenet_sync_up", |v| v == 0.0);
+    assert_eq!(burst(&[&site], BUDGET), vec![1], "{}", site.logs());
+
+    // An agent connects meanwhile: it may have reported this router gone to the others, who may
+    // have taken its credits back. Nothing on a budgeted model is admitted until the store
+    // answers.
+    site.spawn_agent(0, &["--capacity", "64"]);
+    let closed = common::poll(Duration::from_secs(20), || {
+        site.logs()
+            .contains("an agent connected while the sync store is unreachable")
+            .then_some(())
+    });
+    assert!(closed.is_some(), "{}", site.logs());
+    assert_eq!(burst(&[&site], BUDGET), vec![0], "{}", site.logs());
+
+    valkey.thaw();
+    site.wait_metric("hivenet_sync_up", |v| v == 1.0);
+    admitted_after(&site, "sim-model");
 }
