@@ -101,6 +101,16 @@ struct Store {
     failovers: u64,
 }
 
+impl Store {
+    /// What each router holds in the pool, as a round reads it.
+    fn held_by_router(&self) -> Vec<(String, u64)> {
+        self.pool
+            .holdings()
+            .map(|(name, holding)| (name.to_owned(), holding.held))
+            .collect()
+    }
+}
+
 struct Router {
     run: u64,
     alive: bool,
@@ -389,12 +399,7 @@ impl Sim {
         let Some(epoch) = self.routers[index].epoch else {
             // The first read of the store: a store younger than the settle window (the first
             // deployment, or one that lost its data) gives this router nothing until it passes.
-            let holdings: Vec<(String, u64)> = self
-                .store
-                .pool
-                .holdings()
-                .map(|(name, holding)| (name.to_owned(), holding.held))
-                .collect();
+            let holdings = self.store.held_by_router();
             let router = &mut self.routers[index];
             router.epoch = Some(self.store.epoch);
             router
@@ -424,12 +429,7 @@ impl Sim {
         self.routers[index].awaiting_rewrite = false;
         // Read the pool: the routers back since a loss leave the guard; a crashed router that
         // missed three heartbeats (its agents stopped its requests, and say so) is given up.
-        let holdings: Vec<(String, u64)> = self
-            .store
-            .pool
-            .holdings()
-            .map(|(name, holding)| (name.to_owned(), holding.held))
-            .collect();
+        let holdings = self.store.held_by_router();
         self.routers[index].view.read(holdings, BUDGET);
         for other in 0..ROUTERS {
             if other == index {

@@ -57,7 +57,9 @@ pub struct AfterRound {
     pub given_up: bool,
 }
 
-/// The pools of the budgets this router has credits for.
+/// The pools of the budgets this router has credits for. Bound: one entry per model and budget
+/// kind this router has reported credits for (two per model the registry knows); each round
+/// writes and reads one pool per entry, each pool holding one field per router of the site.
 #[derive(Debug)]
 pub struct SiteCredits {
     router: String,

@@ -227,7 +227,8 @@ pub struct Effects {
     pub queued: u64,
     /// Models that woke with held requests, and how many each released (for the log).
     pub woke: Vec<(ModelId, usize)>,
-    /// Wallets that ran short: refills for the sync core to ask the pool for.
+    /// Wallets that ran short: refills for the sync core to ask the pool for. At most one per
+    /// budget (two per owned model) is outstanding: a wallet asks again only once answered.
     pub refills: Vec<wallets::Refill>,
 }
 

@@ -247,23 +247,19 @@ impl Models {
 
     /// The sync round: what this router holds of every budget it has credits for.
     pub fn credit_round(&mut self, now: Millis, out: &mut Vec<CreditHold>) {
-        let models: Vec<ModelId> = self.occupancy.keys().copied().collect();
-        for model in models {
-            let healthy = self.healthy_agents(model);
-            let admit_fraction = self.admit_fraction;
-            let Some(owned) = self.occupancy.get_mut(&model) else {
+        for (model, owned) in self.occupancy.iter_mut() {
+            let in_use = owned.in_use();
+            let Some(wallets) = owned.wallets.as_mut() else {
                 continue;
             };
-            let in_use = owned.in_use();
+            let healthy = healthy_in(&self.routes, *model);
             let base = Limits::new(
-                admit_fraction,
+                self.admit_fraction,
                 owned.policy.admit_budget_tokens,
                 u64::from(owned.policy.max_inflight),
                 healthy,
             );
-            if let Some(wallets) = owned.wallets.as_mut() {
-                wallets.round(now, model, &base, in_use, out);
-            }
+            wallets.round(now, *model, &base, in_use, out);
         }
     }
 
@@ -733,9 +729,7 @@ impl Models {
     }
 
     fn healthy_agents(&self, model: ModelId) -> u32 {
-        self.routes
-            .get(&model)
-            .map_or(0, |routes| routes.agent_count() as u32)
+        healthy_in(&self.routes, model)
     }
 
     fn limits(&self, model: ModelId, policy: &ModelPolicy) -> Limits {
@@ -746,6 +740,13 @@ impl Models {
             self.healthy_agents(model),
         )
     }
+}
+
+/// The agents in `model`'s pool now.
+fn healthy_in(routes: &IdMap<ModelId, ModelRoutes>, model: ModelId) -> u32 {
+    routes
+        .get(&model)
+        .map_or(0, |routes| routes.agent_count() as u32)
 }
 
 /// Grants made by a model's routes, as answers to their tickets.

@@ -738,10 +738,29 @@ fn sharing_owner(routers: u32) -> Owner {
     owner
 }
 
+/// The sync core's answer to a refill: `granted` credits of `MODEL`'s `kind` budget, acknowledged.
+fn grant_credits(
+    owner: &mut Owner,
+    at_ms: u64,
+    kind: crate::credits::BudgetKind,
+    granted: u64,
+    effects: &mut Effects,
+) {
+    owner.models.credit_news(
+        Millis(at_ms),
+        crate::shard::owner::wallets::CreditNews::Granted {
+            model: MODEL,
+            kind,
+            granted,
+            acknowledged: true,
+        },
+        effects,
+    );
+}
+
 #[test]
 fn a_short_wallet_parks_its_request_and_the_grant_admits_it() {
     use crate::credits::BudgetKind;
-    use crate::shard::owner::wallets::CreditNews;
     let (mut owner, mut effects) = (sharing_owner(2), Effects::default());
     up(&mut owner, 4, 1, &mut effects);
     let first = gated(1, 40, 100, Some(Millis(250)), true);
@@ -776,27 +795,9 @@ fn a_short_wallet_parks_its_request_and_the_grant_admits_it() {
     );
     assert!(effects.refills.is_empty());
     if let Some(want) = requests {
-        owner.models.credit_news(
-            Millis(5),
-            CreditNews::Granted {
-                model: MODEL,
-                kind: BudgetKind::Requests,
-                granted: want + 1,
-                acknowledged: true,
-            },
-            &mut effects,
-        );
+        grant_credits(&mut owner, 5, BudgetKind::Requests, want + 1, &mut effects);
     }
-    owner.models.credit_news(
-        Millis(5),
-        CreditNews::Granted {
-            model: MODEL,
-            kind: BudgetKind::Tokens,
-            granted: 52,
-            acknowledged: true,
-        },
-        &mut effects,
-    );
+    grant_credits(&mut owner, 5, BudgetKind::Tokens, 52, &mut effects);
     let decisions = decided(&mut effects);
     assert_eq!(decisions.len(), 2, "{decisions:?}");
     assert!(
@@ -827,16 +828,7 @@ fn a_router_closed_or_forfeited_admits_nothing_new() {
     let (mut owner, mut effects) = (sharing_owner(1), Effects::default());
     up(&mut owner, 4, 1, &mut effects);
     let grant = |owner: &mut Owner, effects: &mut Effects| {
-        owner.models.credit_news(
-            Millis(0),
-            CreditNews::Granted {
-                model: MODEL,
-                kind: BudgetKind::Tokens,
-                granted: 100,
-                acknowledged: true,
-            },
-            effects,
-        );
+        grant_credits(owner, 0, BudgetKind::Tokens, 100, effects);
     };
     // The model's wallets exist once a request asked.
     let _ = owner.serve(
@@ -888,22 +880,12 @@ fn a_router_closed_or_forfeited_admits_nothing_new() {
 #[test]
 fn a_keys_occupancy_share_is_split_between_the_routers() {
     use crate::credits::BudgetKind;
-    use crate::shard::owner::wallets::CreditNews;
     let (mut owner, mut effects) = (sharing_owner(2), Effects::default());
     up(&mut owner, 4, 1, &mut effects);
     let keyed =
         |sequence: u64, tokens: u64| gated_with_share(sequence, tokens, 100, None, false, 0.5);
     let _ = owner.serve(&at(0), ticket(1), keyed(1, 1), &mut effects);
-    owner.models.credit_news(
-        Millis(0),
-        CreditNews::Granted {
-            model: MODEL,
-            kind: BudgetKind::Tokens,
-            granted: 100,
-            acknowledged: true,
-        },
-        &mut effects,
-    );
+    grant_credits(&mut owner, 0, BudgetKind::Tokens, 100, &mut effects);
     // The key's share is 50 of 100 for the site: 25 on each of the two routers.
     assert_eq!(
         decision(owner.serve(&at(1), ticket(2), keyed(2, 25), &mut effects)),

@@ -268,25 +268,14 @@ mod tests {
         let mut wallets = ModelWallets::new(Millis(0));
         let mut refills = Vec::new();
         let budget = limits(800, 4);
-        wallets.short(
-            ModelId(1),
-            &budget,
-            (0, 0),
-            50,
-            CreditCap::Credits,
-            &mut refills,
-        );
+        let ask = |wallets: &mut ModelWallets, refills: &mut Vec<Refill>| {
+            wallets.short(ModelId(1), &budget, (0, 0), 50, CreditCap::Credits, refills)
+        };
+        ask(&mut wallets, &mut refills);
         assert_eq!(refills.len(), 2);
         assert_eq!(refills[0].want, 150, "50 and an eighth of 800");
         assert_eq!(refills[1].want, 2, "one and the least headroom");
-        wallets.short(
-            ModelId(1),
-            &budget,
-            (0, 0),
-            50,
-            CreditCap::Credits,
-            &mut refills,
-        );
+        ask(&mut wallets, &mut refills);
         assert_eq!(refills.len(), 2, "one refill at a time");
         wallets.granted(BudgetKind::Tokens, 150, true);
         wallets.granted(BudgetKind::Requests, 2, true);
