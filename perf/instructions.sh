@@ -20,9 +20,11 @@
 #                      perf/auth-bench.yaml)
 #   SKIP_BUILD=0       1: use the existing target/release binaries
 #   PORT_BASE=24000    ports used: +80 router http, +51 grpc, +12 metrics, +900 tunnel, +888 sim
+#   SHARDS=1           the router's shards; with 2, the client's connection lands on one shard and
+#                      the model may be owned by the other: what the mesh costs (issue 14, target 4)
 #
-# The router runs with one shard and the epoll driver (valgrind does not see io_uring's shared
-# rings); the client is one keep-alive connection sending requests one after the other.
+# The router runs with SHARDS shards (one by default) and the epoll driver (valgrind does not see
+# io_uring's shared rings); the client is one keep-alive connection sending requests one after the other.
 set -Eeuo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,6 +36,7 @@ KIND=${KIND:-json}
 VARIANTS=${VARIANTS:-}
 SKIP_BUILD=${SKIP_BUILD:-0}
 PORT_BASE=${PORT_BASE:-24000}
+SHARDS=${SHARDS:-1}
 HOST=127.0.0.1
 MODEL=sim-model
 export HIVENET_ROUTER_JWT_SECRET=${HIVENET_ROUTER_JWT_SECRET:-devsecret}
@@ -110,7 +113,7 @@ count_one() { # dir [router flags] index -> prints instructions per request
   if [[ $TARGET == router ]]; then router_cmd=("${grind[@]}" "${router_cmd[@]}"); fi
   if [[ $TARGET == agent ]]; then agent_cmd=("${grind[@]}" "${agent_cmd[@]}"); fi
   HIVENET_ROUTER_IO_DRIVER=epoll HIVENET_ROUTER_AUDIT_LOG_PATH="$WORK/audit.$index.jsonl" \
-    "${router_cmd[@]}" --shards 1 --http-port "$HOST:$((PORT_BASE + 80))" \
+    "${router_cmd[@]}" --shards "$SHARDS" --http-port "$HOST:$((PORT_BASE + 80))" \
     --grpc-port "$HOST:$((PORT_BASE + 51))" --metrics-port "$HOST:$((PORT_BASE + 12))" \
     --p2p-port "$((PORT_BASE + 900))" --identity-path "$WORK/router.$index.key" "${extra[@]}" \
     >"$WORK/router.$index.log" 2>&1 &
