@@ -115,7 +115,8 @@ fn start_receiver() -> (String, Arc<Mutex<Vec<ReceivedSpan>>>) {
 
 fn post_chat(site: &Site, traceparent: Option<&str>) -> common::Response {
     let body = chat("sim-model", false).to_string();
-    let traceparent = traceparent.map_or(String::new(), |value| format!("traceparent: {value}\r\n"));
+    let traceparent =
+        traceparent.map_or(String::new(), |value| format!("traceparent: {value}\r\n"));
     let raw = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\n{traceparent}content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
@@ -214,7 +215,10 @@ fn a_request_is_traced_through_router_agent_and_engine() {
 
     let (router, agent) = wait_trace(&spans, trace_id, &site);
     assert_eq!(router.parent_span_id, client_span, "{router:?}");
-    assert_eq!(router.span_id, returned_span, "the response names the router's span");
+    assert_eq!(
+        router.span_id, returned_span,
+        "the response names the router's span"
+    );
     assert_eq!(router.name, "POST /v1/chat/completions");
     assert_eq!(router.request_id.as_deref(), Some(request_id.as_str()));
     assert_eq!(
@@ -225,19 +229,28 @@ fn a_request_is_traced_through_router_agent_and_engine() {
 
     let (engine_trace, engine_span) = ids_of(&engine_traceparent(&site));
     assert_eq!(engine_trace, trace_id, "the engine got the trace");
-    assert_eq!(engine_span, agent.span_id, "the engine's parent is the agent's span");
+    assert_eq!(
+        engine_span, agent.span_id,
+        "the engine's parent is the agent's span"
+    );
 
     assert_eq!(audit_record(&site, &request_id)["trace_id"], trace_id);
 
     // No traceparent, then an invalid one: each starts a fresh trace, and the request is served.
-    for sent in [None, Some("00-00000000000000000000000000000000-00f067aa0ba902b7-01")] {
+    for sent in [
+        None,
+        Some("00-00000000000000000000000000000000-00f067aa0ba902b7-01"),
+    ] {
         let response = post_chat(&site, sent);
         let returned = response.header("traceparent").unwrap().to_owned();
         let (fresh_trace, _) = ids_of(&returned);
         assert_ne!(fresh_trace, trace_id);
         assert_ne!(fresh_trace, "0".repeat(32));
         let (router, agent) = wait_trace(&spans, &fresh_trace, &site);
-        assert_eq!(router.parent_span_id, "", "a new trace has no parent: {router:?}");
+        assert_eq!(
+            router.parent_span_id, "",
+            "a new trace has no parent: {router:?}"
+        );
         assert_eq!(agent.parent_span_id, router.span_id);
         let request_id = response.header("x-request-id").unwrap();
         assert_eq!(audit_record(&site, request_id)["trace_id"], fresh_trace);
@@ -249,9 +262,7 @@ fn a_request_is_traced_through_router_agent_and_engine() {
 fn tracing_off_sends_no_traceparent_and_audits_an_empty_trace_id() {
     let site = Site::start(
         "tracing-off",
-        Options::new()
-            .sim(&["--models", "sim-model"])
-            .agent(0, &[]),
+        Options::new().sim(&["--models", "sim-model"]).agent(0, &[]),
     );
     let response = post_chat(
         &site,

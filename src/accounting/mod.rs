@@ -76,11 +76,11 @@ impl Accounting {
     pub fn start_span<'h>(
         &self,
         incoming: impl FnOnce() -> Option<&'h [u8]>,
-    ) -> Option<crate::telemetry::StartedSpan> {
+    ) -> Option<Box<crate::telemetry::StartedSpan>> {
         if self.spans.borrow().is_none() {
             return None;
         }
-        Some(crate::telemetry::StartedSpan::start(incoming()))
+        Some(Box::new(crate::telemetry::StartedSpan::start(incoming())))
     }
 
     /// Ends a request's span and hands it to the exporter (never waits: a full ring drops it).
@@ -102,10 +102,7 @@ impl Accounting {
             model: facts.model.clone(),
             error_code: facts.error_code.filter(|_| status >= 400),
         };
-        ring.push(span.finish(
-            crate::telemetry::span_name(route.upstream_path()),
-            outcome,
-        ));
+        ring.push(span.finish(crate::telemetry::span_name(route.upstream_path()), outcome));
     }
 
     pub fn agent_up(&self, agent: AgentId, profile: Arc<AgentProfile>) {

@@ -125,8 +125,9 @@ pub struct ClientRequest {
     /// The client's address (the audit log's `source_ip`).
     pub peer: Option<std::net::IpAddr>,
     /// The router's span for this request, continuing the client's `traceparent`; `None` when
-    /// tracing is off. Its context goes to the agent, the response and the audit record.
-    pub span: Option<crate::telemetry::StartedSpan>,
+    /// tracing is off. Its context goes to the agent, the response and the audit record. Boxed:
+    /// a request moves between the connection's tasks, and tracing off keeps it one word.
+    pub span: Option<Box<crate::telemetry::StartedSpan>>,
 }
 
 impl ClientRequest {
@@ -191,7 +192,7 @@ pub async fn serve<S: Sink>(
         request_id: request.request_id_str(),
         peer: request.peer,
         received_at: request.received_at,
-        trace: request.span.map(|span| span.context),
+        trace: request.span.as_ref().map(|span| span.context),
     };
     shard
         .accounting

@@ -18,7 +18,6 @@ use anyhow::Context;
 use clap::Parser;
 
 use hivenet_router::audit::AuditLog;
-use hivenet_router::telemetry::{self, SpanRing};
 use hivenet_router::auth::config::ApiMode;
 use hivenet_router::auth::dynamic::DynamicRegistry;
 use hivenet_router::clock::utc_today;
@@ -43,6 +42,7 @@ use hivenet_router::sync::SyncMetrics;
 use hivenet_router::sync::config::SyncSettings;
 use hivenet_router::sync::core::SyncCore;
 use hivenet_router::sync::tokens::SiteTokens;
+use hivenet_router::telemetry::{self, SpanRing};
 use hivenet_router::tokens::Secret;
 use hivenet_router::tunnel::tls::{self, TunnelSecurity};
 

@@ -52,6 +52,9 @@ const LINGER_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// the client leaves or the answer is written, so this bounds nothing but one read).
 const WATCH_CLOSE_READ_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// What the reader hands the writer, in order. A request is nearly every message, so its
+/// variant stays inline: boxing it to shrink the rare ones would allocate per request.
+#[allow(clippy::large_enum_variant)]
 enum Inbound {
     Request {
         request: ClientRequest,

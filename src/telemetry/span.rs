@@ -144,7 +144,11 @@ pub struct SpanQueue {
 
 impl SpanQueue {
     /// A queue of [`RING_SPANS`]: the sender for the tasks, the receiver for the exporter.
-    pub fn build() -> (SpanQueue, tokio::sync::mpsc::Receiver<SpanRecord>, Arc<AtomicU64>) {
+    pub fn build() -> (
+        SpanQueue,
+        tokio::sync::mpsc::Receiver<SpanRecord>,
+        Arc<AtomicU64>,
+    ) {
         let (queue, receiver) = tokio::sync::mpsc::channel(RING_SPANS);
         let dropped = Arc::new(AtomicU64::new(0));
         let sender = SpanQueue {
