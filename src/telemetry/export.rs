@@ -192,3 +192,81 @@ pub fn span_data(record: SpanRecord, scope: &InstrumentationScope) -> SpanData {
         instrumentation_scope: scope.clone(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::span::{SpanOutcome, SpanRing, StartedSpan};
+
+    fn attribute<'d>(data: &'d SpanData, key: &str) -> Option<&'d opentelemetry::Value> {
+        data.attributes
+            .iter()
+            .find(|attribute| attribute.key.as_str() == key)
+            .map(|attribute| &attribute.value)
+    }
+
+    #[test]
+    fn a_record_becomes_a_server_span_under_its_remote_parent() {
+        let span = StartedSpan::start(Some(
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ));
+        let record = span.finish(
+            "POST /v1/chat/completions",
+            SpanOutcome {
+                status: 502,
+                request_id: Some(*b"8b9e4a6d-dfb4-4b95-bada-319e7e5b878a"),
+                model: Some(bytes::Bytes::from_static(b"sim-model")),
+                error_code: Some("backend_error"),
+            },
+        );
+        let data = span_data(record, &InstrumentationScope::builder("test").build());
+        assert_eq!(
+            data.span_context.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(data.parent_span_id.to_string(), "00f067aa0ba902b7");
+        assert!(data.parent_span_is_remote);
+        assert_eq!(data.span_kind, SpanKind::Server);
+        assert_eq!(data.status, Status::error("backend_error"));
+        assert_eq!(
+            attribute(&data, "http.response.status_code"),
+            Some(&opentelemetry::Value::I64(502))
+        );
+        assert_eq!(
+            attribute(&data, "gen_ai.request.model").map(|value| value.to_string()),
+            Some("sim-model".to_owned())
+        );
+        assert!(attribute(&data, "hivenet.request_id").is_some());
+    }
+
+    #[test]
+    fn a_root_span_has_no_parent_and_a_4xx_is_not_an_error() {
+        let record = StartedSpan::start(None).finish(
+            "POST /v1/messages",
+            SpanOutcome {
+                status: 429,
+                ..SpanOutcome::default()
+            },
+        );
+        let data = span_data(record, &InstrumentationScope::builder("test").build());
+        assert_eq!(data.parent_span_id, SpanId::INVALID);
+        assert!(!data.parent_span_is_remote);
+        assert_eq!(data.status, Status::Unset);
+    }
+
+    #[test]
+    fn draining_stops_at_the_batch_bound_and_takes_every_ring() {
+        let (mut rings, consumers, _) = SpanRing::build(2);
+        let span = StartedSpan::start(None);
+        for index in 0..6 {
+            rings[index % 2].push(span.finish("POST", SpanOutcome::default()));
+        }
+        let mut source = SpanSource::Rings(consumers);
+        let mut batch = Vec::new();
+        source.drain_into(&mut batch, 4);
+        assert_eq!(batch.len(), 4);
+        batch.clear();
+        source.drain_into(&mut batch, 4);
+        assert_eq!(batch.len(), 2);
+    }
+}
