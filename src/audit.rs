@@ -41,7 +41,9 @@ const DRAIN_INTERVAL: Duration = Duration::from_millis(10);
 pub struct AuditRecord<'a> {
     pub log_type: &'static str,
     pub level: &'static str,
-    pub trace_id: &'static str,
+    /// The request's trace id, 32 hex digits, when tracing is on; empty otherwise
+    /// (observability reference, "Trace IDs").
+    pub trace_id: &'a str,
     pub request_id: &'a str,
     pub tenant_id: &'a str,
     pub key_id: Shown<AuditKey<'a>>,

@@ -122,6 +122,8 @@ pub struct RouterArgs {
     /// error and exits. The router stops accepting and fails `/health` at once.
     #[arg(long, env = "HIVENET_ROUTER_DRAIN_TIMEOUT", default_value = "30s", value_parser = duration)]
     pub drain_timeout: Duration,
+    #[command(flatten)]
+    pub tracing: crate::telemetry::TracingArgs,
     /// Directory of the router's disk database (one redb file, `crate::disk_db`). Used with
     /// `HIVENET_ROUTER_QUOTA_BACKEND=badger`: today's daily token totals survive a restart.
     #[arg(

@@ -46,6 +46,7 @@ pub mod sibling;
 pub mod sim;
 pub mod snapshot;
 pub mod sync;
+pub mod telemetry;
 pub mod tokens;
 pub mod tunnel;
 pub mod usage;

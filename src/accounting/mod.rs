@@ -43,6 +43,8 @@ pub struct Arrival<'r> {
     pub request_id: &'r str,
     pub peer: Option<IpAddr>,
     pub received_at: Instant,
+    /// The request's trace, when tracing is on (the audit record's `trace_id`).
+    pub trace: Option<crate::telemetry::TraceContext>,
 }
 
 #[derive(Default)]
@@ -51,6 +53,8 @@ pub struct Accounting {
     pub tenants: RefCell<TenantCounters>,
     /// This shard's end of the audit log (`None` until start-up hands it over).
     audit: RefCell<Option<crate::audit::AuditSender>>,
+    /// This shard's end of the span export: `None` when tracing is off.
+    spans: RefCell<Option<crate::telemetry::SpanRing>>,
     /// Every pooled agent's profile: its peer ID for the audit log, its labels for the series
     /// (every shard hears every agent).
     agents: RefCell<IdMap<AgentId, Arc<AgentProfile>>>,
@@ -60,6 +64,45 @@ impl Accounting {
     /// Hands this shard its end of the audit log (start-up, before it accepts).
     pub fn set_audit(&self, sender: crate::audit::AuditSender) {
         *self.audit.borrow_mut() = Some(sender);
+    }
+
+    /// Hands this shard its end of the span export (start-up, before it accepts): tracing on.
+    pub fn set_spans(&self, ring: crate::telemetry::SpanRing) {
+        *self.spans.borrow_mut() = Some(ring);
+    }
+
+    /// Starts the router's span for a request, continuing the `traceparent` that `incoming`
+    /// finds; `None` without a look at the headers when tracing is off.
+    pub fn start_span<'h>(
+        &self,
+        incoming: impl FnOnce() -> Option<&'h [u8]>,
+    ) -> Option<Box<crate::telemetry::StartedSpan>> {
+        if self.spans.borrow().is_none() {
+            return None;
+        }
+        Some(Box::new(crate::telemetry::StartedSpan::start(incoming())))
+    }
+
+    /// Ends a request's span and hands it to the exporter (never waits: a full ring drops it).
+    pub fn finish_span(
+        &self,
+        span: &crate::telemetry::StartedSpan,
+        route: crate::api::Route,
+        request_id: &[u8; 36],
+        facts: &RequestFacts,
+        status: u16,
+    ) {
+        let mut spans = self.spans.borrow_mut();
+        let Some(ring) = spans.as_mut() else {
+            return;
+        };
+        let outcome = crate::telemetry::SpanOutcome {
+            status,
+            request_id: Some(*request_id),
+            model: facts.model.clone(),
+            error_code: facts.error_code.filter(|_| status >= 400),
+        };
+        ring.push(span.finish(crate::telemetry::span_name(route.upstream_path()), outcome));
     }
 
     pub fn agent_up(&self, agent: AgentId, profile: Arc<AgentProfile>) {
@@ -118,10 +161,14 @@ impl Accounting {
             Some(code) if status >= 400 => code,
             _ => error_code_for_status(status),
         };
+        let trace_id = arrival.trace.map(|trace| trace.trace_id_hex());
+        let trace_id = trace_id
+            .as_ref()
+            .map_or("", |hex| std::str::from_utf8(hex).unwrap_or(""));
         sender.record(&AuditRecord {
             log_type: "audit",
             level: AuditRecord::level_of(status),
-            trace_id: "",
+            trace_id,
             request_id: arrival.request_id,
             tenant_id: key.map_or("", |key| key.owner.as_str()),
             key_id: Shown(AuditKey::of(key)),

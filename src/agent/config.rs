@@ -183,6 +183,8 @@ pub struct Args {
     /// Accepted, unused: no hardware sampling in this agent.
     #[arg(long, default_value = "2s", value_parser = parse_arg)]
     pub hardware_sample_interval: Duration,
+    #[command(flatten)]
+    pub tracing: crate::telemetry::TracingArgs,
 }
 
 /// A refused flag combination. Messages name the flag involved.
@@ -237,6 +239,8 @@ pub struct Config {
     pub replica_id: String,
     /// `--p2p-tls-ca`.
     pub p2p_tls_ca: Option<PathBuf>,
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`: `None` when tracing is off.
+    pub tracing: Option<crate::telemetry::TracingSettings>,
 }
 
 impl Args {
@@ -310,6 +314,7 @@ impl Args {
             deployment_id: self.deployment_id,
             replica_id: self.replica_id,
             p2p_tls_ca: self.p2p_tls_ca,
+            tracing: self.tracing.settings(),
         })
     }
 }

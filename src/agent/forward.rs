@@ -35,6 +35,9 @@ use hyper_util::rt::TokioExecutor;
 use tracing::{debug, warn};
 
 use super::headers;
+use crate::telemetry::{SpanOutcome, SpanQueue, StartedSpan};
+
+const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 
 /// Idle backend connections kept per host; the router's concurrency to this agent is bounded
 /// by `--capacity`, so more would only hold sockets.
@@ -78,6 +81,8 @@ pub struct ForwardContext {
     http_timeout: Duration,
     stream_write_timeout: Option<Duration>,
     pub in_flight: InFlight,
+    /// Where finished request spans go; `None` when tracing is off.
+    spans: Option<SpanQueue>,
 }
 
 impl ForwardContext {
@@ -109,7 +114,14 @@ impl ForwardContext {
             http_timeout,
             stream_write_timeout,
             in_flight,
+            spans: None,
         })
+    }
+
+    /// Tracing on: each request records a span here.
+    pub fn with_spans(mut self, spans: Option<SpanQueue>) -> ForwardContext {
+        self.spans = spans;
+        self
     }
 }
 
@@ -236,26 +248,64 @@ pub fn backend_uri(backend_base: &str, request_uri: &Uri) -> Result<Uri, Forward
 
 /// Serves one stream to completion or cancellation.
 pub async fn serve(
-    request: Request<RecvStream>,
+    mut request: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
     context: Arc<ForwardContext>,
 ) {
     let _in_flight = context.in_flight.enter();
-    let response = match send_to_backend(request, &mut respond, &context).await {
-        Some(Ok(response)) => response,
+    // Tracing off: this one branch is all it costs.
+    let traced = context.spans.as_ref().map(|_| {
+        let span = start_span(request.headers_mut());
+        let name = crate::telemetry::span_name(request.uri().path());
+        (span, name, request_id_of(request.headers()))
+    });
+    let (status, error_code) = match send_to_backend(request, &mut respond, &context).await {
+        Some(Ok(response)) => {
+            let status = response.status().as_u16();
+            stream_to_router(response, respond, &context).await;
+            (status, None)
+        }
         Some(Err(error)) => {
             warn!(%error, "answering the router with an agent error");
+            let code = error.code();
             let (head, body) = error.into_response();
+            let status = head.status().as_u16();
             if let Ok(mut send) = respond.send_response(head, false) {
                 // The body is a few hundred bytes, below any initial window.
                 send.reserve_capacity(body.len());
                 let _ = send.send_data(body, true);
             }
-            return;
+            (status, Some(code))
         }
-        None => return,
+        // The router reset the stream: its client went away (nginx's 499).
+        None => (499, None),
     };
-    stream_to_router(response, respond, &context).await;
+    if let (Some((span, name, request_id)), Some(spans)) = (traced, &context.spans) {
+        let outcome = SpanOutcome {
+            status,
+            request_id,
+            model: None,
+            error_code,
+        };
+        spans.push(span.finish(name, outcome));
+    }
+}
+
+/// The agent's span for a request: a child of the router's (its `traceparent`), or a new trace
+/// when the router sent none. The engine gets the agent span's context in place of the router's.
+fn start_span(headers: &mut http::HeaderMap) -> StartedSpan {
+    let span = StartedSpan::start(headers.get(TRACEPARENT).map(HeaderValue::as_bytes));
+    let traceparent = HeaderValue::from_bytes(&span.context.traceparent())
+        .expect("a traceparent is ASCII hex digits and dashes");
+    headers.insert(TRACEPARENT, traceparent);
+    span
+}
+
+/// The router's `x-request-id`, when it is the 36 bytes of a UUID's text.
+fn request_id_of(headers: &http::HeaderMap) -> Option<[u8; 36]> {
+    headers
+        .get("x-request-id")
+        .and_then(|value| value.as_bytes().try_into().ok())
 }
 
 /// Phases *send* and *head*. `None` when the router reset the stream meanwhile.

@@ -71,6 +71,24 @@ pub struct Shared {
     pub draining: watch::Receiver<bool>,
 }
 
+/// Tracing on: the queue request tasks push finished spans to, and the exporter draining it on
+/// this runtime (it runs for the life of the process).
+fn start_span_export(
+    settings: &crate::telemetry::TracingSettings,
+) -> anyhow::Result<crate::telemetry::SpanQueue> {
+    use crate::telemetry::{self, export};
+    let (queue, receiver, dropped) = telemetry::SpanQueue::build();
+    export::spawn(
+        settings,
+        telemetry::AGENT_SERVICE,
+        export::SpanSource::Queue(receiver),
+        dropped,
+    )
+    .map_err(|error| anyhow::anyhow!("OTEL_EXPORTER_OTLP_ENDPOINT: {error}"))?;
+    tracing::info!(endpoint = %settings.endpoint, interval = ?settings.export_interval, "spans exported over OTLP gRPC as hivenet-agent");
+    Ok(queue)
+}
+
 /// How often a draining agent looks at its requests in flight.
 const DRAIN_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
@@ -90,6 +108,10 @@ pub async fn run(
         _ = stop.wait_for(|stop| *stop) => return Ok(()),
     };
 
+    let spans = match &config.tracing {
+        Some(settings) => Some(start_span_export(settings)?),
+        None => None,
+    };
     let forward = Arc::new(
         ForwardContext::new(
             &config.backend_url,
@@ -97,7 +119,8 @@ pub async fn run(
             config.stream_write_timeout,
             InFlight::default(),
         )
-        .map_err(anyhow::Error::msg)?,
+        .map_err(anyhow::Error::msg)?
+        .with_spans(spans),
     );
     let (to_sessions, engine) = watch::channel(EngineSnapshot::default());
     let mut tasks = JoinSet::new();

@@ -129,6 +129,7 @@ fn settle(shard: &Shard, quota: &mut QuotaCharge, event: UsageEvent) {
 }
 
 const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
+const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 
 fn upstream_uri(route: Route) -> http::Uri {
     http::Uri::from_static(match route {
@@ -155,6 +156,13 @@ fn upstream_request(request: &ClientRequest) -> http::Request<()> {
         .uri(upstream_uri(request.route))
         .header(http::header::CONTENT_TYPE, "application/json")
         .header(X_REQUEST_ID, request_id);
+    if let Some(span) = &request.span {
+        // The agent's span is a child of the router's: unique per request, so never indexed.
+        let mut traceparent = http::HeaderValue::from_bytes(&span.context.traceparent())
+            .expect("a traceparent is ASCII hex digits and dashes");
+        traceparent.set_sensitive(true);
+        upstream = upstream.header(TRACEPARENT, traceparent);
+    }
     let forwarded = [
         ("anthropic-version", &request.anthropic_version),
         ("anthropic-beta", &request.anthropic_beta),

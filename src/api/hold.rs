@@ -231,4 +231,11 @@ impl<S: Sink> Sink for HoldSink<'_, S> {
     fn set_request_id(&mut self, id: [u8; 36]) {
         self.inner.set_request_id(id);
     }
+
+    fn set_traceparent(
+        &mut self,
+        traceparent: Option<[u8; crate::telemetry::context::TRACEPARENT_LEN]>,
+    ) {
+        self.inner.set_traceparent(traceparent);
+    }
 }

@@ -124,6 +124,10 @@ pub struct ClientRequest {
     pub received_at: Instant,
     /// The client's address (the audit log's `source_ip`).
     pub peer: Option<std::net::IpAddr>,
+    /// The router's span for this request, continuing the client's `traceparent`; `None` when
+    /// tracing is off. Its context goes to the agent, the response and the audit record. Boxed:
+    /// a request moves between the connection's tasks, and tracing off keeps it one word.
+    pub span: Option<Box<crate::telemetry::StartedSpan>>,
 }
 
 impl ClientRequest {
@@ -174,6 +178,10 @@ pub async fn serve<S: Sink>(
         return sink.reject(&Rejection::shutting_down()).await;
     }
     let _open = RequestOpen::enter(&shard.metrics);
+    // `/health` is not traced: the response names the request's span only when there is one.
+    if let Some(span) = &request.span {
+        sink.set_traceparent(Some(span.context.traceparent()));
+    }
     let keys = shard.keys();
     let mut facts = RequestFacts::default();
     let mut sink = HoldSink::new(sink, &shard.metrics);
@@ -184,10 +192,16 @@ pub async fn serve<S: Sink>(
         request_id: request.request_id_str(),
         peer: request.peer,
         received_at: request.received_at,
+        trace: request.span.as_ref().map(|span| span.context),
     };
     shard
         .accounting
         .request_finished(arrival, &keys, &facts, status);
+    if let Some(span) = &request.span {
+        shard
+            .accounting
+            .finish_span(span, request.route, &request.request_id, &facts, status);
+    }
     served
 }
 

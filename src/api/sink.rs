@@ -56,6 +56,13 @@ pub trait Sink {
     /// The current request's ID, sent back as `X-Request-ID` on its response head.
     fn set_request_id(&mut self, id: [u8; 36]);
 
+    /// The current request's trace context, sent back as `traceparent` on its response head
+    /// (`None`: tracing is off, no header).
+    fn set_traceparent(
+        &mut self,
+        traceparent: Option<[u8; crate::telemetry::context::TRACEPARENT_LEN]>,
+    );
+
     /// Answers with the rejection's status, headers (`api::refusal::Headers`) and envelope.
     fn reject(&mut self, rejection: &Rejection) -> impl Future<Output = Result<(), ClientGone>> {
         async move {

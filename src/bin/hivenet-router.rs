@@ -42,6 +42,7 @@ use hivenet_router::sync::SyncMetrics;
 use hivenet_router::sync::config::SyncSettings;
 use hivenet_router::sync::core::SyncCore;
 use hivenet_router::sync::tokens::SiteTokens;
+use hivenet_router::telemetry::{self, SpanRing};
 use hivenet_router::tokens::Secret;
 use hivenet_router::tunnel::tls::{self, TunnelSecurity};
 
@@ -297,6 +298,20 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     tracing::info!(destination = %audit_log.destination, "audit log");
     let mut audit_senders = audit_senders.into_iter().map(Some).collect::<Vec<_>>();
 
+    // Tracing: one span ring per shard, drained by the exporter on the control core.
+    let tracing_settings = args.tracing.settings();
+    let (mut span_rings, span_export) = match &tracing_settings {
+        Some(settings) => {
+            tracing::info!(endpoint = %settings.endpoint, interval = ?settings.export_interval, "spans exported over OTLP gRPC as hivenet-router");
+            let (rings, consumers, dropped) = SpanRing::build(shard_count);
+            (
+                rings.into_iter().map(Some).collect(),
+                Some((settings.clone(), consumers, dropped)),
+            )
+        }
+        None => (Vec::new(), None),
+    };
+
     // The sync core: its own thread, its own runtime. Its first round waits for the shards.
     let shared_limits = sync_settings.as_ref().map(|sync| {
         (
@@ -364,7 +379,19 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             };
             let flush_shared = shared.clone();
             let drain_shared = shared.clone();
-            let started = control::start(&runtime, shared, from_shards);
+            let started = control::start(&runtime, shared, from_shards).and_then(|started| {
+                if let Some((settings, consumers, dropped)) = span_export {
+                    let _guard = runtime.enter();
+                    telemetry::export::spawn(
+                        &settings,
+                        telemetry::ROUTER_SERVICE,
+                        telemetry::export::SpanSource::Rings(consumers),
+                        dropped,
+                    )
+                    .context("OTEL_EXPORTER_OTLP_ENDPOINT")?;
+                }
+                Ok(started)
+            });
             let failed = started.is_err();
             let _ = control_started.send(started);
             if failed {
@@ -443,6 +470,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             keys: keys.clone(),
             admin_access: admin_access.clone(),
             audit: audit_senders[index].take(),
+            spans: span_rings.get_mut(index).and_then(Option::take),
             daily_restore: daily_restores
                 .as_mut()
                 .map(|restores| std::mem::take(&mut restores[index])),

@@ -35,6 +35,7 @@ use crate::metrics::ShardMetrics;
 use crate::shard::clients::Refusal;
 use crate::shard::latch::{Latch, race};
 use crate::shard::state::Shard;
+use crate::telemetry::context::TRACEPARENT_LEN;
 use futures_util::future::Either;
 
 /// How long a refused connection's one answer may take to write.
@@ -51,6 +52,9 @@ const LINGER_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// the client leaves or the answer is written, so this bounds nothing but one read).
 const WATCH_CLOSE_READ_TIMEOUT: Duration = Duration::from_secs(3600);
 
+/// What the reader hands the writer, in order. A request is nearly every message, so its
+/// variant stays inline: boxing it to shrink the rare ones would allocate per request.
+#[allow(clippy::large_enum_variant)]
 enum Inbound {
     Request {
         request: ClientRequest,
@@ -149,6 +153,7 @@ async fn serve_http1(shard: &Rc<Shard>, stream: TcpStream, first: BytesMut) {
         shard: shard.clone(),
         status: 0,
         request_id: None,
+        traceparent: None,
     };
     write_loop(shard, &mut sink, from_reader).await;
     let _ = sink.writer.shutdown().await;
@@ -467,6 +472,9 @@ async fn read_requests(
             x_api_key: span(head.x_api_key),
             received_at: head_parsed_at,
             peer: reader.peer,
+            span: shard
+                .accounting
+                .start_span(|| head.header(&head_bytes, "traceparent")),
         };
         let keep_alive = head.keep_alive;
         let sent = to_writer
@@ -599,6 +607,8 @@ struct Http1Sink {
     status: u16,
     /// The current request's ID, returned as `X-Request-ID`.
     request_id: Option<[u8; 36]>,
+    /// The current request's trace context, returned as `traceparent` (tracing on only).
+    traceparent: Option<[u8; TRACEPARENT_LEN]>,
 }
 
 impl Http1Sink {
@@ -624,10 +634,10 @@ impl Http1Sink {
         extra_headers: &[(&str, &[u8])],
     ) -> Result<(), ClientGone> {
         self.status = status;
-        let request_id = self.request_id;
+        let ids = (self.request_id, self.traceparent);
         let mut headers: [(&str, &[u8]); RESPONSE_HEADERS_MAX] =
             [("cache-control", b"no-cache"); RESPONSE_HEADERS_MAX];
-        let count = 1 + with_request_id(&mut headers[1..], request_id.as_ref(), extra_headers);
+        let count = 1 + with_ids(&mut headers[1..], &ids, extra_headers);
         self.out.clear();
         ResponseHead {
             status,
@@ -651,9 +661,9 @@ impl Sink for Http1Sink {
     ) -> Result<(), ClientGone> {
         self.shard.metrics.count_response(status);
         self.status = status;
-        let request_id = self.request_id;
+        let ids = (self.request_id, self.traceparent);
         let mut headers: [(&str, &[u8]); RESPONSE_HEADERS_MAX] = [("", b""); RESPONSE_HEADERS_MAX];
-        let count = with_request_id(&mut headers, request_id.as_ref(), extra_headers);
+        let count = with_ids(&mut headers, &ids, extra_headers);
         self.out.clear();
         ResponseHead {
             status,
@@ -717,22 +727,30 @@ impl Sink for Http1Sink {
     fn set_request_id(&mut self, id: [u8; 36]) {
         self.request_id = Some(id);
     }
+
+    fn set_traceparent(&mut self, traceparent: Option<[u8; TRACEPARENT_LEN]>) {
+        self.traceparent = traceparent;
+    }
 }
 
 /// Response headers a head may carry besides the framing ones.
-const RESPONSE_HEADERS_MAX: usize = 8;
+const RESPONSE_HEADERS_MAX: usize = 9;
 
-/// Fills `headers` with `X-Request-ID` (when known) and then `extra`, as many as fit; returns
-/// how many.
-fn with_request_id<'a>(
+/// Fills `headers` with `X-Request-ID` and `traceparent` (each when known) and then `extra`, as
+/// many as fit; returns how many.
+fn with_ids<'a>(
     headers: &mut [(&'a str, &'a [u8])],
-    request_id: Option<&'a [u8; 36]>,
+    (request_id, traceparent): &'a (Option<[u8; 36]>, Option<[u8; TRACEPARENT_LEN]>),
     extra: &[(&'a str, &'a [u8])],
 ) -> usize {
     let mut count = 0;
     if let Some(id) = request_id {
-        headers[0] = ("x-request-id", id.as_slice());
-        count = 1;
+        headers[count] = ("x-request-id", id.as_slice());
+        count += 1;
+    }
+    if let Some(traceparent) = traceparent {
+        headers[count] = ("traceparent", traceparent.as_slice());
+        count += 1;
     }
     for header in extra.iter().take(headers.len() - count) {
         headers[count] = *header;

@@ -187,6 +187,7 @@ async fn serve_stream(
         shard: shard.clone(),
         status: 0,
         request_id: None,
+        traceparent: None,
     };
     let (parts, mut body_stream) = request.into_parts();
     let (route, method) = match route_of(&parts) {
@@ -257,7 +258,13 @@ async fn serve_stream(
         }
     }
     drop(lease);
-    let request = client_request(&parts, route, method, body.freeze(), started, peer);
+    let mut request = client_request(&parts, route, method, body.freeze(), started, peer);
+    request.span = shard.accounting.start_span(|| {
+        parts
+            .headers
+            .get("traceparent")
+            .map(|value| value.as_bytes())
+    });
     if api::serve(&shard, request, &mut sink).await.is_err() {
         // The client reset the stream (or dropped the connection) before its answer was done.
         shard.clients.stream_reset(peer, Instant::now());
@@ -322,6 +329,8 @@ pub fn client_request(
         x_api_key: header("x-api-key"),
         received_at,
         peer,
+        // Started by the caller, which knows whether tracing is on.
+        span: None,
     }
 }
 
@@ -334,6 +343,8 @@ struct H2Sink {
     status: u16,
     /// The request's ID, returned as `X-Request-ID`.
     request_id: Option<[u8; 36]>,
+    /// The request's trace context, returned as `traceparent` (tracing on only).
+    traceparent: Option<[u8; crate::telemetry::context::TRACEPARENT_LEN]>,
 }
 
 impl H2Sink {
@@ -356,6 +367,9 @@ impl H2Sink {
         }
         if let Some(id) = &self.request_id {
             response = response.header("x-request-id", id.as_slice());
+        }
+        if let Some(traceparent) = &self.traceparent {
+            response = response.header("traceparent", traceparent.as_slice());
         }
         for (name, value) in extra_headers {
             response = response.header(*name, *value);
@@ -466,5 +480,12 @@ impl Sink for H2Sink {
 
     fn set_request_id(&mut self, id: [u8; 36]) {
         self.request_id = Some(id);
+    }
+
+    fn set_traceparent(
+        &mut self,
+        traceparent: Option<[u8; crate::telemetry::context::TRACEPARENT_LEN]>,
+    ) {
+        self.traceparent = traceparent;
     }
 }

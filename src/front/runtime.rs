@@ -41,6 +41,8 @@ pub struct ShardSetup {
     pub shared_limits: Option<(crate::limits::Day, crate::limits::Share)>,
     /// This shard's end of the audit log.
     pub audit: Option<crate::audit::AuditSender>,
+    /// This shard's end of the span export; `None` when tracing is off.
+    pub spans: Option<crate::telemetry::SpanRing>,
     pub inbox: mpsc::Receiver<ControlToShard>,
     pub to_control: crate::control::queues::ToControl,
     pub core: Option<core_affinity::CoreId>,
@@ -159,6 +161,9 @@ async fn run(
     ));
     if let Some(audit) = setup.audit {
         shard.accounting.set_audit(audit);
+    }
+    if let Some(spans) = setup.spans {
+        shard.accounting.set_spans(spans);
     }
     if let Some(restore) = setup.daily_restore {
         shard.restore_daily(restore);

@@ -58,6 +58,9 @@ pub struct SimState {
     healthy: AtomicBool,
     /// `f64::to_bits` of the KV usage pinned by `/sim/control`, or [`KV_USAGE_NOT_PINNED`].
     kv_usage_pinned_bits: AtomicU64,
+    /// The `traceparent` of the last request that carried one (shown by `GET /sim/control`), so
+    /// tests can see what trace context reached the engine. Locked only for such requests.
+    last_traceparent: std::sync::Mutex<Option<String>>,
 }
 
 impl SimState {
@@ -76,6 +79,7 @@ impl SimState {
             next_response_id: AtomicU64::new(1),
             healthy: AtomicBool::new(true),
             kv_usage_pinned_bits: AtomicU64::new(KV_USAGE_NOT_PINNED),
+            last_traceparent: std::sync::Mutex::new(None),
         }
     }
 
@@ -139,6 +143,12 @@ pub async fn handle(
     } else {
         Dialect::OpenAi
     };
+    if let Some(traceparent) = request.headers().get("traceparent") {
+        let text = String::from_utf8_lossy(traceparent.as_bytes()).into_owned();
+        if let Ok(mut last) = state.last_traceparent.lock() {
+            *last = Some(text);
+        }
+    }
     let result = route(state, request).await;
     Ok(result.unwrap_or_else(|error| {
         json_response(error.status(), SimBody::complete(error.body(dialect)))
@@ -497,6 +507,11 @@ fn control_state(state: &'static SimState) -> Response<SimBody> {
         "kv_cache_usage": state.kv_usage_pinned(),
         "healthy": state.healthy.load(Ordering::Relaxed),
         "models": models,
+        "last_traceparent": state
+            .last_traceparent
+            .lock()
+            .ok()
+            .and_then(|last| last.clone()),
     });
     json_response(StatusCode::OK, SimBody::complete(value.to_string()))
 }

@@ -1,0 +1,276 @@
+//! Proves distributed tracing through the real router, agent and sim, exporting to a small OTLP
+//! gRPC receiver run by the test: one request's `traceparent` is continued by the router
+//! (service `hivenet-router`) and the agent (service `hivenet-agent`, a child of the router's
+//! span), the engine receives the agent's context, the response and the audit record carry the
+//! trace, and a request without (or with an invalid) `traceparent` gets a fresh trace.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{Options, Site, chat, poll, request};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use serde_json::Value;
+
+/// How long spans may take to arrive on a loaded machine (the export interval is 100 ms).
+const SPANS_WAIT: Duration = Duration::from_secs(30);
+
+/// One span as the receiver got it.
+#[derive(Debug, Clone)]
+struct ReceivedSpan {
+    service: String,
+    trace_id: String,
+    span_id: String,
+    parent_span_id: String,
+    name: String,
+    request_id: Option<String>,
+}
+
+#[derive(Clone, Default)]
+struct Receiver {
+    spans: Arc<Mutex<Vec<ReceivedSpan>>>,
+}
+
+#[tonic::async_trait]
+impl TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut received = self.spans.lock().unwrap();
+        for resource_spans in request.into_inner().resource_spans {
+            let service = resource_spans
+                .resource
+                .iter()
+                .flat_map(|resource| &resource.attributes)
+                .find(|attribute| attribute.key == "service.name")
+                .and_then(|attribute| string_of(attribute.value.as_ref()?.value.as_ref()?))
+                .unwrap_or_default();
+            for span in resource_spans
+                .scope_spans
+                .into_iter()
+                .flat_map(|scope| scope.spans)
+            {
+                let request_id = span
+                    .attributes
+                    .iter()
+                    .find(|attribute| attribute.key == "hivenet.request_id")
+                    .and_then(|attribute| string_of(attribute.value.as_ref()?.value.as_ref()?));
+                received.push(ReceivedSpan {
+                    service: service.clone(),
+                    trace_id: hex::encode(&span.trace_id),
+                    span_id: hex::encode(&span.span_id),
+                    parent_span_id: hex::encode(&span.parent_span_id),
+                    name: span.name,
+                    request_id,
+                });
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+fn string_of(value: &AnyValue) -> Option<String> {
+    match value {
+        AnyValue::StringValue(text) => Some(text.clone()),
+        _ => None,
+    }
+}
+
+/// Starts the receiver on a free loopback port on its own runtime thread; returns its endpoint
+/// (`127.0.0.1:<port>`, no scheme, as the reference writes it) and what it received.
+fn start_receiver() -> (String, Arc<Mutex<Vec<ReceivedSpan>>>) {
+    let receiver = Receiver::default();
+    let spans = receiver.spans.clone();
+    let (bound, address) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let incoming =
+                tonic::transport::server::TcpIncoming::bind("127.0.0.1:0".parse().unwrap())
+                    .unwrap();
+            bound.send(incoming.local_addr().unwrap()).unwrap();
+            tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(receiver))
+                .serve_with_incoming(incoming)
+                .await
+                .unwrap();
+        });
+    });
+    let address = address.recv().unwrap();
+    (address.to_string(), spans)
+}
+
+fn post_chat(site: &Site, traceparent: Option<&str>) -> common::Response {
+    let body = chat("sim-model", false).to_string();
+    let traceparent =
+        traceparent.map_or(String::new(), |value| format!("traceparent: {value}\r\n"));
+    let raw = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\n{traceparent}content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let response = request(site.http, raw.as_bytes());
+    assert_eq!(response.status, 200, "{}\n{}", response.text(), site.logs());
+    response
+}
+
+/// The spans of `trace_id` once both services have sent theirs.
+fn wait_trace(
+    spans: &Mutex<Vec<ReceivedSpan>>,
+    trace_id: &str,
+    site: &Site,
+) -> (ReceivedSpan, ReceivedSpan) {
+    poll(SPANS_WAIT, || {
+        let spans = spans.lock().unwrap();
+        let of = |service: &str| {
+            spans
+                .iter()
+                .find(|span| span.trace_id == trace_id && span.service == service)
+                .cloned()
+        };
+        Some((of("hivenet-router")?, of("hivenet-agent")?))
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no router and agent spans of trace {trace_id}; received {:?}\n{}",
+            spans.lock().unwrap(),
+            site.logs()
+        )
+    })
+}
+
+/// The audit record of `request_id`, once the writer has written it.
+fn audit_record(site: &Site, request_id: &str) -> Value {
+    poll(SPANS_WAIT, || {
+        let text = std::fs::read_to_string(site.dir.join("audit.jsonl")).ok()?;
+        text.lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .find(|record| record["request_id"] == request_id)
+    })
+    .unwrap_or_else(|| panic!("no audit record for {request_id}\n{}", site.logs()))
+}
+
+/// `00-<trace>-<span>-<flags>` split into its trace and span ids.
+fn ids_of(traceparent: &str) -> (String, String) {
+    let fields: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(fields.len(), 4, "{traceparent}");
+    assert_eq!(fields[0], "00", "{traceparent}");
+    (fields[1].to_owned(), fields[2].to_owned())
+}
+
+fn engine_traceparent(site: &Site) -> String {
+    let control = request(site.sim_addrs[0], &common::get_request("/sim/control"));
+    control.json()["last_traceparent"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn a_request_is_traced_through_router_agent_and_engine() {
+    let (endpoint, spans) = start_receiver();
+    let mut site = Site::start(
+        "tracing-otlp",
+        Options::new()
+            .sim(&["--models", "sim-model"])
+            .router_env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+            .router_env("OTEL_BSP_SCHEDULE_DELAY", "100")
+            .skip_model_wait(),
+    );
+    site.spawn_agent_with_env(
+        0,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    site.wait_models(&["sim-model"]);
+    let tunnels = site.shards as f64;
+    site.wait_metric("hivenet_shard_tunnels_open", |open| open >= tunnels);
+
+    // A client's trace is continued.
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let client_span = "00f067aa0ba902b7";
+    let response = post_chat(&site, Some(&format!("00-{trace_id}-{client_span}-01")));
+    let returned = response
+        .header("traceparent")
+        .unwrap_or_else(|| panic!("no traceparent on the response: {:?}", response.headers))
+        .to_owned();
+    let (returned_trace, returned_span) = ids_of(&returned);
+    assert_eq!(returned_trace, trace_id);
+    let request_id = response.header("x-request-id").unwrap().to_owned();
+
+    let (router, agent) = wait_trace(&spans, trace_id, &site);
+    assert_eq!(router.parent_span_id, client_span, "{router:?}");
+    assert_eq!(
+        router.span_id, returned_span,
+        "the response names the router's span"
+    );
+    assert_eq!(router.name, "POST /v1/chat/completions");
+    assert_eq!(router.request_id.as_deref(), Some(request_id.as_str()));
+    assert_eq!(
+        agent.parent_span_id, router.span_id,
+        "the agent's span is a child of the router's: {agent:?}"
+    );
+    assert_ne!(agent.span_id, router.span_id);
+
+    let (engine_trace, engine_span) = ids_of(&engine_traceparent(&site));
+    assert_eq!(engine_trace, trace_id, "the engine got the trace");
+    assert_eq!(
+        engine_span, agent.span_id,
+        "the engine's parent is the agent's span"
+    );
+
+    assert_eq!(audit_record(&site, &request_id)["trace_id"], trace_id);
+
+    // No traceparent, then an invalid one: each starts a fresh trace, and the request is served.
+    for sent in [
+        None,
+        Some("00-00000000000000000000000000000000-00f067aa0ba902b7-01"),
+    ] {
+        let response = post_chat(&site, sent);
+        let returned = response.header("traceparent").unwrap().to_owned();
+        let (fresh_trace, _) = ids_of(&returned);
+        assert_ne!(fresh_trace, trace_id);
+        assert_ne!(fresh_trace, "0".repeat(32));
+        let (router, agent) = wait_trace(&spans, &fresh_trace, &site);
+        assert_eq!(
+            router.parent_span_id, "",
+            "a new trace has no parent: {router:?}"
+        );
+        assert_eq!(agent.parent_span_id, router.span_id);
+        let request_id = response.header("x-request-id").unwrap();
+        assert_eq!(audit_record(&site, request_id)["trace_id"], fresh_trace);
+    }
+    site.router.terminate();
+}
+
+#[test]
+fn tracing_off_sends_no_traceparent_and_audits_an_empty_trace_id() {
+    let site = Site::start(
+        "tracing-off",
+        Options::new().sim(&["--models", "sim-model"]).agent(0, &[]),
+    );
+    let response = post_chat(
+        &site,
+        Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+    );
+    assert_eq!(response.header("traceparent"), None);
+    let request_id = response.header("x-request-id").unwrap();
+    assert_eq!(audit_record(&site, request_id)["trace_id"], "");
+    // The client's header is not forwarded by a router that is not tracing.
+    assert_eq!(engine_traceparent(&site), "");
+}
