@@ -75,6 +75,16 @@ pub struct RequestCounts {
     pub output_tokens: u64,
 }
 
+impl RequestCounts {
+    /// Adds another shard's counts of the same series.
+    pub fn merge(&mut self, other: &RequestCounts) {
+        self.success += other.success;
+        self.failed += other.failed;
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+    }
+}
+
 /// `deployment_id` of a request no agent served.
 pub const UNSET: &str = "unset";
 

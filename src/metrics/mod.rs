@@ -1,4 +1,4 @@
-//! Per-shard counters and their Prometheus text exposition.
+//! Per-shard counters, and the families they give at scrape time ([`family`] builds and encodes them).
 //!
 //! Each shard owns one [`ShardMetrics`] and is its only writer (relaxed atomic adds on a cache line
 //! no other core writes), so counting costs no contention; the control core reads them when
@@ -8,7 +8,6 @@ pub mod family;
 
 pub use family::{Collect, Family, encode};
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 /// HTTP statuses the router answers with, for the `code` label; anything else is counted as other.
@@ -73,156 +72,52 @@ impl ShardMetrics {
     }
 }
 
-/// The `# HELP` and `# TYPE` lines of one metric family.
-pub fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+/// Every shard's series, each labelled with its `shard`.
+impl Collect for [std::sync::Arc<ShardMetrics>] {
+    fn collect(&self, out: &mut Vec<Family>) {
+        for (name, kind, help, get) in SHARD_SERIES {
+            let mut family = match kind {
+                Kind::Counter => Family::counter(name, help),
+                Kind::Gauge => Family::gauge(name, help),
+            };
+            for (shard, metrics) in self.iter().enumerate() {
+                family.sample(&[("shard", &shard.to_string())], get(metrics) as f64);
+            }
+            out.push(family);
+        }
+        out.push(responses(self));
+        out.extend(holds(self));
+    }
 }
 
-/// Renders every shard's series.
-pub fn render_shards(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
-    type Getter = fn(&ShardMetrics) -> i128;
-    let simple: [(&str, &str, &str, Getter); 18] = [
-        (
-            "hivenet_shard_connections_accepted_total",
-            "counter",
-            "Client connections accepted by the shard.",
-            |m| m.connections_accepted_total.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_shard_connections_open",
-            "gauge",
-            "Client connections open on the shard.",
-            |m| m.connections_open.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_shard_requests_total",
-            "counter",
-            "Client requests parsed by the shard.",
-            |m| m.requests_total.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_shard_upstream_errors_total",
-            "counter",
-            "Forwards that failed on the tunnel or at the agent.",
-            |m| m.upstream_errors_total.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_shard_client_disconnects_total",
-            "counter",
-            "Requests whose client went away before the response ended.",
-            |m| m.client_disconnects_total.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_shard_queued_total",
-            "counter",
-            "Requests that waited in a model capacity queue (counted on the model's owner shard).",
-            |m| m.queued_total.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_shard_queue_timeouts_total",
-            "counter",
-            "Requests whose capacity wait reached the request timeout.",
-            |m| m.queue_timeouts_total.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_shard_input_tokens_total",
-            "counter",
-            "Exact input tokens read from responses.",
-            |m| m.input_tokens_total.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_shard_output_tokens_total",
-            "counter",
-            "Exact output tokens read from responses.",
-            |m| m.output_tokens_total.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_shard_usage_missing_total",
-            "counter",
-            "Successful responses that carried no usage.",
-            |m| m.usage_missing_total.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_shard_mesh_full_total",
-            "counter",
-            "Messages refused because a mesh ring was full.",
-            |m| m.mesh_full_total.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_shard_mesh_deferred",
-            "gauge",
-            "Messages to other shards waiting for room in a full mesh ring.",
-            |m| m.mesh_deferred.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_shard_mesh_dropped_total",
-            "counter",
-            "Messages to other shards dropped because the deferred queue was at its bound.",
-            |m| m.mesh_dropped_total.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_shard_tunnels_open",
-            "gauge",
-            "Tunnel connections from agents held by the shard.",
-            |m| m.tunnels_open.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_shard_in_flight",
-            "gauge",
-            "Requests forwarded by the shard and not yet finished.",
-            |m| m.in_flight.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_admission_parked_total",
-            "counter",
-            "Requests that waited for room in a model's occupancy budget (B2).",
-            |m| m.admission_parked_total.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_admission_reaped_total",
-            "counter",
-            "Occupancy reservations released by the reaper because their release was lost.",
-            |m| m.admission_reaped_total.load(Ordering::Relaxed) as i128,
-        ),
-        (
-            "hivenet_shard_forward_retries_total",
-            "counter",
-            "Forwards that failed before answering and were tried again on another agent or step.",
-            |m| m.forward_retries_total.load(Ordering::Relaxed) as i128,
-        ),
-    ];
-    for (name, kind, help, get) in simple {
-        family(out, name, kind, help);
-        for (shard, metrics) in shards.iter().enumerate() {
-            let _ = writeln!(out, "{name}{{shard=\"{shard}\"}} {}", get(metrics));
-        }
-    }
-    let name = "hivenet_shard_responses_total";
-    family(out, name, "counter", "Responses by HTTP status.");
+/// `hivenet_shard_responses_total{shard,code}`: only the codes a shard answered with.
+fn responses(shards: &[std::sync::Arc<ShardMetrics>]) -> Family {
+    let mut family = Family::counter("hivenet_shard_responses_total", "Responses by HTTP status.");
     for (shard, metrics) in shards.iter().enumerate() {
+        let shard = shard.to_string();
         for (index, code) in STATUS_CODES.iter().enumerate() {
             let value = metrics.responses_by_status[index].load(Ordering::Relaxed);
             if value > 0 {
-                let _ = writeln!(out, "{name}{{shard=\"{shard}\",code=\"{code}\"}} {value}");
+                family.sample(
+                    &[("shard", &shard), ("code", &code.to_string())],
+                    value as f64,
+                );
             }
         }
         let other = metrics.responses_other_total.load(Ordering::Relaxed);
         if other > 0 {
-            let _ = writeln!(out, "{name}{{shard=\"{shard}\",code=\"other\"}} {other}");
+            family.sample(&[("shard", &shard), ("code", "other")], other as f64);
         }
     }
+    family
 }
 
 /// `hivenet_wake_holds_total{outcome}` and the `hivenet_wake_hold_seconds` histogram, summed
 /// over the shards (a hold is one router's, whichever shard held it).
-pub fn render_holds(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
+fn holds(shards: &[std::sync::Arc<ShardMetrics>]) -> [Family; 2] {
     use crate::hold::{HOLD_SECONDS_BUCKETS, HoldEnded};
-    let name = "hivenet_wake_holds_total";
-    family(
-        out,
-        name,
-        "counter",
+    let mut outcomes = Family::counter(
+        "hivenet_wake_holds_total",
         "Hold-at-zero requests by how their hold ended (released, expired, full, cancelled).",
     );
     for outcome in HoldEnded::ALL {
@@ -230,42 +125,159 @@ pub fn render_holds(out: &mut String, shards: &[std::sync::Arc<ShardMetrics>]) {
             .iter()
             .map(|metrics| metrics.holds.outcome(outcome))
             .sum();
-        let _ = writeln!(out, "{name}{{outcome=\"{}\"}} {total}", outcome.as_str());
+        outcomes.sample(&[("outcome", outcome.as_str())], total as f64);
     }
-    let name = "hivenet_wake_hold_seconds";
-    family(
-        out,
-        name,
-        "histogram",
-        "How long requests were held for a model waking from zero.",
-    );
-    let mut buckets = [0u64; HOLD_SECONDS_BUCKETS.len() + 1];
+    let mut counts = [0u64; HOLD_SECONDS_BUCKETS.len() + 1];
     let mut sum = 0.0;
     for metrics in shards {
-        let (counts, seconds) = metrics.holds.durations();
-        for (total, count) in buckets.iter_mut().zip(counts) {
+        let (shard_counts, seconds) = metrics.holds.durations();
+        for (total, count) in counts.iter_mut().zip(shard_counts) {
             *total += count;
         }
         sum += seconds;
     }
-    let mut cumulative = 0;
-    for (bound, count) in HOLD_SECONDS_BUCKETS.iter().zip(buckets) {
-        cumulative += count;
-        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
-    }
-    cumulative += buckets[HOLD_SECONDS_BUCKETS.len()];
-    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
-    let _ = writeln!(out, "{name}_sum {sum}");
-    let _ = writeln!(out, "{name}_count {cumulative}");
+    let mut seconds = Family::histogram(
+        "hivenet_wake_hold_seconds",
+        "How long requests were held for a model waking from zero.",
+    );
+    let (buckets, count) = cumulative(&HOLD_SECONDS_BUCKETS, &counts);
+    seconds.histogram_sample(&[], &buckets, sum, count);
+    [outcomes, seconds]
 }
 
-/// Escapes a Prometheus label value.
-pub fn label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// Per-bucket counts (the last one above every bound) as (upper bound, cumulative count) pairs
+/// without `+Inf`, and the total count.
+pub fn cumulative(bounds: &[f64], counts: &[u64]) -> (Vec<(f64, u64)>, u64) {
+    let mut running = 0;
+    let buckets = bounds
+        .iter()
+        .zip(counts)
+        .map(|(bound, count)| {
+            running += count;
+            (*bound, running)
+        })
+        .collect();
+    (buckets, counts.iter().sum())
 }
+
+enum Kind {
+    Counter,
+    Gauge,
+}
+
+type Getter = fn(&ShardMetrics) -> i128;
+
+/// The plain per-shard series: name, type, help and how to read it.
+const SHARD_SERIES: [(&str, Kind, &str, Getter); 18] = [
+    (
+        "hivenet_shard_connections_accepted_total",
+        Kind::Counter,
+        "Client connections accepted by the shard.",
+        |m| m.connections_accepted_total.load(Ordering::Relaxed) as i128,
+    ),
+    (
+        "hivenet_shard_connections_open",
+        Kind::Gauge,
+        "Client connections open on the shard.",
+        |m| m.connections_open.load(Ordering::Relaxed) as i128,
+    ),
+    (
+        "hivenet_shard_requests_total",
+        Kind::Counter,
+        "Client requests parsed by the shard.",
+        |m| m.requests_total.load(Ordering::Relaxed) as i128,
+    ),
+    (
+        "hivenet_shard_upstream_errors_total",
+        Kind::Counter,
+        "Forwards that failed on the tunnel or at the agent.",
+        |m| m.upstream_errors_total.load(Ordering::Relaxed) as i128,
+    ),
+    (
+        "hivenet_shard_client_disconnects_total",
+        Kind::Counter,
+        "Requests whose client went away before the response ended.",
+        |m| m.client_disconnects_total.load(Ordering::Relaxed) as i128,
+    ),
+    (
+        "hivenet_shard_queued_total",
+        Kind::Counter,
+        "Requests that waited in a model capacity queue (counted on the model's owner shard).",
+        |m| m.queued_total.load(Ordering::Relaxed) as i128,
+    ),
+    (
+        "hivenet_shard_queue_timeouts_total",
+        Kind::Counter,
+        "Requests whose capacity wait reached the request timeout.",
+        |m| m.queue_timeouts_total.load(Ordering::Relaxed) as i128,
+    ),
+    (
+        "hivenet_shard_input_tokens_total",
+        Kind::Counter,
+        "Exact input tokens read from responses.",
+        |m| m.input_tokens_total.load(Ordering::Relaxed) as i128,
+    ),
+    (
+        "hivenet_shard_output_tokens_total",
+        Kind::Counter,
+        "Exact output tokens read from responses.",
+        |m| m.output_tokens_total.load(Ordering::Relaxed) as i128,
+    ),
+    (
+        "hivenet_shard_usage_missing_total",
+        Kind::Counter,
+        "Successful responses that carried no usage.",
+        |m| m.usage_missing_total.load(Ordering::Relaxed) as i128,
+    ),
+    (
+        "hivenet_shard_mesh_full_total",
+        Kind::Counter,
+        "Messages refused because a mesh ring was full.",
+        |m| m.mesh_full_total.load(Ordering::Relaxed) as i128,
+    ),
+    (
+        "hivenet_shard_mesh_deferred",
+        Kind::Gauge,
+        "Messages to other shards waiting for room in a full mesh ring.",
+        |m| m.mesh_deferred.load(Ordering::Relaxed) as i128,
+    ),
+    (
+        "hivenet_shard_mesh_dropped_total",
+        Kind::Counter,
+        "Messages to other shards dropped because the deferred queue was at its bound.",
+        |m| m.mesh_dropped_total.load(Ordering::Relaxed) as i128,
+    ),
+    (
+        "hivenet_shard_tunnels_open",
+        Kind::Gauge,
+        "Tunnel connections from agents held by the shard.",
+        |m| m.tunnels_open.load(Ordering::Relaxed) as i128,
+    ),
+    (
+        "hivenet_shard_in_flight",
+        Kind::Gauge,
+        "Requests forwarded by the shard and not yet finished.",
+        |m| m.in_flight.load(Ordering::Relaxed) as i128,
+    ),
+    (
+        "hivenet_admission_parked_total",
+        Kind::Counter,
+        "Requests that waited for room in a model's occupancy budget (B2).",
+        |m| m.admission_parked_total.load(Ordering::Relaxed) as i128,
+    ),
+    (
+        "hivenet_admission_reaped_total",
+        Kind::Counter,
+        "Occupancy reservations released by the reaper because their release was lost.",
+        |m| m.admission_reaped_total.load(Ordering::Relaxed) as i128,
+    ),
+    (
+        "hivenet_shard_forward_retries_total",
+        Kind::Counter,
+        "Forwards that failed before answering and were tried again on another agent or step.",
+        |m| m.forward_retries_total.load(Ordering::Relaxed) as i128,
+    ),
+];
 
 #[cfg(test)]
 mod tests {
@@ -273,18 +285,24 @@ mod tests {
     use std::sync::Arc;
 
     #[test]
-    fn renders_shard_label() {
+    fn shard_series_carry_the_shard_label() {
         let metrics = Arc::new(ShardMetrics::default());
         metrics.count_response(200);
         metrics.count_response(418);
-        let mut out = String::new();
-        render_shards(
-            &mut out,
-            &[metrics.clone(), Arc::new(ShardMetrics::default())],
-        );
+        let shards = [metrics.clone(), Arc::new(ShardMetrics::default())];
+        let mut families = Vec::new();
+        shards[..].collect(&mut families);
+        let out = encode(families);
         assert!(out.contains("hivenet_shard_responses_total{shard=\"0\",code=\"200\"} 1"));
         assert!(out.contains("hivenet_shard_responses_total{shard=\"0\",code=\"other\"} 1"));
         assert!(out.contains("hivenet_shard_requests_total{shard=\"1\"} 0"));
-        assert_eq!(label("a\"b"), "a\\\"b");
+        assert!(out.contains("hivenet_wake_hold_seconds_bucket{le=\"+Inf\"} 0"));
+    }
+
+    #[test]
+    fn cumulative_adds_up_and_counts_the_overflow() {
+        let (buckets, count) = cumulative(&[1.0, 2.0], &[1, 0, 3]);
+        assert_eq!(buckets, vec![(1.0, 1), (2.0, 1)]);
+        assert_eq!(count, 4);
     }
 }
