@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use crate::accounting::tenants::RequestCounts;
 use crate::control::registry::Registry;
 use crate::metrics::Family;
+use crate::metrics::histogram::DurationCounts;
 use crate::shard::messages::ShardReport;
 
 /// Adds every tenant family to `out`.
@@ -16,6 +17,8 @@ pub fn collect(registry: &Registry, reports: &[ShardReport], out: &mut Vec<Famil
     out.push(rate_limited(reports));
     out.push(token_limited(reports));
     out.push(routed(registry, reports));
+    out.push(routing_failed(registry, reports));
+    out.push(agent_durations(registry, reports));
 }
 
 /// (tenant_id, key_id, deployment_id, model) of one request series.
@@ -84,6 +87,40 @@ fn requests(registry: &Registry, reports: &[ShardReport], out: &mut Vec<Family>)
         }
         out.push(family);
     }
+    let mut durations = Family::histogram(
+        "hivenet_tenant_request_duration_seconds",
+        "Inference requests from arrival to last byte, per tenant, key, deployment and model.",
+    );
+    let mut last_request: BTreeMap<(&str, &str, &str), i64> = BTreeMap::new();
+    for ((tenant, key, deployment, model), counts) in &requests {
+        counts.duration.sample_into(
+            &mut durations,
+            &[
+                ("tenant_id", tenant),
+                ("key_id", key),
+                ("deployment_id", deployment),
+                ("model", model),
+            ],
+        );
+        let latest = last_request.entry((tenant, key, deployment)).or_default();
+        *latest = (*latest).max(counts.last_request_unix_s);
+    }
+    out.push(durations);
+    let mut last = Family::gauge(
+        "hivenet_tenant_last_request_timestamp",
+        "Unix time in seconds of the arrival of the key's latest finished request.",
+    );
+    for ((tenant, key, deployment), unix_s) in last_request {
+        last.sample(
+            &[
+                ("tenant_id", tenant),
+                ("key_id", key),
+                ("deployment_id", deployment),
+            ],
+            unix_s as f64,
+        );
+    }
+    out.push(last);
 }
 
 fn rate_limited(reports: &[ShardReport]) -> Family {
@@ -164,6 +201,68 @@ fn routed(registry: &Registry, reports: &[ShardReport]) -> Family {
                 ("tenant_id", tenant),
             ],
             count as f64,
+        );
+    }
+    family
+}
+
+/// `hivenet_routing_requests_failed_total{tenant_id,model,reason}`: inference requests the router
+/// could not forward (`reason`: its error code), summed over shards.
+fn routing_failed(registry: &Registry, reports: &[ShardReport]) -> Family {
+    let mut family = Family::counter(
+        "hivenet_routing_requests_failed_total",
+        "Inference requests the router could not forward: no agent could take them, the forward failed, or they timed out.",
+    );
+    let mut failed: BTreeMap<(&str, &str, &str), u64> = BTreeMap::new();
+    for (series, count) in reports
+        .iter()
+        .flat_map(|report| &report.tenants.routing_failed)
+    {
+        let Some(model) = registry.model_name(series.model) else {
+            continue;
+        };
+        *failed
+            .entry((&series.tenant_id, model, series.reason))
+            .or_default() += count;
+    }
+    for ((tenant, model, reason), count) in failed {
+        family.sample(
+            &[("tenant_id", tenant), ("model", model), ("reason", reason)],
+            count as f64,
+        );
+    }
+    family
+}
+
+/// `hivenet_request_duration_seconds{tenant_id,peer_id,model,status_code}`: requests an agent
+/// served, from arrival to last byte, summed over shards.
+fn agent_durations(registry: &Registry, reports: &[ShardReport]) -> Family {
+    let mut family = Family::histogram(
+        "hivenet_request_duration_seconds",
+        "Inference requests served by an agent, from arrival to last byte.",
+    );
+    let mut durations: BTreeMap<(&str, &str, &str, u16), DurationCounts> = BTreeMap::new();
+    for (series, counts) in reports
+        .iter()
+        .flat_map(|report| &report.tenants.agent_durations)
+    {
+        let Some(model) = registry.model_name(series.model) else {
+            continue;
+        };
+        durations
+            .entry((&series.tenant_id, &series.peer_id, model, series.status))
+            .or_default()
+            .merge(counts);
+    }
+    for ((tenant, peer, model, status), counts) in durations {
+        counts.sample_into(
+            &mut family,
+            &[
+                ("tenant_id", tenant),
+                ("peer_id", peer),
+                ("model", model),
+                ("status_code", &status.to_string()),
+            ],
         );
     }
     family

@@ -5,6 +5,7 @@
 //! `/metrics` is scraped and labels every series with `shard`.
 
 pub mod family;
+pub mod histogram;
 
 pub use family::{Collect, Family, encode};
 
