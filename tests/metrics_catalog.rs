@@ -77,7 +77,10 @@ const NEEDS_ANOTHER_EVENT: [(&str, &str); 4] = [
     // A fallback step that served: tests/policies.rs.
     ("hivenet_policy_fallback_routed_total", "policies"),
     // A provider answering for the model: tests/provider_fallback.rs.
-    ("hivenet_policy_provider_fallback_total", "provider_fallback"),
+    (
+        "hivenet_policy_provider_fallback_total",
+        "provider_fallback",
+    ),
     ("http_client_request_duration_seconds", "provider_fallback"),
     // Every step of a policy unable to serve: tests/policies.rs.
     ("hivenet_policy_exhausted_total", "policies"),
