@@ -79,6 +79,7 @@ fn collect(shared: &ControlShared, reports: &[ShardReport]) -> Vec<Family> {
         }
         .collect(&mut out);
     }
+    out.extend(quota_limits(shared));
     if let Some(provider) = &shared.provider_metrics {
         provider.collect(&mut out);
     }
@@ -106,6 +107,33 @@ fn collect(shared: &ControlShared, reports: &[ShardReport]) -> Vec<Family> {
         sync.collect(&mut out);
     }
     out
+}
+
+/// The quota gauges of every key, static and dynamic; per-model RPM ceilings scale with the
+/// model's agents in the routing pool.
+fn quota_limits(shared: &ControlShared) -> [Family; 4] {
+    let mut healthy: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    let views = shared
+        .registry()
+        .agent_views(std::time::Instant::now(), crate::clock::now_unix_ms());
+    for view in views.iter().filter(|view| view.routable) {
+        for model in &view.registration.models {
+            *healthy.entry(model.clone()).or_default() += 1;
+        }
+    }
+    let dynamic = shared.dynamic_keys.as_ref().map(|keys| {
+        keys.lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .snapshot()
+    });
+    let static_keys = crate::auth::keys::KeyRegistry::from_config(&shared.policies.static_auth());
+    let keys = static_keys
+        .iter()
+        .chain(dynamic.iter().flat_map(|registry| registry.iter()))
+        .map(|key| (key.owner.as_str(), key.settings.quota()));
+    crate::control::tenant_metrics::quota_limits(keys, |model| {
+        healthy.get(model).copied().unwrap_or(0)
+    })
 }
 
 /// The families read from the shards' scrape reports, named through the registry.

@@ -267,3 +267,131 @@ fn agent_durations(registry: &Registry, reports: &[ShardReport]) -> Family {
     }
     family
 }
+
+/// The quota gauges of the reference ("Flat quota limits", "Per-model quota limits") from every
+/// key's owner and quota: `hivenet_tenant_quota_{rpm,tpd}_limit{tenant_id}` for keys of the flat
+/// shape, `hivenet_tenant_per_model_quota_{rpm,tpd}_limit{tenant_id,model}` for keys of the
+/// per-model shape, the RPM ceiling being the per-replica value times `healthy_replicas(model)`.
+/// `0` is unlimited; several keys of one tenant give the largest limit, `0` when any of them is
+/// unlimited (what the tenant can reach with its keys).
+pub fn quota_limits<'a>(
+    keys: impl Iterator<Item = (&'a str, &'a crate::auth::config::Quota)>,
+    healthy_replicas: impl Fn(&str) -> u64,
+) -> [Family; 4] {
+    use crate::auth::config::Quota;
+    let mut flat: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    let mut per_model: BTreeMap<(&str, &str), (u64, u64)> = BTreeMap::new();
+    for (owner, quota) in keys {
+        match quota {
+            Quota::Flat(quota) => {
+                let entry = flat
+                    .entry(owner)
+                    .or_insert((quota.requests_per_minute, quota.tokens_per_day));
+                *entry = (
+                    loosest(entry.0, quota.requests_per_minute),
+                    loosest(entry.1, quota.tokens_per_day),
+                );
+            }
+            Quota::PerModel(models) => {
+                for (model, quota) in models {
+                    let rpm = quota.requests_per_minute_per_replica * healthy_replicas(model);
+                    let entry = per_model
+                        .entry((owner, model))
+                        .or_insert((rpm, quota.tokens_per_day));
+                    *entry = (
+                        loosest(entry.0, rpm),
+                        loosest(entry.1, quota.tokens_per_day),
+                    );
+                }
+            }
+        }
+    }
+    let mut rpm = Family::gauge(
+        "hivenet_tenant_quota_rpm_limit",
+        "Requests per minute the tenant's flat-quota keys allow (0: unlimited).",
+    );
+    let mut tpd = Family::gauge(
+        "hivenet_tenant_quota_tpd_limit",
+        "Tokens per day the tenant's flat-quota keys allow (0: unlimited).",
+    );
+    for (tenant, (requests, tokens)) in flat {
+        rpm.sample(&[("tenant_id", tenant)], requests as f64);
+        tpd.sample(&[("tenant_id", tenant)], tokens as f64);
+    }
+    let mut model_rpm = Family::gauge(
+        "hivenet_tenant_per_model_quota_rpm_limit",
+        "Requests per minute the tenant may send a model: per replica x healthy replicas (0: unlimited).",
+    );
+    let mut model_tpd = Family::gauge(
+        "hivenet_tenant_per_model_quota_tpd_limit",
+        "Tokens per day the tenant may use on a model (0: unlimited).",
+    );
+    for ((tenant, model), (requests, tokens)) in per_model {
+        let labels = [("tenant_id", tenant), ("model", model)];
+        model_rpm.sample(&labels, requests as f64);
+        model_tpd.sample(&labels, tokens as f64);
+    }
+    [rpm, tpd, model_rpm, model_tpd]
+}
+
+/// The looser of two limits where `0` is unlimited.
+fn loosest(a: u64, b: u64) -> u64 {
+    if a == 0 || b == 0 { 0 } else { a.max(b) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::config::{FlatQuota, PerModelQuota, Quota};
+
+    #[test]
+    fn quota_gauges_take_the_loosest_key_and_scale_per_model_rpm() {
+        let flat = |rpm, tpd| {
+            Quota::Flat(FlatQuota {
+                requests_per_minute: rpm,
+                tokens_per_day: tpd,
+                ..FlatQuota::default()
+            })
+        };
+        let per_model = Quota::PerModel(
+            [(
+                "m".to_owned(),
+                PerModelQuota {
+                    requests_per_minute_per_replica: 10,
+                    tokens_per_day: 500,
+                },
+            )]
+            .into(),
+        );
+        let keys = [
+            ("acme", flat(60, 1000)),
+            ("acme", flat(120, 0)),
+            ("beta", per_model),
+        ];
+        let families = quota_limits(keys.iter().map(|(o, s)| (*o, s)), |model| {
+            assert_eq!(model, "m");
+            3
+        });
+        let text = crate::metrics::encode(families.into());
+        assert!(
+            text.contains("hivenet_tenant_quota_rpm_limit{tenant_id=\"acme\"} 120\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hivenet_tenant_quota_tpd_limit{tenant_id=\"acme\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "hivenet_tenant_per_model_quota_rpm_limit{tenant_id=\"beta\",model=\"m\"} 30\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "hivenet_tenant_per_model_quota_tpd_limit{tenant_id=\"beta\",model=\"m\"} 500\n"
+            ),
+            "{text}"
+        );
+    }
+}
