@@ -96,14 +96,15 @@ struct Definition {
     labels_complete: bool,
 }
 
+/// Index of a `##` section and of a `###` section (`None` before the first `###` of its `##`).
+type Section = (usize, Option<usize>);
+
 /// A fenced code block with where it sits in the page.
 struct Block {
     lines: Vec<String>,
     /// The last non-empty line before the fence.
     intro: String,
-    /// Index of the `##` section and of the `###` section (`None` before the first `###` of
-    /// its `##`).
-    section: (usize, Option<usize>),
+    section: Section,
 }
 
 fn is_metric(word: &str) -> bool {
@@ -122,7 +123,7 @@ fn is_label(word: &str) -> bool {
 }
 
 /// The blocks of the page, and its prose lines with their sections.
-fn blocks(text: &str) -> (Vec<Block>, Vec<(String, (usize, Option<usize>))>) {
+fn blocks(text: &str) -> (Vec<Block>, Vec<(String, Section)>) {
     let mut blocks = Vec::new();
     let mut prose = Vec::new();
     let (mut h2, mut h3) = (0usize, None);
@@ -165,10 +166,10 @@ fn blocks(text: &str) -> (Vec<Block>, Vec<(String, (usize, Option<usize>))>) {
 fn catalog() -> BTreeMap<String, Definition> {
     let text = std::fs::read_to_string(CATALOG).expect("the reference catalog");
     let (blocks, prose) = blocks(&text);
-    let mut defined: BTreeMap<String, (usize, Option<usize>)> = BTreeMap::new();
+    let mut defined: BTreeMap<String, Section> = BTreeMap::new();
     // Label blocks by scope: a `###` section's, or a `##` section's own (before its first `###`).
-    let mut scoped: BTreeMap<(usize, Option<usize>), BTreeSet<String>> = BTreeMap::new();
-    let mut additional: BTreeMap<(usize, Option<usize>), BTreeSet<String>> = BTreeMap::new();
+    let mut scoped: BTreeMap<Section, BTreeSet<String>> = BTreeMap::new();
+    let mut additional: BTreeMap<Section, BTreeSet<String>> = BTreeMap::new();
     for block in &blocks {
         let words: Vec<&str> = block
             .lines
@@ -384,7 +385,11 @@ fn auth_file() -> PathBuf {
         .join(format!("metrics-catalog-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let entry = |raw: &str, name: &str, quota: &str| {
-        let owner = if raw == PER_MODEL_KEY { "globex" } else { "acme" };
+        let owner = if raw == PER_MODEL_KEY {
+            "globex"
+        } else {
+            "acme"
+        };
         format!(
             "    - key_hash: \"{}\"\n      key_preview: \"sk-...{name}\"\n      metadata:\n        name: \"{name}\"\n        owner: \"{owner}\"\n      quota:\n{quota}",
             hex::encode(Sha256::digest(raw.as_bytes()))
