@@ -493,7 +493,8 @@ fn each_provider_gets_its_own_auth_headers_path_and_model() {
 
 /// The pool's metrics text contains `line`.
 fn assert_rendered(pool: &ProviderPool, line: &str) {
-    let mut metrics = String::new();
-    pool.metrics().render(&mut metrics);
+    let mut families = Vec::new();
+    hivenet_router::metrics::Collect::collect(pool.metrics().as_ref(), &mut families);
+    let metrics = hivenet_router::metrics::encode(families);
     assert!(metrics.contains(line), "{metrics}");
 }

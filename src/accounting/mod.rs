@@ -16,7 +16,16 @@ use crate::auth::keys::{KeyRecord, KeyRegistry};
 use crate::ids::{AgentId, KeyId, ModelId};
 use crate::routing::AgentProfile;
 use crate::shard::IdMap;
-use tenants::{KeyLabels, RoutedSeries, TenantCounters, TenantReport, UNSET};
+use tenants::{
+    AgentDurationSeries, KeyLabels, RoutedSeries, TenantCounters, TenantReport, Timing, UNSET,
+};
+
+/// Whether a request the router answered itself with `status` is one it could not forward
+/// (`hivenet_routing_requests_failed_total`): no agent could take it (503), the forward failed
+/// (502) or it ran out of time (504). Refusals by a limit (4xx) are not routing failures.
+fn could_not_forward(status: u16) -> bool {
+    matches!(status, 502..=504)
+}
 
 /// What the audit record of one request needs from the phases it went through.
 #[derive(Debug, Default)]
@@ -129,13 +138,31 @@ impl Accounting {
     ) {
         if let (Some(key), Some(model)) = (facts.key.and_then(|key| keys.get(key)), facts.model_id)
         {
-            self.tenants.borrow_mut().finished(
-                key.key_id,
-                model,
-                facts.agent,
-                Some(status),
-                || Some((KeyLabels::of(key), self.deployment_of(facts.agent))),
-            );
+            let elapsed = arrival.received_at.elapsed();
+            let timing = Timing {
+                elapsed,
+                arrived_unix_s: (crate::clock::now_unix_ms()
+                    - i64::try_from(elapsed.as_millis()).unwrap_or(0))
+                    / 1000,
+            };
+            let mut tenants = self.tenants.borrow_mut();
+            tenants.finished(key.key_id, model, facts.agent, Some(status), timing, || {
+                Some((KeyLabels::of(key), self.deployment_of(facts.agent)))
+            });
+            if let Some(agent) = facts.agent {
+                tenants.agent_duration((key.tenant_id, model, agent, status), elapsed, || {
+                    let agents = self.agents.borrow();
+                    Some(AgentDurationSeries {
+                        tenant_id: key.owner.as_str().into(),
+                        peer_id: (*agents.get(&agent)?.peer_id).into(),
+                        model,
+                        status,
+                    })
+                });
+            }
+            if let Some(reason) = facts.error_code.filter(|_| could_not_forward(status)) {
+                tenants.routing_failed(key.tenant_id, model, reason, || key.owner.as_str().into());
+            }
         }
         self.audit(arrival, keys, facts, status);
     }

@@ -24,6 +24,7 @@
 use std::sync::Arc;
 
 use crate::auth::keys::{KeyId, KeyRecord, KeySource, TenantId};
+use crate::metrics::histogram::DurationCounts;
 use crate::routing::AgentId;
 use crate::shard::IdMap;
 use crate::snapshot::ModelId;
@@ -66,13 +67,56 @@ impl Phase {
     }
 }
 
-/// The counters of one (key, model).
+/// The counters of one (key, model, deployment).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RequestCounts {
     pub success: u64,
     pub failed: u64,
     pub input_tokens: u64,
     pub output_tokens: u64,
+    /// `hivenet_tenant_request_duration_seconds`: arrival to last byte of each finished request.
+    pub duration: DurationCounts,
+    /// `hivenet_tenant_last_request_timestamp`: Unix seconds of the latest finished request's
+    /// arrival (0: none finished yet).
+    pub last_request_unix_s: i64,
+}
+
+impl RequestCounts {
+    /// Adds another shard's counts of the same series.
+    pub fn merge(&mut self, other: &RequestCounts) {
+        self.success += other.success;
+        self.failed += other.failed;
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.duration.merge(&other.duration);
+        self.last_request_unix_s = self.last_request_unix_s.max(other.last_request_unix_s);
+    }
+}
+
+/// When a finished request arrived and how long it took to its last byte.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub elapsed: std::time::Duration,
+    pub arrived_unix_s: i64,
+}
+
+/// One `hivenet_request_duration_seconds` series: a request an agent served, by the key's
+/// tenant, the agent, the model and the status the client got.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AgentDurationSeries {
+    pub tenant_id: Arc<str>,
+    pub peer_id: Arc<str>,
+    pub model: ModelId,
+    pub status: u16,
+}
+
+/// One `hivenet_routing_requests_failed_total` series: the key's tenant, the model, and the
+/// router's error code for the request it could not forward.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FailedSeries {
+    pub tenant_id: Arc<str>,
+    pub model: ModelId,
+    pub reason: &'static str,
 }
 
 /// `deployment_id` of a request no agent served.
@@ -103,6 +147,8 @@ pub struct TenantReport {
     /// Key labels, phase and `deployment_id` (`unset` for the input phase, before routing).
     pub token_limited: Vec<(KeyLabels, Phase, Arc<str>, u64)>,
     pub routed: Vec<(RoutedSeries, u64)>,
+    pub agent_durations: Vec<(AgentDurationSeries, DurationCounts)>,
+    pub routing_failed: Vec<(FailedSeries, u64)>,
 }
 
 #[derive(Debug, Default)]
@@ -118,6 +164,13 @@ pub struct TenantCounters {
     routed: Vec<(RoutedSeries, u64)>,
     routed_series: IdMap<RoutedSeries, usize>,
     routed_index: IdMap<(TenantId, ModelId, AgentId), usize>,
+    /// Request durations per agent series, and which series a (tenant, model, agent, status)
+    /// counts in.
+    agent_durations: Vec<(AgentDurationSeries, DurationCounts)>,
+    agent_duration_series: IdMap<AgentDurationSeries, usize>,
+    agent_duration_index: IdMap<(TenantId, ModelId, AgentId, u16), usize>,
+    /// Requests the router could not forward (rare: hashed by error code, no index).
+    routing_failed: IdMap<(TenantId, ModelId, &'static str), (FailedSeries, u64)>,
 }
 
 impl TenantCounters {
@@ -166,6 +219,7 @@ impl TenantCounters {
         model: ModelId,
         agent: Option<AgentId>,
         status: Option<u16>,
+        timing: Timing,
         series: impl FnOnce() -> Option<(KeyLabels, Arc<str>)>,
     ) {
         let Some(counts) = self.requests(key, model, agent, series) else {
@@ -175,6 +229,66 @@ impl TenantCounters {
             Some(200..=299) => counts.success += 1,
             _ => counts.failed += 1,
         }
+        counts.duration.observe(timing.elapsed);
+        counts.last_request_unix_s = counts.last_request_unix_s.max(timing.arrived_unix_s);
+    }
+
+    /// A request `agent` served ended with `status` after `elapsed`; `series` is called only the
+    /// first time this (tenant, model, agent, status) is counted, and `None` from it counts
+    /// nothing.
+    pub fn agent_duration(
+        &mut self,
+        (tenant, model, agent, status): (TenantId, ModelId, AgentId, u16),
+        elapsed: std::time::Duration,
+        series: impl FnOnce() -> Option<AgentDurationSeries>,
+    ) {
+        let index = match self
+            .agent_duration_index
+            .get(&(tenant, model, agent, status))
+        {
+            Some(index) => *index,
+            None => {
+                let Some(series) = series() else {
+                    return;
+                };
+                let index = match self.agent_duration_series.get(&series) {
+                    Some(index) => *index,
+                    None => {
+                        self.agent_durations
+                            .push((series.clone(), DurationCounts::default()));
+                        let index = self.agent_durations.len() - 1;
+                        self.agent_duration_series.insert(series, index);
+                        index
+                    }
+                };
+                self.agent_duration_index
+                    .insert((tenant, model, agent, status), index);
+                index
+            }
+        };
+        self.agent_durations[index].1.observe(elapsed);
+    }
+
+    /// A request the router could not forward (no agent, the forward failed, or it timed out),
+    /// with the router's error code; `tenant_id` is called the first time the series is counted.
+    pub fn routing_failed(
+        &mut self,
+        tenant: TenantId,
+        model: ModelId,
+        reason: &'static str,
+        tenant_id: impl FnOnce() -> Arc<str>,
+    ) {
+        self.routing_failed
+            .entry((tenant, model, reason))
+            .or_insert_with(|| {
+                let series = FailedSeries {
+                    tenant_id: tenant_id(),
+                    model,
+                    reason,
+                };
+                (series, 0)
+            })
+            .1 += 1;
     }
 
     pub fn tokens(
@@ -259,6 +373,8 @@ impl TenantCounters {
             .retain(|&(_, _, indexed), _| indexed != agent);
         self.request_index
             .retain(|&(_, _, indexed), _| indexed != Some(agent));
+        self.agent_duration_index
+            .retain(|&(_, _, indexed, _), _| indexed != agent);
     }
 
     pub fn report(&self) -> TenantReport {
@@ -277,6 +393,8 @@ impl TenantCounters {
                 })
                 .collect(),
             routed: self.routed.clone(),
+            agent_durations: self.agent_durations.clone(),
+            routing_failed: self.routing_failed.values().cloned().collect(),
         }
     }
 }
@@ -289,6 +407,13 @@ mod tests {
         KeyLabels {
             tenant_id: "acme".into(),
             key_id: "k1".into(),
+        }
+    }
+
+    fn timing() -> Timing {
+        Timing {
+            elapsed: std::time::Duration::from_millis(30),
+            arrived_unix_s: 1_700_000_000,
         }
     }
 
@@ -312,18 +437,18 @@ mod tests {
     fn counts_by_key_model_deployment_and_phase() {
         let mut counters = TenantCounters::default();
         let (key, model) = (KeyId(1), ModelId(3));
-        counters.finished(key, model, Some(AgentId(1)), Some(200), || {
+        counters.finished(key, model, Some(AgentId(1)), Some(200), timing(), || {
             series("deploy-42")
         });
-        counters.finished(key, model, Some(AgentId(1)), Some(503), || {
+        counters.finished(key, model, Some(AgentId(1)), Some(503), timing(), || {
             unreachable!("labels resolved once per agent")
         });
         // Another agent of the same deployment counts in the same series.
-        counters.finished(key, model, Some(AgentId(2)), Some(200), || {
+        counters.finished(key, model, Some(AgentId(2)), Some(200), timing(), || {
             series("deploy-42")
         });
         // Refused before routing: no agent, `unset`.
-        counters.finished(key, model, None, None, || series(UNSET));
+        counters.finished(key, model, None, None, timing(), || series(UNSET));
         counters.tokens(key, model, Some(AgentId(2)), 10, 20, || {
             unreachable!("resolved")
         });
@@ -334,6 +459,12 @@ mod tests {
         counters.token_limited(key, Phase::Output, "deploy-42".into(), some_labels);
         counters.token_limited(key, Phase::Output, "deploy-42".into(), some_labels);
         let report = counters.report();
+        let mut three = DurationCounts::default();
+        let mut one = DurationCounts::default();
+        for _ in 0..3 {
+            three.observe(timing().elapsed);
+        }
+        one.observe(timing().elapsed);
         assert_eq!(
             report.requests,
             vec![
@@ -344,12 +475,16 @@ mod tests {
                         failed: 1,
                         input_tokens: 10,
                         output_tokens: 20,
+                        duration: three,
+                        last_request_unix_s: 1_700_000_000,
                     }
                 ),
                 (
                     request_series(UNSET),
                     RequestCounts {
                         failed: 1,
+                        duration: one,
+                        last_request_unix_s: 1_700_000_000,
                         ..RequestCounts::default()
                     }
                 ),
@@ -371,13 +506,13 @@ mod tests {
     fn a_departed_agent_leaves_its_series_and_counts() {
         let mut counters = TenantCounters::default();
         let (key, model) = (KeyId(1), ModelId(3));
-        counters.finished(key, model, Some(AgentId(1)), Some(200), || {
+        counters.finished(key, model, Some(AgentId(1)), Some(200), timing(), || {
             series("deploy-42")
         });
         counters.forget_agent(AgentId(1));
         assert!(counters.request_index.is_empty());
         // The same agent id seen again resolves afresh, into the series that exists.
-        counters.finished(key, model, Some(AgentId(1)), Some(200), || {
+        counters.finished(key, model, Some(AgentId(1)), Some(200), timing(), || {
             series("deploy-42")
         });
         assert_eq!(counters.report().requests.len(), 1);
@@ -404,5 +539,40 @@ mod tests {
         let report = counters.report();
         assert_eq!(report.routed, vec![(series("eu"), 3), (series("us"), 1)]);
         assert_eq!(counters.routed_index.len(), 2);
+    }
+
+    #[test]
+    fn agent_durations_and_routing_failures_count_per_series() {
+        let mut counters = TenantCounters::default();
+        let series = |peer: &str, status| AgentDurationSeries {
+            tenant_id: "acme".into(),
+            peer_id: peer.into(),
+            model: ModelId(1),
+            status,
+        };
+        let seconds = std::time::Duration::from_millis(20);
+        let (tenant, model) = (TenantId(4), ModelId(1));
+        counters.agent_duration((tenant, model, AgentId(1), 200), seconds, || {
+            Some(series("p1", 200))
+        });
+        counters.agent_duration((tenant, model, AgentId(1), 200), seconds, || {
+            unreachable!("resolved once")
+        });
+        counters.agent_duration((tenant, model, AgentId(1), 502), seconds, || {
+            Some(series("p1", 502))
+        });
+        counters.forget_agent(AgentId(1));
+        assert!(counters.agent_duration_index.is_empty());
+        counters.routing_failed(tenant, model, "no_healthy_agents", || "acme".into());
+        counters.routing_failed(tenant, model, "no_healthy_agents", || unreachable!());
+        let report = counters.report();
+        let counts: Vec<_> = report
+            .agent_durations
+            .iter()
+            .map(|(series, durations)| (series.status, durations.count()))
+            .collect();
+        assert_eq!(counts, vec![(200, 2), (502, 1)]);
+        assert_eq!(report.routing_failed.len(), 1);
+        assert_eq!(report.routing_failed[0].1, 2);
     }
 }

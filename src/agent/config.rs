@@ -237,6 +237,8 @@ pub struct Config {
     pub version: String,
     pub deployment_id: String,
     pub replica_id: String,
+    pub organization: String,
+    pub machine: String,
     /// `--p2p-tls-ca`.
     pub p2p_tls_ca: Option<PathBuf>,
     /// `OTEL_EXPORTER_OTLP_ENDPOINT`: `None` when tracing is off.
@@ -313,6 +315,8 @@ impl Args {
             version: self.version,
             deployment_id: self.deployment_id,
             replica_id: self.replica_id,
+            organization: self.organization,
+            machine: self.machine,
             p2p_tls_ca: self.p2p_tls_ca,
             tracing: self.tracing.settings(),
         })

@@ -151,6 +151,8 @@ fn register_message(shared: &Shared) -> AgentMessage {
             version: config.version.clone(),
             deployment_id: config.deployment_id.clone(),
             replica_id: config.replica_id.clone(),
+            organization: config.organization.clone(),
+            machine: config.machine.clone(),
         })),
     }
 }

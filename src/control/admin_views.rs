@@ -185,12 +185,15 @@ mod tests {
                 version: "dev".into(),
                 deployment_id: "deploy-42".into(),
                 replica_id: format!("replica-{peer}"),
+                organization: "Unknown".into(),
+                machine: "Unknown".into(),
             },
             routable,
             heartbeat_fresh: routable,
             in_flight: 2,
             engine: EngineSignals::default(),
             last_seen_unix_ms: 1_776_870_991_500,
+            backend_failures: 0,
         }
     }
 

@@ -1,7 +1,8 @@
-//! `GET /metrics` on `--metrics-port`: Prometheus text for every shard and the agent registry.
+//! `GET /metrics` on `--metrics-port`: the Prometheus text of every area of the router, built at
+//! scrape time on the control core from the shards' plain counters and reports, the registry and
+//! the control core's own counters ([`Collect`] per area), encoded by the `prometheus` crate.
 
 use std::convert::Infallible;
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -10,7 +11,7 @@ use hyper::{Request, Response, StatusCode};
 
 use crate::control::ControlShared;
 use crate::control::registry::Registry;
-use crate::metrics::{family, label, render_holds, render_shards};
+use crate::metrics::{Collect, Family, encode};
 use crate::shard::messages::ShardReport;
 
 pub async fn run(listener: tokio::net::TcpListener, shared: Arc<ControlShared>) {
@@ -53,203 +54,229 @@ fn respond(
             .body(Full::new(Bytes::from_static(b"not found\n")))
             .expect("static response");
     }
-    let mut out = String::with_capacity(8192);
-    render_shards(&mut out, &shared.shard_metrics);
-    render_holds(&mut out, &shared.shard_metrics);
-    let registry = shared.registry();
-    family(
-        &mut out,
-        "hivenet_routing_agent_healthy",
-        "gauge",
-        "Whether the agent is in the routing pool (1) or not (0).",
-    );
-    for (peer_id, model, routable) in registry.agent_models() {
-        let _ = writeln!(
-            out,
-            "hivenet_routing_agent_healthy{{peer_id=\"{}\",model=\"{}\"}} {}",
-            label(&peer_id),
-            label(&model),
-            u8::from(routable)
-        );
-    }
-    family(
-        &mut out,
-        "hivenet_routing_agents_routable",
-        "gauge",
-        "Agents in the routing pool.",
-    );
-    let _ = writeln!(
-        out,
-        "hivenet_routing_agents_routable {}",
-        registry.routable_count()
-    );
-    family(
-        &mut out,
-        "hivenet_queue_depth",
-        "gauge",
-        "Requests waiting for a capacity slot, per model.",
-    );
-    let depths = reports
-        .iter()
-        .flat_map(|report| &report.queues)
-        .map(|&(model, depth)| (model, (), u64::from(depth)));
-    for (((), model), depth) in sum_by_model(&registry, depths) {
-        let _ = writeln!(
-            out,
-            "hivenet_queue_depth{{model=\"{}\"}} {depth}",
-            label(model)
-        );
-    }
-    render_pending_demand(&mut out, &registry, reports);
-    render_admission(&mut out, &registry, reports);
-    render_tenants(&mut out, &registry, reports);
-    render_routed(&mut out, &registry, reports);
-    if let Some(provider) = &shared.provider_metrics {
-        provider.render(&mut out);
-    }
-    drop(registry);
-    family(
-        &mut out,
-        "hivenet_policy_reload_total",
-        "counter",
-        "Policy changes attempted, by trigger (sighup, file_change, api) and result.",
-    );
-    for (trigger, result, count) in shared.policies.reload_counts() {
-        let _ = writeln!(
-            out,
-            "hivenet_policy_reload_total{{trigger=\"{trigger}\",result=\"{result}\"}} {count}"
-        );
-    }
-    family(
-        &mut out,
-        "hivenet_quota_backend_errors_total",
-        "counter",
-        "Failed writes of daily token totals to the disk database (HIVENET_ROUTER_QUOTA_BACKEND=badger).",
-    );
-    let _ = writeln!(
-        out,
-        "hivenet_quota_backend_errors_total {}",
-        shared
-            .quota_backend_errors_total
-            .load(std::sync::atomic::Ordering::Relaxed)
-    );
-    shared.queue_full.render(&mut out);
-    if let Some(sync) = shared.sync_metrics.get() {
-        sync.render(&mut out);
-    }
+    let text = encode(collect(shared, reports));
     Response::builder()
-        .header("content-type", "text/plain; version=0.0.4")
-        .body(Full::new(Bytes::from(out)))
+        .header("content-type", crate::metrics::family::CONTENT_TYPE)
+        .body(Full::new(Bytes::from(text)))
         .expect("static response")
 }
 
-/// `hivenet_pending_demand{model}` (seed `hold-at-zero.md`, "Pending demand and the
-/// autoscaler"): one series per model the sibling map places here with `scale_from_zero`, 0 when
-/// nothing waits; no series without a map, or for a model the map no longer places here. The
-/// owner shards count; a model placed for several kinds sums them.
-fn render_pending_demand(out: &mut String, registry: &Registry, reports: &[ShardReport]) {
-    let name = "hivenet_pending_demand";
-    family(
-        out,
-        name,
-        "gauge",
-        "Distinct requests waiting for a model asleep here: held, or released by a wake and not yet given a slot.",
+/// Every family of the router, in the order they are exposed.
+fn collect(shared: &ControlShared, reports: &[ShardReport]) -> Vec<Family> {
+    let mut out = Vec::with_capacity(96);
+    shared.shard_metrics[..].collect(&mut out);
+    {
+        let registry = shared.registry();
+        crate::control::registry::metrics::AgentFamilies {
+            registry: &registry,
+            now: std::time::Instant::now(),
+            now_unix_ms: crate::clock::now_unix_ms(),
+        }
+        .collect(&mut out);
+        Reports {
+            registry: &registry,
+            reports,
+        }
+        .collect(&mut out);
+    }
+    out.extend(quota_limits(shared));
+    if let Some(provider) = &shared.provider_metrics {
+        provider.collect(&mut out);
+    }
+    let mut reloads = Family::counter(
+        "hivenet_policy_reload_total",
+        "Policy changes attempted, by trigger (sighup, file_change, api) and result.",
     );
-    let held_here = registry.held_here();
-    let mut demand: std::collections::BTreeMap<&str, u64> =
-        held_here.iter().map(|(_, model)| (*model, 0)).collect();
-    let names: std::collections::HashMap<_, _> = held_here.iter().copied().collect();
-    for (model, waiting) in reports.iter().flat_map(|report| &report.pending_demand) {
-        if let Some(total) = names.get(model).and_then(|model| demand.get_mut(model)) {
-            *total += u64::from(*waiting);
+    for (trigger, result, count) in shared.policies.reload_counts() {
+        reloads.sample(&[("trigger", trigger), ("result", result)], count as f64);
+    }
+    out.push(reloads);
+    let mut backend_errors = Family::counter(
+        "hivenet_quota_backend_errors_total",
+        "Failed writes of daily token totals to the disk database (HIVENET_ROUTER_QUOTA_BACKEND=badger).",
+    );
+    backend_errors.sample(
+        &[],
+        shared
+            .quota_backend_errors_total
+            .load(std::sync::atomic::Ordering::Relaxed) as f64,
+    );
+    out.push(backend_errors);
+    shared.queue_full.collect(&mut out);
+    if let Some(sync) = shared.sync_metrics.get() {
+        sync.collect(&mut out);
+    }
+    out
+}
+
+/// The quota gauges of every key, static and dynamic; per-model RPM ceilings scale with the
+/// model's agents in the routing pool.
+fn quota_limits(shared: &ControlShared) -> [Family; 4] {
+    let mut healthy: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    let views = shared
+        .registry()
+        .agent_views(std::time::Instant::now(), crate::clock::now_unix_ms());
+    for view in views.iter().filter(|view| view.routable) {
+        for model in &view.registration.models {
+            *healthy.entry(model.clone()).or_default() += 1;
         }
     }
-    for (model, waiting) in demand {
-        let _ = writeln!(out, "{name}{{model=\"{}\"}} {waiting}", label(model));
+    let dynamic = shared.dynamic_keys.as_ref().map(|keys| {
+        keys.lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .snapshot()
+    });
+    let static_keys = crate::auth::keys::KeyRegistry::from_config(&shared.policies.static_auth());
+    let keys = static_keys
+        .iter()
+        .chain(dynamic.iter().flat_map(|registry| registry.iter()))
+        .map(|key| (key.owner.as_str(), key.settings.quota()));
+    crate::control::tenant_metrics::quota_limits(keys, |model| {
+        healthy.get(model).copied().unwrap_or(0)
+    })
+}
+
+/// The families read from the shards' scrape reports, named through the registry.
+struct Reports<'a> {
+    registry: &'a Registry,
+    reports: &'a [ShardReport],
+}
+
+impl Collect for Reports<'_> {
+    fn collect(&self, out: &mut Vec<Family>) {
+        out.push(self.queue_depth());
+        out.push(self.pending_demand());
+        self.admission(out);
+        crate::control::tenant_metrics::collect(self.registry, self.reports, out);
     }
 }
 
-/// The admission-control families of the reference (`observability-admission-control-metrics`):
-/// gauges per model from the model's owner shard, refusals per gate and model summed over the
-/// shards that decided them.
-fn render_admission(out: &mut String, registry: &Registry, reports: &[ShardReport]) {
-    type Gauge = fn(&crate::shard::owner::PoolReport) -> u64;
-    let gauges: [(&str, &str, Gauge); 4] = [
-        (
-            "hivenet_admission_occupancy_tokens",
-            "Current weighted in-flight token sum.",
-            |pool| pool.occupancy_tokens,
-        ),
-        (
-            "hivenet_admission_budget_tokens",
-            "Effective global budget: admit fraction x admit_budget_tokens x healthy replicas.",
-            |pool| pool.budget_tokens,
-        ),
-        (
-            "hivenet_admission_inflight_requests",
-            "Current in-flight request count.",
-            |pool| pool.inflight,
-        ),
-        (
-            "hivenet_admission_max_inflight",
-            "Effective max_inflight x healthy replicas; 0 means no count backstop.",
-            |pool| pool.max_inflight,
-        ),
-    ];
-    for (name, help, get) in gauges {
-        family(out, name, "gauge", help);
-        for pool in reports.iter().flat_map(|report| &report.admission.pools) {
-            if let Some(model) = registry.model_name(pool.model) {
-                let _ = writeln!(out, "{name}{{model=\"{}\"}} {}", label(model), get(pool));
+impl Reports<'_> {
+    /// `hivenet_queue_depth{model}`: requests waiting in a model's capacity queue.
+    fn queue_depth(&self) -> Family {
+        let mut family = Family::gauge(
+            "hivenet_queue_depth",
+            "Requests waiting for a capacity slot, per model.",
+        );
+        let depths = self
+            .reports
+            .iter()
+            .flat_map(|report| &report.queues)
+            .map(|&(model, depth)| (model, (), u64::from(depth)));
+        for (((), model), depth) in sum_by_model(self.registry, depths) {
+            family.sample(&[("model", model)], depth as f64);
+        }
+        family
+    }
+
+    /// `hivenet_pending_demand{model}` (seed `hold-at-zero.md`, "Pending demand and the
+    /// autoscaler"): one series per model the sibling map places here with `scale_from_zero`, 0
+    /// when nothing waits; no series without a map, or for a model the map no longer places here.
+    /// The owner shards count; a model placed for several kinds sums them.
+    fn pending_demand(&self) -> Family {
+        let mut family = Family::gauge(
+            "hivenet_pending_demand",
+            "Distinct requests waiting for a model asleep here: held, or released by a wake and not yet given a slot.",
+        );
+        let held_here = self.registry.held_here();
+        let mut demand: std::collections::BTreeMap<&str, u64> =
+            held_here.iter().map(|(_, model)| (*model, 0)).collect();
+        let names: std::collections::HashMap<_, _> = held_here.iter().copied().collect();
+        for (model, waiting) in self
+            .reports
+            .iter()
+            .flat_map(|report| &report.pending_demand)
+        {
+            if let Some(total) = names.get(model).and_then(|model| demand.get_mut(model)) {
+                *total += u64::from(*waiting);
             }
         }
-    }
-    let outcomes = sum_by_model(
-        registry,
-        reports
-            .iter()
-            .flat_map(|report| &report.admission.policy_outcomes)
-            .copied(),
-    );
-    for outcome in crate::admission::PolicyOutcome::ALL {
-        let name = outcome.metric();
-        family(
-            out,
-            name,
-            "counter",
-            "Requests by how the routing policy handled them.",
-        );
-        for ((_, model), count) in outcomes
-            .iter()
-            .filter(|((counted, _), _)| *counted == outcome)
-        {
-            let _ = writeln!(out, "{name}{{model=\"{}\"}} {count}", label(model));
+        for (model, waiting) in demand {
+            family.sample(&[("model", model)], waiting as f64);
         }
+        family
     }
-    let name = "hivenet_admission_rejections_total";
-    family(
-        out,
-        name,
-        "counter",
-        "Requests rejected by an admission gate.",
-    );
-    let rejections = reports
-        .iter()
-        .flat_map(|report| &report.admission.rejections)
-        .map(|&(model, reason, count)| (model, reason.as_str(), count));
-    for ((reason, model), count) in sum_by_model(registry, rejections) {
-        let _ = writeln!(
-            out,
-            "{name}{{reason=\"{reason}\",model=\"{}\"}} {count}",
-            label(model)
+
+    /// The admission-control families of the reference (`observability-admission-control-metrics`):
+    /// gauges per model from the model's owner shard, refusals per gate and model summed over the
+    /// shards that decided them.
+    fn admission(&self, out: &mut Vec<Family>) {
+        type Gauge = fn(&crate::shard::owner::PoolReport) -> u64;
+        let gauges: [(&str, &str, Gauge); 4] = [
+            (
+                "hivenet_admission_occupancy_tokens",
+                "Current weighted in-flight token sum.",
+                |pool| pool.occupancy_tokens,
+            ),
+            (
+                "hivenet_admission_budget_tokens",
+                "Effective global budget: admit fraction x admit_budget_tokens x healthy replicas.",
+                |pool| pool.budget_tokens,
+            ),
+            (
+                "hivenet_admission_inflight_requests",
+                "Current in-flight request count.",
+                |pool| pool.inflight,
+            ),
+            (
+                "hivenet_admission_max_inflight",
+                "Effective max_inflight x healthy replicas; 0 means no count backstop.",
+                |pool| pool.max_inflight,
+            ),
+        ];
+        for (name, help, get) in gauges {
+            let mut family = Family::gauge(name, help);
+            for pool in self
+                .reports
+                .iter()
+                .flat_map(|report| &report.admission.pools)
+            {
+                if let Some(model) = self.registry.model_name(pool.model) {
+                    family.sample(&[("model", model)], get(pool) as f64);
+                }
+            }
+            out.push(family);
+        }
+        let outcomes = sum_by_model(
+            self.registry,
+            self.reports
+                .iter()
+                .flat_map(|report| &report.admission.policy_outcomes)
+                .copied(),
         );
+        for outcome in crate::admission::PolicyOutcome::ALL {
+            let mut family = Family::counter(
+                outcome.metric(),
+                "Requests by how the routing policy handled them.",
+            );
+            for ((_, model), count) in outcomes
+                .iter()
+                .filter(|((counted, _), _)| *counted == outcome)
+            {
+                family.sample(&[("model", model)], *count as f64);
+            }
+            out.push(family);
+        }
+        let mut family = Family::counter(
+            "hivenet_admission_rejections_total",
+            "Requests rejected by an admission gate.",
+        );
+        let rejections = self
+            .reports
+            .iter()
+            .flat_map(|report| &report.admission.rejections)
+            .map(|&(model, reason, count)| (model, reason.as_str(), count));
+        for ((reason, model), count) in sum_by_model(self.registry, rejections) {
+            family.sample(&[("reason", reason), ("model", model)], count as f64);
+        }
+        out.push(family);
     }
 }
 
 /// Sums the shards' per-model counts by `kind` and model name (each model is owned by one shard,
 /// but refusals and outcomes are counted wherever they were decided); models the registry no
 /// longer names are left out.
-fn sum_by_model<K: Ord>(
+pub fn sum_by_model<K: Ord>(
     registry: &Registry,
     counts: impl Iterator<Item = (crate::snapshot::ModelId, K, u64)>,
 ) -> std::collections::BTreeMap<(K, &str), u64> {
@@ -260,154 +287,4 @@ fn sum_by_model<K: Ord>(
         }
     }
     sums
-}
-
-/// `hivenet_routing_requests_routed_total{region,engine,model,tenant_id}`: requests given a slot
-/// on an agent, summed over shards.
-fn render_routed(out: &mut String, registry: &Registry, reports: &[ShardReport]) {
-    let name = "hivenet_routing_requests_routed_total";
-    family(
-        out,
-        name,
-        "counter",
-        "Inference requests given a slot on an agent, by the agent's region and engine.",
-    );
-    let mut routed: std::collections::BTreeMap<(&str, &str, &str, &str), u64> =
-        std::collections::BTreeMap::new();
-    for (series, count) in reports.iter().flat_map(|report| &report.tenants.routed) {
-        let Some(model) = registry.model_name(series.model) else {
-            continue;
-        };
-        *routed
-            .entry((&series.region, &series.engine, model, &series.tenant_id))
-            .or_default() += count;
-    }
-    for ((region, engine, model, tenant), count) in routed {
-        let _ = writeln!(
-            out,
-            "{name}{{region=\"{}\",engine=\"{}\",model=\"{}\",tenant_id=\"{}\"}} {count}",
-            label(region),
-            label(engine),
-            label(model),
-            label(tenant)
-        );
-    }
-}
-
-/// The tenant families of the reference ("Tenant and quota metrics"), summed over shards.
-/// `deployment_id` is the serving agent's `--deployment-id`, `unset` when none served it.
-fn render_tenants(out: &mut String, registry: &Registry, reports: &[ShardReport]) {
-    use std::collections::BTreeMap;
-    let mut requests: BTreeMap<
-        (&str, &str, &str, &str),
-        crate::accounting::tenants::RequestCounts,
-    > = BTreeMap::new();
-    for (series, counts) in reports.iter().flat_map(|report| &report.tenants.requests) {
-        let Some(model) = registry.model_name(series.model) else {
-            continue;
-        };
-        let total = requests
-            .entry((
-                &series.key.tenant_id,
-                &series.key.key_id,
-                &series.deployment_id,
-                model,
-            ))
-            .or_default();
-        total.success += counts.success;
-        total.failed += counts.failed;
-        total.input_tokens += counts.input_tokens;
-        total.output_tokens += counts.output_tokens;
-    }
-    type Count = fn(&crate::accounting::tenants::RequestCounts) -> u64;
-    let families: [(&str, &str, Count); 4] = [
-        (
-            "hivenet_tenant_requests_success_total",
-            "Inference requests answered with a 2xx status.",
-            |counts| counts.success,
-        ),
-        (
-            "hivenet_tenant_requests_failed_total",
-            "Inference requests answered with an error, or whose client left.",
-            |counts| counts.failed,
-        ),
-        (
-            "hivenet_tenant_input_tokens_total",
-            "Exact input tokens reported for the tenant's requests.",
-            |counts| counts.input_tokens,
-        ),
-        (
-            "hivenet_tenant_output_tokens_total",
-            "Exact output tokens reported for the tenant's requests.",
-            |counts| counts.output_tokens,
-        ),
-    ];
-    for (name, help, get) in families {
-        family(out, name, "counter", help);
-        for ((tenant, key, deployment, model), counts) in &requests {
-            let _ = writeln!(
-                out,
-                "{name}{{tenant_id=\"{}\",key_id=\"{}\",deployment_id=\"{}\",model=\"{}\"}} {}",
-                label(tenant),
-                label(key),
-                label(deployment),
-                label(model),
-                get(counts)
-            );
-        }
-    }
-    let name = "hivenet_tenant_rate_limited_total";
-    family(
-        out,
-        name,
-        "counter",
-        "Requests refused by the key's requests-per-minute limit.",
-    );
-    let mut rate_limited: BTreeMap<(&str, &str), u64> = BTreeMap::new();
-    for (labels, count) in reports
-        .iter()
-        .flat_map(|report| &report.tenants.rate_limited)
-    {
-        *rate_limited
-            .entry((&labels.tenant_id, &labels.key_id))
-            .or_default() += count;
-    }
-    for ((tenant, key), count) in rate_limited {
-        let _ = writeln!(
-            out,
-            "{name}{{tenant_id=\"{}\",key_id=\"{}\"}} {count}",
-            label(tenant),
-            label(key)
-        );
-    }
-    let name = "hivenet_tenant_token_limited_total";
-    family(
-        out,
-        name,
-        "counter",
-        "Requests refused by the daily token budget, by phase.",
-    );
-    let mut token_limited: BTreeMap<(&str, &str, &str, &str), u64> = BTreeMap::new();
-    for (labels, phase, deployment, count) in reports
-        .iter()
-        .flat_map(|report| &report.tenants.token_limited)
-    {
-        *token_limited
-            .entry((
-                &labels.tenant_id,
-                &labels.key_id,
-                deployment,
-                phase.as_str(),
-            ))
-            .or_default() += count;
-    }
-    for ((tenant, key, deployment, phase), count) in token_limited {
-        let _ = writeln!(
-            out,
-            "{name}{{tenant_id=\"{}\",key_id=\"{}\",deployment_id=\"{}\",phase=\"{phase}\"}} {count}",
-            label(tenant),
-            label(key),
-            label(deployment)
-        );
-    }
 }

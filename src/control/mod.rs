@@ -32,6 +32,7 @@ pub mod registration_feed;
 pub mod registry;
 pub mod service;
 pub mod site_routers;
+pub mod tenant_metrics;
 pub mod tunnel_accept;
 
 use std::collections::{HashMap, HashSet};

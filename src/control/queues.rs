@@ -186,23 +186,19 @@ impl QueueFullCounts {
                 (route.as_str(), *message, count.load(Ordering::Relaxed))
             })
     }
+}
 
-    /// Renders `hivenet_control_queue_full_total{route,message}`, every series from start.
-    pub fn render(&self, out: &mut String) {
-        use std::fmt::Write as _;
-        let name = "hivenet_control_queue_full_total";
-        crate::metrics::family(
-            out,
-            name,
-            "counter",
+/// `hivenet_control_queue_full_total{route,message}`, every series from start.
+impl crate::metrics::Collect for QueueFullCounts {
+    fn collect(&self, out: &mut Vec<crate::metrics::Family>) {
+        let mut family = crate::metrics::Family::counter(
+            "hivenet_control_queue_full_total",
             "Messages between the control core and the shards that found their bounded queue full (signals dropped, scrape reports skipped, admin calls refused with 503, everything else waited).",
         );
         for (route, message, count) in self.series() {
-            let _ = writeln!(
-                out,
-                "{name}{{route=\"{route}\",message=\"{message}\"}} {count}"
-            );
+            family.sample(&[("route", route), ("message", message)], count as f64);
         }
+        out.push(family);
     }
 }
 
@@ -554,8 +550,9 @@ mod tests {
     fn every_series_is_exposed_from_start() {
         let full = QueueFullCounts::default();
         full.to_admin();
-        let mut out = String::new();
-        full.render(&mut out);
+        let mut families = Vec::new();
+        crate::metrics::Collect::collect(&full, &mut families);
+        let out = crate::metrics::encode(families);
         let samples: Vec<&str> = out.lines().filter(|line| !line.starts_with('#')).collect();
         assert_eq!(samples.len(), SERIES.len());
         assert!(samples.contains(

@@ -30,6 +30,9 @@ pub struct Registration {
     pub version: String,
     /// The tenant metrics' `deployment_id` for requests this agent serves; empty: `unset`.
     pub deployment_id: String,
+    /// `--organization` and `--machine` of the agent: labels of its metric series.
+    pub organization: String,
+    pub machine: String,
     /// The agent's stable replica identifier (`--replica-id`); with `deployment_id`, the external
     /// scheduler's join key on `/admin/registration-stream`. Empty when the agent gave none.
     pub replica_id: String,
@@ -89,6 +92,8 @@ pub struct AgentView {
     pub engine: EngineSignals,
     /// Unix milliseconds of the last heartbeat.
     pub last_seen_unix_ms: i64,
+    /// Heartbeats that reported the backend newly unhealthy.
+    pub backend_failures: u64,
 }
 
 #[derive(Debug)]
@@ -105,6 +110,9 @@ struct AgentRecord {
     /// The last heartbeat said the agent's backend failed its health check: out of the pool
     /// until a heartbeat says it is healthy again.
     backend_unhealthy: bool,
+    /// Heartbeats that reported the backend unhealthy after a healthy one (or the first),
+    /// for `hivenet_model_backend_failure_total`.
+    backend_failures: u64,
     /// The agent said it is shutting down: it stays out of the pool for the rest of its session.
     leaving: bool,
     /// Peer IDs of the routers the agent last reported a session with (its heartbeats), at most
@@ -243,20 +251,6 @@ impl Registry {
             .map(|record| record.peer_id.as_str())
     }
 
-    /// (peer_id, model name, routable) for every registered agent's model, for `/metrics`.
-    pub fn agent_models(&self) -> Vec<(String, String, bool)> {
-        let mut rows = Vec::new();
-        for record in self.agents.values() {
-            if let Some(registration) = &record.registration {
-                for model in &registration.models {
-                    rows.push((record.peer_id.clone(), model.clone(), record.routable));
-                }
-            }
-        }
-        rows.sort();
-        rows
-    }
-
     /// The union of the routers every live agent last reported a session with (see
     /// [`Registry::routers_reported`]).
     pub fn reported_routers(&self) -> HashSet<String> {
@@ -353,6 +347,7 @@ impl Registry {
                     in_flight: record.in_flight,
                     engine: record.engine,
                     last_seen_unix_ms: now_unix_ms.saturating_sub(silent_ms),
+                    backend_failures: record.backend_failures,
                 })
             })
             .collect();
@@ -383,6 +378,7 @@ impl Registry {
                 engine: EngineSignals::default(),
                 routable: false,
                 backend_unhealthy: false,
+                backend_failures: 0,
                 leaving: false,
                 reported_routers: Box::default(),
                 published: false,
@@ -462,6 +458,9 @@ impl Registry {
         if let Some(record) = self.agents.get_mut(&agent) {
             record.last_heartbeat = now;
             record.in_flight = in_flight;
+            if !backend_healthy && !record.backend_unhealthy {
+                record.backend_failures += 1;
+            }
             record.backend_unhealthy = !backend_healthy;
             self.update_routable(agent, now, &mut events);
         }
@@ -767,6 +766,8 @@ fn membership(record: &AgentRecord, joined: bool) -> Membership {
         replica_id: registration.map_or_else(String::new, |r| r.replica_id.clone()),
     }
 }
+
+pub mod metrics;
 
 #[cfg(test)]
 mod tests;

@@ -258,6 +258,16 @@ pub fn engine_signals(signal: &crate::proto::RoutingSignal) -> EngineSignals {
     }
 }
 
+/// `organization` or `machine` of a registration: a metric label value, so bounded like a model
+/// ID; an agent that sends none (an older one) is `Unknown`, the agent's own default.
+fn metadata_label(value: &str) -> Result<String, &'static str> {
+    let value = value.trim();
+    if value.len() > 256 {
+        return Err("organization and machine are at most 256 characters");
+    }
+    Ok(if value.is_empty() { "Unknown" } else { value }.to_owned())
+}
+
 pub fn validate_registration(
     register: crate::proto::Register,
 ) -> Result<Registration, &'static str> {
@@ -287,7 +297,11 @@ pub fn validate_registration(
     if replica_id.len() > 256 {
         return Err("replica ID is at most 256 characters");
     }
+    let organization = metadata_label(&register.organization)?;
+    let machine = metadata_label(&register.machine)?;
     Ok(Registration {
+        organization,
+        machine,
         models,
         capability,
         capacity: register.capacity,

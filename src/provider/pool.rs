@@ -498,39 +498,32 @@ impl ProviderMetrics {
         entry.count += 1;
         entry.sum_seconds += seconds;
     }
+}
 
-    /// Appends the family in Prometheus text format (nothing when no call was made yet, apart
-    /// from the HELP and TYPE lines).
-    pub fn render(&self, out: &mut String) {
-        use std::fmt::Write as _;
-        const NAME: &str = "http_client_request_duration_seconds";
+/// `http_client_request_duration_seconds{provider,status_code}` (no series before the first call).
+impl crate::metrics::Collect for ProviderMetrics {
+    fn collect(&self, out: &mut Vec<crate::metrics::Family>) {
         let mut series = self
             .series
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         series.sort_by_key(|s| (s.engine.as_str(), s.status));
-        crate::metrics::family(
-            out,
-            NAME,
-            "histogram",
+        let mut family = crate::metrics::Family::histogram(
+            "http_client_request_duration_seconds",
             "Outbound provider fallback requests by provider and status code (0: network failure or timeout).",
         );
         for s in &series {
-            let labels = format!(
-                "provider=\"{}\",status_code=\"{}\"",
-                s.engine.as_str(),
-                s.status
+            let (buckets, _) = crate::metrics::cumulative(&LATENCY_BUCKETS_SECONDS, &s.buckets);
+            let status = s.status.to_string();
+            family.histogram_sample(
+                &[("provider", s.engine.as_str()), ("status_code", &status)],
+                &buckets,
+                s.sum_seconds,
+                s.count,
             );
-            let mut cumulative = 0;
-            for (index, bound) in LATENCY_BUCKETS_SECONDS.iter().enumerate() {
-                cumulative += s.buckets[index];
-                let _ = writeln!(out, "{NAME}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
-            }
-            let _ = writeln!(out, "{NAME}_bucket{{{labels},le=\"+Inf\"}} {}", s.count);
-            let _ = writeln!(out, "{NAME}_sum{{{labels}}} {}", s.sum_seconds);
-            let _ = writeln!(out, "{NAME}_count{{{labels}}} {}", s.count);
         }
+        out.push(family);
     }
 }
 
@@ -544,8 +537,9 @@ mod tests {
         metrics.record(ProviderEngine::OpenAi, 200, Duration::from_millis(30));
         metrics.record(ProviderEngine::OpenAi, 200, Duration::from_secs(3));
         metrics.record(ProviderEngine::Anthropic, 0, Duration::from_secs(500));
-        let mut out = String::new();
-        metrics.render(&mut out);
+        let mut families = Vec::new();
+        crate::metrics::Collect::collect(&metrics, &mut families);
+        let out = crate::metrics::encode(families);
         let line = |needle: &str| {
             out.lines()
                 .find(|line| line.starts_with(needle))

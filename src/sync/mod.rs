@@ -34,10 +34,9 @@ pub mod site;
 pub mod store;
 pub mod tokens;
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-use crate::metrics::family;
+use crate::metrics::{Collect, Family, cumulative};
 
 /// `hivenet_sync_tick_seconds` buckets.
 pub const TICK_SECONDS_BUCKETS: [f64; 10] =
@@ -86,92 +85,59 @@ impl Histogram {
             .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
     }
 
-    /// `labels`: the series' own labels, each followed by a comma (or empty).
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let mut cumulative = 0;
-        for (bound, count) in TICK_SECONDS_BUCKETS.iter().zip(&self.counts) {
-            cumulative += count.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{bound}\"}} {cumulative}");
-        }
-        cumulative += self.counts[TICK_SECONDS_BUCKETS.len()].load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels}le=\"+Inf\"}} {cumulative}");
+    /// One sample of the histogram with `labels`.
+    fn sample_into(&self, family: &mut Family, labels: &[(&str, &str)]) {
+        let counts: Vec<u64> = self
+            .counts
+            .iter()
+            .map(|count| count.load(Ordering::Relaxed))
+            .collect();
+        let (buckets, count) = cumulative(&TICK_SECONDS_BUCKETS, &counts);
         let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let series = labels.trim_end_matches(',');
-        if series.is_empty() {
-            let _ = writeln!(out, "{name}_sum {sum}");
-            let _ = writeln!(out, "{name}_count {cumulative}");
-        } else {
-            let _ = writeln!(out, "{name}_sum{{{series}}} {sum}");
-            let _ = writeln!(out, "{name}_count{{{series}}} {cumulative}");
-        }
+        family.histogram_sample(labels, &buckets, sum, count);
     }
 }
 
-impl SyncMetrics {
-    pub fn render(&self, out: &mut String) {
-        let gauges: [(&str, &str, i64); 3] = [
+impl Collect for SyncMetrics {
+    fn collect(&self, out: &mut Vec<Family>) {
+        let gauges: [(&str, &str, f64); 4] = [
             (
                 "hivenet_sync_up",
                 "1 while the sync store answers; 0 while each router enforces its share alone.",
-                self.up.load(Ordering::Relaxed),
+                self.up.load(Ordering::Relaxed) as f64,
             ),
             (
                 "hivenet_sync_peers",
                 "Other live routers of the site, as last seen.",
-                self.peers.load(Ordering::Relaxed),
+                self.peers.load(Ordering::Relaxed) as f64,
             ),
             (
                 "hivenet_sync_unknown_routers",
                 "Routers the agents report a connection to that the sync store does not list.",
-                self.unknown_routers.load(Ordering::Relaxed),
+                self.unknown_routers.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "hivenet_sync_lag_seconds",
+                "Age of the latest peer usage when applied.",
+                self.lag_ms.load(Ordering::Relaxed) as f64 / 1000.0,
             ),
         ];
         for (name, help, value) in gauges {
-            family(out, name, "gauge", help);
-            let _ = writeln!(out, "{name} {value}");
+            let mut family = Family::gauge(name, help);
+            family.sample(&[], value);
+            out.push(family);
         }
-        let name = "hivenet_sync_lag_seconds";
-        family(
-            out,
-            name,
-            "gauge",
-            "Age of the latest peer usage when applied.",
-        );
-        let lag = self.lag_ms.load(Ordering::Relaxed) as f64 / 1000.0;
-        let _ = writeln!(out, "{name} {lag}");
-        let name = "hivenet_sync_errors_total";
-        family(
-            out,
-            name,
-            "counter",
-            "Sync rounds that failed to reach the store.",
-        );
-        let _ = writeln!(out, "{name} {}", self.errors_total.load(Ordering::Relaxed));
-        let name = "hivenet_sync_published_bytes_total";
-        family(
-            out,
-            name,
-            "counter",
-            "Bytes of usage entries this router published to the sync store.",
-        );
-        let _ = writeln!(
-            out,
-            "{name} {}",
-            self.published_bytes_total.load(Ordering::Relaxed)
-        );
-        let name = "hivenet_sync_tick_seconds";
-        family(out, name, "histogram", "Duration of one sync round.");
-        self.tick_seconds.render(out, name, "");
-        let name = "hivenet_occupancy_credit_seconds";
-        family(
-            out,
-            name,
-            "histogram",
-            "Duration of one occupancy credit call to the store.",
-        );
-        self.credit_refill_seconds
-            .render(out, name, "op=\"refill\",");
         let counters = [
+            (
+                "hivenet_sync_errors_total",
+                "Sync rounds that failed to reach the store.",
+                &self.errors_total,
+            ),
+            (
+                "hivenet_sync_published_bytes_total",
+                "Bytes of usage entries this router published to the sync store.",
+                &self.published_bytes_total,
+            ),
             (
                 "hivenet_occupancy_credit_errors_total",
                 "Occupancy credit calls to the store that failed.",
@@ -184,9 +150,21 @@ impl SyncMetrics {
             ),
         ];
         for (name, help, value) in counters {
-            family(out, name, "counter", help);
-            let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
+            let mut family = Family::counter(name, help);
+            family.sample(&[], value.load(Ordering::Relaxed) as f64);
+            out.push(family);
         }
+        let mut tick =
+            Family::histogram("hivenet_sync_tick_seconds", "Duration of one sync round.");
+        self.tick_seconds.sample_into(&mut tick, &[]);
+        out.push(tick);
+        let mut credit = Family::histogram(
+            "hivenet_occupancy_credit_seconds",
+            "Duration of one occupancy credit call to the store.",
+        );
+        self.credit_refill_seconds
+            .sample_into(&mut credit, &[("op", "refill")]);
+        out.push(credit);
     }
 }
 
