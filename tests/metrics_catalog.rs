@@ -12,7 +12,12 @@ use std::path::PathBuf;
 use common::{Options, Site, chat, request};
 use sha2::{Digest, Sha256};
 
-const CATALOG: &str = "/work/shared/spec/reference/observability-prometheus-metrics.mdx";
+/// The reference's catalog page, copied verbatim from the product reference (MIT, see
+/// `tests/reference/LICENSE`) so that the test runs from a clean checkout.
+const CATALOG: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/reference/observability-prometheus-metrics.mdx"
+);
 
 /// Owned by the agent families (the `hivenet_agent_*` work, branch `metrics-agent`), checked once
 /// merged: the lead drops this list after merging it.
