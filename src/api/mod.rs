@@ -29,6 +29,7 @@ use bytes::Bytes;
 use crate::error::Rejection;
 use crate::http::request::Method;
 use crate::metrics::ShardMetrics;
+use crate::metrics::http_server::Endpoint;
 use crate::shard::state::Shard;
 use crate::snapshot::Capability;
 use hold::HoldSink;
@@ -102,6 +103,28 @@ pub fn route(method: Method, path: &[u8]) -> Result<Route, Rejection> {
     }
 }
 
+/// The `(method, route)` series of `http_server_*` a routed request counts in
+/// ([`crate::metrics::http_server::ENDPOINTS`]).
+fn endpoint(route: Route, method: Method) -> Endpoint {
+    let index = match (route, method) {
+        (Route::ChatCompletions, _) => 0,
+        (Route::Messages, _) => 1,
+        (Route::CountTokens, _) => 2,
+        (Route::Embeddings, _) => 3,
+        (Route::Rerank, _) => 4,
+        (Route::Models, Method::Head) => 6,
+        (Route::Models, _) => 5,
+        (Route::Health, Method::Head) => 8,
+        (Route::Health, _) => 7,
+        (Route::Admin, Method::Get) => 9,
+        (Route::Admin, Method::Post) => 10,
+        (Route::Admin, Method::Put) => 11,
+        (Route::Admin, Method::Delete) => 12,
+        (Route::Admin, _) => 13,
+    };
+    Endpoint::at(index)
+}
+
 /// A complete client request, as the connection read it.
 pub struct ClientRequest {
     pub route: Route,
@@ -164,18 +187,26 @@ pub async fn serve<S: Sink>(
 ) -> Result<(), ClientGone> {
     ShardMetrics::add(&shard.metrics.requests_total, 1);
     sink.set_request_id(request.request_id);
+    let mut exchange = shard
+        .metrics
+        .http_server
+        .begin(endpoint(request.route, request.method), request.received_at);
     if request.route == Route::Health {
         // A draining router fails its health check so load balancers take it out.
-        return if shard.lifecycle.is_draining() {
-            sink.respond(503, "application/json", &[], b"{\"status\":\"draining\"}")
-                .await
+        let (status, body): (u16, &[u8]) = if shard.lifecycle.is_draining() {
+            (503, b"{\"status\":\"draining\"}")
         } else {
-            sink.respond(200, "application/json", &[], b"{\"status\":\"ok\"}")
-                .await
+            (200, b"{\"status\":\"ok\"}")
         };
+        let answered = sink.respond(status, "application/json", &[], body).await;
+        exchange.status = status;
+        return answered;
     }
     if shard.lifecycle.is_draining() {
-        return sink.reject(&Rejection::shutting_down()).await;
+        let rejection = Rejection::shutting_down();
+        let answered = sink.reject(&rejection).await;
+        exchange.status = rejection.status;
+        return answered;
     }
     let _open = RequestOpen::enter(&shard.metrics);
     // `/health` is not traced: the response names the request's span only when there is one.
@@ -188,6 +219,7 @@ pub async fn serve<S: Sink>(
     let served = serve_audited(shard, &request, &keys, &mut facts, &mut sink).await;
     // A client that left got no complete answer: 499, as nginx records it.
     let status = if served.is_err() { 499 } else { sink.status() };
+    exchange.status = status;
     let arrival = crate::accounting::Arrival {
         request_id: request.request_id_str(),
         peer: request.peer,

@@ -6,6 +6,7 @@
 
 pub mod family;
 pub mod histogram;
+pub mod http_server;
 
 pub use family::{Collect, Family, encode};
 
@@ -50,6 +51,8 @@ pub struct ShardMetrics {
     pub forward_retries_total: AtomicU64,
     /// Hold at zero: how holds ended and how long they lasted (counted on the requester).
     pub holds: crate::hold::HoldMetrics,
+    /// `http_server_*`: requests by method, route and status (`http_server`).
+    pub http_server: http_server::HttpServerMetrics,
 }
 
 impl ShardMetrics {
@@ -88,6 +91,9 @@ impl Collect for [std::sync::Arc<ShardMetrics>] {
         }
         out.push(responses(self));
         out.extend(holds(self));
+        out.extend(http_server::families(
+            self.iter().map(|metrics| &metrics.http_server),
+        ));
     }
 }
 
