@@ -253,9 +253,11 @@ impl Accounting {
         (input, output): (u64, u64),
         labels_of: impl FnOnce(KeyId) -> Option<KeyLabels>,
     ) {
+        let today =
+            crate::clock::Day::from_unix_seconds(crate::clock::now_unix_ms().max(0) as u64 / 1000);
         self.tenants
             .borrow_mut()
-            .tokens(key, model, agent, input, output, || {
+            .tokens(key, model, agent, input, output, today, || {
                 Some((labels_of(key)?, self.deployment_of(agent)))
             });
     }

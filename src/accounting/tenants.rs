@@ -24,6 +24,7 @@
 use std::sync::Arc;
 
 use crate::auth::keys::{KeyId, KeyRecord, KeySource, TenantId};
+use crate::clock::Day;
 use crate::metrics::histogram::DurationCounts;
 use crate::routing::AgentId;
 use crate::shard::IdMap;
@@ -79,6 +80,10 @@ pub struct RequestCounts {
     /// `hivenet_tenant_last_request_timestamp`: Unix seconds of the latest finished request's
     /// arrival (0: none finished yet).
     pub last_request_unix_s: i64,
+    /// `hivenet_tenant_tokens_used_today`: input and output tokens counted on `today`, the UTC
+    /// day of the latest count (an older day's are dropped when a newer day counts).
+    pub today: Day,
+    pub tokens_today: u64,
 }
 
 impl RequestCounts {
@@ -90,6 +95,28 @@ impl RequestCounts {
         self.output_tokens += other.output_tokens;
         self.duration.merge(&other.duration);
         self.last_request_unix_s = self.last_request_unix_s.max(other.last_request_unix_s);
+        self.count_today(other.today, other.tokens_today);
+    }
+
+    /// Adds `tokens` counted on `day`: a newer day starts the count again, an older one is
+    /// dropped.
+    fn count_today(&mut self, day: Day, tokens: u64) {
+        if day > self.today {
+            self.today = day;
+            self.tokens_today = 0;
+        }
+        if day == self.today {
+            self.tokens_today = self.tokens_today.saturating_add(tokens);
+        }
+    }
+
+    /// Tokens counted on `day` (0 when the latest count was on another day).
+    pub fn tokens_on(&self, day: Day) -> u64 {
+        if self.today == day {
+            self.tokens_today
+        } else {
+            0
+        }
     }
 }
 
@@ -291,6 +318,8 @@ impl TenantCounters {
             .1 += 1;
     }
 
+    /// Tokens a request used, counted on `day` (the UTC day they were reported) too.
+    #[allow(clippy::too_many_arguments)]
     pub fn tokens(
         &mut self,
         key: KeyId,
@@ -298,6 +327,7 @@ impl TenantCounters {
         agent: Option<AgentId>,
         input: u64,
         output: u64,
+        day: Day,
         series: impl FnOnce() -> Option<(KeyLabels, Arc<str>)>,
     ) {
         let Some(counts) = self.requests(key, model, agent, series) else {
@@ -305,6 +335,7 @@ impl TenantCounters {
         };
         counts.input_tokens += input;
         counts.output_tokens += output;
+        counts.count_today(day, input.saturating_add(output));
     }
 
     pub fn rate_limited(&mut self, key: KeyId, labels: impl FnOnce() -> Option<KeyLabels>) {
@@ -449,11 +480,11 @@ mod tests {
         });
         // Refused before routing: no agent, `unset`.
         counters.finished(key, model, None, None, timing(), || series(UNSET));
-        counters.tokens(key, model, Some(AgentId(2)), 10, 20, || {
+        counters.tokens(key, model, Some(AgentId(2)), 10, 20, Day(7), || {
             unreachable!("resolved")
         });
         // A key gone before its first count is not counted.
-        counters.tokens(KeyId(9), model, None, 1, 1, || None);
+        counters.tokens(KeyId(9), model, None, 1, 1, Day(7), || None);
         counters.rate_limited(key, some_labels);
         counters.token_limited(key, Phase::Input, UNSET.into(), some_labels);
         counters.token_limited(key, Phase::Output, "deploy-42".into(), some_labels);
@@ -477,6 +508,8 @@ mod tests {
                         output_tokens: 20,
                         duration: three,
                         last_request_unix_s: 1_700_000_000,
+                        today: Day(7),
+                        tokens_today: 30,
                     }
                 ),
                 (
@@ -500,6 +533,33 @@ mod tests {
                 (labels(), Phase::Output, "deploy-42".into(), 2),
             ]
         );
+    }
+
+    #[test]
+    fn tokens_used_today_start_again_on_a_new_day_and_merge_by_day() {
+        let mut counters = TenantCounters::default();
+        let (key, model) = (KeyId(1), ModelId(3));
+        counters.tokens(key, model, None, 10, 5, Day(7), || series(UNSET));
+        counters.tokens(key, model, None, 1, 2, Day(7), || unreachable!("resolved"));
+        let before_midnight = counters.report().requests[0].1;
+        assert_eq!(before_midnight.tokens_on(Day(7)), 18);
+        counters.tokens(key, model, None, 4, 0, Day(8), || unreachable!("resolved"));
+        let after_midnight = counters.report().requests[0].1;
+        assert_eq!(after_midnight.tokens_on(Day(8)), 4);
+        assert_eq!(after_midnight.tokens_on(Day(7)), 0);
+        assert_eq!(
+            after_midnight.input_tokens, 15,
+            "the lifetime counters go on"
+        );
+        // Another shard still on yesterday adds nothing to today, whichever merges into which.
+        let mut merged = before_midnight;
+        merged.merge(&after_midnight);
+        assert_eq!(merged.tokens_on(Day(8)), 4);
+        let mut merged = after_midnight;
+        merged.merge(&before_midnight);
+        assert_eq!(merged.tokens_on(Day(8)), 4);
+        merged.merge(&after_midnight);
+        assert_eq!(merged.tokens_on(Day(8)), 8);
     }
 
     #[test]

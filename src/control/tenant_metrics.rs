@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use crate::accounting::tenants::RequestCounts;
+use crate::clock::Day;
 use crate::control::registry::Registry;
 use crate::metrics::Family;
 use crate::metrics::histogram::DurationCounts;
@@ -121,6 +122,25 @@ fn requests(registry: &Registry, reports: &[ShardReport], out: &mut Vec<Family>)
         );
     }
     out.push(last);
+    out.push(tokens_used_today(&requests));
+}
+
+/// `hivenet_tenant_tokens_used_today{tenant_id}`: input and output tokens reported today (UTC)
+/// for the tenant's requests; 0 once midnight passed until its next request.
+fn tokens_used_today(requests: &BTreeMap<RequestLabels<'_>, RequestCounts>) -> Family {
+    let today = Day::from_unix_seconds(crate::clock::now_unix_ms().max(0) as u64 / 1000);
+    let mut used: BTreeMap<&str, u64> = BTreeMap::new();
+    for ((tenant, ..), counts) in requests {
+        *used.entry(tenant).or_default() += counts.tokens_on(today);
+    }
+    let mut family = Family::gauge(
+        "hivenet_tenant_tokens_used_today",
+        "Input and output tokens the tenant's requests used today (UTC), on this router.",
+    );
+    for (tenant, tokens) in used {
+        family.sample(&[("tenant_id", tenant)], tokens as f64);
+    }
+    family
 }
 
 fn rate_limited(reports: &[ShardReport]) -> Family {
