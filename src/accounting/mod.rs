@@ -3,6 +3,7 @@
 //! single-threaded like the shard that carries it; the request path (`api`) feeds it, the
 //! control core reads it through the shard's report.
 
+pub mod agents;
 pub mod tenants;
 
 use std::cell::RefCell;
@@ -54,9 +55,52 @@ pub struct Accounting {
     /// Every pooled agent's profile: its peer ID for the audit log, its labels for the series
     /// (every shard hears every agent).
     agents: RefCell<IdMap<AgentId, Arc<AgentProfile>>>,
+    /// This shard's index: its slot in every agent's counters (`agents::AgentCounters`).
+    shard: usize,
 }
 
 impl Accounting {
+    /// The accounting of shard `shard`.
+    pub fn for_shard(shard: usize) -> Accounting {
+        Accounting {
+            shard,
+            ..Accounting::default()
+        }
+    }
+
+    /// The router's lifetime counters of `agent` for `model`, while the agent is in the pool.
+    fn with_agent_counters(
+        &self,
+        agent: AgentId,
+        model: ModelId,
+        count: impl FnOnce(&agents::AgentCounters, usize),
+    ) {
+        if let Some(counters) = self
+            .agents
+            .borrow()
+            .get(&agent)
+            .and_then(|profile| profile.counters.of(model))
+        {
+            count(counters, self.shard);
+        }
+    }
+
+    /// One attempt on `agent` is over: the status its client got from it, `None` when the
+    /// attempt failed without an answer (transport failure, a retryable status tried elsewhere,
+    /// the client gone).
+    pub fn agent_attempt(&self, agent: AgentId, model: ModelId, status: Option<u16>) {
+        self.with_agent_counters(agent, model, |counters, shard| {
+            counters.finished(shard, status.unwrap_or(0))
+        });
+    }
+
+    /// A latency sample of `agent` (request sent to response headers), in milliseconds.
+    pub fn agent_latency(&self, agent: AgentId, model: ModelId, sample_ms: f64) {
+        self.with_agent_counters(agent, model, |counters, _| {
+            counters.latency_sample(sample_ms)
+        });
+    }
+
     /// Hands this shard its end of the audit log (start-up, before it accepts).
     pub fn set_audit(&self, sender: crate::audit::AuditSender) {
         *self.audit.borrow_mut() = Some(sender);
@@ -179,6 +223,11 @@ impl Accounting {
         (input, output): (u64, u64),
         labels_of: impl FnOnce(KeyId) -> Option<KeyLabels>,
     ) {
+        if let Some(agent) = agent {
+            self.with_agent_counters(agent, model, |counters, shard| {
+                counters.tokens(shard, input, output)
+            });
+        }
         self.tenants
             .borrow_mut()
             .tokens(key, model, agent, input, output, || {

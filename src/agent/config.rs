@@ -235,6 +235,10 @@ pub struct Config {
     pub version: String,
     pub deployment_id: String,
     pub replica_id: String,
+    /// `--organization` and `--machine`: registered, the labels of the router's per-agent
+    /// metrics.
+    pub organization: String,
+    pub machine: String,
     /// `--p2p-tls-ca`.
     pub p2p_tls_ca: Option<PathBuf>,
 }
@@ -309,6 +313,8 @@ impl Args {
             version: self.version,
             deployment_id: self.deployment_id,
             replica_id: self.replica_id,
+            organization: self.organization,
+            machine: self.machine,
             p2p_tls_ca: self.p2p_tls_ca,
         })
     }

@@ -151,6 +151,8 @@ fn register_message(shared: &Shared) -> AgentMessage {
             version: config.version.clone(),
             deployment_id: config.deployment_id.clone(),
             replica_id: config.replica_id.clone(),
+            organization: config.organization.clone(),
+            machine: config.machine.clone(),
         })),
     }
 }
@@ -166,6 +168,7 @@ fn heartbeat_message(shared: &Shared, link: &Link) -> AgentMessage {
             in_flight: shared.forward.in_flight.get(),
             backend_unhealthy: !*shared.backend_healthy.borrow(),
             connected_router_peer_ids: link.connected_peer_ids(),
+            host: shared.host.borrow().clone(),
         })),
     }
 }
@@ -180,6 +183,7 @@ fn signal_message(shared: &Shared) -> AgentMessage {
             kv_cache_utilization: snapshot.kv_cache_utilization.unwrap_or(0.0),
             running_requests: count(snapshot.running_requests),
             waiting_requests: count(snapshot.waiting_requests),
+            engine: shared.engine_report.borrow().clone(),
         })),
     }
 }

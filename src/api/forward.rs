@@ -128,6 +128,14 @@ fn settle(shard: &Shard, quota: &mut QuotaCharge, event: UsageEvent) {
     tracing::debug!(?event, "request settled");
 }
 
+/// The agent's SRTT/RTTVAR learn the time from sending the request to its response headers.
+fn latency_sample(shard: &Shard, slot: &Slot, sent_at: Instant) {
+    let sample_ms = sent_at.elapsed().as_secs_f64() * 1000.0;
+    shard
+        .accounting
+        .agent_latency(slot.agent, slot.model, sample_ms);
+}
+
 const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
 
 fn upstream_uri(route: Route) -> http::Uri {
@@ -211,6 +219,7 @@ pub async fn forward<S: Sink>(
     let body = injected.map_or_else(|| request.body.clone(), Bytes::from);
 
     let remaining = deadline.saturating_duration_since(Instant::now());
+    let sent_at = Instant::now();
     let sent = sink
         .until_client_gone(monoio::time::timeout(remaining, async {
             let mut send = tunnel.send.clone().ready().await?;
@@ -227,11 +236,17 @@ pub async fn forward<S: Sink>(
         }
         Some(Err(_elapsed)) => return Err(Rejection::request_timeout().into()),
         Some(Ok(Err(error))) => {
+            // A transport failure after the request was sent is still a latency sample
+            // (latency-tracking reference, "Successful and failed requests").
+            latency_sample(shard, &slot, sent_at);
             ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
             tracing::debug!(shard = shard.id, session = slot.agent.0, %error, "forward failed");
             return Err(failed(upstream_failure(shard, &error)));
         }
-        Some(Ok(Ok(response))) => response,
+        Some(Ok(Ok(response))) => {
+            latency_sample(shard, &slot, sent_at);
+            response
+        }
     };
     if may_retry && is_retryable_status(response.status().as_u16()) {
         // Dropping the response resets the stream: the agent stops the backend request.

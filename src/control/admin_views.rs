@@ -185,6 +185,8 @@ mod tests {
                 version: "dev".into(),
                 deployment_id: "deploy-42".into(),
                 replica_id: format!("replica-{peer}"),
+                organization: "Unknown".into(),
+                machine: "Unknown".into(),
             },
             routable,
             heartbeat_fresh: routable,

@@ -18,6 +18,9 @@ use crate::routing::{AgentProfile, EngineSignals};
 use crate::sibling::map::SiblingMap;
 use crate::snapshot::{ModelEntry, ModelKey, RoutingSnapshot};
 
+mod history;
+pub use history::{AgentLabels, HistoryRow};
+
 /// What an agent declared when it registered.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Registration {
@@ -33,6 +36,10 @@ pub struct Registration {
     /// The agent's stable replica identifier (`--replica-id`); with `deployment_id`, the external
     /// scheduler's join key on `/admin/registration-stream`. Empty when the agent gave none.
     pub replica_id: String,
+    /// `--organization` and `--machine`: labels of the per-agent metrics (`Unknown` when the
+    /// agent sent none).
+    pub organization: String,
+    pub machine: String,
 }
 
 /// Effects for the control core to carry out, in order.
@@ -101,6 +108,12 @@ struct AgentRecord {
     session_expires: Instant,
     in_flight: u32,
     engine: EngineSignals,
+    /// The rest of the agent's last engine scrape, as its last routing signal carried it.
+    engine_report: Option<crate::proto::EngineReport>,
+    /// Finished requests by reason, counted from the engine reports of this session.
+    finished: crate::control::agent_reports::FinishTally,
+    /// The agent host's hardware at its last heartbeat (bounded by `control::service`).
+    host: Option<crate::proto::HostStats>,
     routable: bool,
     /// The last heartbeat said the agent's backend failed its health check: out of the pool
     /// until a heartbeat says it is healthy again.
@@ -157,6 +170,22 @@ pub struct Registry {
     /// pool only once a sync round has published it in this router's heartbeat, so the other
     /// routers ask that agent before they give this router up (`credits::sim`, seed 1724).
     hold_unpublished: bool,
+    /// Per-agent lifetime counters, kept across sessions (`history`).
+    history: history::History,
+}
+
+/// What `/metrics` shows of one registered agent now (`Registry::live_agents`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveAgent {
+    pub peer_id: String,
+    pub models: Vec<String>,
+    pub labels: AgentLabels,
+    /// Requests the agent reported serving over its declared capacity.
+    pub capacity_utilization: f64,
+    pub engine: EngineSignals,
+    pub engine_report: Option<crate::proto::EngineReport>,
+    pub finished: crate::control::agent_reports::FinishTally,
+    pub host: Option<crate::proto::HostStats>,
 }
 
 impl Registry {
@@ -173,6 +202,7 @@ impl Registry {
             siblings: None,
             next_generation: 0,
             hold_unpublished: false,
+            history: history::History::new(shard_count),
         }
     }
 
@@ -360,7 +390,79 @@ impl Registry {
         views
     }
 
+    /// Every (agent, model) pooled since the last reset, with its lifetime totals and the
+    /// model's name (rows of models without a name are left out).
+    pub fn agent_history(&self) -> Vec<(HistoryRow, &str)> {
+        self.history
+            .rows()
+            .into_iter()
+            .filter_map(|row| {
+                let name = self.model_name(row.model)?;
+                Some((row, name))
+            })
+            .collect()
+    }
+
+    /// Every registered agent's current state for `/metrics`, sorted by peer ID.
+    pub fn live_agents(&self) -> Vec<LiveAgent> {
+        let mut agents: Vec<LiveAgent> = self
+            .agents
+            .values()
+            .filter_map(|record| {
+                let registration = record.registration.as_ref()?;
+                Some(LiveAgent {
+                    peer_id: record.peer_id.clone(),
+                    models: registration.models.clone(),
+                    labels: AgentLabels::of(registration),
+                    capacity_utilization: f64::from(record.in_flight)
+                        / f64::from(registration.capacity.max(1)),
+                    engine: record.engine,
+                    engine_report: record.engine_report.clone(),
+                    finished: record.finished.clone(),
+                    host: record.host.clone(),
+                })
+            })
+            .collect();
+        agents.sort_by(|a, b| a.peer_id.cmp(&b.peer_id));
+        agents
+    }
+
     // ----- inputs -----
+
+    /// `POST /admin/metrics/reset`: the per-agent lifetime counters back to zero; agents not
+    /// registered now are forgotten.
+    pub fn reset_agent_history(&mut self) {
+        let registered: HashSet<(String, ModelId)> = self
+            .agents
+            .values()
+            .filter(|record| record.registration.is_some())
+            .flat_map(|record| {
+                record
+                    .models
+                    .iter()
+                    .map(|model| (record.peer_id.clone(), *model))
+            })
+            .collect();
+        self.history
+            .reset(|peer_id, model| registered.contains(&(peer_id.to_owned(), model)));
+    }
+
+    /// The hardware a heartbeat reported (already bounded by the caller).
+    pub fn host_reported(&mut self, agent: AgentId, host: Option<crate::proto::HostStats>) {
+        if let Some(record) = self.agents.get_mut(&agent) {
+            record.host = host;
+        }
+    }
+
+    /// The engine report a routing signal carried (already bounded by the caller).
+    pub fn engine_reported(&mut self, agent: AgentId, report: Option<crate::proto::EngineReport>) {
+        if let Some(record) = self.agents.get_mut(&agent) {
+            if let Some(report) = &report {
+                record.finished.observe(&report.finished);
+            }
+            record.engine_report = report;
+        }
+    }
 
     /// A session was issued by `Authenticate`.
     pub fn session_opened(
@@ -381,6 +483,9 @@ impl Registry {
                 session_expires: expires,
                 in_flight: 0,
                 engine: EngineSignals::default(),
+                engine_report: None,
+                finished: Default::default(),
+                host: None,
                 routable: false,
                 backend_unhealthy: false,
                 leaving: false,
@@ -516,9 +621,16 @@ impl Registry {
     /// The session stream ended: the agent leaves the pool at once.
     pub fn session_closed(&mut self, agent: AgentId) -> Vec<Event> {
         let mut events = Vec::new();
-        if let Some(record) = self.agents.remove(&agent)
-            && record.routable
-        {
+        let Some(record) = self.agents.remove(&agent) else {
+            return events;
+        };
+        if record.registration.is_some() {
+            self.history
+                .each(&record.peer_id, &record.models, |counters| {
+                    counters.disconnected()
+                });
+        }
+        if record.routable {
             events.push(Event::Membership(membership(&record, false)));
             events.push(Event::AgentDown {
                 agent,
@@ -721,6 +833,13 @@ impl Registry {
         if should_route {
             let registration = record.registration.as_ref();
             let capacity = registration.map_or(0, |r| r.capacity);
+            let counters = match registration {
+                Some(registration) => {
+                    self.history
+                        .counters_for(&record.peer_id, &record.models, registration)
+                }
+                None => Default::default(),
+            };
             let profile = Arc::new(AgentProfile {
                 peer_id: record.peer_id.as_str().into(),
                 engine: registration.map_or("", |r| r.engine.as_str()).into(),
@@ -729,6 +848,7 @@ impl Registry {
                     .map_or_else(Vec::new, |r| r.tags.clone())
                     .into_boxed_slice(),
                 deployment_id: registration.map_or("", |r| r.deployment_id.as_str()).into(),
+                counters,
             });
             let generation = Generation(self.next_generation);
             self.next_generation = self.next_generation.wrapping_add(1);
@@ -748,6 +868,13 @@ impl Registry {
                 });
             }
         } else {
+            if !healthy {
+                // Out of the pool because its heartbeats stopped: `hivenet_agent_failure_total`.
+                self.history
+                    .each(&record.peer_id, &record.models, |counters| {
+                        counters.heartbeat_failed()
+                    });
+            }
             events.push(Event::AgentDown {
                 agent,
                 models: record.models.clone(),

@@ -196,6 +196,12 @@ async fn run_session(
                 let events = {
                     let mut registry = shared.registry();
                     registry.routers_reported(agent, heartbeat.connected_router_peer_ids);
+                    registry.host_reported(
+                        agent,
+                        heartbeat
+                            .host
+                            .map(crate::control::agent_reports::bound_host),
+                    );
                     registry.heartbeat(
                         agent,
                         heartbeat.in_flight,
@@ -217,7 +223,16 @@ async fn run_session(
             }
             agent_message::Kind::Signal(signal) => {
                 let engine = engine_signals(&signal);
-                let events = shared.registry().signal(agent, signal.in_flight, engine);
+                let events = {
+                    let mut registry = shared.registry();
+                    registry.engine_reported(
+                        agent,
+                        signal
+                            .engine
+                            .map(crate::control::agent_reports::bound_engine),
+                    );
+                    registry.signal(agent, signal.in_flight, engine)
+                };
                 shared.apply(events).await;
             }
             agent_message::Kind::Refresh(refresh) => {
@@ -287,6 +302,15 @@ pub fn validate_registration(
     if replica_id.len() > 256 {
         return Err("replica ID is at most 256 characters");
     }
+    let label = |value: String| -> Result<String, &'static str> {
+        let value = value.trim();
+        if value.len() > 256 {
+            return Err("organization and machine are at most 256 characters");
+        }
+        Ok(if value.is_empty() { "Unknown" } else { value }.to_owned())
+    };
+    let organization = label(register.organization)?;
+    let machine = label(register.machine)?;
     Ok(Registration {
         models,
         capability,
@@ -297,5 +321,7 @@ pub fn validate_registration(
         version: register.version,
         deployment_id,
         replica_id,
+        organization,
+        machine,
     })
 }

@@ -98,6 +98,7 @@ mod tests {
             region: "eu".into(),
             tags: Box::new([]),
             deployment_id: "".into(),
+            counters: Default::default(),
         };
         let us = AgentProfile {
             region: "us".into(),

@@ -13,6 +13,8 @@ fn registration(models: &[&str]) -> Registration {
         version: "dev".into(),
         deployment_id: String::new(),
         replica_id: String::new(),
+        organization: "Unknown".into(),
+        machine: "Unknown".into(),
     }
 }
 

@@ -47,6 +47,7 @@ fn profile() -> Arc<AgentProfile> {
         region: "eu".into(),
         tags: Box::new([]),
         deployment_id: "".into(),
+        counters: Default::default(),
     })
 }
 

@@ -1,0 +1,128 @@
+//! Per-agent lifetime history, owned by the registry: the router's counters of every (agent peer
+//! ID, model) that has been in the routing pool, with the labels it last registered. Kept across
+//! sessions, so an agent that registers again continues its totals (observability reference,
+//! "Persistence and resets": the reference reseeds them from BadgerDB; this router keeps them in
+//! memory for the life of the process). `POST /admin/metrics/reset` zeroes them and forgets the
+//! agents not registered now.
+//!
+//! Memory: one entry per (peer ID, model) ever pooled since the last reset; bounded by the agents
+//! a site runs, not by requests.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::accounting::agents::{AgentCounters, AgentTotals, CountersByModel};
+use crate::ids::ModelId;
+
+use super::Registration;
+
+/// The labels of one agent's series, as it last registered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentLabels {
+    pub engine: String,
+    pub region: String,
+    pub organization: String,
+    pub machine: String,
+}
+
+impl AgentLabels {
+    pub fn of(registration: &Registration) -> AgentLabels {
+        AgentLabels {
+            engine: registration.engine.clone(),
+            region: registration.region.clone(),
+            organization: registration.organization.clone(),
+            machine: registration.machine.clone(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    counters: Arc<AgentCounters>,
+    labels: AgentLabels,
+}
+
+/// One (agent, model) of the history, for `/metrics`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryRow {
+    pub peer_id: String,
+    pub model: ModelId,
+    pub labels: AgentLabels,
+    pub totals: AgentTotals,
+}
+
+#[derive(Debug)]
+pub struct History {
+    shard_count: usize,
+    entries: HashMap<(String, ModelId), Entry>,
+}
+
+impl History {
+    pub fn new(shard_count: usize) -> History {
+        History {
+            shard_count,
+            entries: HashMap::new(),
+        }
+    }
+
+    /// The counters of `peer_id` for each of `models`, the ones it had before when it was pooled
+    /// earlier; the labels become the ones of `registration`.
+    pub fn counters_for(
+        &mut self,
+        peer_id: &str,
+        models: &[ModelId],
+        registration: &Registration,
+    ) -> CountersByModel {
+        let labels = AgentLabels::of(registration);
+        let counters = models
+            .iter()
+            .map(|&model| {
+                let entry = self
+                    .entries
+                    .entry((peer_id.to_owned(), model))
+                    .or_insert_with(|| Entry {
+                        counters: Arc::new(AgentCounters::new(self.shard_count)),
+                        labels: labels.clone(),
+                    });
+                entry.labels = labels.clone();
+                (model, entry.counters.clone())
+            })
+            .collect();
+        CountersByModel(counters)
+    }
+
+    /// Applies `count` to the counters of `peer_id` for each of `models` it has any for.
+    pub fn each(&self, peer_id: &str, models: &[ModelId], count: impl Fn(&AgentCounters)) {
+        for &model in models {
+            if let Some(entry) = self.entries.get(&(peer_id.to_owned(), model)) {
+                count(&entry.counters);
+            }
+        }
+    }
+
+    /// `POST /admin/metrics/reset`: every entry zeroed; those `registered` says no to are
+    /// forgotten (their series go).
+    pub fn reset(&mut self, registered: impl Fn(&str, ModelId) -> bool) {
+        self.entries
+            .retain(|(peer_id, model), _| registered(peer_id, *model));
+        for entry in self.entries.values() {
+            entry.counters.reset();
+        }
+    }
+
+    /// Every entry, sorted by peer ID then model.
+    pub fn rows(&self) -> Vec<HistoryRow> {
+        let mut rows: Vec<HistoryRow> = self
+            .entries
+            .iter()
+            .map(|((peer_id, model), entry)| HistoryRow {
+                peer_id: peer_id.clone(),
+                model: *model,
+                labels: entry.labels.clone(),
+                totals: entry.counters.totals(),
+            })
+            .collect();
+        rows.sort_by(|a, b| (&a.peer_id, a.model.0).cmp(&(&b.peer_id, b.model.0)));
+        rows
+    }
+}
