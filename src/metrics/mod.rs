@@ -4,6 +4,10 @@
 //! no other core writes), so counting costs no contention; the control core reads them when
 //! `/metrics` is scraped and labels every series with `shard`.
 
+pub mod family;
+
+pub use family::{Collect, Family, encode};
+
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
