@@ -104,6 +104,7 @@ fn respond(
     render_admission(&mut out, &registry, reports);
     render_tenants(&mut out, &registry, reports);
     render_routed(&mut out, &registry, reports);
+    render_agents(&mut out, &registry);
     if let Some(provider) = &shared.provider_metrics {
         provider.render(&mut out);
     }
@@ -141,6 +142,20 @@ fn respond(
         .header("content-type", "text/plain; version=0.0.4")
         .body(Full::new(Bytes::from(out)))
         .expect("static response")
+}
+
+/// The `hivenet_agent_*` families (`control::agent_metrics`), through the family builder.
+fn render_agents(out: &mut String, registry: &Registry) {
+    use crate::metrics::Collect as _;
+    let history = registry.agent_history();
+    let live = registry.live_agents();
+    let mut families = Vec::new();
+    crate::control::agent_metrics::AgentFamilies {
+        history: &history,
+        live: &live,
+    }
+    .collect(&mut families);
+    out.push_str(&crate::metrics::encode(families));
 }
 
 /// `hivenet_pending_demand{model}` (seed `hold-at-zero.md`, "Pending demand and the

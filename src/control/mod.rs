@@ -20,6 +20,7 @@
 //! answering meanwhile; the key and policy locks those paths take are never taken here.
 
 pub mod admin;
+pub mod agent_metrics;
 pub mod agent_reports;
 pub mod admin_policy;
 pub mod admin_views;
