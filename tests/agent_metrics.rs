@@ -8,7 +8,9 @@
 
 mod common;
 
-use common::{Options, Site, metric_absent, metric_sum, metric_sum_present, poll, request, write_temp};
+use common::{
+    Options, Site, metric_absent, metric_sum, metric_sum_present, poll, request, write_temp,
+};
 
 const MODEL: &str = "sim-model";
 const ADMIN_KEY: &str = "agent-metrics-admin-1";
@@ -99,7 +101,10 @@ fn agent_families_are_on_the_router_with_the_catalog_labels() {
         metric_sum(&text, "hivenet_agent_disconnections_total", &agent),
         0.0
     );
-    assert_eq!(metric_sum(&text, "hivenet_agent_failure_total", &agent), 0.0);
+    assert_eq!(
+        metric_sum(&text, "hivenet_agent_failure_total", &agent),
+        0.0
+    );
     let utilization = metric_sum(&text, "hivenet_agent_capacity_utilization", &agent);
     assert!((0.0..=1.0).contains(&utilization), "{utilization}");
     // Every per-agent series names its agent.
@@ -111,7 +116,9 @@ fn agent_families_are_on_the_router_with_the_catalog_labels() {
     );
 
     // Engine values the simulator's vLLM exposition carries.
-    assert!(metric_sum_present(&text, "hivenet_agent_engine_kv_cache_utilization", &agent).is_some());
+    assert!(
+        metric_sum_present(&text, "hivenet_agent_engine_kv_cache_utilization", &agent).is_some()
+    );
     assert_eq!(
         metric_sum(&text, "hivenet_agent_engine_preemptions_total", &agent),
         0.0
@@ -126,8 +133,11 @@ fn agent_families_are_on_the_router_with_the_catalog_labels() {
         ("le", "+Inf"),
     ];
     assert!(
-        metric_sum(&text, "hivenet_agent_engine_ttft_seconds_bucket", &inf_bucket)
-            >= REQUESTS as f64
+        metric_sum(
+            &text,
+            "hivenet_agent_engine_ttft_seconds_bucket",
+            &inf_bucket
+        ) >= REQUESTS as f64
     );
     // The simulator exposes no ITL, prompt-length histogram or llama.cpp throughput: absent.
     for name in [
@@ -148,7 +158,11 @@ fn agent_families_are_on_the_router_with_the_catalog_labels() {
     ];
     let counted = poll(common::WAIT, || {
         let text = site.router_metrics();
-        let value = metric_sum_present(&text, "hivenet_agent_engine_request_success_total", &finished)?;
+        let value = metric_sum_present(
+            &text,
+            "hivenet_agent_engine_request_success_total",
+            &finished,
+        )?;
         (value >= REQUESTS as f64).then_some(value)
     });
     assert_eq!(counted, Some(REQUESTS as f64), "{}", site.router_metrics());
@@ -180,17 +194,11 @@ fn lifetime_counts_survive_a_reconnect_and_a_reset_clears_them() {
     // The agent goes away and comes back with the same identity: the harness names the key file
     // by the agent's index, which is 0 again once the old process is dropped.
     site.agents[0].terminate();
-    wait_agent_metric(&site, "hivenet_agent_disconnections_total", |count| count >= 1.0);
+    wait_agent_metric(&site, "hivenet_agent_disconnections_total", |count| {
+        count >= 1.0
+    });
     site.agents.pop();
-    site.spawn_agent(
-        0,
-        &[
-            "--organization",
-            "ml-team",
-            "--machine",
-            "box-1",
-        ],
-    );
+    site.spawn_agent(0, &["--organization", "ml-team", "--machine", "box-1"]);
     site.wait_models(&[MODEL]);
     let text = poll(common::WAIT, || {
         // The model is listed as soon as the agent is pooled; a chat may still race its tunnels.

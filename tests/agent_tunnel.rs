@@ -139,6 +139,8 @@ async fn start_backend() -> (SocketAddr, mpsc::UnboundedReceiver<BackendEvent>) 
 // The router's control plane: a fixed AgentControl.
 
 #[derive(Debug)]
+// A test's channel of a few messages: unboxed, so the tests can match on the message directly.
+#[allow(clippy::large_enum_variant)]
 enum ControlEvent {
     Auth { peer_id: String, accepted: bool },
     SessionOpened { authorization: String },

@@ -128,7 +128,9 @@ pub fn histogram(samples: &[Sample<'_>], name: &str, models: &[String]) -> Optio
     }
     let buckets: Vec<(f64, u64)> = by_bound.into_values().collect();
     let count = sum(samples, &format!("{name}_count"), models)
-        .map_or(buckets.last().map_or(0, |last| last.1), |count| count as u64);
+        .map_or(buckets.last().map_or(0, |last| last.1), |count| {
+            count as u64
+        });
     Some(Histogram {
         buckets,
         sum: sum(samples, &format!("{name}_sum"), models).unwrap_or(0.0),

@@ -77,8 +77,15 @@ impl Memory {
 pub fn parse_meminfo(text: &str) -> Option<Memory> {
     let kilobytes = |key: &str| -> Option<u64> {
         let line = text.lines().find(|line| line.starts_with(key))?;
-        let value = line[key.len()..].trim_start_matches(':').split_ascii_whitespace();
-        value.into_iter().next()?.parse::<u64>().ok()?.checked_mul(1024)
+        let value = line[key.len()..]
+            .trim_start_matches(':')
+            .split_ascii_whitespace();
+        value
+            .into_iter()
+            .next()?
+            .parse::<u64>()
+            .ok()?
+            .checked_mul(1024)
     };
     Some(Memory {
         total_bytes: kilobytes("MemTotal:")?,

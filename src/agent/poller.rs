@@ -39,9 +39,8 @@ pub async fn run(
             Ok(text) => {
                 let snapshot = engine_metrics::extract(&text, engine, &models);
                 to_sessions.send_replace(snapshot);
-                reports_to_sessions.send_replace(Some(engine_report::extract(
-                    &text, engine, &models,
-                )));
+                reports_to_sessions
+                    .send_replace(Some(engine_report::extract(&text, engine, &models)));
                 if failing {
                     info!("engine metrics scrape recovered");
                     failing = false;

@@ -523,7 +523,10 @@ mod tests {
             ..EngineReport::default()
         };
         let text = render(&[], &[live(None, Some(report))]);
-        assert!(text.contains("hivenet_agent_engine_p90_ttft_seconds{"), "{text}");
+        assert!(
+            text.contains("hivenet_agent_engine_p90_ttft_seconds{"),
+            "{text}"
+        );
         assert!(text.contains("hivenet_agent_engine_kv_cache_utilization{"));
         assert!(!text.contains("hivenet_agent_engine_running_requests"));
         assert!(text.contains(r#"hivenet_agent_engine_ttft_seconds_bucket{peer_id="12D3KooWpeer",model="m",engine="vllm",organization="ml-team",machine="gpu-1",le="0.1"} 2"#), "{text}");

@@ -185,11 +185,17 @@ mod tests {
         };
         let mut tally = FinishTally::default();
         tally.observe(&reasons(100.0, 5.0));
-        assert_eq!(tally.counts().collect::<Vec<_>>(), [("length", 0.0), ("stop", 0.0)]);
+        assert_eq!(
+            tally.counts().collect::<Vec<_>>(),
+            [("length", 0.0), ("stop", 0.0)]
+        );
         tally.observe(&reasons(103.0, 5.0));
         // The engine restarted: its new count is all new activity.
         tally.observe(&reasons(2.0, 6.0));
-        assert_eq!(tally.counts().collect::<Vec<_>>(), [("length", 1.0), ("stop", 5.0)]);
+        assert_eq!(
+            tally.counts().collect::<Vec<_>>(),
+            [("length", 1.0), ("stop", 5.0)]
+        );
     }
 
     #[test]

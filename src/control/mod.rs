@@ -20,10 +20,10 @@
 //! answering meanwhile; the key and policy locks those paths take are never taken here.
 
 pub mod admin;
-pub mod agent_metrics;
-pub mod agent_reports;
 pub mod admin_policy;
 pub mod admin_views;
+pub mod agent_metrics;
+pub mod agent_reports;
 pub mod auth_reload;
 pub mod conn_limit;
 pub mod daily_flush;

@@ -193,9 +193,18 @@ mod tests {
         let mut seconds = Family::histogram("x_seconds", "Seconds.");
         seconds.histogram_sample(&[("model", "m")], &[(0.5, 1), (1.0, 2)], 2.25, 3);
         let text = encode(vec![seconds]);
-        assert!(text.contains("x_seconds_bucket{model=\"m\",le=\"0.5\"} 1\n"), "{text}");
-        assert!(text.contains("x_seconds_bucket{model=\"m\",le=\"1\"} 2\n"), "{text}");
-        assert!(text.contains("x_seconds_bucket{model=\"m\",le=\"+Inf\"} 3\n"), "{text}");
+        assert!(
+            text.contains("x_seconds_bucket{model=\"m\",le=\"0.5\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("x_seconds_bucket{model=\"m\",le=\"1\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("x_seconds_bucket{model=\"m\",le=\"+Inf\"} 3\n"),
+            "{text}"
+        );
         assert!(text.contains("x_seconds_sum{model=\"m\"} 2.25\n"), "{text}");
         assert!(text.contains("x_seconds_count{model=\"m\"} 3\n"), "{text}");
     }

@@ -94,7 +94,10 @@ fn render_vllm_request_families(out: &mut String, models: &[ModelEngine]) {
     let _ = writeln!(out, "# TYPE vllm:num_preemptions_total counter");
     for model in models {
         let label = label(&model.name);
-        let _ = writeln!(out, "vllm:num_preemptions_total{{model_name=\"{label}\"}} 0");
+        let _ = writeln!(
+            out,
+            "vllm:num_preemptions_total{{model_name=\"{label}\"}} 0"
+        );
     }
     let _ = writeln!(out, "# TYPE vllm:request_success_total counter");
     for model in models {
@@ -110,14 +113,20 @@ fn render_vllm_request_families(out: &mut String, models: &[ModelEngine]) {
     for model in models {
         let label = label(&model.name);
         let (cumulative, sum) = model.counters.ttft.cumulative();
-        for (bound, count) in crate::sim::engine::TTFT_BOUNDS_SECONDS.iter().zip(cumulative) {
+        for (bound, count) in crate::sim::engine::TTFT_BOUNDS_SECONDS
+            .iter()
+            .zip(cumulative)
+        {
             let _ = writeln!(
                 out,
                 "{name}_bucket{{le=\"{bound}\",model_name=\"{label}\"}} {count}"
             );
         }
         let total = cumulative[cumulative.len() - 1];
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\",model_name=\"{label}\"}} {total}");
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{le=\"+Inf\",model_name=\"{label}\"}} {total}"
+        );
         let _ = writeln!(out, "{name}_sum{{model_name=\"{label}\"}} {sum}");
         let _ = writeln!(out, "{name}_count{{model_name=\"{label}\"}} {total}");
     }
@@ -141,8 +150,10 @@ mod tests {
             text.lines().filter(|line| !line.starts_with('#')).count(),
             14 + 2 * (2 + crate::sim::engine::TTFT_BOUNDS_SECONDS.len() + 3)
         );
-        assert!(text.contains(
-            "vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"a\"} 0\n"
-        ));
+        assert!(
+            text.contains(
+                "vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"a\"} 0\n"
+            )
+        );
     }
 }

@@ -305,9 +305,16 @@ fn lifetime_counters_survive_a_new_session_and_a_reset_clears_them() {
     assert_eq!((row.totals.failures, row.totals.disconnections), (1, 1));
     registry.reset_agent_history();
     let history = registry.agent_history();
-    assert_eq!(history.len(), 1, "a registered agent keeps its (zeroed) series");
+    assert_eq!(
+        history.len(),
+        1,
+        "a registered agent keeps its (zeroed) series"
+    );
     assert_eq!(history[0].0.totals, Default::default());
     registry.session_closed(AgentId(2));
     registry.reset_agent_history();
-    assert!(registry.agent_history().is_empty(), "an absent agent's series go");
+    assert!(
+        registry.agent_history().is_empty(),
+        "an absent agent's series go"
+    );
 }
