@@ -762,6 +762,8 @@ impl Registry {
                     .map_or_else(Vec::new, |r| r.tags.clone())
                     .into_boxed_slice(),
                 deployment_id: registration.map_or("", |r| r.deployment_id.as_str()).into(),
+                organization: registration.map_or("", |r| r.organization.as_str()).into(),
+                machine: registration.map_or("", |r| r.machine.as_str()).into(),
                 counters,
             });
             let generation = Generation(self.next_generation);
