@@ -139,9 +139,7 @@ async fn start_backend() -> (SocketAddr, mpsc::UnboundedReceiver<BackendEvent>) 
 // The router's control plane: a fixed AgentControl.
 
 #[derive(Debug)]
-// A handful of events cross this test's channel: the size of a registration message (which gained
-// the agent's organization and machine) costs nothing here, and boxing it would hide the
-// messages from the tests' patterns.
+// A test's channel of a few messages: unboxed, so the tests can match on the message directly.
 #[allow(clippy::large_enum_variant)]
 enum ControlEvent {
     Auth { peer_id: String, accepted: bool },

@@ -3,6 +3,7 @@
 //! single-threaded like the shard that carries it; the request path (`api`) feeds it, the
 //! control core reads it through the shard's report.
 
+pub mod agents;
 pub mod tenants;
 
 use std::cell::RefCell;
@@ -67,9 +68,64 @@ pub struct Accounting {
     /// Every pooled agent's profile: its peer ID for the audit log, its labels for the series
     /// (every shard hears every agent).
     agents: RefCell<IdMap<AgentId, Arc<AgentProfile>>>,
+    /// Agents that left the pool lately, newest last (at most [`DEPARTED_MAX`]): requests they
+    /// were serving still finish here and count in their lifetime counters.
+    departed: RefCell<std::collections::VecDeque<(AgentId, Arc<AgentProfile>)>>,
+    /// This shard's index: its slot in every agent's counters (`agents::AgentCounters`).
+    shard: usize,
 }
 
+/// Departed agents remembered per shard: enough for the requests of every agent a site drains
+/// at once to finish; an older departure's late answers are not counted in its history.
+const DEPARTED_MAX: usize = 64;
+
 impl Accounting {
+    /// The accounting of shard `shard`.
+    pub fn for_shard(shard: usize) -> Accounting {
+        Accounting {
+            shard,
+            ..Accounting::default()
+        }
+    }
+
+    /// The router's lifetime counters of `agent` for `model`: while the agent is in the pool,
+    /// and for a while after it left (its last requests finish after it leaves).
+    fn with_agent_counters(
+        &self,
+        agent: AgentId,
+        model: ModelId,
+        count: impl FnOnce(&agents::AgentCounters, usize),
+    ) {
+        let agents = self.agents.borrow();
+        let departed = self.departed.borrow();
+        let profile = agents.get(&agent).or_else(|| {
+            departed
+                .iter()
+                .rev()
+                .find(|(gone, _)| *gone == agent)
+                .map(|(_, profile)| profile)
+        });
+        if let Some(counters) = profile.and_then(|profile| profile.counters.of(model)) {
+            count(counters, self.shard);
+        }
+    }
+
+    /// One attempt on `agent` is over: the status its client got from it, `None` when the
+    /// attempt failed without an answer (transport failure, a retryable status tried elsewhere,
+    /// the client gone).
+    pub fn agent_attempt(&self, agent: AgentId, model: ModelId, status: Option<u16>) {
+        self.with_agent_counters(agent, model, |counters, shard| {
+            counters.finished(shard, status.unwrap_or(0))
+        });
+    }
+
+    /// A latency sample of `agent` (request sent to response headers), in milliseconds.
+    pub fn agent_latency(&self, agent: AgentId, model: ModelId, sample_ms: f64) {
+        self.with_agent_counters(agent, model, |counters, _| {
+            counters.latency_sample(sample_ms)
+        });
+    }
+
     /// Hands this shard its end of the audit log (start-up, before it accepts).
     pub fn set_audit(&self, sender: crate::audit::AuditSender) {
         *self.audit.borrow_mut() = Some(sender);
@@ -119,7 +175,14 @@ impl Accounting {
     }
 
     pub fn agent_down(&self, agent: AgentId) {
-        self.agents.borrow_mut().remove(&agent);
+        if let Some(profile) = self.agents.borrow_mut().remove(&agent) {
+            let mut departed = self.departed.borrow_mut();
+            departed.retain(|(gone, _)| *gone != agent);
+            if departed.len() == DEPARTED_MAX {
+                departed.pop_front();
+            }
+            departed.push_back((agent, profile));
+        }
         self.tenants.borrow_mut().forget_agent(agent);
     }
 
@@ -255,10 +318,65 @@ impl Accounting {
     ) {
         let today =
             crate::clock::Day::from_unix_seconds(crate::clock::now_unix_ms().max(0) as u64 / 1000);
+        if let Some(agent) = agent {
+            self.with_agent_counters(agent, model, |counters, shard| {
+                counters.tokens(shard, input, output)
+            });
+        }
         self.tenants
             .borrow_mut()
             .tokens(key, model, agent, input, output, today, || {
                 Some((labels_of(key)?, self.deployment_of(agent)))
             });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accounting::agents::{AgentCounters, CountersByModel};
+    use crate::ids::{Capability, ModelNameId};
+
+    fn profile(model: ModelId, counters: &Arc<AgentCounters>) -> Arc<AgentProfile> {
+        Arc::new(AgentProfile {
+            peer_id: "peer".into(),
+            counters: CountersByModel(Box::new([(model, counters.clone())])),
+            ..AgentProfile::default()
+        })
+    }
+
+    #[test]
+    fn requests_finishing_after_their_agent_left_still_count() {
+        let model = ModelId::new(ModelNameId(0), Capability::Llm);
+        let counters = Arc::new(AgentCounters::new(2));
+        let accounting = Accounting::for_shard(1);
+        accounting.agent_up(AgentId(7), profile(model, &counters));
+        accounting.agent_attempt(AgentId(7), model, Some(200));
+        accounting.agent_down(AgentId(7));
+        accounting.agent_attempt(AgentId(7), model, Some(500));
+        accounting.tokens(KeyId(1), model, Some(AgentId(7)), (3, 4), |_| None);
+        let totals = counters.totals();
+        assert_eq!((totals.success, totals.failed), (1, 1));
+        assert_eq!((totals.input_tokens, totals.output_tokens), (3, 4));
+        // An agent never seen counts nowhere.
+        accounting.agent_attempt(AgentId(8), model, Some(200));
+        assert_eq!(counters.totals().success, 1);
+    }
+
+    #[test]
+    fn departed_agents_are_bounded() {
+        let model = ModelId::new(ModelNameId(0), Capability::Llm);
+        let counters = Arc::new(AgentCounters::new(1));
+        let accounting = Accounting::for_shard(0);
+        for agent in 0..(DEPARTED_MAX as u32 + 1) {
+            accounting.agent_up(AgentId(agent), profile(model, &counters));
+            accounting.agent_down(AgentId(agent));
+        }
+        assert_eq!(accounting.departed.borrow().len(), DEPARTED_MAX);
+        // The oldest departure is forgotten.
+        accounting.agent_attempt(AgentId(0), model, Some(200));
+        assert_eq!(counters.totals().success, 0);
+        accounting.agent_attempt(AgentId(DEPARTED_MAX as u32), model, Some(200));
+        assert_eq!(counters.totals().success, 1);
     }
 }

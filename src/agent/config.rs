@@ -237,6 +237,8 @@ pub struct Config {
     pub version: String,
     pub deployment_id: String,
     pub replica_id: String,
+    /// `--organization` and `--machine`: registered, the labels of the router's per-agent
+    /// metrics.
     pub organization: String,
     pub machine: String,
     /// `--p2p-tls-ca`.

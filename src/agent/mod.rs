@@ -9,8 +9,11 @@
 //!   `--routers` entry and every router they list — one session per router (by peer ID).
 //! - `tunnel`: per router shard, an agent-dialed socket serving HTTP/2 to the router.
 //! - `forward`: one tunnelled request proxied to the backend and streamed back.
-//! - `poller` + `engine_metrics`: engine signals from `/metrics` (parser pure).
+//! - `poller` + `engine_metrics` + `engine_report`: engine signals and the re-exported engine
+//!   metrics from `/metrics` (parsers pure).
 //! - `health`: the backend's health check after registration, carried by every heartbeat.
+//! - `host` + `gpu`: the host's CPU and memory (`/proc`) and GPUs (NVML, when loadable), carried
+//!   by every heartbeat.
 //! - `headers`, `multiaddr`, `backoff`: small pure helpers.
 //!
 //! ## Architecture
@@ -19,7 +22,8 @@
 //!                   │            │                     └─ tunnel(shard n) ─ …
 //!                   │            └─ session(router 2) ─ …  (added and closed by discovery)
 //!                   ├─ poller ─ watch<EngineSnapshot> ─▶ routing signals
-//!                   └─ health ─ watch<bool> ─▶ heartbeats
+//!                   ├─ health ─ watch<bool> ─▶ heartbeats
+//!                   └─ host ─ watch<HostStats> ─▶ heartbeats
 //! ```
 //! The in-flight count is shared by every router and shard: it is what the agent is doing, not
 //! what one router asked of it.
@@ -33,9 +37,12 @@ pub mod backoff;
 pub mod config;
 pub mod discovery;
 pub mod engine_metrics;
+pub mod engine_report;
 pub mod forward;
+pub mod gpu;
 pub mod headers;
 pub mod health;
+pub mod host;
 pub mod multiaddr;
 pub mod poller;
 pub mod readiness;
@@ -63,8 +70,12 @@ pub struct Shared {
     pub models: Vec<String>,
     pub forward: Arc<ForwardContext>,
     pub engine: watch::Receiver<EngineSnapshot>,
+    /// The rest of the last engine scrape (`engine_report`); `None` before the first.
+    pub engine_report: watch::Receiver<Option<crate::proto::EngineReport>>,
     /// Whether the backend passed its last health check (`health`).
     pub backend_healthy: watch::Receiver<bool>,
+    /// The host's CPU, memory and GPUs at the last sample (`host`); `None` before the first.
+    pub host: watch::Receiver<Option<crate::proto::HostStats>>,
     /// TLS for routers that announce a `/tls` tunnel address (`--p2p-tls-ca` or the web roots).
     pub tunnel_tls: Arc<rustls::ClientConfig>,
     /// True once the agent is shutting down: sessions tell their routers and do not reconnect.
@@ -123,6 +134,7 @@ pub async fn run(
         .with_spans(spans),
     );
     let (to_sessions, engine) = watch::channel(EngineSnapshot::default());
+    let (reports_to_sessions, engine_report) = watch::channel(None);
     let mut tasks = JoinSet::new();
     tasks.spawn(poller::run(
         backend.clone(),
@@ -130,6 +142,7 @@ pub async fn run(
         Arc::from(models.clone()),
         config.engine_sample_interval,
         to_sessions,
+        reports_to_sessions,
     ));
     // Readiness saw the backend healthy.
     let (to_heartbeats, backend_healthy) = watch::channel(true);
@@ -142,6 +155,8 @@ pub async fn run(
             .unwrap_or(health::HEALTH_CHECK_INTERVAL_DEFAULT),
         to_heartbeats,
     ));
+    let (to_heartbeats_host, host) = watch::channel(None);
+    tasks.spawn(host::run(to_heartbeats_host));
     let routers = config.routers.clone();
     let drain_timeout = config.drain_timeout;
     let (start_draining, draining) = watch::channel(false);
@@ -152,7 +167,9 @@ pub async fn run(
         models,
         forward,
         engine,
+        engine_report,
         backend_healthy,
+        host,
         tunnel_tls,
         draining,
     });
@@ -160,7 +177,8 @@ pub async fn run(
     loop {
         tokio::select! {
             joined = tasks.join_next() => match joined {
-                // The poller returns at once for engines without metrics; sessions never return.
+                // The poller returns at once for engines without metrics, the host sampler when
+                // its receivers are gone; sessions never return.
                 Some(joined) => joined?,
                 None => return Ok(()),
             },

@@ -1,5 +1,6 @@
 //! The engine-metrics poller: scrapes `GET {backend}/metrics` every `--engine-sample-interval`
-//! and publishes the latest [`EngineSnapshot`] for the routing signals.
+//! and publishes the latest [`EngineSnapshot`] (and the fuller [`EngineReport`]) for the routing
+//! signals.
 //!
 //! A failed scrape keeps the previous snapshot (routing signals carry stale data rather than
 //! none) and logs once when scraping starts failing and once when it recovers. A successful scrape
@@ -15,6 +16,8 @@ use tracing::{info, warn};
 use super::backend::Backend;
 use super::config::Engine;
 use super::engine_metrics::{self, EngineSnapshot};
+use super::engine_report;
+use crate::proto::EngineReport;
 
 pub async fn run(
     backend: Backend,
@@ -22,6 +25,7 @@ pub async fn run(
     models: Arc<[String]>,
     every: std::time::Duration,
     to_sessions: watch::Sender<EngineSnapshot>,
+    reports_to_sessions: watch::Sender<Option<EngineReport>>,
 ) {
     if !engine_metrics::engine_has_metrics(engine) {
         return;
@@ -35,6 +39,8 @@ pub async fn run(
             Ok(text) => {
                 let snapshot = engine_metrics::extract(&text, engine, &models);
                 to_sessions.send_replace(snapshot);
+                reports_to_sessions
+                    .send_replace(Some(engine_report::extract(&text, engine, &models)));
                 if failing {
                     info!("engine metrics scrape recovered");
                     failing = false;

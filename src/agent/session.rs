@@ -168,6 +168,7 @@ fn heartbeat_message(shared: &Shared, link: &Link) -> AgentMessage {
             in_flight: shared.forward.in_flight.get(),
             backend_unhealthy: !*shared.backend_healthy.borrow(),
             connected_router_peer_ids: link.connected_peer_ids(),
+            host: shared.host.borrow().clone(),
         })),
     }
 }
@@ -182,6 +183,7 @@ fn signal_message(shared: &Shared) -> AgentMessage {
             kv_cache_utilization: snapshot.kv_cache_utilization.unwrap_or(0.0),
             running_requests: count(snapshot.running_requests),
             waiting_requests: count(snapshot.waiting_requests),
+            engine: shared.engine_report.borrow().clone(),
         })),
     }
 }

@@ -128,6 +128,18 @@ fn settle(shard: &Shard, quota: &mut QuotaCharge, event: UsageEvent) {
     tracing::debug!(?event, "request settled");
 }
 
+/// The agent's SRTT/RTTVAR learn the time from handing the request to the tunnel to its response
+/// headers; `None`: it never was handed over (no sample).
+fn latency_sample(shard: &Shard, slot: &Slot, handed_over: Option<Instant>) {
+    let Some(handed_over) = handed_over else {
+        return;
+    };
+    let sample_ms = handed_over.elapsed().as_secs_f64() * 1000.0;
+    shard
+        .accounting
+        .agent_latency(slot.agent, slot.model, sample_ms);
+}
+
 const X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
 const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 
@@ -219,9 +231,12 @@ pub async fn forward<S: Sink>(
     let body = injected.map_or_else(|| request.body.clone(), Bytes::from);
 
     let remaining = deadline.saturating_duration_since(Instant::now());
+    // When the request was handed to the tunnel: the start of its latency sample.
+    let handed_over: std::cell::Cell<Option<Instant>> = std::cell::Cell::new(None);
     let sent = sink
         .until_client_gone(monoio::time::timeout(remaining, async {
             let mut send = tunnel.send.clone().ready().await?;
+            handed_over.set(Some(Instant::now()));
             let (response, mut body_stream) =
                 send.send_request(upstream_request(request), false)?;
             body_stream.send_data(body, true)?;
@@ -235,11 +250,17 @@ pub async fn forward<S: Sink>(
         }
         Some(Err(_elapsed)) => return Err(Rejection::request_timeout().into()),
         Some(Ok(Err(error))) => {
+            // A transport failure after the request was sent is still a latency sample
+            // (latency-tracking reference, "Successful and failed requests"); one before is not.
+            latency_sample(shard, &slot, handed_over.get());
             ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
             tracing::debug!(shard = shard.id, session = slot.agent.0, %error, "forward failed");
             return Err(failed(upstream_failure(shard, &error)));
         }
-        Some(Ok(Ok(response))) => response,
+        Some(Ok(Ok(response))) => {
+            latency_sample(shard, &slot, handed_over.get());
+            response
+        }
     };
     if may_retry && is_retryable_status(response.status().as_u16()) {
         // Dropping the response resets the stream: the agent stops the backend request.

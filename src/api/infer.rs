@@ -559,6 +559,7 @@ impl<'r> Admission<'r> {
             PolicyOutcome::FallbackRouted
         };
         facts.agent = Some(slot.agent);
+        let (agent, model) = (slot.agent, slot.model);
         let forwarded = forward::forward(
             self.shard,
             self.request,
@@ -571,6 +572,8 @@ impl<'r> Admission<'r> {
             sink,
         )
         .await;
+        let answered = forwarded.as_ref().ok().copied();
+        self.shard.accounting.agent_attempt(agent, model, answered);
         if self.plan.generates && !matches!(forwarded, Err(Outcome::Retry(_))) {
             self.shard.count_policy_outcome(self.model.id, routed);
         }

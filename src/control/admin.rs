@@ -178,7 +178,7 @@ fn registry_route(shared: &ControlShared, method: Method, path: &str) -> Option<
         }),
         "/admin/registration-stream" => (Method::Get, &|| registration_stream(shared)),
         "/admin/storage" => (Method::Get, &storage),
-        "/admin/metrics/reset" => (Method::Post, &metrics_reset),
+        "/admin/metrics/reset" => (Method::Post, &|| metrics_reset(shared)),
         _ => {
             let name = path.strip_prefix("/admin/models/")?;
             let name = percent_decode(name);
@@ -221,17 +221,19 @@ fn storage() -> AdminReply {
     error(200, "storage stats not available for this backend")
 }
 
-/// `POST /admin/metrics/reset`. The reference resets persisted per-agent lifetime history
-/// (success, failure, token and rejection totals, SRTT/RTTVAR) and leaves liveness gauges and the
-/// routing-level counters that restart with the router alone. This router keeps no per-agent
-/// lifetime history, on disk or in memory: every counter it exposes is a routing-level one that
-/// Prometheus treats as monotonic within a process, which the reference says a reset must not
-/// touch. With nothing to reset, it answers the reference's `503` ("metrics reset is
-/// unavailable") with the reason, rather than claim a reset that cleared nothing.
-fn metrics_reset() -> AdminReply {
-    error(
-        503,
-        "metrics reset unavailable: this router keeps no per-agent lifetime metrics; its counters are routing-level and restart with the router",
+/// `POST /admin/metrics/reset`: the per-agent lifetime counters (successes, failures, tokens,
+/// disconnections, heartbeat failures, SRTT/RTTVAR) back to zero, and the series of agents not
+/// registered now gone (`control::registry::history`). This router keeps that history in memory
+/// only, so the message names no disk. Tenant quotas and router-level counters are untouched, as
+/// the reference says.
+fn metrics_reset(shared: &ControlShared) -> AdminReply {
+    shared.registry().reset_agent_history();
+    json(
+        200,
+        &serde_json::json!({
+            "status": "metrics reset",
+            "message": "per-agent lifetime counters cleared (in-memory and Prometheus series)",
+        }),
     )
 }
 

@@ -9,12 +9,10 @@
 //! only those in it (the public listing, built from the routing snapshot, shows only the pool).
 //! A model is listed once per capability it is registered for.
 //!
-//! What this router does not know is left out rather than invented: `pretty_name`, `info`,
-//! `organization` and `machine` (agents do not send them), and in the routing table the
-//! `universal` section (this router keeps no per-agent lifetime success, token or latency history:
-//! see `POST /admin/metrics/reset` in `control::admin`) and `hardware` (agents report no hardware
-//! snapshot). `engine` is present only once the agent reported an engine metric, as the reference
-//! says.
+//! What this router does not know is left out rather than invented: `pretty_name` and `info`.
+//! Not built yet: the routing table's `universal` section and `hardware` (the registry now holds
+//! per-agent lifetime history and host reports for `/metrics`: `registry::history`). `engine` is
+//! present only once the agent reported an engine metric, as the reference says.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -124,6 +122,8 @@ fn routing_row(agent: &AgentView) -> Value {
             "models": registration.models,
             "engine": registration.engine,
             "region": registration.region,
+            "organization": registration.organization,
+            "machine": registration.machine,
             "capacity": registration.capacity,
             "tags": registration.tags,
             "capability": registration.capability.as_str(),
@@ -258,6 +258,7 @@ mod tests {
         let rows = table["agents"].as_array().unwrap();
         assert_eq!(rows[0]["peer_id"], "a");
         assert_eq!(rows[0]["metadata"]["model"], "m");
+        assert_eq!(rows[0]["metadata"]["organization"], "Unknown");
         assert_eq!(rows[0]["metadata"]["tags"], json!(["production"]));
         assert_eq!(rows[0]["status"]["healthy"], false);
         assert_eq!(rows[0]["status"]["active_requests"], 2);

@@ -73,6 +73,11 @@ fn collect(shared: &ControlShared, reports: &[ShardReport]) -> Vec<Family> {
             now_unix_ms: crate::clock::now_unix_ms(),
         }
         .collect(&mut out);
+        crate::control::agent_metrics::AgentFamilies {
+            history: &registry.agent_history(),
+            live: &registry.live_agents(),
+        }
+        .collect(&mut out);
         Reports {
             registry: &registry,
             reports,

@@ -22,6 +22,8 @@
 pub mod admin;
 pub mod admin_policy;
 pub mod admin_views;
+pub mod agent_metrics;
+pub mod agent_reports;
 pub mod auth_reload;
 pub mod conn_limit;
 pub mod daily_flush;

@@ -18,6 +18,9 @@ use crate::routing::{AgentProfile, EngineSignals};
 use crate::sibling::map::SiblingMap;
 use crate::snapshot::{ModelEntry, ModelKey, RoutingSnapshot};
 
+mod history;
+pub use history::{AgentLabels, HistoryRow, LiveAgent};
+
 /// What an agent declared when it registered.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Registration {
@@ -30,12 +33,13 @@ pub struct Registration {
     pub version: String,
     /// The tenant metrics' `deployment_id` for requests this agent serves; empty: `unset`.
     pub deployment_id: String,
-    /// `--organization` and `--machine` of the agent: labels of its metric series.
-    pub organization: String,
-    pub machine: String,
     /// The agent's stable replica identifier (`--replica-id`); with `deployment_id`, the external
     /// scheduler's join key on `/admin/registration-stream`. Empty when the agent gave none.
     pub replica_id: String,
+    /// `--organization` and `--machine`: labels of the per-agent metrics (`Unknown` when the
+    /// agent sent none).
+    pub organization: String,
+    pub machine: String,
 }
 
 /// Effects for the control core to carry out, in order.
@@ -106,6 +110,12 @@ struct AgentRecord {
     session_expires: Instant,
     in_flight: u32,
     engine: EngineSignals,
+    /// The rest of the agent's last engine scrape, as its last routing signal carried it.
+    engine_report: Option<crate::proto::EngineReport>,
+    /// Finished requests by reason, counted from the engine reports of this session.
+    finished: crate::control::agent_reports::FinishTally,
+    /// The agent host's hardware at its last heartbeat (bounded by `control::service`).
+    host: Option<crate::proto::HostStats>,
     routable: bool,
     /// The last heartbeat said the agent's backend failed its health check: out of the pool
     /// until a heartbeat says it is healthy again.
@@ -165,6 +175,8 @@ pub struct Registry {
     /// pool only once a sync round has published it in this router's heartbeat, so the other
     /// routers ask that agent before they give this router up (`credits::sim`, seed 1724).
     hold_unpublished: bool,
+    /// Per-agent lifetime counters, kept across sessions (`history`).
+    history: history::History,
 }
 
 impl Registry {
@@ -181,6 +193,7 @@ impl Registry {
             siblings: None,
             next_generation: 0,
             hold_unpublished: false,
+            history: history::History::new(shard_count),
         }
     }
 
@@ -376,6 +389,9 @@ impl Registry {
                 session_expires: expires,
                 in_flight: 0,
                 engine: EngineSignals::default(),
+                engine_report: None,
+                finished: Default::default(),
+                host: None,
                 routable: false,
                 backend_unhealthy: false,
                 backend_failures: 0,
@@ -515,9 +531,16 @@ impl Registry {
     /// The session stream ended: the agent leaves the pool at once.
     pub fn session_closed(&mut self, agent: AgentId) -> Vec<Event> {
         let mut events = Vec::new();
-        if let Some(record) = self.agents.remove(&agent)
-            && record.routable
-        {
+        let Some(record) = self.agents.remove(&agent) else {
+            return events;
+        };
+        if record.registration.is_some() {
+            self.history
+                .each(&record.peer_id, &record.models, |counters| {
+                    counters.disconnected()
+                });
+        }
+        if record.routable {
             events.push(Event::Membership(membership(&record, false)));
             events.push(Event::AgentDown {
                 agent,
@@ -720,6 +743,13 @@ impl Registry {
         if should_route {
             let registration = record.registration.as_ref();
             let capacity = registration.map_or(0, |r| r.capacity);
+            let counters = match registration {
+                Some(registration) => {
+                    self.history
+                        .counters_for(&record.peer_id, &record.models, registration)
+                }
+                None => Default::default(),
+            };
             let profile = Arc::new(AgentProfile {
                 peer_id: record.peer_id.as_str().into(),
                 engine: registration.map_or("", |r| r.engine.as_str()).into(),
@@ -728,6 +758,9 @@ impl Registry {
                     .map_or_else(Vec::new, |r| r.tags.clone())
                     .into_boxed_slice(),
                 deployment_id: registration.map_or("", |r| r.deployment_id.as_str()).into(),
+                organization: registration.map_or("", |r| r.organization.as_str()).into(),
+                machine: registration.map_or("", |r| r.machine.as_str()).into(),
+                counters,
             });
             let generation = Generation(self.next_generation);
             self.next_generation = self.next_generation.wrapping_add(1);
@@ -747,6 +780,13 @@ impl Registry {
                 });
             }
         } else {
+            if !healthy {
+                // Out of the pool because its heartbeats stopped: `hivenet_agent_failure_total`.
+                self.history
+                    .each(&record.peer_id, &record.models, |counters| {
+                        counters.heartbeat_failed()
+                    });
+            }
             events.push(Event::AgentDown {
                 agent,
                 models: record.models.clone(),

@@ -196,6 +196,12 @@ async fn run_session(
                 let events = {
                     let mut registry = shared.registry();
                     registry.routers_reported(agent, heartbeat.connected_router_peer_ids);
+                    registry.host_reported(
+                        agent,
+                        heartbeat
+                            .host
+                            .map(crate::control::agent_reports::bound_host),
+                    );
                     registry.heartbeat(
                         agent,
                         heartbeat.in_flight,
@@ -217,7 +223,16 @@ async fn run_session(
             }
             agent_message::Kind::Signal(signal) => {
                 let engine = engine_signals(&signal);
-                let events = shared.registry().signal(agent, signal.in_flight, engine);
+                let events = {
+                    let mut registry = shared.registry();
+                    registry.engine_reported(
+                        agent,
+                        signal
+                            .engine
+                            .map(crate::control::agent_reports::bound_engine),
+                    );
+                    registry.signal(agent, signal.in_flight, engine)
+                };
                 shared.apply(events).await;
             }
             agent_message::Kind::Refresh(refresh) => {
@@ -300,8 +315,6 @@ pub fn validate_registration(
     let organization = metadata_label(&register.organization)?;
     let machine = metadata_label(&register.machine)?;
     Ok(Registration {
-        organization,
-        machine,
         models,
         capability,
         capacity: register.capacity,
@@ -311,5 +324,7 @@ pub fn validate_registration(
         version: register.version,
         deployment_id,
         replica_id,
+        organization,
+        machine,
     })
 }

@@ -3,7 +3,9 @@
 //! on what the agent registered, then its `exclude_if` gates on the agent's live signals.
 //!
 //! Signals the agents do not report yet (success rate, latency, hardware) are missing, and a
-//! missing signal passes its gate (policy reference, "Missing metrics").
+//! missing signal passes its gate (policy reference, "Missing metrics"). `match` reads the
+//! organization and machine agents register; no GPU model is registered, so a condition on it
+//! never holds.
 
 use crate::policy::{AgentFacts, ModelPolicy, Signals, Step};
 use crate::routing::{Candidate, EngineSignals, StepFilter};
@@ -43,8 +45,8 @@ impl StepFilter for ModelPolicy {
             region: &candidate.profile.region,
             engine: &candidate.profile.engine,
             tags: &candidate.profile.tags,
-            organization: "",
-            machine: "",
+            organization: &candidate.profile.organization,
+            machine: &candidate.profile.machine,
             gpu_model: "",
         };
         if !step.filter.matches(&facts) {
@@ -98,6 +100,9 @@ mod tests {
             region: "eu".into(),
             tags: Box::new([]),
             deployment_id: "".into(),
+            organization: "ml-team".into(),
+            machine: "gpu-1".into(),
+            counters: Default::default(),
         };
         let us = AgentProfile {
             region: "us".into(),
@@ -121,5 +126,24 @@ mod tests {
         assert!(!policy.allows(0, &candidate(&us, &cool)));
         assert!(policy.allows(1, &candidate(&us, &hot)));
         assert!(!policy.allows(2, &candidate(&eu, &cool)), "no third step");
+    }
+
+    #[test]
+    fn match_reads_the_registered_organization_and_machine() {
+        let policy = policy(
+            "models: [m]\nrouting_policy:\n  match:\n    organization: ml-team\n    machine: gpu-1\n  strategy: least-loaded\n",
+        );
+        let ours = AgentProfile {
+            organization: "ml-team".into(),
+            machine: "gpu-1".into(),
+            ..AgentProfile::default()
+        };
+        let theirs = AgentProfile {
+            machine: "gpu-2".into(),
+            ..ours.clone()
+        };
+        let signals = EngineSignals::default();
+        assert!(policy.allows(0, &candidate(&ours, &signals)));
+        assert!(!policy.allows(0, &candidate(&theirs, &signals)));
     }
 }

@@ -52,6 +52,11 @@ pub struct AgentProfile {
     pub tags: Box<[String]>,
     /// `--deployment-id` as registered; empty when the agent gave none.
     pub deployment_id: Box<str>,
+    /// `--organization` and `--machine` as registered (`Unknown` when the agent gave none).
+    pub organization: Box<str>,
+    pub machine: Box<str>,
+    /// The router's per-agent lifetime counters of each model it serves (`hivenet_agent_*`).
+    pub counters: crate::accounting::agents::CountersByModel,
 }
 
 /// What a step filter sees of one candidate agent.

@@ -156,7 +156,7 @@ impl Shard {
             park_timer: Cell::new(false),
             rejections: RefCell::new(IdMap::default()),
             policy_outcomes: RefCell::new(IdMap::default()),
-            accounting: Default::default(),
+            accounting: crate::accounting::Accounting::for_shard(id),
             clients,
             lifecycle: Default::default(),
             to_control,

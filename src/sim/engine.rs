@@ -47,6 +47,50 @@ pub struct ModelCounters {
     /// The most requests that were ever running at once (how a benchmark sees whether the
     /// routers in front kept within an occupancy budget).
     pub running_peak: AtomicU64,
+    /// Answers completed (vLLM's `request_success_total{finished_reason="stop"}`: the simulator
+    /// always stops by itself).
+    pub finished_total: AtomicU64,
+    /// Time to first token of every generation that produced one (vLLM's
+    /// `time_to_first_token_seconds`).
+    pub ttft: TtftHistogram,
+}
+
+/// vLLM's time-to-first-token bucket bounds, in seconds (a prefix of its list: the simulator
+/// answers within seconds).
+pub const TTFT_BOUNDS_SECONDS: [f64; 12] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+];
+
+/// A histogram of seconds over [`TTFT_BOUNDS_SECONDS`]: per-bucket (not cumulative) counts, the
+/// last one past every bound, and the sum in microseconds.
+#[derive(Debug, Default)]
+pub struct TtftHistogram {
+    counts: [AtomicU64; TTFT_BOUNDS_SECONDS.len() + 1],
+    sum_micros: AtomicU64,
+}
+
+impl TtftHistogram {
+    pub fn observe(&self, seconds: f64) {
+        let bucket = TTFT_BOUNDS_SECONDS
+            .iter()
+            .position(|bound| seconds <= *bound)
+            .unwrap_or(TTFT_BOUNDS_SECONDS.len());
+        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+    }
+
+    /// Cumulative counts by bound (the last is `+Inf`, the total) and the sum in seconds.
+    pub fn cumulative(&self) -> ([u64; TTFT_BOUNDS_SECONDS.len() + 1], f64) {
+        let mut cumulative = [0; TTFT_BOUNDS_SECONDS.len() + 1];
+        let mut total = 0;
+        for (out, count) in cumulative.iter_mut().zip(&self.counts) {
+            total += count.load(Ordering::Relaxed);
+            *out = total;
+        }
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        (cumulative, sum)
+    }
 }
 
 /// A snapshot of [`ModelCounters`].
@@ -143,6 +187,7 @@ impl ModelEngine {
             _permit: permit,
             kv_tokens_held: prompt_tokens,
             finished: false,
+            admitted_at: Some(std::time::Instant::now()),
         })
     }
 
@@ -192,11 +237,17 @@ pub struct Generation<'a> {
     _permit: Option<SemaphorePermit<'a>>,
     kv_tokens_held: u64,
     finished: bool,
+    /// When it was admitted, until its first token (then `None`).
+    admitted_at: Option<std::time::Instant>,
 }
 
 impl Generation<'_> {
     /// Records generated tokens: each one grows the request's KV footprint.
     pub fn advance(&mut self, tokens: u64) {
+        if let Some(admitted_at) = self.admitted_at.take() {
+            let ttft = admitted_at.elapsed().as_secs_f64();
+            self.engine.counters.ttft.observe(ttft);
+        }
         self.kv_tokens_held += tokens;
         self.engine
             .counters
@@ -207,6 +258,10 @@ impl Generation<'_> {
     /// Marks the answer complete, so dropping the generation is not a cancellation.
     pub fn finish(mut self) {
         self.finished = true;
+        self.engine
+            .counters
+            .finished_total
+            .fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -71,16 +71,65 @@ pub fn render(models: &[ModelEngine], kv_usage_pinned: Option<f64>) -> String {
                 5 => (snapshot.waiting + snapshot.running) as f64,
                 _ => snapshot.running_peak as f64,
             };
-            // Model names come from the command line; escape what the exposition format requires.
-            let label = model
-                .name
-                .replace('\\', "\\\\")
-                .replace('"', "\\\"")
-                .replace('\n', "\\n");
+            // Model names come from the command line.
+            let label = label(&model.name);
             let _ = writeln!(out, "{}{{model_name=\"{}\"}} {}", family.name, label, value);
         }
     }
+    render_vllm_request_families(&mut out, models);
     out
+}
+
+/// A model name as a label value, escaped as the exposition format requires.
+fn label(name: &str) -> String {
+    name.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// vLLM's per-request families: preemptions (always 0: the simulator never preempts), finished
+/// requests by reason (always `stop`), and the time-to-first-token histogram.
+fn render_vllm_request_families(out: &mut String, models: &[ModelEngine]) {
+    use std::sync::atomic::Ordering;
+    let _ = writeln!(out, "# TYPE vllm:num_preemptions_total counter");
+    for model in models {
+        let label = label(&model.name);
+        let _ = writeln!(
+            out,
+            "vllm:num_preemptions_total{{model_name=\"{label}\"}} 0"
+        );
+    }
+    let _ = writeln!(out, "# TYPE vllm:request_success_total counter");
+    for model in models {
+        let label = label(&model.name);
+        let finished = model.counters.finished_total.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "vllm:request_success_total{{finished_reason=\"stop\",model_name=\"{label}\"}} {finished}"
+        );
+    }
+    let name = "vllm:time_to_first_token_seconds";
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    for model in models {
+        let label = label(&model.name);
+        let (cumulative, sum) = model.counters.ttft.cumulative();
+        for (bound, count) in crate::sim::engine::TTFT_BOUNDS_SECONDS
+            .iter()
+            .zip(cumulative)
+        {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{bound}\",model_name=\"{label}\"}} {count}"
+            );
+        }
+        let total = cumulative[cumulative.len() - 1];
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{le=\"+Inf\",model_name=\"{label}\"}} {total}"
+        );
+        let _ = writeln!(out, "{name}_sum{{model_name=\"{label}\"}} {sum}");
+        let _ = writeln!(out, "{name}_count{{model_name=\"{label}\"}} {total}");
+    }
 }
 
 #[cfg(test)]
@@ -99,7 +148,12 @@ mod tests {
         assert!(text.contains("sim_cancelled_total{model_name=\"b\\\"x\"} 0\n"));
         assert_eq!(
             text.lines().filter(|line| !line.starts_with('#')).count(),
-            14
+            14 + 2 * (2 + crate::sim::engine::TTFT_BOUNDS_SECONDS.len() + 3)
+        );
+        assert!(
+            text.contains(
+                "vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"a\"} 0\n"
+            )
         );
     }
 }

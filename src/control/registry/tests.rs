@@ -266,3 +266,55 @@ fn while_the_store_answers_a_session_routes_once_a_heartbeat_published_it() {
     assert!(matches!(events[0], Event::AgentUp { .. }));
     assert!(registry.hold_unpublished(true, now).is_empty());
 }
+
+/// The counters an `AgentUp` among `events` hands the shards.
+fn pooled_counters(events: &[Event]) -> crate::accounting::agents::CountersByModel {
+    events
+        .iter()
+        .find_map(|event| match event {
+            Event::AgentUp { profile, .. } => Some(profile.counters.clone()),
+            _ => None,
+        })
+        .expect("the agent joined the pool")
+}
+
+fn join(registry: &mut Registry, agent: AgentId, now: Instant) -> Vec<Event> {
+    registry.session_opened(agent, "peer".into(), now + Duration::from_secs(3600), now);
+    registry.register(agent, registration(&["m"]), now);
+    registry.tunnel_up(agent, 0, now)
+}
+
+#[test]
+fn lifetime_counters_survive_a_new_session_and_a_reset_clears_them() {
+    let now = Instant::now();
+    let mut registry = Registry::new(1, health());
+    let counters = pooled_counters(&join(&mut registry, AgentId(1), now));
+    let model = counters.0[0].0;
+    counters.of(model).expect("counted").finished(0, 200);
+    // Heartbeats stop: out of the pool (one failure), then the session closes (one disconnection).
+    let later = now + Duration::from_secs(20);
+    registry.check_health(later);
+    registry.session_closed(AgentId(1));
+    let again = pooled_counters(&join(&mut registry, AgentId(2), later));
+    again.of(model).expect("counted").finished(0, 502);
+    let history = registry.agent_history();
+    assert_eq!(history.len(), 1);
+    let (row, name) = &history[0];
+    assert_eq!((row.peer_id.as_str(), *name), ("peer", "m"));
+    assert_eq!((row.totals.success, row.totals.failed), (1, 1));
+    assert_eq!((row.totals.failures, row.totals.disconnections), (1, 1));
+    registry.reset_agent_history();
+    let history = registry.agent_history();
+    assert_eq!(
+        history.len(),
+        1,
+        "a registered agent keeps its (zeroed) series"
+    );
+    assert_eq!(history[0].0.totals, Default::default());
+    registry.session_closed(AgentId(2));
+    registry.reset_agent_history();
+    assert!(
+        registry.agent_history().is_empty(),
+        "an absent agent's series go"
+    );
+}

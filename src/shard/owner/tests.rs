@@ -47,6 +47,9 @@ fn profile() -> Arc<AgentProfile> {
         region: "eu".into(),
         tags: Box::new([]),
         deployment_id: "".into(),
+        organization: "".into(),
+        machine: "".into(),
+        counters: Default::default(),
     })
 }
 
