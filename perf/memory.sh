@@ -12,6 +12,12 @@
 #   CONCURRENCY=32         connections the client sends its requests on
 #   SETTLE=2               seconds waited before each reading
 #   ROUTER_ARGS=""         extra router flags
+#   ROUTER_DIR=""          run DIR/hivenet-router and DIR/hivenet-agent instead of target/release
+#                          (before vs after: an older build saved in /tmp/before)
+# The router's allocator (mimalloc) keeps freed pages a while before giving them back; loading a
+# large auth.yaml frees its parse tree, so the "loaded" figure includes pages the next
+# allocations reuse. MIMALLOC_PURGE_DELAY=0 in the environment makes it give them back at once:
+# the figure is then closer to the live data. The "touched" figure is the steady state.
 #
 # Bounded: each router start, key pass and connection pass has a timeout (perf/lib.sh's waits,
 # TIMEOUT per request in perf/memory.py); the trap stops every process on exit.
@@ -26,6 +32,7 @@ CONNS=${CONNS:-10000}
 export CONCURRENCY=${CONCURRENCY:-32}
 export SETTLE=${SETTLE:-2}
 ROUTER_ARGS=${ROUTER_ARGS:-}
+ROUTER_DIR=${ROUTER_DIR:-}
 export MODEL
 
 # Each connection is a descriptor in the router and in the client.
@@ -50,7 +57,7 @@ FIRST=""
 for n in $KEYS; do
   [[ -n $FIRST ]] || FIRST=$n
   python3 "$PERF/memory.py" auth "$WORK/auth-$n.yaml" "$n"
-  start_router_stack "--auth-config-file $WORK/auth-$n.yaml --client-header-timeout 1h --max-client-connections $((CONNS + 1000)) $ROUTER_ARGS" "$n"
+  start_router_stack "${ROUTER_DIR:+@$ROUTER_DIR }--auth-config-file $WORK/auth-$n.yaml --client-header-timeout 1h --max-client-connections $((CONNS + 1000)) $ROUTER_ARGS" "$n"
   MEM[$n.loaded]=$(router_memory)
   log "$n keys loaded: rss pss dirty (kB) = ${MEM[$n.loaded]}"
   timeout $((120 + n / 100)) python3 "$PERF/memory.py" touch "${ROUTER_HTTP##*:}" "$n"
@@ -76,14 +83,14 @@ per_unit() { # after before units field
 }
 
 echo
-echo "## Router memory ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'), $SHARDS shards)"
+echo "## Router memory (${ROUTER_DIR:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')}, $SHARDS shards${MIMALLOC_PURGE_DELAY:+, MIMALLOC_PURGE_DELAY=$MIMALLOC_PURGE_DELAY})"
 echo
 echo "| case | VmRSS kB | Pss kB | Private_Dirty kB | B per key (RSS) | B per key (Pss) | B per key (Private_Dirty) |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
 for n in $KEYS; do
   for phase in loaded touched; do
     read -r -a m <<<"${MEM[$n.$phase]}"
-    per="| | |"
+    per="| |"
     if [[ $n != "$FIRST" ]]; then
       base=${MEM[$FIRST.$phase]}
       units=$((n - FIRST))
@@ -98,7 +105,7 @@ if [[ $CONNS -gt 0 ]]; then
   echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
   for phase in none idle after_request; do
     read -r -a m <<<"${MEM[conns.$phase]}"
-    per="| | |"
+    per="| |"
     if [[ $phase != none ]]; then
       base=${MEM[conns.none]}
       per="$(per_unit "${MEM[conns.$phase]}" "$base" "$CONNS" 0) | $(per_unit "${MEM[conns.$phase]}" "$base" "$CONNS" 1) | $(per_unit "${MEM[conns.$phase]}" "$base" "$CONNS" 2)"
