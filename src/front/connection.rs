@@ -32,7 +32,7 @@ use crate::http::request::{
 };
 use crate::http::response::{LAST_CHUNK, ResponseFraming, ResponseHead, write_chunk};
 use crate::metrics::ShardMetrics;
-use crate::shard::clients::Refusal;
+use crate::shard::clients::{ConnectionPermit, Refusal};
 use crate::shard::latch::{Latch, race};
 use crate::shard::state::Shard;
 use futures_util::future::Either;
@@ -71,14 +71,36 @@ enum Inbound {
 pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
     ShardMetrics::add(&shard.metrics.connections_accepted_total, 1);
     let peer = stream.peer_addr().ok().map(|address| address.ip());
-    let _permit = match shard.clients.open_connection(peer, Instant::now()) {
+    let permit = match shard.clients.open_connection(peer, Instant::now()) {
         Ok(permit) => permit,
         Err(refusal) => return refuse(&shard, stream, refusal).await,
     };
-    ShardMetrics::gauge(&shard.metrics.connections_open, 1);
+    let open = OpenConnection::new(shard.clone(), permit);
     let _ = stream.set_nodelay(true);
-    serve_sniffed(&shard, stream).await;
-    ShardMetrics::gauge(&shard.metrics.connections_open, -1);
+    serve_sniffed(shard, stream, open).await;
+}
+
+/// A connection counted as open (`connections_open`, and the shard's connection cap through its
+/// permit) until dropped, whichever task serves it.
+struct OpenConnection {
+    shard: Rc<Shard>,
+    _permit: ConnectionPermit,
+}
+
+impl OpenConnection {
+    fn new(shard: Rc<Shard>, permit: ConnectionPermit) -> OpenConnection {
+        ShardMetrics::gauge(&shard.metrics.connections_open, 1);
+        OpenConnection {
+            shard,
+            _permit: permit,
+        }
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        ShardMetrics::gauge(&self.shard.metrics.connections_open, -1);
+    }
 }
 
 /// Answers a connection the shard will not serve with one HTTP/1.1 error and closes it (an h2c
@@ -109,21 +131,21 @@ async fn refuse(shard: &Shard, mut stream: TcpStream, refusal: Refusal) {
 /// Reads until the first bytes tell HTTP/1.1 from HTTP/2 with prior knowledge, then serves the
 /// connection with the matching codec, those bytes included.
 ///
-/// Each codec's future is boxed once the codec is known: the connection's task, allocated when
-/// it is accepted, then holds only this sniffing state (about 15 KiB less per connection that has
-/// sent nothing yet, `perf/memory.sh`); one allocation per connection, none per request.
-async fn serve_sniffed(shard: &Rc<Shard>, mut stream: TcpStream) {
+/// The codec runs in a task of its own, spawned once the first bytes tell which: the task
+/// allocated when the connection is accepted holds only this sniffing state (15 KiB less per
+/// connection that has sent nothing yet, `perf/memory.sh`). One more task per connection, none per
+/// request, and the executor polls the codec's future directly.
+async fn serve_sniffed(shard: Rc<Shard>, mut stream: TcpStream, open: OpenConnection) {
     let mut first = BytesMut::with_capacity(IDLE_READ_BYTES);
     let deadline = Instant::now() + shard.settings.client_header_timeout;
     loop {
         match is_h2_preface(&first) {
             Some(true) => {
-                return Box::pin(crate::front::h2c::serve(
-                    shard.clone(),
-                    stream,
-                    first.freeze(),
-                ))
-                .await;
+                monoio::spawn(async move {
+                    let _open = open;
+                    crate::front::h2c::serve(shard, stream, first.freeze()).await;
+                });
+                return;
             }
             Some(false) => break,
             None => {}
@@ -137,7 +159,10 @@ async fn serve_sniffed(shard: &Rc<Shard>, mut stream: TcpStream) {
             _ => return,
         }
     }
-    Box::pin(serve_http1(shard, stream, first)).await;
+    monoio::spawn(async move {
+        let _open = open;
+        serve_http1(&shard, stream, first).await;
+    });
 }
 
 async fn serve_http1(shard: &Rc<Shard>, stream: TcpStream, first: BytesMut) {
