@@ -282,14 +282,20 @@ impl KeySettings {
         (self.max_occupancy_share > 0.0).then_some(self.max_occupancy_share)
     }
 
+    /// The flat quota's `input_tokens_per_minute`; `0` when unset or per-model (a per-model
+    /// quota cannot carry one). Only a key with a nonzero one can fail the serverless check.
+    pub(crate) fn input_tokens_per_minute(&self) -> u64 {
+        match &self.quota {
+            Quota::Flat(flat) => flat.input_tokens_per_minute,
+            Quota::PerModel(_) => 0,
+        }
+    }
+
     /// The cross-config serverless invariant (seed "Validation and derived defaults", rule 3):
     /// a nonzero `input_tokens_per_minute` must be at least `max_input_tokens` of every
     /// serverless model the key can reach. Rules 1 and 2 are checked when the settings are built.
     pub(crate) fn check_serverless(&self, limits: &ServerlessLimits, sink: &mut Sink<'_>) {
-        let Quota::Flat(flat) = &self.quota else {
-            return; // per-model quotas cannot carry input_tokens_per_minute
-        };
-        let itpm = flat.input_tokens_per_minute;
+        let itpm = self.input_tokens_per_minute();
         if itpm == 0 {
             return;
         }
@@ -551,6 +557,16 @@ impl AuthConfig {
         } else {
             Err(ConfigError::Invalid(Problems(problems)))
         }
+    }
+
+    /// Drops the static keys [`AuthConfig::check_serverless`] can never refuse (no
+    /// `input_tokens_per_minute`): what the control core keeps of the file once the key registry
+    /// is built, for the reverse check on policy changes. The registry holds every key; keeping
+    /// them all here too doubled the memory of every loaded key. The check's outcome is unchanged.
+    pub fn retain_serverless_checked(&mut self) {
+        self.keys
+            .retain(|key| key.settings.input_tokens_per_minute() > 0);
+        self.keys.shrink_to_fit();
     }
 
     /// The cross-config serverless invariant for every static key (run at start-up and whenever

@@ -54,7 +54,8 @@ pub struct Loaded {
     pub registry: KeyRegistry,
     pub admin: AdminAccess,
     /// The validated file (or the configuration `HIVENET_ROUTER_AUTH_MODE` implies), kept for the
-    /// reverse serverless check when policies change.
+    /// reverse serverless check when policies change: only the keys that check can refuse
+    /// ([`AuthConfig::retain_serverless_checked`]); `registry` has them all.
     pub config: AuthConfig,
 }
 
@@ -118,6 +119,8 @@ pub fn load(
         ApiMode::Dynamic => DynamicRegistry::new().snapshot(),
         _ => KeyRegistry::from_config(&config),
     };
+    let mut config = config;
+    config.retain_serverless_checked();
     Ok(Loaded {
         api_mode: config.api_mode,
         registry,

@@ -32,7 +32,7 @@ use crate::http::request::{
 };
 use crate::http::response::{LAST_CHUNK, ResponseFraming, ResponseHead, write_chunk};
 use crate::metrics::ShardMetrics;
-use crate::shard::clients::Refusal;
+use crate::shard::clients::{ConnectionPermit, Refusal};
 use crate::shard::latch::{Latch, race};
 use crate::shard::state::Shard;
 use crate::telemetry::context::TRACEPARENT_LEN;
@@ -42,8 +42,14 @@ use futures_util::future::Either;
 const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Requests read ahead of the one being answered.
 const PIPELINE_DEPTH: usize = 8;
-/// Bytes requested from the socket per read.
+/// Bytes requested from the socket per read while a request is arriving (a head or body part
+/// already in the buffer).
 const READ_CHUNK_BYTES: usize = 16 * 1024;
+/// Bytes requested per read while no request is in progress: the read buffer a connection that
+/// has sent nothing yet, or an idle keep-alive one, holds (with one read always posted, the buffer
+/// is allocated while the connection waits). A head or body that does not fit grows it by
+/// [`READ_CHUNK_BYTES`]; most chat request heads and small bodies arrive in one such read.
+const IDLE_READ_BYTES: usize = 4 * 1024;
 /// After refusing a request whose body is still arriving, keep reading (and discarding) this long
 /// so the client sees the answer rather than a reset.
 const LINGER: Duration = Duration::from_secs(2);
@@ -69,14 +75,36 @@ enum Inbound {
 pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
     ShardMetrics::add(&shard.metrics.connections_accepted_total, 1);
     let peer = stream.peer_addr().ok().map(|address| address.ip());
-    let _permit = match shard.clients.open_connection(peer, Instant::now()) {
+    let permit = match shard.clients.open_connection(peer, Instant::now()) {
         Ok(permit) => permit,
         Err(refusal) => return refuse(&shard, stream, refusal).await,
     };
-    ShardMetrics::gauge(&shard.metrics.connections_open, 1);
+    let open = OpenConnection::new(shard.clone(), permit);
     let _ = stream.set_nodelay(true);
-    serve_sniffed(&shard, stream).await;
-    ShardMetrics::gauge(&shard.metrics.connections_open, -1);
+    serve_sniffed(shard, stream, open).await;
+}
+
+/// A connection counted as open (`connections_open`, and the shard's connection cap through its
+/// permit) until dropped, whichever task serves it.
+struct OpenConnection {
+    shard: Rc<Shard>,
+    _permit: ConnectionPermit,
+}
+
+impl OpenConnection {
+    fn new(shard: Rc<Shard>, permit: ConnectionPermit) -> OpenConnection {
+        ShardMetrics::gauge(&shard.metrics.connections_open, 1);
+        OpenConnection {
+            shard,
+            _permit: permit,
+        }
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        ShardMetrics::gauge(&self.shard.metrics.connections_open, -1);
+    }
 }
 
 /// Answers a connection the shard will not serve with one HTTP/1.1 error and closes it (an h2c
@@ -106,13 +134,22 @@ async fn refuse(shard: &Shard, mut stream: TcpStream, refusal: Refusal) {
 
 /// Reads until the first bytes tell HTTP/1.1 from HTTP/2 with prior knowledge, then serves the
 /// connection with the matching codec, those bytes included.
-async fn serve_sniffed(shard: &Rc<Shard>, mut stream: TcpStream) {
-    let mut first = BytesMut::with_capacity(READ_CHUNK_BYTES);
+///
+/// The codec runs in a task of its own, spawned once the first bytes tell which: the task
+/// allocated when the connection is accepted holds only this sniffing state (15 KiB less per
+/// connection that has sent nothing yet, `perf/memory.sh`). One more task per connection, none per
+/// request, and the executor polls the codec's future directly.
+async fn serve_sniffed(shard: Rc<Shard>, mut stream: TcpStream, open: OpenConnection) {
+    let mut first = BytesMut::with_capacity(IDLE_READ_BYTES);
     let deadline = Instant::now() + shard.settings.client_header_timeout;
     loop {
         match is_h2_preface(&first) {
             Some(true) => {
-                return crate::front::h2c::serve(shard.clone(), stream, first.freeze()).await;
+                monoio::spawn(async move {
+                    let _open = open;
+                    crate::front::h2c::serve(shard, stream, first.freeze()).await;
+                });
+                return;
             }
             Some(false) => break,
             None => {}
@@ -126,7 +163,10 @@ async fn serve_sniffed(shard: &Rc<Shard>, mut stream: TcpStream) {
             _ => return,
         }
     }
-    serve_http1(shard, stream, first).await;
+    monoio::spawn(async move {
+        let _open = open;
+        serve_http1(&shard, stream, first).await;
+    });
 }
 
 async fn serve_http1(shard: &Rc<Shard>, stream: TcpStream, first: BytesMut) {
@@ -217,10 +257,17 @@ enum ReadEnd {
 }
 
 impl Reader {
-    /// Reads more bytes onto the end of `buf`.
+    /// Reads more bytes onto the end of `buf`: at least half of [`IDLE_READ_BYTES`] room when
+    /// the buffer is empty (between requests), half of [`READ_CHUNK_BYTES`] while a request is
+    /// part-read. An empty buffer no request holds any more is reused in place.
     async fn fill(&mut self, timeout: Duration) -> Result<usize, ReadEnd> {
-        if self.buf.capacity() - self.buf.len() < READ_CHUNK_BYTES / 2 {
-            self.buf.reserve(READ_CHUNK_BYTES);
+        let want = if self.buf.is_empty() {
+            IDLE_READ_BYTES
+        } else {
+            READ_CHUNK_BYTES
+        };
+        if self.buf.capacity() - self.buf.len() < want / 2 {
+            self.buf.reserve(want);
         }
         let buf = std::mem::take(&mut self.buf);
         let start = buf.len();

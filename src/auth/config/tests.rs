@@ -520,6 +520,27 @@ fn serverless_check_only_covers_models_an_allowlisted_key_reaches() {
 }
 
 #[test]
+fn keeping_only_serverless_checked_keys_keeps_the_check() {
+    let text = format!(
+        "api:\n  mode: api-key\n  keys:\n    - key_hash: \"{HASH_A}\"\n      key_preview: \"sk-...a\"\n{METADATA}      quota:\n        input_tokens_per_minute: 1000\n    - key_hash: \"{HASH_B}\"\n      key_preview: \"sk-...b\"\n{METADATA}      quota:\n        requests_per_minute: 10\n"
+    );
+    let config = AuthConfig::from_yaml(&text).unwrap();
+    let mut kept = config.clone();
+    kept.retain_serverless_checked();
+    assert_eq!(kept.keys.len(), 1);
+    assert_eq!(kept.keys[0].preview, "sk-...a");
+    let mut limits = ServerlessLimits::none();
+    for max in [None, Some(1000), Some(1001)] {
+        limits.global_max_input_tokens = max;
+        assert_eq!(
+            kept.check_serverless(&limits),
+            config.check_serverless(&limits)
+        );
+    }
+    assert!(kept.check_serverless(&limits).is_err());
+}
+
+#[test]
 fn static_key_debug_shows_only_the_preview() {
     let config = AuthConfig::from_yaml(STATIC_COMPLETE).unwrap();
     let debug = format!("{config:?}");
