@@ -139,11 +139,21 @@ fn agent_families_are_on_the_router_with_the_catalog_labels() {
             &inf_bucket
         ) >= REQUESTS as f64
     );
-    // The simulator exposes no ITL, prompt-length histogram or llama.cpp throughput: absent.
+    // Every finished generation has its prompt and generated lengths in the engine's histograms.
+    for name in [
+        "hivenet_agent_engine_request_prompt_tokens_bucket",
+        "hivenet_agent_engine_request_generation_tokens_bucket",
+    ] {
+        assert!(
+            metric_sum(&text, name, &inf_bucket) >= REQUESTS as f64,
+            "{name}\n{text}"
+        );
+    }
+    // Answers that are not streamed come in one piece: no inter-token latency. llama.cpp's
+    // throughput is not in vLLM's exposition. Absent, not zero.
     for name in [
         "hivenet_agent_engine_avg_itl_seconds",
-        "hivenet_agent_engine_itl_seconds_count",
-        "hivenet_agent_engine_request_prompt_tokens_count",
+        "hivenet_agent_engine_p90_itl_seconds",
         "hivenet_agent_engine_predicted_tps",
     ] {
         assert!(metric_absent(&text, name, &[]), "{name} is exposed");

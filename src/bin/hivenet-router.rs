@@ -171,7 +171,13 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     let keys = Arc::new(loaded.registry);
     let admin_access = Arc::new(loaded.admin);
     tracing::info!(keys = keys.len(), mode = ?loaded.api_mode, admin = ?admin_access, "client API keys loaded");
-    let policies = PolicyControl::new(policies, policy_context, policy_sources, loaded.config);
+    let policies = PolicyControl::new(
+        policies,
+        policy_context,
+        policy_sources,
+        loaded.config,
+        keys.clone(),
+    );
     let http_address = listen_address(&args.http_port)?;
     let grpc_address = listen_address(&args.grpc_port)?;
     let advertise_grpc_addr = args.advertise_grpc_addr()?;

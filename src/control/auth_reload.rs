@@ -200,6 +200,7 @@ fn reload(path: &Path, running_mode: ApiMode, shared: &ControlShared, reason: &s
             }
             tracing::info!(path = %path.display(), reason, keys = loaded.registry.len(), "auth config reloaded");
             let registry = Arc::new(loaded.registry);
+            shared.policies.set_static_keys(registry.clone());
             shared.broadcast_blocking(|| ControlToShard::Keys(registry.clone()));
         }
         Err(error) => {

@@ -131,7 +131,7 @@ fn quota_limits(shared: &ControlShared) -> [Family; 4] {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .snapshot()
     });
-    let static_keys = crate::auth::keys::KeyRegistry::from_config(&shared.policies.static_auth());
+    let static_keys = shared.policies.static_keys();
     let keys = static_keys
         .iter()
         .chain(dynamic.iter().flat_map(|registry| registry.iter()))

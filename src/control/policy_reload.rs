@@ -22,6 +22,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 
 use crate::auth::config::{AuthConfig, Problems as KeyProblems, ServerlessLimits};
+use crate::auth::keys::KeyRegistry;
 use crate::control::ControlShared;
 use crate::policy::dir::{self, DirFile, DirState, Phase};
 use crate::policy::{
@@ -89,6 +90,9 @@ pub struct PolicyControl {
     /// The active static `auth.yaml` configuration, for the reverse serverless check on policy
     /// changes. Written by `auth_reload` under this lock after its own check.
     static_auth: Mutex<Arc<AuthConfig>>,
+    /// The active static keys (the same registry the shards hold), for the quota gauges of
+    /// `/metrics`; empty in dynamic mode. Written by `auth_reload` with `static_auth`.
+    static_keys: Mutex<Arc<KeyRegistry>>,
     /// What the last directory pass applied; used by reloads only.
     dir_state: Mutex<DirState>,
     pub context: PolicyContext,
@@ -103,11 +107,13 @@ impl PolicyControl {
         context: PolicyContext,
         sources: Sources,
         static_auth: AuthConfig,
+        static_keys: Arc<KeyRegistry>,
     ) -> PolicyControl {
         let (current, _) = watch::channel(Arc::new(initial.set));
         PolicyControl {
             current,
             static_auth: Mutex::new(Arc::new(static_auth)),
+            static_keys: Mutex::new(static_keys),
             dir_state: Mutex::new(initial.dir_state),
             context,
             sources,
@@ -133,6 +139,22 @@ impl PolicyControl {
     /// The static-auth slot; `auth_reload` holds it while it checks and installs a new file.
     pub fn static_auth(&self) -> MutexGuard<'_, Arc<AuthConfig>> {
         self.static_auth.lock().expect("static auth lock poisoned")
+    }
+
+    /// The active static keys (see the field).
+    pub fn static_keys(&self) -> Arc<KeyRegistry> {
+        self.static_keys
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Installs the static keys a reload loaded (with its `static_auth` held).
+    pub fn set_static_keys(&self, keys: Arc<KeyRegistry>) {
+        *self
+            .static_keys
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = keys;
     }
 
     pub fn count_reload(&self, trigger: Trigger, success: bool) {

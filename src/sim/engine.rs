@@ -32,7 +32,7 @@ pub fn kv_usage_fraction(tokens_in_use: u64, capacity_tokens: u64, pinned: Optio
 }
 
 /// Counters of one model, read by `/metrics`.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ModelCounters {
     /// Requests admitted and generating.
     pub running: AtomicU64,
@@ -52,7 +52,31 @@ pub struct ModelCounters {
     pub finished_total: AtomicU64,
     /// Time to first token of every generation that produced one (vLLM's
     /// `time_to_first_token_seconds`).
-    pub ttft: TtftHistogram,
+    pub ttft: Histogram,
+    /// Time between a generation's successive tokens (vLLM's `inter_token_latency_seconds`).
+    pub itl: Histogram,
+    /// Prompt and generated tokens of every finished generation (vLLM's
+    /// `request_prompt_tokens`, `request_generation_tokens`).
+    pub prompt_tokens: Histogram,
+    pub generation_tokens: Histogram,
+}
+
+impl Default for ModelCounters {
+    fn default() -> Self {
+        ModelCounters {
+            running: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
+            kv_tokens: AtomicU64::new(0),
+            requests_total: AtomicU64::new(0),
+            cancelled_total: AtomicU64::new(0),
+            running_peak: AtomicU64::new(0),
+            finished_total: AtomicU64::new(0),
+            ttft: Histogram::new(&TTFT_BOUNDS_SECONDS),
+            itl: Histogram::new(&ITL_BOUNDS_SECONDS),
+            prompt_tokens: Histogram::new(&TOKEN_BOUNDS),
+            generation_tokens: Histogram::new(&TOKEN_BOUNDS),
+        }
+    }
 }
 
 /// vLLM's time-to-first-token bucket bounds, in seconds (a prefix of its list: the simulator
@@ -61,34 +85,58 @@ pub const TTFT_BOUNDS_SECONDS: [f64; 12] = [
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
 ];
 
-/// A histogram of seconds over [`TTFT_BOUNDS_SECONDS`]: per-bucket (not cumulative) counts, the
-/// last one past every bound, and the sum in microseconds.
-#[derive(Debug, Default)]
-pub struct TtftHistogram {
-    counts: [AtomicU64; TTFT_BOUNDS_SECONDS.len() + 1],
-    sum_micros: AtomicU64,
+/// vLLM's inter-token latency bucket bounds, in seconds (a prefix of its list).
+pub const ITL_BOUNDS_SECONDS: [f64; 12] = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+];
+
+/// vLLM's prompt and generation length bucket bounds, in tokens (1-2-5 steps up to a model
+/// length the simulator never passes).
+pub const TOKEN_BOUNDS: [f64; 13] = [
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0,
+];
+
+/// A histogram over fixed `bounds`: per-bucket (not cumulative) counts, the last one past every
+/// bound, and the sum of the observations in millionths.
+#[derive(Debug)]
+pub struct Histogram {
+    pub bounds: &'static [f64],
+    counts: Box<[AtomicU64]>,
+    sum_millionths: AtomicU64,
 }
 
-impl TtftHistogram {
-    pub fn observe(&self, seconds: f64) {
-        let bucket = TTFT_BOUNDS_SECONDS
-            .iter()
-            .position(|bound| seconds <= *bound)
-            .unwrap_or(TTFT_BOUNDS_SECONDS.len());
-        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
-        self.sum_micros
-            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_millionths: AtomicU64::new(0),
+        }
     }
 
-    /// Cumulative counts by bound (the last is `+Inf`, the total) and the sum in seconds.
-    pub fn cumulative(&self) -> ([u64; TTFT_BOUNDS_SECONDS.len() + 1], f64) {
-        let mut cumulative = [0; TTFT_BOUNDS_SECONDS.len() + 1];
+    pub fn observe(&self, value: f64) {
+        let bucket = self
+            .bounds
+            .iter()
+            .position(|bound| value <= *bound)
+            .unwrap_or(self.bounds.len());
+        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
+        self.sum_millionths
+            .fetch_add((value * 1e6) as u64, Ordering::Relaxed);
+    }
+
+    /// Cumulative counts by bound (the last is `+Inf`, the total) and the sum.
+    pub fn cumulative(&self) -> (Vec<u64>, f64) {
         let mut total = 0;
-        for (out, count) in cumulative.iter_mut().zip(&self.counts) {
-            total += count.load(Ordering::Relaxed);
-            *out = total;
-        }
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let cumulative = self
+            .counts
+            .iter()
+            .map(|count| {
+                total += count.load(Ordering::Relaxed);
+                total
+            })
+            .collect();
+        let sum = self.sum_millionths.load(Ordering::Relaxed) as f64 / 1e6;
         (cumulative, sum)
     }
 }
@@ -186,8 +234,10 @@ impl ModelEngine {
             engine: self,
             _permit: permit,
             kv_tokens_held: prompt_tokens,
+            prompt_tokens,
             finished: false,
             admitted_at: Some(std::time::Instant::now()),
+            last_token_at: None,
         })
     }
 
@@ -237,17 +287,25 @@ pub struct Generation<'a> {
     _permit: Option<SemaphorePermit<'a>>,
     kv_tokens_held: u64,
     finished: bool,
+    prompt_tokens: u64,
     /// When it was admitted, until its first token (then `None`).
     admitted_at: Option<std::time::Instant>,
+    /// When its latest token came, after the first.
+    last_token_at: Option<std::time::Instant>,
 }
 
 impl Generation<'_> {
     /// Records generated tokens: each one grows the request's KV footprint.
     pub fn advance(&mut self, tokens: u64) {
+        let now = std::time::Instant::now();
         if let Some(admitted_at) = self.admitted_at.take() {
-            let ttft = admitted_at.elapsed().as_secs_f64();
+            let ttft = now.duration_since(admitted_at).as_secs_f64();
             self.engine.counters.ttft.observe(ttft);
+        } else if let Some(last) = self.last_token_at {
+            let itl = now.duration_since(last).as_secs_f64();
+            self.engine.counters.itl.observe(itl);
         }
+        self.last_token_at = Some(now);
         self.kv_tokens_held += tokens;
         self.engine
             .counters
@@ -258,10 +316,11 @@ impl Generation<'_> {
     /// Marks the answer complete, so dropping the generation is not a cancellation.
     pub fn finish(mut self) {
         self.finished = true;
-        self.engine
-            .counters
-            .finished_total
-            .fetch_add(1, Ordering::Relaxed);
+        let counters = &self.engine.counters;
+        counters.finished_total.fetch_add(1, Ordering::Relaxed);
+        counters.prompt_tokens.observe(self.prompt_tokens as f64);
+        let generated = self.kv_tokens_held.saturating_sub(self.prompt_tokens);
+        counters.generation_tokens.observe(generated as f64);
     }
 }
 

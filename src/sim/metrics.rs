@@ -88,7 +88,8 @@ fn label(name: &str) -> String {
 }
 
 /// vLLM's per-request families: preemptions (always 0: the simulator never preempts), finished
-/// requests by reason (always `stop`), and the time-to-first-token histogram.
+/// requests by reason (always `stop`), and the histograms of time to first token, inter-token
+/// latency, prompt and generation length.
 fn render_vllm_request_families(out: &mut String, models: &[ModelEngine]) {
     use std::sync::atomic::Ordering;
     let _ = writeln!(out, "# TYPE vllm:num_preemptions_total counter");
@@ -108,15 +109,33 @@ fn render_vllm_request_families(out: &mut String, models: &[ModelEngine]) {
             "vllm:request_success_total{{finished_reason=\"stop\",model_name=\"{label}\"}} {finished}"
         );
     }
-    let name = "vllm:time_to_first_token_seconds";
+    render_histogram(out, models, "vllm:time_to_first_token_seconds", |model| {
+        &model.counters.ttft
+    });
+    render_histogram(out, models, "vllm:inter_token_latency_seconds", |model| {
+        &model.counters.itl
+    });
+    render_histogram(out, models, "vllm:request_prompt_tokens", |model| {
+        &model.counters.prompt_tokens
+    });
+    render_histogram(out, models, "vllm:request_generation_tokens", |model| {
+        &model.counters.generation_tokens
+    });
+}
+
+/// One vLLM histogram family, a series per model.
+fn render_histogram(
+    out: &mut String,
+    models: &[ModelEngine],
+    name: &str,
+    histogram_of: impl Fn(&ModelEngine) -> &crate::sim::engine::Histogram,
+) {
     let _ = writeln!(out, "# TYPE {name} histogram");
     for model in models {
         let label = label(&model.name);
-        let (cumulative, sum) = model.counters.ttft.cumulative();
-        for (bound, count) in crate::sim::engine::TTFT_BOUNDS_SECONDS
-            .iter()
-            .zip(cumulative)
-        {
+        let histogram = histogram_of(model);
+        let (cumulative, sum) = histogram.cumulative();
+        for (bound, count) in histogram.bounds.iter().zip(&cumulative) {
             let _ = writeln!(
                 out,
                 "{name}_bucket{{le=\"{bound}\",model_name=\"{label}\"}} {count}"
@@ -148,7 +167,10 @@ mod tests {
         assert!(text.contains("sim_cancelled_total{model_name=\"b\\\"x\"} 0\n"));
         assert_eq!(
             text.lines().filter(|line| !line.starts_with('#')).count(),
-            14 + 2 * (2 + crate::sim::engine::TTFT_BOUNDS_SECONDS.len() + 3)
+            14 + 2
+                * ((2 + crate::sim::engine::TTFT_BOUNDS_SECONDS.len() + 3)
+                    + (crate::sim::engine::ITL_BOUNDS_SECONDS.len() + 3)
+                    + 2 * (crate::sim::engine::TOKEN_BOUNDS.len() + 3))
         );
         assert!(
             text.contains(
