@@ -1,6 +1,7 @@
 //! Proves the per-model capacity queue: with the only agent full, a request waits and succeeds
 //! once the slot frees, is refused at once (503 no_capacity) when queues are disabled, and gets
-//! 504 request_timeout when it waits past the request timeout; the queue metrics count both.
+//! 504 request_timeout when it waits past the request timeout; the queue metrics count both and
+//! time both waits (`hivenet_queue_wait_seconds`).
 
 mod common;
 
@@ -69,6 +70,10 @@ fn second_request_waits_for_the_slot_and_succeeds() {
         site.router_metric("hivenet_shard_queue_timeouts_total"),
         0.0
     );
+    // The waiter's time in the queue is observed once, when it got the slot; the holder never
+    // queued.
+    site.wait_metric("hivenet_queue_wait_seconds_count", |v| v == 1.0);
+    assert!(site.router_metric("hivenet_queue_wait_seconds_sum") > 0.0);
     site.wait_metric("hivenet_shard_in_flight", |v| v == 0.0);
 }
 
@@ -96,6 +101,11 @@ fn queued_request_past_the_request_timeout_gets_504() {
     assert_eq!(value["error"]["code"], "request_timeout", "{body}");
     assert!(site.router_metric("hivenet_shard_queued_total") >= 1.0);
     site.wait_metric("hivenet_shard_queue_timeouts_total", |v| v == 1.0);
+    // A ticket that timed out in the queue waited there until its deadline (500 ms after it
+    // arrived, less the moment it took to reach the queue).
+    site.wait_metric("hivenet_queue_wait_seconds_count", |v| v == 1.0);
+    let waited = site.router_metric("hivenet_queue_wait_seconds_sum");
+    assert!(waited >= 0.3, "waited {waited} s");
     // The holder is a stream whose head came in time: the timeout does not cut it.
     finish_stream(&mut holder);
     site.wait_metric("hivenet_shard_in_flight", |v| v == 0.0);

@@ -11,6 +11,7 @@ use hyper::{Request, Response, StatusCode};
 
 use crate::control::ControlShared;
 use crate::control::registry::Registry;
+use crate::metrics::histogram::DurationCounts;
 use crate::metrics::{Collect, Family, encode};
 use crate::shard::messages::ShardReport;
 
@@ -150,6 +151,7 @@ struct Reports<'a> {
 impl Collect for Reports<'_> {
     fn collect(&self, out: &mut Vec<Family>) {
         out.push(self.queue_depth());
+        out.push(self.queue_wait());
         out.push(self.pending_demand());
         self.admission(out);
         crate::control::tenant_metrics::collect(self.registry, self.reports, out);
@@ -170,6 +172,25 @@ impl Reports<'_> {
             .map(|&(model, depth)| (model, (), u64::from(depth)));
         for (((), model), depth) in sum_by_model(self.registry, depths) {
             family.sample(&[("model", model)], depth as f64);
+        }
+        family
+    }
+
+    /// `hivenet_queue_wait_seconds{model}`: time in the capacity queue of every ticket that
+    /// left it (granted, timed out, client gone, the model's agents gone), summed over shards.
+    fn queue_wait(&self) -> Family {
+        let mut family = Family::histogram(
+            "hivenet_queue_wait_seconds",
+            "Time requests waited in a model's capacity queue for an agent slot.",
+        );
+        let mut waits: std::collections::BTreeMap<&str, DurationCounts> = Default::default();
+        for (model, counts) in self.reports.iter().flat_map(|report| &report.queue_waits) {
+            if let Some(name) = self.registry.model_name(*model) {
+                waits.entry(name).or_default().merge(counts);
+            }
+        }
+        for (model, counts) in waits {
+            counts.sample_into(&mut family, &[("model", model)]);
         }
         family
     }

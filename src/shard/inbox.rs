@@ -93,6 +93,7 @@ impl Shard {
                 };
                 let _ = reply.send(ShardReport {
                     queues,
+                    queue_waits: self.queue_waits.borrow().report(),
                     pending_demand,
                     admission: self.admission_report(),
                     tenants: self.accounting.report(),

@@ -96,6 +96,8 @@ pub struct ShardUsage {
 #[derive(Debug, Default)]
 pub struct ShardReport {
     pub queues: Vec<(ModelId, u32)>,
+    /// `hivenet_queue_wait_seconds`: the waits of the models this shard owns.
+    pub queue_waits: Vec<(ModelId, crate::metrics::histogram::DurationCounts)>,
     /// Hold at zero: the pending demand of every model this shard owns that has any.
     pub pending_demand: Vec<(ModelId, u32)>,
     pub admission: AdmissionReport,

@@ -37,6 +37,7 @@ pub mod mesh;
 pub mod messages;
 pub mod outbox;
 pub mod owner;
+pub mod queue_waits;
 pub mod state;
 pub mod visit;
 

@@ -104,6 +104,8 @@ pub struct Shard {
     policy_outcomes: PerModelCounts<PolicyOutcome>,
     /// The tenant series and audit records of the requests this shard served.
     pub accounting: crate::accounting::Accounting,
+    /// How long tickets waited in the capacity queues of the models this shard owns.
+    pub(super) queue_waits: RefCell<crate::shard::queue_waits::QueueWaits>,
     pub(super) to_control: crate::control::queues::ToControl,
     /// What this shard's clients hold: connections, body bytes, resets per source.
     pub clients: Rc<crate::shard::clients::ClientGuard>,
@@ -157,6 +159,7 @@ impl Shard {
             rejections: RefCell::new(IdMap::default()),
             policy_outcomes: RefCell::new(IdMap::default()),
             accounting: crate::accounting::Accounting::for_shard(id),
+            queue_waits: RefCell::default(),
             clients,
             lifecycle: Default::default(),
             to_control,
@@ -228,7 +231,7 @@ impl Shard {
     #[inline(never)]
     fn deliver_pending_effects(self: &Rc<Self>) {
         loop {
-            let (answers, parked, queued, woke, refills) = {
+            let (answers, parked, queue, woke, refills) = {
                 let mut effects = self.effects.borrow_mut();
                 if effects.is_empty() {
                     return;
@@ -236,7 +239,7 @@ impl Shard {
                 (
                     std::mem::take(&mut effects.answers),
                     std::mem::take(&mut effects.parked),
-                    std::mem::take(&mut effects.queued),
+                    std::mem::take(&mut effects.queue),
                     std::mem::take(&mut effects.woke),
                     std::mem::take(&mut effects.refills),
                 )
@@ -251,8 +254,10 @@ impl Shard {
                 ShardMetrics::add(&self.metrics.admission_parked_total, parked);
                 self.arm_park_timer();
             }
-            // Counted where the queue is: on the owner shard.
-            ShardMetrics::add(&self.metrics.queued_total, queued);
+            // Counted and timed where the queue is: on the owner shard.
+            if !queue.is_empty() {
+                self.count_queue_moves(&queue);
+            }
             for (model, released) in woke {
                 let snapshot = self.snapshot();
                 tracing::info!(
@@ -265,6 +270,20 @@ impl Shard {
             for (ticket, answer) in answers {
                 self.answer(ticket, answer);
             }
+        }
+    }
+
+    fn count_queue_moves(&self, queue: &[crate::shard::owner::QueueMove]) {
+        use crate::shard::owner::QueueMove;
+        let entered = queue
+            .iter()
+            .filter(|moved| matches!(moved, QueueMove::Entered(..)))
+            .count();
+        ShardMetrics::add(&self.metrics.queued_total, entered as u64);
+        let now = std::time::Instant::now();
+        let mut waits = self.queue_waits.borrow_mut();
+        for moved in queue {
+            waits.record(*moved, now);
         }
     }
 

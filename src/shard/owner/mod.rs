@@ -223,8 +223,10 @@ pub struct Effects {
     pub answers: Vec<(Ticket, Answer)>,
     /// Tickets parked (B2), for `hivenet_admission_parked_total`; something to expire later.
     pub parked: u64,
-    /// Tickets queued for capacity, for `hivenet_shard_queued_total`.
-    pub queued: u64,
+    /// Tickets that entered or left a model's capacity queue, in order: the requester's shard
+    /// counts `hivenet_shard_queued_total` and times `hivenet_queue_wait_seconds` from them (pure
+    /// logic reads no clock). At most two per ticket.
+    pub queue: Vec<QueueMove>,
     /// Models that woke with held requests, and how many each released (for the log).
     pub woke: Vec<(ModelId, usize)>,
     /// Wallets that ran short: refills for the sync core to ask the pool for. At most one per
@@ -240,10 +242,18 @@ impl Effects {
     pub fn is_empty(&self) -> bool {
         self.answers.is_empty()
             && self.parked == 0
-            && self.queued == 0
+            && self.queue.is_empty()
             && self.woke.is_empty()
             && self.refills.is_empty()
     }
+}
+
+/// A ticket entering or leaving a model's capacity queue (granted, cancelled, or failed because
+/// the model's last agent left).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueMove {
+    Entered(ModelId, Ticket),
+    Left(ModelId, Ticket),
 }
 
 /// An agent joining a model's pool: who, its stay, its slots and what step filters see of it.

@@ -18,7 +18,7 @@ use crate::policy::ModelPolicy;
 use crate::routing::{Acquire, AnyAgent, Ask, EngineSignals, Grant, ModelRoutes, StepFilter};
 use crate::shard::IdMap;
 use crate::shard::owner::wallets::{CreditCap, CreditHold, CreditNews, ModelWallets};
-use crate::shard::owner::{AgentJoin, Answer, Effects};
+use crate::shard::owner::{AgentJoin, Answer, Effects, QueueMove};
 use crate::snapshot::RoutingSnapshot;
 
 /// What a model's owner finally answers to an acquire.
@@ -372,8 +372,10 @@ impl Models {
     /// The ticket gave up waiting: it leaves the park and capacity queues, and its reservation
     /// goes.
     pub fn cancel(&mut self, now: Millis, ticket: Ticket, model: ModelId, effects: &mut Effects) {
-        if let Some(routes) = self.routes.get_mut(&model) {
-            routes.cancel(ticket);
+        if let Some(routes) = self.routes.get_mut(&model)
+            && routes.cancel(ticket)
+        {
+            effects.queue.push(QueueMove::Left(model, ticket));
         }
         if let Some(owned) = self.occupancy.get_mut(&model)
             && owned.occupancy.cancel_parked(ticket)
@@ -517,6 +519,7 @@ impl Models {
                 self.routes.remove(&model);
             }
             for ticket in failed {
+                effects.queue.push(QueueMove::Left(model, ticket));
                 self.release_reservation(now, model, ticket, effects);
                 effects.answer(ticket, Answer::decided(model, Decision::NoAgents));
             }
@@ -646,7 +649,7 @@ impl Models {
         let decision = match acquired {
             Acquire::Granted(grant) => return Some(Decision::Granted(grant)),
             Acquire::Queued => {
-                effects.queued += 1;
+                effects.queue.push(QueueMove::Entered(model, ticket));
                 return None;
             }
             Acquire::QueueFull => Decision::QueueFull,
@@ -752,6 +755,7 @@ fn healthy_in(routes: &IdMap<ModelId, ModelRoutes>, model: ModelId) -> u32 {
 /// Grants made by a model's routes, as answers to their tickets.
 fn deliver(model: ModelId, grants: Vec<(Ticket, Grant)>, effects: &mut Effects) {
     for (ticket, grant) in grants {
+        effects.queue.push(QueueMove::Left(model, ticket));
         effects.answer(ticket, Answer::decided(model, Decision::Granted(grant)));
     }
 }

@@ -170,7 +170,11 @@ fn a_release_grants_the_queued_ticket() {
         decision(owner.serve(&at(0), ticket(2), second, &mut effects)),
         None
     );
-    assert_eq!(effects.queued, 1);
+    assert_eq!(
+        effects.queue,
+        [QueueMove::Entered(MODEL, ticket(2))],
+        "the queued ticket is timed from here"
+    );
     owner.notice(
         &at(5),
         Notice::Release {
@@ -185,6 +189,14 @@ fn a_release_grants_the_queued_ticket() {
         decided(&mut effects).as_slice(),
         [(2, Decision::Granted(_))]
     ));
+    assert_eq!(
+        effects.queue,
+        [
+            QueueMove::Entered(MODEL, ticket(2)),
+            QueueMove::Left(MODEL, ticket(2))
+        ],
+        "granted from the queue: its wait ends"
+    );
 }
 
 #[test]
