@@ -425,6 +425,8 @@ impl ControlShared {
                 if let Ok(mut report) = answer.await {
                     usage.usage.append(&mut report.usage);
                     usage.daily.append(&mut report.daily);
+                    // What each owner holds of the occupancy budgets: the round rewrites it.
+                    usage.credits.append(&mut report.credits);
                 }
             }
         };
