@@ -141,6 +141,22 @@ fn settled_store() -> Valkey {
     valkey
 }
 
+/// Two routers of one site on `store`, each with its agent and sim, started together and past
+/// their first round with each other.
+fn two_routers(name: &str, policies: &str, store: &Valkey) -> (Site, Site) {
+    let policies = policy_dir(policies);
+    let (a, b) = std::thread::scope(|scope| {
+        let a = scope.spawn(|| router(name, 0, &store.addr(), &policies));
+        let b = scope.spawn(|| router(name, 1, &store.addr(), &policies));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    for site in [&a, &b] {
+        site.wait_metric("hivenet_sync_up", |v| v == 1.0);
+        site.wait_metric("hivenet_sync_peers", |v| v == 1.0);
+    }
+    (a, b)
+}
+
 /// After the other router's clean shutdown, the survivor may use the whole budget. This failed
 /// about one run in three while the rounds never rewrote the routers' holdings (the control core
 /// dropped the owners' credit reports): the pool kept a grant's figure for good, and a wallet that
@@ -148,16 +164,7 @@ fn settled_store() -> Valkey {
 #[test]
 fn after_a_clean_shutdown_the_other_router_uses_the_whole_budget() {
     let valkey = settled_store();
-    let policies = policy_dir("occupancy-shutdown");
-    let (mut a, b) = std::thread::scope(|scope| {
-        let a = scope.spawn(|| router("shutdown", 0, &valkey.addr(), &policies));
-        let b = scope.spawn(|| router("shutdown", 1, &valkey.addr(), &policies));
-        (a.join().unwrap(), b.join().unwrap())
-    });
-    for site in [&a, &b] {
-        site.wait_metric("hivenet_sync_up", |v| v == 1.0);
-        site.wait_metric("hivenet_sync_peers", |v| v == 1.0);
-    }
+    let (mut a, b) = two_routers("shutdown", "occupancy-shutdown", &valkey);
     for _ in 0..3 {
         burst(&[&a, &b], 4);
     }
@@ -201,16 +208,7 @@ fn after_a_clean_shutdown_the_other_router_uses_the_whole_budget() {
 #[test]
 fn the_rounds_rewrite_what_each_router_holds() {
     let valkey = settled_store();
-    let policies = policy_dir("occupancy-rewrite");
-    let (a, b) = std::thread::scope(|scope| {
-        let a = scope.spawn(|| router("rewrite", 0, &valkey.addr(), &policies));
-        let b = scope.spawn(|| router("rewrite", 1, &valkey.addr(), &policies));
-        (a.join().unwrap(), b.join().unwrap())
-    });
-    for site in [&a, &b] {
-        site.wait_metric("hivenet_sync_up", |v| v == 1.0);
-        site.wait_metric("hivenet_sync_peers", |v| v == 1.0);
-    }
+    let (a, b) = two_routers("rewrite", "occupancy-rewrite", &valkey);
     let admitted: usize = burst(&[&a, &b], 4).iter().sum();
     assert!(admitted >= 1, "nothing admitted");
     let deadline = std::time::Instant::now() + common::WAIT;
@@ -234,16 +232,7 @@ fn the_rounds_rewrite_what_each_router_holds() {
 #[test]
 fn two_routers_together_never_run_more_than_the_budget() {
     let valkey = settled_store();
-    let policies = policy_dir("occupancy-budget");
-    let (mut a, b) = std::thread::scope(|scope| {
-        let a = scope.spawn(|| router("occupancy", 0, &valkey.addr(), &policies));
-        let b = scope.spawn(|| router("occupancy", 1, &valkey.addr(), &policies));
-        (a.join().unwrap(), b.join().unwrap())
-    });
-    for site in [&a, &b] {
-        site.wait_metric("hivenet_sync_up", |v| v == 1.0);
-        site.wait_metric("hivenet_sync_peers", |v| v == 1.0);
-    }
+    let (mut a, b) = two_routers("occupancy", "occupancy-budget", &valkey);
     for round in 0..3 {
         let admitted = burst(&[&a, &b], 4);
         let together: usize = admitted.iter().sum();
