@@ -549,7 +549,9 @@ impl Valkey {
     /// reconfigure, such as an old primary restarted after a failover (Sentinel does it at its next
     /// `INFO` of that server, up to 10 s later).
     pub fn wait_role(&self, role: &str) {
-        poll(WAIT, || {
+        // Twice the usual wait: Sentinel's next `INFO` of the server, then its reconfiguration,
+        // ran past 30 s once on a loaded CI machine.
+        poll(WAIT * 2, || {
             let reply = self.reply(&["ROLE"]).ok()?;
             (reply.items().first()?.text() == role).then_some(())
         })
