@@ -14,6 +14,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
 use futures_util::future::Either;
 
 use crate::accounting::tenants::{KeyLabels, Phase};
@@ -234,7 +235,7 @@ pub async fn forward<S: Sink>(
     // When the request was handed to the tunnel: the start of its latency sample.
     let handed_over: std::cell::Cell<Option<Instant>> = std::cell::Cell::new(None);
     let sent = sink
-        .until_client_gone(monoio::time::timeout(remaining, async {
+        .until_client_gone(crate::shard::timer::timeout(remaining, async {
             let mut send = tunnel.send.clone().ready().await?;
             handed_over.set(Some(Instant::now()));
             let (response, mut body_stream) =
@@ -347,7 +348,7 @@ async fn buffer_back<S: Sink>(
     let mut single: Option<Bytes> = None;
     let mut joined = BytesMut::new();
     // One timer for the whole body, not one per chunk.
-    let mut expired = std::pin::pin!(monoio::time::sleep_until(deadline.into()));
+    let mut expired = crate::shard::timer::sleep_until(deadline);
     loop {
         let next = sink
             .until_client_gone(race(upstream.data(), expired.as_mut()))
@@ -435,7 +436,9 @@ async fn stream_back<S: Sink>(
 ) -> Result<(), Outcome> {
     let shard = settling.shard;
     let dialect = settling.route.dialect();
-    sink.start_stream(settling.status, content_type, rate_headers)
+    // The head, the events and the end are corked: what the agent sent together leaves in one
+    // write, and the corked output goes out whenever the next chunk must be waited for.
+    sink.start_stream_corked(settling.status, content_type, rate_headers)
         .await
         .map_err(|_| Outcome::Gone)?;
     let mut splitter = SseSplitter::new(SSE_EVENT_BYTES_MAX);
@@ -449,7 +452,15 @@ async fn stream_back<S: Sink>(
     let mut truncated = false;
     let mut occupancy = OccupancyTracker::new(settling.slot);
     loop {
-        let next = sink.until_client_gone(upstream.data()).await;
+        let next = match upstream.data().now_or_never() {
+            Some(ready) => Some(ready),
+            None => {
+                if sink.flush().await.is_err() {
+                    return Err(settling.client_left(scanner.usage()));
+                }
+                sink.until_client_gone(upstream.data()).await
+            }
+        };
         let chunk = match next {
             None => return Err(settling.client_left(scanner.usage())),
             Some(None) => break,
@@ -506,13 +517,13 @@ async fn stream_back<S: Sink>(
                 }
             }
         }
-        if !out.is_empty() && sink.stream_data(&out).await.is_err() {
+        if !out.is_empty() && sink.stream_data_corked(&out).await.is_err() {
             return Err(settling.client_left(scanner.usage()));
         }
     }
     if !truncated {
         let tail = splitter.take_tail();
-        if !tail.is_empty() && sink.stream_data(&tail).await.is_err() {
+        if !tail.is_empty() && sink.stream_data_corked(&tail).await.is_err() {
             return Err(settling.client_left(scanner.usage()));
         }
     }

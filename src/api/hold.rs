@@ -106,6 +106,48 @@ impl<'s, S: Sink> HoldSink<'s, S> {
         self.inner.end_stream().await
     }
 
+    /// [`Sink::until_client_gone`] for a held request: a keepalive each interval until `future`
+    /// resolves or the client goes.
+    async fn held_until_client_gone<F: std::future::Future>(
+        &mut self,
+        mut next: Instant,
+        future: F,
+    ) -> Option<F::Output> {
+        let mut future = std::pin::pin!(future);
+        loop {
+            let tick = crate::shard::timer::sleep_until(next);
+            match self
+                .inner
+                .until_client_gone(race(future.as_mut(), tick))
+                .await
+            {
+                None => return None,
+                Some(Either::Left(output)) => return Some(output),
+                Some(Either::Right(())) => {
+                    if self.send_keepalive().await.is_err() {
+                        return None;
+                    }
+                    let interval = self
+                        .keepalive
+                        .map_or(Duration::from_secs(1), |keepalive| keepalive.interval);
+                    next = Instant::now() + interval;
+                    self.next = Some(next);
+                }
+            }
+        }
+    }
+
+    /// A stream starts with `status`; true when a keepalive already sent the head, so the events
+    /// follow the comments and only the status is counted.
+    fn start(&mut self, status: u16) -> bool {
+        self.started();
+        self.status = status;
+        if self.committed {
+            self.metrics.count_response(status);
+        }
+        self.committed
+    }
+
     fn streams(&self) -> bool {
         self.keepalive.is_some_and(|keepalive| keepalive.stream)
     }
@@ -163,16 +205,35 @@ impl<S: Sink> Sink for HoldSink<'_, S> {
         content_type: &str,
         extra_headers: &[(&str, &[u8])],
     ) -> Result<(), ClientGone> {
-        self.started();
-        self.status = status;
-        if self.committed {
-            // The head went with the first keepalive; the events follow the comments.
-            self.metrics.count_response(status);
+        if self.start(status) {
             return Ok(());
         }
         self.inner
             .start_stream(status, content_type, extra_headers)
             .await
+    }
+
+    async fn start_stream_corked(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+    ) -> Result<(), ClientGone> {
+        if self.start(status) {
+            return Ok(());
+        }
+        self.inner
+            .start_stream_corked(status, content_type, extra_headers)
+            .await
+    }
+
+    async fn stream_data_corked(&mut self, data: &[u8]) -> Result<(), ClientGone> {
+        self.started();
+        self.inner.stream_data_corked(data).await
+    }
+
+    async fn flush(&mut self) -> Result<(), ClientGone> {
+        self.inner.flush().await
     }
 
     async fn start_keepalive(&mut self, content_type: &str) -> Result<(), ClientGone> {
@@ -188,31 +249,15 @@ impl<S: Sink> Sink for HoldSink<'_, S> {
         self.inner.end_stream().await
     }
 
-    async fn until_client_gone<F: std::future::Future>(&mut self, future: F) -> Option<F::Output> {
-        let Some(mut next) = self.next else {
-            return self.inner.until_client_gone(future).await;
-        };
-        let mut future = std::pin::pin!(future);
-        loop {
-            let tick = monoio::time::sleep_until(next.into());
-            match self
-                .inner
-                .until_client_gone(race(future.as_mut(), tick))
-                .await
-            {
-                None => return None,
-                Some(Either::Left(output)) => return Some(output),
-                Some(Either::Right(())) => {
-                    if self.send_keepalive().await.is_err() {
-                        return None;
-                    }
-                    let interval = self
-                        .keepalive
-                        .map_or(Duration::from_secs(1), |keepalive| keepalive.interval);
-                    next = Instant::now() + interval;
-                    self.next = Some(next);
-                }
-            }
+    fn until_client_gone<F: std::future::Future>(
+        &mut self,
+        future: F,
+    ) -> impl std::future::Future<Output = Option<F::Output>> {
+        // Not held (nearly every request): the inner sink's plain future, one branch. Held: the
+        // keepalive loop, boxed so that its state does not grow every request's future.
+        match self.next {
+            None => Either::Left(self.inner.until_client_gone(future)),
+            Some(next) => Either::Right(Box::pin(self.held_until_client_gone(next, future))),
         }
     }
 

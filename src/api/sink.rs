@@ -2,8 +2,13 @@
 //! not care whether the client speaks HTTP/1.1 or HTTP/2.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use crate::error::Rejection;
+
+/// The most a sink holds corked before it writes out (`Sink::stream_data_corked`).
+pub const CORKED_BYTES_MAX: usize = 16 * 1024;
 
 /// The client connection broke or closed; the request is over and the connection must close.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,8 +43,32 @@ pub trait Sink {
     /// Sends part of a streamed response, flushed to the socket before this resolves.
     fn stream_data(&mut self, data: &[u8]) -> impl Future<Output = Result<(), ClientGone>>;
 
-    /// Ends a streamed response.
+    /// Ends a streamed response, writing whatever is corked with it.
     fn end_stream(&mut self) -> impl Future<Output = Result<(), ClientGone>>;
+
+    /// Like [`Sink::start_stream`], but the head may wait in the connection's buffer ("corked")
+    /// until the next write, [`Sink::flush`] or [`Sink::end_stream`]: a proxied stream whose
+    /// head, events and end arrive together leaves in one write instead of three. The caller
+    /// flushes before it waits for more. By default nothing is corked.
+    fn start_stream_corked(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+    ) -> impl Future<Output = Result<(), ClientGone>> {
+        self.start_stream(status, content_type, extra_headers)
+    }
+
+    /// Like [`Sink::stream_data`], but corked as [`Sink::start_stream_corked`] says. A sink
+    /// writes out once it holds [`CORKED_BYTES_MAX`], so corking never buffers without bound.
+    fn stream_data_corked(&mut self, data: &[u8]) -> impl Future<Output = Result<(), ClientGone>> {
+        self.stream_data(data)
+    }
+
+    /// Writes out whatever is corked.
+    fn flush(&mut self) -> impl Future<Output = Result<(), ClientGone>> {
+        std::future::ready(Ok(()))
+    }
 
     /// Runs `future` unless the client goes away first, in which case `None`.
     fn until_client_gone<F: Future>(
@@ -80,5 +109,39 @@ pub trait Sink {
             )
             .await
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// What [`Sink::until_client_gone`] returns: `future`'s output, or `None` once `gone`
+    /// resolves; `gone` is polled first, so a client known to be gone wins.
+    ///
+    /// A plain future rather than an `async fn`: an `async fn` taking a future keeps the future
+    /// as its argument and again in what it awaits, so each wrapping level doubled the request
+    /// path's futures, and every `.await` copies a future whole (`shard::timer`).
+    #[must_use = "futures do nothing unless polled"]
+    pub struct UntilGone<F, G> {
+        #[pin]
+        future: F,
+        #[pin]
+        gone: G,
+    }
+}
+
+impl<F: Future, G: Future> UntilGone<F, G> {
+    pub fn new(future: F, gone: G) -> Self {
+        UntilGone { future, gone }
+    }
+}
+
+impl<F: Future, G: Future> Future for UntilGone<F, G> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if this.gone.poll(context).is_ready() {
+            return Poll::Ready(None);
+        }
+        this.future.poll(context).map(Some)
     }
 }

@@ -22,6 +22,7 @@ use monoio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use crate::api::authenticate::{self, HeadCredentials, now_unix_ms};
+use crate::api::sink::{CORKED_BYTES_MAX, UntilGone};
 use crate::api::sink::{ClientGone, Sink};
 use crate::api::{self, ClientRequest};
 use crate::error::Rejection;
@@ -157,7 +158,7 @@ async fn serve_sniffed(shard: Rc<Shard>, mut stream: TcpStream, open: OpenConnec
         let start = first.len();
         let end = first.capacity();
         let left = deadline.saturating_duration_since(Instant::now());
-        match monoio::time::timeout(left, stream.read(first.slice_mut(start..end))).await {
+        match crate::shard::timer::timeout(left, stream.read(first.slice_mut(start..end))).await {
             Ok((Ok(read), slice)) if read > 0 => first = slice.into_inner(),
             // Closed, failed or silent before the first request: nothing to answer.
             _ => return,
@@ -280,7 +281,7 @@ impl Reader {
                 std::future::pending().await
             }
         };
-        match race(monoio::time::timeout(timeout, read), writer_done).await {
+        match race(crate::shard::timer::timeout(timeout, read), writer_done).await {
             Either::Left(Ok((result, slice))) => {
                 self.buf = slice.into_inner();
                 match result {
@@ -659,7 +660,9 @@ struct Http1Sink {
 }
 
 impl Http1Sink {
-    async fn flush(&mut self) -> Result<(), ClientGone> {
+    /// Writes out `out`, which is empty afterwards whatever the result: every write appends
+    /// to it, and only corked writes (`Sink::*_corked`) leave bytes in it between calls.
+    async fn write_out(&mut self) -> Result<(), ClientGone> {
         let out = std::mem::take(&mut self.out);
         let (result, mut out) = self.writer.write_all(out).await;
         out.clear();
@@ -668,24 +671,18 @@ impl Http1Sink {
     }
 
     async fn write_raw(&mut self, bytes: &[u8]) -> Result<(), ClientGone> {
-        self.out.clear();
         self.out.extend_from_slice(bytes);
-        self.flush().await
+        self.write_out().await
     }
 
-    /// A chunked response head (`start_stream`, `start_keepalive`); the caller counts the status.
-    async fn stream_head(
-        &mut self,
-        status: u16,
-        content_type: &str,
-        extra_headers: &[(&str, &[u8])],
-    ) -> Result<(), ClientGone> {
+    /// Appends a chunked response head (`start_stream`, `start_keepalive`) to `out`; the caller
+    /// counts the status and writes it out.
+    fn stream_head(&mut self, status: u16, content_type: &str, extra_headers: &[(&str, &[u8])]) {
         self.status = status;
         let ids = (self.request_id, self.traceparent);
         let mut headers: [(&str, &[u8]); RESPONSE_HEADERS_MAX] =
             [("cache-control", b"no-cache"); RESPONSE_HEADERS_MAX];
         let count = 1 + with_ids(&mut headers[1..], &ids, extra_headers);
-        self.out.clear();
         ResponseHead {
             status,
             content_type: Some(content_type),
@@ -694,7 +691,6 @@ impl Http1Sink {
             extra_headers: &headers[..count],
         }
         .write(&mut self.out);
-        self.flush().await
     }
 }
 
@@ -711,7 +707,6 @@ impl Sink for Http1Sink {
         let ids = (self.request_id, self.traceparent);
         let mut headers: [(&str, &[u8]); RESPONSE_HEADERS_MAX] = [("", b""); RESPONSE_HEADERS_MAX];
         let count = with_ids(&mut headers, &ids, extra_headers);
-        self.out.clear();
         ResponseHead {
             status,
             content_type: Some(content_type),
@@ -723,7 +718,7 @@ impl Sink for Http1Sink {
         if !self.head_only {
             self.out.extend_from_slice(body);
         }
-        self.flush().await
+        self.write_out().await
     }
 
     async fn start_stream(
@@ -733,19 +728,19 @@ impl Sink for Http1Sink {
         extra_headers: &[(&str, &[u8])],
     ) -> Result<(), ClientGone> {
         self.shard.metrics.count_response(status);
-        self.stream_head(status, content_type, extra_headers).await
+        self.stream_head(status, content_type, extra_headers);
+        self.write_out().await
     }
 
     async fn start_keepalive(&mut self, content_type: &str) -> Result<(), ClientGone> {
-        self.stream_head(200, content_type, &[]).await
+        self.stream_head(200, content_type, &[]);
+        self.write_out().await
     }
 
     async fn stream_data(&mut self, data: &[u8]) -> Result<(), ClientGone> {
-        if data.is_empty() {
-            return Ok(());
+        if !data.is_empty() {
+            write_chunk(&mut self.out, data);
         }
-        self.out.clear();
-        write_chunk(&mut self.out, data);
         self.flush().await
     }
 
@@ -753,14 +748,39 @@ impl Sink for Http1Sink {
         self.write_raw(LAST_CHUNK).await
     }
 
-    async fn until_client_gone<F: std::future::Future>(&mut self, future: F) -> Option<F::Output> {
-        if self.gone.is_set() {
-            return None;
+    async fn start_stream_corked(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+    ) -> Result<(), ClientGone> {
+        self.shard.metrics.count_response(status);
+        self.stream_head(status, content_type, extra_headers);
+        Ok(())
+    }
+
+    async fn stream_data_corked(&mut self, data: &[u8]) -> Result<(), ClientGone> {
+        if !data.is_empty() {
+            write_chunk(&mut self.out, data);
         }
-        match race(future, self.gone.wait()).await {
-            Either::Left(output) => Some(output),
-            Either::Right(()) => None,
+        if self.out.len() >= CORKED_BYTES_MAX {
+            return self.write_out().await;
         }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), ClientGone> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        self.write_out().await
+    }
+
+    fn until_client_gone<F: std::future::Future>(
+        &mut self,
+        future: F,
+    ) -> impl std::future::Future<Output = Option<F::Output>> {
+        UntilGone::new(future, self.gone.wait())
     }
 
     fn close_after(&mut self) {

@@ -228,7 +228,7 @@ async fn serve_stream(
             .client_body_timeout
             .min(deadline.saturating_duration_since(Instant::now()));
         let next = race(
-            monoio::time::timeout(wait, body_stream.data()),
+            crate::shard::timer::timeout(wait, body_stream.data()),
             std::future::poll_fn(|context| sink.respond.poll_reset(context)),
         )
         .await;
@@ -459,17 +459,17 @@ impl Sink for H2Sink {
         stream.send_data(Bytes::new(), true).map_err(|_| ClientGone)
     }
 
-    async fn until_client_gone<F: std::future::Future>(&mut self, future: F) -> Option<F::Output> {
+    fn until_client_gone<F: std::future::Future>(
+        &mut self,
+        future: F,
+    ) -> impl std::future::Future<Output = Option<F::Output>> {
         let respond = &mut self.respond;
         let stream = &mut self.stream;
-        let reset = std::future::poll_fn(|context| match stream.as_mut() {
+        let reset = std::future::poll_fn(move |context| match stream.as_mut() {
             Some(stream) => stream.poll_reset(context),
             None => respond.poll_reset(context),
         });
-        match race(future, reset).await {
-            Either::Left(output) => Some(output),
-            Either::Right(_) => None,
-        }
+        crate::api::sink::UntilGone::new(future, reset)
     }
 
     fn close_after(&mut self) {}

@@ -39,6 +39,7 @@ pub mod outbox;
 pub mod owner;
 pub mod queue_waits;
 pub mod state;
+pub mod timer;
 pub mod visit;
 
 /// The maps a shard looks up on every request, keyed by the router's own ids (models, agents,

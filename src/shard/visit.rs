@@ -220,7 +220,7 @@ impl Shard {
             armed: true,
         };
         let wait = deadline.saturating_duration_since(Instant::now());
-        match monoio::time::timeout(wait, waiter.answer).await {
+        match super::timer::timeout(wait, waiter.answer).await {
             Ok(Ok(answer)) => {
                 visiting.armed = false;
                 Ok(answer)
