@@ -24,7 +24,6 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::FutureExt;
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use http::{HeaderValue, Request, Response, StatusCode, Uri, Version};
@@ -357,10 +356,6 @@ async fn stream_to_router(
     *head.headers_mut() = parts.headers;
     headers::to_router(head.headers_mut());
     let end_of_stream = body.is_end_stream();
-    let mut taken = match end_of_stream {
-        true => None,
-        false => first_frame_if_ready(&mut body).await,
-    };
     let mut send = match respond.send_response(head, end_of_stream) {
         Ok(send) => send,
         Err(error) => {
@@ -372,16 +367,13 @@ async fn stream_to_router(
         return;
     }
     loop {
-        let frame = match taken.take() {
-            Some(frame) => Ok(frame),
-            None => tokio::select! {
-                frame = tokio::time::timeout(context.http_timeout, body.frame()) => frame,
-                reason = poll_fn(|cx| send.poll_reset(cx)) => {
-                    // Dropping `body` here closes the backend connection: the engine cancels.
-                    debug!(?reason, "router reset the stream mid-response");
-                    return;
-                }
-            },
+        let frame = tokio::select! {
+            frame = tokio::time::timeout(context.http_timeout, body.frame()) => frame,
+            reason = poll_fn(|cx| send.poll_reset(cx)) => {
+                // Dropping `body` here closes the backend connection: the engine cancels.
+                debug!(?reason, "router reset the stream mid-response");
+                return;
+            }
         };
         match frame {
             Err(_) => {
@@ -427,22 +419,6 @@ async fn stream_to_router(
             }
         }
     }
-}
-
-/// The body's first frame when the engine sent it with the head: an engine usually does (a JSON
-/// body, a burst of events), but hyper reads the body only once it is asked for, in the backend
-/// connection's own task. One yield lets that task hand over what it already read, so the head
-/// and the first data leave in one tunnel write and reach the router in one read. `None` when
-/// the body is not there yet (an engine before its first token): the head goes alone and the
-/// body is waited for as before.
-async fn first_frame_if_ready(
-    body: &mut Incoming,
-) -> Option<Option<Result<Frame<Bytes>, hyper::Error>>> {
-    if let Some(frame) = body.frame().now_or_never() {
-        return Some(frame);
-    }
-    tokio::task::yield_now().await;
-    body.frame().now_or_never()
 }
 
 #[derive(Debug, thiserror::Error)]
