@@ -186,20 +186,21 @@ for i in "${!VARIANTS[@]}"; do
   echo "router#$i args: $(router_args "${VARIANTS[$i]}")"
 done
 echo
-fmt='%-20s %10s %9s %9s %7s %10s %10s %10s %8s %8s %8s %8s %7s\n'
+fmt='%-20s %10s %9s %9s %7s %10s %10s %10s %8s %8s %8s %8s %7s %7s\n'
 # shellcheck disable=SC2059
-printf "$fmt" case req/s p50_us p99_us errors router_us agent_us nginx_us sys_us sim_us sim_cpu wrk_cpu other
+printf "$fmt" case req/s p50_us p99_us errors router_us agent_us nginx_us sys_us sim_us sim_cpu wrk_cpu other busy
 for id in "${CASE_IDS[@]}"; do
   # shellcheck disable=SC2059
   printf "$fmt" "${R[$id.label]}" "${R[$id.rps]}" "${R[$id.p50_us]}" "${R[$id.p99_us]}" \
     "${R[$id.errors]}" "${R[$id.router_us_per_req]/null/-}" "${R[$id.agent_us_per_req]/null/-}" \
     "${R[$id.nginx_us_per_req]/null/-}" "${R[$id.proxy_sys_us_per_req]}" \
     "${R[$id.sim_us_per_req]}" "${R[$id.sim_cores]}" \
-    "${R[$id.wrk_cores]}" "${R[$id.other_cores]}"
+    "${R[$id.wrk_cores]}" "${R[$id.other_cores]}" "${R[$id.machine_busy_cores]}"
 done
 echo "(*_us = CPU microseconds per request of that process; sys_us = the kernel's part of the"
 echo " proxy's (router's or nginx's) figure; sim_cpu/wrk_cpu/other = cores busy during the window:"
-echo " the sim, the load generator, processes outside the benchmark)"
+echo " the sim, the load generator, processes outside the benchmark; busy = all cores busy, of $NPROC:"
+echo " below $NPROC, requests wait somewhere other than a CPU)"
 echo
 # Router / nginx ratios against one baseline (one hop: nginx -> sim, or two hops: nginx -> nginx
 # -> sim). The two-hop chain has the router path's shape, so its CPU (both nginx hops) compares
