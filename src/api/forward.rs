@@ -438,7 +438,7 @@ async fn stream_back<S: Sink>(
     let dialect = settling.route.dialect();
     // The head, the events and the end are corked: what the agent sent together leaves in one
     // write, and the corked output goes out whenever the next chunk must be waited for.
-    sink.start_stream_corked(settling.status, content_type, rate_headers)
+    sink.start_stream(settling.status, content_type, rate_headers)
         .await
         .map_err(|_| Outcome::Gone)?;
     let mut splitter = SseSplitter::new(SSE_EVENT_BYTES_MAX);

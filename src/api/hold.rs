@@ -137,17 +137,6 @@ impl<'s, S: Sink> HoldSink<'s, S> {
         }
     }
 
-    /// A stream starts with `status`; true when a keepalive already sent the head, so the events
-    /// follow the comments and only the status is counted.
-    fn start(&mut self, status: u16) -> bool {
-        self.started();
-        self.status = status;
-        if self.committed {
-            self.metrics.count_response(status);
-        }
-        self.committed
-    }
-
     fn streams(&self) -> bool {
         self.keepalive.is_some_and(|keepalive| keepalive.stream)
     }
@@ -205,25 +194,15 @@ impl<S: Sink> Sink for HoldSink<'_, S> {
         content_type: &str,
         extra_headers: &[(&str, &[u8])],
     ) -> Result<(), ClientGone> {
-        if self.start(status) {
+        self.started();
+        self.status = status;
+        if self.committed {
+            // The head went with the first keepalive; the events follow the comments.
+            self.metrics.count_response(status);
             return Ok(());
         }
         self.inner
             .start_stream(status, content_type, extra_headers)
-            .await
-    }
-
-    async fn start_stream_corked(
-        &mut self,
-        status: u16,
-        content_type: &str,
-        extra_headers: &[(&str, &[u8])],
-    ) -> Result<(), ClientGone> {
-        if self.start(status) {
-            return Ok(());
-        }
-        self.inner
-            .start_stream_corked(status, content_type, extra_headers)
             .await
     }
 

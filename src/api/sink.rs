@@ -24,7 +24,10 @@ pub trait Sink {
         body: &[u8],
     ) -> impl Future<Output = Result<(), ClientGone>>;
 
-    /// Starts a streamed response (`text/event-stream` and the like); the head is sent at once.
+    /// Starts a streamed response (`text/event-stream` and the like). The head may wait in the
+    /// connection's buffer ("corked") until the next write, [`Sink::flush`] or
+    /// [`Sink::end_stream`], so that a proxied stream whose head, events and end arrive together
+    /// leaves in one write; whoever then waits for more flushes first.
     fn start_stream(
         &mut self,
         status: u16,
@@ -46,21 +49,9 @@ pub trait Sink {
     /// Ends a streamed response, writing whatever is corked with it.
     fn end_stream(&mut self) -> impl Future<Output = Result<(), ClientGone>>;
 
-    /// Like [`Sink::start_stream`], but the head may wait in the connection's buffer ("corked")
-    /// until the next write, [`Sink::flush`] or [`Sink::end_stream`]: a proxied stream whose
-    /// head, events and end arrive together leaves in one write instead of three. The caller
-    /// flushes before it waits for more. By default nothing is corked.
-    fn start_stream_corked(
-        &mut self,
-        status: u16,
-        content_type: &str,
-        extra_headers: &[(&str, &[u8])],
-    ) -> impl Future<Output = Result<(), ClientGone>> {
-        self.start_stream(status, content_type, extra_headers)
-    }
-
-    /// Like [`Sink::stream_data`], but corked as [`Sink::start_stream_corked`] says. A sink
-    /// writes out once it holds [`CORKED_BYTES_MAX`], so corking never buffers without bound.
+    /// Like [`Sink::stream_data`], but the data may wait in the connection's buffer as a
+    /// stream's head does ([`Sink::start_stream`]). A sink writes out once it holds
+    /// [`CORKED_BYTES_MAX`], so corking never buffers without bound. By default nothing waits.
     fn stream_data_corked(&mut self, data: &[u8]) -> impl Future<Output = Result<(), ClientGone>> {
         self.stream_data(data)
     }

@@ -729,7 +729,7 @@ impl Sink for Http1Sink {
     ) -> Result<(), ClientGone> {
         self.shard.metrics.count_response(status);
         self.stream_head(status, content_type, extra_headers);
-        self.write_out().await
+        Ok(())
     }
 
     async fn start_keepalive(&mut self, content_type: &str) -> Result<(), ClientGone> {
@@ -746,17 +746,6 @@ impl Sink for Http1Sink {
 
     async fn end_stream(&mut self) -> Result<(), ClientGone> {
         self.write_raw(LAST_CHUNK).await
-    }
-
-    async fn start_stream_corked(
-        &mut self,
-        status: u16,
-        content_type: &str,
-        extra_headers: &[(&str, &[u8])],
-    ) -> Result<(), ClientGone> {
-        self.shard.metrics.count_response(status);
-        self.stream_head(status, content_type, extra_headers);
-        Ok(())
     }
 
     async fn stream_data_corked(&mut self, data: &[u8]) -> Result<(), ClientGone> {
