@@ -158,7 +158,9 @@ async fn serve_sniffed(shard: Rc<Shard>, mut stream: TcpStream, open: OpenConnec
         let start = first.len();
         let end = first.capacity();
         let left = deadline.saturating_duration_since(Instant::now());
-        match crate::shard::timer::timeout(left, stream.read(first.slice_mut(start..end))).await {
+        // monoio's own timeout, inline: this task's size is set by the sniffing state anyway, and a
+        // boxed timer would add a kilobyte to every connection that has sent nothing yet.
+        match monoio::time::timeout(left, stream.read(first.slice_mut(start..end))).await {
             Ok((Ok(read), slice)) if read > 0 => first = slice.into_inner(),
             // Closed, failed or silent before the first request: nothing to answer.
             _ => return,
@@ -281,7 +283,9 @@ impl Reader {
                 std::future::pending().await
             }
         };
-        match race(crate::shard::timer::timeout(timeout, read), writer_done).await {
+        // monoio's own timeout, inline: the reader's task is not nested in the request path's
+        // futures, and a boxed timer would add a kilobyte to every idle keep-alive connection.
+        match race(monoio::time::timeout(timeout, read), writer_done).await {
             Either::Left(Ok((result, slice))) => {
                 self.buf = slice.into_inner();
                 match result {
