@@ -656,7 +656,10 @@ mod tests {
         let cases: [(&[u8], Option<&[u8]>); 7] = [
             (b"data: {\"a\":1}\n\n", Some(b"{\"a\":1}")),
             (b"data:x", Some(b"x")),
-            (b"event: e\r\ndata: one\r\ndata: two\r\n\r\n", Some(b"one\ntwo")),
+            (
+                b"event: e\r\ndata: one\r\ndata: two\r\n\r\n",
+                Some(b"one\ntwo"),
+            ),
             (b"id: 1\ndata: [DONE]\n", Some(b"[DONE]")),
             (b": comment\n\n", None),
             (b"", None),
