@@ -143,7 +143,8 @@ pub enum Observation {
 /// standing in for missing usage must not be observed, it would teach the estimator itself).
 #[derive(Debug, Clone)]
 pub struct Estimator {
-    models: HashMap<ModelId, Learned>,
+    /// foldhash: looked up on every request (`shard::IdMap` is the same type for the shards).
+    models: HashMap<ModelId, Learned, foldhash::fast::RandomState>,
     models_max: usize,
     /// Observations that updated a ratio, all models; orders models for eviction.
     observations_total: u64,
@@ -160,7 +161,7 @@ impl Estimator {
     pub fn new(models_max: usize) -> Estimator {
         let models_max = models_max.max(1);
         Estimator {
-            models: HashMap::with_capacity(models_max),
+            models: HashMap::with_capacity_and_hasher(models_max, Default::default()),
             models_max,
             observations_total: 0,
         }

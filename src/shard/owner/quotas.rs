@@ -39,6 +39,7 @@ use crate::limits::{
     Admission, BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota,
     LimitExceeded, Millis, ModelContext, ModelQuota, Share, UsedTokens,
 };
+use crate::shard::IdMap;
 use crate::snapshot::{ModelKey, RoutingSnapshot};
 
 /// Which key configuration and model table a holder's limits were built from.
@@ -166,9 +167,9 @@ pub fn has_token_phase(key: &KeyRecord, serverless: bool) -> bool {
 pub struct Quotas {
     burst: BurstSeconds,
     /// Per owner: RPM, daily and per-model budgets.
-    holders: HashMap<TenantId, Holder>,
+    holders: IdMap<TenantId, Holder>,
     /// Per key: B4 token-per-minute buckets (flat quotas with ITPM or OTPM only).
-    token_rates: HashMap<KeyId, Holder>,
+    token_rates: IdMap<KeyId, Holder>,
     /// `None` with the `memory` quota backend and no sync store: nothing is restored or
     /// reported.
     persistence: Option<Persistence>,
@@ -288,8 +289,8 @@ impl Quotas {
     pub fn new(burst: BurstSeconds) -> Quotas {
         Quotas {
             burst,
-            holders: HashMap::new(),
-            token_rates: HashMap::new(),
+            holders: IdMap::default(),
+            token_rates: IdMap::default(),
             persistence: None,
             share: Share::Whole,
             daily_known: true,
