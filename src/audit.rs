@@ -210,17 +210,19 @@ impl AuditRecord<'_> {
     /// but odd model names) is copied whole. Through serde_json a record cost 6,100 instructions,
     /// 7-9 % of the router's per request (perf/README.md, issue 14).
     pub fn write_json(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(b"{\"log_type\":");
-        json_str(out, self.log_type);
-        out.extend_from_slice(b",\"level\":");
-        json_str(out, self.level);
-        out.extend_from_slice(b",\"trace_id\":");
-        json_str(out, self.trace_id);
-        out.extend_from_slice(b",\"request_id\":");
-        json_str(out, self.request_id);
-        out.extend_from_slice(b",\"tenant_id\":");
-        json_str(out, self.tenant_id);
-        out.extend_from_slice(b",\"key_id\":");
+        out.push(b'{');
+        let leading = [
+            ("log_type", self.log_type),
+            ("level", self.level),
+            ("trace_id", self.trace_id),
+            ("request_id", self.request_id),
+            ("tenant_id", self.tenant_id),
+        ];
+        for (index, (name, value)) in leading.into_iter().enumerate() {
+            json_key(out, name, index > 0);
+            json_str(out, value);
+        }
+        json_key(out, "key_id", true);
         match self.key_id.0 {
             AuditKey::None => out.extend_from_slice(b"\"\""),
             AuditKey::Dynamic(id) => json_str(out, id),
@@ -232,22 +234,25 @@ impl AuditRecord<'_> {
                 out.extend_from_slice(&text);
             }
         }
-        out.extend_from_slice(b",\"model\":");
+        json_key(out, "model", true);
         json_str(out, self.model);
         let mut digits = itoa::Buffer::new();
-        out.extend_from_slice(b",\"status_code\":");
-        out.extend_from_slice(digits.format(self.status_code).as_bytes());
-        out.extend_from_slice(b",\"latency_ms\":");
-        out.extend_from_slice(digits.format(self.latency_ms).as_bytes());
-        out.extend_from_slice(b",\"input_tokens\":");
-        out.extend_from_slice(digits.format(self.input_tokens).as_bytes());
-        out.extend_from_slice(b",\"output_tokens\":");
-        out.extend_from_slice(digits.format(self.output_tokens).as_bytes());
-        out.extend_from_slice(b",\"agent_id\":");
-        json_str(out, self.agent_id);
-        out.extend_from_slice(b",\"error_code\":");
-        json_str(out, self.error_code);
-        out.extend_from_slice(b",\"source_ip\":\"");
+        let counts = [
+            ("status_code", u64::from(self.status_code)),
+            ("latency_ms", self.latency_ms),
+            ("input_tokens", self.input_tokens),
+            ("output_tokens", self.output_tokens),
+        ];
+        for (name, value) in counts {
+            json_key(out, name, true);
+            out.extend_from_slice(digits.format(value).as_bytes());
+        }
+        for (name, value) in [("agent_id", self.agent_id), ("error_code", self.error_code)] {
+            json_key(out, name, true);
+            json_str(out, value);
+        }
+        json_key(out, "source_ip", true);
+        out.push(b'"');
         match self.source_ip.0 {
             Some(std::net::IpAddr::V4(ip)) => {
                 let (text, len) = ipv4_text(ip);
@@ -264,6 +269,16 @@ impl AuditRecord<'_> {
         out.extend_from_slice(&self.ts.render());
         out.extend_from_slice(b"\"}");
     }
+}
+
+/// `"name":`, after a comma unless it is the object's first member.
+fn json_key(out: &mut Vec<u8>, name: &str, after_another: bool) {
+    if after_another {
+        out.push(b',');
+    }
+    out.push(b'"');
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\":");
 }
 
 /// `value` as a JSON string: copied whole when nothing in it needs escaping, else through
