@@ -113,17 +113,8 @@ impl std::fmt::Display for SourceIp {
 }
 
 impl Serialize for SourceIp {
-    /// An IPv4 address (nearly every record) is written digit by digit into one string: `fmt`
-    /// for `Ipv4Addr` cost more than the rest of the record's numbers together.
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match self.0 {
-            Some(std::net::IpAddr::V4(ip)) => {
-                let (text, len) = ipv4_text(ip);
-                serializer
-                    .serialize_str(std::str::from_utf8(&text[..len]).expect("digits and dots"))
-            }
-            _ => serializer.collect_str(self),
-        }
+        serializer.collect_str(self)
     }
 }
 
@@ -227,11 +218,9 @@ impl AuditRecord<'_> {
             AuditKey::None => out.extend_from_slice(b"\"\""),
             AuditKey::Dynamic(id) => json_str(out, id),
             AuditKey::Static(key_id) => {
-                let mut text = *b"\"static:00000000\"";
-                for (slot, shift) in text[8..16].iter_mut().zip((0..8).rev()) {
-                    *slot = b"0123456789abcdef"[(key_id.0 >> (shift * 4)) as usize & 0xf];
-                }
-                out.extend_from_slice(&text);
+                out.extend_from_slice(b"\"static:");
+                out.extend_from_slice(&key_id.hex());
+                out.push(b'"');
             }
         }
         json_key(out, "model", true);

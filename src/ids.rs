@@ -71,6 +71,11 @@ impl Capability {
     }
 }
 
+/// The maps looked up on every request, keyed by the router's own ids or by digests (models,
+/// agents, tickets, keys, key hashes): foldhash, seeded per process, instead of the standard
+/// library's SipHash. None of these keys can be chosen by a client to land in one bucket.
+pub type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 /// A client key, as limits and metrics know it. Derived from the key's hash or its dynamic ID
 /// (`auth::keys`), so it is the same in every router of a site.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -81,9 +86,21 @@ impl KeyId {
     pub const ANONYMOUS: KeyId = KeyId(0);
 }
 
+impl KeyId {
+    /// The id as 8 lowercase hex digits, its text everywhere (`Display`, the audit line).
+    pub fn hex(self) -> [u8; 8] {
+        let mut digits = [0u8; 8];
+        for (slot, shift) in digits.iter_mut().zip((0..8).rev()) {
+            *slot = b"0123456789abcdef"[(self.0 >> (shift * 4)) as usize & 0xf];
+        }
+        digits
+    }
+}
+
 impl fmt::Display for KeyId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:08x}", self.0)
+        let digits = self.hex();
+        f.write_str(std::str::from_utf8(&digits).expect("hex digits are ASCII"))
     }
 }
 
@@ -129,6 +146,14 @@ pub enum Dialect {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_id_shows_as_eight_lowercase_hex_digits() {
+        assert_eq!(KeyId(0).to_string(), "00000000");
+        assert_eq!(KeyId(0x0a1b_2c3d).to_string(), "0a1b2c3d");
+        assert_eq!(KeyId(u32::MAX).to_string(), "ffffffff");
+        assert_eq!(&KeyId(0xbeef).hex(), b"0000beef");
+    }
 
     #[test]
     fn every_capability_of_a_name_has_the_names_owner() {

@@ -143,6 +143,17 @@ fn settled_store() -> Valkey {
 
 /// Two routers of one site on `store`, each with its agent and sim, started together and past
 /// their first round with each other.
+/// Stops router-0 cleanly (SIGTERM): it exits 0 and its credits have left the pool at once.
+fn shut_down_router_0(a: &mut Site, valkey: &Valkey) {
+    let status = a.router.terminate();
+    assert!(status.success(), "{}", a.logs());
+    let holdings = valkey.command(&["HGETALL", POOL]);
+    assert!(
+        !holdings.contains("router-0"),
+        "router-0 left its credits: {holdings}"
+    );
+}
+
 fn two_routers(name: &str, policies: &str, store: &Valkey) -> (Site, Site) {
     let policies = policy_dir(policies);
     let (a, b) = std::thread::scope(|scope| {
@@ -171,13 +182,7 @@ fn after_a_clean_shutdown_the_other_router_uses_the_whole_budget() {
     // Router-1 may use the whole budget after router-0's clean shutdown, once it no longer
     // hears of router-0 (until its agent's next heartbeat drops the session with router-0, a
     // router the store no longer lists holds new grants back).
-    let status = a.router.terminate();
-    assert!(status.success(), "{}", a.logs());
-    let holdings = valkey.command(&["HGETALL", POOL]);
-    assert!(
-        !holdings.contains("router-0"),
-        "router-0 left its credits: {holdings}"
-    );
+    shut_down_router_0(&mut a, &valkey);
     let deadline = std::time::Instant::now() + common::WAIT;
     loop {
         let admitted = burst(&[&b], BUDGET);
@@ -251,13 +256,7 @@ fn two_routers_together_never_run_more_than_the_budget() {
     );
 
     // A clean shutdown gives router-0's credits back at once.
-    let status = a.router.terminate();
-    assert!(status.success(), "{}", a.logs());
-    let holdings = valkey.command(&["HGETALL", POOL]);
-    assert!(
-        !holdings.contains("router-0"),
-        "router-0 left its credits: {holdings}"
-    );
+    shut_down_router_0(&mut a, &valkey);
     assert_eq!(
         b.router_metric("hivenet_admission_reaped_total"),
         0.0,

@@ -44,11 +44,10 @@
 //! - No method panics, whatever the shape or count: arithmetic saturates and the float to
 //!   integer conversion saturates.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::http::prompt::PromptShape;
-use crate::ids::ModelId;
+use crate::ids::{IdMap, ModelId};
 
 /// One model's learned ratio as every shard reads it: written only by the model's owner shard
 /// (after its [`Estimator`] learned), read by any shard at admission. A whole `f64` in one
@@ -143,8 +142,8 @@ pub enum Observation {
 /// standing in for missing usage must not be observed, it would teach the estimator itself).
 #[derive(Debug, Clone)]
 pub struct Estimator {
-    /// foldhash: looked up on every request (`shard::IdMap` is the same type for the shards).
-    models: HashMap<ModelId, Learned, foldhash::fast::RandomState>,
+    /// Looked up on every request.
+    models: IdMap<ModelId, Learned>,
     models_max: usize,
     /// Observations that updated a ratio, all models; orders models for eviction.
     observations_total: u64,
@@ -161,7 +160,7 @@ impl Estimator {
     pub fn new(models_max: usize) -> Estimator {
         let models_max = models_max.max(1);
         Estimator {
-            models: HashMap::with_capacity_and_hasher(models_max, Default::default()),
+            models: IdMap::with_capacity_and_hasher(models_max, Default::default()),
             models_max,
             observations_total: 0,
         }

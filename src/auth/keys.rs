@@ -36,6 +36,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::config::{AuthConfig, KeySettings, ModelAccess};
+use crate::ids::IdMap;
 
 /// Most keys one registry holds (static or dynamic). A bound, not a target: a 16 MiB replace body
 /// holds roughly a hundred thousand entries.
@@ -256,10 +257,9 @@ pub struct KeyRegistry {
     version: u64,
     mode: RegistryMode,
     records: Vec<KeyRecord>,
-    // foldhash, not SipHash: looked up several times per request, and keyed by digests an
-    // attacker cannot aim at one bucket (`shard::IdMap` gives the shards the same).
-    by_hash: HashMap<KeyHash, u32, foldhash::fast::RandomState>,
-    by_key_id: HashMap<KeyId, u32, foldhash::fast::RandomState>,
+    // Looked up several times per request.
+    by_hash: IdMap<KeyHash, u32>,
+    by_key_id: IdMap<KeyId, u32>,
     /// Dynamic keys by registry id (a redirected request names its key by it).
     by_registry_id: HashMap<Box<str>, u32>,
     anonymous: KeyRecord,
@@ -338,8 +338,8 @@ impl KeyRegistry {
             .collect();
 
         let mut records = Vec::with_capacity(inputs.len());
-        let mut by_hash = HashMap::with_capacity_and_hasher(inputs.len(), Default::default());
-        let mut by_key_id = HashMap::with_capacity_and_hasher(inputs.len(), Default::default());
+        let mut by_hash = IdMap::with_capacity_and_hasher(inputs.len(), Default::default());
+        let mut by_key_id = IdMap::with_capacity_and_hasher(inputs.len(), Default::default());
         let mut by_registry_id = HashMap::new();
         for (input, key_id) in inputs.into_iter().zip(key_ids) {
             let position = u32::try_from(records.len()).expect("registry bounded by MAX_KEYS");

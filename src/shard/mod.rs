@@ -42,6 +42,4 @@ pub mod state;
 pub mod timer;
 pub mod visit;
 
-/// The maps a shard looks up on every request, keyed by the router's own ids (models, agents,
-/// tickets, keys): foldhash, seeded per process, instead of the standard library's SipHash.
-pub type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+pub use crate::ids::IdMap;
