@@ -5,8 +5,11 @@
 //! memory for the life of the process). `POST /admin/metrics/reset` zeroes them and forgets the
 //! agents not registered now.
 //!
-//! Memory: one entry per (peer ID, model) ever pooled since the last reset; bounded by the agents
-//! a site runs, not by requests.
+//! Memory: one entry per (peer ID, model) pooled since the last reset, and at most
+//! [`HISTORY_ENTRIES_MAX`] once agents have left: past it, a new entry replaces one of an agent no
+//! longer in the routing pool. Agents that come back under new peer IDs (a fresh identity at every
+//! restart) would otherwise grow it for good. Entries of pooled agents are never dropped; they are
+//! bounded by the agents in the pool.
 //!
 //! Also here, the registry's other per-agent metric inputs and views: the host and engine reports
 //! agents send (kept as the latest only) and what `/metrics` reads of them ([`LiveAgent`]).
@@ -54,6 +57,9 @@ pub struct HistoryRow {
     pub totals: AgentTotals,
 }
 
+/// Entries past which a new one replaces an entry of an agent that has left (module doc).
+pub const HISTORY_ENTRIES_MAX: usize = 4096;
+
 #[derive(Debug)]
 pub struct History {
     shard_count: usize,
@@ -80,18 +86,36 @@ impl History {
         let counters = models
             .iter()
             .map(|&model| {
-                let entry = self
-                    .entries
-                    .entry((peer_id.to_owned(), model))
-                    .or_insert_with(|| Entry {
-                        counters: Arc::new(AgentCounters::new(self.shard_count)),
-                        labels: labels.clone(),
-                    });
+                let key = (peer_id.to_owned(), model);
+                if !self.entries.contains_key(&key) {
+                    self.make_room();
+                }
+                let entry = self.entries.entry(key).or_insert_with(|| Entry {
+                    counters: Arc::new(AgentCounters::new(self.shard_count)),
+                    labels: labels.clone(),
+                });
                 entry.labels = labels.clone();
                 (model, entry.counters.clone())
             })
             .collect();
         CountersByModel(counters)
+    }
+
+    /// At [`HISTORY_ENTRIES_MAX`], forgets one entry of an agent no longer pooled: its counters
+    /// are held by the history alone (the routing pool holds a pooled agent's). Nothing when every
+    /// entry belongs to a pooled agent.
+    fn make_room(&mut self) {
+        if self.entries.len() < HISTORY_ENTRIES_MAX {
+            return;
+        }
+        let gone = self
+            .entries
+            .iter()
+            .find(|(_, entry)| Arc::strong_count(&entry.counters) == 1)
+            .map(|(key, _)| key.clone());
+        if let Some(key) = gone {
+            self.entries.remove(&key);
+        }
     }
 
     /// Applies `count` to the counters of `peer_id` for each of `models` it has any for.

@@ -318,3 +318,21 @@ fn lifetime_counters_survive_a_new_session_and_a_reset_clears_them() {
         "an absent agent's series go"
     );
 }
+
+#[test]
+fn the_history_of_agents_gone_is_bounded_and_pooled_agents_keep_theirs() {
+    use super::history::{HISTORY_ENTRIES_MAX, History};
+    let mut history = History::new(1);
+    let registration = registration(&["m"]);
+    let model = [ModelId(0)];
+    // One pooled agent: the routing pool holds its counters.
+    let pooled = history.counters_for("pooled", &model, &registration);
+    // Agents that came and went under fresh peer IDs, far past the bound.
+    for index in 0..HISTORY_ENTRIES_MAX + 100 {
+        drop(history.counters_for(&format!("gone-{index}"), &model, &registration));
+    }
+    let rows = history.rows();
+    assert_eq!(rows.len(), HISTORY_ENTRIES_MAX);
+    assert!(rows.iter().any(|row| row.peer_id == "pooled"));
+    drop(pooled);
+}
