@@ -12,7 +12,8 @@
 #                      ROUTER_ARGS='|--auth-config-file perf/auth-bench.yaml' (auth + limits);
 #                      a variant starting with '@DIR ' runs DIR/hivenet-router instead, and
 #                      DIR/hivenet-agent when DIR has one (before vs after: ROUTER_ARGS='@/tmp/before|'
-#                      with an older build saved in /tmp/before)
+#                      with an older build saved in /tmp/before); flags after ' -- ' in a
+#                      variant go to its agent: ROUTER_ARGS='--shards 1|--shards 1 -- --worker-threads 2'
 #   CASES="json stream"  which request kinds to measure
 #   NGINX_HOPS="1 2"   which nginx baselines to measure (1: nginx -> sim, 2: nginx -> nginx -> sim)
 #   RESULTS=perf/results/latest.json   where the JSON goes
@@ -183,7 +184,7 @@ nginx_log="access log off"
 echo "router --shards $SHARDS, nginx $NGINX_WORKERS workers ($nginx_log), sim $SIM_THREADS thread(s), $NPROC CPUs;"
 echo "stream = $ROUTER_SSE_EVENTS SSE events via router, $NGINX_SSE_EVENTS via nginx"
 for i in "${!VARIANTS[@]}"; do
-  echo "router#$i args: $(router_args "${VARIANTS[$i]}")"
+  echo "router#$i args: $(router_args "${VARIANTS[$i]}"); agent: $(agent_args "${VARIANTS[$i]}")"
 done
 echo
 fmt='%-20s %10s %9s %9s %7s %10s %10s %10s %8s %8s %8s %8s %7s %7s\n'

@@ -281,16 +281,38 @@ start_nginx() {
   wait_until 20 "nginx (two hops)" curl -sf "http://$NGINX2_JSON/v1/models"
 }
 
+# A variant is "ROUTER FLAGS", optionally followed by " -- AGENT FLAGS" for its agent (on top of
+# AGENT_ARGS), e.g. '--shards 1 -- --worker-threads 2'.
+variant_router_part() { # variant
+  local v=" $1 "
+  v=${v%%" -- "*}
+  v="${v#"${v%%[![:space:]]*}"}"
+  echo "${v%"${v##*[![:space:]]}"}"
+}
+variant_agent_part() { # variant
+  local v=" $1 "
+  [[ $v == *" -- "* ]] || return 0
+  v=${v#*" -- "}
+  v="${v#"${v%%[![:space:]]*}"}"
+  echo "${v%"${v##*[![:space:]]}"}"
+}
+
 # The tuning flags of one router configuration: defaults, unless the variant sets them itself.
 router_args() { # variant
-  local a=""
-  [[ " $1" == *" --shards"* ]] || a+="--shards $SHARDS "
-  [[ " $1" == *" --queue-depth"* ]] || a+="--queue-depth 1000 "
-  echo "$a$1"
+  local a="" v
+  v=$(variant_router_part "$1")
+  [[ " $v" == *" --shards"* ]] || a+="--shards $SHARDS "
+  [[ " $v" == *" --queue-depth"* ]] || a+="--queue-depth 1000 "
+  echo "$a$v"
+}
+
+# The agent's flags of one configuration: AGENT_ARGS, then the variant's own.
+agent_args() { # variant
+  echo "$AGENT_ARGS $(variant_agent_part "$1")"
 }
 
 start_router_stack() { # variant-args index
-  local dir="$WORK/router-$2" args bin=$BIN agent_bin=$BIN variant=$1
+  local dir="$WORK/router-$2" args agent_args bin=$BIN agent_bin=$BIN variant=$1
   if [[ $variant == @* ]]; then
     bin=${variant%% *}
     variant=${variant#"$bin"}
@@ -299,7 +321,8 @@ start_router_stack() { # variant-args index
   fi
   mkdir -p "$dir"
   args=$(router_args "$variant")
-  log "starting $bin/hivenet-router ($args) and hivenet-agent"
+  agent_args=$(agent_args "$variant")
+  log "starting $bin/hivenet-router ($args) and hivenet-agent ($agent_args)"
   export HIVENET_ROUTER_AUDIT_LOG_PATH="$dir/audit.jsonl"
   # shellcheck disable=SC2086 # the flags are meant to be split into words
   start_bg router "$WORK/router-$2.log" "$bin/hivenet-router" --http-port "$ROUTER_HTTP" \
@@ -308,7 +331,7 @@ start_router_stack() { # variant-args index
   wait_until 30 "hivenet-router" curl -s "http://$ROUTER_HTTP/v1/models"
   # shellcheck disable=SC2086
   start_bg agent "$WORK/agent-$2.log" "$agent_bin/hivenet-agent" --backend-url "http://$SIM_ADDR" \
-    --router-grpc "$ROUTER_GRPC" --identity-path "$dir/agent.key" --capacity 1000 $AGENT_ARGS
+    --router-grpc "$ROUTER_GRPC" --identity-path "$dir/agent.key" --capacity 1000 $agent_args
   wait_until 30 "the agent's model on the router" \
     bash -c "curl -sf -H 'Authorization: Bearer $BENCH_API_KEY' 'http://$ROUTER_HTTP/v1/models' | grep -q '\"$MODEL\"'"
   alive router || die "router exited"

@@ -4,7 +4,8 @@
 //! ## Phases
 //! 1. *enter*: count the request in flight (the guard leaves on every exit).
 //! 2. *send*: rewrite the URI onto `--backend-url`, filter headers (`agent::headers`), stream the
-//!    request body from the tunnel to the backend through the pooled keep-alive client.
+//!    request body from the tunnel to the backend on a pooled keep-alive connection
+//!    (`agent::engine_client`).
 //! 3. *head*: wait for the backend's response head within `--http-timeout`, racing a reset of the
 //!    stream by the router. A failure here is answered by [`ForwardError::into_response`] — the one
 //!    place that turns agent errors into HTTP.
@@ -13,8 +14,9 @@
 //!
 //! ## Cancellation
 //! When the router resets the stream (its client went away), the handler returns at once and drops
-//! the backend request or response; hyper then closes that backend connection instead of pooling
-//! it, which is how vLLM, SGLang and the others learn to abort the generation.
+//! the backend request or response and its connection's lease; hyper then closes that backend
+//! connection instead of pooling it, which is how vLLM, SGLang and the others learn to abort the
+//! generation. Only a response read to the end gives its connection back.
 
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -29,20 +31,14 @@ use h2::{Reason, RecvStream, SendStream};
 use http::{HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use tracing::{debug, warn};
 
+use super::engine_client::{EngineClient, Lease, SendError};
 use super::headers;
 use crate::telemetry::{SpanOutcome, SpanQueue, StartedSpan};
 
 const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 
-/// Idle backend connections kept per host; the router's concurrency to this agent is bounded
-/// by `--capacity`, so more would only hold sockets.
-const POOL_IDLE_PER_HOST_MAX: usize = 64;
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 const BACKEND_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Requests being served now, over every router and shard. Reported in heartbeats and routing
@@ -73,9 +69,10 @@ impl Drop for InFlightGuard {
 
 /// What every forwarded request shares.
 pub struct ForwardContext {
-    client: Client<HttpConnector, TunnelBody>,
-    /// `--backend-url` without a trailing slash.
-    backend_base: String,
+    engine: EngineClient<TunnelBody>,
+    /// The path of `--backend-url` without a trailing slash, put before every request's path;
+    /// empty for a URL without one.
+    base_path: String,
     /// The backend authority, sent as `host`.
     backend_host: HeaderValue,
     http_timeout: Duration,
@@ -100,16 +97,17 @@ impl ForwardContext {
             .ok_or_else(|| format!("--backend-url {backend_base:?} has no host"))?;
         let backend_host = HeaderValue::from_str(authority.as_str())
             .map_err(|_| format!("--backend-url {backend_base:?} has an invalid host"))?;
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(BACKEND_CONNECT_TIMEOUT));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(POOL_IDLE_PER_HOST_MAX)
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .build(connector);
+        if uri.scheme_str() != Some("http") {
+            return Err(format!(
+                "--backend-url {backend_base:?} is not an http:// URL"
+            ));
+        }
+        let port = authority.port_u16().unwrap_or(80);
+        // `[::1]` stays bracketed: it is what a socket address string takes.
+        let target = format!("{}:{port}", authority.host());
         Ok(ForwardContext {
-            client,
-            backend_base: backend_base.trim_end_matches('/').to_owned(),
+            engine: EngineClient::new(target, BACKEND_CONNECT_TIMEOUT),
+            base_path: uri.path().trim_end_matches('/').to_owned(),
             backend_host,
             http_timeout,
             stream_write_timeout,
@@ -232,18 +230,21 @@ impl Body for TunnelBody {
     }
 }
 
-/// `{backend}{path?query}` for a tunnelled request URI.
-pub fn backend_uri(backend_base: &str, request_uri: &Uri) -> Result<Uri, ForwardError> {
-    let path = request_uri
-        .path_and_query()
-        .map(|path| path.as_str())
-        .unwrap_or("/");
-    if !path.starts_with('/') {
-        return Err(ForwardError::BadPath(path.to_owned()));
+/// The origin-form URI (`{base_path}{path?query}`) the engine gets for a tunnelled request URI;
+/// `base_path` is the path of `--backend-url` (usually empty: the request's own path is kept).
+pub fn backend_uri(base_path: &str, request_uri: &Uri) -> Result<Uri, ForwardError> {
+    let Some(path) = request_uri.path_and_query() else {
+        return Ok(Uri::from_static("/"));
+    };
+    if !path.as_str().starts_with('/') {
+        return Err(ForwardError::BadPath(path.as_str().to_owned()));
     }
-    format!("{backend_base}{path}")
+    if base_path.is_empty() {
+        return Ok(Uri::from(path.clone()));
+    }
+    format!("{base_path}{path}")
         .parse()
-        .map_err(|_| ForwardError::BadPath(path.to_owned()))
+        .map_err(|_| ForwardError::BadPath(path.as_str().to_owned()))
 }
 
 /// Serves one stream to completion or cancellation.
@@ -260,9 +261,11 @@ pub async fn serve(
         (span, name, request_id_of(request.headers()))
     });
     let (status, error_code) = match send_to_backend(request, &mut respond, &context).await {
-        Some(Ok(response)) => {
+        Some(Ok((response, lease))) => {
             let status = response.status().as_u16();
-            stream_to_router(response, respond, &context).await;
+            if stream_to_router(response, respond, &context).await {
+                lease.give_back();
+            }
             (status, None)
         }
         Some(Err(error)) => {
@@ -313,9 +316,9 @@ async fn send_to_backend(
     request: Request<RecvStream>,
     respond: &mut SendResponse<Bytes>,
     context: &ForwardContext,
-) -> Option<Result<Response<Incoming>, ForwardError>> {
+) -> Option<Result<(Response<Incoming>, Lease<TunnelBody>), ForwardError>> {
     let (parts, recv) = request.into_parts();
-    let uri = match backend_uri(&context.backend_base, &parts.uri) {
+    let uri = match backend_uri(&context.base_path, &parts.uri) {
         Ok(uri) => uri,
         Err(error) => return Some(Err(error)),
     };
@@ -326,14 +329,11 @@ async fn send_to_backend(
     *backend_request.headers_mut() = parts.headers;
     headers::to_backend(backend_request.headers_mut(), &context.backend_host);
 
-    let exchange = tokio::time::timeout(
-        context.http_timeout,
-        context.client.request(backend_request),
-    );
+    let exchange = tokio::time::timeout(context.http_timeout, context.engine.send(backend_request));
     tokio::select! {
         result = exchange => Some(match result {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(error)) if error.is_connect() => Err(ForwardError::Unavailable(error.to_string())),
+            Ok(Ok(exchanged)) => Ok(exchanged),
+            Ok(Err(error @ SendError::Connect { .. })) => Err(ForwardError::Unavailable(error.to_string())),
             Ok(Err(error)) => Err(ForwardError::Failed(error.to_string())),
             Err(_) => Err(ForwardError::Timeout(context.http_timeout)),
         }),
@@ -344,12 +344,13 @@ async fn send_to_backend(
     }
 }
 
-/// Phase *stream*.
+/// Phase *stream*. Returns whether the backend's response was read to its end (its connection
+/// may then serve another request).
 async fn stream_to_router(
     response: Response<Incoming>,
     mut respond: SendResponse<Bytes>,
     context: &ForwardContext,
-) {
+) -> bool {
     let (parts, mut body) = response.into_parts();
     let mut head = Response::new(());
     *head.status_mut() = parts.status;
@@ -360,11 +361,11 @@ async fn stream_to_router(
         Ok(send) => send,
         Err(error) => {
             debug!(%error, "stream closed before the response head");
-            return;
+            return false;
         }
     };
     if end_of_stream {
-        return;
+        return true;
     }
     loop {
         let frame = tokio::select! {
@@ -372,25 +373,25 @@ async fn stream_to_router(
             reason = poll_fn(|cx| send.poll_reset(cx)) => {
                 // Dropping `body` here closes the backend connection: the engine cancels.
                 debug!(?reason, "router reset the stream mid-response");
-                return;
+                return false;
             }
         };
         match frame {
             Err(_) => {
                 warn!(timeout = ?context.http_timeout, "backend stalled mid-response");
                 send.send_reset(crate::tunnel::BACKEND_FAILED);
-                return;
+                return false;
             }
             Ok(None) => {
                 let _ = send.send_data(Bytes::new(), true);
-                return;
+                return true;
             }
             Ok(Some(Err(error))) => {
                 // The engine's connection broke mid-response (a crash, a reset): the router tells
                 // its client the backend failed, not that the agent was lost (`crate::tunnel`).
                 warn!(%error, "backend response body failed");
                 send.send_reset(crate::tunnel::BACKEND_FAILED);
-                return;
+                return false;
             }
             Ok(Some(Ok(frame))) => {
                 let frame = match frame.into_data() {
@@ -403,10 +404,10 @@ async fn stream_to_router(
                         {
                             debug!(%error, "cannot write the response to the router");
                             send.send_reset(Reason::CANCEL);
-                            return;
+                            return false;
                         }
                         if last {
-                            return;
+                            return true;
                         }
                         continue;
                     }
@@ -414,7 +415,7 @@ async fn stream_to_router(
                 };
                 if let Ok(trailers) = frame.into_trailers() {
                     let _ = send.send_trailers(trailers);
-                    return;
+                    return true;
                 }
             }
         }
@@ -476,15 +477,26 @@ mod tests {
     #[test]
     fn backend_uri_keeps_path_and_query() {
         let uri: Uri = "http://router/v1/chat/completions?x=1".parse().unwrap();
-        assert_eq!(
-            backend_uri("http://127.0.0.1:8000", &uri).unwrap(),
-            "http://127.0.0.1:8000/v1/chat/completions?x=1"
-        );
+        assert_eq!(backend_uri("", &uri).unwrap(), "/v1/chat/completions?x=1");
         let bare: Uri = "/health".parse().unwrap();
+        assert_eq!(backend_uri("/prefix", &bare).unwrap(), "/prefix/health");
+    }
+
+    #[test]
+    fn the_backend_url_gives_the_dial_target_and_the_path_prefix() {
+        let context =
+            |url: &str| ForwardContext::new(url, Duration::from_secs(1), None, InFlight::default());
+        let plain = context("http://127.0.0.1:8000/").unwrap();
+        assert_eq!(plain.base_path, "");
+        assert_eq!(plain.engine.target(), "127.0.0.1:8000");
+        let prefixed = context("http://engine/prefix/").unwrap();
+        assert_eq!(prefixed.base_path, "/prefix");
+        assert_eq!(prefixed.engine.target(), "engine:80");
         assert_eq!(
-            backend_uri("http://h:1/prefix", &bare).unwrap(),
-            "http://h:1/prefix/health"
+            context("http://[::1]:9/").unwrap().engine.target(),
+            "[::1]:9"
         );
+        assert!(context("https://engine:443").is_err());
     }
 
     #[test]

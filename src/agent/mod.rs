@@ -9,6 +9,7 @@
 //!   `--routers` entry and every router they list — one session per router (by peer ID).
 //! - `tunnel`: per router shard, an agent-dialed socket serving HTTP/2 to the router.
 //! - `forward`: one tunnelled request proxied to the backend and streamed back.
+//! - `engine_client`: the keep-alive HTTP/1.1 connections to the engine, pooled.
 //! - `poller` + `engine_metrics` + `engine_report`: engine signals and the re-exported engine
 //!   metrics from `/metrics` (parsers pure).
 //! - `health`: the backend's health check after registration, carried by every heartbeat.
@@ -36,6 +37,7 @@ pub mod backend;
 pub mod backoff;
 pub mod config;
 pub mod discovery;
+pub mod engine_client;
 pub mod engine_metrics;
 pub mod engine_report;
 pub mod forward;
