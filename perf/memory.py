@@ -5,7 +5,8 @@ key, and holds idle keep-alive connections open while the router's memory is rea
 Subcommands:
   auth FILE N          auth.yaml with N keys sk-mem-0 .. sk-mem-(N-1), each its own owner with the
                        limits of perf/auth-bench.yaml (RPM and a daily budget, so every key that made
-                       a request holds a quota holder), plus the bench key (BENCH_API_KEY, owner
+                       a request holds a quota holder; KEY_QUOTA="" for none, KEY_QUOTA="..." for
+                       other limits), plus the bench key (BENCH_API_KEY, owner
                        "bench") that the readiness checks use.
   touch PORT N         one chat request with each key (CONCURRENCY connections, requests one after
                        the other on each); exits non-zero unless every answer is 200.
@@ -29,7 +30,9 @@ CONCURRENCY = int(os.environ.get("CONCURRENCY", "32"))
 TIMEOUT = float(os.environ.get("TIMEOUT", "60"))
 SETTLE = float(os.environ.get("SETTLE", "2"))
 BODY = ('{"model":"%s","messages":[{"role":"user","content":"hi"}]}' % MODEL).encode()
-QUOTA = "requests_per_minute: 100000000, tokens_per_day: 1000000000000"
+# KEY_QUOTA="" writes keys without limits: no quota holder, so the difference between the two
+# runs is what the limits cost per key.
+QUOTA = os.environ.get("KEY_QUOTA", "requests_per_minute: 100000000, tokens_per_day: 1000000000000")
 
 
 def raw_key(index):
@@ -40,7 +43,8 @@ def write_auth(path, count):
     def key(raw, owner):
         digest = hashlib.sha256(raw.encode()).hexdigest()
         return (f'    - key_hash: "{digest}"\n      key_preview: "sk-...{raw[-4:]}"\n'
-                f'      metadata: {{name: "{raw}", owner: "{owner}"}}\n      quota: {{{QUOTA}}}\n')
+                f'      metadata: {{name: "{raw}", owner: "{owner}"}}\n'
+                + (f'      quota: {{{QUOTA}}}\n' if QUOTA else ''))
     with open(path, "w") as out:
         out.write("api:\n  mode: api-key\n  keys:\n")
         out.write(key(BENCH_KEY, "bench"))

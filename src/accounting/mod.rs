@@ -57,7 +57,6 @@ pub struct Arrival<'r> {
     pub trace: Option<crate::telemetry::TraceContext>,
 }
 
-#[derive(Default)]
 pub struct Accounting {
     /// Per-tenant request and token counters (`hivenet_tenant_*`).
     pub tenants: RefCell<TenantCounters>,
@@ -73,6 +72,8 @@ pub struct Accounting {
     departed: RefCell<std::collections::VecDeque<(AgentId, Arc<AgentProfile>)>>,
     /// This shard's index: its slot in every agent's counters (`agents::AgentCounters`).
     shard: usize,
+    /// The `unset` label, shared by every series that carries it.
+    unset: Arc<str>,
 }
 
 /// Departed agents remembered per shard: enough for the requests of every agent a site drains
@@ -83,8 +84,13 @@ impl Accounting {
     /// The accounting of shard `shard`.
     pub fn for_shard(shard: usize) -> Accounting {
         Accounting {
+            tenants: RefCell::default(),
+            audit: RefCell::default(),
+            spans: RefCell::default(),
+            agents: RefCell::default(),
+            departed: RefCell::default(),
             shard,
-            ..Accounting::default()
+            unset: UNSET.into(),
         }
     }
 
@@ -216,15 +222,15 @@ impl Accounting {
                 tenants.agent_duration((key.tenant_id, model, agent, status), elapsed, || {
                     let agents = self.agents.borrow();
                     Some(AgentDurationSeries {
-                        tenant_id: key.owner.as_str().into(),
-                        peer_id: (*agents.get(&agent)?.peer_id).into(),
+                        tenant_id: key.owner.clone(),
+                        peer_id: agents.get(&agent)?.peer_id.clone(),
                         model,
                         status,
                     })
                 });
             }
             if let Some(reason) = facts.error_code.filter(|_| could_not_forward(status)) {
-                tenants.routing_failed(key.tenant_id, model, reason, || key.owner.as_str().into());
+                tenants.routing_failed(key.tenant_id, model, reason, || key.owner.clone());
             }
         }
         self.audit(arrival, keys, facts, status);
@@ -260,7 +266,7 @@ impl Accounting {
             level: AuditRecord::level_of(status),
             trace_id,
             request_id: arrival.request_id,
-            tenant_id: key.map_or("", |key| key.owner.as_str()),
+            tenant_id: key.map_or("", |key| &key.owner),
             key_id: Shown(AuditKey::of(key)),
             model: facts
                 .model
@@ -284,8 +290,8 @@ impl Accounting {
     pub fn deployment_of(&self, agent: Option<AgentId>) -> Arc<str> {
         let agents = self.agents.borrow();
         match agent.and_then(|agent| agents.get(&agent)) {
-            Some(profile) if !profile.deployment_id.is_empty() => (*profile.deployment_id).into(),
-            _ => UNSET.into(),
+            Some(profile) if !profile.deployment_id.is_empty() => profile.deployment_id.clone(),
+            _ => self.unset.clone(),
         }
     }
 
@@ -297,10 +303,10 @@ impl Accounting {
                 let agents = self.agents.borrow();
                 let profile = agents.get(&agent)?;
                 Some(RoutedSeries {
-                    tenant_id: key.owner.as_str().into(),
+                    tenant_id: key.owner.clone(),
                     model,
-                    engine: (*profile.engine).into(),
-                    region: (*profile.region).into(),
+                    engine: profile.engine.clone(),
+                    region: profile.region.clone(),
                 })
             });
     }

@@ -45,7 +45,7 @@ impl KeyLabels {
             KeySource::Dynamic { id } => id.as_str().into(),
         };
         KeyLabels {
-            tenant_id: key.owner.as_str().into(),
+            tenant_id: key.owner.clone(),
             key_id,
         }
     }

@@ -31,6 +31,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -161,8 +162,9 @@ pub struct KeyRecord {
     pub source: KeySource,
     pub preview: String,
     pub name: String,
-    /// The tenant: flat quota scope, metrics and audit label.
-    pub owner: String,
+    /// The tenant: flat quota scope, metrics and audit label. One allocation per owner, shared
+    /// by its keys and by every metric series labelled with it.
+    pub owner: Arc<str>,
     /// First instant (Unix ms) at which the key stops authenticating; `None`: never.
     pub expires_at_unix_ms: Option<i64>,
     /// Dynamic keys can be disabled; static and anonymous keys are always enabled.
@@ -331,10 +333,10 @@ impl KeyRegistry {
             .iter()
             .map(|owner| derivation_digest(TENANT_DOMAIN, owner.as_bytes()))
             .collect();
-        let tenant_of: HashMap<String, TenantId> = owners
+        let tenant_of: HashMap<String, (TenantId, Arc<str>)> = owners
             .iter()
             .zip(assign_ids(&owner_digests))
-            .map(|(owner, id)| ((*owner).to_owned(), TenantId(id)))
+            .map(|(owner, id)| ((*owner).to_owned(), (TenantId(id), Arc::from(*owner))))
             .collect();
 
         let mut records = Vec::with_capacity(inputs.len());
@@ -349,13 +351,14 @@ impl KeyRegistry {
             let previous = by_hash.insert(input.hash, position);
             debug_assert!(previous.is_none(), "duplicate hash reached the registry");
             by_key_id.insert(KeyId(key_id), position);
+            let (tenant_id, owner) = tenant_of[&input.owner].clone();
             records.push(KeyRecord {
                 key_id: KeyId(key_id),
-                tenant_id: tenant_of[&input.owner],
+                tenant_id,
                 source: input.source,
                 preview: input.preview,
                 name: input.name,
-                owner: input.owner,
+                owner,
                 expires_at_unix_ms: input.expires_at_unix_ms,
                 enabled: input.enabled,
                 settings: input.settings,

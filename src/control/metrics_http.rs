@@ -136,7 +136,7 @@ fn quota_limits(shared: &ControlShared) -> [Family; 4] {
     let keys = static_keys
         .iter()
         .chain(dynamic.iter().flat_map(|registry| registry.iter()))
-        .map(|key| (key.owner.as_str(), key.settings.quota()));
+        .map(|key| (&*key.owner, key.settings.quota()));
     crate::control::tenant_metrics::quota_limits(keys, |model| {
         healthy.get(model).copied().unwrap_or(0)
     })

@@ -46,12 +46,14 @@ pub struct EngineSignals {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AgentProfile {
     /// The agent's libp2p-style peer ID (the audit log's `agent_id`).
-    pub peer_id: Box<str>,
-    pub engine: Box<str>,
-    pub region: Box<str>,
+    /// These four label metric series: shared (`Arc`), so a new series clones rather than
+    /// copies them.
+    pub peer_id: Arc<str>,
+    pub engine: Arc<str>,
+    pub region: Arc<str>,
     pub tags: Box<[String]>,
     /// `--deployment-id` as registered; empty when the agent gave none.
-    pub deployment_id: Box<str>,
+    pub deployment_id: Arc<str>,
     /// `--organization` and `--machine` as registered (`Unknown` when the agent gave none).
     pub organization: Box<str>,
     pub machine: Box<str>,

@@ -28,7 +28,7 @@ fn known_key_authenticates_with_its_record() {
         panic!("production key should authenticate");
     };
     assert_eq!(key.key_id, key_id);
-    assert_eq!(key.owner, "acme-corp");
+    assert_eq!(&*key.owner, "acme-corp");
     assert_eq!(key.source, KeySource::Static { index: 0 });
     assert_ne!(key_id, KeyId::ANONYMOUS);
     assert_eq!(
@@ -82,7 +82,7 @@ fn open_mode_authenticates_everyone_as_the_anonymous_key() {
             panic!("open mode authenticates");
         };
         assert_eq!(key_id, KeyId::ANONYMOUS);
-        assert_eq!(key.owner, ANONYMOUS_OWNER);
+        assert_eq!(&*key.owner, ANONYMOUS_OWNER);
         assert_eq!(key.tenant_id, TenantId::DEFAULT);
         assert!(key.allows("any-model"));
     }
@@ -137,6 +137,10 @@ fn keys_of_one_owner_share_a_tenant_id() {
     let tenants: Vec<TenantId> = registry.iter().map(|key| key.tenant_id).collect();
     assert_eq!(tenants[0], tenants[1]);
     assert_ne!(tenants[0], tenants[2]);
+    // One allocation of the owner's name, which every series labelled with it clones.
+    let owners: Vec<&Arc<str>> = registry.iter().map(|key| &key.owner).collect();
+    assert!(Arc::ptr_eq(owners[0], owners[1]));
+    assert!(!Arc::ptr_eq(owners[0], owners[2]));
     assert_ne!(
         registry.iter().next().unwrap().key_id,
         registry.iter().nth(1).unwrap().key_id
