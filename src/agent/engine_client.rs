@@ -11,7 +11,8 @@
 //! drops its lease: hyper closes the connection, which is how engines learn to stop generating.
 //!
 //! Bounds: at most [`IDLE_MAX`] idle connections (a connection given back beyond that is
-//! closed), and none reused after [`IDLE_TIMEOUT`] idle (looked at on each checkout).
+//! closed), none reused after [`IDLE_TIMEOUT`] idle (looked at on each checkout), and a
+//! connection not ready again within [`READY_WAIT_MAX`] of its response's end is closed.
 //!
 //! Error handling: a connection that cannot be made is [`SendError::Connect`] (the caller answers
 //! 503 `backend_unavailable`); an exchange that fails after it is [`SendError::Failed`] (502). A
@@ -32,6 +33,9 @@ pub const IDLE_MAX: usize = 64;
 /// An idle connection older than this is closed rather than reused (engines close idle
 /// keep-alive connections after a while; the request would race that close).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a connection whose response was read may take to be ready for another exchange
+/// (the request body still being sent, say) before it is closed instead of pooled.
+pub const READY_WAIT_MAX: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
@@ -158,14 +162,15 @@ where
 
 impl<B: Send + 'static> Lease<B> {
     /// The response was read to the end: the connection goes back to the pool once it is ready
-    /// for another exchange (at once, usually; else a small task waits for it).
+    /// for another exchange (at once, usually; else a small task waits for it, at most
+    /// [`READY_WAIT_MAX`]).
     pub fn give_back(self) {
         let Lease { mut sender, idle } = self;
         if sender.is_ready() {
             put(&idle, sender);
         } else if !sender.is_closed() {
             tokio::spawn(async move {
-                if sender.ready().await.is_ok() {
+                if let Ok(Ok(())) = tokio::time::timeout(READY_WAIT_MAX, sender.ready()).await {
                     put(&idle, sender);
                 }
             });
@@ -299,6 +304,35 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert_eq!(client.idle.lock().unwrap().len(), IDLE_MAX);
+    }
+
+    #[tokio::test]
+    async fn the_wait_for_a_connection_to_be_ready_again_is_bounded() {
+        use http_body_util::StreamBody;
+        // The engine answers at once; the request body never ends, so the connection never
+        // becomes ready for another exchange.
+        let (target, _) = engine(false).await;
+        let client = EngineClient::new(target, Duration::from_secs(1));
+        let endless = StreamBody::new(futures_util::stream::pending::<
+            Result<hyper::body::Frame<Bytes>, std::convert::Infallible>,
+        >());
+        let request = Request::post("/v1/chat/completions")
+            .header("host", "engine")
+            .body(endless)
+            .unwrap();
+        let (response, lease) = client.send(request).await.unwrap();
+        response.into_body().collect().await.unwrap();
+        let tasks = || {
+            tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks()
+        };
+        let before = tasks();
+        lease.give_back();
+        assert_eq!(tasks(), before + 1, "a task waits for the connection");
+        tokio::time::sleep(READY_WAIT_MAX + Duration::from_millis(500)).await;
+        assert_eq!(tasks(), before, "the waiting task gave up");
+        assert!(client.idle.lock().unwrap().is_empty());
     }
 
     #[tokio::test]
