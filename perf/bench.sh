@@ -158,8 +158,7 @@ done
 ROUTER_SSE_EVENTS=0
 for i in "${!VARIANTS[@]}"; do
   v=${VARIANTS[$i]}
-  # trim blanks
-  v="${v#"${v%%[![:space:]]*}"}"; v="${v%"${v##*[![:space:]]}"}"
+  v=$(trim_blanks "$v")
   VARIANTS[i]=$v
   start_router_stack "$v" "$i"
   check_endpoint "router#$i" "http://$ROUTER_HTTP"

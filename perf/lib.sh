@@ -281,20 +281,23 @@ start_nginx() {
   wait_until 20 "nginx (two hops)" curl -sf "http://$NGINX2_JSON/v1/models"
 }
 
+# Prints its argument without leading and trailing blanks.
+trim_blanks() { # text
+  local v=$1
+  v="${v#"${v%%[![:space:]]*}"}"
+  echo "${v%"${v##*[![:space:]]}"}"
+}
+
 # A variant is "ROUTER FLAGS", optionally followed by " -- AGENT FLAGS" for its agent (on top of
 # AGENT_ARGS), e.g. '--shards 1 -- --worker-threads 2'.
 variant_router_part() { # variant
   local v=" $1 "
-  v=${v%%" -- "*}
-  v="${v#"${v%%[![:space:]]*}"}"
-  echo "${v%"${v##*[![:space:]]}"}"
+  trim_blanks "${v%%" -- "*}"
 }
 variant_agent_part() { # variant
   local v=" $1 "
   [[ $v == *" -- "* ]] || return 0
-  v=${v#*" -- "}
-  v="${v#"${v%%[![:space:]]*}"}"
-  echo "${v%"${v##*[![:space:]]}"}"
+  trim_blanks "${v#*" -- "}"
 }
 
 # The tuning flags of one router configuration: defaults, unless the variant sets them itself.

@@ -82,7 +82,8 @@ where
     }
 
     /// The `host:port` this client dials.
-    pub fn target(&self) -> &str {
+    #[cfg(test)]
+    pub(crate) fn target(&self) -> &str {
         &self.target
     }
 
@@ -235,6 +236,14 @@ mod tests {
         (target, accepted)
     }
 
+    /// A client of a fresh [`engine`], and the engine's count of accepted connections.
+    async fn client_of_engine(
+        close_after_answer: bool,
+    ) -> (EngineClient<Empty<Bytes>>, Arc<AtomicUsize>) {
+        let (target, accepted) = engine(close_after_answer).await;
+        (EngineClient::new(target, Duration::from_secs(1)), accepted)
+    }
+
     fn get() -> Request<Empty<Bytes>> {
         Request::get("/v1/models")
             .header("host", "engine")
@@ -256,8 +265,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_given_back_serves_the_next_request() {
-        let (target, accepted) = engine(false).await;
-        let client = EngineClient::new(target, Duration::from_secs(1));
+        let (client, accepted) = client_of_engine(false).await;
         for _ in 0..5 {
             exchange(&client, true).await;
         }
@@ -266,8 +274,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_lease_not_given_back_takes_its_connection_with_it() {
-        let (target, accepted) = engine(false).await;
-        let client = EngineClient::new(target, Duration::from_secs(1));
+        let (client, accepted) = client_of_engine(false).await;
         exchange(&client, false).await;
         exchange(&client, true).await;
         exchange(&client, true).await;
@@ -276,8 +283,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_pooled_connection_the_engine_closed_is_not_used() {
-        let (target, accepted) = engine(true).await;
-        let client = EngineClient::new(target, Duration::from_secs(1));
+        let (client, accepted) = client_of_engine(true).await;
         for _ in 0..3 {
             exchange(&client, true).await;
             // The engine's close reaches the pooled connection.
@@ -288,8 +294,7 @@ mod tests {
 
     #[tokio::test]
     async fn at_most_idle_max_connections_are_kept() {
-        let (target, _) = engine(false).await;
-        let client = EngineClient::new(target, Duration::from_secs(1));
+        let (client, _) = client_of_engine(false).await;
         let mut leases = Vec::new();
         for _ in 0..IDLE_MAX + 3 {
             let (response, lease) = client.send(get()).await.unwrap();

@@ -233,18 +233,18 @@ impl Body for TunnelBody {
 /// The origin-form URI (`{base_path}{path?query}`) the engine gets for a tunnelled request URI;
 /// `base_path` is the path of `--backend-url` (usually empty: the request's own path is kept).
 pub fn backend_uri(base_path: &str, request_uri: &Uri) -> Result<Uri, ForwardError> {
-    let Some(path) = request_uri.path_and_query() else {
-        return Ok(Uri::from_static("/"));
-    };
-    if !path.as_str().starts_with('/') {
-        return Err(ForwardError::BadPath(path.as_str().to_owned()));
+    let path = request_uri.path_and_query();
+    let text = path.map_or("/", |path| path.as_str());
+    if !text.starts_with('/') {
+        return Err(ForwardError::BadPath(text.to_owned()));
     }
-    if base_path.is_empty() {
-        return Ok(Uri::from(path.clone()));
+    match path {
+        // The common case: the request's own path, without formatting or parsing.
+        Some(path) if base_path.is_empty() => Ok(Uri::from(path.clone())),
+        _ => format!("{base_path}{text}")
+            .parse()
+            .map_err(|_| ForwardError::BadPath(text.to_owned())),
     }
-    format!("{base_path}{path}")
-        .parse()
-        .map_err(|_| ForwardError::BadPath(path.as_str().to_owned()))
 }
 
 /// Serves one stream to completion or cancellation.
