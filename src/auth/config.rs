@@ -228,8 +228,9 @@ pub enum ModelAccess {
 /// Access and limits of one key, static or dynamic, after validation.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct KeySettings {
-    /// Sorted and deduplicated; empty: unrestricted. Ignored when `quota` is per-model.
-    allowed_models: Vec<String>,
+    /// Sorted and deduplicated; empty: unrestricted. Ignored when `quota` is per-model. A boxed
+    /// slice, not a `Vec`: every key of a registry holds one (see `KeyRecord`'s size bound).
+    allowed_models: Box<[String]>,
     quota: Quota,
     /// `0.0` is unset; otherwise in (0, 1].
     max_occupancy_share: f64,
@@ -737,7 +738,7 @@ pub(crate) fn validate_settings(
     }
 
     (sink.list.len() == before).then_some(KeySettings {
-        allowed_models,
+        allowed_models: allowed_models.into_boxed_slice(),
         quota,
         max_occupancy_share: share,
     })

@@ -33,11 +33,11 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
+use hashbrown::HashTable;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::config::{AuthConfig, KeySettings, ModelAccess};
-use crate::ids::IdMap;
 
 /// Most keys one registry holds (static or dynamic). A bound, not a target: a 16 MiB replace body
 /// holds roughly a hundred thousand entries.
@@ -155,23 +155,31 @@ pub enum KeySource {
 
 /// One client key as the request path sees it. Holds the hash, never the raw key; `Debug` shows
 /// the preview and IDs only.
+///
+/// A registry holds one per key, loaded or not, so its size is what an idle key costs (bounded
+/// by [`KeyRecord::SIZE_MAX`]): strings are boxed slices, not `String`s, and the expiry is one
+/// `i64`.
 #[derive(Clone, PartialEq)]
 pub struct KeyRecord {
     pub key_id: KeyId,
     pub tenant_id: TenantId,
     pub source: KeySource,
-    pub preview: String,
-    pub name: String,
+    pub preview: Box<str>,
+    pub name: Box<str>,
     /// The tenant: flat quota scope, metrics and audit label. One allocation per owner, shared
     /// by its keys and by every metric series labelled with it.
     pub owner: Arc<str>,
-    /// First instant (Unix ms) at which the key stops authenticating; `None`: never.
-    pub expires_at_unix_ms: Option<i64>,
+    /// First instant (Unix ms) at which the key stops authenticating; [`NEVER_EXPIRES`]: never.
+    /// Read it through [`KeyRecord::expires_at_unix_ms`].
+    expires_at_unix_ms: i64,
     /// Dynamic keys can be disabled; static and anonymous keys are always enabled.
     pub enabled: bool,
     pub settings: KeySettings,
     pub(crate) hash: KeyHash,
 }
+
+/// The stored expiry of a key that never expires: no clock reaches it (year 292 million).
+const NEVER_EXPIRES: i64 = i64::MAX;
 
 impl fmt::Debug for KeyRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -184,6 +192,15 @@ impl fmt::Debug for KeyRecord {
 }
 
 impl KeyRecord {
+    /// The most bytes one record takes in the registry, its strings' heap blocks aside. Checked
+    /// by a test; raising it raises what every loaded key costs.
+    pub const SIZE_MAX: usize = 192;
+
+    /// First instant (Unix ms) at which the key stops authenticating; `None`: never.
+    pub fn expires_at_unix_ms(&self) -> Option<i64> {
+        (self.expires_at_unix_ms != NEVER_EXPIRES).then_some(self.expires_at_unix_ms)
+    }
+
     /// Model authorisation; see [`KeySettings::authorize`].
     pub fn authorize(&self, model: &str) -> ModelAccess {
         self.settings.authorize(model)
@@ -209,10 +226,10 @@ impl KeyRecord {
             key_id: KeyId::ANONYMOUS,
             tenant_id: TenantId::DEFAULT,
             source: KeySource::Anonymous,
-            preview: String::new(),
+            preview: Box::default(),
             name: "anonymous".into(),
             owner: ANONYMOUS_OWNER.into(),
-            expires_at_unix_ms: None,
+            expires_at_unix_ms: NEVER_EXPIRES,
             enabled: true,
             settings: KeySettings::unrestricted(),
             hash: KeyHash([0; 32]),
@@ -260,8 +277,8 @@ pub struct KeyRegistry {
     mode: RegistryMode,
     records: Vec<KeyRecord>,
     // Looked up several times per request.
-    by_hash: IdMap<KeyHash, u32>,
-    by_key_id: IdMap<KeyId, u32>,
+    by_hash: Positions,
+    by_key_id: Positions,
     /// Dynamic keys by registry id (a redirected request names its key by it).
     by_registry_id: HashMap<Box<str>, u32>,
     anonymous: KeyRecord,
@@ -339,27 +356,32 @@ impl KeyRegistry {
             .map(|(owner, id)| ((*owner).to_owned(), (TenantId(id), Arc::from(*owner))))
             .collect();
 
-        let mut records = Vec::with_capacity(inputs.len());
-        let mut by_hash = IdMap::with_capacity_and_hasher(inputs.len(), Default::default());
-        let mut by_key_id = IdMap::with_capacity_and_hasher(inputs.len(), Default::default());
+        let mut records: Vec<KeyRecord> = Vec::with_capacity(inputs.len());
+        let mut by_hash = Positions::with_capacity(inputs.len());
+        let mut by_key_id = Positions::with_capacity(inputs.len());
         let mut by_registry_id = HashMap::new();
         for (input, key_id) in inputs.into_iter().zip(key_ids) {
             let position = u32::try_from(records.len()).expect("registry bounded by MAX_KEYS");
             if let KeySource::Dynamic { id } = &input.source {
                 by_registry_id.insert(id.as_str().into(), position);
             }
-            let previous = by_hash.insert(input.hash, position);
-            debug_assert!(previous.is_none(), "duplicate hash reached the registry");
-            by_key_id.insert(KeyId(key_id), position);
+            debug_assert!(
+                by_hash
+                    .find(hash_slot(&input.hash), |at| records[at].hash == input.hash)
+                    .is_none(),
+                "duplicate hash reached the registry"
+            );
+            by_hash.insert(hash_slot(&input.hash), position);
+            by_key_id.insert(key_id_slot(KeyId(key_id)), position);
             let (tenant_id, owner) = tenant_of[&input.owner].clone();
             records.push(KeyRecord {
                 key_id: KeyId(key_id),
                 tenant_id,
                 source: input.source,
-                preview: input.preview,
-                name: input.name,
+                preview: input.preview.into_boxed_str(),
+                name: input.name.into_boxed_str(),
                 owner,
-                expires_at_unix_ms: input.expires_at_unix_ms,
+                expires_at_unix_ms: input.expires_at_unix_ms.unwrap_or(NEVER_EXPIRES),
                 enabled: input.enabled,
                 settings: input.settings,
                 hash: input.hash,
@@ -405,8 +427,8 @@ impl KeyRegistry {
             return Some(&self.anonymous);
         }
         self.by_key_id
-            .get(&key_id)
-            .map(|position| &self.records[*position as usize])
+            .find(key_id_slot(key_id), |at| self.records[at].key_id == key_id)
+            .map(|position| &self.records[position])
     }
 
     /// A known key is usable when it is enabled and not expired at `now_unix_ms`.
@@ -414,10 +436,7 @@ impl KeyRegistry {
         if !key.enabled {
             return AuthOutcome::Disabled { key };
         }
-        if key
-            .expires_at_unix_ms
-            .is_some_and(|expires_at| now_unix_ms >= expires_at)
-        {
+        if now_unix_ms >= key.expires_at_unix_ms {
             return AuthOutcome::Expired { key };
         }
         AuthOutcome::Authenticated {
@@ -464,15 +483,60 @@ impl KeyRegistry {
             _ => return AuthOutcome::Missing,
         };
         let hash = KeyHash::of_raw_key(raw_key);
-        let Some(position) = self.by_hash.get(&hash) else {
+        // The probe's equality is not constant-time; the final comparison is.
+        let Some(position) = self
+            .by_hash
+            .find(hash_slot(&hash), |at| self.records[at].hash.0 == hash.0)
+        else {
             return AuthOutcome::Unknown;
         };
-        let key = &self.records[*position as usize];
+        let key = &self.records[position];
         if !key.hash.ct_eq(&hash) {
             return AuthOutcome::Unknown;
         }
         Self::usable(key, now_unix_ms)
     }
+}
+
+/// Positions in a registry's `records`, found by a key's hash or ID: 4 bytes a slot. The keys
+/// themselves are read from the records, so nothing is stored twice; an `IdMap<KeyHash, u32>`
+/// held every 32-byte hash a second time (36 bytes a slot, 48 per key at 100,000 keys).
+#[derive(Debug, Clone)]
+struct Positions(HashTable<u32>);
+
+impl Positions {
+    fn with_capacity(capacity: usize) -> Positions {
+        Positions(HashTable::with_capacity(capacity))
+    }
+
+    /// Records `position` under `slot` (a hash from [`hash_slot`] or [`key_id_slot`]). The
+    /// caller has made sure no equal key is there.
+    fn insert(&mut self, slot: u64, position: u32) {
+        self.0.insert_unique(slot, position, |_| {
+            unreachable!("the table was sized for every key: it never grows")
+        });
+    }
+
+    /// The position under `slot` whose record `is_key` accepts.
+    fn find(&self, slot: u64, is_key: impl Fn(usize) -> bool) -> Option<usize> {
+        self.0
+            .find(slot, |position| is_key(*position as usize))
+            .map(|position| *position as usize)
+    }
+}
+
+/// The table hash of a key hash: its first 8 bytes. A SHA-256 digest is already uniform, and a
+/// lookup never inserts, so a client choosing keys cannot lengthen the probes of stored keys.
+fn hash_slot(hash: &KeyHash) -> u64 {
+    let mut first = [0; 8];
+    first.copy_from_slice(&hash.0[..8]);
+    u64::from_le_bytes(first)
+}
+
+/// The table hash of a key ID. IDs are windows of digests, so uniform in their 32 bits; the
+/// multiplication spreads them over the 64 (the table reads both the top and the bottom bits).
+fn key_id_slot(key_id: KeyId) -> u64 {
+    u64::from(key_id.0).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// The raw key a client presented: `Authorization: Bearer <key>` (scheme case-insensitive), the

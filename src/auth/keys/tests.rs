@@ -32,8 +32,8 @@ fn known_key_authenticates_with_its_record() {
     assert_eq!(key.source, KeySource::Static { index: 0 });
     assert_ne!(key_id, KeyId::ANONYMOUS);
     assert_eq!(
-        registry.get(key_id).map(|record| &record.preview),
-        Some(&"sk-...prod".to_owned())
+        registry.get(key_id).map(|record| &*record.preview),
+        Some("sk-...prod")
     );
     assert_eq!(key.audit_key_id(), key_id.to_string());
     assert_eq!(key.audit_key_id().len(), 8);
@@ -70,7 +70,8 @@ fn static_key_is_valid_through_its_last_day_then_expired() {
     else {
         panic!("beta key should be expired at midnight after its last day");
     };
-    assert_eq!(key.preview, "sk-...beta");
+    assert_eq!(&*key.preview, "sk-...beta");
+    assert_eq!(key.expires_at_unix_ms(), Some(BETA_END_MS));
 }
 
 #[test]
@@ -253,6 +254,51 @@ fn admin_credentials_are_bearer_tokens_only() {
     assert_eq!(bearer_token(Some(b"Bearer   ")), None);
     assert_eq!(bearer_token(Some(b"Beareradm-1")), None);
     assert_eq!(bearer_token(None), None);
+}
+
+#[test]
+fn a_record_stays_within_its_size_bound() {
+    // Every loaded key holds one: 224 bytes before strings were boxed and the expiry unboxed.
+    assert!(
+        std::mem::size_of::<KeyRecord>() <= KeyRecord::SIZE_MAX,
+        "KeyRecord is {} bytes",
+        std::mem::size_of::<KeyRecord>()
+    );
+}
+
+#[test]
+fn every_key_of_a_large_registry_is_found_by_its_hash_and_by_its_id() {
+    let count = 20_000;
+    let inputs = (0..count)
+        .map(|index| KeyInput {
+            source: KeySource::Static { index },
+            hash: KeyHash::of_raw_key(format!("sk-many-{index}").as_bytes()),
+            preview: format!("p{index}"),
+            name: String::new(),
+            owner: format!("owner-{}", index % 7),
+            expires_at_unix_ms: (index % 2 == 0).then_some(1_000),
+            enabled: true,
+            settings: KeySettings::unrestricted(),
+        })
+        .collect();
+    let registry = KeyRegistry::build(RegistryMode::Static, inputs);
+    assert_eq!(registry.len(), count);
+    for index in 0..count {
+        let raw_key = format!("sk-many-{index}");
+        let key = match registry.authenticate(Some(raw_key.as_bytes()), 999) {
+            AuthOutcome::Authenticated { key, .. } => key,
+            other => panic!("key {index}: {other:?}"),
+        };
+        assert_eq!(*key.preview, format!("p{index}"));
+        assert_eq!(key.source, KeySource::Static { index });
+        assert_eq!(key.expires_at_unix_ms(), (index % 2 == 0).then_some(1_000));
+        assert!(std::ptr::eq(registry.get(key.key_id).unwrap(), key));
+    }
+    assert_eq!(
+        registry.authenticate(Some(b"sk-many-absent"), 0),
+        AuthOutcome::Unknown
+    );
+    assert!(registry.get(KeyId(0)).is_none());
 }
 
 #[test]
