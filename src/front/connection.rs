@@ -19,13 +19,13 @@ use monoio::io::{
     AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, OwnedReadHalf, OwnedWriteHalf, Splitable,
 };
 use monoio::net::TcpStream;
-use tokio::sync::mpsc;
 
 use crate::api::authenticate::{self, HeadCredentials, now_unix_ms};
 use crate::api::sink::{CORKED_BYTES_MAX, UntilGone};
 use crate::api::sink::{ClientGone, Sink};
 use crate::api::{self, ClientRequest};
 use crate::error::Rejection;
+use crate::front::pipeline::{self, Receiver, Sender};
 use crate::http::chunked::ChunkedDecoder;
 use crate::http::request::{
     BodyFraming, HeadError, HeadLimits, HeadWait, Method, RequestHead, Version, is_h2_preface,
@@ -177,7 +177,7 @@ async fn serve_http1(shard: &Rc<Shard>, stream: TcpStream, first: BytesMut) {
     let (reader, writer) = stream.into_split();
     let gone = Rc::new(Latch::default());
     let writer_done = Rc::new(Latch::default());
-    let (to_writer, from_reader) = mpsc::channel(PIPELINE_DEPTH);
+    let (to_writer, from_reader) = pipeline::pipeline(PIPELINE_DEPTH);
     let reading = monoio::spawn(read_loop(
         shard.clone(),
         peer,
@@ -204,7 +204,7 @@ async fn serve_http1(shard: &Rc<Shard>, stream: TcpStream, first: BytesMut) {
     reading.await;
 }
 
-async fn write_loop(shard: &Rc<Shard>, sink: &mut Http1Sink, mut inbound: mpsc::Receiver<Inbound>) {
+async fn write_loop(shard: &Rc<Shard>, sink: &mut Http1Sink, mut inbound: Receiver<Inbound>) {
     while let Some(item) = inbound.recv().await {
         match item {
             Inbound::Request {
@@ -305,7 +305,7 @@ async fn read_loop(
     peer: Option<std::net::IpAddr>,
     socket: OwnedReadHalf<TcpStream>,
     first: BytesMut,
-    to_writer: mpsc::Sender<Inbound>,
+    to_writer: Sender<Inbound>,
     gone: Rc<Latch>,
     writer_done: Rc<Latch>,
 ) {
@@ -357,7 +357,7 @@ enum ReadOutcome {
 async fn read_requests(
     shard: &Shard,
     reader: &mut Reader,
-    to_writer: &mpsc::Sender<Inbound>,
+    to_writer: &Sender<Inbound>,
 ) -> ReadOutcome {
     let limits = HeadLimits::default();
     let settings = &shard.settings;

@@ -6,9 +6,11 @@
 //! - `connection`: an HTTP/1.1 connection (keep-alive, bodies, limits), upgraded to h2c on a
 //!   preface.
 //! - `h2c`: an HTTP/2 (cleartext) connection, one task per stream.
+//! - `pipeline`: the queue from an HTTP/1.1 connection's reader to its writer.
 //!
 //! This layer sits on top: it depends on `api` and `shard`, and neither depends on it.
 
 pub mod connection;
 pub mod h2c;
+mod pipeline;
 pub mod runtime;
