@@ -55,6 +55,16 @@ struct Holder {
     built: Built,
 }
 
+/// Shrinks a holder map that cleanup left mostly empty. `retain` keeps a map's slots, so after
+/// a burst of keys went idle their ~250-byte slots stayed allocated for the process's life: memory
+/// bounded by the busiest moment, not by the keys in use. Shrinks only below a quarter full, so
+/// a map that hovers around one size is not rebuilt every cleanup.
+fn give_back_slack<K: Eq + std::hash::Hash, V>(holders: &mut IdMap<K, V>) {
+    if holders.capacity() > 4 * holders.len().max(16) {
+        holders.shrink_to_fit();
+    }
+}
+
 /// A key's quota split by holder: the owner's part (RPM, daily budgets; its B4 rates zeroed) and
 /// the key's B4 token rates (`None` when the quota has none).
 fn split_quota(quota: KeyQuota) -> (KeyQuota, Option<KeyQuota>) {
@@ -505,6 +515,12 @@ impl Quotas {
     }
 
     /// Keys holding B4 token-rate buckets right now (for tests and logs).
+    /// Slots allocated for owners' holders, used or not (what their map costs).
+    #[cfg(test)]
+    fn holder_slots(&self) -> usize {
+        self.holders.capacity()
+    }
+
     pub fn token_rate_holders(&self) -> usize {
         self.token_rates.len()
     }
@@ -543,6 +559,8 @@ impl Quotas {
             holder.limits.compact(now);
             !holder.limits.is_idle(now, day)
         });
+        give_back_slack(&mut self.holders);
+        give_back_slack(&mut self.token_rates);
         if let Some(persistence) = persistence
             && day > persistence.day
             && !persistence.restored.is_empty()

@@ -534,6 +534,56 @@ fn idle_key_holders_are_dropped() {
     assert!(quotas.is_empty());
 }
 
+#[test]
+fn a_cleanup_that_drops_most_holders_gives_their_slots_back() {
+    // 2,000 owners, one key each, with a requests-per-minute limit only: idle once full again.
+    let owners = 2_000;
+    let mut text = String::from("api:\n  mode: api-key\n  keys:\n");
+    for index in 0..owners {
+        text.push_str(&format!(
+            "    - key_hash: \"{}\"\n      key_preview: \"sk-...{index}\"\n      \
+             metadata: {{name: \"k{index}\", owner: \"owner-{index}\"}}\n      \
+             quota: {{requests_per_minute: 10}}\n",
+            crate::auth::keys::hash_key_hex(&format!("sk-burst-{index}"))
+        ));
+    }
+    let registry = KeyRegistry::from_config(&AuthConfig::from_yaml(&text).unwrap());
+    let snapshot = snapshot(1, &["chat"]);
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    let raw_keys: Vec<String> = (0..owners)
+        .map(|index| format!("sk-burst-{index}"))
+        .collect();
+    for raw in &raw_keys {
+        assert!(admit(&mut quotas, MONDAY, &registry, &snapshot, raw, 0, 10).is_ok());
+    }
+    assert_eq!(quotas.len(), owners);
+    assert!(quotas.holder_slots() >= owners);
+
+    // One owner keeps sending; the others' buckets are full again a minute later.
+    let busy = key(&registry, &raw_keys[0]).key_id;
+    let request = |quotas: &mut Quotas| {
+        quotas
+            .admit(
+                Millis::from_seconds(60),
+                MONDAY,
+                &registry,
+                &snapshot,
+                busy,
+                &context(0),
+                tokens(10),
+            )
+            .unwrap();
+    };
+    request(&mut quotas);
+    quotas.cleanup(Millis::from_seconds(61), MONDAY);
+    assert_eq!(quotas.len(), 1);
+    assert!(
+        quotas.holder_slots() <= 64,
+        "{} slots kept for one holder",
+        quotas.holder_slots()
+    );
+}
+
 // ----- sharing with the other routers of a site (`quotas::shared`) -----
 
 fn remaining_tokens(admitted: Result<Admitted, LimitExceeded>) -> u64 {
