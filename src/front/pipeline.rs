@@ -106,6 +106,11 @@ pub struct Receiver<T> {
 }
 
 impl<T> Receiver<T> {
+    /// Whether nothing is queued (the writer is about to wait for the client).
+    pub fn is_empty(&self) -> bool {
+        self.shared.items.borrow().is_empty()
+    }
+
     /// The next item in order; `None` once the sender is gone and the queue is empty.
     pub async fn recv(&mut self) -> Option<T> {
         let shared = &*self.shared;
@@ -163,9 +168,11 @@ mod tests {
     #[test]
     fn items_come_out_in_order_then_none_once_the_sender_is_gone() {
         let (sender, mut receiver) = pipeline(8);
+        assert!(receiver.is_empty());
         for item in 0..5 {
             sender.send(item).now_or_never().unwrap().unwrap();
         }
+        assert!(!receiver.is_empty());
         drop(sender);
         let received: Vec<i32> =
             std::iter::from_fn(|| receiver.recv().now_or_never().unwrap()).collect();
