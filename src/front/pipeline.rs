@@ -5,7 +5,7 @@
 //! Why not `tokio::sync::mpsc`: its channel allocates its slots in blocks of 32 whatever the
 //! bound, so every HTTP/1.1 connection held a 9.5 KB block (32 slots of 296 bytes) from its first
 //! request on, idle keep-alive connections included. Here the slots are a `VecDeque` that grows
-//! to what the client actually pipelines: four slots for a client that sends one request at a
+//! to what the client actually pipelines: one slot for a client that sends one request at a
 //! time, never more than `capacity` (rounded up to a power of two by `VecDeque`).
 //!
 //! Closing, as with a channel: when the sender is dropped the receiver drains what is queued and
@@ -21,7 +21,9 @@ use std::task::{Poll, Waker};
 pub fn pipeline<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
     assert!(capacity > 0, "a pipeline holds at least one item");
     let shared = Rc::new(Shared {
-        items: RefCell::new(VecDeque::new()),
+        // One slot: enough for a client that sends one request at a time. A pipelining client
+        // grows it (to 4, then 8).
+        items: RefCell::new(VecDeque::with_capacity(1)),
         capacity,
         sender_alive: Cell::new(true),
         receiver_alive: Cell::new(true),
@@ -241,14 +243,18 @@ mod tests {
     }
 
     #[test]
-    fn one_request_at_a_time_keeps_four_slots() {
+    fn one_request_at_a_time_keeps_one_slot_and_pipelining_grows_it() {
         // The tokio channel this replaces held 32 slots per connection from the first request.
         let (sender, mut receiver) = pipeline(8);
-        assert_eq!(receiver.shared.items.borrow().capacity(), 0);
         for item in 0..100 {
             sender.send(item).now_or_never().unwrap().unwrap();
             assert_eq!(receiver.recv().now_or_never(), Some(Some(item)));
         }
-        assert!(receiver.shared.items.borrow().capacity() <= 4);
+        assert_eq!(receiver.shared.items.borrow().capacity(), 1);
+        for item in 0..8 {
+            sender.send(item).now_or_never().unwrap().unwrap();
+        }
+        assert!(sender.send(8).now_or_never().is_none(), "full at 8");
+        assert_eq!(receiver.shared.items.borrow().capacity(), 8);
     }
 }
