@@ -179,3 +179,63 @@ fn insecure_admin_override_reaches_the_501_of_static_mode() {
     assert_eq!(status, 501, "{body}");
     assert_eq!(admin(&site, "GET", "/admin/health", None, None).0, 200);
 }
+
+/// `HIVENET_ROUTER_MAX_REQUEST_BYTES` bounds inference bodies only: the admin API's bodies have
+/// limits of their own (a registry replace takes up to 16 MiB). A router whose inference limit
+/// was set below a replace body refused the replace with 413 before its handler saw it.
+#[test]
+fn the_inference_body_limit_does_not_cap_admin_bodies() {
+    let site = Site::start(
+        "admin-body-limit",
+        Options::new()
+            .sim(&["--models", "sim-model"])
+            .agent(0, &["--capacity", "4"])
+            .router_env("HIVENET_ROUTER_AUTH_MODE", "dynamic")
+            .router_env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
+            .router_env("HIVENET_ROUTER_MAX_REQUEST_BYTES", "4096")
+            .skip_model_wait(),
+    );
+    let keys: Vec<Value> = (0..40)
+        .map(|index| {
+            json!({
+                "id": format!("bulk-{index}"),
+                "key_hash": hash(&format!("sk-bulk-{index}")),
+                "key_preview": "sk-...bulk",
+                "owner": format!("owner-{index}"),
+                "name": "bulk key",
+                "enabled": true,
+                "allowed_models": ["sim-model"],
+            })
+        })
+        .collect();
+    let body = json!({"version": "rev_00000001", "keys": keys});
+    assert!(
+        body.to_string().len() > 4096,
+        "the body must pass the inference limit"
+    );
+    let (status, answer) = admin(
+        &site,
+        "POST",
+        "/admin/api-keys/replace",
+        Some(ADMIN_KEY),
+        Some(&body),
+    );
+    assert_eq!(
+        (status, answer["count"].as_u64()),
+        (200, Some(40)),
+        "{answer}"
+    );
+    site.wait_for("the replaced keys to work", || {
+        (chat_status(&site, "sk-bulk-39") == 200).then_some(())
+    });
+
+    // The inference limit still holds for inference.
+    let padding = "x".repeat(5000);
+    let big = json!({"model": "sim-model", "messages": [{"role": "user", "content": padding}]})
+        .to_string();
+    let raw = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\nauthorization: Bearer sk-bulk-0\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{big}",
+        big.len()
+    );
+    assert_eq!(request(site.http, raw.as_bytes()).status, 413);
+}

@@ -81,6 +81,21 @@ impl Route {
     }
 }
 
+/// The largest request body the front reads for `route`. `max_request_bytes`
+/// (`HIVENET_ROUTER_MAX_REQUEST_BYTES`, `None`: no limit) is for the inference API; the admin API
+/// has route-specific limits of its own, separate from it (admin reference, "Administration
+/// request-body limits"), which its handlers enforce with their own answer. So an admin body is
+/// read up to the largest of them, [`ADMIN_BODY_BYTES_MAX`], whatever `max_request_bytes` is.
+pub fn body_bytes_max(route: Route, max_request_bytes: Option<usize>) -> Option<usize> {
+    match route {
+        Route::Admin => Some(ADMIN_BODY_BYTES_MAX),
+        _ => max_request_bytes,
+    }
+}
+
+/// The largest admin body: `POST /admin/api-keys/replace`'s limit.
+pub const ADMIN_BODY_BYTES_MAX: usize = crate::auth::dynamic::REPLACE_BODY_BYTES_MAX;
+
 /// Phase 1: method and path to a route.
 pub fn route(method: Method, path: &[u8]) -> Result<Route, Rejection> {
     if path.starts_with(b"/admin/") {

@@ -455,11 +455,11 @@ async fn read_requests(
             }
         };
         // A declared body over the limit is refused before the client is invited to send it.
+        let body_bytes_max = api::body_bytes_max(route, settings.max_request_bytes);
         let too_large = match head.framing {
-            BodyFraming::ContentLength(length) => shard
-                .settings
-                .max_request_bytes
-                .is_some_and(|max| length > max as u64),
+            BodyFraming::ContentLength(length) => {
+                body_bytes_max.is_some_and(|max| length > max as u64)
+            }
             _ => false,
         };
         // Credentials are checked before a body that has yet to arrive is read (and before the
@@ -492,7 +492,7 @@ async fn read_requests(
         // The request body, complete within the request deadline (`--request-timeout`) and with
         // no gap over `--client-body-timeout`.
         let body_deadline = head_parsed_at + settings.request_timeout;
-        let body = match read_body(shard, reader, &head, body_deadline).await {
+        let body = match read_body(shard, reader, &head, body_bytes_max, body_deadline).await {
             Ok(body) => body,
             Err(BodyEnd::Refused(rejection)) => {
                 let _ = to_writer.send(Inbound::Reject(rejection.closing())).await;
@@ -576,13 +576,14 @@ impl From<ReadEnd> for BodyEnd {
     }
 }
 
+/// Reads the body `head` announces, refusing one over `max` bytes (`None`: no limit).
 async fn read_body(
     shard: &Shard,
     reader: &mut Reader,
     head: &RequestHead,
+    max: Option<usize>,
     deadline: Instant,
 ) -> Result<Bytes, BodyEnd> {
-    let max = shard.settings.max_request_bytes;
     let gap = shard.settings.client_body_timeout;
     let wait = || gap.min(deadline.saturating_duration_since(Instant::now()));
     match head.framing {

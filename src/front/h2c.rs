@@ -215,7 +215,7 @@ async fn serve_stream(
             return;
         }
     }
-    let max = shard.settings.max_request_bytes;
+    let max = api::body_bytes_max(route, shard.settings.max_request_bytes);
     let deadline = started + shard.settings.request_timeout;
     let mut body = BytesMut::new();
     let Some(mut lease) = shard.clients.lease_body(0) else {
