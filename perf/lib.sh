@@ -332,6 +332,9 @@ start_router_stack() { # variant-args index
     --grpc-port "$ROUTER_GRPC" --metrics-port "$ROUTER_METRICS" --p2p-port "$ROUTER_P2P" \
     --identity-path "$dir/router.key" $args
   wait_until 30 "hivenet-router" curl -s "http://$ROUTER_HTTP/v1/models"
+  # A caller's set-up between the router answering and the agent's model check (e.g. loading
+  # dynamic keys, without which the check's key is unknown): ROUTER_STARTED_HOOK, given the index.
+  if [[ -n ${ROUTER_STARTED_HOOK:-} ]]; then "$ROUTER_STARTED_HOOK" "$2"; fi
   # shellcheck disable=SC2086
   start_bg agent "$WORK/agent-$2.log" "$agent_bin/hivenet-agent" --backend-url "http://$SIM_ADDR" \
     --router-grpc "$ROUTER_GRPC" --identity-path "$dir/agent.key" --capacity 1000 $agent_args

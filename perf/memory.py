@@ -8,6 +8,9 @@ Subcommands:
                        a request holds a quota holder; KEY_QUOTA="" for none, KEY_QUOTA="..." for
                        other limits), plus the bench key (BENCH_API_KEY, owner
                        "bench") that the readiness checks use.
+  replace PORT N       AUTH_MODE=dynamic: the same keys, loaded into the dynamic registry with one
+                       POST /admin/api-keys/replace (admin key ADMIN_API_KEY; the 16 MiB body
+                       limit holds about 60,000 such entries)
   touch PORT N         one chat request with each key (CONCURRENCY connections, requests one after
                        the other on each); exits non-zero unless every answer is 200.
   connections PORT PID M OUT
@@ -20,12 +23,14 @@ Standard library only (asyncio, raw HTTP/1.1 with content-length or chunked answ
 """
 import asyncio
 import hashlib
+import json
 import os
 import sys
 import time
 
 MODEL = os.environ.get("MODEL", "sim-model")
 BENCH_KEY = os.environ.get("BENCH_API_KEY", "sk-hivenet-bench")
+ADMIN_KEY = os.environ.get("ADMIN_API_KEY", "memory-admin")
 CONCURRENCY = int(os.environ.get("CONCURRENCY", "32"))
 TIMEOUT = float(os.environ.get("TIMEOUT", "60"))
 SETTLE = float(os.environ.get("SETTLE", "2"))
@@ -50,6 +55,47 @@ def write_auth(path, count):
         out.write(key(BENCH_KEY, "bench"))
         for index in range(count):
             out.write(key(raw_key(index), f"owner-{index}"))
+
+
+def quota_json():
+    """KEY_QUOTA ("name: value, ...", YAML flow style) as a JSON object; None when empty."""
+    if not QUOTA:
+        return None
+    pairs = (item.split(":") for item in QUOTA.split(","))
+    return {name.strip(): int(value) for name, value in pairs}
+
+
+def replace_body(count):
+    """The body of POST /admin/api-keys/replace: the bench key and sk-mem-0 .. sk-mem-(N-1), each
+    its own owner, with the fields write_auth gives them."""
+    quota = quota_json()
+
+    def entry(ident, raw, owner):
+        item = {"id": ident, "key_hash": hashlib.sha256(raw.encode()).hexdigest(),
+                "key_preview": f"sk-...{raw[-4:]}", "owner": owner, "name": raw, "enabled": True}
+        if quota:
+            item["quota"] = quota
+        return item
+
+    keys = [entry("bench", BENCH_KEY, "bench")]
+    keys += [entry(f"mem-{index}", raw_key(index), f"owner-{index}") for index in range(count)]
+    return json.dumps({"version": "rev_00000001", "keys": keys}, separators=(",", ":")).encode()
+
+
+async def replace(port, count):
+    body = replace_body(count)
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), TIMEOUT)
+    writer.write(b"POST /admin/api-keys/replace HTTP/1.1\r\nhost: memory\r\n"
+                 b"content-type: application/json\r\nauthorization: Bearer "
+                 + ADMIN_KEY.encode() + b"\r\ncontent-length: " + str(len(body)).encode()
+                 + b"\r\nconnection: close\r\n\r\n" + body)
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), TIMEOUT)
+    writer.close()
+    status = int(answer.split(b" ", 2)[1])
+    if status != 200:
+        sys.exit(f"replace of {count} keys ({len(body)} bytes) answered {status}: {answer[-300:]!r}")
+    print(f"replaced the registry with {count + 1} keys ({len(body)} bytes)", file=sys.stderr)
 
 
 def request(key):
@@ -155,6 +201,8 @@ def main():
     command, args = sys.argv[1], sys.argv[2:]
     if command == "auth":
         write_auth(args[0], int(args[1]))
+    elif command == "replace":
+        asyncio.run(replace(int(args[0]), int(args[1])))
     elif command == "touch":
         asyncio.run(touch(int(args[0]), int(args[1])))
     elif command == "connections":

@@ -14,6 +14,9 @@
 #   ROUTER_ARGS=""         extra router flags
 #   ROUTER_DIR=""          run DIR/hivenet-router and DIR/hivenet-agent instead of target/release
 #                          (before vs after: an older build saved in /tmp/before)
+#   AUTH_MODE=static       static: keys in auth.yaml; dynamic: the same keys loaded into the
+#                          dynamic registry with one POST /admin/api-keys/replace once the router
+#                          answers (the 16 MiB body limit holds about 60,000 keys: KEYS="0 50000")
 # The router's allocator (mimalloc) keeps freed pages a while before giving them back; loading a
 # large auth.yaml frees its parse tree, so the "loaded" figure includes pages the next
 # allocations reuse. MIMALLOC_PURGE_DELAY=0 in the environment makes it give them back at once:
@@ -33,7 +36,18 @@ export CONCURRENCY=${CONCURRENCY:-32}
 export SETTLE=${SETTLE:-2}
 ROUTER_ARGS=${ROUTER_ARGS:-}
 ROUTER_DIR=${ROUTER_DIR:-}
+AUTH_MODE=${AUTH_MODE:-static}
 export MODEL
+case $AUTH_MODE in
+  static) ;;
+  dynamic)
+    export ADMIN_API_KEY=memory-admin HIVENET_ROUTER_AUTH_MODE=dynamic
+    export HIVENET_ROUTER_ADMIN_API_KEYS=$ADMIN_API_KEY
+    load_dynamic_keys() { timeout 120 python3 "$PERF/memory.py" replace "${ROUTER_HTTP##*:}" "$1"; }
+    ROUTER_STARTED_HOOK=load_dynamic_keys
+    ;;
+  *) die "AUTH_MODE is static or dynamic" ;;
+esac
 
 # Each connection is a descriptor in the router and in the client.
 ulimit -n "$(ulimit -Hn)"
@@ -56,8 +70,12 @@ declare -A MEM=()   # "<keys>.<phase>" and "conns.<phase>" -> "rss pss dirty" (k
 FIRST=""
 for n in $KEYS; do
   [[ -n $FIRST ]] || FIRST=$n
-  python3 "$PERF/memory.py" auth "$WORK/auth-$n.yaml" "$n"
-  start_router_stack "${ROUTER_DIR:+@$ROUTER_DIR }--auth-config-file $WORK/auth-$n.yaml --client-header-timeout 1h --max-client-connections $((CONNS + 1000)) $ROUTER_ARGS" "$n"
+  auth_flags=""
+  if [[ $AUTH_MODE == static ]]; then
+    python3 "$PERF/memory.py" auth "$WORK/auth-$n.yaml" "$n"
+    auth_flags="--auth-config-file $WORK/auth-$n.yaml"
+  fi
+  start_router_stack "${ROUTER_DIR:+@$ROUTER_DIR }$auth_flags --client-header-timeout 1h --max-client-connections $((CONNS + 1000)) $ROUTER_ARGS" "$n"
   MEM[$n.loaded]=$(router_memory)
   log "$n keys loaded: rss pss dirty (kB) = ${MEM[$n.loaded]}"
   timeout $((120 + n / 100)) python3 "$PERF/memory.py" touch "${ROUTER_HTTP##*:}" "$n"
@@ -83,7 +101,7 @@ per_unit() { # after before units field
 }
 
 echo
-echo "## Router memory (${ROUTER_DIR:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')}, $SHARDS shards${MIMALLOC_PURGE_DELAY:+, MIMALLOC_PURGE_DELAY=$MIMALLOC_PURGE_DELAY})"
+echo "## Router memory (${ROUTER_DIR:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')}, $SHARDS shards, $AUTH_MODE keys${MIMALLOC_PURGE_DELAY:+, MIMALLOC_PURGE_DELAY=$MIMALLOC_PURGE_DELAY})"
 echo
 echo "| case | VmRSS kB | Pss kB | Private_Dirty kB | B per key (RSS) | B per key (Pss) | B per key (Private_Dirty) |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"

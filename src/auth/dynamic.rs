@@ -22,7 +22,7 @@
 //! grant every model); `id` in a `PUT` body is accepted and ignored, because the URL is the source
 //! of truth for the entry id.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -294,7 +294,9 @@ pub struct DynamicRegistry {
     version: String,
     generation: u64,
     entries: BTreeMap<String, Stored>,
-    id_by_hash: HashMap<KeyHash, String>,
+    /// The hashes in use. Which id holds one is looked up in `entries` only when a write
+    /// conflicts with it; an id per hash here cost every key a second copy of its id.
+    hashes: HashSet<KeyHash>,
 }
 
 impl fmt::Debug for DynamicRegistry {
@@ -371,12 +373,18 @@ impl DynamicRegistry {
             let mut sink = Sink::new(format!("key {}", display_id(id)), &mut problems);
             let stored = validate_entry(entry, limits, &mut sink);
             if let Some(stored) = &stored
-                && let Some(owner_id) = self.id_by_hash.get(&stored.hash)
-                && owner_id != id
+                && self.hashes.contains(&stored.hash)
+                && self
+                    .entries
+                    .get(id)
+                    .is_none_or(|current| current.hash != stored.hash)
             {
                 sink.push(
                     "key_hash",
-                    format!("already belongs to key {owner_id}; delete that entry first"),
+                    format!(
+                        "already belongs to key {}; delete that entry first",
+                        self.id_of_hash(&stored.hash)
+                    ),
                 );
             }
             stored
@@ -391,9 +399,9 @@ impl DynamicRegistry {
         }
         // Validated: apply.
         if let Some(previous) = self.entries.remove(id) {
-            self.id_by_hash.remove(&previous.hash);
+            self.hashes.remove(&previous.hash);
         }
-        self.id_by_hash.insert(stored.hash, id.to_owned());
+        self.hashes.insert(stored.hash);
         self.entries.insert(id.to_owned(), stored);
         self.commit(version);
         Ok(())
@@ -404,7 +412,7 @@ impl DynamicRegistry {
         let version = version.unwrap_or("");
         self.check_version(version)?;
         if let Some(previous) = self.entries.remove(id) {
-            self.id_by_hash.remove(&previous.hash);
+            self.hashes.remove(&previous.hash);
         }
         self.commit(version.to_owned());
         Ok(())
@@ -424,8 +432,9 @@ impl DynamicRegistry {
             });
         }
         let mut problems = Vec::new();
-        let mut entries = BTreeMap::new();
-        let mut id_by_hash: HashMap<KeyHash, String> = HashMap::new();
+        let mut entries = Vec::with_capacity(request.keys.len());
+        // Position in `entries` of the entry holding each hash.
+        let mut holder_of_hash: HashMap<KeyHash, usize> = HashMap::new();
         let mut first_index_of_id: HashMap<String, usize> = HashMap::new();
         for (index, entry) in request.keys.into_iter().enumerate() {
             let id = entry.id.clone();
@@ -441,18 +450,22 @@ impl DynamicRegistry {
             let Some(stored) = validate_entry(entry, limits, &mut sink) else {
                 continue;
             };
-            if let Some(owner_id) = id_by_hash.get(&stored.hash) {
+            if let Some(holder) = holder_of_hash.get(&stored.hash) {
+                let (owner_id, _): &(String, Stored) = &entries[*holder];
                 sink.push("key_hash", format!("duplicates the hash of key {owner_id}"));
                 continue;
             }
-            id_by_hash.insert(stored.hash, id.clone());
-            entries.insert(id, stored);
+            holder_of_hash.insert(stored.hash, entries.len());
+            entries.push((id, stored));
         }
         if !problems.is_empty() {
             return Err(DynamicError::Invalid(Problems(problems)));
         }
-        self.entries = entries;
-        self.id_by_hash = id_by_hash;
+        self.hashes = holder_of_hash.into_keys().collect();
+        // Built from the sorted entries at once, the map's nodes are full; inserted one by one
+        // in the body's order they were about two-thirds full.
+        entries.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
+        self.entries = BTreeMap::from_iter(entries);
         self.commit(request.version);
         Ok(self.entries.len())
     }
@@ -490,6 +503,14 @@ impl DynamicRegistry {
                 })
                 .collect(),
         )
+    }
+
+    /// The id of the entry holding `hash` (a write conflicts with it): a scan, on errors only.
+    fn id_of_hash(&self, hash: &KeyHash) -> &str {
+        self.entries
+            .iter()
+            .find(|(_, stored)| stored.hash == *hash)
+            .map_or("<unknown>", |(id, _)| id.as_str())
     }
 
     fn check_version(&self, version: &str) -> Result<(), DynamicError> {
@@ -588,7 +609,8 @@ fn validate_entry(
         return None;
     }
     let hash = hash?;
-    entry.key_hash = hash.to_hex();
+    // Never shown again (answers blank it) and held in `hash`: 64 bytes a key not kept twice.
+    entry.key_hash = String::new();
     Some(Stored {
         entry,
         hash,

@@ -268,6 +268,16 @@ fn one_hash_cannot_belong_to_two_ids() {
         "invalid key entry: key b: key_hash: already belongs to key a; delete that entry first"
     );
     assert_eq!(registry, before);
+    // The id that holds the hash may write its entry again (an update keeps its key).
+    registry.put("a", put_body("v3", "k"), &none()).unwrap();
+    registry.put("b", put_body("v4", "other"), &none()).unwrap();
+    let error = registry
+        .put("a", put_body("v5", "other"), &none())
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("already belongs to key b"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -602,7 +612,7 @@ proptest! {
             let hashes: std::collections::HashSet<KeyHash> =
                 registry.entries.values().map(|stored| stored.hash).collect();
             prop_assert_eq!(hashes.len(), registry.len());
-            prop_assert_eq!(registry.id_by_hash.len(), registry.len());
+            prop_assert_eq!(registry.hashes.len(), registry.len());
             let snapshot = registry.snapshot();
             prop_assert_eq!(snapshot.len(), registry.len());
             for key in 0..6u8 {
