@@ -23,6 +23,8 @@
 
 use std::sync::Arc;
 
+use hashbrown::HashTable;
+
 use crate::auth::keys::{KeyId, KeyRecord, KeySource, TenantId};
 use crate::clock::Day;
 use crate::metrics::histogram::DurationCounts;
@@ -178,23 +180,59 @@ pub struct TenantReport {
     pub routing_failed: Vec<(FailedSeries, u64)>,
 }
 
+/// Positions in a vector of series, found by the series' labels: 4 bytes a slot, the labels read
+/// from the vector. A map keyed by the labels held every series' labels a second time (its
+/// `Arc`s and ids: 32 to 64 bytes a series, three series a touched key).
+#[derive(Debug, Default)]
+struct SeriesIndex(HashTable<u32>);
+
+impl SeriesIndex {
+    /// The position under `hash` whose series `is_series` accepts.
+    fn find(&self, hash: u64, is_series: impl Fn(usize) -> bool) -> Option<usize> {
+        self.0
+            .find(hash, |at| is_series(*at as usize))
+            .map(|at| *at as usize)
+    }
+
+    /// Records `position` under `hash` (the caller found no equal series) and returns it;
+    /// `rehash` gives the hash of the series at a position when the table grows.
+    fn insert(&mut self, hash: u64, position: usize, rehash: impl Fn(usize) -> u64) -> usize {
+        let slot = u32::try_from(position).expect("fewer than 2^32 series on a shard");
+        self.0.insert_unique(hash, slot, |at| rehash(*at as usize));
+        position
+    }
+}
+
+/// The hash a [`SeriesIndex`] files a series under: seeded once per process, like `IdMap`'s (an
+/// agent chooses its deployment and peer labels). Only a series' first count hashes it.
+fn hash_of(labels: &impl std::hash::Hash) -> u64 {
+    use std::hash::BuildHasher;
+    static STATE: std::sync::OnceLock<foldhash::fast::RandomState> = std::sync::OnceLock::new();
+    STATE.get_or_init(Default::default).hash_one(labels)
+}
+
 #[derive(Debug, Default)]
 pub struct TenantCounters {
     /// Request counts per series, which series a (key, model, deployment) counts in, and which
     /// a (key, model, serving agent) counts in (`None`: no agent served it).
     requests: Vec<(RequestSeries, RequestCounts)>,
-    request_series: IdMap<(KeyId, ModelId, Arc<str>), usize>,
+    /// The key of each entry of `requests`, for `request_series` (the labels do not name it).
+    request_keys: Vec<KeyId>,
+    /// Positions in `requests` by (key, model, deployment).
+    request_series: SeriesIndex,
     request_index: IdMap<(KeyId, ModelId, Option<AgentId>), usize>,
     rate_limited: IdMap<KeyId, (KeyLabels, u64)>,
     token_limited: IdMap<(KeyId, Phase, Arc<str>), (KeyLabels, u64)>,
     /// Routed requests per series, and which series a (tenant, model, agent) counts in.
     routed: Vec<(RoutedSeries, u64)>,
-    routed_series: IdMap<RoutedSeries, usize>,
+    /// Positions in `routed` by series.
+    routed_series: SeriesIndex,
     routed_index: IdMap<(TenantId, ModelId, AgentId), usize>,
     /// Request durations per agent series, and which series a (tenant, model, agent, status)
     /// counts in.
     agent_durations: Vec<(AgentDurationSeries, DurationCounts)>,
-    agent_duration_series: IdMap<AgentDurationSeries, usize>,
+    /// Positions in `agent_durations` by series.
+    agent_duration_series: SeriesIndex,
     agent_duration_index: IdMap<(TenantId, ModelId, AgentId, u16), usize>,
     /// Requests the router could not forward (rare: hashed by error code, no index).
     routing_failed: IdMap<(TenantId, ModelId, &'static str), (FailedSeries, u64)>,
@@ -215,9 +253,15 @@ impl TenantCounters {
             Some(index) => *index,
             None => {
                 let (labels, deployment_id) = series()?;
-                let named = (key, model, deployment_id.clone());
-                let index = match self.request_series.get(&named) {
-                    Some(index) => *index,
+                let hash = hash_of(&(key, model, &*deployment_id));
+                let (requests, request_keys) = (&self.requests, &self.request_keys);
+                let found = self.request_series.find(hash, |at| {
+                    request_keys[at] == key
+                        && requests[at].0.model == model
+                        && requests[at].0.deployment_id == deployment_id
+                });
+                let index = match found {
+                    Some(index) => index,
                     None => {
                         self.requests.push((
                             RequestSeries {
@@ -227,8 +271,12 @@ impl TenantCounters {
                             },
                             RequestCounts::default(),
                         ));
-                        self.request_series.insert(named, self.requests.len() - 1);
-                        self.requests.len() - 1
+                        self.request_keys.push(key);
+                        let (requests, request_keys) = (&self.requests, &self.request_keys);
+                        self.request_series.insert(hash, requests.len() - 1, |at| {
+                            let (series, _) = &requests[at];
+                            hash_of(&(request_keys[at], series.model, &*series.deployment_id))
+                        })
                     }
                 };
                 self.request_index.insert((key, model, agent), index);
@@ -278,14 +326,19 @@ impl TenantCounters {
                 let Some(series) = series() else {
                     return;
                 };
-                let index = match self.agent_duration_series.get(&series) {
-                    Some(index) => *index,
+                let hash = hash_of(&series);
+                let durations = &self.agent_durations;
+                let index = match self
+                    .agent_duration_series
+                    .find(hash, |at| durations[at].0 == series)
+                {
+                    Some(index) => index,
                     None => {
                         self.agent_durations
-                            .push((series.clone(), DurationCounts::default()));
-                        let index = self.agent_durations.len() - 1;
-                        self.agent_duration_series.insert(series, index);
-                        index
+                            .push((series, DurationCounts::default()));
+                        let durations = &self.agent_durations;
+                        self.agent_duration_series
+                            .insert(hash, durations.len() - 1, |at| hash_of(&durations[at].0))
                     }
                 };
                 self.agent_duration_index
@@ -383,12 +436,15 @@ impl TenantCounters {
                 let Some(series) = series() else {
                     return;
                 };
-                let index = match self.routed_series.get(&series) {
-                    Some(index) => *index,
+                let hash = hash_of(&series);
+                let routed = &self.routed;
+                let index = match self.routed_series.find(hash, |at| routed[at].0 == series) {
+                    Some(index) => index,
                     None => {
-                        self.routed.push((series.clone(), 0));
-                        self.routed_series.insert(series, self.routed.len() - 1);
-                        self.routed.len() - 1
+                        self.routed.push((series, 0));
+                        let routed = &self.routed;
+                        self.routed_series
+                            .insert(hash, routed.len() - 1, |at| hash_of(&routed[at].0))
                     }
                 };
                 self.routed_index.insert((tenant, model, agent), index);
@@ -634,5 +690,76 @@ mod tests {
         assert_eq!(counts, vec![(200, 2), (502, 1)]);
         assert_eq!(report.routing_failed.len(), 1);
         assert_eq!(report.routing_failed[0].1, 2);
+    }
+
+    /// Thousands of series through the position tables (which grow and rehash from the series
+    /// vectors): each is found again from a new agent, none is counted twice.
+    #[test]
+    fn many_series_are_each_found_again_from_another_agent() {
+        let mut counters = TenantCounters::default();
+        let keys = 3_000u32;
+        let key_series = |index: u32| {
+            Some((
+                KeyLabels {
+                    tenant_id: format!("t{index}").into(),
+                    key_id: format!("k{index}").into(),
+                },
+                Arc::<str>::from("deploy"),
+            ))
+        };
+        let routed = |index: u32| RoutedSeries {
+            tenant_id: format!("t{index}").into(),
+            model: ModelId(1),
+            engine: "vllm".into(),
+            region: "eu".into(),
+        };
+        let duration = |index: u32| AgentDurationSeries {
+            tenant_id: format!("t{index}").into(),
+            peer_id: "p".into(),
+            model: ModelId(1),
+            status: 200,
+        };
+        let seconds = std::time::Duration::from_millis(5);
+        // Agents 1 and 2 share their labels (one deployment, engine, region and peer label), so
+        // the second agent's first request of a key counts in the series the first one made.
+        for agent in [AgentId(1), AgentId(2)] {
+            for index in 0..keys {
+                let (key, tenant) = (KeyId(index), TenantId(index));
+                counters.finished(key, ModelId(1), Some(agent), Some(200), timing(), || {
+                    key_series(index)
+                });
+                counters.routed(tenant, ModelId(1), agent, || Some(routed(index)));
+                counters.agent_duration((tenant, ModelId(1), agent, 200), seconds, || {
+                    Some(duration(index))
+                });
+            }
+        }
+        let report = counters.report();
+        assert_eq!(report.requests.len(), keys as usize);
+        assert!(
+            report
+                .requests
+                .iter()
+                .all(|(_, counts)| counts.success == 2)
+        );
+        assert_eq!(report.routed.len(), keys as usize);
+        assert!(report.routed.iter().all(|(_, count)| *count == 2));
+        assert_eq!(report.agent_durations.len(), keys as usize);
+        assert!(
+            report
+                .agent_durations
+                .iter()
+                .all(|(_, durations)| durations.count() == 2)
+        );
+        // Another deployment of one key is a series of its own.
+        counters.finished(
+            KeyId(7),
+            ModelId(1),
+            Some(AgentId(3)),
+            Some(200),
+            timing(),
+            || Some((key_series(7).unwrap().0, "other".into())),
+        );
+        assert_eq!(counters.report().requests.len(), keys as usize + 1);
     }
 }
