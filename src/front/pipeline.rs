@@ -147,25 +147,11 @@ impl<T> Drop for Receiver<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shard::latch::testing::counting_waker;
     use futures_util::FutureExt;
     use std::future::Future;
     use std::pin::pin;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::task::{Context, Wake};
-
-    struct CountingWake(AtomicUsize);
-
-    impl Wake for CountingWake {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn counting_waker() -> (Arc<CountingWake>, Waker) {
-        let counter = Arc::new(CountingWake(AtomicUsize::new(0)));
-        (counter.clone(), Waker::from(counter))
-    }
+    use std::task::Context;
 
     #[test]
     fn items_come_out_in_order_then_none_once_the_sender_is_gone() {
@@ -190,10 +176,10 @@ mod tests {
         let mut context = Context::from_waker(&waker);
         let mut third = pin!(sender.send(3));
         assert!(third.as_mut().poll(&mut context).is_pending());
-        assert_eq!(woken.0.load(Ordering::Relaxed), 0);
+        assert_eq!(woken.woken(), 0);
 
         assert_eq!(receiver.recv().now_or_never(), Some(Some(1)));
-        assert_eq!(woken.0.load(Ordering::Relaxed), 1);
+        assert_eq!(woken.woken(), 1);
         assert_eq!(third.as_mut().poll(&mut context), Poll::Ready(Ok(())));
         assert_eq!(receiver.recv().now_or_never(), Some(Some(2)));
         assert_eq!(receiver.recv().now_or_never(), Some(Some(3)));
@@ -208,13 +194,13 @@ mod tests {
             let mut next = pin!(receiver.recv());
             assert!(next.as_mut().poll(&mut context).is_pending());
             sender.send(7).now_or_never().unwrap().unwrap();
-            assert_eq!(woken.0.load(Ordering::Relaxed), 1);
+            assert_eq!(woken.woken(), 1);
             assert_eq!(next.as_mut().poll(&mut context), Poll::Ready(Some(7)));
         }
         let mut next = pin!(receiver.recv());
         assert!(next.as_mut().poll(&mut context).is_pending());
         drop(sender);
-        assert_eq!(woken.0.load(Ordering::Relaxed), 2);
+        assert_eq!(woken.woken(), 2);
         assert_eq!(next.as_mut().poll(&mut context), Poll::Ready(None));
     }
 
@@ -231,7 +217,7 @@ mod tests {
         assert_eq!(Rc::strong_count(&item), 3);
 
         drop(receiver);
-        assert_eq!(woken.0.load(Ordering::Relaxed), 1);
+        assert_eq!(woken.woken(), 1);
         // The queued item went with the receiver; the blocked one comes back to its sender.
         let Poll::Ready(Err(returned)) = blocked.as_mut().poll(&mut context) else {
             panic!("a send after the receiver left must fail");

@@ -160,20 +160,42 @@ impl<A: Future, B: Future> Future for Race<A, B> {
     }
 }
 
+/// A waker that counts its wake-ups, for the tests of this module and of other single-task
+/// wake-up code (`front::pipeline`).
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod testing {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::task::{Context, Wake};
+    use std::task::{Wake, Waker};
 
-    struct CountingWake(AtomicUsize);
+    pub(crate) struct CountingWake(pub(crate) AtomicUsize);
+
+    impl CountingWake {
+        pub(crate) fn woken(&self) -> usize {
+            self.0.load(Ordering::Relaxed)
+        }
+    }
 
     impl Wake for CountingWake {
         fn wake(self: Arc<Self>) {
             self.0.fetch_add(1, Ordering::Relaxed);
         }
     }
+
+    /// A fresh counter and a waker that counts into it.
+    pub(crate) fn counting_waker() -> (Arc<CountingWake>, Waker) {
+        let counter = Arc::new(CountingWake(AtomicUsize::new(0)));
+        (counter.clone(), Waker::from(counter))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::CountingWake;
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Context;
 
     #[test]
     fn repeated_polls_with_unequal_wakers_keep_only_the_latest() {
