@@ -88,6 +88,16 @@ impl Rejection {
         )
     }
 
+    /// An admin body over the largest admin route limit (`max_bytes`); a body under it but over
+    /// its own route's limit is refused by the admin handler.
+    pub fn admin_payload_too_large(max_bytes: usize) -> Rejection {
+        Rejection::router(
+            413,
+            "request_too_large",
+            format!("request body exceeds the admin API's limit of {max_bytes} bytes"),
+        )
+    }
+
     pub fn headers_too_large() -> Rejection {
         Rejection::router(431, "request_invalid", "request header fields too large")
     }

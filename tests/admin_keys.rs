@@ -229,6 +229,20 @@ fn the_inference_body_limit_does_not_cap_admin_bodies() {
         (chat_status(&site, "sk-bulk-39") == 200).then_some(())
     });
 
+    // Over the largest admin limit (the replace's 16 MiB), the front refuses the declared body
+    // itself, naming that limit rather than the inference one.
+    let raw = format!(
+        "POST /admin/api-keys/replace HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {ADMIN_KEY}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        16 * 1024 * 1024 + 1
+    );
+    let refused = request(site.http, raw.as_bytes());
+    let refusal: Value = serde_json::from_slice(&refused.body).unwrap();
+    assert_eq!(refused.status, 413);
+    assert_eq!(
+        refusal["error"]["message"],
+        "request body exceeds the admin API's limit of 16777216 bytes"
+    );
+
     // The inference limit still holds for inference.
     let padding = "x".repeat(5000);
     let big = json!({"model": "sim-model", "messages": [{"role": "user", "content": padding}]})

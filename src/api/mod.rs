@@ -81,15 +81,44 @@ impl Route {
     }
 }
 
-/// The largest request body the front reads for `route`. `max_request_bytes`
-/// (`HIVENET_ROUTER_MAX_REQUEST_BYTES`, `None`: no limit) is for the inference API; the admin API
-/// has route-specific limits of its own, separate from it (admin reference, "Administration
-/// request-body limits"), which its handlers enforce with their own answer. So an admin body is
-/// read up to the largest of them, [`ADMIN_BODY_BYTES_MAX`], whatever `max_request_bytes` is.
-pub fn body_bytes_max(route: Route, max_request_bytes: Option<usize>) -> Option<usize> {
-    match route {
-        Route::Admin => Some(ADMIN_BODY_BYTES_MAX),
-        _ => max_request_bytes,
+/// The largest request body the front reads for a route, and how it refuses a larger one.
+/// `HIVENET_ROUTER_MAX_REQUEST_BYTES` bounds the inference API; the admin API has route-specific
+/// limits of its own, separate from it (admin reference, "Administration request-body limits"),
+/// which its handlers enforce with their own answer. So an admin body is read up to the largest
+/// of them, [`ADMIN_BODY_BYTES_MAX`], whatever `HIVENET_ROUTER_MAX_REQUEST_BYTES` is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyLimit {
+    /// `None`: no limit (`HIVENET_ROUTER_MAX_REQUEST_BYTES=0`, inference routes only).
+    pub max_bytes: Option<usize>,
+    admin: bool,
+}
+
+impl BodyLimit {
+    /// The limit of `route`, given `HIVENET_ROUTER_MAX_REQUEST_BYTES` (`None`: unlimited).
+    pub fn of(route: Route, max_request_bytes: Option<usize>) -> BodyLimit {
+        match route {
+            Route::Admin => BodyLimit {
+                max_bytes: Some(ADMIN_BODY_BYTES_MAX),
+                admin: true,
+            },
+            _ => BodyLimit {
+                max_bytes: max_request_bytes,
+                admin: false,
+            },
+        }
+    }
+
+    pub fn exceeded_by(self, bytes: u64) -> bool {
+        self.max_bytes.is_some_and(|max| bytes > max as u64)
+    }
+
+    /// The 413 for a body over the limit, naming the limit it passed.
+    pub fn refusal(self) -> Rejection {
+        if self.admin {
+            Rejection::admin_payload_too_large(ADMIN_BODY_BYTES_MAX)
+        } else {
+            Rejection::payload_too_large()
+        }
     }
 }
 

@@ -455,11 +455,9 @@ async fn read_requests(
             }
         };
         // A declared body over the limit is refused before the client is invited to send it.
-        let body_bytes_max = api::body_bytes_max(route, settings.max_request_bytes);
+        let body_limit = api::BodyLimit::of(route, settings.max_request_bytes);
         let too_large = match head.framing {
-            BodyFraming::ContentLength(length) => {
-                body_bytes_max.is_some_and(|max| length > max as u64)
-            }
+            BodyFraming::ContentLength(length) => body_limit.exceeded_by(length),
             _ => false,
         };
         // Credentials are checked before a body that has yet to arrive is read (and before the
@@ -492,7 +490,7 @@ async fn read_requests(
         // The request body, complete within the request deadline (`--request-timeout`) and with
         // no gap over `--client-body-timeout`.
         let body_deadline = head_parsed_at + settings.request_timeout;
-        let body = match read_body(shard, reader, &head, body_bytes_max, body_deadline).await {
+        let body = match read_body(shard, reader, &head, body_limit, body_deadline).await {
             Ok(body) => body,
             Err(BodyEnd::Refused(rejection)) => {
                 let _ = to_writer.send(Inbound::Reject(rejection.closing())).await;
@@ -576,12 +574,12 @@ impl From<ReadEnd> for BodyEnd {
     }
 }
 
-/// Reads the body `head` announces, refusing one over `max` bytes (`None`: no limit).
+/// Reads the body `head` announces, refusing one over `limit`.
 async fn read_body(
     shard: &Shard,
     reader: &mut Reader,
     head: &RequestHead,
-    max: Option<usize>,
+    limit: api::BodyLimit,
     deadline: Instant,
 ) -> Result<Bytes, BodyEnd> {
     let gap = shard.settings.client_body_timeout;
@@ -589,8 +587,8 @@ async fn read_body(
     match head.framing {
         BodyFraming::None => Ok(Bytes::new()),
         BodyFraming::ContentLength(length) => {
-            if max.is_some_and(|max| length > max as u64) {
-                return Err(BodyEnd::Refused(Rejection::payload_too_large()));
+            if limit.exceeded_by(length) {
+                return Err(BodyEnd::Refused(limit.refusal()));
             }
             let length = length as usize;
             // The bytes still to come are counted against the shard's body buffer while they
@@ -609,7 +607,8 @@ async fn read_body(
             Ok(reader.buf.split_to(length).freeze())
         }
         BodyFraming::Chunked => {
-            let mut decoder = ChunkedDecoder::new(max.map_or(u64::MAX, |max| max as u64));
+            let mut decoder =
+                ChunkedDecoder::new(limit.max_bytes.map_or(u64::MAX, |max| max as u64));
             let mut body = BytesMut::new();
             let mut lease = shard
                 .clients
@@ -624,7 +623,7 @@ async fn read_body(
                         }
                     }
                     Err(crate::http::chunked::BodyError::TooLarge) => {
-                        return Err(BodyEnd::Refused(Rejection::payload_too_large()));
+                        return Err(BodyEnd::Refused(limit.refusal()));
                     }
                     Err(error) => {
                         return Err(BodyEnd::Refused(Rejection::request_invalid(format!(

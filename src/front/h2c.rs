@@ -215,7 +215,7 @@ async fn serve_stream(
             return;
         }
     }
-    let max = api::body_bytes_max(route, shard.settings.max_request_bytes);
+    let limit = api::BodyLimit::of(route, shard.settings.max_request_bytes);
     let deadline = started + shard.settings.request_timeout;
     let mut body = BytesMut::new();
     let Some(mut lease) = shard.clients.lease_body(0) else {
@@ -245,8 +245,8 @@ async fn serve_stream(
             Either::Left(Ok(Some(Err(_)))) => return,
             Either::Left(Ok(Some(Ok(chunk)))) => {
                 let _ = body_stream.flow_control().release_capacity(chunk.len());
-                if max.is_some_and(|max| body.len() + chunk.len() > max) {
-                    let _ = sink.reject(&Rejection::payload_too_large()).await;
+                if limit.exceeded_by((body.len() + chunk.len()) as u64) {
+                    let _ = sink.reject(&limit.refusal()).await;
                     return;
                 }
                 if !lease.grow_to(body.len() + chunk.len()) {
