@@ -375,3 +375,21 @@ fn a_streamed_head_reaches_the_client_before_a_slow_first_token() {
         "stop"
     );
 }
+
+/// `anthropic-beta` reaches the engine as the client sent it (the first one, when several came),
+/// through the router's HTTP/1.1 front and the agent.
+#[test]
+fn anthropic_beta_reaches_the_engine() {
+    let site = site("anthropic_beta");
+    let body = messages_body(false).to_string();
+    let raw = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n\
+         anthropic-version: 2023-06-01\r\nAnthropic-Beta: tools-2024-04-04\r\n\
+         anthropic-beta: second-one\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let response = common::request(site.http, raw.as_bytes());
+    assert_eq!(response.status, 200, "{}", response.text());
+    let control = common::request(site.sim_addrs[0], &common::get_request("/sim/control"));
+    assert_eq!(control.json()["last_anthropic_beta"], "tools-2024-04-04");
+}

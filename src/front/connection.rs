@@ -505,10 +505,6 @@ async fn read_requests(
             Err(BodyEnd::Closed) => return ReadOutcome::Closed,
             Err(BodyEnd::WriterDone) => return ReadOutcome::Stop,
         };
-        let header = |name: &str| {
-            head.header(&head_bytes, name)
-                .map(|value| head_bytes.slice_ref(value))
-        };
         let span = |span: Option<crate::http::request::Span>| {
             span.map(|span| head_bytes.slice_ref(span.get(&head_bytes)))
         };
@@ -531,7 +527,7 @@ async fn read_requests(
                 head.x_request_id.map(|span| span.get(&head_bytes)),
             ),
             anthropic_version: span(head.anthropic_version),
-            anthropic_beta: header("anthropic-beta"),
+            anthropic_beta: span(head.anthropic_beta),
             authorization: span(head.authorization),
             x_api_key: span(head.x_api_key),
             received_at: head_parsed_at,

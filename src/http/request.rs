@@ -167,6 +167,8 @@ pub struct RequestHead {
     /// counts a retried request once).
     pub x_client_request_id: Option<Span>,
     pub anthropic_version: Option<Span>,
+    /// The first `anthropic-beta` header (forwarded to the agent as it came).
+    pub anthropic_beta: Option<Span>,
     /// `Upgrade` value (for example `h2c` or `websocket`), which the router does not honour.
     pub upgrade: Option<Span>,
     pub http2_settings: bool,
@@ -323,6 +325,7 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
         x_request_id: None,
         x_client_request_id: None,
         anthropic_version: None,
+        anthropic_beta: None,
         upgrade: None,
         http2_settings: false,
         headers_count: request.headers.len(),
@@ -395,6 +398,9 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
             }
             14 if name.eq_ignore_ascii_case(b"http2-settings") => {
                 head.http2_settings = true;
+            }
+            14 if name.eq_ignore_ascii_case(b"anthropic-beta") => {
+                head.anthropic_beta.get_or_insert(Span::of(buf, value));
             }
             17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
                 for coding in value.split(|&byte| byte == b',') {
@@ -530,7 +536,9 @@ mod tests {
         Content-Length: 42\r\n\
         X-Request-Id: abc-123\r\n\
         anthropic-version: 2023-06-01\r\n\
+        Anthropic-Beta: tools-2024\r\n\
         X-Custom:   spaced value  \r\n\
+        anthropic-beta: second\r\n\
         \r\nBODY";
 
     #[test]
@@ -548,15 +556,21 @@ mod tests {
         assert_eq!(head.content_type.unwrap().get(CHAT), b"application/json");
         assert_eq!(head.x_request_id.unwrap().get(CHAT), b"abc-123");
         assert_eq!(head.anthropic_version.unwrap().get(CHAT), b"2023-06-01");
+        // The first one, as the header lookup it replaces found it.
+        assert_eq!(head.anthropic_beta.unwrap().get(CHAT), b"tools-2024");
+        assert_eq!(
+            head.header(CHAT, "anthropic-beta"),
+            Some(&b"tools-2024"[..])
+        );
         assert_eq!(head.host.unwrap().get(CHAT), b"router.local");
         assert_eq!(head.x_api_key, None);
         assert_eq!(head.upgrade, None);
         assert!(!head.http2_settings);
-        assert_eq!(head.headers_count, 7);
+        assert_eq!(head.headers_count, 9);
         assert_eq!(head.header(CHAT, "x-custom"), Some(&b"spaced value"[..]));
         assert_eq!(head.header(CHAT, "CONTENT-length"), Some(&b"42"[..]));
         assert_eq!(head.header(CHAT, "missing"), None);
-        assert_eq!(head.headers(CHAT).count(), 7);
+        assert_eq!(head.headers(CHAT).count(), 9);
     }
 
     #[test]

@@ -61,6 +61,9 @@ pub struct SimState {
     /// The `traceparent` of the last request that carried one (shown by `GET /sim/control`), so
     /// tests can see what trace context reached the engine. Locked only for such requests.
     last_traceparent: std::sync::Mutex<Option<String>>,
+    /// The `anthropic-beta` of the last request that carried one (shown by `GET /sim/control`),
+    /// so tests can see that the router and agent forward it. Locked only for such requests.
+    last_anthropic_beta: std::sync::Mutex<Option<String>>,
 }
 
 impl SimState {
@@ -80,6 +83,7 @@ impl SimState {
             healthy: AtomicBool::new(true),
             kv_usage_pinned_bits: AtomicU64::new(KV_USAGE_NOT_PINNED),
             last_traceparent: std::sync::Mutex::new(None),
+            last_anthropic_beta: std::sync::Mutex::new(None),
         }
     }
 
@@ -143,10 +147,15 @@ pub async fn handle(
     } else {
         Dialect::OpenAi
     };
-    if let Some(traceparent) = request.headers().get("traceparent") {
-        let text = String::from_utf8_lossy(traceparent.as_bytes()).into_owned();
-        if let Ok(mut last) = state.last_traceparent.lock() {
-            *last = Some(text);
+    for (name, last) in [
+        ("traceparent", &state.last_traceparent),
+        ("anthropic-beta", &state.last_anthropic_beta),
+    ] {
+        if let Some(value) = request.headers().get(name) {
+            let text = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            if let Ok(mut last) = last.lock() {
+                *last = Some(text);
+            }
         }
     }
     let result = route(state, request).await;
@@ -509,6 +518,11 @@ fn control_state(state: &'static SimState) -> Response<SimBody> {
         "models": models,
         "last_traceparent": state
             .last_traceparent
+            .lock()
+            .ok()
+            .and_then(|last| last.clone()),
+        "last_anthropic_beta": state
+            .last_anthropic_beta
             .lock()
             .ok()
             .and_then(|last| last.clone()),
