@@ -155,9 +155,18 @@ fn a_released_request_whose_wait_runs_out_at_the_last_step_is_504() {
         &[&EIGHT_SECOND_ANSWERS],
         "routing_policy:\n  strategy: least-loaded\n",
         // Long enough for the first request to outlive the agent's start on a loaded machine
-        // (2 s was not, under CI, nor 5 s with a build beside it), short of the eight-second
-        // answer the second waits behind.
-        &["--request-timeout", "7s", "--queue-depth", "1"],
+        // (2 s was not, under CI), short of the eight-second answer the second waits behind.
+        // One shard: with two, the requests could be held on different shards, which race for
+        // the agent's one slot when it registers, and the second sometimes won it (the first
+        // then got the 504; seen twice under CI).
+        &[
+            "--request-timeout",
+            "7s",
+            "--queue-depth",
+            "1",
+            "--shards",
+            "1",
+        ],
         &[],
     );
     place_here(&site);
