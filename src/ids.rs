@@ -76,6 +76,34 @@ impl Capability {
 /// library's SipHash. None of these keys can be chosen by a client to land in one bucket.
 pub type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
+/// Positions in a vector, found by a hash of what is stored there: 4 bytes a slot, the entries
+/// themselves compared in the vector. A map keyed by the entries would hold each key a second
+/// time (the key registry's 32-byte hashes, the metric series' labels). Bounded by the vector it
+/// indexes; positions fit in `u32`.
+#[derive(Debug, Clone, Default)]
+pub struct PositionTable(hashbrown::HashTable<u32>);
+
+impl PositionTable {
+    pub fn with_capacity(capacity: usize) -> PositionTable {
+        PositionTable(hashbrown::HashTable::with_capacity(capacity))
+    }
+
+    /// The position under `hash` whose entry `is_entry` accepts.
+    pub fn find(&self, hash: u64, is_entry: impl Fn(usize) -> bool) -> Option<usize> {
+        self.0
+            .find(hash, |at| is_entry(*at as usize))
+            .map(|at| *at as usize)
+    }
+
+    /// Records `position` under `hash` (the caller found no equal entry) and returns it;
+    /// `rehash` gives the hash of the entry at a position when the table grows.
+    pub fn insert(&mut self, hash: u64, position: usize, rehash: impl Fn(usize) -> u64) -> usize {
+        let slot = u32::try_from(position).expect("positions fit in u32");
+        self.0.insert_unique(hash, slot, |at| rehash(*at as usize));
+        position
+    }
+}
+
 /// A client key, as limits and metrics know it. Derived from the key's hash or its dynamic ID
 /// (`auth::keys`), so it is the same in every router of a site.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -57,18 +57,20 @@ fn key_body(version: &str, raw: &str) -> Value {
     })
 }
 
+/// A site whose router runs dynamic keys with [`ADMIN_KEY`], one sim and one agent.
+fn dynamic_options() -> Options {
+    Options::new()
+        .sim(&["--models", "sim-model"])
+        .agent(0, &["--capacity", "4"])
+        .router_env("HIVENET_ROUTER_AUTH_MODE", "dynamic")
+        .router_env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
+        // No client key exists yet for the harness's `/v1/models` probe.
+        .skip_model_wait()
+}
+
 #[test]
 fn dynamic_keys_are_managed_through_the_admin_api() {
-    let site = Site::start(
-        "admin-dynamic",
-        Options::new()
-            .sim(&["--models", "sim-model"])
-            .agent(0, &["--capacity", "4"])
-            .router_env("HIVENET_ROUTER_AUTH_MODE", "dynamic")
-            .router_env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
-            // No client key exists yet for the harness's `/v1/models` probe.
-            .skip_model_wait(),
-    );
+    let site = Site::start("admin-dynamic", dynamic_options());
     assert_eq!(admin(&site, "GET", "/admin/api-keys", None, None).0, 401);
     assert_eq!(
         admin(&site, "GET", "/admin/api-keys", Some("wrong"), None).0,
@@ -187,13 +189,7 @@ fn insecure_admin_override_reaches_the_501_of_static_mode() {
 fn the_inference_body_limit_does_not_cap_admin_bodies() {
     let site = Site::start(
         "admin-body-limit",
-        Options::new()
-            .sim(&["--models", "sim-model"])
-            .agent(0, &["--capacity", "4"])
-            .router_env("HIVENET_ROUTER_AUTH_MODE", "dynamic")
-            .router_env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
-            .router_env("HIVENET_ROUTER_MAX_REQUEST_BYTES", "4096")
-            .skip_model_wait(),
+        dynamic_options().router_env("HIVENET_ROUTER_MAX_REQUEST_BYTES", "4096"),
     );
     let keys: Vec<Value> = (0..40)
         .map(|index| {

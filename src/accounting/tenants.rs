@@ -23,10 +23,9 @@
 
 use std::sync::Arc;
 
-use hashbrown::HashTable;
-
 use crate::auth::keys::{KeyId, KeyRecord, KeySource, TenantId};
 use crate::clock::Day;
+use crate::ids::PositionTable;
 use crate::metrics::histogram::DurationCounts;
 use crate::routing::AgentId;
 use crate::shard::IdMap;
@@ -180,30 +179,7 @@ pub struct TenantReport {
     pub routing_failed: Vec<(FailedSeries, u64)>,
 }
 
-/// Positions in a vector of series, found by the series' labels: 4 bytes a slot, the labels read
-/// from the vector. A map keyed by the labels held every series' labels a second time (its
-/// `Arc`s and ids: 32 to 64 bytes a series, three series a touched key).
-#[derive(Debug, Default)]
-struct SeriesIndex(HashTable<u32>);
-
-impl SeriesIndex {
-    /// The position under `hash` whose series `is_series` accepts.
-    fn find(&self, hash: u64, is_series: impl Fn(usize) -> bool) -> Option<usize> {
-        self.0
-            .find(hash, |at| is_series(*at as usize))
-            .map(|at| *at as usize)
-    }
-
-    /// Records `position` under `hash` (the caller found no equal series) and returns it;
-    /// `rehash` gives the hash of the series at a position when the table grows.
-    fn insert(&mut self, hash: u64, position: usize, rehash: impl Fn(usize) -> u64) -> usize {
-        let slot = u32::try_from(position).expect("fewer than 2^32 series on a shard");
-        self.0.insert_unique(hash, slot, |at| rehash(*at as usize));
-        position
-    }
-}
-
-/// The hash a [`SeriesIndex`] files a series under: seeded once per process, like `IdMap`'s (an
+/// The hash a [`PositionTable`] files a series under: seeded once per process, like `IdMap`'s (an
 /// agent chooses its deployment and peer labels). Only a series' first count hashes it.
 fn hash_of(labels: &impl std::hash::Hash) -> u64 {
     use std::hash::BuildHasher;
@@ -219,20 +195,20 @@ pub struct TenantCounters {
     /// The key of each entry of `requests`, for `request_series` (the labels do not name it).
     request_keys: Vec<KeyId>,
     /// Positions in `requests` by (key, model, deployment).
-    request_series: SeriesIndex,
+    request_series: PositionTable,
     request_index: IdMap<(KeyId, ModelId, Option<AgentId>), usize>,
     rate_limited: IdMap<KeyId, (KeyLabels, u64)>,
     token_limited: IdMap<(KeyId, Phase, Arc<str>), (KeyLabels, u64)>,
     /// Routed requests per series, and which series a (tenant, model, agent) counts in.
     routed: Vec<(RoutedSeries, u64)>,
     /// Positions in `routed` by series.
-    routed_series: SeriesIndex,
+    routed_series: PositionTable,
     routed_index: IdMap<(TenantId, ModelId, AgentId), usize>,
     /// Request durations per agent series, and which series a (tenant, model, agent, status)
     /// counts in.
     agent_durations: Vec<(AgentDurationSeries, DurationCounts)>,
     /// Positions in `agent_durations` by series.
-    agent_duration_series: SeriesIndex,
+    agent_duration_series: PositionTable,
     agent_duration_index: IdMap<(TenantId, ModelId, AgentId, u16), usize>,
     /// Requests the router could not forward (rare: hashed by error code, no index).
     routing_failed: IdMap<(TenantId, ModelId, &'static str), (FailedSeries, u64)>,

@@ -33,11 +33,11 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
-use hashbrown::HashTable;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::config::{AuthConfig, KeySettings, ModelAccess};
+use crate::ids::PositionTable;
 
 /// Most keys one registry holds (static or dynamic). A bound, not a target: a 16 MiB replace body
 /// holds roughly a hundred thousand entries.
@@ -277,8 +277,8 @@ pub struct KeyRegistry {
     mode: RegistryMode,
     records: Vec<KeyRecord>,
     // Looked up several times per request.
-    by_hash: Positions,
-    by_key_id: Positions,
+    by_hash: PositionTable,
+    by_key_id: PositionTable,
     /// Dynamic keys by registry id (a redirected request names its key by it).
     by_registry_id: HashMap<Box<str>, u32>,
     anonymous: KeyRecord,
@@ -357,13 +357,15 @@ impl KeyRegistry {
             .collect();
 
         let mut records: Vec<KeyRecord> = Vec::with_capacity(inputs.len());
-        let mut by_hash = Positions::with_capacity(inputs.len());
-        let mut by_key_id = Positions::with_capacity(inputs.len());
+        // Sized for every key: the tables never grow while the records are pushed.
+        let mut by_hash = PositionTable::with_capacity(inputs.len());
+        let mut by_key_id = PositionTable::with_capacity(inputs.len());
         let mut by_registry_id = HashMap::new();
         for (input, key_id) in inputs.into_iter().zip(key_ids) {
-            let position = u32::try_from(records.len()).expect("registry bounded by MAX_KEYS");
+            // Fits in u32: the registry is bounded by MAX_KEYS (asserted above).
+            let position = records.len();
             if let KeySource::Dynamic { id } = &input.source {
-                by_registry_id.insert(id.as_str().into(), position);
+                by_registry_id.insert(id.as_str().into(), position as u32);
             }
             debug_assert!(
                 by_hash
@@ -371,8 +373,12 @@ impl KeyRegistry {
                     .is_none(),
                 "duplicate hash reached the registry"
             );
-            by_hash.insert(hash_slot(&input.hash), position);
-            by_key_id.insert(key_id_slot(KeyId(key_id)), position);
+            by_hash.insert(hash_slot(&input.hash), position, |at| {
+                hash_slot(&records[at].hash)
+            });
+            by_key_id.insert(key_id_slot(KeyId(key_id)), position, |at| {
+                key_id_slot(records[at].key_id)
+            });
             let (tenant_id, owner) = tenant_of[&input.owner].clone();
             records.push(KeyRecord {
                 key_id: KeyId(key_id),
@@ -495,33 +501,6 @@ impl KeyRegistry {
             return AuthOutcome::Unknown;
         }
         Self::usable(key, now_unix_ms)
-    }
-}
-
-/// Positions in a registry's `records`, found by a key's hash or ID: 4 bytes a slot. The keys
-/// themselves are read from the records, so nothing is stored twice; an `IdMap<KeyHash, u32>`
-/// held every 32-byte hash a second time (36 bytes a slot, 48 per key at 100,000 keys).
-#[derive(Debug, Clone)]
-struct Positions(HashTable<u32>);
-
-impl Positions {
-    fn with_capacity(capacity: usize) -> Positions {
-        Positions(HashTable::with_capacity(capacity))
-    }
-
-    /// Records `position` under `slot` (a hash from [`hash_slot`] or [`key_id_slot`]). The
-    /// caller has made sure no equal key is there.
-    fn insert(&mut self, slot: u64, position: u32) {
-        self.0.insert_unique(slot, position, |_| {
-            unreachable!("the table was sized for every key: it never grows")
-        });
-    }
-
-    /// The position under `slot` whose record `is_key` accepts.
-    fn find(&self, slot: u64, is_key: impl Fn(usize) -> bool) -> Option<usize> {
-        self.0
-            .find(slot, |position| is_key(*position as usize))
-            .map(|position| *position as usize)
     }
 }
 
