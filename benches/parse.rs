@@ -91,6 +91,26 @@ fn large_body() -> Vec<u8> {
 /// 21 events as vLLM sends them with `include_usage`: role, 17 content deltas, finish, the
 /// usage-only chunk, `[DONE]`; one event per network chunk.
 fn openai_stream_chunks() -> Vec<Bytes> {
+    openai_stream_events()
+        .into_iter()
+        .map(|event| Bytes::from(format!("{event}\n\n")))
+        .collect()
+}
+
+/// The same events as OpenAI (and the simulator) send them with `include_usage`: every chunk
+/// before the usage-only one carries `"usage":null`.
+fn openai_stream_chunks_with_null_usage() -> Vec<Bytes> {
+    openai_stream_events()
+        .into_iter()
+        .map(|event| match event.strip_suffix("]}") {
+            Some(open) if !event.contains("\"usage\"") => format!("{open}],\"usage\":null}}\n\n"),
+            _ => format!("{event}\n\n"),
+        })
+        .map(Bytes::from)
+        .collect()
+}
+
+fn openai_stream_events() -> Vec<String> {
     let mut events = vec![
         r#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1732890000,"model":"llama","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}"#.to_owned(),
     ];
@@ -104,9 +124,6 @@ fn openai_stream_chunks() -> Vec<Bytes> {
     events.push("data: [DONE]".to_owned());
     assert_eq!(events.len(), 21);
     events
-        .into_iter()
-        .map(|event| Bytes::from(format!("{event}\n\n")))
-        .collect()
 }
 
 fn scan_stream(chunks: &[Bytes]) -> u64 {
@@ -187,6 +204,14 @@ fn bench(criterion: &mut Criterion) {
     });
     group.bench_function("openai_21_events_one_chunk", |bencher| {
         bencher.iter(|| scan_stream(black_box(&whole)))
+    });
+    let with_null_usage = vec![Bytes::from(openai_stream_chunks_with_null_usage().concat())];
+    assert_eq!(
+        with_null_usage[0].windows(13).filter(|w| w == b"\"usage\":null}").count(),
+        19
+    );
+    group.bench_function("openai_21_events_null_usage_one_chunk", |bencher| {
+        bencher.iter(|| scan_stream(black_box(&with_null_usage)))
     });
     group.finish();
 }

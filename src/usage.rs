@@ -256,6 +256,16 @@ impl SseSplitter {
 /// `event` when there is one data line, as in every inference stream; otherwise joins into
 /// `scratch`.
 fn event_data<'e>(event: &'e [u8], scratch: &'e mut Vec<u8>) -> Option<&'e [u8]> {
+    // The shape of nearly every streamed event: one `data:` line, then the blank line that ends
+    // the event. One `memchr` finds both; anything else takes the general loop below.
+    if let Some(value) = event.strip_prefix(b"data:")
+        && let Some(end) = memchr::memchr(b'\n', value)
+        && matches!(&value[end + 1..], b"" | b"\n" | b"\r\n")
+    {
+        let line = &value[..end];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        return Some(line.strip_prefix(b" ").unwrap_or(line));
+    }
     let mut single: Option<&'e [u8]> = None;
     let mut lines_count = 0;
     // Lines found with `memchr` rather than `split` on a closure, which tests one byte at a
@@ -332,7 +342,7 @@ impl Default for OpenAiStreamScan {
 impl OpenAiStreamScan {
     pub fn new() -> Self {
         OpenAiStreamScan {
-            usage_finder: memmem::Finder::new(b"\"usage\""),
+            usage_finder: memmem::Finder::new(USAGE_KEY),
             usage: None,
             scratch: Vec::new(),
         }
@@ -348,11 +358,7 @@ impl OpenAiStreamScan {
         }
         // Only a chunk that carries a usage *object* is worth a JSON parse. With include_usage on,
         // engines following OpenAI put `"usage":null` in every other chunk: skip those cheaply.
-        if self
-            .usage_finder
-            .find_iter(data)
-            .all(|at| is_null_member(&data[at + b"\"usage\"".len()..]))
-        {
+        if only_null_usage(&self.usage_finder, data) {
             return OpenAiEvent::Data(None);
         }
         let Ok(chunk) = serde_json::from_slice::<OpenAiChunk>(data) else {
@@ -374,6 +380,22 @@ impl OpenAiStreamScan {
         self.usage
     }
 }
+
+/// Whether every `"usage"` in `data` is followed by `: null` (or there is none). Searches with
+/// `find` from each match on: `find_iter` would copy the whole finder into its iterator, once per
+/// event.
+fn only_null_usage(usage_finder: &memmem::Finder<'_>, data: &[u8]) -> bool {
+    let mut from = 0;
+    while let Some(at) = usage_finder.find(&data[from..]) {
+        from += at + USAGE_KEY.len();
+        if !is_null_member(&data[from..]) {
+            return false;
+        }
+    }
+    true
+}
+
+const USAGE_KEY: &[u8] = b"\"usage\"";
 
 /// Whether `rest` (the bytes after a `"usage"` key) is `: null`, with JSON whitespace allowed.
 fn is_null_member(rest: &[u8]) -> bool {
@@ -415,7 +437,7 @@ impl Default for AnthropicStreamScan {
 impl AnthropicStreamScan {
     pub fn new() -> Self {
         AnthropicStreamScan {
-            usage_finder: memmem::Finder::new(b"\"usage\""),
+            usage_finder: memmem::Finder::new(USAGE_KEY),
             usage: None,
             scratch: Vec::new(),
         }
