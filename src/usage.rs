@@ -23,6 +23,7 @@
 //! at most one or two events per response.
 
 use std::borrow::Cow;
+use std::sync::LazyLock;
 
 use bytes::{Buf, Bytes, BytesMut};
 use memchr::memmem;
@@ -328,7 +329,6 @@ struct OpenAiChunk {
 /// Classifies OpenAI chat/completions stream events and remembers the latest usage.
 #[derive(Debug)]
 pub struct OpenAiStreamScan {
-    usage_finder: memmem::Finder<'static>,
     usage: Option<Usage>,
     scratch: Vec<u8>,
 }
@@ -342,7 +342,6 @@ impl Default for OpenAiStreamScan {
 impl OpenAiStreamScan {
     pub fn new() -> Self {
         OpenAiStreamScan {
-            usage_finder: memmem::Finder::new(USAGE_KEY),
             usage: None,
             scratch: Vec::new(),
         }
@@ -358,8 +357,16 @@ impl OpenAiStreamScan {
         }
         // Only a chunk that carries a usage *object* is worth a JSON parse. With include_usage on,
         // engines following OpenAI put `"usage":null` in every other chunk: skip those cheaply.
-        if only_null_usage(&self.usage_finder, data) {
+        let Some(usage_at) = first_usage_object(data) else {
             return OpenAiEvent::Data(None);
+        };
+        if let Some((usage, choices)) = usage_chunk_fast(data, usage_at) {
+            let usage = usage.chat();
+            self.usage = Some(usage);
+            return match choices {
+                Choices::NoneOrEmpty => OpenAiEvent::UsageOnly(usage),
+                Choices::Some => OpenAiEvent::Data(Some(usage)),
+            };
         }
         let Ok(chunk) = serde_json::from_slice::<OpenAiChunk>(data) else {
             return OpenAiEvent::Other;
@@ -381,21 +388,89 @@ impl OpenAiStreamScan {
     }
 }
 
-/// Whether every `"usage"` in `data` is followed by `: null` (or there is none). Searches with
-/// `find` from each match on: `find_iter` would copy the whole finder into its iterator, once per
-/// event.
-fn only_null_usage(usage_finder: &memmem::Finder<'_>, data: &[u8]) -> bool {
+/// Where the first `"usage"` key in `data` that is not followed by `: null` starts, or `None`
+/// when every one is (or there is none): with `include_usage` on, engines following OpenAI put
+/// `"usage":null` in every chunk but the last. Searches with `find` from each match on:
+/// `find_iter` would copy the whole finder into its iterator, once per event.
+fn first_usage_object(data: &[u8]) -> Option<usize> {
     let mut from = 0;
-    while let Some(at) = usage_finder.find(&data[from..]) {
-        from += at + USAGE_KEY.len();
+    while let Some(at) = USAGE_FINDER.find(&data[from..]) {
+        let key_at = from + at;
+        from = key_at + USAGE_KEY.len();
         if !is_null_member(&data[from..]) {
-            return false;
+            return Some(key_at);
         }
     }
-    true
+    None
+}
+
+/// What a usage chunk's `choices` member holds, as far as classification cares.
+enum Choices {
+    /// Absent, `null` or `[]`: the usage-only chunk `include_usage` adds.
+    NoneOrEmpty,
+    Some,
+}
+
+/// The usage chunk read without a full parse (which costs about 4,400 instructions a stream):
+/// only when `data` is plainly shaped, `None` otherwise (the caller then parses it all).
+///
+/// Plainly shaped means: the `"usage"` key at `key_at` is not inside a string (not escaped), its
+/// value is an object and it is the last member of the top-level object (only `}` follows it,
+/// as every engine serialises it), and `"choices"` occurs at most once, as a key. One
+/// occurrence of a key that is also a member can only be that member, so the answer is the
+/// full parse's.
+fn usage_chunk_fast(data: &[u8], key_at: usize) -> Option<(OpenAiUsage, Choices)> {
+    if key_at > 0 && data[key_at - 1] == b'\\' {
+        return None;
+    }
+    let value = data[key_at + USAGE_KEY.len()..]
+        .trim_ascii_start()
+        .strip_prefix(b":")?
+        .trim_ascii_start();
+    if value.first() != Some(&b'{') {
+        return None;
+    }
+    let mut values = serde_json::Deserializer::from_slice(value).into_iter::<OpenAiUsage>();
+    let usage = values.next()?.ok()?;
+    if value[values.byte_offset()..].trim_ascii() != b"}" {
+        return None;
+    }
+    let choices = match CHOICES_FINDER.find(data) {
+        None => Choices::NoneOrEmpty,
+        Some(at) => {
+            let after = at + CHOICES_KEY.len();
+            if (at > 0 && data[at - 1] == b'\\') || CHOICES_FINDER.find(&data[after..]).is_some() {
+                return None;
+            }
+            let member = data[after..]
+                .trim_ascii_start()
+                .strip_prefix(b":")?
+                .trim_ascii_start();
+            if member.starts_with(b"null") {
+                Choices::NoneOrEmpty
+            } else if let Some(array) = member.strip_prefix(b"[") {
+                if array.trim_ascii_start().starts_with(b"]") {
+                    Choices::NoneOrEmpty
+                } else {
+                    Choices::Some
+                }
+            } else {
+                return None;
+            }
+        }
+    };
+    Some((usage, choices))
 }
 
 const USAGE_KEY: &[u8] = b"\"usage\"";
+const CHOICES_KEY: &[u8] = b"\"choices\"";
+
+/// Built once per process: a finder costs about 300 instructions to build, once per stream
+/// when each scanner built its own.
+static USAGE_FINDER: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(USAGE_KEY));
+static CHOICES_FINDER: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(CHOICES_KEY));
 
 /// Whether `rest` (the bytes after a `"usage"` key) is `: null`, with JSON whitespace allowed.
 fn is_null_member(rest: &[u8]) -> bool {
@@ -423,7 +498,6 @@ struct AnthropicStreamEvent<'a> {
 /// tokens (newer API versions do) replaces the input count too.
 #[derive(Debug)]
 pub struct AnthropicStreamScan {
-    usage_finder: memmem::Finder<'static>,
     usage: Option<Usage>,
     scratch: Vec<u8>,
 }
@@ -437,7 +511,6 @@ impl Default for AnthropicStreamScan {
 impl AnthropicStreamScan {
     pub fn new() -> Self {
         AnthropicStreamScan {
-            usage_finder: memmem::Finder::new(USAGE_KEY),
             usage: None,
             scratch: Vec::new(),
         }
@@ -448,7 +521,7 @@ impl AnthropicStreamScan {
         let Some(data) = event_data(event, &mut self.scratch) else {
             return;
         };
-        if self.usage_finder.find(data).is_none() {
+        if USAGE_FINDER.find(data).is_none() {
             return;
         }
         let Ok(parsed) = serde_json::from_slice::<AnthropicStreamEvent>(data) else {
@@ -817,6 +890,125 @@ mod null_usage_tests {
         assert!(is_null_member(b":null}"));
         assert!(!is_null_member(b":{\"prompt_tokens\":1}"));
         assert!(!is_null_member(b"}"));
+    }
+
+    /// What the full parse makes of one chunk's data: the reference the fast path must match.
+    fn classified_by_parse(data: &[u8]) -> OpenAiEvent {
+        let Ok(chunk) = serde_json::from_slice::<OpenAiChunk>(data) else {
+            return OpenAiEvent::Other;
+        };
+        match chunk.usage.as_ref().map(OpenAiUsage::chat) {
+            None => OpenAiEvent::Data(None),
+            Some(usage) if chunk.choices.is_none_or(|choices| choices.is_empty()) => {
+                OpenAiEvent::UsageOnly(usage)
+            }
+            Some(usage) => OpenAiEvent::Data(Some(usage)),
+        }
+    }
+
+    #[test]
+    fn usage_chunks_read_without_a_full_parse_match_the_full_parse() {
+        const USAGE: &str = r#"{"prompt_tokens":5,"completion_tokens":18,"total_tokens":23}"#;
+        // (data, whether the fast path must take it)
+        let cases = [
+            (
+                format!(r#"{{"id":"c","choices":[],"usage":{USAGE}}}"#),
+                true,
+            ),
+            (
+                format!(
+                    r#"{{"choices":[{{"index":0,"delta":{{"content":"x"}}}}],"usage":{USAGE}}}"#
+                ),
+                true,
+            ),
+            (format!(r#"{{"id":"c","usage":{USAGE}}}"#), true),
+            (format!(r#"{{"choices":null,"usage":{USAGE}}}"#), true),
+            (format!(r#"{{"choices" : [ ] , "usage" : {USAGE} }}"#), true),
+            (
+                format!(r#"{{"choices":[ {{"index":0}} ],"usage":{USAGE}}}"#),
+                true,
+            ),
+            // Not plainly shaped: the full parse decides.
+            (format!(r#"{{"usage":{USAGE},"choices":[]}}"#), false),
+            (
+                format!(r#"{{"choices":[{{"delta":{{"content":"choices"}}}}],"usage":{USAGE}}}"#),
+                false,
+            ),
+            (
+                format!(r#"{{"choices":[{{"delta":{{"usage":{USAGE}}}}}],"usage":null}}"#),
+                false,
+            ),
+            (
+                format!(r#"{{"choices":[{{"delta":{{"usage":{USAGE}}}}}]}}"#),
+                false,
+            ),
+            (format!(r#"{{"choices":"none","usage":{USAGE}}}"#), false),
+            (
+                r#"{"choices":[],"usage":{"prompt_tokens":"five"}}"#.to_owned(),
+                false,
+            ),
+            (r#"{"choices":[],"usage":[1]}"#.to_owned(), false),
+            // Escaped keys inside a string are not keys.
+            (
+                format!(
+                    r#"{{"choices":[{{"delta":{{"content":"\"choices\":[]"}}}}],"usage":{USAGE}}}"#
+                ),
+                true,
+            ),
+        ];
+        for (data, fast) in &cases {
+            let data = data.as_bytes();
+            let taken = first_usage_object(data).and_then(|at| usage_chunk_fast(data, at));
+            assert_eq!(taken.is_some(), *fast, "{}", String::from_utf8_lossy(data));
+            let event = format!("data: {}\n\n", String::from_utf8_lossy(data));
+            assert_eq!(
+                OpenAiStreamScan::new().scan(event.as_bytes()),
+                classified_by_parse(data),
+                "{}",
+                String::from_utf8_lossy(data)
+            );
+        }
+    }
+
+    /// Every line form `event_data` reads, against a plain reference of WHATWG's rule: the fast
+    /// path for one-line events must not change what any event's data is.
+    #[test]
+    fn event_data_matches_the_line_by_line_rule() {
+        fn reference(event: &[u8]) -> Option<Vec<u8>> {
+            let mut lines = Vec::new();
+            for line in event.split(|&byte| byte == b'\n') {
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                if let Some(value) = line.strip_prefix(b"data:") {
+                    lines.push(value.strip_prefix(b" ").unwrap_or(value).to_vec());
+                }
+            }
+            (!lines.is_empty()).then(|| lines.join(&b'\n'))
+        }
+        let events: [&[u8]; 14] = [
+            b"data: x\n\n",
+            b"data:x\n\n",
+            b"data:  x\n\n",
+            b"data: x\r\n\r\n",
+            b"data: x\n\r\n",
+            b"data: x\r\n",
+            b"data: x\n",
+            b"data: x",
+            b"data:\n\n",
+            b"data: a\ndata: b\n\n",
+            b"data: a\n: comment\n\n",
+            b"event: e\ndata: a\n\n",
+            b": only a comment\n\n",
+            b"data: a\r\ndata: b\r\n\r\n",
+        ];
+        for event in events {
+            let mut scratch = Vec::new();
+            assert_eq!(
+                event_data(event, &mut scratch).map(<[u8]>::to_vec),
+                reference(event),
+                "{}",
+                String::from_utf8_lossy(event)
+            );
+        }
     }
 }
 
