@@ -133,7 +133,7 @@ fn scan_stream(chunks: &[Bytes]) -> u64 {
     for chunk in chunks {
         splitter.push(chunk.clone());
         while let Some(event) = splitter.next_event().expect("bounded events") {
-            if !matches!(scan.scan(&event), OpenAiEvent::UsageOnly(_)) {
+            if !matches!(scan.scan_event(&event), OpenAiEvent::UsageOnly(_)) {
                 forwarded += event.len() as u64;
             }
         }
@@ -207,7 +207,10 @@ fn bench(criterion: &mut Criterion) {
     });
     let with_null_usage = vec![Bytes::from(openai_stream_chunks_with_null_usage().concat())];
     assert_eq!(
-        with_null_usage[0].windows(13).filter(|w| w == b"\"usage\":null}").count(),
+        with_null_usage[0]
+            .windows(13)
+            .filter(|w| w == b"\"usage\":null}")
+            .count(),
         19
     );
     group.bench_function("openai_21_events_null_usage_one_chunk", |bencher| {

@@ -8,7 +8,7 @@
 //! # Key components
 //! - [`Usage`] and the whole-body readers [`from_openai_chat`], [`from_openai_embeddings`],
 //!   [`from_anthropic_message`].
-//! - [`SseSplitter`]: chunks of a response body in, complete events out as `Bytes`.
+//! - [`SseSplitter`]: chunks of a response body in, complete [`SseEvent`]s out (`Bytes` slices).
 //! - [`OpenAiStreamScan`] and [`AnthropicStreamScan`]: per-event classification and accumulation.
 //!
 //! # Invariants
@@ -31,7 +31,7 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use thiserror::Error;
 
-use crate::http::blank_line_end as find_event_end;
+use crate::http::{blank_line_end as find_event_end, blank_line_end_and_lines};
 
 /// Tokens charged for one request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -194,11 +194,12 @@ impl SseSplitter {
     }
 
     /// The next complete event, terminator included, or `None` until more bytes are pushed.
-    pub fn next_event(&mut self) -> Result<Option<Bytes>, SseError> {
+    pub fn next_event(&mut self) -> Result<Option<SseEvent>, SseError> {
         if self.tail_has_events {
             // Merged mode: everything is in the tail and `pending` is empty.
-            if let Some(end) = find_event_end(&self.tail) {
-                return Ok(Some(self.tail.split_to(end).freeze()));
+            if let Some((end, one_line)) = blank_line_end_and_lines(&self.tail) {
+                let bytes = self.tail.split_to(end).freeze();
+                return Ok(Some(SseEvent { bytes, one_line }));
             }
             self.tail_has_events = false;
             if self.tail.len() > self.event_bytes_max {
@@ -210,13 +211,19 @@ impl SseSplitter {
             return Ok(None);
         }
         if self.tail.is_empty() {
-            if let Some(end) = find_event_end(&self.pending) {
-                return Ok(Some(self.pending.split_to(end)));
+            if let Some((end, one_line)) = blank_line_end_and_lines(&self.pending) {
+                let bytes = self.pending.split_to(end);
+                return Ok(Some(SseEvent { bytes, one_line }));
             }
         } else if let Some(end) = self.straddling_event_end() {
             self.tail.extend_from_slice(&self.pending[..end]);
             self.pending.advance(end);
-            return Ok(Some(self.tail.split().freeze()));
+            // Rare (an event cut by the network): its lines are not counted.
+            let bytes = self.tail.split().freeze();
+            return Ok(Some(SseEvent {
+                bytes,
+                one_line: false,
+            }));
         }
         // No terminator in what we have: keep it all for the next chunk.
         if self.tail.len() + self.pending.len() > self.event_bytes_max {
@@ -250,6 +257,55 @@ impl SseSplitter {
         self.tail.extend_from_slice(&self.pending);
         self.pending = Bytes::new();
         self.tail.split().freeze()
+    }
+}
+
+/// One complete event from [`SseSplitter`], terminator included; derefs to its bytes. Two events
+/// are equal when their bytes are.
+#[derive(Debug, Clone)]
+pub struct SseEvent {
+    bytes: Bytes,
+    /// The splitter's scan met no line end before the blank line that ends the event: it is
+    /// one line, and reading its data needs no second scan.
+    one_line: bool,
+}
+
+impl SseEvent {
+    pub fn into_bytes(self) -> Bytes {
+        self.bytes
+    }
+
+    /// The event's data, as [`event_data`] reads it.
+    fn data<'e>(&'e self, scratch: &'e mut Vec<u8>) -> Option<&'e [u8]> {
+        if !self.one_line {
+            return event_data(&self.bytes, scratch);
+        }
+        // One line, then `\n` or `\r\n`: the blank line.
+        let terminator = if self.bytes.ends_with(b"\n\r\n") {
+            3
+        } else {
+            2
+        };
+        let line = &self.bytes[..self.bytes.len() - terminator];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let value = line.strip_prefix(b"data:")?;
+        Some(value.strip_prefix(b" ").unwrap_or(value))
+    }
+}
+
+impl PartialEq for SseEvent {
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes == other.bytes
+    }
+}
+
+impl Eq for SseEvent {}
+
+impl std::ops::Deref for SseEvent {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.bytes
     }
 }
 
@@ -347,9 +403,20 @@ impl OpenAiStreamScan {
         }
     }
 
-    /// Classify one complete event (as returned by [`SseSplitter`]).
+    /// Classify one complete event.
     pub fn scan(&mut self, event: &[u8]) -> OpenAiEvent {
-        let Some(data) = event_data(event, &mut self.scratch) else {
+        let data = event_data(event, &mut self.scratch);
+        Self::classify(&mut self.usage, data)
+    }
+
+    /// [`scan`](Self::scan) an event from [`SseSplitter`], using what its scan already found.
+    pub fn scan_event(&mut self, event: &SseEvent) -> OpenAiEvent {
+        let data = event.data(&mut self.scratch);
+        Self::classify(&mut self.usage, data)
+    }
+
+    fn classify(latest: &mut Option<Usage>, data: Option<&[u8]>) -> OpenAiEvent {
+        let Some(data) = data else {
             return OpenAiEvent::Other;
         };
         if data.trim_ascii() == b"[DONE]" {
@@ -362,7 +429,7 @@ impl OpenAiStreamScan {
         };
         if let Some((usage, choices)) = usage_chunk_fast(data, usage_at) {
             let usage = usage.chat();
-            self.usage = Some(usage);
+            *latest = Some(usage);
             return match choices {
                 Choices::NoneOrEmpty => OpenAiEvent::UsageOnly(usage),
                 Choices::Some => OpenAiEvent::Data(Some(usage)),
@@ -374,7 +441,7 @@ impl OpenAiStreamScan {
         let Some(usage) = chunk.usage.as_ref().map(OpenAiUsage::chat) else {
             return OpenAiEvent::Data(None);
         };
-        self.usage = Some(usage);
+        *latest = Some(usage);
         if chunk.choices.is_none_or(|choices| choices.is_empty()) {
             OpenAiEvent::UsageOnly(usage)
         } else {
@@ -518,7 +585,18 @@ impl AnthropicStreamScan {
 
     /// Fold one complete event into the running usage.
     pub fn scan(&mut self, event: &[u8]) {
-        let Some(data) = event_data(event, &mut self.scratch) else {
+        let data = event_data(event, &mut self.scratch);
+        Self::fold(&mut self.usage, data);
+    }
+
+    /// [`scan`](Self::scan) an event from [`SseSplitter`], using what its scan already found.
+    pub fn scan_event(&mut self, event: &SseEvent) {
+        let data = event.data(&mut self.scratch);
+        Self::fold(&mut self.usage, data);
+    }
+
+    fn fold(latest: &mut Option<Usage>, data: Option<&[u8]>) {
+        let Some(data) = data else {
             return;
         };
         if USAGE_FINDER.find(data).is_none() {
@@ -535,14 +613,14 @@ impl AnthropicStreamScan {
         let Some(reported) = usage_object else {
             return;
         };
-        let mut usage = self.usage.unwrap_or_default();
+        let mut usage = latest.unwrap_or_default();
         if let Some(input_tokens) = reported.input_with_cache() {
             usage.input_tokens = input_tokens;
         }
         if let Some(output_tokens) = reported.output_tokens {
             usage.output_tokens = output_tokens;
         }
-        self.usage = Some(usage);
+        *latest = Some(usage);
     }
 
     /// Usage so far; `None` until a `message_start` or `message_delta` with usage was seen.
@@ -650,7 +728,7 @@ mod tests {
     }
 
     /// Split `stream` at `cuts`, returning events and the final tail.
-    fn split_at(stream: &[u8], cuts: &[usize]) -> (Vec<Bytes>, Bytes) {
+    fn split_at(stream: &[u8], cuts: &[usize]) -> (Vec<SseEvent>, Bytes) {
         let mut splitter = SseSplitter::new(1 << 20);
         let mut events = Vec::new();
         let mut previous = 0;
@@ -665,9 +743,20 @@ mod tests {
         (events, splitter.take_tail())
     }
 
-    fn classify(events: &[Bytes]) -> (Vec<OpenAiEvent>, Option<Usage>) {
+    /// Classifies with what the splitter found and, alongside, from the bytes alone: both must
+    /// agree on every event.
+    fn classify(events: &[SseEvent]) -> (Vec<OpenAiEvent>, Option<Usage>) {
         let mut scan = OpenAiStreamScan::new();
-        let kinds = events.iter().map(|event| scan.scan(event)).collect();
+        let mut from_bytes = OpenAiStreamScan::new();
+        let kinds = events
+            .iter()
+            .map(|event| {
+                let kind = scan.scan_event(event);
+                assert_eq!(from_bytes.scan(event), kind, "{event:?}");
+                kind
+            })
+            .collect();
+        assert_eq!(from_bytes.usage(), scan.usage());
         (kinds, scan.usage())
     }
 
@@ -724,6 +813,44 @@ mod tests {
         assert_eq!(splitter.next_event().unwrap(), None);
     }
 
+    /// The splitter says an event is one line only when it is, in every mode (fresh chunk,
+    /// merged tail, straddling), and then the data read from the hint is the data read from the
+    /// bytes.
+    #[test]
+    fn one_line_hint_is_only_given_to_one_line_events() {
+        let stream: &[u8] =
+            b"data: a\n\nevent: e\ndata: b\n\ndata: c\r\n\r\n: note\n\ndata: d\ndata: e\n\r\n";
+        for cut in 0..=stream.len() {
+            let (events, tail) = split_at(stream, &[cut]);
+            assert!(tail.is_empty());
+            assert_eq!(events.len(), 5);
+            for event in &events {
+                let lines = memchr::memchr_iter(b'\n', event).count();
+                assert!(!event.one_line || lines == 2, "cut {cut}: {event:?}");
+                let (mut hinted, mut plain) = (Vec::new(), Vec::new());
+                assert_eq!(
+                    event.data(&mut hinted),
+                    event_data(event, &mut plain),
+                    "cut {cut}: {event:?}"
+                );
+            }
+            let (first, third) = (&events[0], &events[2]);
+            if cut == 0 || cut >= 9 {
+                assert!(first.one_line, "cut {cut}");
+            }
+            if cut <= 27 || cut >= 38 {
+                assert!(third.one_line, "cut {cut}");
+            }
+        }
+        // Two chunks pushed before draining: the merged tail gives the hint too.
+        let mut splitter = SseSplitter::new(1024);
+        splitter.push(Bytes::from_static(b"data: a\n\ndata:"));
+        splitter.push(Bytes::from_static(b" b\n\n"));
+        let merged = splitter.next_event().unwrap().unwrap();
+        assert!(merged.one_line);
+        assert_eq!(merged.data(&mut Vec::new()), Some(&b"a"[..]));
+    }
+
     #[test]
     fn push_without_draining_keeps_order() {
         let mut splitter = SseSplitter::new(1024);
@@ -731,7 +858,7 @@ mod tests {
         splitter.push(Bytes::from_static(b"\n\ndata: c\n\n"));
         let mut events = Vec::new();
         while let Some(event) = splitter.next_event().unwrap() {
-            events.push(event);
+            events.push(event.into_bytes());
         }
         assert_eq!(events, ["data: a\n\n", "data: b\n\n", "data: c\n\n"]);
     }
@@ -870,7 +997,8 @@ mod tests {
     #[test]
     fn unterminated_tail_is_returned() {
         let (events, tail) = split_at(b"data: a\n\ndata: partial", &[3]);
-        assert_eq!(events, ["data: a\n\n"]);
+        assert_eq!(events.len(), 1);
+        assert_eq!(&events[0][..], b"data: a\n\n");
         assert_eq!(&tail[..], b"data: partial");
     }
 }

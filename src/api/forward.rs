@@ -495,11 +495,11 @@ async fn stream_back<S: Sink>(
                     Ok(Some(event)) => {
                         let keep = match &mut scanner {
                             Scanner::OpenAi(scan) => !matches!(
-                                scan.scan(&event),
+                                scan.scan_event(&event),
                                 OpenAiEvent::UsageOnly(_) if suppress_usage_chunk
                             ),
                             Scanner::Anthropic(scan) => {
-                                scan.scan(&event);
+                                scan.scan_event(&event);
                                 true
                             }
                         };

@@ -35,10 +35,16 @@ pub mod response;
 /// Index just past the first blank line in `buf`: a `\n` followed by `\n` or `\r\n`, which covers
 /// `\r\n\r\n`, `\n\n` and their mixtures. Ends both HTTP heads and server-sent events.
 pub fn blank_line_end(buf: &[u8]) -> Option<usize> {
-    for newline in memchr::memchr_iter(b'\n', buf) {
+    blank_line_end_and_lines(buf).map(|(end, _)| end)
+}
+
+/// [`blank_line_end`], and whether the text before the blank line is one line (the scan met no
+/// other line end): what an SSE event's reader needs to skip a second scan of the event.
+pub fn blank_line_end_and_lines(buf: &[u8]) -> Option<(usize, bool)> {
+    for (line, newline) in memchr::memchr_iter(b'\n', buf).enumerate() {
         match buf.get(newline + 1..) {
-            Some([b'\n', ..]) => return Some(newline + 2),
-            Some([b'\r', b'\n', ..]) => return Some(newline + 3),
+            Some([b'\n', ..]) => return Some((newline + 2, line == 0)),
+            Some([b'\r', b'\n', ..]) => return Some((newline + 3, line == 0)),
             _ => {}
         }
     }
