@@ -97,10 +97,10 @@ struct WithUsage<U> {
 /// inside a string value is escaped (`\"usage\"`) and so never matches. When the fast path
 /// finds nothing it can parse, the whole body is parsed as before.
 fn usage_object<U: serde::de::DeserializeOwned>(body: &[u8]) -> Option<U> {
-    if let Some(at) = memmem::rfind(body, b"\"usage\"")
+    if let Some(at) = USAGE_FINDER_REV.rfind(body)
         && (at == 0 || body[at - 1] != b'\\')
     {
-        let rest = body[at + b"\"usage\"".len()..].trim_ascii_start();
+        let rest = body[at + USAGE_KEY.len()..].trim_ascii_start();
         if let Some(value) = rest.strip_prefix(b":").map(<[u8]>::trim_ascii_start)
             && value.first() == Some(&b'{')
         {
@@ -536,6 +536,8 @@ const CHOICES_KEY: &[u8] = b"\"choices\"";
 /// when each scanner built its own.
 static USAGE_FINDER: LazyLock<memmem::Finder<'static>> =
     LazyLock::new(|| memmem::Finder::new(USAGE_KEY));
+static USAGE_FINDER_REV: LazyLock<memmem::FinderRev<'static>> =
+    LazyLock::new(|| memmem::FinderRev::new(USAGE_KEY));
 static CHOICES_FINDER: LazyLock<memmem::Finder<'static>> =
     LazyLock::new(|| memmem::Finder::new(CHOICES_KEY));
 
