@@ -174,7 +174,9 @@ async fn serve<IO: AsyncRead + AsyncWrite + Unpin>(
         tokio::select! {
             accepted = connection.accept() => match accepted {
                 Some(Ok((request, respond))) => {
-                    requests.spawn(forward::serve(request, respond, forward.clone()));
+                    // Boxed: the task cell then holds a pointer, not the request's whole state,
+                    // which tokio would copy four times over on spawn and on completion.
+                    requests.spawn(Box::pin(forward::serve(request, respond, forward.clone())));
                 }
                 Some(Err(error)) => return Err(TunnelError::Http2(error)),
                 None => return Ok(()),
