@@ -367,9 +367,10 @@ pub enum OpenAiEvent {
     /// A chunk with empty `choices` and a `usage` object: the chunk `include_usage` adds, which
     /// the router drops when the client did not ask for usage itself.
     UsageOnly(Usage),
-    /// An ordinary chunk, with usage when the engine attaches it to content chunks.
+    /// An ordinary chunk, with usage when the engine attaches it to content chunks. A chunk
+    /// without a usage object is `Data(None)` unparsed, whether its JSON is valid or not.
     Data(Option<Usage>),
-    /// Comments, keep-alives, events without data, unparseable usage chunks.
+    /// Comments, keep-alives, events without data, unparseable chunks naming a usage object.
     Other,
 }
 
@@ -423,7 +424,11 @@ impl OpenAiStreamScan {
             return OpenAiEvent::Done;
         }
         // Only a chunk that carries a usage *object* is worth a JSON parse. With include_usage on,
-        // engines following OpenAI put `"usage":null` in every other chunk: skip those cheaply.
+        // engines following OpenAI put `"usage":null` in every other chunk, as the object's last
+        // member: that settles it without a search.
+        if ends_with_null_usage(data) {
+            return OpenAiEvent::Data(None);
+        }
         let Some(usage_at) = first_usage_object(data) else {
             return OpenAiEvent::Data(None);
         };
@@ -469,6 +474,24 @@ fn first_usage_object(data: &[u8]) -> Option<usize> {
         }
     }
     None
+}
+
+/// Whether the object in `data` ends with a `"usage": null` member (JSON whitespace allowed).
+/// Then its top-level `usage` is null: in valid JSON that member, right before the closing
+/// brace and after a `,` or the opening `{`, can only be a top-level member (a nested one would
+/// be followed by another brace, one inside a string by a quote). A duplicate top-level `usage`
+/// makes the chunk invalid for the full parse, which then also finds no usage in it.
+fn ends_with_null_usage(data: &[u8]) -> bool {
+    let member = data
+        .trim_ascii_end()
+        .strip_suffix(b"}")
+        .and_then(|rest| rest.trim_ascii_end().strip_suffix(b"null"))
+        .and_then(|rest| rest.trim_ascii_end().strip_suffix(b":"))
+        .and_then(|rest| rest.trim_ascii_end().strip_suffix(USAGE_KEY));
+    matches!(
+        member.and_then(|rest| rest.trim_ascii_end().last()),
+        Some(b',' | b'{')
+    )
 }
 
 /// What a usage chunk's `choices` member holds, as far as classification cares.
@@ -1020,6 +1043,45 @@ mod null_usage_tests {
         assert!(is_null_member(b":null}"));
         assert!(!is_null_member(b":{\"prompt_tokens\":1}"));
         assert!(!is_null_member(b"}"));
+    }
+
+    #[test]
+    fn a_trailing_null_usage_member_is_read_from_the_end() {
+        for data in [
+            &br#"{"id":"c","choices":[{"index":0,"delta":{"content":"x"}}],"usage":null}"#[..],
+            br#"{"choices": [], "usage" : null }"#,
+            br#"{"usage":null}"#,
+        ] {
+            assert!(
+                ends_with_null_usage(data),
+                "{}",
+                String::from_utf8_lossy(data)
+            );
+            assert_eq!(classified_by_parse(data), OpenAiEvent::Data(None));
+        }
+        for data in [
+            // Nested, not the top-level member.
+            &br#"{"choices":[],"x":{"usage":null}}"#[..],
+            // A key that ends in an escaped quote and `usage`: not `usage`.
+            br#"{"usage":{"prompt_tokens":1},"k"usage":null}"#,
+            br#"{"choices":[],"usage":{"prompt_tokens":1}}"#,
+            br#"{"choices":[],"usage":null"#,
+            br#"usage":null}"#,
+        ] {
+            assert!(
+                !ends_with_null_usage(data),
+                "{}",
+                String::from_utf8_lossy(data)
+            );
+        }
+        // Usage named twice at the top level: the full parse refuses the chunk (no usage either
+        // way), and the trailing null settles it as an ordinary chunk; both are forwarded.
+        let twice = br#"{"usage":{"prompt_tokens":5},"choices":[],"usage":null}"#;
+        assert_eq!(classified_by_parse(twice), OpenAiEvent::Other);
+        let mut scan = OpenAiStreamScan::new();
+        let event = [&b"data: "[..], twice, b"\n\n"].concat();
+        assert_eq!(scan.scan(&event), OpenAiEvent::Data(None));
+        assert_eq!(scan.usage(), None);
     }
 
     /// What the full parse makes of one chunk's data: the reference the fast path must match.
