@@ -41,7 +41,52 @@ pub struct Usage {
     pub output_tokens: u64,
 }
 
-#[derive(Deserialize)]
+mod flat;
+
+use flat::FlatValue;
+
+/// A usage object's counts, read by name: what [`read_usage`] needs beyond serde.
+trait UsageCounts: Default + serde::de::DeserializeOwned {
+    /// The count named `key` and a bit of its own (serde refuses an object naming a field
+    /// twice, and so must the fast read); `None` for a member this type ignores.
+    fn count(&mut self, key: &[u8]) -> Option<(&mut Option<u64>, u8)>;
+}
+
+/// The usage object at the start of `object` and the bytes it took: read in one pass when it is
+/// plainly shaped ([`flat`]), else by serde_json, whose answer this always is.
+fn read_usage<U: UsageCounts>(object: &[u8]) -> Option<(U, usize)> {
+    if let Some(read) = read_usage_flat(object) {
+        return Some(read);
+    }
+    let mut values = serde_json::Deserializer::from_slice(object).into_iter::<U>();
+    let usage = values.next()?.ok()?;
+    Some((usage, values.byte_offset()))
+}
+
+/// [`read_usage`]'s one pass; `None` leaves the object to serde.
+fn read_usage_flat<U: UsageCounts>(object: &[u8]) -> Option<(U, usize)> {
+    let mut usage = U::default();
+    let mut seen = 0u8;
+    let taken = flat::read_object(object, &mut |key, value| {
+        let Some((count, bit)) = usage.count(key) else {
+            return true;
+        };
+        if seen & bit != 0 {
+            return false;
+        }
+        seen |= bit;
+        match value {
+            FlatValue::Count(value) => *count = Some(value),
+            FlatValue::Null => *count = None,
+            FlatValue::Skipped => return false,
+        }
+        true
+    })?;
+    Some((usage, taken))
+}
+
+#[derive(Deserialize, Default)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct OpenAiUsage {
     #[serde(default)]
     prompt_tokens: Option<u64>,
@@ -49,6 +94,17 @@ struct OpenAiUsage {
     completion_tokens: Option<u64>,
     #[serde(default)]
     total_tokens: Option<u64>,
+}
+
+impl UsageCounts for OpenAiUsage {
+    fn count(&mut self, key: &[u8]) -> Option<(&mut Option<u64>, u8)> {
+        match key {
+            b"prompt_tokens" => Some((&mut self.prompt_tokens, 1)),
+            b"completion_tokens" => Some((&mut self.completion_tokens, 2)),
+            b"total_tokens" => Some((&mut self.total_tokens, 4)),
+            _ => None,
+        }
+    }
 }
 
 impl OpenAiUsage {
@@ -60,7 +116,8 @@ impl OpenAiUsage {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct AnthropicUsage {
     #[serde(default)]
     input_tokens: Option<u64>,
@@ -70,6 +127,18 @@ struct AnthropicUsage {
     cache_creation_input_tokens: Option<u64>,
     #[serde(default)]
     cache_read_input_tokens: Option<u64>,
+}
+
+impl UsageCounts for AnthropicUsage {
+    fn count(&mut self, key: &[u8]) -> Option<(&mut Option<u64>, u8)> {
+        match key {
+            b"input_tokens" => Some((&mut self.input_tokens, 1)),
+            b"output_tokens" => Some((&mut self.output_tokens, 2)),
+            b"cache_creation_input_tokens" => Some((&mut self.cache_creation_input_tokens, 4)),
+            b"cache_read_input_tokens" => Some((&mut self.cache_read_input_tokens, 8)),
+            _ => None,
+        }
+    }
 }
 
 impl AnthropicUsage {
@@ -96,7 +165,7 @@ struct WithUsage<U> {
 /// after it (measured at 3 % of router CPU for a full parse of a small chat response). A key
 /// inside a string value is escaped (`\"usage\"`) and so never matches. When the fast path
 /// finds nothing it can parse, the whole body is parsed as before.
-fn usage_object<U: serde::de::DeserializeOwned>(body: &[u8]) -> Option<U> {
+fn usage_object<U: UsageCounts>(body: &[u8]) -> Option<U> {
     if let Some(at) = USAGE_FINDER_REV.rfind(body)
         && (at == 0 || body[at - 1] != b'\\')
     {
@@ -104,8 +173,7 @@ fn usage_object<U: serde::de::DeserializeOwned>(body: &[u8]) -> Option<U> {
         if let Some(value) = rest.strip_prefix(b":").map(<[u8]>::trim_ascii_start)
             && value.first() == Some(&b'{')
         {
-            let mut deserializer = serde_json::Deserializer::from_slice(value);
-            if let Ok(usage) = U::deserialize(&mut deserializer) {
+            if let Some((usage, _)) = read_usage::<U>(value) {
                 return Some(usage);
             }
         }
@@ -520,9 +588,8 @@ fn usage_chunk_fast(data: &[u8], key_at: usize) -> Option<(OpenAiUsage, Choices)
     if value.first() != Some(&b'{') {
         return None;
     }
-    let mut values = serde_json::Deserializer::from_slice(value).into_iter::<OpenAiUsage>();
-    let usage = values.next()?.ok()?;
-    if value[values.byte_offset()..].trim_ascii() != b"}" {
+    let (usage, taken) = read_usage::<OpenAiUsage>(value)?;
+    if value[taken..].trim_ascii() != b"}" {
         return None;
     }
     let choices = match CHOICES_FINDER.find(data) {
@@ -1207,6 +1274,52 @@ mod null_usage_tests {
 #[cfg(test)]
 mod usage_object_tests {
     use super::*;
+
+    /// serde_json's reading of a usage object and the bytes it took: the reference.
+    fn by_serde<U: UsageCounts>(object: &[u8]) -> Option<(U, usize)> {
+        let mut values = serde_json::Deserializer::from_slice(object).into_iter::<U>();
+        let usage = values.next()?.ok()?;
+        Some((usage, values.byte_offset()))
+    }
+
+    #[test]
+    fn usage_objects_read_in_one_pass_are_read_as_serde_reads_them() {
+        // (object, whether the one-pass read must take it rather than leave it to serde)
+        let cases: [(&[u8], bool); 16] = [
+            (br#"{"prompt_tokens":5,"completion_tokens":16,"total_tokens":21}"#, true),
+            (br#"{ "prompt_tokens" : 5 , "total_tokens" : 21 }"#, true),
+            (br#"{"prompt_tokens":5,"completion_tokens":null}"#, true),
+            (br#"{}"#, true),
+            (br#"{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens":0},"completion_tokens":2}"#, true),
+            (br#"{"input_tokens":3,"service_tier":"standard","output_tokens":4}"#, true),
+            (br#"{"prompt_tokens":5}}"#, true),
+            // Left to serde, which accepts or refuses each as it always did.
+            (br#"{"prompt_tokens":5,"prompt_tokens":6}"#, false),
+            (br#"{"prompt_tokens":5.0}"#, false),
+            (br#"{"prompt_tokens":-1}"#, false),
+            (br#"{"prompt_tokens":"5"}"#, false),
+            (br#"{"prompt_tokens":99999999999999999999}"#, false),
+            (br#"{"prompt_tokens":5,"extra":[1,2]}"#, false),
+            (br#"{"prompt_tokens":5,"extra":true}"#, false),
+            (br#"{"prompt\u005ftokens":5}"#, false),
+            (br#"{"prompt_tokens":5"#, false),
+        ];
+        for (object, plain) in cases {
+            let text = String::from_utf8_lossy(object);
+            let flat = read_usage_flat::<OpenAiUsage>(object).is_some();
+            assert_eq!(flat, plain, "{text}");
+            assert_eq!(
+                read_usage::<OpenAiUsage>(object),
+                by_serde::<OpenAiUsage>(object),
+                "{text}"
+            );
+            assert_eq!(
+                read_usage::<AnthropicUsage>(object),
+                by_serde::<AnthropicUsage>(object),
+                "{text}"
+            );
+        }
+    }
 
     #[test]
     fn fast_path_ignores_usage_inside_strings_and_falls_back() {
