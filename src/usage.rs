@@ -172,10 +172,9 @@ fn usage_object<U: UsageCounts>(body: &[u8]) -> Option<U> {
         let rest = body[at + USAGE_KEY.len()..].trim_ascii_start();
         if let Some(value) = rest.strip_prefix(b":").map(<[u8]>::trim_ascii_start)
             && value.first() == Some(&b'{')
+            && let Some((usage, _)) = read_usage::<U>(value)
         {
-            if let Some((usage, _)) = read_usage::<U>(value) {
-                return Some(usage);
-            }
+            return Some(usage);
         }
     }
     let parsed: WithUsage<U> = serde_json::from_slice(body).ok()?;
