@@ -681,6 +681,12 @@ impl Sentinels {
         self.addrs().join(",")
     }
 
+    /// The last lines of every Sentinel's log, for a failure message.
+    pub fn log_tails(&self) -> String {
+        let logs: Vec<String> = self.sentinels.iter().map(Server::log_tail).collect();
+        logs.join("\n")
+    }
+
     /// The primary the first answering Sentinel names, as `ip:port`.
     pub fn master_addr(&self) -> Option<String> {
         self.addrs()
