@@ -18,9 +18,11 @@
 //!
 //! # Performance
 //! An event that lies inside one fed chunk is returned as a `Bytes` slice of that chunk (a
-//! reference count, no copy); only events straddling chunks are copied, once. Stream scanners
-//! JSON-parse only events whose data contains the bytes `"usage"`, which in an OpenAI stream is
-//! at most one or two events per response.
+//! reference count, no copy); only events straddling chunks are copied, once. The splitter's one
+//! scan of an event also tells whether it is one line, so its data needs no second scan. An
+//! OpenAI chunk ending with `"usage": null` is settled from its end; any other is searched for
+//! `"usage"`, and only a chunk with a usage object is read further, its usage object in one pass
+//! when plainly shaped (`flat`). About 440 instructions an event in all (perf/README.md).
 
 use std::borrow::Cow;
 use std::sync::LazyLock;
