@@ -8,13 +8,16 @@
 //! - the same bytes pushed in pieces (drained after each push, or pushed twice before draining,
 //!   as a reader that falls behind does) split into the same events and tail, so the usage
 //!   read from a stream does not depend on how the network cut it;
-//! - an event longer than the buffering limit is refused, never buffered past it.
+//! - an event longer than the buffering limit is refused, never buffered past it;
+//! - the scanners read an event the same from the splitter's hint (`scan_event`) as from its
+//!   bytes alone (`scan`).
 #![no_main]
 
 use bytes::Bytes;
 use fuzz_support::Cuts;
 use hivenet_router::usage::{
-    self, AnthropicStreamScan, OpenAiEvent, OpenAiStreamScan, SseError, SseSplitter, Usage,
+    self, AnthropicStreamScan, OpenAiEvent, OpenAiStreamScan, SseError, SseEvent, SseSplitter,
+    Usage,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -29,7 +32,12 @@ fuzz_target!(|data: &[u8]| {
     let _ = usage::from_anthropic_message(data);
 
     let whole = split(&[data], &[]);
-    let mut rejoined: Vec<u8> = whole.events.concat();
+    let mut rejoined: Vec<u8> = whole
+        .events
+        .iter()
+        .flat_map(|event| event.iter())
+        .copied()
+        .collect();
     rejoined.extend_from_slice(&whole.tail);
     assert_eq!(rejoined, data, "the splitter lost or invented bytes");
     for event in &whole.events {
@@ -70,7 +78,7 @@ fuzz_target!(|data: &[u8]| {
 
 #[derive(Debug)]
 struct Split {
-    events: Vec<Bytes>,
+    events: Vec<SseEvent>,
     tail: Bytes,
     error: Option<SseError>,
     openai: (Vec<OpenAiEvent>, Option<Usage>),
@@ -102,16 +110,26 @@ fn split(pieces: &[&[u8]], doubled: &[bool]) -> Split {
     }
     let tail = splitter.take_tail();
     let mut openai = OpenAiStreamScan::new();
+    let mut openai_bytes = OpenAiStreamScan::new();
     let mut anthropic = AnthropicStreamScan::new();
+    let mut anthropic_bytes = AnthropicStreamScan::new();
     let mut kinds = Vec::new();
     for event in &events {
-        let kind = openai.scan(event);
+        let kind = openai.scan_event(event);
+        assert_eq!(
+            openai_bytes.scan(event),
+            kind,
+            "the splitter's hint changed a reading"
+        );
         if kind == OpenAiEvent::Done {
             assert!(event.windows(6).any(|window| window == b"[DONE]"));
         }
         kinds.push(kind);
-        anthropic.scan(event);
+        anthropic.scan_event(event);
+        anthropic_bytes.scan(event);
     }
+    assert_eq!(openai_bytes.usage(), openai.usage());
+    assert_eq!(anthropic_bytes.usage(), anthropic.usage());
     Split {
         events,
         tail,
