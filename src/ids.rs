@@ -88,6 +88,15 @@ impl PositionTable {
         PositionTable(hashbrown::HashTable::with_capacity(capacity))
     }
 
+    /// How many positions are filed.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// The position under `hash` whose entry `is_entry` accepts.
     pub fn find(&self, hash: u64, is_entry: impl Fn(usize) -> bool) -> Option<usize> {
         self.0
@@ -101,6 +110,24 @@ impl PositionTable {
         let slot = u32::try_from(position).expect("positions fit in u32");
         self.0.insert_unique(hash, slot, |at| rehash(*at as usize));
         position
+    }
+
+    /// Forgets `position`, filed under `hash`; panics when it is not there (the caller's tables
+    /// and vector disagree).
+    pub fn remove(&mut self, hash: u64, position: usize) {
+        self.0
+            .find_entry(hash, |at| *at as usize == position)
+            .expect("the position is filed under its hash")
+            .remove();
+    }
+
+    /// Files under `hash` the entry that moved from position `from` to `to`.
+    pub fn repoint(&mut self, hash: u64, from: usize, to: usize) {
+        let slot = self
+            .0
+            .find_mut(hash, |at| *at as usize == from)
+            .expect("the position is filed under its hash");
+        *slot = u32::try_from(to).expect("positions fit in u32");
     }
 }
 

@@ -24,6 +24,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -31,7 +32,7 @@ use super::config::{
     KeySettings, Problem, Problems, QuotaSpec, ServerlessLimits, Sink, parse_rfc3339_unix_ms,
     validate_settings,
 };
-use super::keys::{KeyHash, KeyInput, KeyRegistry, KeySource, MAX_KEYS, RegistryMode};
+use super::keys::{KeyHash, KeyInput, KeyRegistry, KeySource, LiveRegistry, MAX_KEYS};
 
 /// Longest accepted entry id, in bytes.
 pub const MAX_ID_BYTES: usize = 256;
@@ -297,6 +298,8 @@ pub struct DynamicRegistry {
     /// The hashes in use. Which id holds one is looked up in `entries` only when a write
     /// conflicts with it; an id per hash here cost every key a second copy of its id.
     hashes: HashSet<KeyHash>,
+    /// The shards' snapshot of `entries`, changed with each write rather than built again.
+    live: LiveRegistry,
 }
 
 impl fmt::Debug for DynamicRegistry {
@@ -402,6 +405,7 @@ impl DynamicRegistry {
             self.hashes.remove(&previous.hash);
         }
         self.hashes.insert(stored.hash);
+        self.live.put(key_input(id, &stored));
         self.entries.insert(id.to_owned(), stored);
         self.commit(version);
         Ok(())
@@ -413,6 +417,7 @@ impl DynamicRegistry {
         self.check_version(version)?;
         if let Some(previous) = self.entries.remove(id) {
             self.hashes.remove(&previous.hash);
+            self.live.remove(id);
         }
         self.commit(version.to_owned());
         Ok(())
@@ -466,6 +471,12 @@ impl DynamicRegistry {
         // in the body's order they were about two-thirds full.
         entries.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
         self.entries = BTreeMap::from_iter(entries);
+        self.live = LiveRegistry::build(
+            self.entries
+                .iter()
+                .map(|(id, stored)| key_input(id, stored))
+                .collect(),
+        );
         self.commit(request.version);
         Ok(self.entries.len())
     }
@@ -485,24 +496,9 @@ impl DynamicRegistry {
         }
     }
 
-    /// The snapshot the shards read.
-    pub fn snapshot(&self) -> KeyRegistry {
-        KeyRegistry::build(
-            RegistryMode::Dynamic,
-            self.entries
-                .iter()
-                .map(|(id, stored)| KeyInput {
-                    source: KeySource::Dynamic { id: id.clone() },
-                    hash: stored.hash,
-                    preview: stored.entry.key_preview.clone(),
-                    name: stored.entry.name.clone(),
-                    owner: stored.entry.owner.clone(),
-                    expires_at_unix_ms: stored.expires_at_unix_ms,
-                    enabled: stored.entry.enabled,
-                    settings: stored.settings.clone(),
-                })
-                .collect(),
-        )
+    /// The snapshot the shards read: shared, not built, per call.
+    pub fn snapshot(&self) -> Arc<KeyRegistry> {
+        self.live.snapshot()
     }
 
     /// The id of the entry holding `hash` (a write conflicts with it): a scan, on errors only.
@@ -539,6 +535,20 @@ impl Stored {
             key_hash: String::new(),
             ..self.entry.clone()
         }
+    }
+}
+
+/// What the shards' snapshot keeps of an entry.
+fn key_input(id: &str, stored: &Stored) -> KeyInput {
+    KeyInput {
+        source: KeySource::Dynamic { id: id.to_owned() },
+        hash: stored.hash,
+        preview: stored.entry.key_preview.clone(),
+        name: stored.entry.name.clone(),
+        owner: stored.entry.owner.clone(),
+        expires_at_unix_ms: stored.expires_at_unix_ms,
+        enabled: stored.entry.enabled,
+        settings: stored.settings.clone(),
     }
 }
 

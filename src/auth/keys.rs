@@ -29,7 +29,7 @@
 //! one owner; [`TenantId`] is derived from the owner string the same way so limits can key those
 //! buckets by a small integer too.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -38,6 +38,15 @@ use subtle::ConstantTimeEq;
 
 use super::config::{AuthConfig, KeySettings, ModelAccess};
 use crate::ids::PositionTable;
+
+mod assign;
+mod chunks;
+mod live;
+
+use assign::Assignment;
+pub(crate) use assign::assign_ids;
+use chunks::Chunks;
+pub(crate) use live::LiveRegistry;
 
 /// Most keys one registry holds (static or dynamic). A bound, not a target: a 16 MiB replace body
 /// holds about 65,000 entries of the shape `perf/memory.sh` sends (about 250 bytes each: 50,000
@@ -100,47 +109,6 @@ fn derivation_digest(domain: &[u8], input: &[u8]) -> [u8; 32] {
     hasher.update(domain);
     hasher.update(input);
     hasher.finalize().into()
-}
-
-/// Assigns one distinct non-zero ID per digest. Equal digests get distinct IDs too (callers
-/// refuse duplicate inputs before this). Result `i` belongs to `digests[i]`.
-pub(crate) fn assign_ids(digests: &[[u8; 32]]) -> Vec<u32> {
-    assert!(
-        digests.len() < MAX_KEYS * 2,
-        "more ids than any registry may hold"
-    );
-    let mut order: Vec<usize> = (0..digests.len()).collect();
-    order.sort_by(|a, b| digests[*a].cmp(&digests[*b]));
-    let mut taken: HashSet<u32> = HashSet::with_capacity(digests.len() + 1);
-    taken.insert(0);
-    let mut ids = vec![0u32; digests.len()];
-    for index in order {
-        let digest = &digests[index];
-        let window = |w: usize| {
-            u32::from_be_bytes([
-                digest[4 * w],
-                digest[4 * w + 1],
-                digest[4 * w + 2],
-                digest[4 * w + 3],
-            ])
-        };
-        let mut chosen = (0..8)
-            .map(window)
-            .find(|candidate| !taken.contains(candidate));
-        if chosen.is_none() {
-            // All eight windows taken: probe upwards from the first. Ends because fewer than
-            // 2^32 - 1 IDs exist (asserted above).
-            let mut candidate = window(0);
-            while taken.contains(&candidate) {
-                candidate = candidate.wrapping_add(1);
-            }
-            chosen = Some(candidate);
-        }
-        let id = chosen.expect("an id was chosen");
-        taken.insert(id);
-        ids[index] = id;
-    }
-    ids
 }
 
 /// Where a key came from.
@@ -222,6 +190,28 @@ impl KeyRecord {
         }
     }
 
+    /// The registry id of a dynamic key.
+    fn registry_id(&self) -> Option<&str> {
+        match &self.source {
+            KeySource::Dynamic { id } => Some(id),
+            _ => None,
+        }
+    }
+
+    /// What the registry was built from, to build it again.
+    fn to_input(&self) -> KeyInput {
+        KeyInput {
+            source: self.source.clone(),
+            hash: self.hash,
+            preview: self.preview.to_string(),
+            name: self.name.to_string(),
+            owner: self.owner.to_string(),
+            expires_at_unix_ms: self.expires_at_unix_ms(),
+            enabled: self.enabled,
+            settings: self.settings.clone(),
+        }
+    }
+
     fn anonymous() -> KeyRecord {
         KeyRecord {
             key_id: KeyId::ANONYMOUS,
@@ -272,20 +262,31 @@ pub enum RegistryMode {
 /// An immutable snapshot of the client keys. Build a new one to change it.
 #[derive(Debug, Clone)]
 pub struct KeyRegistry {
-    /// Unique per build in this process (a clone keeps it: same keys): what a quota holder
+    /// Unique per build and per change in this process (a clone keeps it: same keys): what a quota holder
     /// compares to know whether its key's quota may have changed.
     version: u64,
     mode: RegistryMode,
-    records: Vec<KeyRecord>,
-    // Looked up several times per request.
+    /// In copy-on-write chunks: a dynamic-key write copies the chunk it changes, and the shards
+    /// keep reading the snapshot before it ([`LiveRegistry`]).
+    records: Chunks<KeyRecord>,
+    // Positions in `records`, looked up several times per request.
     by_hash: PositionTable,
     by_key_id: PositionTable,
     /// Dynamic keys by registry id (a redirected request names its key by it).
-    by_registry_id: HashMap<Box<str>, u32>,
+    by_registry_id: PositionTable,
     anonymous: KeyRecord,
 }
 
+/// A registry as built, with what [`LiveRegistry`] needs to keep it up to date: which key and
+/// tenant IDs are taken, and by which displaced digests.
+struct Built {
+    registry: KeyRegistry,
+    key_ids: Assignment,
+    tenant_ids: Assignment,
+}
+
 /// The fields a registry needs from one key, static or dynamic.
+#[derive(Clone)]
 pub(crate) struct KeyInput {
     pub(crate) source: KeySource,
     pub(crate) hash: KeyHash,
@@ -295,6 +296,40 @@ pub(crate) struct KeyInput {
     pub(crate) expires_at_unix_ms: Option<i64>,
     pub(crate) enabled: bool,
     pub(crate) settings: KeySettings,
+}
+
+impl KeyInput {
+    /// The digest the key's ID is derived from: of its registry id for a dynamic key (so a new
+    /// hash under the same id keeps the ID), of its hash otherwise.
+    fn digest(&self) -> [u8; 32] {
+        match &self.source {
+            KeySource::Dynamic { id } => dynamic_key_digest(id),
+            _ => derivation_digest(STATIC_KEY_DOMAIN, self.hash.to_hex().as_bytes()),
+        }
+    }
+
+    fn registry_id(&self) -> Option<&str> {
+        match &self.source {
+            KeySource::Dynamic { id } => Some(id),
+            _ => None,
+        }
+    }
+
+    fn into_record(self, key_id: KeyId, tenant_id: TenantId, owner: Arc<str>) -> KeyRecord {
+        debug_assert_eq!(*owner, *self.owner);
+        KeyRecord {
+            key_id,
+            tenant_id,
+            source: self.source,
+            preview: self.preview.into_boxed_str(),
+            name: self.name.into_boxed_str(),
+            owner,
+            expires_at_unix_ms: self.expires_at_unix_ms.unwrap_or(NEVER_EXPIRES),
+            enabled: self.enabled,
+            settings: self.settings,
+            hash: self.hash,
+        }
+    }
 }
 
 impl KeyRegistry {
@@ -334,76 +369,136 @@ impl KeyRegistry {
     /// Builds a snapshot. Inputs must have distinct hashes (validation guarantees it; a later
     /// duplicate would be unreachable and is dropped by the assertion in debug builds).
     pub(crate) fn build(mode: RegistryMode, inputs: Vec<KeyInput>) -> KeyRegistry {
+        KeyRegistry::build_parts(mode, inputs).registry
+    }
+
+    fn build_parts(mode: RegistryMode, inputs: Vec<KeyInput>) -> Built {
         assert!(inputs.len() <= MAX_KEYS, "registry over MAX_KEYS");
-        let key_digests: Vec<[u8; 32]> = inputs
-            .iter()
-            .map(|input| match &input.source {
-                KeySource::Dynamic { id } => derivation_digest(DYNAMIC_KEY_DOMAIN, id.as_bytes()),
-                _ => derivation_digest(STATIC_KEY_DOMAIN, input.hash.to_hex().as_bytes()),
-            })
-            .collect();
+        let key_digests: Vec<[u8; 32]> = inputs.iter().map(KeyInput::digest).collect();
         let key_ids = assign_ids(&key_digests);
 
         let mut owners: Vec<&str> = inputs.iter().map(|input| input.owner.as_str()).collect();
         owners.sort_unstable();
         owners.dedup();
-        let owner_digests: Vec<[u8; 32]> = owners
-            .iter()
-            .map(|owner| derivation_digest(TENANT_DOMAIN, owner.as_bytes()))
-            .collect();
+        let owner_digests: Vec<[u8; 32]> =
+            owners.iter().map(|owner| tenant_digest(owner)).collect();
+        let tenant_ids = assign_ids(&owner_digests);
         let tenant_of: HashMap<String, (TenantId, Arc<str>)> = owners
             .iter()
-            .zip(assign_ids(&owner_digests))
-            .map(|(owner, id)| ((*owner).to_owned(), (TenantId(id), Arc::from(*owner))))
+            .zip(&tenant_ids)
+            .map(|(owner, id)| ((*owner).to_owned(), (TenantId(*id), Arc::from(*owner))))
             .collect();
+        let assigned = (
+            Assignment::of(&key_digests, &key_ids),
+            Assignment::of(&owner_digests, &tenant_ids),
+        );
 
-        let mut records: Vec<KeyRecord> = Vec::with_capacity(inputs.len());
-        // Sized for every key: the tables never grow while the records are pushed.
-        let mut by_hash = PositionTable::with_capacity(inputs.len());
-        let mut by_key_id = PositionTable::with_capacity(inputs.len());
-        let mut by_registry_id = HashMap::new();
-        for (input, key_id) in inputs.into_iter().zip(key_ids) {
-            // Fits in u32: the registry is bounded by MAX_KEYS (asserted above).
-            let position = records.len();
-            if let KeySource::Dynamic { id } = &input.source {
-                by_registry_id.insert(id.as_str().into(), position as u32);
-            }
-            debug_assert!(
-                by_hash
-                    .find(hash_slot(&input.hash), |at| records[at].hash == input.hash)
-                    .is_none(),
-                "duplicate hash reached the registry"
-            );
-            by_hash.insert(hash_slot(&input.hash), position, |at| {
-                hash_slot(&records[at].hash)
-            });
-            by_key_id.insert(key_id_slot(KeyId(key_id)), position, |at| {
-                key_id_slot(records[at].key_id)
-            });
-            let (tenant_id, owner) = tenant_of[&input.owner].clone();
-            records.push(KeyRecord {
-                key_id: KeyId(key_id),
-                tenant_id,
-                source: input.source,
-                preview: input.preview.into_boxed_str(),
-                name: input.name.into_boxed_str(),
-                owner,
-                expires_at_unix_ms: input.expires_at_unix_ms.unwrap_or(NEVER_EXPIRES),
-                enabled: input.enabled,
-                settings: input.settings,
-                hash: input.hash,
-            });
-        }
-        static BUILT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        KeyRegistry {
-            version: BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        let mut registry = KeyRegistry {
+            version: next_version(),
             mode,
-            records,
-            by_hash,
-            by_key_id,
-            by_registry_id,
+            records: Chunks::default(),
+            // Sized for every key: the tables never grow while the records are added.
+            by_hash: PositionTable::with_capacity(inputs.len()),
+            by_key_id: PositionTable::with_capacity(inputs.len()),
+            by_registry_id: PositionTable::default(),
             anonymous: KeyRecord::anonymous(),
+        };
+        let mut records = Vec::with_capacity(inputs.len());
+        for (input, key_id) in inputs.into_iter().zip(key_ids) {
+            let (tenant_id, owner) = tenant_of[&input.owner].clone();
+            records.push(input.into_record(KeyId(key_id), tenant_id, owner));
         }
+        registry.records = Chunks::from_vec(records);
+        for at in 0..registry.records.len() {
+            registry.index(at);
+        }
+        Built {
+            registry,
+            key_ids: assigned.0,
+            tenant_ids: assigned.1,
+        }
+    }
+
+    /// Files the record at `at` in the lookup tables.
+    fn index(&mut self, at: usize) {
+        let records = &self.records;
+        let record = records.get(at);
+        debug_assert!(
+            self.by_hash
+                .find(hash_slot(&record.hash), |other| records.get(other).hash
+                    == record.hash)
+                .is_none(),
+            "duplicate hash reached the registry"
+        );
+        self.by_hash.insert(hash_slot(&record.hash), at, |other| {
+            hash_slot(&records.get(other).hash)
+        });
+        self.by_key_id
+            .insert(key_id_slot(record.key_id), at, |other| {
+                key_id_slot(records.get(other).key_id)
+            });
+        if let KeySource::Dynamic { id } = &record.source {
+            self.by_registry_id
+                .insert(registry_id_slot(id), at, |other| {
+                    registry_id_slot(records.get(other).registry_id().unwrap_or_default())
+                });
+        }
+    }
+
+    /// Takes the record at `at` out of the lookup tables (or, with `to`, files it at `to`).
+    fn unindex(&mut self, at: usize, to: Option<usize>) {
+        let record = self.records.get(at);
+        let refile = |table: &mut PositionTable, hash: u64| match to {
+            Some(to) => table.repoint(hash, at, to),
+            None => table.remove(hash, at),
+        };
+        refile(&mut self.by_hash, hash_slot(&record.hash));
+        refile(&mut self.by_key_id, key_id_slot(record.key_id));
+        if let Some(id) = record.registry_id() {
+            refile(&mut self.by_registry_id, registry_id_slot(id));
+        }
+    }
+
+    /// Adds a record whose key ID, hash and registry id no other record has.
+    fn push(&mut self, record: KeyRecord) {
+        self.records.push(record);
+        self.index(self.records.len() - 1);
+        self.version = next_version();
+    }
+
+    /// Puts `record` in place of the one at `at`, which has the same key ID and registry id.
+    fn replace(&mut self, at: usize, record: KeyRecord) {
+        let current = self.records.get(at);
+        debug_assert_eq!(current.key_id, record.key_id);
+        debug_assert_eq!(current.source, record.source);
+        if current.hash != record.hash {
+            self.by_hash.remove(hash_slot(&current.hash), at);
+            let records = &self.records;
+            self.by_hash.insert(hash_slot(&record.hash), at, |other| {
+                hash_slot(&records.get(other).hash)
+            });
+        }
+        self.records.set(at, record);
+        self.version = next_version();
+    }
+
+    /// Removes the record at `at`; the last record takes its position.
+    fn remove(&mut self, at: usize) {
+        self.unindex(at, None);
+        let last = self.records.len() - 1;
+        if at != last {
+            self.unindex(last, Some(at));
+        }
+        self.records.swap_remove(at);
+        self.version = next_version();
+    }
+
+    /// The position of the dynamic key with this registry id.
+    fn position_of(&self, registry_id: &str) -> Option<usize> {
+        self.by_registry_id
+            .find(registry_id_slot(registry_id), |at| {
+                self.records.get(at).registry_id() == Some(registry_id)
+            })
     }
 
     pub fn mode(&self) -> RegistryMode {
@@ -421,7 +516,7 @@ impl KeyRegistry {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        self.records.len() == 0
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &KeyRecord> {
@@ -434,8 +529,10 @@ impl KeyRegistry {
             return Some(&self.anonymous);
         }
         self.by_key_id
-            .find(key_id_slot(key_id), |at| self.records[at].key_id == key_id)
-            .map(|position| &self.records[position])
+            .find(key_id_slot(key_id), |at| {
+                self.records.get(at).key_id == key_id
+            })
+            .map(|position| self.records.get(position))
     }
 
     /// A known key is usable when it is enabled and not expired at `now_unix_ms`.
@@ -465,10 +562,10 @@ impl KeyRegistry {
         if registry_id.is_empty() {
             return AuthOutcome::Missing;
         }
-        let Some(position) = self.by_registry_id.get(registry_id) else {
+        let Some(position) = self.position_of(registry_id) else {
             return AuthOutcome::Unknown;
         };
-        let key = &self.records[*position as usize];
+        let key = self.records.get(position);
         Self::usable(key, now_unix_ms)
     }
 
@@ -493,15 +590,41 @@ impl KeyRegistry {
         // The probe's equality is not constant-time; the final comparison is.
         let Some(position) = self
             .by_hash
-            .find(hash_slot(&hash), |at| self.records[at].hash.0 == hash.0)
+            .find(hash_slot(&hash), |at| self.records.get(at).hash.0 == hash.0)
         else {
             return AuthOutcome::Unknown;
         };
-        let key = &self.records[position];
+        let key = self.records.get(position);
         if !key.hash.ct_eq(&hash) {
             return AuthOutcome::Unknown;
         }
         Self::usable(key, now_unix_ms)
+    }
+}
+
+#[cfg(test)]
+impl KeyRegistry {
+    /// Panics unless this registry holds the same records as `other`, each found by its hash, its
+    /// key ID and its registry id, and its tables file nothing else: for registries built
+    /// differently that must agree.
+    pub(crate) fn assert_same_keys(&self, other: &KeyRegistry) {
+        assert_eq!(self.mode, other.mode);
+        assert_eq!(self.len(), other.len());
+        let dynamic = self.iter().filter(|key| key.registry_id().is_some());
+        assert_eq!(self.by_hash.len(), self.len());
+        assert_eq!(self.by_key_id.len(), self.len());
+        assert_eq!(self.by_registry_id.len(), dynamic.count());
+        for record in other.iter() {
+            assert_eq!(self.get(record.key_id), Some(record));
+            let by_hash = self.by_hash.find(hash_slot(&record.hash), |at| {
+                self.records.get(at).hash == record.hash
+            });
+            assert_eq!(by_hash.map(|at| self.records.get(at)), Some(record));
+            if let Some(id) = record.registry_id() {
+                let by_id = self.position_of(id).map(|at| self.records.get(at));
+                assert_eq!(by_id, Some(record));
+            }
+        }
     }
 }
 
@@ -517,6 +640,28 @@ fn hash_slot(hash: &KeyHash) -> u64 {
 /// multiplication spreads them over the 64 (the table reads both the top and the bottom bits).
 fn key_id_slot(key_id: KeyId) -> u64 {
     u64::from(key_id.0).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// The table hash of a dynamic key's registry id: seeded once per process. Ids are chosen by
+/// the control service, which holds the admin key.
+fn registry_id_slot(id: &str) -> u64 {
+    use std::hash::BuildHasher;
+    static STATE: std::sync::OnceLock<foldhash::fast::RandomState> = std::sync::OnceLock::new();
+    STATE.get_or_init(Default::default).hash_one(id)
+}
+
+/// Each build and each change of a registry gets the next number.
+fn next_version() -> u64 {
+    static BUILT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+fn dynamic_key_digest(registry_id: &str) -> [u8; 32] {
+    derivation_digest(DYNAMIC_KEY_DOMAIN, registry_id.as_bytes())
+}
+
+fn tenant_digest(owner: &str) -> [u8; 32] {
+    derivation_digest(TENANT_DOMAIN, owner.as_bytes())
 }
 
 /// The raw key a client presented: `Authorization: Bearer <key>` (scheme case-insensitive), the

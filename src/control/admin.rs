@@ -152,7 +152,7 @@ pub fn handle(shared: &ControlShared, method: Method, target: &[u8], body: &[u8]
     };
     // Publish before acknowledging: by the time a client reads "ok", every shard has the new
     // snapshot queued in its inbox (applied within microseconds, in order with earlier ones).
-    let snapshot = Arc::new(registry.snapshot());
+    let snapshot = registry.snapshot();
     tracing::info!(
         keys = snapshot.len(),
         version = registry.version(),

@@ -18,7 +18,6 @@ use crate::auth::admin::{self, AdminAccess, AdminEnv, AdminError};
 use crate::auth::config::{
     AdminMode, ApiMode, AuthConfig, ConfigError, Problems, ServerlessLimits,
 };
-use crate::auth::dynamic::DynamicRegistry;
 use crate::auth::keys::KeyRegistry;
 use crate::control::ControlShared;
 use crate::shard::messages::ControlToShard;
@@ -115,10 +114,8 @@ pub fn load(
             problems,
         })?;
     let admin = admin_access(config.api_mode, config.admin_mode)?;
-    let registry = match config.api_mode {
-        ApiMode::Dynamic => DynamicRegistry::new().snapshot(),
-        _ => KeyRegistry::from_config(&config),
-    };
+    // Empty in dynamic mode: the dynamic registry publishes its own snapshots.
+    let registry = KeyRegistry::from_config(&config);
     let mut config = config;
     config.retain_serverless_checked();
     Ok(Loaded {

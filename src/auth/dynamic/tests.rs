@@ -5,7 +5,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::auth::config::ModelAccess;
-use crate::auth::keys::{AuthOutcome, KeyId};
+use crate::auth::keys::{AuthOutcome, KeyId, RegistryMode};
 
 const REPLACE_EXAMPLE: &str = include_str!("../../../tests/fixtures/auth/replace-request.json");
 const PUT_EXAMPLE: &str = include_str!("../../../tests/fixtures/auth/put-request.json");
@@ -529,6 +529,7 @@ enum Operation {
     Put {
         id: u8,
         key: u8,
+        owner: u8,
         version: u8,
         bad: bool,
     },
@@ -544,14 +545,15 @@ enum Operation {
 
 fn operation() -> impl Strategy<Value = Operation> {
     prop_oneof![
-        (0u8..6, 0u8..6, 0u8..20, any::<bool>()).prop_map(|(id, key, version, bad)| {
-            Operation::Put {
+        (0u8..6, 0u8..6, 0u8..3, 0u8..20, any::<bool>()).prop_map(
+            |(id, key, owner, version, bad)| Operation::Put {
                 id,
                 key,
+                owner,
                 version,
                 bad,
             }
-        }),
+        ),
         (0u8..6, 0u8..20).prop_map(|(id, version)| Operation::Delete { id, version }),
         (proptest::collection::vec((0u8..6, 0u8..6), 0..5), 0u8..20)
             .prop_map(|(entries, version)| Operation::Replace { entries, version }),
@@ -560,15 +562,17 @@ fn operation() -> impl Strategy<Value = Operation> {
 
 proptest! {
     /// Every refused write leaves the registry unchanged; every accepted one moves the version
-    /// up; no two ids ever share a hash; the snapshot agrees with the registry.
+    /// up; no two ids ever share a hash; the snapshot agrees with the registry, and, kept write
+    /// by write, equals the snapshot built from the entries at once.
     #[test]
     fn refused_writes_change_nothing(operations in proptest::collection::vec(operation(), 1..40)) {
         let mut registry = DynamicRegistry::new();
         for operation in operations {
             let before = registry.clone();
             let result = match &operation {
-                Operation::Put { id, key, version, bad } => {
+                Operation::Put { id, key, owner, version, bad } => {
                     let body = with(put_body(&format_version(u64::from(*version)), &format!("key-{key}")), |b| {
+                        b.owner = format!("o{owner}");
                         if *bad {
                             b.max_occupancy_share = Some(-1.0);
                         }
@@ -621,6 +625,12 @@ proptest! {
                 let authenticated = matches!(snapshot.authenticate(Some(raw_key.as_bytes()), NOW_MS), AuthOutcome::Authenticated { .. });
                 prop_assert_eq!(stored, authenticated);
             }
+            let built = KeyRegistry::build(
+                RegistryMode::Dynamic,
+                registry.entries.iter().map(|(id, stored)| key_input(id, stored)).collect(),
+            );
+            snapshot.assert_same_keys(&built);
+            built.assert_same_keys(&snapshot);
         }
     }
 }

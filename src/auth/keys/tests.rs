@@ -1,6 +1,8 @@
 //! Proves that the registry authenticates by hash, tells missing, unknown, expired and disabled
 //! keys apart, gives every key its own stable ID, and never shows a key in `Debug`.
 
+use std::collections::HashSet;
+
 use proptest::prelude::*;
 
 use super::*;
