@@ -98,6 +98,7 @@ impl PositionTable {
     }
 
     /// The position under `hash` whose entry `is_entry` accepts.
+    #[inline]
     pub fn find(&self, hash: u64, is_entry: impl Fn(usize) -> bool) -> Option<usize> {
         self.0
             .find(hash, |at| is_entry(*at as usize))

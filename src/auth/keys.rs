@@ -524,6 +524,7 @@ impl KeyRegistry {
     }
 
     /// The record of a key ID (the anonymous record for [`KeyId::ANONYMOUS`] in open mode).
+    #[inline]
     pub fn get(&self, key_id: KeyId) -> Option<&KeyRecord> {
         if self.mode == RegistryMode::Open && key_id == KeyId::ANONYMOUS {
             return Some(&self.anonymous);

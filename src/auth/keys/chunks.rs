@@ -42,10 +42,10 @@ impl<T: Clone> Chunks<T> {
         self.len
     }
 
-    /// The element at `at`; panics past the end, like a slice.
-    #[inline]
+    /// The element at `at`; panics past the end, like a slice (the last chunk holds exactly the
+    /// elements past the full ones, so indexing it checks the end).
+    #[inline(always)]
     pub(crate) fn get(&self, at: usize) -> &T {
-        assert!(at < self.len, "position {at} past the end ({})", self.len);
         &self.chunks[at >> SHIFT][at & (CHUNK - 1)]
     }
 
@@ -160,6 +160,13 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    #[should_panic]
+    fn reading_past_the_end_panics_inside_the_last_chunk() {
+        let chunks = Chunks::from_vec(vec![1, 2, 3]);
+        chunks.get(3);
     }
 
     #[test]
