@@ -11,6 +11,9 @@ Subcommands:
   replace PORT N       AUTH_MODE=dynamic: the same keys, loaded into the dynamic registry with one
                        POST /admin/api-keys/replace (admin key ADMIN_API_KEY; the 16 MiB body
                        limit holds about 60,000 such entries)
+  writes PORT M        AUTH_MODE=dynamic: M admin writes one after the other on one connection, a
+                       PUT /admin/api-keys/{id} of a new key then its DELETE, in turn; prints
+                       "count p50_ms p99_ms max_ms" of their answer times (each answer must be 200).
   touch PORT N         one chat request with each key (CONCURRENCY connections, requests one after
                        the other on each); exits non-zero unless every answer is 200.
   connections PORT PID M OUT
@@ -96,6 +99,35 @@ async def replace(port, count):
     if status != 200:
         sys.exit(f"replace of {count} keys ({len(body)} bytes) answered {status}: {answer[-300:]!r}")
     print(f"replaced the registry with {count + 1} keys ({len(body)} bytes)", file=sys.stderr)
+
+
+async def writes(port, count):
+    """Times `count` admin writes: a new key's PUT, then its DELETE, in turn. What one write costs
+    the control core grows with the registry when each write builds the shards' snapshot again."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), TIMEOUT)
+    put = json.dumps({"version": "rev_00000001",
+                      "key_hash": hashlib.sha256(b"sk-mem-written").hexdigest(),
+                      "key_preview": "sk-...tten", "owner": "owner-written", "name": "written",
+                      "enabled": True}).encode()
+    head = (b" HTTP/1.1\r\nhost: memory\r\nauthorization: Bearer " + ADMIN_KEY.encode()
+            + b"\r\ncontent-type: application/json\r\ncontent-length: ")
+    took = []
+    for index in range(count):
+        if index % 2 == 0:
+            message = b"PUT /admin/api-keys/mem-written" + head + str(len(put)).encode() + b"\r\n\r\n" + put
+        else:
+            message = b"DELETE /admin/api-keys/mem-written?version=rev_00000001" + head + b"0\r\n\r\n"
+        started = time.perf_counter()
+        writer.write(message)
+        await writer.drain()
+        status = await asyncio.wait_for(read_answer(reader), TIMEOUT)
+        took.append((time.perf_counter() - started) * 1000)
+        if status != 200:
+            sys.exit(f"admin write {index} answered {status}")
+    writer.close()
+    took.sort()
+    pick = lambda q: took[min(len(took) - 1, int(q * len(took)))]
+    print(f"{count} {pick(0.5):.2f} {pick(0.99):.2f} {took[-1]:.2f}")
 
 
 def request(key):
@@ -203,6 +235,8 @@ def main():
         write_auth(args[0], int(args[1]))
     elif command == "replace":
         asyncio.run(replace(int(args[0]), int(args[1])))
+    elif command == "writes":
+        asyncio.run(writes(int(args[0]), int(args[1])))
     elif command == "touch":
         asyncio.run(touch(int(args[0]), int(args[1])))
     elif command == "connections":

@@ -17,6 +17,8 @@
 #   AUTH_MODE=static       static: keys in auth.yaml; dynamic: the same keys loaded into the
 #                          dynamic registry with one POST /admin/api-keys/replace once the router
 #                          answers (the 16 MiB body limit holds about 60,000 keys: KEYS="0 50000")
+#   ADMIN_WRITES=100       AUTH_MODE=dynamic: admin writes timed once the keys are loaded (a new
+#                          key's PUT, then its DELETE, in turn; 0: none), reported per key count
 # The router's allocator (mimalloc) keeps freed pages a while before giving them back; loading a
 # large auth.yaml frees its parse tree, so the "loaded" figure includes pages the next
 # allocations reuse. MIMALLOC_PURGE_DELAY=0 in the environment makes it give them back at once:
@@ -37,6 +39,7 @@ export SETTLE=${SETTLE:-2}
 ROUTER_ARGS=${ROUTER_ARGS:-}
 ROUTER_DIR=${ROUTER_DIR:-}
 AUTH_MODE=${AUTH_MODE:-static}
+ADMIN_WRITES=${ADMIN_WRITES:-100}
 export MODEL
 case $AUTH_MODE in
   static) ;;
@@ -67,6 +70,7 @@ router_memory() {
 }
 
 declare -A MEM=()   # "<keys>.<phase>" and "conns.<phase>" -> "rss pss dirty" (kB)
+declare -A WRITES=()  # "<keys>" -> "count p50 p99 max" (ms) of the timed admin writes
 FIRST=""
 for n in $KEYS; do
   [[ -n $FIRST ]] || FIRST=$n
@@ -78,6 +82,10 @@ for n in $KEYS; do
   start_router_stack "${ROUTER_DIR:+@$ROUTER_DIR }$auth_flags --client-header-timeout 1h --max-client-connections $((CONNS + 1000)) $ROUTER_ARGS" "$n"
   MEM[$n.loaded]=$(router_memory)
   log "$n keys loaded: rss pss dirty (kB) = ${MEM[$n.loaded]}"
+  if [[ $AUTH_MODE == dynamic && $ADMIN_WRITES -gt 0 ]]; then
+    WRITES[$n]=$(timeout 300 python3 "$PERF/memory.py" writes "${ROUTER_HTTP##*:}" "$ADMIN_WRITES")
+    log "$n keys, admin writes: count p50 p99 max (ms) = ${WRITES[$n]}"
+  fi
   timeout $((120 + n / 100)) python3 "$PERF/memory.py" touch "${ROUTER_HTTP##*:}" "$n"
   MEM[$n.touched]=$(router_memory)
   log "$n keys touched: rss pss dirty (kB) = ${MEM[$n.touched]}"
@@ -129,5 +137,14 @@ if [[ $CONNS -gt 0 ]]; then
       per="$(per_unit "${MEM[conns.$phase]}" "$base" "$CONNS" 0) | $(per_unit "${MEM[conns.$phase]}" "$base" "$CONNS" 1) | $(per_unit "${MEM[conns.$phase]}" "$base" "$CONNS" 2)"
     fi
     echo "| $phase | ${m[0]} | ${m[1]} | ${m[2]} | $per |"
+  done
+fi
+if [[ ${#WRITES[@]} -gt 0 ]]; then
+  echo
+  echo "| dynamic keys | admin writes (PUT, DELETE in turn) | p50 ms | p99 ms | max ms |"
+  echo "| ---: | ---: | ---: | ---: | ---: |"
+  for n in $KEYS; do
+    read -r -a w <<<"${WRITES[$n]}"
+    echo "| $n | ${w[0]} | ${w[1]} | ${w[2]} | ${w[3]} |"
   done
 fi
