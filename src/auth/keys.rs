@@ -493,6 +493,14 @@ impl KeyRegistry {
         self.version = next_version();
     }
 
+    /// The registry id of the dynamic key with this hash.
+    fn registry_id_of_hash(&self, hash: &KeyHash) -> Option<&str> {
+        let at = self
+            .by_hash
+            .find(hash_slot(hash), |at| self.records.get(at).hash == *hash)?;
+        self.records.get(at).registry_id()
+    }
+
     /// The position of the dynamic key with this registry id.
     fn position_of(&self, registry_id: &str) -> Option<usize> {
         self.by_registry_id

@@ -616,8 +616,10 @@ proptest! {
             let hashes: std::collections::HashSet<KeyHash> =
                 registry.entries.values().map(|stored| stored.hash).collect();
             prop_assert_eq!(hashes.len(), registry.len());
-            prop_assert_eq!(registry.hashes.len(), registry.len());
             let snapshot = registry.snapshot();
+            for (id, stored) in &registry.entries {
+                prop_assert_eq!(registry.live.registry_id_of_hash(&stored.hash), Some(id.as_str()));
+            }
             prop_assert_eq!(snapshot.len(), registry.len());
             for key in 0..6u8 {
                 let raw_key = format!("key-{key}");

@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{
-    Assignment, KeyId, KeyInput, KeyRecord, KeyRegistry, KeySource, RegistryMode, TenantId,
-    dynamic_key_digest, tenant_digest,
+    Assignment, KeyHash, KeyId, KeyInput, KeyRecord, KeyRegistry, KeySource, RegistryMode,
+    TenantId, dynamic_key_digest, tenant_digest,
 };
 
 /// The snapshot of the dynamic keys, and the bookkeeping that keeps it without rebuilding.
@@ -80,6 +80,11 @@ impl LiveRegistry {
     /// The snapshot for the shards.
     pub(crate) fn snapshot(&self) -> Arc<KeyRegistry> {
         self.current.clone()
+    }
+
+    /// The registry id of the key with this hash.
+    pub(crate) fn registry_id_of_hash(&self, hash: &KeyHash) -> Option<&str> {
+        self.current.registry_id_of_hash(hash)
     }
 
     /// Adds the key, or replaces the one with the same registry id.
@@ -193,7 +198,6 @@ impl LiveRegistry {
 mod tests {
     use super::*;
     use crate::auth::config::KeySettings;
-    use crate::auth::keys::KeyHash;
 
     fn input(id: &str, owner: &str, raw_key: &str) -> KeyInput {
         KeyInput {
