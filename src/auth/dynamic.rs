@@ -29,10 +29,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::config::{
-    KeySettings, Problem, Problems, QuotaSpec, ServerlessLimits, Sink, parse_rfc3339_unix_ms,
-    validate_settings,
+    Problem, Problems, QuotaSpec, ServerlessLimits, Sink, parse_rfc3339_unix_ms, validate_settings,
 };
-use super::keys::{KeyHash, KeyInput, KeyRegistry, KeySource, LiveRegistry, MAX_KEYS};
+use super::keys::{KeyHash, KeyInput, KeyRecord, KeyRegistry, KeySource, LiveRegistry, MAX_KEYS};
 
 /// Longest accepted entry id, in bytes.
 pub const MAX_ID_BYTES: usize = 256;
@@ -280,13 +279,21 @@ impl DynamicError {
 // The registry.
 // ---------------------------------------------------------------------------------------------
 
+/// What the registry keeps of an entry beyond the shards' record of its key (hash, preview,
+/// owner, name, enabled, expiry instant, validated settings): the fields the admin API answers
+/// as supplied. Each key's strings are kept once, in the record.
 #[derive(Clone, PartialEq)]
 struct Stored {
-    /// As supplied, with the hash normalised to lowercase.
-    entry: DynamicKeyEntry,
-    hash: KeyHash,
-    expires_at_unix_ms: Option<i64>,
-    settings: KeySettings,
+    expires_at: Box<str>,
+    allowed_models: Box<[String]>,
+    max_occupancy_share: Option<f64>,
+    quota: Option<Box<QuotaSpec>>,
+}
+
+/// An entry that passed the rules: the record's fields, and what else it keeps.
+struct Validated {
+    key: KeyInput,
+    stored: Stored,
 }
 
 /// The dynamic key registry. Lives on the control core; readers get [`KeyRegistry`] snapshots.
@@ -294,8 +301,8 @@ struct Stored {
 pub struct DynamicRegistry {
     version: String,
     generation: u64,
-    /// By id. The shards' snapshot (`live`) finds which id holds a hash: a set of hashes here
-    /// cost every key about 43 bytes more.
+    /// By id. The shards' snapshot (`live`) holds the rest of each entry, and finds which id
+    /// holds a hash: a set of hashes here cost every key about 43 bytes more.
     entries: BTreeMap<String, Stored>,
     /// The shards' snapshot of `entries`, changed with each write rather than built again.
     live: LiveRegistry,
@@ -350,7 +357,7 @@ impl DynamicRegistry {
             keys: self
                 .entries
                 .iter()
-                .map(|(id, stored)| stored.public_entry(id))
+                .map(|(id, stored)| self.public_entry(id, stored))
                 .collect(),
         }
     }
@@ -360,7 +367,7 @@ impl DynamicRegistry {
         self.entries
             .get(id)
             .map(|stored| GetResponse {
-                key: stored.public_entry(id),
+                key: self.public_entry(id, stored),
             })
             .ok_or_else(|| DynamicError::NotFound(id.to_owned()))
     }
@@ -375,21 +382,21 @@ impl DynamicRegistry {
         let (version, entry) = request.into_entry(id);
         self.check_version(&version)?;
         let mut problems = Vec::new();
-        let stored = {
+        let validated = {
             let mut sink = Sink::new(format!("key {}", display_id(id)), &mut problems);
-            let stored = validate_entry(entry, limits, &mut sink);
-            let holder = stored
+            let validated = validate_entry(entry, limits, &mut sink);
+            let holder = validated
                 .as_ref()
-                .and_then(|stored| self.live.registry_id_of_hash(&stored.hash));
+                .and_then(|validated| self.live.registry_id_of_hash(&validated.key.hash));
             if let Some(holder) = holder.filter(|holder| *holder != id) {
                 sink.push(
                     "key_hash",
                     format!("already belongs to key {holder}; delete that entry first"),
                 );
             }
-            stored
+            validated
         };
-        let Some(stored) = stored.filter(|_| problems.is_empty()) else {
+        let Some(Validated { key, stored }) = validated.filter(|_| problems.is_empty()) else {
             return Err(DynamicError::Invalid(Problems(problems)));
         };
         if !self.entries.contains_key(id) && self.entries.len() >= MAX_KEYS {
@@ -398,7 +405,7 @@ impl DynamicRegistry {
             });
         }
         // Validated: apply.
-        self.live.put(key_input(id, &stored));
+        self.live.put(key);
         self.entries.insert(id.to_owned(), stored);
         self.commit(version);
         Ok(())
@@ -444,16 +451,16 @@ impl DynamicRegistry {
                 continue;
             }
             first_index_of_id.insert(id.clone(), index);
-            let Some(stored) = validate_entry(entry, limits, &mut sink) else {
+            let Some(validated) = validate_entry(entry, limits, &mut sink) else {
                 continue;
             };
-            if let Some(holder) = holder_of_hash.get(&stored.hash) {
-                let (owner_id, _): &(String, Stored) = &entries[*holder];
+            if let Some(holder) = holder_of_hash.get(&validated.key.hash) {
+                let (owner_id, _): &(String, Validated) = &entries[*holder];
                 sink.push("key_hash", format!("duplicates the hash of key {owner_id}"));
                 continue;
             }
-            holder_of_hash.insert(stored.hash, entries.len());
-            entries.push((id, stored));
+            holder_of_hash.insert(validated.key.hash, entries.len());
+            entries.push((id, validated));
         }
         if !problems.is_empty() {
             return Err(DynamicError::Invalid(Problems(problems)));
@@ -461,13 +468,12 @@ impl DynamicRegistry {
         // Built from the sorted entries at once, the map's nodes are full; inserted one by one
         // in the body's order they were about two-thirds full.
         entries.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
-        self.entries = BTreeMap::from_iter(entries);
-        self.live = LiveRegistry::build(
-            self.entries
-                .iter()
-                .map(|(id, stored)| key_input(id, stored))
-                .collect(),
-        );
+        let (keys, stored): (Vec<KeyInput>, Vec<(String, Stored)>) = entries
+            .into_iter()
+            .map(|(id, validated)| (validated.key, (id, validated.stored)))
+            .unzip();
+        self.live = LiveRegistry::build(keys);
+        self.entries = BTreeMap::from_iter(stored);
         self.commit(request.version);
         Ok(self.entries.len())
     }
@@ -476,9 +482,9 @@ impl DynamicRegistry {
     /// when it would invalidate an existing key).
     pub fn check_serverless(&self, limits: &ServerlessLimits) -> Result<(), Problems> {
         let mut problems = Vec::new();
-        for (id, stored) in &self.entries {
+        for id in self.entries.keys() {
             let mut sink = Sink::new(format!("key {}", display_id(id)), &mut problems);
-            stored.settings.check_serverless(limits, &mut sink);
+            self.record(id).settings.check_serverless(limits, &mut sink);
         }
         if problems.is_empty() {
             Ok(())
@@ -490,6 +496,30 @@ impl DynamicRegistry {
     /// The snapshot the shards read: shared, not built, per call.
     pub fn snapshot(&self) -> Arc<KeyRegistry> {
         self.live.snapshot()
+    }
+
+    /// The shards' record of the entry with this id.
+    fn record(&self, id: &str) -> &KeyRecord {
+        self.live
+            .record(id)
+            .expect("every entry has its record in the snapshot")
+    }
+
+    /// The entry as the admin API shows it: as supplied, with a blank hash.
+    fn public_entry(&self, id: &str, stored: &Stored) -> DynamicKeyEntry {
+        let record = self.record(id);
+        DynamicKeyEntry {
+            id: id.to_owned(),
+            key_hash: String::new(),
+            key_preview: record.preview.to_string(),
+            owner: record.owner.to_string(),
+            name: record.name.to_string(),
+            enabled: record.enabled,
+            expires_at: stored.expires_at.to_string(),
+            allowed_models: stored.allowed_models.to_vec(),
+            max_occupancy_share: stored.max_occupancy_share,
+            quota: stored.quota.as_deref().cloned(),
+        }
     }
 
     fn check_version(&self, version: &str) -> Result<(), DynamicError> {
@@ -512,31 +542,6 @@ impl DynamicRegistry {
     }
 }
 
-impl Stored {
-    /// The entry as the admin API shows it: its id (kept once, as the map's key) and a blank hash.
-    fn public_entry(&self, id: &str) -> DynamicKeyEntry {
-        DynamicKeyEntry {
-            id: id.to_owned(),
-            key_hash: String::new(),
-            ..self.entry.clone()
-        }
-    }
-}
-
-/// What the shards' snapshot keeps of an entry.
-fn key_input(id: &str, stored: &Stored) -> KeyInput {
-    KeyInput {
-        source: KeySource::Dynamic { id: id.to_owned() },
-        hash: stored.hash,
-        preview: stored.entry.key_preview.clone(),
-        name: stored.entry.name.clone(),
-        owner: stored.entry.owner.clone(),
-        expires_at_unix_ms: stored.expires_at_unix_ms,
-        enabled: stored.entry.enabled,
-        settings: stored.settings.clone(),
-    }
-}
-
 fn display_id(id: &str) -> &str {
     if id.is_empty() { "<no id>" } else { id }
 }
@@ -544,10 +549,10 @@ fn display_id(id: &str) -> &str {
 /// The rules of a dynamic entry: the static-key rules (hash, owner, name, limits, quota shape,
 /// share) with RFC 3339 expiry, plus the cross-config serverless check.
 fn validate_entry(
-    mut entry: DynamicKeyEntry,
+    entry: DynamicKeyEntry,
     limits: &ServerlessLimits,
     sink: &mut Sink<'_>,
-) -> Option<Stored> {
+) -> Option<Validated> {
     let before = sink.list.len();
     if entry.id.is_empty() {
         sink.push("id", "is required");
@@ -603,16 +608,24 @@ fn validate_entry(
     if sink.list.len() != before {
         return None;
     }
-    let hash = hash?;
-    // Never shown again (answers blank it) and held in `hash`: 64 bytes a key not kept twice.
-    entry.key_hash = String::new();
-    // The map's key: not kept twice either.
-    entry.id = String::new();
-    Some(Stored {
-        entry,
-        hash,
-        expires_at_unix_ms,
-        settings: settings?,
+    // The hex hash is never shown again (answers blank it): only its 32 bytes are kept.
+    Some(Validated {
+        key: KeyInput {
+            source: KeySource::Dynamic { id: entry.id },
+            hash: hash?,
+            preview: entry.key_preview,
+            name: entry.name,
+            owner: entry.owner,
+            expires_at_unix_ms,
+            enabled: entry.enabled,
+            settings: settings?,
+        },
+        stored: Stored {
+            expires_at: entry.expires_at.into_boxed_str(),
+            allowed_models: entry.allowed_models.into_boxed_slice(),
+            max_occupancy_share: entry.max_occupancy_share,
+            quota: entry.quota.map(Box::new),
+        },
     })
 }
 

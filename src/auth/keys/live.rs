@@ -82,6 +82,12 @@ impl LiveRegistry {
         self.current.clone()
     }
 
+    /// The record of the key with this registry id.
+    pub(crate) fn record(&self, registry_id: &str) -> Option<&KeyRecord> {
+        let at = self.current.position_of(registry_id)?;
+        Some(self.current.records.get(at))
+    }
+
     /// The registry id of the key with this hash.
     pub(crate) fn registry_id_of_hash(&self, hash: &KeyHash) -> Option<&str> {
         self.current.registry_id_of_hash(hash)
