@@ -2,7 +2,10 @@
 //! makes it: the registry write (`DynamicRegistry::put` or `delete`), then the snapshot the
 //! shards read (`DynamicRegistry::snapshot`), while the snapshot before it is still held.
 //!
-//! Nothing is asserted here. Run: `cargo bench --bench keys`.
+//! Nothing is asserted here. Run: `cargo bench --bench keys`. On 2026-12-02, 2 cores, this source
+//! built against bb2e4df (each write built the whole snapshot again) and against the snapshot
+//! kept write by write (`auth::keys::live`), run in turn twice: updating a key 64-78 ms before,
+//! 0.42-0.48 ms after; adding a key then deleting it 157-174 ms before, 0.69-0.75 ms after.
 
 use std::hint::black_box;
 
