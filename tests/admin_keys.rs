@@ -1,7 +1,8 @@
 //! Proves the admin API for dynamic keys through the real router: admin calls fail closed without
 //! an admin key, a key added with PUT works at once on every shard, an invalid write is refused
 //! with 400 and a reason and leaves the registry unchanged, a stale version is 409, DELETE revokes
-//! the key, and static-key routers answer 501.
+//! the key, and static-key routers answer 501; and that writes to one key of many, which change
+//! the shards' snapshot in place (`auth::keys::live`), leave every other key working.
 
 mod common;
 
@@ -150,6 +151,103 @@ fn dynamic_keys_are_managed_through_the_admin_api() {
         !site.logs().contains("sk-dynamic-one"),
         "a raw key reached the logs"
     );
+}
+
+/// A write changes one key of the shards' snapshot and shares the rest with the snapshot before
+/// it; a delete moves the last record into the hole. Every key must authenticate as the writes
+/// say, through the real router, and `GET` must answer each entry as supplied.
+#[test]
+fn writes_to_one_key_of_many_leave_every_other_key_working() {
+    const KEYS: usize = 150;
+    let site = Site::start("admin-many", dynamic_options());
+    let keys: Vec<Value> = (0..KEYS)
+        .map(|index| {
+            json!({
+                "id": format!("many-{index:03}"),
+                "key_hash": hash(&format!("sk-many-{index}")),
+                "key_preview": "sk-...many",
+                "owner": format!("owner-{}", index % 7),
+                "name": format!("key {index}"),
+                "enabled": true,
+                "allowed_models": ["sim-model"],
+            })
+        })
+        .collect();
+    let body = json!({"version": "rev_00000001", "keys": keys});
+    let (status, answer) = admin(
+        &site,
+        "POST",
+        "/admin/api-keys/replace",
+        Some(ADMIN_KEY),
+        Some(&body),
+    );
+    assert_eq!(status, 200, "{answer}");
+    site.wait_for("the replaced keys to work", || {
+        (chat_status(&site, "sk-many-149") == 200).then_some(())
+    });
+
+    // Delete one in the middle and the first; rotate one key's hash; add a key of a new owner.
+    for deleted in ["many-070", "many-000"] {
+        let target = format!("/admin/api-keys/{deleted}?version=rev_00000002");
+        assert_eq!(
+            admin(&site, "DELETE", &target, Some(ADMIN_KEY), None).0,
+            200
+        );
+    }
+    let mut rotated = key_body("rev_00000003", "sk-many-rotated");
+    rotated["owner"] = json!("owner-3");
+    let (status, written) = admin(
+        &site,
+        "PUT",
+        "/admin/api-keys/many-003",
+        Some(ADMIN_KEY),
+        Some(&rotated),
+    );
+    assert_eq!(status, 200, "{written}");
+    let mut added = key_body("rev_00000003", "sk-many-added");
+    added["owner"] = json!("owner-new");
+    added["expires_at"] = json!("2099-01-01T01:00:00+01:00");
+    let (status, written) = admin(
+        &site,
+        "PUT",
+        "/admin/api-keys/many-added",
+        Some(ADMIN_KEY),
+        Some(&added),
+    );
+    assert_eq!(status, 200, "{written}");
+    site.wait_for("the new key to work", || {
+        (chat_status(&site, "sk-many-added") == 200).then_some(())
+    });
+
+    for index in 0..KEYS {
+        let wanted = match index {
+            0 | 3 | 70 => 401,
+            _ => 200,
+        };
+        assert_eq!(
+            chat_status(&site, &format!("sk-many-{index}")),
+            wanted,
+            "key {index}"
+        );
+    }
+    assert_eq!(chat_status(&site, "sk-many-rotated"), 200);
+
+    let (status, listed) = admin(&site, "GET", "/admin/api-keys", Some(ADMIN_KEY), None);
+    assert_eq!(status, 200);
+    assert_eq!(listed["count"], KEYS - 1, "two deleted, one added");
+    let (status, read) = admin(
+        &site,
+        "GET",
+        "/admin/api-keys/many-added",
+        Some(ADMIN_KEY),
+        None,
+    );
+    assert_eq!(status, 200, "{read}");
+    let mut expected = added.clone();
+    expected.as_object_mut().unwrap().remove("version");
+    expected["id"] = json!("many-added");
+    expected["key_hash"] = json!("");
+    assert_eq!(read["key"], expected, "the entry as supplied");
 }
 
 #[test]
