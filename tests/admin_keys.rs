@@ -36,6 +36,17 @@ fn admin(
     (response.status, value)
 }
 
+/// `POST /admin/api-keys/replace` with the admin key.
+fn replace(site: &Site, body: &Value) -> (u16, Value) {
+    admin(
+        site,
+        "POST",
+        "/admin/api-keys/replace",
+        Some(ADMIN_KEY),
+        Some(body),
+    )
+}
+
 fn chat_status(site: &Site, key: &str) -> u16 {
     let body = chat("sim-model", false).to_string();
     let raw = format!(
@@ -174,13 +185,7 @@ fn writes_to_one_key_of_many_leave_every_other_key_working() {
         })
         .collect();
     let body = json!({"version": "rev_00000001", "keys": keys});
-    let (status, answer) = admin(
-        &site,
-        "POST",
-        "/admin/api-keys/replace",
-        Some(ADMIN_KEY),
-        Some(&body),
-    );
+    let (status, answer) = replace(&site, &body);
     assert_eq!(status, 200, "{answer}");
     site.wait_for("the replaced keys to work", || {
         (chat_status(&site, "sk-many-149") == 200).then_some(())
@@ -196,25 +201,14 @@ fn writes_to_one_key_of_many_leave_every_other_key_working() {
     }
     let mut rotated = key_body("rev_00000003", "sk-many-rotated");
     rotated["owner"] = json!("owner-3");
-    let (status, written) = admin(
-        &site,
-        "PUT",
-        "/admin/api-keys/many-003",
-        Some(ADMIN_KEY),
-        Some(&rotated),
-    );
-    assert_eq!(status, 200, "{written}");
     let mut added = key_body("rev_00000003", "sk-many-added");
     added["owner"] = json!("owner-new");
     added["expires_at"] = json!("2099-01-01T01:00:00+01:00");
-    let (status, written) = admin(
-        &site,
-        "PUT",
-        "/admin/api-keys/many-added",
-        Some(ADMIN_KEY),
-        Some(&added),
-    );
-    assert_eq!(status, 200, "{written}");
+    for (id, body) in [("many-003", &rotated), ("many-added", &added)] {
+        let target = format!("/admin/api-keys/{id}");
+        let (status, written) = admin(&site, "PUT", &target, Some(ADMIN_KEY), Some(body));
+        assert_eq!(status, 200, "{written}");
+    }
     site.wait_for("the new key to work", || {
         (chat_status(&site, "sk-many-added") == 200).then_some(())
     });
@@ -307,13 +301,7 @@ fn the_inference_body_limit_does_not_cap_admin_bodies() {
         body.to_string().len() > 4096,
         "the body must pass the inference limit"
     );
-    let (status, answer) = admin(
-        &site,
-        "POST",
-        "/admin/api-keys/replace",
-        Some(ADMIN_KEY),
-        Some(&body),
-    );
+    let (status, answer) = replace(&site, &body);
     assert_eq!(
         (status, answer["count"].as_u64()),
         (200, Some(40)),

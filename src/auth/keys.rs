@@ -277,12 +277,14 @@ pub struct KeyRegistry {
     anonymous: KeyRecord,
 }
 
-/// A registry as built, with what [`LiveRegistry`] needs to keep it up to date: which key and
-/// tenant IDs are taken, and by which displaced digests.
+/// A registry as built, with what [`LiveRegistry`] needs to keep it up to date: the digests the
+/// key and tenant IDs were assigned from, and the IDs they got (a static registry drops them).
 struct Built {
     registry: KeyRegistry,
-    key_ids: Assignment,
-    tenant_ids: Assignment,
+    key_digests: Vec<[u8; 32]>,
+    key_ids: Vec<u32>,
+    owner_digests: Vec<[u8; 32]>,
+    tenant_ids: Vec<u32>,
 }
 
 /// The fields a registry needs from one key, static or dynamic.
@@ -388,10 +390,6 @@ impl KeyRegistry {
             .zip(&tenant_ids)
             .map(|(owner, id)| ((*owner).to_owned(), (TenantId(*id), Arc::from(*owner))))
             .collect();
-        let assigned = (
-            Assignment::of(&key_digests, &key_ids),
-            Assignment::of(&owner_digests, &tenant_ids),
-        );
 
         let mut registry = KeyRegistry {
             version: next_version(),
@@ -404,9 +402,9 @@ impl KeyRegistry {
             anonymous: KeyRecord::anonymous(),
         };
         let mut records = Vec::with_capacity(inputs.len());
-        for (input, key_id) in inputs.into_iter().zip(key_ids) {
+        for (input, key_id) in inputs.into_iter().zip(&key_ids) {
             let (tenant_id, owner) = tenant_of[&input.owner].clone();
-            records.push(input.into_record(KeyId(key_id), tenant_id, owner));
+            records.push(input.into_record(KeyId(*key_id), tenant_id, owner));
         }
         registry.records = Chunks::from_vec(records);
         for at in 0..registry.records.len() {
@@ -414,8 +412,10 @@ impl KeyRegistry {
         }
         Built {
             registry,
-            key_ids: assigned.0,
-            tenant_ids: assigned.1,
+            key_digests,
+            key_ids,
+            owner_digests,
+            tenant_ids,
         }
     }
 

@@ -91,10 +91,11 @@ fn passed_over(digest: &Digest, id: u32, other: u32) -> bool {
 /// Otherwise the caller assigns the whole set again with [`assign_ids`].
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Assignment {
-    /// Every ID held, and `0`, which is never given.
+    /// Every ID held, and `0`, which is never given: one per digest of the set, so bounded by
+    /// the registry's `MAX_KEYS`.
     taken: HashSet<u32, foldhash::fast::RandomState>,
     /// The digests that do not hold their first window, with the ID they hold: few (none in
-    /// most registries).
+    /// most registries), at most one per digest.
     displaced: Vec<(Digest, u32)>,
 }
 

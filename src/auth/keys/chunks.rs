@@ -4,6 +4,7 @@
 //! shards go on reading the snapshot before it.
 //!
 //! Reading an element is one more dependent load than a plain vector: the chunk's pointer.
+//! Holds what its owner puts in it (the key registry: at most `MAX_KEYS` records).
 
 use std::sync::Arc;
 
@@ -53,14 +54,16 @@ impl<T: Clone> Chunks<T> {
         self.chunks.iter().flat_map(|chunk| chunk.iter())
     }
 
-    /// Replaces the element at `at`, copying its chunk if a clone shares it.
-    pub(crate) fn set(&mut self, at: usize, element: T) {
+    /// Replaces the element at `at`, copying its chunk if a clone shares it; returns the one
+    /// replaced.
+    pub(crate) fn set(&mut self, at: usize, element: T) -> T {
         assert!(at < self.len, "position {at} past the end ({})", self.len);
         let chunk = &mut self.chunks[at >> SHIFT];
         if Arc::get_mut(chunk).is_none() {
             *chunk = chunk.iter().cloned().collect();
         }
-        Arc::get_mut(chunk).expect("the chunk was just copied")[at & (CHUNK - 1)] = element;
+        let slot = &mut Arc::get_mut(chunk).expect("the chunk was just copied")[at & (CHUNK - 1)];
+        std::mem::replace(slot, element)
     }
 
     pub(crate) fn push(&mut self, element: T) {
@@ -77,12 +80,12 @@ impl<T: Clone> Chunks<T> {
     /// [`Vec::swap_remove`]; returns the removed element.
     pub(crate) fn swap_remove(&mut self, at: usize) -> T {
         assert!(at < self.len, "position {at} past the end ({})", self.len);
-        let removed = self.get(at).clone();
         let last = self.pop();
         if at < self.len {
-            self.set(at, last);
+            self.set(at, last)
+        } else {
+            last
         }
-        removed
     }
 
     fn pop(&mut self) -> T {

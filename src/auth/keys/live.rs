@@ -12,8 +12,9 @@
 //! the writes came; a write that would move another key's or tenant's ID (a 32-bit collision,
 //! rare) builds the registry again. Checked by the property test in `dynamic/tests.rs`.
 
-use std::collections::HashMap;
 use std::sync::Arc;
+
+use hashbrown::HashMap;
 
 use super::{
     Assignment, KeyHash, KeyId, KeyInput, KeyRecord, KeyRegistry, KeySource, RegistryMode,
@@ -26,7 +27,8 @@ pub(crate) struct LiveRegistry {
     current: Arc<KeyRegistry>,
     key_ids: Assignment,
     tenant_ids: Assignment,
-    /// Each owner's tenant, and how many keys it has (an owner with none has no tenant ID).
+    /// Each owner's tenant, and how many keys it has (an owner with none has no tenant ID): at
+    /// most one entry per key.
     owners: HashMap<Arc<str>, Owner, foldhash::fast::RandomState>,
 }
 
@@ -71,8 +73,8 @@ impl LiveRegistry {
         }
         LiveRegistry {
             current: Arc::new(built.registry),
-            key_ids: built.key_ids,
-            tenant_ids: built.tenant_ids,
+            key_ids: Assignment::of(&built.key_digests, &built.key_ids),
+            tenant_ids: Assignment::of(&built.owner_digests, &built.tenant_ids),
             owners,
         }
     }
@@ -145,13 +147,9 @@ impl LiveRegistry {
     /// One key more for `owner`; its tenant's name shared with its other keys. `None`: a new
     /// owner whose tenant ID would move another's.
     fn add_owner(&mut self, owner: &str) -> Option<Arc<str>> {
-        if let Some(name) = self
-            .owners
-            .get_key_value(owner)
-            .map(|(name, _)| name.clone())
-        {
-            self.owners.get_mut(owner).expect("just found").keys += 1;
-            return Some(name);
+        if let Some((name, counts)) = self.owners.get_key_value_mut(owner) {
+            counts.keys += 1;
+            return Some(name.clone());
         }
         let tenant_id = TenantId(self.tenant_ids.try_add(&tenant_digest(owner))?);
         let name: Arc<str> = owner.into();
