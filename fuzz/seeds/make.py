@@ -106,6 +106,22 @@ write("chunked", {
     "unfinished": b"ff\r\nabc",
 })
 
+# ----- engine response heads -----------------------------------------------------------------
+
+write("http_response", {
+    "json": b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}',
+    "sse-chunked": b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n5\r\ndata:\r\n",
+    "continue-then-final": b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+    "http10-keep-alive": b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 3\r\n\r\nabc",
+    "until-close": b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nbody",
+    "cl-and-te": b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+    "cl-list": b"HTTP/1.1 200 OK\r\ncontent-length: 7, 7\r\ncontent-length: 7\r\n\r\n",
+    "cl-conflict": b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+    "no-content": b"HTTP/1.1 204 No Content\r\ncontent-length: 9\r\n\r\n",
+    "partial": b"HTTP/1.1 200 OK\r\ncontent-ty",
+    "uvicorn": b"HTTP/1.1 200 OK\r\ndate: Wed, 02 Dec 2026 09:00:00 GMT\r\nserver: uvicorn\r\ncontent-length: 12\r\ncontent-type: application/json\r\n\r\n",
+})
+
 # ----- request bodies -----------------------------------------------------------------------
 
 bodies = {

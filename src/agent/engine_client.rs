@@ -1,31 +1,49 @@
 //! The agent's HTTP/1.1 client to its engine: keep-alive connections, one exchange at a time on
-//! each, kept in a small pool of idle ones. Built on hyper's connection-level client.
+//! each, kept in a small pool of idle ones. Each exchange runs in the request's own task: it
+//! writes the request, reads the response head and then the body straight from the socket
+//! (the wire format is `crate::http::client`'s, the chunked decoder the router's own).
 //!
-//! Why not hyper-util's pooled `Client`: profiled under callgrind (issue 14), its pool hashed
-//! its key with SipHash three times per request, spawned a task per request to take the
-//! connection back, and moved its large futures around: about 15 % of the agent's instructions
-//! per request. The agent talks to one engine at one address; a vector of idle senders does.
+//! Why not hyper: profiled under callgrind (issue 14), hyper-util's pooled `Client` cost about
+//! 15 % of the agent's instructions per request (SipHash of its pool key three times, a task
+//! spawned per request to take the connection back); hyper's connection-level client, which
+//! replaced it, still cost about 25 %: a connection task per engine connection, a channel to it
+//! for each request, another for each body frame, and its own response parsing. The agent
+//! sends one request at a time per connection to one engine at one address; none of that
+//! machinery is needed.
 //!
-//! A connection goes back to the pool only when its response was read to the end
-//! ([`Lease::give_back`]). A request abandoned midway (the router's client left, a timeout)
-//! drops its lease: hyper closes the connection, which is how engines learn to stop generating.
+//! A connection goes back to the pool when its response body was read to the end and the
+//! response let it stay open ([`EngineBody::chunk`] returns `None`). A response abandoned
+//! midway (the router's client left, a timeout) drops its body and closes the connection, which
+//! is how engines learn to stop generating.
 //!
-//! Bounds: at most [`IDLE_MAX`] idle connections (a connection given back beyond that is
-//! closed), none reused after [`IDLE_TIMEOUT`] idle (looked at on each checkout), and a
-//! connection not ready again within [`READY_WAIT_MAX`] of its response's end is closed.
+//! The request is written whole before the response is read. A request body that is complete
+//! at once (the router sends each prompt in one piece) goes with `content-length`, in the same
+//! write as its head; one still arriving goes chunked. An engine that answers early and closes
+//! (a 413 for a prompt it will not read) still has its answer read after the failed write.
+//!
+//! Bounds: at most [`IDLE_MAX`] idle connections (one given back beyond that is closed), none
+//! reused after [`IDLE_TIMEOUT`] idle or once the engine closed it (looked at on each
+//! checkout); a response head at most `crate::http::client::RESPONSE_HEAD_BYTES_MAX` bytes; the
+//! read buffer grows by [`READ_BYTES`] at a time and holds at most one read beyond the head.
 //!
 //! Error handling: a connection that cannot be made is [`SendError::Connect`] (the caller answers
-//! 503 `backend_unavailable`); an exchange that fails after it is [`SendError::Failed`] (502). A
-//! pooled connection the engine closed while idle hands the request back unsent, and the next
-//! connection takes it.
+//! 503 `backend_unavailable`); an exchange that fails after it is any other [`SendError`] (502),
+//! and a body that breaks off is a [`BodyError`].
 
+use std::io::ErrorKind;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::{Buf, Bytes, BytesMut};
 use http::{Request, Response};
-use hyper::body::{Body, Incoming};
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
+use http_body_util::BodyExt;
+use hyper::body::Body;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::http::chunked::{self, ChunkedDecoder};
+use crate::http::client::{self, Framing, RequestBody, ResponseHead, ResponseHeadError};
+use crate::http::response::{write_chunk, write_last_chunk};
 
 /// Idle connections kept; the router's concurrency to this agent is bounded by `--capacity`, so
 /// more would only hold sockets.
@@ -33,47 +51,61 @@ pub const IDLE_MAX: usize = 64;
 /// An idle connection older than this is closed rather than reused (engines close idle
 /// keep-alive connections after a while; the request would race that close).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-/// How long a connection whose response was read may take to be ready for another exchange
-/// (the request body still being sent, say) before it is closed instead of pooled.
-pub const READY_WAIT_MAX: Duration = Duration::from_secs(5);
+/// Bytes a read may add to a connection's buffer.
+pub const READ_BYTES: usize = 16 * 1024;
+/// A complete request body up to this size is copied behind its head, for one write.
+const COALESCE_BYTES_MAX: usize = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
     #[error("cannot connect to {target}: {reason}")]
     Connect { target: String, reason: String },
-    #[error("{0}")]
-    Failed(hyper::Error),
+    #[error("engine connection failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("engine closed the connection before its response head")]
+    ClosedEarly,
+    #[error(transparent)]
+    Head(#[from] ResponseHeadError),
+    #[error("engine answered 101 Switching Protocols, which the agent never asks for")]
+    Upgrade,
+    #[error("request body from the router failed: {0}")]
+    RequestBody(String),
 }
 
-/// Keep-alive HTTP/1.1 connections to one `host:port`, sending request bodies of type `B`
-/// (the agent's: `forward::TunnelBody`).
-pub struct EngineClient<B> {
+/// Why a response body broke off. The connection is closed.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("engine connection failed mid-body: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("engine closed the connection before the body's end")]
+    Truncated,
+    #[error(transparent)]
+    Chunked(#[from] chunked::BodyError),
+}
+
+/// Keep-alive HTTP/1.1 connections to one `host:port`.
+pub struct EngineClient {
     target: String,
     connect_timeout: Duration,
-    idle: Pool<B>,
+    idle: Pool,
 }
 
-type Pool<B> = Arc<Mutex<Vec<Idle<B>>>>;
+type Pool = Arc<Mutex<Vec<Idle>>>;
 
-struct Idle<B> {
-    sender: SendRequest<B>,
+struct Idle {
+    conn: Conn,
     since: Instant,
 }
 
-/// The connection a response came on, until the response was read to the end.
-pub struct Lease<B> {
-    sender: SendRequest<B>,
-    idle: Pool<B>,
+/// One connection and the bytes read from it but not yet used.
+struct Conn {
+    stream: TcpStream,
+    buf: BytesMut,
 }
 
-impl<B> EngineClient<B>
-where
-    B: Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+impl EngineClient {
     /// `target` is the engine's `host:port`.
-    pub fn new(target: String, connect_timeout: Duration) -> EngineClient<B> {
+    pub fn new(target: String, connect_timeout: Duration) -> EngineClient {
         EngineClient {
             target,
             connect_timeout,
@@ -87,115 +119,328 @@ where
         &self.target
     }
 
-    /// Sends `request` (its URI in origin form, its `host` header set) on an idle connection, or
-    /// on a new one.
-    pub async fn send(
-        &self,
-        mut request: Request<B>,
-    ) -> Result<(Response<Incoming>, Lease<B>), SendError> {
-        while let Some(mut sender) = self.checkout() {
-            match sender.try_send_request(request).await {
-                Ok(response) => return Ok((response, self.lease(sender))),
-                Err(mut failed) => match failed.take_message() {
-                    // Not sent: the connection had closed. The next one takes it.
-                    Some(unsent) => request = unsent,
-                    None => return Err(SendError::Failed(failed.into_error())),
-                },
+    /// Sends `request` (its URI in origin form, its `host` header set, no hop-by-hop or framing
+    /// fields) on an idle connection, or on a new one, and reads the response head.
+    pub async fn send<B>(&self, request: Request<B>) -> Result<Response<EngineBody>, SendError>
+    where
+        B: Body<Data = Bytes> + Unpin,
+        B::Error: std::fmt::Display,
+    {
+        let mut conn = match self.checkout() {
+            Some(conn) => conn,
+            None => self.connect().await?,
+        };
+        let (parts, mut body) = request.into_parts();
+        let target = parts.uri.path_and_query().map_or("/", |path| path.as_str());
+        // The first piece of the body: when it is also the last, the body has a length.
+        let mut first = Bytes::new();
+        while !body.is_end_stream() {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data()
+                        && !data.is_empty()
+                    {
+                        first = data;
+                        break;
+                    }
+                }
+                Some(Err(error)) => return Err(SendError::RequestBody(error.to_string())),
+                None => break,
             }
         }
-        let mut sender = self.connect().await?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(SendError::Failed)?;
-        Ok((response, self.lease(sender)))
-    }
-
-    fn lease(&self, sender: SendRequest<B>) -> Lease<B> {
-        Lease {
-            sender,
-            idle: self.idle.clone(),
+        let complete = body.is_end_stream();
+        let framing = if !complete {
+            RequestBody::Chunked
+        } else if first.is_empty() && bodiless(&parts.method) {
+            RequestBody::None
+        } else {
+            RequestBody::Length(first.len() as u64)
+        };
+        let mut out = BytesMut::with_capacity(512 + first.len().min(COALESCE_BYTES_MAX));
+        client::write_request_head(&mut out, &parts.method, target, &parts.headers, framing);
+        let written = if complete {
+            write_whole(&mut conn.stream, out, first).await
+        } else {
+            write_chunked(&mut conn.stream, out, first, &mut body).await
+        };
+        let mut keep_alive = true;
+        if let Err(error) = written {
+            // The engine may have answered without reading the whole request, then closed.
+            keep_alive = false;
+            if !matches!(
+                error.kind(),
+                ErrorKind::BrokenPipe | ErrorKind::ConnectionReset
+            ) {
+                return Err(error.into());
+            }
         }
+        let head = match read_head(&mut conn).await {
+            Ok(head) => head,
+            Err(_) if !keep_alive => {
+                return Err(std::io::Error::from(ErrorKind::BrokenPipe).into());
+            }
+            Err(error) => return Err(error),
+        };
+        let ResponseHead {
+            status,
+            headers,
+            framing,
+            keep_alive: reusable,
+            ..
+        } = head;
+        let state = match framing {
+            Framing::Empty => BodyState::Done,
+            Framing::Length(length) => BodyState::Length(length),
+            Framing::Chunked => BodyState::Chunked(ChunkedDecoder::new(u64::MAX)),
+            Framing::UntilClose => BodyState::UntilClose,
+        };
+        let mut body = EngineBody {
+            conn: Some(conn),
+            state,
+            keep_alive: keep_alive && reusable,
+            idle: self.idle.clone(),
+        };
+        if body.is_end() {
+            body.finish();
+        }
+        let mut response = Response::new(body);
+        *response.status_mut() = http::StatusCode::from_u16(status)
+            .map_err(|_| ResponseHeadError::Malformed("bad status"))?;
+        *response.headers_mut() = headers;
+        Ok(response)
     }
 
     /// The most recently used idle connection that is still open and fresh.
-    fn checkout(&self) -> Option<SendRequest<B>> {
+    fn checkout(&self) -> Option<Conn> {
         let mut idle = self
             .idle
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        while let Some(Idle { sender, since }) = idle.pop() {
+        while let Some(Idle { conn, since }) = idle.pop() {
             if since.elapsed() > IDLE_TIMEOUT {
                 // Given back in order: every one left is older still.
                 idle.clear();
                 return None;
             }
-            if sender.is_ready() {
-                return Some(sender);
+            // An open idle connection has nothing to read; a closed one reads its end (or,
+            // from a confused engine, stray bytes): either way it cannot carry a request.
+            if let Err(error) = conn.stream.try_read(&mut [0u8; 1])
+                && error.kind() == ErrorKind::WouldBlock
+            {
+                return Some(conn);
             }
         }
         None
     }
 
-    async fn connect(&self) -> Result<SendRequest<B>, SendError> {
+    async fn connect(&self) -> Result<Conn, SendError> {
         let failed = |reason: String| SendError::Connect {
             target: self.target.clone(),
             reason,
         };
-        let stream = tokio::time::timeout(
-            self.connect_timeout,
-            tokio::net::TcpStream::connect(&self.target),
-        )
-        .await
-        .map_err(|_| failed(format!("timed out after {:?}", self.connect_timeout)))?
-        .map_err(|error| failed(error.to_string()))?;
-        let _ = stream.set_nodelay(true);
-        let (sender, connection) = http1::handshake(TokioIo::new(stream))
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.target))
             .await
-            .map_err(SendError::Failed)?;
-        // Ends when the connection closes: the engine closed it, or its last sender is gone.
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        Ok(sender)
+            .map_err(|_| failed(format!("timed out after {:?}", self.connect_timeout)))?
+            .map_err(|error| failed(error.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        Ok(Conn {
+            stream,
+            buf: BytesMut::new(),
+        })
     }
 }
 
-impl<B: Send + 'static> Lease<B> {
-    /// The response was read to the end: the connection goes back to the pool once it is ready
-    /// for another exchange (at once, usually; else a small task waits for it, at most
-    /// [`READY_WAIT_MAX`]).
-    pub fn give_back(self) {
-        let Lease { mut sender, idle } = self;
-        if sender.is_ready() {
-            put(&idle, sender);
-        } else if !sender.is_closed() {
-            tokio::spawn(async move {
-                if let Ok(Ok(())) = tokio::time::timeout(READY_WAIT_MAX, sender.ready()).await {
-                    put(&idle, sender);
+/// Methods whose requests carry no body unless they have one: no framing field is sent for
+/// them when it is empty.
+fn bodiless(method: &http::Method) -> bool {
+    matches!(
+        *method,
+        http::Method::GET | http::Method::HEAD | http::Method::DELETE | http::Method::OPTIONS
+    )
+}
+
+/// The head and the whole body: one write when the body is small, else two.
+async fn write_whole(
+    stream: &mut TcpStream,
+    mut out: BytesMut,
+    body: Bytes,
+) -> std::io::Result<()> {
+    if body.len() <= COALESCE_BYTES_MAX {
+        out.extend_from_slice(&body);
+        return stream.write_all(&out).await;
+    }
+    stream.write_all(&out).await?;
+    stream.write_all(&body).await
+}
+
+/// The head, then the body chunk by chunk as it arrives, then the last chunk. A body that
+/// fails midway is left unfinished: the connection then cannot be reused, and the engine sees
+/// it close.
+async fn write_chunked<B>(
+    stream: &mut TcpStream,
+    mut out: BytesMut,
+    first: Bytes,
+    body: &mut B,
+) -> std::io::Result<()>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    write_chunk(&mut out, &first);
+    stream.write_all(&out).await?;
+    loop {
+        out.clear();
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    write_chunk(&mut out, &data);
                 }
-            });
+            }
+            Some(Err(error)) => {
+                return Err(std::io::Error::other(format!(
+                    "request body from the router failed: {error}"
+                )));
+            }
+            None => {
+                write_last_chunk(&mut out);
+                return stream.write_all(&out).await;
+            }
+        }
+        stream.write_all(&out).await?;
+    }
+}
+
+/// Reads until a final response head is parsed; interim (1xx) heads are skipped. The body's
+/// first bytes stay in the buffer.
+async fn read_head(conn: &mut Conn) -> Result<ResponseHead, SendError> {
+    loop {
+        if !conn.buf.is_empty()
+            && let Some(head) = client::parse_response_head(&conn.buf)?
+        {
+            conn.buf.advance(head.head_bytes);
+            if head.status == 101 {
+                return Err(SendError::Upgrade);
+            }
+            if head.is_interim() {
+                continue;
+            }
+            return Ok(head);
+        }
+        conn.buf.reserve(READ_BYTES);
+        if conn.stream.read_buf(&mut conn.buf).await? == 0 {
+            return Err(SendError::ClosedEarly);
         }
     }
 }
 
-fn put<B>(idle: &Mutex<Vec<Idle<B>>>, sender: SendRequest<B>) {
-    let mut idle = idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    if idle.len() < IDLE_MAX {
-        idle.push(Idle {
-            sender,
-            since: Instant::now(),
-        });
+/// A response body, read from the engine connection as it is asked for.
+pub struct EngineBody {
+    /// `None` once the body ended or failed (the connection went back to the pool or closed).
+    conn: Option<Conn>,
+    state: BodyState,
+    /// The connection may carry another exchange once this body is read to its end.
+    keep_alive: bool,
+    idle: Pool,
+}
+
+enum BodyState {
+    /// Bytes of a `content-length` body still to come.
+    Length(u64),
+    Chunked(ChunkedDecoder),
+    UntilClose,
+    Done,
+}
+
+impl EngineBody {
+    /// The body's next bytes as the engine sent them; `None` at its end. Cancel-safe: dropping
+    /// the future between reads loses nothing.
+    pub async fn chunk(&mut self) -> Option<Result<Bytes, BodyError>> {
+        loop {
+            let conn = self.conn.as_mut()?;
+            if conn.buf.is_empty() {
+                if matches!(self.state, BodyState::Done) {
+                    return None;
+                }
+                conn.buf.reserve(READ_BYTES);
+                match conn.stream.read_buf(&mut conn.buf).await {
+                    Ok(0) if matches!(self.state, BodyState::UntilClose) => {
+                        self.state = BodyState::Done;
+                        self.conn = None;
+                        return None;
+                    }
+                    Ok(0) => return Some(Err(self.fail(BodyError::Truncated))),
+                    Ok(_) => continue,
+                    Err(error) => return Some(Err(self.fail(error.into()))),
+                }
+            }
+            let (data, ended) = match &mut self.state {
+                BodyState::Done => return None,
+                BodyState::Length(remaining) => {
+                    let take = (*remaining).min(conn.buf.len() as u64);
+                    *remaining -= take;
+                    (conn.buf.split_to(take as usize).freeze(), *remaining == 0)
+                }
+                BodyState::Chunked(decoder) => {
+                    let mut data = BytesMut::with_capacity(conn.buf.len());
+                    let progress = match decoder.decode(&conn.buf, &mut data) {
+                        Ok(progress) => progress,
+                        Err(error) => return Some(Err(self.fail(error.into()))),
+                    };
+                    conn.buf.advance(progress.consumed);
+                    (data.freeze(), progress.done)
+                }
+                BodyState::UntilClose => (conn.buf.split().freeze(), false),
+            };
+            if ended {
+                self.state = BodyState::Done;
+                self.finish();
+            }
+            if !data.is_empty() {
+                return Some(Ok(data));
+            }
+            if ended {
+                return None;
+            }
+        }
+    }
+
+    /// Whether the body has been read to its end.
+    pub fn is_end(&self) -> bool {
+        matches!(self.state, BodyState::Done)
+    }
+
+    fn fail(&mut self, error: BodyError) -> BodyError {
+        self.conn = None;
+        error
+    }
+
+    /// The body's end: the connection goes back to the pool when the response let it stay open
+    /// and the engine sent nothing after it.
+    fn finish(&mut self) {
+        let Some(conn) = self.conn.take() else {
+            return;
+        };
+        if !self.keep_alive || !conn.buf.is_empty() {
+            return;
+        }
+        let mut idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if idle.len() < IDLE_MAX {
+            idle.push(Idle {
+                conn,
+                since: Instant::now(),
+            });
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
-    use http_body_util::{BodyExt, Empty};
+    use http_body_util::{Empty, Full, StreamBody};
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// An engine answering every request with `ok`; counts the connections it accepted. With
     /// `close_after_answer`, it closes each connection after its first answer without saying so
@@ -236,12 +481,32 @@ mod tests {
         (target, accepted)
     }
 
-    /// A client of a fresh [`engine`], and the engine's count of accepted connections.
-    async fn client_of_engine(
-        close_after_answer: bool,
-    ) -> (EngineClient<Empty<Bytes>>, Arc<AtomicUsize>) {
-        let (target, accepted) = engine(close_after_answer).await;
-        (EngineClient::new(target, Duration::from_secs(1)), accepted)
+    /// An engine for one exchange: reads until the request bytes end with `request_end`, hands
+    /// them over, writes `answer` and closes.
+    async fn one_exchange(
+        request_end: &'static [u8],
+        answer: &'static [u8],
+    ) -> (String, tokio::sync::oneshot::Receiver<Vec<u8>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = listener.local_addr().unwrap().to_string();
+        let (sent, received) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = Vec::new();
+            let mut buffer = vec![0u8; 4096];
+            while !request.ends_with(request_end) {
+                let read = socket.read(&mut buffer).await.unwrap();
+                assert!(read > 0, "the request ended early: {request:?}");
+                request.extend_from_slice(&buffer[..read]);
+            }
+            let _ = sent.send(request);
+            socket.write_all(answer).await.unwrap();
+        });
+        (target, received)
+    }
+
+    fn client(target: String) -> EngineClient {
+        EngineClient::new(target, Duration::from_secs(1))
     }
 
     fn get() -> Request<Empty<Bytes>> {
@@ -251,30 +516,43 @@ mod tests {
             .unwrap()
     }
 
-    /// One exchange, its body read to the end; gives the connection back when `give_back`.
-    async fn exchange(client: &EngineClient<Empty<Bytes>>, give_back: bool) {
-        let (response, lease) = client.send(get()).await.unwrap();
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(body, "ok");
-        if give_back {
-            lease.give_back();
+    /// The whole body, and whether the body said it ended with its last chunk.
+    async fn read_to_end(body: &mut EngineBody) -> Result<Vec<u8>, BodyError> {
+        let mut whole = Vec::new();
+        while let Some(chunk) = body.chunk().await {
+            whole.extend_from_slice(&chunk?);
         }
-        // The connection task notes the exchange's end.
-        tokio::task::yield_now().await;
+        assert!(body.is_end());
+        Ok(whole)
+    }
+
+    /// One exchange, its body read to the end when `read`.
+    async fn exchange(client: &EngineClient, read: bool) {
+        let mut body = client.send(get()).await.unwrap().into_body();
+        if read {
+            assert_eq!(read_to_end(&mut body).await.unwrap(), b"ok");
+        }
+    }
+
+    fn idle_count(client: &EngineClient) -> usize {
+        client.idle.lock().unwrap().len()
     }
 
     #[tokio::test]
-    async fn a_connection_given_back_serves_the_next_request() {
-        let (client, accepted) = client_of_engine(false).await;
+    async fn a_connection_whose_body_was_read_serves_the_next_request() {
+        let (target, accepted) = engine(false).await;
+        let client = client(target);
         for _ in 0..5 {
             exchange(&client, true).await;
         }
         assert_eq!(accepted.load(Ordering::Relaxed), 1);
+        assert_eq!(idle_count(&client), 1);
     }
 
     #[tokio::test]
-    async fn a_lease_not_given_back_takes_its_connection_with_it() {
-        let (client, accepted) = client_of_engine(false).await;
+    async fn a_body_dropped_before_its_end_takes_its_connection_with_it() {
+        let (target, accepted) = engine(false).await;
+        let client = client(target);
         exchange(&client, false).await;
         exchange(&client, true).await;
         exchange(&client, true).await;
@@ -283,7 +561,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_pooled_connection_the_engine_closed_is_not_used() {
-        let (client, accepted) = client_of_engine(true).await;
+        let (target, accepted) = engine(true).await;
+        let client = client(target);
         for _ in 0..3 {
             exchange(&client, true).await;
             // The engine's close reaches the pooled connection.
@@ -294,50 +573,16 @@ mod tests {
 
     #[tokio::test]
     async fn at_most_idle_max_connections_are_kept() {
-        let (client, _) = client_of_engine(false).await;
-        let mut leases = Vec::new();
-        for _ in 0..IDLE_MAX + 3 {
-            let (response, lease) = client.send(get()).await.unwrap();
-            response.into_body().collect().await.unwrap();
-            leases.push(lease);
-        }
-        tokio::task::yield_now().await;
-        for lease in leases {
-            lease.give_back();
-        }
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        assert_eq!(client.idle.lock().unwrap().len(), IDLE_MAX);
-    }
-
-    #[tokio::test]
-    async fn the_wait_for_a_connection_to_be_ready_again_is_bounded() {
-        use http_body_util::StreamBody;
-        // The engine answers at once; the request body never ends, so the connection never
-        // becomes ready for another exchange.
         let (target, _) = engine(false).await;
-        let client = EngineClient::new(target, Duration::from_secs(1));
-        let endless = StreamBody::new(futures_util::stream::pending::<
-            Result<hyper::body::Frame<Bytes>, std::convert::Infallible>,
-        >());
-        let request = Request::post("/v1/chat/completions")
-            .header("host", "engine")
-            .body(endless)
-            .unwrap();
-        let (response, lease) = client.send(request).await.unwrap();
-        response.into_body().collect().await.unwrap();
-        let tasks = || {
-            tokio::runtime::Handle::current()
-                .metrics()
-                .num_alive_tasks()
-        };
-        let before = tasks();
-        lease.give_back();
-        assert_eq!(tasks(), before + 1, "a task waits for the connection");
-        tokio::time::sleep(READY_WAIT_MAX + Duration::from_millis(500)).await;
-        assert_eq!(tasks(), before, "the waiting task gave up");
-        assert!(client.idle.lock().unwrap().is_empty());
+        let client = client(target);
+        let mut bodies = Vec::new();
+        for _ in 0..IDLE_MAX + 3 {
+            bodies.push(client.send(get()).await.unwrap().into_body());
+        }
+        for mut body in bodies {
+            read_to_end(&mut body).await.unwrap();
+        }
+        assert_eq!(idle_count(&client), IDLE_MAX);
     }
 
     #[tokio::test]
@@ -346,10 +591,148 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
-        let client = EngineClient::<Empty<Bytes>>::new(closed.to_string(), Duration::from_secs(1));
         assert!(matches!(
-            client.send(get()).await,
+            client(closed.to_string()).send(get()).await,
             Err(SendError::Connect { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_complete_body_goes_with_its_length_in_one_piece() {
+        let (target, request) =
+            one_exchange(b"{}", b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
+        let post = Request::post("/v1/chat/completions")
+            .header("host", "engine")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        let response = client(target).send(post).await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            request.await.unwrap(),
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: engine\r\ncontent-length: 2\r\n\r\n{}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_body_still_arriving_goes_chunked() {
+        let (target, request) = one_exchange(
+            b"0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+        )
+        .await;
+        let (pieces, arriving) = tokio::sync::mpsc::channel::<Result<_, std::io::Error>>(4);
+        let stream = tokio_stream_of(arriving);
+        let post = Request::post("/v1/chat/completions")
+            .body(StreamBody::new(stream))
+            .unwrap();
+        let client = client(target);
+        let sending = tokio::spawn(async move { client.send(post).await.map(|r| r.status()) });
+        for piece in [&b"{\"a\":"[..], b"1}"] {
+            pieces
+                .send(Ok(hyper::body::Frame::data(Bytes::from_static(piece))))
+                .await
+                .unwrap();
+            tokio::task::yield_now().await;
+        }
+        drop(pieces);
+        assert_eq!(sending.await.unwrap().unwrap(), 200);
+        let request = String::from_utf8(request.await.unwrap()).unwrap();
+        assert!(
+            request
+                .contains("transfer-encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n2\r\n1}\r\n0\r\n\r\n"),
+            "{request:?}"
+        );
+    }
+
+    fn tokio_stream_of<T: Send + 'static>(
+        mut receiver: tokio::sync::mpsc::Receiver<T>,
+    ) -> impl futures_util::Stream<Item = T> + Unpin {
+        Box::pin(futures_util::stream::poll_fn(move |cx| {
+            receiver.poll_recv(cx)
+        }))
+    }
+
+    #[tokio::test]
+    async fn chunked_and_until_close_bodies_are_read_and_interim_heads_skipped() {
+        let (target, _) = one_exchange(
+            b"\r\n\r\n",
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n5\r\ndata:\r\n3\r\n ok\r\n0\r\n\r\n",
+        )
+        .await;
+        let client = client(target);
+        let response = client.send(get()).await.unwrap();
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        let mut body = response.into_body();
+        assert_eq!(read_to_end(&mut body).await.unwrap(), b"data: ok");
+        assert_eq!(idle_count(&client), 1, "a chunked body has a known end");
+
+        let (target, _) =
+            one_exchange(b"\r\n\r\n", b"HTTP/1.1 200 OK\r\n\r\nuntil the close").await;
+        let client = self::client(target);
+        let mut body = client.send(get()).await.unwrap().into_body();
+        assert_eq!(read_to_end(&mut body).await.unwrap(), b"until the close");
+        assert_eq!(idle_count(&client), 0, "the close ended that connection");
+    }
+
+    #[tokio::test]
+    async fn a_body_cut_short_is_an_error_not_an_end() {
+        for answer in [
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort"[..],
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nshort\r\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+        ] {
+            let answer: &'static [u8] = Box::leak(answer.to_vec().into_boxed_slice());
+            let (target, _) = one_exchange(b"\r\n\r\n", answer).await;
+            let client = client(target);
+            let mut body = client.send(get()).await.unwrap().into_body();
+            let mut failed = false;
+            while let Some(chunk) = body.chunk().await {
+                if chunk.is_err() {
+                    failed = true;
+                    break;
+                }
+            }
+            assert!(failed, "{}", String::from_utf8_lossy(answer));
+            assert!(!body.is_end());
+            assert_eq!(idle_count(&client), 0);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_early_answer_to_a_body_the_engine_will_not_read_is_still_read() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = vec![0u8; 1024];
+            let _ = socket.read(&mut head).await.unwrap();
+            let answer = b"HTTP/1.1 413 Payload Too Large\r\nconnection: close\r\ncontent-length: 3\r\n\r\nbig";
+            socket.write_all(answer).await.unwrap();
+            // Closed with the rest of the request unread: the client's write fails.
+        });
+        let post = Request::post("/v1/chat/completions")
+            .body(Full::new(Bytes::from(vec![b'x'; 8 << 20])))
+            .unwrap();
+        let response = client(target).send(post).await.unwrap();
+        assert_eq!(response.status(), 413);
+        assert_eq!(
+            read_to_end(&mut response.into_body()).await.unwrap(),
+            b"big"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_malformed_head_or_an_early_close_is_a_send_error() {
+        let (target, _) =
+            one_exchange(b"\r\n\r\n", b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n").await;
+        assert!(matches!(
+            client(target).send(get()).await,
+            Err(SendError::Head(ResponseHeadError::Malformed(_)))
+        ));
+        let (target, _) = one_exchange(b"\r\n\r\n", b"").await;
+        assert!(matches!(
+            client(target).send(get()).await,
+            Err(SendError::ClosedEarly)
         ));
     }
 }

@@ -14,9 +14,9 @@
 //!
 //! ## Cancellation
 //! When the router resets the stream (its client went away), the handler returns at once and drops
-//! the backend request or response and its connection's lease; hyper then closes that backend
-//! connection instead of pooling it, which is how vLLM, SGLang and the others learn to abort the
-//! generation. Only a response read to the end gives its connection back.
+//! the backend request or response, which closes that backend connection instead of pooling it:
+//! that is how vLLM, SGLang and the others learn to abort the generation. Only a response read to
+//! the end gives its connection back (`agent::engine_client`).
 
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -29,11 +29,10 @@ use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use http::{HeaderValue, Request, Response, StatusCode, Uri, Version};
-use http_body_util::BodyExt;
-use hyper::body::{Body, Frame, Incoming};
+use hyper::body::{Body, Frame};
 use tracing::{debug, warn};
 
-use super::engine_client::{EngineClient, Lease, SendError};
+use super::engine_client::{EngineBody, EngineClient, SendError};
 use super::headers;
 use crate::telemetry::{SpanOutcome, SpanQueue, StartedSpan};
 
@@ -69,7 +68,7 @@ impl Drop for InFlightGuard {
 
 /// What every forwarded request shares.
 pub struct ForwardContext {
-    engine: EngineClient<TunnelBody>,
+    engine: EngineClient,
     /// The path of `--backend-url` without a trailing slash, put before every request's path;
     /// empty for a URL without one.
     base_path: String,
@@ -261,11 +260,9 @@ pub async fn serve(
         (span, name, request_id_of(request.headers()))
     });
     let (status, error_code) = match send_to_backend(request, &mut respond, &context).await {
-        Some(Ok((response, lease))) => {
+        Some(Ok(response)) => {
             let status = response.status().as_u16();
-            if stream_to_router(response, respond, &context).await {
-                lease.give_back();
-            }
+            stream_to_router(response, respond, &context).await;
             (status, None)
         }
         Some(Err(error)) => {
@@ -316,7 +313,7 @@ async fn send_to_backend(
     request: Request<RecvStream>,
     respond: &mut SendResponse<Bytes>,
     context: &ForwardContext,
-) -> Option<Result<(Response<Incoming>, Lease<TunnelBody>), ForwardError>> {
+) -> Option<Result<Response<EngineBody>, ForwardError>> {
     let (parts, recv) = request.into_parts();
     let uri = match backend_uri(&context.base_path, &parts.uri) {
         Ok(uri) => uri,
@@ -332,7 +329,7 @@ async fn send_to_backend(
     let exchange = tokio::time::timeout(context.http_timeout, context.engine.send(backend_request));
     tokio::select! {
         result = exchange => Some(match result {
-            Ok(Ok(exchanged)) => Ok(exchanged),
+            Ok(Ok(response)) => Ok(response),
             Ok(Err(error @ SendError::Connect { .. })) => Err(ForwardError::Unavailable(error.to_string())),
             Ok(Err(error)) => Err(ForwardError::Failed(error.to_string())),
             Err(_) => Err(ForwardError::Timeout(context.http_timeout)),
@@ -344,78 +341,68 @@ async fn send_to_backend(
     }
 }
 
-/// Phase *stream*. Returns whether the backend's response was read to its end (its connection
-/// may then serve another request).
+/// Phase *stream*. A body read to its end has given its connection back to the pool by then
+/// (`EngineBody::chunk`); any other way out drops the body and closes the connection.
 async fn stream_to_router(
-    response: Response<Incoming>,
+    response: Response<EngineBody>,
     mut respond: SendResponse<Bytes>,
     context: &ForwardContext,
-) -> bool {
+) {
     let (parts, mut body) = response.into_parts();
     let mut head = Response::new(());
     *head.status_mut() = parts.status;
     *head.headers_mut() = parts.headers;
     headers::to_router(head.headers_mut());
-    let end_of_stream = body.is_end_stream();
+    let end_of_stream = body.is_end();
     let mut send = match respond.send_response(head, end_of_stream) {
         Ok(send) => send,
         Err(error) => {
             debug!(%error, "stream closed before the response head");
-            return false;
+            return;
         }
     };
     if end_of_stream {
-        return true;
+        return;
     }
     loop {
-        let frame = tokio::select! {
-            frame = tokio::time::timeout(context.http_timeout, body.frame()) => frame,
+        let chunk = tokio::select! {
+            chunk = tokio::time::timeout(context.http_timeout, body.chunk()) => chunk,
             reason = poll_fn(|cx| send.poll_reset(cx)) => {
                 // Dropping `body` here closes the backend connection: the engine cancels.
                 debug!(?reason, "router reset the stream mid-response");
-                return false;
+                return;
             }
         };
-        match frame {
+        match chunk {
             Err(_) => {
                 warn!(timeout = ?context.http_timeout, "backend stalled mid-response");
                 send.send_reset(crate::tunnel::BACKEND_FAILED);
-                return false;
+                return;
             }
             Ok(None) => {
                 let _ = send.send_data(Bytes::new(), true);
-                return true;
+                return;
             }
             Ok(Some(Err(error))) => {
                 // The engine's connection broke mid-response (a crash, a reset): the router tells
                 // its client the backend failed, not that the agent was lost (`crate::tunnel`).
                 warn!(%error, "backend response body failed");
                 send.send_reset(crate::tunnel::BACKEND_FAILED);
-                return false;
+                return;
             }
-            Ok(Some(Ok(frame))) => {
-                let frame = match frame.into_data() {
-                    Ok(data) => {
-                        // A body of known length that is complete ends the stream with its last
-                        // chunk: no empty DATA frame after it for the router to read.
-                        let last = body.is_end_stream();
-                        if let Err(error) =
-                            write_data(&mut send, data, last, context.stream_write_timeout).await
-                        {
-                            debug!(%error, "cannot write the response to the router");
-                            send.send_reset(Reason::CANCEL);
-                            return false;
-                        }
-                        if last {
-                            return true;
-                        }
-                        continue;
-                    }
-                    Err(frame) => frame,
-                };
-                if let Ok(trailers) = frame.into_trailers() {
-                    let _ = send.send_trailers(trailers);
-                    return true;
+            Ok(Some(Ok(data))) => {
+                // A body whose end is known and reached ends the stream with its last chunk: no
+                // empty DATA frame after it for the router to read.
+                let last = body.is_end();
+                if let Err(error) =
+                    write_data(&mut send, data, last, context.stream_write_timeout).await
+                {
+                    debug!(%error, "cannot write the response to the router");
+                    send.send_reset(Reason::CANCEL);
+                    return;
+                }
+                if last {
+                    return;
                 }
             }
         }

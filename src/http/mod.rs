@@ -27,6 +27,7 @@
 //! The chunked decoder copies each data byte once, into the caller's output buffer.
 
 pub mod chunked;
+pub mod client;
 pub mod fields;
 pub mod prompt;
 pub mod request;
