@@ -163,23 +163,27 @@ impl EngineClient {
         } else {
             write_chunked(&mut conn.stream, out, first, &mut body).await
         };
-        let mut keep_alive = true;
-        if let Err(error) = written {
-            // The engine may have answered without reading the whole request, then closed.
-            keep_alive = false;
-            if !matches!(
-                error.kind(),
-                ErrorKind::BrokenPipe | ErrorKind::ConnectionReset
-            ) {
-                return Err(error.into());
+        // A failed write still reads the head: the engine may have answered without reading
+        // the whole request, then closed (a 413 for a prompt it will not read).
+        let mut write_failed = None;
+        match written {
+            Ok(()) => {}
+            Err(Written::Body(error)) => return Err(SendError::RequestBody(error)),
+            Err(Written::Io(error))
+                if matches!(
+                    error.kind(),
+                    ErrorKind::BrokenPipe | ErrorKind::ConnectionReset
+                ) =>
+            {
+                write_failed = Some(error);
             }
+            Err(Written::Io(error)) => return Err(error.into()),
         }
-        let head = match read_head(&mut conn).await {
-            Ok(head) => head,
-            Err(_) if !keep_alive => {
-                return Err(std::io::Error::from(ErrorKind::BrokenPipe).into());
-            }
-            Err(error) => return Err(error),
+        let keep_alive = write_failed.is_none();
+        let head = match (read_head(&mut conn).await, write_failed) {
+            (Ok(head), _) => head,
+            (Err(_), Some(error)) => return Err(error.into()),
+            (Err(error), None) => return Err(error),
         };
         let ResponseHead {
             status,
@@ -259,18 +263,25 @@ fn bodiless(method: &http::Method) -> bool {
     )
 }
 
+/// Why writing a request stopped.
+enum Written {
+    Io(std::io::Error),
+    /// The tunnelled body failed (the router reset the stream); what was written is unfinished.
+    Body(String),
+}
+
 /// The head and the whole body: one write when the body is small, else two.
 async fn write_whole(
     stream: &mut TcpStream,
     mut out: BytesMut,
     body: Bytes,
-) -> std::io::Result<()> {
+) -> Result<(), Written> {
     if body.len() <= COALESCE_BYTES_MAX {
         out.extend_from_slice(&body);
-        return stream.write_all(&out).await;
+        return stream.write_all(&out).await.map_err(Written::Io);
     }
-    stream.write_all(&out).await?;
-    stream.write_all(&body).await
+    stream.write_all(&out).await.map_err(Written::Io)?;
+    stream.write_all(&body).await.map_err(Written::Io)
 }
 
 /// The head, then the body chunk by chunk as it arrives, then the last chunk. A body that
@@ -281,14 +292,14 @@ async fn write_chunked<B>(
     mut out: BytesMut,
     first: Bytes,
     body: &mut B,
-) -> std::io::Result<()>
+) -> Result<(), Written>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
     write_chunk(&mut out, &first);
-    stream.write_all(&out).await?;
     loop {
+        stream.write_all(&out).await.map_err(Written::Io)?;
         out.clear();
         match body.frame().await {
             Some(Ok(frame)) => {
@@ -296,17 +307,12 @@ where
                     write_chunk(&mut out, &data);
                 }
             }
-            Some(Err(error)) => {
-                return Err(std::io::Error::other(format!(
-                    "request body from the router failed: {error}"
-                )));
-            }
+            Some(Err(error)) => return Err(Written::Body(error.to_string())),
             None => {
                 write_last_chunk(&mut out);
-                return stream.write_all(&out).await;
+                return stream.write_all(&out).await.map_err(Written::Io);
             }
         }
-        stream.write_all(&out).await?;
     }
 }
 
@@ -642,6 +648,35 @@ mod tests {
                 .contains("transfer-encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n2\r\n1}\r\n0\r\n\r\n"),
             "{request:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_request_body_that_fails_midway_is_a_send_error() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut sink = Vec::new();
+            let _ = socket.read_to_end(&mut sink).await;
+        });
+        let (pieces, arriving) = tokio::sync::mpsc::channel(4);
+        pieces
+            .send(Ok(hyper::body::Frame::data(Bytes::from_static(b"{"))))
+            .await
+            .unwrap();
+        pieces
+            .send(Err(std::io::Error::other("stream reset")))
+            .await
+            .unwrap();
+        let post = Request::post("/v1/chat/completions")
+            .body(StreamBody::new(tokio_stream_of(arriving)))
+            .unwrap();
+        let client = client(target);
+        assert!(matches!(
+            client.send(post).await,
+            Err(SendError::RequestBody(reason)) if reason == "stream reset"
+        ));
+        assert_eq!(idle_count(&client), 0);
     }
 
     fn tokio_stream_of<T: Send + 'static>(
