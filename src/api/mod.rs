@@ -224,9 +224,11 @@ impl Drop for RequestOpen<'_> {
 
 /// Serves one request to completion. `Err(ClientGone)` means the client connection is unusable
 /// and must be closed. Every request but `/health` leaves one audit record.
+/// `request` is borrowed, not moved: an `async fn` keeps a moved argument twice in its future
+/// (as argument and as local), and this future is held by every connection.
 pub async fn serve<S: Sink>(
     shard: &Rc<Shard>,
-    request: ClientRequest,
+    request: &ClientRequest,
     sink: &mut S,
 ) -> Result<(), ClientGone> {
     ShardMetrics::add(&shard.metrics.requests_total, 1);
@@ -260,7 +262,7 @@ pub async fn serve<S: Sink>(
     let keys = shard.keys();
     let mut facts = RequestFacts::default();
     let mut sink = HoldSink::new(sink, &shard.metrics);
-    let served = serve_audited(shard, &request, &keys, &mut facts, &mut sink).await;
+    let served = serve_audited(shard, request, &keys, &mut facts, &mut sink).await;
     // A client that left got no complete answer: 499, as nginx records it.
     let status = if served.is_err() { 499 } else { sink.status() };
     exchange.status = status;

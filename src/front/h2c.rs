@@ -265,7 +265,7 @@ async fn serve_stream(
             .get("traceparent")
             .map(|value| value.as_bytes())
     });
-    if api::serve(&shard, request, &mut sink).await.is_err() {
+    if api::serve(&shard, &request, &mut sink).await.is_err() {
         // The client reset the stream (or dropped the connection) before its answer was done.
         shard.clients.stream_reset(peer, Instant::now());
     }
