@@ -925,8 +925,9 @@ mod tests {
     }
 
     /// Every connection holds its request path's future, in memory while idle and copied whole
-    /// at each `.await` into it. Rare paths are boxed (`QuotaCharge::settle_buffered`'s wait on
-    /// the owner) and the request is borrowed, not moved, to keep it small; this bound catches
+    /// at each `.await` into it. A daily-budget settlement's wait on another shard's owner is
+    /// boxed (`Shard::settle_buffered`) and the request is borrowed, not moved, to keep it
+    /// small; this bound catches
     /// a change that widens it again. It was 5,632 bytes before those changes (the same in test
     /// and release builds, `-Zprint-type-sizes`).
     #[test]

@@ -284,14 +284,10 @@ impl QuotaCharge {
             input_tokens: usage.input_tokens,
             output_tokens: usage.output_tokens,
         };
-        // Boxed: only keys with a daily budget wait on their owner here. Inline, the wait's
-        // state (about 1.3 KB) would widen every request's future, and each await up the request
-        // path copies its future whole.
-        let settlement = Box::pin(
-            self.shard
-                .settle_buffered(self.tenant, admission, usage, wait),
-        )
-        .await;
+        let settlement = self
+            .shard
+            .settle_buffered(self.tenant, admission, usage, wait)
+            .await;
         settlement.is_none_or(|settlement| settlement.output_fit)
     }
 

@@ -502,8 +502,14 @@ impl Shard {
             admission,
             usage,
         };
-        let deadline = Instant::now() + wait;
-        match self.visit(self.new_ticket(), visit, deadline).await {
+        // Answered at once by a local owner (every visit on one shard): no future at all. A
+        // wait is boxed: only daily-budget keys settle here, after the response, deep in every
+        // request's future, where its state (about 900 bytes) would otherwise widen them all.
+        let answered = match self.start_visit(self.new_ticket(), visit) {
+            Started::Answered(answer) => Ok(answer),
+            started => Box::pin(self.finish_visit(started, Instant::now() + wait)).await,
+        };
+        match answered {
             Ok(Answer::Settled(settlement)) => settlement,
             Ok(other) => mismatched(other, None),
             Err(Unanswered::MeshFull(Visit::Settle {
