@@ -16,6 +16,7 @@
 pub mod client;
 pub mod preamble;
 pub mod tls;
+pub mod wire;
 
 /// The reset reason an agent sends on a stream whose backend response failed after its head.
 pub const BACKEND_FAILED: h2::Reason = h2::Reason::INTERNAL_ERROR;
