@@ -14,6 +14,7 @@
 //! for the first, `agent_disconnected` for the last.
 
 pub mod client;
+pub mod link;
 pub mod mux;
 pub mod preamble;
 pub mod tls;

@@ -180,6 +180,10 @@ impl Mux {
         }
     }
 
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
     /// Streams whose state is held.
     pub fn open_streams(&self) -> usize {
         self.streams.len()
