@@ -122,6 +122,30 @@ write("http_response", {
     "uvicorn": b"HTTP/1.1 200 OK\r\ndate: Wed, 02 Dec 2026 09:00:00 GMT\r\nserver: uvicorn\r\ncontent-length: 12\r\ncontent-type: application/json\r\n\r\n",
 })
 
+# ----- lean tunnel frames (tunnel::wire) -----------------------------------------------------
+
+def lean_frame(kind, flags, stream, payload):
+    return struct.pack(">IBBI", len(payload), kind, flags, stream) + payload
+
+
+def lean_fields(pairs):
+    return b"".join(struct.pack(">B", len(n)) + n + struct.pack(">H", len(v)) + v for n, v in pairs)
+
+
+_request = (b"\x04POST" + struct.pack(">H", 20) + b"/v1/chat/completions"
+            + lean_fields([(b"content-type", b"application/json"),
+                           (b"x-request-id", b"5f0c6a1e-8b2d-4c3f-9a7e-1d2b3c4d5e6f")]))
+_response = struct.pack(">H", 200) + lean_fields([(b"content-type", b"text/event-stream")])
+write("tunnel_frames", {
+    "request-and-body": lean_frame(1, 0, 1, _request) + lean_frame(3, 1, 1, b'{"model":"m"}'),
+    "response-stream": lean_frame(2, 0, 1, _response) + lean_frame(3, 0, 1, b"data: {}\n\n")
+                       + lean_frame(3, 1, 1, b"data: [DONE]\n\n"),
+    "reset-credit-ping": lean_frame(4, 0, 3, struct.pack(">I", 8)) + lean_frame(5, 0, 0, struct.pack(">I", 65536))
+                         + lean_frame(6, 1, 0, struct.pack(">Q", 7)) + lean_frame(7, 0, 0, struct.pack(">II", 5, 0)),
+    "unknown-kind": lean_frame(200, 0, 9, b"later") + lean_frame(6, 0, 0, struct.pack(">Q", 1)),
+    "oversized": struct.pack(">IBBI", 1 << 21, 3, 0, 1),
+})
+
 # ----- request bodies -----------------------------------------------------------------------
 
 bodies = {
