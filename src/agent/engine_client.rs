@@ -24,7 +24,10 @@
 //! Bounds: at most [`IDLE_MAX`] idle connections (one given back beyond that is closed), none
 //! reused after [`IDLE_TIMEOUT`] idle or once the engine closed it (looked at on each
 //! checkout); a response head at most `crate::http::client::RESPONSE_HEAD_BYTES_MAX` bytes; the
-//! read buffer grows by [`READ_BYTES`] at a time and holds at most one read beyond the head.
+//! read buffer grows by [`READ_BYTES`] at a time and holds at most one read beyond the head; a
+//! chunked body's size lines and trailers are held to `crate::http::chunked`'s line and trailer
+//! limits (its data is streamed, one read at a time, never gathered); every wait on the engine
+//! is bounded by the caller's `--http-timeout`.
 //!
 //! Error handling: a connection that cannot be made is [`SendError::Connect`] (the caller answers
 //! 503 `backend_unavailable`); an exchange that fails after it is any other [`SendError`] (502),

@@ -122,8 +122,7 @@ pub fn parse_response_head(buf: &[u8]) -> Result<Option<ResponseHead>, ResponseH
             }
         } else if name == CONTENT_LENGTH {
             for part in field.value.split(|&byte| byte == b',') {
-                let length = digits(part.trim_ascii())
-                    .ok_or(ResponseHeadError::Malformed("bad content-length"))?;
+                let length = super::content_length(part).map_err(ResponseHeadError::Malformed)?;
                 if content_length.is_some_and(|seen| seen != length) {
                     return Err(ResponseHeadError::Malformed("conflicting content-length"));
                 }
@@ -161,17 +160,6 @@ pub fn parse_response_head(buf: &[u8]) -> Result<Option<ResponseHead>, ResponseH
         keep_alive,
         head_bytes,
     }))
-}
-
-/// A decimal `content-length`: digits only, no sign, fits 64 bits.
-fn digits(text: &[u8]) -> Option<u64> {
-    if text.is_empty() || text.len() > 19 || !text.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(
-        text.iter()
-            .fold(0u64, |value, digit| value * 10 + u64::from(digit - b'0')),
-    )
 }
 
 /// How the request body travels.

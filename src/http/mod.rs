@@ -51,3 +51,35 @@ pub fn blank_line_end_and_lines(buf: &[u8]) -> Option<(usize, bool)> {
     }
     None
 }
+
+/// `Content-Length = 1*DIGIT` (RFC 9110 §8.6), optional whitespace around it; signs, spaces
+/// inside, lists and overflow are refused, with the reason. Requests (`request::parse_head`) and
+/// engine responses (`client::parse_response_head`, per list element) read it alike.
+pub fn content_length(value: &[u8]) -> Result<u64, &'static str> {
+    let value = trim_ows(value);
+    if value.is_empty() {
+        return Err("empty content-length");
+    }
+    let mut length: u64 = 0;
+    for &byte in value {
+        if !byte.is_ascii_digit() {
+            return Err("content-length is not a number");
+        }
+        length = length
+            .checked_mul(10)
+            .and_then(|length| length.checked_add(u64::from(byte - b'0')))
+            .ok_or("content-length overflows")?;
+    }
+    Ok(length)
+}
+
+/// A field value without the optional whitespace (spaces and tabs) around it.
+fn trim_ows(mut value: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = value {
+        value = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = value {
+        value = rest;
+    }
+    value
+}
