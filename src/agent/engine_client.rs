@@ -344,7 +344,8 @@ async fn read_head(conn: &mut Conn) -> Result<ResponseHead, SendError> {
 
 /// A response body, read from the engine connection as it is asked for.
 pub struct EngineBody {
-    /// `None` once the body ended or failed (the connection went back to the pool or closed).
+    /// `None` once the body ended or failed (the connection went back to the pool or closed);
+    /// always `None` in [`BodyState::Done`].
     conn: Option<Conn>,
     state: BodyState,
     /// The connection may carry another exchange once this body is read to its end.
@@ -365,11 +366,9 @@ impl EngineBody {
     /// the future between reads loses nothing.
     pub async fn chunk(&mut self) -> Option<Result<Bytes, BodyError>> {
         loop {
+            // A body that reached `Done` has let go of its connection (`finish`): `None` here.
             let conn = self.conn.as_mut()?;
             if conn.buf.is_empty() {
-                if matches!(self.state, BodyState::Done) {
-                    return None;
-                }
                 conn.buf.reserve(READ_BYTES);
                 match conn.stream.read_buf(&mut conn.buf).await {
                     Ok(0) if matches!(self.state, BodyState::UntilClose) => {

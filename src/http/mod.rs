@@ -73,6 +73,34 @@ pub fn content_length(value: &[u8]) -> Result<u64, &'static str> {
     Ok(length)
 }
 
+/// What a `Connection` field's tokens say about the connection, over all its fields (RFC 9112
+/// §9.3): `close` wins over `keep-alive`, whatever their order.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ConnectionTokens {
+    pub close: bool,
+    pub keep_alive: bool,
+}
+
+impl ConnectionTokens {
+    /// Takes in one `Connection` field's value.
+    pub fn read(&mut self, value: &[u8]) {
+        for token in value.split(|&byte| byte == b',') {
+            let token = trim_ows(token);
+            if token.eq_ignore_ascii_case(b"close") {
+                self.close = true;
+            } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                self.keep_alive = true;
+            }
+        }
+    }
+
+    /// Whether the connection stays open after this message, for an HTTP/1.1 message or an
+    /// HTTP/1.0 one.
+    pub fn keep_alive(self, http11: bool) -> bool {
+        !self.close && (http11 || self.keep_alive)
+    }
+}
+
 /// A field value without the optional whitespace (spaces and tabs) around it.
 fn trim_ows(mut value: &[u8]) -> &[u8] {
     while let [b' ' | b'\t', rest @ ..] = value {

@@ -324,8 +324,7 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
     let mut content_length: Option<u64> = None;
     let mut chunked = false;
     let mut transfer_encoding_seen = false;
-    let mut connection_close = false;
-    let mut connection_keep_alive = false;
+    let mut connection = super::ConnectionTokens::default();
 
     for header in request.headers.iter() {
         let name = header.name.as_bytes();
@@ -353,16 +352,7 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
                 }
                 head.x_api_key = Some(Span::of(buf, value));
             }
-            10 if name.eq_ignore_ascii_case(b"connection") => {
-                for token in value.split(|&byte| byte == b',') {
-                    let token = super::trim_ows(token);
-                    if token.eq_ignore_ascii_case(b"close") {
-                        connection_close = true;
-                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                        connection_keep_alive = true;
-                    }
-                }
-            }
+            10 if name.eq_ignore_ascii_case(b"connection") => connection.read(value),
             12 if name.eq_ignore_ascii_case(b"content-type") => {
                 head.content_type = Some(Span::of(buf, value));
             }
@@ -437,10 +427,7 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
         return Err(HeadError::Malformed("missing host header"));
     }
 
-    head.keep_alive = match version {
-        Version::Http11 => !connection_close,
-        Version::Http10 => connection_keep_alive && !connection_close,
-    };
+    head.keep_alive = connection.keep_alive(version == Version::Http11);
     Ok(Some(head))
 }
 
