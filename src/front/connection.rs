@@ -6,9 +6,6 @@
 //! without losing bytes. So one read is always outstanding, in the reader, and its end sets the
 //! connection's `gone` latch that the request phases watch.
 //!
-//! The reader, the request reading and the write loop are here; the writing half, the request
-//! path's `Sink` for HTTP/1.1, is [`sink`].
-//!
 //! Error handling: bad input is answered in the error envelope with the right status (400, 404,
 //! 405, 408, 413, 431, 505); where the byte stream can no longer be trusted the answer carries
 //! `connection: close` and the connection ends. Nothing here can affect another connection.
@@ -18,11 +15,14 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, OwnedReadHalf, Splitable};
+use monoio::io::{
+    AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, OwnedReadHalf, OwnedWriteHalf, Splitable,
+};
 use monoio::net::TcpStream;
 
 use crate::api::authenticate::{self, HeadCredentials, now_unix_ms};
-use crate::api::sink::Sink;
+use crate::api::sink::{CORKED_BYTES_MAX, UntilGone};
+use crate::api::sink::{ClientGone, Sink};
 use crate::api::{self, ClientRequest};
 use crate::error::Rejection;
 use crate::front::pipeline::{self, Receiver, Sender};
@@ -31,15 +31,13 @@ use crate::http::request::{
     BodyFraming, HeadError, HeadLimits, HeadWait, Method, RequestHead, Version, is_h2_preface,
     parse_head,
 };
+use crate::http::response::{LAST_CHUNK, ResponseFraming, ResponseHead, write_chunk};
 use crate::metrics::ShardMetrics;
 use crate::shard::clients::{ConnectionPermit, Refusal};
 use crate::shard::latch::{Latch, race};
 use crate::shard::state::Shard;
+use crate::telemetry::context::TRACEPARENT_LEN;
 use futures_util::future::Either;
-
-mod sink;
-
-use sink::{Http1Sink, spare_out};
 
 /// How long a refused connection's one answer may take to write.
 const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -55,7 +53,7 @@ const READ_CHUNK_BYTES: usize = 16 * 1024;
 const IDLE_READ_BYTES: usize = 4 * 1024;
 /// The output buffer a connection holds while it answers (a response longer than this is written
 /// in parts, or grows it); a connection waiting for a request holds none (see [`spare_out`]).
-pub(super) const OUT_BYTES: usize = 4 * 1024;
+const OUT_BYTES: usize = 4 * 1024;
 /// After refusing a request whose body is still arriving, keep reading (and discarding) this long
 /// so the client sees the answer rather than a reset.
 const LINGER: Duration = Duration::from_secs(2);
@@ -192,7 +190,17 @@ async fn serve_http1(shard: &Rc<Shard>, stream: TcpStream, first: BytesMut) {
         gone.clone(),
         writer_done.clone(),
     ));
-    let mut sink = Http1Sink::new(writer, gone, shard.clone());
+    let mut sink = Http1Sink {
+        writer,
+        out: Vec::new(),
+        gone,
+        close: false,
+        head_only: false,
+        shard: shard.clone(),
+        status: 0,
+        request_id: None,
+        traceparent: None,
+    };
     write_loop(shard, &mut sink, from_reader).await;
     let _ = sink.writer.shutdown().await;
     writer_done.set();
@@ -646,6 +654,261 @@ async fn linger(reader: &mut Reader) {
             Err(_) => return,
         }
     }
+}
+
+/// Output buffers of this shard's connections that wait for a request, lent to the next one that
+/// has a response to write. A keep-alive connection used to keep its own 4 KiB buffer while idle;
+/// allocating one per request instead cost about 300 instructions per request (a 4 KiB block is
+/// past the allocator's small-object fast path), the spare list about 30.
+///
+/// Per shard (a thread-local, on a thread-per-core runtime) and bounded: at most
+/// [`SPARE_MAX`](spare_out::SPARE_MAX) buffers, none grown past
+/// [`KEPT_BYTES_MAX`](spare_out::KEPT_BYTES_MAX) (a buffer a long response grew is freed).
+mod spare_out {
+    use std::cell::RefCell;
+
+    use super::OUT_BYTES;
+
+    pub(super) const SPARE_MAX: usize = 256;
+    pub(super) const KEPT_BYTES_MAX: usize = 4 * OUT_BYTES;
+
+    thread_local! {
+        static SPARE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// An empty buffer with room for at least [`OUT_BYTES`].
+    pub(super) fn take() -> Vec<u8> {
+        SPARE
+            .with_borrow_mut(Vec::pop)
+            .unwrap_or_else(|| Vec::with_capacity(OUT_BYTES))
+    }
+
+    /// Keeps `out` for [`take`] unless the list is full or `out` grew past [`KEPT_BYTES_MAX`].
+    pub(super) fn give_back(mut out: Vec<u8>) {
+        if out.capacity() < OUT_BYTES || out.capacity() > KEPT_BYTES_MAX {
+            return;
+        }
+        out.clear();
+        SPARE.with_borrow_mut(|spare| {
+            if spare.len() < SPARE_MAX {
+                spare.push(out);
+            }
+        });
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn buffers_are_lent_again_within_bounds() {
+            let lent = take();
+            assert!(lent.capacity() >= OUT_BYTES);
+            let address = lent.as_ptr();
+            give_back(lent);
+            let again = take();
+            assert_eq!(again.as_ptr(), address, "the spare buffer is lent again");
+            assert!(again.is_empty());
+
+            // A buffer a long response grew is not kept, nor an empty one.
+            give_back(Vec::with_capacity(KEPT_BYTES_MAX + 1));
+            give_back(Vec::new());
+            assert_eq!(SPARE.with_borrow(Vec::len), 0);
+
+            // At most SPARE_MAX are kept.
+            for _ in 0..SPARE_MAX + 10 {
+                give_back(Vec::with_capacity(OUT_BYTES));
+            }
+            assert_eq!(SPARE.with_borrow(Vec::len), SPARE_MAX);
+            drop(again);
+        }
+    }
+}
+
+struct Http1Sink {
+    writer: OwnedWriteHalf<TcpStream>,
+    out: Vec<u8>,
+    gone: Rc<Latch>,
+    close: bool,
+    /// The request was `HEAD`: send heads without bodies.
+    head_only: bool,
+    /// Where this connection's responses are counted.
+    shard: Rc<Shard>,
+    /// The status of the response head written last (0: none yet for this request).
+    status: u16,
+    /// The current request's ID, returned as `X-Request-ID`.
+    request_id: Option<[u8; 36]>,
+    /// The current request's trace context, returned as `traceparent` (tracing on only).
+    traceparent: Option<[u8; TRACEPARENT_LEN]>,
+}
+
+impl Http1Sink {
+    /// Writes out `out`, which is empty afterwards whatever the result: every write appends
+    /// to it, and only corked writes (`Sink::*_corked`) leave bytes in it between calls.
+    async fn write_out(&mut self) -> Result<(), ClientGone> {
+        let out = std::mem::take(&mut self.out);
+        let (result, mut out) = self.writer.write_all(out).await;
+        out.clear();
+        self.out = out;
+        result.map(|_| ()).map_err(|_| ClientGone)
+    }
+
+    async fn write_raw(&mut self, bytes: &[u8]) -> Result<(), ClientGone> {
+        self.out.extend_from_slice(bytes);
+        self.write_out().await
+    }
+
+    /// Appends a whole response (head and body) to `out`; the caller counts the status and
+    /// writes it out. Not part of `respond`: the header array would be held across its write,
+    /// in every request's future (the request path's futures are copied whole at each await).
+    fn whole_response(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+        body: &[u8],
+    ) {
+        self.status = status;
+        let ids = (self.request_id, self.traceparent);
+        let mut headers: [(&str, &[u8]); RESPONSE_HEADERS_MAX] = [("", b""); RESPONSE_HEADERS_MAX];
+        let count = with_ids(&mut headers, &ids, extra_headers);
+        ResponseHead {
+            status,
+            content_type: Some(content_type),
+            framing: ResponseFraming::ContentLength(body.len() as u64),
+            close: self.close,
+            extra_headers: &headers[..count],
+        }
+        .write(&mut self.out);
+        if !self.head_only {
+            self.out.extend_from_slice(body);
+        }
+    }
+
+    /// Appends a chunked response head (`start_stream`, `start_keepalive`) to `out`; the caller
+    /// counts the status and writes it out.
+    fn stream_head(&mut self, status: u16, content_type: &str, extra_headers: &[(&str, &[u8])]) {
+        self.status = status;
+        let ids = (self.request_id, self.traceparent);
+        let mut headers: [(&str, &[u8]); RESPONSE_HEADERS_MAX] =
+            [("cache-control", b"no-cache"); RESPONSE_HEADERS_MAX];
+        let count = 1 + with_ids(&mut headers[1..], &ids, extra_headers);
+        ResponseHead {
+            status,
+            content_type: Some(content_type),
+            framing: ResponseFraming::Chunked,
+            close: self.close,
+            extra_headers: &headers[..count],
+        }
+        .write(&mut self.out);
+    }
+}
+
+impl Sink for Http1Sink {
+    async fn respond(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+        body: &[u8],
+    ) -> Result<(), ClientGone> {
+        self.shard.metrics.count_response(status);
+        self.whole_response(status, content_type, extra_headers, body);
+        self.write_out().await
+    }
+
+    async fn start_stream(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+    ) -> Result<(), ClientGone> {
+        self.shard.metrics.count_response(status);
+        self.stream_head(status, content_type, extra_headers);
+        Ok(())
+    }
+
+    async fn start_keepalive(&mut self, content_type: &str) -> Result<(), ClientGone> {
+        self.stream_head(200, content_type, &[]);
+        self.write_out().await
+    }
+
+    async fn stream_data(&mut self, data: &[u8]) -> Result<(), ClientGone> {
+        if !data.is_empty() {
+            write_chunk(&mut self.out, data);
+        }
+        self.flush().await
+    }
+
+    async fn end_stream(&mut self) -> Result<(), ClientGone> {
+        self.write_raw(LAST_CHUNK).await
+    }
+
+    async fn stream_data_corked(&mut self, data: &[u8]) -> Result<(), ClientGone> {
+        if !data.is_empty() {
+            write_chunk(&mut self.out, data);
+        }
+        if self.out.len() >= CORKED_BYTES_MAX {
+            return self.write_out().await;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), ClientGone> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        self.write_out().await
+    }
+
+    fn until_client_gone<F: std::future::Future>(
+        &mut self,
+        future: F,
+    ) -> impl std::future::Future<Output = Option<F::Output>> {
+        UntilGone::new(future, self.gone.wait())
+    }
+
+    fn close_after(&mut self) {
+        self.close = true;
+    }
+
+    fn status(&self) -> u16 {
+        self.status
+    }
+
+    fn set_request_id(&mut self, id: [u8; 36]) {
+        self.request_id = Some(id);
+    }
+
+    fn set_traceparent(&mut self, traceparent: Option<[u8; TRACEPARENT_LEN]>) {
+        self.traceparent = traceparent;
+    }
+}
+
+/// Response headers a head may carry besides the framing ones.
+const RESPONSE_HEADERS_MAX: usize = 9;
+
+/// Fills `headers` with `X-Request-ID` and `traceparent` (each when known) and then `extra`, as
+/// many as fit; returns how many.
+fn with_ids<'a>(
+    headers: &mut [(&'a str, &'a [u8])],
+    (request_id, traceparent): &'a (Option<[u8; 36]>, Option<[u8; TRACEPARENT_LEN]>),
+    extra: &[(&'a str, &'a [u8])],
+) -> usize {
+    let mut count = 0;
+    if let Some(id) = request_id {
+        headers[count] = ("x-request-id", id.as_slice());
+        count += 1;
+    }
+    if let Some(traceparent) = traceparent {
+        headers[count] = ("traceparent", traceparent.as_slice());
+        count += 1;
+    }
+    for header in extra.iter().take(headers.len() - count) {
+        headers[count] = *header;
+        count += 1;
+    }
+    count
 }
 
 #[cfg(test)]
