@@ -24,7 +24,10 @@
 //! Bounds: at most [`IDLE_MAX`] idle connections (one given back beyond that is closed), none
 //! reused after [`IDLE_TIMEOUT`] idle or once the engine closed it (looked at on each
 //! checkout); a response head at most `crate::http::client::RESPONSE_HEAD_BYTES_MAX` bytes; the
-//! read buffer grows by [`READ_BYTES`] at a time and holds at most one read beyond the head.
+//! read buffer grows by [`READ_BYTES`] at a time and holds at most one read beyond the head; a
+//! chunked body's size lines and trailers are held to `crate::http::chunked`'s line and trailer
+//! limits (its data is streamed, one read at a time, never gathered); every wait on the engine
+//! is bounded by the caller's `--http-timeout`.
 //!
 //! Error handling: a connection that cannot be made is [`SendError::Connect`] (the caller answers
 //! 503 `backend_unavailable`); an exchange that fails after it is any other [`SendError`] (502),
@@ -341,7 +344,8 @@ async fn read_head(conn: &mut Conn) -> Result<ResponseHead, SendError> {
 
 /// A response body, read from the engine connection as it is asked for.
 pub struct EngineBody {
-    /// `None` once the body ended or failed (the connection went back to the pool or closed).
+    /// `None` once the body ended or failed (the connection went back to the pool or closed);
+    /// always `None` in [`BodyState::Done`].
     conn: Option<Conn>,
     state: BodyState,
     /// The connection may carry another exchange once this body is read to its end.
@@ -362,11 +366,9 @@ impl EngineBody {
     /// the future between reads loses nothing.
     pub async fn chunk(&mut self) -> Option<Result<Bytes, BodyError>> {
         loop {
+            // A body that reached `Done` has let go of its connection (`finish`): `None` here.
             let conn = self.conn.as_mut()?;
             if conn.buf.is_empty() {
-                if matches!(self.state, BodyState::Done) {
-                    return None;
-                }
                 conn.buf.reserve(READ_BYTES);
                 match conn.stream.read_buf(&mut conn.buf).await {
                     Ok(0) if matches!(self.state, BodyState::UntilClose) => {

@@ -95,7 +95,7 @@ pub fn parse_response_head(buf: &[u8]) -> Result<Option<ResponseHead>, ResponseH
     }
     let http11 = response.version == Some(1);
     let mut headers = HeaderMap::with_capacity(response.headers.len());
-    let mut keep_alive = http11;
+    let mut connection = super::ConnectionTokens::default();
     let mut transfer_encoding: Option<bool> = None; // Some(whether the final coding is chunked)
     let mut content_length: Option<u64> = None;
     for field in response.headers.iter() {
@@ -104,14 +104,7 @@ pub fn parse_response_head(buf: &[u8]) -> Result<Option<ResponseHead>, ResponseH
         let value = HeaderValue::from_bytes(field.value)
             .map_err(|_| ResponseHeadError::Malformed("bad field value"))?;
         if name == CONNECTION {
-            for token in field.value.split(|&byte| byte == b',') {
-                let token = token.trim_ascii();
-                if token.eq_ignore_ascii_case(b"close") {
-                    keep_alive = false;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") && !http11 {
-                    keep_alive = true;
-                }
-            }
+            connection.read(field.value);
         } else if name == http::header::TRANSFER_ENCODING {
             // Codings accumulate across fields; only the last one decides.
             if let Some(last) = field.value.rsplit(|&byte| byte == b',').next() {
@@ -122,8 +115,7 @@ pub fn parse_response_head(buf: &[u8]) -> Result<Option<ResponseHead>, ResponseH
             }
         } else if name == CONTENT_LENGTH {
             for part in field.value.split(|&byte| byte == b',') {
-                let length = digits(part.trim_ascii())
-                    .ok_or(ResponseHeadError::Malformed("bad content-length"))?;
+                let length = super::content_length(part).map_err(ResponseHeadError::Malformed)?;
                 if content_length.is_some_and(|seen| seen != length) {
                     return Err(ResponseHeadError::Malformed("conflicting content-length"));
                 }
@@ -132,6 +124,7 @@ pub fn parse_response_head(buf: &[u8]) -> Result<Option<ResponseHead>, ResponseH
         }
         headers.append(name, value);
     }
+    let mut keep_alive = connection.keep_alive(http11);
     let framing = if (100..200).contains(&status) || status == 204 || status == 304 {
         Framing::Empty
     } else if let Some(chunked) = transfer_encoding {
@@ -161,17 +154,6 @@ pub fn parse_response_head(buf: &[u8]) -> Result<Option<ResponseHead>, ResponseH
         keep_alive,
         head_bytes,
     }))
-}
-
-/// A decimal `content-length`: digits only, no sign, fits 64 bits.
-fn digits(text: &[u8]) -> Option<u64> {
-    if text.is_empty() || text.len() > 19 || !text.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(
-        text.iter()
-            .fold(0u64, |value, digit| value * 10 + u64::from(digit - b'0')),
-    )
 }
 
 /// How the request body travels.
@@ -311,6 +293,12 @@ mod tests {
         assert!(keep(
             "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\n"
         ));
+        // `close` wins whatever the order of the tokens, as for requests.
+        for tokens in ["close, keep-alive", "keep-alive, close"] {
+            assert!(!keep(&format!(
+                "HTTP/1.0 200 OK\r\nconnection: {tokens}\r\ncontent-length: 1\r\n\r\n"
+            )));
+        }
         // A body that ends at the close cannot be followed by another exchange.
         assert!(!keep("HTTP/1.1 200 OK\r\n\r\n"));
         // Both framing fields: transfer-encoding wins, and the connection closes afterwards.

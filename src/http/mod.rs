@@ -51,3 +51,63 @@ pub fn blank_line_end_and_lines(buf: &[u8]) -> Option<(usize, bool)> {
     }
     None
 }
+
+/// `Content-Length = 1*DIGIT` (RFC 9110 §8.6), optional whitespace around it; signs, spaces
+/// inside, lists and overflow are refused, with the reason. Requests (`request::parse_head`) and
+/// engine responses (`client::parse_response_head`, per list element) read it alike.
+pub fn content_length(value: &[u8]) -> Result<u64, &'static str> {
+    let value = trim_ows(value);
+    if value.is_empty() {
+        return Err("empty content-length");
+    }
+    let mut length: u64 = 0;
+    for &byte in value {
+        if !byte.is_ascii_digit() {
+            return Err("content-length is not a number");
+        }
+        length = length
+            .checked_mul(10)
+            .and_then(|length| length.checked_add(u64::from(byte - b'0')))
+            .ok_or("content-length overflows")?;
+    }
+    Ok(length)
+}
+
+/// What a `Connection` field's tokens say about the connection, over all its fields (RFC 9112
+/// §9.3): `close` wins over `keep-alive`, whatever their order.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ConnectionTokens {
+    pub close: bool,
+    pub keep_alive: bool,
+}
+
+impl ConnectionTokens {
+    /// Takes in one `Connection` field's value.
+    pub fn read(&mut self, value: &[u8]) {
+        for token in value.split(|&byte| byte == b',') {
+            let token = trim_ows(token);
+            if token.eq_ignore_ascii_case(b"close") {
+                self.close = true;
+            } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                self.keep_alive = true;
+            }
+        }
+    }
+
+    /// Whether the connection stays open after this message, for an HTTP/1.1 message or an
+    /// HTTP/1.0 one.
+    pub fn keep_alive(self, http11: bool) -> bool {
+        !self.close && (http11 || self.keep_alive)
+    }
+}
+
+/// A field value without the optional whitespace (spaces and tabs) around it.
+fn trim_ows(mut value: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = value {
+        value = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = value {
+        value = rest;
+    }
+    value
+}

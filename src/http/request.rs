@@ -222,18 +222,8 @@ impl<'b> Iterator for HeaderIter<'b> {
             return None;
         }
         let colon = memchr::memchr(b':', line)?;
-        Some((&line[..colon], trim_ows(&line[colon + 1..])))
+        Some((&line[..colon], super::trim_ows(&line[colon + 1..])))
     }
-}
-
-fn trim_ows(mut value: &[u8]) -> &[u8] {
-    while let [b' ' | b'\t', rest @ ..] = value {
-        value = rest;
-    }
-    while let [rest @ .., b' ' | b'\t'] = value {
-        value = rest;
-    }
-    value
 }
 
 /// Tells, in time linear in the bytes received, when [`parse_head`] is worth calling: once a blank
@@ -334,8 +324,7 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
     let mut content_length: Option<u64> = None;
     let mut chunked = false;
     let mut transfer_encoding_seen = false;
-    let mut connection_close = false;
-    let mut connection_keep_alive = false;
+    let mut connection = super::ConnectionTokens::default();
 
     for header in request.headers.iter() {
         let name = header.name.as_bytes();
@@ -350,7 +339,8 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
                 head.host = Some(Span::of(buf, value));
             }
             6 if name.eq_ignore_ascii_case(b"expect") => {
-                head.expect_continue |= trim_ows(value).eq_ignore_ascii_case(b"100-continue");
+                head.expect_continue |=
+                    super::trim_ows(value).eq_ignore_ascii_case(b"100-continue");
             }
             7 if name.eq_ignore_ascii_case(b"upgrade") => {
                 head.upgrade = Some(Span::of(buf, value));
@@ -362,16 +352,7 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
                 }
                 head.x_api_key = Some(Span::of(buf, value));
             }
-            10 if name.eq_ignore_ascii_case(b"connection") => {
-                for token in value.split(|&byte| byte == b',') {
-                    let token = trim_ows(token);
-                    if token.eq_ignore_ascii_case(b"close") {
-                        connection_close = true;
-                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                        connection_keep_alive = true;
-                    }
-                }
-            }
+            10 if name.eq_ignore_ascii_case(b"connection") => connection.read(value),
             12 if name.eq_ignore_ascii_case(b"content-type") => {
                 head.content_type = Some(Span::of(buf, value));
             }
@@ -388,7 +369,7 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
                 head.authorization = Some(Span::of(buf, value));
             }
             14 if name.eq_ignore_ascii_case(b"content-length") => {
-                let length = parse_content_length(value)?;
+                let length = super::content_length(value).map_err(HeadError::Malformed)?;
                 // Identical repeats are harmless (RFC 9112 §6.3 item 5); different ones are the
                 // classic smuggling vector.
                 if content_length.is_some_and(|previous| previous != length) {
@@ -404,7 +385,7 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
             }
             17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
                 for coding in value.split(|&byte| byte == b',') {
-                    let coding = trim_ows(coding);
+                    let coding = super::trim_ows(coding);
                     if coding.is_empty() {
                         continue;
                     }
@@ -446,30 +427,8 @@ pub fn parse_head(buf: &[u8], limits: &HeadLimits) -> Result<Option<RequestHead>
         return Err(HeadError::Malformed("missing host header"));
     }
 
-    head.keep_alive = match version {
-        Version::Http11 => !connection_close,
-        Version::Http10 => connection_keep_alive && !connection_close,
-    };
+    head.keep_alive = connection.keep_alive(version == Version::Http11);
     Ok(Some(head))
-}
-
-/// `Content-Length = 1*DIGIT` (RFC 9110 §8.6); signs, spaces, lists and overflow are refused.
-fn parse_content_length(value: &[u8]) -> Result<u64, HeadError> {
-    let value = trim_ows(value);
-    if value.is_empty() {
-        return Err(HeadError::Malformed("empty content-length"));
-    }
-    let mut length: u64 = 0;
-    for &byte in value {
-        if !byte.is_ascii_digit() {
-            return Err(HeadError::Malformed("content-length is not a number"));
-        }
-        length = length
-            .checked_mul(10)
-            .and_then(|length| length.checked_add(u64::from(byte - b'0')))
-            .ok_or(HeadError::Malformed("content-length overflows"))?;
-    }
-    Ok(length)
 }
 
 /// httparse reports a bad byte in the method and in the request target alike; say which.
