@@ -415,7 +415,8 @@ impl Harness {
         }
     }
 
-    /// Accepts the agent's tunnel connection as the router would and becomes its HTTP/2 client.
+    /// Accepts the agent's tunnel connection as a router of the previous release would and
+    /// becomes its HTTP/2 client.
     async fn accept_tunnel(&mut self) -> h2::client::SendRequest<Bytes> {
         self.accept_tunnel_with_connection(SESSION_TOKEN).await.0
     }
@@ -426,13 +427,31 @@ impl Harness {
         &mut self,
         expected_token: &str,
     ) -> (h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>) {
+        // This router predates the lean tunnel: it refuses the agent's first offer as malformed
+        // and speaks HTTP/2 on the agent's second dial, as a router of the previous release.
         let (mut socket, _) = tokio::time::timeout(WAIT, self.tunnel.accept())
             .await
             .expect("agent dials the tunnel")
             .unwrap();
         let mut head = [0u8; 8];
         socket.read_exact(&mut head).await.unwrap();
-        let (shard, token_len) = preamble::decode_head(&head).expect("valid preamble");
+        assert_eq!(
+            &head[..4],
+            b"HNT2",
+            "the agent offers the lean tunnel first"
+        );
+        socket
+            .write_all(&[preamble::Status::Malformed as u8])
+            .await
+            .unwrap();
+        drop(socket);
+        let (mut socket, _) = tokio::time::timeout(WAIT, self.tunnel.accept())
+            .await
+            .expect("agent dials the tunnel again")
+            .unwrap();
+        socket.read_exact(&mut head).await.unwrap();
+        let (codec, shard, token_len) = preamble::decode_head(&head).expect("valid preamble");
+        assert_eq!(codec, preamble::Codec::Http2, "then HTTP/2, at once");
         let mut token = vec![0u8; token_len];
         socket.read_exact(&mut token).await.unwrap();
         assert_eq!(shard, 0);
@@ -640,7 +659,7 @@ async fn session_is_refreshed_and_new_tunnels_use_the_newest_token() {
         .unwrap();
     let mut head = [0u8; 8];
     socket.read_exact(&mut head).await.unwrap();
-    let (_, token_len) = preamble::decode_head(&head).unwrap();
+    let (_, _, token_len) = preamble::decode_head(&head).unwrap();
     let mut token = vec![0u8; token_len];
     socket.read_exact(&mut token).await.unwrap();
     let token = preamble::decode_token(token).unwrap();

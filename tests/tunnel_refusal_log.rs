@@ -20,7 +20,11 @@ fn refused_tunnel(site: &Site) {
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     socket
-        .write_all(&preamble::encode(0, "not-a-session-token"))
+        .write_all(&preamble::encode(
+            preamble::Codec::Lean,
+            0,
+            "not-a-session-token",
+        ))
         .unwrap();
     let mut status = [0u8; 1];
     socket.read_exact(&mut status).expect("a status byte");

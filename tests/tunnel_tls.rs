@@ -77,7 +77,11 @@ fn an_agent_that_trusts_another_ca_gets_no_tunnel_and_plaintext_is_refused() {
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     socket
-        .write_all(&hivenet_router::tunnel::preamble::encode(0, "not.a.token"))
+        .write_all(&hivenet_router::tunnel::preamble::encode(
+            hivenet_router::tunnel::preamble::Codec::Lean,
+            0,
+            "not.a.token",
+        ))
         .unwrap();
     let mut status = [0u8; 1];
     socket.read_exact(&mut status).unwrap();
@@ -127,9 +131,13 @@ async fn open_by_hand(
         .connect(name, socket)
         .await
         .unwrap();
-    tls.write_all(&hivenet_router::tunnel::preamble::encode(0, token))
-        .await
-        .unwrap();
+    tls.write_all(&hivenet_router::tunnel::preamble::encode(
+        hivenet_router::tunnel::preamble::Codec::Lean,
+        0,
+        token,
+    ))
+    .await
+    .unwrap();
     tls.flush().await.unwrap();
     tls.read_exact(&mut status).await.unwrap();
     (status[0], tls)
@@ -166,14 +174,11 @@ fn inside_tls_the_shard_refuses_a_bad_token_and_drops_a_session_that_is_not_live
         });
         let (status, tls) = open_by_hand(site.p2p, &token).await;
         assert_eq!(status, 0, "the shard accepts a well-signed token");
-        // The router speaks HTTP/2 as the client; the control core then finds the session is
-        // not live and the shard drops the tunnel, which ends the connection.
-        let mut connection = h2::server::handshake(tls).await.unwrap();
-        let ended = tokio::time::timeout(Duration::from_secs(10), connection.accept()).await;
-        assert!(
-            matches!(ended, Ok(None) | Ok(Some(Err(_)))),
-            "the tunnel of a dead session is closed"
-        );
+        // The router speaks the lean tunnel as the client; the control core then finds the
+        // session is not live and the shard drops the tunnel, which ends the connection.
+        let (_acceptor, connection) = hivenet_router::tunnel::link::server(tls);
+        let ended = tokio::time::timeout(Duration::from_secs(10), connection).await;
+        assert!(ended.is_ok(), "the tunnel of a dead session is closed");
     });
     assert!(site.logs().contains("session not live"), "{}", site.logs());
     assert_eq!(site.router_metric("hivenet_shard_tunnels_open"), 0.0);

@@ -57,6 +57,24 @@ impl Capability {
     }
 }
 
+/// `--p2p-codec`: what the agent offers on its tunnels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TunnelCodec {
+    /// The lean tunnel, and HTTP/2 to a router older than it.
+    Lean,
+    /// HTTP/2 only, as agents before the lean tunnel: a way back without a downgrade.
+    Http2,
+}
+
+impl TunnelCodec {
+    pub fn codec(self) -> crate::tunnel::preamble::Codec {
+        match self {
+            TunnelCodec::Lean => crate::tunnel::preamble::Codec::Lean,
+            TunnelCodec::Http2 => crate::tunnel::preamble::Codec::Http2,
+        }
+    }
+}
+
 /// `--version` default: injected at build time through `HIVENET_AGENT_VERSION`, else `dev`.
 pub const BUILD_VERSION: &str = match option_env!("HIVENET_AGENT_VERSION") {
     Some(version) => version,
@@ -180,6 +198,10 @@ pub struct Args {
     /// address ends in `/tls`. Default: the public web roots.
     #[arg(long, env = "HIVENET_AGENT_P2P_TLS_CA")]
     pub p2p_tls_ca: Option<PathBuf>,
+    /// What the tunnels to the routers carry: `lean` (the default; HTTP/2 to a router that
+    /// predates it) or `http2` (HTTP/2 only).
+    #[arg(long, env = "HIVENET_AGENT_P2P_CODEC", value_enum, default_value_t = TunnelCodec::Lean)]
+    pub p2p_codec: TunnelCodec,
     /// Accepted, unused: no hardware sampling in this agent.
     #[arg(long, default_value = "2s", value_parser = parse_arg)]
     pub hardware_sample_interval: Duration,
@@ -243,6 +265,8 @@ pub struct Config {
     pub machine: String,
     /// `--p2p-tls-ca`.
     pub p2p_tls_ca: Option<PathBuf>,
+    /// `--p2p-codec`: what a tunnel connection offers first.
+    pub p2p_codec: crate::tunnel::preamble::Codec,
     /// `OTEL_EXPORTER_OTLP_ENDPOINT`: `None` when tracing is off.
     pub tracing: Option<crate::telemetry::TracingSettings>,
 }
@@ -320,6 +344,7 @@ impl Args {
             organization: self.organization,
             machine: self.machine,
             p2p_tls_ca: self.p2p_tls_ca,
+            p2p_codec: self.p2p_codec.codec(),
             tracing: self.tracing.settings(),
         })
     }

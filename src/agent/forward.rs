@@ -1,5 +1,5 @@
-//! Serving one tunnelled request: the router's HTTP/2 stream in, the backend's HTTP/1.1 exchange
-//! out, the response streamed back.
+//! Serving one tunnelled request: the router's tunnel stream in (`agent::stream`, either codec), the
+//! backend's HTTP/1.1 exchange out, the response streamed back.
 //!
 //! ## Phases
 //! 1. *enter*: count the request in flight (the guard leaves on every exit).
@@ -9,7 +9,7 @@
 //! 3. *head*: wait for the backend's response head within `--http-timeout`, racing a reset of the
 //!    stream by the router. A failure here is answered by [`ForwardError::into_response`] — the one
 //!    place that turns agent errors into HTTP.
-//! 4. *stream*: copy body frames back, respecting HTTP/2 flow control, each frame within
+//! 4. *stream*: copy body frames back, respecting the tunnel's flow control, each frame within
 //!    `--stream-write-timeout`; the backend must produce each frame within `--http-timeout`.
 //!
 //! ## Cancellation
@@ -18,22 +18,17 @@
 //! that is how vLLM, SGLang and the others learn to abort the generation. Only a response read to
 //! the end gives its connection back (`agent::engine_client`).
 
-use std::future::poll_fn;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
-use h2::server::SendResponse;
-use h2::{Reason, RecvStream, SendStream};
 use http::{HeaderValue, Request, Response, StatusCode, Uri, Version};
-use hyper::body::{Body, Frame};
 use tracing::{debug, warn};
 
 use super::engine_client::{EngineBody, EngineClient, SendError};
 use super::headers;
+use super::stream::{Incoming, Reply};
 use crate::telemetry::{SpanOutcome, SpanQueue, StartedSpan};
 
 const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
@@ -181,54 +176,6 @@ impl ForwardError {
     }
 }
 
-/// The tunnelled request body as a hyper body. Flow-control credit goes back to the router as the
-/// backend client takes each chunk, so the router's sending is paced by the backend's reading.
-pub struct TunnelBody {
-    recv: RecvStream,
-    data_done: bool,
-}
-
-impl TunnelBody {
-    pub fn new(recv: RecvStream) -> TunnelBody {
-        TunnelBody {
-            recv,
-            data_done: false,
-        }
-    }
-}
-
-impl Body for TunnelBody {
-    type Data = Bytes;
-    type Error = h2::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
-        if !self.data_done {
-            match ready!(self.recv.poll_data(cx)) {
-                Some(Ok(data)) => {
-                    // Releasing can only fail when the stream is already gone; the next poll
-                    // reports that.
-                    let _ = self.recv.flow_control().release_capacity(data.len());
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
-                }
-                Some(Err(error)) => return Poll::Ready(Some(Err(error))),
-                None => self.data_done = true,
-            }
-        }
-        match ready!(self.recv.poll_trailers(cx)) {
-            Ok(Some(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
-            Ok(None) => Poll::Ready(None),
-            Err(error) => Poll::Ready(Some(Err(error))),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.recv.is_end_stream()
-    }
-}
-
 /// The origin-form URI (`{base_path}{path?query}`) the engine gets for a tunnelled request URI;
 /// `base_path` is the path of `--backend-url` (usually empty: the request's own path is kept).
 pub fn backend_uri(base_path: &str, request_uri: &Uri) -> Result<Uri, ForwardError> {
@@ -247,22 +194,18 @@ pub fn backend_uri(base_path: &str, request_uri: &Uri) -> Result<Uri, ForwardErr
 }
 
 /// Serves one stream to completion or cancellation.
-pub async fn serve(
-    mut request: Request<RecvStream>,
-    mut respond: SendResponse<Bytes>,
-    context: Arc<ForwardContext>,
-) {
+pub async fn serve(mut request: Incoming, mut reply: Reply, context: Arc<ForwardContext>) {
     let _in_flight = context.in_flight.enter();
     // Tracing off: this one branch is all it costs.
     let traced = context.spans.as_ref().map(|_| {
-        let span = start_span(request.headers_mut());
-        let name = crate::telemetry::span_name(request.uri().path());
-        (span, name, request_id_of(request.headers()))
+        let span = start_span(&mut request.headers);
+        let name = crate::telemetry::span_name(request.uri.path());
+        (span, name, request_id_of(&request.headers))
     });
-    let (status, error_code) = match send_to_backend(request, &mut respond, &context).await {
+    let (status, error_code) = match send_to_backend(request, &mut reply, &context).await {
         Some(Ok(response)) => {
             let status = response.status().as_u16();
-            stream_to_router(response, respond, &context).await;
+            stream_to_router(response, reply, &context).await;
             (status, None)
         }
         Some(Err(error)) => {
@@ -270,10 +213,11 @@ pub async fn serve(
             let code = error.code();
             let (head, body) = error.into_response();
             let status = head.status().as_u16();
-            if let Ok(mut send) = respond.send_response(head, false) {
-                // The body is a few hundred bytes, below any initial window.
-                send.reserve_capacity(body.len());
-                let _ = send.send_data(body, true);
+            if reply.send_head(head, false).is_ok() {
+                // A few hundred bytes, below any initial window: no wait for credit.
+                let _ = reply
+                    .send_data(body, true, context.stream_write_timeout)
+                    .await;
             }
             (status, Some(code))
         }
@@ -310,20 +254,19 @@ fn request_id_of(headers: &http::HeaderMap) -> Option<[u8; 36]> {
 
 /// Phases *send* and *head*. `None` when the router reset the stream meanwhile.
 async fn send_to_backend(
-    request: Request<RecvStream>,
-    respond: &mut SendResponse<Bytes>,
+    request: Incoming,
+    reply: &mut Reply,
     context: &ForwardContext,
 ) -> Option<Result<Response<EngineBody>, ForwardError>> {
-    let (parts, recv) = request.into_parts();
-    let uri = match backend_uri(&context.base_path, &parts.uri) {
+    let uri = match backend_uri(&context.base_path, &request.uri) {
         Ok(uri) => uri,
         Err(error) => return Some(Err(error)),
     };
-    let mut backend_request = Request::new(TunnelBody::new(recv));
-    *backend_request.method_mut() = parts.method;
+    let mut backend_request = Request::new(request.body);
+    *backend_request.method_mut() = request.method;
     *backend_request.uri_mut() = uri;
     *backend_request.version_mut() = Version::HTTP_11;
-    *backend_request.headers_mut() = parts.headers;
+    *backend_request.headers_mut() = request.headers;
     headers::to_backend(backend_request.headers_mut(), &context.backend_host);
 
     let exchange = tokio::time::timeout(context.http_timeout, context.engine.send(backend_request));
@@ -334,8 +277,8 @@ async fn send_to_backend(
             Ok(Err(error)) => Err(ForwardError::Failed(error.to_string())),
             Err(_) => Err(ForwardError::Timeout(context.http_timeout)),
         }),
-        reason = poll_fn(|cx| respond.poll_reset(cx)) => {
-            debug!(?reason, "router reset the stream before the backend answered");
+        reason = reply.reset() => {
+            debug!(%reason, "router reset the stream before the backend answered");
             None
         }
     }
@@ -345,7 +288,7 @@ async fn send_to_backend(
 /// (`EngineBody::chunk`); any other way out drops the body and closes the connection.
 async fn stream_to_router(
     response: Response<EngineBody>,
-    mut respond: SendResponse<Bytes>,
+    mut reply: Reply,
     context: &ForwardContext,
 ) {
     let (parts, mut body) = response.into_parts();
@@ -354,51 +297,49 @@ async fn stream_to_router(
     *head.headers_mut() = parts.headers;
     headers::to_router(head.headers_mut());
     let end_of_stream = body.is_end();
-    let mut send = match respond.send_response(head, end_of_stream) {
-        Ok(send) => send,
-        Err(error) => {
-            debug!(%error, "stream closed before the response head");
-            return;
-        }
-    };
+    if let Err(error) = reply.send_head(head, end_of_stream) {
+        debug!(%error, "stream closed before the response head");
+        return;
+    }
     if end_of_stream {
         return;
     }
     loop {
         let chunk = tokio::select! {
             chunk = tokio::time::timeout(context.http_timeout, body.chunk()) => chunk,
-            reason = poll_fn(|cx| send.poll_reset(cx)) => {
+            reason = reply.reset() => {
                 // Dropping `body` here closes the backend connection: the engine cancels.
-                debug!(?reason, "router reset the stream mid-response");
+                debug!(%reason, "router reset the stream mid-response");
                 return;
             }
         };
         match chunk {
             Err(_) => {
                 warn!(timeout = ?context.http_timeout, "backend stalled mid-response");
-                send.send_reset(crate::tunnel::BACKEND_FAILED);
+                reply.send_reset(crate::tunnel::BACKEND_FAILED);
                 return;
             }
             Ok(None) => {
-                let _ = send.send_data(Bytes::new(), true);
+                let _ = reply.send_data(Bytes::new(), true, None).await;
                 return;
             }
             Ok(Some(Err(error))) => {
                 // The engine's connection broke mid-response (a crash, a reset): the router tells
                 // its client the backend failed, not that the agent was lost (`crate::tunnel`).
                 warn!(%error, "backend response body failed");
-                send.send_reset(crate::tunnel::BACKEND_FAILED);
+                reply.send_reset(crate::tunnel::BACKEND_FAILED);
                 return;
             }
             Ok(Some(Ok(data))) => {
                 // A body whose end is known and reached ends the stream with its last chunk: no
                 // empty DATA frame after it for the router to read.
                 let last = body.is_end();
-                if let Err(error) =
-                    write_data(&mut send, data, last, context.stream_write_timeout).await
+                if let Err(error) = reply
+                    .send_data(data, last, context.stream_write_timeout)
+                    .await
                 {
                     debug!(%error, "cannot write the response to the router");
-                    send.send_reset(Reason::CANCEL);
+                    reply.send_reset(crate::tunnel::mux::CANCEL);
                     return;
                 }
                 if last {
@@ -406,54 +347,6 @@ async fn stream_to_router(
                 }
             }
         }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-enum WriteError {
-    #[error("router stream failed: {0}")]
-    Stream(#[from] h2::Error),
-    #[error("router stream closed")]
-    Closed,
-    #[error("router did not take a chunk within {0:?}")]
-    Timeout(Duration),
-}
-
-/// Sends one chunk as the router's flow-control window allows, within the rolling write timeout;
-/// `end`: the chunk's last piece ends the stream.
-async fn write_data(
-    send: &mut SendStream<Bytes>,
-    mut data: Bytes,
-    end: bool,
-    timeout: Option<Duration>,
-) -> Result<(), WriteError> {
-    let write = async {
-        if data.is_empty() {
-            if end {
-                send.send_data(data, true)?;
-            }
-            return Ok(());
-        }
-        while !data.is_empty() {
-            send.reserve_capacity(data.len());
-            let granted = match poll_fn(|cx| send.poll_capacity(cx)).await {
-                Some(Ok(granted)) => granted,
-                Some(Err(error)) => return Err(WriteError::Stream(error)),
-                None => return Err(WriteError::Closed),
-            };
-            if granted == 0 {
-                continue;
-            }
-            let chunk = data.split_to(granted.min(data.len()));
-            send.send_data(chunk, end && data.is_empty())?;
-        }
-        Ok(())
-    };
-    match timeout {
-        Some(limit) => tokio::time::timeout(limit, write)
-            .await
-            .map_err(|_| WriteError::Timeout(limit))?,
-        None => write.await,
     }
 }
 
@@ -503,12 +396,16 @@ mod tests {
         );
     }
 
-    /// Sends one GET through an in-memory HTTP/2 tunnel to `serve` and returns the answer.
+    use crate::tunnel::preamble::Codec;
+
+    /// Sends one GET through an in-memory tunnel speaking `codec` to `serve` and returns the
+    /// answer.
     async fn one_request(
+        codec: Codec,
         backend: &str,
         http_timeout: Duration,
     ) -> (StatusCode, serde_json::Value, InFlight) {
-        let (status, chunks, in_flight) = exchange(backend, http_timeout).await;
+        let (status, chunks, in_flight) = exchange(codec, backend, http_timeout).await;
         (
             status,
             serde_json::from_slice(&chunks.concat()).unwrap(),
@@ -516,27 +413,64 @@ mod tests {
         )
     }
 
-    /// Like [`one_request`], with the body as the DATA frames' payloads, in order.
-    async fn exchange(backend: &str, http_timeout: Duration) -> (StatusCode, Vec<Bytes>, InFlight) {
+    /// Like [`one_request`], with the body as the data frames' payloads, in order.
+    async fn exchange(
+        codec: Codec,
+        backend: &str,
+        http_timeout: Duration,
+    ) -> (StatusCode, Vec<Bytes>, InFlight) {
         let in_flight = InFlight::default();
         let context =
             Arc::new(ForwardContext::new(backend, http_timeout, None, in_flight.clone()).unwrap());
         let (router_io, agent_io) = tokio::io::duplex(1 << 16);
-        tokio::spawn(async move {
-            let mut connection = h2::server::handshake(agent_io).await.unwrap();
-            while let Some(Ok((request, respond))) = connection.accept().await {
-                tokio::spawn(serve(request, respond, context.clone()));
+        let (status, mut body) = match codec {
+            Codec::Lean => {
+                use crate::tunnel::link;
+                let (mut acceptor, connection) = link::server(agent_io);
+                tokio::spawn(connection);
+                tokio::spawn(async move {
+                    while let Some((request, body, reply)) = acceptor.accept().await {
+                        let incoming = crate::agent::stream::Incoming::lean(request, body);
+                        tokio::spawn(serve(incoming, Reply::Lean(reply), context.clone()));
+                    }
+                });
+                let (opener, connection) = link::client(router_io);
+                tokio::spawn(connection);
+                let target = http::uri::PathAndQuery::from_static("/v1/models");
+                let pending = opener
+                    .send_request(
+                        http::Method::GET,
+                        target,
+                        http::HeaderMap::new(),
+                        Bytes::new(),
+                    )
+                    .unwrap();
+                let response = pending.await.unwrap();
+                let body = crate::tunnel::upstream::Body::Lean(response.body);
+                (response.status, body)
             }
-        });
-        let (mut router, connection) = h2::client::handshake(router_io).await.unwrap();
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
-        let request = Request::get("http://router/v1/models").body(()).unwrap();
-        let (response, _) = router.send_request(request, true).unwrap();
-        let response = response.await.unwrap();
-        let status = response.status();
-        let mut body = response.into_body();
+            Codec::Http2 => {
+                tokio::spawn(async move {
+                    let mut connection = h2::server::handshake(agent_io).await.unwrap();
+                    while let Some(Ok((request, respond))) = connection.accept().await {
+                        let incoming = crate::agent::stream::Incoming::http2(request);
+                        tokio::spawn(serve(incoming, Reply::http2(respond), context.clone()));
+                    }
+                });
+                let (mut router, connection) = h2::client::handshake(router_io).await.unwrap();
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                let request = Request::get("http://router/v1/models").body(()).unwrap();
+                let (response, _) = router.send_request(request, true).unwrap();
+                let response = response.await.unwrap();
+                let status = response.status();
+                (
+                    status,
+                    crate::tunnel::upstream::Body::Http2(response.into_body()),
+                )
+            }
+        };
         let mut chunks = Vec::new();
         while let Some(chunk) = body.data().await {
             chunks.push(chunk.unwrap());
@@ -546,28 +480,32 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_of_known_length_ends_the_stream_with_its_last_chunk() {
-        let backend = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = backend.local_addr().unwrap();
-        tokio::spawn(async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let (mut socket, _) = backend.accept().await.unwrap();
-            let mut head = [0u8; 1024];
-            let _ = socket.read(&mut head).await.unwrap();
-            let body = r#"{"object":"list","data":[]}"#;
-            let answer = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                body.len()
+        for codec in [Codec::Lean, Codec::Http2] {
+            let backend = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = backend.local_addr().unwrap();
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let (mut socket, _) = backend.accept().await.unwrap();
+                let mut head = [0u8; 1024];
+                let _ = socket.read(&mut head).await.unwrap();
+                let body = r#"{"object":"list","data":[]}"#;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                socket.write_all(answer.as_bytes()).await.unwrap();
+                let _ = socket.read(&mut head).await;
+            });
+            let (status, chunks, _) =
+                exchange(codec, &format!("http://{addr}"), Duration::from_secs(5)).await;
+            assert_eq!(status, StatusCode::OK);
+            // One data frame that ends the stream, not the body then an empty frame to end it.
+            assert_eq!(
+                chunks,
+                vec![Bytes::from_static(br#"{"object":"list","data":[]}"#)],
+                "{codec:?}"
             );
-            socket.write_all(answer.as_bytes()).await.unwrap();
-            let _ = socket.read(&mut head).await;
-        });
-        let (status, chunks, _) = exchange(&format!("http://{addr}"), Duration::from_secs(5)).await;
-        assert_eq!(status, StatusCode::OK);
-        // One DATA frame carrying END_STREAM, not the body then an empty frame to end it.
-        assert_eq!(
-            chunks,
-            vec![Bytes::from_static(br#"{"object":"list","data":[]}"#)]
-        );
+        }
     }
 
     #[tokio::test]
@@ -577,19 +515,21 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
-        let (status, body, in_flight) =
-            one_request(&format!("http://{closed}"), Duration::from_secs(5)).await;
-        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(body["error"]["code"], "backend_unavailable");
-        assert_eq!(body["error"]["source"], "backend");
-        // The guard leaves just after the last frame is queued; give that task a moment.
-        for _ in 0..100 {
-            if in_flight.get() == 0 {
-                break;
+        for codec in [Codec::Lean, Codec::Http2] {
+            let (status, body, in_flight) =
+                one_request(codec, &format!("http://{closed}"), Duration::from_secs(5)).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(body["error"]["code"], "backend_unavailable");
+            assert_eq!(body["error"]["source"], "backend");
+            // The guard leaves just after the last frame is queued; give that task a moment.
+            for _ in 0..100 {
+                if in_flight.get() == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            assert_eq!(in_flight.get(), 0);
         }
-        assert_eq!(in_flight.get(), 0);
     }
 
     #[tokio::test]
@@ -602,10 +542,12 @@ mod tests {
                 held.push(socket);
             }
         });
-        let (status, body, _) =
-            one_request(&format!("http://{addr}"), Duration::from_millis(200)).await;
-        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
-        assert_eq!(body["error"]["code"], "backend_error");
+        for codec in [Codec::Lean, Codec::Http2] {
+            let (status, body, _) =
+                one_request(codec, &format!("http://{addr}"), Duration::from_millis(200)).await;
+            assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+            assert_eq!(body["error"]["code"], "backend_error");
+        }
     }
 
     #[test]

@@ -50,6 +50,7 @@ pub mod poller;
 pub mod readiness;
 pub mod session;
 pub mod sessions;
+pub mod stream;
 pub mod tunnel;
 
 use std::sync::Arc;

@@ -277,6 +277,7 @@ async fn session_inner(
             session_token.clone(),
             shared.forward.clone(),
             shared.tunnel_tls.clone(),
+            shared.config.p2p_codec,
         ));
     }
 

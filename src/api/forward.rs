@@ -1,13 +1,13 @@
 //! Phases 7 and 8: forward the request over this shard's tunnel to the agent holding the slot,
 //! send the response back to the client, read exact usage on the way, and settle.
 //!
-//! Streams are passed through event by event, byte for byte, flushed as each HTTP/2 data frame
+//! Streams are passed through event by event, byte for byte, flushed as each tunnel data frame
 //! arrives. The only change ever made to a stream: when the router itself asked the backend for
 //! usage (`stream_options.include_usage`, for an OpenAI stream whose client did not ask), the
 //! usage-only chunk that answer adds is removed before the client sees it.
 //!
 //! The slot is released when the response has ended — after the last byte of a stream, not at the
-//! headers — or when the client goes away, which also resets the HTTP/2 stream so the agent
+//! headers — or when the client goes away, which also resets the tunnel stream so the agent
 //! cancels the backend request.
 
 use std::rc::Rc;
@@ -257,14 +257,12 @@ pub async fn forward<S: Sink>(
     // When the request was handed to the tunnel: the start of its latency sample.
     let handed_over: std::cell::Cell<Option<Instant>> = std::cell::Cell::new(None);
     let sent = sink
-        .until_client_gone(crate::shard::timer::timeout(remaining, async {
-            let mut send = tunnel.send.clone().ready().await?;
-            handed_over.set(Some(Instant::now()));
-            let (response, mut body_stream) =
-                send.send_request(upstream_request(request), false)?;
-            body_stream.send_data(body, true)?;
-            response.await
-        }))
+        .until_client_gone(crate::shard::timer::timeout(
+            remaining,
+            tunnel.send.exchange(upstream_request(request), body, || {
+                handed_over.set(Some(Instant::now()))
+            }),
+        ))
         .await;
     let response = match sent {
         None => {
@@ -361,7 +359,7 @@ async fn buffer_back<S: Sink>(
     mut settling: Settling<'_>,
     content_type: &str,
     rate_headers: &[(&str, &[u8])],
-    mut upstream: h2::RecvStream,
+    mut upstream: crate::tunnel::upstream::Body,
     deadline: Instant,
     sink: &mut S,
 ) -> Result<(), Outcome> {
@@ -387,7 +385,6 @@ async fn buffer_back<S: Sink>(
                 return Err(upstream_failure(shard, &error).into());
             }
             Some(Either::Left(Some(Ok(chunk)))) => {
-                let _ = upstream.flow_control().release_capacity(chunk.len());
                 let held = single.as_ref().map_or(0, Bytes::len) + joined.len();
                 if held + chunk.len() > BUFFERED_BODY_BYTES_MAX {
                     return Err(Rejection::backend_error("backend response is too large").into());
@@ -452,7 +449,7 @@ async fn stream_back<S: Sink>(
     mut settling: Settling<'_>,
     content_type: &str,
     rate_headers: &[(&str, &[u8])],
-    mut upstream: h2::RecvStream,
+    mut upstream: crate::tunnel::upstream::Body,
     suppress_usage_chunk: bool,
     sink: &mut S,
 ) -> Result<(), Outcome> {
@@ -494,10 +491,7 @@ async fn stream_back<S: Sink>(
                 if shard.lifecycle.is_ending() {
                     out.extend_from_slice(&Rejection::shutting_down().stream_event(dialect));
                 } else {
-                    out.extend_from_slice(stream_error_event(
-                        dialect,
-                        crate::tunnel::is_backend_failure(&error),
-                    ));
+                    out.extend_from_slice(stream_error_event(dialect, error.is_backend_failure()));
                 }
                 if sink.stream_data(&out).await.is_err() {
                     return Err(settling.client_left(scanner.usage()));
@@ -506,7 +500,6 @@ async fn stream_back<S: Sink>(
             }
             Some(Some(Ok(chunk))) => chunk,
         };
-        let _ = upstream.flow_control().release_capacity(chunk.len());
         out.clear();
         if passthrough {
             out.extend_from_slice(&chunk);
@@ -614,10 +607,10 @@ impl<'a> OccupancyTracker<'a> {
 /// What a tunnelled stream's error tells the client: the router's own shutdown closed the
 /// tunnel, the agent's backend failed (`tunnel::BACKEND_FAILED`), or the tunnel or the agent was
 /// lost.
-fn upstream_failure(shard: &Shard, error: &h2::Error) -> Rejection {
+fn upstream_failure(shard: &Shard, error: &crate::tunnel::upstream::UpstreamError) -> Rejection {
     if shard.lifecycle.is_ending() {
         Rejection::shutting_down()
-    } else if crate::tunnel::is_backend_failure(error) {
+    } else if error.is_backend_failure() {
         Rejection::backend_failed()
     } else {
         Rejection::agent_disconnected()

@@ -122,11 +122,11 @@ async fn handshake(
     if &magic == tls::MAGIC {
         return secure_handshake(socket, permit, shared).await;
     }
-    if tls_on && &magic == preamble::MAGIC {
+    if tls_on && preamble::Codec::from_magic(&magic).is_some() {
         let _ = socket.write_all(&[Status::TlsRequired as u8]).await;
         return Err("plaintext preamble on a TLS tunnel port");
     }
-    let (shard, claims) = preamble::read_claims(&mut socket, &magic, &shared.secret).await?;
+    let (codec, shard, claims) = preamble::read_claims(&mut socket, &magic, &shared.secret).await?;
     let status = match claims {
         None => Status::BadToken,
         Some(claims) => {
@@ -138,6 +138,7 @@ async fn handshake(
             } else {
                 return hand_to_shard(socket, shard, shared, |socket| ControlToShard::Tunnel {
                     agent,
+                    codec,
                     socket,
                     permit,
                 })

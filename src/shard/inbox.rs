@@ -21,9 +21,10 @@ const MESH_DRAIN_BUDGET: usize = 256;
 
 /// A tunnel socket the control core handed this shard.
 pub enum TunnelSocket {
-    /// Authenticated: the shard speaks HTTP/2 (client) over it to `agent`.
+    /// Authenticated: the shard speaks `codec` (as the client) over it to `agent`.
     Plain {
         agent: crate::ids::AgentId,
+        codec: crate::tunnel::preamble::Codec,
         socket: std::net::TcpStream,
         /// Its place under `--p2p-max-conns-per-ip`, held until the tunnel ends.
         permit: crate::control::conn_limit::ConnPermit,
@@ -149,11 +150,13 @@ impl Shard {
             ControlToShard::CloseTunnel { agent } => self.close_tunnel(agent),
             ControlToShard::Tunnel {
                 agent,
+                codec,
                 socket,
                 permit,
             } => {
                 return Some(TunnelSocket::Plain {
                     agent,
+                    codec,
                     socket,
                     permit,
                 });

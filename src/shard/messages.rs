@@ -38,9 +38,11 @@ pub enum ControlToShard {
         in_flight: u32,
         engine: crate::routing::EngineSignals,
     },
-    /// An authenticated tunnel socket for this shard. The shard speaks HTTP/2 (client) over it.
+    /// An authenticated tunnel socket for this shard. The shard speaks `codec` (as the client)
+    /// over it.
     Tunnel {
         agent: AgentId,
+        codec: crate::tunnel::preamble::Codec,
         socket: std::net::TcpStream,
         /// Its place under `--p2p-max-conns-per-ip`, held until the tunnel ends.
         permit: crate::control::conn_limit::ConnPermit,

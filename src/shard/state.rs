@@ -12,7 +12,6 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::sync::oneshot;
 
 use crate::admission::{PolicyOutcome, Reason};
@@ -68,10 +67,10 @@ pub struct ShardSettings {
     pub reaper: crate::config::ReaperSettings,
 }
 
-/// The router-side HTTP/2 client handle over one agent tunnel.
+/// The router's handle on one agent tunnel.
 #[derive(Clone)]
 pub struct Tunnel {
-    pub send: h2::client::SendRequest<Bytes>,
+    pub send: crate::tunnel::upstream::Sender,
     pub generation: u64,
 }
 

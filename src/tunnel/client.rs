@@ -1,9 +1,10 @@
-//! The router side of one tunnel: HTTP/2 client over an agent-dialed socket, on the shard the agent
-//! named in its preamble — in the clear ([`run`], the control core checked the preamble), or inside
-//! TLS that this shard terminates ([`run_secure`], which checks the preamble itself).
+//! The router side of one tunnel: the client of the codec the agent's preamble named (the lean
+//! tunnel, or HTTP/2 for older agents) over an agent-dialed socket, on the shard the agent named in
+//! its preamble — in the clear ([`run`], the control core checked the preamble), or inside TLS that
+//! this shard terminates ([`run_secure`], which checks the preamble itself).
 //!
 //! Performance: `monoio-compat`'s wrapper copies through its own buffers; they are sized to hold a
-//! full HTTP/2 frame batch so one syscall carries many frames. The wrapper reports a write done
+//! full frame batch so one syscall carries many frames. The wrapper reports a write done
 //! before it reaches the socket, so a dead peer shows on the next write or as a closed connection,
 //! which ends the connection task below and takes the tunnel out of the shard at once.
 
@@ -19,10 +20,14 @@ use crate::log_limit::LogLimit;
 use crate::routing::AgentId;
 use crate::shard::latch::race;
 use crate::shard::state::{Shard, Tunnel};
+use crate::tunnel::link;
+use crate::tunnel::preamble::Codec;
+use crate::tunnel::upstream::Sender;
 
 /// Buffer sizes of the compat wrapper around the tunnel socket.
 const TUNNEL_BUFFER_BYTES: usize = 64 * 1024;
-/// HTTP/2 windows: large enough that a streamed response or a big request body never stalls on
+/// HTTP/2 windows (the lean tunnel's are protocol constants, `tunnel::mux::Windows::TUNNEL`):
+/// large enough that a streamed response or a big request body never stalls on
 /// window updates over loopback or a LAN.
 const STREAM_WINDOW_BYTES: u32 = 4 * 1024 * 1024;
 const CONNECTION_WINDOW_BYTES: u32 = 16 * 1024 * 1024;
@@ -72,10 +77,11 @@ pub fn start(shard: &Rc<Shard>, socket: crate::shard::inbox::TunnelSocket) {
     match socket {
         TunnelSocket::Plain {
             agent,
+            codec,
             socket,
             permit,
         } => {
-            monoio::spawn(run(shard.clone(), agent, generation, socket, permit));
+            monoio::spawn(run(shard.clone(), agent, codec, generation, socket, permit));
         }
         TunnelSocket::Secure { socket, permit } => {
             monoio::spawn(run_secure(shard.clone(), generation, socket, permit));
@@ -86,12 +92,13 @@ pub fn start(shard: &Rc<Shard>, socket: crate::shard::inbox::TunnelSocket) {
 pub async fn run(
     shard: Rc<Shard>,
     agent: AgentId,
+    codec: Codec,
     generation: u64,
     socket: std::net::TcpStream,
     _permit: crate::control::conn_limit::ConnPermit,
 ) {
     match wrap(socket) {
-        Ok(io) => serve(&shard, agent, generation, io).await,
+        Ok(io) => serve(&shard, agent, codec, generation, io).await,
         Err(error) => {
             tracing::warn!(shard = shard.id, session = agent.0, %error, "tunnel socket unusable");
             shard.tunnel_down(agent, generation).await;
@@ -101,7 +108,7 @@ pub async fn run(
 
 /// A TLS tunnel: the TLS handshake, then the preamble inside it, checked here (the token's
 /// signature and this shard's index; the control core checks the session is live when the tunnel
-/// comes up), then HTTP/2 as for [`run`].
+/// comes up), then the codec it named, as for [`run`].
 pub async fn run_secure(
     shard: Rc<Shard>,
     generation: u64,
@@ -121,7 +128,7 @@ pub async fn run_secure(
     let opened =
         monoio::time::timeout(SECURE_OPEN_TIMEOUT, open_secure(&shard, &security, io)).await;
     match opened {
-        Ok(Ok((agent, tls))) => serve(&shard, agent, generation, tls).await,
+        Ok(Ok((agent, codec, tls))) => serve(&shard, agent, codec, generation, tls).await,
         Ok(Err(reason)) => log_tls_refusal(shard.id, reason),
         Err(_) => log_tls_refusal(shard.id, "handshake or preamble timed out"),
     }
@@ -131,14 +138,14 @@ async fn open_secure(
     shard: &Shard,
     security: &crate::tunnel::tls::TunnelSecurity,
     io: Io,
-) -> Result<(AgentId, tokio_rustls::server::TlsStream<Io>), &'static str> {
+) -> Result<(AgentId, Codec, tokio_rustls::server::TlsStream<Io>), &'static str> {
     use crate::tunnel::preamble::{self, Status};
     use tokio::io::AsyncWriteExt;
     let mut tls = tokio_rustls::TlsAcceptor::from(security.config.clone())
         .accept(io)
         .await
         .map_err(|_| "TLS handshake failed")?;
-    let (claimed, claims) = preamble::read_claims(&mut tls, &[], &security.secret).await?;
+    let (codec, claimed, claims) = preamble::read_claims(&mut tls, &[], &security.secret).await?;
     let status = match &claims {
         None => Status::BadToken,
         Some(_) if usize::from(claimed) != shard.id => Status::BadShard,
@@ -151,36 +158,77 @@ async fn open_secure(
         .await
         .map_err(|_| "connection closed before acceptance")?;
     match (status, claims) {
-        (Status::Accepted, Some(claims)) => Ok((AgentId(claims.sid as u32), tls)),
+        (Status::Accepted, Some(claims)) => Ok((AgentId(claims.sid as u32), codec, tls)),
         _ => Err(status.describe()),
     }
 }
 
-/// HTTP/2 (the router as client) over an opened tunnel, until it ends.
-async fn serve<IO>(shard: &Rc<Shard>, agent: AgentId, generation: u64, io: IO)
+/// The codec the agent named (the router as client) over an opened tunnel, until it ends.
+async fn serve<IO>(shard: &Rc<Shard>, agent: AgentId, codec: Codec, generation: u64, io: IO)
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
 {
-    let handshake = h2::client::Builder::new()
-        .initial_window_size(STREAM_WINDOW_BYTES)
-        .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
-        .max_concurrent_reset_streams(1024)
-        .handshake::<_, bytes::Bytes>(io)
-        .await;
-    let (send, mut connection) = match handshake {
-        Ok(pair) => pair,
-        Err(error) => {
-            tracing::warn!(shard = shard.id, session = agent.0, %error, "tunnel HTTP/2 handshake failed");
-            shard.tunnel_down(agent, generation).await;
-            return;
+    match codec {
+        Codec::Lean => {
+            let (opener, connection) = link::client(io);
+            let pings = opener.pinger();
+            let tunnel = Tunnel {
+                send: Sender::Lean(opener),
+                generation,
+            };
+            let keepalive = async move {
+                loop {
+                    monoio::time::sleep(PING_INTERVAL).await;
+                    match monoio::time::timeout(PING_TIMEOUT, pings.ping()).await {
+                        Ok(Ok(())) => {}
+                        // The connection itself is failing, and says why.
+                        Ok(Err(_)) => return std::future::pending().await,
+                        Err(_elapsed) => return,
+                    }
+                }
+            };
+            serve_until_down(shard, agent, tunnel, connection, keepalive).await;
         }
-    };
-    let pings = connection.ping_pong();
-    shard.tunnel_up(agent, Tunnel { send, generation }).await;
+        Codec::Http2 => {
+            let handshake = h2::client::Builder::new()
+                .initial_window_size(STREAM_WINDOW_BYTES)
+                .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+                .max_concurrent_reset_streams(1024)
+                .handshake::<_, bytes::Bytes>(io)
+                .await;
+            let (send, mut connection) = match handshake {
+                Ok(pair) => pair,
+                Err(error) => {
+                    tracing::warn!(shard = shard.id, session = agent.0, %error, "tunnel HTTP/2 handshake failed");
+                    shard.tunnel_down(agent, generation).await;
+                    return;
+                }
+            };
+            let pings = connection.ping_pong();
+            let tunnel = Tunnel {
+                send: Sender::Http2(send),
+                generation,
+            };
+            serve_until_down(shard, agent, tunnel, connection, keepalive_http2(pings)).await;
+        }
+    }
+}
+
+/// Puts `tunnel` in the shard and drives its `connection` until it ends, the router's drain ends,
+/// or `keepalive` finds the agent silent; then takes the tunnel out.
+async fn serve_until_down<E: std::fmt::Display>(
+    shard: &Rc<Shard>,
+    agent: AgentId,
+    tunnel: Tunnel,
+    connection: impl std::future::Future<Output = Result<(), E>>,
+    keepalive: impl std::future::Future<Output = ()>,
+) {
+    let generation = tunnel.generation;
+    shard.tunnel_up(agent, tunnel).await;
     tracing::debug!(shard = shard.id, session = agent.0, "tunnel up");
     // The router's drain ended: the connection goes, and every request still on it ends.
     let ending = shard.lifecycle.ending();
-    match race(race(connection, ending), keepalive(pings)).await {
+    match race(race(connection, ending), keepalive).await {
         Either::Left(Either::Left(Err(error))) => {
             tracing::info!(shard = shard.id, session = agent.0, %error, "tunnel connection ended");
         }
@@ -203,10 +251,10 @@ where
     shard.tunnel_down(agent, generation).await;
 }
 
-/// Pings the agent every [`PING_INTERVAL`]; returns when one goes unanswered for [`PING_TIMEOUT`],
-/// so a peer that vanished without a reset (a partition, a frozen host) leaves the shard promptly.
-/// h2 sends no keepalive pings by itself.
-async fn keepalive(pings: Option<h2::PingPong>) {
+/// HTTP/2: pings the agent every [`PING_INTERVAL`]; returns when one goes unanswered for
+/// [`PING_TIMEOUT`], so a peer that vanished without a reset (a partition, a frozen host) leaves
+/// the shard promptly. h2 sends no keepalive pings by itself.
+async fn keepalive_http2(pings: Option<h2::PingPong>) {
     let Some(mut pings) = pings else {
         return std::future::pending().await;
     };

@@ -88,6 +88,9 @@ struct Inner {
     failed: Option<LinkError>,
     next_ping: u64,
     pongs: HashMap<u64, Option<Waker>, foldhash::fast::RandomState>,
+    /// Client: the [`Opener`]s alive. With none left and no stream open, the connection closes
+    /// (the router let go of the tunnel).
+    openers: usize,
 }
 
 /// A stream's local half: what arrived for its handles, and what waits for credit.
@@ -119,7 +122,13 @@ impl Inner {
             failed: None,
             next_ping: 0,
             pongs: HashMap::default(),
+            openers: 0,
         }
+    }
+
+    /// Client: nothing can use the connection any more.
+    fn abandoned(&self) -> bool {
+        self.mux.role() == Role::Client && self.openers == 0 && self.streams.is_empty()
     }
 
     /// Wakes the connection task when the mux has something for the peer.
@@ -263,6 +272,11 @@ impl Inner {
                 self.mux.consumed(stream, unread as u32);
             }
             self.flush();
+            if self.abandoned()
+                && let Some(waker) = self.connection.take()
+            {
+                waker.wake();
+            }
         }
     }
 }
@@ -293,10 +307,9 @@ pub fn client<IO>(io: IO) -> (Opener, Connection<IO>) {
 }
 
 pub fn client_with_windows<IO>(io: IO, windows: Windows) -> (Opener, Connection<IO>) {
-    let shared = Arc::new(Mutex::new(Inner::new(Mux::with_windows(
-        Role::Client,
-        windows,
-    ))));
+    let mut inner = Inner::new(Mux::with_windows(Role::Client, windows));
+    inner.openers = 1;
+    let shared = Arc::new(Mutex::new(inner));
     (
         Opener {
             shared: shared.clone(),
@@ -323,10 +336,31 @@ pub fn server_with_windows<IO>(io: IO, windows: Windows) -> (Acceptor, Connectio
     )
 }
 
-/// Opens streams on a client connection; cheap to clone.
-#[derive(Clone)]
+/// Opens streams on a client connection; cheap to clone. When the last one is dropped, the
+/// connection closes as soon as its streams have ended.
 pub struct Opener {
     shared: Shared,
+}
+
+impl Clone for Opener {
+    fn clone(&self) -> Opener {
+        lock(&self.shared).openers += 1;
+        Opener {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl Drop for Opener {
+    fn drop(&mut self) {
+        let mut inner = lock(&self.shared);
+        inner.openers -= 1;
+        if inner.abandoned()
+            && let Some(waker) = inner.connection.take()
+        {
+            waker.wake();
+        }
+    }
 }
 
 impl Opener {
@@ -358,6 +392,20 @@ impl Opener {
         })
     }
 
+    /// A handle that pings the agent and, unlike an opener, does not keep the connection open.
+    pub fn pinger(&self) -> Pinger {
+        Pinger {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// Pings the peer of a client connection (the router's keepalive).
+pub struct Pinger {
+    shared: Shared,
+}
+
+impl Pinger {
     /// Sends a ping; resolves when its answer comes back, or with the connection's end.
     pub fn ping(&self) -> Ping {
         let mut inner = lock(&self.shared);
@@ -669,6 +717,14 @@ impl<IO> Connection<IO> {
     }
 }
 
+impl<IO> Drop for Connection<IO> {
+    /// Dropped without having ended (the router's drain deadline, an aborted task): nothing will
+    /// move on it again, so every stream still open fails now rather than waiting forever.
+    fn drop(&mut self) {
+        lock(&self.shared).fail(LinkError::Closed);
+    }
+}
+
 impl<IO: AsyncRead + AsyncWrite + Unpin> Connection<IO> {
     fn end(&mut self, error: LinkError) -> Poll<Result<(), LinkError>> {
         lock(&self.shared).fail(error.clone());
@@ -712,7 +768,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Future for Connection<IO> {
                 }
             }
             // Everything the mux has, onto the socket.
-            {
+            let abandoned = {
                 let mut inner = lock(&this.shared);
                 if this.write.is_empty() {
                     this.write = inner.mux.take_output();
@@ -721,7 +777,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Future for Connection<IO> {
                     this.write.extend_from_slice(&more);
                 }
                 inner.connection = Some(cx.waker().clone());
-            }
+                inner.abandoned()
+            };
             while !this.write.is_empty() {
                 match Pin::new(&mut this.io).poll_write(cx, &this.write) {
                     Poll::Ready(Ok(0)) => return this.end(LinkError::Closed),
@@ -735,6 +792,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Future for Connection<IO> {
             }
             if let Poll::Ready(Err(error)) = Pin::new(&mut this.io).poll_flush(cx) {
                 return this.end(LinkError::Io(error.to_string()));
+            }
+            if abandoned && this.write.is_empty() {
+                // The router let go of the tunnel and its last stream ended: close it, which the
+                // agent reads as the router closing the tunnel.
+                return match Pin::new(&mut this.io).poll_shutdown(cx) {
+                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(_) => this.end(LinkError::Closed),
+                };
             }
             if !progressed {
                 // A handle that queued output since the waker was set woke it.
@@ -871,7 +936,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_reset_after_the_head_reaches_the_router_as_the_agent_s() {
-        const BACKEND_FAILED: u32 = 0x2;
+        use crate::tunnel::BACKEND_FAILED;
         let (opener, mut acceptor, _agent) = pair(Windows::TUNNEL);
         let response = opener
             .send_request(
@@ -915,13 +980,68 @@ mod tests {
     #[tokio::test]
     async fn a_ping_is_answered() {
         let (opener, _acceptor, _agent) = pair(Windows::TUNNEL);
-        tokio::time::timeout(WAIT, opener.ping())
+        tokio::time::timeout(WAIT, opener.pinger().ping())
             .await
             .unwrap()
             .unwrap();
-        tokio::time::timeout(WAIT, opener.ping())
+        tokio::time::timeout(WAIT, opener.pinger().ping())
             .await
             .unwrap()
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn letting_go_of_the_last_opener_closes_the_tunnel_once_its_streams_end() {
+        let (opener, mut acceptor, agent) = pair(Windows::TUNNEL);
+        let response = opener
+            .send_request(Method::POST, target(), HeaderMap::new(), Bytes::from("x"))
+            .unwrap();
+        let (_request, _body, mut responder) = tokio::time::timeout(WAIT, acceptor.accept())
+            .await
+            .unwrap()
+            .unwrap();
+        let clone = opener.clone();
+        drop(opener);
+        drop(clone);
+        // A stream is still open: the tunnel stays for it.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!agent.is_finished());
+        responder
+            .send_response(StatusCode::OK, HeaderMap::new(), false)
+            .unwrap();
+        tokio::time::timeout(WAIT, responder.send_data(Bytes::from("answer"), true))
+            .await
+            .unwrap()
+            .unwrap();
+        let mut response = tokio::time::timeout(WAIT, response).await.unwrap().unwrap();
+        assert_eq!(read_all(&mut response.body).await.unwrap(), b"answer");
+        drop(response);
+        // The agent reads the close as the router closing the tunnel.
+        let ended = tokio::time::timeout(WAIT, agent).await.unwrap().unwrap();
+        assert_eq!(ended, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn dropping_the_connection_fails_every_open_stream() {
+        let (router_io, agent_io) = tokio::io::duplex(16 * 1024);
+        let (opener, router_connection) = client(router_io);
+        let (mut acceptor, agent_connection) = server(agent_io);
+        let router = tokio::spawn(router_connection);
+        tokio::spawn(agent_connection);
+        let response = opener
+            .send_request(Method::POST, target(), HeaderMap::new(), Bytes::new())
+            .unwrap();
+        let (_request, _body, mut responder) = tokio::time::timeout(WAIT, acceptor.accept())
+            .await
+            .unwrap()
+            .unwrap();
+        responder
+            .send_response(StatusCode::OK, HeaderMap::new(), false)
+            .unwrap();
+        let mut response = tokio::time::timeout(WAIT, response).await.unwrap().unwrap();
+        // The router's drain deadline: its connection future is dropped, not ended.
+        router.abort();
+        let error = read_all(&mut response.body).await.unwrap_err();
+        assert_eq!(error, LinkError::Closed);
     }
 }

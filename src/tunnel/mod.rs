@@ -1,5 +1,6 @@
 //! The data tunnel between a router shard and an agent: an agent-dialed TCP socket, authenticated by
-//! the preamble, then HTTP/2 with the router as client.
+//! the preamble, then the lean tunnel ([`link`]) with the router as client; HTTP/2 with agents
+//! older than it (`preamble::Codec`).
 //!
 //! How a tunnelled request can end early, and what each end means by it:
 //! - before the response head, the agent answers every backend failure with an error response
@@ -10,7 +11,7 @@
 //! - anything else — the connection closing, a GOAWAY, another reset reason — means the tunnel or
 //!   the agent itself was lost.
 //!
-//! [`is_backend_failure`] is the router's side of that distinction: the client hears `backend_error`
+//! `upstream::UpstreamError::is_backend_failure` is the router's side of that distinction: the client hears `backend_error`
 //! for the first, `agent_disconnected` for the last.
 
 pub mod client;
@@ -18,13 +19,9 @@ pub mod link;
 pub mod mux;
 pub mod preamble;
 pub mod tls;
+pub mod upstream;
 pub mod wire;
 
-/// The reset reason an agent sends on a stream whose backend response failed after its head.
-pub const BACKEND_FAILED: h2::Reason = h2::Reason::INTERNAL_ERROR;
-
-/// Whether a tunnelled stream's error is the agent saying its backend failed, rather than the
-/// tunnel or the agent being lost.
-pub fn is_backend_failure(error: &h2::Error) -> bool {
-    error.is_reset() && error.is_remote() && error.reason() == Some(BACKEND_FAILED)
-}
+/// The reset reason an agent sends on a stream whose backend response failed after its head:
+/// the same code in both codecs (HTTP/2's `INTERNAL_ERROR`).
+pub const BACKEND_FAILED: u32 = 0x2;
