@@ -143,7 +143,8 @@ pub struct Mux {
     role: Role,
     windows: Windows,
     streams: HashMap<StreamId, Stream, foldhash::fast::RandomState>,
-    /// Client: the next stream to open. Server: the highest stream the peer opened.
+    /// Client: the next stream to open (odd; after `u32::MAX` it wraps to 1, skipping streams
+    /// still open, so a tunnel never runs out of them). Unused on a server.
     next_stream: StreamId,
     send_window: u32,
     recv_window: u32,
@@ -166,10 +167,7 @@ impl Mux {
             role,
             windows,
             streams: HashMap::default(),
-            next_stream: match role {
-                Role::Client => 1,
-                Role::Server => 0,
-            },
+            next_stream: 1,
             send_window: windows.connection,
             recv_window: windows.connection,
             recv_unacked: 0,
@@ -211,11 +209,17 @@ impl Mux {
         end: bool,
     ) -> Option<StreamId> {
         assert_eq!(self.role, Role::Client, "only the client opens streams");
-        if self.gone_away || self.next_stream > i32::MAX as u32 {
+        if self.gone_away {
             return None;
         }
-        let stream = self.next_stream;
-        self.next_stream += 2;
+        // 2^31 odd numbers: a stream still open after the ids went round once is skipped. The
+        // peer cannot mistake a reused id for the old stream: both ends dropped it long before,
+        // and frames arrive in order.
+        let mut stream = self.next_stream;
+        while self.streams.contains_key(&stream) {
+            stream = stream.wrapping_add(2);
+        }
+        self.next_stream = stream.wrapping_add(2);
         wire::encode(
             &Frame::Request {
                 stream,
@@ -366,10 +370,9 @@ impl Mux {
                 if self.role != Role::Server {
                     return Err(MuxError::Protocol("a request sent to the router"));
                 }
-                if stream % 2 == 0 || stream <= self.next_stream {
-                    return Err(MuxError::Protocol("a request on a used or even stream"));
+                if stream % 2 == 0 || self.streams.contains_key(&stream) {
+                    return Err(MuxError::Protocol("a request on an open or even stream"));
                 }
-                self.next_stream = stream;
                 if self.streams.len() >= STREAMS_MAX {
                     wire::encode(
                         &Frame::Reset {
@@ -618,6 +621,52 @@ mod tests {
             agent.send_window, 256,
             "the dropped bytes came back as credit"
         );
+    }
+
+    #[test]
+    fn stream_ids_go_round_skipping_open_streams_and_a_duplicate_is_refused() {
+        let (mut router, mut agent) = (Mux::new(Role::Client), Mux::new(Role::Server));
+        let first = router
+            .open(Method::POST, target(), HeaderMap::new(), true)
+            .unwrap();
+        deliver(&mut router, &mut agent);
+        // Two billion streams later, the ids are about to go round; stream 1 is still open.
+        router.next_stream = u32::MAX;
+        let last = router
+            .open(Method::POST, target(), HeaderMap::new(), true)
+            .unwrap();
+        let wrapped = router
+            .open(Method::POST, target(), HeaderMap::new(), true)
+            .unwrap();
+        assert_eq!((first, last, wrapped), (1, u32::MAX, 3));
+        assert_eq!(deliver(&mut router, &mut agent).len(), 2);
+        // Stream 1 ends on both sides; its id is free again on the next round.
+        agent
+            .respond(first, StatusCode::OK, HeaderMap::new(), true)
+            .unwrap();
+        deliver(&mut agent, &mut router);
+        router.next_stream = 1;
+        assert_eq!(
+            router.open(Method::POST, target(), HeaderMap::new(), true),
+            Some(1)
+        );
+        assert_eq!(deliver(&mut router, &mut agent).len(), 1);
+        // A request on a stream the agent still has open breaks the protocol.
+        let mut duplicate = BytesMut::new();
+        wire::encode(
+            &Frame::Request {
+                stream: 3,
+                method: Method::POST,
+                target: target(),
+                fields: HeaderMap::new(),
+                end: true,
+            },
+            &mut duplicate,
+        );
+        assert!(matches!(
+            agent.receive(&mut duplicate),
+            Err(MuxError::Protocol(_))
+        ));
     }
 
     #[test]
