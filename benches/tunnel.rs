@@ -1,5 +1,6 @@
 //! One tunnelled exchange, both ends in one process over an in-memory pipe: HTTP/2 (`h2`, the
-//! tunnel today) against the lean codec (`tunnel::link`, branch `lean-tunnel`). The request is
+//! tunnel before the lean codec, still spoken with older agents) against the lean codec
+//! (`tunnel::link`). The request is
 //! the router's (POST, `content-type`, a never-indexed `x-request-id`, a 300-byte body), the
 //! answer an agent's (200, `content-type`, `content-length`, a 400-byte body). Both ends run
 //! on one current-thread runtime, as each runs on one thread in production, so the figure is

@@ -1,5 +1,5 @@
 //! The lean tunnel's frames (`tunnel::wire`) and multiplexer (`tunnel::mux`), as a connection
-//! drives them with whatever its peer sends (branch `lean-tunnel`).
+//! drives them with whatever its peer sends.
 //!
 //! Asserts:
 //! - decoding never panics; bytes read in pieces give the same frames, and the same error, as

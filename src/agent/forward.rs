@@ -1,5 +1,5 @@
-//! Serving one tunnelled request: the router's tunnel stream in (`agent::stream`, either codec), the
-//! backend's HTTP/1.1 exchange out, the response streamed back.
+//! Serving one tunnelled request: the router's tunnel stream in (`agent::stream`, either codec),
+//! the backend's HTTP/1.1 exchange out, the response streamed back.
 //!
 //! ## Phases
 //! 1. *enter*: count the request in flight (the guard leaves on every exit).

@@ -28,8 +28,9 @@ use crate::tunnel::preamble::{self, Codec, Status};
 
 /// Deadline for the TCP connect and for the router's status byte.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// HTTP/2 receive windows (the lean tunnel's are protocol constants, `tunnel::mux::Windows`): a stream window large enough for a big prompt in a few round trips, a
-/// connection window shared by the requests of one shard.
+/// HTTP/2 receive windows (the lean tunnel's are protocol constants, `tunnel::mux::Windows`): a
+/// stream window large enough for a big prompt in a few round trips, a connection window shared by
+/// the requests of one shard.
 const STREAM_WINDOW_BYTES: u32 = 1 << 20;
 const CONNECTION_WINDOW_BYTES: u32 = 4 << 20;
 /// Upper bound on concurrent streams per shard connection. The router admits at most

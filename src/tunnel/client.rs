@@ -1,7 +1,7 @@
 //! The router side of one tunnel: the client of the codec the agent's preamble named (the lean
-//! tunnel, or HTTP/2 for older agents) over an agent-dialed socket, on the shard the agent named in
-//! its preamble — in the clear ([`run`], the control core checked the preamble), or inside TLS that
-//! this shard terminates ([`run_secure`], which checks the preamble itself).
+//! tunnel, or HTTP/2 for older agents) over an agent-dialed socket, on the shard the agent named
+//! in its preamble — in the clear ([`run`], the control core checked the preamble), or inside TLS
+//! that this shard terminates ([`run_secure`], which checks the preamble itself).
 //!
 //! Performance: `monoio-compat`'s wrapper copies through its own buffers; they are sized to hold a
 //! full frame batch so one syscall carries many frames. The wrapper reports a write done
@@ -27,8 +27,8 @@ use crate::tunnel::upstream::Sender;
 /// Buffer sizes of the compat wrapper around the tunnel socket.
 const TUNNEL_BUFFER_BYTES: usize = 64 * 1024;
 /// HTTP/2 windows (the lean tunnel's are protocol constants, `tunnel::mux::Windows::TUNNEL`):
-/// large enough that a streamed response or a big request body never stalls on
-/// window updates over loopback or a LAN.
+/// large enough that a streamed response or a big request body never stalls on window updates
+/// over loopback or a LAN.
 const STREAM_WINDOW_BYTES: u32 = 4 * 1024 * 1024;
 const CONNECTION_WINDOW_BYTES: u32 = 16 * 1024 * 1024;
 /// Keepalive ping cadence on an idle or busy tunnel, and how long an answer may take.

@@ -1,7 +1,7 @@
 //! The lean tunnel's connection: [`super::mux::Mux`] driven over a socket, with stream handles
-//! for the request paths (branch `lean-tunnel`; not wired yet). One implementation for both
-//! ends: anything `tokio::io::AsyncRead + AsyncWrite` (the router's sockets through
-//! `monoio-compat`, as `h2` takes them today; TLS streams too).
+//! for the request paths. One implementation for both ends: anything `tokio::io::AsyncRead +
+//! AsyncWrite` (the router's sockets through `monoio-compat`, as `h2` takes them; TLS streams
+//! too).
 //!
 //! [`client`] gives the router an [`Opener`] and a [`Connection`] future to poll in its own
 //! task; [`server`] gives the agent an [`Acceptor`] and the same. The connection future reads

@@ -1,5 +1,5 @@
-//! The data tunnel between a router shard and an agent: an agent-dialed TCP socket, authenticated by
-//! the preamble, then the lean tunnel ([`link`]) with the router as client; HTTP/2 with agents
+//! The data tunnel between a router shard and an agent: an agent-dialed TCP socket, authenticated
+//! by the preamble, then the lean tunnel ([`link`]) with the router as client; HTTP/2 with agents
 //! older than it (`preamble::Codec`).
 //!
 //! How a tunnelled request can end early, and what each end means by it:
@@ -11,8 +11,8 @@
 //! - anything else — the connection closing, a GOAWAY, another reset reason — means the tunnel or
 //!   the agent itself was lost.
 //!
-//! `upstream::UpstreamError::is_backend_failure` is the router's side of that distinction: the client hears `backend_error`
-//! for the first, `agent_disconnected` for the last.
+//! `upstream::UpstreamError::is_backend_failure` is the router's side of that distinction: the
+//! client hears `backend_error` for the first, `agent_disconnected` for the last.
 
 pub mod client;
 pub mod link;

@@ -1,6 +1,6 @@
 //! The lean tunnel's multiplexer, without I/O: streams, their flow control and the connection's
-//! frames in and out, as a state machine the two ends' drivers feed (branch `lean-tunnel`; not
-//! wired yet). Frames come in through [`Mux::receive`]; what the peer must be told goes to the
+//! frames in and out, as a state machine the two ends' drivers feed (`tunnel::link`). Frames come
+//! in through [`Mux::receive`]; what the peer must be told goes to the
 //! output buffer ([`Mux::take_output`]); what the local side must learn comes out as [`Event`]s.
 //!
 //! Roles: the router is the [`Role::Client`] (it opens odd-numbered streams with REQUEST

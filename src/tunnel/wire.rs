@@ -1,5 +1,5 @@
-//! The frames of the lean tunnel codec (issue 14): what is to replace HTTP/2 between a router
-//! shard and an agent once both ends speak it. Pure: bytes in, frames out, and back; the
+//! The frames of the lean tunnel codec (issue 14): what replaces HTTP/2 between a router shard and
+//! an agent when both ends speak it (`preamble::Codec`). Pure: bytes in, frames out, and back; the
 //! streams, their flow control and the connection's I/O are the multiplexer's, not this module's.
 //!
 //! Why: under callgrind, `h2` is about 35 % of the router's instructions per request and about
