@@ -6,21 +6,21 @@
 //! - nothing panics, and the router reads at most the 8-byte head plus `TOKEN_LEN_MAX` token bytes;
 //! - a malformed head is answered with the one `Malformed` status byte and nothing else;
 //! - reading with the magic already taken gives the same outcome as reading it all;
-//! - round trip: `encode` of a shard and a token decodes to the same shard and token; the status
-//!   byte decodes back to itself.
+//! - round trip: `encode` of a codec, a shard and a token decodes to the same codec, shard and
+//!   token; the status byte decodes back to itself.
 //!
 //! The tokens in the seed corpus are signed with [`SECRET`], so a verified session is reachable.
 #![no_main]
 
 use fuzz_support::{Wire, block_on};
 use hivenet_router::tokens::{Claims, Secret};
-use hivenet_router::tunnel::preamble::{self, PreambleError, Status, TOKEN_LEN_MAX};
+use hivenet_router::tunnel::preamble::{self, Codec, PreambleError, Status, TOKEN_LEN_MAX};
 use libfuzzer_sys::fuzz_target;
 
 /// The HS256 secret the seed tokens are signed with (fuzz/seeds/make.py). Test material only.
 const SECRET: &[u8] = b"hivenet-fuzz-secret-0123456789abcdef";
 
-type Outcome = Result<(u16, Option<Claims>), &'static str>;
+type Outcome = Result<(Codec, u16, Option<Claims>), &'static str>;
 
 fuzz_target!(|data: &[u8]| {
     let secret = Secret::new(SECRET).expect("a non-empty secret");
@@ -42,10 +42,11 @@ fuzz_target!(|data: &[u8]| {
 
     if let Ok(head) = <[u8; 8]>::try_from(data.get(..8).unwrap_or_default()) {
         match preamble::decode_head(&head) {
-            Ok((shard, token_len)) => {
+            Ok((codec, shard, token_len)) => {
                 assert!(token_len <= TOKEN_LEN_MAX);
-                if let Ok((read_shard, _)) = whole.0 {
-                    assert_eq!(read_shard, shard);
+                assert_eq!(Codec::from_magic(&head[..4]), Some(codec));
+                if let Ok((read_codec, read_shard, _)) = whole.0 {
+                    assert_eq!((read_codec, read_shard), (codec, shard));
                 }
             }
             Err(PreambleError::TokenTooLong(token_len)) => assert!(token_len > TOKEN_LEN_MAX),
@@ -58,10 +59,16 @@ fuzz_target!(|data: &[u8]| {
     let mut token: String = text.chars().take(TOKEN_LEN_MAX / 4).collect();
     token.truncate(TOKEN_LEN_MAX);
     let shard = u16::from_le_bytes([data.first().copied().unwrap_or(0), data.len() as u8]);
-    let encoded = preamble::encode(shard, &token);
+    let codec = if data.len() % 2 == 0 {
+        Codec::Lean
+    } else {
+        Codec::Http2
+    };
+    let encoded = preamble::encode(codec, shard, &token);
     let head: [u8; 8] = encoded[..8].try_into().expect("an 8-byte head");
-    let (decoded_shard, token_len) = preamble::decode_head(&head).expect("an encoded head decodes");
-    assert_eq!(decoded_shard, shard);
+    let (decoded_codec, decoded_shard, token_len) =
+        preamble::decode_head(&head).expect("an encoded head decodes");
+    assert_eq!((decoded_codec, decoded_shard), (codec, shard));
     assert_eq!(token_len, token.len());
     let decoded = preamble::decode_token(encoded[8..].to_vec()).expect("an encoded token decodes");
     assert_eq!(decoded, token);

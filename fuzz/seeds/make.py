@@ -243,13 +243,14 @@ write("h2c_request", h2c)
 # ----- tunnel preambles ---------------------------------------------------------------------
 
 
-def preamble(shard, token):
+def preamble(shard, token, magic=b"HNT1"):
     token = token.encode()
-    return b"HNT1" + struct.pack(">HH", shard, len(token)) + token
+    return magic + struct.pack(">HH", shard, len(token)) + token
 
 
 write("tunnel_preamble", {
     "session": preamble(0, SESSION_TOKEN),
+    "session-lean": preamble(0, SESSION_TOKEN, b"HNT2"),
     "session-shard-3": preamble(3, SESSION_TOKEN),
     "auth-token": preamble(1, AUTH_TOKEN),
     "bad-token": preamble(0, "abc.def.ghi"),
