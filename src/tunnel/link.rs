@@ -22,7 +22,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::header::HeaderMap;
 use http::uri::PathAndQuery;
 use http::{Method, StatusCode};
@@ -770,12 +770,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Future for Connection<IO> {
             // Everything the mux has, onto the socket.
             let abandoned = {
                 let mut inner = lock(&this.shared);
-                if this.write.is_empty() {
-                    this.write = inner.mux.take_output();
-                } else if inner.mux.has_output() {
-                    let more = inner.mux.take_output();
-                    this.write.extend_from_slice(&more);
-                }
+                inner.mux.move_output(&mut this.write);
                 inner.connection = Some(cx.waker().clone());
                 inner.abandoned()
             };
@@ -783,7 +778,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Future for Connection<IO> {
                 match Pin::new(&mut this.io).poll_write(cx, &this.write) {
                     Poll::Ready(Ok(0)) => return this.end(LinkError::Closed),
                     Poll::Ready(Ok(written)) => {
-                        let _ = this.write.split_to(written);
+                        // Advanced, not split: the buffer stays this one's alone, so the mux
+                        // writes into it again once it is empty.
+                        this.write.advance(written);
                         progressed = true;
                     }
                     Poll::Ready(Err(error)) => return this.end(LinkError::Io(error.to_string())),

@@ -109,6 +109,10 @@ pub enum WireError {
 /// prefix can say, or a payload longer than [`PAYLOAD_BYTES_MAX`]: the sender builds frames from
 /// what it parsed and cut itself, so that is a bug, not input.
 pub fn encode(frame: &Frame, out: &mut BytesMut) {
+    // One reservation for the whole frame, not one per field.
+    let frame_bytes = HEADER_BYTES + payload_len(frame);
+    out.reserve(frame_bytes);
+    let start = out.len();
     match frame {
         Frame::Request {
             stream,
@@ -167,6 +171,33 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
             out.put_u32(*reason);
             finish(out, at);
         }
+    }
+    debug_assert_eq!(
+        out.len() - start,
+        frame_bytes,
+        "payload_len disagrees with encode"
+    );
+}
+
+/// The payload bytes [`encode`] writes for `frame`.
+fn payload_len(frame: &Frame) -> usize {
+    let fields_len = |fields: &HeaderMap| -> usize {
+        fields
+            .iter()
+            .map(|(name, value)| 1 + name.as_str().len() + 2 + value.len())
+            .sum()
+    };
+    match frame {
+        Frame::Request {
+            method,
+            target,
+            fields,
+            ..
+        } => 1 + method.as_str().len() + 2 + target.as_str().len() + fields_len(fields),
+        Frame::Response { fields, .. } => 2 + fields_len(fields),
+        Frame::Data { data, .. } => data.len(),
+        Frame::Reset { .. } | Frame::Credit { .. } => 4,
+        Frame::Ping { .. } | Frame::GoAway { .. } => 8,
     }
 }
 
