@@ -57,7 +57,7 @@ pub fn to_backend(headers: &mut HeaderMap, backend_authority: &HeaderValue) {
     headers.insert(HOST, backend_authority.clone());
 }
 
-/// Prepares a backend response's headers for the HTTP/2 tunnel.
+/// Prepares a backend response's headers for the tunnel.
 pub fn to_router(headers: &mut HeaderMap) {
     strip_hop_by_hop(headers);
 }
