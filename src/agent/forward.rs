@@ -509,6 +509,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_engine_field_too_long_for_the_tunnel_is_dropped_not_fatal() {
+        for codec in [Codec::Lean, Codec::Http2] {
+            let backend = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = backend.local_addr().unwrap();
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let (mut socket, _) = backend.accept().await.unwrap();
+                let mut head = [0u8; 1024];
+                let _ = socket.read(&mut head).await.unwrap();
+                let body = r#"{"object":"list","data":[]}"#;
+                // A field name over the lean tunnel's 255 bytes.
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nx-{}: 1\r\ncontent-length: {}\r\n\r\n{body}",
+                    "a".repeat(300),
+                    body.len()
+                );
+                socket.write_all(answer.as_bytes()).await.unwrap();
+                let _ = socket.read(&mut head).await;
+            });
+            let (status, chunks, _) =
+                exchange(codec, &format!("http://{addr}"), Duration::from_secs(5)).await;
+            assert_eq!(status, StatusCode::OK, "{codec:?}");
+            assert_eq!(
+                chunks.concat(),
+                br#"{"object":"list","data":[]}"#,
+                "{codec:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
     async fn unreachable_backend_is_a_503() {
         // Bound then dropped: nothing listens on that port any more.
         let closed = std::net::TcpListener::bind("127.0.0.1:0")

@@ -158,7 +158,13 @@ impl Reply {
     pub fn send_head(&mut self, head: Response<()>, end: bool) -> Result<(), StreamError> {
         match self {
             Reply::Lean(responder) => {
-                let (parts, ()) = head.into_parts();
+                let (mut parts, ()) = head.into_parts();
+                // The engine's head: a field the tunnel cannot carry (a name over 255 bytes, say)
+                // is dropped rather than breaking every stream on the tunnel.
+                let dropped = crate::tunnel::wire::drop_unfit_fields(&mut parts.headers, 2);
+                if dropped > 0 {
+                    tracing::warn!(dropped, "engine response fields too long for the tunnel");
+                }
                 Ok(responder.send_response(parts.status, parts.headers, end)?)
             }
             Reply::Http2 { respond, send } => {

@@ -73,6 +73,9 @@ impl AsyncWrite for Prefixed {
     }
 }
 
+/// The bound on a client's header list (RFC 9113 §6.5.2: names, values and 32 bytes a field).
+pub const HEADER_LIST_BYTES_MAX: u32 = 64 * 1024;
+
 /// The HTTP/2 server settings of a client connection: stream concurrency, the receive window and
 /// the header list bound. Shared with the fuzz target so it parses as the router does.
 pub fn server_builder() -> h2::server::Builder {
@@ -80,7 +83,7 @@ pub fn server_builder() -> h2::server::Builder {
     builder
         .max_concurrent_streams(256)
         .initial_window_size(1024 * 1024)
-        .max_header_list_size(64 * 1024);
+        .max_header_list_size(HEADER_LIST_BYTES_MAX);
     builder
 }
 

@@ -109,3 +109,19 @@ impl UpstreamError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The router forwards some fields from its client's head (`anthropic-version`,
+    /// `anthropic-beta`), and the lean tunnel's length prefix carries a value of at most 65,535
+    /// bytes (`wire::encode` panics past it, on the shard). The client head bounds keep every
+    /// such value under that: this fails if one is raised past it.
+    #[test]
+    fn no_client_head_carries_a_value_longer_than_the_tunnel_can() {
+        let tunnel_value_max = usize::from(u16::MAX);
+        let http1 = crate::http::request::HeadLimits::default().head_bytes_max;
+        assert!(http1 <= tunnel_value_max + 1, "{http1}");
+        let h2c = crate::front::h2c::HEADER_LIST_BYTES_MAX as usize;
+        assert!(h2c <= tunnel_value_max + 1, "{h2c}");
+    }
+}

@@ -181,12 +181,7 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
 
 /// The payload bytes [`encode`] writes for `frame`.
 fn payload_len(frame: &Frame) -> usize {
-    let fields_len = |fields: &HeaderMap| -> usize {
-        fields
-            .iter()
-            .map(|(name, value)| 1 + name.as_str().len() + 2 + value.len())
-            .sum()
-    };
+    let fields_len = fields_bytes;
     match frame {
         Frame::Request {
             method,
@@ -222,6 +217,46 @@ fn finish(out: &mut BytesMut, at: usize) {
         "a frame over the payload limit"
     );
     out[at..at + 4].copy_from_slice(&(length as u32).to_be_bytes());
+}
+
+/// Whether one field can travel in a head: a name of at most 255 bytes, a value of at most
+/// 65,535 (their length prefixes).
+fn field_fits(name: &HeaderName, value: &HeaderValue) -> bool {
+    name.as_str().len() <= usize::from(u8::MAX) && value.len() <= usize::from(u16::MAX)
+}
+
+/// Drops the fields a head cannot carry: one whose name or value is longer than its length
+/// prefix can say, and any past [`FIELDS_MAX`] or past [`PAYLOAD_BYTES_MAX`] with the head's
+/// `other_bytes` (status, or method and target). Returns how many were dropped. For heads built
+/// from what a peer sent (an engine's response): [`encode`] panics on them instead.
+pub fn drop_unfit_fields(fields: &mut HeaderMap, other_bytes: usize) -> usize {
+    let fits_whole = fields.len() <= FIELDS_MAX
+        && fields.iter().all(|(name, value)| field_fits(name, value))
+        && other_bytes + fields_bytes(fields) <= PAYLOAD_BYTES_MAX;
+    if fits_whole {
+        return 0;
+    }
+    let mut kept = HeaderMap::with_capacity(fields.len().min(FIELDS_MAX));
+    let mut bytes = other_bytes;
+    let mut dropped = 0;
+    for (name, value) in fields.iter() {
+        let size = 1 + name.as_str().len() + 2 + value.len();
+        if kept.len() < FIELDS_MAX && field_fits(name, value) && bytes + size <= PAYLOAD_BYTES_MAX {
+            kept.append(name.clone(), value.clone());
+            bytes += size;
+        } else {
+            dropped += 1;
+        }
+    }
+    *fields = kept;
+    dropped
+}
+
+fn fields_bytes(fields: &HeaderMap) -> usize {
+    fields
+        .iter()
+        .map(|(name, value)| 1 + name.as_str().len() + 2 + value.len())
+        .sum()
 }
 
 fn put_fields(fields: &HeaderMap, out: &mut BytesMut) {
@@ -527,6 +562,41 @@ mod tests {
         buf.put_u32(1);
         buf.put_slice(payload);
         buf
+    }
+
+    #[test]
+    fn fields_a_head_cannot_carry_are_dropped_before_encoding() {
+        let long_name = HeaderName::from_bytes(&[b'x'; 300]).unwrap();
+        let mut head = fields(&[("content-type", "application/json")]);
+        head.append(long_name, HeaderValue::from_static("1"));
+        head.append("date", HeaderValue::from_static("today"));
+        assert_eq!(drop_unfit_fields(&mut head, 2), 1);
+        assert_eq!(
+            head,
+            fields(&[("content-type", "application/json"), ("date", "today")])
+        );
+        // What fits is left alone, and encodes.
+        assert_eq!(drop_unfit_fields(&mut head, 2), 0);
+        let mut many = HeaderMap::new();
+        for index in 0..FIELDS_MAX + 5 {
+            many.append(
+                HeaderName::from_bytes(format!("x-{index}").as_bytes()).unwrap(),
+                HeaderValue::from_static("v"),
+            );
+        }
+        assert_eq!(drop_unfit_fields(&mut many, 2), 5);
+        assert_eq!(many.len(), FIELDS_MAX);
+        let mut out = BytesMut::new();
+        encode(
+            &Frame::Response {
+                stream: 1,
+                status: StatusCode::OK,
+                fields: many,
+                end: true,
+            },
+            &mut out,
+        );
+        assert!(matches!(decode(&mut out), Ok(Some(Frame::Response { .. }))));
     }
 
     #[test]
