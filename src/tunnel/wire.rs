@@ -230,9 +230,14 @@ fn field_fits(name: &HeaderName, value: &HeaderValue) -> bool {
 /// `other_bytes` (status, or method and target). Returns how many were dropped. For heads built
 /// from what a peer sent (an engine's response): [`encode`] panics on them instead.
 pub fn drop_unfit_fields(fields: &mut HeaderMap, other_bytes: usize) -> usize {
+    // One pass in the common case, where everything fits.
+    let mut bytes = other_bytes;
     let fits_whole = fields.len() <= FIELDS_MAX
-        && fields.iter().all(|(name, value)| field_fits(name, value))
-        && other_bytes + fields_bytes(fields) <= PAYLOAD_BYTES_MAX;
+        && fields.iter().all(|(name, value)| {
+            bytes += 1 + name.as_str().len() + 2 + value.len();
+            field_fits(name, value)
+        })
+        && bytes <= PAYLOAD_BYTES_MAX;
     if fits_whole {
         return 0;
     }
