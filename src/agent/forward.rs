@@ -478,24 +478,30 @@ mod tests {
         (status, chunks, in_flight)
     }
 
+    /// An engine that reads one request and writes `answer`, then waits for the close.
+    async fn one_answer_backend(answer: String) -> std::net::SocketAddr {
+        let backend = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = backend.local_addr().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (mut socket, _) = backend.accept().await.unwrap();
+            let mut head = [0u8; 1024];
+            let _ = socket.read(&mut head).await.unwrap();
+            socket.write_all(answer.as_bytes()).await.unwrap();
+            let _ = socket.read(&mut head).await;
+        });
+        addr
+    }
+
     #[tokio::test]
     async fn a_body_of_known_length_ends_the_stream_with_its_last_chunk() {
         for codec in [Codec::Lean, Codec::Http2] {
-            let backend = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let addr = backend.local_addr().unwrap();
-            tokio::spawn(async move {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let (mut socket, _) = backend.accept().await.unwrap();
-                let mut head = [0u8; 1024];
-                let _ = socket.read(&mut head).await.unwrap();
-                let body = r#"{"object":"list","data":[]}"#;
-                let answer = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                    body.len()
-                );
-                socket.write_all(answer.as_bytes()).await.unwrap();
-                let _ = socket.read(&mut head).await;
-            });
+            let body = r#"{"object":"list","data":[]}"#;
+            let addr = one_answer_backend(format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            ))
+            .await;
             let (status, chunks, _) =
                 exchange(codec, &format!("http://{addr}"), Duration::from_secs(5)).await;
             assert_eq!(status, StatusCode::OK);
@@ -511,23 +517,14 @@ mod tests {
     #[tokio::test]
     async fn an_engine_field_too_long_for_the_tunnel_is_dropped_not_fatal() {
         for codec in [Codec::Lean, Codec::Http2] {
-            let backend = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let addr = backend.local_addr().unwrap();
-            tokio::spawn(async move {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let (mut socket, _) = backend.accept().await.unwrap();
-                let mut head = [0u8; 1024];
-                let _ = socket.read(&mut head).await.unwrap();
-                let body = r#"{"object":"list","data":[]}"#;
-                // A field name over the lean tunnel's 255 bytes.
-                let answer = format!(
-                    "HTTP/1.1 200 OK\r\nx-{}: 1\r\ncontent-length: {}\r\n\r\n{body}",
-                    "a".repeat(300),
-                    body.len()
-                );
-                socket.write_all(answer.as_bytes()).await.unwrap();
-                let _ = socket.read(&mut head).await;
-            });
+            let body = r#"{"object":"list","data":[]}"#;
+            // A field name over the lean tunnel's 255 bytes.
+            let addr = one_answer_backend(format!(
+                "HTTP/1.1 200 OK\r\nx-{}: 1\r\ncontent-length: {}\r\n\r\n{body}",
+                "a".repeat(300),
+                body.len()
+            ))
+            .await;
             let (status, chunks, _) =
                 exchange(codec, &format!("http://{addr}"), Duration::from_secs(5)).await;
             assert_eq!(status, StatusCode::OK, "{codec:?}");

@@ -78,8 +78,10 @@ type Shared = Arc<Mutex<Inner>>;
 
 struct Inner {
     mux: Mux,
+    /// The streams open here. Bound: on the agent, the mux's `STREAMS_MAX` (it refuses more);
+    /// on the router, the requests admission sent to this agent (its `--capacity`).
     streams: HashMap<StreamId, Slot, foldhash::fast::RandomState>,
-    /// Server: requests not yet taken by [`Acceptor::accept`].
+    /// Server: requests not yet taken by [`Acceptor::accept`]. Bound: one per open stream.
     accepted: VecDeque<(StreamId, Request)>,
     accept_waker: Option<Waker>,
     /// The connection task, to write what a handle queued.
@@ -87,6 +89,8 @@ struct Inner {
     /// Why the connection ended, once it did.
     failed: Option<LinkError>,
     next_ping: u64,
+    /// Pings awaiting their answer. Bound: one per live [`Ping`] future (the keepalive holds
+    /// one at a time); a dropped one takes its entry out.
     pongs: HashMap<u64, Option<Waker>, foldhash::fast::RandomState>,
     /// Client: the [`Opener`]s alive. With none left and no stream open, the connection closes
     /// (the router let go of the tunnel).
@@ -97,6 +101,8 @@ struct Inner {
 #[derive(Default)]
 struct Slot {
     head: Option<(StatusCode, HeaderMap)>,
+    /// Body pieces not yet read. Bound: the stream's receive window (the peer sends no more
+    /// until the reader reports bytes consumed).
     data: VecDeque<Bytes>,
     ended: bool,
     reset: Option<LinkError>,
@@ -702,7 +708,11 @@ impl Drop for Responder {
 pub struct Connection<IO> {
     io: IO,
     shared: Shared,
+    /// Bytes read and not yet taken as frames. Bound: one frame (`wire::PAYLOAD_BYTES_MAX` plus
+    /// its header) plus one read of `READ_BYTES`.
     read: BytesMut,
+    /// Frames not yet written to the socket. Bound: DATA within the peer's credit (the
+    /// connection window) plus heads, credit, resets and pings, one per stream event.
     write: BytesMut,
 }
 

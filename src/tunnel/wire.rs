@@ -181,15 +181,14 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
 
 /// The payload bytes [`encode`] writes for `frame`.
 fn payload_len(frame: &Frame) -> usize {
-    let fields_len = fields_bytes;
     match frame {
         Frame::Request {
             method,
             target,
             fields,
             ..
-        } => 1 + method.as_str().len() + 2 + target.as_str().len() + fields_len(fields),
-        Frame::Response { fields, .. } => 2 + fields_len(fields),
+        } => 1 + method.as_str().len() + 2 + target.as_str().len() + fields_bytes(fields),
+        Frame::Response { fields, .. } => 2 + fields_bytes(fields),
         Frame::Data { data, .. } => data.len(),
         Frame::Reset { .. } | Frame::Credit { .. } => 4,
         Frame::Ping { .. } | Frame::GoAway { .. } => 8,
