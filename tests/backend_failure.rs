@@ -7,13 +7,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{Options, Site, chat, post_request, request};
+use common::{Options, Site, chat, post_request, read_engine_request, request};
 use serde_json::Value;
 
 const MODEL: &str = "fake-model";
@@ -42,44 +42,9 @@ fn start_failing_engine(stop: Arc<AtomicBool>) -> SocketAddr {
 fn serve(socket: TcpStream) {
     socket.set_nonblocking(false).unwrap();
     let mut reader = BufReader::new(socket.try_clone().unwrap());
-    let mut head = String::new();
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        if line == "\r\n" {
-            break;
-        }
-        head.push_str(&line.to_ascii_lowercase());
-    }
-    // The agent streams request bodies (chunked); health probes have none.
-    let mut body = Vec::new();
-    if head.contains("transfer-encoding: chunked") {
-        loop {
-            let mut size = String::new();
-            if reader.read_line(&mut size).unwrap_or(0) == 0 {
-                return;
-            }
-            let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-            let mut chunk = vec![0u8; size + 2];
-            if reader.read_exact(&mut chunk).is_err() {
-                return;
-            }
-            if size == 0 {
-                break;
-            }
-            body.extend_from_slice(&chunk[..size]);
-        }
-    } else if let Some(length) = head
-        .lines()
-        .find_map(|line| line.strip_prefix("content-length:"))
-    {
-        body = vec![0u8; length.trim().parse().unwrap_or(0)];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
-    }
+    let Some((head, body)) = read_engine_request(&mut reader) else {
+        return;
+    };
     let mut socket = socket;
     let first_line = head.lines().next().unwrap_or_default().to_owned();
     let reply = |socket: &mut TcpStream, content_type: &str, body: &str| {

@@ -146,6 +146,31 @@ const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent
 const ANTHROPIC_VERSION: http::HeaderName = http::HeaderName::from_static("anthropic-version");
 const ANTHROPIC_BETA: http::HeaderName = http::HeaderName::from_static("anthropic-beta");
 
+/// Whether an engine's response field reaches the client. Not the hop-by-hop ones (RFC 9110
+/// §7.6.1): the agent strips them, and the router checks again because a second framing field
+/// would break the client's HTTP/1.1 framing and HTTP/2 refuses them outright. Not the ones the
+/// router writes itself: the body's type and framing, `x-request-id`, `traceparent`, the key's
+/// `x-ratelimit-remaining-requests` and `-tokens`, and on a stream `cache-control` (always `no-cache` there).
+fn reaches_client(name: &http::HeaderName, streamed: bool) -> bool {
+    let name = name.as_str();
+    let own_or_hop = matches!(
+        name,
+        "content-type"
+            | "content-length"
+            | "transfer-encoding"
+            | "connection"
+            | "keep-alive"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "x-request-id"
+            | "traceparent"
+            | "x-ratelimit-remaining-requests"
+            | "x-ratelimit-remaining-tokens"
+    );
+    !(own_or_hop || name.starts_with("proxy-") || (streamed && name == "cache-control"))
+}
+
 /// The forwarded routes' tunnel URIs, parsed once: `Uri::from_static` parses its text, about 650
 /// instructions a request, where a clone of a parsed one copies a few words.
 static UPSTREAM_URIS: std::sync::LazyLock<[http::Uri; 5]> = std::sync::LazyLock::new(|| {
@@ -299,26 +324,30 @@ pub async fn forward<S: Sink>(
         .unwrap_or("application/json");
     ShardMetrics::gauge(&shard.metrics.in_flight, 1);
     let streamed = content_type.starts_with("text/event-stream");
-    let content_type = content_type.to_owned();
-    // What the key had left at admission, as the API-key reference documents on responses.
+    // What the key had left at admission, as the API-key reference documents on responses,
+    // then the engine's own fields (custom-engine reference: "backend response headers [...]
+    // are returned through the agent and router to the client").
     let (mut requests_text, mut tokens_text) = (itoa::Buffer::new(), itoa::Buffer::new());
-    let mut rate_headers: [(&str, &[u8]); 2] = [("", b""); 2];
-    let mut rate_header_count = 0;
+    let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(2 + parts.headers.len());
     if let Some(remaining) = quota.remaining_requests {
-        rate_headers[rate_header_count] = (
+        headers.push((
             "x-ratelimit-remaining-requests",
             requests_text.format(remaining).as_bytes(),
-        );
-        rate_header_count += 1;
+        ));
     }
     if let Some(remaining) = quota.remaining_tokens {
-        rate_headers[rate_header_count] = (
+        headers.push((
             "x-ratelimit-remaining-tokens",
             tokens_text.format(remaining).as_bytes(),
-        );
-        rate_header_count += 1;
+        ));
     }
-    let rate_headers = &rate_headers[..rate_header_count];
+    headers.extend(
+        parts
+            .headers
+            .iter()
+            .filter(|(name, _)| reaches_client(name, streamed))
+            .map(|(name, value)| (name.as_str(), value.as_bytes())),
+    );
     let settling = Settling {
         shard,
         facts,
@@ -331,8 +360,8 @@ pub async fn forward<S: Sink>(
     let result = if streamed {
         stream_back(
             settling,
-            &content_type,
-            rate_headers,
+            content_type,
+            &headers,
             upstream_body,
             suppress_usage_chunk,
             sink,
@@ -341,8 +370,8 @@ pub async fn forward<S: Sink>(
     } else {
         buffer_back(
             settling,
-            &content_type,
-            rate_headers,
+            content_type,
+            &headers,
             upstream_body,
             deadline,
             sink,
@@ -358,7 +387,7 @@ pub async fn forward<S: Sink>(
 async fn buffer_back<S: Sink>(
     mut settling: Settling<'_>,
     content_type: &str,
-    rate_headers: &[(&str, &[u8])],
+    headers: &[(&str, &[u8])],
     mut upstream: crate::tunnel::upstream::Body,
     deadline: Instant,
     sink: &mut S,
@@ -424,9 +453,7 @@ async fn buffer_back<S: Sink>(
         );
         return Err(super::refusal::daily_output(settling.slot.model).into());
     }
-    let written = sink
-        .respond(status, content_type, rate_headers, &body)
-        .await;
+    let written = sink.respond(status, content_type, headers, &body).await;
     settling.settle(usage, written.is_err());
     written.map_err(|_| Outcome::Gone)
 }
@@ -448,7 +475,7 @@ impl Scanner {
 async fn stream_back<S: Sink>(
     mut settling: Settling<'_>,
     content_type: &str,
-    rate_headers: &[(&str, &[u8])],
+    headers: &[(&str, &[u8])],
     mut upstream: crate::tunnel::upstream::Body,
     suppress_usage_chunk: bool,
     sink: &mut S,
@@ -457,7 +484,7 @@ async fn stream_back<S: Sink>(
     let dialect = settling.route.dialect();
     // The head, the events and the end are corked: what the agent sent together leaves in one
     // write, and the corked output goes out whenever the next chunk must be waited for.
-    sink.start_stream(settling.status, content_type, rate_headers)
+    sink.start_stream(settling.status, content_type, headers)
         .await
         .map_err(|_| Outcome::Gone)?;
     let mut splitter = SseSplitter::new(SSE_EVENT_BYTES_MAX);
@@ -639,6 +666,45 @@ fn stream_error_event(dialect: Dialect, backend_failed: bool) -> &'static [u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_engines_own_fields_reach_the_client_and_framing_or_router_fields_do_not() {
+        let passes = |name: &str, streamed: bool| {
+            reaches_client(
+                &http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                streamed,
+            )
+        };
+        for name in [
+            "x-engine-trace",
+            "server",
+            "date",
+            "set-cookie",
+            "content-encoding",
+        ] {
+            assert!(passes(name, false) && passes(name, true), "{name}");
+        }
+        // A buffered answer carries the engine's caching rule; a stream has the router's.
+        assert!(passes("cache-control", false));
+        assert!(!passes("cache-control", true));
+        for name in [
+            "content-type",
+            "content-length",
+            "transfer-encoding",
+            "connection",
+            "keep-alive",
+            "te",
+            "trailer",
+            "upgrade",
+            "proxy-authenticate",
+            "x-request-id",
+            "traceparent",
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-remaining-tokens",
+        ] {
+            assert!(!passes(name, false) && !passes(name, true), "{name}");
+        }
+    }
 
     fn client_request(route: Route, anthropic_version: Option<&'static str>) -> ClientRequest {
         ClientRequest {

@@ -770,14 +770,15 @@ impl Http1Sink {
     ) {
         self.status = status;
         let ids = (self.request_id, self.traceparent);
-        let mut headers: [(&str, &[u8]); RESPONSE_HEADERS_MAX] = [("", b""); RESPONSE_HEADERS_MAX];
-        let count = with_ids(&mut headers, &ids, extra_headers);
+        let mut own: [(&str, &[u8]); OWN_HEADERS_MAX] = [("", b""); OWN_HEADERS_MAX];
+        let count = with_ids(&mut own, &ids);
         ResponseHead {
             status,
             content_type: Some(content_type),
             framing: ResponseFraming::ContentLength(body.len() as u64),
             close: self.close,
-            extra_headers: &headers[..count],
+            extra_headers: &own[..count],
+            passed_headers: extra_headers,
         }
         .write(&mut self.out);
         if !self.head_only {
@@ -790,15 +791,16 @@ impl Http1Sink {
     fn stream_head(&mut self, status: u16, content_type: &str, extra_headers: &[(&str, &[u8])]) {
         self.status = status;
         let ids = (self.request_id, self.traceparent);
-        let mut headers: [(&str, &[u8]); RESPONSE_HEADERS_MAX] =
-            [("cache-control", b"no-cache"); RESPONSE_HEADERS_MAX];
-        let count = 1 + with_ids(&mut headers[1..], &ids, extra_headers);
+        let mut own: [(&str, &[u8]); OWN_HEADERS_MAX] =
+            [("cache-control", b"no-cache"); OWN_HEADERS_MAX];
+        let count = 1 + with_ids(&mut own[1..], &ids);
         ResponseHead {
             status,
             content_type: Some(content_type),
             framing: ResponseFraming::Chunked,
             close: self.close,
-            extra_headers: &headers[..count],
+            extra_headers: &own[..count],
+            passed_headers: extra_headers,
         }
         .write(&mut self.out);
     }
@@ -885,15 +887,15 @@ impl Sink for Http1Sink {
     }
 }
 
-/// Response headers a head may carry besides the framing ones.
-const RESPONSE_HEADERS_MAX: usize = 9;
+/// The connection's own response headers: `cache-control` on a stream, `X-Request-ID` and
+/// `traceparent`. The caller's (`extra_headers` of the `Sink` calls) are written after them, all
+/// of them.
+const OWN_HEADERS_MAX: usize = 3;
 
-/// Fills `headers` with `X-Request-ID` and `traceparent` (each when known) and then `extra`, as
-/// many as fit; returns how many.
+/// Fills `headers` with `X-Request-ID` and `traceparent`, each when known; returns how many.
 fn with_ids<'a>(
     headers: &mut [(&'a str, &'a [u8])],
     (request_id, traceparent): &'a (Option<[u8; 36]>, Option<[u8; TRACEPARENT_LEN]>),
-    extra: &[(&'a str, &'a [u8])],
 ) -> usize {
     let mut count = 0;
     if let Some(id) = request_id {
@@ -902,10 +904,6 @@ fn with_ids<'a>(
     }
     if let Some(traceparent) = traceparent {
         headers[count] = ("traceparent", traceparent.as_slice());
-        count += 1;
-    }
-    for header in extra.iter().take(headers.len() - count) {
-        headers[count] = *header;
         count += 1;
     }
     count

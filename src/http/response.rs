@@ -36,8 +36,12 @@ pub struct ResponseHead<'a> {
     pub framing: ResponseFraming,
     /// Write `connection: close`; the shard closes after the body.
     pub close: bool,
-    /// Further headers, written in order after the standard ones.
+    /// Further headers, written in order after the standard ones: the connection's own
+    /// (`x-request-id`, `traceparent`, `cache-control` on a stream).
     pub extra_headers: &'a [(&'a str, &'a [u8])],
+    /// The caller's headers, written in order after `extra_headers`: a refusal's
+    /// `retry-after`, the key's rate headers, the engine's fields.
+    pub passed_headers: &'a [(&'a str, &'a [u8])],
 }
 
 impl ResponseHead<'_> {
@@ -63,7 +67,7 @@ impl ResponseHead<'_> {
         if self.close {
             out.put_slice(b"connection: close\r\n");
         }
-        for (name, value) in self.extra_headers {
+        for (name, value) in self.extra_headers.iter().chain(self.passed_headers) {
             put_header(out, name, value);
         }
         out.put_slice(b"\r\n");
@@ -240,12 +244,13 @@ mod tests {
             framing: ResponseFraming::ContentLength(1234),
             close: false,
             extra_headers: &[("retry-after", b"2"), ("x-request-id", b"abc")],
+            passed_headers: &[("server", b"engine")],
         }
         .write(&mut out);
         assert_eq!(
             out,
             b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n\
-              content-length: 1234\r\nretry-after: 2\r\nx-request-id: abc\r\n\r\n"
+              content-length: 1234\r\nretry-after: 2\r\nx-request-id: abc\r\nserver: engine\r\n\r\n"
         );
     }
 
@@ -258,6 +263,7 @@ mod tests {
             framing: ResponseFraming::Chunked,
             close: true,
             extra_headers: &[],
+            passed_headers: &[],
         }
         .write(&mut out);
         assert_eq!(
@@ -276,6 +282,7 @@ mod tests {
             framing: ResponseFraming::NoBody,
             close: false,
             extra_headers: &[],
+            passed_headers: &[],
         }
         .write(&mut out);
         assert_eq!(out, b"HTTP/1.1 204 No Content\r\n\r\n");
@@ -286,6 +293,7 @@ mod tests {
             framing: ResponseFraming::ContentLength(0),
             close: false,
             extra_headers: &[],
+            passed_headers: &[],
         }
         .write(&mut out);
         assert_eq!(out, b"HTTP/1.1 799 Unknown\r\ncontent-length: 0\r\n\r\n");

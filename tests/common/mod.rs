@@ -1305,3 +1305,43 @@ pub fn sse_events(body: &[u8]) -> Vec<String> {
         .map(|e| e.to_string())
         .collect()
 }
+
+/// The engine's side of one HTTP/1.1 request, for test engines written by hand: the head
+/// (lower-cased, request line first) and the body, chunked as the agent sends it or by
+/// `content-length`. `None`: the connection ended first.
+pub fn read_engine_request(reader: &mut impl std::io::BufRead) -> Option<(String, Vec<u8>)> {
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return None;
+        }
+        if line == "\r\n" {
+            break;
+        }
+        head.push_str(&line.to_ascii_lowercase());
+    }
+    let mut body = Vec::new();
+    if head.contains("transfer-encoding: chunked") {
+        loop {
+            let mut size = String::new();
+            if reader.read_line(&mut size).unwrap_or(0) == 0 {
+                return None;
+            }
+            let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            let mut chunk = vec![0u8; size + 2];
+            reader.read_exact(&mut chunk).ok()?;
+            if size == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..size]);
+        }
+    } else if let Some(length) = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+    {
+        body = vec![0u8; length.trim().parse().unwrap_or(0)];
+        reader.read_exact(&mut body).ok()?;
+    }
+    Some((head, body))
+}
