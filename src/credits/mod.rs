@@ -12,13 +12,14 @@
 //! - `sim` (tests): a deterministic simulation of routers, a store and clients under faults
 //!   (data loss, routers cut off, crashes and restarts), checking after every step that the
 //!   routers together never run more than the budget beyond the seed's stated excess. It holds
-//!   the protocol the sync core is to run around the pool and the wallets, and the rules the
+//!   the protocol the sync core runs around the pool and the wallets, and the rules the
 //!   simulation showed the seed's wording needs (see its module doc).
 //!
-//! # Status
-//! This is the pure core of issue 13. The store script and `WAIT`, the sync core's refills and
-//! per-round rewrites, and the owner shards' wallets are not built yet; the occupancy budgets are
-//! still enforced per router (`admission::occupancy`).
+//! # Where the rest lives
+//! This module is the protocol's pure core. The store's grant script is `sync::pool_store`, the
+//! sync core's refills and per-round rewrites `sync::credits`, the owner shard's wallets
+//! `shard::owner::wallets`, and admission keeps within them in `admission::occupancy`
+//! (`Limits::credits`).
 
 pub mod pool;
 pub mod view;
