@@ -361,7 +361,8 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
                 core_affinity::get_core_ids()
                     .unwrap_or_default()
                     .get(shard_count)
-                    .copied(),
+                    .copied()
+                    .filter(|_| args.pin_shards),
             )?)
         }
         None => None,
@@ -438,7 +439,10 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         .recv()
         .context("control core did not start")??;
 
-    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let cores = match args.pin_shards {
+        true => core_affinity::get_core_ids().unwrap_or_default(),
+        false => Vec::new(),
+    };
     let settings = ShardSettings {
         queue_depth: args.queue_depth,
         request_timeout: args.request_timeout,
