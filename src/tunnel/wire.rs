@@ -355,14 +355,14 @@ fn word(payload: Bytes) -> Result<u32, WireError> {
     Ok(fixed::<4>(payload)?.get_u32())
 }
 
-fn request(stream: StreamId, end: bool, mut payload: Bytes) -> Result<Frame, WireError> {
-    let length = usize::from(take_u8(&mut payload)?);
-    let method = take(&mut payload, length)?;
-    let method = Method::from_bytes(&method).map_err(|_| WireError::Malformed("bad method"))?;
-    let length = usize::from(take_u16(&mut payload)?);
-    let target = take(&mut payload, length)?;
-    let target =
-        PathAndQuery::from_maybe_shared(target).map_err(|_| WireError::Malformed("bad target"))?;
+fn request(stream: StreamId, end: bool, payload: Bytes) -> Result<Frame, WireError> {
+    let mut head = Head::new(payload);
+    let length = usize::from(head.u8()?);
+    let method =
+        Method::from_bytes(head.bytes(length)?).map_err(|_| WireError::Malformed("bad method"))?;
+    let length = usize::from(head.u16()?);
+    let target = PathAndQuery::from_maybe_shared(head.shared(length)?)
+        .map_err(|_| WireError::Malformed("bad target"))?;
     if !target.as_str().starts_with('/') {
         return Err(WireError::Malformed("a target not in origin form"));
     }
@@ -370,57 +370,88 @@ fn request(stream: StreamId, end: bool, mut payload: Bytes) -> Result<Frame, Wir
         stream,
         method,
         target,
-        fields: fields(payload)?,
+        fields: head.fields()?,
         end,
     })
 }
 
-fn response(stream: StreamId, end: bool, mut payload: Bytes) -> Result<Frame, WireError> {
-    let status = StatusCode::from_u16(take_u16(&mut payload)?)
-        .map_err(|_| WireError::Malformed("bad status"))?;
+fn response(stream: StreamId, end: bool, payload: Bytes) -> Result<Frame, WireError> {
+    let mut head = Head::new(payload);
+    let status =
+        StatusCode::from_u16(head.u16()?).map_err(|_| WireError::Malformed("bad status"))?;
     Ok(Frame::Response {
         stream,
         status,
-        fields: fields(payload)?,
+        fields: head.fields()?,
         end,
     })
 }
 
-fn fields(mut payload: Bytes) -> Result<HeaderMap, WireError> {
-    let mut fields = HeaderMap::new();
-    while payload.has_remaining() {
-        if fields.len() == FIELDS_MAX {
-            return Err(WireError::Malformed("too many fields"));
-        }
-        let length = usize::from(take_u8(&mut payload)?);
-        let raw = take(&mut payload, length)?;
-        let name = HeaderName::from_bytes(&raw).map_err(|_| WireError::Malformed("bad name"))?;
-        if name.as_str().as_bytes() != raw {
-            // `from_bytes` lowercases; the wire carries names lowercase already.
-            return Err(WireError::Malformed("bad name"));
-        }
-        let length = usize::from(take_u16(&mut payload)?);
-        let value = take(&mut payload, length)?;
-        let value =
-            HeaderValue::from_maybe_shared(value).map_err(|_| WireError::Malformed("bad value"))?;
-        fields.append(name, value);
+/// A REQUEST or RESPONSE payload read front to back. Only what a frame keeps (a target, field
+/// values) shares the payload's buffer; lengths and names are read in place, so a head of n
+/// fields costs n reference counts, not 4n (each shared piece is an atomic increment and
+/// decrement).
+struct Head {
+    payload: Bytes,
+    at: usize,
+}
+
+impl Head {
+    fn new(payload: Bytes) -> Head {
+        Head { payload, at: 0 }
     }
-    Ok(fields)
-}
 
-fn take_u8(payload: &mut Bytes) -> Result<u8, WireError> {
-    Ok(take(payload, 1)?[0])
-}
-
-fn take_u16(payload: &mut Bytes) -> Result<u16, WireError> {
-    Ok(take(payload, 2)?.get_u16())
-}
-
-fn take(payload: &mut Bytes, length: usize) -> Result<Bytes, WireError> {
-    if payload.len() < length {
-        return Err(WireError::Malformed("a field runs past its frame"));
+    fn fields(&mut self) -> Result<HeaderMap, WireError> {
+        let mut fields = HeaderMap::new();
+        while self.at < self.payload.len() {
+            if fields.len() == FIELDS_MAX {
+                return Err(WireError::Malformed("too many fields"));
+            }
+            let length = usize::from(self.u8()?);
+            let raw = self.bytes(length)?;
+            let name = HeaderName::from_bytes(raw).map_err(|_| WireError::Malformed("bad name"))?;
+            if name.as_str().as_bytes() != raw {
+                // `from_bytes` lowercases; the wire carries names lowercase already.
+                return Err(WireError::Malformed("bad name"));
+            }
+            let length = usize::from(self.u16()?);
+            let value = HeaderValue::from_maybe_shared(self.shared(length)?)
+                .map_err(|_| WireError::Malformed("bad value"))?;
+            fields.append(name, value);
+        }
+        Ok(fields)
     }
-    Ok(payload.split_to(length))
+
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.bytes(1)?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, WireError> {
+        let bytes = self.bytes(2)?;
+        Ok(u16::from_be_bytes([bytes[0], bytes[1]]))
+    }
+
+    /// The next `length` bytes, in place.
+    fn bytes(&mut self, length: usize) -> Result<&[u8], WireError> {
+        let range = self.range(length)?;
+        Ok(&self.payload[range])
+    }
+
+    /// The next `length` bytes, sharing the payload's buffer.
+    fn shared(&mut self, length: usize) -> Result<Bytes, WireError> {
+        let range = self.range(length)?;
+        Ok(self.payload.slice(range))
+    }
+
+    fn range(&mut self, length: usize) -> Result<std::ops::Range<usize>, WireError> {
+        let start = self.at;
+        let end = start
+            .checked_add(length)
+            .filter(|&end| end <= self.payload.len())
+            .ok_or(WireError::Malformed("a field runs past its frame"))?;
+        self.at = end;
+        Ok(start..end)
+    }
 }
 
 #[cfg(test)]
