@@ -61,8 +61,8 @@ pub struct RouterArgs {
     pub shards: Option<usize>,
     /// Pin each shard's thread to its own core (and the sync core to the next one). Right for a
     /// router with its cores to itself; `false` on a host whose cores the router shares with busy
-    /// processes, where a pinned shard keeps the kernel from balancing the others onto its core
-    /// while it idles (perf/README.md, "Pinned shards on a shared host").
+    /// processes, where the kernel may leave a pinned shard's core idle while the others queue
+    /// on the rest (perf/README.md, "Where the remaining time goes").
     #[arg(long, env = "HIVENET_ROUTER_PIN_SHARDS", default_value_t = true, action = clap::ArgAction::Set)]
     pub pin_shards: bool,
     /// Maximum capacity waiters per model; 0 disables model queues.

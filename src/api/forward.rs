@@ -150,7 +150,8 @@ const ANTHROPIC_BETA: http::HeaderName = http::HeaderName::from_static("anthropi
 /// §7.6.1): the agent strips them, and the router checks again because a second framing field
 /// would break the client's HTTP/1.1 framing and HTTP/2 refuses them outright. Not the ones the
 /// router writes itself: the body's type and framing, `x-request-id`, `traceparent`, the key's
-/// `x-ratelimit-remaining-requests` and `-tokens`, and on a stream `cache-control` (always `no-cache` there).
+/// `x-ratelimit-remaining-requests` and `-tokens`, and on a stream `cache-control` (always
+/// `no-cache` there).
 fn reaches_client(name: &http::HeaderName, streamed: bool) -> bool {
     let name = name.as_str();
     let own_or_hop = matches!(

@@ -243,14 +243,14 @@ mod tests {
             content_type: Some("application/json"),
             framing: ResponseFraming::ContentLength(1234),
             close: false,
-            extra_headers: &[("retry-after", b"2"), ("x-request-id", b"abc")],
-            passed_headers: &[("server", b"engine")],
+            extra_headers: &[("x-request-id", b"abc")],
+            passed_headers: &[("retry-after", b"2"), ("server", b"engine")],
         }
         .write(&mut out);
         assert_eq!(
             out,
             b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n\
-              content-length: 1234\r\nretry-after: 2\r\nx-request-id: abc\r\nserver: engine\r\n\r\n"
+              content-length: 1234\r\nx-request-id: abc\r\nretry-after: 2\r\nserver: engine\r\n\r\n"
         );
     }
 
