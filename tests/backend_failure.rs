@@ -95,26 +95,7 @@ fn start_site(name: &str, engine: SocketAddr) -> Site {
         .skip_model_wait()
         .router_args(&["--unhealthy-after", "120s"]);
     let mut site = Site::start(name, options);
-    site.sim_addrs.push(engine);
-    site.spawn_agent(
-        0,
-        &[
-            "--engine",
-            "custom",
-            "--health-url",
-            &format!("http://{engine}/health"),
-            "--model",
-            MODEL,
-            "--capacity",
-            "4",
-            "--heartbeat-interval",
-            "60s",
-        ],
-    );
-    site.wait_models(&[MODEL]);
-    site.wait_metric("hivenet_shard_tunnels_open", |open| {
-        open >= site.shards as f64
-    });
+    site.serve_custom_engine(engine, MODEL, &["--heartbeat-interval", "60s"]);
     site
 }
 

@@ -8,9 +8,8 @@ mod common;
 
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::Duration;
 
-use common::{Options, Response, Site, chat, post_request, read_engine_request, request};
+use common::{Options, Response, Site, chat, h2c_post, post_request, read_engine_request, request};
 use serde_json::Value;
 
 const MODEL: &str = "header-model";
@@ -81,24 +80,7 @@ fn serve(mut socket: TcpStream) {
 
 fn start_site(name: &str, engine: SocketAddr) -> Site {
     let mut site = Site::start(name, Options::new().skip_model_wait());
-    site.sim_addrs.push(engine);
-    site.spawn_agent(
-        0,
-        &[
-            "--engine",
-            "custom",
-            "--health-url",
-            &format!("http://{engine}/health"),
-            "--model",
-            MODEL,
-            "--capacity",
-            "4",
-        ],
-    );
-    site.wait_models(&[MODEL]);
-    site.wait_metric("hivenet_shard_tunnels_open", |open| {
-        open >= site.shards as f64
-    });
+    site.serve_custom_engine(engine, MODEL, &[]);
     site
 }
 
@@ -170,43 +152,15 @@ fn an_engines_response_headers_reach_the_client_without_hop_by_hop_ones() {
     // HTTP/2 refuses connection-specific fields outright: the answer arrives, with the
     // engine's own.
     for stream in [false, true] {
-        let (status, headers) = h2c_chat(site.http, &chat(MODEL, stream).to_string());
+        let (status, headers, _) = h2c_post(
+            site.http,
+            "/v1/chat/completions",
+            &chat(MODEL, stream).to_string(),
+        );
         assert_eq!(status, 200, "stream {stream}: {headers:?}");
         assert_eq!(headers["server"], "test-engine");
         assert_eq!(headers["x-engine-trace"], "trace-7");
         assert_eq!(headers.get_all("set-cookie").iter().count(), 2);
         assert!(!headers.contains_key("keep-alive") && !headers.contains_key("x-hop"));
     }
-}
-
-/// One chat request over HTTP/2 with prior knowledge (h2c), read to the end: status and head.
-fn h2c_chat(addr: SocketAddr, body: &str) -> (u16, http::HeaderMap) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let socket = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (send, connection) = h2::client::handshake(socket).await.unwrap();
-        tokio::spawn(connection);
-        let mut send = send.ready().await.unwrap();
-        let request = http::Request::post("/v1/chat/completions")
-            .header("content-type", "application/json")
-            .body(())
-            .unwrap();
-        let (response, mut outbound) = send.send_request(request, false).unwrap();
-        outbound
-            .send_data(bytes::Bytes::from(body.to_owned()), true)
-            .unwrap();
-        let response = tokio::time::timeout(Duration::from_secs(10), response)
-            .await
-            .expect("an answer within 10 s")
-            .unwrap();
-        let (head, mut inbound) = response.into_parts();
-        while let Some(chunk) = inbound.data().await {
-            let chunk = chunk.unwrap();
-            let _ = inbound.flow_control().release_capacity(chunk.len());
-        }
-        (head.status.as_u16(), head.headers)
-    })
 }

@@ -848,38 +848,6 @@ fn a_released_request_that_finds_no_room_before_its_budget_ends_is_503_model_wak
     assert_eq!(responses[1].header("retry-after"), Some("30"));
 }
 
-/// One request over HTTP/2 with prior knowledge (h2c), read to the end: status and body.
-fn h2c_post(addr: std::net::SocketAddr, path: &str, body: &str) -> (u16, Vec<u8>) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let socket = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (send, connection) = h2::client::handshake(socket).await.unwrap();
-        tokio::spawn(connection);
-        let mut send = send.ready().await.unwrap();
-        let request = http::Request::post(path)
-            .header("content-type", "application/json")
-            .body(())
-            .unwrap();
-        let (response, mut outbound) = send.send_request(request, false).unwrap();
-        outbound
-            .send_data(bytes::Bytes::from(body.to_owned()), true)
-            .unwrap();
-        let response = response.await.unwrap();
-        let status = response.status().as_u16();
-        let mut inbound = response.into_body();
-        let mut data = Vec::new();
-        while let Some(chunk) = inbound.data().await {
-            let chunk = chunk.unwrap();
-            let _ = inbound.flow_control().release_capacity(chunk.len());
-            data.extend_from_slice(&chunk);
-        }
-        (status, data)
-    })
-}
-
 #[test]
 fn an_http2_client_gets_keepalives_then_the_answer() {
     let mut site = sleepy_site("hold_h2c", &[], &["--wake-keepalive", "200ms"]);
@@ -887,7 +855,10 @@ fn an_http2_client_gets_keepalives_then_the_answer() {
     let body = chat("sleepy", false).to_string();
     let http = site.http;
     std::thread::scope(|scope| {
-        let held = scope.spawn(move || h2c_post(http, "/v1/chat/completions", &body));
+        let held = scope.spawn(move || {
+            let (status, _, body) = common::h2c_post(http, "/v1/chat/completions", &body);
+            (status, body)
+        });
         site.wait_metric("hivenet_pending_demand", |v| v == 1.0);
         std::thread::sleep(Duration::from_millis(500));
         wake(&mut site, &[]);

@@ -1345,3 +1345,60 @@ pub fn read_engine_request(reader: &mut impl std::io::BufRead) -> Option<(String
     }
     Some((head, body))
 }
+
+impl Site {
+    /// Adds an agent in front of a hand-written test engine at `engine` serving `model`
+    /// (`--engine custom`, capacity 4, plus `agent_args`), and waits until the model is listed
+    /// and the agent has a tunnel to every shard.
+    pub fn serve_custom_engine(&mut self, engine: SocketAddr, model: &str, agent_args: &[&str]) {
+        self.sim_addrs.push(engine);
+        let health = format!("http://{engine}/health");
+        let mut args = vec![
+            "--engine",
+            "custom",
+            "--health-url",
+            &health,
+            "--model",
+            model,
+            "--capacity",
+            "4",
+        ];
+        args.extend_from_slice(agent_args);
+        let sim = self.sim_addrs.len() - 1;
+        self.spawn_agent(sim, &args);
+        self.wait_models(&[model]);
+        self.wait_metric("hivenet_shard_tunnels_open", |open| {
+            open >= self.shards as f64
+        });
+    }
+}
+
+/// One POST over HTTP/2 with prior knowledge (h2c), read to the end: status, head and body.
+pub fn h2c_post(addr: SocketAddr, path: &str, body: &str) -> (u16, http::HeaderMap, Vec<u8>) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (send, connection) = h2::client::handshake(socket).await.unwrap();
+        tokio::spawn(connection);
+        let mut send = send.ready().await.unwrap();
+        let request = http::Request::post(path)
+            .header("content-type", "application/json")
+            .body(())
+            .unwrap();
+        let (response, mut outbound) = send.send_request(request, false).unwrap();
+        outbound
+            .send_data(bytes::Bytes::from(body.to_owned()), true)
+            .unwrap();
+        let (head, mut inbound) = response.await.unwrap().into_parts();
+        let mut data = Vec::new();
+        while let Some(chunk) = inbound.data().await {
+            let chunk = chunk.unwrap();
+            let _ = inbound.flow_control().release_capacity(chunk.len());
+            data.extend_from_slice(&chunk);
+        }
+        (head.status.as_u16(), head.headers, data)
+    })
+}
