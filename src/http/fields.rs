@@ -216,7 +216,14 @@ pub fn extract_fields(body: &[u8]) -> Result<RequestFields<'_>, FieldsError> {
             Err(error) => FieldsError::MalformedJson(error),
         });
     }
-    let raw: RawFields<'_> = serde_json::from_slice(body).map_err(|error| {
+    // A body that is UTF-8 throughout (nearly all) is checked once, here, and parsed as text:
+    // the parser then borrows each string without checking it again. Any other body is parsed
+    // as bytes, as before, with the same answer: a string the router skips need not be UTF-8.
+    let parsed = match std::str::from_utf8(body) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(body),
+    };
+    let raw: RawFields<'_> = parsed.map_err(|error| {
         if error.is_data() {
             FieldsError::InvalidField(error)
         } else {
