@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Instructions per request of the router or the agent, counted by callgrind: a figure that repeats
-# to a fraction of a percent whatever else the machine is doing, for changes too small for
-# perf/bench.sh's wall-clock noise (±5-10 % on a shared 2-core machine). It counts work, not time:
-# a cache miss or a system call costs one instruction here. Use both: bench.sh for what an
-# operator sees, this for whether a change removed work. See perf/README.md.
+# to a fraction of a percent on a quiet machine, for changes too small for perf/bench.sh's
+# wall-clock noise (±5-20 % on a shared 2-core machine). Not on a busy one: how often the
+# runtime parks and wakes depends on timing, and a run beside a build or a test suite counted up
+# to 4 % more for the same binary. It counts work, not time: a cache miss, an atomic operation or
+# a system call costs one instruction here, and valgrind's CPU has no SHA extensions (the key's
+# SHA-256 runs in software). Use both: bench.sh for what an operator sees, this for whether a
+# change removed work. See perf/README.md.
 #
 # Environment (all optional):
 #   TARGET=router      which process runs under callgrind: router or agent
