@@ -3,7 +3,7 @@
 # to a fraction of a percent on a quiet machine, for changes too small for perf/bench.sh's
 # wall-clock noise (±5-20 % on a shared 2-core machine). Not on a busy one: how often the
 # runtime parks and wakes depends on timing, and a run beside a build or a test suite counted up
-# to 4 % more for the same binary. It counts work, not time: a cache miss, an atomic operation or
+# to 6 % more for the same binary. It counts work, not time: a cache miss, an atomic operation or
 # a system call costs one instruction here, and valgrind's CPU has no SHA extensions (the key's
 # SHA-256 runs in software). Use both: bench.sh for what an operator sees, this for whether a
 # change removed work. See perf/README.md.
