@@ -109,7 +109,7 @@ fn agent_flags() -> Vec<String> {
     flags_of(env!("CARGO_BIN_EXE_hivenet-agent"))
 }
 
-/// Asserts every `--flag` in `args` is one `binary --help` lists or one of `pending`.
+/// Asserts every `--flag` in `args` is one `binary --help` lists.
 fn assert_known_flags(binary: &str, args: &[String]) {
     let known = flags_of(binary);
     for arg in args.iter().filter(|arg| arg.starts_with("--")) {
