@@ -15,6 +15,7 @@ use http::{HeaderMap, Method, Response, Uri};
 use hyper::body::{Body, Frame};
 
 use crate::tunnel::link::{self, LinkError};
+use crate::tunnel::wire;
 
 /// A request from the router.
 pub struct Incoming {
@@ -161,7 +162,7 @@ impl Reply {
                 let (mut parts, ()) = head.into_parts();
                 // The engine's head: a field the tunnel cannot carry (a name over 255 bytes, say)
                 // is dropped rather than breaking every stream on the tunnel.
-                let dropped = crate::tunnel::wire::drop_unfit_fields(&mut parts.headers, 2);
+                let dropped = wire::drop_unfit_fields(&mut parts.headers, wire::STATUS_BYTES);
                 if dropped > 0 {
                     tracing::warn!(dropped, "engine response fields too long for the tunnel");
                 }

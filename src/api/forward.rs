@@ -329,6 +329,8 @@ pub async fn forward<S: Sink>(
     // then the engine's own fields (custom-engine reference: "backend response headers [...]
     // are returned through the agent and router to the client").
     let (mut requests_text, mut tokens_text) = (itoa::Buffer::new(), itoa::Buffer::new());
+    // Bound: the two rate fields and the head's fields (the lean tunnel's `wire::FIELDS_MAX`;
+    // on an HTTP/2 tunnel, `h2`'s default header list limit of 16 MiB).
     let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(2 + parts.headers.len());
     if let Some(remaining) = quota.remaining_requests {
         headers.push((

@@ -44,6 +44,8 @@ pub const HEADER_BYTES: usize = 10;
 pub const PAYLOAD_BYTES_MAX: usize = 1 << 20;
 /// Most fields in one head.
 pub const FIELDS_MAX: usize = 128;
+/// A RESPONSE head's bytes before its fields: the status.
+pub const STATUS_BYTES: usize = 2;
 
 /// The stream a frame belongs to: odd numbers, opened by the router; 0 is the connection.
 pub type StreamId = u32;
@@ -188,7 +190,7 @@ fn payload_len(frame: &Frame) -> usize {
             fields,
             ..
         } => 1 + method.as_str().len() + 2 + target.as_str().len() + fields_bytes(fields),
-        Frame::Response { fields, .. } => 2 + fields_bytes(fields),
+        Frame::Response { fields, .. } => STATUS_BYTES + fields_bytes(fields),
         Frame::Data { data, .. } => data.len(),
         Frame::Reset { .. } | Frame::Credit { .. } => 4,
         Frame::Ping { .. } | Frame::GoAway { .. } => 8,
@@ -233,7 +235,7 @@ pub fn drop_unfit_fields(fields: &mut HeaderMap, other_bytes: usize) -> usize {
     let mut bytes = other_bytes;
     let fits_whole = fields.len() <= FIELDS_MAX
         && fields.iter().all(|(name, value)| {
-            bytes += 1 + name.as_str().len() + 2 + value.len();
+            bytes += field_bytes(name, value);
             field_fits(name, value)
         })
         && bytes <= PAYLOAD_BYTES_MAX;
@@ -244,7 +246,7 @@ pub fn drop_unfit_fields(fields: &mut HeaderMap, other_bytes: usize) -> usize {
     let mut bytes = other_bytes;
     let mut dropped = 0;
     for (name, value) in fields.iter() {
-        let size = 1 + name.as_str().len() + 2 + value.len();
+        let size = field_bytes(name, value);
         if kept.len() < FIELDS_MAX && field_fits(name, value) && bytes + size <= PAYLOAD_BYTES_MAX {
             kept.append(name.clone(), value.clone());
             bytes += size;
@@ -259,8 +261,13 @@ pub fn drop_unfit_fields(fields: &mut HeaderMap, other_bytes: usize) -> usize {
 fn fields_bytes(fields: &HeaderMap) -> usize {
     fields
         .iter()
-        .map(|(name, value)| 1 + name.as_str().len() + 2 + value.len())
+        .map(|(name, value)| field_bytes(name, value))
         .sum()
+}
+
+/// One field's bytes in a head: its name and value, each after its length prefix.
+fn field_bytes(name: &HeaderName, value: &HeaderValue) -> usize {
+    1 + name.as_str().len() + 2 + value.len()
 }
 
 fn put_fields(fields: &HeaderMap, out: &mut BytesMut) {
