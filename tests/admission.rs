@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{Conn, Options, Site, metric_absent, metric_sum, poll, request};
@@ -577,6 +577,171 @@ fn b4_output_tokens_per_minute_drained_by_a_response_refuse_the_next() {
         1.0
     );
     assert_settled(&site, Pool::None);
+}
+
+/// An auth.yaml with two keys: `sk-hold`, without limits, and `sk-tight`, whose extra settings
+/// are `settings` (indented by six spaces).
+fn two_keys(name: &str, settings: &str) -> PathBuf {
+    let path = scratch(name).join("auth.yaml");
+    let entry = |raw: &str, extra: &str| {
+        format!(
+            "    - key_hash: \"{}\"\n      key_preview: \"sk-...{raw}\"\n      metadata:\n        name: \"{raw}\"\n        owner: \"{raw}\"\n{extra}",
+            hex::encode(Sha256::digest(raw.as_bytes()))
+        )
+    };
+    let text = format!(
+        "api:\n  mode: api-key\n  keys:\n{}{}",
+        entry("sk-hold", ""),
+        entry("sk-tight", settings)
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A B2 pool of `budget` tokens on [`MODEL`] (admit fraction 1.0), `other-model` without any
+/// gate, engines answering 20 tokens `itl` apart, and `auth`'s keys.
+fn b2_keyed_site(name: &str, budget: u64, park_timeout: &str, itl: &str, auth: &Path) -> Site {
+    let policies = policy_dir(name, &format!("admit_budget_tokens: {budget}\n"));
+    Site::start(
+        name,
+        Options::new()
+            .reaper(REAP_INTERVAL, REAP_AFTER)
+            .sim(&[
+                "--models",
+                &format!("{MODEL},other-model"),
+                "--itl",
+                itl,
+                "--output-tokens",
+                "20",
+            ])
+            .agent(0, &["--capacity", "8"])
+            .api_key("sk-hold")
+            .router_env("HIVENET_ROUTER_ADMIT_FRACTION", "1.0")
+            .router_env("HIVENET_ROUTER_ADMIT_PARK_TIMEOUT", park_timeout)
+            .router_args(&[
+                "--policy-model-dir",
+                policies.to_str().unwrap(),
+                "--auth-config-file",
+                auth.to_str().unwrap(),
+            ]),
+    )
+}
+
+/// The router's input estimate of a request body (default 10 tokens per 32 bytes).
+fn estimate(body: &str) -> u64 {
+    (body.len() as u64 * 10).div_ceil(32)
+}
+
+/// A key's token phase comes after the pool gates (seed, "Gate order"). The router charges it
+/// ahead, with the request rate, but gives it back when B2 would park the request: a request
+/// parked for room holds none of its key's daily budget while it waits, and is charged when the
+/// gates admit it.
+#[test]
+fn a_request_parked_by_b2_holds_none_of_its_daily_budget_while_it_waits() {
+    const DAILY: u64 = 4000;
+    let auth = two_keys(
+        "ahead-parked",
+        &format!("      quota:\n        tokens_per_day: {DAILY}\n"),
+    );
+    // 20 tokens 150 ms apart: the holder keeps the pool full for 3 s.
+    let site = b2_keyed_site("admission-ahead-parked", 3000, "20s", "150ms", &auth);
+    let holder_body = chat_body("hold", Some(2500), true);
+    let holder = open_stream(&site, Some("sk-tight"), &holder_body);
+    site.wait_metric("hivenet_admission_occupancy_tokens", |tokens| {
+        tokens >= 2500.0
+    });
+    // About 1,000 tokens of prompt: parked behind the holder.
+    let parked_body = chat_body(&"lorem ipsum ".repeat(265), Some(100), false);
+    assert!((900..1100).contains(&estimate(&parked_body)));
+    let http = site.http;
+    let parked = std::thread::spawn(move || {
+        request(
+            http,
+            &raw_post("/v1/chat/completions", Some("sk-tight"), &parked_body),
+        )
+    });
+    site.wait_metric("hivenet_admission_parked_total", |parked| parked >= 1.0);
+    // A request to a model without gates that fits the day's budget only if the parked request
+    // holds none of it: the budget less the holder's prompt and 500 tokens.
+    let spare = DAILY - estimate(&holder_body) - 500;
+    let mut other = json!({
+        "model": "other-model",
+        "messages": [{"role": "user", "content": "beside"}],
+    });
+    let other_input = estimate(&other.to_string());
+    other["max_tokens"] = json!(spare - estimate(&other.to_string()) - 10);
+    let beside = request(
+        site.http,
+        &raw_post("/v1/chat/completions", Some("sk-tight"), &other.to_string()),
+    );
+    assert_eq!(beside.status, 200, "{}", beside.text());
+    let remaining: u64 = beside
+        .header("x-ratelimit-remaining-tokens")
+        .expect("X-RateLimit-Remaining-Tokens")
+        .parse()
+        .unwrap();
+    assert!(
+        remaining + estimate(&holder_body) + other_input + 30 >= DAILY,
+        "{remaining} tokens left: the parked request held some of the budget"
+    );
+    drain(holder);
+    let parked = parked.join().unwrap();
+    assert_eq!(parked.status, 200, "{}", parked.text());
+    assert_settled(&site, Pool::Gated);
+}
+
+/// The gate order decides the answer when both B2 and the daily budget would refuse: B2 first;
+/// the daily budget only once the gates admit, and its refusal is counted once.
+#[test]
+fn b2_answers_before_the_daily_budget_which_refuses_in_its_place() {
+    let auth = two_keys("ahead-order", "      quota:\n        tokens_per_day: 500\n");
+    let site = b2_keyed_site("admission-ahead-order", 1000, "300ms", "100ms", &auth);
+    let holder = open_stream(&site, Some("sk-hold"), &chat_body("hold", Some(900), true));
+    site.wait_metric("hivenet_admission_occupancy_tokens", |tokens| {
+        tokens >= 900.0
+    });
+    // Over the day's budget (500) and over what the pool has left (about 70).
+    let body = chat_body("tight", Some(600), false);
+    let first = request(
+        site.http,
+        &raw_post("/v1/chat/completions", Some("sk-tight"), &body),
+    );
+    assert_eq!(first.status, 429, "{}", first.text());
+    assert_eq!(
+        first.error_code(),
+        "concurrency_limit_exceeded",
+        "{}",
+        first.text()
+    );
+    drain(holder);
+    site.wait_metric("hivenet_admission_occupancy_tokens", |tokens| tokens == 0.0);
+    // The pool has room now: the daily budget refuses, after the gates.
+    let second = request(
+        site.http,
+        &raw_post("/v1/chat/completions", Some("sk-tight"), &body),
+    );
+    assert_eq!(second.status, 429, "{}", second.text());
+    assert_eq!(
+        second.error_code(),
+        "token_limit_exceeded",
+        "{}",
+        second.text()
+    );
+    let metrics = site.router_metrics();
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "hivenet_admission_rejections_total",
+            &[("reason", "b2"), ("model", MODEL)]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(&metrics, "hivenet_tenant_token_limited_total", &[]),
+        1.0,
+        "{metrics}"
+    );
+    assert_settled(&site, Pool::Gated);
 }
 
 #[test]

@@ -74,6 +74,12 @@ pub async fn infer<S: Sink>(
         false => admission.unlimited(),
     };
     admission.request_caps()?;
+    if plan.ahead && !quota.holds_tokens() {
+        // The key had no room for the token phase ahead: the rest in the gate order, where the
+        // token phase is refused in its place.
+        admission.plan = plan.in_order();
+    }
+    let plan = admission.plan;
     if plan.tokens_before_hold() {
         admission.tokens(&mut quota, sink).await?;
     }
@@ -217,6 +223,7 @@ impl<'r> Admission<'r> {
         let charge = match self.plan.rate {
             RateCharge::Requests => Charge::RequestsOnly,
             RateCharge::RequestsAndTokens => Charge::RequestsAndTokens(self.estimate),
+            RateCharge::Ahead => Charge::Ahead(self.estimate),
         };
         let mut quota = self.visit_quota(charge, sink).await?;
         quota.set_estimate(self.estimate.input_tokens);
@@ -310,7 +317,8 @@ impl<'r> Admission<'r> {
     fn admit_with_slot(&mut self, slot: SlotAdmit) -> Admit {
         let admit = match slot {
             SlotAdmit::Direct => Admit::Direct,
-            SlotAdmit::Gated | SlotAdmit::Reserved => Admit::Gated(self.pool_ask()),
+            SlotAdmit::Gated | SlotAdmit::Reserved => Admit::Gated(self.pool_ask(false)),
+            SlotAdmit::Ahead => Admit::Gated(self.pool_ask(true)),
         };
         if self.plan.holds() {
             self.restart_deadline();
@@ -326,7 +334,10 @@ impl<'r> Admission<'r> {
             .hold_until
             .map_or(self.deadline, |until| until.max(self.deadline));
         let reserved = sink
-            .until_client_gone(self.shard.reserve(self.model, self.pool_ask(), wait_until))
+            .until_client_gone(
+                self.shard
+                    .reserve(self.model, self.pool_ask(false), wait_until),
+            )
             .await;
         let admit = match reserved {
             None => return Err(self.client_left()),
@@ -378,6 +389,16 @@ impl<'r> Admission<'r> {
         loop {
             let slot = match self.acquire(admit, &attempts, &mut pending, sink).await? {
                 Ok(slot) => slot,
+                // B2 would park the request, whose token phase was charged ahead: the tokens go
+                // back, and the request takes the gate order's way, parking for its reservation
+                // before the token phase runs in its place.
+                Err(RouteError::WouldPark) => {
+                    quota.give_back_tokens();
+                    self.plan = self.plan.in_order();
+                    admit = self.reserve(sink).await?;
+                    self.tokens(&mut quota, sink).await?;
+                    continue;
+                }
                 // A request a wake released waited its `--request-timeout` in the capacity
                 // queue: it moves on to the next fallback step with a wait of its own, and
                 // gets `504` only after the last (seed `hold-at-zero.md`, "After the wake").
@@ -408,7 +429,9 @@ impl<'r> Admission<'r> {
     fn retry_admit(&self) -> Admit {
         match self.plan.retry_slot() {
             SlotAdmit::Direct => Admit::Direct,
-            SlotAdmit::Gated | SlotAdmit::Reserved => Admit::Gated(self.pool_ask()),
+            SlotAdmit::Gated | SlotAdmit::Reserved | SlotAdmit::Ahead => {
+                Admit::Gated(self.pool_ask(false))
+            }
         }
     }
 
@@ -624,8 +647,9 @@ impl<'r> Admission<'r> {
         }
     }
 
-    /// The pool admission this request asks the model's owner for.
-    fn pool_ask(&self) -> PoolAsk {
+    /// The pool admission this request asks the model's owner for; `bounce_park` after a token
+    /// phase charged ahead.
+    fn pool_ask(&self, bounce_park: bool) -> PoolAsk {
         PoolAsk {
             footprint: Footprint {
                 input_tokens: self.estimate.input_tokens,
@@ -635,6 +659,7 @@ impl<'r> Admission<'r> {
             share: self.plan.share,
             policy: self.model.policy.clone(),
             hold_until: self.hold_until,
+            bounce_park,
         }
     }
 

@@ -8,6 +8,19 @@
 //! shard. A model with no gate between RPM and the token phase gets both in one quota visit; a
 //! model with pool gates and a key with a token phase gets the gates first (a reservation), then
 //! the token phase, then the slot; without a token phase the gates and the slot share one visit.
+//!
+//! Tokens ahead: where the token phase would be a visit of its own after B1 or the pool gates,
+//! it is charged in the first quota visit instead, with the request rate ([`RateCharge::Ahead`]),
+//! and the gates take the slot in one visit ([`SlotAdmit::Ahead`]): two visits where the gate
+//! order needs four. The gate order still decides every answer. The charge ahead is given back
+//! where the token phase would not have run yet: B1 refuses, the gates refuse, or B2 would park
+//! the request (the owner then answers that it would park, instead of parking it). When the key
+//! has no room for the tokens, the charge ahead takes nothing and refuses nothing. In these two
+//! last cases the rest of the request goes the gate order's way ([`VisitPlan::in_order`]): the
+//! gates' reservation (parking), then the token phase in its own visit, where it is refused in
+//! its place, then the slot. What the order changes is when the tokens are charged: a request
+//! the gates refuse held its tokens for one visit to the model's owner.
+//!
 //! Hold at zero waits on the model's owner after B1 and after the whole quota (request rate,
 //! token buckets, daily budget: a key over its limits is refused before it is held), and a
 //! request a wake released always reserves first, so that its wait for room is bounded by its
@@ -19,7 +32,8 @@
 //!
 //! Invariants: the slot visit is always last and always present; a token visit comes only after
 //! a first quota visit that charged requests alone; a reservation comes only with pool gates and
-//! is followed by a slot visit that brings it.
+//! is followed by a slot visit that brings it; a plan that charges the tokens ahead has no hold,
+//! and its [`VisitPlan::in_order`] is the plan the gate order alone would give.
 
 use std::time::Duration;
 
@@ -37,6 +51,9 @@ pub enum RateCharge {
     Requests,
     /// The request rate and the token phase in one visit: nothing gates between them.
     RequestsAndTokens,
+    /// The request rate, and the token phase ahead of the gates between them (see the module
+    /// docs): a token phase the key has no room for charges nothing and refuses nothing.
+    Ahead,
 }
 
 /// How the model's owner admits the request's slot.
@@ -48,6 +65,9 @@ pub enum SlotAdmit {
     Gated,
     /// With the reservation an earlier visit took (`Admit::Reserved`).
     Reserved,
+    /// The pool gates and the slot in one visit, after a token phase charged ahead: where B2
+    /// would park the request the owner says so instead (`PoolAsk::bounce_park`).
+    Ahead,
 }
 
 /// One visit to an owner, in the order the request makes them.
@@ -99,9 +119,12 @@ pub struct VisitPlan {
     /// The key's `max_occupancy_share` of a serverless model with an occupancy budget; 0
     /// otherwise.
     pub share: f64,
-    /// The token phase needs a visit of its own: after the gates, or, for a request that may
-    /// be held, before the hold.
+    /// The gate order puts something between the request rate and the token phase: the token
+    /// phase has a visit of its own, after the gates, or, for a request that may be held,
+    /// before the hold; unless it is charged `ahead`.
     pub tokens: bool,
+    /// The token phase is charged ahead, in the first quota visit (see the module docs).
+    pub ahead: bool,
     /// When no local slot is found, the policy's `fallback_provider` answers (non-streamed
     /// chat and messages, with a provider client configured).
     pub provider_fallback: bool,
@@ -140,6 +163,8 @@ impl VisitPlan {
         // is refused at once"), so its pool gates, which run after the release, split nothing.
         let split = request_caps || (pool_gates && hold_budget.is_none());
         let tokens = split && has_token_phase(key, serverless);
+        let limited = is_limited(key);
+        let ahead = tokens && limited && hold_budget.is_none();
         let gates = match (pool_gates, tokens || hold_budget.is_some()) {
             (false, _) => PoolGates::None,
             (true, false) => PoolGates::WithSlot,
@@ -148,8 +173,10 @@ impl VisitPlan {
         VisitPlan {
             generates,
             serverless,
-            limited: is_limited(key),
-            rate: if generates && !split {
+            limited,
+            rate: if ahead {
+                RateCharge::Ahead
+            } else if generates && !split {
                 RateCharge::RequestsAndTokens
             } else {
                 RateCharge::Requests
@@ -159,6 +186,7 @@ impl VisitPlan {
             gates,
             share,
             tokens,
+            ahead,
             provider_fallback: generates
                 && !stream
                 && provider_configured
@@ -171,7 +199,24 @@ impl VisitPlan {
         match self.gates {
             PoolGates::None => SlotAdmit::Direct,
             PoolGates::WithSlot => SlotAdmit::Gated,
+            PoolGates::Reserve if self.ahead => SlotAdmit::Ahead,
             PoolGates::Reserve => SlotAdmit::Reserved,
+        }
+    }
+
+    /// The rest of a request whose token phase ahead did not stay charged (the key had no room,
+    /// or B2 would park the request), in the gate order: the gates' own visit (parking), the
+    /// token phase, the slot. Its first quota visit is done; `visits` lists it as charging the
+    /// request rate alone, which is what it charged.
+    pub fn in_order(self) -> VisitPlan {
+        VisitPlan {
+            ahead: false,
+            rate: if self.ahead {
+                RateCharge::Requests
+            } else {
+                self.rate
+            },
+            ..self
         }
     }
 
@@ -197,7 +242,7 @@ impl VisitPlan {
 
     /// The token phase has a visit of its own after the pool gates' reservation.
     pub fn tokens_after_gates(&self) -> bool {
-        self.tokens && !self.holds()
+        self.tokens && !self.holds() && !self.ahead
     }
 
     /// The visits of a request that is not refused on the way, in order, up to its first slot.
@@ -206,7 +251,7 @@ impl VisitPlan {
             self.limited.then_some(Visit::Quota(self.rate)),
             self.tokens_before_hold().then_some(Visit::Tokens),
             self.hold_budget.map(|_| Visit::Hold),
-            (self.gates == PoolGates::Reserve).then_some(Visit::Reserve),
+            (self.gates == PoolGates::Reserve && !self.ahead).then_some(Visit::Reserve),
             self.tokens_after_gates().then_some(Visit::Tokens),
             Some(Visit::Slot(self.slot())),
         ]
@@ -223,7 +268,7 @@ mod tests {
     use crate::policy::{Mode, ModelPolicy, ProviderEngine, ProviderFallback};
     use crate::snapshot::ModelId;
 
-    use RateCharge::{Requests, RequestsAndTokens};
+    use RateCharge::{Ahead, Requests, RequestsAndTokens};
     use SlotAdmit::{Direct, Gated, Reserved};
     use Visit::{Hold, Quota, Reserve, Slot, Tokens};
 
@@ -382,18 +427,27 @@ api:
     }
 
     #[test]
-    fn pool_gates_and_a_daily_budget_reserve_between_two_quota_visits() {
+    fn pool_gates_and_a_daily_budget_charge_the_tokens_ahead_or_reserve_between_two_quota_visits() {
         for policy in [budget(), inflight(), serverless(budget())] {
             for raw in ["sk-daily", "sk-model-daily"] {
                 let plan = plan(Route::ChatCompletions, raw, &entry(policy.clone(), 1, None));
                 assert_eq!(
                     visits(&plan),
+                    [Quota(Ahead), Slot(SlotAdmit::Ahead)],
+                    "{raw}"
+                );
+                // The gate order's way, where the tokens did not stay charged ahead.
+                let in_order = plan.in_order();
+                assert_eq!(
+                    visits(&in_order),
                     [Quota(Requests), Reserve, Tokens, Slot(Reserved)],
                     "{raw}"
                 );
+                assert!(in_order.tokens_after_gates() && !plan.tokens_after_gates());
                 assert_eq!(plan.gates, PoolGates::Reserve);
                 // A failed forward gave the reservation back with its slot.
                 assert_eq!(plan.retry_slot(), Gated);
+                assert_eq!(in_order.retry_slot(), Gated);
             }
         }
     }
@@ -407,6 +461,10 @@ api:
         );
         assert_eq!(
             visits(&plan_serverless),
+            [Quota(Ahead), Slot(SlotAdmit::Ahead)]
+        );
+        assert_eq!(
+            visits(&plan_serverless.in_order()),
             [Quota(Requests), Reserve, Tokens, Slot(Reserved)]
         );
         // On a reserved model the key's ITPM has nothing to check: the gates take the slot.
@@ -459,7 +517,11 @@ api:
         let capped = entry(caps(), 1, None);
         let plan_daily = plan(Route::ChatCompletions, "sk-daily", &capped);
         assert!(plan_daily.request_caps);
-        assert_eq!(visits(&plan_daily), [Quota(Requests), Tokens, Slot(Direct)]);
+        assert_eq!(visits(&plan_daily), [Quota(Ahead), Slot(Direct)]);
+        assert_eq!(
+            visits(&plan_daily.in_order()),
+            [Quota(Requests), Tokens, Slot(Direct)]
+        );
         let plan_rpm = plan(Route::ChatCompletions, "sk-rpm", &capped);
         assert_eq!(visits(&plan_rpm), [Quota(Requests), Slot(Direct)]);
         assert_eq!(plan_rpm.retry_slot(), Direct);
@@ -637,36 +699,52 @@ api:
                     let entry = entry(policy.clone(), agents, hold_secs);
                     for route in routes {
                         let plan = VisitPlan::of(route, key, &entry, false, false);
-                        let visits = visits(&plan);
-                        let case = format!("{route:?} {} {policy:?} {agents}", key.name);
-                        // The slot visit is last, and only there.
-                        assert!(matches!(visits.last(), Some(Slot(_))), "{case}");
-                        let slots = visits.iter().filter(|visit| matches!(visit, Slot(_)));
-                        assert_eq!(slots.count(), 1, "{case}");
-                        // A token visit follows a first quota visit that charged requests alone.
-                        if visits.contains(&Tokens) {
-                            assert_eq!(visits[0], Quota(Requests), "{case}");
+                        if plan.ahead {
+                            // Charged ahead: no hold, and the rest in the gate order's way
+                            // is a plan of its own, checked like the others below.
+                            assert!(!plan.holds(), "{route:?} {}", key.name);
+                            assert_eq!(plan.visits().next(), Some(Quota(Ahead)));
+                            assert!(!plan.in_order().ahead);
                         }
-                        // A reservation is brought by the slot visit.
-                        assert_eq!(
-                            visits.contains(&Reserve),
-                            visits.last() == Some(&Slot(Reserved)),
-                            "{case}"
-                        );
-                        // A held request's whole quota is checked before the hold.
-                        if let Some(hold) = visits.iter().position(|visit| *visit == Hold) {
+                        for plan in [plan, plan.in_order()] {
+                            let visits = visits(&plan);
+                            let case = format!("{route:?} {} {policy:?} {agents}", key.name);
+                            // The slot visit is last, and only there.
+                            assert!(matches!(visits.last(), Some(Slot(_))), "{case}");
+                            let slots = visits.iter().filter(|visit| matches!(visit, Slot(_)));
+                            assert_eq!(slots.count(), 1, "{case}");
+                            // A token visit follows a first quota visit that charged requests alone.
+                            if visits.contains(&Tokens) {
+                                assert_eq!(visits[0], Quota(Requests), "{case}");
+                            }
+                            // A reservation is brought by the slot visit.
+                            assert_eq!(
+                                visits.contains(&Reserve),
+                                visits.last() == Some(&Slot(Reserved)),
+                                "{case}"
+                            );
+                            // A held request's whole quota is checked before the hold.
+                            if let Some(hold) = visits.iter().position(|visit| *visit == Hold) {
+                                assert!(
+                                    !visits[hold..].contains(&Tokens)
+                                        && !visits[hold..].iter().any(|v| matches!(v, Quota(_))),
+                                    "{case}"
+                                );
+                            }
+                            // The token phase is charged in one visit, never in both.
                             assert!(
-                                !visits[hold..].contains(&Tokens)
-                                    && !visits[hold..].iter().any(|v| matches!(v, Quota(_))),
+                                !(visits.contains(&Tokens)
+                                    && (visits.contains(&Quota(RequestsAndTokens))
+                                        || visits.contains(&Quota(Ahead)))),
+                                "{case}"
+                            );
+                            // Gates after a charge ahead bounce rather than park.
+                            assert_eq!(
+                                visits.contains(&Slot(SlotAdmit::Ahead)),
+                                plan.ahead && plan.gates != PoolGates::None,
                                 "{case}"
                             );
                         }
-                        // The token phase is charged in one visit, never in both.
-                        assert!(
-                            !(visits.contains(&Tokens)
-                                && visits.contains(&Quota(RequestsAndTokens))),
-                            "{case}"
-                        );
                     }
                 }
             }

@@ -132,6 +132,9 @@ pub fn route(error: RouteError) -> Rejection {
         RouteError::Shed => Rejection::pool_shed(),
         RouteError::PoolFull | RouteError::PoolTooSmall => Rejection::occupancy_full(),
         RouteError::KeyShare => Rejection::key_occupancy_share(),
+        // Not a refusal: the request asks again, parking (`api::infer`). Were one answered, it
+        // would be the pool being full.
+        RouteError::WouldPark => Rejection::occupancy_full(),
     }
 }
 

@@ -241,6 +241,23 @@ impl QuotaCharge {
         self.remaining_tokens = tokens.remaining_tokens;
     }
 
+    /// The token phase is charged (with the request rate, ahead of the gates, or on its own).
+    pub fn holds_tokens(&self) -> bool {
+        self.admission.is_some()
+    }
+
+    /// Gives the token phase's charge back and keeps the request unit: a token phase charged
+    /// ahead of gates that would park the request (`api::plan`) runs again after them.
+    pub fn give_back_tokens(&mut self) {
+        self.remaining_tokens = None;
+        if let Some(admission) = self.admission.take() {
+            self.shard.notify(Notice::Quota(Release::Cancel {
+                tenant: self.tenant,
+                admission,
+            }));
+        }
+    }
+
     pub fn set_estimate(&mut self, input_tokens: u64) {
         self.estimate_input_tokens = input_tokens;
     }
@@ -305,11 +322,6 @@ impl QuotaCharge {
 
 impl Drop for QuotaCharge {
     fn drop(&mut self) {
-        if let Some(admission) = self.admission.take() {
-            self.shard.notify(Notice::Quota(Release::Cancel {
-                tenant: self.tenant,
-                admission,
-            }));
-        }
+        self.give_back_tokens();
     }
 }

@@ -70,6 +70,9 @@ pub enum RouteError {
     /// B2: the request alone is larger than the pool's whole budget (refused at once for a
     /// request released by a wake, which would otherwise wait its whole hold budget).
     PoolTooSmall,
+    /// B2 would park a request that asked to be told instead ([`PoolAsk::bounce_park`]): no
+    /// refusal, the request gives its tokens back and asks again, parking.
+    WouldPark,
 }
 
 impl RouteError {
@@ -80,6 +83,7 @@ impl RouteError {
             Decision::PoolFull => RouteError::PoolFull,
             Decision::KeyShare => RouteError::KeyShare,
             Decision::PoolTooSmall => RouteError::PoolTooSmall,
+            Decision::WouldPark => RouteError::WouldPark,
             // A grant or reservation where the other was asked for cannot happen; treat it as
             // the model having nothing to offer.
             Decision::NoAgents | Decision::Granted(_) | Decision::Reserved => RouteError::NoAgents,
@@ -108,6 +112,9 @@ pub struct PoolAsk {
     /// Hold at zero: a request released by a wake waits for room until its hold budget ends,
     /// whatever the park timeout (seed, "After the wake").
     pub hold_until: Option<Instant>,
+    /// The request's token phase is charged ahead of these gates: where B2 would park it, the
+    /// owner answers [`RouteError::WouldPark`] instead (see `api::plan`, "tokens ahead").
+    pub bounce_park: bool,
 }
 
 /// Why the quota phase refused a request.
@@ -385,6 +392,7 @@ impl Shard {
             policy: ask.policy,
             park_until: park_until.map(crate::clock::at),
             refuse_oversize: ask.hold_until.is_some(),
+            bounce_park: ask.bounce_park,
         }
     }
 

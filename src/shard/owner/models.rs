@@ -37,6 +37,9 @@ pub enum Decision {
     KeyShare,
     /// B2: the request is larger than the pool's whole budget (asked to be refused at once).
     PoolTooSmall,
+    /// B2 would park the request, which asked to be told instead ([`PoolRequest::bounce_park`]);
+    /// it holds nothing here.
+    WouldPark,
 }
 
 impl Decision {
@@ -49,7 +52,8 @@ impl Decision {
             Decision::Granted(_)
             | Decision::Reserved
             | Decision::QueueFull
-            | Decision::NoAgents => None,
+            | Decision::NoAgents
+            | Decision::WouldPark => None,
         }
     }
 }
@@ -74,6 +78,10 @@ pub struct PoolRequest {
     /// Refuse at once a request larger than the pool's whole budget instead of parking it (a
     /// request released by a wake parks up to its hold budget, too long to wait for nothing).
     pub refuse_oversize: bool,
+    /// Where B2 would park the request, answer [`Decision::WouldPark`] and hold nothing: the
+    /// requester charged its token phase ahead of these gates (`api::plan`), and gives it back
+    /// before it parks, as the gate order has it.
+    pub bounce_park: bool,
 }
 
 /// A change to a reservation while its request runs.
@@ -329,9 +337,11 @@ impl Models {
                 });
             owned.policy = request.policy;
             let limits = owned.limits(base, sharing);
+            let would_park = request.park_until.is_some_and(|until| until > now);
+            let park_until = request.park_until.filter(|_| !request.bounce_park);
             let verdict = owned
                 .occupancy
-                .admit(now, &limits, request.claim, request.park_until);
+                .admit(now, &limits, request.claim, park_until);
             if let (Some(wallets), Some(sharing)) = (owned.wallets.as_mut(), sharing) {
                 if verdict == Verdict::Admitted {
                     wallets.touch(now);
@@ -354,6 +364,9 @@ impl Models {
                     owned.parked_for_slot.insert(ticket, slot);
                     effects.parked += 1;
                     return None;
+                }
+                Verdict::Refused(Refusal::Budget) if request.bounce_park && would_park => {
+                    return Some(Decision::WouldPark);
                 }
                 Verdict::Refused(Refusal::Budget) => {
                     return Some(self.refused(model, Decision::PoolFull));

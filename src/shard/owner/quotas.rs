@@ -293,6 +293,11 @@ pub enum Charge {
     RequestsAndTokens(Estimate),
     /// The token phase alone, for a request that passed the RPM phase and the gates between.
     TokensOnly(Estimate),
+    /// The RPM phase, and the token phase ahead of the gates that come between them in the gate
+    /// order (`api::plan`, "tokens ahead"). A token phase the key does not pass charges nothing
+    /// and refuses nothing: the answer admits the request unit alone (`admission: None`), and
+    /// the requester runs the token phase again in its place, after the gates.
+    Ahead(Estimate),
 }
 
 impl Quotas {
@@ -436,12 +441,17 @@ impl Quotas {
             .holders
             .get_mut(&record.tenant_id)
             .expect("built above");
+        let mut charge = charge;
         if !self.daily_known
             && !matches!(charge, Charge::RequestsOnly)
             && owner.limits.has_daily(model.model)
         {
-            // Today's total cannot be read yet: refused at once, never a fresh budget.
-            return Err(LimitExceeded::daily_spent(model.model));
+            if !matches!(charge, Charge::Ahead(_)) {
+                // Today's total cannot be read yet: refused at once, never a fresh budget.
+                return Err(LimitExceeded::daily_spent(model.model));
+            }
+            // Refused after the gates, in its place.
+            charge = Charge::RequestsOnly;
         }
         let rates = self.token_rates.get_mut(&key);
         match charge {
@@ -462,7 +472,7 @@ impl Quotas {
                     }
                 })
             }
-            Charge::RequestsAndTokens(estimate) => {
+            Charge::RequestsAndTokens(estimate) | Charge::Ahead(estimate) => {
                 // Both phases with nothing in between; a refused token phase keeps the RPM unit
                 // (`limits::KeyLimits::admit`).
                 let request = owner.limits.admit_request(now, model, share)?;
@@ -471,6 +481,12 @@ impl Quotas {
                         remaining_requests: request.remaining_requests,
                         remaining_tokens: admission.owner.remaining_tokens,
                         admission: Some(admission),
+                    }),
+                    // Nothing of the token phase stays charged; it runs again after the gates.
+                    Err(_) if matches!(charge, Charge::Ahead(_)) => Ok(Admitted {
+                        remaining_requests: request.remaining_requests,
+                        remaining_tokens: None,
+                        admission: None,
                     }),
                     Err(mut rejection) => {
                         rejection.remaining_requests = request.remaining_requests;

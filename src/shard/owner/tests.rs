@@ -102,6 +102,7 @@ fn gated_with_share(
             policy: policy(budget),
             park_until,
             refuse_oversize: false,
+            bounce_park: false,
         }),
         slot: if with_slot { slot() } else { None },
     }
@@ -230,6 +231,71 @@ fn a_parked_ticket_expires_at_its_deadline_and_not_before() {
             .any(|(model, reason, count)| model == MODEL && reason == Reason::B2 && count == 1)
     );
     assert_eq!(occupancy_tokens(&owner), 80);
+}
+
+/// A request that charged its tokens ahead of the gates asks to be told, not parked: it holds
+/// nothing, counts no refusal, and a ticket parked after it is not overtaken by it.
+#[test]
+fn a_bounced_ticket_is_told_it_would_park_and_holds_nothing() {
+    let (mut owner, mut effects) = (owner(), Effects::default());
+    up(&mut owner, 4, 1, &mut effects);
+    let Some(Decision::Granted(grant)) = decision(owner.serve(
+        &at(0),
+        ticket(1),
+        gated(1, 80, 100, None, true),
+        &mut effects,
+    )) else {
+        panic!("not granted");
+    };
+    let bounced = |sequence, park_until| {
+        let mut visit = gated(sequence, 50, 100, park_until, true);
+        if let Visit::Acquire {
+            pool: Some(pool), ..
+        } = &mut visit
+        {
+            pool.bounce_park = true;
+        }
+        visit
+    };
+    assert_eq!(
+        decision(owner.serve(
+            &at(0),
+            ticket(2),
+            bounced(2, Some(Millis(1_000))),
+            &mut effects
+        )),
+        Some(Decision::WouldPark)
+    );
+    assert_eq!(effects.parked, 0);
+    assert_eq!(occupancy_tokens(&owner), 80);
+    assert_eq!(owner.rejections().count(), 0, "no refusal counted");
+    // With no park timeout, the same request is refused as it would be without the bounce.
+    assert_eq!(
+        decision(owner.serve(&at(0), ticket(3), bounced(3, None), &mut effects)),
+        Some(Decision::PoolFull)
+    );
+    // A bounced request that fits is granted like any other.
+    owner.notice(
+        &at(10),
+        Notice::Release {
+            model: MODEL,
+            grant,
+            ticket: ticket(1),
+            observed: None,
+        },
+        &mut effects,
+    );
+    assert!(matches!(
+        decision(owner.serve(
+            &at(10),
+            ticket(4),
+            bounced(4, Some(Millis(1_000))),
+            &mut effects
+        )),
+        Some(Decision::Granted(_))
+    ));
+    assert_eq!(occupancy_tokens(&owner), 50);
+    assert!(effects.answers.is_empty());
 }
 
 #[test]

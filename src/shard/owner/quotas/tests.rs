@@ -752,3 +752,112 @@ fn cleanup_keeps_the_usage_of_holders_it_drops_for_the_next_round() {
     assert_eq!(out.len(), 1, "{out:?}");
     assert_eq!(out[0].amount, 1);
 }
+
+fn ahead(input_tokens: u64) -> Charge {
+    Charge::Ahead(Estimate {
+        input_tokens,
+        max_output_tokens: None,
+    })
+}
+
+/// With room in the token phase, a charge ahead of the gates is the two phases in one.
+#[test]
+fn a_token_phase_ahead_with_room_charges_like_both_phases() {
+    let (registry, snapshot) = (registry(), snapshot(1, &["chat"]));
+    let id = key(&registry, "sk-permodel").key_id;
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    let admitted = quotas
+        .admit(
+            Millis(0),
+            MONDAY,
+            &registry,
+            &snapshot,
+            id,
+            &context(0),
+            ahead(100),
+        )
+        .expect("room");
+    assert!(admitted.admission.is_some(), "the tokens are charged");
+    assert_eq!(admitted.remaining_tokens, Some(400));
+    assert_eq!(admitted.remaining_requests, Some(99));
+}
+
+/// A token phase ahead that the key does not pass is no refusal and charges nothing: the
+/// request unit stays charged, and the token phase runs again after the gates, where it is
+/// refused in its place in the gate order.
+#[test]
+fn a_token_phase_ahead_without_room_charges_the_request_unit_alone() {
+    let (registry, snapshot) = (registry(), snapshot(1, &["chat"]));
+    let id = key(&registry, "sk-permodel").key_id;
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    let admitted = quotas
+        .admit(
+            Millis(0),
+            MONDAY,
+            &registry,
+            &snapshot,
+            id,
+            &context(0),
+            ahead(600),
+        )
+        .expect("the request unit passes");
+    assert!(admitted.admission.is_none(), "no token charge");
+    assert_eq!(admitted.remaining_tokens, None);
+    assert_eq!(
+        admitted.remaining_requests,
+        Some(99),
+        "the request unit is charged"
+    );
+    // The whole day's budget is still there, and the token phase alone refuses the same ask.
+    let whole = quotas.admit(
+        Millis(0),
+        MONDAY,
+        &registry,
+        &snapshot,
+        id,
+        &context(0),
+        Charge::TokensOnly(Estimate {
+            input_tokens: 500,
+            max_output_tokens: None,
+        }),
+    );
+    assert_eq!(whole.expect("500 fit").remaining_tokens, Some(0));
+}
+
+/// While today's totals are unread (routers sharing a store), a charge ahead admits the request
+/// unit alone; the token phase after the gates is the one refused.
+#[test]
+fn a_token_phase_ahead_leaves_an_unknown_day_to_the_token_phase() {
+    let (registry, snapshot) = (registry(), snapshot(1, &["chat"]));
+    let id = key(&registry, "sk-permodel").key_id;
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    quotas.share_through_store(MONDAY);
+    let admitted = quotas
+        .admit(
+            Millis(0),
+            MONDAY,
+            &registry,
+            &snapshot,
+            id,
+            &context(0),
+            ahead(10),
+        )
+        .expect("the request unit passes");
+    assert!(admitted.admission.is_none());
+    assert_eq!(admitted.remaining_requests, Some(99));
+    let refused = quotas
+        .admit(
+            Millis(0),
+            MONDAY,
+            &registry,
+            &snapshot,
+            id,
+            &context(0),
+            Charge::TokensOnly(Estimate {
+                input_tokens: 10,
+                max_output_tokens: None,
+            }),
+        )
+        .expect_err("today's total is unknown");
+    assert_eq!(refused.kind, RejectionKind::DailyTokens);
+}
