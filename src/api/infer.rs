@@ -68,30 +68,30 @@ pub async fn infer<S: Sink>(
     );
     let mut admission = Admission::new(shard, request, key, &fields, model, plan);
     // An asynchronous phase's future is built only when the plan has a visit for it: even one
-    // with nothing to do would cost the copy of its future on every request.
-    let mut quota = match plan.limited {
+    // with nothing to do would cost the copy of its future on every request. The plan is read
+    // from `admission` from here on (a copy of it kept across the waits would widen them).
+    let mut quota = match admission.plan.limited {
         true => admission.quota_rate(sink).await?,
         false => admission.unlimited(),
     };
     admission.request_caps()?;
-    if plan.ahead && !quota.holds_tokens() {
+    if admission.plan.ahead && !quota.holds_tokens() {
         // The key had no room for the token phase ahead: the rest in the gate order, where the
         // token phase is refused in its place.
-        admission.plan = plan.in_order();
+        admission.plan = admission.plan.in_order();
     }
-    let plan = admission.plan;
-    if plan.tokens_before_hold() {
+    if admission.plan.tokens_before_hold() {
         admission.tokens(&mut quota, sink).await?;
     }
-    let pending = match plan.holds() {
+    let pending = match admission.plan.holds() {
         true => admission.hold(sink).await?,
         false => None,
     };
-    let admit = match plan.slot() {
+    let admit = match admission.plan.slot() {
         SlotAdmit::Reserved => admission.reserve(sink).await?,
         slot => admission.admit_with_slot(slot),
     };
-    if plan.tokens_after_gates() {
+    if admission.plan.tokens_after_gates() {
         admission.tokens(&mut quota, sink).await?;
     }
     admission.attempts(admit, quota, pending, facts, sink).await
@@ -389,14 +389,8 @@ impl<'r> Admission<'r> {
         loop {
             let slot = match self.acquire(admit, &attempts, &mut pending, sink).await? {
                 Ok(slot) => slot,
-                // B2 would park the request, whose token phase was charged ahead: the tokens go
-                // back, and the request takes the gate order's way, parking for its reservation
-                // before the token phase runs in its place.
                 Err(RouteError::WouldPark) => {
-                    quota.give_back_tokens();
-                    self.plan = self.plan.in_order();
-                    admit = self.reserve(sink).await?;
-                    self.tokens(&mut quota, sink).await?;
+                    admit = self.park_in_order(&mut quota, sink).await?;
                     continue;
                 }
                 // A request a wake released waited its `--request-timeout` in the capacity
@@ -422,6 +416,21 @@ impl<'r> Admission<'r> {
                 other => return other,
             }
         }
+    }
+
+    /// B2 would park the request, whose token phase was charged ahead: the tokens go back, and
+    /// the request takes the gate order's way, parking for its reservation before the token
+    /// phase runs in its place. The reservation goes with the next slot visit.
+    async fn park_in_order<S: Sink>(
+        &mut self,
+        quota: &mut QuotaCharge,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<Admit, Outcome> {
+        quota.give_back_tokens();
+        self.plan = self.plan.in_order();
+        let admit = self.reserve(sink).await?;
+        self.tokens(quota, sink).await?;
+        Ok(admit)
     }
 
     /// How a slot visit after the first is admitted: the failed or abandoned attempt gave its
