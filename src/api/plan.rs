@@ -5,14 +5,15 @@
 //! Owns: the rule that turns the seed's gate order (RPM, B1, B3, B2, B4 share, B4 token buckets,
 //! daily) into as few visits as that order allows. RPM and the key's token phase live on the
 //! key's quota owner; B3, B2 and the B4 share on the model's owner; B1 on the request's own
-//! shard. A model with no gate between RPM and the token phase gets both in one quota visit; a
-//! model with pool gates and a key with a token phase gets the gates first (a reservation), then
-//! the token phase, then the slot; without a token phase the gates and the slot share one visit.
+//! shard. A model with no gate between RPM and the token phase gets both in one quota visit; in
+//! the gate order, a model with pool gates and a key with a token phase gets the gates first (a
+//! reservation), then the token phase, then the slot, unless the tokens are charged ahead
+//! (below); without a token phase the gates and the slot share one visit.
 //!
 //! Tokens ahead: where the token phase would be a visit of its own after B1 or the pool gates,
 //! it is charged in the first quota visit instead, with the request rate ([`RateCharge::Ahead`]),
 //! and the gates take the slot in one visit ([`SlotAdmit::Ahead`]): two visits where the gate
-//! order needs four. The gate order still decides every answer. The charge ahead is given back
+//! order needs four (three with B1 alone). The gate order still decides every answer. The charge ahead is given back
 //! where the token phase would not have run yet: B1 refuses, the gates refuse, or B2 would park
 //! the request (the owner then answers that it would park, instead of parking it). When the key
 //! has no room for the tokens, the charge ahead takes nothing and refuses nothing. In these two
@@ -92,7 +93,9 @@ pub enum PoolGates {
     None,
     /// In the slot's visit.
     WithSlot,
-    /// In a visit of their own that reserves, before the token phase or after a hold.
+    /// In a visit of their own that reserves, before the token phase or after a hold; with the
+    /// tokens charged ahead, in the slot's visit instead ([`SlotAdmit::Ahead`]), and in their own
+    /// visit again if the request then takes the gate order's way.
     Reserve,
 }
 
