@@ -558,12 +558,14 @@ enum Held {
 #[derive(Debug, Clone)]
 enum Op {
     /// A gated (or direct) acquire of `tokens`, asking for a slot or only a reservation,
-    /// parking up to `park_ms`.
+    /// parking up to `park_ms`, or told it would park (`bounce`, a request whose tokens were
+    /// charged ahead: it then holds nothing and is never answered again).
     Acquire {
         gated: bool,
         tokens: u64,
         with_slot: bool,
         park_ms: u64,
+        bounce: bool,
     },
     /// The request at this index (modulo) ends: releases what it holds, or stops waiting.
     End(usize),
@@ -580,12 +582,13 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (any::<bool>(), 0u64..120, any::<bool>(), 0u64..2_000).prop_map(
-            |(gated, tokens, with_slot, park_ms)| Op::Acquire {
+        4 => (any::<bool>(), 0u64..120, any::<bool>(), 0u64..2_000, any::<bool>()).prop_map(
+            |(gated, tokens, with_slot, park_ms, bounce)| Op::Acquire {
                 gated,
                 tokens,
                 with_slot: with_slot || !gated,
                 park_ms,
+                bounce: bounce && gated,
             }
         ),
         3 => (0usize..64).prop_map(Op::End),
@@ -676,12 +679,20 @@ impl Run {
                 tokens,
                 with_slot,
                 park_ms,
+                bounce,
             } => {
                 self.next += 1;
                 let sequence = self.next;
                 let park_until = (park_ms > 0).then(|| Millis(self.now + park_ms));
                 let visit = if is_gated {
-                    gated(sequence, tokens, BUDGET, park_until, with_slot)
+                    let mut visit = gated(sequence, tokens, BUDGET, park_until, with_slot);
+                    if let Visit::Acquire {
+                        pool: Some(pool), ..
+                    } = &mut visit
+                    {
+                        pool.bounce_park = bounce;
+                    }
+                    visit
                 } else {
                     Visit::Acquire {
                         model: MODEL,
@@ -690,9 +701,14 @@ impl Run {
                     }
                 };
                 let clock = self.clock();
+                let parked = self.effects.parked;
                 let answer = self
                     .owner
                     .serve(&clock, ticket(sequence), visit, &mut self.effects);
+                assert!(
+                    !bounce || self.effects.parked == parked,
+                    "a request that asked to be told was parked"
+                );
                 self.tickets
                     .insert(sequence, answer.map_or(Held::Waiting, held_of));
                 self.settle_effects();
