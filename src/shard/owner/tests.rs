@@ -150,6 +150,25 @@ fn occupancy_tokens(owner: &Owner) -> u64 {
         .sum()
 }
 
+/// Ticket 1 takes 80 of a 100-token budget, and its slot.
+fn first_80_of_100(owner: &mut Owner, effects: &mut Effects) -> Grant {
+    match decision(owner.serve(&at(0), ticket(1), gated(1, 80, 100, None, true), effects)) {
+        Some(Decision::Granted(grant)) => grant,
+        other => panic!("not granted: {other:?}"),
+    }
+}
+
+/// `visit`, asking to be told where B2 would park it (a request whose tokens were charged ahead).
+fn bounced(mut visit: Visit) -> Visit {
+    if let Visit::Acquire {
+        pool: Some(pool), ..
+    } = &mut visit
+    {
+        pool.bounce_park = true;
+    }
+    visit
+}
+
 #[test]
 fn a_release_grants_the_queued_ticket() {
     let (mut owner, mut effects) = (owner(), Effects::default());
@@ -234,29 +253,14 @@ fn a_parked_ticket_expires_at_its_deadline_and_not_before() {
 }
 
 /// A request that charged its tokens ahead of the gates asks to be told, not parked: it holds
-/// nothing, counts no refusal, and a ticket parked after it is not overtaken by it.
+/// nothing and counts no refusal; without a park timeout it is refused as any other, and once
+/// there is room it is granted as any other.
 #[test]
 fn a_bounced_ticket_is_told_it_would_park_and_holds_nothing() {
     let (mut owner, mut effects) = (owner(), Effects::default());
     up(&mut owner, 4, 1, &mut effects);
-    let Some(Decision::Granted(grant)) = decision(owner.serve(
-        &at(0),
-        ticket(1),
-        gated(1, 80, 100, None, true),
-        &mut effects,
-    )) else {
-        panic!("not granted");
-    };
-    let bounced = |sequence, park_until| {
-        let mut visit = gated(sequence, 50, 100, park_until, true);
-        if let Visit::Acquire {
-            pool: Some(pool), ..
-        } = &mut visit
-        {
-            pool.bounce_park = true;
-        }
-        visit
-    };
+    let grant = first_80_of_100(&mut owner, &mut effects);
+    let bounced = |sequence, park_until| bounced(gated(sequence, 50, 100, park_until, true));
     assert_eq!(
         decision(owner.serve(
             &at(0),
@@ -302,14 +306,7 @@ fn a_bounced_ticket_is_told_it_would_park_and_holds_nothing() {
 fn a_release_admits_the_parked_ticket_and_grants_it() {
     let (mut owner, mut effects) = (owner(), Effects::default());
     up(&mut owner, 4, 1, &mut effects);
-    let Some(Decision::Granted(grant)) = decision(owner.serve(
-        &at(0),
-        ticket(1),
-        gated(1, 80, 100, None, true),
-        &mut effects,
-    )) else {
-        panic!("not granted");
-    };
+    let grant = first_80_of_100(&mut owner, &mut effects);
     let parked = gated(2, 50, 100, Some(Millis(1_000)), true);
     assert_eq!(
         decision(owner.serve(&at(0), ticket(2), parked, &mut effects)),
@@ -341,14 +338,7 @@ fn a_release_admits_the_parked_ticket_and_grants_it() {
 fn a_cancelled_parked_ticket_is_never_decided() {
     let (mut owner, mut effects) = (owner(), Effects::default());
     up(&mut owner, 4, 1, &mut effects);
-    let Some(Decision::Granted(grant)) = decision(owner.serve(
-        &at(0),
-        ticket(1),
-        gated(1, 80, 100, None, true),
-        &mut effects,
-    )) else {
-        panic!("not granted");
-    };
+    let grant = first_80_of_100(&mut owner, &mut effects);
     let parked = gated(2, 50, 100, Some(Millis(1_000)), true);
     assert_eq!(
         decision(owner.serve(&at(0), ticket(2), parked, &mut effects)),
@@ -684,21 +674,14 @@ impl Run {
                 self.next += 1;
                 let sequence = self.next;
                 let park_until = (park_ms > 0).then(|| Millis(self.now + park_ms));
-                let visit = if is_gated {
-                    let mut visit = gated(sequence, tokens, BUDGET, park_until, with_slot);
-                    if let Visit::Acquire {
-                        pool: Some(pool), ..
-                    } = &mut visit
-                    {
-                        pool.bounce_park = bounce;
-                    }
-                    visit
-                } else {
-                    Visit::Acquire {
+                let visit = match (is_gated, bounce) {
+                    (true, false) => gated(sequence, tokens, BUDGET, park_until, with_slot),
+                    (true, true) => bounced(gated(sequence, tokens, BUDGET, park_until, with_slot)),
+                    (false, _) => Visit::Acquire {
                         model: MODEL,
                         pool: None,
                         slot: slot(),
-                    }
+                    },
                 };
                 let clock = self.clock();
                 let parked = self.effects.parked;

@@ -760,23 +760,38 @@ fn ahead(input_tokens: u64) -> Charge {
     })
 }
 
+fn tokens_only(input_tokens: u64) -> Charge {
+    Charge::TokensOnly(Estimate {
+        input_tokens,
+        max_output_tokens: None,
+    })
+}
+
+/// `charge` for `sk-permodel` on `chat` (100 requests a minute, 500 tokens a day), on Monday.
+fn admit_per_model(
+    quotas: &mut Quotas,
+    registry: &KeyRegistry,
+    charge: Charge,
+) -> Result<Admitted, LimitExceeded> {
+    let id = key(registry, "sk-permodel").key_id;
+    let snapshot = snapshot(1, &["chat"]);
+    quotas.admit(
+        Millis(0),
+        MONDAY,
+        registry,
+        &snapshot,
+        id,
+        &context(0),
+        charge,
+    )
+}
+
 /// With room in the token phase, a charge ahead of the gates is the two phases in one.
 #[test]
 fn a_token_phase_ahead_with_room_charges_like_both_phases() {
-    let (registry, snapshot) = (registry(), snapshot(1, &["chat"]));
-    let id = key(&registry, "sk-permodel").key_id;
+    let registry = registry();
     let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
-    let admitted = quotas
-        .admit(
-            Millis(0),
-            MONDAY,
-            &registry,
-            &snapshot,
-            id,
-            &context(0),
-            ahead(100),
-        )
-        .expect("room");
+    let admitted = admit_per_model(&mut quotas, &registry, ahead(100)).expect("room");
     assert!(admitted.admission.is_some(), "the tokens are charged");
     assert_eq!(admitted.remaining_tokens, Some(400));
     assert_eq!(admitted.remaining_requests, Some(99));
@@ -787,20 +802,10 @@ fn a_token_phase_ahead_with_room_charges_like_both_phases() {
 /// refused in its place in the gate order.
 #[test]
 fn a_token_phase_ahead_without_room_charges_the_request_unit_alone() {
-    let (registry, snapshot) = (registry(), snapshot(1, &["chat"]));
-    let id = key(&registry, "sk-permodel").key_id;
+    let registry = registry();
     let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
-    let admitted = quotas
-        .admit(
-            Millis(0),
-            MONDAY,
-            &registry,
-            &snapshot,
-            id,
-            &context(0),
-            ahead(600),
-        )
-        .expect("the request unit passes");
+    let admitted =
+        admit_per_model(&mut quotas, &registry, ahead(600)).expect("the request unit passes");
     assert!(admitted.admission.is_none(), "no token charge");
     assert_eq!(admitted.remaining_tokens, None);
     assert_eq!(
@@ -808,56 +813,23 @@ fn a_token_phase_ahead_without_room_charges_the_request_unit_alone() {
         Some(99),
         "the request unit is charged"
     );
-    // The whole day's budget is still there, and the token phase alone refuses the same ask.
-    let whole = quotas.admit(
-        Millis(0),
-        MONDAY,
-        &registry,
-        &snapshot,
-        id,
-        &context(0),
-        Charge::TokensOnly(Estimate {
-            input_tokens: 500,
-            max_output_tokens: None,
-        }),
-    );
-    assert_eq!(whole.expect("500 fit").remaining_tokens, Some(0));
+    // The whole day's budget is still there.
+    let whole = admit_per_model(&mut quotas, &registry, tokens_only(500)).expect("500 fit");
+    assert_eq!(whole.remaining_tokens, Some(0));
 }
 
 /// While today's totals are unread (routers sharing a store), a charge ahead admits the request
 /// unit alone; the token phase after the gates is the one refused.
 #[test]
 fn a_token_phase_ahead_leaves_an_unknown_day_to_the_token_phase() {
-    let (registry, snapshot) = (registry(), snapshot(1, &["chat"]));
-    let id = key(&registry, "sk-permodel").key_id;
+    let registry = registry();
     let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
     quotas.share_through_store(MONDAY);
-    let admitted = quotas
-        .admit(
-            Millis(0),
-            MONDAY,
-            &registry,
-            &snapshot,
-            id,
-            &context(0),
-            ahead(10),
-        )
-        .expect("the request unit passes");
+    let admitted =
+        admit_per_model(&mut quotas, &registry, ahead(10)).expect("the request unit passes");
     assert!(admitted.admission.is_none());
     assert_eq!(admitted.remaining_requests, Some(99));
-    let refused = quotas
-        .admit(
-            Millis(0),
-            MONDAY,
-            &registry,
-            &snapshot,
-            id,
-            &context(0),
-            Charge::TokensOnly(Estimate {
-                input_tokens: 10,
-                max_output_tokens: None,
-            }),
-        )
+    let refused = admit_per_model(&mut quotas, &registry, tokens_only(10))
         .expect_err("today's total is unknown");
     assert_eq!(refused.kind, RejectionKind::DailyTokens);
 }
