@@ -22,7 +22,7 @@ use crate::shard::latch::race;
 use crate::shard::state::{Shard, Tunnel};
 use crate::tunnel::link;
 use crate::tunnel::preamble::Codec;
-use crate::tunnel::upstream::Sender;
+use crate::tunnel::upstream::{Sender, StreamIds};
 
 /// Buffer sizes of the compat wrapper around the tunnel socket.
 const TUNNEL_BUFFER_BYTES: usize = 64 * 1024;
@@ -34,6 +34,23 @@ const CONNECTION_WINDOW_BYTES: u32 = 16 * 1024 * 1024;
 /// Keepalive ping cadence on an idle or busy tunnel, and how long an answer may take.
 const PING_INTERVAL: Duration = Duration::from_secs(10);
 const PING_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a retiring HTTP/2 tunnel's requests may take past the request timeout to finish.
+const RETIRE_GRACE: Duration = Duration::from_secs(5);
+
+/// The streams an HTTP/2 tunnel opens before it retires: what HTTP/2 allows, or, in a debug
+/// build, `HIVENET_TEST_HTTP2_TUNNEL_STREAMS` (the integration tests' way to reach the end of a
+/// tunnel's ids in a few requests instead of a billion).
+fn http2_tunnel_streams() -> u32 {
+    #[cfg(debug_assertions)]
+    if let Some(streams) = std::env::var("HIVENET_TEST_HTTP2_TUNNEL_STREAMS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+    {
+        return streams;
+    }
+    StreamIds::HTTP2_CLIENT
+}
 
 /// How long an agent has to finish the TLS handshake and its preamble.
 const SECURE_OPEN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -187,7 +204,8 @@ where
                     }
                 }
             };
-            serve_until_down(shard, agent, tunnel, connection, keepalive).await;
+            let retire = std::future::pending();
+            serve_until_down(shard, agent, tunnel, connection, keepalive, retire).await;
         }
         Codec::Http2 => {
             let handshake = h2::client::Builder::new()
@@ -205,30 +223,53 @@ where
                 }
             };
             let pings = connection.ping_pong();
+            let ids = Rc::new(StreamIds::new(http2_tunnel_streams()));
             let tunnel = Tunnel {
-                send: Sender::Http2(send),
+                send: Sender::Http2(send, ids.clone()),
                 generation,
             };
-            serve_until_down(shard, agent, tunnel, connection, keepalive_http2(pings)).await;
+            let retire = async move { ids.retiring().await };
+            let keepalive = keepalive_http2(pings);
+            serve_until_down(shard, agent, tunnel, connection, keepalive, retire).await;
         }
     }
 }
 
 /// Puts `tunnel` in the shard and drives its `connection` until it ends, the router's drain ends,
-/// or `keepalive` finds the agent silent; then takes the tunnel out.
+/// or `keepalive` finds the agent silent; then takes the tunnel out. When `retire` resolves (an
+/// HTTP/2 tunnel whose stream ids are nearly spent, `upstream::StreamIds`), the tunnel is taken
+/// out at once, so that no request is sent on it and the agent leaves the pool, and the
+/// connection is driven until its requests in flight have finished (at most the request timeout
+/// and [`RETIRE_GRACE`]); closing it then makes the agent dial a fresh tunnel.
 async fn serve_until_down<E: std::fmt::Display>(
     shard: &Rc<Shard>,
     agent: AgentId,
     tunnel: Tunnel,
     connection: impl std::future::Future<Output = Result<(), E>>,
     keepalive: impl std::future::Future<Output = ()>,
+    retire: impl std::future::Future<Output = ()>,
 ) {
     let generation = tunnel.generation;
     shard.tunnel_up(agent, tunnel).await;
     tracing::debug!(shard = shard.id, session = agent.0, "tunnel up");
+    let mut connection = std::pin::pin!(connection);
+    let mut keepalive = std::pin::pin!(keepalive);
     // The router's drain ended: the connection goes, and every request still on it ends.
     let ending = shard.lifecycle.ending();
-    match race(race(connection, ending), keepalive).await {
+    let watched = race(keepalive.as_mut(), retire);
+    match race(race(connection.as_mut(), ending), watched).await {
+        Either::Right(Either::Right(())) => {
+            tracing::info!(
+                shard = shard.id,
+                session = agent.0,
+                "tunnel retiring: its HTTP/2 stream ids are nearly spent; its requests finish, then the agent dials a new one"
+            );
+            shard.tunnel_down(agent, generation).await;
+            let finished = race(connection, shard.lifecycle.ending());
+            let bound = monoio::time::sleep(shard.settings.request_timeout + RETIRE_GRACE);
+            let _ = race(finished, race(keepalive, bound)).await;
+            return;
+        }
         Either::Left(Either::Left(Err(error))) => {
             tracing::info!(shard = shard.id, session = agent.0, %error, "tunnel connection ended");
         }
@@ -240,7 +281,7 @@ async fn serve_until_down<E: std::fmt::Display>(
                 "tunnel closed: the router is shutting down"
             );
         }
-        Either::Right(()) => {
+        Either::Right(Either::Left(())) => {
             tracing::warn!(
                 shard = shard.id,
                 session = agent.0,

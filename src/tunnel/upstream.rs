@@ -5,17 +5,66 @@
 //! Two codecs for one release: the lean tunnel (`tunnel::link`) with agents that offer it, HTTP/2
 //! with older ones. Everything above this module (`api::forward`) sees one type of each.
 
+use std::cell::Cell;
 use std::future::poll_fn;
+use std::rc::Rc;
 
 use bytes::Bytes;
 
 use super::link::{self, LinkError};
+use crate::shard::latch::Latch;
 
 /// Sends requests on one tunnel; cheap to clone.
 #[derive(Clone)]
 pub enum Sender {
     Lean(link::Opener),
-    Http2(h2::client::SendRequest<Bytes>),
+    Http2(h2::client::SendRequest<Bytes>, Rc<StreamIds>),
+}
+
+/// The streams an HTTP/2 tunnel may still open. A client's stream ids are the odd numbers up to
+/// 2^31 − 1, so one connection opens at most 2^30 streams; h2 then refuses every new one while
+/// the connection stays up and answers its pings, which would leave the agent in the pool with a
+/// tunnel that fails every request sent on it. The tunnel retires well before (`tunnel::client`:
+/// out of the shard, its requests in flight finished, then closed) and the agent dials a fresh
+/// one. (The lean tunnel reuses the ids of finished streams and never runs out.)
+pub struct StreamIds {
+    left: Cell<u32>,
+    /// Retire once no more than this many are left: the requests already on their way to the
+    /// tunnel when it retires still find ids.
+    retire_at: u32,
+    retiring: Latch,
+}
+
+impl StreamIds {
+    /// What one HTTP/2 connection allows a client.
+    pub const HTTP2_CLIENT: u32 = 1 << 30;
+
+    /// `streams` ids, retiring with 1/16,384 of them left (65,536 of HTTP/2's).
+    pub fn new(streams: u32) -> StreamIds {
+        StreamIds {
+            left: Cell::new(streams),
+            retire_at: streams / 16_384,
+            retiring: Latch::default(),
+        }
+    }
+
+    /// Takes an id for a new stream; `false` when none is left.
+    fn take(&self) -> bool {
+        let Some(left) = self.left.get().checked_sub(1) else {
+            self.retiring.set();
+            return false;
+        };
+        self.left.set(left);
+        if left <= self.retire_at {
+            self.retiring.set();
+        }
+        true
+    }
+
+    /// Resolves once the tunnel should retire. One task waits (the tunnel's own).
+    pub async fn retiring(&self) {
+        self.retiring.wait().await;
+    }
 }
 
 impl Sender {
@@ -44,8 +93,11 @@ impl Sender {
                 *head.headers_mut() = response.fields;
                 Ok(head)
             }
-            Sender::Http2(send) => {
+            Sender::Http2(send, ids) => {
                 let mut send = send.clone().ready().await?;
+                if !ids.take() {
+                    return Err(UpstreamError::StreamIdsSpent);
+                }
                 handed_over();
                 let (response, mut body_stream) = send.send_request(request, false)?;
                 body_stream.send_data(body, true)?;
@@ -93,6 +145,9 @@ pub enum UpstreamError {
     Lean(#[from] LinkError),
     #[error(transparent)]
     Http2(#[from] h2::Error),
+    /// The HTTP/2 tunnel has no stream id left (it is retiring; see [`StreamIds`]).
+    #[error("the tunnel's HTTP/2 stream ids are spent")]
+    StreamIdsSpent,
 }
 
 impl UpstreamError {
@@ -106,12 +161,34 @@ impl UpstreamError {
                     && error.is_remote()
                     && error.reason() == Some(h2::Reason::from(super::BACKEND_FAILED))
             }
+            UpstreamError::StreamIdsSpent => false,
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::StreamIds;
+
+    #[test]
+    fn an_http2_tunnel_retires_before_its_stream_ids_run_out() {
+        let ids = StreamIds::new(StreamIds::HTTP2_CLIENT);
+        assert_eq!(ids.retire_at, 65_536);
+        ids.left.set(65_538);
+        assert!(ids.take() && !ids.retiring.is_set());
+        assert!(ids.take() && ids.retiring.is_set(), "65,536 left: retire");
+        // The requests already on their way still find ids, down to the last.
+        ids.left.set(1);
+        assert!(ids.take());
+        assert!(!ids.take(), "none left");
+        let small = StreamIds::new(8);
+        assert_eq!(small.retire_at, 0);
+        for _ in 0..7 {
+            assert!(small.take() && !small.retiring.is_set());
+        }
+        assert!(small.take() && small.retiring.is_set());
+    }
+
     /// The router forwards some fields from its client's head (`anthropic-version`,
     /// `anthropic-beta`), and the lean tunnel's length prefix carries a value of at most 65,535
     /// bytes (`wire::encode` panics past it, on the shard). The client head bounds keep every
