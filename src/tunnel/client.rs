@@ -22,7 +22,7 @@ use crate::shard::latch::race;
 use crate::shard::state::{Shard, Tunnel};
 use crate::tunnel::link;
 use crate::tunnel::preamble::Codec;
-use crate::tunnel::upstream::{Sender, StreamIds};
+use crate::tunnel::upstream::{Http2Tunnel, Sender, StreamIds};
 
 /// Buffer sizes of the compat wrapper around the tunnel socket.
 const TUNNEL_BUFFER_BYTES: usize = 64 * 1024;
@@ -223,12 +223,15 @@ where
                 }
             };
             let pings = connection.ping_pong();
-            let ids = Rc::new(StreamIds::new(http2_tunnel_streams()));
+            let http2 = Rc::new(Http2Tunnel {
+                send,
+                ids: StreamIds::new(http2_tunnel_streams()),
+            });
             let tunnel = Tunnel {
-                send: Sender::Http2(send, ids.clone()),
+                send: Sender::Http2(http2.clone()),
                 generation,
             };
-            let retire = async move { ids.retiring().await };
+            let retire = async move { http2.ids.retiring().await };
             let keepalive = keepalive_http2(pings);
             serve_until_down(shard, agent, tunnel, connection, keepalive, retire).await;
         }

@@ -18,7 +18,14 @@ use crate::shard::latch::Latch;
 #[derive(Clone)]
 pub enum Sender {
     Lean(link::Opener),
-    Http2(h2::client::SendRequest<Bytes>, Rc<StreamIds>),
+    /// Shared by the requests on the tunnel: one pointer in every request's state.
+    Http2(Rc<Http2Tunnel>),
+}
+
+/// An HTTP/2 tunnel's sending side and what is left of its stream ids.
+pub struct Http2Tunnel {
+    pub send: h2::client::SendRequest<Bytes>,
+    pub ids: StreamIds,
 }
 
 /// The streams an HTTP/2 tunnel may still open. A client's stream ids are the odd numbers up to
@@ -93,9 +100,9 @@ impl Sender {
                 *head.headers_mut() = response.fields;
                 Ok(head)
             }
-            Sender::Http2(send, ids) => {
-                let mut send = send.clone().ready().await?;
-                if !ids.take() {
+            Sender::Http2(tunnel) => {
+                let mut send = tunnel.send.clone().ready().await?;
+                if !tunnel.ids.take() {
                     return Err(UpstreamError::StreamIdsSpent);
                 }
                 handed_over();
