@@ -427,7 +427,7 @@ impl Quotas {
         snapshot: &RoutingSnapshot,
         key: KeyId,
         model: &ModelContext,
-        charge: Charge,
+        mut charge: Charge,
     ) -> Result<Admitted, LimitExceeded> {
         let Some(record) = registry.get(key) else {
             // The key vanished in a reload between authentication and here: nothing to count.
@@ -441,7 +441,6 @@ impl Quotas {
             .holders
             .get_mut(&record.tenant_id)
             .expect("built above");
-        let mut charge = charge;
         if !self.daily_known
             && !matches!(charge, Charge::RequestsOnly)
             && owner.limits.has_daily(model.model)
