@@ -177,6 +177,7 @@ async fn run(
             .run_control_inbox(setup.inbox, crate::tunnel::client::start),
     );
     monoio::spawn(shard.clone().run_mesh());
+    monoio::spawn(shard.clone().run_visit_deadlines());
     let cleaner = shard.clone();
     monoio::spawn(async move {
         // Seed, "Idle-state cleanup": idle quota state goes every five minutes.

@@ -13,6 +13,8 @@
 //! - `visit`: the requester side: one visit path (inline for a local owner, over the mesh
 //!   otherwise), one waiter table, and the operations requests use (`acquire`, `reserve`,
 //!   `hold`, `admit_quota`, `spend_redirect_token`).
+//! - `waiters`: the requester's table of visits waiting for answers, with their deadlines
+//!   (one deadline task per shard, no timer per wait).
 //! - `guards`: what a request holds (`Slot`, `Reservation`, `Pending`, `QuotaCharge`), given back
 //!   exactly once when dropped.
 //! - `state`: the `Shard` itself: its settings, its view of the configuration, running the
@@ -41,5 +43,6 @@ pub mod queue_waits;
 pub mod state;
 pub mod timer;
 pub mod visit;
+pub mod waiters;
 
 pub use crate::ids::IdMap;

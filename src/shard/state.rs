@@ -12,8 +12,6 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
-
 use crate::admission::{PolicyOutcome, Reason};
 use crate::auth::admin::AdminAccess;
 use crate::auth::keys::KeyRegistry;
@@ -25,7 +23,7 @@ use crate::shard::mesh::Endpoint;
 use crate::shard::messages::AdmissionReport;
 use crate::shard::messages::{ShardToControl, ShardToShard};
 use crate::shard::outbox::Outbox;
-use crate::shard::owner::{Answer, Effects, Owner, OwnerSettings};
+use crate::shard::owner::{Effects, Owner, OwnerSettings};
 use crate::snapshot::RoutingSnapshot;
 
 /// A reservation untouched this long lost its release (every request path releases on drop, and
@@ -86,10 +84,8 @@ pub struct Shard {
     pub(super) owner: RefCell<Owner>,
     /// What the owner decided besides its direct answers; delivered after every owner call.
     pub(super) effects: RefCell<Effects>,
-    /// This shard's requests waiting for an owner's answer, by ticket sequence. Bound: one entry
-    /// per visit in progress, each taken out when its wait ends (answer, deadline or drop), and
-    /// a request visits one owner at a time.
-    pub(super) waiters: RefCell<IdMap<u64, oneshot::Sender<Answer>>>,
+    /// This shard's requests waiting for an owner's answer, and their deadlines.
+    pub(super) waiters: RefCell<crate::shard::waiters::Waiters>,
     next_sequence: Cell<u64>,
     tunnels: RefCell<IdMap<AgentId, Tunnel>>,
     next_tunnel_generation: Cell<u64>,
@@ -149,7 +145,7 @@ impl Shard {
             admin_access: RefCell::new(admin_access),
             owner: RefCell::new(owner),
             effects: RefCell::new(Effects::default()),
-            waiters: RefCell::new(IdMap::default()),
+            waiters: RefCell::default(),
             next_sequence: Cell::new(1),
             tunnels: RefCell::new(IdMap::default()),
             next_tunnel_generation: Cell::new(1),

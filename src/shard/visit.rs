@@ -5,16 +5,18 @@
 //! [`Shard::start_visit`] serves a visit inline when this shard is the owner (the same
 //! `Owner::serve` another shard runs when the visit arrives over the mesh), or sends it. An
 //! answer that comes at once is returned without a waiter and without a future; otherwise
-//! [`Shard::finish_visit`] waits in `waiters` until the owner answers, the deadline passes or
-//! the caller's future is dropped. Whatever way the wait ends, the [`Visiting`] guard takes the
-//! waiter out and tells the owner to withdraw the ticket; an answer that finds no waiter gives
-//! back what it granted ([`Answer::unwanted`]). [`Shard::visit`] is the two in one call.
+//! [`Shard::finish_visit`] waits in `waiters` (`shard::waiters`) until the owner answers, the
+//! deadline passes or the caller's future is dropped. Whatever way the wait ends without its
+//! answer taken, the [`Visiting`] guard takes the waiter out and either gives back what an
+//! answer that came meanwhile granted, or tells the owner to withdraw the ticket; an answer
+//! that finds no waiter gives back what it granted too ([`Answer::unwanted`]). [`Shard::visit`]
+//! is the two in one call. Deadlines are kept by one task per shard
+//! ([`Shard::run_visit_deadlines`]), not a timer per wait.
 
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::Either;
-use tokio::sync::oneshot;
 
 use crate::admission::occupancy::Footprint;
 use crate::auth::keys::KeyRecord;
@@ -33,6 +35,7 @@ use crate::shard::owner::{
     Admitted, Answer, Charge, Decision, Notice, PoolRequest, QuotaAdmission, Release, Visit,
 };
 use crate::shard::state::Shard;
+use crate::shard::waiters::{Delivered, Ended};
 use crate::snapshot::ModelEntry;
 use std::sync::Arc;
 
@@ -135,12 +138,12 @@ pub(super) enum Started {
     Unsent(Visit),
 }
 
-/// A ticket waiting for its owner's answer (see [`Shard::finish_visit`]).
+/// A ticket waiting for its owner's answer (see [`Shard::finish_visit`]); its entry is in
+/// `waiters`.
 pub(super) struct Waiter {
     ticket: Ticket,
     /// What the owner must be told if the wait ends without an answer.
     withdrawal: Option<Notice>,
-    answer: oneshot::Receiver<Answer>,
 }
 
 impl Shard {
@@ -174,11 +177,10 @@ impl Shard {
             // The waiter is in place before anything the visit decided for others is delivered.
             let started = match answered {
                 Some(answer) => Started::Answered(answer),
-                None => Started::Waiting(Waiter {
-                    ticket,
-                    withdrawal,
-                    answer: self.await_answer(ticket),
-                }),
+                None => {
+                    self.waiters.borrow_mut().expect(ticket.sequence);
+                    Started::Waiting(Waiter { ticket, withdrawal })
+                }
             };
             self.deliver_effects();
             return started;
@@ -187,20 +189,16 @@ impl Shard {
             ShardMetrics::add(&self.metrics.mesh_full_total, 1);
             return Started::Unsent(visit);
         }
-        let answer = self.await_answer(ticket);
+        self.waiters.borrow_mut().expect(ticket.sequence);
         let sent = self
             .outbox
             .borrow_mut()
             .send(owner, ShardToShard::Visit { ticket, visit });
         match sent {
-            Ok(()) => Started::Waiting(Waiter {
-                ticket,
-                withdrawal,
-                answer,
-            }),
+            Ok(()) => Started::Waiting(Waiter { ticket, withdrawal }),
             Err(ShardToShard::Visit { visit, .. }) => {
                 ShardMetrics::add(&self.metrics.mesh_full_total, 1);
-                self.waiters.borrow_mut().remove(&ticket.sequence);
+                let _ = self.waiters.borrow_mut().abandon(ticket.sequence);
                 Started::Unsent(visit)
             }
             Err(_) => unreachable!("the outbox hands back what it was given"),
@@ -209,7 +207,8 @@ impl Shard {
 
     /// The second half of [`Shard::visit`]: waits for the answer of a visit that did not get
     /// one at once. If this future is dropped (the client left) or times out, the waiter goes
-    /// and the ticket is withdrawn at the owner.
+    /// and the ticket is withdrawn at the owner, or what an answer that came meanwhile granted
+    /// is given back.
     pub(super) async fn finish_visit(
         self: &Rc<Self>,
         started: Started,
@@ -226,24 +225,60 @@ impl Shard {
             withdrawal: waiter.withdrawal,
             armed: true,
         };
-        let wait = deadline.saturating_duration_since(Instant::now());
-        match super::timer::timeout(wait, waiter.answer).await {
-            Ok(Ok(answer)) => {
+        let sequence = waiter.ticket.sequence;
+        let sweeper = self.waiters.borrow_mut().set_deadline(sequence, deadline);
+        if let Some(sweeper) = sweeper {
+            sweeper.wake();
+        }
+        let ended =
+            std::future::poll_fn(|context| self.waiters.borrow_mut().poll_end(sequence, context))
+                .await;
+        match ended {
+            Ended::Answered(answer) => {
                 visiting.armed = false;
                 Ok(answer)
             }
-            Ok(Err(_)) => {
+            Ended::Missing => {
                 visiting.armed = false;
                 Err(Unanswered::Dropped)
             }
-            Err(_) => Err(Unanswered::Timeout),
+            // Still armed: the ticket is withdrawn at the owner.
+            Ended::Expired => Err(Unanswered::Timeout),
         }
     }
 
-    fn await_answer(&self, ticket: Ticket) -> oneshot::Receiver<Answer> {
-        let (answered, answer) = oneshot::channel();
-        self.waiters.borrow_mut().insert(ticket.sequence, answered);
-        answer
+    /// Expires the waits of this shard's visits whose deadline passed, forever: sleeps until
+    /// the earliest deadline registered, or until a wait registers an earlier one
+    /// (`shard::waiters`).
+    pub async fn run_visit_deadlines(self: Rc<Self>) {
+        let mut due = Vec::new();
+        loop {
+            let until = std::future::poll_fn(|context| {
+                match self.waiters.borrow_mut().next_deadline(context.waker()) {
+                    Some(until) => std::task::Poll::Ready(until),
+                    None => std::task::Poll::Pending,
+                }
+            })
+            .await;
+            let mut sleep = super::timer::sleep_until(until);
+            let rearm = std::future::poll_fn(|context| {
+                if sleep.as_mut().poll(context).is_ready() {
+                    return std::task::Poll::Ready(false);
+                }
+                if self.waiters.borrow_mut().rearm(until, context.waker()) {
+                    return std::task::Poll::Ready(true);
+                }
+                std::task::Poll::Pending
+            })
+            .await;
+            if rearm {
+                continue;
+            }
+            self.waiters.borrow_mut().expire(Instant::now(), &mut due);
+            for waker in due.drain(..) {
+                waker.wake();
+            }
+        }
     }
 
     /// Tells an owner that a request gives back what it held: applied here when this shard is
@@ -279,13 +314,15 @@ impl Shard {
     /// An answer for one of this shard's tickets. One nobody waits for any more gives back what
     /// it granted.
     pub(super) fn resolve(self: &Rc<Self>, ticket: Ticket, answer: Answer) {
-        let waiter = self.waiters.borrow_mut().remove(&ticket.sequence);
-        let unwanted = match waiter {
-            Some(waiter) => waiter.send(answer).err(),
-            None => Some(answer),
-        };
-        if let Some(notice) = unwanted.and_then(|answer| answer.unwanted(ticket)) {
-            self.notify(notice);
+        let answered = self.waiters.borrow_mut().answer(ticket.sequence, answer);
+        match answered {
+            Delivered::Kept(Some(waiter)) => waiter.wake(),
+            Delivered::Kept(None) => {}
+            Delivered::Unwanted(answer) => {
+                if let Some(notice) = answer.unwanted(ticket) {
+                    self.notify(notice);
+                }
+            }
         }
     }
 
@@ -550,14 +587,14 @@ fn mismatched<T>(answer: Answer, fallback: T) -> T {
     fallback
 }
 
-/// A visit that waits for its answer; dropped before one came, it takes its waiter out and
-/// withdraws the ticket at the owner.
+/// A visit that waits for its answer; dropped before it took one, it takes its waiter out and
+/// gives back what an answer that came meanwhile granted, or withdraws the ticket at the owner.
 struct Visiting<'a> {
     shard: &'a Rc<Shard>,
     ticket: Ticket,
     /// `None` for visits that hold nothing while they wait.
     withdrawal: Option<Notice>,
-    /// Still waiting: the answer has not come (its waiter is still in the table).
+    /// Still waiting: the answer has not been taken (its waiter may still be in the table).
     armed: bool,
 }
 
@@ -566,12 +603,179 @@ impl Drop for Visiting<'_> {
         if !self.armed {
             return;
         }
-        self.shard
+        let answered = self
+            .shard
             .waiters
             .borrow_mut()
-            .remove(&self.ticket.sequence);
-        if let Some(notice) = self.withdrawal.take() {
+            .abandon(self.ticket.sequence);
+        // The owner answered in the turn the wait was dropped: give back what it granted.
+        // Otherwise it still holds the ticket (queued, parked, or about to be served).
+        let notice = match answered {
+            Some(answer) => answer.unwanted(self.ticket),
+            None => self.withdrawal.take(),
+        };
+        if let Some(notice) = notice {
             self.shard.notify(notice);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::task::Context;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::ids::{AgentId, Generation};
+    use crate::routing::AgentProfile;
+    use crate::shard::owner::AgentJoin;
+
+    const MODEL: ModelId = ModelId(1);
+
+    /// One real shard, not running (its owner is called inline, as its tasks would), with one
+    /// agent of `capacity` slots for `MODEL`.
+    fn shard_with_agent(capacity: u32) -> Rc<Shard> {
+        let mesh = crate::shard::mesh::Mesh::build(1)
+            .expect("a mesh")
+            .pop()
+            .expect("one endpoint");
+        let settings = crate::shard::state::ShardSettings {
+            queue_depth: 16,
+            request_timeout: Duration::from_secs(60),
+            max_request_bytes: None,
+            client_header_timeout: Duration::from_secs(10),
+            client_body_timeout: Duration::from_secs(10),
+            rpm_burst: Default::default(),
+            admit_fraction: 1.0,
+            admit_park_timeout: Duration::ZERO,
+            provider: None,
+            hold: Default::default(),
+            held_total: Arc::new(crate::hold::HeldTotal::new(16)),
+            site: None,
+            site_tokens: None,
+            credit_refills: None,
+            tunnel_tls: None,
+            client_limits: Default::default(),
+            reaper: crate::config::ReaperSettings {
+                interval: Duration::from_secs(300),
+                after_ms: 300_000,
+            },
+        };
+        let (to_control, _) = tokio::sync::mpsc::channel(16);
+        let shard = Rc::new(Shard::new(
+            mesh,
+            1,
+            settings,
+            Default::default(),
+            Arc::new(crate::auth::keys::KeyRegistry::open()),
+            Arc::new(crate::auth::admin::AdminAccess::Open),
+            crate::control::queues::ToControl::new(to_control, Default::default()),
+        ));
+        let join = AgentJoin {
+            agent: AgentId(7),
+            generation: Generation(1),
+            capacity,
+            profile: Arc::new(AgentProfile {
+                peer_id: "peer".into(),
+                engine: "vllm".into(),
+                region: "eu".into(),
+                tags: Box::new([]),
+                deployment_id: "".into(),
+                organization: "".into(),
+                machine: "".into(),
+                counters: Default::default(),
+            }),
+        };
+        let now = crate::clock::now();
+        shard.with_owner(|owner, effects| owner.agent_up(now, &join, &[MODEL], effects));
+        shard
+    }
+
+    fn acquire() -> Visit {
+        Visit::Acquire {
+            model: MODEL,
+            pool: None,
+            slot: Some(Ask::default()),
+        }
+    }
+
+    fn granted(started: Started) -> Option<crate::routing::Grant> {
+        match started {
+            Started::Answered(Answer::Decided {
+                decision: Decision::Granted(grant),
+                ..
+            }) => Some(grant),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_grant_that_comes_in_the_turn_its_client_leaves_is_released() {
+        let shard = shard_with_agent(1);
+        let first = shard.new_ticket();
+        let grant = granted(shard.start_visit(first, acquire())).expect("the free slot");
+
+        // The second request queues for the one slot and waits.
+        let second = shard.new_ticket();
+        let started = shard.start_visit(second, acquire());
+        assert!(matches!(started, Started::Waiting(_)));
+        let mut wait =
+            Box::pin(shard.finish_visit(started, Instant::now() + Duration::from_secs(60)));
+        let waker = futures_util::task::noop_waker();
+        assert!(
+            wait.as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+
+        // The first request ends: the owner grants the slot to the second, whose task is woken
+        // but, before it runs again, its client leaves and its future is dropped.
+        shard.notify(Notice::Release {
+            model: MODEL,
+            grant,
+            ticket: first,
+            observed: None,
+        });
+        drop(wait);
+
+        // The slot the second request never took is free again.
+        let third = shard.new_ticket();
+        assert!(
+            granted(shard.start_visit(third, acquire())).is_some(),
+            "the grant of a request that left in the turn it came leaked the agent's only slot"
+        );
+    }
+
+    #[test]
+    fn a_wait_past_its_deadline_ends_and_withdraws_its_ticket() {
+        let shard = shard_with_agent(1);
+        let first = shard.new_ticket();
+        let grant = granted(shard.start_visit(first, acquire())).expect("the free slot");
+        let second = shard.new_ticket();
+        let started = shard.start_visit(second, acquire());
+        let mut wait = Box::pin(shard.finish_visit(started, Instant::now()));
+        let waker = futures_util::task::noop_waker();
+        let mut context = Context::from_waker(&waker);
+        assert!(wait.as_mut().poll(&mut context).is_pending());
+        // What the deadline task does when the deadline passes.
+        let mut due = Vec::new();
+        shard.waiters.borrow_mut().expire(Instant::now(), &mut due);
+        assert_eq!(due.len(), 1);
+        assert!(matches!(
+            wait.as_mut().poll(&mut context),
+            std::task::Poll::Ready(Err(Unanswered::Timeout))
+        ));
+        drop(wait);
+        // The ticket left the queue: the slot, once released, goes to nobody and stays free.
+        shard.notify(Notice::Release {
+            model: MODEL,
+            grant,
+            ticket: first,
+            observed: None,
+        });
+        let third = shard.new_ticket();
+        assert!(granted(shard.start_visit(third, acquire())).is_some());
     }
 }
