@@ -9,7 +9,10 @@
 //!
 //! Deadlines are not one timer per wait. A wait registers its deadline here, and one task per
 //! shard ([`crate::shard::state::Shard::run_visit_deadlines`]) sleeps until the earliest
-//! registered, expires every wait that is due, and sleeps until the earliest left. A visit
+//! registered, expires every wait that is due, and sleeps until the earliest left, but at least
+//! [`SWEEP_EVERY`] (so a wait may end up to that much after its deadline). A sweep looks at
+//! every wait of the shard; the floor bounds that work when many long waits expire one after
+//! another (a deep capacity queue timing out): at most 200 sweeps a second. A visit
 //! answered within microseconds (nearly every one) costs a map insert and a remove; a timer of
 //! its own cost an allocation, a 640-byte copy and the runtime's wheel insert, poll and remove
 //! (perf/README.md, issue 14, "Visits without a timer each"). The task wakes when the earliest
@@ -19,10 +22,13 @@
 //! No I/O and no clock: the shard passes `now`, so the table is tested on its own.
 
 use std::task::{Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::ids::IdMap;
 use crate::shard::owner::Answer;
+
+/// The least time between two sweeps of the deadline task.
+pub const SWEEP_EVERY: Duration = Duration::from_millis(5);
 
 /// The visits of one shard waiting for answers, by ticket sequence. Bound: one entry per visit
 /// in progress, each taken out when its wait ends (answer taken, deadline, or drop), and a
@@ -163,7 +169,8 @@ impl Waiters {
     }
 
     /// Expires every wait whose deadline is at or before `now` and appends its waker to
-    /// `wake`; the next deadline becomes the earliest left.
+    /// `wake`; the next sweep is due at the earliest deadline left, and not before
+    /// [`SWEEP_EVERY`] from `now`.
     pub fn expire(&mut self, now: Instant, wake: &mut Vec<Waker>) {
         let mut next: Option<Instant> = None;
         for entry in self.entries.values_mut() {
@@ -181,7 +188,7 @@ impl Waiters {
                 next = Some(*deadline);
             }
         }
-        self.next_deadline = next;
+        self.next_deadline = next.map(|next| next.max(now + SWEEP_EVERY));
     }
 
     #[cfg(test)]
@@ -331,6 +338,32 @@ mod tests {
         waiters.expire(start + Duration::from_secs(3), &mut wake);
         assert_eq!(wake.len(), 1);
         assert_eq!(waiters.next_deadline(&sweeper), None);
+    }
+
+    #[test]
+    fn waits_expiring_one_after_another_are_swept_at_most_every_few_milliseconds() {
+        let mut waiters = Waiters::default();
+        let (_, sweeper) = waker();
+        let (_, waker) = waker();
+        let context = Context::from_waker(&waker);
+        let start = Instant::now();
+        // A deep queue whose waits time out a tenth of a millisecond apart.
+        for sequence in 0..100u64 {
+            waiters.expect(sequence);
+            assert!(waiters.poll_end(sequence, &context).is_pending());
+            let _ = waiters.set_deadline(sequence, start + Duration::from_micros(100 * sequence));
+        }
+        let mut wake = Vec::new();
+        let mut sweeps = 0;
+        let mut now = start;
+        while let Some(next) = waiters.next_deadline(&sweeper) {
+            assert!(sweeps == 0 || next >= now + SWEEP_EVERY);
+            now = next;
+            waiters.expire(now, &mut wake);
+            sweeps += 1;
+        }
+        assert_eq!(wake.len(), 100, "every wait expires");
+        assert!(sweeps <= 3, "10 ms of deadlines took {sweeps} sweeps");
     }
 
     #[test]
