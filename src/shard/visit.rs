@@ -677,16 +677,7 @@ mod tests {
             agent: AgentId(7),
             generation: Generation(1),
             capacity,
-            profile: Arc::new(AgentProfile {
-                peer_id: "peer".into(),
-                engine: "vllm".into(),
-                region: "eu".into(),
-                tags: Box::new([]),
-                deployment_id: "".into(),
-                organization: "".into(),
-                machine: "".into(),
-                counters: Default::default(),
-            }),
+            profile: Arc::new(AgentProfile::default()),
         };
         let now = crate::clock::now();
         shard.with_owner(|owner, effects| owner.agent_up(now, &join, &[MODEL], effects));
