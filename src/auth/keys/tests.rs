@@ -269,6 +269,14 @@ fn a_record_stays_within_its_size_bound() {
 }
 
 #[test]
+fn a_chunk_of_records_fits_the_allocators_12_kib_size_class() {
+    // One chunk is one allocation: the `Arc`'s two counts, then the records. Past 12 KiB,
+    // mimalloc's next size class is 14 KiB: 32 bytes more for every loaded key.
+    let chunk = 2 * std::mem::size_of::<usize>() + super::chunks::CHUNK * KeyRecord::SIZE_MAX;
+    assert!(chunk <= 12 * 1024, "a chunk of records takes {chunk} bytes");
+}
+
+#[test]
 fn every_key_of_a_large_registry_is_found_by_its_hash_and_by_its_id() {
     let count = 20_000;
     let inputs = (0..count)
