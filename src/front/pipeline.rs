@@ -51,11 +51,7 @@ struct Shared<T> {
 
 /// Keeps the latest waker in `slot`, reusing the one there when it wakes the same task.
 fn park(slot: &RefCell<Option<Waker>>, waker: &Waker) {
-    let mut slot = slot.borrow_mut();
-    match slot.as_mut() {
-        Some(parked) => parked.clone_from(waker),
-        None => *slot = Some(waker.clone()),
-    }
+    crate::shard::latch::keep_waker(&mut slot.borrow_mut(), waker);
 }
 
 fn wake(slot: &RefCell<Option<Waker>>) {

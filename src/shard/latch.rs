@@ -10,6 +10,15 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
+/// Keeps the latest waker in `slot`, reusing the one there when it wakes the same task: the
+/// one way every single-waiter slot here and in `shard::waiters` and `front::pipeline` parks.
+pub fn keep_waker(slot: &mut Option<Waker>, waker: &Waker) {
+    match slot {
+        Some(kept) => kept.clone_from(waker),
+        None => *slot = Some(waker.clone()),
+    }
+}
+
 #[derive(Default)]
 pub struct Latch {
     set: Cell<bool>,
@@ -35,11 +44,7 @@ impl Latch {
             if self.set.get() {
                 return Poll::Ready(());
             }
-            let mut waker = self.waker.borrow_mut();
-            match waker.as_mut() {
-                Some(waker) => waker.clone_from(context.waker()),
-                None => *waker = Some(context.waker().clone()),
-            }
+            keep_waker(&mut self.waker.borrow_mut(), context.waker());
             Poll::Pending
         })
         .await
@@ -111,10 +116,7 @@ impl Future for SignalWait<'_> {
                 slot
             }
         };
-        match slots[slot].as_mut() {
-            Some(waker) => waker.clone_from(context.waker()),
-            None => slots[slot] = Some(context.waker().clone()),
-        }
+        keep_waker(&mut slots[slot], context.waker());
         Poll::Pending
     }
 }

@@ -702,11 +702,26 @@ mod tests {
         }
     }
 
+    /// The first request takes the agent's only slot.
+    fn take_the_slot(shard: &Rc<Shard>) -> (Ticket, crate::routing::Grant) {
+        let first = shard.new_ticket();
+        let grant = granted(shard.start_visit(first, acquire())).expect("the free slot");
+        (first, grant)
+    }
+
+    fn release(shard: &Rc<Shard>, ticket: Ticket, grant: crate::routing::Grant) {
+        shard.notify(Notice::Release {
+            model: MODEL,
+            grant,
+            ticket,
+            observed: None,
+        });
+    }
+
     #[test]
     fn a_grant_that_comes_in_the_turn_its_client_leaves_is_released() {
         let shard = shard_with_agent(1);
-        let first = shard.new_ticket();
-        let grant = granted(shard.start_visit(first, acquire())).expect("the free slot");
+        let (first, grant) = take_the_slot(&shard);
 
         // The second request queues for the one slot and waits.
         let second = shard.new_ticket();
@@ -723,12 +738,7 @@ mod tests {
 
         // The first request ends: the owner grants the slot to the second, whose task is woken
         // but, before it runs again, its client leaves and its future is dropped.
-        shard.notify(Notice::Release {
-            model: MODEL,
-            grant,
-            ticket: first,
-            observed: None,
-        });
+        release(&shard, first, grant);
         drop(wait);
 
         // The slot the second request never took is free again.
@@ -742,8 +752,7 @@ mod tests {
     #[test]
     fn a_wait_past_its_deadline_ends_and_withdraws_its_ticket() {
         let shard = shard_with_agent(1);
-        let first = shard.new_ticket();
-        let grant = granted(shard.start_visit(first, acquire())).expect("the free slot");
+        let (first, grant) = take_the_slot(&shard);
         let second = shard.new_ticket();
         let started = shard.start_visit(second, acquire());
         let mut wait = Box::pin(shard.finish_visit(started, Instant::now()));
@@ -760,12 +769,7 @@ mod tests {
         ));
         drop(wait);
         // The ticket left the queue: the slot, once released, goes to nobody and stays free.
-        shard.notify(Notice::Release {
-            model: MODEL,
-            grant,
-            ticket: first,
-            observed: None,
-        });
+        release(&shard, first, grant);
         let third = shard.new_ticket();
         assert!(granted(shard.start_visit(third, acquire())).is_some());
     }

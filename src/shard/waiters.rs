@@ -25,6 +25,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::ids::IdMap;
+use crate::shard::latch::keep_waker;
 use crate::shard::owner::Answer;
 
 /// The least time between two sweeps of the deadline task.
@@ -121,10 +122,7 @@ impl Waiters {
         match self.entries.get_mut(&sequence) {
             None => Poll::Ready(Ended::Missing),
             Some(Entry::Waiting { waker, .. }) => {
-                match waker {
-                    Some(waker) => waker.clone_from(context.waker()),
-                    None => *waker = Some(context.waker().clone()),
-                }
+                keep_waker(waker, context.waker());
                 Poll::Pending
             }
             Some(_) => match self.entries.remove(&sequence) {
@@ -147,10 +145,7 @@ impl Waiters {
     /// `waker` is woken then.
     pub fn next_deadline(&mut self, waker: &Waker) -> Option<Instant> {
         if self.next_deadline.is_none() {
-            match &mut self.sweeper {
-                Some(sweeper) => sweeper.clone_from(waker),
-                None => self.sweeper = Some(waker.clone()),
-            }
+            keep_waker(&mut self.sweeper, waker);
         }
         self.next_deadline
     }
@@ -161,10 +156,7 @@ impl Waiters {
         if self.next_deadline != Some(until) {
             return true;
         }
-        match &mut self.sweeper {
-            Some(sweeper) => sweeper.clone_from(waker),
-            None => self.sweeper = Some(waker.clone()),
-        }
+        keep_waker(&mut self.sweeper, waker);
         false
     }
 
