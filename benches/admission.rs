@@ -11,11 +11,11 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use hivenet_router::limits::{
+use hivenet_router::logic::limits::{
     BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota, Millis, ModelContext,
     Share, UsedTokens,
 };
-use hivenet_router::snapshot::ModelId;
+use hivenet_router::logic::snapshot::ModelId;
 
 /// Counts every allocation in the process (the bench runs single-threaded).
 struct CountingAllocator;

@@ -7,9 +7,9 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use hivenet_router::admission::estimator::Estimator;
-use hivenet_router::http::prompt::PromptShape;
-use hivenet_router::snapshot::ModelId;
+use hivenet_router::logic::admission::estimator::Estimator;
+use hivenet_router::logic::snapshot::ModelId;
+use hivenet_router::wire::http::prompt::PromptShape;
 
 fn warmed() -> Estimator {
     let mut estimator = Estimator::default();

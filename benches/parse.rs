@@ -15,9 +15,9 @@ use std::hint::black_box;
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use hivenet_router::http::fields::{extract_fields, request_with_include_usage};
-use hivenet_router::http::request::{HeadLimits, parse_head};
-use hivenet_router::usage::{OpenAiEvent, OpenAiStreamScan, SseSplitter};
+use hivenet_router::logic::usage::{OpenAiEvent, OpenAiStreamScan, SseSplitter};
+use hivenet_router::wire::http::fields::{extract_fields, request_with_include_usage};
+use hivenet_router::wire::http::request::{HeadLimits, parse_head};
 
 const HEAD: &[u8] = b"POST /v1/chat/completions HTTP/1.1\r\n\
     Host: router.hivenet.internal:8080\r\n\

@@ -14,7 +14,7 @@ use std::hint::black_box;
 
 use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
-use hivenet_router::tunnel::link;
+use hivenet_router::net::tunnel::link;
 use http::header::{HeaderMap, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Method, StatusCode};

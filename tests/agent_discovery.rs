@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use common::{Options, Site, metric_sum, refused_start};
 use futures_util::Stream;
-use hivenet_router::proto::agent_control_server::{AgentControl, AgentControlServer};
-use hivenet_router::proto::agent_message::Kind as AgentKind;
-use hivenet_router::proto::router_message::Kind as RouterKind;
-use hivenet_router::proto::{
+use hivenet_router::wire::proto::agent_control_server::{AgentControl, AgentControlServer};
+use hivenet_router::wire::proto::agent_message::Kind as AgentKind;
+use hivenet_router::wire::proto::router_message::Kind as RouterKind;
+use hivenet_router::wire::proto::{
     AgentMessage, AuthRequest, AuthResponse, HeartbeatAck, RouterMessage, SiteRouter,
 };
 

@@ -10,9 +10,9 @@ use std::path::PathBuf;
 use std::time::SystemTime;
 
 use common::{Options, SECRET, Site, refused_start};
-use hivenet_router::proto::AuthRequest;
-use hivenet_router::proto::agent_control_client::AgentControlClient;
-use hivenet_router::tokens::{AUTH_AUDIENCE, Claims, Secret, unix_seconds};
+use hivenet_router::base::credentials::{AUTH_AUDIENCE, Claims, Secret, unix_seconds};
+use hivenet_router::wire::proto::AuthRequest;
+use hivenet_router::wire::proto::agent_control_client::AgentControlClient;
 
 /// Authenticates with a token of the given `iat`/`exp`; `Ok` or the refusal's message.
 fn authenticate(site: &Site, iat: Option<u64>, exp: u64) -> Result<(), String> {

@@ -14,14 +14,14 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use futures_util::Stream;
-use hivenet_router::proto::agent_control_server::{AgentControl, AgentControlServer};
-use hivenet_router::proto::agent_message::Kind as AgentKind;
-use hivenet_router::proto::router_message::Kind as RouterKind;
-use hivenet_router::proto::{
+use hivenet_router::base::credentials::{AUTH_AUDIENCE, Secret};
+use hivenet_router::net::tunnel::preamble;
+use hivenet_router::wire::proto::agent_control_server::{AgentControl, AgentControlServer};
+use hivenet_router::wire::proto::agent_message::Kind as AgentKind;
+use hivenet_router::wire::proto::router_message::Kind as RouterKind;
+use hivenet_router::wire::proto::{
     AgentMessage, AuthRequest, AuthResponse, Heartbeat, Register, RouterMessage, RoutingSignal,
 };
-use hivenet_router::tokens::{AUTH_AUDIENCE, Secret};
-use hivenet_router::tunnel::preamble;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -216,9 +216,11 @@ impl AgentControl for Control {
         tokio::spawn(async move {
             // The reader owns `to_agent`: the response stream stays open as long as the agent's.
             let registered = RouterMessage {
-                kind: Some(RouterKind::Registered(hivenet_router::proto::Registered {
-                    agent_id: "agent-1".to_owned(),
-                })),
+                kind: Some(RouterKind::Registered(
+                    hivenet_router::wire::proto::Registered {
+                        agent_id: "agent-1".to_owned(),
+                    },
+                )),
             };
             let _ = to_agent.send(Ok(registered)).await;
             loop {

@@ -7,9 +7,9 @@
 mod common;
 
 use common::valkey::{Sentinels, Valkey};
-use hivenet_router::sync::config::StoreSettings;
-use hivenet_router::sync::pool_store::Grant;
-use hivenet_router::sync::store::Store;
+use hivenet_router::router::config::sync::StoreSettings;
+use hivenet_router::router::sync::pool_store::Grant;
+use hivenet_router::router::sync::store::Store;
 
 const SITE: &str = "credits";
 const EPOCH: &str = "epoch-1";

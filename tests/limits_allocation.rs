@@ -3,11 +3,11 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use hivenet_router::limits::{
+use hivenet_router::logic::limits::{
     BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota, Millis, ModelContext,
     Share, UsedTokens,
 };
-use hivenet_router::snapshot::ModelId;
+use hivenet_router::logic::snapshot::ModelId;
 
 /// Counts allocations made by the current thread only, so other test threads do not interfere.
 struct CountingAllocator;

@@ -14,12 +14,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hivenet_router::api::Dialect;
-use hivenet_router::provider::settings::{
+use hivenet_router::router::api::Dialect;
+use hivenet_router::router::provider::settings::{
     ANTHROPIC_API_KEY_VARIABLE, ANTHROPIC_BASE_URL_VARIABLE, OPENAI_API_KEY_VARIABLE,
     OPENAI_BASE_URL_VARIABLE,
 };
-use hivenet_router::provider::{
+use hivenet_router::router::provider::{
     ConfigError, PoolSettings, ProviderAnswer, ProviderConfig, ProviderEngine, ProviderError,
     ProviderPool, ProviderRequest, ProviderSettings,
 };
@@ -494,7 +494,7 @@ fn each_provider_gets_its_own_auth_headers_path_and_model() {
 /// The pool's metrics text contains `line`.
 fn assert_rendered(pool: &ProviderPool, line: &str) {
     let mut families = Vec::new();
-    hivenet_router::metrics::Collect::collect(pool.metrics().as_ref(), &mut families);
-    let metrics = hivenet_router::metrics::encode(families);
+    hivenet_router::router::metrics::Collect::collect(pool.metrics().as_ref(), &mut families);
+    let metrics = hivenet_router::router::metrics::encode(families);
     assert!(metrics.contains(line), "{metrics}");
 }

@@ -25,7 +25,7 @@ fn fixture(name: &str) -> String {
 /// A TLS endpoint on a free loopback port that forwards each connection to `backend`. Runs for
 /// the life of the test process.
 fn tls_proxy(backend: String) -> u16 {
-    let config = hivenet_router::tunnel::tls::server_config(
+    let config = hivenet_router::net::tunnel::tls::server_config(
         std::path::Path::new(&fixture("router.pem")),
         std::path::Path::new(&fixture("router.key")),
     )

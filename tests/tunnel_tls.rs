@@ -77,8 +77,8 @@ fn an_agent_that_trusts_another_ca_gets_no_tunnel_and_plaintext_is_refused() {
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     socket
-        .write_all(&hivenet_router::tunnel::preamble::encode(
-            hivenet_router::tunnel::preamble::Codec::Lean,
+        .write_all(&hivenet_router::net::tunnel::preamble::encode(
+            hivenet_router::net::tunnel::preamble::Codec::Lean,
             0,
             "not.a.token",
         ))
@@ -117,22 +117,23 @@ async fn open_by_hand(
         .await
         .unwrap();
     socket
-        .write_all(&hivenet_router::tunnel::tls::encode_hint(0))
+        .write_all(&hivenet_router::net::tunnel::tls::encode_hint(0))
         .await
         .unwrap();
     let mut status = [0u8; 1];
     socket.read_exact(&mut status).await.unwrap();
     assert_eq!(status[0], 0, "the hint is accepted");
-    let config =
-        hivenet_router::tunnel::tls::client_config(Some(std::path::Path::new(&fixture("ca.pem"))))
-            .unwrap();
-    let name = hivenet_router::tunnel::tls::server_name("127.0.0.1").unwrap();
+    let config = hivenet_router::net::tunnel::tls::client_config(Some(std::path::Path::new(
+        &fixture("ca.pem"),
+    )))
+    .unwrap();
+    let name = hivenet_router::net::tunnel::tls::server_name("127.0.0.1").unwrap();
     let mut tls = tokio_rustls::TlsConnector::from(config)
         .connect(name, socket)
         .await
         .unwrap();
-    tls.write_all(&hivenet_router::tunnel::preamble::encode(
-        hivenet_router::tunnel::preamble::Codec::Lean,
+    tls.write_all(&hivenet_router::net::tunnel::preamble::encode(
+        hivenet_router::net::tunnel::preamble::Codec::Lean,
         0,
         token,
     ))
@@ -160,14 +161,15 @@ fn inside_tls_the_shard_refuses_a_bad_token_and_drops_a_session_that_is_not_live
         let (status, _) = open_by_hand(site.p2p, "not.a.token").await;
         assert_eq!(status, 1, "bad token");
         // A token signed with the site secret for a session this router never opened.
-        let secret = hivenet_router::tokens::Secret::new(common::SECRET.as_bytes()).unwrap();
+        let secret =
+            hivenet_router::base::credentials::Secret::new(common::SECRET.as_bytes()).unwrap();
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs();
-        let token = secret.sign(&hivenet_router::tokens::Claims {
+        let token = secret.sign(&hivenet_router::base::credentials::Claims {
             sub: "12D3KooWtest".into(),
-            aud: hivenet_router::tokens::SESSION_AUDIENCE.into(),
+            aud: hivenet_router::base::credentials::SESSION_AUDIENCE.into(),
             iat: Some(now),
             exp: now + 600,
             sid: 987_654,
@@ -176,7 +178,7 @@ fn inside_tls_the_shard_refuses_a_bad_token_and_drops_a_session_that_is_not_live
         assert_eq!(status, 0, "the shard accepts a well-signed token");
         // The router speaks the lean tunnel as the client; the control core then finds the
         // session is not live and the shard drops the tunnel, which ends the connection.
-        let (_acceptor, connection) = hivenet_router::tunnel::link::server(tls);
+        let (_acceptor, connection) = hivenet_router::net::tunnel::link::server(tls);
         let ended = tokio::time::timeout(Duration::from_secs(10), connection).await;
         assert!(ended.is_ok(), "the tunnel of a dead session is closed");
     });

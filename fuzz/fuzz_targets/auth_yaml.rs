@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use hivenet_router::auth::config::{ApiMode, AuthConfig, ModelAccess, Quota, ServerlessLimits};
+use hivenet_router::logic::auth::config::{ApiMode, AuthConfig, ModelAccess, Quota, ServerlessLimits};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -11,7 +11,7 @@
 //!   second rewrite.
 #![no_main]
 
-use hivenet_router::http::fields::{self, MODEL_CHARS_MAX};
+use hivenet_router::wire::http::fields::{self, MODEL_CHARS_MAX};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|body: &[u8]| {

@@ -12,8 +12,8 @@
 #![no_main]
 
 use fuzz_support::Cuts;
-use hivenet_router::http::chunked::{BodyError, ChunkedDecoder};
-use hivenet_router::http::response;
+use hivenet_router::wire::http::chunked::{BodyError, ChunkedDecoder};
+use hivenet_router::wire::http::response;
 use libfuzzer_sys::fuzz_target;
 
 /// The decoder's body limit in these runs: small enough that fuzzed sizes reach it.

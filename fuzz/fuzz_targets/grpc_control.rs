@@ -20,12 +20,12 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use hivenet_router::control::registry::{Event, HealthTimes, Registry};
-use hivenet_router::control::service::{engine_signals, validate_registration};
-use hivenet_router::policy::{PolicyContext, PolicySet};
-use hivenet_router::proto::{AgentMessage, AuthRequest, agent_message};
-use hivenet_router::routing::AgentId;
-use hivenet_router::tokens::{AUTH_AUDIENCE, SESSION_AUDIENCE, Secret};
+use hivenet_router::router::control::registry::{Event, HealthTimes, Registry};
+use hivenet_router::router::control::service::{engine_signals, validate_registration};
+use hivenet_router::logic::policy::{PolicyContext, PolicySet};
+use hivenet_router::wire::proto::{AgentMessage, AuthRequest, agent_message};
+use hivenet_router::logic::routing::AgentId;
+use hivenet_router::base::credentials::{AUTH_AUDIENCE, SESSION_AUDIENCE, Secret};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 

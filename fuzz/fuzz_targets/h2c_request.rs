@@ -14,8 +14,8 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use fuzz_support::Wire;
-use hivenet_router::http::request::H2_PREFACE;
-use hivenet_router::front::h2c;
+use hivenet_router::wire::http::request::H2_PREFACE;
+use hivenet_router::router::front::h2c;
 use libfuzzer_sys::fuzz_target;
 
 /// Most requests mapped per input: h2 accepts up to the router's 256 concurrent streams.

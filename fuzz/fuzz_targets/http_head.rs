@@ -10,7 +10,7 @@
 #![no_main]
 
 use fuzz_support::Cuts;
-use hivenet_router::http::request::{self, HeadLimits, HeadWait, RequestHead};
+use hivenet_router::wire::http::request::{self, HeadLimits, HeadWait, RequestHead};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -92,7 +92,7 @@ fn check_head(data: &[u8], head: &RequestHead, limits: &HeadLimits) {
     }
     assert_eq!(headers, head.headers_count);
     let _ = head.header(data, "content-type");
-    let _ = hivenet_router::api::route(head.method, head.path(data));
+    let _ = hivenet_router::router::api::route(head.method, head.path(data));
 }
 
 fn check_preface(data: &[u8]) {

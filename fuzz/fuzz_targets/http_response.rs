@@ -12,7 +12,7 @@
 #![no_main]
 
 use fuzz_support::Cuts;
-use hivenet_router::http::client::{self, Framing, RESPONSE_HEAD_BYTES_MAX, ResponseHead};
+use hivenet_router::wire::http::client::{self, Framing, RESPONSE_HEAD_BYTES_MAX, ResponseHead};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -12,8 +12,8 @@
 
 use std::sync::Arc;
 
-use hivenet_router::policy::compile::{self, PolicyContext, Role};
-use hivenet_router::policy::set::{Origin, PolicyEntry, PolicySet};
+use hivenet_router::logic::policy::compile::{self, PolicyContext, Role};
+use hivenet_router::logic::policy::set::{Origin, PolicyEntry, PolicySet};
 use libfuzzer_sys::fuzz_target;
 
 const NAME: &str = "fuzzed";

@@ -15,7 +15,7 @@
 #![no_main]
 
 use fuzz_support::{Cuts, fnv1a};
-use hivenet_router::sibling::token::{
+use hivenet_router::logic::sibling::token::{
     self, MAX_CLOCK_SKEW, MAX_SECRETS, MAX_TOKEN_BYTES, RedirectClaims, RedirectSecrets,
     SpentTokens, TOKEN_TTL, TokenError,
 };

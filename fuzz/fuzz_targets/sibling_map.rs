@@ -12,7 +12,7 @@
 
 use std::collections::HashSet;
 
-use hivenet_router::sibling::map::{HOME_SET_SIZE, Kind, MapRules, RedirectAsk, SiblingMap};
+use hivenet_router::logic::sibling::map::{HOME_SET_SIZE, Kind, MapRules, RedirectAsk, SiblingMap};
 use libfuzzer_sys::fuzz_target;
 
 const LOCAL_SITE: &str = "site-local";

@@ -15,7 +15,7 @@
 
 use bytes::Bytes;
 use fuzz_support::Cuts;
-use hivenet_router::usage::{
+use hivenet_router::logic::usage::{
     self, AnthropicStreamScan, OpenAiEvent, OpenAiStreamScan, SseError, SseEvent, SseSplitter,
     Usage,
 };

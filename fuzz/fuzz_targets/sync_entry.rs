@@ -6,7 +6,7 @@
 //! - round trip: whatever decodes encodes to bytes that decode to the same entry.
 #![no_main]
 
-use hivenet_router::sync::entry::Entry;
+use hivenet_router::router::sync::entry::Entry;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -11,8 +11,8 @@
 
 use bytes::BytesMut;
 use fuzz_support::Cuts;
-use hivenet_router::tunnel::mux::{Mux, Role, STREAMS_MAX};
-use hivenet_router::tunnel::wire::{self, Frame, WireError};
+use hivenet_router::net::tunnel::mux::{Mux, Role, STREAMS_MAX};
+use hivenet_router::net::tunnel::wire::{self, Frame, WireError};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -13,8 +13,8 @@
 #![no_main]
 
 use fuzz_support::{Wire, block_on};
-use hivenet_router::tokens::{Claims, Secret};
-use hivenet_router::tunnel::preamble::{self, Codec, PreambleError, Status, TOKEN_LEN_MAX};
+use hivenet_router::base::credentials::{Claims, Secret};
+use hivenet_router::net::tunnel::preamble::{self, Codec, PreambleError, Status, TOKEN_LEN_MAX};
 use libfuzzer_sys::fuzz_target;
 
 /// The HS256 secret the seed tokens are signed with (fuzz/seeds/make.py). Test material only.

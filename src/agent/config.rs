@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-use crate::duration::parse_arg;
+use crate::base::duration::parse_arg;
 
 /// Inference-engine adapter: decides the health path, model discovery, warm-up and which
 /// Prometheus metrics are read.
@@ -67,10 +67,10 @@ pub enum TunnelCodec {
 }
 
 impl TunnelCodec {
-    pub fn codec(self) -> crate::tunnel::preamble::Codec {
+    pub fn codec(self) -> crate::net::tunnel::preamble::Codec {
         match self {
-            TunnelCodec::Lean => crate::tunnel::preamble::Codec::Lean,
-            TunnelCodec::Http2 => crate::tunnel::preamble::Codec::Http2,
+            TunnelCodec::Lean => crate::net::tunnel::preamble::Codec::Lean,
+            TunnelCodec::Http2 => crate::net::tunnel::preamble::Codec::Http2,
         }
     }
 }
@@ -206,7 +206,7 @@ pub struct Args {
     #[arg(long, default_value = "2s", value_parser = parse_arg)]
     pub hardware_sample_interval: Duration,
     #[command(flatten)]
-    pub tracing: crate::telemetry::TracingArgs,
+    pub tracing: crate::net::telemetry::TracingArgs,
 }
 
 /// A refused flag combination. Messages name the flag involved.
@@ -266,9 +266,9 @@ pub struct Config {
     /// `--p2p-tls-ca`.
     pub p2p_tls_ca: Option<PathBuf>,
     /// `--p2p-codec`: what a tunnel connection offers first.
-    pub p2p_codec: crate::tunnel::preamble::Codec,
+    pub p2p_codec: crate::net::tunnel::preamble::Codec,
     /// `OTEL_EXPORTER_OTLP_ENDPOINT`: `None` when tracing is off.
-    pub tracing: Option<crate::telemetry::TracingSettings>,
+    pub tracing: Option<crate::net::telemetry::TracingSettings>,
 }
 
 impl Args {

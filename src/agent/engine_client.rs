@@ -1,7 +1,7 @@
 //! The agent's HTTP/1.1 client to its engine: keep-alive connections, one exchange at a time on
 //! each, kept in a small pool of idle ones. Each exchange runs in the request's own task: it
 //! writes the request, reads the response head and then the body straight from the socket
-//! (the wire format is `crate::http::client`'s, the chunked decoder the router's own).
+//! (the wire format is `crate::wire::http::client`'s, the chunked decoder the router's own).
 //!
 //! Why not hyper: profiled under callgrind (issue 14), hyper-util's pooled `Client` cost about
 //! 15 % of the agent's instructions per request (SipHash of its pool key three times, a task
@@ -23,9 +23,9 @@
 //!
 //! Bounds: at most [`IDLE_MAX`] idle connections (one given back beyond that is closed), none
 //! reused after [`IDLE_TIMEOUT`] idle or once the engine closed it (looked at on each
-//! checkout); a response head at most `crate::http::client::RESPONSE_HEAD_BYTES_MAX` bytes; the
+//! checkout); a response head at most `crate::wire::http::client::RESPONSE_HEAD_BYTES_MAX` bytes; the
 //! read buffer grows by [`READ_BYTES`] at a time and holds at most one read beyond the head; a
-//! chunked body's size lines and trailers are held to `crate::http::chunked`'s line and trailer
+//! chunked body's size lines and trailers are held to `crate::wire::http::chunked`'s line and trailer
 //! limits (its data is streamed, one read at a time, never gathered); every wait on the engine
 //! is bounded by the caller's `--http-timeout`.
 //!
@@ -44,9 +44,9 @@ use hyper::body::Body;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::http::chunked::{self, ChunkedDecoder};
-use crate::http::client::{self, Framing, RequestBody, ResponseHead, ResponseHeadError};
-use crate::http::response::{write_chunk, write_last_chunk};
+use crate::wire::http::chunked::{self, ChunkedDecoder};
+use crate::wire::http::client::{self, Framing, RequestBody, ResponseHead, ResponseHeadError};
+use crate::wire::http::response::{write_chunk, write_last_chunk};
 
 /// Idle connections kept; the router's concurrency to this agent is bounded by `--capacity`, so
 /// more would only hold sockets.

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 
 use super::config::Engine;
 use super::engine_metrics::{Sample, parse_line};
-use crate::proto::{EngineHistogram, EngineReport, FinishReason, HistogramBucket};
+use crate::wire::proto::{EngineHistogram, EngineReport, FinishReason, HistogramBucket};
 
 /// A histogram read from an exposition: cumulative counts by upper bound, sum and count.
 #[derive(Debug, Clone, PartialEq)]

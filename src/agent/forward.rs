@@ -29,7 +29,7 @@ use tracing::{debug, warn};
 use super::engine_client::{EngineBody, EngineClient, SendError};
 use super::headers;
 use super::stream::{Incoming, Reply};
-use crate::telemetry::{SpanOutcome, SpanQueue, StartedSpan};
+use crate::net::telemetry::{SpanOutcome, SpanQueue, StartedSpan};
 
 const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 
@@ -199,7 +199,7 @@ pub async fn serve(mut request: Incoming, mut reply: Reply, context: Arc<Forward
     // Tracing off: this one branch is all it costs.
     let traced = context.spans.as_ref().map(|_| {
         let span = start_span(&mut request.headers);
-        let name = crate::telemetry::span_name(request.uri.path());
+        let name = crate::net::telemetry::span_name(request.uri.path());
         (span, name, request_id_of(&request.headers))
     });
     let (status, error_code) = match send_to_backend(request, &mut reply, &context).await {
@@ -316,7 +316,7 @@ async fn stream_to_router(
         match chunk {
             Err(_) => {
                 warn!(timeout = ?context.http_timeout, "backend stalled mid-response");
-                reply.send_reset(crate::tunnel::BACKEND_FAILED);
+                reply.send_reset(crate::net::tunnel::BACKEND_FAILED);
                 return;
             }
             Ok(None) => {
@@ -325,9 +325,9 @@ async fn stream_to_router(
             }
             Ok(Some(Err(error))) => {
                 // The engine's connection broke mid-response (a crash, a reset): the router tells
-                // its client the backend failed, not that the agent was lost (`crate::tunnel`).
+                // its client the backend failed, not that the agent was lost (`crate::net::tunnel`).
                 warn!(%error, "backend response body failed");
-                reply.send_reset(crate::tunnel::BACKEND_FAILED);
+                reply.send_reset(crate::net::tunnel::BACKEND_FAILED);
                 return;
             }
             Ok(Some(Ok(data))) => {
@@ -339,7 +339,7 @@ async fn stream_to_router(
                     .await
                 {
                     debug!(%error, "cannot write the response to the router");
-                    reply.send_reset(crate::tunnel::mux::CANCEL);
+                    reply.send_reset(crate::net::tunnel::mux::CANCEL);
                     return;
                 }
                 if last {
@@ -396,7 +396,7 @@ mod tests {
         );
     }
 
-    use crate::tunnel::preamble::Codec;
+    use crate::net::tunnel::preamble::Codec;
 
     /// Sends one GET through an in-memory tunnel speaking `codec` to `serve` and returns the
     /// answer.
@@ -425,7 +425,7 @@ mod tests {
         let (router_io, agent_io) = tokio::io::duplex(1 << 16);
         let (status, mut body) = match codec {
             Codec::Lean => {
-                use crate::tunnel::link;
+                use crate::net::tunnel::link;
                 let (mut acceptor, connection) = link::server(agent_io);
                 tokio::spawn(connection);
                 tokio::spawn(async move {
@@ -446,7 +446,7 @@ mod tests {
                     )
                     .unwrap();
                 let response = pending.await.unwrap();
-                let body = crate::tunnel::upstream::Body::Lean(response.body);
+                let body = crate::net::tunnel::upstream::Body::Lean(response.body);
                 (response.status, body)
             }
             Codec::Http2 => {
@@ -467,7 +467,7 @@ mod tests {
                 let status = response.status();
                 (
                     status,
-                    crate::tunnel::upstream::Body::Http2(response.into_body()),
+                    crate::net::tunnel::upstream::Body::Http2(response.into_body()),
                 )
             }
         };

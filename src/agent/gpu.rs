@@ -9,7 +9,7 @@
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 
-use crate::proto::GpuStats;
+use crate::wire::proto::GpuStats;
 
 /// Devices read per sample at most (as the router keeps: `control::agent_reports::GPUS_MAX`).
 const DEVICES_MAX: u32 = 64;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
 
-use crate::proto::HostStats;
+use crate::wire::proto::HostStats;
 
 /// How often the host is sampled; CPU usage is the busy share over this window.
 pub const HOST_SAMPLE_INTERVAL: Duration = Duration::from_secs(2);

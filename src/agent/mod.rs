@@ -62,7 +62,7 @@ use tracing::info;
 use self::config::Config;
 use self::engine_metrics::EngineSnapshot;
 use self::forward::{ForwardContext, InFlight};
-use crate::tokens::Secret;
+use crate::base::credentials::Secret;
 
 /// What every session reads; built once after readiness.
 pub struct Shared {
@@ -74,11 +74,11 @@ pub struct Shared {
     pub forward: Arc<ForwardContext>,
     pub engine: watch::Receiver<EngineSnapshot>,
     /// The rest of the last engine scrape (`engine_report`); `None` before the first.
-    pub engine_report: watch::Receiver<Option<crate::proto::EngineReport>>,
+    pub engine_report: watch::Receiver<Option<crate::wire::proto::EngineReport>>,
     /// Whether the backend passed its last health check (`health`).
     pub backend_healthy: watch::Receiver<bool>,
     /// The host's CPU, memory and GPUs at the last sample (`host`); `None` before the first.
-    pub host: watch::Receiver<Option<crate::proto::HostStats>>,
+    pub host: watch::Receiver<Option<crate::wire::proto::HostStats>>,
     /// TLS for routers that announce a `/tls` tunnel address (`--p2p-tls-ca` or the web roots).
     pub tunnel_tls: Arc<rustls::ClientConfig>,
     /// True once the agent is shutting down: sessions tell their routers and do not reconnect.
@@ -88,9 +88,9 @@ pub struct Shared {
 /// Tracing on: the queue request tasks push finished spans to, and the exporter draining it on
 /// this runtime (it runs for the life of the process).
 fn start_span_export(
-    settings: &crate::telemetry::TracingSettings,
-) -> anyhow::Result<crate::telemetry::SpanQueue> {
-    use crate::telemetry::{self, export};
+    settings: &crate::net::telemetry::TracingSettings,
+) -> anyhow::Result<crate::net::telemetry::SpanQueue> {
+    use crate::net::telemetry::{self, export};
     let (queue, receiver, dropped) = telemetry::SpanQueue::build();
     export::spawn(
         settings,
@@ -114,7 +114,7 @@ pub async fn run(
     peer_id: String,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let tunnel_tls = crate::tunnel::tls::client_config(config.p2p_tls_ca.as_deref())
+    let tunnel_tls = crate::net::tunnel::tls::client_config(config.p2p_tls_ca.as_deref())
         .map_err(|error| anyhow::anyhow!("--p2p-tls-ca: {error}"))?;
     let backend = backend::Backend::new(&config.backend_url);
     let models = tokio::select! {

@@ -1,6 +1,6 @@
 //! Tunnel addresses from the authentication response: the multiaddr subset routers announce
 //! (`/ip4/…/tcp/…`, `/ip6/…/tcp/…`, `/dns/…`, `/dns4/…`, `/dns6/…`, optionally followed by
-//! `/tls` — the tunnel speaks TLS, `crate::tunnel::tls` — and `/p2p/<peer id>`), turned into a
+//! `/tls` — the tunnel speaks TLS, `crate::net::tunnel::tls` — and `/p2p/<peer id>`), turned into a
 //! host and port to dial. Pure.
 
 use std::fmt;

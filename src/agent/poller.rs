@@ -17,7 +17,7 @@ use super::backend::Backend;
 use super::config::Engine;
 use super::engine_metrics::{self, EngineSnapshot};
 use super::engine_report;
-use crate::proto::EngineReport;
+use crate::wire::proto::EngineReport;
 
 pub async fn run(
     backend: Backend,

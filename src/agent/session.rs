@@ -28,10 +28,10 @@ use super::discovery::Admit;
 use super::multiaddr;
 use super::sessions::Link;
 use super::tunnel;
-use crate::proto::agent_control_client::AgentControlClient;
-use crate::proto::agent_message::Kind as AgentKind;
-use crate::proto::router_message::Kind as RouterKind;
-use crate::proto::{
+use crate::wire::proto::agent_control_client::AgentControlClient;
+use crate::wire::proto::agent_message::Kind as AgentKind;
+use crate::wire::proto::router_message::Kind as RouterKind;
+use crate::wire::proto::{
     AgentMessage, AuthRequest, AuthResponse, Heartbeat, Leaving, Register, RoutingSignal,
     SessionRefresh,
 };

@@ -77,7 +77,7 @@ impl Link {
     }
 
     /// The routers a router listed (`routers_known` was true).
-    pub fn listed(&self, routers: &[crate::proto::SiteRouter]) {
+    pub fn listed(&self, routers: &[crate::wire::proto::SiteRouter]) {
         let routers = routers
             .iter()
             .take(super::discovery::LIST_ENTRIES_MAX)

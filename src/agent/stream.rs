@@ -14,8 +14,8 @@ use h2::{RecvStream, SendStream};
 use http::{HeaderMap, Method, Response, Uri};
 use hyper::body::{Body, Frame};
 
-use crate::tunnel::link::{self, LinkError};
-use crate::tunnel::wire;
+use crate::net::tunnel::link::{self, LinkError};
+use crate::net::tunnel::wire;
 
 /// A request from the router.
 pub struct Incoming {

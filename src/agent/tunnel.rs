@@ -1,9 +1,9 @@
 //! The agent's end of the data tunnel: one agent-dialed TCP connection per router shard, opened
-//! with the preamble (`crate::tunnel::preamble`) and then served with the agent as the server: the
-//! lean tunnel (`crate::tunnel::link`), or HTTP/2 with a router older than it, which answers the
+//! with the preamble (`crate::net::tunnel::preamble`) and then served with the agent as the server: the
+//! lean tunnel (`crate::net::tunnel::link`), or HTTP/2 with a router older than it, which answers the
 //! lean tunnel's preamble as malformed; the agent then dials again offering HTTP/2. Each
 //! tunnelled stream is handed to `agent::forward`. When the router's tunnel address
-//! ends in `/tls`, the preamble and everything after it travel inside TLS (`crate::tunnel::tls`).
+//! ends in `/tls`, the preamble and everything after it travel inside TLS (`crate::net::tunnel::tls`).
 //!
 //! Each shard connection lives in its own task and reconnects on its own with the reconnect
 //! backoff. The control session owns those tasks and aborts them when it ends; aborting a shard
@@ -23,8 +23,8 @@ use super::backoff::{Backoff, RECONNECT_RESET_AFTER};
 use super::forward::{self, ForwardContext};
 use super::multiaddr::TunnelAddr;
 use super::stream::{Incoming, Reply};
-use crate::tunnel::link;
-use crate::tunnel::preamble::{self, Codec, Status};
+use crate::net::tunnel::link;
+use crate::net::tunnel::preamble::{self, Codec, Status};
 
 /// Deadline for the TCP connect and for the router's status byte.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -133,10 +133,10 @@ async fn connect_and_serve(
     }
     // TLS: a plaintext hint naming the shard, the router's go-ahead, then the handshake; the
     // preamble and its token travel inside.
-    let name = crate::tunnel::tls::server_name(&addr.host)
+    let name = crate::net::tunnel::tls::server_name(&addr.host)
         .ok_or_else(|| TunnelError::TlsName(addr.host.clone()))?;
     socket
-        .write_all(&crate::tunnel::tls::encode_hint(shard))
+        .write_all(&crate::net::tunnel::tls::encode_hint(shard))
         .await?;
     read_status(&mut socket).await?;
     let mut socket = tokio::time::timeout(

@@ -10,8 +10,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use hivenet_router::agent::{self, config::Args};
-use hivenet_router::identity::Identity;
-use hivenet_router::tokens::Secret;
+use hivenet_router::base::credentials::Secret;
+use hivenet_router::base::identity::Identity;
 use tracing::{Instrument, error, info};
 
 /// Usage errors exit with the code clap uses for its own.

@@ -17,34 +17,36 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 
-use hivenet_router::audit::AuditLog;
-use hivenet_router::auth::config::ApiMode;
-use hivenet_router::auth::dynamic::DynamicRegistry;
-use hivenet_router::clock::utc_today;
-use hivenet_router::config::{EnvSettings, QuotaBackend, RouterArgs, listen_address};
-use hivenet_router::control::daily_flush::DailyFlush;
-use hivenet_router::control::policy_reload::{self, PolicyControl};
-use hivenet_router::control::queues::{QueueFullCounts, Queues};
-use hivenet_router::control::registry::HealthTimes;
-use hivenet_router::control::{self, ControlSettings, ControlShared, auth_reload};
-use hivenet_router::disk_db::{self, DiskDb};
-use hivenet_router::front::runtime::{self, ShardSetup};
-use hivenet_router::hold::HeldTotal;
-use hivenet_router::identity::Identity;
-use hivenet_router::limits::Day;
-use hivenet_router::metrics::ShardMetrics;
-use hivenet_router::policy::PolicyContext;
-use hivenet_router::provider::{PoolSettings, ProviderEngine, ProviderPool, ProviderSettings};
-use hivenet_router::shard::mesh::Mesh;
-use hivenet_router::shard::owner::quotas::DailyRestore;
-use hivenet_router::shard::state::ShardSettings;
-use hivenet_router::sync::SyncMetrics;
-use hivenet_router::sync::config::SyncSettings;
-use hivenet_router::sync::core::SyncCore;
-use hivenet_router::sync::tokens::SiteTokens;
-use hivenet_router::telemetry::{self, SpanRing};
-use hivenet_router::tokens::Secret;
-use hivenet_router::tunnel::tls::{self, TunnelSecurity};
+use hivenet_router::base::clock::utc_today;
+use hivenet_router::base::credentials::Secret;
+use hivenet_router::base::identity::Identity;
+use hivenet_router::logic::auth::config::ApiMode;
+use hivenet_router::logic::auth::dynamic::DynamicRegistry;
+use hivenet_router::logic::hold::HeldTotal;
+use hivenet_router::logic::limits::Day;
+use hivenet_router::logic::policy::PolicyContext;
+use hivenet_router::net::telemetry::{self, SpanRing};
+use hivenet_router::net::tunnel::tls::{self, TunnelSecurity};
+use hivenet_router::router::audit::AuditLog;
+use hivenet_router::router::config::sync::SyncSettings;
+use hivenet_router::router::config::{EnvSettings, QuotaBackend, RouterArgs, listen_address};
+use hivenet_router::router::control::daily_flush::DailyFlush;
+use hivenet_router::router::control::disk_db::{self, DiskDb};
+use hivenet_router::router::control::policy_reload::{self, PolicyControl};
+use hivenet_router::router::control::registry::HealthTimes;
+use hivenet_router::router::control::{self, ControlSettings, ControlShared, auth_reload};
+use hivenet_router::router::front::runtime::{self, ShardSetup};
+use hivenet_router::router::metrics::ShardMetrics;
+use hivenet_router::router::provider::{
+    PoolSettings, ProviderEngine, ProviderPool, ProviderSettings,
+};
+use hivenet_router::router::shard::mesh::Mesh;
+use hivenet_router::router::shard::owner::quotas::DailyRestore;
+use hivenet_router::router::shard::queues::{QueueFullCounts, Queues};
+use hivenet_router::router::shard::redirect_claims::SiteTokens;
+use hivenet_router::router::shard::state::ShardSettings;
+use hivenet_router::router::sync::SyncMetrics;
+use hivenet_router::router::sync::core::SyncCore;
 
 fn main() {
     tracing_subscriber::fmt()
@@ -53,14 +55,15 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    hivenet_router::fatal::abort_on_panic("hivenet-router");
+    hivenet_router::base::fatal::abort_on_panic("hivenet-router");
     if std::env::args_os()
         .nth(1)
         .is_some_and(|arg| arg == "derive-key-defaults")
     {
-        let args =
-            hivenet_router::admission::derive::DeriveArgs::parse_from(std::env::args_os().skip(1));
-        match hivenet_router::admission::derive::run(&args) {
+        let args = hivenet_router::logic::admission::derive::DeriveArgs::parse_from(
+            std::env::args_os().skip(1),
+        );
+        match hivenet_router::logic::admission::derive::run(&args) {
             Ok(fragment) => print!("{fragment}"),
             Err(error) => {
                 eprintln!("hivenet-router derive-key-defaults: {error:#}");
@@ -195,7 +198,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         "--request-timeout must be positive"
     );
     anyhow::ensure!(
-        args.agent_token_max_lifetime >= hivenet_router::tokens::AUTH_TOKEN_TTL,
+        args.agent_token_max_lifetime >= hivenet_router::base::credentials::AUTH_TOKEN_TTL,
         "--agent-token-max-lifetime must be at least 5m (hivenet-agent signs five-minute tokens), got {:?}",
         args.agent_token_max_lifetime
     );
@@ -298,7 +301,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     ));
 
     // The audit log: one writer thread, one ring per shard.
-    let audit_path = hivenet_router::audit::path_from_env();
+    let audit_path = hivenet_router::router::audit::path_from_env();
     let (mut audit_log, audit_senders) =
         AuditLog::start(&audit_path, shard_count).context("cannot start the audit log writer")?;
     tracing::info!(destination = %audit_log.destination, "audit log");
@@ -321,8 +324,8 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     // The sync core: its own thread, its own runtime. Its first round waits for the shards.
     let shared_limits = sync_settings.as_ref().map(|sync| {
         (
-            hivenet_router::clock::utc_today(),
-            hivenet_router::limits::Share::Alone {
+            hivenet_router::base::clock::utc_today(),
+            hivenet_router::logic::limits::Share::Alone {
                 since: 0,
                 routers: sync.min_routers,
             },
@@ -340,7 +343,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     let (credit_refills, refill_asks) = match &sync_settings {
         Some(_) => {
             let (asks, asked) =
-                tokio::sync::mpsc::channel(hivenet_router::sync::credits::REFILL_QUEUE);
+                tokio::sync::mpsc::channel(hivenet_router::router::sync::credits::REFILL_QUEUE);
             (Some(asks), Some(asked))
         }
         None => (None, None),
@@ -449,7 +452,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         max_request_bytes: env.max_request_bytes,
         client_header_timeout: args.client_header_timeout,
         client_body_timeout: args.client_body_timeout,
-        client_limits: hivenet_router::shard::clients::ClientLimits {
+        client_limits: hivenet_router::router::shard::clients::ClientLimits {
             connections_max: args.max_client_connections,
             body_bytes_max: args.max_buffered_body_bytes,
             ..Default::default()
@@ -549,7 +552,7 @@ async fn drain(shared: &ControlShared, timeout: std::time::Duration) {
         "hivenet-router draining: no new connections, /health fails, requests in flight run on"
     );
     shared
-        .broadcast(|| hivenet_router::shard::messages::ControlToShard::Drain)
+        .broadcast(|| hivenet_router::router::shard::messages::ControlToShard::Drain)
         .await;
     let deadline = tokio::time::Instant::now() + timeout;
     while open() > 0 && tokio::time::Instant::now() < deadline {
@@ -562,7 +565,7 @@ async fn drain(shared: &ControlShared, timeout: std::time::Duration) {
             "drain deadline passed: ending the requests still in flight with an error"
         );
         shared
-            .broadcast(|| hivenet_router::shard::messages::ControlToShard::End)
+            .broadcast(|| hivenet_router::router::shard::messages::ControlToShard::End)
             .await;
         let grace = tokio::time::Instant::now() + END_GRACE;
         while open() > 0 && tokio::time::Instant::now() < grace {

@@ -1,4 +1,4 @@
-//! `hivenet-sim`: the simulated inference engine; see `hivenet_router::sim`.
+//! `hivenet-sim`: the simulated inference engine; see `hivenet_router::simulated_engine`.
 
 /// mimalloc: the request path allocates small, short-lived buffers on every core; glibc malloc
 /// measured several percent of CPU per request under load.
@@ -15,5 +15,5 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    hivenet_router::sim::run(hivenet_router::sim::SimArgs::parse())
+    hivenet_router::simulated_engine::run(hivenet_router::simulated_engine::SimArgs::parse())
 }

@@ -804,7 +804,7 @@ fn spawn_router(
         let base = std::env::var("TEST_CHILD_LOG").unwrap_or_else(|_| "info".to_string());
         router_env.push((
             "RUST_LOG".to_string(),
-            format!("{base},hivenet_router::front::runtime=debug"),
+            format!("{base},hivenet_router::router::front::runtime=debug"),
         ));
     }
     router_env.extend(options.router_env.iter().cloned());

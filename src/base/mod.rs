@@ -1,0 +1,12 @@
+//! Leaves: small types and helpers every other layer may use. Nothing here imports another
+//! module of this crate outside `base`.
+
+pub mod clock;
+pub mod credentials;
+pub mod doc_guard;
+pub mod duration;
+pub mod fatal;
+pub mod identity;
+pub mod ids;
+pub mod latch;
+pub mod log_limit;

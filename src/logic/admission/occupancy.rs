@@ -1,0 +1,774 @@
+//! B2 pool occupancy and the B4 per-key occupancy share, for one model, on the model's owner
+//! shard (seed `admission-control.md`, "B2: pool occupancy" and "B4: serverless key limits").
+//!
+//! Pure logic: no clock (the owner passes its monotonic [`Millis`]), no I/O. The owner keeps one
+//! [`Occupancy`] per model it owns, evaluates every admission against the [`Limits`] of that moment
+//! (the policy's per-replica values scaled by the healthy replicas, recomputed per request), and
+//! applies the growth, exact-input true-up and release of each reservation as they arrive.
+//!
+//! A reservation is named by the request's [`Ticket`], which is unique per request; every
+//! operation on a ticket the pool does not hold is a no-op, so a release that arrives twice (a
+//! cancel racing a release) cannot take occupancy from another request.
+//!
+//! Invariants:
+//! - `tokens` is the sum of every held reservation's `input + output`, `inflight` their count,
+//!   and `by_key[k]` the sum over the reservations of key `k` (absent when zero); the proptest at
+//!   the bottom checks that any interleaving returns all three to zero when nothing is held.
+//! - A request that does not fit B2 parks behind every request already parked (FIFO: a small
+//!   request never overtakes a large one that waits), until it fits, its park deadline passes, or
+//!   it is cancelled; a parked request holds no occupancy.
+//! - The B4 share is checked only after B2 fits and refuses at once (it never parks).
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::base::ids::KeyId;
+use crate::base::ids::Ticket;
+use crate::logic::credits::wallet::Allowance;
+use crate::logic::limits::Millis;
+
+/// Occupancy state that has held nothing for this long is dropped (seed, "Idle-state cleanup").
+pub const IDLE_DROP_MS: u64 = 15 * 60 * 1000;
+
+/// The effective limits of one model's pool at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Limits {
+    /// `floor(admit_fraction × admit_budget_tokens × healthy)`; 0: no token budget.
+    pub budget_tokens: u64,
+    /// `max_inflight × healthy`; 0: no request backstop.
+    pub max_inflight: u64,
+    /// `admit_budget_tokens × healthy`, the base of the B4 share (no admit fraction); 0: no share.
+    pub share_base_tokens: u64,
+    /// When the routers of a site share the budgets (`credits`): this router's credits for the
+    /// token budget and for the request backstop. Admission keeps within them as well.
+    pub credits: Option<SiteCredits>,
+}
+
+/// This router's credits for a model's two budgets, under the cap of the moment
+/// (`credits::wallet::Allowance`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SiteCredits {
+    pub tokens: Allowance,
+    pub requests: Allowance,
+}
+
+impl Limits {
+    /// The pool limits for a model's per-replica policy values and its healthy replicas now
+    /// (floored at one, seed: "keeps the gate active when no healthy replica is reported").
+    pub fn new(
+        admit_fraction: f64,
+        admit_budget_tokens: u64,
+        max_inflight: u64,
+        healthy: u32,
+    ) -> Limits {
+        let healthy = u64::from(healthy.max(1));
+        let share_base_tokens = admit_budget_tokens.saturating_mul(healthy);
+        Limits {
+            budget_tokens: (admit_fraction * share_base_tokens as f64).floor() as u64,
+            max_inflight: max_inflight.saturating_mul(healthy),
+            share_base_tokens,
+            credits: None,
+        }
+    }
+
+    /// Whether B2 has anything to check.
+    pub fn is_active(&self) -> bool {
+        self.budget_tokens > 0 || self.max_inflight > 0
+    }
+
+    /// Whether a request of this footprint fits the budget of an empty pool: one that does not
+    /// can only fit once more replicas join.
+    pub fn could_ever_fit(&self, footprint: &Footprint) -> bool {
+        self.budget_tokens == 0 || footprint.tokens() <= self.budget_tokens
+    }
+}
+
+/// A request's initial footprint: the input estimate plus the declared maximum output (0 when
+/// undeclared; the reservation then grows as output streams).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Footprint {
+    pub input_tokens: u64,
+    pub declared_output_tokens: u64,
+}
+
+impl Footprint {
+    pub fn tokens(&self) -> u64 {
+        self.input_tokens
+            .saturating_add(self.declared_output_tokens)
+    }
+}
+
+/// One admission asked of the pool.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Claim {
+    pub ticket: Ticket,
+    pub footprint: Footprint,
+    pub key: KeyId,
+    /// The key's `max_occupancy_share` on a serverless model; 0: no B4 share check.
+    pub share: f64,
+}
+
+impl Claim {
+    fn share_limit(&self, limits: &Limits) -> Option<u64> {
+        (self.share > 0.0 && limits.share_base_tokens > 0)
+            .then(|| (self.share * limits.share_base_tokens as f64).floor() as u64)
+    }
+}
+
+/// Which gate refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// B2: the model's token budget or request backstop (`429 concurrency_limit_exceeded`).
+    Budget,
+    /// B4: the key's occupancy share (`429 rate_limit_exceeded`, at once).
+    KeyShare,
+}
+
+/// What [`Occupancy::admit`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Reserved; release it with [`Occupancy::release`].
+    Admitted,
+    /// Does not fit B2 now: parked until its deadline (see [`Occupancy::admit_parked`]).
+    Parked,
+    Refused(Refusal),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    key: KeyId,
+    /// Whether this reservation counts towards `by_key` (it asked with a share).
+    keyed: bool,
+    input: u64,
+    output: u64,
+    declared_output: u64,
+    touched: Millis,
+}
+
+impl Held {
+    fn tokens(&self) -> u64 {
+        self.input.saturating_add(self.output)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Parked {
+    claim: Claim,
+    deadline: Millis,
+}
+
+/// One model's occupancy.
+#[derive(Debug, Default)]
+pub struct Occupancy {
+    tokens: u64,
+    held: HashMap<Ticket, Held>,
+    by_key: HashMap<KeyId, u64>,
+    parked: VecDeque<Parked>,
+    /// Last time something was held or parked here.
+    last_busy: Millis,
+}
+
+impl Occupancy {
+    pub fn new(now: Millis) -> Occupancy {
+        Occupancy {
+            last_busy: now,
+            ..Occupancy::default()
+        }
+    }
+
+    /// The weighted in-flight token sum (`hivenet_admission_occupancy_tokens`).
+    pub fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// Admitted requests holding a reservation (`hivenet_admission_inflight_requests`).
+    pub fn inflight(&self) -> u64 {
+        self.held.len() as u64
+    }
+
+    pub fn parked_len(&self) -> usize {
+        self.parked.len()
+    }
+
+    pub fn holds(&self, ticket: Ticket) -> bool {
+        self.held.contains_key(&ticket)
+    }
+
+    /// B2 then the B4 share for a new request. With `park_until: None` (park timeout 0) a request
+    /// that does not fit is refused at once; otherwise it parks until then.
+    pub fn admit(
+        &mut self,
+        now: Millis,
+        limits: &Limits,
+        claim: Claim,
+        park_until: Option<Millis>,
+    ) -> Verdict {
+        // Nobody overtakes a parked request.
+        if !self.parked.is_empty() || !self.fits_pool(limits, &claim) {
+            return match park_until {
+                Some(deadline) if deadline > now => {
+                    self.parked.push_back(Parked { claim, deadline });
+                    self.last_busy = now;
+                    Verdict::Parked
+                }
+                _ => Verdict::Refused(Refusal::Budget),
+            };
+        }
+        match self.reserve_if_share_fits(now, limits, claim) {
+            Ok(()) => Verdict::Admitted,
+            Err(refusal) => Verdict::Refused(refusal),
+        }
+    }
+
+    /// Parked requests that fit now, in arrival order, each either admitted (reserved) or refused
+    /// by its B4 share. Stops at the first that still does not fit B2. Call after anything that
+    /// may free room: a release, a true-up or a change of limits.
+    pub fn admit_parked(
+        &mut self,
+        now: Millis,
+        limits: &Limits,
+    ) -> Vec<(Ticket, Result<(), Refusal>)> {
+        let mut decided = Vec::new();
+        while let Some(head) = self.parked.front() {
+            if !self.fits_pool(limits, &head.claim) {
+                break;
+            }
+            let head = self.parked.pop_front().expect("front checked");
+            let reserved = self.reserve_if_share_fits(now, limits, head.claim);
+            decided.push((head.claim.ticket, reserved));
+        }
+        decided
+    }
+
+    /// Parked requests whose deadline has passed: refused by B2 (`429`, `Retry-After: 1`). The
+    /// requests behind them may fit now, so call [`Occupancy::admit_parked`] afterwards.
+    pub fn expire_parked(&mut self, now: Millis) -> Vec<Ticket> {
+        let mut expired = Vec::new();
+        self.parked.retain(|parked| {
+            let keep = parked.deadline > now;
+            if !keep {
+                expired.push(parked.claim.ticket);
+            }
+            keep
+        });
+        expired
+    }
+
+    /// The earliest park deadline, for the owner's timer.
+    pub fn next_park_deadline(&self) -> Option<Millis> {
+        self.parked.iter().map(|parked| parked.deadline).min()
+    }
+
+    /// Withdraws a parked request (its client left or its request deadline passed). True when it
+    /// was parked.
+    pub fn cancel_parked(&mut self, ticket: Ticket) -> bool {
+        match self
+            .parked
+            .iter()
+            .position(|parked| parked.claim.ticket == ticket)
+        {
+            Some(index) => {
+                self.parked.remove(index);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Output streamed so far by a request without declared output (or beyond it): the
+    /// reservation grows to cover it. Never shrinks the declared footprint.
+    pub fn grow(&mut self, now: Millis, ticket: Ticket, streamed_output: u64) {
+        let Some(held) = self.held.get_mut(&ticket) else {
+            return;
+        };
+        held.touched = now;
+        let output = streamed_output.max(held.declared_output);
+        if output > held.output {
+            let added = output - held.output;
+            held.output = output;
+            self.tokens = self.tokens.saturating_add(added);
+            if held.keyed {
+                *self.by_key.entry(held.key).or_insert(0) += added;
+            }
+        }
+    }
+
+    /// The backend reported exact input usage: it replaces the estimate.
+    pub fn true_up(&mut self, now: Millis, ticket: Ticket, exact_input: u64) {
+        let Some(held) = self.held.get_mut(&ticket) else {
+            return;
+        };
+        held.touched = now;
+        let previous = held.input;
+        held.input = exact_input;
+        let (key, keyed) = (held.key, held.keyed);
+        self.tokens = self.tokens - previous + exact_input;
+        if keyed {
+            let entry = self.by_key.entry(key).or_insert(0);
+            *entry = *entry - previous + exact_input;
+            if *entry == 0 {
+                self.by_key.remove(&key);
+            }
+        }
+    }
+
+    /// The request is over (success, error, timeout or disconnect). False when the pool did not
+    /// hold it (released already, or never admitted).
+    pub fn release(&mut self, now: Millis, ticket: Ticket) -> bool {
+        let Some(held) = self.held.remove(&ticket) else {
+            return false;
+        };
+        self.last_busy = now;
+        self.tokens -= held.tokens();
+        if held.keyed
+            && let Some(entry) = self.by_key.get_mut(&held.key)
+        {
+            *entry -= held.tokens();
+            if *entry == 0 {
+                self.by_key.remove(&held.key);
+            }
+        }
+        true
+    }
+
+    /// Releases reservations untouched for `max_idle_ms`: they outlived any possible request, so
+    /// their release was lost. Returns how many (`hivenet_admission_reaped_total`).
+    pub fn reap(&mut self, now: Millis, max_idle_ms: u64) -> usize {
+        let stale: Vec<Ticket> = self
+            .held
+            .iter()
+            .filter(|(_, held)| now.0.saturating_sub(held.touched.0) >= max_idle_ms)
+            .map(|(ticket, _)| *ticket)
+            .collect();
+        for ticket in &stale {
+            self.release(now, *ticket);
+        }
+        stale.len()
+    }
+
+    /// Nothing held or parked for [`IDLE_DROP_MS`]: the owner may drop this pool.
+    pub fn is_idle(&self, now: Millis) -> bool {
+        self.held.is_empty()
+            && self.parked.is_empty()
+            && now.0.saturating_sub(self.last_busy.0) >= IDLE_DROP_MS
+    }
+
+    fn fits_pool(&self, limits: &Limits, claim: &Claim) -> bool {
+        let footprint = claim.footprint.tokens();
+        let tokens_fit = limits.budget_tokens == 0
+            || (self.tokens.saturating_add(footprint) <= limits.budget_tokens
+                && limits
+                    .credits
+                    .is_none_or(|credits| credits.tokens.allows(self.tokens, footprint)));
+        let count_fits = limits.max_inflight == 0
+            || (self.inflight() < limits.max_inflight
+                && limits
+                    .credits
+                    .is_none_or(|credits| credits.requests.allows(self.inflight(), 1)));
+        tokens_fit && count_fits
+    }
+
+    fn reserve_if_share_fits(
+        &mut self,
+        now: Millis,
+        limits: &Limits,
+        claim: Claim,
+    ) -> Result<(), Refusal> {
+        let footprint = claim.footprint.tokens();
+        let share_limit = claim.share_limit(limits);
+        if let Some(limit) = share_limit {
+            let used = self.by_key.get(&claim.key).copied().unwrap_or(0);
+            if used.saturating_add(footprint) > limit {
+                return Err(Refusal::KeyShare);
+            }
+        }
+        let keyed = share_limit.is_some();
+        if keyed && footprint > 0 {
+            *self.by_key.entry(claim.key).or_insert(0) += footprint;
+        }
+        self.tokens = self.tokens.saturating_add(footprint);
+        self.last_busy = now;
+        let previous = self.held.insert(
+            claim.ticket,
+            Held {
+                key: claim.key,
+                keyed,
+                input: claim.footprint.input_tokens,
+                output: claim.footprint.declared_output_tokens,
+                declared_output: claim.footprint.declared_output_tokens,
+                touched: now,
+            },
+        );
+        debug_assert!(previous.is_none(), "a ticket reserved twice");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ticket(sequence: u64) -> Ticket {
+        Ticket { shard: 0, sequence }
+    }
+
+    fn claim(sequence: u64, input: u64, output: u64) -> Claim {
+        Claim {
+            ticket: ticket(sequence),
+            footprint: Footprint {
+                input_tokens: input,
+                declared_output_tokens: output,
+            },
+            key: KeyId(1),
+            share: 0.0,
+        }
+    }
+
+    const NOW: Millis = Millis(1_000);
+
+    #[test]
+    fn limits_scale_with_healthy_replicas_floored_at_one() {
+        let limits = Limits::new(0.9, 1000, 4, 0);
+        assert_eq!(limits.budget_tokens, 900);
+        assert_eq!(limits.max_inflight, 4);
+        assert_eq!(limits.share_base_tokens, 1000);
+        let limits = Limits::new(0.9, 1000, 4, 3);
+        assert_eq!(limits.budget_tokens, 2700);
+        assert_eq!(limits.max_inflight, 12);
+        assert_eq!(Limits::new(0.9, 0, 0, 3), Limits::default());
+        // floor(0.9 × 1001) = 900.
+        assert_eq!(Limits::new(0.9, 1001, 0, 1).budget_tokens, 900);
+    }
+
+    #[test]
+    fn budget_and_backstop_refuse_without_park() {
+        let limits = Limits::new(1.0, 100, 2, 1);
+        let mut pool = Occupancy::new(NOW);
+        assert_eq!(
+            pool.admit(NOW, &limits, claim(1, 60, 0), None),
+            Verdict::Admitted
+        );
+        assert_eq!(
+            pool.admit(NOW, &limits, claim(2, 30, 20), None),
+            Verdict::Refused(Refusal::Budget)
+        );
+        assert_eq!(
+            pool.admit(NOW, &limits, claim(3, 30, 10), None),
+            Verdict::Admitted
+        );
+        assert_eq!(pool.tokens(), 100);
+        // Budget full and backstop at 2.
+        assert_eq!(
+            pool.admit(NOW, &limits, claim(4, 0, 0), None),
+            Verdict::Refused(Refusal::Budget)
+        );
+        assert!(pool.release(NOW, ticket(1)));
+        assert!(!pool.release(NOW, ticket(1)), "a second release is a no-op");
+        assert_eq!(pool.tokens(), 40);
+        assert_eq!(pool.inflight(), 1);
+    }
+
+    #[test]
+    fn parked_requests_are_admitted_in_order_when_room_frees() {
+        let limits = Limits::new(1.0, 100, 0, 1);
+        let mut pool = Occupancy::new(NOW);
+        let until = Some(NOW.plus_ms(250));
+        assert_eq!(
+            pool.admit(NOW, &limits, claim(1, 90, 0), until),
+            Verdict::Admitted
+        );
+        assert_eq!(
+            pool.admit(NOW, &limits, claim(2, 50, 0), until),
+            Verdict::Parked
+        );
+        // Fits on its own, but does not overtake request 2.
+        assert_eq!(
+            pool.admit(NOW, &limits, claim(3, 5, 0), until),
+            Verdict::Parked
+        );
+        assert!(pool.admit_parked(NOW, &limits).is_empty());
+        pool.release(NOW, ticket(1));
+        assert_eq!(
+            pool.admit_parked(NOW, &limits),
+            vec![(ticket(2), Ok(())), (ticket(3), Ok(()))]
+        );
+        assert_eq!(pool.tokens(), 55);
+    }
+
+    #[test]
+    fn park_deadline_expires_and_unblocks_those_behind() {
+        let limits = Limits::new(1.0, 100, 0, 1);
+        let mut pool = Occupancy::new(NOW);
+        pool.admit(NOW, &limits, claim(1, 60, 0), None);
+        assert_eq!(
+            pool.admit(NOW, &limits, claim(2, 50, 0), Some(NOW.plus_ms(100))),
+            Verdict::Parked
+        );
+        assert_eq!(
+            pool.admit(NOW, &limits, claim(3, 10, 0), Some(NOW.plus_ms(500))),
+            Verdict::Parked
+        );
+        assert_eq!(pool.next_park_deadline(), Some(NOW.plus_ms(100)));
+        assert!(pool.expire_parked(NOW.plus_ms(99)).is_empty());
+        assert_eq!(pool.expire_parked(NOW.plus_ms(100)), vec![ticket(2)]);
+        assert_eq!(
+            pool.admit_parked(NOW.plus_ms(100), &limits),
+            vec![(ticket(3), Ok(()))]
+        );
+        // A deadline already past refuses instead of parking.
+        assert_eq!(
+            pool.admit(NOW, &limits, claim(4, 50, 0), Some(NOW)),
+            Verdict::Refused(Refusal::Budget)
+        );
+    }
+
+    #[test]
+    fn key_share_refuses_at_once_and_ignores_the_admit_fraction() {
+        // Budget 0.5 × 1000 = 500; share 0.25 × 1000 = 250 (no fraction).
+        let limits = Limits::new(0.5, 1000, 0, 1);
+        let mut pool = Occupancy::new(NOW);
+        let shared = |sequence, input| Claim {
+            share: 0.25,
+            ..claim(sequence, input, 0)
+        };
+        assert_eq!(
+            pool.admit(NOW, &limits, shared(1, 200), None),
+            Verdict::Admitted
+        );
+        assert_eq!(
+            pool.admit(NOW, &limits, shared(2, 51), Some(NOW.plus_ms(100))),
+            Verdict::Refused(Refusal::KeyShare)
+        );
+        assert_eq!(
+            pool.admit(NOW, &limits, shared(3, 50), None),
+            Verdict::Admitted
+        );
+        // Another key is not affected by key 1's share.
+        let other = Claim {
+            key: KeyId(2),
+            ..shared(4, 251)
+        };
+        assert_eq!(
+            pool.admit(NOW, &limits, other, None),
+            Verdict::Refused(Refusal::Budget)
+        );
+        assert_eq!(
+            pool.tokens(),
+            250,
+            "a refusal leaves occupancy where it was"
+        );
+    }
+
+    #[test]
+    fn growth_and_true_up_move_the_totals() {
+        let limits = Limits::new(1.0, 1000, 0, 1);
+        let mut pool = Occupancy::new(NOW);
+        pool.admit(NOW, &limits, claim(1, 100, 0), None);
+        pool.grow(NOW, ticket(1), 30);
+        assert_eq!(pool.tokens(), 130);
+        pool.grow(NOW, ticket(1), 20);
+        assert_eq!(pool.tokens(), 130, "growth never shrinks");
+        pool.true_up(NOW, ticket(1), 80);
+        assert_eq!(pool.tokens(), 110);
+        pool.admit(NOW, &limits, claim(2, 10, 50), None);
+        pool.grow(NOW, ticket(2), 20);
+        assert_eq!(pool.tokens(), 170, "declared output already covers 20");
+        pool.release(NOW, ticket(1));
+        pool.release(NOW, ticket(2));
+        assert_eq!(pool.tokens(), 0);
+    }
+
+    #[test]
+    fn reaper_releases_only_stale_reservations() {
+        let limits = Limits::default();
+        let mut pool = Occupancy::new(NOW);
+        pool.admit(NOW, &limits, claim(1, 10, 0), None);
+        pool.admit(NOW.plus_ms(500), &limits, claim(2, 10, 0), None);
+        assert_eq!(pool.reap(NOW.plus_ms(1000), 1000), 1);
+        assert!(pool.holds(ticket(2)));
+        assert_eq!(pool.tokens(), 10);
+    }
+
+    /// A reservation whose release is lost (the owner never hears of the request again) is the
+    /// one thing the reaper exists for. No production path loses a release, so the leak is made
+    /// here, in the pure pool the shard drives: it is reaped once, counted once, gives its tokens
+    /// and its share back, while a live stream beside it that keeps growing is never reaped; a
+    /// release that turns up after the reaper is a no-op.
+    #[test]
+    fn a_leaked_reservation_is_reaped_and_counted_once() {
+        const REAP_AFTER_MS: u64 = 2_000;
+        let limits = Limits::new(1.0, 1000, 2, 1);
+        let mut occupancy = Occupancy::new(NOW);
+        let keyed = |sequence, input| Claim {
+            share: 0.5,
+            ..claim(sequence, input, 0)
+        };
+        assert_eq!(
+            occupancy.admit(NOW, &limits, keyed(1, 100), None),
+            Verdict::Admitted
+        );
+        assert_eq!(
+            occupancy.admit(NOW, &limits, keyed(2, 50), None),
+            Verdict::Admitted
+        );
+        assert_eq!(occupancy.inflight(), 2);
+        // Ticket 1 leaks; ticket 2 streams on, growing its reservation every 16 events (here
+        // every second), so it is never untouched for as long as REAP_AFTER_MS.
+        let mut reaped = 0;
+        for second in 1..=5 {
+            let now = NOW.plus_ms(second * 1000);
+            occupancy.grow(now, ticket(2), second * 16);
+            reaped += occupancy.reap(now, REAP_AFTER_MS);
+        }
+        assert_eq!(reaped, 1, "the leak is reaped exactly once");
+        assert!(!occupancy.holds(ticket(1)));
+        assert!(
+            occupancy.holds(ticket(2)),
+            "a live stream must not be reaped"
+        );
+        assert_eq!(occupancy.inflight(), 1);
+        assert_eq!(occupancy.tokens(), 50 + 5 * 16);
+        assert_eq!(occupancy.by_key.get(&KeyId(1)), Some(&(50 + 5 * 16)));
+        // The lost release arrives after all: nothing is taken from ticket 2.
+        assert!(!occupancy.release(NOW.plus_ms(6000), ticket(1)));
+        assert_eq!(occupancy.tokens(), 50 + 5 * 16);
+        assert!(occupancy.release(NOW.plus_ms(6000), ticket(2)));
+        assert_eq!((occupancy.tokens(), occupancy.inflight()), (0, 0));
+        assert!(occupancy.by_key.is_empty());
+        assert_eq!(occupancy.reap(NOW.plus_ms(60_000), REAP_AFTER_MS), 0);
+    }
+
+    #[test]
+    fn idle_after_fifteen_minutes_without_work() {
+        let mut pool = Occupancy::new(NOW);
+        pool.admit(NOW, &Limits::default(), claim(1, 10, 0), None);
+        assert!(!pool.is_idle(NOW.plus_ms(IDLE_DROP_MS * 2)));
+        pool.release(NOW.plus_ms(10), ticket(1));
+        assert!(!pool.is_idle(NOW.plus_ms(IDLE_DROP_MS)));
+        assert!(pool.is_idle(NOW.plus_ms(10 + IDLE_DROP_MS)));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Admit {
+            input: u64,
+            output: u64,
+            key: u32,
+            share: bool,
+            park: bool,
+        },
+        Grow {
+            which: usize,
+            output: u64,
+        },
+        TrueUp {
+            which: usize,
+            input: u64,
+        },
+        Release {
+            which: usize,
+        },
+        Cancel {
+            which: usize,
+        },
+        Expire {
+            after_ms: u64,
+        },
+        Reap,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u64..400, 0u64..200, 1u32..4, any::<bool>(), any::<bool>()).prop_map(
+                |(input, output, key, share, park)| Op::Admit {
+                    input,
+                    output,
+                    key,
+                    share,
+                    park
+                }
+            ),
+            (0usize..64, 0u64..300).prop_map(|(which, output)| Op::Grow { which, output }),
+            (0usize..64, 0u64..400).prop_map(|(which, input)| Op::TrueUp { which, input }),
+            (0usize..64).prop_map(|which| Op::Release { which }),
+            (0usize..64).prop_map(|which| Op::Cancel { which }),
+            (0u64..300).prop_map(|after_ms| Op::Expire { after_ms }),
+            Just(Op::Reap),
+        ]
+    }
+
+    proptest! {
+        /// Any interleaving of admit / park / growth / true-up / release / cancel / expiry /
+        /// reaping leaves the pool at zero once every request is over, and the totals always
+        /// equal the sums over what is held.
+        #[test]
+        fn idle_pool_returns_to_zero(ops in proptest::collection::vec(op(), 1..200)) {
+            let limits = Limits::new(0.9, 1000, 5, 1);
+            let mut pool = Occupancy::new(Millis(0));
+            let mut now = Millis(0);
+            let mut issued: Vec<Ticket> = Vec::new();
+            for (sequence, op) in ops.into_iter().enumerate() {
+                match op {
+                    Op::Admit { input, output, key, share, park } => {
+                        let ticket = ticket(sequence as u64);
+                        let claim = Claim {
+                            ticket,
+                            footprint: Footprint { input_tokens: input, declared_output_tokens: output },
+                            key: KeyId(key),
+                            share: if share { 0.4 } else { 0.0 },
+                        };
+                        let park_until = park.then(|| now.plus_ms(100));
+                        pool.admit(now, &limits, claim, park_until);
+                        issued.push(ticket);
+                    }
+                    Op::Grow { which, output } => {
+                        if let Some(ticket) = issued.get(which) {
+                            pool.grow(now, *ticket, output);
+                        }
+                    }
+                    Op::TrueUp { which, input } => {
+                        if let Some(ticket) = issued.get(which) {
+                            pool.true_up(now, *ticket, input);
+                        }
+                    }
+                    Op::Release { which } => {
+                        if let Some(ticket) = issued.get(which) {
+                            pool.release(now, *ticket);
+                            pool.admit_parked(now, &limits);
+                        }
+                    }
+                    Op::Cancel { which } => {
+                        if let Some(ticket) = issued.get(which) {
+                            pool.cancel_parked(*ticket);
+                            pool.release(now, *ticket);
+                            pool.admit_parked(now, &limits);
+                        }
+                    }
+                    Op::Expire { after_ms } => {
+                        now = now.plus_ms(after_ms);
+                        pool.expire_parked(now);
+                        pool.admit_parked(now, &limits);
+                    }
+                    Op::Reap => {
+                        pool.reap(now, 250);
+                    }
+                }
+                let held_sum: u64 = pool.held.values().map(Held::tokens).sum();
+                prop_assert_eq!(pool.tokens, held_sum);
+                for (key, tokens) in &pool.by_key {
+                    let sum: u64 = pool.held.values().filter(|held| held.keyed && held.key == *key).map(Held::tokens).sum();
+                    prop_assert_eq!(*tokens, sum);
+                    prop_assert!(*tokens > 0);
+                }
+            }
+            for ticket in &issued {
+                pool.cancel_parked(*ticket);
+                pool.release(now, *ticket);
+            }
+            prop_assert_eq!(pool.tokens(), 0);
+            prop_assert_eq!(pool.inflight(), 0);
+            prop_assert!(pool.by_key.is_empty());
+            prop_assert_eq!(pool.parked_len(), 0);
+        }
+    }
+}

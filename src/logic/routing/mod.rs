@@ -1,0 +1,783 @@
+//! Per-model routing state, owned by the model's owner shard: the model's agents, this router's
+//! in-flight count on each, and the model's capacity queue.
+//!
+//! Pure logic: no clock, no I/O, no runtime. The owner shard calls it directly for local requests
+//! and on behalf of other shards' mesh messages; every decision is returned as data.
+//!
+//! Invariants:
+//! - an agent's `own_in_flight` never exceeds its declared capacity, and equals the grants handed out
+//!   for it minus the releases received;
+//! - a release counts only against the generation that granted it: an agent that leaves and joins
+//!   again under the same [`AgentId`] (a lost tunnel, redialled a second later) starts a new
+//!   generation, and releases of slots granted before it left are ignored, never charged to it;
+//! - a queued ticket is either granted exactly once, cancelled, or failed (agents gone) — never two;
+//! - the queue never grows beyond `queue_depth`.
+//!
+//! Load: the issue asks for the larger of the agent's reported in-flight count and this router's own.
+//! The reported count is up to one signal interval old, so after a release here the raw report would
+//! keep the slot looking busy until the next signal. We therefore refresh it with our own changes
+//! since the report: `others = reported - own at report time` (other routers' share, clamped at 0) and
+//! `load = max(reported_refreshed, own) = own + others`. With one router this is exactly `own`.
+//!
+//! Steps: a model's policy has a primary step and fallback steps, each a filter over the agents
+//! ([`StepFilter`], the policy's `match` and `exclude_if`). A request takes the first step, from
+//! where it starts, that has an eligible agent: a free one is granted at once; when every eligible
+//! agent is full the request waits in the queue for that step, and when the queue is full it moves
+//! on to the next step. A waiter is granted the least-loaded agent its step allows (and its
+//! exclusions, the agents that already failed it) as soon as one has room; waiters that cannot
+//! use a free agent do not block those behind them that can.
+
+pub mod counters;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+
+pub use crate::base::ids::{AgentId, Generation, Ticket};
+
+/// An agent's engine signals from its last routing signal; `None` where the engine reports none.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct EngineSignals {
+    /// KV-cache use, 0.0 to 1.0.
+    pub kv_cache_utilization: Option<f64>,
+    pub running_requests: Option<f64>,
+    pub waiting_requests: Option<f64>,
+}
+
+/// What an agent registered: the static facts a step's `match` reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentProfile {
+    /// The agent's libp2p-style peer ID (the audit log's `agent_id`).
+    /// These four label metric series: shared (`Arc`), so a new series clones rather than
+    /// copies them.
+    pub peer_id: Arc<str>,
+    pub engine: Arc<str>,
+    pub region: Arc<str>,
+    pub tags: Box<[String]>,
+    /// `--deployment-id` as registered; empty when the agent gave none.
+    pub deployment_id: Arc<str>,
+    /// `--organization` and `--machine` as registered (`Unknown` when the agent gave none).
+    pub organization: Box<str>,
+    pub machine: Box<str>,
+    /// The router's per-agent lifetime counters of each model it serves (`hivenet_agent_*`).
+    pub counters: crate::logic::routing::counters::CountersByModel,
+}
+
+/// What a step filter sees of one candidate agent.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidate<'a> {
+    pub profile: &'a AgentProfile,
+    pub engine: &'a EngineSignals,
+    /// Requests on the agent (ours and other routers') over its declared capacity.
+    pub capacity_utilization: f64,
+}
+
+/// A model's routing steps (the policy's primary step, then its fallback chain).
+pub trait StepFilter: Send + Sync {
+    /// At least one.
+    fn step_count(&self) -> usize;
+    /// Whether step `step` may route to this candidate.
+    fn allows(&self, step: usize, candidate: &Candidate<'_>) -> bool;
+}
+
+/// One step that allows every agent: the routing of a model without a policy.
+pub struct AnyAgent;
+
+impl StepFilter for AnyAgent {
+    fn step_count(&self) -> usize {
+        1
+    }
+
+    fn allows(&self, _step: usize, _candidate: &Candidate<'_>) -> bool {
+        true
+    }
+}
+
+/// A slot granted on an agent, and the step that chose it. Release it with [`ModelRoutes::release`]
+/// exactly once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub agent: AgentId,
+    /// The agent's stay that the slot belongs to.
+    pub generation: Generation,
+    pub step: u8,
+}
+
+/// Where a request starts looking, and the agents it must not get again (they failed it in this
+/// step).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ask {
+    pub start_step: u8,
+    pub excluded: Box<[AgentId]>,
+    /// Queue even when the queue is at `queue_depth` (hold at zero: a request released by a
+    /// wake; the hold limits bound how many there are). Never when queueing is off.
+    pub beyond_depth: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acquire {
+    /// A slot on this agent is now held for the ticket; release it exactly once.
+    Granted(Grant),
+    /// Every agent is full; the ticket waits in the capacity queue.
+    Queued,
+    /// Every agent is full and the queue is at `queue_depth` (or queueing is off).
+    QueueFull,
+    /// The model has no agent at all.
+    NoAgents,
+}
+
+#[derive(Debug, Clone)]
+struct AgentLoad {
+    agent: AgentId,
+    generation: Generation,
+    capacity: u32,
+    own_in_flight: u32,
+    /// Other routers' requests on this agent: its last report minus our own count at that moment.
+    others_in_flight: u32,
+    engine: EngineSignals,
+    profile: Arc<AgentProfile>,
+}
+
+impl AgentLoad {
+    fn load(&self) -> u32 {
+        self.own_in_flight + self.others_in_flight
+    }
+
+    fn has_room(&self) -> bool {
+        self.own_in_flight < self.capacity && self.load() < self.capacity
+    }
+
+    fn candidate(&self) -> Candidate<'_> {
+        Candidate {
+            profile: &self.profile,
+            engine: &self.engine,
+            capacity_utilization: if self.capacity == 0 {
+                1.0
+            } else {
+                f64::from(self.load()) / f64::from(self.capacity)
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Waiter {
+    ticket: Ticket,
+    step: u8,
+    excluded: Box<[AgentId]>,
+}
+
+pub struct ModelRoutes {
+    agents: Vec<AgentLoad>,
+    queue: VecDeque<Waiter>,
+    queue_depth: usize,
+    /// Rotates the starting point among equally loaded agents so ties spread evenly.
+    next_tie_break: usize,
+    steps: Arc<dyn StepFilter>,
+}
+
+impl fmt::Debug for ModelRoutes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ModelRoutes")
+            .field("agents", &self.agents)
+            .field("queue", &self.queue)
+            .field("queue_depth", &self.queue_depth)
+            .field("steps", &self.steps.step_count())
+            .finish()
+    }
+}
+
+impl ModelRoutes {
+    pub fn new(queue_depth: usize) -> ModelRoutes {
+        ModelRoutes {
+            agents: Vec::new(),
+            queue: VecDeque::new(),
+            queue_depth,
+            next_tie_break: 0,
+            steps: Arc::new(AnyAgent),
+        }
+    }
+
+    /// The model's steps changed (a new policy): waiters keep their step index, clamped to the
+    /// new chain, and whoever fits now is granted.
+    pub fn set_steps(&mut self, steps: Arc<dyn StepFilter>) -> Vec<(Ticket, Grant)> {
+        let last = steps
+            .step_count()
+            .saturating_sub(1)
+            .min(usize::from(u8::MAX)) as u8;
+        for waiter in &mut self.queue {
+            waiter.step = waiter.step.min(last);
+        }
+        self.steps = steps;
+        self.drain_queue()
+    }
+
+    // ----- queries -----
+
+    pub fn agent_count(&self) -> usize {
+        self.agents.len()
+    }
+
+    pub fn queue_len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn own_in_flight(&self, agent: AgentId) -> Option<u32> {
+        self.find(agent)
+            .map(|index| self.agents[index].own_in_flight)
+    }
+
+    pub fn total_own_in_flight(&self) -> u32 {
+        self.agents.iter().map(|agent| agent.own_in_flight).sum()
+    }
+
+    /// Nothing is held or waiting: the owner may drop this state once the model has no agents.
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.total_own_in_flight() == 0
+    }
+
+    // ----- inputs -----
+
+    /// Adds the agent for its stay `generation`, or updates its capacity and profile within the
+    /// same stay. A new stay of an agent still listed (its leaving was never seen) starts afresh:
+    /// the old stay's slots are not this stay's. Newly free capacity is handed to waiting
+    /// tickets, returned as grants to deliver.
+    pub fn agent_up(
+        &mut self,
+        agent: AgentId,
+        generation: Generation,
+        capacity: u32,
+        profile: Arc<AgentProfile>,
+    ) -> Vec<(Ticket, Grant)> {
+        let fresh = AgentLoad {
+            agent,
+            generation,
+            capacity,
+            own_in_flight: 0,
+            others_in_flight: 0,
+            engine: EngineSignals::default(),
+            profile,
+        };
+        match self.find(agent) {
+            Some(index) if self.agents[index].generation == generation => {
+                let load = &mut self.agents[index];
+                load.capacity = fresh.capacity;
+                load.profile = fresh.profile;
+            }
+            Some(index) => self.agents[index] = fresh,
+            None => self.agents.push(fresh),
+        }
+        self.drain_queue()
+    }
+
+    /// Removes the agent. Its outstanding slots vanish with it: their releases are ignored, even
+    /// after the agent joins again (a new generation). When
+    /// no agent remains, every waiter is failed and returned.
+    pub fn agent_down(&mut self, agent: AgentId) -> Vec<Ticket> {
+        if let Some(index) = self.find(agent) {
+            self.agents.swap_remove(index);
+        }
+        if self.agents.is_empty() {
+            self.queue.drain(..).map(|waiter| waiter.ticket).collect()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// The agent's own report of requests it is serving, from every router, and its engine's
+    /// signals.
+    pub fn signal(
+        &mut self,
+        agent: AgentId,
+        reported_in_flight: u32,
+        engine: EngineSignals,
+    ) -> Vec<(Ticket, Grant)> {
+        if let Some(index) = self.find(agent) {
+            let load = &mut self.agents[index];
+            load.others_in_flight = reported_in_flight.saturating_sub(load.own_in_flight);
+            load.engine = engine;
+        }
+        self.drain_queue()
+    }
+
+    /// Each engine signal averaged over the agents that report it (seed, B3: "averages each
+    /// available signal across healthy agents serving the requested model"); `None` where no
+    /// agent reports it.
+    pub fn pool_signals(&self) -> EngineSignals {
+        fn average(values: impl Iterator<Item = f64>) -> Option<f64> {
+            let (sum, count) =
+                values.fold((0.0, 0u32), |(sum, count), value| (sum + value, count + 1));
+            (count > 0).then(|| sum / f64::from(count))
+        }
+        EngineSignals {
+            kv_cache_utilization: average(
+                self.agents
+                    .iter()
+                    .filter_map(|load| load.engine.kv_cache_utilization),
+            ),
+            running_requests: average(
+                self.agents
+                    .iter()
+                    .filter_map(|load| load.engine.running_requests),
+            ),
+            waiting_requests: average(
+                self.agents
+                    .iter()
+                    .filter_map(|load| load.engine.waiting_requests),
+            ),
+        }
+    }
+
+    /// Least-loaded agent with room from the first step, else the queue.
+    pub fn acquire(&mut self, ticket: Ticket) -> Acquire {
+        self.acquire_from(ticket, &Ask::default())
+    }
+
+    /// Least-loaded eligible agent with room, from `ask.start_step` on (see the module doc).
+    pub fn acquire_from(&mut self, ticket: Ticket, ask: &Ask) -> Acquire {
+        if self.agents.is_empty() {
+            return Acquire::NoAgents;
+        }
+        let steps = self.steps.step_count().min(usize::from(u8::MAX) + 1);
+        let mut any_eligible = false;
+        for step in usize::from(ask.start_step)..steps {
+            let step = step as u8;
+            if !self.any_eligible(step, &ask.excluded) {
+                continue;
+            }
+            any_eligible = true;
+            // Waiters are served first: a new request never overtakes the queue.
+            if self.queue.is_empty()
+                && let Some(grant) = self.take_least_loaded(step, &ask.excluded)
+            {
+                return Acquire::Granted(grant);
+            }
+            if self.queue.len() < self.queue_depth || (ask.beyond_depth && self.queue_depth > 0) {
+                self.queue.push_back(Waiter {
+                    ticket,
+                    step,
+                    excluded: ask.excluded.clone(),
+                });
+                return Acquire::Queued;
+            }
+        }
+        if any_eligible {
+            Acquire::QueueFull
+        } else {
+            Acquire::NoAgents
+        }
+    }
+
+    /// Returns a slot. The freed capacity goes to the head of the queue first. A slot of an
+    /// earlier generation of the agent (it left since) frees nothing.
+    pub fn release(&mut self, grant: Grant) -> Vec<(Ticket, Grant)> {
+        if let Some(index) = self.find(grant.agent) {
+            let load = &mut self.agents[index];
+            if load.generation == grant.generation {
+                // Stays on in release builds: a release counted twice would hand the agent more
+                // requests than its capacity.
+                assert!(
+                    load.own_in_flight > 0,
+                    "release without a grant on {:?} {:?}",
+                    grant.agent,
+                    grant.generation
+                );
+                load.own_in_flight -= 1;
+            }
+        }
+        self.drain_queue()
+    }
+
+    /// The agent's current generation, while it is in the pool.
+    pub fn generation(&self, agent: AgentId) -> Option<Generation> {
+        self.find(agent).map(|index| self.agents[index].generation)
+    }
+
+    /// Removes a waiting ticket (its request timed out or its client left). False when the ticket
+    /// is no longer queued: it was granted already, and its grant must then be released.
+    pub fn cancel(&mut self, ticket: Ticket) -> bool {
+        match self.queue.iter().position(|queued| queued.ticket == ticket) {
+            Some(index) => {
+                self.queue.remove(index);
+                true
+            }
+            None => false,
+        }
+    }
+
+    // ----- internals -----
+
+    fn find(&self, agent: AgentId) -> Option<usize> {
+        self.agents.iter().position(|load| load.agent == agent)
+    }
+
+    fn eligible(&self, load: &AgentLoad, step: u8, excluded: &[AgentId]) -> bool {
+        !excluded.contains(&load.agent) && self.steps.allows(usize::from(step), &load.candidate())
+    }
+
+    fn any_eligible(&self, step: u8, excluded: &[AgentId]) -> bool {
+        self.agents
+            .iter()
+            .any(|load| self.eligible(load, step, excluded))
+    }
+
+    fn take_least_loaded(&mut self, step: u8, excluded: &[AgentId]) -> Option<Grant> {
+        let count = self.agents.len();
+        let start = self.next_tie_break % count.max(1);
+        // Least-loaded (policy reference, "Ranking strategy"): the lowest active requests over
+        // declared capacity, compared by cross-multiplying (no floats, exact ties).
+        let mut best: Option<(usize, u64, u64)> = None;
+        for offset in 0..count {
+            let index = (start + offset) % count;
+            let candidate = &self.agents[index];
+            if !candidate.has_room() || !self.eligible(candidate, step, excluded) {
+                continue;
+            }
+            let (load, capacity) = (u64::from(candidate.load()), u64::from(candidate.capacity));
+            if best.is_none_or(|(_, best_load, best_capacity)| {
+                load * best_capacity < best_load * capacity
+            }) {
+                best = Some((index, load, capacity));
+            }
+        }
+        let (index, ..) = best?;
+        self.next_tie_break = index + 1;
+        let chosen = &mut self.agents[index];
+        chosen.own_in_flight += 1;
+        Some(Grant {
+            agent: chosen.agent,
+            generation: chosen.generation,
+            step,
+        })
+    }
+
+    /// Grants every waiter, in order, that an agent with room may serve.
+    fn drain_queue(&mut self) -> Vec<(Ticket, Grant)> {
+        let mut grants = Vec::new();
+        let mut index = 0;
+        while index < self.queue.len() && self.agents.iter().any(AgentLoad::has_room) {
+            let step = self.queue[index].step;
+            // Moved out for the call (the queue and the agents are both `self`), then put back.
+            let excluded = std::mem::take(&mut self.queue[index].excluded);
+            match self.take_least_loaded(step, &excluded) {
+                Some(grant) => {
+                    let waiter = self.queue.remove(index).expect("index checked");
+                    grants.push((waiter.ticket, grant));
+                }
+                None => {
+                    self.queue[index].excluded = excluded;
+                    index += 1;
+                }
+            }
+        }
+        grants
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ticket(sequence: u64) -> Ticket {
+        Ticket { shard: 0, sequence }
+    }
+
+    /// A first-step slot on `agent` in its current generation.
+    fn grant_on(routes: &ModelRoutes, agent: u32) -> Grant {
+        Grant {
+            agent: AgentId(agent),
+            generation: routes.generation(AgentId(agent)).expect("agent is up"),
+            step: 0,
+        }
+    }
+
+    fn assert_granted(routes: &mut ModelRoutes, sequence: u64, agent: u32) {
+        let expected = grant_on(routes, agent);
+        assert_eq!(routes.acquire(ticket(sequence)), Acquire::Granted(expected));
+    }
+
+    fn up(routes: &mut ModelRoutes, agent: u32, capacity: u32) -> Vec<(Ticket, Grant)> {
+        up_in(routes, agent, 0, capacity)
+    }
+
+    fn up_in(
+        routes: &mut ModelRoutes,
+        agent: u32,
+        generation: u32,
+        capacity: u32,
+    ) -> Vec<(Ticket, Grant)> {
+        routes.agent_up(
+            AgentId(agent),
+            Generation(generation),
+            capacity,
+            Arc::new(AgentProfile::default()),
+        )
+    }
+
+    #[test]
+    fn no_agents_refuses() {
+        let mut routes = ModelRoutes::new(4);
+        assert_eq!(routes.acquire(ticket(1)), Acquire::NoAgents);
+    }
+
+    #[test]
+    fn spreads_ties_and_respects_capacity() {
+        let mut routes = ModelRoutes::new(1);
+        up(&mut routes, 1, 2);
+        up(&mut routes, 2, 2);
+        let mut granted = Vec::new();
+        for sequence in 0..4 {
+            match routes.acquire(ticket(sequence)) {
+                Acquire::Granted(grant) => granted.push(grant.agent),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        granted.sort();
+        assert_eq!(
+            granted,
+            vec![AgentId(1), AgentId(1), AgentId(2), AgentId(2)]
+        );
+        assert_eq!(routes.acquire(ticket(5)), Acquire::Queued);
+        assert_eq!(routes.acquire(ticket(6)), Acquire::QueueFull);
+        let two = grant_on(&routes, 2);
+        assert_eq!(routes.release(two), vec![(ticket(5), two)]);
+    }
+
+    #[test]
+    fn least_loaded_ranks_by_load_over_capacity() {
+        let mut routes = ModelRoutes::new(0);
+        up(&mut routes, 1, 8);
+        up(&mut routes, 2, 2);
+        // Both idle: agent 1 (first in rotation). Then agent 2 (0/2 < 1/8), then agent 1 while
+        // its ratio stays under agent 2's 1/2: 1/8, 2/8, 3/8.
+        assert_granted(&mut routes, 1, 1);
+        assert_granted(&mut routes, 2, 2);
+        assert_granted(&mut routes, 3, 1);
+        assert_granted(&mut routes, 4, 1);
+        assert_granted(&mut routes, 5, 1);
+        // 4/8 against 1/2: a tie, rotation picks agent 2.
+        assert_granted(&mut routes, 6, 2);
+    }
+
+    #[test]
+    fn zero_queue_depth_never_queues() {
+        let mut routes = ModelRoutes::new(0);
+        up(&mut routes, 1, 1);
+        assert_granted(&mut routes, 1, 1);
+        assert_eq!(routes.acquire(ticket(2)), Acquire::QueueFull);
+    }
+
+    #[test]
+    fn reported_load_from_other_routers_counts() {
+        let mut routes = ModelRoutes::new(0);
+        up(&mut routes, 1, 4);
+        up(&mut routes, 2, 4);
+        // Agent 1 reports 3 requests from other routers; we hold none there.
+        routes.signal(AgentId(1), 3, EngineSignals::default());
+        assert_granted(&mut routes, 1, 2);
+        assert_granted(&mut routes, 2, 2);
+        assert_granted(&mut routes, 3, 2);
+        assert_granted(&mut routes, 4, 1);
+        // Agent 1 is now at 3 others + 1 own = capacity.
+        assert_granted(&mut routes, 5, 2);
+        assert_eq!(routes.acquire(ticket(6)), Acquire::QueueFull);
+    }
+
+    /// Seed, run-several-routers: "Every router ranks agents by the larger of that report and
+    /// its own in-flight requests".
+    #[test]
+    fn ranks_by_the_larger_of_reported_and_own_in_flight() {
+        let mut routes = ModelRoutes::new(0);
+        up(&mut routes, 1, 8);
+        up(&mut routes, 2, 8);
+        let load = |routes: &ModelRoutes, agent: u32| {
+            routes.agents[routes.find(AgentId(agent)).unwrap()].load()
+        };
+        // Two of ours on agent 1; its report (from every router) says 5: load 5.
+        assert_granted(&mut routes, 1, 1);
+        assert_granted(&mut routes, 2, 2);
+        assert_granted(&mut routes, 3, 1);
+        routes.signal(AgentId(1), 5, EngineSignals::default());
+        assert_eq!(load(&routes, 1), 5);
+        // A report below our own count (stale, or sent before our requests arrived): our own
+        // count wins.
+        routes.signal(AgentId(2), 0, EngineSignals::default());
+        assert_eq!(load(&routes, 2), 1);
+        // Agent 2 (1 of 8) ranks before agent 1 (5 of 8, of which only 2 are ours): the report
+        // decides.
+        assert_granted(&mut routes, 4, 2);
+        assert_granted(&mut routes, 5, 2);
+        assert_granted(&mut routes, 6, 2);
+        assert_eq!(load(&routes, 2), 4);
+        // Our own requests since the report keep counting on top of the others' share.
+        assert_granted(&mut routes, 7, 2);
+        assert_eq!(load(&routes, 2), 5);
+        assert_granted(&mut routes, 8, 1);
+        assert_eq!(load(&routes, 1), 6, "max(5 reported + 1 since, 3 own)");
+    }
+
+    #[test]
+    fn own_release_frees_a_slot_before_the_next_report() {
+        let mut routes = ModelRoutes::new(1);
+        up(&mut routes, 1, 1);
+        assert_granted(&mut routes, 1, 1);
+        routes.signal(AgentId(1), 1, EngineSignals::default()); // the report includes our own request
+        assert_eq!(routes.acquire(ticket(2)), Acquire::Queued);
+        let one = grant_on(&routes, 1);
+        assert_eq!(routes.release(one), vec![(ticket(2), one)]);
+    }
+
+    #[test]
+    fn cancel_and_agent_loss() {
+        let mut routes = ModelRoutes::new(2);
+        up(&mut routes, 1, 1);
+        let held = grant_on(&routes, 1);
+        assert_granted(&mut routes, 1, 1);
+        assert_eq!(routes.acquire(ticket(2)), Acquire::Queued);
+        assert_eq!(routes.acquire(ticket(3)), Acquire::Queued);
+        assert!(routes.cancel(ticket(2)));
+        assert!(!routes.cancel(ticket(2)));
+        assert_eq!(routes.agent_down(AgentId(1)), vec![ticket(3)]);
+        // A release for the vanished agent is ignored.
+        assert!(routes.release(held).is_empty());
+        assert!(routes.is_idle());
+    }
+
+    /// Issue 10, item 1: a tunnel lost and redialled a second later makes the agent leave and join
+    /// again under the same id; the slots granted before are released afterwards. They must not be
+    /// charged to the new stay (this panicked the shard: "release without a grant").
+    #[test]
+    fn releases_from_before_a_rejoin_are_not_charged_to_the_new_stay() {
+        let mut routes = ModelRoutes::new(1);
+        up(&mut routes, 1, 2);
+        let before = grant_on(&routes, 1);
+        assert_granted(&mut routes, 1, 1);
+        assert_granted(&mut routes, 2, 1);
+        assert!(routes.agent_down(AgentId(1)).is_empty());
+        up_in(&mut routes, 1, 1, 2);
+        let after = grant_on(&routes, 1);
+        assert_ne!(before.generation, after.generation);
+        assert_granted(&mut routes, 3, 1);
+        assert!(routes.release(before).is_empty());
+        assert!(routes.release(before).is_empty());
+        assert_eq!(routes.own_in_flight(AgentId(1)), Some(1));
+        assert!(routes.release(after).is_empty());
+        assert!(routes.is_idle());
+    }
+
+    /// The model's state may be dropped while the agent is away and built anew when it returns:
+    /// the stay number comes from the control core, so an old slot still cannot match.
+    #[test]
+    fn a_new_stay_replaces_one_whose_leaving_was_not_seen() {
+        let mut routes = ModelRoutes::new(0);
+        up_in(&mut routes, 1, 3, 1);
+        let before = grant_on(&routes, 1);
+        assert_granted(&mut routes, 1, 1);
+        up_in(&mut routes, 1, 4, 1);
+        assert_eq!(routes.own_in_flight(AgentId(1)), Some(0));
+        assert_granted(&mut routes, 2, 1);
+        assert!(routes.release(before).is_empty());
+        assert_eq!(routes.own_in_flight(AgentId(1)), Some(1));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Acquire,
+        Release(usize),
+        Cancel(usize),
+        Signal(u8, u32),
+        Rejoin(u8),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            Just(Step::Acquire),
+            (0usize..64).prop_map(Step::Release),
+            (0usize..64).prop_map(Step::Cancel),
+            (0u8..3, 0u32..6).prop_map(|(agent, count)| Step::Signal(agent, count)),
+            (0u8..3).prop_map(Step::Rejoin),
+        ]
+    }
+
+    proptest! {
+        /// Any interleaving of acquire, release, cancel, signals and agents leaving and joining
+        /// again hands out each ticket at most once, never exceeds capacity, and returns to idle
+        /// once everything held is released (releases of slots from before a rejoin included).
+        #[test]
+        fn accounting_returns_to_zero(steps in proptest::collection::vec(step(), 1..200)) {
+            let mut routes = ModelRoutes::new(3);
+            for agent in 0..3 {
+                up(&mut routes, agent, 2);
+            }
+            // Slots of the agents' current stays, and slots whose agent left since.
+            let mut held: Vec<Grant> = Vec::new();
+            let mut stale: Vec<Grant> = Vec::new();
+            let mut generation = 0;
+            let mut queued: Vec<Ticket> = Vec::new();
+            let mut sequence = 0;
+            let take = |grants: Vec<(Ticket, Grant)>, held: &mut Vec<Grant>, queued: &mut Vec<Ticket>| {
+                for (ticket, grant) in grants {
+                    let index = queued.iter().position(|queued| *queued == ticket).expect("granted ticket was queued");
+                    queued.remove(index);
+                    held.push(grant);
+                }
+            };
+            for step in steps {
+                match step {
+                    Step::Acquire => {
+                        sequence += 1;
+                        match routes.acquire(ticket(sequence)) {
+                            Acquire::Granted(grant) => held.push(grant),
+                            Acquire::Queued => queued.push(ticket(sequence)),
+                            Acquire::QueueFull | Acquire::NoAgents => {}
+                        }
+                    }
+                    Step::Release(index) if !held.is_empty() => {
+                        let grant = held.swap_remove(index % held.len());
+                        let grants = routes.release(grant);
+                        take(grants, &mut held, &mut queued);
+                    }
+                    Step::Release(index) if !stale.is_empty() => {
+                        let grant = stale.swap_remove(index % stale.len());
+                        let grants = routes.release(grant);
+                        take(grants, &mut held, &mut queued);
+                    }
+                    Step::Cancel(index) if !queued.is_empty() => {
+                        let ticket = queued.remove(index % queued.len());
+                        prop_assert!(routes.cancel(ticket));
+                    }
+                    Step::Signal(agent, count) => {
+                        let grants = routes.signal(AgentId(agent as u32), count, EngineSignals::default());
+                        take(grants, &mut held, &mut queued);
+                    }
+                    Step::Rejoin(agent) => {
+                        let agent = AgentId(u32::from(agent));
+                        // Three agents, so the queue is never failed by agent_down here.
+                        prop_assert!(routes.agent_down(agent).is_empty());
+                        let (gone, kept): (Vec<Grant>, Vec<Grant>) =
+                            held.drain(..).partition(|grant| grant.agent == agent);
+                        held = kept;
+                        stale.extend(gone);
+                        generation += 1;
+                        let grants = routes.agent_up(agent, Generation(generation), 2, Arc::new(AgentProfile::default()));
+                        take(grants, &mut held, &mut queued);
+                    }
+                    _ => {}
+                }
+                for agent in 0..3 {
+                    prop_assert!(routes.own_in_flight(AgentId(agent)).unwrap() <= 2);
+                }
+                prop_assert_eq!(routes.total_own_in_flight() as usize, held.len());
+                prop_assert_eq!(routes.queue_len(), queued.len());
+            }
+            for ticket in queued.drain(..) {
+                prop_assert!(routes.cancel(ticket));
+            }
+            while let Some(grant) = held.pop().or_else(|| stale.pop()) {
+                prop_assert!(routes.release(grant).is_empty());
+            }
+            prop_assert!(routes.is_idle());
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! The exporter: a task on a `tokio` runtime off the request path (the router's control core,
+//! the agent's runtime) that drains finished spans every export interval and sends them to the
+//! OTLP gRPC endpoint through `opentelemetry-otlp`'s `SpanExporter`, [`BATCH_SPANS_MAX`] at a
+//! time.
+//!
+//! Error handling: a failed export (collector down, timeout) loses that batch and is logged
+//! once per failure streak; spans keep being drained so nothing grows. Records the producers
+//! dropped (full ring or queue) are logged when their count grows.
+//!
+//! Performance: the SDK's `SpanData` (attributes as owned strings) is built here, off the
+//! shards; the producers only copied a fixed-shape [`SpanRecord`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use opentelemetry::trace::{
+    SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
+};
+use opentelemetry::{InstrumentationScope, KeyValue};
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter, SpanLinks};
+
+use super::TracingSettings;
+use super::span::SpanRecord;
+
+/// Spans sent in one export request (the SDK batch processor's default,
+/// `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`).
+pub const BATCH_SPANS_MAX: usize = 512;
+
+/// Where the exporter drains finished spans from.
+pub enum SpanSource {
+    /// The router: one ring per shard.
+    Rings(Vec<rtrb::Consumer<SpanRecord>>),
+    /// The agent: one queue every task pushes to.
+    Queue(tokio::sync::mpsc::Receiver<SpanRecord>),
+}
+
+impl SpanSource {
+    /// Moves waiting records into `batch` until it holds `max`.
+    fn drain_into(&mut self, batch: &mut Vec<SpanRecord>, max: usize) {
+        match self {
+            SpanSource::Rings(rings) => {
+                for ring in rings {
+                    while batch.len() < max {
+                        match ring.pop() {
+                            Ok(record) => batch.push(record),
+                            Err(_) => break,
+                        }
+                    }
+                }
+            }
+            SpanSource::Queue(queue) => {
+                while batch.len() < max {
+                    match queue.try_recv() {
+                        Ok(record) => batch.push(record),
+                        Err(_) => break,
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Builds the OTLP exporter and starts the export task on the current `tokio` runtime (the
+/// gRPC channel connects lazily, on the first export). Errors only on an endpoint that is not
+/// a URI.
+pub fn spawn(
+    settings: &TracingSettings,
+    service_name: &'static str,
+    source: SpanSource,
+    dropped: Arc<AtomicU64>,
+) -> Result<tokio::task::JoinHandle<()>, opentelemetry_otlp::ExporterBuildError> {
+    let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(settings.endpoint.clone())
+        .build()?;
+    exporter.set_resource(
+        &Resource::builder_empty()
+            .with_service_name(service_name)
+            .build(),
+    );
+    let scope = InstrumentationScope::builder(service_name)
+        .with_version(env!("CARGO_PKG_VERSION"))
+        .build();
+    let interval = settings.export_interval;
+    Ok(tokio::spawn(export_loop(
+        exporter, source, scope, interval, dropped,
+    )))
+}
+
+async fn export_loop(
+    exporter: opentelemetry_otlp::SpanExporter,
+    mut source: SpanSource,
+    scope: InstrumentationScope,
+    interval: Duration,
+    dropped: Arc<AtomicU64>,
+) {
+    let mut batch = Vec::with_capacity(BATCH_SPANS_MAX);
+    let mut failing = false;
+    let mut dropped_reported = 0;
+    loop {
+        tokio::time::sleep(interval).await;
+        loop {
+            source.drain_into(&mut batch, BATCH_SPANS_MAX);
+            if batch.is_empty() {
+                break;
+            }
+            let full = batch.len() == BATCH_SPANS_MAX;
+            let spans = batch
+                .drain(..)
+                .map(|record| span_data(record, &scope))
+                .collect();
+            match exporter.export(spans).await {
+                Ok(()) if failing => {
+                    tracing::info!("span export works again");
+                    failing = false;
+                }
+                Ok(()) => {}
+                Err(error) if !failing => {
+                    tracing::warn!(%error, "span export failed; spans are dropped until it works");
+                    failing = true;
+                }
+                Err(_) => {}
+            }
+            if !full {
+                break;
+            }
+        }
+        let dropped_now = dropped.load(Ordering::Relaxed);
+        if dropped_now > dropped_reported {
+            tracing::warn!(
+                dropped = dropped_now,
+                "spans dropped: the exporter cannot keep up"
+            );
+            dropped_reported = dropped_now;
+        }
+    }
+}
+
+/// The SDK's form of a finished server span.
+pub fn span_data(record: SpanRecord, scope: &InstrumentationScope) -> SpanData {
+    let context = record.context;
+    let outcome = record.outcome;
+    let mut attributes = Vec::with_capacity(4);
+    attributes.push(KeyValue::new(
+        "http.response.status_code",
+        i64::from(outcome.status),
+    ));
+    if let Some(id) = outcome.request_id {
+        attributes.push(KeyValue::new(
+            "hivenet.request_id",
+            String::from_utf8_lossy(&id).into_owned(),
+        ));
+    }
+    if let Some(model) = outcome.model {
+        attributes.push(KeyValue::new(
+            "gen_ai.request.model",
+            String::from_utf8_lossy(&model).into_owned(),
+        ));
+    }
+    if let Some(code) = outcome.error_code {
+        attributes.push(KeyValue::new("error.type", code));
+    }
+    // A server span is an error for a 5xx answer (HTTP semantic conventions); a 4xx is the
+    // client's.
+    let status = if outcome.status >= 500 {
+        Status::error(outcome.error_code.unwrap_or("server error"))
+    } else {
+        Status::Unset
+    };
+    SpanData {
+        span_context: SpanContext::new(
+            TraceId::from_bytes(context.trace_id),
+            SpanId::from_bytes(context.span_id),
+            TraceFlags::new(context.flags & 1),
+            false,
+            TraceState::default(),
+        ),
+        parent_span_id: record.parent.map_or(SpanId::INVALID, SpanId::from_bytes),
+        parent_span_is_remote: record.parent.is_some(),
+        span_kind: SpanKind::Server,
+        name: record.name.into(),
+        start_time: record.start,
+        end_time: record.end,
+        attributes,
+        dropped_attributes_count: 0,
+        events: SpanEvents::default(),
+        links: SpanLinks::default(),
+        status,
+        instrumentation_scope: scope.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::telemetry::span::{SpanOutcome, SpanRing, StartedSpan};
+
+    fn attribute<'d>(data: &'d SpanData, key: &str) -> Option<&'d opentelemetry::Value> {
+        data.attributes
+            .iter()
+            .find(|attribute| attribute.key.as_str() == key)
+            .map(|attribute| &attribute.value)
+    }
+
+    #[test]
+    fn a_record_becomes_a_server_span_under_its_remote_parent() {
+        let span = StartedSpan::start(Some(
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ));
+        let record = span.finish(
+            "POST /v1/chat/completions",
+            SpanOutcome {
+                status: 502,
+                request_id: Some(*b"8b9e4a6d-dfb4-4b95-bada-319e7e5b878a"),
+                model: Some(bytes::Bytes::from_static(b"sim-model")),
+                error_code: Some("backend_error"),
+            },
+        );
+        let data = span_data(record, &InstrumentationScope::builder("test").build());
+        assert_eq!(
+            data.span_context.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(data.parent_span_id.to_string(), "00f067aa0ba902b7");
+        assert!(data.parent_span_is_remote);
+        assert_eq!(data.span_kind, SpanKind::Server);
+        assert_eq!(data.status, Status::error("backend_error"));
+        assert_eq!(
+            attribute(&data, "http.response.status_code"),
+            Some(&opentelemetry::Value::I64(502))
+        );
+        assert_eq!(
+            attribute(&data, "gen_ai.request.model").map(|value| value.to_string()),
+            Some("sim-model".to_owned())
+        );
+        assert!(attribute(&data, "hivenet.request_id").is_some());
+    }
+
+    #[test]
+    fn a_root_span_has_no_parent_and_a_4xx_is_not_an_error() {
+        let record = StartedSpan::start(None).finish(
+            "POST /v1/messages",
+            SpanOutcome {
+                status: 429,
+                ..SpanOutcome::default()
+            },
+        );
+        let data = span_data(record, &InstrumentationScope::builder("test").build());
+        assert_eq!(data.parent_span_id, SpanId::INVALID);
+        assert!(!data.parent_span_is_remote);
+        assert_eq!(data.status, Status::Unset);
+    }
+
+    #[test]
+    fn draining_stops_at_the_batch_bound_and_takes_every_ring() {
+        let (mut rings, consumers, _) = SpanRing::build(2);
+        let span = StartedSpan::start(None);
+        for index in 0..6 {
+            rings[index % 2].push(span.finish("POST", SpanOutcome::default()));
+        }
+        let mut source = SpanSource::Rings(consumers);
+        let mut batch = Vec::new();
+        source.drain_into(&mut batch, 4);
+        assert_eq!(batch.len(), 4);
+        batch.clear();
+        source.drain_into(&mut batch, 4);
+        assert_eq!(batch.len(), 2);
+    }
+}

@@ -1,0 +1,855 @@
+//! An inference request's phases after authentication, one function each, in the order of
+//! `docs/request-path.md`'s table: fields (3), resolve (4) and redirect (4b), quota RPM (5),
+//! B1 request caps (5a), hold at zero (5h), pool gates (5b), token phase (5d), acquire (6),
+//! provider fallback (6b), forward and settle (7, 8; `api::forward`).
+//!
+//! Which owners the admission phases visit is decided once, before the first of them, by the
+//! request's [`VisitPlan`]; each phase does its part of the plan and nothing when the plan has
+//! none for it. The phases from the quota visit on share one per-request context,
+//! [`Admission`]; what one phase hands the next — the quota charge ([`QuotaCharge`]), the hold
+//! book entry ([`Pending`]), the reservation (inside [`Admit`]) — is passed by value, so
+//! dropping it on an early exit gives it back.
+//!
+//! Error handling: every refusal is answered through `api::refusal`; a phase counts it (the
+//! rejection and tenant counters) where it happens. A client that leaves while a phase waits
+//! ends the request with [`Outcome::Gone`], counted once in `client_disconnects_total`.
+
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::logic::admission::occupancy::Footprint;
+use crate::logic::admission::{self, PolicyOutcome, Reason};
+use crate::logic::auth::keys::KeyRecord;
+use crate::logic::limits::{Estimate, ModelContext, RejectionKind};
+use crate::logic::routing::Ask as RouteAsk;
+use crate::logic::sibling::token::RedirectClaims;
+use crate::logic::snapshot::{ModelEntry, RoutingSnapshot};
+use crate::router::accounting::tenants::{KeyLabels, Phase, UNSET};
+use crate::router::api::hold::{HoldSink, Keepalive};
+use crate::router::api::plan::{RateCharge, SlotAdmit, VisitPlan};
+use crate::router::api::sink::Sink;
+use crate::router::api::{
+    ClientRequest, Outcome, RequestFacts, Route, authenticate, forward, plan, redirect, refusal,
+};
+use crate::router::error::Rejection;
+use crate::router::metrics::ShardMetrics;
+use crate::router::shard::guards::HoldEnd;
+use crate::router::shard::guards::{Pending, QuotaCharge, Slot};
+use crate::router::shard::owner::quotas::Charge;
+use crate::router::shard::state::Shard;
+use crate::router::shard::visit::{Admit, PoolAsk, QuotaRefusal, RouteError};
+use crate::wire::http::fields::{RequestFields, extract_fields};
+
+/// Phases 3 to 8 of one inference request; reads like the table of `docs/request-path.md`.
+pub async fn infer<S: Sink>(
+    shard: &Rc<Shard>,
+    request: &ClientRequest,
+    key: &KeyRecord,
+    arrival: Option<&RedirectClaims>,
+    facts: &mut RequestFacts,
+    sink: &mut HoldSink<'_, S>,
+) -> Result<u16, Outcome> {
+    let fields = fields(request, key, arrival, facts)?;
+    let snapshot = shard.snapshot();
+    let model = match resolve(shard, &snapshot, request, key, &fields, arrival)? {
+        Resolved::Here(model) => model,
+        Resolved::Elsewhere(location) => return redirect::answer(sink, &location).await,
+    };
+    // From here the request counts in the key's tenant series (by `serve`, once it ends).
+    facts.model_id = Some(model.id);
+    let plan = VisitPlan::of(
+        request.route,
+        key,
+        model,
+        fields.stream,
+        shard.settings.provider.is_some(),
+    );
+    let mut admission = Admission::new(shard, request, key, &fields, model, plan);
+    // An asynchronous phase's future is built only when the plan has a visit for it: even one
+    // with nothing to do would cost the copy of its future on every request. The plan is read
+    // from `admission` from here on (a copy of it kept across the waits would widen them).
+    let mut quota = match admission.plan.limited {
+        true => admission.quota_rate(sink).await?,
+        false => admission.unlimited(),
+    };
+    admission.request_caps()?;
+    if admission.plan.ahead && !quota.holds_tokens() {
+        // The key had no room for the token phase ahead: the rest in the gate order, where the
+        // token phase is refused in its place.
+        admission.plan = admission.plan.in_order();
+    }
+    if admission.plan.tokens_before_hold() {
+        admission.tokens(&mut quota, sink).await?;
+    }
+    let pending = match admission.plan.holds() {
+        true => admission.hold(sink).await?,
+        false => None,
+    };
+    let admit = match admission.plan.slot() {
+        SlotAdmit::Reserved => admission.reserve(sink).await?,
+        slot => admission.admit_with_slot(slot),
+    };
+    if admission.plan.tokens_after_gates() {
+        admission.tokens(&mut quota, sink).await?;
+    }
+    admission.attempts(admit, quota, pending, facts, sink).await
+}
+
+/// Phase 3: the body's fields in one JSON pass, an arriving redirect token's model, then the
+/// key's model authorisation.
+fn fields<'r>(
+    request: &'r ClientRequest,
+    key: &KeyRecord,
+    arrival: Option<&RedirectClaims>,
+    facts: &mut RequestFacts,
+) -> Result<RequestFields<'r>, Outcome> {
+    let fields = extract_fields(&request.body).map_err(refusal::fields)?;
+    facts.model = Some(match &fields.model {
+        std::borrow::Cow::Borrowed(model) => request.body.slice_ref(model.as_bytes()),
+        std::borrow::Cow::Owned(model) => Bytes::copy_from_slice(model.as_bytes()),
+    });
+    if let Some(claims) = arrival {
+        redirect::check_model(claims, &fields.model)?;
+    }
+    authenticate::authorize_model(key, &fields.model)?;
+    Ok(fields)
+}
+
+/// Where phase 4 found the model.
+enum Resolved<'s> {
+    /// Served here (or held here at zero): its routing entry.
+    Here(&'s ModelEntry),
+    /// Not served here, served by a sibling site: the `Location` of the `307` (phase 4b).
+    Elsewhere(String),
+}
+
+/// Phases 4 and 4b: the model name and the route's capability to the routing snapshot's entry;
+/// a model with no healthy agent here that a sibling serves goes there.
+fn resolve<'s>(
+    shard: &Shard,
+    snapshot: &'s RoutingSnapshot,
+    request: &ClientRequest,
+    key: &KeyRecord,
+    fields: &RequestFields<'_>,
+    arrival: Option<&RedirectClaims>,
+) -> Result<Resolved<'s>, Outcome> {
+    let found = snapshot.lookup(&fields.model, request.route.capability());
+    // Hold at zero: a model asleep here resolves through its placement, with no agent.
+    let holdable = found.and_then(|model| plan::hold_budget(request.route, model));
+    if let Some(location) = redirect::elsewhere(
+        shard,
+        snapshot,
+        found,
+        holdable.is_some(),
+        key,
+        &fields.model,
+        request.route,
+        arrival,
+    ) {
+        return Ok(Resolved::Elsewhere(location));
+    }
+    let Some(model) = found else {
+        return Err(Rejection::model_not_found(&fields.model).into());
+    };
+    if model.healthy_agents == 0 && model.hold_budget.is_some() && holdable.is_none() {
+        // A count_tokens for a model asleep here fails as it did before the map placed the
+        // model here.
+        return Err(Rejection::model_not_found(&fields.model).into());
+    }
+    Ok(Resolved::Here(model))
+}
+
+/// The one per-request context of the admission phases and the attempts after them.
+struct Admission<'r> {
+    shard: &'r Rc<Shard>,
+    request: &'r ClientRequest,
+    key: &'r KeyRecord,
+    fields: &'r RequestFields<'r>,
+    model: &'r ModelEntry,
+    plan: VisitPlan,
+    /// The request's one input estimate and declared output (seed, "One input estimate").
+    estimate: Estimate,
+    /// The model as the quota owner sees it.
+    context: ModelContext,
+    /// Every wait ends by then: the request timeout from arrival, restarted when a wake
+    /// releases the request (phase 5h) and again once it has room in the pool (phase 5b).
+    deadline: Instant,
+    /// When the hold budget ends, once the request was held (phase 5h).
+    hold_until: Option<Instant>,
+}
+
+impl<'r> Admission<'r> {
+    fn new(
+        shard: &'r Rc<Shard>,
+        request: &'r ClientRequest,
+        key: &'r KeyRecord,
+        fields: &'r RequestFields<'r>,
+        model: &'r ModelEntry,
+        plan: VisitPlan,
+    ) -> Self {
+        let context = ModelContext {
+            model: model.id,
+            // A request held here is charged as if one replica served the model, so a key
+            // cannot hold requests past its quota (seed, "Quota while held").
+            healthy_replicas: if plan.holds() {
+                1
+            } else {
+                model.healthy_agents
+            },
+            serverless: plan.serverless,
+        };
+        Admission {
+            shard,
+            request,
+            key,
+            fields,
+            model,
+            plan,
+            estimate: estimate(request, model, fields),
+            context,
+            deadline: request.received_at + shard.settings.request_timeout,
+            hold_until: None,
+        }
+    }
+
+    /// Phase 5: the key's request rate on its quota owner, with the token phase in the same
+    /// visit when the plan has no gate between them.
+    async fn quota_rate<S: Sink>(
+        &self,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<QuotaCharge, Outcome> {
+        let charge = match self.plan.rate {
+            RateCharge::Requests => Charge::RequestsOnly,
+            RateCharge::RequestsAndTokens => Charge::RequestsAndTokens(self.estimate),
+            RateCharge::Ahead => Charge::Ahead(self.estimate),
+        };
+        let mut quota = self.visit_quota(charge, sink).await?;
+        quota.set_estimate(self.estimate.input_tokens);
+        Ok(quota)
+    }
+
+    /// Phase 5 for a key with no limit at all (the plan has no quota visit): nothing to charge
+    /// or settle.
+    fn unlimited(&self) -> QuotaCharge {
+        let mut quota = self.shard.unlimited_quota(self.key);
+        quota.set_estimate(self.estimate.input_tokens);
+        quota
+    }
+
+    /// Phase 5a: B1, the policy's caps on the input estimate and the image count, on this
+    /// shard.
+    fn request_caps(&self) -> Result<(), Outcome> {
+        if !self.plan.request_caps {
+            return Ok(());
+        }
+        let images = u64::from(self.fields.prompt.images);
+        match admission::request_caps(&self.model.policy, self.estimate.input_tokens, images) {
+            None => Ok(()),
+            Some(message) => {
+                self.shard.count_rejection(self.model.id, Reason::B1);
+                Err(Rejection::input_too_long(message).into())
+            }
+        }
+    }
+
+    /// Phase 5h: holds a request for a model asleep on this site until an agent for it
+    /// registers (seed `hold-at-zero.md`, steps 5 to 7), sending keepalives meanwhile. The whole
+    /// quota (rate, token buckets, daily budget) is already charged (step 4). `Some`: the model
+    /// woke; the request continues, still counted in the pending demand until it gets a slot.
+    async fn hold<S: Sink>(
+        &mut self,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<Option<Pending>, Outcome> {
+        use crate::logic::hold::HoldEnded as Held;
+        let Some(budget) = self.plan.hold_budget else {
+            return Ok(None);
+        };
+        let until = self.request.received_at + budget;
+        let shard = self.shard;
+        sink.arm(Keepalive {
+            interval: shard.settings.hold.keepalive,
+            stream: self.fields.stream,
+            dialect: self.request.route.dialect(),
+        });
+        // Requests without an API key have only the per-model and total limits.
+        let keyed = !matches!(
+            self.key.source,
+            crate::logic::auth::keys::KeySource::Anonymous
+        );
+        let started = Instant::now();
+        let held = sink
+            .until_client_gone(shard.hold(
+                self.model.id,
+                keyed.then_some(self.key.key_id),
+                self.request.client_id,
+                until,
+            ))
+            .await;
+        let holds = &shard.metrics.holds;
+        let pending = match held {
+            None => {
+                holds.ended(Held::Cancelled, Some(started.elapsed()));
+                return Err(self.client_left());
+            }
+            Some(Ok(pending)) => {
+                holds.ended(Held::Released, Some(started.elapsed()));
+                pending
+            }
+            Some(Err(end)) => {
+                match end {
+                    HoldEnd::Full => holds.ended(Held::Full, None),
+                    HoldEnd::Expired => {
+                        holds.ended(Held::Expired, Some(started.elapsed()));
+                    }
+                    _ => {}
+                }
+                return Err(refusal::hold(end, &self.fields.model).into());
+            }
+        };
+        self.hold_until = Some(until);
+        // Released: the capacity wait is bounded by the request timeout from now.
+        self.restart_deadline();
+        Ok(Some(pending))
+    }
+
+    /// Phase 5b when the gates run with the slot (or there is none): how the slot visit is
+    /// admitted. (A plan that reserves goes through [`Admission::reserve`]; were it asked here,
+    /// its gates would run with the slot, as on a retry.)
+    fn admit_with_slot(&mut self, slot: SlotAdmit) -> Admit {
+        let admit = match slot {
+            SlotAdmit::Direct => Admit::Direct,
+            SlotAdmit::Gated | SlotAdmit::Reserved => Admit::Gated(self.pool_ask(false)),
+            SlotAdmit::Ahead => Admit::Gated(self.pool_ask(true)),
+        };
+        if self.plan.holds() {
+            self.restart_deadline();
+        }
+        admit
+    }
+
+    /// Phase 5b with a visit of its own: B3, B2 and the B4 share on the model's owner reserve
+    /// occupancy now (a request a wake released waits for room up to its hold budget, so that
+    /// its capacity wait is bounded by the request timeout alone).
+    async fn reserve<S: Sink>(&mut self, sink: &mut HoldSink<'_, S>) -> Result<Admit, Outcome> {
+        let wait_until = self
+            .hold_until
+            .map_or(self.deadline, |until| until.max(self.deadline));
+        let reserved = sink
+            .until_client_gone(
+                self.shard
+                    .reserve(self.model, self.pool_ask(false), wait_until),
+            )
+            .await;
+        let admit = match reserved {
+            None => return Err(self.client_left()),
+            Some(Ok(reservation)) => Admit::Reserved(reservation),
+            Some(Err(error)) if self.plan.holds() => {
+                return Err(refusal::released(error, &self.fields.model).into());
+            }
+            Some(Err(error)) => return Err(refusal::route(error).into()),
+        };
+        if self.plan.holds() {
+            self.restart_deadline();
+        }
+        Ok(admit)
+    }
+
+    /// Phase 5d: B4's token buckets and the daily budget on the quota owner, when the plan
+    /// split them from the request rate: after the reservation, or before the hold for a
+    /// request that may be held. A refusal drops the reservation, which releases it.
+    async fn tokens<S: Sink>(
+        &self,
+        quota: &mut QuotaCharge,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<(), Outcome> {
+        if !self.plan.tokens {
+            return Ok(());
+        }
+        let tokens = self
+            .visit_quota(Charge::TokensOnly(self.estimate), sink)
+            .await?;
+        quota.absorb(tokens);
+        Ok(())
+    }
+
+    /// Phases 6 to 8, once per attempt: a slot from the policy's steps, the forward, the
+    /// answer; 6b when local routing is exhausted. A refusal drops `quota`, which gives its
+    /// token charges back.
+    async fn attempts<S: Sink>(
+        &mut self,
+        first: Admit,
+        mut quota: QuotaCharge,
+        mut pending: Option<Pending>,
+        facts: &mut RequestFacts,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<u16, Outcome> {
+        let mut attempts = Attempts::new(&self.model.policy);
+        // Released requests queue even beyond `--queue-depth` (the hold limits bound them).
+        attempts.beyond_depth = self.plan.holds();
+        let mut admit = first;
+        loop {
+            let slot = match self.acquire(admit, &attempts, &mut pending, sink).await? {
+                Ok(slot) => slot,
+                Err(RouteError::WouldPark) => {
+                    admit = self.park_in_order(&mut quota, sink).await?;
+                    continue;
+                }
+                // A request a wake released waited its `--request-timeout` in the capacity
+                // queue: it moves on to the next fallback step with a wait of its own, and
+                // gets `504` only after the last (seed `hold-at-zero.md`, "After the wake").
+                Err(RouteError::Timeout) if self.plan.holds() && attempts.move_on() => {
+                    self.restart_deadline();
+                    admit = self.retry_admit();
+                    continue;
+                }
+                Err(error) => {
+                    return self
+                        .no_slot(error, &mut attempts, quota, pending, facts, sink)
+                        .await;
+                }
+            };
+            match self.forward(slot, &mut quota, &attempts, facts, sink).await {
+                Err(Outcome::Retry(failure)) => {
+                    ShardMetrics::add(&self.shard.metrics.forward_retries_total, 1);
+                    attempts.failed(failure);
+                    admit = self.retry_admit();
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// B2 would park the request, whose token phase was charged ahead: the tokens go back, and
+    /// the request takes the gate order's way, parking for its reservation before the token
+    /// phase runs in its place. The reservation goes with the next slot visit.
+    async fn park_in_order<S: Sink>(
+        &mut self,
+        quota: &mut QuotaCharge,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<Admit, Outcome> {
+        quota.give_back_tokens();
+        self.plan = self.plan.in_order();
+        let admit = self.reserve(sink).await?;
+        self.tokens(quota, sink).await?;
+        Ok(admit)
+    }
+
+    /// How a slot visit after the first is admitted: the failed or abandoned attempt gave its
+    /// reservation back, so the gates run again with the slot.
+    fn retry_admit(&self) -> Admit {
+        match self.plan.retry_slot() {
+            SlotAdmit::Direct => Admit::Direct,
+            SlotAdmit::Gated | SlotAdmit::Reserved | SlotAdmit::Ahead => {
+                Admit::Gated(self.pool_ask(false))
+            }
+        }
+    }
+
+    /// Phase 6: a slot from the model's owner, over the policy's steps. Outer `Err`: the client
+    /// left; inner `Err`: the owner found no slot.
+    async fn acquire<S: Sink>(
+        &self,
+        admit: Admit,
+        attempts: &Attempts<'_>,
+        pending: &mut Option<Pending>,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<Result<Slot, RouteError>, Outcome> {
+        let acquired = sink
+            .until_client_gone(
+                self.shard
+                    .acquire(self.model, self.deadline, admit, attempts.ask()),
+            )
+            .await;
+        match acquired {
+            None => Err(self.client_left()),
+            Some(Ok(slot)) => {
+                // A request with a slot is no longer pending demand.
+                drop(pending.take());
+                self.shard
+                    .accounting
+                    .routed(self.key, self.model.id, slot.agent);
+                Ok(Ok(slot))
+            }
+            Some(Err(error)) => Ok(Err(error)),
+        }
+    }
+
+    /// Phase 6 found no slot. Local routing exhausted: phase 6b when the plan has a provider
+    /// fallback; else the last forward failure, or why no slot was found. `pending`, a request
+    /// a wake released, leaves the pending demand before the provider is called: the provider's
+    /// answer is its slot (seed `hold-at-zero.md`: "a request being generated is never
+    /// counted").
+    async fn no_slot<S: Sink>(
+        &self,
+        error: RouteError,
+        attempts: &mut Attempts<'_>,
+        quota: QuotaCharge,
+        pending: Option<Pending>,
+        facts: &mut RequestFacts,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<u16, Outcome> {
+        let exhausted = matches!(error, RouteError::NoAgents | RouteError::QueueFull);
+        if exhausted
+            && self.plan.provider_fallback
+            && let (Some(fallback), Some(pool)) = (
+                &self.model.policy.fallback_provider,
+                &self.shard.settings.provider,
+            )
+        {
+            facts.provider = Some(fallback.engine.processed_by());
+            drop(pending);
+            return self.by_provider(fallback, pool, quota, facts, sink).await;
+        }
+        if self.plan.generates && exhausted {
+            self.shard
+                .count_policy_outcome(self.model.id, PolicyOutcome::Exhausted);
+        }
+        let rejection = attempts
+            .last_failure
+            .take()
+            .unwrap_or_else(|| refusal::route(error));
+        Err(rejection.into())
+    }
+
+    /// Phase 6b, provider fallback (seed, "Provider fallback accounting"): the request's
+    /// occupancy is already released (the owner gave it back with the refused slot); the RPM,
+    /// ITPM and daily input charges stay, whatever the provider answers; no output is charged and
+    /// the estimator does not learn. The provider's usage is still counted in the shard's token
+    /// counters.
+    async fn by_provider<S: Sink>(
+        &self,
+        fallback: &crate::logic::policy::ProviderFallback,
+        pool: &crate::router::provider::ProviderPool,
+        mut quota: QuotaCharge,
+        facts: &mut RequestFacts,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<u16, Outcome> {
+        use crate::router::provider::{ProviderConfig, ProviderRequest};
+        let (shard, request, model) = (self.shard, self.request, self.model.id);
+        quota.settle(
+            crate::logic::limits::UsedTokens {
+                input_tokens: self.estimate.input_tokens,
+                output_tokens: 0,
+            },
+            crate::logic::limits::Delivery::Provider,
+        );
+        let config = ProviderConfig {
+            engine: fallback.engine,
+            model: fallback.model.to_string(),
+        };
+        let mut call = ProviderRequest::new(
+            &config,
+            request.route.dialect(),
+            request.body.clone(),
+            self.deadline,
+        );
+        call.request_id = Some(Bytes::copy_from_slice(&request.request_id));
+        match sink.until_client_gone(pool.call(call)).await {
+            None => Err(self.client_left()),
+            Some(Err(error)) => {
+                shard.count_policy_outcome(model, PolicyOutcome::Exhausted);
+                Err(refusal::provider(error).into())
+            }
+            Some(Ok(answer)) => {
+                shard.count_policy_outcome(model, PolicyOutcome::ProviderFallback);
+                if let Some(usage) = answer.usage {
+                    facts.input_tokens = usage.input_tokens;
+                    facts.output_tokens = usage.output_tokens;
+                    ShardMetrics::add(&shard.metrics.input_tokens_total, usage.input_tokens);
+                    ShardMetrics::add(&shard.metrics.output_tokens_total, usage.output_tokens);
+                    // Recorded under the model the client asked for (seed, "Provider fallback
+                    // accounting").
+                    shard.accounting.tokens(
+                        quota.key,
+                        model,
+                        None,
+                        (usage.input_tokens, usage.output_tokens),
+                        |key| shard.keys().get(key).map(KeyLabels::of),
+                    );
+                }
+                sink.respond(200, "application/json", &[], &answer.body)
+                    .await
+                    .map(|()| 200)
+                    .map_err(|_| Outcome::Gone)
+            }
+        }
+    }
+
+    /// Phases 7 and 8 on the slot (`api::forward`), and the policy counter of how it was
+    /// routed once the attempt is final.
+    async fn forward<S: Sink>(
+        &self,
+        slot: Slot,
+        quota: &mut QuotaCharge,
+        attempts: &Attempts<'_>,
+        facts: &mut RequestFacts,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<u16, Outcome> {
+        let may_retry = attempts.may_retry(slot.step, self.plan.provider_fallback);
+        let routed = if slot.step == 0 {
+            PolicyOutcome::PrimaryRouted
+        } else {
+            PolicyOutcome::FallbackRouted
+        };
+        facts.agent = Some(slot.agent);
+        let (agent, model) = (slot.agent, slot.model);
+        let forwarded = forward::forward(
+            self.shard,
+            self.request,
+            self.fields,
+            slot,
+            quota,
+            self.deadline,
+            may_retry,
+            facts,
+            sink,
+        )
+        .await;
+        let answered = forwarded.as_ref().ok().copied();
+        self.shard.accounting.agent_attempt(agent, model, answered);
+        if self.plan.generates && !matches!(forwarded, Err(Outcome::Retry(_))) {
+            self.shard.count_policy_outcome(self.model.id, routed);
+        }
+        forwarded
+    }
+
+    /// One visit to the key's quota owner; a refusal is counted here and answered by
+    /// `api::refusal`.
+    async fn visit_quota<S: Sink>(
+        &self,
+        charge: Charge,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<QuotaCharge, Outcome> {
+        let (shard, key) = (self.shard, self.key);
+        let admitted = sink
+            .until_client_gone(shard.admit_quota(key, self.context, charge, self.deadline))
+            .await;
+        match admitted {
+            None => Err(self.client_left()),
+            Some(Ok(hold)) => Ok(hold),
+            Some(Err(refusal)) => {
+                if let QuotaRefusal::Limit(limit) = &refusal {
+                    if let Some(reason) = Reason::of_quota(limit.kind) {
+                        shard.count_rejection(self.context.model, reason);
+                    }
+                    let labels = || Some(KeyLabels::of(key));
+                    match limit.kind {
+                        RejectionKind::RequestRate => {
+                            shard
+                                .accounting
+                                .tenants
+                                .borrow_mut()
+                                .rate_limited(key.key_id, labels);
+                        }
+                        RejectionKind::DailyTokens | RejectionKind::DailyTokensForMaxOutput => {
+                            shard.accounting.tenants.borrow_mut().token_limited(
+                                key.key_id,
+                                Phase::Input,
+                                UNSET.into(),
+                                labels,
+                            );
+                        }
+                        _ => {}
+                    }
+                }
+                Err(refusal::quota(&refusal).into())
+            }
+        }
+    }
+
+    /// The pool admission this request asks the model's owner for; `bounce_park` after a token
+    /// phase charged ahead.
+    fn pool_ask(&self, bounce_park: bool) -> PoolAsk {
+        PoolAsk {
+            footprint: Footprint {
+                input_tokens: self.estimate.input_tokens,
+                declared_output_tokens: self.estimate.max_output_tokens.unwrap_or(0),
+            },
+            key: self.key.key_id,
+            share: self.plan.share,
+            policy: self.model.policy.clone(),
+            hold_until: self.hold_until,
+            bounce_park,
+        }
+    }
+
+    fn restart_deadline(&mut self) {
+        self.deadline = Instant::now() + self.shard.settings.request_timeout;
+    }
+
+    /// The client left while a phase waited.
+    fn client_left(&self) -> Outcome {
+        ShardMetrics::add(&self.shard.metrics.client_disconnects_total, 1);
+        Outcome::Gone
+    }
+}
+
+/// The request's one input estimate (seed, "One input estimate") and its declared maximum output
+/// (`max_completion_tokens` before `max_tokens`; negative values count as undeclared). Chat and
+/// messages use the model's learned ratio (the router's one, published by the model's owner)
+/// over the prompt's text, system, tools and per-message overhead; the other routes, which
+/// charge no tokens, the starting ratio over the body.
+fn estimate(request: &ClientRequest, model: &ModelEntry, fields: &RequestFields<'_>) -> Estimate {
+    let declared = fields.max_completion_tokens.or(fields.max_tokens);
+    let input_tokens = match request.route {
+        Route::ChatCompletions | Route::Messages => model.tokens_per_byte.estimate(&fields.prompt),
+        _ => (request.body.len() as u64 * 10).div_ceil(32),
+    };
+    Estimate {
+        input_tokens,
+        max_output_tokens: declared.and_then(|tokens| u64::try_from(tokens).ok()),
+    }
+}
+
+/// A request's forward attempts over its policy's steps (policy reference, "Forward-attempt
+/// budgets"): a failed agent is excluded for the rest of its step; `max_tries` failures in a
+/// step move the request to the next step, where every agent is eligible again.
+struct Attempts<'p> {
+    policy: &'p crate::logic::policy::ModelPolicy,
+    start_step: u8,
+    excluded: Vec<crate::logic::routing::AgentId>,
+    failures_in_step: u32,
+    last_failure: Option<Rejection>,
+    /// Queue beyond `--queue-depth` (a request released by a wake).
+    beyond_depth: bool,
+}
+
+impl<'p> Attempts<'p> {
+    fn new(policy: &'p crate::logic::policy::ModelPolicy) -> Self {
+        Attempts {
+            policy,
+            start_step: 0,
+            excluded: Vec::new(),
+            failures_in_step: 0,
+            last_failure: None,
+            beyond_depth: false,
+        }
+    }
+
+    fn max_tries(&self, step: u8) -> u32 {
+        self.policy
+            .step(usize::from(step))
+            .map_or(1, |step| step.max_tries.max(1))
+    }
+
+    fn ask(&self) -> RouteAsk {
+        RouteAsk {
+            start_step: self.start_step,
+            excluded: self.excluded.clone().into_boxed_slice(),
+            beyond_depth: self.beyond_depth,
+        }
+    }
+
+    /// Whether a failure on `step` could still be followed by another attempt.
+    fn may_retry(&self, step: u8, provider: bool) -> bool {
+        let failed_here = if step == self.start_step {
+            self.failures_in_step
+        } else {
+            0
+        };
+        failed_here + 1 < self.max_tries(step)
+            || usize::from(step) + 1 < 1 + self.policy.fallback_chain.len()
+            || provider
+    }
+
+    /// Moves the request to the step after the one it starts from, every agent eligible
+    /// again (a request a wake released whose wait ran out). False on the last step.
+    ///
+    /// The owner does not tell where a ticket waited: a step with no eligible agent between is
+    /// skipped by the owner's own search, so the next wait is at the first later step that has
+    /// one, or at the same step when the request started before an empty step.
+    fn move_on(&mut self) -> bool {
+        let next = usize::from(self.start_step) + 1;
+        // The steps are the primary one and the fallback chain's.
+        if next > self.policy.fallback_chain.len() {
+            return false;
+        }
+        self.start_step = next as u8;
+        self.excluded.clear();
+        self.failures_in_step = 0;
+        true
+    }
+
+    fn failed(&mut self, failure: forward::Failure) {
+        if failure.step != self.start_step {
+            // The owner moved the request on to a later step (nothing eligible before it).
+            self.start_step = failure.step;
+            self.excluded.clear();
+            self.failures_in_step = 0;
+        }
+        self.failures_in_step += 1;
+        if self.failures_in_step >= self.max_tries(failure.step) {
+            self.start_step = failure.step.saturating_add(1);
+            self.excluded.clear();
+            self.failures_in_step = 0;
+        } else {
+            self.excluded.push(failure.agent);
+        }
+        self.last_failure = Some(failure.rejection);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(agent: u32, step: u8) -> forward::Failure {
+        forward::Failure {
+            agent: crate::logic::routing::AgentId(agent),
+            step,
+            rejection: Rejection::agent_disconnected(),
+        }
+    }
+
+    #[test]
+    fn attempts_exclude_failed_agents_then_advance_steps() {
+        let compiled = crate::logic::policy::compile_text(
+            "test.yaml",
+            "models: [m]\nrouting_policy:\n  strategy: least-loaded\n  max_tries: 2\nfallback_chain:\n  - strategy: least-loaded\n    max_tries: 1\n",
+            crate::logic::policy::Role::Named("test"),
+            &crate::logic::policy::PolicyContext::default(),
+        )
+        .unwrap();
+        let mut attempts = Attempts::new(&compiled.policy);
+        assert!(attempts.may_retry(0, false));
+        attempts.failed(failure(7, 0));
+        assert_eq!(attempts.ask().start_step, 0);
+        assert_eq!(
+            &*attempts.ask().excluded,
+            &[crate::logic::routing::AgentId(7)]
+        );
+        attempts.failed(failure(8, 0));
+        // Two failures used step 0's budget: step 1, every agent eligible again.
+        assert_eq!(attempts.ask().start_step, 1);
+        assert!(attempts.ask().excluded.is_empty());
+        // Step 1 allows one try and is the last step: no retry unless a provider follows.
+        assert!(!attempts.may_retry(1, false));
+        assert!(attempts.may_retry(1, true));
+        attempts.failed(failure(7, 1));
+        assert_eq!(attempts.ask().start_step, 2);
+        assert!(attempts.last_failure.is_some());
+    }
+
+    #[test]
+    fn a_wait_that_runs_out_moves_on_until_the_last_step() {
+        let compiled = crate::logic::policy::compile_text(
+            "test.yaml",
+            "models: [m]\nrouting_policy:\n  strategy: least-loaded\n  max_tries: 2\nfallback_chain:\n  - strategy: least-loaded\n",
+            crate::logic::policy::Role::Named("test"),
+            &crate::logic::policy::PolicyContext::default(),
+        )
+        .unwrap();
+        let mut attempts = Attempts::new(&compiled.policy);
+        attempts.failed(failure(7, 0));
+        assert!(attempts.move_on());
+        // The next step, with every agent eligible and its own try budget.
+        assert_eq!(attempts.ask().start_step, 1);
+        assert!(attempts.ask().excluded.is_empty());
+        assert_eq!(attempts.failures_in_step, 0);
+        // No step after the last: the caller answers `504`.
+        assert!(!attempts.move_on());
+        assert_eq!(attempts.ask().start_step, 1);
+    }
+}

@@ -1,0 +1,248 @@
+//! Per-agent lifetime history, owned by the registry: the router's counters of every (agent peer
+//! ID, model) that has been in the routing pool, with the labels it last registered. Kept across
+//! sessions, so an agent that registers again continues its totals (observability reference,
+//! "Persistence and resets": the reference reseeds them from BadgerDB; this router keeps them in
+//! memory for the life of the process). `POST /admin/metrics/reset` zeroes them and forgets the
+//! agents not registered now.
+//!
+//! Memory: one entry per (peer ID, model) pooled since the last reset, and at most
+//! [`HISTORY_ENTRIES_MAX`] once agents have left: past it, a new entry replaces one of an agent no
+//! longer in the routing pool. Agents that come back under new peer IDs (a fresh identity at every
+//! restart) would otherwise grow it for good. Entries of pooled agents are never dropped; they are
+//! bounded by the agents in the pool.
+//!
+//! Also here, the registry's other per-agent metric inputs and views: the host and engine reports
+//! agents send (kept as the latest only) and what `/metrics` reads of them ([`LiveAgent`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::base::ids::ModelId;
+use crate::logic::routing::counters::{AgentCounters, AgentTotals, CountersByModel};
+
+use super::{AgentId, EngineSignals, HashSet, Registration, Registry};
+
+/// The labels of one agent's series, as it last registered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentLabels {
+    pub engine: String,
+    pub region: String,
+    pub organization: String,
+    pub machine: String,
+}
+
+impl AgentLabels {
+    pub fn of(registration: &Registration) -> AgentLabels {
+        AgentLabels {
+            engine: registration.engine.clone(),
+            region: registration.region.clone(),
+            organization: registration.organization.clone(),
+            machine: registration.machine.clone(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    counters: Arc<AgentCounters>,
+    labels: AgentLabels,
+}
+
+/// One (agent, model) of the history, for `/metrics`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryRow {
+    pub peer_id: String,
+    pub model: ModelId,
+    pub labels: AgentLabels,
+    pub totals: AgentTotals,
+}
+
+/// Entries past which a new one replaces an entry of an agent that has left (module doc).
+pub const HISTORY_ENTRIES_MAX: usize = 4096;
+
+#[derive(Debug)]
+pub struct History {
+    shard_count: usize,
+    entries: HashMap<(String, ModelId), Entry>,
+}
+
+impl History {
+    pub fn new(shard_count: usize) -> History {
+        History {
+            shard_count,
+            entries: HashMap::new(),
+        }
+    }
+
+    /// The counters of `peer_id` for each of `models`, the ones it had before when it was pooled
+    /// earlier; the labels become the ones of `registration`.
+    pub fn counters_for(
+        &mut self,
+        peer_id: &str,
+        models: &[ModelId],
+        registration: &Registration,
+    ) -> CountersByModel {
+        let labels = AgentLabels::of(registration);
+        let counters = models
+            .iter()
+            .map(|&model| {
+                let key = (peer_id.to_owned(), model);
+                if !self.entries.contains_key(&key) {
+                    self.make_room();
+                }
+                let entry = self.entries.entry(key).or_insert_with(|| Entry {
+                    counters: Arc::new(AgentCounters::new(self.shard_count)),
+                    labels: labels.clone(),
+                });
+                entry.labels = labels.clone();
+                (model, entry.counters.clone())
+            })
+            .collect();
+        CountersByModel(counters)
+    }
+
+    /// At [`HISTORY_ENTRIES_MAX`], forgets one entry of an agent no longer pooled: its counters
+    /// are held by the history alone (the routing pool holds a pooled agent's). Nothing when every
+    /// entry belongs to a pooled agent.
+    fn make_room(&mut self) {
+        if self.entries.len() < HISTORY_ENTRIES_MAX {
+            return;
+        }
+        let gone = self
+            .entries
+            .iter()
+            .find(|(_, entry)| Arc::strong_count(&entry.counters) == 1)
+            .map(|(key, _)| key.clone());
+        if let Some(key) = gone {
+            self.entries.remove(&key);
+        }
+    }
+
+    /// Applies `count` to the counters of `peer_id` for each of `models` it has any for.
+    pub fn each(&self, peer_id: &str, models: &[ModelId], count: impl Fn(&AgentCounters)) {
+        for &model in models {
+            if let Some(entry) = self.entries.get(&(peer_id.to_owned(), model)) {
+                count(&entry.counters);
+            }
+        }
+    }
+
+    /// `POST /admin/metrics/reset`: every entry zeroed; those `registered` says no to are
+    /// forgotten (their series go).
+    pub fn reset(&mut self, registered: impl Fn(&str, ModelId) -> bool) {
+        self.entries
+            .retain(|(peer_id, model), _| registered(peer_id, *model));
+        for entry in self.entries.values() {
+            entry.counters.reset();
+        }
+    }
+
+    /// Every entry, sorted by peer ID then model.
+    pub fn rows(&self) -> Vec<HistoryRow> {
+        let mut rows: Vec<HistoryRow> = self
+            .entries
+            .iter()
+            .map(|((peer_id, model), entry)| HistoryRow {
+                peer_id: peer_id.clone(),
+                model: *model,
+                labels: entry.labels.clone(),
+                totals: entry.counters.totals(),
+            })
+            .collect();
+        rows.sort_by(|a, b| (&a.peer_id, a.model.0).cmp(&(&b.peer_id, b.model.0)));
+        rows
+    }
+}
+
+/// What `/metrics` shows of one registered agent now (`Registry::live_agents`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveAgent {
+    pub peer_id: String,
+    pub models: Vec<String>,
+    pub labels: AgentLabels,
+    /// Requests the agent reported serving over its declared capacity.
+    pub capacity_utilization: f64,
+    pub engine: EngineSignals,
+    pub engine_report: Option<crate::wire::proto::EngineReport>,
+    pub finished: crate::router::control::agent_reports::FinishTally,
+    pub host: Option<crate::wire::proto::HostStats>,
+}
+
+/// The registry's per-agent metrics: its lifetime history and what agents report now.
+impl Registry {
+    /// Every (agent, model) pooled since the last reset, with its lifetime totals and the
+    /// model's name (rows of models without a name are left out).
+    pub fn agent_history(&self) -> Vec<(HistoryRow, &str)> {
+        self.history
+            .rows()
+            .into_iter()
+            .filter_map(|row| {
+                let name = self.model_name(row.model)?;
+                Some((row, name))
+            })
+            .collect()
+    }
+
+    /// Every registered agent's current state for `/metrics`, sorted by peer ID.
+    pub fn live_agents(&self) -> Vec<LiveAgent> {
+        let mut agents: Vec<LiveAgent> = self
+            .agents
+            .values()
+            .filter_map(|record| {
+                let registration = record.registration.as_ref()?;
+                Some(LiveAgent {
+                    peer_id: record.peer_id.clone(),
+                    models: registration.models.clone(),
+                    labels: AgentLabels::of(registration),
+                    capacity_utilization: f64::from(record.in_flight)
+                        / f64::from(registration.capacity.max(1)),
+                    engine: record.engine,
+                    engine_report: record.engine_report.clone(),
+                    finished: record.finished.clone(),
+                    host: record.host.clone(),
+                })
+            })
+            .collect();
+        agents.sort_by(|a, b| a.peer_id.cmp(&b.peer_id));
+        agents
+    }
+
+    /// `POST /admin/metrics/reset`: the per-agent lifetime counters back to zero; agents not
+    /// registered now are forgotten.
+    pub fn reset_agent_history(&mut self) {
+        let registered: HashSet<(String, ModelId)> = self
+            .agents
+            .values()
+            .filter(|record| record.registration.is_some())
+            .flat_map(|record| {
+                record
+                    .models
+                    .iter()
+                    .map(|model| (record.peer_id.clone(), *model))
+            })
+            .collect();
+        self.history
+            .reset(|peer_id, model| registered.contains(&(peer_id.to_owned(), model)));
+    }
+
+    /// The hardware a heartbeat reported (already bounded by the caller).
+    pub fn host_reported(&mut self, agent: AgentId, host: Option<crate::wire::proto::HostStats>) {
+        if let Some(record) = self.agents.get_mut(&agent) {
+            record.host = host;
+        }
+    }
+
+    /// The engine report a routing signal carried (already bounded by the caller).
+    pub fn engine_reported(
+        &mut self,
+        agent: AgentId,
+        report: Option<crate::wire::proto::EngineReport>,
+    ) {
+        if let Some(record) = self.agents.get_mut(&agent) {
+            if let Some(report) = &report {
+                record.finished.observe(&report.finished);
+            }
+            record.engine_report = report;
+        }
+    }
+}

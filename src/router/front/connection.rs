@@ -1,0 +1,941 @@
+//! One client connection over HTTP/1.1: a reader task that parses requests (pipelined requests are
+//! read ahead, at most [`PIPELINE_DEPTH`]) and a writer that answers them strictly in order.
+//!
+//! Why two tasks: the writer must notice a client that goes away while its request waits for
+//! capacity or for the first token, and with completion-based I/O a read cannot be dropped halfway
+//! without losing bytes. So one read is always outstanding, in the reader, and its end sets the
+//! connection's `gone` latch that the request phases watch.
+//!
+//! Error handling: bad input is answered in the error envelope with the right status (400, 404,
+//! 405, 408, 413, 431, 505); where the byte stream can no longer be trusted the answer carries
+//! `connection: close` and the connection ends. Nothing here can affect another connection.
+
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use monoio::buf::IoBufMut;
+use monoio::io::{
+    AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, OwnedReadHalf, OwnedWriteHalf, Splitable,
+};
+use monoio::net::TcpStream;
+
+use crate::base::latch::{Latch, race};
+use crate::net::telemetry::context::TRACEPARENT_LEN;
+use crate::router::api::authenticate::{self, HeadCredentials, now_unix_ms};
+use crate::router::api::sink::{CORKED_BYTES_MAX, UntilGone};
+use crate::router::api::sink::{ClientGone, Sink};
+use crate::router::api::{self, ClientRequest};
+use crate::router::error::Rejection;
+use crate::router::front::pipeline::{self, Receiver, Sender};
+use crate::router::metrics::ShardMetrics;
+use crate::router::shard::clients::{ConnectionPermit, Refusal};
+use crate::router::shard::state::Shard;
+use crate::wire::http::chunked::ChunkedDecoder;
+use crate::wire::http::request::{
+    BodyFraming, HeadError, HeadLimits, HeadWait, Method, RequestHead, Version, is_h2_preface,
+    parse_head,
+};
+use crate::wire::http::response::{LAST_CHUNK, ResponseFraming, ResponseHead, write_chunk};
+use futures_util::future::Either;
+
+/// How long a refused connection's one answer may take to write.
+const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Requests read ahead of the one being answered.
+const PIPELINE_DEPTH: usize = 8;
+/// Bytes requested from the socket per read while a request is arriving (a head or body part
+/// already in the buffer).
+const READ_CHUNK_BYTES: usize = 16 * 1024;
+/// Bytes requested per read while no request is in progress: the read buffer a connection that
+/// has sent nothing yet, or an idle keep-alive one, holds (with one read always posted, the buffer
+/// is allocated while the connection waits). A head or body that does not fit grows it by
+/// [`READ_CHUNK_BYTES`]; most chat request heads and small bodies arrive in one such read.
+const IDLE_READ_BYTES: usize = 4 * 1024;
+/// The output buffer a connection holds while it answers (a response longer than this is written
+/// in parts, or grows it); a connection waiting for a request holds none (see [`spare_out`]).
+const OUT_BYTES: usize = 4 * 1024;
+/// After refusing a request whose body is still arriving, keep reading (and discarding) this long
+/// so the client sees the answer rather than a reset.
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// Granularity of the read kept outstanding after a `connection: close` request (it loops until
+/// the client leaves or the answer is written, so this bounds nothing but one read).
+const WATCH_CLOSE_READ_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// What the reader hands the writer, in order. A request is nearly every message, so its
+/// variant stays inline: boxing it to shrink the rare ones would allocate per request.
+#[allow(clippy::large_enum_variant)]
+enum Inbound {
+    Request {
+        request: ClientRequest,
+        keep_alive: bool,
+        head_only: bool,
+    },
+    /// `Expect: 100-continue`: the writer sends the interim response in order.
+    Continue,
+    Reject(Rejection),
+}
+
+pub async fn serve(shard: Rc<Shard>, stream: TcpStream) {
+    ShardMetrics::add(&shard.metrics.connections_accepted_total, 1);
+    let peer = stream.peer_addr().ok().map(|address| address.ip());
+    let permit = match shard.clients.open_connection(peer, Instant::now()) {
+        Ok(permit) => permit,
+        Err(refusal) => return refuse(&shard, stream, refusal).await,
+    };
+    let open = OpenConnection::new(shard.clone(), permit);
+    let _ = stream.set_nodelay(true);
+    serve_sniffed(shard, stream, open).await;
+}
+
+/// A connection counted as open (`connections_open`, and the shard's connection cap through its
+/// permit) until dropped, whichever task serves it.
+struct OpenConnection {
+    shard: Rc<Shard>,
+    _permit: ConnectionPermit,
+}
+
+impl OpenConnection {
+    fn new(shard: Rc<Shard>, permit: ConnectionPermit) -> OpenConnection {
+        ShardMetrics::gauge(&shard.metrics.connections_open, 1);
+        OpenConnection {
+            shard,
+            _permit: permit,
+        }
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        ShardMetrics::gauge(&self.shard.metrics.connections_open, -1);
+    }
+}
+
+/// Answers a connection the shard will not serve with one HTTP/1.1 error and closes it (an h2c
+/// client sees the connection close).
+async fn refuse(shard: &Shard, mut stream: TcpStream, refusal: Refusal) {
+    let rejection = match refusal {
+        Refusal::Connections => Rejection::connections_full(),
+        Refusal::Resets => {
+            Rejection::too_many_resets(shard.settings.client_limits.resets.penalty.as_secs() as u32)
+        }
+    };
+    shard.metrics.count_response(rejection.status);
+    let body = rejection.body();
+    let mut answer = format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: {}\r\nconnection: close\r\n\r\n",
+        rejection.status,
+        crate::wire::http::response::reason_phrase(rejection.status),
+        body.len(),
+        rejection.retry_after_seconds.unwrap_or(1),
+    )
+    .into_bytes();
+    answer.extend_from_slice(&body);
+    let write = stream.write_all(answer);
+    let _ = monoio::time::timeout(REFUSAL_WRITE_TIMEOUT, write).await;
+    let _ = stream.shutdown().await;
+}
+
+/// Reads until the first bytes tell HTTP/1.1 from HTTP/2 with prior knowledge, then serves the
+/// connection with the matching codec, those bytes included.
+///
+/// The codec runs in a task of its own, spawned once the first bytes tell which: the task
+/// allocated when the connection is accepted holds only this sniffing state (15 KiB less per
+/// connection that has sent nothing yet, `perf/memory.sh`). One more task per connection, none per
+/// request, and the executor polls the codec's future directly.
+async fn serve_sniffed(shard: Rc<Shard>, mut stream: TcpStream, open: OpenConnection) {
+    let mut first = BytesMut::with_capacity(IDLE_READ_BYTES);
+    let deadline = Instant::now() + shard.settings.client_header_timeout;
+    loop {
+        match is_h2_preface(&first) {
+            Some(true) => {
+                monoio::spawn(async move {
+                    let _open = open;
+                    crate::router::front::h2c::serve(shard, stream, first.freeze()).await;
+                });
+                return;
+            }
+            Some(false) => break,
+            None => {}
+        }
+        let start = first.len();
+        let end = first.capacity();
+        let left = deadline.saturating_duration_since(Instant::now());
+        // monoio's own timeout, inline: this task's size is set by the sniffing state anyway, and a
+        // boxed timer would add a kilobyte to every connection that has sent nothing yet.
+        match monoio::time::timeout(left, stream.read(first.slice_mut(start..end))).await {
+            Ok((Ok(read), slice)) if read > 0 => first = slice.into_inner(),
+            // Closed, failed or silent before the first request: nothing to answer.
+            _ => return,
+        }
+    }
+    monoio::spawn(async move {
+        let _open = open;
+        serve_http1(&shard, stream, first).await;
+    });
+}
+
+async fn serve_http1(shard: &Rc<Shard>, stream: TcpStream, first: BytesMut) {
+    let peer = stream.peer_addr().ok().map(|address| address.ip());
+    let (reader, writer) = stream.into_split();
+    let gone = Rc::new(Latch::default());
+    let writer_done = Rc::new(Latch::default());
+    let (to_writer, from_reader) = pipeline::pipeline(PIPELINE_DEPTH);
+    let reading = monoio::spawn(read_loop(
+        shard.clone(),
+        peer,
+        reader,
+        first,
+        to_writer,
+        gone.clone(),
+        writer_done.clone(),
+    ));
+    let mut sink = Http1Sink {
+        writer,
+        out: Vec::new(),
+        gone,
+        close: false,
+        head_only: false,
+        shard: shard.clone(),
+        status: 0,
+        request_id: None,
+        traceparent: None,
+    };
+    write_loop(shard, &mut sink, from_reader).await;
+    let _ = sink.writer.shutdown().await;
+    writer_done.set();
+    reading.await;
+}
+
+async fn write_loop(shard: &Rc<Shard>, sink: &mut Http1Sink, mut inbound: Receiver<Inbound>) {
+    loop {
+        if inbound.is_empty() && sink.out.is_empty() {
+            // Nothing to answer until the client sends again, which for a keep-alive connection
+            // may be never: hold no output buffer meanwhile.
+            spare_out::give_back(std::mem::take(&mut sink.out));
+        }
+        let Some(item) = inbound.recv().await else {
+            return;
+        };
+        if sink.out.capacity() == 0 {
+            sink.out = spare_out::take();
+        }
+        match item {
+            Inbound::Request {
+                request,
+                keep_alive,
+                head_only,
+            } => {
+                // A draining router answers this request and closes the connection.
+                sink.close = !keep_alive || shard.lifecycle.is_draining();
+                sink.head_only = head_only;
+                sink.status = 0;
+                if api::serve(shard, &request, sink).await.is_err() || sink.close {
+                    return;
+                }
+            }
+            Inbound::Continue => {
+                if sink
+                    .write_raw(crate::wire::http::response::CONTINUE)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Inbound::Reject(rejection) => {
+                let close = rejection.close;
+                sink.head_only = false;
+                if sink.reject(&rejection).await.is_err() || close {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+struct Reader {
+    socket: OwnedReadHalf<TcpStream>,
+    buf: BytesMut,
+    writer_done: Rc<Latch>,
+    /// Whether a finished writer ends a read (false while lingering: the writer is done by then).
+    stop_with_writer: bool,
+    /// The client's address, for the audit log.
+    peer: Option<std::net::IpAddr>,
+}
+
+enum ReadEnd {
+    /// The client closed or the socket failed.
+    Closed,
+    /// No byte within the allowed time.
+    TimedOut,
+    /// The writer finished (the connection is closing).
+    WriterDone,
+}
+
+impl Reader {
+    /// Reads more bytes onto the end of `buf`: at least half of [`IDLE_READ_BYTES`] room when
+    /// the buffer is empty (between requests), half of [`READ_CHUNK_BYTES`] while a request is
+    /// part-read. An empty buffer no request holds any more is reused in place.
+    async fn fill(&mut self, timeout: Duration) -> Result<usize, ReadEnd> {
+        let want = if self.buf.is_empty() {
+            IDLE_READ_BYTES
+        } else {
+            READ_CHUNK_BYTES
+        };
+        if self.buf.capacity() - self.buf.len() < want / 2 {
+            self.buf.reserve(want);
+        }
+        let buf = std::mem::take(&mut self.buf);
+        let start = buf.len();
+        let end = buf.capacity();
+        let read = self.socket.read(buf.slice_mut(start..end));
+        let writer_done = async {
+            if self.stop_with_writer {
+                self.writer_done.wait().await
+            } else {
+                std::future::pending().await
+            }
+        };
+        // monoio's own timeout, inline: the reader's task is not nested in the request path's
+        // futures, and a boxed timer would add a kilobyte to every idle keep-alive connection.
+        match race(monoio::time::timeout(timeout, read), writer_done).await {
+            Either::Left(Ok((result, slice))) => {
+                self.buf = slice.into_inner();
+                match result {
+                    Ok(0) | Err(_) => Err(ReadEnd::Closed),
+                    Ok(read) => Ok(read),
+                }
+            }
+            // The buffer went with the cancelled read; the connection is ending anyway.
+            Either::Left(Err(_)) => Err(ReadEnd::TimedOut),
+            Either::Right(()) => Err(ReadEnd::WriterDone),
+        }
+    }
+}
+
+async fn read_loop(
+    shard: Rc<Shard>,
+    peer: Option<std::net::IpAddr>,
+    socket: OwnedReadHalf<TcpStream>,
+    first: BytesMut,
+    to_writer: Sender<Inbound>,
+    gone: Rc<Latch>,
+    writer_done: Rc<Latch>,
+) {
+    let mut reader = Reader {
+        socket,
+        buf: first,
+        writer_done,
+        stop_with_writer: true,
+        peer,
+    };
+    let end = read_requests(&shard, &mut reader, &to_writer).await;
+    match end {
+        ReadOutcome::Closed => gone.set(),
+        ReadOutcome::Stop => {}
+        ReadOutcome::Linger => linger(&mut reader).await,
+        ReadOutcome::WatchClose => {
+            if watch_close(&mut reader).await {
+                gone.set();
+            }
+        }
+    }
+}
+
+/// After the last request a client will send (`connection: close`), keep a read outstanding anyway:
+/// it is how a client that leaves before its answer is noticed. Anything it still sends is
+/// discarded. True when the client went away; false when the writer finished first.
+async fn watch_close(reader: &mut Reader) -> bool {
+    loop {
+        reader.buf.clear();
+        match reader.fill(WATCH_CLOSE_READ_TIMEOUT).await {
+            Ok(_) | Err(ReadEnd::TimedOut) => {}
+            Err(ReadEnd::Closed) => return true,
+            Err(ReadEnd::WriterDone) => return false,
+        }
+    }
+}
+
+enum ReadOutcome {
+    /// The client's side ended: any request still in progress has lost its client.
+    Closed,
+    /// No more requests will be read (close requested, or the writer is done).
+    Stop,
+    /// A request was refused while its body may still be arriving: drain before closing.
+    Linger,
+    /// The last request has been read (`connection: close`); watch for the client leaving.
+    WatchClose,
+}
+
+async fn read_requests(
+    shard: &Shard,
+    reader: &mut Reader,
+    to_writer: &Sender<Inbound>,
+) -> ReadOutcome {
+    let limits = HeadLimits::default();
+    let settings = &shard.settings;
+    loop {
+        // The request head.
+        let head_started = Instant::now();
+        let mut wait = HeadWait::default();
+        let head = loop {
+            let parsed = if wait.ready(&reader.buf, &limits) {
+                parse_head(&reader.buf, &limits)
+            } else {
+                Ok(None)
+            };
+            match parsed {
+                Ok(Some(head)) => break head,
+                Ok(None) => {}
+                Err(HeadError::TooLarge) => {
+                    let _ = to_writer
+                        .send(Inbound::Reject(Rejection::headers_too_large().closing()))
+                        .await;
+                    return ReadOutcome::Linger;
+                }
+                Err(HeadError::Malformed(reason)) => {
+                    let rejection =
+                        Rejection::request_invalid(format!("malformed request: {reason}"));
+                    let _ = to_writer.send(Inbound::Reject(rejection.closing())).await;
+                    return ReadOutcome::Linger;
+                }
+            }
+            let waited = head_started.elapsed();
+            let left = settings.client_header_timeout.saturating_sub(waited);
+            // Part of a head already here means a stalled client, not an idle keep-alive one.
+            let partial = !reader.buf.is_empty();
+            match reader.fill(left).await {
+                Ok(_) => {}
+                Err(ReadEnd::TimedOut) if partial => {
+                    let _ = to_writer
+                        .send(Inbound::Reject(Rejection::client_timeout().closing()))
+                        .await;
+                    return ReadOutcome::Stop;
+                }
+                Err(ReadEnd::TimedOut) | Err(ReadEnd::WriterDone) => return ReadOutcome::Stop,
+                Err(ReadEnd::Closed) => return ReadOutcome::Closed,
+            }
+        };
+        // The request deadline runs from here: idle keep-alive time before it does not count.
+        let head_parsed_at = Instant::now();
+        let head_bytes = reader.buf.split_to(head.head_bytes).freeze();
+        let route = api::route(head.method, head.path(&head_bytes));
+        let has_body = !matches!(
+            head.framing,
+            BodyFraming::None | BodyFraming::ContentLength(0)
+        );
+        if head.version != Version::Http11 && head.version != Version::Http10 {
+            let _ = to_writer
+                .send(Inbound::Reject(Rejection::unsupported_version().closing()))
+                .await;
+            return ReadOutcome::Linger;
+        }
+        let route = match route {
+            Ok(route) => route,
+            Err(rejection) => {
+                // Unknown route or method: answer without reading a body we will not use.
+                let rejection = if has_body || !head.keep_alive {
+                    rejection.closing()
+                } else {
+                    rejection
+                };
+                let close = rejection.close;
+                if to_writer.send(Inbound::Reject(rejection)).await.is_err() {
+                    return ReadOutcome::Stop;
+                }
+                if close {
+                    return if has_body {
+                        ReadOutcome::Linger
+                    } else {
+                        ReadOutcome::Stop
+                    };
+                }
+                continue;
+            }
+        };
+        // A declared body over the limit is refused before the client is invited to send it.
+        let body_limit = api::BodyLimit::of(route, settings.max_request_bytes);
+        let too_large = match head.framing {
+            BodyFraming::ContentLength(length) => body_limit.exceeded_by(length),
+            _ => false,
+        };
+        // Credentials are checked before a body that has yet to arrive is read (and before the
+        // client is invited to send it): a refused client costs no body buffer.
+        let body_pending = match head.framing {
+            BodyFraming::None => false,
+            BodyFraming::ContentLength(length) => (reader.buf.len() as u64) < length,
+            BodyFraming::Chunked => true,
+        };
+        if body_pending {
+            let target_end = head.query.map_or(head.path.end, |query| query.end);
+            let credentials = HeadCredentials {
+                route,
+                target: &head_bytes[head.path.start as usize..target_end as usize],
+                authorization: head.authorization.map(|span| span.get(&head_bytes)),
+                x_api_key: head.x_api_key.map(|span| span.get(&head_bytes)),
+            };
+            if let Err(rejection) = authenticate::on_head(shard, credentials, now_unix_ms()) {
+                let _ = to_writer.send(Inbound::Reject(rejection.closing())).await;
+                return ReadOutcome::Linger;
+            }
+        }
+        if head.expect_continue
+            && has_body
+            && !too_large
+            && to_writer.send(Inbound::Continue).await.is_err()
+        {
+            return ReadOutcome::Stop;
+        }
+        // The request body, complete within the request deadline (`--request-timeout`) and with
+        // no gap over `--client-body-timeout`.
+        let body_deadline = head_parsed_at + settings.request_timeout;
+        let body = match read_body(shard, reader, &head, body_limit, body_deadline).await {
+            Ok(body) => body,
+            Err(BodyEnd::Refused(rejection)) => {
+                let _ = to_writer.send(Inbound::Reject(rejection.closing())).await;
+                return ReadOutcome::Linger;
+            }
+            Err(BodyEnd::TimedOut) => {
+                let _ = to_writer
+                    .send(Inbound::Reject(Rejection::client_timeout().closing()))
+                    .await;
+                return ReadOutcome::Stop;
+            }
+            Err(BodyEnd::Closed) => return ReadOutcome::Closed,
+            Err(BodyEnd::WriterDone) => return ReadOutcome::Stop,
+        };
+        let span = |span: Option<crate::wire::http::request::Span>| {
+            span.map(|span| head_bytes.slice_ref(span.get(&head_bytes)))
+        };
+        let target_end = head.query.map_or(head.path.end, |query| query.end);
+        let request = ClientRequest {
+            route,
+            method: head.method,
+            target: head_bytes.slice(head.path.start as usize..target_end as usize),
+            body,
+            request_id: {
+                let mut id = [0u8; 36];
+                crate::router::audit::request_id(
+                    head.x_request_id.map(|span| span.get(&head_bytes)),
+                    &mut id,
+                );
+                id
+            },
+            client_id: crate::logic::hold::ClientId::of_headers(
+                head.x_client_request_id.map(|span| span.get(&head_bytes)),
+                head.x_request_id.map(|span| span.get(&head_bytes)),
+            ),
+            anthropic_version: span(head.anthropic_version),
+            anthropic_beta: span(head.anthropic_beta),
+            authorization: span(head.authorization),
+            x_api_key: span(head.x_api_key),
+            received_at: head_parsed_at,
+            peer: reader.peer,
+            span: shard
+                .accounting
+                .start_span(|| head.header(&head_bytes, "traceparent")),
+        };
+        let keep_alive = head.keep_alive;
+        let sent = to_writer
+            .send(Inbound::Request {
+                request,
+                keep_alive,
+                head_only: head.method == Method::Head,
+            })
+            .await;
+        if sent.is_err() {
+            return ReadOutcome::Stop;
+        }
+        if !keep_alive {
+            return ReadOutcome::WatchClose;
+        }
+    }
+}
+
+enum BodyEnd {
+    Refused(Rejection),
+    TimedOut,
+    Closed,
+    WriterDone,
+}
+
+impl From<ReadEnd> for BodyEnd {
+    fn from(end: ReadEnd) -> BodyEnd {
+        match end {
+            ReadEnd::Closed => BodyEnd::Closed,
+            ReadEnd::TimedOut => BodyEnd::TimedOut,
+            ReadEnd::WriterDone => BodyEnd::WriterDone,
+        }
+    }
+}
+
+/// Reads the body `head` announces, refusing one over `limit`.
+async fn read_body(
+    shard: &Shard,
+    reader: &mut Reader,
+    head: &RequestHead,
+    limit: api::BodyLimit,
+    deadline: Instant,
+) -> Result<Bytes, BodyEnd> {
+    let gap = shard.settings.client_body_timeout;
+    let wait = || gap.min(deadline.saturating_duration_since(Instant::now()));
+    match head.framing {
+        BodyFraming::None => Ok(Bytes::new()),
+        BodyFraming::ContentLength(length) => {
+            if limit.exceeded_by(length) {
+                return Err(BodyEnd::Refused(limit.refusal()));
+            }
+            let length = length as usize;
+            // The bytes still to come are counted against the shard's body buffer while they
+            // arrive (what came with the head is in the connection's read buffer already): a
+            // small request is never refused because others' large bodies fill the budget.
+            let _lease = shard
+                .clients
+                .lease_body(length.saturating_sub(reader.buf.len()))
+                .ok_or_else(|| BodyEnd::Refused(Rejection::bodies_full()))?;
+            if reader.buf.capacity() < length {
+                reader.buf.reserve(length - reader.buf.len());
+            }
+            while reader.buf.len() < length {
+                reader.fill(wait()).await?;
+            }
+            Ok(reader.buf.split_to(length).freeze())
+        }
+        BodyFraming::Chunked => {
+            let mut decoder =
+                ChunkedDecoder::new(limit.max_bytes.map_or(u64::MAX, |max| max as u64));
+            let mut body = BytesMut::new();
+            let mut lease = shard
+                .clients
+                .lease_body(reader.buf.len())
+                .ok_or_else(|| BodyEnd::Refused(Rejection::bodies_full()))?;
+            loop {
+                match decoder.decode(&reader.buf, &mut body) {
+                    Ok(progress) => {
+                        let _ = reader.buf.split_to(progress.consumed);
+                        if decoder.is_done() {
+                            return Ok(body.freeze());
+                        }
+                    }
+                    Err(crate::wire::http::chunked::BodyError::TooLarge) => {
+                        return Err(BodyEnd::Refused(limit.refusal()));
+                    }
+                    Err(error) => {
+                        return Err(BodyEnd::Refused(Rejection::request_invalid(format!(
+                            "malformed chunked body: {error}"
+                        ))));
+                    }
+                }
+                reader.fill(wait()).await?;
+                if !lease.grow_to(body.len() + reader.buf.len()) {
+                    return Err(BodyEnd::Refused(Rejection::bodies_full()));
+                }
+            }
+        }
+    }
+}
+
+/// Reads and discards what the client is still sending after a refusal, for a bounded time and
+/// amount, so it reads our answer instead of a connection reset.
+async fn linger(reader: &mut Reader) {
+    let until = Instant::now() + LINGER;
+    let mut discarded = 0usize;
+    while discarded < LINGER_BYTES_MAX {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        reader.buf.clear();
+        // The writer finishing is expected here; only time, EOF or the byte cap end the linger.
+        reader.stop_with_writer = false;
+        match reader.fill(left).await {
+            Ok(read) => discarded += read,
+            Err(_) => return,
+        }
+    }
+}
+
+/// Output buffers of this shard's connections that wait for a request, lent to the next one that
+/// has a response to write. A keep-alive connection used to keep its own 4 KiB buffer while idle;
+/// allocating one per request instead cost about 300 instructions per request (a 4 KiB block is
+/// past the allocator's small-object fast path), the spare list about 30.
+///
+/// Per shard (a thread-local, on a thread-per-core runtime) and bounded: at most
+/// [`SPARE_MAX`](spare_out::SPARE_MAX) buffers, none grown past
+/// [`KEPT_BYTES_MAX`](spare_out::KEPT_BYTES_MAX) (a buffer a long response grew is freed).
+mod spare_out {
+    use std::cell::RefCell;
+
+    use super::OUT_BYTES;
+
+    pub(super) const SPARE_MAX: usize = 256;
+    pub(super) const KEPT_BYTES_MAX: usize = 4 * OUT_BYTES;
+
+    thread_local! {
+        static SPARE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// An empty buffer with room for at least [`OUT_BYTES`].
+    pub(super) fn take() -> Vec<u8> {
+        SPARE
+            .with_borrow_mut(Vec::pop)
+            .unwrap_or_else(|| Vec::with_capacity(OUT_BYTES))
+    }
+
+    /// Keeps `out` for [`take`] unless the list is full or `out` grew past [`KEPT_BYTES_MAX`].
+    pub(super) fn give_back(mut out: Vec<u8>) {
+        if out.capacity() < OUT_BYTES || out.capacity() > KEPT_BYTES_MAX {
+            return;
+        }
+        out.clear();
+        SPARE.with_borrow_mut(|spare| {
+            if spare.len() < SPARE_MAX {
+                spare.push(out);
+            }
+        });
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn buffers_are_lent_again_within_bounds() {
+            let lent = take();
+            assert!(lent.capacity() >= OUT_BYTES);
+            let address = lent.as_ptr();
+            give_back(lent);
+            let again = take();
+            assert_eq!(again.as_ptr(), address, "the spare buffer is lent again");
+            assert!(again.is_empty());
+
+            // A buffer a long response grew is not kept, nor an empty one.
+            give_back(Vec::with_capacity(KEPT_BYTES_MAX + 1));
+            give_back(Vec::new());
+            assert_eq!(SPARE.with_borrow(Vec::len), 0);
+
+            // At most SPARE_MAX are kept.
+            for _ in 0..SPARE_MAX + 10 {
+                give_back(Vec::with_capacity(OUT_BYTES));
+            }
+            assert_eq!(SPARE.with_borrow(Vec::len), SPARE_MAX);
+            drop(again);
+        }
+    }
+}
+
+struct Http1Sink {
+    writer: OwnedWriteHalf<TcpStream>,
+    out: Vec<u8>,
+    gone: Rc<Latch>,
+    close: bool,
+    /// The request was `HEAD`: send heads without bodies.
+    head_only: bool,
+    /// Where this connection's responses are counted.
+    shard: Rc<Shard>,
+    /// The status of the response head written last (0: none yet for this request).
+    status: u16,
+    /// The current request's ID, returned as `X-Request-ID`.
+    request_id: Option<[u8; 36]>,
+    /// The current request's trace context, returned as `traceparent` (tracing on only).
+    traceparent: Option<[u8; TRACEPARENT_LEN]>,
+}
+
+impl Http1Sink {
+    /// Writes out `out`, which is empty afterwards whatever the result: every write appends
+    /// to it, and only corked writes (`Sink::*_corked`) leave bytes in it between calls.
+    async fn write_out(&mut self) -> Result<(), ClientGone> {
+        let out = std::mem::take(&mut self.out);
+        let (result, mut out) = self.writer.write_all(out).await;
+        out.clear();
+        self.out = out;
+        result.map(|_| ()).map_err(|_| ClientGone)
+    }
+
+    async fn write_raw(&mut self, bytes: &[u8]) -> Result<(), ClientGone> {
+        self.out.extend_from_slice(bytes);
+        self.write_out().await
+    }
+
+    /// Appends a whole response (head and body) to `out`; the caller counts the status and
+    /// writes it out. Not part of `respond`: the header array would be held across its write,
+    /// in every request's future (the request path's futures are copied whole at each await).
+    fn whole_response(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+        body: &[u8],
+    ) {
+        self.status = status;
+        let ids = (self.request_id, self.traceparent);
+        let mut own: [(&str, &[u8]); OWN_HEADERS_MAX] = [("", b""); OWN_HEADERS_MAX];
+        let count = with_ids(&mut own, &ids);
+        ResponseHead {
+            status,
+            content_type: Some(content_type),
+            framing: ResponseFraming::ContentLength(body.len() as u64),
+            close: self.close,
+            extra_headers: &own[..count],
+            passed_headers: extra_headers,
+        }
+        .write(&mut self.out);
+        if !self.head_only {
+            self.out.extend_from_slice(body);
+        }
+    }
+
+    /// Appends a chunked response head (`start_stream`, `start_keepalive`) to `out`; the caller
+    /// counts the status and writes it out.
+    fn stream_head(&mut self, status: u16, content_type: &str, extra_headers: &[(&str, &[u8])]) {
+        self.status = status;
+        let ids = (self.request_id, self.traceparent);
+        let mut own: [(&str, &[u8]); OWN_HEADERS_MAX] =
+            [("cache-control", b"no-cache"); OWN_HEADERS_MAX];
+        let count = 1 + with_ids(&mut own[1..], &ids);
+        ResponseHead {
+            status,
+            content_type: Some(content_type),
+            framing: ResponseFraming::Chunked,
+            close: self.close,
+            extra_headers: &own[..count],
+            passed_headers: extra_headers,
+        }
+        .write(&mut self.out);
+    }
+}
+
+impl Sink for Http1Sink {
+    async fn respond(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+        body: &[u8],
+    ) -> Result<(), ClientGone> {
+        self.shard.metrics.count_response(status);
+        self.whole_response(status, content_type, extra_headers, body);
+        self.write_out().await
+    }
+
+    async fn start_stream(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+    ) -> Result<(), ClientGone> {
+        self.shard.metrics.count_response(status);
+        self.stream_head(status, content_type, extra_headers);
+        Ok(())
+    }
+
+    async fn start_keepalive(&mut self, content_type: &str) -> Result<(), ClientGone> {
+        self.stream_head(200, content_type, &[]);
+        self.write_out().await
+    }
+
+    async fn stream_data(&mut self, data: &[u8]) -> Result<(), ClientGone> {
+        if !data.is_empty() {
+            write_chunk(&mut self.out, data);
+        }
+        self.flush().await
+    }
+
+    async fn end_stream(&mut self) -> Result<(), ClientGone> {
+        self.write_raw(LAST_CHUNK).await
+    }
+
+    async fn stream_data_corked(&mut self, data: &[u8]) -> Result<(), ClientGone> {
+        if !data.is_empty() {
+            write_chunk(&mut self.out, data);
+        }
+        if self.out.len() >= CORKED_BYTES_MAX {
+            return self.write_out().await;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), ClientGone> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        self.write_out().await
+    }
+
+    fn until_client_gone<F: std::future::Future>(
+        &mut self,
+        future: F,
+    ) -> impl std::future::Future<Output = Option<F::Output>> {
+        UntilGone::new(future, self.gone.wait())
+    }
+
+    fn close_after(&mut self) {
+        self.close = true;
+    }
+
+    fn status(&self) -> u16 {
+        self.status
+    }
+
+    fn set_request_id(&mut self, id: [u8; 36]) {
+        self.request_id = Some(id);
+    }
+
+    fn set_traceparent(&mut self, traceparent: Option<[u8; TRACEPARENT_LEN]>) {
+        self.traceparent = traceparent;
+    }
+}
+
+/// The connection's own response headers: `cache-control` on a stream, `X-Request-ID` and
+/// `traceparent`. The caller's (`extra_headers` of the `Sink` calls) are written after them, all
+/// of them.
+const OWN_HEADERS_MAX: usize = 3;
+
+/// Fills `headers` with `X-Request-ID` and `traceparent`, each when known; returns how many.
+fn with_ids<'a>(
+    headers: &mut [(&'a str, &'a [u8])],
+    (request_id, traceparent): &'a (Option<[u8; 36]>, Option<[u8; TRACEPARENT_LEN]>),
+) -> usize {
+    let mut count = 0;
+    if let Some(id) = request_id {
+        headers[count] = ("x-request-id", id.as_slice());
+        count += 1;
+    }
+    if let Some(traceparent) = traceparent {
+        headers[count] = ("traceparent", traceparent.as_slice());
+        count += 1;
+    }
+    count
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of the future `serve` returns, from its type alone (nothing is constructed).
+    fn future_size<F, Fut>(_: F) -> usize
+    where
+        F: FnOnce(&'static Rc<Shard>, &'static ClientRequest, &'static mut Http1Sink) -> Fut,
+        Fut: std::future::Future,
+    {
+        std::mem::size_of::<Fut>()
+    }
+
+    /// Every connection holds its request path's future, in memory while idle and copied whole
+    /// at each `.await` into it. A daily-budget settlement's wait on another shard's owner is
+    /// boxed (`Shard::settle_buffered`) and the request is borrowed, not moved, to keep it
+    /// small; this bound catches
+    /// a change that widens it again. It was 5,632 bytes before those changes (the same in test
+    /// and release builds, `-Zprint-type-sizes`).
+    #[test]
+    fn the_request_path_future_stays_small() {
+        let size = future_size(api::serve::<Http1Sink>);
+        assert!(
+            size <= SERVE_FUTURE_BYTES_MAX,
+            "api::serve's future: {size} bytes"
+        );
+    }
+
+    const SERVE_FUTURE_BYTES_MAX: usize = 4224;
+}

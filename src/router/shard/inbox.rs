@@ -1,0 +1,232 @@
+//! What arrives at a shard: the control core's messages and other shards' mesh messages, each
+//! applied by one dispatch function.
+//!
+//! Tunnel sockets are the one thing a shard does not handle itself: they go to the tunnel
+//! starter its runtime hands [`Shard::run_control_inbox`], so the data plane does not depend on
+//! the tunnel client that depends on it.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::base::clock::SystemClock;
+use crate::router::metrics::ShardMetrics;
+use crate::router::shard::messages::{ControlToShard, ShardReport, ShardToShard};
+use crate::router::shard::owner::AgentJoin;
+use crate::router::shard::state::Shard;
+
+/// Messages handled per mesh wake-up before the mesh task yields to the shard's other tasks.
+const MESH_DRAIN_BUDGET: usize = 256;
+
+/// A tunnel socket the control core handed this shard.
+pub enum TunnelSocket {
+    /// Authenticated: the shard speaks `codec` (as the client) over it to `agent`.
+    Plain {
+        agent: crate::base::ids::AgentId,
+        codec: crate::net::tunnel::preamble::Codec,
+        socket: std::net::TcpStream,
+        /// Its place under `--p2p-max-conns-per-ip`, held until the tunnel ends.
+        permit: crate::router::shard::conn_limit::ConnPermit,
+    },
+    /// Asked for TLS: the shard terminates it and checks the preamble inside.
+    Secure {
+        socket: std::net::TcpStream,
+        permit: crate::router::shard::conn_limit::ConnPermit,
+    },
+}
+
+impl Shard {
+    /// Applies control-core messages until the control core goes away; tunnel sockets go to
+    /// `start_tunnel`.
+    pub async fn run_control_inbox(
+        self: Rc<Self>,
+        mut inbox: mpsc::Receiver<ControlToShard>,
+        start_tunnel: impl Fn(&Rc<Shard>, TunnelSocket),
+    ) {
+        while let Some(message) = inbox.recv().await {
+            if let Some(socket) = self.on_control(message) {
+                start_tunnel(&self, socket);
+            }
+        }
+    }
+
+    /// Applies one control message; a tunnel socket is handed back for the tunnel starter.
+    fn on_control(self: &Rc<Self>, message: ControlToShard) -> Option<TunnelSocket> {
+        match message {
+            ControlToShard::Snapshot(snapshot) => self.set_snapshot(snapshot),
+            ControlToShard::Keys(keys) => self.set_keys(keys),
+            ControlToShard::AdminAccess(access) => self.set_admin_access(access),
+            ControlToShard::AgentUp {
+                agent,
+                generation,
+                models,
+                capacity,
+                profile,
+            } => {
+                self.accounting.agent_up(agent, profile.clone());
+                let join = AgentJoin {
+                    agent,
+                    generation,
+                    capacity,
+                    profile,
+                };
+                let now = crate::base::clock::now();
+                self.with_owner(|owner, effects| owner.agent_up(now, &join, &models, effects));
+            }
+            ControlToShard::AgentDown { agent, models } => {
+                self.accounting.agent_down(agent);
+                let now = crate::base::clock::now();
+                self.with_owner(|owner, effects| owner.agent_down(now, agent, &models, effects));
+            }
+            ControlToShard::Signal {
+                agent,
+                models,
+                in_flight,
+                engine,
+            } => self.with_owner(|owner, effects| {
+                owner.signal(agent, &models, in_flight, engine, effects)
+            }),
+            ControlToShard::Report(reply) => {
+                let (queues, pending_demand) = {
+                    let owner = self.owner.borrow();
+                    (owner.models.queues(), owner.models.pending_demand())
+                };
+                let _ = reply.send(ShardReport {
+                    queues,
+                    queue_waits: self.queue_waits.borrow().report(),
+                    pending_demand,
+                    admission: self.admission_report(),
+                    tenants: self.accounting.report(),
+                });
+            }
+            ControlToShard::ReportDaily(reply) => {
+                let totals = self.owner.borrow_mut().quotas.take_changed_daily_totals();
+                if let Err(totals) = reply.send(totals) {
+                    // The flush gave up waiting: report these again next time.
+                    self.owner.borrow_mut().quotas.requeue_daily_totals(totals);
+                }
+            }
+            ControlToShard::TakeUsage(reply) => {
+                let mut report = crate::router::shard::messages::ShardUsage::default();
+                {
+                    let mut owner = self.owner.borrow_mut();
+                    owner.take_usage(&mut report.usage);
+                    report.daily = owner.quotas.take_changed_daily_totals();
+                    owner
+                        .models
+                        .credit_round(crate::base::clock::now(), &mut report.credits);
+                }
+                if let Err(report) = reply.send(report) {
+                    // The sync core stopped waiting: the totals go out next round; the usage,
+                    // already taken from the buckets, is lost to the other routers (it still
+                    // counts here).
+                    self.owner
+                        .borrow_mut()
+                        .quotas
+                        .requeue_daily_totals(report.daily);
+                }
+            }
+            ControlToShard::ApplyRemote(remote) => {
+                let now = crate::base::clock::now();
+                let day = crate::base::clock::utc_today();
+                self.owner.borrow_mut().apply_remote(now, day, &remote);
+            }
+            ControlToShard::Share(share) => self.owner.borrow_mut().set_share(share),
+            ControlToShard::Credits(news) => {
+                let now = crate::base::clock::now();
+                self.with_owner(|owner, effects| owner.models.credit_news(now, news, effects));
+            }
+            ControlToShard::DailyTotals(restore) => self.owner.borrow_mut().restore_daily(restore),
+            ControlToShard::RewriteDaily => self.owner.borrow_mut().quotas.rewrite_daily_totals(),
+            ControlToShard::Drain => {
+                tracing::info!(shard = self.id, "draining: no new connections or requests");
+                self.lifecycle.drain();
+            }
+            ControlToShard::End => {
+                tracing::info!(shard = self.id, "ending the requests still in flight");
+                self.lifecycle.end();
+            }
+            ControlToShard::CloseTunnel { agent } => self.close_tunnel(agent),
+            ControlToShard::Tunnel {
+                agent,
+                codec,
+                socket,
+                permit,
+            } => {
+                return Some(TunnelSocket::Plain {
+                    agent,
+                    codec,
+                    socket,
+                    permit,
+                });
+            }
+            ControlToShard::SecureTunnel { socket, permit } => {
+                return Some(TunnelSocket::Secure { socket, permit });
+            }
+        }
+        None
+    }
+
+    fn on_mesh(self: &Rc<Self>, message: ShardToShard) {
+        match message {
+            ShardToShard::Visit { ticket, visit } => self.serve_remote(ticket, visit),
+            ShardToShard::Answer { ticket, answer } => self.resolve(ticket, answer),
+            ShardToShard::Notice(notice) => {
+                self.with_owner(|owner, effects| owner.notice(&SystemClock, notice, effects))
+            }
+        }
+    }
+
+    /// Applies other shards' mesh messages, forever.
+    pub async fn run_mesh(self: Rc<Self>) {
+        use monoio::io::AsyncReadRent;
+        let (socket, sleeper) = self.outbox.borrow_mut().endpoint().waiter().into_parts();
+        let mut bell = match monoio::net::UnixStream::from_std(socket) {
+            Ok(bell) => bell,
+            Err(error) => {
+                tracing::error!(shard = self.id, %error, "mesh doorbell unusable; this shard cannot hear other shards");
+                return;
+            }
+        };
+        let mut rung = vec![0u8; 64];
+        let mut inbound = Vec::with_capacity(MESH_DRAIN_BUDGET);
+        loop {
+            let deferred = {
+                let mut outbox = self.outbox.borrow_mut();
+                outbox.flush();
+                outbox
+                    .endpoint()
+                    .drain(MESH_DRAIN_BUDGET, |_, message| inbound.push(message));
+                outbox.deferred_len()
+            };
+            ShardMetrics::set(&self.metrics.mesh_deferred, deferred as i64);
+            let handled = inbound.len();
+            for message in inbound.drain(..) {
+                self.on_mesh(message);
+            }
+            if handled == MESH_DRAIN_BUDGET || self.outbox.borrow().has_deferred() {
+                // More may be queued (or a ring was full): let other tasks run, then continue.
+                monoio::time::sleep(Duration::from_micros(50)).await;
+                continue;
+            }
+            // Raise the flag, then look once more: a message pushed before the flag was visible
+            // rang no bell and must not wait for the next one.
+            sleeper.sleep();
+            if self.outbox.borrow().has_inbound() {
+                sleeper.wake();
+                continue;
+            }
+            let (read, buffer) = bell.read(rung).await;
+            rung = buffer;
+            sleeper.wake();
+            if matches!(read, Ok(0) | Err(_)) {
+                tracing::error!(
+                    shard = self.id,
+                    "mesh doorbell closed; this shard stops hearing other shards"
+                );
+                return;
+            }
+        }
+    }
+}

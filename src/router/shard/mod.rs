@@ -1,0 +1,51 @@
+//! The data plane: what each shard owns and how a request asks for it.
+//!
+//! Ownership: a model's routes, occupancy and hold book live on shard `model id % shards`
+//! (`ids::ModelId::owner`), a tenant's quota holder on `tenant id % shards`, a redirect nonce on
+//! `nonce[0] % shards`. Both ids are dense or hash-derived, so ownership spreads evenly. A
+//! client connection stays on the shard that accepted it for its whole life (`front`), and so
+//! does its response stream: each shard has its own tunnel connection to every agent.
+//!
+//! Modules, one job each:
+//! - `owner`: what a shard owns, as pure state machines (`Models`, `Quotas`, spent tokens) that
+//!   serve a `Visit`, apply a `Notice` and leave answers for others in `Effects`; no I/O, no
+//!   clock, tested in virtual time.
+//! - `visit`: the requester side: one visit path (inline for a local owner, over the mesh
+//!   otherwise), one waiter table, and the operations requests use (`acquire`, `reserve`,
+//!   `hold`, `admit_quota`, `spend_redirect_token`).
+//! - `waiters`: the requester's table of visits waiting for answers, with their deadlines
+//!   (one deadline task per shard, no timer per wait).
+//! - `guards`: what a request holds (`Slot`, `Reservation`, `Pending`, `QuotaCharge`), given back
+//!   exactly once when dropped.
+//! - `state`: the `Shard` itself: its settings, its view of the configuration, running the
+//!   owner on the real clock and delivering its effects, counters, tunnels.
+//! - `inbox`: the control core's messages and other shards' mesh messages, each applied by one
+//!   dispatch function.
+//! - `outbox`, `mesh`: sending to other shards (SPSC rings, bounded deferral).
+//! - `messages`: what flows between the control core and the shards, and between shards.
+//! - `clients`: what one shard's clients may hold (connections, body bytes, resets per source).
+//! - `lifecycle`, `latch`: draining and ending on SIGTERM, and the single-threaded signals.
+//!
+//! Dependencies point down: `front` and `api` use this module; it uses the pure modules and the
+//! leaves (`ids`, `clock`), never `api`, `front` or the tunnel client (tunnel sockets go to the
+//! starter its runtime hands the inbox).
+
+pub mod clients;
+pub mod conn_limit;
+pub mod guards;
+pub mod inbox;
+pub mod lifecycle;
+pub mod mesh;
+pub mod messages;
+pub mod outbox;
+pub mod owner;
+pub mod queue_waits;
+pub mod queues;
+pub mod redirect_claims;
+pub mod state;
+pub mod timer;
+pub mod tunnels;
+pub mod visit;
+pub mod waiters;
+
+pub use crate::base::ids::IdMap;

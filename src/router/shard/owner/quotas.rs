@@ -1,0 +1,723 @@
+//! Per-owner quota state on its owner shard: the `limits::KeyLimits` of every quota holder this
+//! shard owns, built from the holder's key on first use and rebuilt (keeping usage) when the key's
+//! quota or the model table changes.
+//!
+//! Two kinds of holder:
+//! - The key's owner (`TenantId`) holds the flat buckets the auth reference shares between every
+//!   key of one owner — requests per minute and the daily token budget — and the per-model
+//!   budgets, which are "for this owner and model". Keys of one owner with different quotas share
+//!   these buckets; the limits follow the quota of the key that last used them (a rebuild keeps
+//!   the usage).
+//! - The key (`KeyId`) holds its B4 input and output token-per-minute buckets, which "are
+//!   independent for each key-and-model combination" (seed `admission-control.md`, B4): two keys
+//!   of one owner never share them. Only a flat quota with `input_tokens_per_minute` or
+//!   `output_tokens_per_minute` has such a holder; it keeps at most
+//!   [`crate::logic::limits::TOKEN_RATE_MODELS_MAX`] models and is dropped by [`Quotas::cleanup`] once
+//!   every bucket is full again, like an owner's holder.
+//!
+//! The token phase runs the key's B4 buckets first and the owner's daily budget after (seed,
+//! "Gate order"); when the daily budget refuses, the key's input-rate charge is given back.
+//!
+//! Pure: no I/O, no clock. Time comes in as `Millis` (the process's monotonic origin) and `Day`
+//! (the UTC day).
+//!
+//! Persistence (`HIVENET_ROUTER_QUOTA_BACKEND=badger`, off with `memory`): at start-up
+//! [`Quotas::restore`] receives today's totals the disk database holds for the tenants this shard
+//! owns. A restored total waits here until its holder is built or rebuilt, is then added to the
+//! matching daily budget once and forgotten (a per-model total waits for its model to be served).
+//! Totals of a day that is over are dropped. The control core asks every second for the totals
+//! that changed ([`Quotas::take_changed_daily_totals`]); a holder dropped as idle hands its
+//! unreported change over first, so the disk never keeps a total the router has given back. None
+//! of this adds work to admission or settlement: restoring happens where a holder is built anyway.
+
+use std::collections::HashMap;
+
+use crate::base::ids::{Capability, KeyId, ModelId, TenantId};
+use crate::logic::auth::config::Quota;
+use crate::logic::auth::keys::{KeyRecord, KeyRegistry};
+use crate::logic::limits::{
+    Admission, BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota,
+    LimitExceeded, Millis, ModelContext, ModelQuota, Share, UsedTokens,
+};
+use crate::logic::snapshot::{ModelKey, RoutingSnapshot};
+use crate::router::shard::IdMap;
+
+/// Which key configuration and model table a holder's limits were built from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Built {
+    registry_version: u64,
+    snapshot_version: u64,
+    key: KeyId,
+}
+
+struct Holder {
+    limits: KeyLimits,
+    built: Built,
+}
+
+/// Shrinks a holder map that cleanup left mostly empty. `retain` keeps a map's slots, so after
+/// a burst of keys went idle their ~250-byte slots stayed allocated for the process's life: memory
+/// bounded by the busiest moment, not by the keys in use. Shrinks only below a quarter full, so
+/// a map that hovers around one size is not rebuilt every cleanup.
+fn give_back_slack<K: Eq + std::hash::Hash, V>(holders: &mut IdMap<K, V>) {
+    if holders.capacity() > 4 * holders.len().max(16) {
+        holders.shrink_to_fit();
+    }
+}
+
+/// A key's quota split by holder: the owner's part (RPM, daily budgets; its B4 rates zeroed) and
+/// the key's B4 token rates (`None` when the quota has none).
+fn split_quota(quota: KeyQuota) -> (KeyQuota, Option<KeyQuota>) {
+    match quota {
+        KeyQuota::Flat(flat) => {
+            let rates = (flat.input_tokens_per_minute > 0 || flat.output_tokens_per_minute > 0)
+                .then_some(KeyQuota::Flat(FlatQuota {
+                    requests_per_minute: 0,
+                    tokens_per_day: 0,
+                    input_tokens_per_minute: flat.input_tokens_per_minute,
+                    output_tokens_per_minute: flat.output_tokens_per_minute,
+                }));
+            let owner = KeyQuota::Flat(FlatQuota {
+                input_tokens_per_minute: 0,
+                output_tokens_per_minute: 0,
+                ..flat
+            });
+            (owner, rates)
+        }
+        per_model @ KeyQuota::PerModel(_) => (per_model, None),
+    }
+}
+
+/// What the token phase charged: the owner's part (daily budget) and the key's part (B4 input
+/// tokens per minute). Hand it back to [`Quotas::settle`] or [`Quotas::cancel`].
+#[must_use = "an admission must be settled or cancelled"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct QuotaAdmission {
+    key: KeyId,
+    owner: Admission,
+    rates: Option<Admission>,
+}
+
+impl QuotaAdmission {
+    /// Whether a daily budget was charged: a non-streamed answer must then be checked against
+    /// it before delivery.
+    pub fn has_daily(&self) -> bool {
+        self.owner.has_daily()
+    }
+}
+
+/// The limits a key's quota asks for, with model names resolved to this router's model ids.
+/// `None`: the key has no finite limit at all (nothing to check or count).
+pub fn key_quota(key: &KeyRecord, snapshot: &RoutingSnapshot) -> Option<KeyQuota> {
+    match key.settings.quota() {
+        Quota::Flat(flat) => {
+            let quota = FlatQuota {
+                requests_per_minute: flat.requests_per_minute,
+                tokens_per_day: flat.tokens_per_day,
+                input_tokens_per_minute: flat.input_tokens_per_minute,
+                output_tokens_per_minute: flat.output_tokens_per_minute,
+            };
+            (quota != FlatQuota::default()).then_some(KeyQuota::Flat(quota))
+        }
+        Quota::PerModel(per_model) => {
+            // Models not served right now have no id yet; they cannot be requested either, and the
+            // holder is rebuilt when the model table changes.
+            let entries: Vec<ModelQuota> = per_model
+                .iter()
+                .flat_map(|(name, quota)| {
+                    Capability::ALL.into_iter().filter_map(move |capability| {
+                        snapshot.lookup(name, capability).map(|entry| ModelQuota {
+                            model: entry.id,
+                            requests_per_minute_per_replica: quota.requests_per_minute_per_replica,
+                            tokens_per_day: quota.tokens_per_day,
+                        })
+                    })
+                })
+                .collect();
+            Some(KeyQuota::PerModel(entries))
+        }
+    }
+}
+
+/// Whether requests with this key need the quota owner at all.
+pub fn is_limited(key: &KeyRecord) -> bool {
+    match key.settings.quota() {
+        Quota::Flat(flat) => {
+            flat.requests_per_minute > 0
+                || flat.tokens_per_day > 0
+                || flat.input_tokens_per_minute > 0
+                || flat.output_tokens_per_minute > 0
+        }
+        Quota::PerModel(_) => true,
+    }
+}
+
+/// Whether the key's quota has B4 token rates, kept in a holder of its own.
+fn has_token_rates(key: &KeyRecord) -> bool {
+    match key.settings.quota() {
+        Quota::Flat(flat) => flat.input_tokens_per_minute > 0 || flat.output_tokens_per_minute > 0,
+        Quota::PerModel(_) => false,
+    }
+}
+
+/// Whether the key's token phase (B4 input/output tokens per minute on a serverless model, the
+/// daily budget) has anything to check; without it the request needs no second visit to the
+/// quota owner.
+pub fn has_token_phase(key: &KeyRecord, serverless: bool) -> bool {
+    match key.settings.quota() {
+        Quota::Flat(flat) => {
+            flat.tokens_per_day > 0
+                || (serverless
+                    && (flat.input_tokens_per_minute > 0 || flat.output_tokens_per_minute > 0))
+        }
+        Quota::PerModel(per_model) => per_model.values().any(|quota| quota.tokens_per_day > 0),
+    }
+}
+
+pub struct Quotas {
+    burst: BurstSeconds,
+    /// Per owner: RPM, daily and per-model budgets.
+    holders: IdMap<TenantId, Holder>,
+    /// Per key: B4 token-per-minute buckets (flat quotas with ITPM or OTPM only).
+    token_rates: IdMap<KeyId, Holder>,
+    /// `None` with the `memory` quota backend and no sync store: nothing is restored or
+    /// reported.
+    persistence: Option<Persistence>,
+    /// This router's part of every limit (`limits::share`), set by the sync core each round.
+    share: Share,
+    /// False while the routers share limits and today's totals have not been read from the store
+    /// yet: a key with a daily budget is refused (`429 token_limit_exceeded`) rather than handed a
+    /// fresh budget (seed `run-several-routers.md`, "When the store is unreachable").
+    daily_known: bool,
+    /// The limits are shared through a store: usage is taken every round.
+    shared: bool,
+    /// Usage taken from holders [`Quotas::cleanup`] dropped, for the next round to publish: at
+    /// most one entry per bucket of the holders one cleanup walked, emptied every round.
+    unpublished: Vec<shared::BucketUsage>,
+}
+
+/// One daily total as the disk database keeps it: the tokens this router charged one holder's
+/// flat budget (`model: None`) or per-model budget on one UTC day. From the shared store, also
+/// what the other routers charged it together (`others`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DailyRecord {
+    pub tenant: TenantId,
+    pub model: Option<ModelKey>,
+    pub day: Day,
+    pub tokens: u64,
+    /// The total of the other routers of the site, not this router's own.
+    pub others: bool,
+}
+
+/// A daily total that changed, as a shard reports it. Model ids are this process's; the control
+/// core turns them into [`ModelKey`]s before writing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DailyTotal {
+    pub tenant: TenantId,
+    pub model: Option<ModelId>,
+    pub day: Day,
+    pub tokens: u64,
+}
+
+/// What a shard restores at start-up: the disk's totals for `day` of the tenants it owns.
+#[derive(Debug, Clone, Default)]
+pub struct DailyRestore {
+    pub day: Day,
+    pub records: Vec<DailyRecord>,
+}
+
+struct Persistence {
+    /// The UTC day the restored totals belong to.
+    day: Day,
+    /// Restored totals not yet applied to a holder, by tenant: (model, tokens, others').
+    restored: HashMap<TenantId, Vec<(Option<ModelKey>, u64, bool)>>,
+    /// Changed totals of holders [`Quotas::cleanup`] dropped before they were reported.
+    unreported: Vec<DailyTotal>,
+}
+
+impl Persistence {
+    /// Adds the restored totals of `tenant` that match a daily budget of `limits` and forgets
+    /// them; the rest wait for a later rebuild (a model not served yet, a quota without that
+    /// budget). On a day after the restored one, every restored total is dropped instead.
+    fn apply(
+        &mut self,
+        day: Day,
+        snapshot: &RoutingSnapshot,
+        tenant: TenantId,
+        limits: &mut KeyLimits,
+    ) {
+        if day > self.day && !self.restored.is_empty() {
+            self.restored = HashMap::new();
+        }
+        if day != self.day {
+            return;
+        }
+        let Some(waiting) = self.restored.get_mut(&tenant) else {
+            return;
+        };
+        waiting.retain(|(model, tokens, others)| {
+            let model = match model {
+                None => None,
+                Some(key) => match snapshot.lookup(&key.name, key.capability) {
+                    Some(entry) => Some(entry.id),
+                    None => return true,
+                },
+            };
+            let applied = if *others {
+                limits.set_others_daily(model, day, *tokens)
+            } else {
+                limits.restore_daily(model, day, *tokens)
+            };
+            !applied
+        });
+        if waiting.is_empty() {
+            self.restored.remove(&tenant);
+        }
+    }
+}
+
+/// What the quota owner admitted: the charge to settle later (`None` when nothing is counted) and
+/// what the key has left, for `X-RateLimit-*` on the response.
+#[derive(Debug, Default)]
+pub struct Admitted {
+    pub admission: Option<QuotaAdmission>,
+    pub remaining_requests: Option<u64>,
+    pub remaining_tokens: Option<u64>,
+}
+
+/// What an admission asks for: the RPM check only (`count_tokens`, embeddings, rerank), or the
+/// token checks too (chat and messages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Charge {
+    RequestsOnly,
+    RequestsAndTokens(Estimate),
+    /// The token phase alone, for a request that passed the RPM phase and the gates between.
+    TokensOnly(Estimate),
+    /// The RPM phase, and the token phase ahead of the gates that come between them in the gate
+    /// order (`api::plan`, "tokens ahead"). A token phase the key does not pass charges nothing
+    /// and refuses nothing: the answer admits the request unit alone (`admission: None`), and
+    /// the requester runs the token phase again in its place, after the gates.
+    Ahead(Estimate),
+}
+
+impl Quotas {
+    pub fn new(burst: BurstSeconds) -> Quotas {
+        Quotas {
+            burst,
+            holders: IdMap::default(),
+            token_rates: IdMap::default(),
+            persistence: None,
+            share: Share::Whole,
+            daily_known: true,
+            shared: false,
+            unpublished: Vec::new(),
+        }
+    }
+
+    /// This router's part of every limit from now on (the sync core, each round).
+    pub fn set_share(&mut self, share: Share) {
+        self.share = share;
+    }
+
+    pub fn share(&self) -> Share {
+        self.share
+    }
+
+    /// The routers share limits through a store: report daily totals, and refuse keys with a
+    /// daily budget until today's totals are read ([`Quotas::restore`]).
+    pub fn share_through_store(&mut self, day: Day) {
+        self.daily_known = false;
+        self.shared = true;
+        if self.persistence.is_none() {
+            self.persistence = Some(Persistence {
+                day,
+                restored: HashMap::new(),
+                unreported: Vec::new(),
+            });
+        }
+    }
+
+    /// Turns persistence on with the totals the disk database holds for `restore.day` (records of
+    /// another day are ignored). Call before the first admission.
+    /// From the shared store, the other routers' totals (`others`) replace what is known of
+    /// them, so reading them again counts nothing twice; this router's own totals are added once,
+    /// at start-up. Either way the key's daily budgets are known from then on.
+    pub fn restore(&mut self, snapshot: &RoutingSnapshot, restore: DailyRestore) {
+        self.daily_known = true;
+        let unreported = self
+            .persistence
+            .take()
+            .map(|persistence| persistence.unreported)
+            .unwrap_or_default();
+        let mut restored: HashMap<TenantId, Vec<(Option<ModelKey>, u64, bool)>> = HashMap::new();
+        for record in restore.records {
+            if record.day == restore.day && (record.tokens > 0 || record.others) {
+                restored.entry(record.tenant).or_default().push((
+                    record.model,
+                    record.tokens,
+                    record.others,
+                ));
+            }
+        }
+        self.persistence = Some(Persistence {
+            day: restore.day,
+            restored,
+            unreported,
+        });
+        // Holders built before this read take their totals now (a re-read after a gap).
+        let persistence = self.persistence.as_mut().expect("set above");
+        for (tenant, holder) in &mut self.holders {
+            persistence.apply(restore.day, snapshot, *tenant, &mut holder.limits);
+        }
+    }
+
+    /// Restored totals still waiting for their holder (for tests and logs).
+    pub fn restored_waiting(&self) -> usize {
+        self.persistence.as_ref().map_or(0, |persistence| {
+            persistence.restored.values().map(Vec::len).sum()
+        })
+    }
+
+    /// Every daily total that changed since the last call (empty without persistence). Walks
+    /// every holder: run it about once a second, never per request.
+    pub fn take_changed_daily_totals(&mut self) -> Vec<DailyTotal> {
+        let Some(persistence) = self.persistence.as_mut() else {
+            return Vec::new();
+        };
+        let mut totals = std::mem::take(&mut persistence.unreported);
+        for (tenant, holder) in &mut self.holders {
+            let tenant = *tenant;
+            holder
+                .limits
+                .take_changed_daily_totals(|model, day, tokens| {
+                    totals.push(DailyTotal {
+                        tenant,
+                        model,
+                        day,
+                        tokens,
+                    })
+                });
+        }
+        totals
+    }
+
+    /// Hands back totals taken by [`Quotas::take_changed_daily_totals`] that never reached the
+    /// control core; the next report carries them (before any newer total of the same budget).
+    pub fn requeue_daily_totals(&mut self, mut totals: Vec<DailyTotal>) {
+        if let Some(persistence) = self.persistence.as_mut() {
+            totals.append(&mut persistence.unreported);
+            persistence.unreported = totals;
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.holders.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.holders.is_empty()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn admit(
+        &mut self,
+        now: Millis,
+        day: Day,
+        registry: &KeyRegistry,
+        snapshot: &RoutingSnapshot,
+        key: KeyId,
+        model: &ModelContext,
+        mut charge: Charge,
+    ) -> Result<Admitted, LimitExceeded> {
+        let Some(record) = registry.get(key) else {
+            // The key vanished in a reload between authentication and here: nothing to count.
+            return Ok(Admitted::default());
+        };
+        if !self.build(now, day, registry, snapshot, record) {
+            return Ok(Admitted::default());
+        }
+        let share = self.share;
+        let owner = self
+            .holders
+            .get_mut(&record.tenant_id)
+            .expect("built above");
+        if !self.daily_known
+            && !matches!(charge, Charge::RequestsOnly)
+            && owner.limits.has_daily(model.model)
+        {
+            if !matches!(charge, Charge::Ahead(_)) {
+                // Today's total cannot be read yet: refused at once, never a fresh budget.
+                return Err(LimitExceeded::daily_spent(model.model));
+            }
+            // Refused after the gates, in its place.
+            charge = Charge::RequestsOnly;
+        }
+        let rates = self.token_rates.get_mut(&key);
+        match charge {
+            Charge::RequestsOnly => owner
+                .limits
+                .admit_request(now, model, share)
+                .map(|request| Admitted {
+                    admission: None,
+                    remaining_requests: request.remaining_requests,
+                    remaining_tokens: None,
+                }),
+            Charge::TokensOnly(estimate) => {
+                admit_tokens(now, day, key, owner, rates, model, estimate, share).map(|admission| {
+                    Admitted {
+                        remaining_requests: None,
+                        remaining_tokens: admission.owner.remaining_tokens,
+                        admission: Some(admission),
+                    }
+                })
+            }
+            Charge::RequestsAndTokens(estimate) | Charge::Ahead(estimate) => {
+                // Both phases with nothing in between; a refused token phase keeps the RPM unit
+                // (`limits::KeyLimits::admit`).
+                let request = owner.limits.admit_request(now, model, share)?;
+                match admit_tokens(now, day, key, owner, rates, model, estimate, share) {
+                    Ok(admission) => Ok(Admitted {
+                        remaining_requests: request.remaining_requests,
+                        remaining_tokens: admission.owner.remaining_tokens,
+                        admission: Some(admission),
+                    }),
+                    // Nothing of the token phase stays charged; it runs again after the gates.
+                    Err(_) if matches!(charge, Charge::Ahead(_)) => Ok(Admitted {
+                        remaining_requests: request.remaining_requests,
+                        remaining_tokens: None,
+                        admission: None,
+                    }),
+                    Err(mut rejection) => {
+                        rejection.remaining_requests = request.remaining_requests;
+                        Err(rejection)
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn settle(
+        &mut self,
+        now: Millis,
+        day: Day,
+        tenant: TenantId,
+        admission: QuotaAdmission,
+        usage: UsedTokens,
+        delivery: Delivery,
+    ) -> Option<crate::logic::limits::Settlement> {
+        if let Some(rates) = admission.rates {
+            // A holder dropped meanwhile was full; a new one is built on the key's next request.
+            if let Some(holder) = self.token_rates.get_mut(&admission.key) {
+                let _ = holder.limits.settle(now, day, rates, usage, delivery);
+            }
+        }
+        self.holders.get_mut(&tenant).map(|holder| {
+            holder
+                .limits
+                .settle(now, day, admission.owner, usage, delivery)
+        })
+    }
+
+    pub fn cancel(&mut self, tenant: TenantId, admission: QuotaAdmission) {
+        if let Some(rates) = admission.rates
+            && let Some(holder) = self.token_rates.get_mut(&admission.key)
+        {
+            holder.limits.cancel(rates);
+        }
+        if let Some(holder) = self.holders.get_mut(&tenant) {
+            holder.limits.cancel(admission.owner);
+        }
+    }
+
+    /// Keys holding B4 token-rate buckets right now (for tests and logs).
+    /// Slots allocated for owners' holders, used or not (what their map costs).
+    #[cfg(test)]
+    fn holder_slots(&self) -> usize {
+        self.holders.capacity()
+    }
+
+    pub fn token_rate_holders(&self) -> usize {
+        self.token_rates.len()
+    }
+
+    /// Drops holders whose buckets are all full again and whose daily budgets are from a past day
+    /// (seed, "Idle-state cleanup"): memory stays bounded however many keys come and go.
+    pub fn cleanup(&mut self, now: Millis, day: Day) {
+        if self.shared {
+            // What the buckets admitted since the last round goes out with the next one, whatever
+            // is dropped below (a holder refilled to full, a full token-rate entry).
+            let mut unpublished = std::mem::take(&mut self.unpublished);
+            self.take_usage(&mut unpublished);
+            self.unpublished = unpublished;
+        }
+        let mut persistence = self.persistence.as_mut();
+        self.holders.retain(|tenant, holder| {
+            holder.limits.compact(now);
+            let idle = holder.limits.is_idle(now, day);
+            if idle && let Some(persistence) = persistence.as_mut() {
+                let tenant = *tenant;
+                holder
+                    .limits
+                    .take_changed_daily_totals(|model, day, tokens| {
+                        persistence.unreported.push(DailyTotal {
+                            tenant,
+                            model,
+                            day,
+                            tokens,
+                        })
+                    });
+            }
+            !idle
+        });
+        // A key's holder has no daily budget: nothing to report before dropping it.
+        self.token_rates.retain(|_, holder| {
+            holder.limits.compact(now);
+            !holder.limits.is_idle(now, day)
+        });
+        give_back_slack(&mut self.holders);
+        give_back_slack(&mut self.token_rates);
+        if let Some(persistence) = persistence
+            && day > persistence.day
+            && !persistence.restored.is_empty()
+        {
+            persistence.restored = HashMap::new();
+        }
+    }
+
+    /// Builds or rebuilds (keeping usage) the owner's holder and the key's token-rate holder
+    /// for `record`'s current quota. False when the key has nothing to count here.
+    fn build(
+        &mut self,
+        now: Millis,
+        day: Day,
+        registry: &KeyRegistry,
+        snapshot: &RoutingSnapshot,
+        record: &KeyRecord,
+    ) -> bool {
+        let built = Built {
+            registry_version: registry.version(),
+            snapshot_version: snapshot.version,
+            key: record.key_id,
+        };
+        let owner_current = self
+            .holders
+            .get(&record.tenant_id)
+            .map(|holder| holder.built);
+        let rates_current = self
+            .token_rates
+            .get(&record.key_id)
+            .map(|holder| holder.built);
+        // A key's holder may have been dropped as idle while its owner's stayed: rebuilt then.
+        let rates_wanted = has_token_rates(record);
+        if owner_current == Some(built) && (!rates_wanted || rates_current == Some(built)) {
+            return true;
+        }
+        let Some(quota) = key_quota(record, snapshot) else {
+            return false;
+        };
+        let (owner_quota, rates_quota) = split_quota(quota);
+        let burst = self.burst;
+        if owner_current != Some(built) {
+            let rebuilt = match self.holders.get(&record.tenant_id) {
+                Some(previous) => previous.limits.reconfigured(now, day, &owner_quota, burst),
+                None => KeyLimits::new(now, day, &owner_quota, burst),
+            };
+            match rebuilt {
+                Ok(mut limits) => {
+                    if let Some(persistence) = self.persistence.as_mut() {
+                        persistence.apply(day, snapshot, record.tenant_id, &mut limits);
+                    }
+                    self.holders
+                        .insert(record.tenant_id, Holder { limits, built });
+                }
+                Err(error) => {
+                    // Validated at load; a failure here means limits beyond the supported range.
+                    tracing::error!(%error, preview = %record.preview, "quota cannot be enforced");
+                    return false;
+                }
+            }
+        }
+        match rates_quota {
+            None => {
+                self.token_rates.remove(&record.key_id);
+            }
+            Some(rates_quota) if rates_current != Some(built) => {
+                let rebuilt = match self.token_rates.get(&record.key_id) {
+                    Some(previous) => previous.limits.reconfigured(now, day, &rates_quota, burst),
+                    None => KeyLimits::new(now, day, &rates_quota, burst),
+                };
+                match rebuilt {
+                    Ok(limits) => {
+                        self.token_rates
+                            .insert(record.key_id, Holder { limits, built });
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, preview = %record.preview, "quota cannot be enforced");
+                        self.holders.remove(&record.tenant_id);
+                        return false;
+                    }
+                }
+            }
+            Some(_) => {}
+        }
+        true
+    }
+}
+
+/// The token phase across both holders, in the seed's order: the key's B4 output-rate state and
+/// input tokens per minute, then the owner's daily budget. A refusal leaves both as they were.
+#[allow(clippy::too_many_arguments)]
+fn admit_tokens(
+    now: Millis,
+    day: Day,
+    key: KeyId,
+    owner: &mut Holder,
+    rates: Option<&mut Holder>,
+    model: &ModelContext,
+    estimate: Estimate,
+    share: Share,
+) -> Result<QuotaAdmission, LimitExceeded> {
+    let (rates, rates_admission) = match rates {
+        Some(holder) => {
+            let admission = holder
+                .limits
+                .admit_tokens(now, day, model, estimate, share)?;
+            (Some(holder), Some(admission))
+        }
+        None => (None, None),
+    };
+    match owner.limits.admit_tokens(now, day, model, estimate, share) {
+        Ok(owner) => Ok(QuotaAdmission {
+            key,
+            owner,
+            rates: rates_admission,
+        }),
+        Err(rejection) => {
+            if let (Some(holder), Some(admission)) = (rates, rates_admission) {
+                holder.limits.cancel(admission);
+            }
+            Err(rejection)
+        }
+    }
+}
+
+/// A settle or cancel that must reach the holder's owner.
+#[derive(Debug)]
+pub enum Release {
+    Settle {
+        tenant: TenantId,
+        admission: QuotaAdmission,
+        usage: UsedTokens,
+        delivery: Delivery,
+    },
+    Cancel {
+        tenant: TenantId,
+        admission: QuotaAdmission,
+    },
+}
+
+mod shared;
+pub use shared::{BucketUsage, RemoteBatch, RemoteUsage};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,732 @@
+//! The sync core: a thread of its own that owns the store connection and runs the round every
+//! `--sync-interval` (seed `run-several-routers.md`, "How it works"). Shards never talk to the
+//! store; they hand their usage over and take the others' through their control queue.
+//!
+//! # One round
+//! 1. Take every shard's usage since the last round and its changed daily totals
+//!    ([`ControlShared::take_usage`]); they join the backlog of what is not published yet.
+//! 2. In one transaction: publish the backlog as stream entries (one per round, each with the
+//!    time it was admitted), write the changed daily totals and this router's heartbeat; then
+//!    read every heartbeat and the entries published since the last round.
+//! 3. Hand the other routers' entries to the shards ([`ControlToShard::ApplyRemote`]), and this
+//!    router's share of every limit from the heartbeats ([`ControlToShard::Share`]).
+//!
+//! At start (and after an outage, when entries may have been missed) the round first reads
+//! today's totals and the stream's newest entry together: the totals hold every entry up to it,
+//! so entries up to it are applied to the rate buckets only (the last minute of them at start,
+//! which is the replay) and nothing is counted twice.
+//!
+//! # Failure
+//! A round that fails keeps its backlog for the next one (the backlog is bounded,
+//! `round::BACKLOG_MAX`); after three in a row every router enforces its share alone
+//! (`site::Health`), after ten the connection is rebuilt from the configured addresses.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::base::clock::{now_unix_ms, utc_today};
+use crate::logic::limits::Day;
+use crate::router::control::ControlShared;
+use crate::router::control::site_routers::SiteRouter;
+use crate::router::shard::messages::ControlToShard;
+use crate::router::shard::owner::quotas::{DailyRestore, RemoteUsage};
+
+use super::SyncMetrics;
+use super::credits::{self, SiteCredits};
+use super::entry::{Entry, ModelName};
+use super::pool_store::Grant;
+use super::round::{self, Backlog, Batch};
+use super::site::{self, AfterFailure, Health, Heartbeat, Peers};
+use super::store::{RoundWrites, Store, StreamId};
+use crate::router::config::sync::SyncSettings;
+use crate::router::shard::owner::wallets::{CreditNews, Refill};
+use crate::router::shard::redirect_claims::Claim;
+
+/// How much usage a starting router replays: the rate buckets' window.
+const REPLAY_MS: u64 = 60_000;
+/// The longest shutdown waits for the last round.
+const FINAL_ROUND_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The running sync core; [`SyncCore::finish`] publishes what is left and leaves the site.
+pub struct SyncCore {
+    stop: mpsc::Sender<oneshot::Sender<()>>,
+}
+
+/// What the round loop keeps between rounds.
+struct Round {
+    settings: SyncSettings,
+    shared: Arc<ControlShared>,
+    metrics: Arc<SyncMetrics>,
+    store: Store,
+    health: Health,
+    backlog: Backlog,
+    /// This run's start (unix ms): tells this run's entries from a previous run's.
+    run: u64,
+    peer_id: String,
+    /// The newest entry applied; `None` until today's totals have been read.
+    cursor: Option<StreamId>,
+    /// Today's totals must be read again (start, after an outage, after the store lost its data).
+    resync: bool,
+    /// The store's epoch as last seen: a new one means the store lost its data.
+    epoch: Option<String>,
+    /// This router's own totals were read back (only once: they are added).
+    own_restored: bool,
+    read_day: Day,
+    /// Read by the shards' redirect-token claims.
+    store_up: Arc<AtomicBool>,
+    /// Occupancy credits: the pools of the budgets this router has credits for.
+    credits: SiteCredits,
+    /// Agents report routers the store does not list (no new credits within a settle window).
+    unknown_routers: bool,
+    /// Failovers of the store noticed so far (`Store::failovers`).
+    failovers_seen: u64,
+    /// Agent sessions started here as of the last round that reached the store.
+    sessions_at_last_answer: u64,
+    /// Cut off from the store with an agent connected since: the shards admit nothing on
+    /// budgeted models until the store answers (`CreditCap::Closed`).
+    closed: bool,
+}
+
+impl SyncCore {
+    /// Starts the thread. `peer_id`: this router's, published with its heartbeat.
+    ///
+    /// `tokens`: the end of [`crate::router::shard::redirect_claims::SiteTokens`] the shards claim redirect tokens
+    /// through, and the flag that tells them whether the store answers. `core`: a core no shard
+    /// runs on, when the machine has one to spare (the thread is pinned there).
+    pub fn start(
+        settings: SyncSettings,
+        shared: Arc<ControlShared>,
+        peer_id: String,
+        metrics: Arc<SyncMetrics>,
+        tokens: (mpsc::Receiver<Claim>, Arc<AtomicBool>),
+        refills: mpsc::Receiver<Refill>,
+        core: Option<core_affinity::CoreId>,
+    ) -> anyhow::Result<SyncCore> {
+        let (stop, stopped) = mpsc::channel(1);
+        let response_timeout = settings.interval.min(Duration::from_secs(2));
+        let store = Store::new(
+            settings.store.clone(),
+            &settings.site,
+            &settings.router_id,
+            response_timeout,
+        );
+        let (claims, store_up) = tokens;
+        let token_store = Store::new(
+            settings.store.clone(),
+            &settings.site,
+            &settings.router_id,
+            crate::router::shard::redirect_claims::SPEND_WAIT,
+        );
+        // No list for agents until the store answers: this router cannot tell who is alive.
+        shared.site_routers.publish(None);
+        let run = now_unix_ms().max(0) as u64;
+        let credits = SiteCredits::new(
+            &settings.router_id,
+            run,
+            settings.settle_window().as_millis() as u64,
+        );
+        let round = Round {
+            health: Health::new(settings.min_routers),
+            settings,
+            shared,
+            metrics,
+            store,
+            backlog: Backlog::default(),
+            run,
+            peer_id,
+            cursor: None,
+            resync: true,
+            epoch: None,
+            own_restored: false,
+            read_day: utc_today(),
+            store_up,
+            credits,
+            unknown_routers: false,
+            sessions_at_last_answer: 0,
+            failovers_seen: 0,
+            closed: false,
+        };
+        std::thread::Builder::new()
+            .name("sync".into())
+            .spawn(move || {
+                if let Some(core) = core {
+                    core_affinity::set_for_current(core);
+                }
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("building the sync core's runtime");
+                runtime.spawn(crate::router::shard::redirect_claims::serve(
+                    token_store,
+                    claims,
+                ));
+                runtime.block_on(round.run(stopped, refills));
+            })?;
+        Ok(SyncCore { stop })
+    }
+
+    /// Publishes the usage not yet published and marks this router as left, so the others stop
+    /// counting it at once. False when that did not finish in time.
+    pub async fn finish(self) -> bool {
+        let (done, finished) = oneshot::channel();
+        if self.stop.send(done).await.is_err() {
+            return false;
+        }
+        matches!(
+            tokio::time::timeout(FINAL_ROUND_TIMEOUT + Duration::from_secs(1), finished).await,
+            Ok(Ok(()))
+        )
+    }
+}
+
+impl Round {
+    async fn run(
+        mut self,
+        mut stop: mpsc::Receiver<oneshot::Sender<()>>,
+        mut refills: mpsc::Receiver<Refill>,
+    ) {
+        let mut ticks = tokio::time::interval(self.settings.interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => self.tick(false).await,
+                Some(refill) = refills.recv() => self.refill(refill).await,
+                done = stop.recv() => {
+                    let _ = tokio::time::timeout(FINAL_ROUND_TIMEOUT, async {
+                        self.tick(true).await;
+                        self.release_credits().await;
+                    })
+                    .await;
+                    if let Some(done) = done {
+                        let _ = done.send(());
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn tick(&mut self, leaving: bool) {
+        let started = Instant::now();
+        let usage = self.shared.take_usage().await;
+        let now_ms = now_unix_ms().max(0) as u64;
+        let today = utc_today();
+        self.backlog.push(Batch {
+            admitted_at_unix_ms: now_ms,
+            day: today,
+            usage: usage.usage,
+        });
+        self.backlog.push_totals(usage.daily);
+        {
+            let registry = self.shared.registry();
+            self.credits
+                .take_holds(now_ms, usage.credits, |model| registry.model_key(model));
+        }
+        if today != self.read_day {
+            // Every budget starts the new day at zero on every router: nothing to read.
+            self.read_day = today;
+        }
+        let outcome = self.exchange(now_ms, leaving).await;
+        self.metrics
+            .tick_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let outcome_ok = outcome.is_ok();
+        match outcome {
+            Ok(peers) => {
+                let was_up = self.health.is_up();
+                self.health.succeeded(peers);
+                if !was_up {
+                    tracing::info!(site = %self.settings.site, "the sync store answers: limits are shared with the routers of the site");
+                }
+            }
+            Err(error) => {
+                self.metrics.errors_total.fetch_add(1, Ordering::Relaxed);
+                let was_up = self.health.is_up();
+                if self.health.failed() == AfterFailure::Reconnect {
+                    tracing::warn!(%error, "the sync store has not answered for ten rounds: reconnecting from the configured addresses");
+                    self.store.rebuild();
+                }
+                if was_up && !self.health.is_up() {
+                    tracing::warn!(%error, "the sync store is unreachable: each router enforces its share of every limit alone");
+                    // Entries published meanwhile may be trimmed before this router is back.
+                    self.resync = true;
+                } else {
+                    tracing::debug!(%error, "sync round failed");
+                }
+            }
+        }
+        self.metrics
+            .up
+            .store(i64::from(self.health.is_up()), Ordering::Relaxed);
+        self.store_up.store(self.health.is_up(), Ordering::Relaxed);
+        self.close_if_reached_while_cut_off(outcome_ok).await;
+        // While the store answers, a new session routes once a heartbeat has published it; while
+        // it does not, at once (budgeted models are closed to an agent that connects then).
+        self.shared
+            .hold_unpublished_agents(self.health.is_up())
+            .await;
+        self.publish_site();
+        let share = self.health.share();
+        self.shared.broadcast(|| ControlToShard::Share(share)).await;
+    }
+
+    /// Steps 2 and 3 of the round against the store; the peers seen on success.
+    async fn exchange(&mut self, now_ms: u64, leaving: bool) -> redis::RedisResult<Peers> {
+        self.store.ensure_connected().await?;
+        self.notice_failover(now_ms);
+        if self.resync {
+            self.read_totals(now_ms).await?;
+        }
+        let cursor = self.cursor.unwrap_or_default();
+        let entries: Vec<Vec<u8>> = {
+            let registry = self.shared.registry();
+            self.backlog
+                .batches()
+                .iter()
+                .map(|batch| {
+                    round::entry_of(&self.settings.router_id, self.run, batch, |model| {
+                        registry.model_key(model).map(|key| ModelName {
+                            name: key.name,
+                            capability: key.capability,
+                        })
+                    })
+                })
+                .filter(|entry| !entry.is_empty())
+                .map(|entry| entry.encode())
+                .collect()
+        };
+        let totals: Vec<(u32, String, u64)> = {
+            let registry = self.shared.registry();
+            self.backlog
+                .totals()
+                .filter_map(|total| {
+                    let model = match total.model {
+                        None => None,
+                        Some(model) => Some(registry.model_key(model)?),
+                    };
+                    let field =
+                        round::daily_field(&self.settings.router_id, total.tenant, model.as_ref());
+                    Some((total.day.0, field, total.tokens))
+                })
+                .collect()
+        };
+        let (sessions, agents) = self.shared.served_sessions();
+        let heartbeat = self.heartbeat(now_ms, leaving, agents);
+        let heartbeat_json = serde_json::to_string(&heartbeat).expect("a heartbeat serializes");
+        let bytes: usize = entries.iter().map(Vec::len).sum();
+        let pools = self.credits.pool_writes(self.epoch.as_deref(), leaving);
+        let reads = self
+            .store
+            .round(RoundWrites {
+                entries: &entries,
+                totals: &totals,
+                heartbeat: &heartbeat_json,
+                after: cursor,
+                now_ms,
+                pools: &pools,
+            })
+            .await?;
+        drop(pools);
+        // The sessions in the heartbeat may route now: the others will ask their agents before
+        // giving this router up.
+        if !leaving {
+            self.shared.agents_published(&sessions).await;
+        }
+        self.backlog.clear();
+        self.metrics
+            .published_bytes_total
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        // Before the epoch below is taken as known: the pools' views need to tell a new one.
+        self.after_pools(now_ms, &reads).await;
+        if self
+            .epoch
+            .as_ref()
+            .is_some_and(|epoch| *epoch != reads.epoch)
+        {
+            // A new epoch: the store lost its data (restarted empty, or a failover to a replica
+            // that had not synced). Today's totals are read again and this router's written again,
+            // whole.
+            tracing::warn!(
+                "the sync store lost its data: reading today's totals again and writing this router's again"
+            );
+            self.shared.broadcast(|| ControlToShard::RewriteDaily).await;
+            self.resync = true;
+        }
+        self.epoch = Some(reads.epoch.clone());
+        // XRANGE answers in stream order: the last entry is the newest.
+        let newest = reads
+            .entries
+            .last()
+            .map_or(cursor, |(id, _)| cursor.max(*id));
+        if let Some(lag_ms) = self.apply_entries(&reads.entries, now_ms, false).await {
+            self.metrics.lag_ms.store(lag_ms as i64, Ordering::Relaxed);
+        }
+        self.cursor = Some(newest);
+        let records: Vec<(String, Heartbeat)> = reads
+            .heartbeats
+            .iter()
+            .filter_map(|(id, json)| Some((id.clone(), serde_json::from_str(json).ok()?)))
+            .collect();
+        let peers = site::peers(
+            &self.settings.router_id,
+            &heartbeat,
+            records.iter().map(|(id, record)| (id.as_str(), record)),
+            now_ms,
+        );
+        self.metrics
+            .peers
+            .store(i64::from(peers.live), Ordering::Relaxed);
+        let given_up = site::given_up(
+            &self.settings.router_id,
+            records.iter().map(|(id, record)| (id.as_str(), record)),
+            &self.shared.agent_reports(),
+            now_ms,
+        );
+        for (router, run) in given_up {
+            self.reclaim(&router, run).await;
+        }
+        // Records of routers gone for over an hour (silent, or left) are removed; a router that
+        // left more recently keeps its record, which says it left.
+        let gone: Vec<String> = records
+            .iter()
+            .filter(|(id, record)| {
+                *id != self.settings.router_id
+                    && now_ms.saturating_sub(record.at_unix_ms) > site::SILENT_FOR_AT_MOST_MS
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        if !gone.is_empty() {
+            let _ = self.store.forget_routers(&gone).await;
+        }
+        Ok(peers)
+    }
+
+    /// Hands agents the live routers that advertise an address (none while the store is
+    /// unreachable), and counts the routers agents report that the store does not list.
+    fn publish_site(&mut self) {
+        let Some(peers) = self.health.peers() else {
+            self.shared.site_routers.publish(None);
+            self.metrics.unknown_routers.store(0, Ordering::Relaxed);
+            return;
+        };
+        self.shared.site_routers.publish(Some(
+            peers
+                .advertised
+                .iter()
+                .map(|(peer_id, grpc_addr)| SiteRouter {
+                    peer_id: peer_id.clone(),
+                    grpc_addr: grpc_addr.clone(),
+                })
+                .collect(),
+        ));
+        let unknown = self
+            .shared
+            .reported_routers()
+            .into_iter()
+            .filter(|peer_id| peers.listed.binary_search(peer_id).is_err())
+            .count();
+        self.unknown_routers = unknown > 0;
+        self.metrics
+            .unknown_routers
+            .store(unknown as i64, Ordering::Relaxed);
+    }
+
+    /// What the round read of the pools: a new epoch or a router given up makes every shard
+    /// forfeit its credits; every shard learns which budgets others ran short of.
+    async fn after_pools(&mut self, now_ms: u64, reads: &super::store::RoundReads) {
+        let epoch_changed = self
+            .epoch
+            .as_ref()
+            .is_some_and(|epoch| *epoch != reads.epoch);
+        let after = self.credits.after_round(
+            now_ms,
+            epoch_changed,
+            credits::epoch_since(&reads.epoch),
+            &reads.pools,
+        );
+        if after.given_up {
+            tracing::warn!(
+                "the other routers gave this router up: its occupancy credits are asked for again"
+            );
+        }
+        if after.forfeit {
+            self.shared
+                .broadcast(|| ControlToShard::Credits(CreditNews::Forfeit))
+                .await;
+        }
+        let short = after.others_short;
+        self.shared
+            .broadcast(|| ControlToShard::Credits(CreditNews::OthersShort(short.clone())))
+            .await;
+    }
+
+    /// The store's primary has a new replication ID since the last connect: a failover (or a
+    /// restart) that may have lost the latest writes.
+    fn notice_failover(&mut self, now_ms: u64) {
+        let failovers = self.store.failovers();
+        if failovers != self.failovers_seen {
+            self.failovers_seen = failovers;
+            tracing::warn!(
+                "the sync store failed over or restarted: occupancy grants lost with it are guarded for the settle window"
+            );
+            self.credits.failed_over(now_ms);
+        }
+    }
+
+    /// A router cut off from the store admits nothing more once an agent connects to it again
+    /// (seed, "A router that stops"): that agent may have reported it gone meanwhile, and the
+    /// others may have taken its credits back. It admits again once the store answers.
+    async fn close_if_reached_while_cut_off(&mut self, answered: bool) {
+        let sessions = self.shared.sessions_started();
+        let closed = if answered {
+            self.sessions_at_last_answer = sessions;
+            false
+        } else {
+            self.closed || sessions > self.sessions_at_last_answer
+        };
+        if closed != self.closed {
+            self.closed = closed;
+            if closed {
+                tracing::warn!(
+                    "an agent connected while the sync store is unreachable: no request on a model with an occupancy budget is admitted until the store answers"
+                );
+            }
+            self.shared
+                .broadcast(|| ControlToShard::Credits(CreditNews::Closed(closed)))
+                .await;
+        }
+    }
+
+    /// A wallet ran short: ask its pool for more, held to this router's ceiling, and hand the
+    /// answer to the model's owner shard (0 while the store is unreachable or refuses).
+    async fn refill(&mut self, refill: Refill) {
+        let started = Instant::now();
+        let now_ms = now_unix_ms().max(0) as u64;
+        let mut granted = 0;
+        let mut acknowledged = true;
+        let ceiling = if self.health.is_up() {
+            let registry = self.shared.registry();
+            self.credits.ceiling(
+                now_ms,
+                refill.model,
+                refill.kind,
+                refill.budget,
+                self.unknown_routers,
+                |model| registry.model_key(model),
+            )
+        } else {
+            None
+        };
+        let ceiling = match self.store.ensure_connected().await {
+            Ok(()) => {
+                self.notice_failover(now_ms);
+                ceiling.filter(|_| !self.credits.awaiting_rewrite())
+            }
+            Err(_) => None,
+        };
+        if let (Some((pool, ceiling)), Some(epoch)) = (ceiling, self.epoch.clone()) {
+            let answer = self
+                .store
+                .grant(
+                    &pool,
+                    &self.settings.router_id,
+                    self.run,
+                    &epoch,
+                    refill.want,
+                    ceiling,
+                )
+                .await;
+            match answer {
+                Ok(Grant::Granted { granted: more, .. }) => {
+                    granted = more;
+                    if more > 0 && self.settings.store.sentinel_master.is_some() {
+                        // A failover must not hand the same capacity out twice: until a replica
+                        // has the grant, the router keeps to its share.
+                        acknowledged = matches!(
+                            self.store.wait_replicas(credits::ACKNOWLEDGE_WAIT_MS).await,
+                            Ok(replicas) if replicas > 0
+                        );
+                    }
+                }
+                // The store lost its data: the next round notices the epoch.
+                Ok(Grant::StaleEpoch) => {}
+                Ok(Grant::Replaced) => {
+                    tracing::error!(router_id = %self.settings.router_id, "another process runs under this --router-id: one router ID runs one process at a time");
+                }
+                Err(error) => {
+                    self.metrics
+                        .credit_errors_total
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%error, "credit refill failed");
+                }
+            }
+            self.metrics
+                .credit_refill_seconds
+                .observe(started.elapsed().as_secs_f64());
+        }
+        let owner = refill.model.owner(self.shared.shard_count());
+        self.shared
+            .send_to_shard(
+                owner,
+                ControlToShard::Credits(CreditNews::Granted {
+                    model: refill.model,
+                    kind: refill.kind,
+                    granted,
+                    acknowledged,
+                }),
+            )
+            .await;
+    }
+
+    /// Gives `router`'s `run` up: its holdings in every pool this router knows go back (counted
+    /// once, when some went). A failure is retried next round.
+    async fn reclaim(&mut self, router: &str, run: u64) {
+        match self.store.release_holdings(router, run).await {
+            Ok(0) => {}
+            Ok(released) => {
+                self.metrics
+                    .credit_reclaims_total
+                    .fetch_add(1, Ordering::Relaxed);
+                self.credits.forget(router);
+                tracing::warn!(
+                    router,
+                    released,
+                    "a router missed its heartbeats and every agent it served reports no connection to it: its occupancy credits are taken back"
+                );
+            }
+            Err(error) => {
+                self.metrics
+                    .credit_errors_total
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%error, router, "taking a router's credits back failed");
+            }
+        }
+    }
+
+    /// A clean shutdown: every credit back at once (the shards admit nothing any more).
+    async fn release_credits(&mut self) {
+        if let Err(error) = self
+            .store
+            .release_holdings(&self.settings.router_id, self.run)
+            .await
+        {
+            self.metrics
+                .credit_errors_total
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%error, "could not give the occupancy credits back: the others take them back once this router misses its heartbeats");
+        }
+    }
+
+    fn heartbeat(&self, now_ms: u64, leaving: bool, agents: Vec<String>) -> Heartbeat {
+        Heartbeat {
+            run: self.run,
+            at_unix_ms: now_ms,
+            interval_ms: self.settings.interval.as_millis() as u64,
+            peer_id: self.peer_id.clone(),
+            grpc_addr: self.settings.advertise_grpc_addr.clone(),
+            agents,
+            left: leaving,
+        }
+    }
+
+    /// Hands the shards the other routers' `entries` (this run's own are skipped; an entry this
+    /// router cannot read is logged and skipped). `rates_only`: the entries are already in the
+    /// daily totals read (a replay). Returns the age of the newest applied entry, in ms.
+    async fn apply_entries(
+        &self,
+        entries: &[(StreamId, Vec<u8>)],
+        now_ms: u64,
+        rates_only: bool,
+    ) -> Option<u64> {
+        let mut remote = RemoteUsage::default();
+        let mut lag_ms = None;
+        {
+            let registry = self.shared.registry();
+            for (id, bytes) in entries {
+                let entry = match Entry::decode(bytes) {
+                    Ok(entry) => entry,
+                    Err(error) => {
+                        tracing::warn!(%error, id = %id, "skipping a usage entry this router cannot read");
+                        continue;
+                    }
+                };
+                if entry.router == self.settings.router_id && entry.run == self.run {
+                    continue;
+                }
+                lag_ms = Some(now_ms.saturating_sub(entry.admitted_at_unix_ms));
+                remote
+                    .batches
+                    .push(round::remote_batch(&entry, now_ms, rates_only, |model| {
+                        registry.find_model(&model.name, model.capability)
+                    }));
+            }
+        }
+        if !remote.batches.is_empty() {
+            let remote = Arc::new(remote);
+            self.shared
+                .broadcast(|| ControlToShard::ApplyRemote(remote.clone()))
+                .await;
+        }
+        lag_ms
+    }
+
+    /// Reads today's totals and the stream's newest entry together, hands the totals to the
+    /// shards, and applies the entries up to that one to the rate buckets only.
+    async fn read_totals(&mut self, now_ms: u64) -> redis::RedisResult<()> {
+        let day = utc_today();
+        let (fields, last) = self.store.read_daily(day.0).await?;
+        let replay_from = match self.cursor {
+            Some(cursor) => cursor,
+            None => StreamId {
+                ms: last.ms.saturating_sub(REPLAY_MS),
+                seq: 0,
+            },
+        };
+        let replay = if last > replay_from {
+            self.store.read_range(replay_from, last).await?
+        } else {
+            Vec::new()
+        };
+        let records = round::daily_records(
+            &self.settings.router_id,
+            day,
+            fields
+                .iter()
+                .map(|(field, tokens)| (field.as_str(), *tokens)),
+            !self.own_restored,
+        );
+        let shards = self.shared.shard_count();
+        let mut per_shard: HashMap<usize, Vec<_>> = HashMap::new();
+        for record in records {
+            per_shard
+                .entry(record.tenant.owner(shards))
+                .or_default()
+                .push(record);
+        }
+        for shard in 0..shards {
+            let records = per_shard.remove(&shard).unwrap_or_default();
+            self.shared
+                .send_to_shard(
+                    shard,
+                    ControlToShard::DailyTotals(DailyRestore { day, records }),
+                )
+                .await;
+        }
+        self.apply_entries(&replay, now_ms, true).await;
+        tracing::info!(
+            totals = fields.len(),
+            replayed = replay.len(),
+            "today's totals read from the sync store"
+        );
+        // Entries up to `last` are in the totals (and their rate usage was just replayed); a
+        // cursor past `last` means the store lost its data, and its new entries start lower.
+        self.cursor = Some(last);
+        self.own_restored = true;
+        self.resync = false;
+        Ok(())
+    }
+}

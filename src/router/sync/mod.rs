@@ -1,0 +1,170 @@
+//! Several routers, one site: the limits every router enforces are shared through a Valkey store
+//! (seed `run-several-routers.md`).
+//!
+//! # Key components
+//! - [`config`]: the `--sync-*` flags, checked.
+//! - [`entry`]: one router's usage of one round, in the compact versioned encoding the store
+//!   carries (pure).
+//! - [`round`]: the shards' usage into an entry and back, the backlog held while the store is
+//!   unreachable, the daily totals' fields (pure).
+//! - [`site`]: live and silent routers, the store's health, and the share of each limit they leave
+//!   this router (pure).
+//! - [`store`]: the Valkey connection (direct or through Sentinel, password, TLS) and the
+//!   commands of a round.
+//! - [`core`]: the sync core's thread, running the round every `--sync-interval`.
+//! - [`tokens`]: redirect tokens spent once for the whole site.
+//!
+//! # Architecture
+//! ```text
+//! shards ──TakeUsage──► sync core ──one transaction per round──► Valkey
+//!        ◄─ApplyRemote,Share─┘   ◄──heartbeats, other routers' entries─┘
+//! ```
+//! The request path never waits on the store: admission runs against the shard's buckets and the
+//! [`crate::logic::limits::Share`] the last round left it. The buckets' arithmetic lives in
+//! `crate::logic::limits`; how usage maps onto the owner shards' holders in
+//! `crate::router::shard::owner::quotas`.
+
+pub mod core;
+pub mod credits;
+pub mod entry;
+pub mod pool_store;
+pub mod round;
+pub mod site;
+pub mod store;
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use crate::router::metrics::{Collect, Family, cumulative};
+
+/// `hivenet_sync_tick_seconds` buckets.
+pub const TICK_SECONDS_BUCKETS: [f64; 10] =
+    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+
+/// The sync core's metrics (seed, "Monitor"), written by the sync core only.
+#[derive(Debug, Default)]
+pub struct SyncMetrics {
+    /// 1 while the store answers.
+    pub up: AtomicI64,
+    /// Other live routers, as last seen.
+    pub peers: AtomicI64,
+    /// Age of the latest peer usage when applied, in milliseconds.
+    pub lag_ms: AtomicI64,
+    pub errors_total: AtomicU64,
+    /// Routers the agents report a connection to that the store does not list.
+    pub unknown_routers: AtomicI64,
+    /// Bytes of usage entries published (for the benchmark's bytes per round).
+    pub published_bytes_total: AtomicU64,
+    pub tick_seconds: Histogram,
+    /// Occupancy credits: the duration of each refill (`hivenet_occupancy_credit_seconds`,
+    /// `op="refill"`).
+    pub credit_refill_seconds: Histogram,
+    /// Credit calls to the store that failed.
+    pub credit_errors_total: AtomicU64,
+    /// Routers given up early because no agent was connected to them.
+    pub credit_reclaims_total: AtomicU64,
+}
+
+/// A fixed-bucket histogram written by one thread and read at scrape time.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    counts: [AtomicU64; TICK_SECONDS_BUCKETS.len() + 1],
+    /// The sum, in microseconds.
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, seconds: f64) {
+        let index = TICK_SECONDS_BUCKETS
+            .iter()
+            .position(|bound| seconds <= *bound)
+            .unwrap_or(TICK_SECONDS_BUCKETS.len());
+        self.counts[index].fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+    }
+
+    /// One sample of the histogram with `labels`.
+    fn sample_into(&self, family: &mut Family, labels: &[(&str, &str)]) {
+        let counts: Vec<u64> = self
+            .counts
+            .iter()
+            .map(|count| count.load(Ordering::Relaxed))
+            .collect();
+        let (buckets, count) = cumulative(&TICK_SECONDS_BUCKETS, &counts);
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        family.histogram_sample(labels, &buckets, sum, count);
+    }
+}
+
+impl Collect for SyncMetrics {
+    fn collect(&self, out: &mut Vec<Family>) {
+        let gauges: [(&str, &str, f64); 4] = [
+            (
+                "hivenet_sync_up",
+                "1 while the sync store answers; 0 while each router enforces its share alone.",
+                self.up.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "hivenet_sync_peers",
+                "Other live routers of the site, as last seen.",
+                self.peers.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "hivenet_sync_unknown_routers",
+                "Routers the agents report a connection to that the sync store does not list.",
+                self.unknown_routers.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "hivenet_sync_lag_seconds",
+                "Age of the latest peer usage when applied.",
+                self.lag_ms.load(Ordering::Relaxed) as f64 / 1000.0,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let mut family = Family::gauge(name, help);
+            family.sample(&[], value);
+            out.push(family);
+        }
+        let counters = [
+            (
+                "hivenet_sync_errors_total",
+                "Sync rounds that failed to reach the store.",
+                &self.errors_total,
+            ),
+            (
+                "hivenet_sync_published_bytes_total",
+                "Bytes of usage entries this router published to the sync store.",
+                &self.published_bytes_total,
+            ),
+            (
+                "hivenet_occupancy_credit_errors_total",
+                "Occupancy credit calls to the store that failed.",
+                &self.credit_errors_total,
+            ),
+            (
+                "hivenet_occupancy_credit_reclaims_total",
+                "Routers given up early because no agent was connected to them.",
+                &self.credit_reclaims_total,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let mut family = Family::counter(name, help);
+            family.sample(&[], value.load(Ordering::Relaxed) as f64);
+            out.push(family);
+        }
+        let mut tick =
+            Family::histogram("hivenet_sync_tick_seconds", "Duration of one sync round.");
+        self.tick_seconds.sample_into(&mut tick, &[]);
+        out.push(tick);
+        let mut credit = Family::histogram(
+            "hivenet_occupancy_credit_seconds",
+            "Duration of one occupancy credit call to the store.",
+        );
+        self.credit_refill_seconds
+            .sample_into(&mut credit, &[("op", "refill")]);
+        out.push(credit);
+    }
+}
+
+#[cfg(test)]
+mod tests;

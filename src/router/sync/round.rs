@@ -1,0 +1,458 @@
+//! The pure parts of a sync round: the shards' usage into one entry, other routers' entries into
+//! what each shard subtracts, the usage held back while the store is unreachable, and the daily
+//! totals as the store keeps them (seed `run-several-routers.md`, "How it works").
+//!
+//! No I/O and no clock: `sync::core` runs the round against the store and passes time in.
+
+use std::collections::HashMap;
+
+use crate::base::ids::{KeyId, ModelId, TenantId};
+use crate::logic::limits::{BucketRef, Day};
+use crate::logic::snapshot::ModelKey;
+use crate::router::shard::owner::quotas::{BucketUsage, DailyRecord, DailyTotal, RemoteBatch};
+
+use super::entry::{Bucket, Entry, KeyUsage, ModelName};
+
+/// Held-back batches kept while the store is unreachable: ten minutes of one-second rounds.
+/// Beyond it the two oldest are merged (their usage summed, the later admission time kept, so
+/// the merged usage is never treated as older than it is).
+pub const BACKLOG_MAX: usize = 600;
+
+/// Usage admitted at one time, in this process's model ids, not yet published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    pub admitted_at_unix_ms: u64,
+    pub day: Day,
+    pub usage: Vec<BucketUsage>,
+}
+
+/// One round's entry from a batch. Models this router no longer knows by name are dropped.
+pub fn entry_of(
+    router: &str,
+    run: u64,
+    batch: &Batch,
+    model_name: impl Fn(ModelId) -> Option<ModelName>,
+) -> Entry {
+    let mut models: Vec<ModelName> = Vec::new();
+    let mut model_index: HashMap<ModelId, Option<u32>> = HashMap::new();
+    let mut index_of = |model: ModelId| -> Option<u32> {
+        *model_index.entry(model).or_insert_with(|| {
+            let name = model_name(model)?;
+            models.push(name);
+            Some(models.len() as u32 - 1)
+        })
+    };
+    let mut by_key: Vec<&BucketUsage> = batch.usage.iter().collect();
+    by_key.sort_by_key(|usage| usage.key);
+    let mut keys: Vec<KeyUsage> = Vec::new();
+    for usage in by_key {
+        let bucket = match usage.bucket {
+            BucketRef::Requests { model } => Bucket::Requests {
+                model: match model {
+                    None => None,
+                    Some(model) => match index_of(model) {
+                        Some(index) => Some(index),
+                        None => continue,
+                    },
+                },
+            },
+            BucketRef::InputTokens { model } => match index_of(model) {
+                Some(model) => Bucket::InputTokens { model },
+                None => continue,
+            },
+            BucketRef::OutputTokens { model } => match index_of(model) {
+                Some(model) => Bucket::OutputTokens { model },
+                None => continue,
+            },
+            BucketRef::Daily { model, day } => Bucket::Daily {
+                model: match model {
+                    None => None,
+                    Some(model) => match index_of(model) {
+                        Some(index) => Some(index),
+                        None => continue,
+                    },
+                },
+                day,
+            },
+        };
+        match keys.last_mut() {
+            Some(last) if last.key == usage.key => last.buckets.push((bucket, usage.amount)),
+            _ => keys.push(KeyUsage {
+                key: usage.key,
+                buckets: vec![(bucket, usage.amount)],
+            }),
+        }
+    }
+    Entry {
+        router: router.to_owned(),
+        run,
+        admitted_at_unix_ms: batch.admitted_at_unix_ms,
+        day: batch.day,
+        models,
+        keys,
+    }
+}
+
+/// What a shard subtracts for another router's entry. `rates_only`: the entry is already in the
+/// daily totals this router read (a replay), so only its rate usage applies. Models this router
+/// does not serve are skipped (no bucket here limits them).
+pub fn remote_batch(
+    entry: &Entry,
+    now_unix_ms: u64,
+    rates_only: bool,
+    model_id: impl Fn(&ModelName) -> Option<ModelId>,
+) -> RemoteBatch {
+    let ids: Vec<Option<ModelId>> = entry.models.iter().map(&model_id).collect();
+    let id = |index: u32| ids.get(index as usize).copied().flatten();
+    let mut usage = Vec::new();
+    for key in &entry.keys {
+        for &(bucket, amount) in &key.buckets {
+            let bucket = match bucket {
+                Bucket::Requests { model: None } => BucketRef::Requests { model: None },
+                Bucket::Requests { model: Some(index) } => match id(index) {
+                    Some(model) => BucketRef::Requests { model: Some(model) },
+                    None => continue,
+                },
+                Bucket::InputTokens { model } => match id(model) {
+                    Some(model) => BucketRef::InputTokens { model },
+                    None => continue,
+                },
+                Bucket::OutputTokens { model } => match id(model) {
+                    Some(model) => BucketRef::OutputTokens { model },
+                    None => continue,
+                },
+                Bucket::Daily { .. } if rates_only => continue,
+                Bucket::Daily { model: None, day } => BucketRef::Daily { model: None, day },
+                Bucket::Daily {
+                    model: Some(index),
+                    day,
+                } => match id(index) {
+                    Some(model) => BucketRef::Daily {
+                        model: Some(model),
+                        day,
+                    },
+                    None => continue,
+                },
+            };
+            usage.push(BucketUsage {
+                key: key.key,
+                bucket,
+                amount,
+            });
+        }
+    }
+    RemoteBatch {
+        age_ms: now_unix_ms.saturating_sub(entry.admitted_at_unix_ms),
+        usage,
+    }
+}
+
+/// Usage taken from the shards and not published yet, oldest first (at most [`BACKLOG_MAX`]
+/// batches), and the daily totals not written yet (each a whole total: the latest replaces an
+/// earlier one, so one per budget and day changed while the store was away).
+#[derive(Debug, Default)]
+pub struct Backlog {
+    batches: Vec<Batch>,
+    totals: HashMap<(TenantId, Option<ModelId>, Day), u64>,
+}
+
+impl Backlog {
+    pub fn push(&mut self, batch: Batch) {
+        if batch.usage.is_empty() {
+            return;
+        }
+        if self.batches.len() >= BACKLOG_MAX {
+            let older = self.batches.remove(0);
+            let newer = &mut self.batches[0];
+            newer.usage = merge(older.usage, std::mem::take(&mut newer.usage));
+        }
+        self.batches.push(batch);
+    }
+
+    pub fn push_totals(&mut self, totals: Vec<DailyTotal>) {
+        for total in totals {
+            self.totals
+                .insert((total.tenant, total.model, total.day), total.tokens);
+        }
+    }
+
+    pub fn batches(&self) -> &[Batch] {
+        &self.batches
+    }
+
+    pub fn totals(&self) -> impl Iterator<Item = DailyTotal> + '_ {
+        self.totals
+            .iter()
+            .map(|(&(tenant, model, day), &tokens)| DailyTotal {
+                tenant,
+                model,
+                day,
+                tokens,
+            })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.batches.is_empty() && self.totals.is_empty()
+    }
+
+    /// Everything was written.
+    pub fn clear(&mut self) {
+        self.batches.clear();
+        self.totals.clear();
+    }
+}
+
+/// The usage of two batches with each (key, bucket) once.
+fn merge(older: Vec<BucketUsage>, newer: Vec<BucketUsage>) -> Vec<BucketUsage> {
+    let mut sums: HashMap<(KeyId, BucketRef), u64> = HashMap::new();
+    let mut order = Vec::new();
+    for usage in older.into_iter().chain(newer) {
+        let slot = sums.entry((usage.key, usage.bucket)).or_insert_with(|| {
+            order.push((usage.key, usage.bucket));
+            0
+        });
+        *slot = slot.saturating_add(usage.amount);
+    }
+    order
+        .into_iter()
+        .map(|(key, bucket)| BucketUsage {
+            key,
+            bucket,
+            amount: sums[&(key, bucket)],
+        })
+        .collect()
+}
+
+const FIELD_SEPARATOR: char = '|';
+
+/// A daily total's field in the day's hash: `router|tenant|capability|model` (capability and
+/// model empty for the flat budget). Router IDs never hold `|` (`sync::config`); model names may,
+/// so the model comes last.
+pub fn daily_field(router: &str, tenant: TenantId, model: Option<&ModelKey>) -> String {
+    match model {
+        None => format!("{router}|{:08x}||", tenant.0),
+        Some(model) => format!(
+            "{router}|{:08x}|{}|{}",
+            tenant.0,
+            model.capability.as_str(),
+            model.name
+        ),
+    }
+}
+
+/// The parts of a [`daily_field`]; `None` for a field this version does not write.
+pub fn parse_daily_field(field: &str) -> Option<(&str, TenantId, Option<ModelKey>)> {
+    let mut parts = field.splitn(4, FIELD_SEPARATOR);
+    let router = parts.next()?;
+    let tenant = TenantId(u32::from_str_radix(parts.next()?, 16).ok()?);
+    let capability = parts.next()?;
+    let name = parts.next()?;
+    let model = match (capability, name) {
+        ("", "") => None,
+        (capability, name) if !name.is_empty() => Some(ModelKey {
+            name: name.into(),
+            capability: crate::base::ids::Capability::ALL
+                .into_iter()
+                .find(|known| known.as_str() == capability)?,
+        }),
+        _ => return None,
+    };
+    Some((router, tenant, model))
+}
+
+/// Today's totals read from the store as the shards restore them: this router's own (added once,
+/// at start-up, when `with_own`) and the sum of the other routers' (replacing what was known).
+pub fn daily_records<'a>(
+    own_router: &str,
+    day: Day,
+    fields: impl IntoIterator<Item = (&'a str, u64)>,
+    with_own: bool,
+) -> Vec<DailyRecord> {
+    let mut others: HashMap<(TenantId, Option<ModelKey>), u64> = HashMap::new();
+    let mut records = Vec::new();
+    for (field, tokens) in fields {
+        let Some((router, tenant, model)) = parse_daily_field(field) else {
+            continue;
+        };
+        if router == own_router {
+            if with_own {
+                records.push(DailyRecord {
+                    tenant,
+                    model,
+                    day,
+                    tokens,
+                    others: false,
+                });
+            }
+        } else {
+            let sum = others.entry((tenant, model)).or_default();
+            *sum = sum.saturating_add(tokens);
+        }
+    }
+    records.extend(
+        others
+            .into_iter()
+            .map(|((tenant, model), tokens)| DailyRecord {
+                tenant,
+                model,
+                day,
+                tokens,
+                others: true,
+            }),
+    );
+    records
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::base::ids::Capability;
+
+    const MONDAY: Day = Day(20_000);
+    const CHAT: ModelId = ModelId(3);
+
+    fn names(model: ModelId) -> Option<ModelName> {
+        (model == CHAT).then(|| ModelName {
+            name: "chat".into(),
+            capability: Capability::Llm,
+        })
+    }
+
+    fn ids(name: &ModelName) -> Option<ModelId> {
+        (&*name.name == "chat").then_some(ModelId(9))
+    }
+
+    fn usage(key: u32, bucket: BucketRef, amount: u64) -> BucketUsage {
+        BucketUsage {
+            key: KeyId(key),
+            bucket,
+            amount,
+        }
+    }
+
+    #[test]
+    fn usage_crosses_routers_by_key_and_model_name() {
+        let batch = Batch {
+            admitted_at_unix_ms: 10_000,
+            day: MONDAY,
+            usage: vec![
+                usage(2, BucketRef::Requests { model: None }, 1),
+                usage(1, BucketRef::InputTokens { model: CHAT }, 500),
+                usage(
+                    2,
+                    BucketRef::Daily {
+                        model: Some(CHAT),
+                        day: MONDAY,
+                    },
+                    700,
+                ),
+                // A model this router no longer names: dropped.
+                usage(1, BucketRef::OutputTokens { model: ModelId(4) }, 5),
+            ],
+        };
+        let entry = entry_of("router-0", 1, &batch, names);
+        assert_eq!(entry.keys.len(), 2, "grouped by key");
+        let decoded = Entry::decode(&entry.encode()).unwrap();
+        let remote = remote_batch(&decoded, 10_250, false, ids);
+        assert_eq!(remote.age_ms, 250);
+        assert_eq!(
+            remote.usage,
+            [
+                usage(1, BucketRef::InputTokens { model: ModelId(9) }, 500),
+                usage(2, BucketRef::Requests { model: None }, 1),
+                usage(
+                    2,
+                    BucketRef::Daily {
+                        model: Some(ModelId(9)),
+                        day: MONDAY
+                    },
+                    700
+                ),
+            ]
+        );
+        let replayed = remote_batch(&decoded, 10_250, true, ids);
+        assert_eq!(replayed.usage.len(), 2, "daily usage is in the totals read");
+    }
+
+    #[test]
+    fn a_full_backlog_merges_its_oldest_batches_without_losing_usage() {
+        let mut backlog = Backlog::default();
+        for round in 0..BACKLOG_MAX as u64 + 5 {
+            backlog.push(Batch {
+                admitted_at_unix_ms: round,
+                day: MONDAY,
+                usage: vec![usage(1, BucketRef::Requests { model: None }, 1)],
+            });
+        }
+        assert_eq!(backlog.batches().len(), BACKLOG_MAX);
+        let total: u64 = backlog
+            .batches()
+            .iter()
+            .flat_map(|batch| &batch.usage)
+            .map(|usage| usage.amount)
+            .sum();
+        assert_eq!(total, BACKLOG_MAX as u64 + 5);
+        assert_eq!(backlog.batches()[0].usage.len(), 1, "one line per bucket");
+        assert_eq!(
+            backlog.batches()[0].admitted_at_unix_ms,
+            5,
+            "the later time of the merged batches"
+        );
+    }
+
+    #[test]
+    fn the_latest_daily_total_replaces_an_earlier_one() {
+        let mut backlog = Backlog::default();
+        let total = |tokens| DailyTotal {
+            tenant: TenantId(1),
+            model: None,
+            day: MONDAY,
+            tokens,
+        };
+        backlog.push_totals(vec![total(10)]);
+        backlog.push_totals(vec![total(25)]);
+        assert_eq!(backlog.totals().collect::<Vec<_>>(), [total(25)]);
+    }
+
+    #[test]
+    fn daily_fields_round_trip_and_sum_the_other_routers() {
+        let chat = ModelKey {
+            name: "org/chat|v2".into(),
+            capability: Capability::Llm,
+        };
+        let field = daily_field("router-0", TenantId(0xab), Some(&chat));
+        assert_eq!(
+            parse_daily_field(&field),
+            Some(("router-0", TenantId(0xab), Some(chat.clone())))
+        );
+        let flat = daily_field("router-1", TenantId(0xab), None);
+        assert_eq!(
+            parse_daily_field(&flat),
+            Some(("router-1", TenantId(0xab), None))
+        );
+        assert_eq!(parse_daily_field("garbage"), None);
+
+        let fields = [
+            (daily_field("me", TenantId(1), None), 100),
+            (daily_field("a", TenantId(1), None), 20),
+            (daily_field("b", TenantId(1), None), 30),
+        ];
+        let read = |with_own| {
+            let mut records = daily_records(
+                "me",
+                MONDAY,
+                fields
+                    .iter()
+                    .map(|(field, tokens)| (field.as_str(), *tokens)),
+                with_own,
+            );
+            records.sort_by_key(|record| record.others);
+            records
+                .into_iter()
+                .map(|record| (record.tokens, record.others))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(read(true), [(100, false), (50, true)]);
+        assert_eq!(read(false), [(50, true)]);
+    }
+}

@@ -1,0 +1,584 @@
+//! The Valkey side of the sync round: one connection (directly, or to the primary the Sentinels
+//! name), the keys of one site, and the few commands a round needs.
+//!
+//! # Keys (all under the hash tag `{site}`, so they live on one node)
+//! - `hivenet:{site}:usage`: the usage stream, one entry per router and round (field `u`, the
+//!   binary entry of `sync::entry`), trimmed to the last ten minutes by the writers.
+//! - `hivenet:{site}:routers`: hash, router ID -> heartbeat (JSON, `sync::site::Heartbeat`).
+//! - `hivenet:{site}:daily:{day}`: hash, `router|tenant|capability|model` -> that router's
+//!   running total of the day (`sync::round::daily_field`); expires two days after its last write.
+//! - `hivenet:{site}:redirect:{nonce}`: a spent redirect token, until it expires.
+//! - `hivenet:{site}:pool:{capability}|{model}|{tokens,requests}`: an occupancy budget's pool,
+//!   router ID -> `run:held[:short]` (`sync::pool_store`); `hivenet:{site}:pools`: the set of
+//!   pools, for taking a router's holdings back from all of them.
+//! - `hivenet:{site}:epoch`: set once by the first router to reach an empty store; a new value
+//!   tells every router the store lost its data.
+//!
+//! # Error handling
+//! Every call is bounded by the connection and response timeouts; any error drops the connection
+//! so the next round connects again (asking the Sentinels for the primary: that is how a failover
+//! is followed). [`Store::rebuild`] starts over from the configured addresses.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, RedisResult, Value};
+
+use crate::router::config::sync::StoreSettings;
+
+/// How long usage stays on the stream: a router away longer re-reads the daily totals instead
+/// of the entries it missed.
+pub const STREAM_KEEP_MS: u64 = 10 * 60 * 1000;
+/// Entries read per round at most; the rest are read next round.
+pub const READ_MAX: usize = 10_000;
+/// A daily hash outlives its day by this much (a router behind midnight still writes to it).
+const DAILY_TTL_SECONDS: u64 = 2 * 86_400;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A stream entry ID (`ms-seq`), ordered as the store orders them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct StreamId {
+    pub ms: u64,
+    pub seq: u64,
+}
+
+impl StreamId {
+    pub fn parse(text: &str) -> Option<StreamId> {
+        let (ms, seq) = text.split_once('-')?;
+        Some(StreamId {
+            ms: ms.parse().ok()?,
+            seq: seq.parse().ok()?,
+        })
+    }
+}
+
+impl std::fmt::Display for StreamId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.ms, self.seq)
+    }
+}
+
+/// What one round writes.
+pub struct RoundWrites<'a> {
+    /// Encoded entries, oldest first.
+    pub entries: &'a [Vec<u8>],
+    /// (day, field, total).
+    pub totals: &'a [(u32, String, u64)],
+    pub heartbeat: &'a str,
+    /// Read the entries after this ID.
+    pub after: StreamId,
+    /// Now (unix ms): an epoch this router sets begins now.
+    pub now_ms: u64,
+    /// The occupancy pools this router rewrites or reads (each is read after its rewrite).
+    pub pools: &'a [PoolWrite<'a>],
+}
+
+/// One occupancy pool in a round: what the router holds of it now (rewritten under `epoch`,
+/// the epoch the router knows; `None`: only read), then a read of every holding.
+pub struct PoolWrite<'a> {
+    /// The pool's name under `pool:`.
+    pub pool: &'a str,
+    pub rewrite: Option<PoolRewrite<'a>>,
+}
+
+pub struct PoolRewrite<'a> {
+    pub epoch: &'a str,
+    pub run: u64,
+    pub hold: u64,
+    pub in_use: u64,
+    pub short: bool,
+}
+
+/// What a round read of one pool: the rewrite's answer (`pool_store::REWRITE`), and every
+/// holding (router ID -> `run:held[:short]`).
+pub struct PoolRead {
+    pub rewritten: Option<i64>,
+    pub holdings: HashMap<String, String>,
+}
+
+/// What one round reads back.
+pub struct RoundReads {
+    pub heartbeats: HashMap<String, String>,
+    pub entries: Vec<(StreamId, Vec<u8>)>,
+    /// The store's epoch (see the module doc).
+    pub epoch: String,
+    /// One per [`RoundWrites::pools`], in its order.
+    pub pools: Vec<PoolRead>,
+}
+
+pub struct Store {
+    settings: StoreSettings,
+    prefix: String,
+    /// This router's field in the heartbeat hash.
+    router: String,
+    /// The epoch this router sets when it finds the store without one, after the time it
+    /// sets it: `{unix ms}-{router}-{random}` (the time starts the settle window).
+    epoch_suffix: String,
+    response_timeout: Duration,
+    connection: Option<MultiplexedConnection>,
+    /// The primary's replication ID (`INFO replication`, `master_replid`) at the last connect.
+    replication_id: Option<String>,
+    /// Times a connect found a new replication ID: a replica promoted, or the primary
+    /// restarted; either may have lost its latest writes.
+    failovers: u64,
+}
+
+impl Store {
+    pub fn new(
+        settings: StoreSettings,
+        site: &str,
+        router: &str,
+        response_timeout: Duration,
+    ) -> Store {
+        if settings.tls {
+            // The redis crate's rustls needs a process-wide provider; ours is ring.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        Store {
+            settings,
+            prefix: format!("hivenet:{{{site}}}"),
+            router: router.to_owned(),
+            epoch_suffix: format!("{router}-{:016x}", fastrand::u64(..)),
+            response_timeout,
+            connection: None,
+            replication_id: None,
+            failovers: 0,
+        }
+    }
+
+    pub fn key(&self, suffix: &str) -> String {
+        format!("{}:{suffix}", self.prefix)
+    }
+
+    fn config(&self) -> AsyncConnectionConfig {
+        AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(self.response_timeout))
+    }
+
+    async fn connect(&self) -> RedisResult<MultiplexedConnection> {
+        let settings = &self.settings;
+        let certificates = || redis::TlsCertificates {
+            client_tls: None,
+            root_cert: settings.tls_ca.clone(),
+        };
+        let redis_info = {
+            let info = redis::RedisConnectionInfo::default();
+            match &settings.password {
+                Some(password) => info.set_password(password),
+                None => info,
+            }
+        };
+        match &settings.sentinel_master {
+            None => {
+                let (host, port) = settings.addrs[0].clone();
+                let addr = if settings.tls {
+                    redis::ConnectionAddr::TcpTls {
+                        host,
+                        port,
+                        insecure: false,
+                        tls_params: None,
+                    }
+                } else {
+                    redis::ConnectionAddr::Tcp(host, port)
+                };
+                let info = redis::IntoConnectionInfo::into_connection_info(addr)?
+                    .set_redis_settings(redis_info);
+                let client = if settings.tls {
+                    redis::Client::build_with_tls(info, certificates())?
+                } else {
+                    redis::Client::open(info)?
+                };
+                tokio::time::timeout(
+                    CONNECT_TIMEOUT + self.response_timeout,
+                    client.get_multiplexed_async_connection_with_config(&self.config()),
+                )
+                .await
+                .map_err(timed_out)?
+            }
+            Some(master) => {
+                let sentinels = settings.addrs.iter().map(|(host, port)| {
+                    if settings.tls {
+                        redis::ConnectionAddr::TcpTls {
+                            host: host.clone(),
+                            port: *port,
+                            insecure: false,
+                            tls_params: None,
+                        }
+                    } else {
+                        redis::ConnectionAddr::Tcp(host.clone(), *port)
+                    }
+                });
+                let mut builder = redis::sentinel::SentinelClientBuilder::new(
+                    sentinels,
+                    master,
+                    redis::sentinel::SentinelServerType::Master,
+                )?;
+                if let Some(password) = &settings.password {
+                    builder = builder
+                        .set_client_to_redis_password(password)
+                        .set_client_to_sentinel_password(password);
+                }
+                if settings.tls {
+                    builder = builder
+                        .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+                        .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure)
+                        .set_client_to_redis_certificates(certificates())
+                        .set_client_to_sentinel_certificates(certificates());
+                }
+                let mut client = builder.build()?;
+                tokio::time::timeout(
+                    CONNECT_TIMEOUT * 3 + self.response_timeout,
+                    client.get_async_connection_with_config(&self.config()),
+                )
+                .await
+                .map_err(timed_out)?
+            }
+        }
+    }
+
+    async fn connection(&mut self) -> RedisResult<MultiplexedConnection> {
+        if let Some(connection) = &self.connection {
+            return Ok(connection.clone());
+        }
+        let mut connection = self.connect().await?;
+        let info: RedisResult<String> = tokio::time::timeout(
+            self.response_timeout,
+            redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut connection),
+        )
+        .await
+        .map_err(timed_out)?;
+        let info = match info {
+            Ok(info) => Some(info),
+            Err(error) if error.is_io_error() || error.is_timeout() => return Err(error),
+            // Refused (an ACL without INFO): no failover is noticed through this connection.
+            Err(error) => {
+                tracing::warn!(%error, "the sync store refuses INFO: a failover that loses occupancy grants cannot be noticed");
+                None
+            }
+        };
+        let replication_id = info.as_deref().and_then(|info| {
+            info.lines()
+                .find_map(|line| line.strip_prefix("master_replid:"))
+                .map(|id| id.trim().to_owned())
+        });
+        if self.replication_id.is_some()
+            && replication_id.is_some()
+            && replication_id != self.replication_id
+        {
+            self.failovers += 1;
+        }
+        if replication_id.is_some() {
+            self.replication_id = replication_id;
+        }
+        self.connection = Some(connection.clone());
+        Ok(connection)
+    }
+
+    /// Connects when there is no connection (noting a failover, [`Store::failovers`]).
+    pub async fn ensure_connected(&mut self) -> RedisResult<()> {
+        self.connection().await.map(|_| ())
+    }
+
+    /// Times a connect found the primary with a new replication ID since this store was made.
+    pub fn failovers(&self) -> u64 {
+        self.failovers
+    }
+
+    /// Runs `pipe`, dropping the connection on any error so the next call connects again.
+    pub(super) async fn query<T: redis::FromRedisValue>(
+        &mut self,
+        pipe: &redis::Pipeline,
+    ) -> RedisResult<T> {
+        let mut connection = self.connection().await?;
+        let result = tokio::time::timeout(
+            self.response_timeout + Duration::from_millis(100),
+            pipe.query_async(&mut connection),
+        )
+        .await
+        .map_err(timed_out)
+        .and_then(|result| result);
+        if result.is_err() {
+            self.connection = None;
+        }
+        result
+    }
+
+    /// After ten failed rounds: forget the connection (the next one starts from the configured
+    /// addresses, resolved again).
+    pub fn rebuild(&mut self) {
+        self.connection = None;
+    }
+
+    /// Today's totals of every router and the stream's newest entry, read together: every entry
+    /// up to that one is in the totals (each router writes its entry and its totals in one
+    /// transaction). Once per start or outage; the reply holds one field per router and daily
+    /// budget used today, bounded by the keys and routers of the site, not by traffic.
+    pub async fn read_daily(&mut self, day: u32) -> RedisResult<(Vec<(String, u64)>, StreamId)> {
+        let mut totals = redis::cmd("HGETALL");
+        totals.arg(self.key(&format!("daily:{day}")));
+        let mut last = redis::cmd("XREVRANGE");
+        last.arg(self.key("usage"))
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1);
+        let replies = self.transaction(vec![totals, last], 2).await?;
+        let totals: HashMap<String, u64> = redis::from_redis_value_ref(&replies[0])?;
+        Ok((totals.into_iter().collect(), last_id(&replies[1])))
+    }
+
+    /// Runs `commands` as one `MULTI` … `EXEC` and returns the replies of the last `reads` of
+    /// them. `MULTI` and `EXEC` go as plain commands of a pipeline: the redis crate's own
+    /// transactions underflow a counter (a panic in debug builds) when the store refuses `MULTI`
+    /// itself, as it does without the password (`NOAUTH`) or while loading (`LOADING`).
+    async fn transaction(
+        &mut self,
+        commands: Vec<redis::Cmd>,
+        reads: usize,
+    ) -> RedisResult<Vec<Value>> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("MULTI").ignore();
+        for command in commands {
+            pipe.add_command(command).ignore();
+        }
+        pipe.cmd("EXEC");
+        let (exec,): (Value,) = self.query(&pipe).await?;
+        exec_replies(exec, reads).map_err(|what| {
+            // A connection in an unknown state is not used again.
+            self.connection = None;
+            redis::RedisError::from(std::io::Error::other(what))
+        })
+    }
+
+    /// Entries after `after` up to and including `upto`, oldest first: at most 10 × [`READ_MAX`]
+    /// (a start-up replay of one minute; older ones are in the daily totals, and the rate
+    /// buckets have refilled them).
+    pub async fn read_range(
+        &mut self,
+        after: StreamId,
+        upto: StreamId,
+    ) -> RedisResult<Vec<(StreamId, Vec<u8>)>> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("XRANGE")
+            .arg(self.key("usage"))
+            .arg(format!("({after}"))
+            .arg(upto.to_string())
+            .arg("COUNT")
+            .arg(READ_MAX * 10);
+        let (reply,): (Value,) = self.query(&pipe).await?;
+        Ok(entries(&reply))
+    }
+
+    /// One round: publish, write totals and the heartbeat in one transaction, then read the
+    /// heartbeats and the entries after `writes.after`.
+    pub async fn round(&mut self, writes: RoundWrites<'_>) -> RedisResult<RoundReads> {
+        let usage = self.key("usage");
+        let routers = self.key("routers");
+        let mut commands = Vec::with_capacity(writes.entries.len() + 8);
+        for entry in writes.entries {
+            let mut xadd = redis::cmd("XADD");
+            xadd.arg(&usage)
+                .arg("MINID")
+                .arg("~")
+                .arg(writes.after.ms.saturating_sub(STREAM_KEEP_MS))
+                .arg("*")
+                .arg("u")
+                .arg(entry.as_slice());
+            commands.push(xadd);
+        }
+        // One HSET per day with every changed total of that day, and its expiry.
+        let mut days: Vec<u32> = writes.totals.iter().map(|(day, _, _)| *day).collect();
+        days.sort_unstable();
+        days.dedup();
+        for day in days {
+            let key = self.key(&format!("daily:{day}"));
+            let mut hset = redis::cmd("HSET");
+            hset.arg(&key);
+            for (_, field, total) in writes.totals.iter().filter(|(of, _, _)| *of == day) {
+                hset.arg(field).arg(*total);
+            }
+            commands.push(hset);
+            let mut expire = redis::cmd("EXPIRE");
+            expire.arg(&key).arg(DAILY_TTL_SECONDS);
+            commands.push(expire);
+        }
+        let mut heartbeat = redis::cmd("HSET");
+        heartbeat
+            .arg(&routers)
+            .arg(&self.router)
+            .arg(writes.heartbeat);
+        commands.push(heartbeat);
+        let mut set_epoch = redis::cmd("SET");
+        set_epoch
+            .arg(self.key("epoch"))
+            .arg(format!("{}-{}", writes.now_ms, self.epoch_suffix))
+            .arg("NX");
+        commands.push(set_epoch);
+        for pool in writes.pools {
+            let key = self.key(&format!("pool:{}", pool.pool));
+            if let Some(rewrite) = &pool.rewrite {
+                let mut eval = redis::cmd("EVAL");
+                eval.arg(super::pool_store::REWRITE)
+                    .arg(3)
+                    .arg(&key)
+                    .arg(self.key("epoch"))
+                    .arg(self.key("pools"))
+                    .arg(&self.router)
+                    .arg(rewrite.run)
+                    .arg(rewrite.epoch)
+                    .arg(rewrite.hold)
+                    .arg(rewrite.in_use)
+                    .arg(u8::from(rewrite.short));
+                commands.push(eval);
+            }
+            let mut read = redis::cmd("HGETALL");
+            read.arg(&key);
+            commands.push(read);
+        }
+        let mut epoch = redis::cmd("GET");
+        epoch.arg(self.key("epoch"));
+        commands.push(epoch);
+        let mut heartbeats = redis::cmd("HGETALL");
+        heartbeats.arg(&routers);
+        commands.push(heartbeats);
+        let mut range = redis::cmd("XRANGE");
+        range
+            .arg(&usage)
+            .arg(format!("({}", writes.after))
+            .arg("+")
+            .arg("COUNT")
+            .arg(READ_MAX);
+        commands.push(range);
+        let pool_replies: usize = writes
+            .pools
+            .iter()
+            .map(|pool| 1 + usize::from(pool.rewrite.is_some()))
+            .sum();
+        let replies = self.transaction(commands, pool_replies + 3).await?;
+        let mut pools = Vec::with_capacity(writes.pools.len());
+        let mut at = 0;
+        for pool in writes.pools {
+            let rewritten = match pool.rewrite {
+                Some(_) => {
+                    at += 1;
+                    Some(redis::from_redis_value_ref::<i64>(&replies[at - 1])?)
+                }
+                None => None,
+            };
+            let holdings: HashMap<String, String> = redis::from_redis_value_ref(&replies[at])?;
+            at += 1;
+            pools.push(PoolRead {
+                rewritten,
+                holdings,
+            });
+        }
+        let epoch: String = redis::from_redis_value_ref(&replies[at])?;
+        let heartbeats: HashMap<String, String> = redis::from_redis_value_ref(&replies[at + 1])?;
+        let range = &replies[at + 2];
+        Ok(RoundReads {
+            heartbeats,
+            entries: entries(range),
+            epoch,
+            pools,
+        })
+    }
+
+    /// Removes heartbeats of routers given up (silent for over an hour, or left).
+    pub async fn forget_routers(&mut self, ids: &[String]) -> RedisResult<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        pipe.cmd("HDEL").arg(self.key("routers")).arg(ids).ignore();
+        self.query::<()>(&pipe).await
+    }
+
+    /// Marks a redirect token spent for the whole site; false when it already was.
+    pub async fn spend_token(&mut self, nonce: &str, ttl_ms: u64) -> RedisResult<bool> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(self.key(&format!("redirect:{nonce}")))
+            .arg(1)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms.max(1));
+        let (set,): (Option<String>,) = self.query(&pipe).await?;
+        Ok(set.is_some())
+    }
+}
+
+/// The last `reads` replies of an `EXEC` reply, or why the transaction did not run whole.
+fn exec_replies(exec: Value, reads: usize) -> Result<Vec<Value>, String> {
+    let Value::Array(mut replies) = exec else {
+        return Err(format!("the store did not run the transaction: {exec:?}"));
+    };
+    if let Some(error) = replies
+        .iter()
+        .find(|reply| matches!(reply, Value::ServerError(_)))
+    {
+        return Err(format!("the store refused a command: {error:?}"));
+    }
+    if replies.len() < reads {
+        return Err(format!(
+            "the transaction answered {} replies",
+            replies.len()
+        ));
+    }
+    Ok(replies.split_off(replies.len() - reads))
+}
+
+fn timed_out(_: tokio::time::error::Elapsed) -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "the store did not answer in time",
+    ))
+}
+
+/// The ID of the one entry an `XREVRANGE … COUNT 1` returned.
+fn last_id(reply: &Value) -> StreamId {
+    match reply {
+        Value::Array(items) => items.iter().rev().find_map(entry_id).unwrap_or_default(),
+        _ => StreamId::default(),
+    }
+}
+
+/// The ID of one entry of an `XRANGE` / `XREVRANGE` reply (`[id, [field, value, …]]`).
+fn entry_id(entry: &Value) -> Option<StreamId> {
+    let Value::Array(pair) = entry else {
+        return None;
+    };
+    match pair.first()? {
+        Value::BulkString(id) => StreamId::parse(std::str::from_utf8(id).ok()?),
+        Value::SimpleString(id) => StreamId::parse(id),
+        _ => None,
+    }
+}
+
+/// (ID, field `u`) of each entry of an `XRANGE` reply; entries without it are skipped.
+fn entries(reply: &Value) -> Vec<(StreamId, Vec<u8>)> {
+    let Value::Array(items) = reply else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|item| {
+            let id = entry_id(item)?;
+            let Value::Array(pair) = item else {
+                return None;
+            };
+            let Value::Array(fields) = pair.get(1)? else {
+                return None;
+            };
+            fields.chunks(2).find_map(|field| match field {
+                [Value::BulkString(name), Value::BulkString(value)] if name == b"u" => {
+                    Some((id, value.clone()))
+                }
+                _ => None,
+            })
+        })
+        .collect()
+}
