@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hivenet_router::router::api::Dialect;
+use hivenet_router::base::ids::Dialect;
 use hivenet_router::router::provider::settings::{
     ANTHROPIC_API_KEY_VARIABLE, ANTHROPIC_BASE_URL_VARIABLE, OPENAI_API_KEY_VARIABLE,
     OPENAI_BASE_URL_VARIABLE,

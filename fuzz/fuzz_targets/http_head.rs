@@ -92,7 +92,7 @@ fn check_head(data: &[u8], head: &RequestHead, limits: &HeadLimits) {
     }
     assert_eq!(headers, head.headers_count);
     let _ = head.header(data, "content-type");
-    let _ = hivenet_router::router::api::route(head.method, head.path(data));
+    let _ = hivenet_router::router::api::request::route(head.method, head.path(data));
 }
 
 fn check_preface(data: &[u8]) {

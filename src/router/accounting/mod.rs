@@ -159,7 +159,7 @@ impl Accounting {
     pub fn finish_span(
         &self,
         span: &crate::net::telemetry::StartedSpan,
-        route: crate::router::api::Route,
+        route: crate::wire::http::route::Route,
         request_id: &[u8; 36],
         facts: &RequestFacts,
         status: u16,

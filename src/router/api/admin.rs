@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use crate::logic::auth::keys::bearer_token;
-use crate::router::api::ClientRequest;
+use crate::router::api::request::ClientRequest;
 use crate::router::api::sink::{ClientGone, Sink};
 use crate::router::control::registration_feed::Subscription;
 use crate::router::error::Rejection;

@@ -6,7 +6,7 @@
 //! the body's `model` is known.
 
 use crate::logic::auth::keys::{AuthOutcome, KeyRecord, KeyRegistry, presented_key};
-use crate::router::api::ClientRequest;
+use crate::router::api::request::ClientRequest;
 use crate::router::error::Rejection;
 
 /// The presented key's record, or its 401 (see `api::refusal::credentials`).
@@ -47,7 +47,7 @@ pub use crate::base::clock::now_unix_ms;
 /// What a request head says about its credentials, for [`on_head`].
 #[derive(Debug, Clone, Copy)]
 pub struct HeadCredentials<'h> {
-    pub route: crate::router::api::Route,
+    pub route: crate::wire::http::route::Route,
     /// The request target (path and query): an arriving redirect token rides in the query.
     pub target: &'h [u8],
     pub authorization: Option<&'h [u8]>,
@@ -64,7 +64,7 @@ pub fn on_head(
     head: HeadCredentials<'_>,
     now_unix_ms: i64,
 ) -> Result<(), Rejection> {
-    use crate::router::api::Route;
+    use crate::wire::http::route::Route;
     match head.route {
         Route::Health => Ok(()),
         Route::Admin => {

@@ -17,20 +17,23 @@ use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use futures_util::future::Either;
 
+use crate::base::ids::Dialect;
 use crate::base::latch::race;
 use crate::logic::limits::Delivery;
 use crate::logic::usage::{
     self, AnthropicStreamScan, OpenAiEvent, OpenAiStreamScan, SseSplitter, Usage,
 };
+use crate::router::accounting::RequestFacts;
 use crate::router::accounting::tenants::{KeyLabels, Phase};
+use crate::router::api::request::ClientRequest;
 use crate::router::api::sink::Sink;
-use crate::router::api::{ClientRequest, Dialect, Outcome, Route};
 use crate::router::error::Rejection;
 use crate::router::metrics::ShardMetrics;
 use crate::router::shard::guards::{QuotaCharge, Slot};
 use crate::router::shard::owner::OccupancyUpdate;
 use crate::router::shard::state::Shard;
 use crate::wire::http::fields::{PromptShape, RequestFields, request_with_include_usage};
+use crate::wire::http::route::Route;
 
 /// Largest non-streamed response body the router buffers; a larger one is a backend error.
 const BUFFERED_BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
@@ -51,7 +54,7 @@ pub struct UsageEvent {
 /// What settling a response needs: the one per-request context the response phases share.
 struct Settling<'a> {
     shard: &'a Shard,
-    facts: &'a mut super::RequestFacts,
+    facts: &'a mut RequestFacts,
     slot: &'a Slot,
     /// What the input estimate was computed from, to train the estimator with exact usage.
     prompt: PromptShape,
@@ -251,7 +254,7 @@ pub async fn forward<S: Sink>(
     quota: &mut QuotaCharge,
     deadline: Instant,
     may_retry: bool,
-    facts: &mut super::RequestFacts,
+    facts: &mut RequestFacts,
     sink: &mut S,
 ) -> Result<u16, Outcome> {
     // A failure before anything reached the client may be retried on another agent (policy
@@ -668,6 +671,23 @@ fn stream_error_event(dialect: Dialect, backend_failed: bool) -> &'static [u8] {
         (Dialect::Anthropic, true) => {
             b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"backend_error: the backend failed mid-stream\"}}\n\n"
         }
+    }
+}
+
+/// How an inference request ended when it did not end well.
+pub enum Outcome {
+    /// Nothing has been sent to the client yet: answer with this.
+    Rejected(Rejection),
+    /// A forward failed before anything was sent to the client, and another attempt may serve
+    /// it (the caller decides; without one, the failure's rejection is the answer).
+    Retry(Failure),
+    /// The client is gone (or its connection broke mid-response).
+    Gone,
+}
+
+impl From<Rejection> for Outcome {
+    fn from(rejection: Rejection) -> Outcome {
+        Outcome::Rejected(rejection)
     }
 }
 

@@ -17,8 +17,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::base::ids::Dialect;
 use crate::base::latch::race;
-use crate::router::api::Dialect;
 use crate::router::api::sink::{ClientGone, Sink};
 use crate::router::error::Rejection;
 use crate::router::metrics::ShardMetrics;

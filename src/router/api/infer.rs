@@ -26,13 +26,14 @@ use crate::logic::limits::{Estimate, ModelContext, RejectionKind};
 use crate::logic::routing::Ask as RouteAsk;
 use crate::logic::sibling::token::RedirectClaims;
 use crate::logic::snapshot::{ModelEntry, RoutingSnapshot};
+use crate::router::accounting::RequestFacts;
 use crate::router::accounting::tenants::{KeyLabels, Phase, UNSET};
+use crate::router::api::forward::Outcome;
 use crate::router::api::hold::{HoldSink, Keepalive};
 use crate::router::api::plan::{RateCharge, SlotAdmit, VisitPlan};
+use crate::router::api::request::ClientRequest;
 use crate::router::api::sink::Sink;
-use crate::router::api::{
-    ClientRequest, Outcome, RequestFacts, Route, authenticate, forward, plan, redirect, refusal,
-};
+use crate::router::api::{authenticate, forward, plan, redirect, refusal};
 use crate::router::error::Rejection;
 use crate::router::metrics::ShardMetrics;
 use crate::router::shard::guards::HoldEnd;
@@ -41,6 +42,7 @@ use crate::router::shard::owner::quotas::Charge;
 use crate::router::shard::state::Shard;
 use crate::router::shard::visit::{Admit, PoolAsk, QuotaRefusal, RouteError};
 use crate::wire::http::fields::{RequestFields, extract_fields};
+use crate::wire::http::route::Route;
 
 /// Phases 3 to 8 of one inference request; reads like the table of `docs/request-path.md`.
 pub async fn infer<S: Sink>(

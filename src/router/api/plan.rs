@@ -41,8 +41,8 @@ use std::time::Duration;
 use crate::logic::admission;
 use crate::logic::auth::keys::KeyRecord;
 use crate::logic::snapshot::ModelEntry;
-use crate::router::api::Route;
 use crate::router::shard::owner::quotas::{has_token_phase, is_limited};
+use crate::wire::http::route::Route;
 
 /// What the first visit to the key's quota owner charges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,11 +18,13 @@ use crate::logic::auth::keys::{KeyRecord, KeyRegistry, KeySource};
 use crate::logic::sibling::map::{Kind, RedirectAsk, SiblingMap};
 use crate::logic::sibling::token::{self, RedirectClaims};
 use crate::logic::snapshot::{ModelEntry, RoutingSnapshot};
+use crate::router::api::forward::Outcome;
+use crate::router::api::request::ClientRequest;
 use crate::router::api::sink::Sink;
-use crate::router::api::{ClientRequest, Outcome, Route};
 use crate::router::config::RedirectSite;
 use crate::router::error::Rejection;
 use crate::router::shard::state::Shard;
+use crate::wire::http::route::Route;
 
 /// A redirected request is not redirected again after this many hops.
 pub const MAX_HOPS: u8 = 2;

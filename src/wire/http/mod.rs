@@ -32,6 +32,7 @@ pub mod fields;
 pub mod prompt;
 pub mod request;
 pub mod response;
+pub mod route;
 
 /// Index just past the first blank line in `buf`: a `\n` followed by `\n` or `\r\n`, which covers
 /// `\r\n\r\n`, `\n\n` and their mixtures. Ends both HTTP heads and server-sent events.
