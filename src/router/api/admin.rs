@@ -9,7 +9,7 @@
 //! `{"error": "..."}` form the admin reference documents.
 //!
 //! One answer is a stream: `GET /admin/registration-stream` comes back from the control core as a
-//! subscription to the registration feed (`control::registration_feed`), and this shard writes it
+//! subscription to the registration feed (`shard::registration_feed`), and this shard writes it
 //! as Server-Sent Events: each change as it comes, a keepalive comment every
 //! [`KEEPALIVE_INTERVAL`], a comment saying how many events a slow reader missed, and the end of
 //! the stream after [`STREAM_LIFETIME_MAX`], or once the router is draining (at its next event or
@@ -24,10 +24,10 @@ use tokio::sync::oneshot;
 use crate::logic::auth::keys::bearer_token;
 use crate::router::api::request::ClientRequest;
 use crate::router::api::sink::{ClientGone, Sink};
-use crate::router::control::registration_feed::Subscription;
 use crate::router::error::Rejection;
 use crate::router::shard::messages::AdminCall;
 use crate::router::shard::queues::QueueError;
+use crate::router::shard::registration_feed::Subscription;
 use crate::router::shard::state::Shard;
 
 /// How long an admin call may wait for the control core.

@@ -201,7 +201,7 @@ fn registry_route(shared: &ControlShared, method: Method, path: &str) -> Option<
 /// `GET /admin/registration-stream`: a subscription to the registration feed, streamed by the
 /// shard (`api::admin`), or `503` when [`registration_feed::SUBSCRIBERS_MAX`] streams are open.
 ///
-/// [`registration_feed::SUBSCRIBERS_MAX`]: super::registration_feed::SUBSCRIBERS_MAX
+/// [`registration_feed::SUBSCRIBERS_MAX`]: crate::router::shard::registration_feed::SUBSCRIBERS_MAX
 fn registration_stream(shared: &ControlShared) -> AdminReply {
     match shared.registrations.subscribe() {
         Ok(subscription) => AdminReply {

@@ -29,7 +29,6 @@ pub mod daily_flush;
 pub mod disk_db;
 pub mod metrics_http;
 pub mod policy_reload;
-pub mod registration_feed;
 pub mod registry;
 pub mod service;
 pub mod site_routers;
@@ -121,7 +120,7 @@ pub struct ControlShared {
     /// The provider-fallback client's outbound HTTP metrics, when it runs.
     pub provider_metrics: Option<Arc<crate::router::provider::ProviderMetrics>>,
     /// Agents joining and leaving the pool, for `/admin/registration-stream`.
-    pub registrations: registration_feed::RegistrationFeed,
+    pub registrations: crate::router::shard::registration_feed::RegistrationFeed,
     /// The sync core's metrics, set when it runs (`--sync-store valkey`).
     pub sync_metrics: std::sync::OnceLock<Arc<crate::router::sync::SyncMetrics>>,
     /// The site's routers handed to agents in authentication responses and heartbeat acks. The
@@ -167,7 +166,7 @@ impl ControlShared {
             next_session: AtomicU64::new(1),
             shard_metrics,
             quota_backend_errors_total: AtomicU64::new(0),
-            registrations: registration_feed::RegistrationFeed::default(),
+            registrations: crate::router::shard::registration_feed::RegistrationFeed::default(),
             sync_metrics: std::sync::OnceLock::new(),
         }
     }

@@ -143,7 +143,7 @@ pub struct AdminReply {
     pub body: Vec<u8>,
     /// A streamed answer (`GET /admin/registration-stream`): the shard sends `status` with
     /// `text/event-stream` and then each frame as it comes (`api::admin`).
-    pub stream: Option<crate::router::control::registration_feed::Subscription>,
+    pub stream: Option<crate::router::shard::registration_feed::Subscription>,
 }
 
 /// Between shards over the SPSC mesh: a request's visit to an owner, the owner's answer, and

@@ -42,6 +42,7 @@ pub mod owner;
 pub mod queue_waits;
 pub mod queues;
 pub mod redirect_claims;
+pub mod registration_feed;
 pub mod state;
 pub mod timer;
 pub mod tunnels;
