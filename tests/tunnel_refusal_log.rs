@@ -60,7 +60,7 @@ fn a_burst_of_refused_tunnels_logs_one_line_per_interval_with_a_count() {
     assert!(first[0].contains("suppressed=0"), "{}", first[0]);
 
     // After the interval, the next refusal is logged with the count of those left out.
-    let interval = hivenet_router::router::control::tunnel_accept::REFUSAL_LOG_INTERVAL;
+    let interval = hivenet_router::router::shard::tunnels::REFUSAL_LOG_INTERVAL;
     std::thread::sleep((interval + Duration::from_millis(200)).saturating_sub(started.elapsed()));
     refused_tunnel(&site);
     let lines = site.wait_for("the second refusal line", || {

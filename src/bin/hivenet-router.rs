@@ -351,7 +351,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     let sync_core = match sync_settings.zip(token_claims) {
         Some((sync, token_claims)) => {
             let sync_metrics = Arc::new(SyncMetrics::default());
-            let _ = shared.sync_metrics.set(sync_metrics.clone());
+            let _ = shared.sync_metrics.set(sync_metrics.clone() as Arc<_>);
             tracing::info!(site = %sync.site, router_id = %sync.router_id, store = ?sync.store, interval = ?sync.interval, "limits shared with the routers of the site");
             Some(SyncCore::start(
                 sync,

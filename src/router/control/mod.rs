@@ -122,7 +122,7 @@ pub struct ControlShared {
     /// Agents joining and leaving the pool, for `/admin/registration-stream`.
     pub registrations: crate::router::shard::registration_feed::RegistrationFeed,
     /// The sync core's metrics, set when it runs (`--sync-store valkey`).
-    pub sync_metrics: std::sync::OnceLock<Arc<crate::router::sync::SyncMetrics>>,
+    pub sync_metrics: std::sync::OnceLock<Arc<dyn crate::router::metrics::Collect + Send + Sync>>,
     /// The site's routers handed to agents in authentication responses and heartbeat acks. The
     /// sync core, when there is one, publishes to it each round; without one it holds just this
     /// router (`SiteRouters::single`).

@@ -17,6 +17,7 @@ use crate::logic::admission::estimator::PublishedRatio;
 use crate::logic::routing::{AgentProfile, EngineSignals};
 use crate::logic::sibling::map::SiblingMap;
 use crate::logic::snapshot::{ModelEntry, ModelKey, RoutingSnapshot};
+use crate::router::shard::registration_feed::Membership;
 
 mod history;
 pub use history::{AgentLabels, HistoryRow, LiveAgent};
@@ -69,16 +70,6 @@ pub enum Event {
     CloseSession { agent: AgentId },
     /// An agent joined or left the routing pool: one entry of `/admin/registration-stream`.
     Membership(Membership),
-}
-
-/// An agent joining (`registered`) or leaving (`unregistered`) the routing pool, as the
-/// registration stream publishes it (the caller stamps the wall-clock time).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Membership {
-    pub joined: bool,
-    pub peer_id: String,
-    pub deployment_id: String,
-    pub replica_id: String,
 }
 
 /// One registered agent as the admin API shows it ([`Registry::agent_views`]).

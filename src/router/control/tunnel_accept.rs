@@ -22,10 +22,9 @@ use crate::net::tunnel::tls;
 use crate::router::control::ControlShared;
 use crate::router::shard::conn_limit::ConnPermit;
 use crate::router::shard::messages::ControlToShard;
+use crate::router::shard::tunnels::REFUSAL_LOG_INTERVAL;
 
 pub const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(5);
-/// At most one "tunnel refused" (and one "tunnel accept failed") line per this long.
-pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The control core's tunnel refusal lines: this module's and the session check's in `control`.
 pub struct RefusalLog {

@@ -21,7 +21,15 @@ use bytes::Bytes;
 use serde::Serialize;
 use tokio::sync::broadcast;
 
-use crate::router::control::registry::Membership;
+/// An agent joining (`registered`) or leaving (`unregistered`) the routing pool, as the
+/// registration stream publishes it (the caller stamps the wall-clock time).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Membership {
+    pub joined: bool,
+    pub peer_id: String,
+    pub deployment_id: String,
+    pub replica_id: String,
+}
 
 /// Events buffered for each subscriber before the oldest are dropped for it.
 pub const BUFFER_EVENTS: usize = 256;

@@ -24,6 +24,9 @@ use crate::net::tunnel::preamble::Codec;
 use crate::net::tunnel::upstream::{Http2Tunnel, Sender, StreamIds};
 use crate::router::shard::state::{Shard, Tunnel};
 
+/// At most one "tunnel refused" (and one "tunnel accept failed") line per this long.
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Buffer sizes of the compat wrapper around the tunnel socket.
 const TUNNEL_BUFFER_BYTES: usize = 64 * 1024;
 /// HTTP/2 windows (the lean tunnel's are protocol constants, `tunnel::mux::Windows::TUNNEL`):
@@ -59,7 +62,7 @@ thread_local! {
     /// This shard's refused-TLS-tunnel lines: anyone who reaches the tunnel port can cause them,
     /// so at most one per `REFUSAL_LOG_INTERVAL` per shard, counting the ones left out.
     static TLS_REFUSALS: RefCell<LogLimit> =
-        const { RefCell::new(LogLimit::new(crate::router::control::tunnel_accept::REFUSAL_LOG_INTERVAL)) };
+        const { RefCell::new(LogLimit::new(REFUSAL_LOG_INTERVAL)) };
 }
 
 fn log_tls_refusal(shard: usize, reason: &str) {

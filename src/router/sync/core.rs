@@ -160,10 +160,7 @@ impl SyncCore {
                     .enable_all()
                     .build()
                     .expect("building the sync core's runtime");
-                runtime.spawn(crate::router::shard::redirect_claims::serve(
-                    token_store,
-                    claims,
-                ));
+                runtime.spawn(super::redirect_claims::serve(token_store, claims));
                 runtime.block_on(round.run(stopped, refills));
             })?;
         Ok(SyncCore { stop })

@@ -28,6 +28,7 @@ pub mod core;
 pub mod credits;
 pub mod entry;
 pub mod pool_store;
+pub mod redirect_claims;
 pub mod round;
 pub mod site;
 pub mod store;
