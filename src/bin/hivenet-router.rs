@@ -32,7 +32,8 @@ use hivenet_router::router::config::sync::SyncSettings;
 use hivenet_router::router::config::{EnvSettings, QuotaBackend, RouterArgs, listen_address};
 use hivenet_router::router::control::daily_flush::DailyFlush;
 use hivenet_router::router::control::disk_db::{self, DiskDb};
-use hivenet_router::router::control::policy_reload::{self, PolicyControl};
+use hivenet_router::router::control::policies::{self, PolicyControl};
+use hivenet_router::router::control::policy_reload;
 use hivenet_router::router::control::registry::HealthTimes;
 use hivenet_router::router::control::{self, ControlSettings, ControlShared, auth_reload};
 use hivenet_router::router::front::runtime::{self, ShardSetup};
@@ -155,7 +156,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         max_tries_per_step: args.max_tries_per_step()?,
         provider_keys: env.provider_keys,
     };
-    let policy_sources = policy_reload::Sources {
+    let policy_sources = policies::Sources {
         file: args.policy_file().map(Into::into),
         dir: args.policy_model_dir().map(Into::into),
     };
@@ -389,7 +390,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             };
             let flush_shared = shared.clone();
             let drain_shared = shared.clone();
-            let started = control::start(&runtime, shared, from_shards).and_then(|started| {
+            let started = control::core::start(&runtime, shared, from_shards).and_then(|started| {
                 if let Some((settings, consumers, dropped)) = span_export {
                     let _guard = runtime.enter();
                     telemetry::export::spawn(

@@ -21,7 +21,8 @@ use crate::logic::policy::{
     Origin, OwnershipConflict, PolicyEntry, Role, check_policy_name, compile_text,
 };
 use crate::router::control::ControlShared;
-use crate::router::control::policy_reload::{CommitError, Trigger, commit};
+use crate::router::control::policies::Trigger;
+use crate::router::control::policy_reload::{CommitError, commit};
 use crate::router::shard::messages::AdminReply;
 use crate::wire::http::request::Method;
 

@@ -6,72 +6,22 @@
 //! Error handling: a socket that does not finish its preamble within [`PREAMBLE_TIMEOUT`], or
 //! presents a bad token or shard, is answered (when possible) and closed; nothing else is affected.
 //! Anyone who can reach the port can cause refusals at will, so they are logged through
-//! [`RefusalLog`]: at most one WARN line per [`REFUSAL_LOG_INTERVAL`], which counts the refusals
+//! [`RefusalLog`](super::tunnel_refusals::RefusalLog): at most one WARN line per [`REFUSAL_LOG_INTERVAL`], which counts the refusals
 //! left out since the previous line (`suppressed`).
 
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::base::log_limit::LogLimit;
 use crate::logic::routing::AgentId;
 use crate::net::tunnel::preamble::{self, Status};
 use crate::net::tunnel::tls;
 use crate::router::control::ControlShared;
 use crate::router::shard::conn_limit::ConnPermit;
 use crate::router::shard::messages::ControlToShard;
-use crate::router::shard::tunnels::REFUSAL_LOG_INTERVAL;
 
 pub const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The control core's tunnel refusal lines: this module's and the session check's in `control`.
-pub struct RefusalLog {
-    refused: Mutex<LogLimit>,
-    accept_failed: Mutex<LogLimit>,
-}
-
-impl Default for RefusalLog {
-    fn default() -> RefusalLog {
-        RefusalLog {
-            refused: Mutex::new(LogLimit::new(REFUSAL_LOG_INTERVAL)),
-            accept_failed: Mutex::new(LogLimit::new(REFUSAL_LOG_INTERVAL)),
-        }
-    }
-}
-
-impl RefusalLog {
-    /// A refused tunnel connection: a WARN line unless one was written less than
-    /// [`REFUSAL_LOG_INTERVAL`] ago.
-    pub fn refused(&self, remote: Option<SocketAddr>, session: Option<u32>, reason: &str) {
-        let noted = self
-            .refused
-            .lock()
-            .expect("refusal log lock poisoned")
-            .note(Instant::now());
-        if let Some(suppressed) = noted {
-            tracing::warn!(
-                ?remote,
-                ?session,
-                reason,
-                suppressed,
-                "tunnel refused (at most one such line per 10 s; suppressed: refusals since the previous line)"
-            );
-        }
-    }
-
-    fn accept_failed(&self, error: &std::io::Error) {
-        let noted = self
-            .accept_failed
-            .lock()
-            .expect("refusal log lock poisoned")
-            .note(Instant::now());
-        if let Some(suppressed) = noted {
-            tracing::warn!(%error, suppressed, "tunnel accept failed (at most one such line per 10 s)");
-        }
-    }
-}
 
 pub async fn run(listener: tokio::net::TcpListener, shared: Arc<ControlShared>) {
     loop {
