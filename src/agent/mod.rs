@@ -49,7 +49,9 @@ pub mod multiaddr;
 pub mod poller;
 pub mod readiness;
 pub mod session;
+pub mod session_link;
 pub mod sessions;
+pub mod shared;
 pub mod stream;
 pub mod tunnel;
 
@@ -64,26 +66,7 @@ use self::engine_metrics::EngineSnapshot;
 use self::forward::{ForwardContext, InFlight};
 use crate::base::credentials::Secret;
 
-/// What every session reads; built once after readiness.
-pub struct Shared {
-    pub config: Config,
-    pub secret: Secret,
-    pub peer_id: String,
-    /// The models registered with every router.
-    pub models: Vec<String>,
-    pub forward: Arc<ForwardContext>,
-    pub engine: watch::Receiver<EngineSnapshot>,
-    /// The rest of the last engine scrape (`engine_report`); `None` before the first.
-    pub engine_report: watch::Receiver<Option<crate::wire::proto::EngineReport>>,
-    /// Whether the backend passed its last health check (`health`).
-    pub backend_healthy: watch::Receiver<bool>,
-    /// The host's CPU, memory and GPUs at the last sample (`host`); `None` before the first.
-    pub host: watch::Receiver<Option<crate::wire::proto::HostStats>>,
-    /// TLS for routers that announce a `/tls` tunnel address (`--p2p-tls-ca` or the web roots).
-    pub tunnel_tls: Arc<rustls::ClientConfig>,
-    /// True once the agent is shutting down: sessions tell their routers and do not reconnect.
-    pub draining: watch::Receiver<bool>,
-}
+pub use shared::Shared;
 
 /// Tracing on: the queue request tasks push finished spans to, and the exporter draining it on
 /// this runtime (it runs for the life of the process).

@@ -22,11 +22,11 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tonic::transport::{Channel, Endpoint};
 use tracing::{info, warn};
 
-use super::Shared;
 use super::backoff::{Backoff, RECONNECT_RESET_AFTER, SESSION_MAX};
 use super::discovery::Admit;
 use super::multiaddr;
-use super::sessions::Link;
+use super::session_link::Link;
+use super::shared::Shared;
 use super::tunnel;
 use crate::wire::proto::agent_control_client::AgentControlClient;
 use crate::wire::proto::agent_message::Kind as AgentKind;

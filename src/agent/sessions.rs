@@ -12,102 +12,19 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::{AbortHandle, JoinSet};
 use tracing::info;
 
-use super::Shared;
-use super::discovery::{Action, Admit, Discovery, Listed, SessionId};
+use super::discovery::{Action, Discovery, SessionId};
 use super::session;
+use super::session_link::{Link, SessionToDriver};
+use super::shared::Shared;
 
 /// Reports queued towards the driver; a list finding it full is dropped, the rest wait.
 const TO_DRIVER_QUEUE_CAPACITY: usize = 64;
 /// How often the two-minute expiry of discovered routers is looked at.
 const EXPIRY_CHECK_INTERVAL: Duration = Duration::from_secs(5);
-
-/// What a session task tells the driver.
-#[derive(Debug)]
-enum SessionToDriver {
-    Authenticated {
-        session: SessionId,
-        peer_id: String,
-        reply: oneshot::Sender<Admit>,
-    },
-    Down {
-        session: SessionId,
-    },
-    Listed {
-        session: SessionId,
-        routers: Vec<Listed>,
-    },
-}
-
-/// A session task's end of the driver.
-#[derive(Debug, Clone)]
-pub struct Link {
-    session: SessionId,
-    to_driver: mpsc::Sender<SessionToDriver>,
-    /// Peer IDs of the routers with an admitted session, sorted.
-    connected: watch::Receiver<Arc<[String]>>,
-}
-
-impl Link {
-    /// The session authenticated with `peer_id`: may it register?
-    pub async fn authenticated(&self, peer_id: &str) -> Admit {
-        let (reply, answer) = oneshot::channel();
-        let report = SessionToDriver::Authenticated {
-            session: self.session,
-            peer_id: peer_id.to_owned(),
-            reply,
-        };
-        if self.to_driver.send(report).await.is_err() {
-            return Admit::Duplicate;
-        }
-        answer.await.unwrap_or(Admit::Duplicate)
-    }
-
-    /// The session ended; the task reconnects unless aborted.
-    pub async fn down(&self) {
-        let _ = self
-            .to_driver
-            .send(SessionToDriver::Down {
-                session: self.session,
-            })
-            .await;
-    }
-
-    /// The routers a router listed (`routers_known` was true).
-    pub fn listed(&self, routers: &[crate::wire::proto::SiteRouter]) {
-        let routers = routers
-            .iter()
-            .take(super::discovery::LIST_ENTRIES_MAX)
-            .map(|router| Listed {
-                peer_id: router.peer_id.trim().to_owned(),
-                uri: match router.grpc_addr.trim() {
-                    "" => String::new(),
-                    address => super::config::grpc_uri(address),
-                },
-            })
-            .collect();
-        // Dropped when the driver is behind: the next heartbeat ack lists them again.
-        let _ = self.to_driver.try_send(SessionToDriver::Listed {
-            session: self.session,
-            routers,
-        });
-    }
-
-    /// Peer IDs of the routers this agent has a live session with now.
-    pub fn connected_peer_ids(&self) -> Vec<String> {
-        self.connected.borrow().to_vec()
-    }
-
-    /// Waits until `peer_id` is no longer reached by any session, or `at_most`.
-    pub async fn wait_released(&self, peer_id: &str, at_most: Duration) {
-        let mut connected = self.connected.clone();
-        let released = connected.wait_for(|peers| !peers.iter().any(|peer| peer == peer_id));
-        let _ = tokio::time::timeout(at_most, released).await;
-    }
-}
 
 /// Runs the sessions of `starting` (the `--routers` list) and of every router discovered from
 /// them, forever.
@@ -128,11 +45,7 @@ pub async fn run(shared: Arc<Shared>, starting: Vec<String>) {
                         continue;
                     }
                     info!(router = %uri, session = session.0, "connecting to router");
-                    let link = Link {
-                        session,
-                        to_driver: to_driver.clone(),
-                        connected: connected.clone(),
-                    };
+                    let link = Link::new(session, to_driver.clone(), connected.clone());
                     let handle = tasks.spawn(session::run_router(uri, shared.clone(), link));
                     handles.insert(session, handle);
                 }
