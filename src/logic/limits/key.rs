@@ -103,9 +103,9 @@ pub struct RequestAdmission {
 }
 
 /// What the token phase charged; hand it back to [`KeyLimits::settle`] or [`KeyLimits::cancel`].
-#[must_use = "an admission must be settled or cancelled"]
+#[must_use = "a token charge must be settled or cancelled"]
 #[derive(Debug, PartialEq, Eq)]
-pub struct Admission {
+pub struct TokenCharge {
     model: ModelId,
     serverless: bool,
     /// Tokens taken from the model's ITPM bucket (0 when none).
@@ -117,7 +117,7 @@ pub struct Admission {
     pub remaining_tokens: Option<u64>,
 }
 
-impl Admission {
+impl TokenCharge {
     /// Whether a daily budget was charged: a non-streamed answer must then be checked against
     /// it before delivery.
     pub fn has_daily(&self) -> bool {
@@ -508,7 +508,7 @@ impl KeyLimits {
         model: &ModelContext,
         estimate: Estimate,
         share: Share,
-    ) -> Result<Admission, LimitExceeded> {
+    ) -> Result<TokenCharge, LimitExceeded> {
         if !self.covers(model.model) {
             return Err(not_in_quota(model.model));
         }
@@ -563,7 +563,7 @@ impl KeyLimits {
                 }
             }
         };
-        Ok(Admission {
+        Ok(TokenCharge {
             model: model.model,
             serverless: model.serverless,
             input_rate_tokens,
@@ -582,7 +582,7 @@ impl KeyLimits {
         model: &ModelContext,
         estimate: Estimate,
         share: Share,
-    ) -> Result<Admission, LimitExceeded> {
+    ) -> Result<TokenCharge, LimitExceeded> {
         let request = self.admit_request(now, model, share)?;
         match self.admit_tokens(now, day, model, estimate, share) {
             Ok(mut admission) => {
@@ -602,32 +602,32 @@ impl KeyLimits {
         &mut self,
         now: Millis,
         day: Day,
-        admission: Admission,
+        charge: TokenCharge,
         usage: UsedTokens,
         delivery: Delivery,
     ) -> Settlement {
         if delivery == Delivery::Provider {
             return Settlement {
                 output_fit: true,
-                remaining_tokens: self.daily_mut(admission.model).map(|b| b.remaining(day)),
+                remaining_tokens: self.daily_mut(charge.model).map(|b| b.remaining(day)),
             };
         }
-        if admission.serverless && self.output_tokens_per_minute > 0 {
+        if charge.serverless && self.output_tokens_per_minute > 0 {
             // The entry may have been compacted away (it was full): recreate it to charge. If the
             // per-key bound refuses, the charge is dropped rather than growing memory.
-            if let Ok(Some(index)) = self.token_rates_index(now, admission.model)
+            if let Ok(Some(index)) = self.token_rates_index(now, charge.model)
                 && let Some(output) = self.token_rates[index].output.as_mut()
             {
                 output.charge(now, usage.output_tokens);
             }
         }
-        let Some(budget) = self.daily_mut(admission.model) else {
+        let Some(budget) = self.daily_mut(charge.model) else {
             return Settlement {
                 output_fit: true,
                 remaining_tokens: None,
             };
         };
-        let Some(daily) = admission.daily else {
+        let Some(daily) = charge.daily else {
             return Settlement {
                 output_fit: true,
                 remaining_tokens: Some(budget.remaining(day)),
@@ -648,18 +648,18 @@ impl KeyLimits {
 
     /// Give back what the token phase charged, for a request that was admitted but never
     /// forwarded (refused by a later phase, or the client left while it was held).
-    pub fn cancel(&mut self, admission: Admission) {
-        if admission.input_rate_tokens > 0
+    pub fn cancel(&mut self, charge: TokenCharge) {
+        if charge.input_rate_tokens > 0
             && let Some(rates) = self
                 .token_rates
                 .iter_mut()
-                .find(|rates| rates.model == admission.model)
+                .find(|rates| rates.model == charge.model)
             && let Some(input) = rates.input.as_mut()
         {
-            input.refund(admission.input_rate_tokens);
+            input.refund(charge.input_rate_tokens);
         }
-        if let Some(daily) = admission.daily
-            && let Some(budget) = self.daily_mut(admission.model)
+        if let Some(daily) = charge.daily
+            && let Some(budget) = self.daily_mut(charge.model)
         {
             budget.refund(daily);
         }

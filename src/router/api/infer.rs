@@ -6,7 +6,7 @@
 //! Which owners the admission phases visit is decided once, before the first of them, by the
 //! request's [`VisitPlan`]; each phase does its part of the plan and nothing when the plan has
 //! none for it. The phases from the quota visit on share one per-request context,
-//! [`Admission`]; what one phase hands the next — the quota charge ([`QuotaCharge`]), the hold
+//! [`Inference`]; what one phase hands the next — the quota charge ([`QuotaCharge`]), the hold
 //! book entry ([`Pending`]), the reservation (inside [`Admit`]) — is passed by value, so
 //! dropping it on an early exit gives it back.
 //!
@@ -30,14 +30,14 @@ use crate::router::accounting::RequestFacts;
 use crate::router::accounting::tenants::{KeyLabels, Phase, UNSET};
 use crate::router::api::forward::Outcome;
 use crate::router::api::hold::{HoldSink, Keepalive};
-use crate::router::api::plan::{RateCharge, SlotAdmit, VisitPlan};
+use crate::router::api::plan::{Place, RateCharge, SlotAdmit, Step, VisitPlan};
 use crate::router::api::request::ClientRequest;
 use crate::router::api::sink::Sink;
 use crate::router::api::{authenticate, forward, plan, redirect, refusal};
 use crate::router::error::Rejection;
 use crate::router::metrics::ShardMetrics;
 use crate::router::shard::guards::HoldEnd;
-use crate::router::shard::guards::{Pending, QuotaCharge, Slot};
+use crate::router::shard::guards::{Pending, QuotaCharge, Reservation, Slot};
 use crate::router::shard::owner::quotas::Charge;
 use crate::router::shard::state::Shard;
 use crate::router::shard::visit::{Admit, PoolAsk, QuotaRefusal, RouteError};
@@ -68,35 +68,13 @@ pub async fn infer<S: Sink>(
         fields.stream,
         shard.settings.provider.is_some(),
     );
-    let mut admission = Admission::new(shard, request, key, &fields, model, plan);
-    // An asynchronous phase's future is built only when the plan has a visit for it: even one
-    // with nothing to do would cost the copy of its future on every request. The plan is read
-    // from `admission` from here on (a copy of it kept across the waits would widen them).
-    let mut quota = match admission.plan.limited {
-        true => admission.quota_rate(sink).await?,
-        false => admission.unlimited(),
-    };
-    admission.request_caps()?;
-    if admission.plan.ahead && !quota.holds_tokens() {
-        // The key had no room for the token phase ahead: the rest in the gate order, where the
-        // token phase is refused in its place.
-        admission.plan = admission.plan.in_order();
-    }
-    if admission.plan.tokens_before_hold() {
-        admission.tokens(&mut quota, sink).await?;
-    }
-    let pending = match admission.plan.holds() {
-        true => admission.hold(sink).await?,
-        false => None,
-    };
-    let admit = match admission.plan.slot() {
-        SlotAdmit::Reserved => admission.reserve(sink).await?,
-        slot => admission.admit_with_slot(slot),
-    };
-    if admission.plan.tokens_after_gates() {
-        admission.tokens(&mut quota, sink).await?;
-    }
-    admission.attempts(admit, quota, pending, facts, sink).await
+    let mut inference = Inference::new(shard, request, key, &fields, model, plan);
+    // The admission phases take their steps from the plan (`VisitPlan::next_step`), so an
+    // asynchronous phase's future is built only when the plan has a visit for it: even one with
+    // nothing to do would cost the copy of its future on every request. The plan is read from
+    // `inference` from here on (a copy of it kept across the waits would widen them).
+    let (admit, quota, pending) = inference.admission(sink).await?;
+    inference.attempts(admit, quota, pending, facts, sink).await
 }
 
 /// Phase 3: the body's fields in one JSON pass, an arriving redirect token's model, then the
@@ -164,7 +142,7 @@ fn resolve<'s>(
 }
 
 /// The one per-request context of the admission phases and the attempts after them.
-struct Admission<'r> {
+struct Inference<'r> {
     shard: &'r Rc<Shard>,
     request: &'r ClientRequest,
     key: &'r KeyRecord,
@@ -182,7 +160,7 @@ struct Admission<'r> {
     hold_until: Option<Instant>,
 }
 
-impl<'r> Admission<'r> {
+impl<'r> Inference<'r> {
     fn new(
         shard: &'r Rc<Shard>,
         request: &'r ClientRequest,
@@ -202,7 +180,7 @@ impl<'r> Admission<'r> {
             },
             serverless: plan.serverless,
         };
-        Admission {
+        Inference {
             shard,
             request,
             key,
@@ -216,13 +194,55 @@ impl<'r> Admission<'r> {
         }
     }
 
+    /// Phases 5 to 5d and the way into phase 6, step by step as the plan lays them out
+    /// ([`VisitPlan::next_step`]): what the slot visit is asked with, the quota charge, and the
+    /// hold book entry of a request a wake released.
+    async fn admission<S: Sink>(
+        &mut self,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<(Admit, QuotaCharge, Option<Pending>), Outcome> {
+        let mut quota = None;
+        let mut pending = None;
+        let mut reserved = None;
+        let mut place = Place::START;
+        let admit = loop {
+            let step = self.plan.next_step(&mut place);
+            match step.expect("every plan ends with its slot") {
+                Step::Quota(rate) => {
+                    let charged = self.quota_rate(rate, sink).await?;
+                    if rate == RateCharge::Ahead && !charged.charged_tokens() {
+                        // The key had no room for the token phase ahead: the rest in the gate
+                        // order, where the token phase is refused in its place.
+                        self.plan = self.plan.in_order();
+                    }
+                    quota = Some(charged);
+                }
+                Step::RequestCaps => self.request_caps()?,
+                Step::Tokens => {
+                    let quota = quota.get_or_insert_with(|| self.unlimited());
+                    self.tokens(quota, sink).await?;
+                }
+                Step::Hold => pending = self.hold(sink).await?,
+                Step::Reserve => reserved = Some(self.reserve(sink).await?),
+                Step::Slot(SlotAdmit::Reserved) => {
+                    let reservation = reserved.expect("a reserved slot follows its reservation");
+                    break Admit::Reserved(reservation);
+                }
+                Step::Slot(slot) => break self.admit_with_slot(slot),
+            }
+        };
+        let quota = quota.unwrap_or_else(|| self.unlimited());
+        Ok((admit, quota, pending))
+    }
+
     /// Phase 5: the key's request rate on its quota owner, with the token phase in the same
     /// visit when the plan has no gate between them.
     async fn quota_rate<S: Sink>(
         &self,
+        rate: RateCharge,
         sink: &mut HoldSink<'_, S>,
     ) -> Result<QuotaCharge, Outcome> {
-        let charge = match self.plan.rate {
+        let charge = match rate {
             RateCharge::Requests => Charge::RequestsOnly,
             RateCharge::RequestsAndTokens => Charge::RequestsAndTokens(self.estimate),
             RateCharge::Ahead => Charge::Ahead(self.estimate),
@@ -243,9 +263,6 @@ impl<'r> Admission<'r> {
     /// Phase 5a: B1, the policy's caps on the input estimate and the image count, on this
     /// shard.
     fn request_caps(&self) -> Result<(), Outcome> {
-        if !self.plan.request_caps {
-            return Ok(());
-        }
         let images = u64::from(self.fields.prompt.images);
         match admission::request_caps(&self.model.policy, self.estimate.input_tokens, images) {
             None => Ok(()),
@@ -317,7 +334,7 @@ impl<'r> Admission<'r> {
     }
 
     /// Phase 5b when the gates run with the slot (or there is none): how the slot visit is
-    /// admitted. (A plan that reserves goes through [`Admission::reserve`]; were it asked here,
+    /// admitted. (A plan that reserves goes through [`Inference::reserve`]; were it asked here,
     /// its gates would run with the slot, as on a retry.)
     fn admit_with_slot(&mut self, slot: SlotAdmit) -> Admit {
         let admit = match slot {
@@ -334,7 +351,10 @@ impl<'r> Admission<'r> {
     /// Phase 5b with a visit of its own: B3, B2 and the B4 share on the model's owner reserve
     /// occupancy now (a request a wake released waits for room up to its hold budget, so that
     /// its capacity wait is bounded by the request timeout alone).
-    async fn reserve<S: Sink>(&mut self, sink: &mut HoldSink<'_, S>) -> Result<Admit, Outcome> {
+    async fn reserve<S: Sink>(
+        &mut self,
+        sink: &mut HoldSink<'_, S>,
+    ) -> Result<Reservation, Outcome> {
         let wait_until = self
             .hold_until
             .map_or(self.deadline, |until| until.max(self.deadline));
@@ -344,9 +364,9 @@ impl<'r> Admission<'r> {
                     .reserve(self.model, self.pool_ask(false), wait_until),
             )
             .await;
-        let admit = match reserved {
+        let reservation = match reserved {
             None => return Err(self.client_left()),
-            Some(Ok(reservation)) => Admit::Reserved(reservation),
+            Some(Ok(reservation)) => reservation,
             Some(Err(error)) if self.plan.holds() => {
                 return Err(refusal::released(error, &self.fields.model).into());
             }
@@ -355,7 +375,7 @@ impl<'r> Admission<'r> {
         if self.plan.holds() {
             self.restart_deadline();
         }
-        Ok(admit)
+        Ok(reservation)
     }
 
     /// Phase 5d: B4's token buckets and the daily budget on the quota owner, when the plan
@@ -366,9 +386,6 @@ impl<'r> Admission<'r> {
         quota: &mut QuotaCharge,
         sink: &mut HoldSink<'_, S>,
     ) -> Result<(), Outcome> {
-        if !self.plan.tokens {
-            return Ok(());
-        }
         let tokens = self
             .visit_quota(Charge::TokensOnly(self.estimate), sink)
             .await?;
@@ -424,8 +441,9 @@ impl<'r> Admission<'r> {
     }
 
     /// B2 would park the request, whose token phase was charged ahead: the tokens go back, and
-    /// the request takes the gate order's way, parking for its reservation before the token
-    /// phase runs in its place. The reservation goes with the next slot visit.
+    /// the request takes the gate order's way from the gates ([`Place::GATES`]), parking for
+    /// its reservation before the token phase runs in its place. The reservation goes with the
+    /// next slot visit.
     async fn park_in_order<S: Sink>(
         &mut self,
         quota: &mut QuotaCharge,
@@ -433,9 +451,18 @@ impl<'r> Admission<'r> {
     ) -> Result<Admit, Outcome> {
         quota.give_back_tokens();
         self.plan = self.plan.in_order();
-        let admit = self.reserve(sink).await?;
-        self.tokens(quota, sink).await?;
-        Ok(admit)
+        let mut place = Place::GATES;
+        let mut reserved = None;
+        loop {
+            match self.plan.next_step(&mut place) {
+                Some(Step::Reserve) => reserved = Some(self.reserve(sink).await?),
+                Some(Step::Tokens) => self.tokens(quota, sink).await?,
+                Some(Step::Slot(_)) | None => break,
+                Some(step) => unreachable!("{step:?} is a step before the gates"),
+            }
+        }
+        let reservation = reserved.expect("the gate order reserves before its slot");
+        Ok(Admit::Reserved(reservation))
     }
 
     /// How a slot visit after the first is admitted: the failed or abandoned attempt gave its
@@ -630,7 +657,7 @@ impl<'r> Admission<'r> {
             .await;
         match admitted {
             None => Err(self.client_left()),
-            Some(Ok(hold)) => Ok(hold),
+            Some(Ok(charge)) => Ok(charge),
             Some(Err(refusal)) => {
                 if let QuotaRefusal::Limit(limit) = &refusal {
                     if let Some(reason) = Reason::of_quota(limit.kind) {

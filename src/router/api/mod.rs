@@ -5,8 +5,8 @@
 //! 2. `authenticate` — the API key against the key registry (401), every route but `/health`;
 //!    a request redirected here by a sibling site by its redirect token (`redirect`);
 //! 3. to 8. — an inference request's fields, model, admission, slot, forward and settlement,
-//!    one function per phase in `infer`; the owners its admission visits are its
-//!    [`plan::VisitPlan`], decided once.
+//!    one function per phase in `infer`; its admission takes the steps of its
+//!    [`plan::VisitPlan`] in order (`VisitPlan::next_step`).
 //!
 //! Every refusal of those phases is answered through `refusal` (status, code, message and
 //! headers); the response goes out through a [`sink::Sink`].

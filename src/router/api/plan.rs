@@ -71,11 +71,30 @@ pub enum SlotAdmit {
     Ahead,
 }
 
-/// One visit to an owner, in the order the request makes them.
+/// Where the key's token phase (B4's token buckets and the daily budget) is charged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Visit {
+pub enum TokenPhase {
+    /// Nowhere apart: the route charges no tokens, or the key has no token phase here.
+    None,
+    /// In the first quota visit, with the request rate: nothing gates between them.
+    WithRequests,
+    /// In the first quota visit, ahead of the gates between them (see the module docs).
+    Ahead,
+    /// In a visit of its own before the hold (B1 split it from the request rate; a request
+    /// that may be held has its whole quota checked first).
+    BeforeHold,
+    /// In a visit of its own after B1 or the pool gates' reservation.
+    AfterGates,
+}
+
+/// One step of the admission phases, in the order the request takes them: a visit to an owner,
+/// or B1 on the request's own shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
     /// The key's quota owner (phase 5).
     Quota(RateCharge),
+    /// B1's caps, on the request's own shard (phase 5a).
+    RequestCaps,
     /// The model's owner's hold book: wait for the model to wake (phase 5h).
     Hold,
     /// The model's owner: the pool gates, reserving occupancy without a slot (phase 5b).
@@ -110,8 +129,6 @@ pub struct VisitPlan {
     /// The key has a limit at all; without one `Shard::admit_quota` answers on this shard and
     /// the quota owner is never visited.
     pub limited: bool,
-    /// What the first quota visit charges.
-    pub rate: RateCharge,
     /// B1 has a cap to check, on the request's shard, after the first quota visit.
     pub request_caps: bool,
     /// Hold at zero: the model is placed here with `scale_from_zero` and has no agent; the
@@ -122,12 +139,8 @@ pub struct VisitPlan {
     /// The key's `max_occupancy_share` of a serverless model with an occupancy budget; 0
     /// otherwise.
     pub share: f64,
-    /// The gate order puts something between the request rate and the token phase: the token
-    /// phase has a visit of its own, after the gates, or, for a request that may be held,
-    /// before the hold; unless it is charged `ahead`.
-    pub tokens: bool,
-    /// The token phase is charged ahead, in the first quota visit (see the module docs).
-    pub ahead: bool,
+    /// Where the token phase is charged.
+    pub tokens: TokenPhase,
     /// When no local slot is found, the policy's `fallback_provider` answers (non-streamed
     /// chat and messages, with a provider client configured).
     pub provider_fallback: bool,
@@ -165,10 +178,16 @@ impl VisitPlan {
         // quota checked before the hold (seed `hold-at-zero.md`, step 4: "a key over its limits
         // is refused at once"), so its pool gates, which run after the release, split nothing.
         let split = request_caps || (pool_gates && hold_budget.is_none());
-        let tokens = split && has_token_phase(key, serverless);
+        let token_visit = split && has_token_phase(key, serverless);
         let limited = is_limited(key);
-        let ahead = tokens && limited && hold_budget.is_none();
-        let gates = match (pool_gates, tokens || hold_budget.is_some()) {
+        let tokens = match (token_visit, hold_budget.is_some()) {
+            (false, _) if generates && !split => TokenPhase::WithRequests,
+            (false, _) => TokenPhase::None,
+            (true, true) => TokenPhase::BeforeHold,
+            (true, false) if limited => TokenPhase::Ahead,
+            (true, false) => TokenPhase::AfterGates,
+        };
+        let gates = match (pool_gates, token_visit || hold_budget.is_some()) {
             (false, _) => PoolGates::None,
             (true, false) => PoolGates::WithSlot,
             (true, true) => PoolGates::Reserve,
@@ -177,23 +196,26 @@ impl VisitPlan {
             generates,
             serverless,
             limited,
-            rate: if ahead {
-                RateCharge::Ahead
-            } else if generates && !split {
-                RateCharge::RequestsAndTokens
-            } else {
-                RateCharge::Requests
-            },
             request_caps,
             hold_budget,
             gates,
             share,
             tokens,
-            ahead,
             provider_fallback: generates
                 && !stream
                 && provider_configured
                 && policy.fallback_provider.is_some(),
+        }
+    }
+
+    /// What the first quota visit charges.
+    pub fn rate(&self) -> RateCharge {
+        match self.tokens {
+            TokenPhase::WithRequests => RateCharge::RequestsAndTokens,
+            TokenPhase::Ahead => RateCharge::Ahead,
+            TokenPhase::None | TokenPhase::BeforeHold | TokenPhase::AfterGates => {
+                RateCharge::Requests
+            }
         }
     }
 
@@ -202,22 +224,20 @@ impl VisitPlan {
         match self.gates {
             PoolGates::None => SlotAdmit::Direct,
             PoolGates::WithSlot => SlotAdmit::Gated,
-            PoolGates::Reserve if self.ahead => SlotAdmit::Ahead,
+            PoolGates::Reserve if self.tokens == TokenPhase::Ahead => SlotAdmit::Ahead,
             PoolGates::Reserve => SlotAdmit::Reserved,
         }
     }
 
     /// The rest of a request whose token phase ahead did not stay charged (the key had no room,
     /// or B2 would park the request), in the gate order: the gates' own visit (parking), the
-    /// token phase, the slot. Its first quota visit is done; `visits` lists it as charging the
-    /// request rate alone, which is what it charged.
+    /// token phase, the slot. Its first quota visit is done; [`VisitPlan::steps`] lists it as
+    /// charging the request rate alone, which is what it charged.
     pub fn in_order(self) -> VisitPlan {
         VisitPlan {
-            ahead: false,
-            rate: if self.ahead {
-                RateCharge::Requests
-            } else {
-                self.rate
+            tokens: match self.tokens {
+                TokenPhase::Ahead => TokenPhase::AfterGates,
+                tokens => tokens,
             },
             ..self
         }
@@ -237,30 +257,55 @@ impl VisitPlan {
         self.hold_budget.is_some()
     }
 
-    /// The token phase has a visit of its own before the hold (B1 split it from the request
-    /// rate; the quota is checked before a request is held).
-    pub fn tokens_before_hold(&self) -> bool {
-        self.tokens && self.holds()
-    }
-
-    /// The token phase has a visit of its own after the pool gates' reservation.
-    pub fn tokens_after_gates(&self) -> bool {
-        self.tokens && !self.holds() && !self.ahead
-    }
-
-    /// The visits of a request that is not refused on the way, in order, up to its first slot.
-    pub fn visits(&self) -> impl Iterator<Item = Visit> + use<> {
+    /// The way through admission, one place per step the gate order knows, each `None` where
+    /// this plan has no such step. The places stay put when a plan changes its way
+    /// ([`VisitPlan::in_order`]), so a request keeps its [`Place`].
+    fn way(&self) -> [Option<Step>; Place::END.0 as usize] {
         [
-            self.limited.then_some(Visit::Quota(self.rate)),
-            self.tokens_before_hold().then_some(Visit::Tokens),
-            self.hold_budget.map(|_| Visit::Hold),
-            (self.gates == PoolGates::Reserve && !self.ahead).then_some(Visit::Reserve),
-            self.tokens_after_gates().then_some(Visit::Tokens),
-            Some(Visit::Slot(self.slot())),
+            self.limited.then_some(Step::Quota(self.rate())),
+            self.request_caps.then_some(Step::RequestCaps),
+            (self.tokens == TokenPhase::BeforeHold).then_some(Step::Tokens),
+            self.hold_budget.map(|_| Step::Hold),
+            (self.gates == PoolGates::Reserve && self.tokens != TokenPhase::Ahead)
+                .then_some(Step::Reserve),
+            (self.tokens == TokenPhase::AfterGates).then_some(Step::Tokens),
+            Some(Step::Slot(self.slot())),
         ]
-        .into_iter()
-        .flatten()
     }
+
+    /// The step at or after `place`, and `place` moved past it; `None` once the slot is passed.
+    /// The phases (`api::infer`) take their steps from here.
+    pub fn next_step(&self, place: &mut Place) -> Option<Step> {
+        let way = self.way();
+        while let Some(step) = way.get(usize::from(place.0)) {
+            place.0 += 1;
+            if step.is_some() {
+                return *step;
+            }
+        }
+        None
+    }
+
+    /// The steps of a request that is not refused on the way, in order, up to its first slot.
+    pub fn steps(self) -> impl Iterator<Item = Step> {
+        let mut place = Place::START;
+        std::iter::from_fn(move || self.next_step(&mut place))
+    }
+}
+
+/// Where a request is on its plan's way: the place of its next step. One byte, so the phases
+/// keep it across their waits at no cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place(u8);
+
+impl Place {
+    /// Before the first quota visit.
+    pub const START: Place = Place(0);
+    /// Before the pool gates' own visit: where a request whose slot visit found that B2 would
+    /// park it takes the gate order's way again.
+    pub const GATES: Place = Place(4);
+    /// Past the slot.
+    const END: Place = Place(7);
 }
 
 #[cfg(test)]
@@ -273,7 +318,7 @@ mod tests {
 
     use RateCharge::{Ahead, Requests, RequestsAndTokens};
     use SlotAdmit::{Direct, Gated, Reserved};
-    use Visit::{Hold, Quota, Reserve, Slot, Tokens};
+    use Step::{Hold, Quota, RequestCaps, Reserve, Slot, Tokens};
 
     const NOW_MS: i64 = 1_785_153_600_000;
 
@@ -403,8 +448,8 @@ api:
         VisitPlan::of(route, key(&registry(), raw_key), entry, false, false)
     }
 
-    fn visits(plan: &VisitPlan) -> Vec<Visit> {
-        plan.visits().collect()
+    fn visits(plan: &VisitPlan) -> Vec<Step> {
+        plan.steps().collect()
     }
 
     #[test]
@@ -417,7 +462,8 @@ api:
                 [Quota(RequestsAndTokens), Slot(Direct)],
                 "{raw}"
             );
-            assert!(!plan.tokens && !plan.request_caps && plan.gates == PoolGates::None);
+            assert_eq!(plan.tokens, TokenPhase::WithRequests, "{raw}");
+            assert!(!plan.request_caps && plan.gates == PoolGates::None);
         }
         // Serverless without an occupancy budget or cap gates nothing either.
         let plan = plan(
@@ -446,7 +492,10 @@ api:
                     [Quota(Requests), Reserve, Tokens, Slot(Reserved)],
                     "{raw}"
                 );
-                assert!(in_order.tokens_after_gates() && !plan.tokens_after_gates());
+                assert_eq!(
+                    (plan.tokens, in_order.tokens),
+                    (TokenPhase::Ahead, TokenPhase::AfterGates)
+                );
                 assert_eq!(plan.gates, PoolGates::Reserve);
                 // A failed forward gave the reservation back with its slot.
                 assert_eq!(plan.retry_slot(), Gated);
@@ -520,13 +569,19 @@ api:
         let capped = entry(caps(), 1, None);
         let plan_daily = plan(Route::ChatCompletions, "sk-daily", &capped);
         assert!(plan_daily.request_caps);
-        assert_eq!(visits(&plan_daily), [Quota(Ahead), Slot(Direct)]);
+        assert_eq!(
+            visits(&plan_daily),
+            [Quota(Ahead), RequestCaps, Slot(Direct)]
+        );
         assert_eq!(
             visits(&plan_daily.in_order()),
-            [Quota(Requests), Tokens, Slot(Direct)]
+            [Quota(Requests), RequestCaps, Tokens, Slot(Direct)]
         );
         let plan_rpm = plan(Route::ChatCompletions, "sk-rpm", &capped);
-        assert_eq!(visits(&plan_rpm), [Quota(Requests), Slot(Direct)]);
+        assert_eq!(
+            visits(&plan_rpm),
+            [Quota(Requests), RequestCaps, Slot(Direct)]
+        );
         assert_eq!(plan_rpm.retry_slot(), Direct);
     }
 
@@ -534,7 +589,7 @@ api:
     fn keys_without_limits_visit_only_the_model_owner() {
         let plan = plan(Route::ChatCompletions, "sk-none", &entry(open(), 1, None));
         assert_eq!(visits(&plan), [Slot(Direct)]);
-        assert_eq!(plan.rate, RequestsAndTokens);
+        assert_eq!(plan.rate(), RequestsAndTokens);
         // The anonymous key of `api.mode: none` likewise.
         let open_registry = KeyRegistry::open();
         let anonymous = match open_registry.authenticate(None, NOW_MS) {
@@ -609,9 +664,16 @@ api:
         );
         assert_eq!(
             visits(&plan_caps),
-            [Quota(Requests), Tokens, Hold, Reserve, Slot(Reserved)]
+            [
+                Quota(Requests),
+                RequestCaps,
+                Tokens,
+                Hold,
+                Reserve,
+                Slot(Reserved)
+            ]
         );
-        assert!(plan_caps.tokens_before_hold() && !plan_caps.tokens_after_gates());
+        assert_eq!(plan_caps.tokens, TokenPhase::BeforeHold);
         // Embeddings are held too, and gate nothing.
         let plan_embed = plan(Route::Embeddings, "sk-none", &asleep(budget()));
         assert_eq!(visits(&plan_embed), [Hold, Slot(Direct)]);
@@ -702,12 +764,21 @@ api:
                     let entry = entry(policy.clone(), agents, hold_secs);
                     for route in routes {
                         let plan = VisitPlan::of(route, key, &entry, false, false);
-                        if plan.ahead {
+                        if plan.tokens == TokenPhase::Ahead {
                             // Charged ahead: no hold, and the rest in the gate order's way
                             // is a plan of its own, checked like the others below.
                             assert!(!plan.holds(), "{route:?} {}", key.name);
-                            assert_eq!(plan.visits().next(), Some(Quota(Ahead)));
-                            assert!(!plan.in_order().ahead);
+                            assert_eq!(plan.steps().next(), Some(Quota(Ahead)));
+                            assert_ne!(plan.in_order().tokens, TokenPhase::Ahead);
+                            // A bounced slot visit takes the gate order's way from the gates:
+                            // the reservation, then the token phase, then the slot.
+                            let mut place = Place::GATES;
+                            let in_order = plan.in_order();
+                            let from_gates: Vec<Step> =
+                                std::iter::from_fn(|| in_order.next_step(&mut place)).collect();
+                            if plan.gates == PoolGates::Reserve {
+                                assert_eq!(from_gates, [Reserve, Tokens, Slot(Reserved)]);
+                            }
                         }
                         for plan in [plan, plan.in_order()] {
                             let visits = visits(&plan);
@@ -744,7 +815,7 @@ api:
                             // Gates after a charge ahead bounce rather than park.
                             assert_eq!(
                                 visits.contains(&Slot(SlotAdmit::Ahead)),
-                                plan.ahead && plan.gates != PoolGates::None,
+                                plan.tokens == TokenPhase::Ahead && plan.gates != PoolGates::None,
                                 "{case}"
                             );
                         }

@@ -230,7 +230,7 @@ impl QuotaCharge {
         }
     }
 
-    /// Takes over the token phase's charge (a second visit to the quota owner) so this one hold
+    /// Takes over the token phase's charge (a second visit to the quota owner) so this one charge
     /// settles or gives back everything the request was charged.
     pub fn absorb(&mut self, mut tokens: QuotaCharge) {
         debug_assert!(
@@ -242,7 +242,7 @@ impl QuotaCharge {
     }
 
     /// The token phase is charged (with the request rate, ahead of the gates, or on its own).
-    pub fn holds_tokens(&self) -> bool {
+    pub fn charged_tokens(&self) -> bool {
         self.admission.is_some()
     }
 

@@ -493,7 +493,7 @@ impl Shard {
     }
 
     /// The quota phase: asks the key's quota owner to check and charge the request. The returned
-    /// hold settles (or gives back) exactly once.
+    /// charge settles (or is given back) exactly once.
     pub async fn admit_quota(
         self: &Rc<Self>,
         key: &KeyRecord,
@@ -502,7 +502,7 @@ impl Shard {
         deadline: Instant,
     ) -> Result<QuotaCharge, QuotaRefusal> {
         let tenant = key.tenant_id;
-        let hold =
+        let charged =
             |admitted: Admitted| QuotaCharge::new(self.clone(), key.key_id, tenant, admitted);
         if !crate::router::shard::owner::quotas::is_limited(key) {
             return Ok(self.unlimited_quota(key));
@@ -519,7 +519,7 @@ impl Shard {
             started => self.finish_visit(started, deadline).await,
         };
         match answered {
-            Ok(Answer::Quota { result, .. }) => result.map(hold).map_err(QuotaRefusal::Limit),
+            Ok(Answer::Quota { result, .. }) => result.map(charged).map_err(QuotaRefusal::Limit),
             Ok(other) => Err(mismatched(other, QuotaRefusal::Timeout)),
             Err(Unanswered::MeshFull(_)) => Err(QuotaRefusal::MeshFull),
             Err(_) => Err(QuotaRefusal::Timeout),

@@ -36,8 +36,8 @@ use crate::base::ids::{Capability, KeyId, ModelId, TenantId};
 use crate::logic::auth::config::Quota;
 use crate::logic::auth::keys::{KeyRecord, KeyRegistry};
 use crate::logic::limits::{
-    Admission, BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota,
-    LimitExceeded, Millis, ModelContext, ModelQuota, Share, UsedTokens,
+    BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota, LimitExceeded, Millis,
+    ModelContext, ModelQuota, Share, TokenCharge, UsedTokens,
 };
 use crate::logic::snapshot::{ModelKey, RoutingSnapshot};
 use crate::router::shard::IdMap;
@@ -94,8 +94,8 @@ fn split_quota(quota: KeyQuota) -> (KeyQuota, Option<KeyQuota>) {
 #[derive(Debug, PartialEq, Eq)]
 pub struct QuotaAdmission {
     key: KeyId,
-    owner: Admission,
-    rates: Option<Admission>,
+    owner: TokenCharge,
+    rates: Option<TokenCharge>,
 }
 
 impl QuotaAdmission {
