@@ -38,4 +38,5 @@
 pub mod admin;
 pub mod config;
 pub mod dynamic;
+pub mod key_hash;
 pub mod keys;
