@@ -52,3 +52,26 @@ impl fmt::Debug for KeyHash {
 pub fn hash_key_hex(raw_key: &str) -> String {
     KeyHash::of_raw_key(raw_key.as_bytes()).to_hex()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_helper_matches_sha256sum() {
+        // printf '%s' sk-hivenet-secret | sha256sum
+        assert_eq!(
+            hash_key_hex("sk-hivenet-secret"),
+            "4a5b2d8d96e0a71abaad0d139c3e76954c6ae870253a2b3baad4ba8808317931"
+        );
+        assert_eq!(
+            hash_key_hex(""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        let hash = KeyHash::parse_hex(&hash_key_hex("x").to_uppercase()).unwrap();
+        assert_eq!(hash, KeyHash::of_raw_key(b"x"));
+        assert!(hash.ct_eq(&KeyHash::of_raw_key(b"x")));
+        assert!(!hash.ct_eq(&KeyHash::of_raw_key(b"y")));
+        assert_eq!(KeyHash::parse_hex("abc"), None);
+    }
+}

@@ -1,8 +1,9 @@
 //! The key registry the shards read: an immutable snapshot mapping a presented key to its
 //! [`KeyRecord`] and per-key [`KeyId`].
 //!
-//! Owns: key hashing ([`KeyHash`]), key-ID and tenant-ID derivation, the lookup
-//! ([`KeyRegistry::authenticate`]) and the credential extraction from the two client headers.
+//! Owns: key-ID and tenant-ID derivation, the lookup ([`KeyRegistry::authenticate`]) and the
+//! credential extraction from the two client headers. Keys are hashed by
+//! [`super::key_hash::KeyHash`].
 //!
 //! Must not: keep a raw key, log one, or show a hash in `Debug` (only the preview shows), read the
 //! clock (callers pass `now_unix_ms`), or be mutated after it is built (writers build a new one).
@@ -36,7 +37,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use super::config::{AuthConfig, KeySettings, ModelAccess};
-pub use super::key_hash::{KeyHash, hash_key_hex};
+use super::key_hash::KeyHash;
 use crate::base::ids::PositionTable;
 
 mod assign;
