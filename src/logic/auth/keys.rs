@@ -45,14 +45,10 @@ mod chunks;
 mod live;
 
 use assign::Assignment;
+pub use assign::MAX_KEYS;
 pub(crate) use assign::assign_ids;
 use chunks::Chunks;
 pub(crate) use live::LiveRegistry;
-
-/// Most keys one registry holds (static or dynamic). A bound, not a target: a 16 MiB replace body
-/// holds about 65,000 entries of the shape `perf/memory.sh` sends (about 250 bytes each: 50,000
-/// took 12.7 MB), so a registry this large is built by several writes.
-pub const MAX_KEYS: usize = 1_000_000;
 
 pub use crate::base::ids::{KeyId, TenantId};
 
