@@ -44,7 +44,6 @@ mod assign;
 mod chunks;
 mod live;
 
-use assign::Assignment;
 pub use assign::MAX_KEYS;
 pub(crate) use assign::assign_ids;
 use chunks::Chunks;
