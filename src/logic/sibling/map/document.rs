@@ -1,6 +1,11 @@
 //! The `PUT /admin/sibling-map` document on the wire: the body as it arrives (bounded arrays,
 //! unknown fields refused), its validation into a [`super::SiblingMap`]'s parts, and the map
 //! written back for `GET /admin/sibling-map`. The rules are the parent module's doc.
+//!
+//! Owns: the bounds of a body ([`MAX_SITES`] and the other `MAX_` constants), what validation
+//! needs from start-up ([`MapRules`]) and why a push is refused ([`MapError`]).
+//!
+//! Must not: decide where a request goes; that is the parent's [`super::SiblingMap`].
 
 use std::collections::HashMap;
 use std::fmt;

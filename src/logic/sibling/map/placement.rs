@@ -84,6 +84,6 @@ pub struct Placement {
     /// with `scale_from_zero`.
     pub hold_budget: Option<Duration>,
     /// The map writer's hint: running (`true`), asleep (`false`) or unknown (`None`). Trusted
-    /// only while the hints are fresh ([`SiblingMap::hints_fresh`]).
+    /// only while the hints are fresh ([`super::SiblingMap::hints_fresh`]).
     pub warm: Option<bool>,
 }
