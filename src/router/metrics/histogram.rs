@@ -1,6 +1,9 @@
 //! Plain per-shard histogram counts: the shard that owns them adds to them with no lock and no
 //! atomic (they live in the shard's single-threaded state), the control core sums the shards'
 //! copies at scrape time. Memory: 17 words per series; series are bounded by their owner.
+//!
+//! Also here, [`cumulative`]: per-bucket counts as the exposition's cumulative buckets, for every
+//! histogram family the router builds.
 
 use std::time::Duration;
 

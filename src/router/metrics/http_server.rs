@@ -7,14 +7,17 @@
 //! unknown path, a malformed head) has no `route` to carry and is counted in
 //! `hivenet_shard_responses_total` only.
 //!
+//! Owns the status codes the router answers with ([`STATUS_CODES`]); the parent's
+//! `hivenet_shard_responses_total` labels its `code` with the same list.
+//!
 //! Memory: [`ENDPOINTS`] × ([`STATUS_LABELS`] histograms of 17 words + one gauge), about 34 KB
 //! per shard, allocated once with the shard's metrics.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::histogram::REQUEST_SECONDS_BUCKETS;
-use super::{Family, cumulative};
+use super::Family;
+use super::histogram::{REQUEST_SECONDS_BUCKETS, cumulative};
 
 /// The `(method, route)` pairs a request can match: each API route with the method it accepts
 /// (`HEAD` too for the two `GET` routes), and the admin routes by method. `route` is the path

@@ -9,10 +9,10 @@ pub mod histogram;
 pub mod http_server;
 
 pub use family::{Collect, Family, encode};
-pub use histogram::cumulative;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
+use histogram::cumulative;
 use http_server::STATUS_CODES;
 
 #[derive(Debug, Default)]

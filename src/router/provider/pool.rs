@@ -515,7 +515,7 @@ impl crate::router::metrics::Collect for ProviderMetrics {
         );
         for s in &series {
             let (buckets, _) =
-                crate::router::metrics::cumulative(&LATENCY_BUCKETS_SECONDS, &s.buckets);
+                crate::router::metrics::histogram::cumulative(&LATENCY_BUCKETS_SECONDS, &s.buckets);
             let status = s.status.to_string();
             family.histogram_sample(
                 &[("provider", s.engine.as_str()), ("status_code", &status)],
