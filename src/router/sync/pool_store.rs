@@ -6,7 +6,10 @@
 //! tells whether one acknowledged the grant.
 //!
 //! Each round rewrites what the router holds with [`REWRITE`] (in the round's transaction, with
-//! a read of the pool), and a clean shutdown removes the router's holdings.
+//! a read of the pool), and a clean shutdown removes the router's holdings ([`RELEASE`]).
+//!
+//! Owns: the scripts and the records they return ([`StoredHolding`], [`Grant`]). The calls that
+//! run them are `sync::store::Store`'s (`grant`, `release_holdings`, `wait_replicas`, `round`).
 
 /// The grant, atomically in the store. KEYS: the pool hash, the epoch key, the set of pools
 /// (every pool a router may hold in, for [`RELEASE`]). ARGV: router ID, run,

@@ -1,5 +1,6 @@
 //! The Valkey side of the sync round: one connection (directly, or to the primary the Sentinels
-//! name), the keys of one site, and the few commands a round needs.
+//! name), the keys of one site, the few commands a round needs, and the occupancy-credit calls
+//! that run the scripts of `sync::pool_store`.
 //!
 //! # Keys (all under the hash tag `{site}`, so they live on one node)
 //! - `hivenet:{site}:usage`: the usage stream, one entry per router and round (field `u`, the
@@ -290,10 +291,7 @@ impl Store {
     }
 
     /// Runs `pipe`, dropping the connection on any error so the next call connects again.
-    pub(super) async fn query<T: redis::FromRedisValue>(
-        &mut self,
-        pipe: &redis::Pipeline,
-    ) -> RedisResult<T> {
+    async fn query<T: redis::FromRedisValue>(&mut self, pipe: &redis::Pipeline) -> RedisResult<T> {
         let mut connection = self.connection().await?;
         let result = tokio::time::timeout(
             self.response_timeout + Duration::from_millis(100),
@@ -512,6 +510,7 @@ impl Store {
     }
 }
 
+/// Occupancy credits: the grant and the release run `pool_store`'s scripts.
 impl Store {
     /// Asks the pool of `budget_name` for `want` of `budget` for this router's `run`.
     pub async fn grant(
