@@ -664,6 +664,11 @@ impl Quotas {
     }
 }
 
+/// The quota side of the sync round (seed `run-several-routers.md`, "How it works", steps 1 and
+/// 2): hand out the usage this shard's holders admitted since the last round, and subtract the
+/// usage other routers published. Usage for a holder this shard has not built is not dropped: the
+/// holder is built from the key registry first, so a key used on other routers starts here
+/// already charged, not with a fresh budget.
 impl Quotas {
     /// Appends every bucket's usage since the last call to `out` (each once: taking resets it).
     /// Walks every holder: once per sync round, never per request. A key removed by a reload

@@ -1,12 +1,13 @@
-//! The quota side of the sync round (seed `run-several-routers.md`, "How it works", steps 1 and
-//! 2): hand out the usage this shard's holders admitted since the last round, and subtract the
-//! usage other routers published.
+//! What routers exchange about quotas in the sync round (seed `run-several-routers.md`, "How it
+//! works", steps 1 and 2): one bucket's usage ([`BucketUsage`]), and the batches of the other
+//! routers' usage the sync core hands every shard ([`RemoteUsage`]). The parent's `Quotas` hands
+//! out the one (`take_usage`) and subtracts the other (`apply_remote`).
 //!
 //! Usage names its holder by ids every router of a site derives the same way from the keys
 //! (`TenantId`, `KeyId`); models stay this process's `ModelId` here, and the sync core turns them
-//! into names before anything leaves the router. Usage for a holder this shard has not built is
-//! not dropped: the holder is built from the key registry first, so a key used on other routers
-//! starts here already charged, not with a fresh budget.
+//! into names before anything leaves the router.
+//!
+//! Must not: reach a holder. This is plain data.
 
 use crate::base::ids::KeyId;
 use crate::logic::limits::BucketRef;
