@@ -20,7 +20,8 @@ use std::sync::Arc;
 use crate::base::ids::ModelId;
 use crate::logic::routing::counters::{AgentCounters, AgentTotals, CountersByModel};
 
-use super::{AgentId, EngineSignals, HashSet, Registration, Registry};
+use super::registration::Registration;
+use super::{AgentId, EngineSignals, HashSet, Registry};
 
 /// The labels of one agent's series, as it last registered.
 #[derive(Debug, Clone, PartialEq, Eq)]
