@@ -20,8 +20,10 @@ use crate::logic::snapshot::{ModelEntry, ModelKey, RoutingSnapshot};
 
 mod history;
 mod registration;
-pub use history::{AgentLabels, HistoryRow, LiveAgent};
+mod reports;
+pub use history::{AgentLabels, HistoryRow};
 pub use registration::Registration;
+pub use reports::LiveAgent;
 
 /// Effects for the control core to carry out, in order.
 #[derive(Debug, Clone, PartialEq)]
