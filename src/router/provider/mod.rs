@@ -53,11 +53,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::base::ids::Dialect;
+pub use crate::logic::policy::ProviderEngine;
 use crate::logic::usage::Usage;
 use chat::ChatRequest;
 pub use error::ProviderError;
 pub use pool::{PoolSettings, ProviderCall, ProviderMetrics, ProviderPool};
-pub use settings::{ConfigError, ProviderConfig, ProviderEngine, ProviderSettings, SettingsError};
+pub use settings::{ConfigError, ProviderConfig, ProviderSettings, SettingsError};
 
 /// One provider call, as the request path hands it over.
 #[derive(Debug, Clone)]

@@ -50,8 +50,10 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
+use crate::logic::policy::ProviderEngine;
+
 use super::anthropic::API_VERSION;
-use super::settings::{ApiKey, ProviderEngine, ProviderSettings};
+use super::settings::{ApiKey, ProviderSettings};
 use super::{ProviderAnswer, ProviderError, ProviderRequest, decode_response, encode_request};
 
 /// Bounds of the provider thread. Scope: the whole process.

@@ -14,6 +14,8 @@ use std::fmt;
 
 use thiserror::Error;
 
+use crate::logic::policy::ProviderEngine;
+
 /// `HIVENET_ROUTER_OPENAI_API_KEY`: the OpenAI credential (reference, "Configure credentials").
 pub const OPENAI_API_KEY_VARIABLE: &str = "HIVENET_ROUTER_OPENAI_API_KEY";
 /// `HIVENET_ROUTER_ANTHROPIC_API_KEY`: the Anthropic credential.
@@ -26,32 +28,7 @@ pub const ANTHROPIC_BASE_URL_VARIABLE: &str = "HIVENET_ROUTER_ANTHROPIC_BASE_URL
 const OPENAI_BASE_URL_DEFAULT: &str = "https://api.openai.com";
 const ANTHROPIC_BASE_URL_DEFAULT: &str = "https://api.anthropic.com";
 
-/// An external provider a policy's `fallback_provider.engine` names. Lowercase and
-/// case-sensitive on the wire (`openai`, `anthropic`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ProviderEngine {
-    OpenAi,
-    Anthropic,
-}
-
 impl ProviderEngine {
-    /// The policy spelling; anything else (including `OpenAI`) is not a supported provider.
-    pub fn parse(name: &str) -> Option<ProviderEngine> {
-        match name {
-            "openai" => Some(ProviderEngine::OpenAi),
-            "anthropic" => Some(ProviderEngine::Anthropic),
-            _ => None,
-        }
-    }
-
-    /// The policy spelling, also the `provider` label of the outbound HTTP metric.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProviderEngine::OpenAi => "openai",
-            ProviderEngine::Anthropic => "anthropic",
-        }
-    }
-
     /// The `processed_by` value every successful answer carries.
     pub fn processed_by(self) -> &'static str {
         match self {
@@ -74,12 +51,6 @@ impl ProviderEngine {
             ProviderEngine::OpenAi => "/v1/chat/completions",
             ProviderEngine::Anthropic => "/v1/messages",
         }
-    }
-}
-
-impl fmt::Display for ProviderEngine {
-    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        formatter.write_str(self.as_str())
     }
 }
 
