@@ -106,7 +106,8 @@ impl StrategyName {
 }
 
 /// An external provider a policy's `fallback_provider.engine` names. Lowercase and
-/// case-sensitive on the wire (`openai`, `anthropic`).
+/// case-sensitive on the wire (`openai`, `anthropic`). What reaching one takes (its key variable,
+/// its endpoint) is the provider client's: `router::provider::settings` adds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ProviderEngine {
     OpenAi,

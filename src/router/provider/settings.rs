@@ -1,10 +1,11 @@
 //! Provider credentials and endpoints, read once at start-up, and the policy-side
 //! `fallback_provider` block checked against them.
 //!
-//! Owns: [`ProviderSettings`] (the two API keys and the two base URLs), [`ProviderEngine`],
-//! [`ProviderConfig`] and its [`validate`](ProviderConfig::validate). Pure: the environment is
-//! read through a lookup function, so tests pass a map; [`ProviderSettings::from_env`] is the one
-//! caller of `std::env`.
+//! Owns: [`ProviderSettings`] (the two API keys and the two base URLs), what the provider client
+//! needs of a [`ProviderEngine`] (its key variable, its endpoint, its `processed_by` value; the
+//! enum and its policy spelling are `logic::policy`'s), [`ProviderConfig`] and its
+//! [`validate`](ProviderConfig::validate). Pure: the environment is read through a lookup
+//! function, so tests pass a map; [`ProviderSettings::from_env`] is the one caller of `std::env`.
 //!
 //! Invariants: an API key is never empty when present, and never appears in `Debug` output or
 //! logs ([`ApiKey`] redacts itself). A base URL is `http` or `https`, has a host, and carries no
@@ -28,6 +29,7 @@ pub const ANTHROPIC_BASE_URL_VARIABLE: &str = "HIVENET_ROUTER_ANTHROPIC_BASE_URL
 const OPENAI_BASE_URL_DEFAULT: &str = "https://api.openai.com";
 const ANTHROPIC_BASE_URL_DEFAULT: &str = "https://api.anthropic.com";
 
+/// What the provider client needs of an engine, beside its policy spelling.
 impl ProviderEngine {
     /// The `processed_by` value every successful answer carries.
     pub fn processed_by(self) -> &'static str {
