@@ -7,7 +7,7 @@
 //! unknown path, a malformed head) has no `route` to carry and is counted in
 //! `hivenet_shard_responses_total` only.
 //!
-//! Owns the status codes the router answers with ([`STATUS_CODES`]); the parent's
+//! Owns the status codes the router answers with (`STATUS_CODES`); the parent's
 //! `hivenet_shard_responses_total` labels its `code` with the same list.
 //!
 //! Memory: [`ENDPOINTS`] × ([`STATUS_LABELS`] histograms of 17 words + one gauge), about 34 KB
