@@ -12,7 +12,7 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group, criterion_main};
 use hivenet_router::logic::auth::config::ServerlessLimits;
 use hivenet_router::logic::auth::dynamic::{DynamicRegistry, PutKeyRequest, ReplaceRequest};
-use hivenet_router::logic::auth::keys::hash_key_hex;
+use hivenet_router::logic::auth::key_hash::hash_key_hex;
 
 const KEYS: usize = 50_000;
 

@@ -25,7 +25,7 @@ use std::fmt;
 use subtle::ConstantTimeEq;
 
 use super::config::{AdminMode, ApiMode};
-use super::keys::KeyHash;
+use super::key_hash::KeyHash;
 
 /// Environment values the admin rules read, passed in by the caller.
 #[derive(Debug, Clone, Copy, Default)]

@@ -18,7 +18,7 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::keys::KeyHash;
+use super::key_hash::KeyHash;
 
 // ---------------------------------------------------------------------------------------------
 // The file as written.

@@ -31,7 +31,8 @@ use serde::{Deserialize, Serialize};
 use super::config::{
     Problem, Problems, QuotaSpec, ServerlessLimits, Sink, parse_rfc3339_unix_ms, validate_settings,
 };
-use super::keys::{KeyHash, KeyInput, KeyRecord, KeyRegistry, KeySource, LiveRegistry, MAX_KEYS};
+use super::key_hash::KeyHash;
+use super::keys::{KeyInput, KeyRecord, KeyRegistry, KeySource, LiveRegistry, MAX_KEYS};
 
 /// Longest accepted entry id, in bytes.
 pub const MAX_ID_BYTES: usize = 256;

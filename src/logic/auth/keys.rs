@@ -1,8 +1,9 @@
 //! The key registry the shards read: an immutable snapshot mapping a presented key to its
 //! [`KeyRecord`] and per-key [`KeyId`].
 //!
-//! Owns: key hashing ([`KeyHash`]), key-ID and tenant-ID derivation, the lookup
-//! ([`KeyRegistry::authenticate`]) and the credential extraction from the two client headers.
+//! Owns: key-ID and tenant-ID derivation, the lookup ([`KeyRegistry::authenticate`]) and the
+//! credential extraction from the two client headers. Keys are hashed by
+//! [`super::key_hash::KeyHash`].
 //!
 //! Must not: keep a raw key, log one, or show a hash in `Debug` (only the preview shows), read the
 //! clock (callers pass `now_unix_ms`), or be mutated after it is built (writers build a new one).
@@ -34,66 +35,19 @@ use std::fmt;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
 use super::config::{AuthConfig, KeySettings, ModelAccess};
+use super::key_hash::KeyHash;
 use crate::base::ids::PositionTable;
 
 mod assign;
 mod chunks;
 mod live;
 
-use assign::Assignment;
+pub use assign::MAX_KEYS;
 pub(crate) use assign::assign_ids;
 use chunks::Chunks;
 pub(crate) use live::LiveRegistry;
-
-/// Most keys one registry holds (static or dynamic). A bound, not a target: a 16 MiB replace body
-/// holds about 65,000 entries of the shape `perf/memory.sh` sends (about 250 bytes each: 50,000
-/// took 12.7 MB), so a registry this large is built by several writes.
-pub const MAX_KEYS: usize = 1_000_000;
-
-/// The SHA-256 of a raw client key. `Debug` does not show it.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct KeyHash(pub [u8; 32]);
-
-impl KeyHash {
-    /// Hashes a raw key. The only place a raw key is read.
-    pub fn of_raw_key(raw_key: &[u8]) -> KeyHash {
-        KeyHash(Sha256::digest(raw_key).into())
-    }
-
-    /// 64 hex digits, either case.
-    pub fn parse_hex(text: &str) -> Option<KeyHash> {
-        if text.len() != 64 {
-            return None;
-        }
-        let mut bytes = [0u8; 32];
-        hex::decode_to_slice(text, &mut bytes).ok()?;
-        Some(KeyHash(bytes))
-    }
-
-    /// 64 lowercase hex digits, as `sha256sum` prints.
-    pub fn to_hex(&self) -> String {
-        hex::encode(self.0)
-    }
-
-    /// Constant-time equality.
-    pub fn ct_eq(&self, other: &KeyHash) -> bool {
-        self.0.ct_eq(&other.0).into()
-    }
-}
-
-impl fmt::Debug for KeyHash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("KeyHash(..)")
-    }
-}
-
-/// The "hash a key" helper: lowercase hex SHA-256 of a raw key, as `printf '%s' KEY | sha256sum`.
-pub fn hash_key_hex(raw_key: &str) -> String {
-    KeyHash::of_raw_key(raw_key.as_bytes()).to_hex()
-}
 
 pub use crate::base::ids::{KeyId, TenantId};
 

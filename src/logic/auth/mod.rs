@@ -7,6 +7,8 @@
 //!   [`config::AuthConfig`]; the per-key settings (allowlist, quota shape, occupancy share) and
 //!   their rules are shared with dynamic keys; the cross-config serverless check takes a
 //!   [`config::ServerlessLimits`] the policy module fills.
+//! - [`key_hash`]: the SHA-256 of a raw key ([`key_hash::KeyHash`]), the only form a key is kept
+//!   in, and the "hash a key" helper.
 //! - [`keys`]: the immutable [`keys::KeyRegistry`] snapshot a shard asks "who is this?" — one
 //!   SHA-256 of the presented key, one map lookup, one constant-time compare — and the per-key
 //!   [`keys::KeyId`] the limits are keyed by.
@@ -38,4 +40,5 @@
 pub mod admin;
 pub mod config;
 pub mod dynamic;
+pub mod key_hash;
 pub mod keys;

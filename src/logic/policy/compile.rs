@@ -105,8 +105,39 @@ impl StrategyName {
     }
 }
 
-/// External provider of `fallback_provider`: the provider client's engine (one definition).
-pub use crate::router::provider::ProviderEngine;
+/// An external provider a policy's `fallback_provider.engine` names. Lowercase and
+/// case-sensitive on the wire (`openai`, `anthropic`). What reaching one takes (its key variable,
+/// its endpoint) is the provider client's: `router::provider::settings` adds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProviderEngine {
+    OpenAi,
+    Anthropic,
+}
+
+impl ProviderEngine {
+    /// The policy spelling; anything else (including `OpenAI`) is not a supported provider.
+    pub fn parse(name: &str) -> Option<ProviderEngine> {
+        match name {
+            "openai" => Some(ProviderEngine::OpenAi),
+            "anthropic" => Some(ProviderEngine::Anthropic),
+            _ => None,
+        }
+    }
+
+    /// The policy spelling, also the `provider` label of the outbound HTTP metric.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderEngine::OpenAi => "openai",
+            ProviderEngine::Anthropic => "anthropic",
+        }
+    }
+}
+
+impl fmt::Display for ProviderEngine {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(self.as_str())
+    }
+}
 
 /// `fallback_provider`, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -49,195 +49,28 @@
 //! the local site, so its URL passed the domain check.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::time::Duration;
 
-use serde::de::{self, IgnoredAny, SeqAccess, Visitor};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::base::ids::Capability;
-
 mod document;
+mod placement;
+pub use document::{
+    MAX_HOLD_BUDGET, MAX_MODEL_BYTES, MAX_PLACEMENTS, MAX_SITE_ID_BYTES, MAX_SITES, MAX_URL_BYTES,
+    MapError, MapRules,
+};
 use document::{
     RawMap, WireMap, WirePlacement, WireSite, go_duration, parse_placements, parse_sites,
     parse_window, rfc3339_utc,
 };
+pub use placement::{Kind, Placement, Site};
 
-/// Most sites a map may list. Bounds the memory of a push before it is refused.
-pub const MAX_SITES: usize = 1024;
-/// Most placements a map may hold.
-pub const MAX_PLACEMENTS: usize = 65_536;
-/// Longest site id, in bytes.
-pub const MAX_SITE_ID_BYTES: usize = 128;
-/// Longest model name, in bytes.
-pub const MAX_MODEL_BYTES: usize = 256;
-/// Longest site URL, in bytes; it ends up in every `Location` header sent to the site.
-pub const MAX_URL_BYTES: usize = 2048;
-/// Longest placement hold budget (seed `hold-at-zero.md`, "The `hold_budget` placement field").
-pub const MAX_HOLD_BUDGET: Duration = Duration::from_secs(3600);
 /// Size of a caller's home set: the sites a key is redirected to for a model.
 pub const HOME_SET_SIZE: usize = 2;
 
 /// Domain separation for the rendezvous score, so the hash means only this (version it if the
 /// score ever changes: every router of every site must compute the same home set).
 const HOME_SET_DOMAIN: &[u8] = b"hivenet-router/home-set/v1\0";
-
-/// Placement kind: which endpoints a placement covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    /// `POST /v1/chat/completions` and `POST /v1/messages`.
-    Chat = 0,
-    /// `POST /v1/embeddings`.
-    Embedding = 1,
-    /// `POST /v1/rerank`.
-    Rerank = 2,
-}
-
-impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Chat, Kind::Embedding, Kind::Rerank];
-
-    /// The kind of the endpoints that serve a capability: chat for `Llm`, embedding for
-    /// `Embedding`, rerank for `Reranker`.
-    pub fn of_capability(capability: Capability) -> Kind {
-        match capability {
-            Capability::Llm => Kind::Chat,
-            Capability::Embedding => Kind::Embedding,
-            Capability::Reranker => Kind::Rerank,
-        }
-    }
-
-    /// The capability an agent registers for this kind (the inverse of [`Kind::of_capability`]).
-    pub fn capability(self) -> Capability {
-        match self {
-            Kind::Chat => Capability::Llm,
-            Kind::Embedding => Capability::Embedding,
-            Kind::Rerank => Capability::Reranker,
-        }
-    }
-
-    /// The name in the map's JSON (`chat`, `embedding`, `rerank`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Chat => "chat",
-            Kind::Embedding => "embedding",
-            Kind::Rerank => "rerank",
-        }
-    }
-
-    /// Parses the name in the map's JSON.
-    pub fn parse(text: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|kind| kind.as_str() == text)
-    }
-}
-
-/// A site of the deployment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Site {
-    /// Unique id, `[A-Za-z0-9._-]{1,128}`; the routers' `--site-id`.
-    pub id: String,
-    /// Base URL without a trailing slash, e.g. `https://fr1.example.com`; redirects go to
-    /// `{url}{path}`.
-    pub url: String,
-}
-
-/// Where a model is served: one (model, kind, site).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Placement {
-    pub model: String,
-    pub kind: Kind,
-    /// A listed site id, or the local site's id.
-    pub site: String,
-    /// The site may hold requests for the model while it is scaled to zero.
-    pub scale_from_zero: bool,
-    /// Hold budget for this placement, in `(0, 1h]`; `None` uses `--wake-hold-budget`. Only used
-    /// with `scale_from_zero`.
-    pub hold_budget: Option<Duration>,
-    /// The map writer's hint: running (`true`), asleep (`false`) or unknown (`None`). Trusted
-    /// only while the hints are fresh ([`SiblingMap::hints_fresh`]).
-    pub warm: Option<bool>,
-}
-
-/// What start-up knows that validation needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MapRules {
-    /// This router's `--site-id`.
-    pub local_site: String,
-    /// Domains a sibling's URL must be in (the domain itself or a subdomain of it). Empty: no
-    /// sibling URL is accepted.
-    pub allowed_domains: Vec<String>,
-}
-
-/// Why a map push was refused; the text is the reason the `400` body shows and names the
-/// offending entry.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum MapError {
-    #[error("body is not a sibling map: {0}")]
-    Json(String),
-    #[error("{0} is required: an array, possibly empty")]
-    MissingArray(&'static str),
-    #[error("{field} has {count} entries, at most {max}")]
-    TooMany {
-        field: &'static str,
-        count: usize,
-        max: usize,
-    },
-    /// An entry of the wrong shape: a missing or unknown field, or a value of the wrong type.
-    #[error("{at}: {reason}")]
-    Entry { at: String, reason: String },
-    #[error("sites[{index}].id: {id:?} {reason}")]
-    BadSiteId {
-        index: usize,
-        id: String,
-        reason: &'static str,
-    },
-    #[error("sites[{index}].id: {id:?} is already the id of sites[{first}]")]
-    DuplicateSite {
-        index: usize,
-        id: String,
-        first: usize,
-    },
-    #[error("sites[{index}].url: {url:?} {reason}")]
-    BadUrl {
-        index: usize,
-        url: String,
-        reason: &'static str,
-    },
-    #[error("sites[{index}].url: host {host:?} is not an allowed domain or a subdomain of one")]
-    DomainNotAllowed { index: usize, host: String },
-    #[error("placements[{index}].model: {reason}")]
-    BadModel { index: usize, reason: &'static str },
-    #[error("placements[{index}].kind: {kind:?} is not one of chat, embedding, rerank")]
-    BadKind { index: usize, kind: String },
-    #[error("placements[{index}].site: {site:?} is neither a listed site nor the local site")]
-    UnknownSite { index: usize, site: String },
-    #[error("placements[{index}].hold_budget: {text:?} {reason}")]
-    BadHoldBudget {
-        index: usize,
-        text: String,
-        reason: &'static str,
-    },
-    #[error(
-        "placements[{index}]: model {model:?}, kind {kind} on site {site:?} is already placed by placements[{first}]"
-    )]
-    DuplicatePlacement {
-        index: usize,
-        model: String,
-        kind: &'static str,
-        site: String,
-        first: usize,
-    },
-    #[error("generated_at: {0:?} is not an RFC 3339 time")]
-    BadGeneratedAt(String),
-    #[error("fresh_for: {text:?} {reason}")]
-    BadFreshFor { text: String, reason: &'static str },
-    #[error("{present} is set without {missing}: the freshness window needs both")]
-    HalfFreshness {
-        present: &'static str,
-        missing: &'static str,
-    },
-}
 
 /// The active sibling map. See the module docs for the body it is parsed from and its invariants.
 #[derive(Debug, Clone, PartialEq)]

@@ -373,7 +373,7 @@ api:
         ] {
             text = text.replace(
                 &format!("HASH:{raw}\""),
-                &format!("{}\"", crate::logic::auth::keys::hash_key_hex(raw)),
+                &format!("{}\"", crate::logic::auth::key_hash::hash_key_hex(raw)),
             );
         }
         KeyRegistry::from_config(&AuthConfig::from_yaml(&text).expect("test auth.yaml"))

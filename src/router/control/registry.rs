@@ -20,28 +20,11 @@ use crate::logic::snapshot::{ModelEntry, ModelKey, RoutingSnapshot};
 use crate::router::shard::registration_feed::Membership;
 
 mod history;
-pub use history::{AgentLabels, HistoryRow, LiveAgent};
-
-/// What an agent declared when it registered.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Registration {
-    pub models: Vec<String>,
-    pub capability: Capability,
-    pub capacity: u32,
-    pub engine: String,
-    pub region: String,
-    pub tags: Vec<String>,
-    pub version: String,
-    /// The tenant metrics' `deployment_id` for requests this agent serves; empty: `unset`.
-    pub deployment_id: String,
-    /// The agent's stable replica identifier (`--replica-id`); with `deployment_id`, the external
-    /// scheduler's join key on `/admin/registration-stream`. Empty when the agent gave none.
-    pub replica_id: String,
-    /// `--organization` and `--machine`: labels of the per-agent metrics (`Unknown` when the
-    /// agent sent none).
-    pub organization: String,
-    pub machine: String,
-}
+mod registration;
+mod reports;
+pub use history::{AgentLabels, HistoryRow};
+pub use registration::Registration;
+pub use reports::LiveAgent;
 
 /// Effects for the control core to carry out, in order.
 #[derive(Debug, Clone, PartialEq)]

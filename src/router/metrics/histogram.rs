@@ -1,10 +1,13 @@
 //! Plain per-shard histogram counts: the shard that owns them adds to them with no lock and no
 //! atomic (they live in the shard's single-threaded state), the control core sums the shards'
 //! copies at scrape time. Memory: 17 words per series; series are bounded by their owner.
+//!
+//! Also here, [`cumulative`]: per-bucket counts as the exposition's cumulative buckets, for every
+//! histogram family the router builds.
 
 use std::time::Duration;
 
-use super::{Family, cumulative};
+use super::Family;
 
 /// Upper bounds, in seconds, of the request-duration histograms (`hivenet_request_duration_seconds`,
 /// `hivenet_tenant_request_duration_seconds`, `http_server_request_duration_seconds`): the
@@ -54,6 +57,21 @@ impl DurationCounts {
     }
 }
 
+/// Per-bucket counts (the last one above every bound) as (upper bound, cumulative count) pairs
+/// without `+Inf`, and the total count.
+pub fn cumulative(bounds: &[f64], counts: &[u64]) -> (Vec<(f64, u64)>, u64) {
+    let mut running = 0;
+    let buckets = bounds
+        .iter()
+        .zip(counts)
+        .map(|(bound, count)| {
+            running += count;
+            (*bound, running)
+        })
+        .collect();
+    (buckets, counts.iter().sum())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,5 +96,12 @@ mod tests {
         assert!(text.contains("x_seconds_bucket{le=\"300\"} 2\n"), "{text}");
         assert!(text.contains("x_seconds_bucket{le=\"+Inf\"} 3\n"), "{text}");
         assert!(text.contains("x_seconds_sum 600.205\n"), "{text}");
+    }
+
+    #[test]
+    fn cumulative_adds_up_and_counts_the_overflow() {
+        let (buckets, count) = cumulative(&[1.0, 2.0], &[1, 0, 3]);
+        assert_eq!(buckets, vec![(1.0, 1), (2.0, 1)]);
+        assert_eq!(count, 4);
     }
 }

@@ -7,14 +7,17 @@
 //! unknown path, a malformed head) has no `route` to carry and is counted in
 //! `hivenet_shard_responses_total` only.
 //!
+//! Owns the status codes the router answers with (`STATUS_CODES`); the parent's
+//! `hivenet_shard_responses_total` labels its `code` with the same list.
+//!
 //! Memory: [`ENDPOINTS`] × ([`STATUS_LABELS`] histograms of 17 words + one gauge), about 34 KB
 //! per shard, allocated once with the shard's metrics.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::histogram::REQUEST_SECONDS_BUCKETS;
-use super::{Family, STATUS_CODES, cumulative};
+use super::Family;
+use super::histogram::{REQUEST_SECONDS_BUCKETS, cumulative};
 
 /// The `(method, route)` pairs a request can match: each API route with the method it accepts
 /// (`HEAD` too for the two `GET` routes), and the admin routes by method. `route` is the path
@@ -34,6 +37,11 @@ pub const ENDPOINTS: [(&str, &str); 14] = [
     ("PUT", "/admin/*"),
     ("DELETE", "/admin/*"),
     ("OTHER", "/admin/*"),
+];
+
+/// HTTP statuses the router answers with, for the `code` label; anything else is counted as other.
+pub(super) const STATUS_CODES: [u16; 17] = [
+    200, 307, 400, 401, 403, 404, 405, 408, 413, 429, 431, 499, 500, 502, 503, 504, 505,
 ];
 
 /// The `status_code` values: the codes the router answers with, and `other` for any else.

@@ -12,10 +12,8 @@ pub use family::{Collect, Family, encode};
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-/// HTTP statuses the router answers with, for the `code` label; anything else is counted as other.
-const STATUS_CODES: [u16; 17] = [
-    200, 307, 400, 401, 403, 404, 405, 408, 413, 429, 431, 499, 500, 502, 503, 504, 505,
-];
+use histogram::cumulative;
+use http_server::STATUS_CODES;
 
 #[derive(Debug, Default)]
 #[repr(align(128))]
@@ -150,21 +148,6 @@ fn holds(shards: &[std::sync::Arc<ShardMetrics>]) -> [Family; 2] {
     let (buckets, count) = cumulative(&HOLD_SECONDS_BUCKETS, &counts);
     seconds.histogram_sample(&[], &buckets, sum, count);
     [outcomes, seconds]
-}
-
-/// Per-bucket counts (the last one above every bound) as (upper bound, cumulative count) pairs
-/// without `+Inf`, and the total count.
-pub fn cumulative(bounds: &[f64], counts: &[u64]) -> (Vec<(f64, u64)>, u64) {
-    let mut running = 0;
-    let buckets = bounds
-        .iter()
-        .zip(counts)
-        .map(|(bound, count)| {
-            running += count;
-            (*bound, running)
-        })
-        .collect();
-    (buckets, counts.iter().sum())
 }
 
 enum Kind {
@@ -304,12 +287,5 @@ mod tests {
         assert!(out.contains("hivenet_shard_responses_total{shard=\"0\",code=\"other\"} 1"));
         assert!(out.contains("hivenet_shard_requests_total{shard=\"1\"} 0"));
         assert!(out.contains("hivenet_wake_hold_seconds_bucket{le=\"+Inf\"} 0"));
-    }
-
-    #[test]
-    fn cumulative_adds_up_and_counts_the_overflow() {
-        let (buckets, count) = cumulative(&[1.0, 2.0], &[1, 0, 3]);
-        assert_eq!(buckets, vec![(1.0, 1), (2.0, 1)]);
-        assert_eq!(count, 4);
     }
 }

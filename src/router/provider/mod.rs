@@ -9,7 +9,8 @@
 //!
 //! # Key components
 //! - [`settings`]: [`ProviderSettings`] (keys and base URLs from the environment, read once),
-//!   [`ProviderConfig`] (a policy's `fallback_provider`) and its validation.
+//!   [`ProviderConfig`] (a policy's `fallback_provider`) and its validation, and what the client
+//!   needs of a [`ProviderEngine`] (defined by `logic::policy`, re-exported here).
 //! - [`chat`]: the internal chat request read from either client dialect, and the internal
 //!   completion written back in either dialect. Pure.
 //! - [`openai`], [`anthropic`]: the two adapters, request encoding and answer decoding. Pure.
@@ -53,11 +54,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::base::ids::Dialect;
+pub use crate::logic::policy::ProviderEngine;
 use crate::logic::usage::Usage;
 use chat::ChatRequest;
 pub use error::ProviderError;
 pub use pool::{PoolSettings, ProviderCall, ProviderMetrics, ProviderPool};
-pub use settings::{ConfigError, ProviderConfig, ProviderEngine, ProviderSettings, SettingsError};
+pub use settings::{ConfigError, ProviderConfig, ProviderSettings, SettingsError};
 
 /// One provider call, as the request path hands it over.
 #[derive(Debug, Clone)]

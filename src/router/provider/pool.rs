@@ -50,8 +50,10 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
+use crate::logic::policy::ProviderEngine;
+
 use super::anthropic::API_VERSION;
-use super::settings::{ApiKey, ProviderEngine, ProviderSettings};
+use super::settings::{ApiKey, ProviderSettings};
 use super::{ProviderAnswer, ProviderError, ProviderRequest, decode_response, encode_request};
 
 /// Bounds of the provider thread. Scope: the whole process.
@@ -515,7 +517,7 @@ impl crate::router::metrics::Collect for ProviderMetrics {
         );
         for s in &series {
             let (buckets, _) =
-                crate::router::metrics::cumulative(&LATENCY_BUCKETS_SECONDS, &s.buckets);
+                crate::router::metrics::histogram::cumulative(&LATENCY_BUCKETS_SECONDS, &s.buckets);
             let status = s.status.to_string();
             family.histogram_sample(
                 &[("provider", s.engine.as_str()), ("status_code", &status)],

@@ -1,10 +1,11 @@
 //! Provider credentials and endpoints, read once at start-up, and the policy-side
 //! `fallback_provider` block checked against them.
 //!
-//! Owns: [`ProviderSettings`] (the two API keys and the two base URLs), [`ProviderEngine`],
-//! [`ProviderConfig`] and its [`validate`](ProviderConfig::validate). Pure: the environment is
-//! read through a lookup function, so tests pass a map; [`ProviderSettings::from_env`] is the one
-//! caller of `std::env`.
+//! Owns: [`ProviderSettings`] (the two API keys and the two base URLs), what the provider client
+//! needs of a [`ProviderEngine`] (its key variable, its endpoint, its `processed_by` value; the
+//! enum and its policy spelling are `logic::policy`'s), [`ProviderConfig`] and its
+//! [`validate`](ProviderConfig::validate). Pure: the environment is read through a lookup
+//! function, so tests pass a map; [`ProviderSettings::from_env`] is the one caller of `std::env`.
 //!
 //! Invariants: an API key is never empty when present, and never appears in `Debug` output or
 //! logs ([`ApiKey`] redacts itself). A base URL is `http` or `https`, has a host, and carries no
@@ -13,6 +14,8 @@
 use std::fmt;
 
 use thiserror::Error;
+
+use crate::logic::policy::ProviderEngine;
 
 /// `HIVENET_ROUTER_OPENAI_API_KEY`: the OpenAI credential (reference, "Configure credentials").
 pub const OPENAI_API_KEY_VARIABLE: &str = "HIVENET_ROUTER_OPENAI_API_KEY";
@@ -26,32 +29,8 @@ pub const ANTHROPIC_BASE_URL_VARIABLE: &str = "HIVENET_ROUTER_ANTHROPIC_BASE_URL
 const OPENAI_BASE_URL_DEFAULT: &str = "https://api.openai.com";
 const ANTHROPIC_BASE_URL_DEFAULT: &str = "https://api.anthropic.com";
 
-/// An external provider a policy's `fallback_provider.engine` names. Lowercase and
-/// case-sensitive on the wire (`openai`, `anthropic`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ProviderEngine {
-    OpenAi,
-    Anthropic,
-}
-
+/// What the provider client needs of an engine, beside its policy spelling.
 impl ProviderEngine {
-    /// The policy spelling; anything else (including `OpenAI`) is not a supported provider.
-    pub fn parse(name: &str) -> Option<ProviderEngine> {
-        match name {
-            "openai" => Some(ProviderEngine::OpenAi),
-            "anthropic" => Some(ProviderEngine::Anthropic),
-            _ => None,
-        }
-    }
-
-    /// The policy spelling, also the `provider` label of the outbound HTTP metric.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProviderEngine::OpenAi => "openai",
-            ProviderEngine::Anthropic => "anthropic",
-        }
-    }
-
     /// The `processed_by` value every successful answer carries.
     pub fn processed_by(self) -> &'static str {
         match self {
@@ -74,12 +53,6 @@ impl ProviderEngine {
             ProviderEngine::OpenAi => "/v1/chat/completions",
             ProviderEngine::Anthropic => "/v1/messages",
         }
-    }
-}
-
-impl fmt::Display for ProviderEngine {
-    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        formatter.write_str(self.as_str())
     }
 }
 

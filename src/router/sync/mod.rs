@@ -35,7 +35,8 @@ pub mod store;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-use crate::router::metrics::{Collect, Family, cumulative};
+use crate::router::metrics::histogram::cumulative;
+use crate::router::metrics::{Collect, Family};
 
 /// `hivenet_sync_tick_seconds` buckets.
 pub const TICK_SECONDS_BUCKETS: [f64; 10] =

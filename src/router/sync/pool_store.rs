@@ -6,11 +6,10 @@
 //! tells whether one acknowledged the grant.
 //!
 //! Each round rewrites what the router holds with [`REWRITE`] (in the round's transaction, with
-//! a read of the pool), and a clean shutdown removes the router's holdings.
-
-use redis::RedisResult;
-
-use super::store::Store;
+//! a read of the pool), and a clean shutdown removes the router's holdings ([`RELEASE`]).
+//!
+//! Owns: the scripts and the records they return ([`StoredHolding`], [`Grant`]). The calls that
+//! run them are `sync::store::Store`'s (`grant`, `release_holdings`, `wait_replicas`, `round`).
 
 /// The grant, atomically in the store. KEYS: the pool hash, the epoch key, the set of pools
 /// (every pool a router may hold in, for [`RELEASE`]). ARGV: router ID, run,
@@ -119,63 +118,4 @@ pub enum Grant {
     StaleEpoch,
     /// A newer run of this router ID holds its credits.
     Replaced,
-}
-
-impl Store {
-    /// Asks the pool of `budget_name` for `want` of `budget` for this router's `run`.
-    pub async fn grant(
-        &mut self,
-        budget_name: &str,
-        router: &str,
-        run: u64,
-        epoch: &str,
-        want: u64,
-        budget: u64,
-    ) -> RedisResult<Grant> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("EVAL")
-            .arg(GRANT)
-            .arg(3)
-            .arg(self.key(&format!("pool:{budget_name}")))
-            .arg(self.key("epoch"))
-            .arg(self.key("pools"))
-            .arg(router)
-            .arg(run)
-            .arg(epoch)
-            .arg(want)
-            .arg(budget);
-        let ((granted, held),): ((i64, i64),) = self.query(&pipe).await?;
-        Ok(match granted {
-            -1 => Grant::StaleEpoch,
-            -2 => Grant::Replaced,
-            granted => Grant::Granted {
-                granted: granted.max(0) as u64,
-                held: held.max(0) as u64,
-            },
-        })
-    }
-
-    /// Takes `router`'s holdings of `run` (or an older run) back from every pool of the site:
-    /// this router's own at a clean shutdown, or another's the others gave up. Returns how many
-    /// holdings went.
-    pub async fn release_holdings(&mut self, router: &str, run: u64) -> RedisResult<u64> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("EVAL")
-            .arg(RELEASE)
-            .arg(1)
-            .arg(self.key("pools"))
-            .arg(router)
-            .arg(run);
-        let (released,): (u64,) = self.query(&pipe).await?;
-        Ok(released)
-    }
-
-    /// How many replicas acknowledged every write before this call within `timeout_ms` (`WAIT`):
-    /// with Sentinel, a grant counts only once one has.
-    pub async fn wait_replicas(&mut self, timeout_ms: u64) -> RedisResult<u64> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("WAIT").arg(1).arg(timeout_ms);
-        let (acknowledged,): (u64,) = self.query(&pipe).await?;
-        Ok(acknowledged)
-    }
 }

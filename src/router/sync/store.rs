@@ -1,5 +1,6 @@
 //! The Valkey side of the sync round: one connection (directly, or to the primary the Sentinels
-//! name), the keys of one site, and the few commands a round needs.
+//! name), the keys of one site, the few commands a round needs, and the occupancy-credit calls
+//! that run the scripts of `sync::pool_store`.
 //!
 //! # Keys (all under the hash tag `{site}`, so they live on one node)
 //! - `hivenet:{site}:usage`: the usage stream, one entry per router and round (field `u`, the
@@ -25,6 +26,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisResult, Value};
 
+use super::pool_store::{GRANT, Grant, RELEASE};
 use crate::router::config::sync::StoreSettings;
 
 /// How long usage stays on the stream: a router away longer re-reads the daily totals instead
@@ -289,10 +291,7 @@ impl Store {
     }
 
     /// Runs `pipe`, dropping the connection on any error so the next call connects again.
-    pub(super) async fn query<T: redis::FromRedisValue>(
-        &mut self,
-        pipe: &redis::Pipeline,
-    ) -> RedisResult<T> {
+    async fn query<T: redis::FromRedisValue>(&mut self, pipe: &redis::Pipeline) -> RedisResult<T> {
         let mut connection = self.connection().await?;
         let result = tokio::time::timeout(
             self.response_timeout + Duration::from_millis(100),
@@ -508,6 +507,66 @@ impl Store {
             .arg(ttl_ms.max(1));
         let (set,): (Option<String>,) = self.query(&pipe).await?;
         Ok(set.is_some())
+    }
+}
+
+/// Occupancy credits: the grant and the release run `pool_store`'s scripts.
+impl Store {
+    /// Asks the pool of `budget_name` for `want` of `budget` for this router's `run`.
+    pub async fn grant(
+        &mut self,
+        budget_name: &str,
+        router: &str,
+        run: u64,
+        epoch: &str,
+        want: u64,
+        budget: u64,
+    ) -> RedisResult<Grant> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("EVAL")
+            .arg(GRANT)
+            .arg(3)
+            .arg(self.key(&format!("pool:{budget_name}")))
+            .arg(self.key("epoch"))
+            .arg(self.key("pools"))
+            .arg(router)
+            .arg(run)
+            .arg(epoch)
+            .arg(want)
+            .arg(budget);
+        let ((granted, held),): ((i64, i64),) = self.query(&pipe).await?;
+        Ok(match granted {
+            -1 => Grant::StaleEpoch,
+            -2 => Grant::Replaced,
+            granted => Grant::Granted {
+                granted: granted.max(0) as u64,
+                held: held.max(0) as u64,
+            },
+        })
+    }
+
+    /// Takes `router`'s holdings of `run` (or an older run) back from every pool of the site:
+    /// this router's own at a clean shutdown, or another's the others gave up. Returns how many
+    /// holdings went.
+    pub async fn release_holdings(&mut self, router: &str, run: u64) -> RedisResult<u64> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("EVAL")
+            .arg(RELEASE)
+            .arg(1)
+            .arg(self.key("pools"))
+            .arg(router)
+            .arg(run);
+        let (released,): (u64,) = self.query(&pipe).await?;
+        Ok(released)
+    }
+
+    /// How many replicas acknowledged every write before this call within `timeout_ms` (`WAIT`):
+    /// with Sentinel, a grant counts only once one has.
+    pub async fn wait_replicas(&mut self, timeout_ms: u64) -> RedisResult<u64> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("WAIT").arg(1).arg(timeout_ms);
+        let (acknowledged,): (u64,) = self.query(&pipe).await?;
+        Ok(acknowledged)
     }
 }
 

@@ -20,7 +20,7 @@ fn put_body(version: &str, raw_key: &str) -> PutKeyRequest {
     PutKeyRequest::from_json(
         serde_json::json!({
             "version": version,
-            "key_hash": crate::logic::auth::keys::hash_key_hex(raw_key),
+            "key_hash": crate::logic::auth::key_hash::hash_key_hex(raw_key),
             "key_preview": "sk-...x",
             "owner": "tenant",
             "name": "a key",
@@ -125,7 +125,7 @@ fn get_response_round_trips_the_reference_example() {
 
     let mut registry = DynamicRegistry::new();
     let mut entry = parsed.key.clone();
-    entry.key_hash = crate::logic::auth::keys::hash_key_hex("k");
+    entry.key_hash = crate::logic::auth::key_hash::hash_key_hex("k");
     registry
         .replace(
             ReplaceRequest {
@@ -408,7 +408,7 @@ fn replace_validates_everything_before_swapping() {
     let before = registry.clone();
     let good = |id: &str, raw_key: &str| DynamicKeyEntry {
         id: id.into(),
-        key_hash: crate::logic::auth::keys::hash_key_hex(raw_key),
+        key_hash: crate::logic::auth::key_hash::hash_key_hex(raw_key),
         key_preview: String::new(),
         owner: "o".into(),
         name: "n".into(),
@@ -567,7 +567,7 @@ fn operation() -> impl Strategy<Value = Operation> {
 fn replace_entry(id: u8, key: u8) -> DynamicKeyEntry {
     DynamicKeyEntry {
         id: format!("id-{id}"),
-        key_hash: crate::logic::auth::keys::hash_key_hex(&format!("key-{key}")),
+        key_hash: crate::logic::auth::key_hash::hash_key_hex(&format!("key-{key}")),
         key_preview: format!("sk-...{key}"),
         owner: format!("o{}", key % 3),
         name: "n".into(),
@@ -679,7 +679,7 @@ proptest! {
             prop_assert_eq!(snapshot.len(), registry.len());
             for key in 0..6u8 {
                 let raw_key = format!("key-{key}");
-                let hash = crate::logic::auth::keys::hash_key_hex(&raw_key);
+                let hash = crate::logic::auth::key_hash::hash_key_hex(&raw_key);
                 let held = accepted.values().find(|entry| entry.key_hash == hash);
                 let authenticated = matches!(
                     snapshot.authenticate(Some(raw_key.as_bytes()), NOW_MS),

@@ -2,8 +2,9 @@
 //! digests come and go ([`Assignment`]), so that one dynamic-key write does not derive every
 //! key's ID again.
 //!
-//! Owns: the assignment rule and the two conditions under which one digest more or one less
-//! leaves every other digest's ID as it was.
+//! Owns: the assignment rule, the two conditions under which one digest more or one less
+//! leaves every other digest's ID as it was, and [`MAX_KEYS`], the bound on a registry's keys
+//! that also bounds the IDs assigned.
 //!
 //! Must not: depend on the order digests arrived in. Every router of a site derives the IDs of
 //! the keys it holds, and the shared limits in the store are keyed by them, so an assignment kept
@@ -12,9 +13,12 @@
 
 use std::collections::HashSet;
 
-use super::MAX_KEYS;
-
 type Digest = [u8; 32];
+
+/// Most keys one registry holds (static or dynamic). A bound, not a target: a 16 MiB replace body
+/// holds about 65,000 entries of the shape `perf/memory.sh` sends (about 250 bytes each: 50,000
+/// took 12.7 MB), so a registry this large is built by several writes.
+pub const MAX_KEYS: usize = 1_000_000;
 
 /// Window `w` (0..8) of a digest: its bytes `4w..4w+4`, big-endian.
 fn window(digest: &Digest, w: usize) -> u32 {
@@ -92,7 +96,7 @@ fn passed_over(digest: &Digest, id: u32, other: u32) -> bool {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Assignment {
     /// Every ID held, and `0`, which is never given: one per digest of the set, so bounded by
-    /// the registry's `MAX_KEYS`.
+    /// [`MAX_KEYS`].
     taken: HashSet<u32, foldhash::fast::RandomState>,
     /// The digests that do not hold their first window, with the ID they hold: few (none in
     /// most registries), at most one per digest.

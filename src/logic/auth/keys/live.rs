@@ -16,9 +16,10 @@ use std::sync::Arc;
 
 use hashbrown::HashMap;
 
+use super::assign::Assignment;
 use super::{
-    Assignment, KeyHash, KeyId, KeyInput, KeyRecord, KeyRegistry, KeySource, RegistryMode,
-    TenantId, dynamic_key_digest, tenant_digest,
+    KeyHash, KeyId, KeyInput, KeyRecord, KeyRegistry, KeySource, RegistryMode, TenantId,
+    dynamic_key_digest, tenant_digest,
 };
 
 /// The snapshot of the dynamic keys, and the bookkeeping that keeps it without rebuilding.

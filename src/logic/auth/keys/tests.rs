@@ -197,24 +197,6 @@ fn debug_shows_the_preview_and_never_the_hash() {
 }
 
 #[test]
-fn hash_helper_matches_sha256sum() {
-    // printf '%s' sk-hivenet-secret | sha256sum
-    assert_eq!(
-        hash_key_hex("sk-hivenet-secret"),
-        "4a5b2d8d96e0a71abaad0d139c3e76954c6ae870253a2b3baad4ba8808317931"
-    );
-    assert_eq!(
-        hash_key_hex(""),
-        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-    );
-    let hash = KeyHash::parse_hex(&hash_key_hex("x").to_uppercase()).unwrap();
-    assert_eq!(hash, KeyHash::of_raw_key(b"x"));
-    assert!(hash.ct_eq(&KeyHash::of_raw_key(b"x")));
-    assert!(!hash.ct_eq(&KeyHash::of_raw_key(b"y")));
-    assert_eq!(KeyHash::parse_hex("abc"), None);
-}
-
-#[test]
 fn presented_key_from_either_header() {
     assert_eq!(
         presented_key(Some(b"Bearer sk-1"), None),

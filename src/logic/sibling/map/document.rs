@@ -1,8 +1,113 @@
 //! The `PUT /admin/sibling-map` document on the wire: the body as it arrives (bounded arrays,
 //! unknown fields refused), its validation into a [`super::SiblingMap`]'s parts, and the map
 //! written back for `GET /admin/sibling-map`. The rules are the parent module's doc.
+//!
+//! Owns: the bounds of a body ([`MAX_SITES`] and the other `MAX_` constants), what validation
+//! needs from start-up ([`MapRules`]) and why a push is refused ([`MapError`]).
+//!
+//! Must not: decide where a request goes; that is the parent's [`super::SiblingMap`].
 
-use super::*;
+use std::collections::HashMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::de::{self, IgnoredAny, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+
+use super::placement::{Kind, Placement, Site};
+
+/// Most sites a map may list. Bounds the memory of a push before it is refused.
+pub const MAX_SITES: usize = 1024;
+/// Most placements a map may hold.
+pub const MAX_PLACEMENTS: usize = 65_536;
+/// Longest site id, in bytes.
+pub const MAX_SITE_ID_BYTES: usize = 128;
+/// Longest model name, in bytes.
+pub const MAX_MODEL_BYTES: usize = 256;
+/// Longest site URL, in bytes; it ends up in every `Location` header sent to the site.
+pub const MAX_URL_BYTES: usize = 2048;
+/// Longest placement hold budget (seed `hold-at-zero.md`, "The `hold_budget` placement field").
+pub const MAX_HOLD_BUDGET: Duration = Duration::from_secs(3600);
+
+/// What start-up knows that validation needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapRules {
+    /// This router's `--site-id`.
+    pub local_site: String,
+    /// Domains a sibling's URL must be in (the domain itself or a subdomain of it). Empty: no
+    /// sibling URL is accepted.
+    pub allowed_domains: Vec<String>,
+}
+
+/// Why a map push was refused; the text is the reason the `400` body shows and names the
+/// offending entry.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum MapError {
+    #[error("body is not a sibling map: {0}")]
+    Json(String),
+    #[error("{0} is required: an array, possibly empty")]
+    MissingArray(&'static str),
+    #[error("{field} has {count} entries, at most {max}")]
+    TooMany {
+        field: &'static str,
+        count: usize,
+        max: usize,
+    },
+    /// An entry of the wrong shape: a missing or unknown field, or a value of the wrong type.
+    #[error("{at}: {reason}")]
+    Entry { at: String, reason: String },
+    #[error("sites[{index}].id: {id:?} {reason}")]
+    BadSiteId {
+        index: usize,
+        id: String,
+        reason: &'static str,
+    },
+    #[error("sites[{index}].id: {id:?} is already the id of sites[{first}]")]
+    DuplicateSite {
+        index: usize,
+        id: String,
+        first: usize,
+    },
+    #[error("sites[{index}].url: {url:?} {reason}")]
+    BadUrl {
+        index: usize,
+        url: String,
+        reason: &'static str,
+    },
+    #[error("sites[{index}].url: host {host:?} is not an allowed domain or a subdomain of one")]
+    DomainNotAllowed { index: usize, host: String },
+    #[error("placements[{index}].model: {reason}")]
+    BadModel { index: usize, reason: &'static str },
+    #[error("placements[{index}].kind: {kind:?} is not one of chat, embedding, rerank")]
+    BadKind { index: usize, kind: String },
+    #[error("placements[{index}].site: {site:?} is neither a listed site nor the local site")]
+    UnknownSite { index: usize, site: String },
+    #[error("placements[{index}].hold_budget: {text:?} {reason}")]
+    BadHoldBudget {
+        index: usize,
+        text: String,
+        reason: &'static str,
+    },
+    #[error(
+        "placements[{index}]: model {model:?}, kind {kind} on site {site:?} is already placed by placements[{first}]"
+    )]
+    DuplicatePlacement {
+        index: usize,
+        model: String,
+        kind: &'static str,
+        site: String,
+        first: usize,
+    },
+    #[error("generated_at: {0:?} is not an RFC 3339 time")]
+    BadGeneratedAt(String),
+    #[error("fresh_for: {text:?} {reason}")]
+    BadFreshFor { text: String, reason: &'static str },
+    #[error("{present} is set without {missing}: the freshness window needs both")]
+    HalfFreshness {
+        present: &'static str,
+        missing: &'static str,
+    },
+}
 
 /// The top-level body. `sites` and `placements` are options so their absence gets its own error.
 #[derive(Deserialize)]

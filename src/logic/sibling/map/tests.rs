@@ -1,4 +1,5 @@
 use super::*;
+use crate::base::ids::Capability;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 

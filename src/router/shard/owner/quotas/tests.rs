@@ -33,11 +33,11 @@ fn registry() -> Arc<KeyRegistry> {
     let text = AUTH
         .replace(
             "HASH_FLAT",
-            &crate::logic::auth::keys::hash_key_hex("sk-flat"),
+            &crate::logic::auth::key_hash::hash_key_hex("sk-flat"),
         )
         .replace(
             "HASH_PER_MODEL",
-            &crate::logic::auth::keys::hash_key_hex("sk-permodel"),
+            &crate::logic::auth::key_hash::hash_key_hex("sk-permodel"),
         );
     Arc::new(KeyRegistry::from_config(
         &AuthConfig::from_yaml(&text).expect("test auth.yaml"),
@@ -132,11 +132,11 @@ fn a_reloaded_quota_applies_whatever_address_the_new_registry_has() {
     let text = AUTH
         .replace(
             "HASH_FLAT",
-            &crate::logic::auth::keys::hash_key_hex("sk-flat"),
+            &crate::logic::auth::key_hash::hash_key_hex("sk-flat"),
         )
         .replace(
             "HASH_PER_MODEL",
-            &crate::logic::auth::keys::hash_key_hex("sk-permodel"),
+            &crate::logic::auth::key_hash::hash_key_hex("sk-permodel"),
         )
         .replace("tokens_per_day: 1000", "tokens_per_day: 100");
     let second = KeyRegistry::from_config(&AuthConfig::from_yaml(&text).expect("auth.yaml"));
@@ -376,11 +376,11 @@ fn two_keys_one_owner() -> KeyRegistry {
     let text = TWO_KEYS_ONE_OWNER
         .replace(
             "HASH_FIRST",
-            &crate::logic::auth::keys::hash_key_hex("sk-first"),
+            &crate::logic::auth::key_hash::hash_key_hex("sk-first"),
         )
         .replace(
             "HASH_SECOND",
-            &crate::logic::auth::keys::hash_key_hex("sk-second"),
+            &crate::logic::auth::key_hash::hash_key_hex("sk-second"),
         );
     KeyRegistry::from_config(&AuthConfig::from_yaml(&text).expect("test auth.yaml"))
 }
@@ -476,11 +476,11 @@ fn requests_per_minute_and_the_daily_budget_stay_per_owner() {
     let text = TWO_KEYS_ONE_OWNER
         .replace(
             "HASH_FIRST",
-            &crate::logic::auth::keys::hash_key_hex("sk-first"),
+            &crate::logic::auth::key_hash::hash_key_hex("sk-first"),
         )
         .replace(
             "HASH_SECOND",
-            &crate::logic::auth::keys::hash_key_hex("sk-second"),
+            &crate::logic::auth::key_hash::hash_key_hex("sk-second"),
         )
         .replace("tokens_per_day: 10000", "tokens_per_day: 150");
     let registry = KeyRegistry::from_config(&AuthConfig::from_yaml(&text).expect("auth.yaml"));
@@ -574,7 +574,7 @@ fn a_cleanup_that_drops_most_holders_gives_their_slots_back() {
             "    - key_hash: \"{}\"\n      key_preview: \"sk-...{index}\"\n      \
              metadata: {{name: \"k{index}\", owner: \"owner-{index}\"}}\n      \
              quota: {{requests_per_minute: 10}}\n",
-            crate::logic::auth::keys::hash_key_hex(&format!("sk-burst-{index}"))
+            crate::logic::auth::key_hash::hash_key_hex(&format!("sk-burst-{index}"))
         ));
     }
     let registry = KeyRegistry::from_config(&AuthConfig::from_yaml(&text).unwrap());
