@@ -344,7 +344,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     let (credit_refills, refill_asks) = match &sync_settings {
         Some(_) => {
             let (asks, asked) =
-                tokio::sync::mpsc::channel(hivenet_router::router::sync::credits::REFILL_QUEUE);
+                tokio::sync::mpsc::channel(hivenet_router::router::sync::pools::REFILL_QUEUE);
             (Some(asks), Some(asked))
         }
         None => (None, None),

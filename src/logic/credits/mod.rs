@@ -17,7 +17,7 @@
 //!
 //! # Where the rest lives
 //! This module is the protocol's pure core. The store's grant script is `sync::pool_store`, the
-//! sync core's refills and per-round rewrites `sync::credits`, the owner shard's wallets
+//! sync core's refills and per-round rewrites `sync::pools`, the owner shard's wallets
 //! `shard::owner::wallets`, and admission keeps within them in `admission::occupancy`
 //! (`Limits::credits`).
 

@@ -7,7 +7,7 @@
 //! need more than the budget, beyond the seed's two stated excesses.
 //!
 //! It drives the real pure logic ([`Pool`], [`Wallet`], [`PoolView`], [`may_reclaim`]); what it
-//! adds is the protocol around them the sync core runs (`sync::credits`, `sync::core`): refills
+//! adds is the protocol around them the sync core runs (`sync::pools`, `sync::core`): refills
 //! when a wallet runs short, `WAIT` after a grant, the per-round rewrite, noticing the store's
 //! new epoch or a failover, and giving up a crashed router.
 //!

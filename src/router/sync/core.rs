@@ -36,9 +36,9 @@ use crate::router::shard::messages::ControlToShard;
 use crate::router::shard::owner::quotas::{DailyRestore, RemoteUsage};
 
 use super::SyncMetrics;
-use super::credits::{self, SiteCredits};
 use super::entry::{Entry, ModelName};
 use super::pool_store::Grant;
+use super::pools::{self, SiteCredits};
 use super::round::{self, Backlog, Batch};
 use super::site::{self, AfterFailure, Health, Heartbeat, Peers};
 use super::store::{RoundWrites, Store, StreamId};
@@ -442,7 +442,7 @@ impl Round {
         let after = self.credits.after_round(
             now_ms,
             epoch_changed,
-            credits::epoch_since(&reads.epoch),
+            pools::epoch_since(&reads.epoch),
             &reads.pools,
         );
         if after.given_up {
@@ -544,7 +544,7 @@ impl Round {
                         // A failover must not hand the same capacity out twice: until a replica
                         // has the grant, the router keeps to its share.
                         acknowledged = matches!(
-                            self.store.wait_replicas(credits::ACKNOWLEDGE_WAIT_MS).await,
+                            self.store.wait_replicas(pools::ACKNOWLEDGE_WAIT_MS).await,
                             Ok(replicas) if replicas > 0
                         );
                     }

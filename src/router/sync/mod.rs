@@ -25,9 +25,9 @@
 //! `crate::router::shard::owner::quotas`.
 
 pub mod core;
-pub mod credits;
 pub mod entry;
 pub mod pool_store;
+pub mod pools;
 pub mod redirect_claims;
 pub mod round;
 pub mod site;

@@ -13,7 +13,7 @@ use crate::logic::admission::occupancy::{Claim, Footprint};
 use crate::logic::policy::{ModelPolicy, PolicyContext};
 use crate::logic::routing::AgentProfile;
 
-mod credits;
+mod wallets;
 
 const MODEL: ModelId = ModelId(1);
 const AGENT: AgentId = AgentId(7);
