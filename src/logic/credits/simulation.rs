@@ -418,7 +418,7 @@ impl Sim {
         match self
             .store
             .pool
-            .rewrite(&name(index), run, epoch, plan.hold, in_use)
+            .rewrite(&name(index), run, epoch, plan.holding, in_use)
         {
             // The others gave this router up: what it believed it held is not its any more.
             Ok(Rewritten::GivenUp) => self.routers[index].wallet.forfeit(),

@@ -62,7 +62,7 @@ impl Allowance {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoundPlan {
     /// What the router holds after the round: write it to the pool.
-    pub hold: u64,
+    pub holding: u64,
     /// The wallet ran short since the last round: others keep no headroom.
     pub ran_short: bool,
 }
@@ -152,7 +152,7 @@ impl Wallet {
         };
         self.credits = self.credits.min(keep);
         RoundPlan {
-            hold: self.credits.max(in_use),
+            holding: self.credits.max(in_use),
             ran_short,
         }
     }
@@ -189,7 +189,7 @@ mod tests {
         assert!(wallet.admit(at(0), 60, 50, Cap::Credits));
         let plan = wallet.round(at(1), 110, 20, false);
         assert!(plan.ran_short);
-        assert_eq!(plan.hold, 130, "in use 110 and 20 of headroom");
+        assert_eq!(plan.holding, 130, "in use 110 and 20 of headroom");
     }
 
     #[test]
@@ -197,11 +197,11 @@ mod tests {
         let mut wallet = Wallet::new(at(0));
         wallet.add(100);
         assert!(wallet.admit(at(0), 0, 30, Cap::Credits));
-        assert_eq!(wallet.round(at(1), 30, 20, false).hold, 50);
-        assert_eq!(wallet.round(at(2), 30, 20, true).hold, 30);
+        assert_eq!(wallet.round(at(1), 30, 20, false).holding, 50);
+        assert_eq!(wallet.round(at(2), 30, 20, true).holding, 30);
         wallet.touch(at(3));
         assert_eq!(
-            wallet.round(at(4), 0, 20, false).hold,
+            wallet.round(at(4), 0, 20, false).holding,
             20,
             "nothing in use: the headroom"
         );
@@ -213,10 +213,10 @@ mod tests {
         wallet.add(10);
         assert!(wallet.admit(at(0), 0, 10, Cap::Credits));
         // The stream grew to 25 in use.
-        assert_eq!(wallet.round(at(1), 25, 0, false).hold, 25);
+        assert_eq!(wallet.round(at(1), 25, 0, false).holding, 25);
         // The stream ends: the excess goes back, it does not admit others.
         assert!(!wallet.admit(at(2), 0, 11, Cap::Credits));
-        assert_eq!(wallet.round(at(3), 0, 0, false).hold, 0);
+        assert_eq!(wallet.round(at(3), 0, 0, false).holding, 0);
     }
 
     #[test]
@@ -225,8 +225,8 @@ mod tests {
         wallet.add(40);
         assert!(wallet.admit(at(0), 0, 10, Cap::Credits));
         wallet.touch(at(1));
-        assert_eq!(wallet.round(at(30), 0, 40, false).hold, 40);
-        assert_eq!(wallet.round(at(61), 0, 40, false).hold, 0);
+        assert_eq!(wallet.round(at(30), 0, 40, false).holding, 40);
+        assert_eq!(wallet.round(at(61), 0, 40, false).holding, 0);
         assert!(wallet.is_empty(0));
     }
 

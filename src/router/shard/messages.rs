@@ -91,7 +91,7 @@ pub struct ShardUsage {
     pub usage: Vec<crate::router::shard::owner::quotas::BucketUsage>,
     pub daily: Vec<crate::router::shard::owner::quotas::DailyTotal>,
     /// What this router holds of every budget this shard's models have credits for.
-    pub credits: Vec<crate::router::shard::owner::wallets::CreditHold>,
+    pub credits: Vec<crate::router::shard::owner::wallets::CreditHolding>,
 }
 
 /// A shard's answer to [`ControlToShard::Report`].

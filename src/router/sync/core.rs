@@ -221,7 +221,7 @@ impl Round {
         {
             let registry = self.shared.registry();
             self.credits
-                .take_holds(now_ms, usage.credits, |model| registry.model_key(model));
+                .take_holdings(now_ms, usage.credits, |model| registry.model_key(model));
         }
         if today != self.read_day {
             // Every budget starts the new day at zero on every router: nothing to read.

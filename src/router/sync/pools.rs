@@ -4,7 +4,7 @@
 //!
 //! - A refill is served as soon as it arrives, between rounds: one `GRANT` script, held to the
 //!   view's ceiling, then (with Sentinel) a `WAIT` for a replica.
-//! - Each round rewrites what the router holds of every budget it reported (`REWRITE`, in the
+//! - Each round rewrites what the router holdings of every budget it reported (`REWRITE`, in the
 //!   round's transaction) and reads every pool it knows, so the views follow the others.
 //! - A new epoch (the store lost its data) makes every view guard what it last saw, and every
 //!   shard forfeit its credits; requests in flight are written back as held.
@@ -19,7 +19,7 @@ use crate::base::ids::ModelId;
 use crate::logic::credits::BudgetKind;
 use crate::logic::credits::view::PoolView;
 use crate::logic::snapshot::ModelKey;
-use crate::router::shard::owner::wallets::CreditHold;
+use crate::router::shard::owner::wallets::CreditHolding;
 
 use super::pool_store::StoredHolding;
 use super::store::{PoolRead, PoolRewrite, PoolWrite};
@@ -40,7 +40,7 @@ struct Budget {
     budget: u64,
     view: PoolView,
     /// This round's report from the owner shard.
-    hold: Option<CreditHold>,
+    holding: Option<CreditHolding>,
     /// Another router ran short at the last read.
     others_short: bool,
 }
@@ -72,7 +72,7 @@ pub struct SiteCredits {
     settles_at: u64,
     /// The pools written this round, in order (for [`SiteCredits::after_round`]).
     written: Vec<(ModelId, BudgetKind)>,
-    /// A failover was noticed: no grant until a round has rewritten what this router holds.
+    /// A failover was noticed: no grant until a round has rewritten what this router holdings.
     awaiting_rewrite: bool,
 }
 
@@ -113,7 +113,7 @@ impl SiteCredits {
     /// The store failed over, or restarted (a new replication ID): its latest writes may be
     /// lost though its epoch is the same. Every view guards what the new pool lost
     /// (`PoolView::failed_over`), and no grant is asked for until a round has rewritten what
-    /// this router holds.
+    /// this router holdings.
     pub fn failed_over(&mut self, now_ms: u64) {
         if !self.knows_the_store {
             return;
@@ -128,16 +128,16 @@ impl SiteCredits {
 
     /// This round's reports from the owner shards; `name` names a model (a model the registry
     /// no longer knows is skipped: its wallet gives its credits back when idle).
-    pub fn take_holds(
+    pub fn take_holdings(
         &mut self,
         now_ms: u64,
-        holds: Vec<CreditHold>,
+        holdings: Vec<CreditHolding>,
         name: impl Fn(ModelId) -> Option<ModelKey>,
     ) {
-        for hold in holds {
-            let budget = self.budget(now_ms, hold.model, hold.kind, hold.budget, &name);
+        for holding in holdings {
+            let budget = self.budget(now_ms, holding.model, holding.kind, holding.budget, &name);
             if let Some(budget) = budget {
-                budget.hold = Some(hold);
+                budget.holding = Some(holding);
             }
         }
     }
@@ -163,7 +163,7 @@ impl SiteCredits {
                     pool,
                     budget: size,
                     view,
-                    hold: None,
+                    holding: None,
                     others_short: false,
                 },
             );
@@ -184,11 +184,11 @@ impl SiteCredits {
         self.written.clear();
         let mut writes = Vec::with_capacity(self.budgets.len());
         for (key, budget) in &self.budgets {
-            let rewrite = match (budget.hold, epoch) {
+            let rewrite = match (budget.holding, epoch) {
                 (Some(hold), Some(epoch)) if !leaving => Some(PoolRewrite {
                     epoch,
                     run: self.run,
-                    hold: hold.hold,
+                    holding: hold.holding,
                     in_use: hold.in_use,
                     short: hold.ran_short,
                 }),
@@ -228,7 +228,7 @@ impl SiteCredits {
             let Some(budget) = self.budgets.get_mut(key) else {
                 continue;
             };
-            budget.hold = None;
+            budget.holding = None;
             let holdings: Vec<(String, StoredHolding)> = read
                 .holdings
                 .iter()
@@ -316,11 +316,11 @@ mod tests {
         }
     }
 
-    fn hold(model: u32, kind: BudgetKind, hold: u64, budget: u64) -> CreditHold {
-        CreditHold {
+    fn holding(model: u32, kind: BudgetKind, holding: u64, budget: u64) -> CreditHolding {
+        CreditHolding {
             model: ModelId(model),
             kind,
-            hold,
+            holding,
             in_use: 0,
             ran_short: false,
             budget,
@@ -350,7 +350,7 @@ mod tests {
     fn a_round_follows_the_pools_and_a_loss_guards_what_was_seen() {
         let mut credits = SiteCredits::new("a", 1, 10_000);
         let name = |_| Some(key("m"));
-        credits.take_holds(100_000, vec![hold(1, BudgetKind::Requests, 2, 10)], name);
+        credits.take_holdings(100_000, vec![holding(1, BudgetKind::Requests, 2, 10)], name);
         let writes = credits.pool_writes(Some("1-x"), false);
         assert_eq!(writes.len(), 1);
         assert_eq!(writes[0].pool, "llm|m|requests");
@@ -380,7 +380,7 @@ mod tests {
     #[test]
     fn a_router_given_up_forfeits() {
         let mut credits = SiteCredits::new("a", 1, 10_000);
-        credits.take_holds(0, vec![hold(1, BudgetKind::Tokens, 40, 100)], |_| {
+        credits.take_holdings(0, vec![holding(1, BudgetKind::Tokens, 40, 100)], |_| {
             Some(key("m"))
         });
         let _ = credits.pool_writes(Some("1-x"), false);

@@ -87,7 +87,7 @@ pub struct PoolWrite<'a> {
 pub struct PoolRewrite<'a> {
     pub epoch: &'a str,
     pub run: u64,
-    pub hold: u64,
+    pub holding: u64,
     pub in_use: u64,
     pub short: bool,
 }
@@ -429,7 +429,7 @@ impl Store {
                     .arg(&self.router)
                     .arg(rewrite.run)
                     .arg(rewrite.epoch)
-                    .arg(rewrite.hold)
+                    .arg(rewrite.holding)
                     .arg(rewrite.in_use)
                     .arg(u8::from(rewrite.short));
                 commands.push(eval);

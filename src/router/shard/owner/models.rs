@@ -20,7 +20,7 @@ use crate::logic::routing::{
 };
 use crate::logic::snapshot::RoutingSnapshot;
 use crate::router::shard::IdMap;
-use crate::router::shard::owner::wallets::{CreditCap, CreditHold, CreditNews, ModelWallets};
+use crate::router::shard::owner::wallets::{CreditCap, CreditHolding, CreditNews, ModelWallets};
 use crate::router::shard::owner::{AgentJoin, Answer, Effects, QueueMove};
 
 /// What a model's owner finally answers to an acquire.
@@ -256,7 +256,7 @@ impl Models {
     }
 
     /// The sync round: what this router holds of every budget it has credits for.
-    pub fn credit_round(&mut self, now: Millis, out: &mut Vec<CreditHold>) {
+    pub fn credit_round(&mut self, now: Millis, out: &mut Vec<CreditHolding>) {
         for (model, owned) in self.occupancy.iter_mut() {
             let in_use = owned.in_use();
             let Some(wallets) = owned.wallets.as_mut() else {

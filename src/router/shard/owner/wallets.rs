@@ -2,7 +2,7 @@
 //! (seed `run-several-routers.md`, "Occupancy credits"): one [`Wallet`] for the token budget and
 //! one for the request backstop. Admission keeps within them (`Limits::credits`) as well as within
 //! the budget, so a request never waits on the store; a wallet that runs short asks the sync core
-//! for a refill, and each round hands the sync core what the router holds.
+//! for a refill, and each round hands the sync core what the router holdings.
 //!
 //! Pure: time comes in as [`Millis`]; refills and round plans are returned for the caller to
 //! send.
@@ -23,12 +23,12 @@ pub struct Refill {
     pub budget: u64,
 }
 
-/// What the router holds of one budget after a round: the sync core writes it to the pool.
+/// What the router holdings of one budget after a round: the sync core writes it to the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CreditHold {
+pub struct CreditHolding {
     pub model: ModelId,
     pub kind: BudgetKind,
-    pub hold: u64,
+    pub holding: u64,
     /// What requests in flight use of it (held, never credits, when the others gave this
     /// router up).
     pub in_use: u64,
@@ -194,7 +194,7 @@ impl ModelWallets {
         model: ModelId,
         limits: &Limits,
         in_use: (u64, u64),
-        out: &mut Vec<CreditHold>,
+        out: &mut Vec<CreditHolding>,
     ) {
         self.refilling = [false; 2];
         let kinds = [
@@ -211,14 +211,14 @@ impl ModelWallets {
             let wallet = self.wallet(kind);
             let had = wallet.credits();
             let plan = wallet.round(now, used, headroom(budget), others_short);
-            if had == 0 && plan.hold == 0 && !plan.ran_short {
+            if had == 0 && plan.holding == 0 && !plan.ran_short {
                 // Nothing held before or now: nothing to write.
                 continue;
             }
-            out.push(CreditHold {
+            out.push(CreditHolding {
                 model,
                 kind,
-                hold: plan.hold,
+                holding: plan.holding,
                 in_use: used,
                 ran_short: plan.ran_short,
                 budget,
@@ -334,25 +334,32 @@ mod tests {
     fn a_round_reports_what_is_held_and_hands_back_the_rest() {
         let mut wallets = ModelWallets::new(Millis(0));
         wallets.granted(BudgetKind::Tokens, 500, true);
-        let mut holds = Vec::new();
+        let mut holdings = Vec::new();
         wallets.round(
             Millis(1_000),
             ModelId(1),
             &limits(800, 0),
             (100, 1),
-            &mut holds,
+            &mut holdings,
         );
-        assert_eq!(holds.len(), 1, "no request credits held: nothing to write");
-        assert_eq!(holds[0].hold, 200, "100 in use and 100 of headroom");
+        assert_eq!(
+            holdings.len(),
+            1,
+            "no request credits held: nothing to write"
+        );
+        assert_eq!(holdings[0].holding, 200, "100 in use and 100 of headroom");
         wallets.set_others_short(BudgetKind::Tokens, true);
-        holds.clear();
+        holdings.clear();
         wallets.round(
             Millis(2_000),
             ModelId(1),
             &limits(800, 0),
             (100, 1),
-            &mut holds,
+            &mut holdings,
         );
-        assert_eq!(holds[0].hold, 100, "another router ran short: no headroom");
+        assert_eq!(
+            holdings[0].holding, 100,
+            "another router ran short: no headroom"
+        );
     }
 }

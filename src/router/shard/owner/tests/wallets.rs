@@ -93,7 +93,7 @@ fn a_short_wallet_parks_its_request_and_the_grant_admits_it() {
         .expect("the token budget's holding");
     assert_eq!(tokens.in_use, 50);
     assert_eq!(
-        tokens.hold, 52,
+        tokens.holding, 52,
         "50 in use and up to 12 of headroom, within the 52 held"
     );
     assert!(tokens.ran_short);
