@@ -147,7 +147,7 @@ pub struct Registry {
     next_generation: u32,
     /// Routers share occupancy budgets and the store answers: a new session joins the routing
     /// pool only once a sync round has published it in this router's heartbeat, so the other
-    /// routers ask that agent before they give this router up (`credits::sim`, seed 1724).
+    /// routers ask that agent before they give this router up (`credits::simulation`, seed 1724).
     hold_unpublished: bool,
     /// Per-agent lifetime counters, kept across sessions (`history`).
     history: history::History,

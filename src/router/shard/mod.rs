@@ -22,13 +22,19 @@
 //! - `inbox`: the control core's messages and other shards' mesh messages, each applied by one
 //!   dispatch function.
 //! - `outbox`, `mesh`: sending to other shards (SPSC rings, bounded deferral).
-//! - `messages`: what flows between the control core and the shards, and between shards.
+//! - `messages`: what flows between the control core and the shards, and between shards;
+//!   `queues`: the bounded queues that carry it between the cores, and what a full one means.
+//! - `tunnels`: the shard's end of the agent tunnels the control core hands it; `conn_limit`:
+//!   open tunnel connections per source.
+//! - `redirect_claims`: the shards' handle on the site-wide single use of redirect tokens (the
+//!   sync core serves it); `registration_feed`: the agents joining and leaving the pool, as a
+//!   shard streams them to `/admin/registration-stream` subscribers.
 //! - `clients`: what one shard's clients may hold (connections, body bytes, resets per source).
-//! - `lifecycle`, `latch`: draining and ending on SIGTERM, and the single-threaded signals.
+//! - `lifecycle`: draining and ending on SIGTERM.
 //!
-//! Dependencies point down: `front` and `api` use this module; it uses the pure modules and the
-//! leaves (`ids`, `clock`), never `api`, `front` or the tunnel client (tunnel sockets go to the
-//! starter its runtime hands the inbox).
+//! Dependencies point down (`tests/architecture.rs`): `front`, `api`, the sync core and the
+//! control core use this module; it uses the router's services (accounting, metrics,
+//! configuration, providers), `net`, `logic`, `wire` and `base`, never a core above it.
 
 pub mod clients;
 pub mod conn_limit;
