@@ -1,10 +1,10 @@
 //! Proves that the router's `/metrics` carries the `hivenet_agent_*` families from what a real
-//! agent reports and what the router saw of its requests (issue 15, "Metrics"): lifetime counts
-//! that match the requests sent, with the catalog's labels (`organization` and `machine` as the
-//! agent was started with); SRTT/RTTVAR; capacity utilization; the engine's gauges, finish
-//! reasons and raw TTFT histogram read from the simulator's vLLM exposition; the host's CPU and
-//! memory; and no GPU series on a host without NVML (absent, not zero). Then that the lifetime
-//! counts continue when the agent connects again, and that `POST /admin/metrics/reset` clears them.
+//! agent reports and what the router saw of its requests: lifetime counts that match the requests
+//! sent, with the catalog's labels (`organization` and `machine` as the agent was started with);
+//! SRTT/RTTVAR; capacity utilization; the engine's gauges, finish reasons and raw TTFT histogram
+//! read from the simulator's vLLM exposition; the host's CPU and memory; and no GPU series on a
+//! host without NVML (absent, not zero). Then that the lifetime counts continue when the agent
+//! connects again, and that `POST /admin/metrics/reset` clears them.
 
 mod common;
 

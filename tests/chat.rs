@@ -329,10 +329,10 @@ fn chat_stream_with_include_usage_false_hides_usage_chunk_but_counts_it() {
     assert_eq!(site.router_metric("hivenet_shard_usage_missing_total"), 0.0);
 }
 
-/// The router corks a stream's head, events and end so that what the agent sent together leaves
-/// in one write, and writes out whatever is corked before it waits (issue 14). Against an engine
-/// slow to its first token, the head must therefore still reach the client at admission, not with
-/// the first token: a cork left in place would hold it for the whole TTFT.
+/// The router corks a stream's head, events and end so that what the agent sent together leaves in
+/// one write, and writes out whatever is corked before it waits. Against an engine slow to its
+/// first token, the head must therefore still reach the client at admission, not with the first
+/// token: a cork left in place would hold it for the whole TTFT.
 #[test]
 fn a_streamed_head_reaches_the_client_before_a_slow_first_token() {
     let site = Site::start(

@@ -1,8 +1,8 @@
-//! The occupancy-credit grant script (`sync::pool_store`, issue 13) in a real Valkey: grants
-//! from many routers at once never take the pool past its budget; a router that has not seen the
-//! store's epoch is refused; a newer run of a router replaces the older run's holding; `WAIT`
-//! tells a grant a replica acknowledged from one none did; a failover before the acknowledgement
-//! loses the grant, and the store notices the promoted primary by its replication ID.
+//! The occupancy-credit grant script (`sync::pool_store`) in a real Valkey: grants from many
+//! routers at once never take the pool past its budget; a router that has not seen the store's
+//! epoch is refused; a newer run of a router replaces the older run's holding; `WAIT` tells a grant
+//! a replica acknowledged from one none did; a failover before the acknowledgement loses the grant,
+//! and the store notices the promoted primary by its replication ID.
 
 mod common;
 

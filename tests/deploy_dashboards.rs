@@ -6,8 +6,8 @@
 //! The rules are checked by `promtool check rules` when `promtool` is on `PATH` (`scripts/test`
 //! installs Debian's `prometheus` package, which ships it). Without it the test checks their
 //! structure itself (groups, rules, alert, expr, for, labels, annotations) and says so on stderr
-//! (the issue asks for `promtool` "where it installs": a machine without Debian's packages still
-//! gets the structural check).
+//! (`promtool` is used where it installs; a machine without Debian's packages still gets the
+//! structural check).
 
 mod common;
 

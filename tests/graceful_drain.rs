@@ -1,8 +1,8 @@
-//! Proves a graceful shutdown through the real binaries (issue 10, item 6): on SIGTERM the router
-//! stops accepting, fails `/health`, lets the requests in flight finish, and ends those still
-//! running at `--drain-timeout` with an error the client can read; an agent on SIGTERM tells its
-//! routers to send it nothing new and finishes its streams before it exits; and agents are back
-//! within seconds of a router restart.
+//! Proves a graceful shutdown through the real binaries: on SIGTERM the router stops accepting,
+//! fails `/health`, lets the requests in flight finish, and ends those still running at
+//! `--drain-timeout` with an error the client can read; an agent on SIGTERM tells its routers to
+//! send it nothing new and finishes its streams before it exits; and agents are back within seconds
+//! of a router restart.
 
 mod common;
 
@@ -169,8 +169,7 @@ fn agents_are_back_within_seconds_of_a_router_restart() {
     eprintln!("agent back {back:?} after the router restarted");
     // Sessions reconnect with backoff from 1 s to 30 s with jitter (seed, run-several-routers,
     // "Connect agents to every router"): attempts at about 1, 3 and 7 s after the loss, so after
-    // 6 s down the next attempt is at most 8 s × 1.2 away. The bound was 8 s under the earlier
-    // 250 ms..2 s backoff (issue 10).
+    // 6 s down the next attempt is at most 8 s × 1.2 away.
     assert!(
         back < Duration::from_secs(12),
         "agents took {back:?} to rejoin"

@@ -126,7 +126,7 @@ fn held_requests_are_released_in_order_when_an_agent_registers() {
             .contains("hivenet_pending_demand{model=\"sleepy\"} 0")
             .then_some(())
     });
-    // count_tokens is never held: it fails as before.
+    // count_tokens is never held: it fails at once.
     let count = json!({"model": "sleepy", "messages": [{"role": "user", "content": "hi"}]});
     let (status, _, body) = site.post_json("/v1/messages/count_tokens", &count);
     assert_eq!(status, 404, "{body}");
@@ -339,9 +339,9 @@ fn keepalives_then_the_answer_once_the_model_wakes() {
     );
 }
 
-/// Issue 15, item 4: a backend's error answer after the keepalives committed `200` reaches a
-/// streaming `/v1/messages` client as an Anthropic `error` event whose message starts with the
-/// error code (it was the backend's body, passed through).
+/// A backend's error answer after the keepalives committed `200` reaches a streaming
+/// `/v1/messages` client as an Anthropic `error` event whose message starts with the error code
+/// (not as the backend's body, passed through).
 #[test]
 fn a_backend_error_after_keepalives_is_an_anthropic_error_event_that_starts_with_the_code() {
     let mut site = sleepy_site("hold_anthropic_error", &[], &["--wake-keepalive", "200ms"]);
@@ -427,8 +427,8 @@ fn hold_limits_refuse_at_once_and_count_full() {
     assert_eq!(pending(&site), 2.0);
 }
 
-/// Issue 15, item 6: the hold limits count per model and per key and model, whatever the kind of
-/// endpoint (they counted per model and kind).
+/// The hold limits count per model and per key and model, whatever the kind of endpoint (not per
+/// model and kind).
 #[test]
 fn hold_limits_count_a_model_across_its_kinds() {
     let site = Site::start(
@@ -689,9 +689,9 @@ fn per_key_hold_limit_quota_while_held_and_client_ids_per_key() {
     assert_eq!(pending(&site), 2.0);
 }
 
-/// Issue 15, item 3: with an admission gate in the model's policy the daily budget and the token
-/// buckets used to be checked only after the release, so a key with no tokens left was held,
-/// raised the demand, and got `429` once the model woke.
+/// With an admission gate in the model's policy, the daily budget and the token buckets are
+/// checked before the hold too, not only after the release: a key with no tokens left is refused
+/// at once rather than held, raising the demand, only to get `429` once the model wakes.
 #[test]
 fn a_key_over_its_daily_tokens_is_refused_before_it_is_held() {
     let name = "hold_quota_first";
@@ -898,8 +898,8 @@ fn a_released_request_larger_than_the_whole_pool_is_refused_at_once() {
     assert!(started.elapsed() < Duration::from_secs(20));
 }
 
-/// Issue 10, item 6: a held request still waiting when the router's drain ends gets an error
-/// (the model cannot wake on a router that is going away), not a cut connection.
+/// A held request still waiting when the router's drain ends gets an error (the model cannot wake
+/// on a router that is going away), not a cut connection.
 #[test]
 fn a_held_request_ends_with_an_error_when_the_drain_ends() {
     let mut site = sleepy_site(

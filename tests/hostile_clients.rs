@@ -1,9 +1,8 @@
-//! Proves that what one hostile client does costs the router bounded memory and time and costs
-//! no other client its request (issue 10, items 2 to 4): credentials are refused on the head
-//! before a body is read, the bytes of arriving bodies are bounded per shard, a trickled body ends
-//! at the request deadline, h2c connections obey the header timeout, connections are capped per
-//! shard, and a flood of HTTP/2 stream resets neither reaches the agents' tunnels nor stops a
-//! well-behaved client's stream.
+//! Proves that what one hostile client does costs the router bounded memory and time and costs no
+//! other client its request: credentials are refused on the head before a body is read, the bytes
+//! of arriving bodies are bounded per shard, a trickled body ends at the request deadline, h2c
+//! connections obey the header timeout, connections are capped per shard, and a flood of HTTP/2
+//! stream resets neither reaches the agents' tunnels nor stops a well-behaved client's stream.
 
 mod common;
 
@@ -88,7 +87,7 @@ fn a_body_without_credentials_is_refused_on_its_head_and_never_buffered() {
     let refused = conn.read_response().expect("an answer before the body");
     assert_eq!(refused.status, 401, "{}", refused.text());
     assert_eq!(refused.error_code(), "unauthorized");
-    // A keyed request with the same kind of body is served as before.
+    // A keyed request with the same kind of body is served.
     let body = chat("sim-model", false).to_string();
     let mut conn = Conn::connect(site.http);
     conn.send(&head_with_length(Some(KEY), body.len())).unwrap();

@@ -46,7 +46,7 @@ const TRICKLE_EVERY: Duration = Duration::from_millis(200);
 const ANSWER_WITHIN: Duration = Duration::from_secs(5);
 /// The stated memory caps on the router's resident set (VmRSS), sampled every 50 ms. An idle
 /// two-shard router sits near 33 MiB (release build; 46 MiB debug); the overload run (hundreds of
-/// connections, thousands of refusals) peaked at 48-52 MiB (64 MiB debug) when this was written.
+/// connections, thousands of refusals) peaks at 48-52 MiB (64 MiB debug).
 /// The cap leaves room for that, and none for growth with the number of requests or connections.
 const RSS_CAP_OVERLOAD_KIB: u64 = 128 * 1024;
 /// With partial bodies held open the router buffers what `--max-buffered-body-bytes` (64 MiB per

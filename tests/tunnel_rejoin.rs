@@ -1,7 +1,7 @@
 //! Proves that a tunnel lost and redialled while the agent's other tunnels still carry streams
 //! leaves every shard serving: the agent leaves the pool and joins again under the same id, the
 //! slots granted before are released afterwards, and the router neither panics nor hangs a
-//! request (issue 10, item 1: "release without a grant" killed a shard here).
+//! request (a release charged to the new stay would kill a shard: "release without a grant").
 
 mod common;
 

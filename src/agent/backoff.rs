@@ -2,11 +2,11 @@
 //! authentication, control sessions and tunnel connections.
 //!
 //! Control sessions reconnect from 1 s up to 30 s, as the seed says (run-several-routers, "Connect
-//! agents to every router"). It replaces the earlier 250 ms..2 s for sessions: with every agent
-//! holding a session with every router of a site, and discovery dialing routers the agent only
-//! heard of, a router that stays down is retried by agents × routers sessions, and a fast retry
-//! there costs more than the seconds it saves after a restart. Tunnels keep 250 ms..2 s: the seed
-//! does not cover them, and they reconnect only while their router's session is up.
+//! agents to every router"), not the tunnels' 250 ms..2 s: with every agent holding a session with
+//! every router of a site, and discovery dialing routers the agent only heard of, a router that
+//! stays down is retried by agents × routers sessions, and a fast retry there costs more than the
+//! seconds it saves after a restart. Tunnels keep 250 ms..2 s: the seed does not cover them, and
+//! they reconnect only while their router's session is up.
 //!
 //! Pure: the caller passes the random draw (`0.0..=1.0`) so the bounds are testable, and decides
 //! when to [`Backoff::reset`] (after a connection that stayed up long enough).
@@ -18,9 +18,9 @@ use std::time::Duration;
 /// Control sessions: 1 s doubling to 30 s, with jitter (seed, "Connect agents to every router").
 pub const SESSION_INITIAL: Duration = Duration::from_secs(1);
 pub const SESSION_MAX: Duration = Duration::from_secs(30);
-/// Tunnels and session-token refreshes: 250 ms doubling to 2 s. A router that restarts is back within
-/// seconds and should have its agents back as soon (with a 30 s cap they took ~16 s, issue 10);
-/// a refused connect to a router that is down costs it next to nothing, even from many agents.
+/// Tunnels and session-token refreshes: 250 ms doubling to 2 s. A router that restarts is back
+/// within seconds and should have its agents back as soon (with a 30 s cap they take ~16 s); a
+/// refused connect to a router that is down costs it next to nothing, even from many agents.
 pub const RECONNECT_INITIAL: Duration = Duration::from_millis(250);
 pub const RECONNECT_MAX: Duration = Duration::from_secs(2);
 /// A connection that stayed up this long resets its backoff.

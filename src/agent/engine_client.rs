@@ -3,12 +3,14 @@
 //! writes the request, reads the response head and then the body straight from the socket
 //! (the wire format is `crate::wire::http::client`'s, the chunked decoder the router's own).
 //!
-//! Why not hyper: profiled under callgrind (issue 14), hyper-util's pooled `Client` cost about
-//! 15 % of the agent's instructions per request (SipHash of its pool key three times, a task
-//! spawned per request to take the connection back); hyper's connection-level client, which
-//! replaced it, still cost about 25 %: a connection task per engine connection, a channel to it
-//! for each request, another for each body frame, and its own response parsing. The agent
-//! sends one request at a time per connection to one engine at one address; none of that
+//! Why not hyper: profiled under callgrind, hyper-util's pooled `Client` costs about 15 % of the
+//! agent's instructions per request (SipHash of its pool key three times, a task spawned per
+//! request to take the connection back), and hyper's connection-level client about 25 %: a
+//! connection task per engine connection, a channel to it for each request, another for each
+//! body frame, and its own response parsing (see
+//! `perf/notes/2026-12-01-agent-engine-client-and-tunnel-lanes.md` and
+//! `perf/notes/2026-12-02-engine-client-without-hyper-and-a-smaller-request-future.md`). The
+//! agent sends one request at a time per connection to one engine at one address; none of that
 //! machinery is needed.
 //!
 //! A connection goes back to the pool when its response body was read to the end and the

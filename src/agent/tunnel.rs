@@ -38,9 +38,9 @@ const CONNECTION_WINDOW_BYTES: u32 = 4 << 20;
 const STREAMS_PER_CONNECTION_MAX: u32 = 1024;
 /// Streams the router may reset before this agent has accepted them. h2's default (20) guards a
 /// server from untrusted clients; the router is an authenticated peer that passes its clients'
-/// cancellations on, so at 20 a burst of client resets closed the whole tunnel and every stream
-/// of every client on it (issue 10, item 2). The router bounds what its clients may reset; this
-/// only bounds a faulty router.
+/// cancellations on, so at 20 a burst of client resets would close the whole tunnel and every
+/// stream of every client on it. The router bounds what its clients may reset; this only bounds a
+/// faulty router.
 const PENDING_ACCEPT_RESETS_MAX: usize = 4 * STREAMS_PER_CONNECTION_MAX as usize;
 
 #[derive(Debug, thiserror::Error)]

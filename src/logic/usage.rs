@@ -22,7 +22,8 @@
 //! scan of an event also tells whether it is one line, so its data needs no second scan. An
 //! OpenAI chunk ending with `"usage": null` is settled from its end; any other is searched for
 //! `"usage"`, and only a chunk with a usage object is read further, its usage object in one pass
-//! when plainly shaped (`flat`). About 440 instructions an event in all (perf/README.md).
+//! when plainly shaped (`flat`). About 440 instructions an event in all
+//! (`perf/notes/2026-12-02-streamed-events-and-the-agents-request-task.md`).
 
 use std::borrow::Cow;
 use std::sync::LazyLock;
@@ -168,7 +169,7 @@ struct WithUsage<U> {
 /// Fast path: engines put `usage` last, so find the last `"usage"` key and parse only the object
 /// after it (measured at 3 % of router CPU for a full parse of a small chat response). A key
 /// inside a string value is escaped (`\"usage\"`) and so never matches. When the fast path
-/// finds nothing it can parse, the whole body is parsed as before.
+/// finds nothing it can parse, the whole body is parsed.
 fn usage_object<U: UsageCounts>(body: &[u8]) -> Option<U> {
     if let Some(at) = USAGE_FINDER_REV.rfind(body)
         && (at == 0 || body[at - 1] != b'\\')

@@ -198,8 +198,9 @@ impl AuditRecord<'_> {
     /// Appends the record as one JSON object: the bytes serde_json gives its derived `Serialize`
     /// (a unit test holds them equal), written field by field. serde_json escapes every key and
     /// value byte by byte; here the keys are constants and a value that needs no escaping (all
-    /// but odd model names) is copied whole. Through serde_json a record cost 6,100 instructions,
-    /// 7-9 % of the router's per request (perf/README.md, issue 14).
+    /// but odd model names) is copied whole. Through serde_json a record costs 6,100
+    /// instructions, 7-9 % of the router's per request
+    /// (`perf/notes/2026-12-01-where-requests-wait-and-the-stream-cork.md`).
     pub fn write_json(&self, out: &mut Vec<u8>) {
         out.push(b'{');
         let leading = [

@@ -64,7 +64,7 @@ pub struct RouterArgs {
     /// Pin each shard's thread to its own core (and the sync core to the next one). Right for a
     /// router with its cores to itself; `false` on a host whose cores the router shares with busy
     /// processes, where the kernel may leave a pinned shard's core idle while the others queue
-    /// on the rest (perf/README.md, "Where the remaining time goes").
+    /// on the rest (`perf/notes/2026-12-02-where-the-remaining-time-goes.md`).
     #[arg(long, env = "HIVENET_ROUTER_PIN_SHARDS", default_value_t = true, action = clap::ArgAction::Set)]
     pub pin_shards: bool,
     /// Maximum capacity waiters per model; 0 disables model queues.

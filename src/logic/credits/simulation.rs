@@ -1,10 +1,10 @@
-//! A deterministic simulation of occupancy credits (issue 13's proof): several routers, one
-//! store with a lagging replica, clients, on a virtual clock, driven by a seeded random
-//! generator, with faults: the store losing its data, a failover to a replica that missed the
-//! latest writes (grants not acknowledged among them), routers cut off from the store and back,
-//! routers crashing and restarting, agents losing and regaining sessions, agents stopping, and
-//! streamed growth. After every step it checks that the requests all routers run together never
-//! need more than the budget, beyond the seed's two stated excesses.
+//! A deterministic simulation of occupancy credits, to show their rules hold: several routers, one
+//! store with a lagging replica, clients, on a virtual clock, driven by a seeded random generator,
+//! with faults: the store losing its data, a failover to a replica that missed the latest writes
+//! (grants not acknowledged among them), routers cut off from the store and back, routers crashing
+//! and restarting, agents losing and regaining sessions, agents stopping, and streamed growth.
+//! After every step it checks that the requests all routers run together never need more than the
+//! budget, beyond the seed's two stated excesses.
 //!
 //! It drives the real pure logic ([`Pool`], [`Wallet`], [`PoolView`], [`may_reclaim`]); what it
 //! adds is the protocol around them the sync core runs (`sync::pools`, `sync::core`): refills

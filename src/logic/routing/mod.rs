@@ -13,10 +13,10 @@
 //! - a queued ticket is either granted exactly once, cancelled, or failed (agents gone) — never two;
 //! - the queue never grows beyond `queue_depth`.
 //!
-//! Load: the issue asks for the larger of the agent's reported in-flight count and this router's own.
-//! The reported count is up to one signal interval old, so after a release here the raw report would
-//! keep the slot looking busy until the next signal. We therefore refresh it with our own changes
-//! since the report: `others = reported - own at report time` (other routers' share, clamped at 0) and
+//! Load: the larger of the agent's reported in-flight count and this router's own. The reported
+//! count is up to one signal interval old, so after a release here the raw report would keep the
+//! slot looking busy until the next signal. We therefore refresh it with our own changes since the
+//! report: `others = reported - own at report time` (other routers' share, clamped at 0) and
 //! `load = max(reported_refreshed, own) = own + others`. With one router this is exactly `own`.
 //!
 //! Steps: a model's policy has a primary step and fallback steps, each a filter over the agents
@@ -644,9 +644,9 @@ mod tests {
         assert!(routes.is_idle());
     }
 
-    /// Issue 10, item 1: a tunnel lost and redialled a second later makes the agent leave and join
-    /// again under the same id; the slots granted before are released afterwards. They must not be
-    /// charged to the new stay (this panicked the shard: "release without a grant").
+    /// A tunnel lost and redialled a second later makes the agent leave and join again under the
+    /// same id; the slots granted before are released afterwards. They must not be charged to the
+    /// new stay (a release the stay has no grant for panics the shard: "release without a grant").
     #[test]
     fn releases_from_before_a_rejoin_are_not_charged_to_the_new_stay() {
         let mut routes = ModelRoutes::new(1);

@@ -191,8 +191,8 @@ pub(super) fn event_data<'e>(event: &'e [u8], scratch: &'e mut Vec<u8>) -> Optio
     let mut single: Option<&'e [u8]> = None;
     let mut lines_count = 0;
     // Lines found with `memchr` rather than `split` on a closure, which tests one byte at a
-    // time: every streamed event passes here, and that loop was 5 % of the router's CPU per
-    // streamed request (perf/README.md, issue 14).
+    // time: every streamed event passes here, and such a loop costs 5 % of the router's CPU per
+    // streamed request (`perf/notes/2026-12-01-where-requests-wait-and-the-stream-cork.md`).
     let mut rest = Some(event);
     while let Some(text) = rest {
         let (line, after) = match memchr::memchr(b'\n', text) {

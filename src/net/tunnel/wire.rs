@@ -1,12 +1,14 @@
-//! The frames of the lean tunnel codec (issue 14): what replaces HTTP/2 between a router shard and
-//! an agent when both ends speak it (`preamble::Codec`). Pure: bytes in, frames out, and back; the
+//! The frames of the lean tunnel codec: what replaces HTTP/2 between a router shard and an agent
+//! when both ends speak it (`preamble::Codec`). Pure: bytes in, frames out, and back; the
 //! streams, their flow control and the connection's I/O are the multiplexer's, not this module's.
 //!
 //! Why: under callgrind, `h2` is about 35 % of the router's instructions per request and about
-//! 54 % of the agent's (`perf/README.md`). The tunnel needs little of HTTP/2: one peer on a
-//! trusted, authenticated connection; heads of a few fields; no priorities, no server push, no
-//! header compression state to keep in step (its fields are short, and the loopback or LAN
-//! carries the bytes for less than HPACK's Huffman coding costs to make them).
+//! 54 % of the agent's
+//! (`perf/notes/2026-12-02-engine-client-without-hyper-and-a-smaller-request-future.md`). The
+//! tunnel needs little of HTTP/2: one peer on a trusted, authenticated connection; heads of a few
+//! fields; no priorities, no server push, no header compression state to keep in step (its
+//! fields are short, and the loopback or LAN carries the bytes for less than HPACK's Huffman
+//! coding costs to make them).
 //!
 //! ```text
 //! frame    = length: u32 BE (payload bytes) | kind: u8 | flags: u8 | stream: u32 BE | payload

@@ -210,7 +210,8 @@ fn upstream_uri(route: Route) -> http::Uri {
 fn upstream_request(request: &ClientRequest) -> http::Request<()> {
     // Unique per request: marked sensitive, HPACK sends it as a never-indexed literal instead of
     // inserting it into the tunnel's dynamic table (where it would only evict useful entries,
-    // and cost a table insertion per request: measured +5 % router instructions, perf/README.md).
+    // and cost a table insertion per request: measured +5 % router instructions,
+    // `perf/notes/2026-12-02-streamed-events-and-the-agents-request-task.md`).
     let mut request_id = http::HeaderValue::from_bytes(&request.request_id)
         .expect("request IDs are ASCII hex digits and dashes");
     request_id.set_sensitive(true);

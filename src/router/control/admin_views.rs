@@ -10,7 +10,7 @@
 //! A model is listed once per capability it is registered for.
 //!
 //! What this router does not know is left out rather than invented: `pretty_name` and `info`.
-//! Not built yet: the routing table's `universal` section and `hardware` (the registry now holds
+//! Not built yet: the routing table's `universal` section and `hardware` (the registry holds
 //! per-agent lifetime history and host reports for `/metrics`: `registry::history`). `engine` is
 //! present only once the agent reported an engine metric, as the reference says.
 

@@ -94,7 +94,7 @@ pub fn start(
         }
     });
 
-    // Admin calls, one at a time as before, each on a blocking thread: a body is parsed and
+    // Admin calls, one at a time, each on a blocking thread: a body is parsed and
     // validated there (up to 16 MiB, `doc_guard` bounds its shape), so neither the parse nor the
     // checks against every key stall agent gRPC or `/metrics`, which this thread serves.
     let (to_admin, mut admin_calls) =

@@ -2,10 +2,10 @@
 //! arrive, and stream resets (HTTP/2 rapid reset), counted per source address.
 //!
 //! Every bound here protects the clients that behave: a shard refuses a connection over
-//! `--max-client-connections` with `503` at once instead of running out of descriptors; it
-//! refuses a body that would take its buffered bytes over `--max-buffered-body-bytes` with `503`
-//! instead of growing without limit (100 connections × 5 MiB of unauthenticated bodies once took
-//! a router from 37 MB to 656 MB); and it stops a source whose clients reset streams faster than
+//! `--max-client-connections` with `503` at once instead of running out of descriptors; it refuses
+//! a body that would take its buffered bytes over `--max-buffered-body-bytes` with `503` instead of
+//! growing without limit (unbounded, 100 connections × 5 MiB of unauthenticated bodies take a
+//! router from 37 MB to 656 MB); and it stops a source whose clients reset streams faster than
 //! [`ResetLimits`] allows, because each reset of a forwarded request is passed on to an agent's
 //! tunnel, which every client of that agent shares.
 //!

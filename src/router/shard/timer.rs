@@ -3,10 +3,11 @@
 //! monoio's `Sleep` holds its timer entry inline: 640 bytes aligned to 128, because the entry's
 //! shared state is cache-padded. Held in an async fn, that alignment pads every enclosing future
 //! up to a multiple of 128 and the sleep's bytes repeat at each level that keeps its sub-future
-//! alongside its arguments: the request path's futures grew to 10 KiB, and since each `.await` on
-//! a sub-future copies the whole of it into its parent's state, `memmove` was 7 % of the router's
-//! CPU per request in a profile (perf/README.md, issue 14). A boxed timer costs one allocation per
-//! wait and keeps the futures a few hundred bytes.
+//! alongside its arguments: with sleeps held inline the request path's futures reach 10 KiB, and
+//! since each `.await` on a sub-future copies the whole of it into its parent's state, `memmove`
+//! then takes 7 % of the router's CPU per request in a profile
+//! (`perf/notes/2026-12-01-where-requests-wait-and-the-stream-cork.md`). A boxed timer costs one
+//! allocation per wait and keeps the futures a few hundred bytes.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -7,17 +7,18 @@
 //! a reservation, a quota charge. Before this table, the answer sat in a channel that was
 //! dropped with the wait, and a grant in it was never released.
 //!
-//! Deadlines are not one timer per wait. A wait registers its deadline here, and one task per
-//! shard ([`crate::router::shard::state::Shard::run_visit_deadlines`]) sleeps until the earliest
+//! Deadlines are not one timer per wait. A wait registers its deadline here, and one task per shard
+//! ([`crate::router::shard::state::Shard::run_visit_deadlines`]) sleeps until the earliest
 //! registered, expires every wait that is due, and sleeps until the earliest left, but at least
-//! [`SWEEP_EVERY`] (so a wait may end up to that much after its deadline). A sweep looks at
-//! every wait of the shard; the floor bounds that work when many long waits expire one after
-//! another (a deep capacity queue timing out): at most 200 sweeps a second. A visit
-//! answered within microseconds (nearly every one) costs a map insert and a remove; a timer of
-//! its own cost an allocation, a 640-byte copy and the runtime's wheel insert, poll and remove
-//! (perf/README.md, issue 14, "Visits without a timer each"). The task wakes when the earliest
-//! deadline it knew passes, even if that wait was answered long ago: at most once per request
-//! timeout in steady traffic, where each new deadline is later than the one it sleeps until.
+//! [`SWEEP_EVERY`] (so a wait may end up to that much after its deadline). A sweep looks at every
+//! wait of the shard; the floor bounds that work when many long waits expire one after another (a
+//! deep capacity queue timing out): at most 200 sweeps a second. A visit answered within
+//! microseconds (nearly every one) costs a map insert and a remove; a timer of its own would cost
+//! an allocation, a 640-byte copy and the runtime's wheel insert, poll and remove
+//! (`perf/notes/2026-12-03-visits-without-a-timer-and-fat-lto.md`). The task wakes when the
+//! earliest deadline it knew passes, even if that wait was answered long ago: at most once per
+//! request timeout in steady traffic, where each new deadline is later than the one it sleeps
+//! until.
 //!
 //! No I/O and no clock: the shard passes `now`, so the table is tested on its own.
 

@@ -381,8 +381,8 @@ mod tests {
         assert_eq!(Entry::decode(&original.encode()), Ok(original));
     }
 
-    /// Issue 12's target: at 1,000 requests per second per router, each on its own key, a round
-    /// is at most 18 KB (the seed's figure is about 36 KB).
+    /// The size target of a round: at 1,000 requests per second per router, each on its own key,
+    /// a round is at most 18 KB (the seed's figure is about 36 KB).
     #[test]
     fn a_round_of_a_thousand_keys_fits_in_eighteen_kilobytes() {
         let keys = (0..1000u32)

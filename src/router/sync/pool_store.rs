@@ -1,9 +1,8 @@
-//! The store side of occupancy credits (issue 13, seed `run-several-routers.md`, "Occupancy
-//! credits"): one budget's pool is a hash `hivenet:{site}:pool:{budget}` of router ID ->
-//! `run:held`, and a grant runs [`GRANT`] atomically in the store with the rules of
-//! `credits::pool` (grants only from what no router holds, a newer run replaces an older run's
-//! holding, a router that has not seen the store's epoch is refused). With replicas, `WAIT`
-//! tells whether one acknowledged the grant.
+//! The store side of occupancy credits (seed `run-several-routers.md`, "Occupancy credits"): one
+//! budget's pool is a hash `hivenet:{site}:pool:{budget}` of router ID -> `run:held`, and a grant
+//! runs [`GRANT`] atomically in the store with the rules of `credits::pool` (grants only from what
+//! no router holds, a newer run replaces an older run's holding, a router that has not seen the
+//! store's epoch is refused). With replicas, `WAIT` tells whether one acknowledged the grant.
 //!
 //! Each round rewrites what the router holds with [`REWRITE`] (in the round's transaction, with
 //! a read of the pool), and a clean shutdown removes the router's holdings ([`RELEASE`]).

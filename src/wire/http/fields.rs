@@ -218,7 +218,7 @@ pub fn extract_fields(body: &[u8]) -> Result<RequestFields<'_>, FieldsError> {
     }
     // A body that is UTF-8 throughout (nearly all) is checked once, here, and parsed as text:
     // the parser then borrows each string without checking it again. Any other body is parsed
-    // as bytes, as before, with the same answer: a string the router skips need not be UTF-8.
+    // as bytes, with the same answer: a string the router skips need not be UTF-8.
     let parsed = match std::str::from_utf8(body) {
         Ok(text) => serde_json::from_str(text),
         Err(_) => serde_json::from_slice(body),

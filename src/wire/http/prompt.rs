@@ -38,14 +38,14 @@
 //! # Invariants
 //! - Counts saturate; they never wrap and never panic.
 //! - A body whose shape is unexpected yields smaller counts, never an error from this module. The
-//!   only new refusals are the ones serde_json makes when it decodes a string or number in a
-//!   visited position: invalid UTF-8 or a lone surrogate escape in counted text, a number beyond
-//!   `f64` (for example `1e400`) where a message, block or content is expected. Backends that
-//!   decode strings as UTF-8 refuse those bodies too.
+//!   only refusals counting adds to the fields pass are the ones serde_json makes when it decodes
+//!   a string or number in a visited position: invalid UTF-8 or a lone surrogate escape in
+//!   counted text, a number beyond `f64` (for example `1e400`) where a message, block or content
+//!   is expected. Backends that decode strings as UTF-8 refuse those bodies too.
 //! - Recursion follows only the counted path (content → block → a `tool_result`'s content →
-//!   ...), and serde_json's nesting limit of 128 bounds it; anything else is skipped as before,
-//!   iteratively and without a depth limit. So the one nesting now refused is blocks nested about
-//!   60 `tool_result`s deep, which no API produces.
+//!   ...), and serde_json's nesting limit of 128 bounds it; anything else is skipped
+//!   (`IgnoredAny`), iteratively and without a depth limit. So the one nesting refused is blocks
+//!   nested about 60 `tool_result`s deep, which no API produces.
 
 use std::fmt;
 
@@ -660,7 +660,7 @@ mod tests {
 
     #[test]
     fn deep_nesting_is_skipped_or_bounded() {
-        // Deep values outside the counted path are skipped without a depth limit, as before.
+        // Deep values outside the counted path are skipped without a depth limit.
         let deep = format!("{}{}", "[".repeat(1000), "]".repeat(1000));
         let body = format!(
             r#"{{"model":"m","messages":[{{"content":[{deep},{{"type":"text","text":"ab","x":{deep}}}]}}],"tools":{deep}}}"#

@@ -689,8 +689,8 @@ mod tests {
         );
     }
 
-    /// Issue 10, item 7: RFC 9112 §3.2 asks for exactly one Host on HTTP/1.1; two credentials
-    /// are ambiguous; a bad byte in the target is named as such.
+    /// RFC 9112 §3.2 asks for exactly one Host on HTTP/1.1; two credentials are ambiguous; a bad
+    /// byte in the target is named as such.
     #[test]
     fn host_and_credentials_must_be_unambiguous() {
         assert_eq!(

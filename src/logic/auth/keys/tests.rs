@@ -242,7 +242,8 @@ fn admin_credentials_are_bearer_tokens_only() {
 
 #[test]
 fn a_record_stays_within_its_size_bound() {
-    // Every loaded key holds one: 224 bytes before strings were boxed and the expiry unboxed.
+    // Every loaded key holds one: boxed string slices and an inline expiry keep it in bounds
+    // (`String`s and a boxed expiry would make it 224 bytes).
     assert!(
         std::mem::size_of::<KeyRecord>() <= KeyRecord::SIZE_MAX,
         "KeyRecord is {} bytes",

@@ -805,8 +805,8 @@ proptest! {
     }
 }
 
-/// Issue 15, item 7: the model's owner trains its one ratio from the exact usage a release
-/// brings, and publishes it where every shard's snapshot entry reads it.
+/// The model's owner trains its one ratio from the exact usage a release brings, and publishes
+/// it where every shard's snapshot entry reads it.
 #[test]
 fn exact_usage_with_a_release_trains_the_models_one_published_ratio() {
     use crate::logic::admission::estimator::{PublishedRatio, TOKENS_PER_BYTE_START};
