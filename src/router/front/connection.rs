@@ -6,6 +6,10 @@
 //! without losing bytes. So one read is always outstanding, in the reader, and its end sets the
 //! connection's `gone` latch that the request phases watch.
 //!
+//! The reader's steps for one request, in the order they run, are [`read_request`]'s: read the
+//! head, route it, check its credentials, answer `100 Continue`, read the body, hand the request
+//! to the writer. Each step either passes on what the next needs or stops with an [`Exit`].
+//!
 //! Error handling: bad input is answered in the error envelope with the right status (400, 404,
 //! 405, 408, 413, 431, 505); where the byte stream can no longer be trusted the answer carries
 //! `connection: close` and the connection ends. Nothing here can affect another connection.
@@ -140,9 +144,9 @@ async fn refuse(shard: &Shard, mut stream: TcpStream, refusal: Refusal) {
 /// connection with the matching codec, those bytes included.
 ///
 /// The codec runs in a task of its own, spawned once the first bytes tell which: the task
-/// allocated when the connection is accepted holds only this sniffing state (15 KiB less per
-/// connection that has sent nothing yet, `perf/memory.sh`). One more task per connection, none per
-/// request, and the executor polls the codec's future directly.
+/// allocated when the connection is accepted holds only this sniffing state, so a connection that
+/// has sent nothing yet costs 15 KiB less than if it held a codec's (`perf/memory.sh`). One more
+/// task per connection, none per request, and the executor polls the codec's future directly.
 async fn serve_sniffed(shard: Rc<Shard>, mut stream: TcpStream, open: OpenConnection) {
     let mut first = BytesMut::with_capacity(IDLE_READ_BYTES);
     let deadline = Instant::now() + shard.settings.client_header_timeout;
@@ -357,6 +361,7 @@ async fn watch_close(reader: &mut Reader) -> bool {
     }
 }
 
+/// How the reading of a connection's requests ends.
 enum ReadOutcome {
     /// The client's side ended: any request still in progress has lost its client.
     Closed,
@@ -368,223 +373,254 @@ enum ReadOutcome {
     WatchClose,
 }
 
+/// Reads the connection's requests one after the other, handing each to the writer, until one
+/// of them ends the reading; returns how it ended.
 async fn read_requests(
     shard: &Shard,
     reader: &mut Reader,
     to_writer: &Sender<Inbound>,
 ) -> ReadOutcome {
-    let limits = HeadLimits::default();
-    let settings = &shard.settings;
     loop {
-        // The request head.
-        let head_started = Instant::now();
-        let mut wait = HeadWait::default();
-        let head = loop {
-            let parsed = if wait.ready(&reader.buf, &limits) {
-                parse_head(&reader.buf, &limits)
-            } else {
-                Ok(None)
-            };
-            match parsed {
-                Ok(Some(head)) => break head,
-                Ok(None) => {}
-                Err(HeadError::TooLarge) => {
-                    let _ = to_writer
-                        .send(Inbound::Reject(Rejection::headers_too_large().closing()))
-                        .await;
-                    return ReadOutcome::Linger;
-                }
-                Err(HeadError::Malformed(reason)) => {
-                    let rejection =
-                        Rejection::request_invalid(format!("malformed request: {reason}"));
-                    let _ = to_writer.send(Inbound::Reject(rejection.closing())).await;
-                    return ReadOutcome::Linger;
-                }
-            }
-            let waited = head_started.elapsed();
-            let left = settings.client_header_timeout.saturating_sub(waited);
-            // Part of a head already here means a stalled client, not an idle keep-alive one.
-            let partial = !reader.buf.is_empty();
-            match reader.fill(left).await {
-                Ok(_) => {}
-                Err(ReadEnd::TimedOut) if partial => {
-                    let _ = to_writer
-                        .send(Inbound::Reject(Rejection::client_timeout().closing()))
-                        .await;
-                    return ReadOutcome::Stop;
-                }
-                Err(ReadEnd::TimedOut) | Err(ReadEnd::WriterDone) => return ReadOutcome::Stop,
-                Err(ReadEnd::Closed) => return ReadOutcome::Closed,
-            }
-        };
-        // The request deadline runs from here: idle keep-alive time before it does not count.
-        let head_parsed_at = Instant::now();
-        let head_bytes = reader.buf.split_to(head.head_bytes).freeze();
-        let route = api::route(head.method, head.path(&head_bytes));
-        let has_body = !matches!(
-            head.framing,
-            BodyFraming::None | BodyFraming::ContentLength(0)
-        );
-        if head.version != Version::Http11 && head.version != Version::Http10 {
-            let _ = to_writer
-                .send(Inbound::Reject(Rejection::unsupported_version().closing()))
-                .await;
-            return ReadOutcome::Linger;
+        if let Err(exit) = read_request(shard, reader, to_writer).await
+            && let Some(outcome) = exit.answer(to_writer).await
+        {
+            return outcome;
         }
-        let route = match route {
-            Ok(route) => route,
-            Err(rejection) => {
-                // Unknown route or method: answer without reading a body we will not use.
-                let rejection = if has_body || !head.keep_alive {
-                    rejection.closing()
-                } else {
-                    rejection
-                };
+    }
+}
+
+/// One request, from its head to the writer: the steps, in the order they run. `Ok` when the
+/// connection goes on to its next request; otherwise the [`Exit`] to take.
+async fn read_request(
+    shard: &Shard,
+    reader: &mut Reader,
+    to_writer: &Sender<Inbound>,
+) -> Result<(), Exit> {
+    let settings = &shard.settings;
+    let arrived = read_head(reader, settings.client_header_timeout).await?;
+    let route = find_route(&arrived)?;
+    let body_limit = api::BodyLimit::of(route, settings.max_request_bytes);
+    check_credentials(shard, reader.buf.len(), &arrived, route)?;
+    answer_continue(to_writer, &arrived.head, body_limit).await?;
+    // The request body, complete within the request deadline (`--request-timeout`) and with no
+    // gap over `--client-body-timeout`.
+    let body_deadline = arrived.received_at + settings.request_timeout;
+    let body = read_body(shard, reader, &arrived.head, body_limit, body_deadline).await?;
+    hand_over(shard, reader.peer, to_writer, &arrived, route, body).await
+}
+
+/// Where one request's steps stop other than by going on to the next request: the answer to
+/// queue for the writer, if any, and how the reading ends.
+enum Exit {
+    /// Answer with this rejection, closing the connection (whether or not the writer still
+    /// takes it), then end the reading with the outcome.
+    Refuse(Rejection, ReadOutcome),
+    /// Answer with this rejection and read the next request; when the rejection closes the
+    /// connection, end the reading with the outcome instead. Ends with `Stop` if the writer is
+    /// gone.
+    Answer(Rejection, ReadOutcome),
+    /// End the reading with this outcome, with no answer to queue.
+    End(ReadOutcome),
+}
+
+impl Exit {
+    /// After a request's steps stopped: queues the answer the exit carries. Returns how the
+    /// reading ends, or `None` to read the next request.
+    async fn answer(self, to_writer: &Sender<Inbound>) -> Option<ReadOutcome> {
+        match self {
+            Exit::Refuse(rejection, outcome) => {
+                let _ = to_writer.send(Inbound::Reject(rejection.closing())).await;
+                Some(outcome)
+            }
+            Exit::Answer(rejection, if_closing) => {
                 let close = rejection.close;
                 if to_writer.send(Inbound::Reject(rejection)).await.is_err() {
-                    return ReadOutcome::Stop;
+                    return Some(ReadOutcome::Stop);
                 }
-                if close {
-                    return if has_body {
-                        ReadOutcome::Linger
-                    } else {
-                        ReadOutcome::Stop
-                    };
-                }
-                continue;
+                close.then_some(if_closing)
             }
-        };
-        // A declared body over the limit is refused before the client is invited to send it.
-        let body_limit = api::BodyLimit::of(route, settings.max_request_bytes);
-        let too_large = match head.framing {
-            BodyFraming::ContentLength(length) => body_limit.exceeded_by(length),
-            _ => false,
-        };
-        // Credentials are checked before a body that has yet to arrive is read (and before the
-        // client is invited to send it): a refused client costs no body buffer.
-        let body_pending = match head.framing {
-            BodyFraming::None => false,
-            BodyFraming::ContentLength(length) => (reader.buf.len() as u64) < length,
-            BodyFraming::Chunked => true,
-        };
-        if body_pending {
-            let target_end = head.query.map_or(head.path.end, |query| query.end);
-            let credentials = HeadCredentials {
-                route,
-                target: &head_bytes[head.path.start as usize..target_end as usize],
-                authorization: head.authorization.map(|span| span.get(&head_bytes)),
-                x_api_key: head.x_api_key.map(|span| span.get(&head_bytes)),
-            };
-            if let Err(rejection) = authenticate::on_head(shard, credentials, now_unix_ms()) {
-                let _ = to_writer.send(Inbound::Reject(rejection.closing())).await;
-                return ReadOutcome::Linger;
-            }
-        }
-        if head.expect_continue
-            && has_body
-            && !too_large
-            && to_writer.send(Inbound::Continue).await.is_err()
-        {
-            return ReadOutcome::Stop;
-        }
-        // The request body, complete within the request deadline (`--request-timeout`) and with
-        // no gap over `--client-body-timeout`.
-        let body_deadline = head_parsed_at + settings.request_timeout;
-        let body = match read_body(shard, reader, &head, body_limit, body_deadline).await {
-            Ok(body) => body,
-            Err(BodyEnd::Refused(rejection)) => {
-                let _ = to_writer.send(Inbound::Reject(rejection.closing())).await;
-                return ReadOutcome::Linger;
-            }
-            Err(BodyEnd::TimedOut) => {
-                let _ = to_writer
-                    .send(Inbound::Reject(Rejection::client_timeout().closing()))
-                    .await;
-                return ReadOutcome::Stop;
-            }
-            Err(BodyEnd::Closed) => return ReadOutcome::Closed,
-            Err(BodyEnd::WriterDone) => return ReadOutcome::Stop,
-        };
-        let span = |span: Option<crate::wire::http::request::Span>| {
-            span.map(|span| head_bytes.slice_ref(span.get(&head_bytes)))
-        };
-        let target_end = head.query.map_or(head.path.end, |query| query.end);
-        let request = ClientRequest {
-            route,
-            method: head.method,
-            target: head_bytes.slice(head.path.start as usize..target_end as usize),
-            body,
-            request_id: {
-                let mut id = [0u8; 36];
-                crate::router::audit::request_id(
-                    head.x_request_id.map(|span| span.get(&head_bytes)),
-                    &mut id,
-                );
-                id
-            },
-            client_id: crate::logic::hold::ClientId::of_headers(
-                head.x_client_request_id.map(|span| span.get(&head_bytes)),
-                head.x_request_id.map(|span| span.get(&head_bytes)),
-            ),
-            anthropic_version: span(head.anthropic_version),
-            anthropic_beta: span(head.anthropic_beta),
-            authorization: span(head.authorization),
-            x_api_key: span(head.x_api_key),
-            received_at: head_parsed_at,
-            peer: reader.peer,
-            span: shard
-                .accounting
-                .start_span(|| head.header(&head_bytes, "traceparent")),
-        };
-        let keep_alive = head.keep_alive;
-        let sent = to_writer
-            .send(Inbound::Request {
-                request,
-                keep_alive,
-                head_only: head.method == Method::Head,
-            })
-            .await;
-        if sent.is_err() {
-            return ReadOutcome::Stop;
-        }
-        if !keep_alive {
-            return ReadOutcome::WatchClose;
+            Exit::End(outcome) => Some(outcome),
         }
     }
 }
 
-enum BodyEnd {
-    Refused(Rejection),
-    TimedOut,
-    Closed,
-    WriterDone,
-}
-
-impl From<ReadEnd> for BodyEnd {
-    fn from(end: ReadEnd) -> BodyEnd {
+/// A read that ended while a request was part-read: the client stalled (408, closing), left,
+/// or the writer finished.
+impl From<ReadEnd> for Exit {
+    fn from(end: ReadEnd) -> Exit {
         match end {
-            ReadEnd::Closed => BodyEnd::Closed,
-            ReadEnd::TimedOut => BodyEnd::TimedOut,
-            ReadEnd::WriterDone => BodyEnd::WriterDone,
+            ReadEnd::TimedOut => Exit::Refuse(Rejection::client_timeout(), ReadOutcome::Stop),
+            ReadEnd::Closed => Exit::End(ReadOutcome::Closed),
+            ReadEnd::WriterDone => Exit::End(ReadOutcome::Stop),
         }
     }
 }
 
-/// Reads the body `head` announces, refusing one over `limit`.
+/// A request whose head has been read: what the steps after [`read_head`] share.
+struct Arrived {
+    head: RequestHead,
+    /// The head's bytes, split off the read buffer; `head`'s spans index them.
+    bytes: Bytes,
+    /// When the head was parsed: the request deadline runs from here (idle keep-alive time
+    /// before it does not count).
+    received_at: Instant,
+}
+
+impl Arrived {
+    /// Where the request target (path and query) lies in `bytes`.
+    fn target_range(&self) -> std::ops::Range<usize> {
+        let head = &self.head;
+        let end = head.query.map_or(head.path.end, |query| query.end);
+        head.path.start as usize..end as usize
+    }
+}
+
+/// Whether `head` announces a body (a `content-length` of 0 announces none).
+fn announces_body(head: &RequestHead) -> bool {
+    !matches!(
+        head.framing,
+        BodyFraming::None | BodyFraming::ContentLength(0)
+    )
+}
+
+/// Step 1, run while the connection waits for a request: reads until a whole head is in the
+/// buffer, within `timeout`, and returns it split off the buffer. Exits with a closing 431 or
+/// 400 for a head over the limits or malformed, a 408 for a client that stalls partway, and no
+/// answer for one that stays idle, leaves, or a writer that finished.
+async fn read_head(reader: &mut Reader, timeout: Duration) -> Result<Arrived, Exit> {
+    let limits = HeadLimits::default();
+    let started = Instant::now();
+    let mut wait = HeadWait::default();
+    loop {
+        let parsed = if wait.ready(&reader.buf, &limits) {
+            parse_head(&reader.buf, &limits)
+        } else {
+            Ok(None)
+        };
+        match parsed {
+            Ok(Some(head)) => {
+                let received_at = Instant::now();
+                let bytes = reader.buf.split_to(head.head_bytes).freeze();
+                return Ok(Arrived {
+                    head,
+                    bytes,
+                    received_at,
+                });
+            }
+            Ok(None) => {}
+            Err(HeadError::TooLarge) => {
+                let rejection = Rejection::headers_too_large();
+                return Err(Exit::Refuse(rejection, ReadOutcome::Linger));
+            }
+            Err(HeadError::Malformed(reason)) => {
+                let rejection = Rejection::request_invalid(format!("malformed request: {reason}"));
+                return Err(Exit::Refuse(rejection, ReadOutcome::Linger));
+            }
+        }
+        let left = timeout.saturating_sub(started.elapsed());
+        // Part of a head already here means a stalled client, not an idle keep-alive one.
+        let partial = !reader.buf.is_empty();
+        match reader.fill(left).await {
+            Ok(_) => {}
+            Err(ReadEnd::TimedOut) if !partial => return Err(Exit::End(ReadOutcome::Stop)),
+            Err(end) => return Err(end.into()),
+        }
+    }
+}
+
+/// Step 2, once the head is in: the route it names. Exits with a closing 505 for an HTTP
+/// version other than 1.0 and 1.1. An unknown route or method is answered at once (404, 405)
+/// without reading a body that would not be used: the connection goes on to the next request
+/// unless a body was announced (then it closes, lingering) or the client asked to close.
+fn find_route(arrived: &Arrived) -> Result<api::Route, Exit> {
+    let head = &arrived.head;
+    if head.version != Version::Http11 && head.version != Version::Http10 {
+        let rejection = Rejection::unsupported_version();
+        return Err(Exit::Refuse(rejection, ReadOutcome::Linger));
+    }
+    api::route(head.method, head.path(&arrived.bytes)).map_err(|rejection| {
+        if announces_body(head) {
+            Exit::Answer(rejection.closing(), ReadOutcome::Linger)
+        } else if !head.keep_alive {
+            Exit::Answer(rejection.closing(), ReadOutcome::Stop)
+        } else {
+            Exit::Answer(rejection, ReadOutcome::Stop)
+        }
+    })
+}
+
+/// Step 3, once routed, when part of the body has yet to arrive (`buffered`: the bytes after
+/// the head already read): checks the head's credentials before the body is read or the client
+/// invited to send it, so a refused client costs no body buffer. Exits with the refusal,
+/// closing. A request whose body is all in is not checked here: every request is authenticated
+/// in full once its body is in (`api::serve`).
+fn check_credentials(
+    shard: &Shard,
+    buffered: usize,
+    arrived: &Arrived,
+    route: api::Route,
+) -> Result<(), Exit> {
+    let head = &arrived.head;
+    let body_pending = match head.framing {
+        BodyFraming::None => false,
+        BodyFraming::ContentLength(length) => (buffered as u64) < length,
+        BodyFraming::Chunked => true,
+    };
+    if !body_pending {
+        return Ok(());
+    }
+    let bytes = &arrived.bytes;
+    let credentials = HeadCredentials {
+        route,
+        target: &bytes[arrived.target_range()],
+        authorization: head.authorization.map(|span| span.get(bytes)),
+        x_api_key: head.x_api_key.map(|span| span.get(bytes)),
+    };
+    authenticate::on_head(shard, credentials, now_unix_ms())
+        .map_err(|rejection| Exit::Refuse(rejection, ReadOutcome::Linger))
+}
+
+/// Step 4, before the body is read: when the client waits for `Expect: 100-continue` and
+/// announced a body, queues the interim answer, unless the declared length is over `limit`
+/// (that body is refused in step 5 without inviting it). Exits only when the writer is gone.
+async fn answer_continue(
+    to_writer: &Sender<Inbound>,
+    head: &RequestHead,
+    limit: api::BodyLimit,
+) -> Result<(), Exit> {
+    let too_large = match head.framing {
+        BodyFraming::ContentLength(length) => limit.exceeded_by(length),
+        _ => false,
+    };
+    if head.expect_continue
+        && announces_body(head)
+        && !too_large
+        && to_writer.send(Inbound::Continue).await.is_err()
+    {
+        return Err(Exit::End(ReadOutcome::Stop));
+    }
+    Ok(())
+}
+
+/// Step 5: reads the body `head` announces (empty when none) and returns it. Exits with a
+/// closing 413 for a body over `limit`, a 400 for a malformed chunked one, a 503 when the
+/// shard's body buffer is full, a 408 when a gap passes `--client-body-timeout` or `deadline`
+/// passes, and no answer when the client leaves or the writer finished.
 async fn read_body(
     shard: &Shard,
     reader: &mut Reader,
     head: &RequestHead,
     limit: api::BodyLimit,
     deadline: Instant,
-) -> Result<Bytes, BodyEnd> {
+) -> Result<Bytes, Exit> {
     let gap = shard.settings.client_body_timeout;
     let wait = || gap.min(deadline.saturating_duration_since(Instant::now()));
+    let refuse = |rejection: Rejection| Exit::Refuse(rejection, ReadOutcome::Linger);
     match head.framing {
         BodyFraming::None => Ok(Bytes::new()),
         BodyFraming::ContentLength(length) => {
             if limit.exceeded_by(length) {
-                return Err(BodyEnd::Refused(limit.refusal()));
+                return Err(refuse(limit.refusal()));
             }
             let length = length as usize;
             // The bytes still to come are counted against the shard's body buffer while they
@@ -593,7 +629,7 @@ async fn read_body(
             let _lease = shard
                 .clients
                 .lease_body(length.saturating_sub(reader.buf.len()))
-                .ok_or_else(|| BodyEnd::Refused(Rejection::bodies_full()))?;
+                .ok_or_else(|| refuse(Rejection::bodies_full()))?;
             if reader.buf.capacity() < length {
                 reader.buf.reserve(length - reader.buf.len());
             }
@@ -609,7 +645,7 @@ async fn read_body(
             let mut lease = shard
                 .clients
                 .lease_body(reader.buf.len())
-                .ok_or_else(|| BodyEnd::Refused(Rejection::bodies_full()))?;
+                .ok_or_else(|| refuse(Rejection::bodies_full()))?;
             loop {
                 match decoder.decode(&reader.buf, &mut body) {
                     Ok(progress) => {
@@ -619,21 +655,93 @@ async fn read_body(
                         }
                     }
                     Err(crate::wire::http::chunked::BodyError::TooLarge) => {
-                        return Err(BodyEnd::Refused(limit.refusal()));
+                        return Err(refuse(limit.refusal()));
                     }
                     Err(error) => {
-                        return Err(BodyEnd::Refused(Rejection::request_invalid(format!(
+                        return Err(refuse(Rejection::request_invalid(format!(
                             "malformed chunked body: {error}"
                         ))));
                     }
                 }
                 reader.fill(wait()).await?;
                 if !lease.grow_to(body.len() + reader.buf.len()) {
-                    return Err(BodyEnd::Refused(Rejection::bodies_full()));
+                    return Err(refuse(Rejection::bodies_full()));
                 }
             }
         }
     }
+}
+
+/// The request as the writer serves it, its header values sliced out of the head's bytes
+/// (shared, not copied); built by [`hand_over`].
+fn client_request(
+    shard: &Shard,
+    peer: Option<std::net::IpAddr>,
+    arrived: &Arrived,
+    route: api::Route,
+    body: Bytes,
+) -> ClientRequest {
+    let (head, bytes) = (&arrived.head, &arrived.bytes);
+    let span = |span: Option<crate::wire::http::request::Span>| {
+        span.map(|span| bytes.slice_ref(span.get(bytes)))
+    };
+    ClientRequest {
+        route,
+        method: head.method,
+        target: bytes.slice(arrived.target_range()),
+        body,
+        request_id: {
+            let mut id = [0u8; 36];
+            crate::router::audit::request_id(
+                head.x_request_id.map(|span| span.get(bytes)),
+                &mut id,
+            );
+            id
+        },
+        client_id: crate::logic::hold::ClientId::of_headers(
+            head.x_client_request_id.map(|span| span.get(bytes)),
+            head.x_request_id.map(|span| span.get(bytes)),
+        ),
+        anthropic_version: span(head.anthropic_version),
+        anthropic_beta: span(head.anthropic_beta),
+        authorization: span(head.authorization),
+        x_api_key: span(head.x_api_key),
+        received_at: arrived.received_at,
+        peer,
+        span: shard
+            .accounting
+            .start_span(|| head.header(bytes, "traceparent")),
+    }
+}
+
+/// Step 6, last, once the body is in: queues the request for the writer (built here, in the
+/// send's argument, so that it is not moved once more). `Ok` to read the next request; exits
+/// after the last one the client sends (`connection: close`), to watch for the client leaving,
+/// or when the writer is gone.
+async fn hand_over(
+    shard: &Shard,
+    peer: Option<std::net::IpAddr>,
+    to_writer: &Sender<Inbound>,
+    arrived: &Arrived,
+    route: api::Route,
+    body: Bytes,
+) -> Result<(), Exit> {
+    let head = &arrived.head;
+    let keep_alive = head.keep_alive;
+    let sent = to_writer
+        .send(Inbound::Request {
+            request: client_request(shard, peer, arrived, route, body),
+            keep_alive,
+            head_only: head.method == Method::Head,
+        })
+        .await;
+    if sent.is_err() {
+        return Err(Exit::End(ReadOutcome::Stop));
+    }
+    if !keep_alive {
+        return Err(Exit::End(ReadOutcome::WatchClose));
+    }
+    Ok(())
 }
 
 /// Reads and discards what the client is still sending after a refusal, for a bounded time and
@@ -657,9 +765,9 @@ async fn linger(reader: &mut Reader) {
 }
 
 /// Output buffers of this shard's connections that wait for a request, lent to the next one that
-/// has a response to write. A keep-alive connection used to keep its own 4 KiB buffer while idle;
-/// allocating one per request instead cost about 300 instructions per request (a 4 KiB block is
-/// past the allocator's small-object fast path), the spare list about 30.
+/// has a response to write: an idle keep-alive connection holds no 4 KiB buffer of its own, and a
+/// request takes one from this list (about 30 instructions) rather than from the allocator (about
+/// 300: a 4 KiB block is past the allocator's small-object fast path).
 ///
 /// Per shard (a thread-local, on a thread-per-core runtime) and bounded: at most
 /// [`SPARE_MAX`](spare_out::SPARE_MAX) buffers, none grown past
@@ -923,11 +1031,10 @@ mod tests {
     }
 
     /// Every connection holds its request path's future, in memory while idle and copied whole
-    /// at each `.await` into it. A daily-budget settlement's wait on another shard's owner is
-    /// boxed (`Shard::settle_buffered`) and the request is borrowed, not moved, to keep it
-    /// small; this bound catches
-    /// a change that widens it again. It was 5,632 bytes before those changes (the same in test
-    /// and release builds, `-Zprint-type-sizes`).
+    /// at each `.await` into it. To keep it small, a daily-budget settlement's wait on another
+    /// shard's owner is boxed (`Shard::settle_buffered`) and the request is borrowed, not moved;
+    /// this bound catches a change that widens it. Test and release builds give the same size
+    /// (`-Zprint-type-sizes` lists its parts).
     #[test]
     fn the_request_path_future_stays_small() {
         let size = future_size(api::serve::<Http1Sink>);

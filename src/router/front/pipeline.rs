@@ -3,9 +3,9 @@
 //! one receiver, no atomics.
 //!
 //! Why not `tokio::sync::mpsc`: its channel allocates its slots in blocks of 32 whatever the
-//! bound, so every HTTP/1.1 connection held a 9.5 KB block (32 slots of 296 bytes) from its first
-//! request on, idle keep-alive connections included. Here the slots are a `VecDeque` that grows
-//! to what the client actually pipelines: one slot for a client that sends one request at a
+//! bound, so every HTTP/1.1 connection would hold a 9.5 KB block (32 slots of 296 bytes) from its
+//! first request on, idle keep-alive connections included. Here the slots are a `VecDeque` that
+//! grows to what the client actually pipelines: one slot for a client that sends one request at a
 //! time, never more than `capacity` (rounded up to a power of two by `VecDeque`).
 //!
 //! Closing, as with a channel: when the sender is dropped the receiver drains what is queued and
@@ -226,7 +226,8 @@ mod tests {
 
     #[test]
     fn one_request_at_a_time_keeps_one_slot_and_pipelining_grows_it() {
-        // The tokio channel this replaces held 32 slots per connection from the first request.
+        // One slot for a client that waits for each answer (a tokio channel would hold 32 from
+        // the first request on); pipelining grows it up to the bound.
         let (sender, mut receiver) = pipeline(8);
         for item in 0..100 {
             sender.send(item).now_or_never().unwrap().unwrap();
