@@ -134,6 +134,10 @@ struct Router {
     failovers_seen: u64,
     /// Its last grant was not acknowledged by the replica: it keeps to its share until one is.
     unacknowledged: bool,
+    /// Cut off from the store: the credits it held after the first round that could not reach
+    /// it. While the outage lasts it keeps them (liveness: it can still admit up to its share
+    /// of them, the seed's "within the credits it holds, capped at its share").
+    outage_credits: Option<u64>,
     /// It noticed a failover: no grant until a round has rewritten what it holds.
     awaiting_rewrite: bool,
 }
@@ -156,6 +160,7 @@ impl Router {
             failovers_seen: 0,
             unacknowledged: false,
             awaiting_rewrite: false,
+            outage_credits: None,
         }
     }
 
@@ -379,10 +384,20 @@ impl Sim {
     fn round(&mut self, index: usize) {
         let now = self.now;
         self.routers[index].next_round = now + INTERVAL_MS;
-        self.routers[index].store_ok = !self.routers[index].cut_off;
-        if self.routers[index].cut_off {
+        // Step 1, as the owner shards take it before the round knows whether the store answers:
+        // the wallet's round, which gives back only after a round that reached the store.
+        let in_use = self.routers[index].in_use();
+        let router = &mut self.routers[index];
+        let plan = match router.store_ok {
+            true => router.wallet.round(Millis(now), in_use, HEADROOM, false),
+            false => router.wallet.round_unreached(in_use),
+        };
+        router.store_ok = !router.cut_off;
+        if router.cut_off {
+            router.outage_credits.get_or_insert(router.wallet.credits());
             return;
         }
+        router.outage_credits = None;
         let run = self.routers[index].run;
         let agents: Vec<usize> = (0..AGENTS).filter(|&a| self.links[a][index]).collect();
         self.routers[index].published = agents.clone();
@@ -411,10 +426,6 @@ impl Sim {
             self.notice_new_epoch(index);
             return;
         }
-        let in_use = self.routers[index].in_use();
-        let plan = self.routers[index]
-            .wallet
-            .round(Millis(now), in_use, HEADROOM, false);
         match self
             .store
             .pool
@@ -654,6 +665,21 @@ impl Sim {
     /// top; and streamed output that grows a request past its credits ("Occupancy credits").
     fn check(&self, seed: u64, step: usize) -> Result<(), String> {
         let share = BUDGET / ROUTERS as u64;
+        // Liveness in an outage ("Occupancy while the store is unreachable"): a router cut off
+        // from the store keeps admitting within the credits it holds, so its rounds must not
+        // shrink them while no refill can come.
+        for (index, router) in self.routers.iter().enumerate() {
+            if let (true, Some(held)) = (router.alive && router.cut_off, router.outage_credits)
+                && router.wallet.credits() < held
+            {
+                return Err(format!(
+                    "seed {seed}, step {step}: {} cut off from the store holds {} credits, less \
+                     than the {held} it held when its rounds stopped reaching the store",
+                    name(index),
+                    router.wallet.credits(),
+                ));
+            }
+        }
         let mut allowed = BUDGET;
         for router in self.routers.iter().filter(|router| router.alive) {
             let alone: u64 = router

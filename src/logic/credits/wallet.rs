@@ -12,6 +12,10 @@
 //! - A wallet no request has used for a minute gives everything back.
 //! - While the store is unreachable: admit within the credits capped at this router's share of
 //!   the budget; a request larger than the share is admitted when nothing else is in use here.
+//!   A round that follows one which did not reach the store gives nothing back
+//!   ([`Wallet::round_unreached`]): what it would give back could not reach the pool, which still
+//!   counts it as this router's, and a wallet that kept shrinking to what is in use would leave
+//!   the router less than its share for the rest of the outage.
 //!
 //! Pure: time comes in as [`Millis`].
 
@@ -157,6 +161,16 @@ impl Wallet {
         }
     }
 
+    /// The round after one that did not reach the store: the credits stay as they are (the pool
+    /// counts them as this router's until a rewrite reaches it), idle or not; what is in use
+    /// beyond them is reported held, as in [`Wallet::round`].
+    pub fn round_unreached(&mut self, in_use: u64) -> RoundPlan {
+        RoundPlan {
+            holding: self.credits.max(in_use),
+            ran_short: std::mem::take(&mut self.ran_short),
+        }
+    }
+
     /// Holding nothing with nothing in use: the owner may drop it.
     pub fn is_empty(&self, in_use: u64) -> bool {
         self.credits == 0 && in_use == 0
@@ -248,5 +262,23 @@ mod tests {
         assert!(!wallet.admit(at(0), 0, 70, Cap::Share { share: 50 }));
         wallet.add(10);
         assert!(!wallet.admit(at(0), 0, 1, Cap::Closed));
+    }
+
+    #[test]
+    fn rounds_that_cannot_reach_the_store_give_nothing_back() {
+        let mut wallet = Wallet::new(at(0));
+        wallet.add(6);
+        // The last round that reached the store left 6; requests end during the outage, and
+        // the rounds that follow keep the 6 (the pool still counts them as this router's).
+        for second in 1..=120 {
+            let plan = wallet.round_unreached(0);
+            assert_eq!(plan.holding, 6, "second {second}");
+        }
+        assert_eq!(wallet.credits(), 6);
+        assert!(wallet.allowance(Cap::Share { share: 4 }).allows(3, 1));
+        assert!(!wallet.allowance(Cap::Share { share: 4 }).allows(4, 1));
+        // Once a round reaches the store again, the usual rules apply: idle for a minute, all
+        // goes back.
+        assert_eq!(wallet.round(at(121), 0, 2, false).holding, 0);
     }
 }

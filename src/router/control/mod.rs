@@ -415,14 +415,19 @@ impl ControlShared {
     /// The sync round's step 1: every shard's usage since the last round and its changed daily
     /// totals. Waits for every answer, at most [`TAKE_USAGE_TIMEOUT`] in all: a shard that
     /// answers later keeps its daily totals for the next round (`shard::inbox`); only a shard
-    /// stalled that long loses one round's usage to the other routers.
-    pub async fn take_usage(&self) -> crate::router::shard::messages::ShardUsage {
+    /// stalled that long loses one round's usage to the other routers. `reached`: the last
+    /// round reached the store (the wallets give back only then).
+    pub async fn take_usage(&self, reached: bool) -> crate::router::shard::messages::ShardUsage {
         let mut usage = crate::router::shard::messages::ShardUsage::default();
         let gather = async {
             let mut answers = Vec::with_capacity(self.to_shards.len());
             for shard in &self.to_shards {
                 let (reply, answer) = oneshot::channel();
-                if shard.send(ControlToShard::TakeUsage(reply)).await.is_ok() {
+                if shard
+                    .send(ControlToShard::TakeUsage { reply, reached })
+                    .await
+                    .is_ok()
+                {
                     answers.push(answer);
                 }
             }

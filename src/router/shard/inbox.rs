@@ -107,15 +107,17 @@ impl Shard {
                     self.owner.borrow_mut().quotas.requeue_daily_totals(totals);
                 }
             }
-            ControlToShard::TakeUsage(reply) => {
+            ControlToShard::TakeUsage { reply, reached } => {
                 let mut report = crate::router::shard::messages::ShardUsage::default();
                 {
                     let mut owner = self.owner.borrow_mut();
                     owner.take_usage(&mut report.usage);
                     report.daily = owner.quotas.take_changed_daily_totals();
-                    owner
-                        .models
-                        .credit_round(crate::base::clock::now(), &mut report.credits);
+                    owner.models.credit_round(
+                        crate::base::clock::now(),
+                        reached,
+                        &mut report.credits,
+                    );
                 }
                 if let Err(report) = reply.send(report) {
                     // The sync core stopped waiting: the totals go out next round; the usage,

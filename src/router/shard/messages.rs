@@ -68,8 +68,12 @@ pub enum ControlToShard {
     /// the inbox; a report the control core no longer waits for is kept for the next one.
     ReportDaily(tokio::sync::oneshot::Sender<Vec<crate::router::shard::owner::quotas::DailyTotal>>),
     /// The sync round (`--sync-store valkey`), step 1: the usage this shard's quota holders
-    /// admitted since the last round and the daily totals that changed. Answered from the inbox.
-    TakeUsage(tokio::sync::oneshot::Sender<ShardUsage>),
+    /// admitted since the last round, the daily totals that changed and what the wallets hold.
+    /// `reached`: the last round reached the store. Answered from the inbox.
+    TakeUsage {
+        reply: tokio::sync::oneshot::Sender<ShardUsage>,
+        reached: bool,
+    },
     /// The sync round, step 2: usage other routers published. Broadcast (one `Arc` for every
     /// shard); each shard applies the tenants it owns. At most `sync::store::READ_MAX` entries a
     /// round, the rest come next round.

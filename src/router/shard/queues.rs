@@ -126,7 +126,7 @@ fn to_shard_series(message: &ControlToShard) -> usize {
         ControlToShard::End => 10,
         ControlToShard::Report(_) => 11,
         ControlToShard::ReportDaily(_) => 12,
-        ControlToShard::TakeUsage(_) => 13,
+        ControlToShard::TakeUsage { .. } => 13,
         ControlToShard::ApplyRemote(_) => 14,
         ControlToShard::Share(_) => 15,
         ControlToShard::DailyTotals(_) => 16,

@@ -89,6 +89,9 @@ struct Round {
     /// Cut off from the store with an agent connected since: the shards admit nothing on
     /// budgeted models until the store answers (`CreditCap::Closed`).
     closed: bool,
+    /// The last round reached the store: the shards' wallets give back what they do not use
+    /// only then (what a round cannot write stays this router's in the pool).
+    last_round_reached: bool,
 }
 
 impl SyncCore {
@@ -143,6 +146,7 @@ impl SyncCore {
             epoch: None,
             own_restored: false,
             read_day: utc_today(),
+            last_round_reached: true,
             store_up,
             credits,
             unknown_routers: false,
@@ -209,7 +213,7 @@ impl Round {
 
     async fn tick(&mut self, leaving: bool) {
         let started = Instant::now();
-        let usage = self.shared.take_usage().await;
+        let usage = self.shared.take_usage(self.last_round_reached).await;
         let now_ms = now_unix_ms().max(0) as u64;
         let today = utc_today();
         self.backlog.push(Batch {
@@ -232,6 +236,7 @@ impl Round {
             .tick_seconds
             .observe(started.elapsed().as_secs_f64());
         let outcome_ok = outcome.is_ok();
+        self.last_round_reached = outcome_ok;
         match outcome {
             Ok(peers) => {
                 let was_up = self.health.is_up();

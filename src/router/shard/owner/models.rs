@@ -255,8 +255,9 @@ impl Models {
         }
     }
 
-    /// The sync round: what this router holds of every budget it has credits for.
-    pub fn credit_round(&mut self, now: Millis, out: &mut Vec<CreditHolding>) {
+    /// The sync round: what this router holds of every budget it has credits for. `reached`:
+    /// the last round reached the store (else the wallets give nothing back, `credits::wallet`).
+    pub fn credit_round(&mut self, now: Millis, reached: bool, out: &mut Vec<CreditHolding>) {
         for (model, owned) in self.occupancy.iter_mut() {
             let in_use = owned.in_use();
             let Some(wallets) = owned.wallets.as_mut() else {
@@ -269,7 +270,7 @@ impl Models {
                 u64::from(owned.policy.max_inflight),
                 healthy,
             );
-            wallets.round(now, *model, &base, in_use, out);
+            wallets.round(now, *model, &base, in_use, reached, out);
         }
     }
 

@@ -186,7 +186,8 @@ impl ModelWallets {
         self.requests.touch(now);
     }
 
-    /// The round: keep what is in use plus headroom, hand back the rest (`credits::wallet`).
+    /// The round: keep what is in use plus headroom, hand back the rest (`credits::wallet`);
+    /// after a round that did not reach the store (`reached` false), keep everything.
     /// `in_use`: (tokens, requests) in flight here.
     pub fn round(
         &mut self,
@@ -194,6 +195,7 @@ impl ModelWallets {
         model: ModelId,
         limits: &Limits,
         in_use: (u64, u64),
+        reached: bool,
         out: &mut Vec<CreditHolding>,
     ) {
         self.refilling = [false; 2];
@@ -210,7 +212,10 @@ impl ModelWallets {
             let others_short = self.others_short[kind.index()];
             let wallet = self.wallet(kind);
             let had = wallet.credits();
-            let plan = wallet.round(now, used, headroom(budget), others_short);
+            let plan = match reached {
+                true => wallet.round(now, used, headroom(budget), others_short),
+                false => wallet.round_unreached(used),
+            };
             if had == 0 && plan.holding == 0 && !plan.ran_short {
                 // Nothing held before or now: nothing to write.
                 continue;
@@ -340,6 +345,7 @@ mod tests {
             ModelId(1),
             &limits(800, 0),
             (100, 1),
+            true,
             &mut holdings,
         );
         assert_eq!(
@@ -355,6 +361,7 @@ mod tests {
             ModelId(1),
             &limits(800, 0),
             (100, 1),
+            true,
             &mut holdings,
         );
         assert_eq!(

@@ -86,7 +86,7 @@ fn a_short_wallet_parks_its_request_and_the_grant_admits_it() {
     assert_eq!(owner.models.credits(MODEL, BudgetKind::Tokens), Some(52));
     // A round keeps what is in use and the headroom; the store hears of it.
     let mut holds = Vec::new();
-    owner.models.credit_round(Millis(1_000), &mut holds);
+    owner.models.credit_round(Millis(1_000), true, &mut holds);
     let tokens = holds
         .iter()
         .find(|hold| hold.kind == BudgetKind::Tokens)
