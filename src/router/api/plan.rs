@@ -257,30 +257,31 @@ impl VisitPlan {
         self.hold_budget.is_some()
     }
 
-    /// The way through admission, one place per step the gate order knows, each `None` where
-    /// this plan has no such step. The places stay put when a plan changes its way
-    /// ([`VisitPlan::in_order`]), so a request keeps its [`Place`].
-    fn way(&self) -> [Option<Step>; Place::END.0 as usize] {
-        [
-            self.limited.then_some(Step::Quota(self.rate())),
-            self.request_caps.then_some(Step::RequestCaps),
-            (self.tokens == TokenPhase::BeforeHold).then_some(Step::Tokens),
-            self.hold_budget.map(|_| Step::Hold),
-            (self.gates == PoolGates::Reserve && self.tokens != TokenPhase::Ahead)
+    /// The step at `place` on the way through admission: one place per step the gate order
+    /// knows, `None` where this plan has no such step. The places stay put when a plan changes
+    /// its way ([`VisitPlan::in_order`]), so a request keeps its [`Place`].
+    fn step_at(&self, place: Place) -> Option<Step> {
+        match place.0 {
+            0 => self.limited.then(|| Step::Quota(self.rate())),
+            1 => self.request_caps.then_some(Step::RequestCaps),
+            2 => (self.tokens == TokenPhase::BeforeHold).then_some(Step::Tokens),
+            3 => self.hold_budget.map(|_| Step::Hold),
+            4 => (self.gates == PoolGates::Reserve && self.tokens != TokenPhase::Ahead)
                 .then_some(Step::Reserve),
-            (self.tokens == TokenPhase::AfterGates).then_some(Step::Tokens),
-            Some(Step::Slot(self.slot())),
-        ]
+            5 => (self.tokens == TokenPhase::AfterGates).then_some(Step::Tokens),
+            6 => Some(Step::Slot(self.slot())),
+            _ => None,
+        }
     }
 
     /// The step at or after `place`, and `place` moved past it; `None` once the slot is passed.
     /// The phases (`api::infer`) take their steps from here.
     pub fn next_step(&self, place: &mut Place) -> Option<Step> {
-        let way = self.way();
-        while let Some(step) = way.get(usize::from(place.0)) {
+        while place.0 < Place::END.0 {
+            let step = self.step_at(*place);
             place.0 += 1;
             if step.is_some() {
-                return *step;
+                return step;
             }
         }
         None
