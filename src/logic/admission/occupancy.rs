@@ -189,6 +189,16 @@ impl Occupancy {
         self.parked.len()
     }
 
+    /// What the parked requests need together: (tokens of their footprints, requests).
+    pub fn parked_need(&self) -> (u64, u64) {
+        let tokens = self
+            .parked
+            .iter()
+            .map(|parked| parked.claim.footprint.tokens())
+            .sum();
+        (tokens, self.parked.len() as u64)
+    }
+
     pub fn holds(&self, ticket: Ticket) -> bool {
         self.held.contains_key(&ticket)
     }

@@ -109,16 +109,13 @@ impl Shard {
             }
             ControlToShard::TakeUsage { reply, reached } => {
                 let mut report = crate::router::shard::messages::ShardUsage::default();
-                {
-                    let mut owner = self.owner.borrow_mut();
+                self.with_owner(|owner, effects| {
                     owner.take_usage(&mut report.usage);
                     report.daily = owner.quotas.take_changed_daily_totals();
-                    owner.models.credit_round(
-                        crate::base::clock::now(),
-                        reached,
-                        &mut report.credits,
-                    );
-                }
+                    let now = crate::base::clock::now();
+                    let credits = &mut report.credits;
+                    owner.models.credit_round(now, reached, credits, effects);
+                });
                 if let Err(report) = reply.send(report) {
                     // The sync core stopped waiting: the totals go out next round; the usage,
                     // already taken from the buckets, is lost to the other routers (it still

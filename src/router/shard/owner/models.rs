@@ -233,6 +233,40 @@ impl Models {
         {
             wallets.granted(kind, granted, acknowledged);
             self.retry_parked(now, model, effects);
+            if granted > 0 {
+                self.refill_for_parked(model, effects);
+            }
+        }
+    }
+
+    /// Requests still parked after a grant (it covered the first of them) or a round: ask the
+    /// pool for what they need together. Without it a burst that arrives while a refill is on
+    /// its way gets that refill's worth and the rest wait out their park timeout.
+    fn refill_for_parked(&mut self, model: ModelId, effects: &mut Effects) {
+        let healthy = healthy_in(&self.routes, model);
+        let (Some(owned), Some(sharing)) = (self.occupancy.get_mut(&model), self.sharing) else {
+            return;
+        };
+        if owned.occupancy.parked_len() == 0 {
+            return;
+        }
+        let base = Limits::new(
+            self.admit_fraction,
+            owned.policy.admit_budget_tokens,
+            u64::from(owned.policy.max_inflight),
+            healthy,
+        );
+        let in_use = owned.in_use();
+        let need = owned.occupancy.parked_need();
+        if let Some(wallets) = owned.wallets.as_mut() {
+            wallets.short(
+                model,
+                &base,
+                in_use,
+                need,
+                sharing.cap,
+                &mut effects.refills,
+            );
         }
     }
 
@@ -257,7 +291,14 @@ impl Models {
 
     /// The sync round: what this router holds of every budget it has credits for. `reached`:
     /// the last round reached the store (else the wallets give nothing back, `credits::wallet`).
-    pub fn credit_round(&mut self, now: Millis, reached: bool, out: &mut Vec<CreditHolding>) {
+    /// Requests still parked get a refill asked for them (one a round at most).
+    pub fn credit_round(
+        &mut self,
+        now: Millis,
+        reached: bool,
+        out: &mut Vec<CreditHolding>,
+        effects: &mut Effects,
+    ) {
         for (model, owned) in self.occupancy.iter_mut() {
             let in_use = owned.in_use();
             let Some(wallets) = owned.wallets.as_mut() else {
@@ -271,6 +312,15 @@ impl Models {
                 healthy,
             );
             wallets.round(now, *model, &base, in_use, reached, out);
+        }
+        let parked: Vec<ModelId> = self
+            .occupancy
+            .iter()
+            .filter(|(_, owned)| owned.occupancy.parked_len() > 0)
+            .map(|(model, _)| *model)
+            .collect();
+        for model in parked {
+            self.refill_for_parked(model, effects);
         }
     }
 
@@ -355,7 +405,7 @@ impl Models {
                         model,
                         &base,
                         in_use,
-                        footprint,
+                        (footprint, 1),
                         sharing.cap,
                         &mut effects.refills,
                     );

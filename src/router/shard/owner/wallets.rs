@@ -128,14 +128,14 @@ impl ModelWallets {
         }
     }
 
-    /// A request of `footprint` tokens did not fit: the refills that would let it (none while
-    /// the store is unreachable, or while one is on its way).
+    /// Requests needing `need` (tokens, requests) did not fit: the refills that would let them
+    /// (none while the store is unreachable, or while one is on its way).
     pub fn short(
         &mut self,
         model: ModelId,
         limits: &Limits,
         in_use: (u64, u64),
-        footprint: u64,
+        need: (u64, u64),
         cap: CreditCap,
         out: &mut Vec<Refill>,
     ) {
@@ -143,13 +143,8 @@ impl ModelWallets {
             return;
         }
         let asks = [
-            (
-                BudgetKind::Tokens,
-                limits.budget_tokens,
-                in_use.0,
-                footprint,
-            ),
-            (BudgetKind::Requests, limits.max_inflight, in_use.1, 1),
+            (BudgetKind::Tokens, limits.budget_tokens, in_use.0, need.0),
+            (BudgetKind::Requests, limits.max_inflight, in_use.1, need.1),
         ];
         for (kind, budget, used, need) in asks {
             if budget == 0 {
@@ -274,7 +269,14 @@ mod tests {
         let mut refills = Vec::new();
         let budget = limits(800, 4);
         let ask = |wallets: &mut ModelWallets, refills: &mut Vec<Refill>| {
-            wallets.short(ModelId(1), &budget, (0, 0), 50, CreditCap::Credits, refills)
+            wallets.short(
+                ModelId(1),
+                &budget,
+                (0, 0),
+                (50, 1),
+                CreditCap::Credits,
+                refills,
+            )
         };
         ask(&mut wallets, &mut refills);
         assert_eq!(refills.len(), 2);
@@ -302,7 +304,7 @@ mod tests {
             ModelId(1),
             &budget,
             (4, 4),
-            0,
+            (0, 1),
             CreditCap::Alone { routers: 3 },
             &mut refills,
         );

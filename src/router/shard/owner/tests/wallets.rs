@@ -86,7 +86,10 @@ fn a_short_wallet_parks_its_request_and_the_grant_admits_it() {
     assert_eq!(owner.models.credits(MODEL, BudgetKind::Tokens), Some(52));
     // A round keeps what is in use and the headroom; the store hears of it.
     let mut holds = Vec::new();
-    owner.models.credit_round(Millis(1_000), true, &mut holds);
+    let mut effects = Effects::default();
+    owner
+        .models
+        .credit_round(Millis(1_000), true, &mut holds, &mut effects);
     let tokens = holds
         .iter()
         .find(|hold| hold.kind == BudgetKind::Tokens)
@@ -172,5 +175,57 @@ fn a_keys_occupancy_share_is_split_between_the_routers() {
     assert_eq!(
         decision(owner.serve(&at(1), ticket(3), keyed(3, 1), &mut effects)),
         Some(Decision::KeyShare)
+    );
+}
+
+/// A burst that arrives while a refill is on its way: the grant covers the first requests, and
+/// those still parked get a refill of their own at once (they would otherwise wait out their
+/// park timeout, as nothing else asks for them).
+#[test]
+fn requests_still_parked_after_a_grant_get_a_refill_of_their_own() {
+    use crate::logic::credits::BudgetKind;
+    let (mut owner, mut effects) = (sharing_owner(2), Effects::default());
+    up(&mut owner, 8, 1, &mut effects);
+    for sequence in 1..=3 {
+        let visit = gated(sequence, 10, 100, Some(Millis(250)), true);
+        let decided = decision(owner.serve(&at(0), ticket(sequence), visit, &mut effects));
+        assert_eq!(decided, None, "request {sequence} parks");
+    }
+    let token_wants = |effects: &Effects| -> Vec<u64> {
+        let refills = effects.refills.iter();
+        refills
+            .filter(|refill| refill.kind == BudgetKind::Tokens)
+            .map(|refill| refill.want)
+            .collect()
+    };
+    assert_eq!(
+        token_wants(&effects),
+        [10 + 100 / 8],
+        "one refill on its way"
+    );
+    let requests = effects
+        .refills
+        .iter()
+        .find(|refill| refill.kind == BudgetKind::Requests)
+        .map(|refill| refill.want);
+    effects.refills.clear();
+    if let Some(want) = requests {
+        grant_credits(&mut owner, 5, BudgetKind::Requests, want + 2, &mut effects);
+    }
+    effects.refills.clear();
+    // 22 tokens: the first two fit, the third is still parked and asks for its part.
+    grant_credits(&mut owner, 5, BudgetKind::Tokens, 22, &mut effects);
+    assert_eq!(decided(&mut effects).len(), 2);
+    assert_eq!(
+        token_wants(&effects),
+        [20 + 10 + 100 / 8 - 22],
+        "in use, parked and the headroom, less what is held"
+    );
+    effects.refills.clear();
+    grant_credits(&mut owner, 6, BudgetKind::Tokens, 20, &mut effects);
+    assert_eq!(decided(&mut effects).len(), 1, "the third is admitted");
+    assert!(
+        token_wants(&effects).is_empty(),
+        "nothing parked: nothing asked"
     );
 }
