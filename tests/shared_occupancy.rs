@@ -6,7 +6,8 @@
 //! that crashes is given up once its agents report no connection to it, and its credits serve
 //! the others; the first deployment and a budget not seen before a data loss wait the settle
 //! window; a router cut off from the store keeps to its share of what it holds, and admits
-//! nothing once an agent connects, until the store answers.
+//! nothing once an agent connects, until the store answers; in a store stall under load each
+//! router keeps admitting up to its share of what it held when the stall began.
 
 mod common;
 
@@ -34,6 +35,11 @@ const SETTLE: Duration = Duration::from_secs(9);
 
 /// A policy for `sim-model` and `fresh-model`, each admitting [`BUDGET`] requests at a time.
 fn policy_dir(name: &str) -> String {
+    policy_dir_of(name, BUDGET)
+}
+
+/// A policy for `sim-model` and `fresh-model`, each admitting `budget` requests at a time.
+fn policy_dir_of(name: &str, budget: usize) -> String {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("{name}-policies-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -41,7 +47,7 @@ fn policy_dir(name: &str) -> String {
         std::fs::write(
             dir.join(format!("{model}.yaml")),
             format!(
-                "models:\n  - {model}\nrouting_policy:\n  strategy: least-loaded\nmax_inflight: {BUDGET}\n"
+                "models:\n  - {model}\nrouting_policy:\n  strategy: least-loaded\nmax_inflight: {budget}\n"
             ),
         )
         .unwrap();
@@ -155,10 +161,13 @@ fn shut_down_router_0(a: &mut Site, valkey: &Valkey) {
 }
 
 fn two_routers(name: &str, policies: &str, store: &Valkey) -> (Site, Site) {
-    let policies = policy_dir(policies);
+    two_routers_sharing(name, &policy_dir(policies), store)
+}
+
+fn two_routers_sharing(name: &str, policies: &str, store: &Valkey) -> (Site, Site) {
     let (a, b) = std::thread::scope(|scope| {
-        let a = scope.spawn(|| router(name, 0, &store.addr(), &policies));
-        let b = scope.spawn(|| router(name, 1, &store.addr(), &policies));
+        let a = scope.spawn(|| router(name, 0, &store.addr(), policies));
+        let b = scope.spawn(|| router(name, 1, &store.addr(), policies));
         (a.join().unwrap(), b.join().unwrap())
     });
     for site in [&a, &b] {
@@ -423,4 +432,91 @@ fn a_router_cut_off_from_the_store_admits_nothing_once_an_agent_connects_until_i
     valkey.thaw();
     site.wait_metric("hivenet_sync_up", |v| v == 1.0);
     admitted_after(&site, "sim-model");
+}
+
+/// What each router holds of `sim-model`'s request budget, as the pool records it
+/// (`run:held:short` per router).
+fn held_in_pool(valkey: &Valkey) -> Vec<(String, usize)> {
+    let text = valkey.command(&["HGETALL", POOL]);
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .chunks(2)
+        .filter_map(|pair| {
+            let held = pair.get(1)?.split(':').nth(1)?.parse().ok()?;
+            Some((pair[0].to_owned(), held))
+        })
+        .collect()
+}
+
+/// A store that stalls (SIGSTOP) while both routers run requests: once each router counts the
+/// store as unreachable, it keeps admitting up to its share of the budget (8 ÷ 2 routers), as
+/// far as the credits it held when the stall began go (seed, "Occupancy while the store is
+/// unreachable"). Rounds that gave credits back while they could not reach the store would leave
+/// each router with what it has in use plus headroom, one request at a time once those end.
+#[test]
+fn in_a_store_stall_each_router_keeps_admitting_up_to_its_share() {
+    const STALL_BUDGET: usize = 8;
+    let share = STALL_BUDGET / 2;
+    let valkey = settled_store();
+    let policies = policy_dir_of("occupancy-stall", STALL_BUDGET);
+    let (a, b) = two_routers_sharing("stall", &policies, &valkey);
+    let held = std::thread::scope(|scope| {
+        // Each router takes its part of the budget with requests in flight, one router after
+        // the other so that neither parks behind the other's refill.
+        // Credits granted in the pool: the requests are admitted, not parked for a refill.
+        let holds_its_share = |router: &str| {
+            let granted = common::poll(common::WAIT, || {
+                let held = held_in_pool(&valkey);
+                held.iter()
+                    .any(|(name, held)| name == router && *held >= share)
+                    .then_some(())
+            });
+            assert!(granted.is_some(), "{router}: {:?}", held_in_pool(&valkey));
+        };
+        let first = scope.spawn(|| burst(&[&a], share));
+        holds_its_share("router-0");
+        let second = scope.spawn(|| burst(&[&b], share));
+        holds_its_share("router-1");
+        let held = held_in_pool(&valkey);
+        valkey.freeze();
+        let warmed = [first.join().unwrap()[0], second.join().unwrap()[0]];
+        assert_eq!(
+            warmed,
+            [share, share],
+            "{held:?}\n{}\n{}",
+            a.logs(),
+            b.logs()
+        );
+        held
+    });
+    for site in [&a, &b] {
+        site.wait_metric("hivenet_sync_up", |v| v == 0.0);
+    }
+    // The requests of the warm-up have ended (`burst` waited for their answers): every router
+    // runs nothing now, and each asks for more than its share.
+    let admitted = burst(&[&a, &b], share + 2);
+    for (index, admitted) in admitted.iter().enumerate() {
+        let router = format!("router-{index}");
+        let held = held
+            .iter()
+            .find(|(name, _)| *name == router)
+            .map_or(0, |(_, held)| *held);
+        assert_eq!(
+            *admitted,
+            held.min(share),
+            "{router} held {held} of the budget when the store stalled (share {share}); \
+             admitted {admitted:?}\n{}\n{}",
+            a.logs(),
+            b.logs()
+        );
+    }
+    assert!(
+        admitted.iter().sum::<usize>() >= STALL_BUDGET - 2,
+        "the routers admitted {admitted:?} of a budget of {STALL_BUDGET} in the stall (pool before \
+         it: {held:?})"
+    );
+    valkey.thaw();
+    for site in [&a, &b] {
+        site.wait_metric("hivenet_sync_up", |v| v == 1.0);
+    }
 }
