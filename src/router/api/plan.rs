@@ -144,6 +144,9 @@ pub struct VisitPlan {
     /// When no local slot is found, the policy's `fallback_provider` answers (non-streamed
     /// chat and messages, with a provider client configured).
     pub provider_fallback: bool,
+    /// The places of the way this plan has a step at, one bit each ([`VisitPlan::next_step`]);
+    /// set where the plan is made ([`VisitPlan::of`], [`VisitPlan::in_order`]).
+    way: u8,
 }
 
 /// Hold at zero applies to `entry` on `route`: its budget. `count_tokens` is never held (it
@@ -192,7 +195,7 @@ impl VisitPlan {
             (true, false) => PoolGates::WithSlot,
             (true, true) => PoolGates::Reserve,
         };
-        VisitPlan {
+        let plan = VisitPlan {
             generates,
             serverless,
             limited,
@@ -205,7 +208,9 @@ impl VisitPlan {
                 && !stream
                 && provider_configured
                 && policy.fallback_provider.is_some(),
-        }
+            way: 0,
+        };
+        plan.with_way()
     }
 
     /// What the first quota visit charges.
@@ -241,6 +246,7 @@ impl VisitPlan {
             },
             ..self
         }
+        .with_way()
     }
 
     /// How a slot visit after a failed forward is admitted: the first slot gave its
@@ -257,34 +263,44 @@ impl VisitPlan {
         self.hold_budget.is_some()
     }
 
-    /// The step at `place` on the way through admission: one place per step the gate order
-    /// knows, `None` where this plan has no such step. The places stay put when a plan changes
-    /// its way ([`VisitPlan::in_order`]), so a request keeps its [`Place`].
-    fn step_at(&self, place: Place) -> Option<Step> {
-        match place.0 {
-            0 => self.limited.then(|| Step::Quota(self.rate())),
-            1 => self.request_caps.then_some(Step::RequestCaps),
-            2 => (self.tokens == TokenPhase::BeforeHold).then_some(Step::Tokens),
-            3 => self.hold_budget.map(|_| Step::Hold),
-            4 => (self.gates == PoolGates::Reserve && self.tokens != TokenPhase::Ahead)
-                .then_some(Step::Reserve),
-            5 => (self.tokens == TokenPhase::AfterGates).then_some(Step::Tokens),
-            6 => Some(Step::Slot(self.slot())),
-            _ => None,
-        }
+    /// The plan with its way set: one bit per place of the way through admission, each place a
+    /// step the gate order knows, set where this plan has that step. The places stay put when a
+    /// plan changes its way ([`VisitPlan::in_order`]), so a request keeps its [`Place`].
+    fn with_way(self) -> VisitPlan {
+        let places = [
+            self.limited,
+            self.request_caps,
+            self.tokens == TokenPhase::BeforeHold,
+            self.hold_budget.is_some(),
+            self.gates == PoolGates::Reserve && self.tokens != TokenPhase::Ahead,
+            self.tokens == TokenPhase::AfterGates,
+            true,
+        ];
+        let way = places.iter().enumerate().fold(0, |way, (place, present)| {
+            way | (u8::from(*present) << place)
+        });
+        VisitPlan { way, ..self }
     }
 
     /// The step at or after `place`, and `place` moved past it; `None` once the slot is passed.
     /// The phases (`api::infer`) take their steps from here.
+    #[inline]
     pub fn next_step(&self, place: &mut Place) -> Option<Step> {
-        while place.0 < Place::END.0 {
-            let step = self.step_at(*place);
-            place.0 += 1;
-            if step.is_some() {
-                return step;
-            }
+        let ahead = self.way.checked_shr(u32::from(place.0)).unwrap_or(0);
+        if ahead == 0 {
+            place.0 = Place::END.0;
+            return None;
         }
-        None
+        let at = place.0 + ahead.trailing_zeros() as u8;
+        place.0 = at + 1;
+        Some(match at {
+            0 => Step::Quota(self.rate()),
+            1 => Step::RequestCaps,
+            2 | 5 => Step::Tokens,
+            3 => Step::Hold,
+            4 => Step::Reserve,
+            _ => Step::Slot(self.slot()),
+        })
     }
 
     /// The steps of a request that is not refused on the way, in order, up to its first slot.
