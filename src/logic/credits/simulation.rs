@@ -44,7 +44,7 @@
 //! occupancy).
 //!
 //! A failing seed is printed and reproduces with `sim::run(seed, STEPS, true)`, or with
-//! `SIM_TRACE=1 SIM_SEED=N cargo test --lib credits::sim::trace -- --nocapture`,
+//! `SIM_TRACE=1 SIM_SEED=N cargo test --lib credits::simulation::trace -- --nocapture`,
 //! which prints every grant, notice and fault.
 
 use std::collections::BTreeMap;
@@ -760,7 +760,7 @@ mod tests {
             match run(seed, 2_000, true) {
                 Ok(used) => utilization += used,
                 Err(failure) => {
-                    panic!("{failure}\nreproduce: credits::sim::run({seed}, 2000, true)")
+                    panic!("{failure}\nreproduce: credits::simulation::run({seed}, 2000, true)")
                 }
             }
         }
@@ -805,7 +805,7 @@ mod tests {
 mod trace {
     /// One seed, `SIM_SEED` (default 0), with every grant, notice and fault printed when
     /// `SIM_TRACE` is set: how a failing seed of the batch is looked at
-    /// (`SIM_TRACE=1 SIM_SEED=N cargo test --lib credits::sim::trace -- --nocapture`).
+    /// (`SIM_TRACE=1 SIM_SEED=N cargo test --lib credits::simulation::trace -- --nocapture`).
     #[test]
     fn one_seed() {
         let seed = std::env::var("SIM_SEED")

@@ -5,7 +5,7 @@
 //! this router can vouch for. The grant script grants from `ceiling - held by all` (the ceiling
 //! stands in for the budget), so the guard holds atomically with the grant.
 //!
-//! # Rules (each one a seed of `credits::sim` that failed without it)
+//! # Rules (each one a seed of `credits::simulation` that failed without it)
 //! - Until every router seen before a loss is back (or given up), the routers in the new pool
 //!   hold together at most the budget less what those held when last seen: the guard bounds the
 //!   routers *together*, not each (seed 2).

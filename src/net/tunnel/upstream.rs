@@ -31,7 +31,7 @@ pub struct Http2Tunnel {
 /// The streams an HTTP/2 tunnel may still open. A client's stream ids are the odd numbers up to
 /// 2^31 − 1, so one connection opens at most 2^30 streams; h2 then refuses every new one while
 /// the connection stays up and answers its pings, which would leave the agent in the pool with a
-/// tunnel that fails every request sent on it. The tunnel retires well before (`tunnel::client`:
+/// tunnel that fails every request sent on it. The tunnel retires well before (`shard::tunnels`:
 /// out of the shard, its requests in flight finished, then closed) and the agent dials a fresh
 /// one. (The lean tunnel reuses the ids of finished streams and never runs out.)
 pub struct StreamIds {

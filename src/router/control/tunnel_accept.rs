@@ -100,7 +100,7 @@ async fn handshake(
 }
 
 /// A TLS tunnel: the hint names the shard, which terminates the TLS and checks the preamble
-/// inside it (`tunnel::client::run_secure`).
+/// inside it (`shard::tunnels::run_secure`).
 async fn secure_handshake(
     mut socket: tokio::net::TcpStream,
     permit: ConnPermit,

@@ -2,7 +2,7 @@
 //! and h2c connections it reads requests from and hands to `api`.
 //!
 //! - `runtime`: one pinned `monoio` runtime per shard, its SO_REUSEPORT listener, its background
-//!   tasks (control inbox, mesh, cleanup) and where tunnel sockets go (`tunnel::client::start`).
+//!   tasks (control inbox, mesh, cleanup) and where tunnel sockets go (`shard::tunnels::start`).
 //! - `connection`: an HTTP/1.1 connection (keep-alive, bodies, limits), upgraded to h2c on a
 //!   preface.
 //! - `h2c`: an HTTP/2 (cleartext) connection, one task per stream.

@@ -226,7 +226,7 @@ fn merge(older: Vec<BucketUsage>, newer: Vec<BucketUsage>) -> Vec<BucketUsage> {
 const FIELD_SEPARATOR: char = '|';
 
 /// A daily total's field in the day's hash: `router|tenant|capability|model` (capability and
-/// model empty for the flat budget). Router IDs never hold `|` (`sync::config`); model names may,
+/// model empty for the flat budget). Router IDs never hold `|` (`config::sync`); model names may,
 /// so the model comes last.
 pub fn daily_field(router: &str, tenant: TenantId, model: Option<&ModelKey>) -> String {
     match model {

@@ -213,7 +213,7 @@ impl Health {
 /// agent it served reports no connection to it. An agent this router does not serve is one it
 /// cannot hear: that keeps the credits where they are. An agent heard here that reports a
 /// session with it keeps them too, whether its heartbeat listed that agent or not (it may have
-/// connected since, `credits::sim` seed 2866). `reports`: per agent served here, the routers it
+/// connected since, `credits::simulation` seed 2866). `reports`: per agent served here, the routers it
 /// reports a session with.
 pub fn given_up<'a>(
     me: &str,
