@@ -43,7 +43,7 @@
 //! (a model's wallets live on its one owner shard), midnight and reloads (neither touches
 //! occupancy).
 //!
-//! A failing seed is printed and reproduces with `sim::run(seed, STEPS, true)`, or with
+//! A failing seed is printed and reproduces with `simulation::run(seed, STEPS, true)`, or with
 //! `SIM_TRACE=1 SIM_SEED=N cargo test --lib credits::simulation::trace -- --nocapture`,
 //! which prints every grant, notice and fault.
 
