@@ -69,11 +69,60 @@ pub async fn infer<S: Sink>(
         shard.settings.provider.is_some(),
     );
     let mut inference = Inference::new(shard, request, key, &fields, model, plan);
-    // The admission phases take their steps from the plan (`VisitPlan::next_step`), so an
-    // asynchronous phase's future is built only when the plan has a visit for it: even one with
-    // nothing to do would cost the copy of its future on every request. The plan is read from
-    // `inference` from here on (a copy of it kept across the waits would widen them).
-    let (admit, quota, pending) = inference.admission(sink).await?;
+    // The admission phases take their steps from the plan (`VisitPlan::next_step`), in the
+    // order of its places, each where the plan has it: an asynchronous phase's future is built
+    // only when the plan has a visit for it (even one with nothing to do would cost the copy of
+    // its future on every request). Written out in place order rather than as a loop, so the
+    // charges and the hold entry stay where they are made. The plan is read from `inference`
+    // from here on (a copy of it kept across the waits would widen them).
+    let mut place = Place::START;
+    let mut step = inference.plan.next_step(&mut place);
+    let mut quota = match step {
+        Some(Step::Quota(rate)) => {
+            let charged = inference.quota_rate(rate, sink).await?;
+            if rate == RateCharge::Ahead && !charged.charged_tokens() {
+                // The key had no room for the token phase ahead: the rest in the gate order,
+                // where the token phase is refused in its place.
+                inference.plan = inference.plan.in_order();
+            }
+            step = inference.plan.next_step(&mut place);
+            charged
+        }
+        _ => inference.unlimited(),
+    };
+    if step == Some(Step::RequestCaps) {
+        inference.request_caps()?;
+        step = inference.plan.next_step(&mut place);
+    }
+    if step == Some(Step::Tokens) {
+        inference.tokens(&mut quota, sink).await?;
+        step = inference.plan.next_step(&mut place);
+    }
+    let pending = match step {
+        Some(Step::Hold) => {
+            let pending = inference.hold(sink).await?;
+            step = inference.plan.next_step(&mut place);
+            pending
+        }
+        _ => None,
+    };
+    let reserved = match step {
+        Some(Step::Reserve) => {
+            let reservation = inference.reserve(sink).await?;
+            step = inference.plan.next_step(&mut place);
+            Some(reservation)
+        }
+        _ => None,
+    };
+    if step == Some(Step::Tokens) {
+        inference.tokens(&mut quota, sink).await?;
+        step = inference.plan.next_step(&mut place);
+    }
+    let admit = match (step, reserved) {
+        (Some(Step::Slot(SlotAdmit::Reserved)), Some(reservation)) => Admit::Reserved(reservation),
+        (Some(Step::Slot(slot)), None) => inference.admit_with_slot(slot),
+        (step, _) => unreachable!("{step:?} where the plan's slot comes"),
+    };
     inference.attempts(admit, quota, pending, facts, sink).await
 }
 
@@ -192,47 +241,6 @@ impl<'r> Inference<'r> {
             deadline: request.received_at + shard.settings.request_timeout,
             hold_until: None,
         }
-    }
-
-    /// Phases 5 to 5d and the way into phase 6, step by step as the plan lays them out
-    /// ([`VisitPlan::next_step`]): what the slot visit is asked with, the quota charge, and the
-    /// hold book entry of a request a wake released.
-    async fn admission<S: Sink>(
-        &mut self,
-        sink: &mut HoldSink<'_, S>,
-    ) -> Result<(Admit, QuotaCharge, Option<Pending>), Outcome> {
-        let mut quota = None;
-        let mut pending = None;
-        let mut reserved = None;
-        let mut place = Place::START;
-        let admit = loop {
-            let step = self.plan.next_step(&mut place);
-            match step.expect("every plan ends with its slot") {
-                Step::Quota(rate) => {
-                    let charged = self.quota_rate(rate, sink).await?;
-                    if rate == RateCharge::Ahead && !charged.charged_tokens() {
-                        // The key had no room for the token phase ahead: the rest in the gate
-                        // order, where the token phase is refused in its place.
-                        self.plan = self.plan.in_order();
-                    }
-                    quota = Some(charged);
-                }
-                Step::RequestCaps => self.request_caps()?,
-                Step::Tokens => {
-                    let quota = quota.get_or_insert_with(|| self.unlimited());
-                    self.tokens(quota, sink).await?;
-                }
-                Step::Hold => pending = self.hold(sink).await?,
-                Step::Reserve => reserved = Some(self.reserve(sink).await?),
-                Step::Slot(SlotAdmit::Reserved) => {
-                    let reservation = reserved.expect("a reserved slot follows its reservation");
-                    break Admit::Reserved(reservation);
-                }
-                Step::Slot(slot) => break self.admit_with_slot(slot),
-            }
-        };
-        let quota = quota.unwrap_or_else(|| self.unlimited());
-        Ok((admit, quota, pending))
     }
 
     /// Phase 5: the key's request rate on its quota owner, with the token phase in the same

@@ -1032,9 +1032,10 @@ mod tests {
 
     /// Every connection holds its request path's future, in memory while idle and copied whole
     /// at each `.await` into it. To keep it small, a daily-budget settlement's wait on another
-    /// shard's owner is boxed (`Shard::settle_buffered`), the request is borrowed, not moved, and
-    /// the admission steps run in a future of their own (`Inference::admission`), whose locals
-    /// are gone by the time the attempts run; this bound catches a change that widens it. Test and release builds give the same size
+    /// shard's owner is boxed (`Shard::settle_buffered`) and the request is borrowed, not moved;
+    /// this bound catches a change that widens it. (Running the admission steps in a future of
+    /// their own made it 3,968 bytes, at about 150 more instructions a request: moving the quota
+    /// charge out of it; `infer` takes them in place instead.) Test and release builds give the same size
     /// (`-Zprint-type-sizes` lists its parts).
     #[test]
     fn the_request_path_future_stays_small() {
@@ -1045,5 +1046,5 @@ mod tests {
         );
     }
 
-    const SERVE_FUTURE_BYTES_MAX: usize = 3968;
+    const SERVE_FUTURE_BYTES_MAX: usize = 4224;
 }
