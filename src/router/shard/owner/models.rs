@@ -243,19 +243,14 @@ impl Models {
     /// pool for what they need together. Without it a burst that arrives while a refill is on
     /// its way gets that refill's worth and the rest wait out their park timeout.
     fn refill_for_parked(&mut self, model: ModelId, effects: &mut Effects) {
-        let healthy = healthy_in(&self.routes, model);
+        let policy = match self.occupancy.get(&model) {
+            Some(owned) if owned.occupancy.parked_len() > 0 => owned.policy.clone(),
+            _ => return,
+        };
+        let base = self.limits(model, &policy);
         let (Some(owned), Some(sharing)) = (self.occupancy.get_mut(&model), self.sharing) else {
             return;
         };
-        if owned.occupancy.parked_len() == 0 {
-            return;
-        }
-        let base = Limits::new(
-            self.admit_fraction,
-            owned.policy.admit_budget_tokens,
-            u64::from(owned.policy.max_inflight),
-            healthy,
-        );
         let in_use = owned.in_use();
         let need = owned.occupancy.parked_need();
         if let Some(wallets) = owned.wallets.as_mut() {
