@@ -14,3 +14,4 @@ pub mod connection;
 pub mod h2c;
 mod pipeline;
 pub mod runtime;
+pub mod writer;

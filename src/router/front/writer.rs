@@ -1,0 +1,364 @@
+//! The writer half of an HTTP/1.1 connection: it answers what the reader hands it
+//! ([`Inbound`]), strictly in order, through [`Http1Sink`], the connection's [`Sink`] for the
+//! request phases. Its output buffer is lent from a per-shard list while the connection waits
+//! (`spare_out`, at most 256 buffers a shard).
+
+use std::rc::Rc;
+
+use monoio::io::{AsyncWriteRent, AsyncWriteRentExt, OwnedWriteHalf};
+use monoio::net::TcpStream;
+
+use crate::base::latch::Latch;
+use crate::net::telemetry::context::TRACEPARENT_LEN;
+use crate::router::api::sink::{CORKED_BYTES_MAX, ClientGone, Sink, UntilGone};
+use crate::router::api::{self, ClientRequest};
+use crate::router::error::Rejection;
+use crate::router::front::pipeline::Receiver;
+use crate::router::shard::state::Shard;
+use crate::wire::http::response::{LAST_CHUNK, ResponseFraming, ResponseHead, write_chunk};
+
+/// The output buffer a connection holds while it answers (a response longer than this is written
+/// in parts, or grows it); a connection waiting for a request holds none (see [`spare_out`]).
+pub(super) const OUT_BYTES: usize = 4 * 1024;
+
+/// What the reader hands the writer, in order. A request is nearly every message, so its
+/// variant stays inline: boxing it to shrink the rare ones would allocate per request.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Inbound {
+    Request {
+        request: ClientRequest,
+        keep_alive: bool,
+        head_only: bool,
+    },
+    /// `Expect: 100-continue`: the writer sends the interim response in order.
+    Continue,
+    Reject(Rejection),
+}
+
+pub(super) async fn write_loop(
+    shard: &Rc<Shard>,
+    sink: &mut Http1Sink,
+    mut inbound: Receiver<Inbound>,
+) {
+    loop {
+        if inbound.is_empty() && sink.out.is_empty() {
+            // Nothing to answer until the client sends again, which for a keep-alive connection
+            // may be never: hold no output buffer meanwhile.
+            spare_out::give_back(std::mem::take(&mut sink.out));
+        }
+        let Some(item) = inbound.recv().await else {
+            return;
+        };
+        if sink.out.capacity() == 0 {
+            sink.out = spare_out::take();
+        }
+        match item {
+            Inbound::Request {
+                request,
+                keep_alive,
+                head_only,
+            } => {
+                // A draining router answers this request and closes the connection.
+                sink.close = !keep_alive || shard.lifecycle.is_draining();
+                sink.head_only = head_only;
+                sink.status = 0;
+                if api::serve(shard, &request, sink).await.is_err() || sink.close {
+                    return;
+                }
+            }
+            Inbound::Continue => {
+                if sink
+                    .write_raw(crate::wire::http::response::CONTINUE)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Inbound::Reject(rejection) => {
+                let close = rejection.close;
+                sink.head_only = false;
+                if sink.reject(&rejection).await.is_err() || close {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Output buffers of this shard's connections that wait for a request, lent to the next one that
+/// has a response to write: an idle keep-alive connection holds no 4 KiB buffer of its own, and a
+/// request takes one from this list (about 30 instructions) rather than from the allocator (about
+/// 300: a 4 KiB block is past the allocator's small-object fast path).
+///
+/// Per shard (a thread-local, on a thread-per-core runtime) and bounded: at most
+/// [`SPARE_MAX`](spare_out::SPARE_MAX) buffers, none grown past
+/// [`KEPT_BYTES_MAX`](spare_out::KEPT_BYTES_MAX) (a buffer a long response grew is freed).
+mod spare_out {
+    use std::cell::RefCell;
+
+    use super::OUT_BYTES;
+
+    pub(super) const SPARE_MAX: usize = 256;
+    pub(super) const KEPT_BYTES_MAX: usize = 4 * OUT_BYTES;
+
+    thread_local! {
+        static SPARE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// An empty buffer with room for at least [`OUT_BYTES`].
+    pub(super) fn take() -> Vec<u8> {
+        SPARE
+            .with_borrow_mut(Vec::pop)
+            .unwrap_or_else(|| Vec::with_capacity(OUT_BYTES))
+    }
+
+    /// Keeps `out` for [`take`] unless the list is full or `out` grew past [`KEPT_BYTES_MAX`].
+    pub(super) fn give_back(mut out: Vec<u8>) {
+        if out.capacity() < OUT_BYTES || out.capacity() > KEPT_BYTES_MAX {
+            return;
+        }
+        out.clear();
+        SPARE.with_borrow_mut(|spare| {
+            if spare.len() < SPARE_MAX {
+                spare.push(out);
+            }
+        });
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn buffers_are_lent_again_within_bounds() {
+            let lent = take();
+            assert!(lent.capacity() >= OUT_BYTES);
+            let address = lent.as_ptr();
+            give_back(lent);
+            let again = take();
+            assert_eq!(again.as_ptr(), address, "the spare buffer is lent again");
+            assert!(again.is_empty());
+
+            // A buffer a long response grew is not kept, nor an empty one.
+            give_back(Vec::with_capacity(KEPT_BYTES_MAX + 1));
+            give_back(Vec::new());
+            assert_eq!(SPARE.with_borrow(Vec::len), 0);
+
+            // At most SPARE_MAX are kept.
+            for _ in 0..SPARE_MAX + 10 {
+                give_back(Vec::with_capacity(OUT_BYTES));
+            }
+            assert_eq!(SPARE.with_borrow(Vec::len), SPARE_MAX);
+            drop(again);
+        }
+    }
+}
+
+pub struct Http1Sink {
+    writer: OwnedWriteHalf<TcpStream>,
+    out: Vec<u8>,
+    gone: Rc<Latch>,
+    close: bool,
+    /// The request was `HEAD`: send heads without bodies.
+    head_only: bool,
+    /// Where this connection's responses are counted.
+    shard: Rc<Shard>,
+    /// The status of the response head written last (0: none yet for this request).
+    status: u16,
+    /// The current request's ID, returned as `X-Request-ID`.
+    request_id: Option<[u8; 36]>,
+    /// The current request's trace context, returned as `traceparent` (tracing on only).
+    traceparent: Option<[u8; TRACEPARENT_LEN]>,
+}
+
+impl Http1Sink {
+    /// The writer of a connection whose reader sets `gone` when the client leaves.
+    pub(super) fn new(
+        writer: OwnedWriteHalf<TcpStream>,
+        gone: Rc<Latch>,
+        shard: Rc<Shard>,
+    ) -> Http1Sink {
+        Http1Sink {
+            writer,
+            out: Vec::new(),
+            gone,
+            close: false,
+            head_only: false,
+            shard,
+            status: 0,
+            request_id: None,
+            traceparent: None,
+        }
+    }
+
+    /// Closes the write side, whatever the client did.
+    pub(super) async fn shutdown(&mut self) {
+        let _ = self.writer.shutdown().await;
+    }
+
+    /// Writes out `out`, which is empty afterwards whatever the result: every write appends
+    /// to it, and only corked writes (`Sink::*_corked`) leave bytes in it between calls.
+    async fn write_out(&mut self) -> Result<(), ClientGone> {
+        let out = std::mem::take(&mut self.out);
+        let (result, mut out) = self.writer.write_all(out).await;
+        out.clear();
+        self.out = out;
+        result.map(|_| ()).map_err(|_| ClientGone)
+    }
+
+    async fn write_raw(&mut self, bytes: &[u8]) -> Result<(), ClientGone> {
+        self.out.extend_from_slice(bytes);
+        self.write_out().await
+    }
+
+    /// Appends a whole response (head and body) to `out`; the caller counts the status and
+    /// writes it out. Not part of `respond`: the header array would be held across its write,
+    /// in every request's future (the request path's futures are copied whole at each await).
+    fn whole_response(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+        body: &[u8],
+    ) {
+        self.status = status;
+        let ids = (self.request_id, self.traceparent);
+        let mut own: [(&str, &[u8]); OWN_HEADERS_MAX] = [("", b""); OWN_HEADERS_MAX];
+        let count = with_ids(&mut own, &ids);
+        ResponseHead {
+            status,
+            content_type: Some(content_type),
+            framing: ResponseFraming::ContentLength(body.len() as u64),
+            close: self.close,
+            extra_headers: &own[..count],
+            passed_headers: extra_headers,
+        }
+        .write(&mut self.out);
+        if !self.head_only {
+            self.out.extend_from_slice(body);
+        }
+    }
+
+    /// Appends a chunked response head (`start_stream`, `start_keepalive`) to `out`; the caller
+    /// counts the status and writes it out.
+    fn stream_head(&mut self, status: u16, content_type: &str, extra_headers: &[(&str, &[u8])]) {
+        self.status = status;
+        let ids = (self.request_id, self.traceparent);
+        let mut own: [(&str, &[u8]); OWN_HEADERS_MAX] =
+            [("cache-control", b"no-cache"); OWN_HEADERS_MAX];
+        let count = 1 + with_ids(&mut own[1..], &ids);
+        ResponseHead {
+            status,
+            content_type: Some(content_type),
+            framing: ResponseFraming::Chunked,
+            close: self.close,
+            extra_headers: &own[..count],
+            passed_headers: extra_headers,
+        }
+        .write(&mut self.out);
+    }
+}
+
+impl Sink for Http1Sink {
+    async fn respond(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+        body: &[u8],
+    ) -> Result<(), ClientGone> {
+        self.shard.metrics.count_response(status);
+        self.whole_response(status, content_type, extra_headers, body);
+        self.write_out().await
+    }
+
+    async fn start_stream(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra_headers: &[(&str, &[u8])],
+    ) -> Result<(), ClientGone> {
+        self.shard.metrics.count_response(status);
+        self.stream_head(status, content_type, extra_headers);
+        Ok(())
+    }
+
+    async fn start_keepalive(&mut self, content_type: &str) -> Result<(), ClientGone> {
+        self.stream_head(200, content_type, &[]);
+        self.write_out().await
+    }
+
+    async fn stream_data(&mut self, data: &[u8]) -> Result<(), ClientGone> {
+        if !data.is_empty() {
+            write_chunk(&mut self.out, data);
+        }
+        self.flush().await
+    }
+
+    async fn end_stream(&mut self) -> Result<(), ClientGone> {
+        self.write_raw(LAST_CHUNK).await
+    }
+
+    async fn stream_data_corked(&mut self, data: &[u8]) -> Result<(), ClientGone> {
+        if !data.is_empty() {
+            write_chunk(&mut self.out, data);
+        }
+        if self.out.len() >= CORKED_BYTES_MAX {
+            return self.write_out().await;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), ClientGone> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        self.write_out().await
+    }
+
+    fn until_client_gone<F: std::future::Future>(
+        &mut self,
+        future: F,
+    ) -> impl std::future::Future<Output = Option<F::Output>> {
+        UntilGone::new(future, self.gone.wait())
+    }
+
+    fn close_after(&mut self) {
+        self.close = true;
+    }
+
+    fn status(&self) -> u16 {
+        self.status
+    }
+
+    fn set_request_id(&mut self, id: [u8; 36]) {
+        self.request_id = Some(id);
+    }
+
+    fn set_traceparent(&mut self, traceparent: Option<[u8; TRACEPARENT_LEN]>) {
+        self.traceparent = traceparent;
+    }
+}
+
+/// The connection's own response headers: `cache-control` on a stream, `X-Request-ID` and
+/// `traceparent`. The caller's (`extra_headers` of the `Sink` calls) are written after them, all
+/// of them.
+const OWN_HEADERS_MAX: usize = 3;
+
+/// Fills `headers` with `X-Request-ID` and `traceparent`, each when known; returns how many.
+fn with_ids<'a>(
+    headers: &mut [(&'a str, &'a [u8])],
+    (request_id, traceparent): &'a (Option<[u8; 36]>, Option<[u8; TRACEPARENT_LEN]>),
+) -> usize {
+    let mut count = 0;
+    if let Some(id) = request_id {
+        headers[count] = ("x-request-id", id.as_slice());
+        count += 1;
+    }
+    if let Some(traceparent) = traceparent {
+        headers[count] = ("traceparent", traceparent.as_slice());
+        count += 1;
+    }
+    count
+}
