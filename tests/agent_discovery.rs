@@ -18,7 +18,8 @@ use hivenet_router::wire::proto::agent_control_server::{AgentControl, AgentContr
 use hivenet_router::wire::proto::agent_message::Kind as AgentKind;
 use hivenet_router::wire::proto::router_message::Kind as RouterKind;
 use hivenet_router::wire::proto::{
-    AgentMessage, AuthRequest, AuthResponse, HeartbeatAck, RouterMessage, SiteRouter,
+    AgentMessage, AuthRequest, AuthResponse, ChallengeRequest, ChallengeResponse, HeartbeatAck,
+    RouterMessage, SiteRouter,
 };
 
 /// Tunnels per agent session: the harness starts routers with `--shards 2`.
@@ -160,6 +161,27 @@ type SessionStream = Pin<Box<dyn Stream<Item = Result<RouterMessage, tonic::Stat
 
 #[tonic::async_trait]
 impl AgentControl for Lister {
+    /// Answers as a router of the site: it holds the site secret.
+    async fn challenge(
+        &self,
+        request: tonic::Request<ChallengeRequest>,
+    ) -> Result<tonic::Response<ChallengeResponse>, tonic::Status> {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let (router_nonce, proof) = common::agent_auth::site_secret().proof_key().answer(
+            LISTER_PEER_ID,
+            &request.get_ref().agent_nonce,
+            now_ms,
+        );
+        Ok(tonic::Response::new(ChallengeResponse {
+            router_peer_id: LISTER_PEER_ID.to_owned(),
+            router_nonce: router_nonce.to_vec(),
+            proof: proof.to_vec(),
+        }))
+    }
+
     async fn authenticate(
         &self,
         _request: tonic::Request<AuthRequest>,

@@ -1,45 +1,42 @@
 //! Proves through the real router that agent authentication JWTs have a maximum lifetime
 //! (`--agent-token-max-lifetime`, default 1h): a correctly signed token valid for 30 days, or one
 //! without `iat` expiring in two hours, is refused with the reason, while `hivenet-agent`'s own
-//! five-minute tokens (the agent joins) and a short token without `iat` are accepted; a maximum
-//! below the agent's five minutes stops start-up.
+//! 30-second tokens (the agent joins), a five-minute one and a short token without `iat` are
+//! accepted; a maximum below the agent's 30 seconds stops start-up.
 
 mod common;
 
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-use common::{Options, SECRET, Site, refused_start};
-use hivenet_router::base::credentials::{AUTH_AUDIENCE, Claims, Secret, unix_seconds};
-use hivenet_router::wire::proto::AuthRequest;
-use hivenet_router::wire::proto::agent_control_client::AgentControlClient;
+use common::agent_auth::{self, AgentKey, site_secret};
+use common::{Options, Site, refused_start};
+use hivenet_router::base::credentials::{Claims, unix_seconds};
 
-/// Authenticates with a token of the given `iat`/`exp`; `Ok` or the refusal's message.
+/// Authenticates with a token of the given `iat`/`exp`, otherwise as `hivenet-agent` does
+/// (answering a challenge, signed by its key); `Ok` or the refusal's message.
 fn authenticate(site: &Site, iat: Option<u64>, exp: u64) -> Result<(), String> {
-    let secret = Secret::new(SECRET.as_bytes()).unwrap();
-    let peer_id = "12D3KooWlifetimetest".to_owned();
-    let token = secret.sign(&Claims {
-        sub: peer_id.clone(),
-        aud: AUTH_AUDIENCE.to_owned(),
-        iat,
-        exp,
-        sid: 0,
-    });
     let grpc = site.grpc;
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap()
         .block_on(async move {
-            let mut client = AgentControlClient::connect(format!("http://{grpc}"))
-                .await
-                .expect("connect to the router's gRPC port");
+            let agent = AgentKey::generate();
+            let mut client = agent_auth::client(grpc).await;
+            let challenge = agent_auth::challenge(&mut client).await;
+            let mut request = agent_auth::auth_request(&site_secret(), &agent, &challenge);
+            request.token = site_secret().sign(&Claims {
+                sub: agent.peer_id.clone(),
+                aud: challenge.router_peer_id.clone(),
+                iat,
+                exp,
+                sid: 0,
+                nonce: Some(hex::encode(&challenge.router_nonce)),
+                rtr: None,
+            });
             client
-                .authenticate(AuthRequest {
-                    token,
-                    peer_id,
-                    capacity: 1,
-                })
+                .authenticate(request)
                 .await
                 .map(|_| ())
                 .map_err(|status| {
@@ -51,7 +48,7 @@ fn authenticate(site: &Site, iat: Option<u64>, exp: u64) -> Result<(), String> {
 
 #[test]
 fn long_lived_agent_tokens_are_refused() {
-    // The real agent authenticates with its five-minute tokens and joins.
+    // The real agent authenticates with its 30-second tokens and joins.
     let site = Site::start(
         "agent-token-lifetime",
         Options::new()
@@ -95,11 +92,11 @@ fn a_maximum_below_the_agents_token_lifetime_stops_start_up() {
     std::fs::create_dir_all(&dir).unwrap();
     let stderr = refused_start(
         &dir,
-        &["--agent-token-max-lifetime", "1m"],
+        &["--agent-token-max-lifetime", "20s"],
         &[("HIVENET_ROUTER_ALLOW_INSECURE_ADMIN", "true")],
     );
     assert!(
-        stderr.contains("--agent-token-max-lifetime must be at least 5m"),
+        stderr.contains("--agent-token-max-lifetime must be at least 30s"),
         "{stderr}"
     );
 }

@@ -14,13 +14,14 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use futures_util::Stream;
-use hivenet_router::base::credentials::{AUTH_AUDIENCE, Secret};
+use hivenet_router::base::credentials::Secret;
 use hivenet_router::net::tunnel::preamble;
 use hivenet_router::wire::proto::agent_control_server::{AgentControl, AgentControlServer};
 use hivenet_router::wire::proto::agent_message::Kind as AgentKind;
 use hivenet_router::wire::proto::router_message::Kind as RouterKind;
 use hivenet_router::wire::proto::{
-    AgentMessage, AuthRequest, AuthResponse, Heartbeat, Register, RouterMessage, RoutingSignal,
+    AgentMessage, AuthRequest, AuthResponse, ChallengeRequest, ChallengeResponse, Heartbeat,
+    Register, RouterMessage, RoutingSignal,
 };
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -159,14 +160,41 @@ struct Control {
 
 type SessionStream = Pin<Box<dyn Stream<Item = Result<RouterMessage, tonic::Status>> + Send>>;
 
+const ROUTER_PEER_ID: &str = "12D3KooWtestrouter";
+
 #[tonic::async_trait]
 impl AgentControl for Control {
+    async fn challenge(
+        &self,
+        request: tonic::Request<ChallengeRequest>,
+    ) -> Result<tonic::Response<ChallengeResponse>, tonic::Status> {
+        let now_ms = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let (router_nonce, proof) =
+            self.secret
+                .proof_key()
+                .answer(ROUTER_PEER_ID, &request.get_ref().agent_nonce, now_ms);
+        Ok(tonic::Response::new(ChallengeResponse {
+            router_peer_id: ROUTER_PEER_ID.to_owned(),
+            router_nonce: router_nonce.to_vec(),
+            proof: proof.to_vec(),
+        }))
+    }
+
     async fn authenticate(
         &self,
         request: tonic::Request<AuthRequest>,
     ) -> Result<tonic::Response<AuthResponse>, tonic::Status> {
         let request = request.into_inner();
-        let claims = self.secret.verify(&request.token, AUTH_AUDIENCE);
+        let claims = self.secret.verify_auth(
+            &request.token,
+            ROUTER_PEER_ID,
+            &request.router_nonce,
+            std::time::SystemTime::now(),
+            std::time::Duration::from_secs(60),
+        );
         // The first call is refused to prove the agent retries.
         let call = self.auth_calls.fetch_add(1, Ordering::SeqCst);
         let first = call == 0;
@@ -181,7 +209,7 @@ impl AgentControl for Control {
         Ok(tonic::Response::new(AuthResponse {
             session_token: format!("session-token-{call}"),
             session_ttl_ms: self.session_ttl_ms,
-            router_peer_id: "12D3KooWtestrouter".to_owned(),
+            router_peer_id: ROUTER_PEER_ID.to_owned(),
             tunnel_addrs: vec![
                 "/ip4/127.0.0.1/udp/1/quic-v1".to_owned(),
                 format!("/ip4/127.0.0.1/tcp/{}", self.tunnel_port),

@@ -160,19 +160,27 @@ fn inside_tls_the_shard_refuses_a_bad_token_and_drops_a_session_that_is_not_live
     runtime.block_on(async {
         let (status, _) = open_by_hand(site.p2p, "not.a.token").await;
         assert_eq!(status, 1, "bad token");
-        // A token signed with the site secret for a session this router never opened.
-        let secret =
-            hivenet_router::base::credentials::Secret::new(common::SECRET.as_bytes()).unwrap();
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
+        // A genuine session token names this run of the router as its issuer.
+        let secret = common::agent_auth::site_secret();
+        let agent = common::agent_auth::AgentKey::generate();
+        let (_, answer) = common::agent_auth::authenticate(site.grpc, &agent).await;
+        let genuine = secret
+            .verify(
+                &answer.expect("authenticated").session_token,
+                hivenet_router::base::credentials::SESSION_AUDIENCE,
+            )
+            .unwrap();
+        // Signed with the site secret, but issued by another router: refused at the preamble.
+        let elsewhere = secret.sign(&hivenet_router::base::credentials::Claims {
+            rtr: Some("12D3KooWother/0123456789abcdef".into()),
+            ..genuine.clone()
+        });
+        let (status, _) = open_by_hand(site.p2p, &elsewhere).await;
+        assert_eq!(status, 1, "a session token of another router");
+        // This router's, for a session it never opened.
         let token = secret.sign(&hivenet_router::base::credentials::Claims {
-            sub: "12D3KooWtest".into(),
-            aud: hivenet_router::base::credentials::SESSION_AUDIENCE.into(),
-            iat: Some(now),
-            exp: now + 600,
             sid: 987_654,
+            ..genuine
         });
         let (status, tls) = open_by_hand(site.p2p, &token).await;
         assert_eq!(status, 0, "the shard accepts a well-signed token");

@@ -94,9 +94,10 @@ const DRAIN_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 pub async fn run(
     config: Config,
     secret: Secret,
-    peer_id: String,
+    identity: crate::base::identity::Identity,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
+    let peer_id = identity.peer_id.to_string();
     let tunnel_tls = crate::net::tunnel::tls::client_config(config.p2p_tls_ca.as_deref())
         .map_err(|error| anyhow::anyhow!("--p2p-tls-ca: {error}"))?;
     let backend = backend::Backend::new(&config.backend_url);
@@ -150,6 +151,8 @@ pub async fn run(
         config,
         secret,
         peer_id,
+        keypair: identity.keypair,
+        unproven_routers: std::sync::atomic::AtomicU64::new(0),
         models,
         forward,
         engine,

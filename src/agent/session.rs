@@ -14,6 +14,7 @@
 //! in every heartbeat ack go to the driver; heartbeats carry the peer IDs of every router reached.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, watch};
@@ -28,12 +29,13 @@ use super::multiaddr;
 use super::session_link::Link;
 use super::shared::Shared;
 use super::tunnel;
+use crate::base::challenge;
 use crate::wire::proto::agent_control_client::AgentControlClient;
 use crate::wire::proto::agent_message::Kind as AgentKind;
 use crate::wire::proto::router_message::Kind as RouterKind;
 use crate::wire::proto::{
-    AgentMessage, AuthRequest, AuthResponse, Heartbeat, Leaving, Register, RoutingSignal,
-    SessionRefresh,
+    AgentMessage, AuthRequest, AuthResponse, ChallengeRequest, Heartbeat, Leaving, Register,
+    RoutingSignal, SessionRefresh,
 };
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -59,6 +61,8 @@ pub enum SessionError {
     Auth(String),
     #[error("authentication timed out")]
     AuthTimeout,
+    #[error("the router did not prove it belongs to the site, and was sent no credential: {0}")]
+    Unproven(String),
     #[error("router announced no dialable tunnel address among {0:?}")]
     NoTunnelAddr(Vec<String>),
     #[error("router announced zero shards")]
@@ -88,6 +92,10 @@ pub async fn run_router(router: String, shared: Arc<Shared>, link: Link) {
             SessionError::Unauthenticated(_) => {
                 warn!(router = %label, %error, "check that the agent and router share the same secret")
             }
+            SessionError::Unproven(_) => {
+                shared.unproven_routers.fetch_add(1, Ordering::Relaxed);
+                warn!(router = %label, %error, "check the address: a router of this site holds the same secret as this agent")
+            }
             SessionError::Duplicate(_) => {
                 info!(router = %label, %error, "no second session: waiting until the other one is down")
             }
@@ -112,19 +120,82 @@ pub async fn run_router(router: String, shared: Arc<Shared>, link: Link) {
     }
 }
 
+/// The router's proof that it holds the site secret (`base::challenge`), checked before the agent
+/// sends it anything but a random nonce. Returns the proven router's peer ID and its nonce.
+async fn challenge_router(
+    client: &mut AgentControlClient<Channel>,
+    shared: &Shared,
+) -> Result<(String, Vec<u8>), SessionError> {
+    let agent_nonce = challenge::random_bytes::<{ challenge::AGENT_NONCE_LEN }>();
+    let request = ChallengeRequest {
+        agent_nonce: agent_nonce.to_vec(),
+    };
+    let answer = tokio::time::timeout(AUTH_TIMEOUT, client.challenge(request))
+        .await
+        .map_err(|_| SessionError::AuthTimeout)?;
+    let answer = match answer {
+        Ok(answer) => answer.into_inner(),
+        Err(status) if status.code() == tonic::Code::Unimplemented => {
+            return Err(SessionError::Unproven(
+                "it answers no challenge (a router older than this agent, or not a hivenet router)"
+                    .to_owned(),
+            ));
+        }
+        Err(status) => {
+            return Err(SessionError::Auth(format!(
+                "challenge: {:?}: {}",
+                status.code(),
+                status.message()
+            )));
+        }
+    };
+    if !shared.secret.proof_key().router_proof_holds(
+        &agent_nonce,
+        &answer.router_nonce,
+        &answer.router_peer_id,
+        &answer.proof,
+    ) {
+        return Err(SessionError::Unproven(format!(
+            "its proof for peer ID {:?} does not verify with the site secret",
+            answer.router_peer_id
+        )));
+    }
+    Ok((answer.router_peer_id, answer.router_nonce))
+}
+
+/// Challenges the router, then authenticates with a token bound to it and its nonce, and the
+/// identity key's signature. `renewing`: the session's current token, when renewing it.
 async fn authenticate(
     client: &mut AgentControlClient<Channel>,
     shared: &Shared,
+    renewing: Option<String>,
 ) -> Result<AuthResponse, SessionError> {
+    let (router_peer_id, router_nonce) = challenge_router(client, shared).await?;
+    let proof = challenge::agent_proof(&shared.keypair, &router_nonce, &router_peer_id);
     let request = AuthRequest {
-        token: shared.secret.auth_token(&shared.peer_id, SystemTime::now()),
+        token: shared.secret.auth_token(
+            &shared.peer_id,
+            &router_peer_id,
+            &router_nonce,
+            SystemTime::now(),
+        ),
         peer_id: shared.peer_id.clone(),
         capacity: shared.config.capacity,
+        router_nonce,
+        public_key: proof.public_key,
+        signature: proof.signature,
+        session_token: renewing.unwrap_or_default(),
     };
     let response = tokio::time::timeout(AUTH_TIMEOUT, client.authenticate(request))
         .await
         .map_err(|_| SessionError::AuthTimeout)?;
     match response {
+        Ok(response) if response.get_ref().router_peer_id != router_peer_id => {
+            Err(SessionError::Auth(format!(
+                "the router proved peer ID {router_peer_id:?} and then answered as {:?}",
+                response.get_ref().router_peer_id
+            )))
+        }
         Ok(response) => Ok(response.into_inner()),
         // Only the status message: the router does not echo tokens, and neither do we.
         Err(status) if status.code() == tonic::Code::Unauthenticated => {
@@ -169,6 +240,7 @@ fn heartbeat_message(shared: &Shared, link: &Link) -> AgentMessage {
             backend_unhealthy: !*shared.backend_healthy.borrow(),
             connected_router_peer_ids: link.connected_peer_ids(),
             host: shared.host.borrow().clone(),
+            unproven_routers: shared.unproven_routers.load(Ordering::Relaxed),
         })),
     }
 }
@@ -224,7 +296,7 @@ async fn session_inner(
         .tcp_nodelay(true);
     let channel = endpoint.connect().await?;
     let mut client = AgentControlClient::new(channel);
-    let auth = authenticate(&mut client, shared).await?;
+    let auth = authenticate(&mut client, shared, None).await?;
     let tunnel_addr = multiaddr::first_dialable(&auth.tunnel_addrs)
         .ok_or_else(|| SessionError::NoTunnelAddr(auth.tunnel_addrs.clone()))?;
     if auth.shard_count == 0 {
@@ -321,7 +393,8 @@ async fn session_inner(
                 to_router.send(signal_message(shared)).await.map_err(|_| SessionError::Ended)?;
             }
             _ = sleep_until_or_never(refresh_at) => {
-                match authenticate(&mut client, shared).await {
+                let current = token_to_tunnels.borrow().clone();
+                match authenticate(&mut client, shared, Some(current)).await {
                     Ok(renewed) => {
                         let refresh = AgentMessage {
                             kind: Some(AgentKind::Refresh(SessionRefresh {

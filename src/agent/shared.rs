@@ -15,6 +15,11 @@ pub struct Shared {
     pub config: Config,
     pub secret: Secret,
     pub peer_id: String,
+    /// The identity key: it signs each router's challenge (`base::challenge`).
+    pub keypair: libp2p_identity::Keypair,
+    /// Routers dialled that failed the challenge since the agent started (each heartbeat's
+    /// `unproven_routers`).
+    pub unproven_routers: std::sync::atomic::AtomicU64,
     /// The models registered with every router.
     pub models: Vec<String>,
     pub forward: Arc<ForwardContext>,

@@ -1,6 +1,7 @@
 //! Leaves: small types and helpers every other layer may use. Nothing here imports another
 //! module of this crate outside `base`.
 
+pub mod challenge;
 pub mod clock;
 pub mod credentials;
 pub mod doc_guard;

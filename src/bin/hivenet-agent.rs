@@ -69,7 +69,7 @@ fn main() -> ExitCode {
         info!(%peer_id, engine = config.engine.as_str(), backend = %config.backend_url, "hivenet-agent starting");
         let span = tracing::info_span!("agent", %peer_id);
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let run = agent::run(config, secret, peer_id.clone(), stopped).instrument(span);
+        let run = agent::run(config, secret, identity, stopped).instrument(span);
         tokio::pin!(run);
         let finished = |result: anyhow::Result<()>| match result {
             Ok(()) => ExitCode::SUCCESS,

@@ -18,7 +18,7 @@ use anyhow::Context;
 use clap::Parser;
 
 use hivenet_router::base::clock::utc_today;
-use hivenet_router::base::credentials::Secret;
+use hivenet_router::base::credentials::{self, Secret};
 use hivenet_router::base::identity::Identity;
 use hivenet_router::logic::auth::config::ApiMode;
 use hivenet_router::logic::auth::dynamic::DynamicRegistry;
@@ -151,6 +151,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     let reaper = args.admission_reaper()?;
     let secret = Secret::from_file_or_env(args.jwt_secret_file.as_deref())?;
     let identity = Identity::load_or_create(&args.identity_path)?;
+    let session_issuer = credentials::session_issuer(&identity.peer_id.to_string());
     // Policies before keys: static keys are checked against the serverless policies.
     let policy_context = PolicyContext {
         max_tries_per_step: args.max_tries_per_step()?,
@@ -200,7 +201,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     );
     anyhow::ensure!(
         args.agent_token_max_lifetime >= hivenet_router::base::credentials::AUTH_TOKEN_TTL,
-        "--agent-token-max-lifetime must be at least 5m (hivenet-agent signs five-minute tokens), got {:?}",
+        "--agent-token-max-lifetime must be at least 30s (hivenet-agent signs 30-second tokens), got {:?}",
         args.agent_token_max_lifetime
     );
     refuse_if_served(http_address)?;
@@ -225,6 +226,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         (Some(cert), Some(key)) => Some(Arc::new(TunnelSecurity {
             config: tls::server_config(cert, key).context("--p2p-tls-cert/--p2p-tls-key")?,
             secret: secret.clone(),
+            session_issuer: session_issuer.clone(),
         })),
         (Some(_), None) => anyhow::bail!("--p2p-tls-cert needs --p2p-tls-key"),
         (None, Some(_)) => anyhow::bail!("--p2p-tls-key needs --p2p-tls-cert"),
@@ -280,6 +282,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             },
             tunnel_announce: tunnel_announce.clone(),
             router_peer_id: identity.peer_id.to_string(),
+            session_issuer,
             grpc_address,
             auth_config_file: args.auth_config_file.clone(),
             tunnel_address,

@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod agent_auth;
 pub mod relay;
 pub mod valkey;
 

@@ -125,12 +125,14 @@ pub fn decode_token(bytes: Vec<u8>) -> Result<String, PreambleError> {
 /// The router's side of a preamble, on the plaintext port or inside TLS: reads the rest of the
 /// head after the `read_already` bytes (the plaintext port reads the magic first, to tell a TLS
 /// hint apart), answers [`Status::Malformed`] to a bad head, reads the token and checks its
-/// signature. Returns the codec and the shard the preamble names, and the token's claims
-/// (`None`: a bad token; the caller answers, after its own checks).
+/// signature and that this run of the router (`session_issuer`) issued it. Returns the codec and
+/// the shard the preamble names, and the token's claims (`None`: a bad token; the caller
+/// answers, after its own checks).
 pub async fn read_claims<IO>(
     io: &mut IO,
     read_already: &[u8],
     secret: &crate::base::credentials::Secret,
+    session_issuer: &str,
 ) -> Result<(Codec, u16, Option<crate::base::credentials::Claims>), &'static str>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -150,11 +152,9 @@ where
     io.read_exact(&mut token)
         .await
         .map_err(|_| "connection closed during preamble")?;
-    let claims = decode_token(token).ok().and_then(|token| {
-        secret
-            .verify(&token, crate::base::credentials::SESSION_AUDIENCE)
-            .ok()
-    });
+    let claims = decode_token(token)
+        .ok()
+        .and_then(|token| secret.verify_session(&token, session_issuer).ok());
     Ok((codec, shard, claims))
 }
 

@@ -29,6 +29,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 pub struct TunnelSecurity {
     pub config: Arc<rustls::ServerConfig>,
     pub secret: crate::base::credentials::Secret,
+    /// The issuer session tokens must name (`credentials::session_issuer`).
+    pub session_issuer: String,
 }
 
 impl std::fmt::Debug for TunnelSecurity {

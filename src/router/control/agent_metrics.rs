@@ -33,7 +33,28 @@ impl Collect for AgentFamilies<'_> {
         collect_engine(self.live, out);
         collect_host(self.live, out);
         collect_gpus(self.live, out);
+        collect_unproven(self.live, out);
     }
+}
+
+/// Routers each agent refused to send credentials to, because they could not prove they hold the
+/// site's secret (`base::challenge`): a wrong address, or an impostor listed in the store.
+fn collect_unproven(live: &[LiveAgent], out: &mut Vec<Family>) {
+    let mut family = Family::counter(
+        "hivenet_agent_unproven_routers_total",
+        "Routers the agent dialled that failed to prove they belong to the site; it sent them no credential.",
+    );
+    for agent in live {
+        family.sample(
+            &[
+                ("peer_id", agent.peer_id.as_str()),
+                ("organization", agent.labels.organization.as_str()),
+                ("machine", agent.labels.machine.as_str()),
+            ],
+            agent.unproven_routers as f64,
+        );
+    }
+    out.push(family);
 }
 
 /// `peer_id`, `model`, `engine`, `organization`, `machine`.
@@ -443,6 +464,7 @@ mod tests {
             engine_report: report,
             finished: Default::default(),
             host,
+            unproven_routers: 0,
         }
     }
 

@@ -108,6 +108,24 @@ fn collect(shared: &ControlShared, reports: &[ShardReport]) -> Vec<Family> {
             .load(std::sync::atomic::Ordering::Relaxed) as f64,
     );
     out.push(backend_errors);
+    let mut auth_refused = Family::counter(
+        "hivenet_agent_auth_refused_total",
+        "Agent authentications refused, by reason: token, unbound (an agent older than router-bound tokens), nonce (foreign, expired or replayed), identity (key or signature), request.",
+    );
+    let refusals = &shared.auth_refusals;
+    for (reason, count) in [
+        ("token", &refusals.token),
+        ("unbound", &refusals.unbound),
+        ("nonce", &refusals.nonce),
+        ("identity", &refusals.identity),
+        ("request", &refusals.request),
+    ] {
+        auth_refused.sample(
+            &[("reason", reason)],
+            count.load(std::sync::atomic::Ordering::Relaxed) as f64,
+        );
+    }
+    out.push(auth_refused);
     shared.queue_full.collect(&mut out);
     if let Some(sync) = shared.sync_metrics.get() {
         sync.collect(&mut out);

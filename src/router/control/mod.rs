@@ -50,6 +50,7 @@ use tokio::sync::oneshot;
 
 use crate::router::shard::queues::{QueueFullCounts, ToShard};
 
+use crate::base::challenge::{self, NonceLedger};
 use crate::base::credentials::Secret;
 use crate::logic::routing::AgentId;
 use crate::router::metrics::ShardMetrics;
@@ -70,6 +71,8 @@ pub struct ControlSettings {
     /// Multiaddr agents dial for the tunnel.
     pub tunnel_announce: String,
     pub router_peer_id: String,
+    /// What this run's session tokens name as their issuer (`credentials::session_issuer`).
+    pub session_issuer: String,
     pub grpc_address: SocketAddr,
     /// `auth.yaml`, watched for changes; `None`: keys come from `HIVENET_ROUTER_AUTH_MODE`.
     pub auth_config_file: Option<std::path::PathBuf>,
@@ -132,6 +135,25 @@ pub struct ControlShared {
     /// sync core, when there is one, publishes to it each round; without one it holds just this
     /// router (`SiteRouters::single`).
     pub site_routers: Arc<site_routers::SiteRouters>,
+    /// The router nonces agents have spent (`base::challenge`): each opens one session.
+    spent_nonces: Mutex<NonceLedger>,
+    /// `hivenet_agent_auth_refused_total{reason}`: `Challenge`/`Authenticate` calls refused.
+    pub auth_refusals: AuthRefusals,
+}
+
+/// Agent authentications refused, by reason (`hivenet_agent_auth_refused_total`).
+#[derive(Debug, Default)]
+pub struct AuthRefusals {
+    /// The token: bad signature, expired, another router's, another nonce's, too long-lived.
+    pub token: AtomicU64,
+    /// An agent older than router-bound tokens.
+    pub unbound: AtomicU64,
+    /// The router nonce: not this router's, expired, or spent already (a replay).
+    pub nonce: AtomicU64,
+    /// The agent's key: does not hash to its peer ID, or did not make the signature.
+    pub identity: AtomicU64,
+    /// Malformed requests: capacity 0, subject is another peer.
+    pub request: AtomicU64,
 }
 
 /// The longest the sync round waits for the shards' usage (shards answer from their inbox in
@@ -173,7 +195,21 @@ impl ControlShared {
             quota_backend_errors_total: AtomicU64::new(0),
             registrations: crate::router::shard::registration_feed::RegistrationFeed::default(),
             sync_metrics: std::sync::OnceLock::new(),
+            spent_nonces: Mutex::new(NonceLedger::new(challenge::LEDGER_CAPACITY)),
+            auth_refusals: AuthRefusals::default(),
         }
+    }
+
+    /// Spends a router nonce an agent answered with a valid token (`base::challenge`).
+    pub fn spend_nonce(
+        &self,
+        nonce: challenge::IssuedNonce,
+        now_unix_ms: u64,
+    ) -> Result<(), challenge::ChallengeError> {
+        self.spent_nonces
+            .lock()
+            .expect("nonce ledger lock poisoned")
+            .spend(nonce, now_unix_ms)
     }
 
     pub fn registry(&self) -> MutexGuard<'_, Registry> {

@@ -90,6 +90,8 @@ struct AgentRecord {
     finished: crate::router::control::agent_reports::FinishTally,
     /// The agent host's hardware at its last heartbeat (bounded by `control::service`).
     host: Option<crate::wire::proto::HostStats>,
+    /// The last heartbeat's `unproven_routers`.
+    unproven_routers: u64,
     routable: bool,
     /// The last heartbeat said the agent's backend failed its health check: out of the pool
     /// until a heartbeat says it is healthy again.
@@ -366,6 +368,7 @@ impl Registry {
                 engine_report: None,
                 finished: Default::default(),
                 host: None,
+                unproven_routers: 0,
                 routable: false,
                 backend_unhealthy: false,
                 backend_failures: 0,

@@ -4,13 +4,15 @@
 //! never with the token or the secret, and answered `Unauthenticated`.
 
 use std::pin::Pin;
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::Stream;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::base::credentials::{Claims, SESSION_AUDIENCE, unix_seconds};
+use crate::base::challenge;
+use crate::base::credentials::{Claims, SESSION_AUDIENCE, TokenError, unix_seconds};
 use crate::logic::routing::AgentId;
 use crate::logic::routing::EngineSignals;
 use crate::logic::snapshot::Capability;
@@ -18,8 +20,8 @@ use crate::router::control::ControlShared;
 use crate::router::control::registry::Registration;
 use crate::wire::proto::agent_control_server::AgentControl;
 use crate::wire::proto::{
-    AuthRequest, AuthResponse, HeartbeatAck, Refused, Registered, RouterMessage, agent_message,
-    router_message,
+    AuthRequest, AuthResponse, ChallengeRequest, ChallengeResponse, HeartbeatAck, Refused,
+    Registered, RouterMessage, agent_message, router_message,
 };
 
 pub struct ControlService {
@@ -36,12 +38,65 @@ fn bearer(request_metadata: &tonic::metadata::MetadataMap) -> Option<&str> {
         .strip_prefix("Bearer ")
 }
 
+fn unix_ms(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+impl ControlService {
+    /// The session an authentication renews: the one its `session_token` names, when this run of
+    /// the router issued it to the same peer and it is still live. An agent renews its session
+    /// before the token expires (at 80 % of the TTL) and keeps its session serial, so its
+    /// tunnels, which present the serial, stay attached.
+    fn renewed_session(&self, request: &AuthRequest) -> Option<u64> {
+        if request.session_token.is_empty() {
+            return None;
+        }
+        let shared = &self.shared;
+        let claims = shared
+            .secret
+            .verify_session(&request.session_token, &shared.settings.session_issuer)
+            .ok()?;
+        (claims.sub == request.peer_id
+            && shared
+                .registry()
+                .is_session_live(AgentId(claims.sid as u32)))
+        .then_some(claims.sid)
+    }
+}
+
 fn reply(kind: router_message::Kind) -> RouterMessage {
     RouterMessage { kind: Some(kind) }
 }
 
 #[tonic::async_trait]
 impl AgentControl for ControlService {
+    async fn challenge(
+        &self,
+        request: Request<ChallengeRequest>,
+    ) -> Result<Response<ChallengeResponse>, Status> {
+        let request = request.into_inner();
+        if request.agent_nonce.len() != challenge::AGENT_NONCE_LEN {
+            return Err(Status::invalid_argument(format!(
+                "agent_nonce must be {} bytes",
+                challenge::AGENT_NONCE_LEN
+            )));
+        }
+        let shared = &self.shared;
+        let router_peer_id = &shared.settings.router_peer_id;
+        let (router_nonce, proof) = shared.secret.proof_key().answer(
+            router_peer_id,
+            &request.agent_nonce,
+            unix_ms(SystemTime::now()),
+        );
+        Ok(Response::new(ChallengeResponse {
+            router_peer_id: router_peer_id.clone(),
+            router_nonce: router_nonce.to_vec(),
+            proof: proof.to_vec(),
+        }))
+    }
+
     async fn authenticate(
         &self,
         request: Request<AuthRequest>,
@@ -49,52 +104,92 @@ impl AgentControl for ControlService {
         let remote = request.remote_addr();
         let request = request.into_inner();
         let shared = &self.shared;
-        let claims = match shared.secret.verify_auth(
-            &request.token,
-            SystemTime::now(),
-            shared.settings.agent_token_max_lifetime,
-        ) {
-            Ok(claims) => claims,
-            Err(error) => {
-                tracing::warn!(peer_id = %request.peer_id, ?remote, reason = %error, "agent authentication refused");
-                return Err(Status::unauthenticated(format!(
-                    "authentication refused: {error}"
-                )));
-            }
+        let refused = |counter: &std::sync::atomic::AtomicU64, reason: &dyn std::fmt::Display| {
+            counter.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(peer_id = %request.peer_id, ?remote, %reason, "agent authentication refused");
+            Status::unauthenticated(format!("authentication refused: {reason}"))
         };
+        let refusals = &shared.auth_refusals;
+        let router_peer_id = &shared.settings.router_peer_id;
+        let now_wall = SystemTime::now();
+        let claims = shared
+            .secret
+            .verify_auth(
+                &request.token,
+                router_peer_id,
+                &request.router_nonce,
+                now_wall,
+                shared.settings.agent_token_max_lifetime,
+            )
+            .map_err(|error| match error {
+                TokenError::Unbound => refused(&refusals.unbound, &error),
+                _ => refused(&refusals.token, &error),
+            })?;
         if claims.sub != request.peer_id {
-            tracing::warn!(peer_id = %request.peer_id, ?remote, "agent authentication refused: token subject is another peer");
-            return Err(Status::unauthenticated(
-                "authentication refused: token subject does not match peer_id",
+            return Err(refused(
+                &refusals.request,
+                &"token subject does not match peer_id",
             ));
         }
         if request.capacity == 0 {
+            refusals.request.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(peer_id = %request.peer_id, "agent authentication refused: capacity 0");
             return Err(Status::invalid_argument("capacity must be positive"));
         }
-        let session = shared.next_session();
-        let now_wall = SystemTime::now();
+        challenge::check_agent_proof(
+            &request.peer_id,
+            &request.public_key,
+            &request.signature,
+            &request.router_nonce,
+            router_peer_id,
+        )
+        .map_err(|error| refused(&refusals.identity, &error))?;
+        // Spent last, so a request refused for another reason does not burn the agent's nonce;
+        // spent before anything is granted, so it grants once.
+        let now_ms = unix_ms(now_wall);
+        shared
+            .secret
+            .proof_key()
+            .check_nonce(&request.router_nonce, router_peer_id, now_ms)
+            .and_then(|nonce| shared.spend_nonce(nonce, now_ms))
+            .map_err(|error| refused(&refusals.nonce, &error))?;
+
         let ttl = shared.settings.session_ttl;
+        let now = Instant::now();
+        let session = match self.renewed_session(&request) {
+            Some(session) => {
+                shared
+                    .registry()
+                    .session_refreshed(AgentId(session as u32), now + ttl);
+                tracing::info!(peer_id = %request.peer_id, session, "agent session renewed");
+                session
+            }
+            None => {
+                let session = shared.next_session();
+                shared.registry().session_opened(
+                    AgentId(session as u32),
+                    request.peer_id.clone(),
+                    now + ttl,
+                    now,
+                );
+                tracing::info!(peer_id = %request.peer_id, session, "agent authenticated");
+                session
+            }
+        };
         let session_token = shared.secret.sign(&Claims {
             sub: request.peer_id.clone(),
             aud: SESSION_AUDIENCE.to_owned(),
             iat: Some(unix_seconds(now_wall)),
             exp: unix_seconds(now_wall + ttl),
             sid: session,
+            nonce: None,
+            rtr: Some(shared.settings.session_issuer.clone()),
         });
-        let now = Instant::now();
-        shared.registry().session_opened(
-            AgentId(session as u32),
-            request.peer_id.clone(),
-            now + ttl,
-            now,
-        );
-        tracing::info!(peer_id = %request.peer_id, session, "agent authenticated");
         let (routers, routers_known) = shared.site_routers.to_proto();
         Ok(Response::new(AuthResponse {
             session_token,
             session_ttl_ms: ttl.as_millis() as u64,
-            router_peer_id: shared.settings.router_peer_id.clone(),
+            router_peer_id: router_peer_id.clone(),
             tunnel_addrs: vec![shared.settings.tunnel_announce.clone()],
             shard_count: shared.settings.shard_count as u32,
             heartbeat_interval_ms: shared.settings.heartbeat_interval.as_millis() as u64,
@@ -115,7 +210,7 @@ impl AgentControl for ControlService {
             .ok_or_else(|| Status::unauthenticated("session token required"))?;
         let claims = shared
             .secret
-            .verify(token, SESSION_AUDIENCE)
+            .verify_session(token, &shared.settings.session_issuer)
             .map_err(|error| {
                 tracing::warn!(reason = %error, "agent session refused");
                 Status::unauthenticated(format!("session refused: {error}"))
@@ -196,6 +291,7 @@ async fn run_session(
                 let events = {
                     let mut registry = shared.registry();
                     registry.routers_reported(agent, heartbeat.connected_router_peer_ids);
+                    registry.unproven_routers_reported(agent, heartbeat.unproven_routers);
                     registry.host_reported(
                         agent,
                         heartbeat
@@ -238,7 +334,7 @@ async fn run_session(
             agent_message::Kind::Refresh(refresh) => {
                 match shared
                     .secret
-                    .verify(&refresh.session_token, SESSION_AUDIENCE)
+                    .verify_session(&refresh.session_token, &shared.settings.session_issuer)
                 {
                     Ok(claims) if claims.sid == u64::from(agent.0) => {
                         let remaining = Duration::from_secs(

@@ -75,7 +75,13 @@ async fn handshake(
         let _ = socket.write_all(&[Status::TlsRequired as u8]).await;
         return Err("plaintext preamble on a TLS tunnel port");
     }
-    let (codec, shard, claims) = preamble::read_claims(&mut socket, &magic, &shared.secret).await?;
+    let (codec, shard, claims) = preamble::read_claims(
+        &mut socket,
+        &magic,
+        &shared.secret,
+        &shared.settings.session_issuer,
+    )
+    .await?;
     let status = match claims {
         None => Status::BadToken,
         Some(claims) => {

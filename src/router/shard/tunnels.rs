@@ -165,7 +165,8 @@ async fn open_secure(
         .accept(io)
         .await
         .map_err(|_| "TLS handshake failed")?;
-    let (codec, claimed, claims) = preamble::read_claims(&mut tls, &[], &security.secret).await?;
+    let (codec, claimed, claims) =
+        preamble::read_claims(&mut tls, &[], &security.secret, &security.session_issuer).await?;
     let status = match &claims {
         None => Status::BadToken,
         Some(_) if usize::from(claimed) != shard.id => Status::BadShard,

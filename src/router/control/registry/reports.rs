@@ -24,6 +24,8 @@ pub struct LiveAgent {
     pub engine_report: Option<crate::wire::proto::EngineReport>,
     pub finished: crate::router::control::agent_reports::FinishTally,
     pub host: Option<crate::wire::proto::HostStats>,
+    /// Routers the agent dialled that failed the challenge since it started (its heartbeat).
+    pub unproven_routers: u64,
 }
 
 /// The registry's per-agent metrics: its lifetime history and what agents report now.
@@ -56,6 +58,7 @@ impl Registry {
                         / f64::from(registration.capacity.max(1)),
                     engine: record.engine,
                     engine_report: record.engine_report.clone(),
+                    unproven_routers: record.unproven_routers,
                     finished: record.finished.clone(),
                     host: record.host.clone(),
                 })
@@ -87,6 +90,13 @@ impl Registry {
     pub fn host_reported(&mut self, agent: AgentId, host: Option<crate::wire::proto::HostStats>) {
         if let Some(record) = self.agents.get_mut(&agent) {
             record.host = host;
+        }
+    }
+
+    /// A heartbeat's count of routers the agent found unable to prove they belong to the site.
+    pub fn unproven_routers_reported(&mut self, agent: AgentId, count: u64) {
+        if let Some(record) = self.agents.get_mut(&agent) {
+            record.unproven_routers = count;
         }
     }
 
