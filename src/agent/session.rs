@@ -1,6 +1,7 @@
-//! One control session per router: authenticate, register, heartbeats and routing signals on the
-//! `Session` stream, session refresh at 80 % of the TTL, and the shard tunnels that live exactly as
-//! long as the session.
+//! One control session per router: challenge the router (it must prove it holds the site secret
+//! before it is sent anything, `base::challenge`), authenticate, register, heartbeats and routing
+//! signals on the `Session` stream, session renewal at 80 % of the TTL, and the shard tunnels that
+//! live exactly as long as the session.
 //!
 //! ## Error handling
 //! Any failure (router unreachable, authentication refused, stream ended or errored, `Refused`
