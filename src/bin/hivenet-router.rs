@@ -287,6 +287,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             auth_config_file: args.auth_config_file.clone(),
             tunnel_address,
             p2p_max_conns_per_ip: args.p2p_max_conns_per_ip,
+            tenant_metrics_max_tenants: args.tenant_metrics_max_tenants,
             metrics_address,
             site: site.as_ref().map(|site| control::SiteControl {
                 id: site.id.clone(),

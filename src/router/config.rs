@@ -47,6 +47,15 @@ pub struct RouterArgs {
         default_value_t = 32
     )]
     pub p2p_max_conns_per_ip: u32,
+    /// Tenants named in the `hivenet_tenant_*` and per-tenant routing series of `/metrics`: the
+    /// most active ones on this router; the others are summed under `tenant_id="_other"`.
+    /// 0: every tenant (the default). For sites with tens of thousands of keys.
+    #[arg(
+        long,
+        env = "HIVENET_ROUTER_TENANT_METRICS_MAX_TENANTS",
+        default_value_t = 0
+    )]
+    pub tenant_metrics_max_tenants: usize,
     /// Multiaddr agents should dial for the tunnel (e.g. `/dns4/router.example/tcp/9000`);
     /// empty: `/ip4/<p2p-listen-addr>/tcp/<p2p-port>`.
     #[arg(long, default_value = "")]

@@ -11,6 +11,7 @@ use hyper::{Request, Response, StatusCode};
 
 use crate::router::control::ControlShared;
 use crate::router::control::registry::Registry;
+use crate::router::control::tenant_metrics::TenantCap;
 use crate::router::metrics::histogram::DurationCounts;
 use crate::router::metrics::{Collect, Family, encode};
 use crate::router::shard::messages::ShardReport;
@@ -65,6 +66,7 @@ fn respond(
 /// Every family of the router, in the order they are exposed.
 fn collect(shared: &ControlShared, reports: &[ShardReport]) -> Vec<Family> {
     let mut out = Vec::with_capacity(96);
+    let cap = TenantCap::new(reports, shared.settings.tenant_metrics_max_tenants);
     shared.shard_metrics[..].collect(&mut out);
     {
         let registry = shared.registry();
@@ -82,10 +84,11 @@ fn collect(shared: &ControlShared, reports: &[ShardReport]) -> Vec<Family> {
         Reports {
             registry: &registry,
             reports,
+            cap: &cap,
         }
         .collect(&mut out);
     }
-    out.extend(quota_limits(shared));
+    out.extend(quota_limits(shared, &cap));
     if let Some(provider) = &shared.provider_metrics {
         provider.collect(&mut out);
     }
@@ -135,7 +138,7 @@ fn collect(shared: &ControlShared, reports: &[ShardReport]) -> Vec<Family> {
 
 /// The quota gauges of every key, static and dynamic; per-model RPM ceilings scale with the
 /// model's agents in the routing pool.
-fn quota_limits(shared: &ControlShared) -> [Family; 4] {
+fn quota_limits(shared: &ControlShared, cap: &TenantCap<'_>) -> [Family; 4] {
     let mut healthy: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     let views = shared
         .registry()
@@ -155,15 +158,18 @@ fn quota_limits(shared: &ControlShared) -> [Family; 4] {
         .iter()
         .chain(dynamic.iter().flat_map(|registry| registry.iter()))
         .map(|key| (&*key.owner, key.settings.quota()));
-    crate::router::control::tenant_metrics::quota_limits(keys, |model| {
-        healthy.get(model).copied().unwrap_or(0)
-    })
+    crate::router::control::tenant_metrics::quota_limits(
+        keys,
+        |model| healthy.get(model).copied().unwrap_or(0),
+        cap,
+    )
 }
 
 /// The families read from the shards' scrape reports, named through the registry.
 struct Reports<'a> {
     registry: &'a Registry,
     reports: &'a [ShardReport],
+    cap: &'a TenantCap<'a>,
 }
 
 impl Collect for Reports<'_> {
@@ -172,7 +178,7 @@ impl Collect for Reports<'_> {
         out.push(self.queue_wait());
         out.push(self.pending_demand());
         self.admission(out);
-        crate::router::control::tenant_metrics::collect(self.registry, self.reports, out);
+        crate::router::control::tenant_metrics::collect(self.registry, self.reports, self.cap, out);
     }
 }
 

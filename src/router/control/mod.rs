@@ -79,6 +79,8 @@ pub struct ControlSettings {
     pub tunnel_address: SocketAddr,
     /// `--p2p-max-conns-per-ip`: open tunnel connections allowed per source prefix (0: no limit).
     pub p2p_max_conns_per_ip: u32,
+    /// `--tenant-metrics-max-tenants` (`tenant_metrics::TenantCap`; 0: no cap).
+    pub tenant_metrics_max_tenants: usize,
     pub metrics_address: SocketAddr,
     /// Cross-site redirect and hold at zero: this site, when `--site-id` is set.
     pub site: Option<SiteControl>,

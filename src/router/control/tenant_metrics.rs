@@ -2,8 +2,12 @@
 //! `hivenet_routing_requests_routed_total`, built at scrape time from the shards' tenant reports
 //! ([`crate::router::accounting::tenants`]) and summed over the shards. `deployment_id` is the serving
 //! agent's `--deployment-id`, `unset` when none served it. Runs on the control core only.
+//!
+//! Size: a tenant's key that served one model through one deployment is about 25 lines (its
+//! request-duration histogram is 18 of them). `--tenant-metrics-max-tenants` bounds the scrape of
+//! a site with tens of thousands of keys ([`TenantCap`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::base::clock::Day;
 use crate::router::accounting::tenants::RequestCounts;
@@ -12,14 +16,79 @@ use crate::router::metrics::Family;
 use crate::router::metrics::histogram::DurationCounts;
 use crate::router::shard::messages::ShardReport;
 
+/// The `tenant_id` (and `key_id`, `deployment_id`) of the tenants a capped scrape folds together.
+pub const OTHER: &str = "_other";
+
+/// `--tenant-metrics-max-tenants` (`0`: no cap, the default): the scrape names at most this many
+/// tenants, those with the most requests on this router (ties: by name), and folds every other
+/// tenant's series into `tenant_id="_other"` with `key_id` and `deployment_id` `"_other"` as well:
+/// counters and histograms are summed, so totals over tenants stay exact. The quota-limit gauges
+/// of a folded tenant are left out (a sum of limits means nothing). The shards keep every series;
+/// only what is exposed is bounded.
+pub struct TenantCap<'a> {
+    /// `None`: no cap.
+    kept: Option<HashSet<&'a str>>,
+}
+
+impl<'a> TenantCap<'a> {
+    pub fn new(reports: &'a [ShardReport], max_tenants: usize) -> TenantCap<'a> {
+        if max_tenants == 0 {
+            return TenantCap { kept: None };
+        }
+        let mut activity: HashMap<&'a str, u64> = HashMap::new();
+        for report in reports {
+            for (series, counts) in &report.tenants.requests {
+                *activity.entry(&series.key.tenant_id).or_default() +=
+                    counts.success + counts.failed;
+            }
+            for (labels, count) in &report.tenants.rate_limited {
+                *activity.entry(&labels.tenant_id).or_default() += count;
+            }
+            for (labels, _, _, count) in &report.tenants.token_limited {
+                *activity.entry(&labels.tenant_id).or_default() += count;
+            }
+        }
+        let mut ranked: Vec<(&'a str, u64)> = activity.into_iter().collect();
+        ranked.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        ranked.truncate(max_tenants);
+        TenantCap {
+            kept: Some(ranked.into_iter().map(|(tenant, _)| tenant).collect()),
+        }
+    }
+
+    /// No cap: every tenant named.
+    pub fn none() -> TenantCap<'static> {
+        TenantCap { kept: None }
+    }
+
+    fn keeps(&self, tenant: &str) -> bool {
+        self.kept.as_ref().is_none_or(|kept| kept.contains(tenant))
+    }
+
+    /// The `tenant_id` a series of `tenant` is exposed under.
+    fn tenant<'b>(&self, tenant: &'b str) -> &'b str {
+        if self.keeps(tenant) { tenant } else { OTHER }
+    }
+
+    /// A label of a series of `tenant` that names one of its keys or deployments.
+    fn within<'b>(&self, tenant: &str, label: &'b str) -> &'b str {
+        if self.keeps(tenant) { label } else { OTHER }
+    }
+}
+
 /// Adds every tenant family to `out`.
-pub fn collect(registry: &Registry, reports: &[ShardReport], out: &mut Vec<Family>) {
-    requests(registry, reports, out);
-    out.push(rate_limited(reports));
-    out.push(token_limited(reports));
-    out.push(routed(registry, reports));
-    out.push(routing_failed(registry, reports));
-    out.push(agent_durations(registry, reports));
+pub fn collect(
+    registry: &Registry,
+    reports: &[ShardReport],
+    cap: &TenantCap<'_>,
+    out: &mut Vec<Family>,
+) {
+    requests(registry, reports, cap, out);
+    out.push(rate_limited(reports, cap));
+    out.push(token_limited(reports, cap));
+    out.push(routed(registry, reports, cap));
+    out.push(routing_failed(registry, reports, cap));
+    out.push(agent_durations(registry, reports, cap));
 }
 
 /// (tenant_id, key_id, deployment_id, model) of one request series.
@@ -29,17 +98,19 @@ type RequestLabels<'a> = (&'a str, &'a str, &'a str, &'a str);
 fn sum_requests<'a>(
     registry: &'a Registry,
     reports: &'a [ShardReport],
+    cap: &TenantCap<'_>,
 ) -> BTreeMap<RequestLabels<'a>, RequestCounts> {
     let mut requests: BTreeMap<RequestLabels<'a>, RequestCounts> = BTreeMap::new();
     for (series, counts) in reports.iter().flat_map(|report| &report.tenants.requests) {
         let Some(model) = registry.model_name(series.model) else {
             continue;
         };
+        let tenant: &str = &series.key.tenant_id;
         requests
             .entry((
-                &series.key.tenant_id,
-                &series.key.key_id,
-                &series.deployment_id,
+                cap.tenant(tenant),
+                cap.within(tenant, &series.key.key_id),
+                cap.within(tenant, &series.deployment_id),
                 model,
             ))
             .or_default()
@@ -48,8 +119,13 @@ fn sum_requests<'a>(
     requests
 }
 
-fn requests(registry: &Registry, reports: &[ShardReport], out: &mut Vec<Family>) {
-    let requests = sum_requests(registry, reports);
+fn requests(
+    registry: &Registry,
+    reports: &[ShardReport],
+    cap: &TenantCap<'_>,
+    out: &mut Vec<Family>,
+) {
+    let requests = sum_requests(registry, reports, cap);
     type Count = fn(&RequestCounts) -> u64;
     let families: [(&str, &str, Count); 4] = [
         (
@@ -143,7 +219,7 @@ fn tokens_used_today(requests: &BTreeMap<RequestLabels<'_>, RequestCounts>) -> F
     family
 }
 
-fn rate_limited(reports: &[ShardReport]) -> Family {
+fn rate_limited(reports: &[ShardReport], cap: &TenantCap<'_>) -> Family {
     let mut family = Family::counter(
         "hivenet_tenant_rate_limited_total",
         "Requests refused by the key's requests-per-minute limit.",
@@ -153,8 +229,9 @@ fn rate_limited(reports: &[ShardReport]) -> Family {
         .iter()
         .flat_map(|report| &report.tenants.rate_limited)
     {
+        let tenant: &str = &labels.tenant_id;
         *rate_limited
-            .entry((&labels.tenant_id, &labels.key_id))
+            .entry((cap.tenant(tenant), cap.within(tenant, &labels.key_id)))
             .or_default() += count;
     }
     for ((tenant, key), count) in rate_limited {
@@ -163,7 +240,7 @@ fn rate_limited(reports: &[ShardReport]) -> Family {
     family
 }
 
-fn token_limited(reports: &[ShardReport]) -> Family {
+fn token_limited(reports: &[ShardReport], cap: &TenantCap<'_>) -> Family {
     let mut family = Family::counter(
         "hivenet_tenant_token_limited_total",
         "Requests refused by the daily token budget, by phase.",
@@ -173,11 +250,12 @@ fn token_limited(reports: &[ShardReport]) -> Family {
         .iter()
         .flat_map(|report| &report.tenants.token_limited)
     {
+        let tenant: &str = &labels.tenant_id;
         *token_limited
             .entry((
-                &labels.tenant_id,
-                &labels.key_id,
-                deployment,
+                cap.tenant(tenant),
+                cap.within(tenant, &labels.key_id),
+                cap.within(tenant, deployment),
                 phase.as_str(),
             ))
             .or_default() += count;
@@ -198,7 +276,7 @@ fn token_limited(reports: &[ShardReport]) -> Family {
 
 /// `hivenet_routing_requests_routed_total{region,engine,model,tenant_id}`: requests given a slot
 /// on an agent, summed over shards.
-fn routed(registry: &Registry, reports: &[ShardReport]) -> Family {
+fn routed(registry: &Registry, reports: &[ShardReport], cap: &TenantCap<'_>) -> Family {
     let mut family = Family::counter(
         "hivenet_routing_requests_routed_total",
         "Inference requests given a slot on an agent, by the agent's region and engine.",
@@ -209,7 +287,12 @@ fn routed(registry: &Registry, reports: &[ShardReport]) -> Family {
             continue;
         };
         *routed
-            .entry((&series.region, &series.engine, model, &series.tenant_id))
+            .entry((
+                &series.region,
+                &series.engine,
+                model,
+                cap.tenant(&series.tenant_id),
+            ))
             .or_default() += count;
     }
     for ((region, engine, model, tenant), count) in routed {
@@ -228,7 +311,7 @@ fn routed(registry: &Registry, reports: &[ShardReport]) -> Family {
 
 /// `hivenet_routing_requests_failed_total{tenant_id,model,reason}`: inference requests the router
 /// could not forward (`reason`: its error code), summed over shards.
-fn routing_failed(registry: &Registry, reports: &[ShardReport]) -> Family {
+fn routing_failed(registry: &Registry, reports: &[ShardReport], cap: &TenantCap<'_>) -> Family {
     let mut family = Family::counter(
         "hivenet_routing_requests_failed_total",
         "Inference requests the router could not forward: no agent could take them, the forward failed, or they timed out.",
@@ -242,7 +325,7 @@ fn routing_failed(registry: &Registry, reports: &[ShardReport]) -> Family {
             continue;
         };
         *failed
-            .entry((&series.tenant_id, model, series.reason))
+            .entry((cap.tenant(&series.tenant_id), model, series.reason))
             .or_default() += count;
     }
     for ((tenant, model, reason), count) in failed {
@@ -256,7 +339,7 @@ fn routing_failed(registry: &Registry, reports: &[ShardReport]) -> Family {
 
 /// `hivenet_request_duration_seconds{tenant_id,peer_id,model,status_code}`: requests an agent
 /// served, from arrival to last byte, summed over shards.
-fn agent_durations(registry: &Registry, reports: &[ShardReport]) -> Family {
+fn agent_durations(registry: &Registry, reports: &[ShardReport], cap: &TenantCap<'_>) -> Family {
     let mut family = Family::histogram(
         "hivenet_request_duration_seconds",
         "Inference requests served by an agent, from arrival to last byte.",
@@ -270,7 +353,12 @@ fn agent_durations(registry: &Registry, reports: &[ShardReport]) -> Family {
             continue;
         };
         durations
-            .entry((&series.tenant_id, &series.peer_id, model, series.status))
+            .entry((
+                cap.tenant(&series.tenant_id),
+                &series.peer_id,
+                model,
+                series.status,
+            ))
             .or_default()
             .merge(counts);
     }
@@ -297,11 +385,12 @@ fn agent_durations(registry: &Registry, reports: &[ShardReport]) -> Family {
 pub fn quota_limits<'a>(
     keys: impl Iterator<Item = (&'a str, &'a crate::logic::auth::config::Quota)>,
     healthy_replicas: impl Fn(&str) -> u64,
+    cap: &TenantCap<'_>,
 ) -> [Family; 4] {
     use crate::logic::auth::config::Quota;
     let mut flat: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
     let mut per_model: BTreeMap<(&str, &str), (u64, u64)> = BTreeMap::new();
-    for (owner, quota) in keys {
+    for (owner, quota) in keys.filter(|(owner, _)| cap.keeps(owner)) {
         match quota {
             Quota::Flat(quota) => {
                 let entry = flat
@@ -388,10 +477,14 @@ mod tests {
             ("acme", flat(120, 0)),
             ("beta", per_model),
         ];
-        let families = quota_limits(keys.iter().map(|(o, s)| (*o, s)), |model| {
-            assert_eq!(model, "m");
-            3
-        });
+        let families = quota_limits(
+            keys.iter().map(|(o, s)| (*o, s)),
+            |model| {
+                assert_eq!(model, "m");
+                3
+            },
+            &TenantCap::none(),
+        );
         let text = crate::router::metrics::encode(families.into());
         assert!(
             text.contains("hivenet_tenant_quota_rpm_limit{tenant_id=\"acme\"} 120\n"),
