@@ -36,8 +36,8 @@ use crate::base::ids::{Capability, KeyId, ModelId, TenantId};
 use crate::logic::auth::config::Quota;
 use crate::logic::auth::keys::{KeyRecord, KeyRegistry};
 use crate::logic::limits::{
-    BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota, LimitExceeded, Millis,
-    ModelContext, ModelQuota, Share, TokenCharge, UsedTokens,
+    BucketRef, BurstSeconds, Day, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota,
+    LimitExceeded, Millis, ModelContext, ModelQuota, Share, TokenCharge, UsedTokens,
 };
 use crate::logic::snapshot::{ModelKey, RoutingSnapshot};
 use crate::router::shard::IdMap;
@@ -194,6 +194,8 @@ pub struct Quotas {
     /// Usage taken from holders [`Quotas::cleanup`] dropped, for the next round to publish: at
     /// most one entry per bucket of the holders one cleanup walked, emptied every round.
     unpublished: Vec<shared::BucketUsage>,
+    /// Other routers' usage of holders not built here, applied when a request builds them.
+    remote_only: remote_only::RemoteOnly,
 }
 
 /// One daily total as the disk database keeps it: the tokens this router charged one holder's
@@ -311,7 +313,13 @@ impl Quotas {
             daily_known: true,
             shared: false,
             unpublished: Vec::new(),
+            remote_only: remote_only::RemoteOnly::default(),
         }
+    }
+
+    /// Tenants with other routers' usage waiting for a holder here (`remote_only`).
+    pub fn remote_only_tenants(&self) -> usize {
+        self.remote_only.len()
     }
 
     /// This router's part of every limit from now on (the sync core, each round).
@@ -576,6 +584,7 @@ impl Quotas {
         });
         give_back_slack(&mut self.holders);
         give_back_slack(&mut self.token_rates);
+        self.remote_only.prune(now, day);
         if let Some(persistence) = persistence
             && day > persistence.day
             && !persistence.restored.is_empty()
@@ -617,6 +626,7 @@ impl Quotas {
         };
         let (owner_quota, rates_quota) = split_quota(quota);
         let burst = self.burst;
+        let created = owner_current.is_none() || (rates_quota.is_some() && rates_current.is_none());
         if owner_current != Some(built) {
             let rebuilt = match self.holders.get(&record.tenant_id) {
                 Some(previous) => previous.limits.reconfigured(now, day, &owner_quota, burst),
@@ -660,14 +670,40 @@ impl Quotas {
             }
             Some(_) => {}
         }
+        if created && !self.remote_only.is_empty() {
+            self.apply_waiting(now, record);
+        }
         true
+    }
+
+    /// Applies to `record`'s holders, just built, what other routers used of them meanwhile.
+    fn apply_waiting(&mut self, now: Millis, record: &KeyRecord) {
+        for pending in self.remote_only.take(record.tenant_id, record.key_id) {
+            let holder = if matches!(
+                pending.bucket,
+                BucketRef::InputTokens { .. } | BucketRef::OutputTokens { .. }
+            ) {
+                self.token_rates.get_mut(&pending.key)
+            } else {
+                self.holders.get_mut(&record.tenant_id)
+            };
+            if let Some(holder) = holder {
+                holder.limits.apply_remote(
+                    now,
+                    pending.bucket,
+                    pending.amount,
+                    pending.at.until(now),
+                    self.share,
+                );
+            }
+        }
     }
 }
 
 /// The quota side of the sync round (seed `run-several-routers.md`, "How it works", steps 1 and
 /// 2): hand out the usage this shard's holders admitted since the last round, and subtract the
-/// usage other routers published. Usage for a holder this shard has not built is not dropped: the
-/// holder is built from the key registry first, so a key used on other routers starts here
+/// usage other routers published. Usage for a holder this shard has not built is not dropped: it
+/// waits, compact (`remote_only`), until a request here builds the holder, which then starts
 /// already charged, not with a fresh budget.
 impl Quotas {
     /// Appends every bucket's usage since the last call to `out` (each once: taking resets it).
@@ -705,8 +741,8 @@ impl Quotas {
     }
 
     /// Subtracts usage other routers admitted `age_ms` ago from the holders of its key (the
-    /// caller passes only keys whose owner this shard owns). A holder not built yet is built from
-    /// the key first; a key this router does not know is skipped.
+    /// caller passes only keys whose owner this shard owns). Usage of a holder not built yet
+    /// waits for it (`remote_only`); a key this router does not know is skipped.
     pub fn apply_remote(
         &mut self,
         now: Millis,
@@ -719,6 +755,21 @@ impl Quotas {
         let Some(record) = registry.get(usage.key) else {
             return;
         };
+        let built = if usage.is_key_bucket() {
+            self.token_rates.contains_key(&usage.key)
+        } else {
+            self.holders.contains_key(&record.tenant_id)
+        };
+        if !built {
+            self.remote_only.record(
+                record.tenant_id,
+                usage.key,
+                usage.bucket,
+                usage.amount,
+                Millis(now.0.saturating_sub(age_ms)),
+            );
+            return;
+        }
         if !self.build(now, day, registry, snapshot, record) {
             return;
         }
@@ -787,6 +838,7 @@ pub enum Release {
     },
 }
 
+mod remote_only;
 mod shared;
 pub use shared::{BucketUsage, RemoteBatch, RemoteUsage};
 

@@ -623,10 +623,11 @@ fn remaining_tokens(admitted: Result<Admitted, LimitExceeded>) -> u64 {
         .expect("a daily budget")
 }
 
-/// Usage published by another router for a key this router never served builds the holder
+/// Usage published by another router for a key this router never served waits without a holder
+/// (a few bytes, not a holder per key of the site); the first request here builds the holder
 /// already charged: the key does not get a fresh budget here.
 #[test]
-fn remote_usage_builds_an_unknown_holder_already_charged() {
+fn remote_usage_waits_for_the_holder_and_charges_it_once_built() {
     let registry = registry();
     let snapshot = snapshot(1, &["chat"]);
     let flat = key(&registry, "sk-flat").key_id;
@@ -640,7 +641,8 @@ fn remote_usage_builds_an_unknown_holder_already_charged() {
         amount: 600,
     };
     quotas.apply_remote(Millis(0), MONDAY, &registry, &snapshot, &usage, 0);
-    assert_eq!(quotas.len(), 1, "the holder was built");
+    assert_eq!(quotas.len(), 0, "no holder for a key only others served");
+    assert_eq!(quotas.remote_only_tenants(), 1);
     let left = remaining_tokens(admit(
         &mut quotas,
         MONDAY,
@@ -651,6 +653,53 @@ fn remote_usage_builds_an_unknown_holder_already_charged() {
         100,
     ));
     assert_eq!(left, 300);
+    assert_eq!(
+        quotas.remote_only_tenants(),
+        0,
+        "applied once, then forgotten"
+    );
+}
+
+/// The owner's requests per minute used through one key and another key's input tokens per
+/// minute, both on other routers: the owner's reach the holder the first key builds here, the
+/// other key's wait for that key's own holder.
+#[test]
+fn remote_rate_usage_reaches_the_holders_built_later() {
+    let registry = two_keys_one_owner();
+    let snapshot = snapshot(1, &["chat", "embed"]);
+    let first = key(&registry, "sk-first").key_id;
+    let second = key(&registry, "sk-second").key_id;
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    for (key, bucket, amount) in [
+        (first, BucketRef::Requests { model: None }, 3),
+        (second, BucketRef::InputTokens { model: ModelId(0) }, 100),
+    ] {
+        let usage = BucketUsage {
+            key,
+            bucket,
+            amount,
+        };
+        quotas.apply_remote(Millis(0), MONDAY, &registry, &snapshot, &usage, 0);
+    }
+    assert_eq!(quotas.len() + quotas.token_rate_holders(), 0);
+    let admitted = admit_serverless(&mut quotas, &registry, &snapshot, "sk-first", 0, 100).unwrap();
+    assert_eq!(
+        admitted.remaining_requests,
+        Some(1),
+        "5 a minute, 3 used elsewhere"
+    );
+    assert_eq!(
+        quotas.remote_only_tenants(),
+        1,
+        "the second key's input tokens wait"
+    );
+    let refused =
+        admit_serverless(&mut quotas, &registry, &snapshot, "sk-second", 0, 1).unwrap_err();
+    assert_eq!(
+        refused.kind,
+        crate::logic::limits::RejectionKind::InputTokenRate
+    );
+    assert_eq!(quotas.remote_only_tenants(), 0);
 }
 
 /// What this router admitted is handed out once; what it took in from others is not.
