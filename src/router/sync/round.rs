@@ -477,11 +477,13 @@ mod tests {
     fn two_writers_of_one_field_lose_nothing() {
         // Two processes under one router ID, each with its own ledger, both started from the
         // store's 100: the store ends with both processes' tokens.
-        let (mut first, mut second) = (DailyLedger::default(), DailyLedger::default());
-        first.restored(7, "r|1||", 100);
-        second.restored(7, "r|1||", 100);
+        let mut ledgers = [DailyLedger::default(), DailyLedger::default()];
+        for ledger in &mut ledgers {
+            ledger.restored(7, "r|1||", 100);
+        }
         let mut store = 100;
-        for (ledger, total) in [(&mut first, 150), (&mut second, 120), (&mut first, 170)] {
+        for (writer, total) in [(0, 150), (1, 120), (0, 170)] {
+            let ledger = &mut ledgers[writer];
             let totals = vec![(7, "r|1||".to_string(), total)];
             for (_, _, write) in ledger.writes(&totals) {
                 match write {
