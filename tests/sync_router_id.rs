@@ -79,7 +79,13 @@ fn spend(router: &Site, count: usize) -> u64 {
     (0..count)
         .map(|_| {
             let response = request(router.http, &chat_request());
-            assert_eq!(response.status, 200, "{}\n{}", response.text(), router.logs());
+            assert_eq!(
+                response.status,
+                200,
+                "{}\n{}",
+                response.text(),
+                router.logs()
+            );
             response.json()["usage"]["total_tokens"]
                 .as_u64()
                 .expect("usage.total_tokens")

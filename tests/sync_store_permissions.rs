@@ -150,7 +150,13 @@ fn eval_refused_at_run_time_costs_the_credits_not_the_round() {
     // Each router's wallet is granted credits: its rounds rewrite its holding from now on.
     for router in &routers {
         let response = request(router.http, &chat_request());
-        assert_eq!(response.status, 200, "{}\n{}", response.text(), router.logs());
+        assert_eq!(
+            response.status,
+            200,
+            "{}\n{}",
+            response.text(),
+            router.logs()
+        );
     }
 
     valkey.command(&["ACL", "SETUSER", "default", "-eval"]);
@@ -159,11 +165,7 @@ fn eval_refused_at_run_time_costs_the_credits_not_the_round() {
     for router in &routers {
         for _ in 0..3 {
             let response = request(router.http, &chat_request());
-            assert!(
-                [200, 429].contains(&response.status),
-                "{}",
-                response.text()
-            );
+            assert!([200, 429].contains(&response.status), "{}", response.text());
         }
     }
     // Ten rounds of each router: three failed rounds are enough to take hivenet_sync_up to 0.

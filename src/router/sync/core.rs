@@ -485,9 +485,7 @@ impl Round {
         self.metrics
             .published_bytes_total
             .fetch_add(bytes as u64, Ordering::Relaxed);
-        if let Some(other) =
-            claim::other_holder(&self.claim_value, reads.claim_holder.as_deref())
-        {
+        if let Some(other) = claim::other_holder(&self.claim_value, reads.claim_holder.as_deref()) {
             // This round's usage is written (it is additive, lost by no one); nothing else of
             // this process is, until the other one stops.
             tracing::error!(
@@ -729,12 +727,9 @@ impl Round {
     /// forfeit its credits; every shard learns which budgets others ran short of.
     async fn after_pools(&mut self, now_ms: u64, epoch: &str, pool_reads: &[PoolRead]) {
         let epoch_changed = self.epoch.as_ref().is_some_and(|known| known != epoch);
-        let after = self.credits.after_round(
-            now_ms,
-            epoch_changed,
-            pools::epoch_since(epoch),
-            pool_reads,
-        );
+        let after =
+            self.credits
+                .after_round(now_ms, epoch_changed, pools::epoch_since(epoch), pool_reads);
         if after.given_up {
             tracing::warn!(
                 "the other routers gave this router up: its occupancy credits are asked for again"

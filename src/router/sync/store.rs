@@ -169,13 +169,19 @@ pub const NEEDED: [(&str, &str); 17] = [
     ("HGETALL", "reading heartbeats, totals and pools"),
     ("HDEL", "forgetting routers gone for an hour"),
     ("EXPIRE", "daily totals' expiry"),
-    ("SET", "the epoch, the router ID's claim and redirect tokens"),
+    (
+        "SET",
+        "the epoch, the router ID's claim and redirect tokens",
+    ),
     ("GET", "the epoch and the router ID's claim"),
     ("PEXPIRE", "renewing the router ID's claim"),
     ("DEL", "releasing the router ID's claim"),
     ("EVAL", "occupancy credits of budgeted models"),
     ("INFO", "noticing a failover (INFO replication)"),
-    ("WAIT", "a replica's acknowledgement of occupancy grants under Sentinel"),
+    (
+        "WAIT",
+        "a replica's acknowledgement of occupancy grants under Sentinel",
+    ),
 ];
 
 /// Runs each command the occupancy scripts ([`GRANT`], [`RELEASE`], `REWRITE`) run, on the probe
@@ -401,7 +407,11 @@ impl Store {
             pipe.add_command(command);
             names.push(name);
         };
-        add(&mut pipe, "XADD", &[&stream, "NOMKSTREAM", "MINID", "~", "0", "*", "u", ""]);
+        add(
+            &mut pipe,
+            "XADD",
+            &[&stream, "NOMKSTREAM", "MINID", "~", "0", "*", "u", ""],
+        );
         add(&mut pipe, "XRANGE", &[&stream, "-", "+", "COUNT", "1"]);
         add(&mut pipe, "XREVRANGE", &[&stream, "+", "-", "COUNT", "1"]);
         add(&mut pipe, "HINCRBY", &[&hash, "f", "0"]);
@@ -413,7 +423,11 @@ impl Store {
         add(&mut pipe, "GET", &[&string]);
         add(&mut pipe, "PEXPIRE", &[&string, "1"]);
         add(&mut pipe, "DEL", &[&string]);
-        add(&mut pipe, "EVAL", &[PROBE_SCRIPT, "3", &string, &hash, &set]);
+        add(
+            &mut pipe,
+            "EVAL",
+            &[PROBE_SCRIPT, "3", &string, &hash, &set],
+        );
         add(&mut pipe, "INFO", &["replication"]);
         if sentinel {
             add(&mut pipe, "WAIT", &["0", "0"]);
@@ -428,7 +442,11 @@ impl Store {
             match reply {
                 Value::ServerError(error)
                     if error.kind() == Some(redis::ServerErrorKind::NoPerm)
-                        || permission_text(&format!("{} {}", error.code(), error.details().unwrap_or(""))) =>
+                        || permission_text(&format!(
+                            "{} {}",
+                            error.code(),
+                            error.details().unwrap_or("")
+                        )) =>
                 {
                     refused.push((name.to_string(), needed_for(name)));
                 }
@@ -436,10 +454,7 @@ impl Store {
                 Value::Array(inner) if *name == "EVAL" => {
                     for command in inner {
                         if let Ok(command) = redis::from_redis_value_ref::<String>(command) {
-                            refused.push((
-                                format!("{command} (in a script)"),
-                                needed_for("EVAL"),
-                            ));
+                            refused.push((format!("{command} (in a script)"), needed_for("EVAL")));
                         }
                     }
                 }
