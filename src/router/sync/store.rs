@@ -354,9 +354,11 @@ impl Store {
         let info = match info {
             Ok(info) => Some(info),
             Err(error) if error.is_io_error() || error.is_timeout() => return Err(error),
-            // Refused (an ACL without INFO): no failover is noticed through this connection.
+            // Refused (an ACL without INFO): no failover is noticed through this connection. The
+            // check of the new connection (`Store::refused`) reports it as a permission error,
+            // and refuses a start.
             Err(error) => {
-                tracing::warn!(%error, "the sync store refuses INFO: a failover that loses occupancy grants cannot be noticed");
+                tracing::warn!(%error, "the sync store refuses INFO (permission): a failover that loses occupancy grants cannot be noticed");
                 None
             }
         };
