@@ -1,6 +1,7 @@
 //! Proves, with real routers and a real Valkey whose ACL refuses commands, that the store's
 //! permissions are checked where they matter (issue 37, finding 3): a router refuses to start
-//! against a store that refuses a command the sync needs, naming it; and a refusal at run time
+//! against a store that refuses a command the sync needs (`EVAL`; `WAIT` under Sentinel),
+//! naming it; and a refusal at run time
 //! (`EVAL` taken from the user while the site runs, with budgeted models holding credits) is a
 //! permission error that costs only its own part: the round still reaches the store,
 //! `hivenet_sync_up` stays 1 and the heartbeats keep moving, where the whole round used to fail
@@ -11,7 +12,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::valkey::{Valkey, ValkeyOptions};
+use common::valkey::{Sentinels, Valkey, ValkeyOptions};
 use common::{Options, Site, chat, metric_sum, request, run_router_within};
 
 const PASSWORD: &str = "acl-test-password";
@@ -60,6 +61,46 @@ fn a_store_refusing_eval_refuses_the_start_naming_it() {
     );
     // Nothing else was refused: the line names only what is missing.
     assert!(!errors[0].contains("XADD"), "{stderr}");
+}
+
+/// Without `WAIT` under Sentinel the router used to start and silently keep every grant
+/// unacknowledged (6 of 8 budget slots usable); it now refuses to start, naming `WAIT`.
+#[test]
+fn a_store_refusing_wait_under_sentinel_refuses_the_start_naming_it() {
+    let primary = Valkey::primary_with(ValkeyOptions::new().password(PASSWORD));
+    let _replica = Valkey::replica_of(&primary);
+    let sentinels = Sentinels::start(3, &primary, "hivenet");
+    primary.command(&["ACL", "SETUSER", "default", "-wait"]);
+    let addrs = sentinels.addrs_joined();
+    let dir = temp_dir("acl-wait");
+    let outcome = run_router_within(
+        &dir,
+        &[
+            "--sync-store",
+            "valkey",
+            "--sync-valkey-addrs",
+            &addrs,
+            "--sync-valkey-sentinel-master",
+            "hivenet",
+            "--router-id",
+            "acl-wait",
+            "--sync-interval",
+            "200ms",
+        ],
+        &[("HIVENET_ROUTER_SYNC_VALKEY_PASSWORD", PASSWORD)],
+        START_CHECK_WITHIN,
+    );
+    let Some((started, output)) = outcome else {
+        panic!("the router started against a primary that refuses WAIT under Sentinel");
+    };
+    assert!(!started, "exited 0\n{output}");
+    let errors: Vec<&str> = output.lines().filter(|l| l.contains("ERROR")).collect();
+    assert_eq!(errors.len(), 1, "one ERROR line\n{output}");
+    assert!(
+        errors[0].contains("permission") && errors[0].contains("WAIT (a replica's acknowledgement"),
+        "{output}"
+    );
+    assert!(!errors[0].contains("EVAL"), "{output}");
 }
 
 /// A policy for `sim-model` admitting `budget` requests at a time (an occupancy budget, shared
