@@ -352,7 +352,8 @@ impl Round {
                 }
             }
             Err(failure) => {
-                let permission = match &failure {
+                // A refusal or a step-down is logged as such, never as an unreachable store.
+                let logged_as_such = match &failure {
                     RoundFailure::Store(error) if refused_permission(error) => {
                         self.refused(Refused::Round, error);
                         true
@@ -376,7 +377,7 @@ impl Round {
                     self.store.rebuild();
                 }
                 if was_up && !self.health.is_up() {
-                    if !permission {
+                    if !logged_as_such {
                         tracing::warn!(%error, "the sync store is unreachable: each router enforces its share of every limit alone");
                     }
                     // Entries published meanwhile may be trimmed before this router is back.
