@@ -1254,6 +1254,55 @@ pub fn run_router_to_exit(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (b
     )
 }
 
+/// [`run_router_to_exit`] for a start-up check that may not end: the router runs with `args` for
+/// at most `within`. Returns whether it exited successfully and its output (log lines and
+/// stderr together), or `None` when it still ran at the deadline (it started; it is killed).
+pub fn run_router_within(
+    dir: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    within: Duration,
+) -> Option<(bool, String)> {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_hivenet-router"));
+    for (key, _) in std::env::vars() {
+        if key.starts_with("HIVENET_") {
+            command.env_remove(key);
+        }
+    }
+    let stderr_path = dir.join(format!("router-within-{}.stderr", free_port()));
+    let stderr = std::fs::File::create(&stderr_path).expect("create the router's stderr file");
+    let mut child = command
+        .args(args)
+        .args([
+            "--identity-path",
+            &dir.join("router.key").display().to_string(),
+        ])
+        .args([
+            "--http-port",
+            &format!("127.0.0.1:{}", free_port()),
+            "--grpc-port",
+            &format!("127.0.0.1:{}", free_port()),
+            "--metrics-port",
+            &format!("127.0.0.1:{}", free_port()),
+            "--p2p-port",
+            &free_port().to_string(),
+        ])
+        .env("HIVENET_ROUTER_JWT_SECRET", "test-secret")
+        .envs(env.iter().copied())
+        .current_dir(dir)
+        .stdout(stderr.try_clone().expect("share the output file"))
+        .stderr(stderr)
+        .spawn()
+        .expect("run hivenet-router");
+    let status = poll(within, || child.try_wait().ok().flatten());
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let text = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    status.map(|status| (status.success(), text))
+}
+
 /// [`run_router_to_exit`] for a router that must refuse to start; returns its stderr.
 pub fn refused_start(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
     let (started, stderr) = run_router_to_exit(dir, args, env);

@@ -20,6 +20,18 @@
 //! A round that fails keeps its backlog for the next one (the backlog is bounded,
 //! `round::BACKLOG_MAX`); after three in a row every router enforces its share alone
 //! (`site::Health`), after ten the connection is rebuilt from the configured addresses.
+//!
+//! # Start, permissions and the router ID
+//! Before the first round, when the store answers, the sync core checks that the store's ACL
+//! allows every command the sync needs (`Store::refused`) and claims the router ID
+//! (`sync::claim`); either failing refuses the start, with one ERROR line naming what is missing
+//! or the other process. A store unreachable at start is checked at the first round that reaches
+//! it, as is every new connection: a refusal then is logged as a permission error and counted in
+//! `hivenet_sync_errors_total{kind="permission"}`. The round's transaction (entries, daily totals,
+//! heartbeat, claim) is written whole or not at all; the occupancy pools' script runs after it,
+//! on its own, so a store that refuses `EVAL` costs budgeted models their new credits and nothing
+//! else. A round that reads another process's claim on the router ID steps down
+//! (`hivenet_sync_router_id_conflict`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -36,12 +48,13 @@ use crate::router::shard::messages::ControlToShard;
 use crate::router::shard::owner::quotas::{DailyRestore, RemoteUsage};
 
 use super::SyncMetrics;
+use super::claim::{self, AtStart, Decision};
 use super::entry::{Entry, ModelName};
 use super::pool_store::Grant;
 use super::pools::{self, SiteCredits};
-use super::round::{self, Backlog, Batch};
+use super::round::{self, Backlog, Batch, DailyLedger};
 use super::site::{self, AfterFailure, Health, Heartbeat, Peers};
-use super::store::{RoundWrites, Store, StreamId};
+use super::store::{ClaimWrite, PoolRead, RoundWrites, Store, StreamId, refused_permission};
 use crate::router::config::sync::SyncSettings;
 use crate::router::shard::owner::wallets::{CreditNews, Refill};
 use crate::router::shard::redirect_claims::Claim;
@@ -50,6 +63,58 @@ use crate::router::shard::redirect_claims::Claim;
 const REPLAY_MS: u64 = 60_000;
 /// The longest shutdown waits for the last round.
 const FINAL_ROUND_TIMEOUT: Duration = Duration::from_secs(3);
+/// How often a start-up reads a claim another process holds, while it waits for it to expire.
+const CLAIM_POLL: Duration = Duration::from_millis(100);
+
+/// Why a round did not share this router's limits with the site.
+enum RoundFailure {
+    /// The store did not answer, failed, or refused a command of the round's transaction
+    /// ([`refused_permission`] tells which).
+    Store(redis::RedisError),
+    /// Another process holds this router ID (its claim value): this one stepped down.
+    SteppedDown(String),
+}
+
+impl From<redis::RedisError> for RoundFailure {
+    fn from(error: redis::RedisError) -> RoundFailure {
+        RoundFailure::Store(error)
+    }
+}
+
+/// The parts of the sync a store's ACL may refuse on their own, each with what its refusal costs
+/// (for the one ERROR line logged per part until the store allows everything again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Refused {
+    Round,
+    Pools,
+    Grant,
+    Acknowledge,
+    Release,
+    Forget,
+}
+
+impl Refused {
+    fn cost(self) -> &'static str {
+        match self {
+            Refused::Round => {
+                "the round's transaction: each router enforces its share of every limit alone"
+            }
+            Refused::Pools => {
+                "the occupancy pools' rewrite (EVAL): budgeted models keep the credits they hold; limits are still shared"
+            }
+            Refused::Grant => {
+                "an occupancy grant (EVAL): budgeted models get no new credits; limits are still shared"
+            }
+            Refused::Acknowledge => {
+                "WAIT under Sentinel: grants count as unacknowledged, and this router keeps to its share of each budget"
+            }
+            Refused::Release => {
+                "taking occupancy credits back (EVAL): a stopped router's credits stay in the pools"
+            }
+            Refused::Forget => "removing heartbeats of routers gone for an hour (HDEL)",
+        }
+    }
+}
 
 /// The running sync core; [`SyncCore::finish`] publishes what is left and leaves the site.
 pub struct SyncCore {
@@ -92,6 +157,20 @@ struct Round {
     /// The last round reached the store: the shards' wallets give back what they do not use
     /// only then (what a round cannot write stays this router's in the pool).
     last_round_reached: bool,
+    /// The last round rewrote this router's holdings in every pool (a refused script leaves them
+    /// as they were, so the wallets keep their credits).
+    pools_written: bool,
+    /// The daily totals written so far: the next writes are increments of them.
+    ledger: DailyLedger,
+    /// This process's claim on its router ID (`sync::claim::value`) and its expiry.
+    claim_value: String,
+    claim_ttl: Duration,
+    /// Another process holds the router ID (its claim value): this one writes nothing.
+    stepped_down: Option<String>,
+    /// `Store::connects` at the last permission check.
+    connects_checked: u64,
+    /// Parts the store refused, logged once each until a check finds everything allowed.
+    refusals_logged: std::collections::HashSet<Refused>,
 }
 
 impl SyncCore {
@@ -127,6 +206,8 @@ impl SyncCore {
         // No list for agents until the store answers: this router cannot tell who is alive.
         shared.site_routers.publish(None);
         let run = now_unix_ms().max(0) as u64;
+        let claim_value = claim::value(fastrand::u64(..), std::process::id(), &host(), &peer_id);
+        let claim_ttl = claim::ttl(settings.interval);
         let credits = SiteCredits::new(
             &settings.router_id,
             run,
@@ -147,6 +228,13 @@ impl SyncCore {
             own_restored: false,
             read_day: utc_today(),
             last_round_reached: true,
+            pools_written: true,
+            ledger: DailyLedger::default(),
+            claim_value,
+            claim_ttl,
+            stepped_down: None,
+            connects_checked: 0,
+            refusals_logged: std::collections::HashSet::new(),
             store_up,
             credits,
             unknown_routers: false,
@@ -154,6 +242,7 @@ impl SyncCore {
             failovers_seen: 0,
             closed: false,
         };
+        let (checked, check) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("sync".into())
             .spawn(move || {
@@ -164,10 +253,25 @@ impl SyncCore {
                     .enable_all()
                     .build()
                     .expect("building the sync core's runtime");
+                let mut round = round;
+                let refused = runtime.block_on(round.check_at_start());
+                let failed = refused.is_err();
+                let _ = checked.send(refused);
+                if failed {
+                    return;
+                }
                 runtime.spawn(super::redirect_claims::serve(token_store, claims));
                 runtime.block_on(round.run(stopped, refills));
             })?;
-        Ok(SyncCore { stop })
+        // Bounded: every call of the check has its timeout, and the wait on another process's
+        // claim its patience (`claim::AtStart`).
+        match check.recv() {
+            Ok(Ok(())) => Ok(SyncCore { stop }),
+            Ok(Err(refused)) => Err(anyhow::anyhow!(refused)),
+            Err(_) => Err(anyhow::anyhow!(
+                "the sync core stopped before its start-up check"
+            )),
+        }
     }
 
     /// Publishes the usage not yet published and marks this router as left, so the others stop
@@ -230,13 +334,15 @@ impl Round {
         if today != self.read_day {
             // Every budget starts the new day at zero on every router: nothing to read.
             self.read_day = today;
+            // A router behind midnight may still report yesterday's totals; none older.
+            self.ledger.forget_before(today.0.saturating_sub(1));
         }
         let outcome = self.exchange(now_ms, leaving).await;
         self.metrics
             .tick_seconds
             .observe(started.elapsed().as_secs_f64());
         let outcome_ok = outcome.is_ok();
-        self.last_round_reached = outcome_ok;
+        self.last_round_reached = outcome_ok && self.pools_written;
         match outcome {
             Ok(peers) => {
                 let was_up = self.health.is_up();
@@ -245,15 +351,35 @@ impl Round {
                     tracing::info!(site = %self.settings.site, "the sync store answers: limits are shared with the routers of the site");
                 }
             }
-            Err(error) => {
-                self.metrics.errors_total.fetch_add(1, Ordering::Relaxed);
+            Err(failure) => {
+                // A refusal or a step-down is logged as such, never as an unreachable store.
+                let logged_as_such = match &failure {
+                    RoundFailure::Store(error) if refused_permission(error) => {
+                        self.refused(Refused::Round, error);
+                        true
+                    }
+                    RoundFailure::Store(_) => {
+                        self.metrics.errors_total.fetch_add(1, Ordering::Relaxed);
+                        false
+                    }
+                    // Logged when it stepped down.
+                    RoundFailure::SteppedDown(_) => true,
+                };
+                let error = match &failure {
+                    RoundFailure::Store(error) => error.to_string(),
+                    RoundFailure::SteppedDown(holder) => {
+                        format!("another process holds this router ID: {holder}")
+                    }
+                };
                 let was_up = self.health.is_up();
                 if self.health.failed() == AfterFailure::Reconnect {
                     tracing::warn!(%error, "the sync store has not answered for ten rounds: reconnecting from the configured addresses");
                     self.store.rebuild();
                 }
                 if was_up && !self.health.is_up() {
-                    tracing::warn!(%error, "the sync store is unreachable: each router enforces its share of every limit alone");
+                    if !logged_as_such {
+                        tracing::warn!(%error, "the sync store is unreachable: each router enforces its share of every limit alone");
+                    }
                     // Entries published meanwhile may be trimmed before this router is back.
                     self.resync = true;
                 } else {
@@ -277,9 +403,28 @@ impl Round {
     }
 
     /// Steps 2 and 3 of the round against the store; the peers seen on success.
-    async fn exchange(&mut self, now_ms: u64, leaving: bool) -> redis::RedisResult<Peers> {
+    async fn exchange(&mut self, now_ms: u64, leaving: bool) -> Result<Peers, RoundFailure> {
+        self.pools_written = false;
         self.store.ensure_connected().await?;
+        self.check_permissions().await?;
         self.notice_failover(now_ms);
+        if let Some(holder) = self.stepped_down.clone() {
+            if leaving {
+                return Err(RoundFailure::SteppedDown(holder));
+            }
+            let now_holder = self
+                .store
+                .claim(&self.claim_value, self.claim_ttl.as_millis() as u64)
+                .await?;
+            if let Some(other) = claim::other_holder(&self.claim_value, now_holder.as_deref()) {
+                self.stepped_down = Some(other.to_owned());
+                return Err(RoundFailure::SteppedDown(other.to_owned()));
+            }
+            tracing::info!(router_id = %self.settings.router_id, "the other process under this --router-id stopped: this one holds the ID again and shares limits with the site");
+            self.stepped_down = None;
+            self.metrics.router_id_conflict.store(0, Ordering::Relaxed);
+            self.resync = true;
+        }
         if self.resync {
             self.read_totals(now_ms).await?;
         }
@@ -320,30 +465,71 @@ impl Round {
         let heartbeat = self.heartbeat(now_ms, leaving, agents);
         let heartbeat_json = serde_json::to_string(&heartbeat).expect("a heartbeat serializes");
         let bytes: usize = entries.iter().map(Vec::len).sum();
-        let pools = self.credits.pool_writes(self.epoch.as_deref(), leaving);
+        let daily_writes = self.ledger.writes(&totals);
         let reads = self
             .store
             .round(RoundWrites {
                 entries: &entries,
-                totals: &totals,
+                totals: &daily_writes,
                 heartbeat: &heartbeat_json,
                 after: cursor,
                 now_ms,
-                pools: &pools,
+                claim: ClaimWrite {
+                    value: &self.claim_value,
+                    ttl_ms: self.claim_ttl.as_millis() as u64,
+                    release: leaving,
+                },
             })
             .await?;
-        drop(pools);
+        self.backlog.clear();
+        self.ledger.wrote(&totals);
+        self.metrics
+            .published_bytes_total
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        if let Some(other) = claim::other_holder(&self.claim_value, reads.claim_holder.as_deref()) {
+            // This round's usage is written (it is additive, lost by no one); nothing else of
+            // this process is, until the other one stops.
+            tracing::error!(
+                router_id = %self.settings.router_id,
+                other = %other,
+                "another process holds this --router-id in the sync store: this process steps down from the site, enforces its share of every limit alone and writes nothing more to the store until the other one stops; one router ID runs one process at a time"
+            );
+            self.metrics.router_id_conflict.store(1, Ordering::Relaxed);
+            self.stepped_down = Some(other.to_owned());
+            self.resync = true;
+            return Err(RoundFailure::SteppedDown(other.to_owned()));
+        }
         // The sessions in the heartbeat may route now: the others will ask their agents before
         // giving this router up.
         if !leaving {
             self.shared.agents_published(&sessions).await;
         }
-        self.backlog.clear();
-        self.metrics
-            .published_bytes_total
-            .fetch_add(bytes as u64, Ordering::Relaxed);
+        // The pools, on their own: a refused script costs credits, not the round.
+        let pools = self.credits.pool_writes(self.epoch.as_deref(), leaving);
+        let pools_read = self.store.pools(&pools).await;
+        drop(pools);
+        let pool_reads = match pools_read {
+            Ok(read) => {
+                match &read.refused {
+                    Some(error) => self.refused(Refused::Pools, error),
+                    None => self.pools_written = true,
+                }
+                read.pools
+            }
+            Err(error) => {
+                if refused_permission(&error) {
+                    self.refused(Refused::Pools, &error);
+                } else {
+                    self.metrics
+                        .credit_errors_total
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%error, "the occupancy pools' step of the round failed");
+                }
+                Vec::new()
+            }
+        };
         // Before the epoch below is taken as known: the pools' views need to tell a new one.
-        self.after_pools(now_ms, &reads).await;
+        self.after_pools(now_ms, &reads.epoch, &pool_reads).await;
         if self
             .epoch
             .as_ref()
@@ -356,6 +542,7 @@ impl Round {
                 "the sync store lost its data: reading today's totals again and writing this router's again"
             );
             self.shared.broadcast(|| ControlToShard::RewriteDaily).await;
+            self.ledger.lost();
             self.resync = true;
         }
         self.epoch = Some(reads.epoch.clone());
@@ -401,10 +588,110 @@ impl Round {
             })
             .map(|(id, _)| id.clone())
             .collect();
-        if !gone.is_empty() {
-            let _ = self.store.forget_routers(&gone).await;
+        if !gone.is_empty()
+            && let Err(error) = self.store.forget_routers(&gone).await
+            && refused_permission(&error)
+        {
+            self.refused(Refused::Forget, &error);
         }
         Ok(peers)
+    }
+
+    /// Before the first round, when the store answers: every command the sync needs is allowed,
+    /// and this process holds its router ID. `Err` names what refuses the start (logged as one
+    /// ERROR line). A store unreachable now is checked at the first round that reaches it.
+    async fn check_at_start(&mut self) -> Result<(), String> {
+        let reach = CONNECT_CHECK_TIMEOUT;
+        if !matches!(
+            tokio::time::timeout(reach, self.store.ensure_connected()).await,
+            Ok(Ok(()))
+        ) {
+            tracing::warn!(
+                "the sync store is unreachable at start: its permissions and this router ID's claim are checked at the first round that reaches it"
+            );
+            return Ok(());
+        }
+        let sentinel = self.settings.store.sentinel_master.is_some();
+        match self.store.refused(sentinel).await {
+            Ok(refused) if !refused.is_empty() => {
+                let message = refused_message(&refused, &self.settings.site);
+                tracing::error!("{message}");
+                return Err(message);
+            }
+            Ok(_) => self.connects_checked = self.store.connects(),
+            Err(error) => {
+                tracing::warn!(%error, "the sync store stopped answering at start: its permissions and this router ID's claim are checked at the first round that reaches it");
+                return Ok(());
+            }
+        }
+        let mut start = AtStart::new(&self.claim_value, self.settings.interval);
+        let mut waiting = false;
+        loop {
+            let holder = match self
+                .store
+                .claim(&self.claim_value, self.claim_ttl.as_millis() as u64)
+                .await
+            {
+                Ok(holder) => holder,
+                Err(error) => {
+                    tracing::warn!(%error, "the sync store stopped answering at start: this router ID is claimed at the first round that reaches it");
+                    return Ok(());
+                }
+            };
+            match start.read(now_unix_ms().max(0) as u64, holder.as_deref()) {
+                Decision::Ours => return Ok(()),
+                Decision::Wait => {
+                    if !waiting && let Some(holder) = &holder {
+                        waiting = true;
+                        tracing::info!(router_id = %self.settings.router_id, other = %holder, patience = ?start.patience(), "another process claimed this --router-id: waiting for its claim to expire (a process that crashed renews it no more)");
+                    }
+                    tokio::time::sleep(CLAIM_POLL).await;
+                }
+                Decision::Refuse(other) => {
+                    let message = format!(
+                        "another process runs under --router-id {}: {other} (it renewed its claim in the sync store); one router ID runs one process at a time: stop that process, or give this one its own --router-id",
+                        self.settings.router_id
+                    );
+                    self.metrics.router_id_conflict.store(1, Ordering::Relaxed);
+                    tracing::error!("{message}");
+                    return Err(message);
+                }
+            }
+        }
+    }
+
+    /// After each new connection: the commands the sync needs that the store refuses are logged
+    /// as a permission error, once per connection (the round goes on: what is refused fails on
+    /// its own).
+    async fn check_permissions(&mut self) -> redis::RedisResult<()> {
+        if self.store.connects() == self.connects_checked {
+            return Ok(());
+        }
+        let sentinel = self.settings.store.sentinel_master.is_some();
+        let refused = self.store.refused(sentinel).await?;
+        self.connects_checked = self.store.connects();
+        if refused.is_empty() {
+            self.refusals_logged.clear();
+        } else {
+            self.metrics
+                .permission_errors_total
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::error!("{}", refused_message(&refused, &self.settings.site));
+        }
+        Ok(())
+    }
+
+    /// A part of the sync the store's ACL refused: counted each time, logged once (until a
+    /// connection's check finds everything allowed).
+    fn refused(&mut self, part: Refused, error: &redis::RedisError) {
+        self.metrics
+            .permission_errors_total
+            .fetch_add(1, Ordering::Relaxed);
+        if self.refusals_logged.insert(part) {
+            tracing::error!(%error, refused = part.cost(), "the sync store's ACL refuses a command the sync needs (permission error): grant it to the store's user");
+        } else {
+            tracing::debug!(%error, ?part, "the sync store refused a command (permission)");
+        }
     }
 
     /// Hands agents the live routers that advertise an address (none while the store is
@@ -439,17 +726,11 @@ impl Round {
 
     /// What the round read of the pools: a new epoch or a router given up makes every shard
     /// forfeit its credits; every shard learns which budgets others ran short of.
-    async fn after_pools(&mut self, now_ms: u64, reads: &super::store::RoundReads) {
-        let epoch_changed = self
-            .epoch
-            .as_ref()
-            .is_some_and(|epoch| *epoch != reads.epoch);
-        let after = self.credits.after_round(
-            now_ms,
-            epoch_changed,
-            pools::epoch_since(&reads.epoch),
-            &reads.pools,
-        );
+    async fn after_pools(&mut self, now_ms: u64, epoch: &str, pool_reads: &[PoolRead]) {
+        let epoch_changed = self.epoch.as_ref().is_some_and(|known| known != epoch);
+        let after =
+            self.credits
+                .after_round(now_ms, epoch_changed, pools::epoch_since(epoch), pool_reads);
         if after.given_up {
             tracing::warn!(
                 "the other routers gave this router up: its occupancy credits are asked for again"
@@ -510,7 +791,7 @@ impl Round {
         let now_ms = now_unix_ms().max(0) as u64;
         let mut granted = 0;
         let mut acknowledged = true;
-        let ceiling = if self.health.is_up() {
+        let ceiling = if self.health.is_up() && self.stepped_down.is_none() {
             let registry = self.shared.registry();
             self.credits.ceiling(
                 now_ms,
@@ -548,10 +829,13 @@ impl Round {
                     if more > 0 && self.settings.store.sentinel_master.is_some() {
                         // A failover must not hand the same capacity out twice: until a replica
                         // has the grant, the router keeps to its share.
-                        acknowledged = matches!(
-                            self.store.wait_replicas(pools::ACKNOWLEDGE_WAIT_MS).await,
-                            Ok(replicas) if replicas > 0
-                        );
+                        let replicas = self.store.wait_replicas(pools::ACKNOWLEDGE_WAIT_MS).await;
+                        if let Err(error) = &replicas
+                            && refused_permission(error)
+                        {
+                            self.refused(Refused::Acknowledge, error);
+                        }
+                        acknowledged = matches!(replicas, Ok(replicas) if replicas > 0);
                     }
                 }
                 // The store lost its data: the next round notices the epoch.
@@ -563,7 +847,11 @@ impl Round {
                     self.metrics
                         .credit_errors_total
                         .fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(%error, "credit refill failed");
+                    if refused_permission(&error) {
+                        self.refused(Refused::Grant, &error);
+                    } else {
+                        tracing::debug!(%error, "credit refill failed");
+                    }
                 }
             }
             self.metrics
@@ -604,13 +892,21 @@ impl Round {
                 self.metrics
                     .credit_errors_total
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(%error, router, "taking a router's credits back failed");
+                if refused_permission(&error) {
+                    self.refused(Refused::Release, &error);
+                } else {
+                    tracing::debug!(%error, router, "taking a router's credits back failed");
+                }
             }
         }
     }
 
-    /// A clean shutdown: every credit back at once (the shards admit nothing any more).
+    /// A clean shutdown: every credit back at once (the shards admit nothing any more). A
+    /// process that stepped down holds none (the router ID's holdings are the other's).
     async fn release_credits(&mut self) {
+        if self.stepped_down.is_some() {
+            return;
+        }
         if let Err(error) = self
             .store
             .release_holdings(&self.settings.router_id, self.run)
@@ -693,6 +989,16 @@ impl Round {
         } else {
             Vec::new()
         };
+        if !self.own_restored {
+            // The shards start from this router's own totals: only what they add is written.
+            for (field, tokens) in &fields {
+                if round::parse_daily_field(field)
+                    .is_some_and(|(router, _, _)| router == self.settings.router_id)
+                {
+                    self.ledger.restored(day.0, field, *tokens);
+                }
+            }
+        }
         let records = round::daily_records(
             &self.settings.router_id,
             day,
@@ -731,4 +1037,30 @@ impl Round {
         self.resync = false;
         Ok(())
     }
+}
+
+/// The longest the start-up check waits for the store to answer before starting without it.
+const CONNECT_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The one line that names what the store refuses: each command, what it is needed for, and
+/// where to grant it.
+fn refused_message(refused: &[(String, &'static str)], site: &str) -> String {
+    let commands: Vec<String> = refused
+        .iter()
+        .map(|(command, needed_for)| format!("{command} ({needed_for})"))
+        .collect();
+    format!(
+        "the sync store's ACL refuses commands the sync needs (permission): {}; grant them to the store's user on the keys hivenet:{{{site}}}:*",
+        commands.join(", ")
+    )
+}
+
+/// This machine's name, for the claim value another process's log shows.
+fn host() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|name| !name.trim().is_empty())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|name| name.trim().to_owned())
+        .unwrap_or_else(|| "an unknown host".to_owned())
 }

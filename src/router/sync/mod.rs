@@ -9,8 +9,10 @@
 //!   unreachable, the daily totals' fields (pure).
 //! - [`site`]: live and silent routers, the store's health, and the share of each limit they leave
 //!   this router (pure).
-//! - [`store`]: the Valkey connection (direct or through Sentinel, password, TLS) and the
-//!   commands of a round.
+//! - [`store`]: the Valkey connection (direct or through Sentinel, password, TLS), the commands
+//!   of a round, and the check that the store's ACL allows every one of them.
+//! - [`claim`]: one process per router ID: the claim each process holds in the store, and what
+//!   a start-up or a round does when another process holds it (pure).
 //! - [`core`]: the sync core's thread, running the round every `--sync-interval`.
 //! - [`tokens`]: redirect tokens spent once for the whole site.
 //!
@@ -24,6 +26,7 @@
 //! `crate::logic::limits`; how usage maps onto the owner shards' holders in
 //! `crate::router::shard::owner::quotas`.
 
+pub mod claim;
 pub mod core;
 pub mod entry;
 pub mod pool_store;
@@ -51,7 +54,13 @@ pub struct SyncMetrics {
     pub peers: AtomicI64,
     /// Age of the latest peer usage when applied, in milliseconds.
     pub lag_ms: AtomicI64,
+    /// Rounds that failed to reach the store (`hivenet_sync_errors_total{kind="unreachable"}`).
     pub errors_total: AtomicU64,
+    /// Commands the store's ACL refused, in a round, a credit call, or the check of a new
+    /// connection (`hivenet_sync_errors_total{kind="permission"}`).
+    pub permission_errors_total: AtomicU64,
+    /// 1 while another process holds this router's ID and this one has stepped down.
+    pub router_id_conflict: AtomicI64,
     /// Routers the agents report a connection to that the store does not list.
     pub unknown_routers: AtomicI64,
     /// Bytes of usage entries published (for the benchmark's bytes per round).
@@ -100,7 +109,7 @@ impl Histogram {
 
 impl Collect for SyncMetrics {
     fn collect(&self, out: &mut Vec<Family>) {
-        let gauges: [(&str, &str, f64); 4] = [
+        let gauges: [(&str, &str, f64); 5] = [
             (
                 "hivenet_sync_up",
                 "1 while the sync store answers; 0 while each router enforces its share alone.",
@@ -121,18 +130,31 @@ impl Collect for SyncMetrics {
                 "Age of the latest peer usage when applied.",
                 self.lag_ms.load(Ordering::Relaxed) as f64 / 1000.0,
             ),
+            (
+                "hivenet_sync_router_id_conflict",
+                "1 while another process holds this router's --router-id in the sync store and this one has stepped down.",
+                self.router_id_conflict.load(Ordering::Relaxed) as f64,
+            ),
         ];
         for (name, help, value) in gauges {
             let mut family = Family::gauge(name, help);
             family.sample(&[], value);
             out.push(family);
         }
+        let mut errors = Family::counter(
+            "hivenet_sync_errors_total",
+            "Sync store failures: kind=unreachable, rounds that did not reach the store; kind=permission, commands the store's ACL refused.",
+        );
+        errors.sample(
+            &[("kind", "unreachable")],
+            self.errors_total.load(Ordering::Relaxed) as f64,
+        );
+        errors.sample(
+            &[("kind", "permission")],
+            self.permission_errors_total.load(Ordering::Relaxed) as f64,
+        );
+        out.push(errors);
         let counters = [
-            (
-                "hivenet_sync_errors_total",
-                "Sync rounds that failed to reach the store.",
-                &self.errors_total,
-            ),
             (
                 "hivenet_sync_published_bytes_total",
                 "Bytes of usage entries this router published to the sync store.",

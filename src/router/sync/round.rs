@@ -223,6 +223,78 @@ fn merge(older: Vec<BucketUsage>, newer: Vec<BucketUsage>) -> Vec<BucketUsage> {
         .collect()
 }
 
+/// How one daily total goes to the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DailyWrite {
+    /// `HINCRBY`: the tokens this process spent since its last write of the field.
+    Add(u64),
+    /// `HSET`: the whole total, written again after the store lost its data.
+    Set(u64),
+}
+
+/// The daily totals this process has written, per (day, field), turning the whole totals the
+/// shards report into increments. A field written with increments never loses a write whatever
+/// two writers of it do (two processes started under one `--router-id`, which HSET of a whole
+/// total made overwrite each other: 10,911 tokens spent, 8,186 in the store). Bound: one entry
+/// per daily budget this router charged on the days not yet forgotten
+/// ([`DailyLedger::forget_before`]).
+///
+/// A round whose transaction ran but whose answer was lost (a timeout) is written again: its
+/// increments count twice, as its usage entries do. The error is on the safe side (a budget
+/// refuses early), where an overwrite lost usage.
+#[derive(Debug, Default)]
+pub struct DailyLedger {
+    written: HashMap<(u32, String), u64>,
+    /// Fields to write whole once more: the store lost its data.
+    whole: std::collections::HashSet<(u32, String)>,
+}
+
+impl DailyLedger {
+    /// The total the store holds of this router's `field` as read at start: the shards start
+    /// from it, so only what they add to it is written.
+    pub fn restored(&mut self, day: u32, field: &str, tokens: u64) {
+        self.written.insert((day, field.to_owned()), tokens);
+    }
+
+    /// How each of `totals` (day, field, the shards' whole total) is written.
+    pub fn writes(&self, totals: &[(u32, String, u64)]) -> Vec<(u32, String, DailyWrite)> {
+        totals
+            .iter()
+            .filter_map(|(day, field, total)| {
+                let key = (*day, field.clone());
+                if self.whole.contains(&key) {
+                    return Some((*day, field.clone(), DailyWrite::Set(*total)));
+                }
+                let written = self.written.get(&key).copied().unwrap_or(0);
+                let added = total.checked_sub(written).filter(|added| *added > 0)?;
+                Some((*day, field.clone(), DailyWrite::Add(added)))
+            })
+            .collect()
+    }
+
+    /// `totals` reached the store (the round's transaction ran).
+    pub fn wrote(&mut self, totals: &[(u32, String, u64)]) {
+        for (day, field, total) in totals {
+            let key = (*day, field.clone());
+            self.whole.remove(&key);
+            let written = self.written.entry(key).or_default();
+            *written = (*written).max(*total);
+        }
+    }
+
+    /// The store lost its data: every field this process wrote is written whole once more
+    /// (the shards report each total again).
+    pub fn lost(&mut self) {
+        self.whole.extend(self.written.keys().cloned());
+    }
+
+    /// Forgets the days before `day`: no shard reports totals of them any more.
+    pub fn forget_before(&mut self, day: u32) {
+        self.written.retain(|(of, _), _| *of >= day);
+        self.whole.retain(|(of, _)| *of >= day);
+    }
+}
+
 const FIELD_SEPARATOR: char = '|';
 
 /// A daily total's field in the day's hash: `router|tenant|capability|model` (capability and
@@ -372,6 +444,80 @@ mod tests {
         );
         let replayed = remote_batch(&decoded, 10_250, true, ids);
         assert_eq!(replayed.usage.len(), 2, "daily usage is in the totals read");
+    }
+
+    #[test]
+    fn daily_totals_go_out_as_increments_from_what_was_restored() {
+        let mut ledger = DailyLedger::default();
+        ledger.restored(7, "r|1||", 100);
+        let totals = vec![(7, "r|1||".to_string(), 130), (7, "r|2||".to_string(), 5)];
+        assert_eq!(
+            ledger.writes(&totals),
+            [
+                (7, "r|1||".to_string(), DailyWrite::Add(30)),
+                (7, "r|2||".to_string(), DailyWrite::Add(5)),
+            ]
+        );
+        // Not written (the round failed): the same increments next time, from the latest total.
+        let later = vec![(7, "r|1||".to_string(), 140)];
+        assert_eq!(
+            ledger.writes(&later),
+            [(7, "r|1||".to_string(), DailyWrite::Add(40))]
+        );
+        ledger.wrote(&later);
+        assert!(ledger.writes(&later).is_empty(), "nothing new");
+        let lower = vec![(7, "r|1||".to_string(), 120)];
+        assert!(
+            ledger.writes(&lower).is_empty(),
+            "a total never goes back: nothing to take from the store"
+        );
+    }
+
+    #[test]
+    fn two_writers_of_one_field_lose_nothing() {
+        // Two processes under one router ID, each with its own ledger, both started from the
+        // store's 100: the store ends with both processes' tokens.
+        let mut ledgers = [DailyLedger::default(), DailyLedger::default()];
+        for ledger in &mut ledgers {
+            ledger.restored(7, "r|1||", 100);
+        }
+        let mut store = 100;
+        for (writer, total) in [(0, 150), (1, 120), (0, 170)] {
+            let ledger = &mut ledgers[writer];
+            let totals = vec![(7, "r|1||".to_string(), total)];
+            for (_, _, write) in ledger.writes(&totals) {
+                match write {
+                    DailyWrite::Add(tokens) => store += tokens,
+                    DailyWrite::Set(tokens) => store = tokens,
+                }
+            }
+            ledger.wrote(&totals);
+        }
+        assert_eq!(store, 100 + 70 + 20);
+    }
+
+    #[test]
+    fn after_a_data_loss_each_field_is_written_whole_once() {
+        let mut ledger = DailyLedger::default();
+        let totals = vec![(7, "r|1||".to_string(), 50)];
+        ledger.wrote(&totals);
+        ledger.lost();
+        assert_eq!(
+            ledger.writes(&totals),
+            [(7, "r|1||".to_string(), DailyWrite::Set(50))]
+        );
+        ledger.wrote(&totals);
+        let more = vec![(7, "r|1||".to_string(), 60)];
+        assert_eq!(
+            ledger.writes(&more),
+            [(7, "r|1||".to_string(), DailyWrite::Add(10))]
+        );
+        ledger.forget_before(8);
+        assert_eq!(
+            ledger.writes(&more),
+            [(7, "r|1||".to_string(), DailyWrite::Add(60))],
+            "forgotten"
+        );
     }
 
     #[test]

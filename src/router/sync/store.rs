@@ -7,7 +7,13 @@
 //!   binary entry of `sync::entry`), trimmed to the last ten minutes by the writers.
 //! - `hivenet:{site}:routers`: hash, router ID -> heartbeat (JSON, `sync::site::Heartbeat`).
 //! - `hivenet:{site}:daily:{day}`: hash, `router|tenant|capability|model` -> that router's
-//!   running total of the day (`sync::round::daily_field`); expires two days after its last write.
+//!   running total of the day (`sync::round::daily_field`), written as increments (`HINCRBY`) so
+//!   two writers of one field never lose each other's tokens (`sync::round::DailyLedger`);
+//!   expires two days after its last write.
+//! - `hivenet:{site}:owner:{router}`: which process runs under this router ID
+//!   (`sync::claim`), set `NX` with an expiry and renewed by each round.
+//! - `hivenet:{site}:probe:{router}:…`: keys the permission check touches (`Store::refused`);
+//!   none outlives the check by more than a minute.
 //! - `hivenet:{site}:redirect:{nonce}`: a spent redirect token, until it expires.
 //! - `hivenet:{site}:pool:{capability}|{model}|{tokens,requests}`: an occupancy budget's pool,
 //!   router ID -> `run:held[:short]` (`sync::pool_store`); `hivenet:{site}:pools`: the set of
@@ -18,7 +24,11 @@
 //! # Error handling
 //! Every call is bounded by the connection and response timeouts; any error drops the connection
 //! so the next round connects again (asking the Sentinels for the primary: that is how a failover
-//! is followed). [`Store::rebuild`] starts over from the configured addresses.
+//! is followed). [`Store::rebuild`] starts over from the configured addresses. A command the
+//! store's ACL refuses is a permission error ([`refused_permission`]), not an unreachable store:
+//! [`Store::refused`] names every command the sync needs that the store refuses, and a round
+//! keeps apart what may fail alone (the occupancy pools' script, [`Store::pools`]) from what
+//! must be written together (entries, daily totals, heartbeat, [`Store::round`]).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -27,6 +37,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisResult, Value};
 
 use super::pool_store::{GRANT, Grant, RELEASE};
+use super::round::DailyWrite;
 use crate::router::config::sync::StoreSettings;
 
 /// How long usage stays on the stream: a router away longer re-reads the daily totals instead
@@ -65,15 +76,24 @@ impl std::fmt::Display for StreamId {
 pub struct RoundWrites<'a> {
     /// Encoded entries, oldest first.
     pub entries: &'a [Vec<u8>],
-    /// (day, field, total).
-    pub totals: &'a [(u32, String, u64)],
+    /// (day, field, write): an increment, or a whole total after the store lost its data.
+    pub totals: &'a [(u32, String, DailyWrite)],
     pub heartbeat: &'a str,
     /// Read the entries after this ID.
     pub after: StreamId,
     /// Now (unix ms): an epoch this router sets begins now.
     pub now_ms: u64,
-    /// The occupancy pools this router rewrites or reads (each is read after its rewrite).
-    pub pools: &'a [PoolWrite<'a>],
+    /// This process's claim on its router ID (`sync::claim`): taken when free, renewed for
+    /// `ttl_ms`, and read back. `release`: a clean shutdown gives it up instead.
+    pub claim: ClaimWrite<'a>,
+}
+
+/// The claim a round writes: this process's value, how long it holds, and whether it is given
+/// up (the last round of a clean shutdown).
+pub struct ClaimWrite<'a> {
+    pub value: &'a str,
+    pub ttl_ms: u64,
+    pub release: bool,
 }
 
 /// One occupancy pool in a round: what the router holds of it now (rewritten under `epoch`,
@@ -105,8 +125,15 @@ pub struct RoundReads {
     pub entries: Vec<(StreamId, Vec<u8>)>,
     /// The store's epoch (see the module doc).
     pub epoch: String,
-    /// One per [`RoundWrites::pools`], in its order.
+    /// Who holds this router ID after the round's claim (`None` once released).
+    pub claim_holder: Option<String>,
+}
+
+/// What the pools' step of a round read ([`Store::pools`]): one per pool, in order. A rewrite the
+/// store refused (its ACL refuses `EVAL`) reads as no rewrite; `refused` holds the first refusal.
+pub struct PoolsRead {
     pub pools: Vec<PoolRead>,
+    pub refused: Option<redis::RedisError>,
 }
 
 pub struct Store {
@@ -124,6 +151,76 @@ pub struct Store {
     /// Times a connect found a new replication ID: a replica promoted, or the primary
     /// restarted; either may have lost its latest writes.
     failovers: u64,
+    /// Connections made so far: a new one is checked for permissions ([`Store::refused`]).
+    connects: u64,
+}
+
+/// Every command a router's sync sends, and what it needs it for (`Store::refused` checks each).
+/// `WAIT` is needed with Sentinel only; the occupancy scripts' own commands are checked inside
+/// a script ([`PROBE_SCRIPT`]).
+pub const NEEDED: [(&str, &str); 17] = [
+    ("MULTI", "the round's transaction"),
+    ("EXEC", "the round's transaction"),
+    ("XADD", "publishing usage"),
+    ("XRANGE", "reading the others' usage"),
+    ("XREVRANGE", "reading today's totals at start"),
+    ("HINCRBY", "writing daily totals"),
+    ("HSET", "daily totals and the heartbeat"),
+    ("HGETALL", "reading heartbeats, totals and pools"),
+    ("HDEL", "forgetting routers gone for an hour"),
+    ("EXPIRE", "daily totals' expiry"),
+    (
+        "SET",
+        "the epoch, the router ID's claim and redirect tokens",
+    ),
+    ("GET", "the epoch and the router ID's claim"),
+    ("PEXPIRE", "renewing the router ID's claim"),
+    ("DEL", "releasing the router ID's claim"),
+    ("EVAL", "occupancy credits of budgeted models"),
+    ("INFO", "noticing a failover (INFO replication)"),
+    (
+        "WAIT",
+        "a replica's acknowledgement of occupancy grants under Sentinel",
+    ),
+];
+
+/// Runs each command the occupancy scripts ([`GRANT`], [`RELEASE`], `REWRITE`) run, on the probe
+/// keys, and returns the names of those the store's ACL refuses (a script's commands are checked
+/// against the user's ACL one by one, so `EVAL` alone allowed is not enough). Leaves nothing:
+/// what it adds it removes again, atomically.
+const PROBE_SCRIPT: &str = r#"
+local refused = {}
+local calls = {
+  {'GET', KEYS[1]}, {'HGETALL', KEYS[2]}, {'HGET', KEYS[2], 'f'}, {'HSET', KEYS[2], 'f', '0'},
+  {'HDEL', KEYS[2], 'f'}, {'SADD', KEYS[3], 'm'}, {'SMEMBERS', KEYS[3]}, {'SREM', KEYS[3], 'm'},
+  {'EXISTS', KEYS[2]},
+}
+for _, call in ipairs(calls) do
+  local reply = redis.pcall(unpack(call))
+  if type(reply) == 'table' and reply.err and (string.find(reply.err, 'NOPERM', 1, true)
+      or string.find(reply.err, 'ACL', 1, true)
+      or string.find(string.lower(reply.err), 'no permissions', 1, true)) then
+    table.insert(refused, call[1])
+  end
+end
+return refused
+"#;
+
+/// Whether `error` is the store's ACL refusing a command or a key (`NOPERM`, or an `ACL failure`
+/// inside a script), as opposed to the store being unreachable or failing otherwise.
+pub fn refused_permission(error: &redis::RedisError) -> bool {
+    if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+        || error.code() == Some("NOPERM")
+    {
+        return true;
+    }
+    permission_text(&error.to_string())
+}
+
+fn permission_text(text: &str) -> bool {
+    text.contains("NOPERM")
+        || text.contains("ACL failure")
+        || text.to_ascii_lowercase().contains("no permissions")
 }
 
 impl Store {
@@ -146,6 +243,7 @@ impl Store {
             connection: None,
             replication_id: None,
             failovers: 0,
+            connects: 0,
         }
     }
 
@@ -256,9 +354,11 @@ impl Store {
         let info = match info {
             Ok(info) => Some(info),
             Err(error) if error.is_io_error() || error.is_timeout() => return Err(error),
-            // Refused (an ACL without INFO): no failover is noticed through this connection.
+            // Refused (an ACL without INFO): no failover is noticed through this connection. The
+            // check of the new connection (`Store::refused`) reports it as a permission error,
+            // and refuses a start.
             Err(error) => {
-                tracing::warn!(%error, "the sync store refuses INFO: a failover that loses occupancy grants cannot be noticed");
+                tracing::warn!(%error, "the sync store refuses INFO (permission): a failover that loses occupancy grants cannot be noticed");
                 None
             }
         };
@@ -276,8 +376,97 @@ impl Store {
         if replication_id.is_some() {
             self.replication_id = replication_id;
         }
+        self.connects += 1;
         self.connection = Some(connection.clone());
         Ok(connection)
+    }
+
+    /// Connections made so far (each new one is worth a [`Store::refused`] check).
+    pub fn connects(&self) -> u64 {
+        self.connects
+    }
+
+    /// The commands the sync needs that the store's ACL refuses, each with what it is needed
+    /// for (empty: every one is allowed). Each command runs once, harmlessly, on probe keys under
+    /// the site's hash tag (`probe:{router}:…`): a stream write that creates nothing (`XADD
+    /// NOMKSTREAM`), writes that find nothing to change (`SET XX`, `EXPIRE` and `PEXPIRE` of a
+    /// missing key), a hash field added and removed, an empty `MULTI`/`EXEC`, and a script that
+    /// runs the occupancy scripts' own commands. `WAIT` is checked with `sentinel` only. Neither
+    /// `ACL DRYRUN` nor `COMMAND` is used: an ordinary user may not run them.
+    pub async fn refused(&mut self, sentinel: bool) -> RedisResult<Vec<(String, &'static str)>> {
+        let stream = self.key(&format!("probe:{}:stream", self.router));
+        let hash = self.key(&format!("probe:{}:hash", self.router));
+        let string = self.key(&format!("probe:{}:string", self.router));
+        let set = self.key(&format!("probe:{}:set", self.router));
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        let mut names: Vec<&'static str> = Vec::new();
+        let mut add = |pipe: &mut redis::Pipeline, name: &'static str, args: &[&str]| {
+            let mut command = redis::cmd(name);
+            for arg in args {
+                command.arg(*arg);
+            }
+            pipe.add_command(command);
+            names.push(name);
+        };
+        add(
+            &mut pipe,
+            "XADD",
+            &[&stream, "NOMKSTREAM", "MINID", "~", "0", "*", "u", ""],
+        );
+        add(&mut pipe, "XRANGE", &[&stream, "-", "+", "COUNT", "1"]);
+        add(&mut pipe, "XREVRANGE", &[&stream, "+", "-", "COUNT", "1"]);
+        add(&mut pipe, "HINCRBY", &[&hash, "f", "0"]);
+        add(&mut pipe, "HSET", &[&hash, "f", "0"]);
+        add(&mut pipe, "EXPIRE", &[&hash, "60"]);
+        add(&mut pipe, "HGETALL", &[&hash]);
+        add(&mut pipe, "HDEL", &[&hash, "f"]);
+        add(&mut pipe, "SET", &[&string, "1", "XX", "PX", "1"]);
+        add(&mut pipe, "GET", &[&string]);
+        add(&mut pipe, "PEXPIRE", &[&string, "1"]);
+        add(&mut pipe, "DEL", &[&string]);
+        add(
+            &mut pipe,
+            "EVAL",
+            &[PROBE_SCRIPT, "3", &string, &hash, &set],
+        );
+        add(&mut pipe, "INFO", &["replication"]);
+        if sentinel {
+            add(&mut pipe, "WAIT", &["0", "0"]);
+        }
+        // Last: should `EXEC` be refused after `MULTI` was allowed, the connection is left
+        // inside a transaction, and is dropped below.
+        add(&mut pipe, "MULTI", &[]);
+        add(&mut pipe, "EXEC", &[]);
+        let replies: Vec<Value> = self.query(&pipe).await?;
+        let mut refused: Vec<(String, &'static str)> = Vec::new();
+        for (name, reply) in names.iter().zip(&replies) {
+            match reply {
+                Value::ServerError(error)
+                    if error.kind() == Some(redis::ServerErrorKind::NoPerm)
+                        || permission_text(&format!(
+                            "{} {}",
+                            error.code(),
+                            error.details().unwrap_or("")
+                        )) =>
+                {
+                    refused.push((name.to_string(), needed_for(name)));
+                }
+                // The probe script's answer: the occupancy scripts' commands it was refused.
+                Value::Array(inner) if *name == "EVAL" => {
+                    for command in inner {
+                        if let Ok(command) = redis::from_redis_value_ref::<String>(command) {
+                            refused.push((format!("{command} (in a script)"), needed_for("EVAL")));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if refused.iter().any(|(name, _)| name == "EXEC") {
+            self.connection = None;
+        }
+        Ok(refused)
     }
 
     /// Connects when there is no connection (noting a failover, [`Store::failovers`]).
@@ -310,6 +499,24 @@ impl Store {
     /// addresses, resolved again).
     pub fn rebuild(&mut self) {
         self.connection = None;
+    }
+
+    /// Takes this router ID for `value` when no process holds it (`SET NX PX`, expiring after
+    /// `ttl_ms` unless renewed), and returns who holds it now (`None`: the claim expired between
+    /// the two commands; ask again).
+    pub async fn claim(&mut self, value: &str, ttl_ms: u64) -> RedisResult<Option<String>> {
+        let key = self.key(&format!("owner:{}", self.router));
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(&key)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms.max(1))
+            .ignore();
+        pipe.cmd("GET").arg(&key);
+        let (holder,): (Option<String>,) = self.query(&pipe).await?;
+        Ok(holder)
     }
 
     /// Today's totals of every router and the stream's newest entry, read together: every entry
@@ -372,12 +579,17 @@ impl Store {
         Ok(entries(&reply))
     }
 
-    /// One round: publish, write totals and the heartbeat in one transaction, then read the
-    /// heartbeats and the entries after `writes.after`.
+    /// One round: publish, write the daily totals, the heartbeat and the router ID's claim in
+    /// one transaction, then read the heartbeats, the claim and the entries after
+    /// `writes.after`. The entries and the totals must be written together: a start-up reads
+    /// the totals and the stream's newest entry as one, and takes every entry up to it as
+    /// counted in the totals. The occupancy pools are not part of it ([`Store::pools`]): a
+    /// store that refuses their script must not keep limits from being shared.
     pub async fn round(&mut self, writes: RoundWrites<'_>) -> RedisResult<RoundReads> {
         let usage = self.key("usage");
         let routers = self.key("routers");
-        let mut commands = Vec::with_capacity(writes.entries.len() + 8);
+        let claim = self.key(&format!("owner:{}", self.router));
+        let mut commands = Vec::with_capacity(writes.entries.len() + writes.totals.len() + 10);
         for entry in writes.entries {
             let mut xadd = redis::cmd("XADD");
             xadd.arg(&usage)
@@ -389,18 +601,33 @@ impl Store {
                 .arg(entry.as_slice());
             commands.push(xadd);
         }
-        // One HSET per day with every changed total of that day, and its expiry.
+        // Per day: one HINCRBY per changed total (an increment of this process's own, so another
+        // writer of the field loses nothing), one HSET with the whole totals written again
+        // after the store lost its data, and the day's expiry.
         let mut days: Vec<u32> = writes.totals.iter().map(|(day, _, _)| *day).collect();
         days.sort_unstable();
         days.dedup();
         for day in days {
             let key = self.key(&format!("daily:{day}"));
-            let mut hset = redis::cmd("HSET");
-            hset.arg(&key);
-            for (_, field, total) in writes.totals.iter().filter(|(of, _, _)| *of == day) {
-                hset.arg(field).arg(*total);
+            let mut whole = redis::cmd("HSET");
+            whole.arg(&key);
+            let mut wholes = 0;
+            for (_, field, write) in writes.totals.iter().filter(|(of, _, _)| *of == day) {
+                match *write {
+                    DailyWrite::Add(tokens) => {
+                        let mut add = redis::cmd("HINCRBY");
+                        add.arg(&key).arg(field).arg(tokens);
+                        commands.push(add);
+                    }
+                    DailyWrite::Set(tokens) => {
+                        whole.arg(field).arg(tokens);
+                        wholes += 1;
+                    }
+                }
             }
-            commands.push(hset);
+            if wholes > 0 {
+                commands.push(whole);
+            }
             let mut expire = redis::cmd("EXPIRE");
             expire.arg(&key).arg(DAILY_TTL_SECONDS);
             commands.push(expire);
@@ -417,27 +644,27 @@ impl Store {
             .arg(format!("{}-{}", writes.now_ms, self.epoch_suffix))
             .arg("NX");
         commands.push(set_epoch);
-        for pool in writes.pools {
-            let key = self.key(&format!("pool:{}", pool.pool));
-            if let Some(rewrite) = &pool.rewrite {
-                let mut eval = redis::cmd("EVAL");
-                eval.arg(super::pool_store::REWRITE)
-                    .arg(3)
-                    .arg(&key)
-                    .arg(self.key("epoch"))
-                    .arg(self.key("pools"))
-                    .arg(&self.router)
-                    .arg(rewrite.run)
-                    .arg(rewrite.epoch)
-                    .arg(rewrite.holding)
-                    .arg(rewrite.in_use)
-                    .arg(u8::from(rewrite.short));
-                commands.push(eval);
-            }
-            let mut read = redis::cmd("HGETALL");
-            read.arg(&key);
-            commands.push(read);
+        if writes.claim.release {
+            let mut release = redis::cmd("DEL");
+            release.arg(&claim);
+            commands.push(release);
+        } else {
+            // Taken when free, and renewed: renewing another process's claim is harmless (this
+            // one steps down on reading it, and the other renews it anyway).
+            let mut take = redis::cmd("SET");
+            take.arg(&claim)
+                .arg(writes.claim.value)
+                .arg("NX")
+                .arg("PX")
+                .arg(writes.claim.ttl_ms.max(1));
+            commands.push(take);
+            let mut renew = redis::cmd("PEXPIRE");
+            renew.arg(&claim).arg(writes.claim.ttl_ms.max(1));
+            commands.push(renew);
         }
+        let mut holder = redis::cmd("GET");
+        holder.arg(&claim);
+        commands.push(holder);
         let mut epoch = redis::cmd("GET");
         epoch.arg(self.key("epoch"));
         commands.push(epoch);
@@ -452,38 +679,80 @@ impl Store {
             .arg("COUNT")
             .arg(READ_MAX);
         commands.push(range);
-        let pool_replies: usize = writes
-            .pools
-            .iter()
-            .map(|pool| 1 + usize::from(pool.rewrite.is_some()))
-            .sum();
-        let replies = self.transaction(commands, pool_replies + 3).await?;
-        let mut pools = Vec::with_capacity(writes.pools.len());
-        let mut at = 0;
-        for pool in writes.pools {
+        let replies = self.transaction(commands, 4).await?;
+        let claim_holder: Option<String> = redis::from_redis_value_ref(&replies[0])?;
+        let epoch: String = redis::from_redis_value_ref(&replies[1])?;
+        let heartbeats: HashMap<String, String> = redis::from_redis_value_ref(&replies[2])?;
+        Ok(RoundReads {
+            heartbeats,
+            entries: entries(&replies[3]),
+            epoch,
+            claim_holder,
+        })
+    }
+
+    /// The occupancy pools' step of a round, after [`Store::round`]: each pool's rewrite
+    /// (`pool_store::REWRITE`, atomic in itself) then a read of every holding. Pools are
+    /// independent of each other and of the round's transaction, so a refused script (an ACL
+    /// without `EVAL`) leaves the reads, and the rest of the round, standing; it is returned in
+    /// [`PoolsRead::refused`]. Any other error fails the step.
+    pub async fn pools(&mut self, pools: &[PoolWrite<'_>]) -> RedisResult<PoolsRead> {
+        let mut read = PoolsRead {
+            pools: Vec::with_capacity(pools.len()),
+            refused: None,
+        };
+        if pools.is_empty() {
+            return Ok(read);
+        }
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for pool in pools {
+            let key = self.key(&format!("pool:{}", pool.pool));
+            if let Some(rewrite) = &pool.rewrite {
+                pipe.cmd("EVAL")
+                    .arg(super::pool_store::REWRITE)
+                    .arg(3)
+                    .arg(&key)
+                    .arg(self.key("epoch"))
+                    .arg(self.key("pools"))
+                    .arg(&self.router)
+                    .arg(rewrite.run)
+                    .arg(rewrite.epoch)
+                    .arg(rewrite.holding)
+                    .arg(rewrite.in_use)
+                    .arg(u8::from(rewrite.short));
+            }
+            pipe.cmd("HGETALL").arg(&key);
+        }
+        let replies: Vec<Value> = self.query(&pipe).await?;
+        let mut replies = replies.into_iter();
+        for pool in pools {
             let rewritten = match pool.rewrite {
-                Some(_) => {
-                    at += 1;
-                    Some(redis::from_redis_value_ref::<i64>(&replies[at - 1])?)
-                }
+                Some(_) => match replies.next() {
+                    Some(Value::ServerError(error)) => {
+                        let error = redis::RedisError::from(error);
+                        if !refused_permission(&error) {
+                            return Err(error);
+                        }
+                        read.refused.get_or_insert(error);
+                        None
+                    }
+                    Some(reply) => Some(redis::from_redis_value_ref::<i64>(&reply)?),
+                    None => return Err(short_reply()),
+                },
                 None => None,
             };
-            let holdings: HashMap<String, String> = redis::from_redis_value_ref(&replies[at])?;
-            at += 1;
-            pools.push(PoolRead {
+            let holdings = match replies.next() {
+                Some(Value::ServerError(error)) => return Err(redis::RedisError::from(error)),
+                Some(reply) => redis::from_redis_value_ref(&reply)?,
+                None => return Err(short_reply()),
+            };
+            read.pools.push(PoolRead {
                 rewritten,
                 holdings,
             });
         }
-        let epoch: String = redis::from_redis_value_ref(&replies[at])?;
-        let heartbeats: HashMap<String, String> = redis::from_redis_value_ref(&replies[at + 1])?;
-        let range = &replies[at + 2];
-        Ok(RoundReads {
-            heartbeats,
-            entries: entries(range),
-            epoch,
-            pools,
-        })
+        Ok(read)
     }
 
     /// Removes heartbeats of routers given up (silent for over an hour, or left).
@@ -588,6 +857,20 @@ fn exec_replies(exec: Value, reads: usize) -> Result<Vec<Value>, String> {
         ));
     }
     Ok(replies.split_off(replies.len() - reads))
+}
+
+fn short_reply() -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::other(
+        "the store answered fewer replies than commands",
+    ))
+}
+
+/// What the sync needs `command` for ([`NEEDED`]).
+fn needed_for(command: &str) -> &'static str {
+    NEEDED
+        .iter()
+        .find(|(name, _)| *name == command)
+        .map_or("the sync", |(_, why)| why)
 }
 
 fn timed_out(_: tokio::time::error::Elapsed) -> redis::RedisError {
