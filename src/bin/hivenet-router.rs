@@ -266,6 +266,11 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    // `GET /ready`: not ready until the sync core's first round reached the store, when there
+    // is one (`router::readiness`).
+    let readiness = Arc::new(hivenet_router::router::readiness::Readiness::new(
+        sync_settings.is_some(),
+    ));
     let shared = Arc::new(ControlShared::new(
         ControlSettings {
             shard_count,
@@ -299,6 +304,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         metrics.clone(),
         policies,
         provider.as_ref().map(|pool| pool.metrics().clone()),
+        readiness.clone(),
     ));
 
     // The audit log: one writer thread, one ring per shard.
@@ -466,6 +472,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         held_total: Arc::new(HeldTotal::new(hold.max_total)),
         site,
         site_tokens,
+        readiness,
         credit_refills,
         tunnel_tls,
         reaper,
@@ -550,8 +557,9 @@ async fn drain(shared: &ControlShared, timeout: std::time::Duration) {
     tracing::info!(
         requests_open = open(),
         drain_timeout = ?timeout,
-        "hivenet-router draining: no new connections, /health fails, requests in flight run on"
+        "hivenet-router draining: no new connections, /health and /ready fail, requests in flight run on"
     );
+    shared.readiness.draining();
     shared
         .broadcast(|| hivenet_router::router::shard::messages::ControlToShard::Drain)
         .await;

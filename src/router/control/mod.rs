@@ -132,6 +132,9 @@ pub struct ControlShared {
     /// sync core, when there is one, publishes to it each round; without one it holds just this
     /// router (`SiteRouters::single`).
     pub site_routers: Arc<site_routers::SiteRouters>,
+    /// `GET /ready` (`router::readiness`): the sync core marks the store reached, the drain marks
+    /// the router draining; the metrics port's probe reads it.
+    pub readiness: Arc<crate::router::readiness::Readiness>,
 }
 
 /// The longest the sync round waits for the shards' usage (shards answer from their inbox in
@@ -147,6 +150,7 @@ impl ControlShared {
         shard_metrics: Vec<Arc<ShardMetrics>>,
         policies: policies::PolicyControl,
         provider_metrics: Option<Arc<crate::router::provider::ProviderMetrics>>,
+        readiness: Arc<crate::router::readiness::Readiness>,
     ) -> ControlShared {
         let site_routers = Arc::new(site_routers::SiteRouters::single(
             &settings.router_peer_id,
@@ -154,6 +158,7 @@ impl ControlShared {
         ));
         ControlShared {
             site_routers,
+            readiness,
             provider_metrics,
             tunnel_conns: crate::router::shard::conn_limit::ConnLimiter::new(
                 settings.p2p_max_conns_per_ip,

@@ -244,6 +244,8 @@ impl Round {
             Ok(peers) => {
                 let was_up = self.health.is_up();
                 self.health.succeeded(peers);
+                // Today's totals are read (the first round reads them before anything else).
+                self.shared.readiness.store_reached();
                 if !was_up {
                     tracing::info!(site = %self.settings.site, "the sync store answers: limits are shared with the routers of the site");
                 }
