@@ -406,8 +406,7 @@ impl Round {
         let gone: Vec<String> = records
             .iter()
             .filter(|record| {
-                record.id != self.settings.router_id
-                    && record.age_ms > site::SILENT_FOR_AT_MOST_MS
+                record.id != self.settings.router_id && record.age_ms > site::SILENT_FOR_AT_MOST_MS
             })
             .map(|record| record.id.clone())
             .collect();

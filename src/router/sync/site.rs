@@ -263,8 +263,7 @@ pub fn peers(
             // Every agent it served reports no session with it: it cannot be spending its share.
             // A router that listed no agent is kept: it may still serve through provider
             // fallback, which no agent can report on.
-            PeerState::Silent
-                if !heartbeat.agents.is_empty() && abandoned(record, reports) => {}
+            PeerState::Silent if !heartbeat.agents.is_empty() && abandoned(record, reports) => {}
             PeerState::Silent => {
                 peers.silent += 1;
                 peers.listed.push(heartbeat.peer_id.clone());
@@ -282,15 +281,13 @@ pub fn peers(
 fn abandoned(record: &Record, reports: &HashMap<String, Box<[String]>>) -> bool {
     let peer_id = &record.heartbeat.peer_id;
     !reports.values().any(|routers| routers.contains(peer_id))
-        && crate::logic::credits::may_reclaim(
-            record.missed(),
-            &record.heartbeat.agents,
-            |agent| match reports.get(agent) {
+        && crate::logic::credits::may_reclaim(record.missed(), &record.heartbeat.agents, |agent| {
+            match reports.get(agent) {
                 None => AgentSays::Unheard,
                 Some(routers) if routers.contains(peer_id) => AgentSays::Connected,
                 Some(_) => AgentSays::NotConnected,
-            },
-        )
+            }
+        })
 }
 
 /// The store's health as rounds see it, and the share it leaves this router.
@@ -445,7 +442,10 @@ mod tests {
             "agent-2 still has a session with b"
         );
         reports.insert("agent-2".into(), Box::new(["peer-a".to_string()]));
-        assert_eq!(given_up("a", &records, &reports), vec![("b".to_string(), 1)]);
+        assert_eq!(
+            given_up("a", &records, &reports),
+            vec![("b".to_string(), 1)]
+        );
         // An agent b never listed, heard here, with a session to b: it may be serving b.
         reports.insert(
             "agent-3".into(),
@@ -510,10 +510,7 @@ mod tests {
             roster.records[0].heartbeat.state(roster.records[0].age_ms),
             PeerState::Silent
         );
-        let roster = sightings.read(
-            [("ghost", text.as_str())],
-            NOW + SILENT_FOR_AT_MOST_MS + 1,
-        );
+        let roster = sightings.read([("ghost", text.as_str())], NOW + SILENT_FOR_AT_MOST_MS + 1);
         assert_eq!(
             roster.records[0].heartbeat.state(roster.records[0].age_ms),
             PeerState::Gone
