@@ -266,11 +266,6 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    // `GET /ready`: not ready until the sync core's first round reached the store, when there
-    // is one (`router::readiness`).
-    let readiness = Arc::new(hivenet_router::router::readiness::Readiness::new(
-        sync_settings.is_some(),
-    ));
     let shared = Arc::new(ControlShared::new(
         ControlSettings {
             shard_count,
@@ -297,6 +292,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             }),
             tunnel_tls: tunnel_tls.is_some(),
             advertise_grpc_addr,
+            sync_store: sync_settings.is_some(),
         },
         secret,
         dynamic_keys,
@@ -304,8 +300,9 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         metrics.clone(),
         policies,
         provider.as_ref().map(|pool| pool.metrics().clone()),
-        readiness.clone(),
     ));
+    // `GET /ready` on the shards: the same readiness the control and sync cores set.
+    let readiness = shared.readiness.clone();
 
     // The audit log: one writer thread, one ring per shard.
     let audit_path = hivenet_router::router::audit::path_from_env();

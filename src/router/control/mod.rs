@@ -84,6 +84,9 @@ pub struct ControlSettings {
     /// `--advertise-grpc-addr`: the `host:port` agents reach this router's gRPC service at,
     /// handed to agents for discovery; `None`: not advertised (default). Scope: this router.
     pub advertise_grpc_addr: Option<String>,
+    /// `--sync-store valkey`: the router is not ready until the sync core reaches the store
+    /// (`router::readiness`).
+    pub sync_store: bool,
 }
 
 /// What the control core needs of `--site-id` and its companions.
@@ -150,8 +153,10 @@ impl ControlShared {
         shard_metrics: Vec<Arc<ShardMetrics>>,
         policies: policies::PolicyControl,
         provider_metrics: Option<Arc<crate::router::provider::ProviderMetrics>>,
-        readiness: Arc<crate::router::readiness::Readiness>,
     ) -> ControlShared {
+        let readiness = Arc::new(crate::router::readiness::Readiness::new(
+            settings.sync_store,
+        ));
         let site_routers = Arc::new(site_routers::SiteRouters::single(
             &settings.router_peer_id,
             settings.advertise_grpc_addr.as_deref(),
