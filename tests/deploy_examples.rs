@@ -1,8 +1,9 @@
 //! Proves that every YAML document in `deploy/keda/` and `deploy/kubernetes/` parses and says what
 //! `deploy/README.md` promises: a KEDA ScaledObject that wakes on the pending demand and idles at
 //! zero, aimed at a LeaderWorkerSet whose leader runs vLLM with a health probe and the agent with
-//! real flags only; three routers that share limits through Valkey behind Sentinel, with agents
-//! that list every router by pod name, and the seed's alerts.
+//! real flags only; three routers that share limits through Valkey behind Sentinel, probed for
+//! readiness on `/ready` and liveness on `/health`, with agents that list every router by pod
+//! name, and the seed's alerts.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -300,6 +301,12 @@ fn three_routers_share_limits_through_the_sentinels_of_the_site() {
         pod_name["valueFrom"]["fieldRef"]["fieldPath"],
         "metadata.name"
     );
+
+    // Readiness steers traffic away from a router that cannot serve its limits yet; liveness
+    // restarts only a router that stopped answering.
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/ready");
+    assert_eq!(container["readinessProbe"]["httpGet"]["port"], 8080);
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/health");
 
     let args = args_of(&container);
     assert_eq!(value_of(&args, "--router-id"), Some("$(POD_NAME)"));

@@ -296,6 +296,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             }),
             tunnel_tls: tunnel_tls.is_some(),
             advertise_grpc_addr,
+            sync_store: sync_settings.is_some(),
         },
         secret,
         dynamic_keys,
@@ -304,6 +305,8 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         policies,
         provider.as_ref().map(|pool| pool.metrics().clone()),
     ));
+    // `GET /ready` on the shards: the same readiness the control and sync cores set.
+    let readiness = shared.readiness.clone();
 
     // The audit log: one writer thread, one ring per shard.
     let audit_path = hivenet_router::router::audit::path_from_env();
@@ -470,6 +473,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         held_total: Arc::new(HeldTotal::new(hold.max_total)),
         site,
         site_tokens,
+        readiness,
         credit_refills,
         tunnel_tls,
         reaper,
@@ -554,8 +558,9 @@ async fn drain(shared: &ControlShared, timeout: std::time::Duration) {
     tracing::info!(
         requests_open = open(),
         drain_timeout = ?timeout,
-        "hivenet-router draining: no new connections, /health fails, requests in flight run on"
+        "hivenet-router draining: no new connections, /health and /ready fail, requests in flight run on"
     );
+    shared.readiness.draining();
     shared
         .broadcast(|| hivenet_router::router::shard::messages::ControlToShard::Drain)
         .await;

@@ -216,6 +216,19 @@ impl Rejection {
         .closing()
     }
 
+    /// A redirect token the sync store could not claim in time while it answers: the token may
+    /// not be accepted unchecked (another router may be accepting it too).
+    pub fn redirect_token_unchecked() -> Rejection {
+        Rejection {
+            retry_after_seconds: Some(1),
+            ..Rejection::router(
+                503,
+                "queue_full",
+                "redirect token could not be checked in the sync store in time; retry the request at its origin site",
+            )
+        }
+    }
+
     pub fn queue_full() -> Rejection {
         Rejection::router(503, "queue_full", "the router's internal queue is full")
     }

@@ -9,5 +9,6 @@ pub mod error;
 pub mod front;
 pub mod metrics;
 pub mod provider;
+pub mod readiness;
 pub mod shard;
 pub mod sync;

@@ -66,7 +66,7 @@ pub fn on_head(
 ) -> Result<(), Rejection> {
     use crate::wire::http::route::Route;
     match head.route {
-        Route::Health => Ok(()),
+        Route::Health | Route::Ready => Ok(()),
         Route::Admin => {
             // Admin keys come only as `Authorization: Bearer` (`api::admin`).
             let presented = crate::logic::auth::keys::bearer_token(head.authorization);

@@ -197,7 +197,7 @@ fn upstream_uri(route: Route) -> http::Uri {
         Route::CountTokens => 2,
         Route::Embeddings => 3,
         Route::Rerank => 4,
-        Route::Models | Route::Health | Route::Admin => {
+        Route::Models | Route::Health | Route::Ready | Route::Admin => {
             unreachable!("{route:?} is served by the router itself, never forwarded")
         }
     };

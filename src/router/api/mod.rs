@@ -2,7 +2,7 @@
 //!
 //! Phases, in order (see `docs/request-path.md` for each exit and its error code):
 //! 1. `route` — method and path to a [`Route`] (404/405 otherwise);
-//! 2. `authenticate` — the API key against the key registry (401), every route but `/health`;
+//! 2. `authenticate` — the API key against the key registry (401), every route but `/health` and `/ready`;
 //!    a request redirected here by a sibling site by its redirect token (`redirect`);
 //! 3. to 8. — an inference request's fields, model, admission, slot, forward and settlement,
 //!    one function per phase in `infer`; its admission takes the steps of its
@@ -49,11 +49,13 @@ fn endpoint(route: Route, method: Method) -> Endpoint {
         (Route::Models, _) => 5,
         (Route::Health, Method::Head) => 8,
         (Route::Health, _) => 7,
-        (Route::Admin, Method::Get) => 9,
-        (Route::Admin, Method::Post) => 10,
-        (Route::Admin, Method::Put) => 11,
-        (Route::Admin, Method::Delete) => 12,
-        (Route::Admin, _) => 13,
+        (Route::Ready, Method::Head) => 10,
+        (Route::Ready, _) => 9,
+        (Route::Admin, Method::Get) => 11,
+        (Route::Admin, Method::Post) => 12,
+        (Route::Admin, Method::Put) => 13,
+        (Route::Admin, Method::Delete) => 14,
+        (Route::Admin, _) => 15,
     };
     Endpoint::at(index)
 }
@@ -77,7 +79,7 @@ impl Drop for RequestOpen<'_> {
 }
 
 /// Serves one request to completion. `Err(ClientGone)` means the client connection is unusable
-/// and must be closed. Every request but `/health` leaves one audit record.
+/// and must be closed. Every request but `/health` and `/ready` leaves one audit record.
 /// `request` is borrowed, not moved: an `async fn` keeps a moved argument twice in its future
 /// (as argument and as local), and this future is held by every connection.
 pub async fn serve<S: Sink>(
@@ -92,11 +94,28 @@ pub async fn serve<S: Sink>(
         .http_server
         .begin(endpoint(request.route, request.method), request.received_at);
     if request.route == Route::Health {
-        // A draining router fails its health check so load balancers take it out.
+        // Liveness. A draining router fails it too, so load balancers take it out.
         let (status, body): (u16, &[u8]) = if shard.lifecycle.is_draining() {
             (503, b"{\"status\":\"draining\"}")
         } else {
             (200, b"{\"status\":\"ok\"}")
+        };
+        let answered = sink.respond(status, "application/json", &[], body).await;
+        exchange.status = status;
+        return answered;
+    }
+    if request.route == Route::Ready {
+        // Readiness (`router::readiness`): the shard knows it drains before the control core's
+        // flag is set, so both are asked.
+        let ready = match shard.settings.readiness.check() {
+            Ok(()) if shard.lifecycle.is_draining() => {
+                Err(crate::router::readiness::NotReady::Draining)
+            }
+            checked => checked,
+        };
+        let (status, body) = match ready {
+            Ok(()) => (200, crate::router::readiness::READY_BODY),
+            Err(not_ready) => (503, not_ready.body()),
         };
         let answered = sink.respond(status, "application/json", &[], body).await;
         exchange.status = status;

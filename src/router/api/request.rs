@@ -66,6 +66,7 @@ pub fn route(method: Method, path: &[u8]) -> Result<Route, Rejection> {
         b"/v1/rerank" => (Route::Rerank, Method::Post),
         b"/v1/models" => (Route::Models, Method::Get),
         b"/health" => (Route::Health, Method::Get),
+        b"/ready" => (Route::Ready, Method::Get),
         _ => return Err(Rejection::not_found_path()),
     };
     if method == allowed || (allowed == Method::Get && method == Method::Head) {

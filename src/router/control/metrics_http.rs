@@ -50,6 +50,18 @@ fn respond(
     shared: &ControlShared,
     reports: &[ShardReport],
 ) -> Response<Full<Bytes>> {
+    if request.uri().path() == "/ready" {
+        // The same probe as the API port's (`router::readiness`), for probes that use this port.
+        let (status, body) = match shared.readiness.check() {
+            Ok(()) => (StatusCode::OK, crate::router::readiness::READY_BODY),
+            Err(not_ready) => (StatusCode::SERVICE_UNAVAILABLE, not_ready.body()),
+        };
+        return Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(body)))
+            .expect("static response");
+    }
     if request.uri().path() != "/metrics" {
         return Response::builder()
             .status(StatusCode::NOT_FOUND)

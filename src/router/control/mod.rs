@@ -89,6 +89,9 @@ pub struct ControlSettings {
     /// `--advertise-grpc-addr`: the `host:port` agents reach this router's gRPC service at,
     /// handed to agents for discovery; `None`: not advertised (default). Scope: this router.
     pub advertise_grpc_addr: Option<String>,
+    /// `--sync-store valkey`: the router is not ready until the sync core reaches the store
+    /// (`router::readiness`).
+    pub sync_store: bool,
 }
 
 /// What the control core needs of `--site-id` and its companions.
@@ -141,6 +144,9 @@ pub struct ControlShared {
     spent_nonces: Mutex<NonceLedger>,
     /// `hivenet_agent_auth_refused_total{reason}`: `Challenge`/`Authenticate` calls refused.
     pub auth_refusals: AuthRefusals,
+    /// `GET /ready` (`router::readiness`): the sync core marks the store reached, the drain marks
+    /// the router draining; the metrics port's probe reads it.
+    pub readiness: Arc<crate::router::readiness::Readiness>,
 }
 
 /// Agent authentications refused, by reason (`hivenet_agent_auth_refused_total`).
@@ -172,12 +178,16 @@ impl ControlShared {
         policies: policies::PolicyControl,
         provider_metrics: Option<Arc<crate::router::provider::ProviderMetrics>>,
     ) -> ControlShared {
+        let readiness = Arc::new(crate::router::readiness::Readiness::new(
+            settings.sync_store,
+        ));
         let site_routers = Arc::new(site_routers::SiteRouters::single(
             &settings.router_peer_id,
             settings.advertise_grpc_addr.as_deref(),
         ));
         ControlShared {
             site_routers,
+            readiness,
             provider_metrics,
             tunnel_conns: crate::router::shard::conn_limit::ConnLimiter::new(
                 settings.p2p_max_conns_per_ip,

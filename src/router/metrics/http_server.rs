@@ -22,7 +22,7 @@ use super::histogram::{REQUEST_SECONDS_BUCKETS, cumulative};
 /// The `(method, route)` pairs a request can match: each API route with the method it accepts
 /// (`HEAD` too for the two `GET` routes), and the admin routes by method. `route` is the path
 /// template, so label values stay bounded.
-pub const ENDPOINTS: [(&str, &str); 14] = [
+pub const ENDPOINTS: [(&str, &str); 16] = [
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/messages"),
     ("POST", "/v1/messages/count_tokens"),
@@ -32,6 +32,8 @@ pub const ENDPOINTS: [(&str, &str); 14] = [
     ("HEAD", "/v1/models"),
     ("GET", "/health"),
     ("HEAD", "/health"),
+    ("GET", "/ready"),
+    ("HEAD", "/ready"),
     ("GET", "/admin/*"),
     ("POST", "/admin/*"),
     ("PUT", "/admin/*"),

@@ -55,6 +55,8 @@ pub struct ShardSettings {
     pub site: Option<Arc<crate::router::config::RedirectSite>>,
     /// `--sync-store valkey`: redirect tokens are spent once for the whole site.
     pub site_tokens: Option<crate::router::shard::redirect_claims::SiteTokens>,
+    /// `GET /ready` (`router::readiness`), shared with the control and sync cores.
+    pub readiness: Arc<crate::router::readiness::Readiness>,
     /// `--sync-store valkey`: where wallets that ran short ask the sync core for a refill.
     pub credit_refills:
         Option<tokio::sync::mpsc::Sender<crate::router::shard::owner::wallets::Refill>>,

@@ -655,6 +655,7 @@ mod tests {
             held_total: Arc::new(crate::logic::hold::HeldTotal::new(16)),
             site: None,
             site_tokens: None,
+            readiness: Arc::new(crate::router::readiness::Readiness::new(false)),
             credit_refills: None,
             tunnel_tls: None,
             client_limits: Default::default(),

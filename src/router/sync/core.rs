@@ -53,7 +53,7 @@ use super::entry::{Entry, ModelName};
 use super::pool_store::Grant;
 use super::pools::{self, SiteCredits};
 use super::round::{self, Backlog, Batch, DailyLedger};
-use super::site::{self, AfterFailure, Health, Heartbeat, Peers};
+use super::site::{self, AfterFailure, Health, Heartbeat, Peers, Sightings};
 use super::store::{ClaimWrite, PoolRead, RoundWrites, Store, StreamId, refused_permission};
 use crate::router::config::sync::SyncSettings;
 use crate::router::shard::owner::wallets::{CreditNews, Refill};
@@ -128,6 +128,8 @@ struct Round {
     metrics: Arc<SyncMetrics>,
     store: Store,
     health: Health,
+    /// When each router record in the store was first seen with its current value.
+    sightings: Sightings,
     backlog: Backlog,
     /// This run's start (unix ms): tells this run's entries from a previous run's.
     run: u64,
@@ -215,6 +217,7 @@ impl SyncCore {
         );
         let round = Round {
             health: Health::new(settings.min_routers),
+            sightings: Sightings::default(),
             settings,
             shared,
             metrics,
@@ -347,6 +350,8 @@ impl Round {
             Ok(peers) => {
                 let was_up = self.health.is_up();
                 self.health.succeeded(peers);
+                // Today's totals are read (the first round reads them before anything else).
+                self.shared.readiness.store_reached();
                 if !was_up {
                     tracing::info!(site = %self.settings.site, "the sync store answers: limits are shared with the routers of the site");
                 }
@@ -391,6 +396,7 @@ impl Round {
             .up
             .store(i64::from(self.health.is_up()), Ordering::Relaxed);
         self.store_up.store(self.health.is_up(), Ordering::Relaxed);
+        self.metrics.set_share(self.health.share());
         self.close_if_reached_while_cut_off(outcome_ok).await;
         // While the store answers, a new session routes once a heartbeat has published it; while
         // it does not, at once (budgeted models are closed to an agent that connects then).
@@ -555,38 +561,41 @@ impl Round {
             self.metrics.lag_ms.store(lag_ms as i64, Ordering::Relaxed);
         }
         self.cursor = Some(newest);
-        let records: Vec<(String, Heartbeat)> = reads
-            .heartbeats
-            .iter()
-            .filter_map(|(id, json)| Some((id.clone(), serde_json::from_str(json).ok()?)))
-            .collect();
-        let peers = site::peers(
-            &self.settings.router_id,
-            &heartbeat,
-            records.iter().map(|(id, record)| (id.as_str(), record)),
+        let roster = self.sightings.read(
+            reads
+                .heartbeats
+                .iter()
+                .map(|(id, text)| (id.as_str(), text.as_str())),
             now_ms,
         );
+        if !roster.newly_malformed.is_empty() {
+            self.metrics
+                .malformed_records_total
+                .fetch_add(roster.newly_malformed.len() as u64, Ordering::Relaxed);
+            tracing::warn!(
+                routers = ?roster.newly_malformed,
+                "ignoring router records in the sync store this router cannot read (a newer version, or a writer that is not a router of this site)"
+            );
+        }
+        let records = roster.records;
+        let reports = self.shared.agent_reports();
+        let peers = site::peers(&self.settings.router_id, &heartbeat, &records, &reports);
         self.metrics
             .peers
             .store(i64::from(peers.live), Ordering::Relaxed);
-        let given_up = site::given_up(
-            &self.settings.router_id,
-            records.iter().map(|(id, record)| (id.as_str(), record)),
-            &self.shared.agent_reports(),
-            now_ms,
-        );
+        let given_up = site::given_up(&self.settings.router_id, &records, &reports);
         for (router, run) in given_up {
             self.reclaim(&router, run).await;
         }
         // Records of routers gone for over an hour (silent, or left) are removed; a router that
-        // left more recently keeps its record, which says it left.
+        // left more recently keeps its record, which says it left. Age is this router's reading
+        // ([`site::Record::age_ms`]), so a record dated in the future goes too.
         let gone: Vec<String> = records
             .iter()
-            .filter(|(id, record)| {
-                *id != self.settings.router_id
-                    && now_ms.saturating_sub(record.at_unix_ms) > site::SILENT_FOR_AT_MOST_MS
+            .filter(|record| {
+                record.id != self.settings.router_id && record.age_ms > site::SILENT_FOR_AT_MOST_MS
             })
-            .map(|(id, _)| id.clone())
+            .map(|record| record.id.clone())
             .collect();
         if !gone.is_empty()
             && let Err(error) = self.store.forget_routers(&gone).await

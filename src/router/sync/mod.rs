@@ -38,6 +38,7 @@ pub mod store;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
+use crate::logic::limits::Share;
 use crate::router::metrics::histogram::cumulative;
 use crate::router::metrics::{Collect, Family};
 
@@ -52,6 +53,12 @@ pub struct SyncMetrics {
     pub up: AtomicI64,
     /// Other live routers, as last seen.
     pub peers: AtomicI64,
+    /// Silent routers whose share the limits keep free (`Share::Shared`'s `silent`).
+    pub silent_routers: AtomicI64,
+    /// What of each limit is left to silent routers, in millionths (`silent / (live + silent)`).
+    pub silent_share_ppm: AtomicI64,
+    /// Router records in the store this router could not read, each bad value once.
+    pub malformed_records_total: AtomicU64,
     /// Age of the latest peer usage when applied, in milliseconds.
     pub lag_ms: AtomicI64,
     /// Rounds that failed to reach the store (`hivenet_sync_errors_total{kind="unreachable"}`).
@@ -107,9 +114,26 @@ impl Histogram {
     }
 }
 
+impl SyncMetrics {
+    /// The silent routers the share counts, and what of each limit it leaves them: none while
+    /// each router enforces its share alone.
+    pub fn set_share(&self, share: Share) {
+        let (silent, ppm) = match share {
+            Share::Shared { live, silent, .. } if silent > 0 => {
+                let routers = u64::from(live.max(1)) + u64::from(silent);
+                (silent, u64::from(silent) * 1_000_000 / routers)
+            }
+            _ => (0, 0),
+        };
+        self.silent_routers
+            .store(i64::from(silent), Ordering::Relaxed);
+        self.silent_share_ppm.store(ppm as i64, Ordering::Relaxed);
+    }
+}
+
 impl Collect for SyncMetrics {
     fn collect(&self, out: &mut Vec<Family>) {
-        let gauges: [(&str, &str, f64); 5] = [
+        let gauges: [(&str, &str, f64); 7] = [
             (
                 "hivenet_sync_up",
                 "1 while the sync store answers; 0 while each router enforces its share alone.",
@@ -119,6 +143,16 @@ impl Collect for SyncMetrics {
                 "hivenet_sync_peers",
                 "Other live routers of the site, as last seen.",
                 self.peers.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "hivenet_sync_silent_routers",
+                "Routers that stopped heartbeating without leaving, whose share of every limit the live routers keep free.",
+                self.silent_routers.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "hivenet_sync_silent_share_ratio",
+                "Fraction of each rate limit and daily budget the live routers leave to silent routers: silent / (live + silent).",
+                self.silent_share_ppm.load(Ordering::Relaxed) as f64 / 1e6,
             ),
             (
                 "hivenet_sync_unknown_routers",
@@ -155,6 +189,11 @@ impl Collect for SyncMetrics {
         );
         out.push(errors);
         let counters = [
+            (
+                "hivenet_sync_malformed_records_total",
+                "Router records in the sync store this router ignored because it could not read them, each bad value once.",
+                &self.malformed_records_total,
+            ),
             (
                 "hivenet_sync_published_bytes_total",
                 "Bytes of usage entries this router published to the sync store.",

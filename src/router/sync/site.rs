@@ -10,6 +10,22 @@
 //!   store and still spending its share, so the others keep that share free.
 //! - One that left cleanly is not counted; a restart under the same router ID replaces the
 //!   previous run (one record per router ID).
+//! - A silent router is not counted either once it cannot be spending: a live router holds its
+//!   peer ID (the same identity restarted under a new router ID), or every agent it served
+//!   reports no session with it (the rule that gives its occupancy credits back, seed "A router
+//!   that stops").
+//!
+//! # What is checked of the store
+//! Anyone who can write the store can write a heartbeat, so a record is evidence, not truth
+//! ([`Sightings`]):
+//! - A record's age is the larger of what its writer's clock says and how long this router has
+//!   seen the record unchanged: a time in the future counts as now (clamped), and a record that
+//!   is not rewritten goes silent after three intervals whatever time it claims.
+//! - The interval a record claims is held to the range `--sync-interval` allows, so a record
+//!   cannot stretch its own liveness.
+//! - A record that does not parse, names no peer ID, or is oversized is ignored and counted
+//!   (`hivenet_sync_malformed_records_total`, once per value); so are records past
+//!   [`ROUTERS_MAX`].
 //! - The store unreachable for three rounds in a row: this router enforces its share alone,
 //!   `limit / routers` with the routers last seen, never fewer than `--sync-min-routers`; before
 //!   the store first answers, `--sync-min-routers`.
@@ -21,6 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::logic::credits::AgentSays;
 use crate::logic::limits::Share;
+use crate::router::config::sync::{INTERVAL_MAX, INTERVAL_MIN};
 
 /// A router silent this long is given up: the others stop keeping its share.
 pub const SILENT_FOR_AT_MOST_MS: u64 = 60 * 60 * 1000;
@@ -30,6 +47,14 @@ pub const MISSED_ROUNDS: u32 = 3;
 /// Failed rounds in a row after which the store connection is rebuilt from the configured
 /// addresses.
 pub const RECONNECT_AFTER_FAILURES: u32 = 10;
+/// Router records read at most per round (in router ID order); the rest are ignored and counted
+/// as malformed. A site runs a handful of routers: this bounds what a flood of forged records
+/// costs each round, not a real site.
+pub const ROUTERS_MAX: usize = 256;
+/// The largest heartbeat record read, in bytes (a record lists the agents its router serves).
+pub const RECORD_BYTES_MAX: usize = 64 * 1024;
+/// The longest peer ID or advertised address a record may carry, in bytes.
+const FIELD_BYTES_MAX: usize = 256;
 
 /// What a router records about itself each round (one field per router ID in the store).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,18 +85,129 @@ pub enum PeerState {
 }
 
 impl Heartbeat {
-    pub fn state(&self, now_unix_ms: u64) -> PeerState {
+    /// The record's state when it is `age_ms` old (see [`Record::age_ms`]).
+    pub fn state(&self, age_ms: u64) -> PeerState {
         if self.left {
             return PeerState::Gone;
         }
-        let age = now_unix_ms.saturating_sub(self.at_unix_ms);
-        if age <= self.interval_ms.max(1) * u64::from(MISSED_ROUNDS) {
+        let age = age_ms;
+        if age <= self.interval_clamped_ms() * u64::from(MISSED_ROUNDS) {
             PeerState::Live
         } else if age <= SILENT_FOR_AT_MOST_MS {
             PeerState::Silent
         } else {
             PeerState::Gone
         }
+    }
+
+    /// The interval the record claims, held to what `--sync-interval` allows: a record cannot
+    /// stay live longer by claiming a longer one.
+    pub fn interval_clamped_ms(&self) -> u64 {
+        self.interval_ms.clamp(
+            INTERVAL_MIN.as_millis() as u64,
+            INTERVAL_MAX.as_millis() as u64,
+        )
+    }
+
+    /// Parses a stored record; `None` when it is not one this router can trust the shape of.
+    fn parse(text: &str) -> Option<Heartbeat> {
+        if text.len() > RECORD_BYTES_MAX {
+            return None;
+        }
+        let heartbeat: Heartbeat = serde_json::from_str(text).ok()?;
+        let field_ok = |field: &str| !field.is_empty() && field.len() <= FIELD_BYTES_MAX;
+        let ok = field_ok(&heartbeat.peer_id)
+            && heartbeat.grpc_addr.as_deref().is_none_or(field_ok)
+            && heartbeat.agents.iter().all(|agent| field_ok(agent));
+        ok.then_some(heartbeat)
+    }
+}
+
+/// One router's record as this router reads it: the heartbeat and its age.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The router ID (the field in the store).
+    pub id: String,
+    pub heartbeat: Heartbeat,
+    /// The larger of its writer's age (`now - at_unix_ms`, 0 for a time in the future) and how
+    /// long this router has seen the record unchanged.
+    pub age_ms: u64,
+}
+
+impl Record {
+    /// Heartbeats missed, by this router's count.
+    fn missed(&self) -> u32 {
+        u32::try_from(self.age_ms / self.heartbeat.interval_clamped_ms()).unwrap_or(u32::MAX)
+    }
+}
+
+/// When this router first saw each record's current value: a live router rewrites its record
+/// every round, so a record seen unchanged for longer than three intervals is silent, whatever
+/// time its writer put in it. Bound: one entry per field of the store's hash, pruned each read.
+#[derive(Debug, Default)]
+pub struct Sightings {
+    seen: HashMap<String, Seen>,
+}
+
+#[derive(Debug)]
+struct Seen {
+    value: String,
+    first_seen_ms: u64,
+}
+
+/// What one read of the store's router records gave.
+#[derive(Debug, Default)]
+pub struct Roster {
+    /// The well-formed records, in router ID order.
+    pub records: Vec<Record>,
+    /// Records ignored this read (unreadable, or past [`ROUTERS_MAX`]).
+    pub malformed: u32,
+    /// The router IDs whose malformed value this read is the first to see (for the counter and
+    /// the log: each bad value is reported once).
+    pub newly_malformed: Vec<String>,
+}
+
+impl Sightings {
+    /// Reads the store's router records (router ID, stored text) at `now_ms`.
+    pub fn read<'a>(
+        &mut self,
+        fields: impl IntoIterator<Item = (&'a str, &'a str)>,
+        now_ms: u64,
+    ) -> Roster {
+        let mut fields: Vec<(&str, &str)> = fields.into_iter().collect();
+        fields.sort_unstable_by_key(|(id, _)| *id);
+        let mut roster = Roster::default();
+        let mut seen = HashMap::with_capacity(fields.len());
+        for (index, (id, text)) in fields.into_iter().enumerate() {
+            let kept = self.seen.remove(id).filter(|before| before.value == text);
+            let newly_seen = kept.is_none();
+            let sighting = kept.unwrap_or_else(|| Seen {
+                value: text.to_owned(),
+                first_seen_ms: now_ms,
+            });
+            let first_seen_ms = sighting.first_seen_ms;
+            seen.insert(id.to_owned(), sighting);
+            let heartbeat = (index < ROUTERS_MAX)
+                .then(|| Heartbeat::parse(text))
+                .flatten();
+            let Some(heartbeat) = heartbeat else {
+                roster.malformed += 1;
+                if newly_seen {
+                    roster.newly_malformed.push(id.to_owned());
+                }
+                continue;
+            };
+            let age_ms = now_ms
+                .saturating_sub(heartbeat.at_unix_ms)
+                .max(now_ms.saturating_sub(first_seen_ms));
+            roster.records.push(Record {
+                id: id.to_owned(),
+                heartbeat,
+                age_ms,
+            });
+        }
+        self.seen = seen;
+        roster
     }
 }
 
@@ -89,24 +225,29 @@ pub struct Peers {
     pub listed: Vec<String>,
 }
 
-/// Reads the heartbeats of one round. `own_id`'s record is this router's: it counts as live
-/// whatever the record says.
-pub fn peers<'a>(
+/// Reads the records of one round. `own_id`'s record is this router's: it counts as live
+/// whatever the record says. `reports`: per agent served here, the routers it reports a session
+/// with (see [`given_up`]).
+pub fn peers(
     own_id: &str,
     own: &Heartbeat,
-    records: impl IntoIterator<Item = (&'a str, &'a Heartbeat)>,
-    now_unix_ms: u64,
+    records: &[Record],
+    reports: &HashMap<String, Box<[String]>>,
 ) -> Peers {
     let mut peers = Peers::default();
     if let Some(addr) = &own.grpc_addr {
         peers.advertised.push((own.peer_id.clone(), addr.clone()));
     }
     peers.listed.push(own.peer_id.clone());
-    for (id, heartbeat) in records {
-        if id == own_id {
-            continue;
-        }
-        match heartbeat.state(now_unix_ms) {
+    let others = || records.iter().filter(|record| record.id != own_id);
+    let live_peer_ids: Vec<&str> = others()
+        .filter(|record| record.heartbeat.state(record.age_ms) == PeerState::Live)
+        .map(|record| record.heartbeat.peer_id.as_str())
+        .chain([own.peer_id.as_str()])
+        .collect();
+    for record in others() {
+        let heartbeat = &record.heartbeat;
+        match heartbeat.state(record.age_ms) {
             PeerState::Live => {
                 peers.live += 1;
                 if let Some(addr) = &heartbeat.grpc_addr {
@@ -116,6 +257,13 @@ pub fn peers<'a>(
                 }
                 peers.listed.push(heartbeat.peer_id.clone());
             }
+            // The same identity runs live under another router ID (restarted under a new one):
+            // this record's process is gone.
+            PeerState::Silent if live_peer_ids.contains(&heartbeat.peer_id.as_str()) => {}
+            // Every agent it served reports no session with it: it cannot be spending its share.
+            // A router that listed no agent is kept: it may still serve through provider
+            // fallback, which no agent can report on.
+            PeerState::Silent if !heartbeat.agents.is_empty() && abandoned(record, reports) => {}
             PeerState::Silent => {
                 peers.silent += 1;
                 peers.listed.push(heartbeat.peer_id.clone());
@@ -126,6 +274,20 @@ pub fn peers<'a>(
     peers.advertised.sort();
     peers.listed.sort();
     peers
+}
+
+/// Whether every agent `record`'s router served reports no session with it, and no agent heard
+/// here reports one (see [`given_up`]); its missed heartbeats are the caller's to check.
+fn abandoned(record: &Record, reports: &HashMap<String, Box<[String]>>) -> bool {
+    let peer_id = &record.heartbeat.peer_id;
+    !reports.values().any(|routers| routers.contains(peer_id))
+        && crate::logic::credits::may_reclaim(record.missed(), &record.heartbeat.agents, |agent| {
+            match reports.get(agent) {
+                None => AgentSays::Unheard,
+                Some(routers) if routers.contains(peer_id) => AgentSays::Connected,
+                Some(_) => AgentSays::NotConnected,
+            }
+        })
 }
 
 /// The store's health as rounds see it, and the share it leaves this router.
@@ -215,33 +377,16 @@ impl Health {
 /// session with it keeps them too, whether its heartbeat listed that agent or not (it may have
 /// connected since, `credits::simulation` seed 2866). `reports`: per agent served here, the routers it
 /// reports a session with.
-pub fn given_up<'a>(
+pub fn given_up(
     me: &str,
-    records: impl IntoIterator<Item = (&'a str, &'a Heartbeat)>,
+    records: &[Record],
     reports: &HashMap<String, Box<[String]>>,
-    now_ms: u64,
 ) -> Vec<(String, u64)> {
     records
-        .into_iter()
-        .filter(|(id, record)| *id != me && !record.left)
-        .filter(|(_, record)| {
-            !reports
-                .values()
-                .any(|routers| routers.contains(&record.peer_id))
-        })
-        .filter(|(_, record)| {
-            let missed = now_ms.saturating_sub(record.at_unix_ms) / record.interval_ms.max(1);
-            crate::logic::credits::may_reclaim(
-                u32::try_from(missed).unwrap_or(u32::MAX),
-                &record.agents,
-                |agent| match reports.get(agent) {
-                    None => AgentSays::Unheard,
-                    Some(routers) if routers.contains(&record.peer_id) => AgentSays::Connected,
-                    Some(_) => AgentSays::NotConnected,
-                },
-            )
-        })
-        .map(|(id, record)| (id.to_owned(), record.run))
+        .iter()
+        .filter(|record| record.id != me && !record.heartbeat.left)
+        .filter(|record| abandoned(record, reports))
+        .map(|record| (record.id.clone(), record.heartbeat.run))
         .collect()
 }
 
@@ -264,15 +409,28 @@ mod tests {
         }
     }
 
+    /// `id`'s record as read `age_ms` after it was written.
+    fn record(id: &str, heartbeat: Heartbeat) -> Record {
+        Record {
+            id: id.into(),
+            age_ms: NOW - heartbeat.at_unix_ms,
+            heartbeat,
+        }
+    }
+
+    fn no_reports() -> HashMap<String, Box<[String]>> {
+        HashMap::new()
+    }
+
     #[test]
     fn a_silent_router_is_given_up_only_once_every_agent_it_served_says_so() {
         let mut crashed = heartbeat("peer-b", 4 * SECOND);
         crashed.agents = vec!["agent-1".into(), "agent-2".into()];
-        let records = [("b", &crashed)];
+        let records = [record("b", crashed)];
         let mut reports: HashMap<String, Box<[String]>> = HashMap::new();
         reports.insert("agent-1".into(), Box::new(["peer-a".to_string()]));
         assert!(
-            given_up("a", records, &reports, NOW).is_empty(),
+            given_up("a", &records, &reports).is_empty(),
             "agent-2 is not heard here"
         );
         reports.insert(
@@ -280,12 +438,12 @@ mod tests {
             Box::new(["peer-a".to_string(), "peer-b".to_string()]),
         );
         assert!(
-            given_up("a", records, &reports, NOW).is_empty(),
+            given_up("a", &records, &reports).is_empty(),
             "agent-2 still has a session with b"
         );
         reports.insert("agent-2".into(), Box::new(["peer-a".to_string()]));
         assert_eq!(
-            given_up("a", records, &reports, NOW),
+            given_up("a", &records, &reports),
             vec![("b".to_string(), 1)]
         );
         // An agent b never listed, heard here, with a session to b: it may be serving b.
@@ -293,53 +451,190 @@ mod tests {
             "agent-3".into(),
             Box::new(["peer-a".to_string(), "peer-b".to_string()]),
         );
-        assert!(given_up("a", records, &reports, NOW).is_empty());
+        assert!(given_up("a", &records, &reports).is_empty());
         reports.remove("agent-3");
-        let recent = heartbeat("peer-b", 2 * SECOND);
+        let recent = [record("b", heartbeat("peer-b", 2 * SECOND))];
         assert!(
-            given_up("a", [("b", &recent)], &reports, NOW).is_empty(),
+            given_up("a", &recent, &reports).is_empty(),
             "two missed heartbeats are not enough"
         );
     }
 
     #[test]
     fn live_silent_and_gone_by_age_and_leaving() {
-        assert_eq!(heartbeat("a", 3 * SECOND).state(NOW), PeerState::Live);
-        assert_eq!(heartbeat("a", 3 * SECOND + 1).state(NOW), PeerState::Silent);
-        assert_eq!(
-            heartbeat("a", SILENT_FOR_AT_MOST_MS).state(NOW),
-            PeerState::Silent
-        );
-        assert_eq!(
-            heartbeat("a", SILENT_FOR_AT_MOST_MS + 1).state(NOW),
-            PeerState::Gone
-        );
-        let left = Heartbeat {
-            left: true,
+        let beat = heartbeat("a", 0);
+        assert_eq!(beat.state(3 * SECOND), PeerState::Live);
+        assert_eq!(beat.state(3 * SECOND + 1), PeerState::Silent);
+        assert_eq!(beat.state(SILENT_FOR_AT_MOST_MS), PeerState::Silent);
+        assert_eq!(beat.state(SILENT_FOR_AT_MOST_MS + 1), PeerState::Gone);
+        let left = Heartbeat { left: true, ..beat };
+        assert_eq!(left.state(0), PeerState::Gone);
+    }
+
+    #[test]
+    fn a_record_cannot_stretch_its_liveness_by_the_interval_it_claims() {
+        let slow = Heartbeat {
+            interval_ms: u64::MAX / 4,
             ..heartbeat("a", 0)
         };
-        assert_eq!(left.state(NOW), PeerState::Gone);
+        assert_eq!(slow.interval_clamped_ms(), 10 * SECOND);
+        assert_eq!(slow.state(31 * SECOND), PeerState::Silent);
+        let zero = Heartbeat {
+            interval_ms: 0,
+            ..heartbeat("a", 0)
+        };
+        assert_eq!(zero.interval_clamped_ms(), 100);
+        assert_eq!(zero.state(301), PeerState::Silent);
+    }
+
+    fn json(heartbeat: &Heartbeat) -> String {
+        serde_json::to_string(heartbeat).unwrap()
+    }
+
+    #[test]
+    fn a_time_in_the_future_is_clamped_and_an_unchanged_record_goes_silent() {
+        let mut sightings = Sightings::default();
+        let future = Heartbeat {
+            at_unix_ms: NOW + 365 * 24 * 3600 * SECOND,
+            ..heartbeat("ghost", 0)
+        };
+        let text = json(&future);
+        let roster = sightings.read([("ghost", text.as_str())], NOW);
+        assert_eq!(roster.records[0].age_ms, 0, "the future counts as now");
+        assert_eq!(roster.records[0].heartbeat.state(0), PeerState::Live);
+        // Not rewritten: it ages by this router's clock.
+        let later = NOW + 3 * SECOND + 1;
+        let roster = sightings.read([("ghost", text.as_str())], later);
+        assert_eq!(roster.records[0].age_ms, 3 * SECOND + 1);
+        assert_eq!(
+            roster.records[0].heartbeat.state(roster.records[0].age_ms),
+            PeerState::Silent
+        );
+        let roster = sightings.read([("ghost", text.as_str())], NOW + SILENT_FOR_AT_MOST_MS + 1);
+        assert_eq!(
+            roster.records[0].heartbeat.state(roster.records[0].age_ms),
+            PeerState::Gone
+        );
+    }
+
+    #[test]
+    fn a_record_rewritten_every_round_stays_live_whatever_its_clock_says() {
+        let mut sightings = Sightings::default();
+        // Its writer's clock runs an hour ahead of this router's: still live while it writes.
+        for round in 0..10 {
+            let now = NOW + round * SECOND;
+            let beat = Heartbeat {
+                at_unix_ms: now + 3600 * SECOND,
+                ..heartbeat("skewed", 0)
+            };
+            let text = json(&beat);
+            let roster = sightings.read([("skewed", text.as_str())], now);
+            assert_eq!(roster.records[0].age_ms, 0);
+        }
+        // A record first seen old is as old as its writer says.
+        let old = json(&heartbeat("old", 10 * SECOND));
+        let roster = sightings.read([("old", old.as_str())], NOW);
+        assert_eq!(roster.records[0].age_ms, 10 * SECOND);
+    }
+
+    #[test]
+    fn malformed_records_are_ignored_and_each_bad_value_reported_once() {
+        let mut sightings = Sightings::default();
+        let good = json(&heartbeat("good", 0));
+        let no_peer = json(&heartbeat("", 0));
+        let huge_addr = json(&Heartbeat {
+            grpc_addr: Some("x".repeat(FIELD_BYTES_MAX + 1)),
+            ..heartbeat("big", 0)
+        });
+        let fields = [
+            ("a-good", good.as_str()),
+            ("b-garbage", "{not json"),
+            ("c-no-peer", no_peer.as_str()),
+            ("d-huge", huge_addr.as_str()),
+        ];
+        let roster = sightings.read(fields, NOW);
+        assert_eq!(roster.records.len(), 1);
+        assert_eq!(roster.records[0].id, "a-good");
+        assert_eq!(roster.malformed, 3);
+        assert_eq!(roster.newly_malformed, ["b-garbage", "c-no-peer", "d-huge"]);
+        let roster = sightings.read(fields, NOW + SECOND);
+        assert_eq!(roster.malformed, 3);
+        assert!(roster.newly_malformed.is_empty(), "reported once per value");
+        let roster = sightings.read([("b-garbage", "{still not json")], NOW + 2 * SECOND);
+        assert_eq!(roster.newly_malformed, ["b-garbage"]);
+    }
+
+    #[test]
+    fn records_past_the_most_a_site_holds_are_ignored() {
+        let mut sightings = Sightings::default();
+        let texts: Vec<(String, String)> = (0..ROUTERS_MAX + 3)
+            .map(|index| {
+                let id = format!("r{index:04}");
+                let text = json(&heartbeat(&id, 0));
+                (id, text)
+            })
+            .collect();
+        let roster = sightings.read(
+            texts.iter().map(|(id, text)| (id.as_str(), text.as_str())),
+            NOW,
+        );
+        assert_eq!(roster.records.len(), ROUTERS_MAX);
+        assert_eq!(roster.malformed, 3);
     }
 
     #[test]
     fn peers_count_others_and_list_advertised_live_routers() {
         let own = heartbeat("self", 0);
         let records = [
-            ("r-self", heartbeat("self-old-run", 0)),
-            ("r-live", heartbeat("live", SECOND)),
-            ("r-silent", heartbeat("silent", 10 * SECOND)),
-            ("r-gone", heartbeat("gone", 2 * SILENT_FOR_AT_MOST_MS)),
+            record("r-self", heartbeat("self-old-run", 0)),
+            record("r-live", heartbeat("live", SECOND)),
+            record("r-silent", heartbeat("silent", 10 * SECOND)),
+            record("r-gone", heartbeat("gone", 2 * SILENT_FOR_AT_MOST_MS)),
         ];
-        let peers = peers(
-            "r-self",
-            &own,
-            records.iter().map(|(id, record)| (*id, record)),
-            NOW,
-        );
+        let peers = peers("r-self", &own, &records, &no_reports());
         assert_eq!((peers.live, peers.silent), (1, 1));
         let advertised: Vec<&str> = peers.advertised.iter().map(|(p, _)| p.as_str()).collect();
         assert_eq!(advertised, ["live", "self"]);
         assert_eq!(peers.listed, ["live", "self", "silent"]);
+    }
+
+    #[test]
+    fn a_router_restarted_under_a_new_id_does_not_keep_its_old_share() {
+        let own = heartbeat("peer-a", 0);
+        // The same identity, live under a new router ID: the old record's process is gone.
+        let records = [
+            record("r-b-old", heartbeat("peer-b", 30 * SECOND)),
+            record("r-b-new", heartbeat("peer-b", 0)),
+        ];
+        let peers = peers("r-a", &own, &records, &no_reports());
+        assert_eq!((peers.live, peers.silent), (1, 0));
+        // This router's own identity under an older router ID.
+        let records = [record("r-a-old", heartbeat("peer-a", 30 * SECOND))];
+        let peers = super::peers("r-a", &own, &records, &no_reports());
+        assert_eq!((peers.live, peers.silent), (0, 0));
+    }
+
+    #[test]
+    fn a_silent_router_its_agents_left_is_not_counted_one_that_served_none_is() {
+        let own = heartbeat("peer-a", 0);
+        let mut crashed = heartbeat("peer-b", 10 * SECOND);
+        crashed.agents = vec!["agent-1".into()];
+        let records = [record("r-b", crashed)];
+        let mut reports: HashMap<String, Box<[String]>> = HashMap::new();
+        reports.insert(
+            "agent-1".into(),
+            Box::new(["peer-a".to_string(), "peer-b".to_string()]),
+        );
+        assert_eq!(
+            peers("r-a", &own, &records, &reports).silent,
+            1,
+            "its agent still reports a session with it: it may be spending"
+        );
+        reports.insert("agent-1".into(), Box::new(["peer-a".to_string()]));
+        assert_eq!(peers("r-a", &own, &records, &reports).silent, 0);
+        // One that listed no agent may still serve through provider fallback.
+        let lonely = [record("r-c", heartbeat("peer-c", 10 * SECOND))];
+        assert_eq!(peers("r-a", &own, &lonely, &reports).silent, 1);
     }
 
     #[test]

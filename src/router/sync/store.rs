@@ -765,17 +765,23 @@ impl Store {
         self.query::<()>(&pipe).await
     }
 
-    /// Marks a redirect token spent for the whole site; false when it already was.
-    pub async fn spend_token(&mut self, nonce: &str, ttl_ms: u64) -> RedisResult<bool> {
+    /// Marks redirect tokens spent for the whole site, one pipeline for all of `nonces` (hex
+    /// nonce, milliseconds to remember it); per nonce, false when it already was.
+    pub async fn spend_tokens(&mut self, nonces: &[(String, u64)]) -> RedisResult<Vec<bool>> {
+        if nonces.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut pipe = redis::pipe();
-        pipe.cmd("SET")
-            .arg(self.key(&format!("redirect:{nonce}")))
-            .arg(1)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms.max(1));
-        let (set,): (Option<String>,) = self.query(&pipe).await?;
-        Ok(set.is_some())
+        for (nonce, ttl_ms) in nonces {
+            pipe.cmd("SET")
+                .arg(self.key(&format!("redirect:{nonce}")))
+                .arg(1)
+                .arg("NX")
+                .arg("PX")
+                .arg((*ttl_ms).max(1));
+        }
+        let set: Vec<Option<String>> = self.query(&pipe).await?;
+        Ok(set.into_iter().map(|set| set.is_some()).collect())
     }
 }
 

@@ -13,7 +13,10 @@ pub enum Route {
     Embeddings,
     Rerank,
     Models,
+    /// `/health`: liveness (200 while the process runs, 503 while it drains).
     Health,
+    /// `/ready`: readiness (503 while the router cannot serve what it would otherwise serve).
+    Ready,
     /// `/admin/*`: served by the control core, behind admin authentication.
     Admin,
 }
@@ -43,6 +46,7 @@ impl Route {
             Route::Rerank => "/v1/rerank",
             Route::Models => "/v1/models",
             Route::Health => "/health",
+            Route::Ready => "/ready",
             Route::Admin => "/admin",
         }
     }

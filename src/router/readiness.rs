@@ -1,0 +1,130 @@
+//! Readiness: whether this router can serve what it would otherwise serve, for `GET /ready` on
+//! the API port and on `--metrics-port` (a load balancer's or Kubernetes' readiness probe).
+//! `/health` stays liveness: 200 while the process runs, 503 only while it drains.
+//!
+//! Owns one flag per reason a running router is not ready; every core that learns something
+//! sets it, the probes read it. It must not decide anything about a request: a request that
+//! reaches a router that is not ready is served (or refused) as usual.
+//!
+//! # Rules
+//! - With `--sync-store valkey`, a router is not ready until a sync round has reached the store
+//!   and read today's totals. Before that it refuses every key with a daily budget
+//!   (`429 token_limit_exceeded`) and admits nothing on a model with an occupancy budget: it
+//!   started during a store outage, or its first round has not run yet.
+//! - Once it has reached the store it stays ready through later outages: it then serves within
+//!   its share (seed `run-several-routers.md`, "When the store is unreachable"), as every other
+//!   router of the site does, so steering traffic away would only move it.
+//! - A draining router (SIGTERM) is not ready.
+//!
+//! Cost: two relaxed atomic loads per probe; nothing on the request path.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Why a router is not ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotReady {
+    /// SIGTERM: the router drains and leaves.
+    Draining,
+    /// No sync round has reached the store since start: daily budgets and occupancy budgets
+    /// cannot be served yet.
+    SyncStoreNotReached,
+}
+
+impl NotReady {
+    /// The reason, as the probe's JSON body names it.
+    pub fn reason(self) -> &'static str {
+        match self {
+            NotReady::Draining => "draining",
+            NotReady::SyncStoreNotReached => "sync_store_not_reached",
+        }
+    }
+
+    /// The probe's whole `503` body: `{"status":"not_ready","reason":…,"message":…}`.
+    pub fn body(self) -> &'static [u8] {
+        match self {
+            NotReady::Draining => {
+                b"{\"status\":\"not_ready\",\"reason\":\"draining\",\"message\":\"the router is shutting down\"}"
+            }
+            NotReady::SyncStoreNotReached => {
+                b"{\"status\":\"not_ready\",\"reason\":\"sync_store_not_reached\",\"message\":\"no sync round has reached the store since start: keys with a daily budget and models with an occupancy budget cannot be served yet\"}"
+            }
+        }
+    }
+}
+
+/// The `200` body of a ready router.
+pub const READY_BODY: &[u8] = b"{\"status\":\"ready\"}";
+
+/// The router's readiness, shared by the cores (one per process).
+#[derive(Debug)]
+pub struct Readiness {
+    /// Set at start with `--sync-store valkey`, cleared by the sync core's first round that
+    /// reached the store.
+    store_not_reached: AtomicBool,
+    draining: AtomicBool,
+}
+
+impl Readiness {
+    /// `sync_store`: the router shares its limits through a store (`--sync-store valkey`).
+    pub fn new(sync_store: bool) -> Readiness {
+        Readiness {
+            store_not_reached: AtomicBool::new(sync_store),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// The sync core: a round reached the store and today's totals are read.
+    pub fn store_reached(&self) {
+        self.store_not_reached.store(false, Ordering::Relaxed);
+    }
+
+    /// The control core: SIGTERM, the drain begins.
+    pub fn draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Ready, or the first reason it is not (draining before the store).
+    pub fn check(&self) -> Result<(), NotReady> {
+        if self.draining.load(Ordering::Relaxed) {
+            Err(NotReady::Draining)
+        } else if self.store_not_reached.load(Ordering::Relaxed) {
+            Err(NotReady::SyncStoreNotReached)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_store_a_router_is_ready_until_it_drains() {
+        let readiness = Readiness::new(false);
+        assert_eq!(readiness.check(), Ok(()));
+        readiness.draining();
+        assert_eq!(readiness.check(), Err(NotReady::Draining));
+    }
+
+    #[test]
+    fn with_a_store_a_router_is_ready_once_a_round_reached_it() {
+        let readiness = Readiness::new(true);
+        assert_eq!(readiness.check(), Err(NotReady::SyncStoreNotReached));
+        readiness.store_reached();
+        assert_eq!(readiness.check(), Ok(()));
+        readiness.draining();
+        assert_eq!(readiness.check(), Err(NotReady::Draining));
+    }
+
+    #[test]
+    fn every_body_is_json_naming_its_reason() {
+        for reason in [NotReady::Draining, NotReady::SyncStoreNotReached] {
+            let body: serde_json::Value = serde_json::from_slice(reason.body()).unwrap();
+            assert_eq!(body["status"], "not_ready");
+            assert_eq!(body["reason"], reason.reason());
+        }
+        let ready: serde_json::Value = serde_json::from_slice(READY_BODY).unwrap();
+        assert_eq!(ready["status"], "ready");
+    }
+}
