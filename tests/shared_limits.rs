@@ -759,3 +759,62 @@ fn a_key_with_a_daily_budget_is_refused_while_totals_cannot_be_read() {
     router.wait_metric("hivenet_sync_up", |v| v == 1.0);
     post_ok(&router, "sk-unread-daily");
 }
+
+/// Issue 37, finding 8: a router kept a full quota holder for every key of the site, served
+/// there or not. Keys only another router serves now cost no holder: their usage waits compact
+/// (`hivenet_shard_quota_holders{kind="remote_only"}`), and a request here later finds the key
+/// already charged. Before the fix, the second router held an owner holder per key.
+#[test]
+fn keys_served_elsewhere_cost_no_holder_and_are_charged_when_served_here() {
+    const KEYS: usize = 100;
+    const BUDGET: u64 = 1_000_000;
+    let raws: Vec<&'static str> = (0..KEYS)
+        .map(|index| &*Box::leak(format!("sk-remote-{index:03}").into_boxed_str()))
+        .collect();
+    let quota = format!("{}\n        {}", rpm(600), daily(BUDGET));
+    let mut keys: Vec<Key> = raws.iter().map(|raw| key(raw, &quota)).collect();
+    keys.push(key("sk-remote-small", &daily(30)));
+    let valkey = Valkey::primary();
+    let routers = Plan::new(
+        "remote-only",
+        auth_file("remote-only", &keys),
+        &valkey.addr(),
+    )
+    .start_all(ROUTERS);
+    wait_site_up(&routers);
+    for raw in &raws {
+        post_ok(&routers[0], raw);
+    }
+    // Router 0 spends the small budget of another key, a round at a time (each router may
+    // admit its share of what is left per round).
+    let small = "sk-remote-small";
+    loop {
+        let response = post(&routers[0], small);
+        if response.status == 429 {
+            assert_eq!(response.error_code(), "token_limit_exceeded");
+            break;
+        }
+        assert_eq!(response.status, 200, "{}", response.text());
+        wait_rounds(&routers[0], 2);
+    }
+    wait_propagated(&routers[0], &[&routers[1]]);
+    let holders = |router: &Site, kind: &str| {
+        metric_sum(
+            &router.router_metrics(),
+            "hivenet_shard_quota_holders",
+            &[("kind", kind)],
+        )
+    };
+    assert_eq!(holders(&routers[0], "owner"), (KEYS + 1) as f64);
+    assert_eq!(holders(&routers[1], "owner"), 0.0);
+    assert_eq!(holders(&routers[1], "remote_only"), (KEYS + 1) as f64);
+    // Served here, the key finds its budget spent on router 0.
+    let refused = post(&routers[1], small);
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(refused.error_code(), "token_limit_exceeded");
+    assert_eq!(holders(&routers[1], "owner"), 1.0);
+    assert_eq!(holders(&routers[1], "remote_only"), KEYS as f64);
+    // A key with room left is served, with a holder of its own.
+    post_ok(&routers[1], raws[1]);
+    assert_eq!(holders(&routers[1], "owner"), 2.0);
+}

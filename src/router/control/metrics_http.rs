@@ -186,6 +186,7 @@ struct Reports<'a> {
 
 impl Collect for Reports<'_> {
     fn collect(&self, out: &mut Vec<Family>) {
+        out.push(self.quota_holders());
         out.push(self.queue_depth());
         out.push(self.queue_wait());
         out.push(self.pending_demand());
@@ -195,6 +196,27 @@ impl Collect for Reports<'_> {
 }
 
 impl Reports<'_> {
+    /// `hivenet_shard_quota_holders{shard,kind}`: what a shard keeps per key, the memory that
+    /// grows with the site's keys.
+    fn quota_holders(&self) -> Family {
+        let mut family = Family::gauge(
+            "hivenet_shard_quota_holders",
+            "Quota holders a shard keeps: kind=owner (requests per minute, daily budgets), key (token rates), remote_only (tenants only other routers used, waiting compact).",
+        );
+        for report in self.reports {
+            let holders = report.quota_holders;
+            let shard = holders.shard.to_string();
+            for (kind, count) in [
+                ("owner", holders.owners),
+                ("key", holders.key_rates),
+                ("remote_only", holders.remote_only),
+            ] {
+                family.sample(&[("shard", &shard), ("kind", kind)], count as f64);
+            }
+        }
+        family
+    }
+
     /// `hivenet_queue_depth{model}`: requests waiting in a model's capacity queue.
     fn queue_depth(&self) -> Family {
         let mut family = Family::gauge(

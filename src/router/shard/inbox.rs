@@ -88,9 +88,19 @@ impl Shard {
                 owner.signal(agent, &models, in_flight, engine, effects)
             }),
             ControlToShard::Report(reply) => {
-                let (queues, pending_demand) = {
+                let (queues, pending_demand, quota_holders) = {
                     let owner = self.owner.borrow();
-                    (owner.models.queues(), owner.models.pending_demand())
+                    let holders = crate::router::shard::messages::QuotaHolders {
+                        shard: usize::from(self.id),
+                        owners: owner.quotas.len(),
+                        key_rates: owner.quotas.token_rate_holders(),
+                        remote_only: owner.quotas.remote_only_tenants(),
+                    };
+                    (
+                        owner.models.queues(),
+                        owner.models.pending_demand(),
+                        holders,
+                    )
                 };
                 let _ = reply.send(ShardReport {
                     queues,
@@ -98,6 +108,7 @@ impl Shard {
                     pending_demand,
                     admission: self.admission_report(),
                     tenants: self.accounting.report(),
+                    quota_holders,
                 });
             }
             ControlToShard::ReportDaily(reply) => {

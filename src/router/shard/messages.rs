@@ -108,6 +108,19 @@ pub struct ShardReport {
     pub pending_demand: Vec<(ModelId, u32)>,
     pub admission: AdmissionReport,
     pub tenants: crate::router::accounting::tenants::TenantReport,
+    /// `hivenet_shard_quota_holders{kind}`: owners' holders, keys' token-rate holders, and
+    /// tenants with only other routers' usage waiting (`owner::quotas`).
+    pub quota_holders: QuotaHolders,
+}
+
+/// How many quota holders a shard keeps, by kind (`hivenet_shard_quota_holders`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct QuotaHolders {
+    /// The reporting shard.
+    pub shard: usize,
+    pub owners: usize,
+    pub key_rates: usize,
+    pub remote_only: usize,
 }
 
 /// What `/metrics` reads of a shard's admission state.

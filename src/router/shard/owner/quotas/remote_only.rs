@@ -112,6 +112,15 @@ impl RemoteOnly {
         }
     }
 
+    /// Forgets every daily usage waiting: the other routers' daily totals were just read from
+    /// the store (`Quotas::restore`), and they include it. Rate usage stays.
+    pub fn forget_daily(&mut self) {
+        self.tenants.retain(|_, pending| {
+            pending.retain(|entry| !matches!(entry.bucket, BucketRef::Daily { .. }));
+            !pending.is_empty()
+        });
+    }
+
     /// Tenants with usage waiting.
     pub fn len(&self) -> usize {
         self.tenants.len()
@@ -209,5 +218,16 @@ mod tests {
         remote.record(TENANT, KEY, RPM, 5, Millis(0));
         remote.prune(Millis(RATE_HORIZON * 2), Day(11));
         assert!(remote.is_empty());
+    }
+
+    #[test]
+    fn daily_usage_is_forgotten_when_the_totals_are_read_again() {
+        let mut remote = RemoteOnly::default();
+        remote.record(TENANT, KEY, daily(10), 100, Millis(0));
+        remote.record(TenantId(8), KEY, daily(10), 100, Millis(0));
+        remote.record(TENANT, KEY, RPM, 5, Millis(0));
+        remote.forget_daily();
+        assert_eq!(remote.len(), 1);
+        assert_eq!(remote.take(TENANT, KEY)[0].bucket, RPM);
     }
 }

@@ -660,6 +660,48 @@ fn remote_usage_waits_for_the_holder_and_charges_it_once_built() {
     );
 }
 
+/// Other routers' daily totals read again (a re-read after a gap) include the daily usage that
+/// waited for the holder: it is not counted a second time when the holder is built.
+#[test]
+fn daily_usage_waiting_is_not_counted_again_after_the_totals_are_read() {
+    let registry = registry();
+    let snapshot = snapshot(1, &["chat"]);
+    let flat = key(&registry, "sk-flat");
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    let usage = BucketUsage {
+        key: flat.key_id,
+        bucket: BucketRef::Daily {
+            model: None,
+            day: MONDAY,
+        },
+        amount: 600,
+    };
+    quotas.apply_remote(Millis(0), MONDAY, &registry, &snapshot, &usage, 0);
+    quotas.restore(
+        &snapshot,
+        DailyRestore {
+            day: MONDAY,
+            records: vec![DailyRecord {
+                tenant: flat.tenant_id,
+                model: None,
+                day: MONDAY,
+                tokens: 600,
+                others: true,
+            }],
+        },
+    );
+    let left = remaining_tokens(admit(
+        &mut quotas,
+        MONDAY,
+        &registry,
+        &snapshot,
+        "sk-flat",
+        0,
+        100,
+    ));
+    assert_eq!(left, 300, "1,000 a day, 600 used elsewhere, 100 here");
+}
+
 /// The owner's requests per minute used through one key and another key's input tokens per
 /// minute, both on other routers: the owner's reach the holder the first key builds here, the
 /// other key's wait for that key's own holder.
