@@ -91,7 +91,7 @@ impl Shard {
                 let (queues, pending_demand, quota_holders) = {
                     let owner = self.owner.borrow();
                     let holders = crate::router::shard::messages::QuotaHolders {
-                        shard: usize::from(self.id),
+                        shard: self.id,
                         owners: owner.quotas.len(),
                         key_rates: owner.quotas.token_rate_holders(),
                         remote_only: owner.quotas.remote_only_tenants(),
