@@ -277,3 +277,89 @@ fn eval_refused_at_run_time_costs_the_credits_not_the_round() {
         router.wait_metric("hivenet_sync_up", |v| v == 1.0);
     }
 }
+
+/// Daily totals go to the store as increments, all of a round in one `EVAL`. A store that stops
+/// allowing `EVAL` at run time fails the round that carried it, once; from the next round on each
+/// total is its own `HINCRBY`, so every token still reaches the store and the site stays up.
+#[test]
+fn daily_totals_reach_the_store_when_eval_is_refused_at_run_time() {
+    const KEY: &str = "sk-acl-daily";
+    let valkey = Valkey::primary_with(ValkeyOptions::new().password(PASSWORD));
+    let auth = temp_dir("acl-daily-auth").join("auth.yaml");
+    std::fs::write(
+        &auth,
+        format!(
+            "api:\n  mode: api-key\n  keys:\n    - key_hash: \"{}\"\n      key_preview: \"sk-...aily\"\n      metadata: {{name: daily, owner: daily}}\n      quota: {{tokens_per_day: 1000000}}\n",
+            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(KEY.as_bytes()))
+        ),
+    )
+    .unwrap();
+    let store = valkey.addr();
+    let site = Site::start(
+        "acl-daily",
+        Options::new()
+            .router_args(&[
+                "--shards",
+                "1",
+                "--sync-store",
+                "valkey",
+                "--sync-valkey-addrs",
+                &store,
+                "--router-id",
+                "router-0",
+                "--sync-interval",
+                "200ms",
+                "--sync-min-routers",
+                "1",
+                "--auth-config-file",
+                auth.to_str().unwrap(),
+            ])
+            .router_env("HIVENET_ROUTER_SYNC_VALKEY_PASSWORD", PASSWORD)
+            .api_key(KEY)
+            .sim(&["--models", "sim-model", "--output-tokens", "2"])
+            .agent(0, &["--capacity", "8"]),
+    );
+    site.wait_metric("hivenet_sync_up", |v| v == 1.0);
+    valkey.command(&["ACL", "SETUSER", "default", "-eval"]);
+    let body = chat("sim-model", false).to_string();
+    let raw = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut used = 0;
+    for _ in 0..5 {
+        let response = request(site.http, raw.as_bytes());
+        assert_eq!(response.status, 200, "{}", response.text());
+        used += response.json()["usage"]["total_tokens"].as_u64().unwrap();
+        let from = rounds(&site);
+        site.wait_metric("hivenet_sync_tick_seconds_count", move |v| v >= from + 2.0);
+    }
+    let stored = || -> u64 {
+        let keys = valkey.command(&["KEYS", "hivenet:{default}:daily:*"]);
+        keys.lines()
+            .filter(|key| !key.is_empty() && *key != "(nil)")
+            .flat_map(|key| {
+                valkey
+                    .command(&["HVALS", key])
+                    .lines()
+                    .filter_map(|value| value.parse::<u64>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .sum()
+    };
+    common::poll(common::WAIT, || (stored() == used).then_some(())).unwrap_or_else(|| {
+        panic!(
+            "{used} tokens used, {} in the store\n{}",
+            stored(),
+            site.logs()
+        )
+    });
+    assert_eq!(site.router_metric("hivenet_sync_up"), 1.0);
+    assert!(
+        metric_sum(
+            &site.router_metrics(),
+            "hivenet_sync_errors_total",
+            &[("kind", "permission")]
+        ) >= 1.0
+    );
+}
