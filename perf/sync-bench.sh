@@ -99,7 +99,10 @@ s.sendall(b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n")
 data = b""
 while not data.endswith(b"\r\n") or data.count(b"\r\n") < 3:
     data += s.recv(65536)
-print(sum(int(part.split(b"calls=")[1].split(b",")[0]) for part in data.split(b"\r\n") if b"calls=" in part))
+parts = [part for part in data.split(b"\r\n") if b"calls=" in part]
+calls = sum(int(part.split(b"calls=")[1].split(b",")[0]) for part in parts)
+usec = sum(int(part.split(b"usec=")[1].split(b",")[0]) for part in parts)
+print(f"{calls} {usec}")
 PY
 }
 for _ in $(seq 1 150); do
@@ -124,25 +127,27 @@ rss_before=("$(rss_kib "${router_pids[1]}")" "$(rss_kib "${router_pids[2]}")")
 # 1. Bytes and commands per round, every request of a round on its own key.
 bytes0=$(metric 0 hivenet_sync_published_bytes_total)
 rounds0=$(metric 0 hivenet_sync_tick_seconds_count)
-calls0=$(store_calls)
+read -r calls0 usec0 <<<"$(store_calls)"
 wrk -t1 -c16 -d"${DURATION}s" -s "$ROOT/perf/wrk-keys.lua" \
   "http://127.0.0.1:$((PORT_BASE + 80))/v1/chat/completions" > "$TMP/wrk-keys.txt"
 sleep 2
 bytes1=$(metric 0 hivenet_sync_published_bytes_total)
 rounds1=$(metric 0 hivenet_sync_tick_seconds_count)
-calls1=$(store_calls)
+read -r calls1 usec1 <<<"$(store_calls)"
 result=$(grep WRK_RESULT "$TMP/wrk-keys.txt")
 requests=$(sed -E 's/.*requests=([0-9]+).*/\1/' <<<"$result")
-python3 - "$requests" "$DURATION" "$KEYS" "$((bytes1 - bytes0))" "$((rounds1 - rounds0))" "$((calls1 - calls0))" <<'PY'
+python3 - "$requests" "$DURATION" "$KEYS" "$((bytes1 - bytes0))" "$((rounds1 - rounds0))" "$((calls1 - calls0))" "$((usec1 - usec0))" <<'PY'
 import sys
-requests, duration, keys, published, rounds, calls = map(int, sys.argv[1:])
+requests, duration, keys, published, rounds, calls, usec = map(int, sys.argv[1:])
 rate = requests / duration
 print(f"1. distinct keys: {rate:.0f} requests/s on router 0 over {keys} keys in rotation")
 print(f"   router 0 published {published} bytes in {rounds} rounds: {published / max(rounds, 1):.0f} bytes per round")
 per_key = published / max(requests, 1) if rate <= keys else published / max(rounds, 1) / keys
 print(f"   about {per_key:.1f} bytes per key used in a round; at 1,000 requests/s on distinct keys: "
       f"{per_key * 1000 / 1024:.1f} KiB per round (seed: about 36 KB; target: 18 KB)")
-print(f"   store commands: {calls} over {rounds} rounds of 3 routers: {calls / max(rounds, 1) / 3:.1f} per router per round")
+print(f"   store commands (scripts' calls included): {calls} over {rounds} rounds of 3 routers: "
+      f"{calls / max(rounds, 1) / 3:.1f} per router per round; store CPU in commands "
+      f"{usec / max(rounds, 1) / 3 / 1000:.2f} ms per router per round")
 PY
 
 # 2. What the keys served by router 0 cost routers 1 and 2, which applied only their usage.

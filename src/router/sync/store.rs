@@ -153,16 +153,7 @@ pub struct Store {
     failovers: u64,
     /// Connections made so far: a new one is checked for permissions ([`Store::refused`]).
     connects: u64,
-    /// Rounds write their daily increments in one `EVAL` ([`DAILY_INCREMENTS_SCRIPT`]); false
-    /// after the store refused a round that did, until a permission check ([`Store::refused`])
-    /// finds `EVAL` allowed again: one `HINCRBY` per total meanwhile, so a store that stopped
-    /// allowing `EVAL` costs the occupancy credits, not the daily totals.
-    daily_in_one_eval: bool,
 }
-
-/// `HINCRBY` of every (field, increment) pair in `ARGV` on the hash `KEYS[1]`: a round's daily
-/// increments in one command.
-const DAILY_INCREMENTS_SCRIPT: &str = "for i = 1, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end return #ARGV / 2";
 
 /// Every command a router's sync sends, and what it needs it for (`Store::refused` checks each).
 /// `WAIT` is needed with Sentinel only; the occupancy scripts' own commands are checked inside
@@ -173,10 +164,7 @@ pub const NEEDED: [(&str, &str); 17] = [
     ("XADD", "publishing usage"),
     ("XRANGE", "reading the others' usage"),
     ("XREVRANGE", "reading today's totals at start"),
-    (
-        "HINCRBY",
-        "writing daily totals (inside one EVAL per round)",
-    ),
+    ("HINCRBY", "writing daily totals"),
     ("HSET", "daily totals and the heartbeat"),
     ("HGETALL", "reading heartbeats, totals and pools"),
     ("HDEL", "forgetting routers gone for an hour"),
@@ -205,7 +193,7 @@ local refused = {}
 local calls = {
   {'GET', KEYS[1]}, {'HGETALL', KEYS[2]}, {'HGET', KEYS[2], 'f'}, {'HSET', KEYS[2], 'f', '0'},
   {'HDEL', KEYS[2], 'f'}, {'SADD', KEYS[3], 'm'}, {'SMEMBERS', KEYS[3]}, {'SREM', KEYS[3], 'm'},
-  {'EXISTS', KEYS[2]}, {'HINCRBY', KEYS[2], 'f', '0'},
+  {'EXISTS', KEYS[2]},
 }
 for _, call in ipairs(calls) do
   local reply = redis.pcall(unpack(call))
@@ -256,7 +244,6 @@ impl Store {
             replication_id: None,
             failovers: 0,
             connects: 0,
-            daily_in_one_eval: true,
         }
     }
 
@@ -479,9 +466,6 @@ impl Store {
         if refused.iter().any(|(name, _)| name == "EXEC") {
             self.connection = None;
         }
-        self.daily_in_one_eval = !refused
-            .iter()
-            .any(|(name, _)| name == "EVAL" || name == "HINCRBY (in a script)");
         Ok(refused)
     }
 
@@ -617,10 +601,9 @@ impl Store {
                 .arg(entry.as_slice());
             commands.push(xadd);
         }
-        // Per day: the changed totals' increments (this process's own, so another writer of the
-        // field loses nothing) in one EVAL of HINCRBYs, one command whatever the keys a round
-        // changed; one HSET with the whole totals written again after the store lost its data;
-        // and the day's expiry.
+        // Per day: one HINCRBY per changed total (an increment of this process's own, so another
+        // writer of the field loses nothing), one HSET with the whole totals written again
+        // after the store lost its data, and the day's expiry.
         let mut days: Vec<u32> = writes.totals.iter().map(|(day, _, _)| *day).collect();
         days.sort_unstable();
         days.dedup();
@@ -629,28 +612,18 @@ impl Store {
             let mut whole = redis::cmd("HSET");
             whole.arg(&key);
             let mut wholes = 0;
-            let mut add = redis::cmd("EVAL");
-            add.arg(DAILY_INCREMENTS_SCRIPT).arg(1).arg(&key);
-            let mut adds = 0;
             for (_, field, write) in writes.totals.iter().filter(|(of, _, _)| *of == day) {
                 match *write {
-                    DailyWrite::Add(tokens) if self.daily_in_one_eval => {
-                        add.arg(field).arg(tokens);
-                        adds += 1;
-                    }
                     DailyWrite::Add(tokens) => {
-                        let mut one = redis::cmd("HINCRBY");
-                        one.arg(&key).arg(field).arg(tokens);
-                        commands.push(one);
+                        let mut add = redis::cmd("HINCRBY");
+                        add.arg(&key).arg(field).arg(tokens);
+                        commands.push(add);
                     }
                     DailyWrite::Set(tokens) => {
                         whole.arg(field).arg(tokens);
                         wholes += 1;
                     }
                 }
-            }
-            if adds > 0 {
-                commands.push(add);
             }
             if wholes > 0 {
                 commands.push(whole);
@@ -706,18 +679,7 @@ impl Store {
             .arg("COUNT")
             .arg(READ_MAX);
         commands.push(range);
-        let used_eval = self.daily_in_one_eval
-            && writes
-                .totals
-                .iter()
-                .any(|(_, _, write)| matches!(write, DailyWrite::Add(_)));
-        let replies = match self.transaction(commands, 4).await {
-            Err(error) if used_eval && refused_permission(&error) => {
-                self.daily_in_one_eval = false;
-                return Err(error);
-            }
-            replies => replies?,
-        };
+        let replies = self.transaction(commands, 4).await?;
         let claim_holder: Option<String> = redis::from_redis_value_ref(&replies[0])?;
         let epoch: String = redis::from_redis_value_ref(&replies[1])?;
         let heartbeats: HashMap<String, String> = redis::from_redis_value_ref(&replies[2])?;
