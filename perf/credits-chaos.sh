@@ -9,8 +9,12 @@
 # the budget, and what each router answered. The target is a peak within the budget: none of the
 # seed's stated excesses (a router cut off from the store when it lost its data) is provoked here.
 #
+# FAULTS=stall runs one fault instead: the store hangs (SIGSTOP) for STALL seconds a third of the
+# way in, and reports what each router admitted and refused during the hang, against its share of
+# the budget (issue 37: before the fix, routers refused almost everything 3.5 s into a hang).
+#
 # Environment: BUDGET=8  RATE=60 (per router, req/s)  DURATION=30  SKIP_BUILD=0  KEEP_TMP=0
-#              PORT_BASE=26000
+#              PORT_BASE=26000  FAULTS=all|stall  STALL=10
 set -Eeuo pipefail
 
 LOG_TAG=credits-chaos
@@ -67,22 +71,43 @@ for i in $(seq 0 $((ROUTERS - 1))); do
 done
 at() { while ((SECONDS - started < $1)); do sleep 0.1; done; }
 started=$SECONDS
-at $((DURATION / 5))
-log "fault: router 1 crashes (SIGKILL)"
-kill -KILL "${PID[router1]}"
-at $((DURATION * 3 / 10))
-log "fault: router 1 restarts under its ID"
-start_router 1
-at $((DURATION / 2))
-log "fault: the store restarts without its data"
-kill -KILL "${PID[valkey]}"
-wait "${PID[valkey]}" 2>/dev/null || true
-start_bg valkey "$WORK/valkey-2.log" "$VALKEY" --port "$VALKEY_PORT" --save "" --appendonly no
-at $((DURATION * 7 / 10))
-log "fault: the store hangs for 3 s"
-kill -STOP "${PID[valkey]}"
-sleep 3
-kill -CONT "${PID[valkey]}"
+responses() { # router index, status code
+  curl -s "http://$HOST:$(metrics_port "$1")/metrics" \
+    | awk -v c="$2" '$1 ~ /^hivenet_shard_responses_total/ && $1 ~ "code=\""c"\"" { s += $2 } END { print s + 0 }'
+}
+if [[ ${FAULTS:-all} == stall ]]; then
+  STALL=${STALL:-10}
+  at $((DURATION / 3))
+  for i in $(seq 0 $((ROUTERS - 1))); do ok0[i]=$(responses "$i" 200); no0[i]=$(responses "$i" 429); done
+  log "fault: the store hangs for ${STALL} s"
+  kill -STOP "${PID[valkey]}"
+  sleep "$STALL"
+  for i in $(seq 0 $((ROUTERS - 1))); do ok1[i]=$(responses "$i" 200); no1[i]=$(responses "$i" 429); done
+  kill -CONT "${PID[valkey]}"
+  echo
+  echo "during the ${STALL} s hang (budget $BUDGET at once, $ROUTERS routers: a share of $((BUDGET / ROUTERS)) or more each)"
+  for i in $(seq 0 $((ROUTERS - 1))); do
+    echo "router $i: $((ok1[i] - ok0[i])) admitted, $((no1[i] - no0[i])) refused (429)"
+  done
+fi
+[[ ${FAULTS:-all} == stall ]] || {
+  at $((DURATION / 5))
+  log "fault: router 1 crashes (SIGKILL)"
+  kill -KILL "${PID[router1]}"
+  at $((DURATION * 3 / 10))
+  log "fault: router 1 restarts under its ID"
+  start_router 1
+  at $((DURATION / 2))
+  log "fault: the store restarts without its data"
+  kill -KILL "${PID[valkey]}"
+  wait "${PID[valkey]}" 2>/dev/null || true
+  start_bg valkey "$WORK/valkey-2.log" "$VALKEY" --port "$VALKEY_PORT" --save "" --appendonly no
+  at $((DURATION * 7 / 10))
+  log "fault: the store hangs for 3 s"
+  kill -STOP "${PID[valkey]}"
+  sleep 3
+  kill -CONT "${PID[valkey]}"
+}
 for i in $(seq 0 $((ROUTERS - 1))); do wait "${PID[oha$i]}" || true; unset "PID[oha$i]"; done
 
 peak=$(curl -s "http://$SIM_ADDR/metrics" | awk -v m="$MODEL" '$1 ~ "^sim_running_peak" && $1 ~ m { print $2 }')

@@ -298,3 +298,81 @@ fn a_renewed_session_keeps_its_tunnels() {
         "{agent_log}"
     );
 }
+
+/// The attack as it was run: whoever can write the store's router records lists an
+/// impostor there. The real router hands the listing to its agents (discovery), the agent dials
+/// the impostor, challenges it, and sends it nothing more: before the proof, it sent its JWT and
+/// registered its models within 1.4 s.
+#[test]
+fn an_impostor_listed_in_the_store_is_dialled_and_sent_nothing() {
+    let store = common::valkey::Valkey::primary();
+    let calls = Arc::new(Calls::default());
+    let (impostor, _runtime) = start_impostor(Impostor {
+        guessed: Secret::new(b"the store's password is not the site secret").unwrap(),
+        calls: calls.clone(),
+    });
+    let addrs = store.addr();
+    let mut site = Site::start(
+        "proof_store_impostor",
+        Options::new()
+            .sim(&["--models", "sim-model", "--output-tokens", "2"])
+            .skip_model_wait()
+            .router_args(&[
+                // The harness puts this router's gRPC address in place of `{grpc}`.
+                "--advertise-grpc-addr",
+                "{grpc}",
+                "--sync-store",
+                "valkey",
+                "--sync-valkey-addrs",
+                &addrs,
+                "--router-id",
+                "real",
+                "--sync-interval",
+                "200ms",
+            ]),
+    );
+    site.spawn_agent(0, &["--capacity", "4", "--heartbeat-interval", "500ms"]);
+    site.wait_models(&["sim-model"]);
+    // The forged record is rewritten like a live router's, so the real router lists it.
+    let forging = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let forger = {
+        let (forging, addrs) = (forging.clone(), store.addr());
+        std::thread::spawn(move || {
+            while forging.load(Ordering::SeqCst) {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis() as u64;
+                let record = serde_json::json!({
+                    "run": 1,
+                    "at_unix_ms": now,
+                    "interval_ms": 200,
+                    "peer_id": IMPOSTOR_PEER_ID,
+                    "grpc_addr": impostor.to_string(),
+                    "agents": [],
+                });
+                let _ = common::valkey::call(
+                    &addrs,
+                    None,
+                    &[
+                        "HSET",
+                        "hivenet:{default}:routers",
+                        "impostor",
+                        &record.to_string(),
+                    ],
+                );
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        })
+    };
+    site.wait_for("the agent to dial the listed impostor", || {
+        (calls.challenges.load(Ordering::SeqCst) >= 1).then_some(())
+    });
+    site.wait_metric("hivenet_agent_unproven_routers_total", |count| count >= 1.0);
+    forging.store(false, Ordering::SeqCst);
+    forger.join().unwrap();
+    assert_eq!(calls.authentications.load(Ordering::SeqCst), 0);
+    assert_eq!(calls.sessions.load(Ordering::SeqCst), 0);
+    // The agent still serves through the real router.
+    site.assert_chat_ok("sim-model");
+}

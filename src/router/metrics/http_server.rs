@@ -205,7 +205,7 @@ mod tests {
         exchange.status = 429;
         drop(exchange);
         drop(shards[1].begin(chat, Instant::now()));
-        drop(shards[1].begin(Endpoint::at(13), Instant::now()));
+        drop(shards[1].begin(Endpoint::at(15), Instant::now()));
         let text = encode_of(&shards);
         assert!(
             text.contains(
