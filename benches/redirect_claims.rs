@@ -68,6 +68,7 @@ fn main() {
     let settings = StoreSettings {
         addrs: vec![("127.0.0.1".to_string(), server.1)],
         sentinel_master: None,
+        username: None,
         password: None,
         tls: false,
         tls_ca: None,

@@ -30,6 +30,7 @@ fn store_at(addrs: &[String], sentinel_master: Option<&str>, router: &str) -> St
                 })
                 .collect(),
             sentinel_master: sentinel_master.map(str::to_owned),
+            username: None,
             password: None,
             tls: false,
             tls_ca: None,

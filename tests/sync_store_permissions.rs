@@ -364,3 +364,69 @@ fn daily_totals_reach_the_store_when_eval_is_refused_at_run_time() {
         0.0
     );
 }
+
+/// The case, as an operator sets it up: a named ACL user (`--sync-valkey-username`) that
+/// may run the sync's commands on the site's keys but not `EVAL`. The router refuses to start
+/// and names `EVAL`; the same user with `EVAL` allowed starts and shares limits.
+#[test]
+fn a_named_acl_user_without_eval_refuses_the_start_and_with_it_starts() {
+    let valkey = Valkey::primary_with(ValkeyOptions::new().password(PASSWORD));
+    let grant = |eval: &str| {
+        valkey.command(&[
+            "ACL",
+            "SETUSER",
+            "hivenet",
+            "reset",
+            "on",
+            ">user-secret",
+            "~hivenet:*",
+            "+@all",
+            "-@dangerous",
+            "+info",
+            eval,
+        ]);
+    };
+    grant("-eval");
+    let addr = valkey.addr();
+    let args = [
+        "--sync-store",
+        "valkey",
+        "--sync-valkey-addrs",
+        &addr,
+        "--sync-valkey-username",
+        "hivenet",
+        "--router-id",
+        "acl-user",
+        "--sync-interval",
+        "200ms",
+    ];
+    let env = [("HIVENET_ROUTER_SYNC_VALKEY_PASSWORD", "user-secret")];
+    let outcome = run_router_within(&temp_dir("acl-user"), &args, &env, START_CHECK_WITHIN);
+    let Some((started, stderr)) = outcome else {
+        panic!("the router started as a user that may not run EVAL");
+    };
+    assert!(!started, "exited 0\n{stderr}");
+    assert!(
+        stderr.contains("permission") && stderr.contains("EVAL (occupancy credits"),
+        "{stderr}"
+    );
+    grant("+eval");
+    let site = Site::start(
+        "acl-user-allowed",
+        Options::new()
+            .skip_model_wait()
+            .router_args(&args)
+            .router_env("HIVENET_ROUTER_SYNC_VALKEY_PASSWORD", "user-secret"),
+    );
+    site.wait_metric("hivenet_sync_up", |up| up == 1.0);
+    assert_eq!(
+        metric_sum(
+            &site.router_metrics(),
+            "hivenet_sync_errors_total",
+            &[("kind", "permission")]
+        ),
+        0.0,
+        "{}",
+        site.logs()
+    );
+}

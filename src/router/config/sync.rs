@@ -36,6 +36,12 @@ pub struct SyncArgs {
     /// `HIVENET_ROUTER_SYNC_VALKEY_PASSWORD` holds the password itself.
     #[arg(long)]
     pub sync_valkey_password_file: Option<PathBuf>,
+    /// The Valkey ACL user the router logs in as, with the password (empty: `default`). The
+    /// Sentinels are reached with the password alone. The user needs the commands the sync
+    /// runs on the keys `hivenet:{site}:*`; the router checks them at start
+    /// (`docs/several-routers.md`, "Store permissions").
+    #[arg(long, env = "HIVENET_ROUTER_SYNC_VALKEY_USERNAME")]
+    pub sync_valkey_username: Option<String>,
     /// Connect to Valkey and the Sentinels with TLS.
     #[arg(long, env = "HIVENET_ROUTER_SYNC_VALKEY_TLS", default_value_t = false)]
     pub sync_valkey_tls: bool,
@@ -61,6 +67,8 @@ pub struct StoreSettings {
     pub addrs: Vec<(String, u16)>,
     /// `Some`: ask these Sentinels for this master set's primary.
     pub sentinel_master: Option<String>,
+    /// `--sync-valkey-username`: the ACL user on Valkey (`None`: `default`).
+    pub username: Option<String>,
     pub password: Option<String>,
     pub tls: bool,
     /// PEM bytes of the CA bundle (`None`: the system roots).
@@ -72,6 +80,7 @@ impl std::fmt::Debug for StoreSettings {
         f.debug_struct("StoreSettings")
             .field("addrs", &self.addrs)
             .field("sentinel_master", &self.sentinel_master)
+            .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("tls", &self.tls)
             .field("tls_ca", &self.tls_ca.as_ref().map(Vec::len))
@@ -185,6 +194,12 @@ impl SyncSettings {
             store: StoreSettings {
                 addrs,
                 sentinel_master,
+                username: args
+                    .sync_valkey_username
+                    .as_deref()
+                    .map(str::trim)
+                    .filter(|user| !user.is_empty())
+                    .map(str::to_owned),
                 password,
                 tls: args.sync_valkey_tls,
                 tls_ca,

@@ -265,6 +265,10 @@ impl Store {
         };
         let redis_info = {
             let info = redis::RedisConnectionInfo::default();
+            let info = match &settings.username {
+                Some(username) => info.set_username(username),
+                None => info,
+            };
             match &settings.password {
                 Some(password) => info.set_password(password),
                 None => info,
@@ -319,6 +323,9 @@ impl Store {
                     builder = builder
                         .set_client_to_redis_password(password)
                         .set_client_to_sentinel_password(password);
+                }
+                if let Some(username) = &settings.username {
+                    builder = builder.set_client_to_redis_username(username);
                 }
                 if settings.tls {
                     builder = builder
