@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::{Options, Site, metric_sum, refused_start};
 use futures_util::Stream;
-use hivenet_router::wire::proto::agent_control_server::{AgentControl, AgentControlServer};
+use hivenet_router::wire::proto::agent_control_server::AgentControl;
 use hivenet_router::wire::proto::agent_message::Kind as AgentKind;
 use hivenet_router::wire::proto::router_message::Kind as RouterKind;
 use hivenet_router::wire::proto::{
@@ -233,35 +233,11 @@ impl AgentControl for Lister {
     }
 }
 
-/// Serves `lister` on a loopback port from its own runtime (the test's waits block).
-fn start_lister(lister: Lister) -> (std::net::SocketAddr, tokio::runtime::Runtime) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    runtime.spawn(async move {
-        let incoming = futures_util::stream::unfold(listener, |listener| async move {
-            Some((listener.accept().await.map(|(socket, _)| socket), listener))
-        });
-        tonic::transport::Server::builder()
-            .add_service(AgentControlServer::new(lister))
-            .serve_with_incoming(incoming)
-            .await
-            .unwrap();
-    });
-    (addr, runtime)
-}
-
 #[test]
 fn an_agent_opens_a_session_with_a_listed_router_and_reports_both() {
     let mut site = sim_site("discovery_listed");
     let (heartbeats, from_lister) = std::sync::mpsc::channel();
-    let (lister, _runtime) = start_lister(Lister {
+    let (lister, _runtime) = common::agent_auth::serve_agent_control(Lister {
         routers: vec![
             SiteRouter {
                 peer_id: LISTER_PEER_ID.to_owned(),

@@ -22,7 +22,7 @@ use common::agent_auth::{self, AgentKey, site_secret};
 use common::{Options, Site, metric_sum};
 use futures_util::Stream;
 use hivenet_router::base::credentials::Secret;
-use hivenet_router::wire::proto::agent_control_server::{AgentControl, AgentControlServer};
+use hivenet_router::wire::proto::agent_control_server::AgentControl;
 use hivenet_router::wire::proto::{
     AgentMessage, AuthRequest, AuthResponse, ChallengeRequest, ChallengeResponse, RouterMessage,
 };
@@ -103,35 +103,11 @@ impl AgentControl for Impostor {
     }
 }
 
-/// Serves `impostor` on a loopback port from its own runtime (the test's waits block).
-fn start_impostor(impostor: Impostor) -> (std::net::SocketAddr, tokio::runtime::Runtime) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    runtime.spawn(async move {
-        let incoming = futures_util::stream::unfold(listener, |listener| async move {
-            Some((listener.accept().await.map(|(socket, _)| socket), listener))
-        });
-        tonic::transport::Server::builder()
-            .add_service(AgentControlServer::new(impostor))
-            .serve_with_incoming(incoming)
-            .await
-            .unwrap();
-    });
-    (addr, runtime)
-}
-
 #[test]
 fn an_agent_sends_no_credential_to_a_router_that_cannot_prove_itself() {
     let mut site = sim_site("proof_impostor", &[]);
     let calls = Arc::new(Calls::default());
-    let (impostor, _runtime) = start_impostor(Impostor {
+    let (impostor, _runtime) = common::agent_auth::serve_agent_control(Impostor {
         guessed: Secret::new(b"a guess at the site secret").unwrap(),
         calls: calls.clone(),
     });
@@ -307,7 +283,7 @@ fn a_renewed_session_keeps_its_tunnels() {
 fn an_impostor_listed_in_the_store_is_dialled_and_sent_nothing() {
     let store = common::valkey::Valkey::primary();
     let calls = Arc::new(Calls::default());
-    let (impostor, _runtime) = start_impostor(Impostor {
+    let (impostor, _runtime) = common::agent_auth::serve_agent_control(Impostor {
         guessed: Secret::new(b"the store's password is not the site secret").unwrap(),
         calls: calls.clone(),
     });

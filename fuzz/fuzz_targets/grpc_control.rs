@@ -25,13 +25,17 @@ use hivenet_router::router::control::service::{engine_signals, validate_registra
 use hivenet_router::logic::policy::{PolicyContext, PolicySet};
 use hivenet_router::wire::proto::{AgentMessage, AuthRequest, agent_message};
 use hivenet_router::logic::routing::AgentId;
-use hivenet_router::base::credentials::{AUTH_AUDIENCE, SESSION_AUDIENCE, Secret};
+use hivenet_router::base::challenge;
+use hivenet_router::base::credentials::Secret;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 
 /// The HS256 secret of the seed tokens (fuzz/seeds/make.py). Test material only.
 const SECRET: &[u8] = b"hivenet-fuzz-secret-0123456789abcdef";
 const SHARD_COUNT: usize = 2;
+/// The router these inputs authenticate with, and the issuer of its session tokens.
+const ROUTER_PEER_ID: &str = "12D3KooWfuzzrouter";
+const SESSION_ISSUER: &str = "12D3KooWfuzzrouter/0000000000000000";
 /// Most sessions open at once in one input.
 const SESSIONS_MAX: usize = 8;
 
@@ -117,7 +121,26 @@ impl Core {
                 let Ok(request) = AuthRequest::decode_length_delimited(&mut *input) else {
                     return false;
                 };
-                let _ = self.secret.verify(&request.token, AUTH_AUDIENCE);
+                // Forged tokens, nonces and proofs are refused; checked for the parsers' sake.
+                let _ = self.secret.verify_auth(
+                    &request.token,
+                    ROUTER_PEER_ID,
+                    &request.router_nonce,
+                    std::time::SystemTime::now(),
+                    Duration::from_secs(3600),
+                );
+                let _ = self.secret.proof_key().check_nonce(
+                    &request.router_nonce,
+                    ROUTER_PEER_ID,
+                    u64::MAX / 2,
+                );
+                let _ = challenge::check_agent_proof(
+                    &request.peer_id,
+                    &request.public_key,
+                    &request.signature,
+                    &request.router_nonce,
+                    ROUTER_PEER_ID,
+                );
                 if request.capacity == 0 || self.sessions.len() >= SESSIONS_MAX {
                     return true;
                 }
@@ -199,7 +222,7 @@ impl Core {
                 self.apply(events);
             }
             agent_message::Kind::Refresh(refresh) => {
-                match self.secret.verify(&refresh.session_token, SESSION_AUDIENCE) {
+                match self.secret.verify_session(&refresh.session_token, SESSION_ISSUER) {
                     Ok(claims) if claims.sid == u64::from(agent.0) => {
                         self.registry
                             .session_refreshed(agent, now + Duration::from_secs(600));

@@ -20,6 +20,8 @@ use libfuzzer_sys::fuzz_target;
 /// The HS256 secret the seed tokens are signed with (fuzz/seeds/make.py). Test material only.
 const SECRET: &[u8] = b"hivenet-fuzz-secret-0123456789abcdef";
 
+/// The issuer the seed session tokens name (fuzz/seeds/make.py).
+const SESSION_ISSUER: &str = "12D3KooWfuzzrouter/0000000000000000";
 type Outcome = Result<(Codec, u16, Option<Claims>), &'static str>;
 
 fuzz_target!(|data: &[u8]| {
@@ -89,6 +91,7 @@ fn read(data: &[u8], read_already: usize, secret: &Secret) -> (Outcome, Vec<u8>)
         &mut wire,
         &data[..read_already],
         secret,
+        SESSION_ISSUER,
     ));
     assert!(read_already + wire.read_bytes() <= 8 + TOKEN_LEN_MAX);
     (outcome, wire.written)

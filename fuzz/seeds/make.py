@@ -61,10 +61,15 @@ def jwt(claims, secret=TUNNEL_SECRET):
 
 
 PEER = "12D3KooWGzBZL6AZtnrD2EK2hRmNZT9Ev4KL8ZTjcpNTQpSKXHyt"
+# The router of the fuzz targets (`ROUTER_PEER_ID`, `SESSION_ISSUER` in grpc_control.rs and
+# tunnel_preamble.rs): a session token names the router run that issued it, an authentication
+# token the router and the router nonce it answers.
+ROUTER = "12D3KooWfuzzrouter"
+SESSION_ISSUER = ROUTER + "/0000000000000000"
 SESSION_TOKEN = jwt({"sub": PEER, "aud": "hivenet-router-session", "iat": 1_700_000_000,
-                     "exp": FAR_FUTURE_S, "sid": 1})
-AUTH_TOKEN = jwt({"sub": PEER, "aud": "hivenet-router", "iat": 1_700_000_000,
-                  "exp": FAR_FUTURE_S, "sid": 0})
+                     "exp": FAR_FUTURE_S, "sid": 1, "rtr": SESSION_ISSUER})
+AUTH_TOKEN = jwt({"sub": PEER, "aud": ROUTER, "iat": 1_700_000_000,
+                  "exp": FAR_FUTURE_S, "sid": 0, "nonce": "00" * 40})
 
 
 # ----- HTTP/1.1 heads -----------------------------------------------------------------------
@@ -159,8 +164,8 @@ bodies = {
     "escapes": '{"model":"caf\\u00e9","messages":[{"content":"line\\nbreak \\ud83d\\ude00"}],"max_completion_tokens":10}',
     "embeddings": '{"model":"BAAI/bge-m3","input":["a","b"]}',
 }
-bodies.update(raw_strings("src/http/fields.rs", '"model"'))
-bodies.update(raw_strings("src/http/prompt.rs", "messages"))
+bodies.update(raw_strings("src/wire/http/fields.rs", '"model"'))
+bodies.update(raw_strings("src/wire/http/prompt.rs", "messages"))
 write("body_fields", bodies)
 
 # ----- backend responses and streams --------------------------------------------------------
@@ -185,7 +190,7 @@ streams = {
     "anthropic-body": '{"id":"m","type":"message","usage":{"input_tokens":10,"cache_creation_input_tokens":2,"output_tokens":20}}',
     "unterminated": 'data: {"choices":[],"usage":{"prompt_tokens":1}}',
 }
-streams.update(raw_strings("src/usage.rs", "usage", limit=16))
+streams.update(raw_strings("src/logic/usage/tests.rs", "usage", limit=16))
 write("sse_usage", streams)
 
 # ----- h2c: client frames after the preface -------------------------------------------------
@@ -343,7 +348,7 @@ policies = {
     "bad": "routing_policy:\n  name: x\n  strategy: weighted\nmode: fast\nshed_if:\n  gpu_temp: {gt: .inf}\n",
     "anchors": "base: &b {strategy: least-loaded}\nrouting_policy: *b\n",
 }
-policies.update(raw_strings("src/policy/compile/tests.rs", "routing_policy"))
+policies.update(raw_strings("src/logic/policy/compile/tests.rs", "routing_policy"))
 write("policy_yaml", policies)
 
 # ----- gRPC control messages ----------------------------------------------------------------

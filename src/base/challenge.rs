@@ -112,11 +112,10 @@ impl ProofKey {
         router_nonce: &[u8],
         router_peer_id: &str,
     ) -> [u8; 32] {
-        let mut mac = self.keyed(ROUTER_PROOF_CONTEXT);
-        update_framed(&mut mac, agent_nonce);
-        update_framed(&mut mac, router_nonce);
-        update_framed(&mut mac, router_peer_id.as_bytes());
-        mac.finalize().into_bytes().into()
+        self.router_proof_mac(agent_nonce, router_nonce, router_peer_id)
+            .finalize()
+            .into_bytes()
+            .into()
     }
 
     /// The agent's check of [`router_proof`](ProofKey::router_proof), in constant time.
@@ -127,11 +126,22 @@ impl ProofKey {
         router_peer_id: &str,
         proof: &[u8],
     ) -> bool {
+        self.router_proof_mac(agent_nonce, router_nonce, router_peer_id)
+            .verify_slice(proof)
+            .is_ok()
+    }
+
+    fn router_proof_mac(
+        &self,
+        agent_nonce: &[u8],
+        router_nonce: &[u8],
+        router_peer_id: &str,
+    ) -> HmacSha256 {
         let mut mac = self.keyed(ROUTER_PROOF_CONTEXT);
         update_framed(&mut mac, agent_nonce);
         update_framed(&mut mac, router_nonce);
         update_framed(&mut mac, router_peer_id.as_bytes());
-        mac.verify_slice(proof).is_ok()
+        mac
     }
 
     /// A router's answer to a challenge: a new nonce, and the proof over it and `agent_nonce`.
@@ -166,10 +176,8 @@ impl ProofKey {
     ) -> Result<IssuedNonce, ChallengeError> {
         let nonce: &[u8; ROUTER_NONCE_LEN] =
             nonce.try_into().map_err(|_| ChallengeError::ForeignNonce)?;
-        let mut mac = self.keyed(ROUTER_NONCE_CONTEXT);
-        update_framed(&mut mac, &nonce[..24]);
-        update_framed(&mut mac, router_peer_id.as_bytes());
-        mac.verify_truncated_left(&nonce[24..])
+        self.nonce_mac(&nonce[..24], router_peer_id)
+            .verify_truncated_left(&nonce[24..])
             .map_err(|_| ChallengeError::ForeignNonce)?;
         let issued_unix_ms = u64::from_be_bytes(nonce[..8].try_into().expect("8 bytes"));
         // A nonce from the future (a clock stepped back) is as old as it claims to be: it
@@ -184,11 +192,15 @@ impl ProofKey {
     }
 
     fn nonce_tag(&self, head: &[u8], router_peer_id: &str) -> [u8; TAG_LEN] {
+        let full = self.nonce_mac(head, router_peer_id).finalize().into_bytes();
+        full[..TAG_LEN].try_into().expect("16 bytes")
+    }
+
+    fn nonce_mac(&self, head: &[u8], router_peer_id: &str) -> HmacSha256 {
         let mut mac = self.keyed(ROUTER_NONCE_CONTEXT);
         update_framed(&mut mac, head);
         update_framed(&mut mac, router_peer_id.as_bytes());
-        let full = mac.finalize().into_bytes();
-        full[..TAG_LEN].try_into().expect("16 bytes")
+        mac
     }
 }
 

@@ -99,3 +99,34 @@ pub async fn authenticate(
         .map(tonic::Response::into_inner);
     (request, answer)
 }
+
+/// Serves a stand-in `AgentControl` (a fake or impostor router) on a loopback port from its own
+/// runtime, so the test's blocking waits do not stall it. Keep the runtime: dropping it stops the
+/// service.
+pub fn serve_agent_control<S>(service: S) -> (SocketAddr, tokio::runtime::Runtime)
+where
+    S: hivenet_router::wire::proto::agent_control_server::AgentControl,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    runtime.spawn(async move {
+        let incoming = futures_util::stream::unfold(listener, |listener| async move {
+            Some((listener.accept().await.map(|(socket, _)| socket), listener))
+        });
+        tonic::transport::Server::builder()
+            .add_service(
+                hivenet_router::wire::proto::agent_control_server::AgentControlServer::new(service),
+            )
+            .serve_with_incoming(incoming)
+            .await
+            .unwrap();
+    });
+    (addr, runtime)
+}

@@ -1217,17 +1217,16 @@ pub fn write_temp(name: &str, contents: &str) -> String {
     path.display().to_string()
 }
 
-/// Runs the router binary with `args` until it exits, for start-up checks: free loopback ports,
-/// an identity and working directory under `dir`, none of the test environment's `HIVENET_*`
-/// variables but `env`. Returns whether it exited successfully, and its stderr.
-pub fn run_router_to_exit(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+/// The router binary with `args` for a start-up check: free loopback ports, an identity and working
+/// directory under `dir`, none of the test environment's `HIVENET_*` variables but `env`.
+fn start_up_command(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Command {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_hivenet-router"));
     for (key, _) in std::env::vars() {
         if key.starts_with("HIVENET_") {
             command.env_remove(key);
         }
     }
-    let output = command
+    command
         .args(args)
         .args([
             "--identity-path",
@@ -1245,7 +1244,15 @@ pub fn run_router_to_exit(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (b
         ])
         .env("HIVENET_ROUTER_JWT_SECRET", "test-secret")
         .envs(env.iter().copied())
-        .current_dir(dir)
+        .current_dir(dir);
+    command
+}
+
+/// Runs the router binary with `args` until it exits, for start-up checks: free loopback ports,
+/// an identity and working directory under `dir`, none of the test environment's `HIVENET_*`
+/// variables but `env`. Returns whether it exited successfully, and its stderr.
+pub fn run_router_to_exit(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let output = start_up_command(dir, args, env)
         .output()
         .expect("run hivenet-router");
     (
@@ -1263,33 +1270,9 @@ pub fn run_router_within(
     env: &[(&str, &str)],
     within: Duration,
 ) -> Option<(bool, String)> {
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_hivenet-router"));
-    for (key, _) in std::env::vars() {
-        if key.starts_with("HIVENET_") {
-            command.env_remove(key);
-        }
-    }
     let stderr_path = dir.join(format!("router-within-{}.stderr", free_port()));
     let stderr = std::fs::File::create(&stderr_path).expect("create the router's stderr file");
-    let mut child = command
-        .args(args)
-        .args([
-            "--identity-path",
-            &dir.join("router.key").display().to_string(),
-        ])
-        .args([
-            "--http-port",
-            &format!("127.0.0.1:{}", free_port()),
-            "--grpc-port",
-            &format!("127.0.0.1:{}", free_port()),
-            "--metrics-port",
-            &format!("127.0.0.1:{}", free_port()),
-            "--p2p-port",
-            &free_port().to_string(),
-        ])
-        .env("HIVENET_ROUTER_JWT_SECRET", "test-secret")
-        .envs(env.iter().copied())
-        .current_dir(dir)
+    let mut child = start_up_command(dir, args, env)
         .stdout(stderr.try_clone().expect("share the output file"))
         .stderr(stderr)
         .spawn()
