@@ -818,3 +818,55 @@ fn keys_served_elsewhere_cost_no_holder_and_are_charged_when_served_here() {
     post_ok(&routers[1], raws[1]);
     assert_eq!(holders(&routers[1], "owner"), 2.0);
 }
+
+/// Issue 33, the daily budget with the store down (seed: "Daily budgets spend at most what was
+/// left at the outage's start divided by the routers"). Three routers, 900 tokens a day, one
+/// request on each while the store answers; then the store is gone, and router 0 alone is sent
+/// requests until it refuses. What it spends, input and output, stays within its third of what
+/// was left (and one request past it). Before the fix only input estimates counted against its
+/// third, and it spent far more (the issue measured 798 of 900).
+#[test]
+fn cut_off_a_router_spends_its_third_of_the_daily_budget_left() {
+    const BUDGET: u64 = 900;
+    const KEY: &str = "sk-daily-outage";
+    let mut valkey = Valkey::primary();
+    let auth = auth_file("daily-outage", &[key(KEY, &daily(BUDGET))]);
+    let routers = Plan::new("daily-outage", auth, &valkey.addr()).start_all(ROUTERS);
+    wait_site_up(&routers);
+    let cost = |response: &Response| response.json()["usage"]["total_tokens"].as_u64().unwrap();
+    let mut before = 0;
+    for router in &routers {
+        before += cost(&post_ok(router, KEY));
+    }
+    for index in 0..ROUTERS {
+        wait_propagated(&routers[index], &[&routers[(index + 1) % ROUTERS]]);
+    }
+    valkey.kill();
+    wait_all(&routers, "hivenet_sync_up", |v| v == 0.0);
+
+    let mut spent = 0;
+    let mut largest = 0;
+    loop {
+        let response = post(&routers[0], KEY);
+        if response.status == 429 {
+            assert_eq!(response.error_code(), "token_limit_exceeded");
+            break;
+        }
+        assert_eq!(response.status, 200, "{}", response.text());
+        let tokens = cost(&response);
+        spent += tokens;
+        largest = largest.max(tokens);
+        assert!(spent < BUDGET, "router 0 spent {spent}, the whole budget");
+    }
+    let third = (BUDGET - before) / ROUTERS as u64;
+    eprintln!("cut off, router 0 spent {spent} tokens; its third of what was left is {third}");
+    assert!(
+        spent <= third + largest,
+        "router 0 spent {spent} tokens alone; its third of the {} left is {third}",
+        BUDGET - before
+    );
+    assert!(
+        spent + largest >= third,
+        "router 0 spent only {spent} of its {third}"
+    );
+}

@@ -201,18 +201,28 @@ impl DailyBudget {
         output_may_be_refused: bool,
     ) -> DailySettlement {
         self.roll(day);
+        // What this router charges beyond the admitted input counts against its part of what
+        // is left too (`share::RoundAllowance`; seed `run-several-routers.md`: "Daily budgets
+        // spend at most what was left at the outage's start divided by the routers"). Before,
+        // only the input estimate did: cut off from the store, one router spent every token
+        // left of a 900-token budget in output (issue 33: 798 where 290 was its part).
         if admission.day == self.day {
             let exact_input_tokens = exact_input_tokens.min(LIMIT_MAX);
             if exact_input_tokens >= admission.input_tokens {
-                self.charge(exact_input_tokens - admission.input_tokens);
+                let more = exact_input_tokens - admission.input_tokens;
+                self.charge(more);
+                self.round.take(more as i64);
             } else {
-                self.uncharge(admission.input_tokens - exact_input_tokens);
+                let less = admission.input_tokens - exact_input_tokens;
+                self.uncharge(less);
+                self.round.refund(less as i64);
             }
         }
         let exact_output_tokens = exact_output_tokens.min(LIMIT_MAX);
         let output_fit = exact_output_tokens <= self.remaining(day);
         let output_tokens_charged = if output_fit || !output_may_be_refused {
             self.charge(exact_output_tokens);
+            self.round.take(exact_output_tokens as i64);
             exact_output_tokens
         } else {
             0
@@ -324,6 +334,38 @@ mod tests {
 
     const MONDAY: Day = Day(20_000);
     const TUESDAY: Day = Day(20_001);
+
+    /// Issue 33, the daily budget with the store down: three routers, 900 tokens a day, 102 spent
+    /// before the outage. Cut off, one router admits requests of 14 input and 20 output tokens
+    /// until refused: what it spends stays within its third of the 798 left (and one request's
+    /// output past it). Before, only the input estimates counted against its third: it spent
+    /// all 798.
+    #[test]
+    fn cut_off_a_router_spends_its_part_of_what_was_left_output_included() {
+        let mut budget = DailyBudget::new(MONDAY, 900);
+        let before = budget.admit(MONDAY, 102, None, Share::Whole).unwrap();
+        budget.settle(MONDAY, before, 102, 0, false);
+        let alone = Share::Alone {
+            since: 40,
+            routers: 3,
+        };
+        let mut spent = 0;
+        while let Ok(admission) = budget.admit(MONDAY, 14, None, alone) {
+            let settled = budget.settle(MONDAY, admission, 14, 20, false);
+            spent += 14 + settled.output_tokens_charged;
+            assert!(spent < 798, "spent everything left");
+        }
+        let part = (900 - 102) / 3;
+        assert!(spent >= part - 34, "spent {spent}, its part is {part}");
+        assert!(spent <= part + 20, "spent {spent}, its part is {part}");
+        // A new round of a shared store starts a new allowance from what is left.
+        let shared = Share::Shared {
+            round: 41,
+            live: 3,
+            silent: 0,
+        };
+        assert!(budget.admit(MONDAY, 14, None, shared).is_ok());
+    }
 
     #[test]
     fn worst_case_must_fit_but_only_input_is_charged() {
