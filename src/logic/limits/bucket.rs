@@ -598,7 +598,7 @@ mod tests {
         let mut admitted = [0u64; ROUTERS];
         for now in 0..UNTIL_MS {
             for router in 0..ROUTERS {
-                if (now + router as u64 * 67) % ROUND_MS == 0 {
+                if (now + router as u64 * 67).is_multiple_of(ROUND_MS) {
                     rounds[router] += 1;
                     let delta = buckets[router].take_delta();
                     published.push((router, now, delta));
@@ -614,7 +614,7 @@ mod tests {
                     }
                     read[router] = published.len();
                 }
-                if now % 2 == 0 {
+                if now.is_multiple_of(2) {
                     let share = Share::Shared {
                         round: rounds[router],
                         live: ROUTERS as u32,
