@@ -813,6 +813,13 @@ fn keys_served_elsewhere_cost_no_holder_and_are_charged_when_served_here() {
         )
     };
     assert_eq!(holders(&routers[0], "owner"), (KEYS + 1) as f64);
+    // What a round writes, everything included, is more than its usage entries.
+    let written = routers[0].router_metric("hivenet_sync_store_written_bytes_total");
+    let published = routers[0].router_metric("hivenet_sync_published_bytes_total");
+    assert!(
+        written > published && published > 0.0,
+        "{written} {published}"
+    );
     assert_eq!(holders(&routers[1], "owner"), 0.0);
     assert_eq!(holders(&routers[1], "remote_only"), (KEYS + 1) as f64);
     // Served here, the key finds its budget spent on router 0.

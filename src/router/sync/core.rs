@@ -344,6 +344,9 @@ impl Round {
         self.metrics
             .tick_seconds
             .observe(started.elapsed().as_secs_f64());
+        self.metrics
+            .store_written_bytes_total
+            .store(self.store.written_bytes(), Ordering::Relaxed);
         let outcome_ok = outcome.is_ok();
         self.last_round_reached = outcome_ok && self.pools_written;
         match outcome {

@@ -72,6 +72,9 @@ pub struct SyncMetrics {
     pub unknown_routers: AtomicI64,
     /// Bytes of usage entries published (for the benchmark's bytes per round).
     pub published_bytes_total: AtomicU64,
+    /// Bytes of every command the sync core sent the store: rounds, pools, credit grants and
+    /// releases, checks (not the redirect claims' connection).
+    pub store_written_bytes_total: AtomicU64,
     pub tick_seconds: Histogram,
     /// Occupancy credits: the duration of each refill (`hivenet_occupancy_credit_seconds`,
     /// `op="refill"`).
@@ -193,6 +196,11 @@ impl Collect for SyncMetrics {
                 "hivenet_sync_malformed_records_total",
                 "Router records in the sync store this router ignored because it could not read them, each bad value once.",
                 &self.malformed_records_total,
+            ),
+            (
+                "hivenet_sync_store_written_bytes_total",
+                "Bytes of every command the sync core sent the store: rounds with their entries, daily totals and heartbeat, pools, credit grants and releases, permission checks.",
+                &self.store_written_bytes_total,
             ),
             (
                 "hivenet_sync_published_bytes_total",

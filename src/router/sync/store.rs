@@ -153,6 +153,11 @@ pub struct Store {
     failovers: u64,
     /// Connections made so far: a new one is checked for permissions ([`Store::refused`]).
     connects: u64,
+    /// Bytes of every command this connection sent, as the store reads them (RESP), including
+    /// what was sent when the answer did not come (`hivenet_sync_store_written_bytes_total`).
+    written_bytes: u64,
+    /// Where a pipeline is encoded to be measured; as large as the largest pipeline.
+    measure: Vec<u8>,
 }
 
 /// Every command a router's sync sends, and what it needs it for (`Store::refused` checks each).
@@ -244,6 +249,8 @@ impl Store {
             replication_id: None,
             failovers: 0,
             connects: 0,
+            written_bytes: 0,
+            measure: Vec::new(),
         }
     }
 
@@ -388,6 +395,11 @@ impl Store {
         Ok(connection)
     }
 
+    /// Bytes of the commands sent so far on this connection's behalf, however they ended.
+    pub fn written_bytes(&self) -> u64 {
+        self.written_bytes
+    }
+
     /// Connections made so far (each new one is worth a [`Store::refused`] check).
     pub fn connects(&self) -> u64 {
         self.connects
@@ -489,6 +501,11 @@ impl Store {
     /// Runs `pipe`, dropping the connection on any error so the next call connects again.
     async fn query<T: redis::FromRedisValue>(&mut self, pipe: &redis::Pipeline) -> RedisResult<T> {
         let mut connection = self.connection().await?;
+        self.measure.clear();
+        for command in pipe.cmd_iter() {
+            command.write_packed_command(&mut self.measure);
+        }
+        self.written_bytes += self.measure.len() as u64;
         let result = tokio::time::timeout(
             self.response_timeout + Duration::from_millis(100),
             pipe.query_async(&mut connection),
