@@ -14,6 +14,10 @@
 //!   refilled what they took.
 //! - daily budgets: one running sum per budget and day, dropped when the day is over.
 //!
+//! Bounded: at most `RATE_HORIZON / MERGE_WINDOW + 1` (13) entries per rate bucket and one per
+//! daily budget and day, for at most the tenants of the keys this router knows (usage of a key it
+//! does not know is skipped before it gets here); [`RemoteOnly::prune`] runs with every cleanup.
+//!
 //! Pure: no clock, no I/O.
 
 use crate::base::ids::{KeyId, TenantId};
