@@ -161,6 +161,12 @@ impl Bucket {
         self.lowered();
     }
 
+    /// The level at `now` in whole tokens, below zero when it owes (for the site's simulation).
+    #[cfg(test)]
+    pub fn level(&self, now: Millis) -> i64 {
+        self.level_at(now) / UNITS_PER_TOKEN
+    }
+
     /// Whole tokens available at `now`, floored at zero.
     pub fn remaining(&self, now: Millis) -> u64 {
         (self.level_at(now).max(0) / UNITS_PER_TOKEN) as u64

@@ -799,6 +799,22 @@ impl KeyLimits {
         }
     }
 
+    /// Tokens one daily budget counts as used on `day` by every router (for the site's
+    /// simulation, `router::sync::simulation`). `None` when the key has no such budget.
+    #[cfg(test)]
+    pub fn daily_used(&mut self, model: Option<ModelId>, day: Day) -> Option<u64> {
+        self.daily_bucket_mut(model).map(|budget| budget.used(day))
+    }
+
+    /// Requests the flat RPM bucket holds at `now` (for the site's simulation).
+    #[cfg(test)]
+    pub fn requests_left(&self, now: Millis) -> Option<i64> {
+        match &self.shape {
+            Shape::Flat { requests, .. } => requests.as_ref().map(|rate| rate.level(now)),
+            Shape::PerModel(_) => None,
+        }
+    }
+
     /// Whether the key has a daily budget for `model` (the flat one, or the model's own).
     pub fn has_daily(&mut self, model: ModelId) -> bool {
         self.daily_mut(model).is_some()

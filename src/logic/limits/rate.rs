@@ -106,6 +106,13 @@ impl RequestRate {
         self.bucket.remaining(now)
     }
 
+    /// The bucket's level at `now` in requests, below zero when it owes (for the site's
+    /// simulation).
+    #[cfg(test)]
+    pub fn level(&self, now: Millis) -> i64 {
+        self.bucket.level(now)
+    }
+
     /// Take one request, within this router's `share` of the limit.
     pub fn admit(&mut self, now: Millis, share: Share) -> Result<u64, Shortfall> {
         self.bucket.try_take_shared(now, 1, share)?;

@@ -33,6 +33,8 @@ pub mod pool_store;
 pub mod pools;
 pub mod redirect_claims;
 pub mod round;
+#[cfg(test)]
+mod simulation;
 pub mod site;
 pub mod store;
 

@@ -18,9 +18,10 @@
 //! # What is checked of the store
 //! Anyone who can write the store can write a heartbeat, so a record is evidence, not truth
 //! ([`Sightings`]):
-//! - A record's age is the larger of what its writer's clock says and how long this router has
-//!   seen the record unchanged: a time in the future counts as now (clamped), and a record that
-//!   is not rewritten goes silent after three intervals whatever time it claims.
+//! - A record's age is how long this router has seen it unchanged, by its own clock: a record that
+//!   is not rewritten goes silent after three intervals whatever time it claims. The time its
+//!   writer put in it counts only when it is older than clocks differ by
+//!   ([`CLOCKS_DIFFER_BY_AT_MOST_MS`]): a record left long ago is not live for three intervals.
 //! - The interval a record claims is held to the range `--sync-interval` allows, so a record
 //!   cannot stretch its own liveness.
 //! - A record that does not parse, names no peer ID, or is oversized is ignored and counted
@@ -51,6 +52,10 @@ pub const RECONNECT_AFTER_FAILURES: u32 = 10;
 /// as malformed. A site runs a handful of routers: this bounds what a flood of forged records
 /// costs each round, not a real site.
 pub const ROUTERS_MAX: usize = 256;
+/// How far the wall clocks of a site's routers may differ. A record is as old as this router has
+/// seen it unchanged; its writer's time counts only when it says the record is older than this (a
+/// record left by a router gone before this one started).
+pub const CLOCKS_DIFFER_BY_AT_MOST_MS: u64 = 30_000;
 /// The largest heartbeat record read, in bytes (a record lists the agents its router serves).
 pub const RECORD_BYTES_MAX: usize = 64 * 1024;
 /// The longest peer ID or advertised address a record may carry, in bytes.
@@ -197,9 +202,17 @@ impl Sightings {
                 }
                 continue;
             };
-            let age_ms = now_ms
-                .saturating_sub(heartbeat.at_unix_ms)
-                .max(now_ms.saturating_sub(first_seen_ms));
+            // Liveness is this router's own reading: the time its writer's clock gives counts
+            // only past what clocks of a site may differ by. Read as it was, a router whose
+            // clock ran two seconds ahead saw every other router of a site with 200 ms rounds
+            // silent, for good (`sync::simulation`, seed 66).
+            let writer_age_ms = now_ms.saturating_sub(heartbeat.at_unix_ms);
+            let unchanged_ms = now_ms.saturating_sub(first_seen_ms);
+            let age_ms = if writer_age_ms > CLOCKS_DIFFER_BY_AT_MOST_MS {
+                writer_age_ms.max(unchanged_ms)
+            } else {
+                unchanged_ms
+            };
             roster.records.push(Record {
                 id: id.to_owned(),
                 heartbeat,
@@ -531,10 +544,33 @@ mod tests {
             let roster = sightings.read([("skewed", text.as_str())], now);
             assert_eq!(roster.records[0].age_ms, 0);
         }
-        // A record first seen old is as old as its writer says.
-        let old = json(&heartbeat("old", 10 * SECOND));
+        // A record first seen older than clocks differ by is as old as its writer says; one
+        // younger ages from when this router first saw it.
+        let old = json(&heartbeat("old", 120 * SECOND));
         let roster = sightings.read([("old", old.as_str())], NOW);
-        assert_eq!(roster.records[0].age_ms, 10 * SECOND);
+        assert_eq!(roster.records[0].age_ms, 120 * SECOND);
+        let recent = json(&heartbeat("recent", 10 * SECOND));
+        let roster = sightings.read([("recent", recent.as_str())], NOW);
+        assert_eq!(roster.records[0].age_ms, 0);
+    }
+
+    /// `sync::simulation` seed 66: this router's clock two seconds ahead of the others', with
+    /// 200 ms rounds. The others' records, rewritten every round, stay live.
+    #[test]
+    fn a_reader_whose_clock_runs_ahead_sees_routers_that_write_live() {
+        let mut sightings = Sightings::default();
+        for round in 0..20 {
+            let writer_now = NOW + round * 200;
+            let beat = Heartbeat {
+                at_unix_ms: writer_now,
+                interval_ms: 200,
+                ..heartbeat("behind", 0)
+            };
+            let text = json(&beat);
+            let roster = sightings.read([("behind", text.as_str())], writer_now + 2 * SECOND);
+            let record = &roster.records[0];
+            assert_eq!(record.heartbeat.state(record.age_ms), PeerState::Live);
+        }
     }
 
     #[test]

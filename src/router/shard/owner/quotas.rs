@@ -547,6 +547,24 @@ impl Quotas {
         self.holders.capacity()
     }
 
+    /// Tokens the flat daily budget of `tenant` counts as used on `day` by every router, if
+    /// its holder is built (for the site's simulation, `router::sync::simulation`).
+    #[cfg(test)]
+    pub fn daily_used(&mut self, tenant: TenantId, day: Day) -> Option<u64> {
+        self.holders
+            .get_mut(&tenant)
+            .and_then(|holder| holder.limits.daily_used(None, day))
+    }
+
+    /// Requests left in the flat RPM bucket of `tenant`, if its holder is built (for the
+    /// site's simulation).
+    #[cfg(test)]
+    pub fn requests_left(&self, tenant: TenantId, now: Millis) -> Option<i64> {
+        self.holders
+            .get(&tenant)
+            .and_then(|holder| holder.limits.requests_left(now))
+    }
+
     pub fn token_rate_holders(&self) -> usize {
         self.token_rates.len()
     }

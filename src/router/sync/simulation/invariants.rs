@@ -1,0 +1,193 @@
+//! The invariants the site must hold, after every step and at the end (see the parent's doc).
+
+use super::*;
+
+/// The most `values` hold in `span` consecutive entries.
+fn busiest(values: &[u64], span: usize) -> u64 {
+    let span = span.max(1);
+    if values.len() <= span {
+        return values.iter().sum();
+    }
+    let mut sum: u64 = values[..span].iter().sum();
+    let mut most = sum;
+    for index in span..values.len() {
+        sum = sum + values[index] - values[index - span];
+        most = most.max(sum);
+    }
+    most
+}
+
+impl Sim {
+    /// Invariants 1, 2 and 4 after every step.
+    pub(super) fn check(&self) -> Result<(), String> {
+        let step = self.step - 1;
+        let rate_per_step = RPM as f64 / 60_000.0 * STEP_MS as f64;
+        let interval_steps = (self.interval_ms / STEP_MS) as usize;
+        // Invariant 1, requests per minute, "Within one sync interval of usage": over a window,
+        // the burst, the refill, and what the site admitted in its busiest interval from one
+        // interval before the window (the usage a router may not have seen yet when it admits),
+        // plus each router's first request of a round.
+        for window in [20usize, 200, 1_200] {
+            if step + 1 < window {
+                continue;
+            }
+            let from = step + 1 - window;
+            let admitted: u64 = self.admitted[from..=step].iter().sum();
+            let one_interval = busiest(
+                &self.admitted[from.saturating_sub(interval_steps)..=step],
+                interval_steps,
+            );
+            let allowed =
+                RPM as f64 + rate_per_step * window as f64 + one_interval as f64 + ROUTERS as f64;
+            if admitted as f64 > allowed {
+                return Err(format!(
+                    "invariant 1: the site admitted {admitted} requests in {} s, where the limit allows {allowed:.0} (one interval of usage: {one_interval})",
+                    window as u64 * STEP_MS / 1000
+                ));
+            }
+        }
+        // Invariant 1, tokens per day: the budget plus the site's busiest interval of the day,
+        // plus each router's first request's worst case.
+        let request = INPUT + 10 + MAX_OUTPUT;
+        for (day, charged) in &self.daily_charged {
+            let one_interval = self
+                .daily_by_step
+                .get(day)
+                .map_or(0, |steps| busiest(steps, interval_steps));
+            let allowed = DAILY + one_interval + ROUTERS as u64 * request;
+            if *charged > allowed {
+                return Err(format!(
+                    "invariant 1: day {day}: the site charged {charged} tokens of a {DAILY}-token budget (at most {allowed}, one interval of usage: {one_interval})"
+                ));
+            }
+        }
+        // Invariant 4: "Daily budgets spend at most what was left at the outage's start divided
+        // by the routers"; requests in flight then add their output.
+        for (index, outage) in self.outage.iter().enumerate() {
+            let Some(outage) = outage.as_ref().filter(|outage| outage.alone) else {
+                continue;
+            };
+            let allowed =
+                outage.left / ROUTERS as u64 + request + outage.in_flight * (MAX_OUTPUT + 10);
+            if outage.spent > allowed {
+                return Err(format!(
+                    "invariant 4: router-{index}, alone on day {}, spent {} of the {} left at the outage's start (its part: {})",
+                    outage.day.0,
+                    outage.spent,
+                    outage.left,
+                    outage.left / ROUTERS as u64
+                ));
+            }
+        }
+        // Invariant 2: offered the same load, over 10 rounds with no fault in or just before
+        // them, each router admits at least half its part of what the site admitted.
+        let window = (10 * self.interval_ms / STEP_MS) as usize;
+        let equal = self.offered.iter().all(|load| *load == self.offered[0]);
+        let quiet_from = step + 1 >= window + 100;
+        if equal
+            && quiet_from
+            && !self.faulty[step + 1 - window - 100..=step]
+                .iter()
+                .any(|f| *f)
+        {
+            let mut by_router = [0u64; ROUTERS];
+            for admitted in &self.admitted_by[step + 1 - window..=step] {
+                for (index, count) in admitted.iter().enumerate() {
+                    by_router[index] += count;
+                }
+            }
+            let site: u64 = by_router.iter().sum();
+            for (index, count) in by_router.iter().enumerate() {
+                if (*count * 2 * ROUTERS as u64 + 2 * ROUTERS as u64) < site {
+                    return Err(format!(
+                        "invariant 2: router-{index} admitted {count} of the site's {site} requests over 10 rounds, offered the same load as the others ({by_router:?})"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Invariants 3 and 6 at the end, once every fault healed and every round published.
+    pub(super) fn check_end(&mut self) -> Result<(), String> {
+        // Invariant 6: the last 10 s before the drain admitted at least 90 % of the rate.
+        let end = STEPS - DRAIN_STEPS;
+        let window = 200;
+        let admitted: u64 = self.admitted[end - window..end].iter().sum();
+        let rate = RPM * window as u64 * STEP_MS / 60_000;
+        if admitted * 10 < rate * 9 {
+            return Err(format!(
+                "invariant 6: healed, the site admitted {admitted} requests in 10 s where the rate allows {rate}"
+            ));
+        }
+        for (index, router) in self.routers.iter().enumerate() {
+            let router = router.as_ref().ok_or("a router is down at the end")?;
+            let share = router.health.share();
+            if share
+                != (Share::Shared {
+                    round: match share {
+                        Share::Shared { round, .. } => round,
+                        _ => 0,
+                    },
+                    live: ROUTERS as u32,
+                    silent: 0,
+                })
+            {
+                return Err(format!(
+                    "invariant 6: healed, router-{index} still enforces {share:?}"
+                ));
+            }
+        }
+        // Invariant 3: the store holds every run's daily usage once, and every router counts
+        // every run's once.
+        let day = self.routers[0].as_ref().expect("up").day(self.now);
+        let stored: u64 = self
+            .truth
+            .stored_daily
+            .iter()
+            .filter(|((_, of), _)| *of == day.0)
+            .map(|(_, tokens)| tokens)
+            .sum();
+        let in_store: u64 = self
+            .store
+            .primary
+            .daily
+            .iter()
+            .filter(|((of, _), _)| *of == day.0)
+            .map(|(_, tokens)| tokens)
+            .sum();
+        if in_store != stored {
+            return Err(format!(
+                "invariant 3: the store's totals for today say {in_store} tokens, the routers published {stored}"
+            ));
+        }
+        let tenant = self
+            .registry
+            .get(self.daily_key)
+            .expect("the daily key")
+            .tenant_id;
+        // A router's net refund of a round (true-ups below the estimates) is not published as
+        // negative usage: it offsets its next round's (`Bucket::take_delta`). Until then the
+        // others count it; at the end of a day nothing offsets it. That is the one excess.
+        let pending = |run: u64| -> u64 {
+            let taken = self.truth.taken.get(&(run, day.0)).copied().unwrap_or(0) as i64;
+            let charged = self.truth.charged.get(&(run, day.0)).copied().unwrap_or(0);
+            (taken - charged).max(0) as u64
+        };
+        for index in 0..ROUTERS {
+            let router = self.routers[index].as_ref().expect("up");
+            let run = router.run;
+            let own_pending = pending(run);
+            let router = self.routers[index].as_mut().expect("up");
+            let Some(used) = router.shards[tenant.owner(SHARDS)].daily_used(tenant, day) else {
+                continue;
+            };
+            if used + own_pending != stored {
+                return Err(format!(
+                    "invariant 3: router-{index} counts {used} tokens used today, the routers published {stored} (its own refund not published yet: {own_pending})"
+                ));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,358 @@
+//! A router's sync round against the simulated store: what `sync::core` does around the pure
+//! parts it drives (the round's transaction, reading today's totals, applying entries).
+
+use super::*;
+
+/// The outcome of a round's transaction as the router sees it.
+enum Reply {
+    Answered,
+    /// The transaction ran (all of it, or all but one command) and the router heard nothing:
+    /// it must treat the round as failed.
+    Lost,
+}
+
+impl Sim {
+    /// One round of router `index` (`sync::core`'s `tick`).
+    pub(super) fn round(&mut self, index: usize, leaving: bool) {
+        let now = self.now;
+        let router = self.routers[index].as_mut().expect("a running router");
+        router.next_round = now + router.interval_ms;
+        let wall = router.wall(now);
+        let day = router.day(now);
+        let mut usage = Vec::new();
+        let mut totals = Vec::new();
+        for shard in &mut router.shards {
+            shard.take_usage(&mut usage);
+            totals.extend(shard.take_changed_daily_totals());
+        }
+        for used in &usage {
+            if let crate::logic::limits::BucketRef::Daily { day, .. } = used.bucket {
+                *self.truth.taken.entry((router.run, day.0)).or_default() += used.amount;
+            }
+        }
+        router.backlog.push(Batch {
+            admitted_at_unix_ms: wall,
+            day,
+            usage,
+        });
+        router.backlog.push_totals(totals);
+        if day != router.read_day {
+            router.read_day = day;
+            router.ledger.forget_before(day.0.saturating_sub(1));
+        }
+        let outcome = self.exchange(index, leaving);
+        let reached = outcome.is_ok();
+        let router = self.routers[index].as_mut().expect("a running router");
+        match outcome {
+            Ok(peers) => router.health.succeeded(peers),
+            Err(()) => {
+                let was_up = router.health.is_up();
+                router.health.failed();
+                if was_up && !router.health.is_up() {
+                    router.resync = true;
+                }
+            }
+        }
+        let share = router.health.share();
+        for shard in &mut router.shards {
+            shard.set_share(share);
+        }
+        let run = router.run;
+        let tenant = self
+            .registry
+            .get(self.rate_key)
+            .expect("the rate key")
+            .tenant_id;
+        let left = router.shards[tenant.owner(SHARDS)].requests_left(tenant, Millis(now));
+        self.log(|| format!("router-{index} (run {run}) round: {share:?}, {left:?} requests left"));
+        self.note_outage(index, share, reached);
+    }
+
+    /// Steps 2 and 3 against the store (`sync::core`'s `exchange`).
+    fn exchange(&mut self, index: usize, leaving: bool) -> Result<site::Peers, ()> {
+        let now = self.now;
+        let router = self.routers[index].as_mut().expect("a running router");
+        if now < self.store.down_until || now < self.store.slow_until {
+            return Err(());
+        }
+        if now < router.partitioned_until {
+            return Err(());
+        }
+        let wall = router.wall(now);
+        let day = router.day(now);
+        if router.resync {
+            read_totals(
+                router,
+                &self.store.primary,
+                &self.registry,
+                &self.snapshot,
+                now,
+                day,
+            );
+            let replayed = std::mem::take(&mut router.replayed);
+            self.count_applied(index, &replayed);
+        }
+        let router = self.routers[index].as_mut().expect("a running router");
+        let totals: Vec<(u32, String, u64)> = router
+            .backlog
+            .totals()
+            .map(|total| {
+                (
+                    total.day.0,
+                    round::daily_field(&router.id, total.tenant, None),
+                    total.tokens,
+                )
+            })
+            .collect();
+        let writes = router.ledger.writes(&totals);
+        let heartbeat = Heartbeat {
+            run: router.run,
+            at_unix_ms: wall,
+            interval_ms: router.interval_ms,
+            peer_id: router.id.clone(),
+            grpc_addr: None,
+            agents: Vec::new(),
+            left: leaving,
+        };
+        let reply = if router.lose_reply {
+            router.lose_reply = false;
+            Reply::Lost
+        } else {
+            Reply::Answered
+        };
+        // One command of the transaction fails (its reply is an error): the others ran.
+        let failing_command = if router.error_reply {
+            router.error_reply = false;
+            Some(self.rng.below(writes.len() as u64 + 1) as usize)
+        } else {
+            None
+        };
+        let store = &mut self.store;
+        for batch in router.backlog.batches() {
+            let entry = round::entry_of(&router.id, router.run, batch, |_| None);
+            if entry.is_empty() {
+                continue;
+            }
+            let id = store.next_id(now);
+            store.primary.stream.push((id, Arc::from(entry.encode())));
+            if self
+                .truth
+                .stored
+                .insert((router.run, batch.admitted_at_unix_ms))
+            {
+                for used in &batch.usage {
+                    if let crate::logic::limits::BucketRef::Daily { day, .. } = used.bucket {
+                        *self
+                            .truth
+                            .stored_daily
+                            .entry((router.run, day.0))
+                            .or_default() += used.amount;
+                    }
+                }
+            }
+        }
+        for (position, (day, field, write)) in writes.iter().enumerate() {
+            if failing_command == Some(position) {
+                continue;
+            }
+            let total = store
+                .primary
+                .daily
+                .entry((*day, field.clone()))
+                .or_default();
+            match *write {
+                DailyWrite::Add(tokens) => *total += tokens,
+                DailyWrite::Set(tokens) => *total = tokens,
+            }
+        }
+        if failing_command != Some(writes.len()) {
+            store
+                .primary
+                .heartbeats
+                .insert(router.id.clone(), heartbeat.clone());
+        }
+        let keep_after = now.saturating_sub(120_000) * 1000;
+        store.primary.stream.retain(|(id, _)| *id > keep_after);
+        if failing_command.is_some() || matches!(reply, Reply::Lost) {
+            self.log(|| format!("router-{index}: the round ran, its reply was lost"));
+            return Err(());
+        }
+        router.backlog.clear();
+        router.ledger.wrote(&totals);
+        let epoch = store.primary.epoch;
+        if router.epoch.is_some_and(|known| known != epoch) {
+            for shard in &mut router.shards {
+                shard.rewrite_daily_totals();
+            }
+            router.ledger.lost();
+            router.resync = true;
+        }
+        router.epoch = Some(epoch);
+        let cursor = router.cursor.unwrap_or(0);
+        let entries: Vec<(u64, Arc<[u8]>)> = store
+            .primary
+            .stream
+            .iter()
+            .filter(|(id, _)| *id > cursor)
+            .cloned()
+            .collect();
+        let newest = entries.last().map_or(cursor, |(id, _)| cursor.max(*id));
+        let heartbeats: Vec<(String, Heartbeat)> = store
+            .primary
+            .heartbeats
+            .iter()
+            .map(|(id, beat)| (id.clone(), beat.clone()))
+            .collect();
+        let applied = apply_entries(router, &self.registry, &self.snapshot, &entries, now, false);
+        router.cursor = Some(newest);
+        let records: Vec<Record> = heartbeats
+            .into_iter()
+            .map(|(id, beat)| {
+                let seen = router
+                    .sightings
+                    .entry(id.clone())
+                    .or_insert((beat.at_unix_ms, wall));
+                if seen.0 != beat.at_unix_ms || beat.run != router.run && id == router.id {
+                    *seen = (beat.at_unix_ms, wall);
+                }
+                // `site::Sightings::read`'s rule.
+                let writer_age_ms = wall.saturating_sub(beat.at_unix_ms);
+                let unchanged_ms = wall.saturating_sub(seen.1);
+                let age_ms = if writer_age_ms > site::CLOCKS_DIFFER_BY_AT_MOST_MS {
+                    writer_age_ms.max(unchanged_ms)
+                } else {
+                    unchanged_ms
+                };
+                Record {
+                    id,
+                    heartbeat: beat,
+                    age_ms,
+                }
+            })
+            .collect();
+        let peers = site::peers(&router.id, &heartbeat, &records, &HashMap::new());
+        self.count_applied(index, &applied);
+        Ok(peers)
+    }
+
+    /// Invariant 3's ledger: what router `index` applied of other runs' usage.
+    fn count_applied(&mut self, index: usize, applied: &[(u64, BucketUsage)]) {
+        let run = self.routers[index].as_ref().expect("running").run;
+        for (sender, usage) in applied {
+            if let crate::logic::limits::BucketRef::Daily { day, .. } = usage.bucket {
+                *self.truth.applied.entry((run, *sender, day.0)).or_default() += usage.amount;
+            }
+        }
+    }
+
+    /// What was left of the daily budget at router `index`'s last successful round, and what it
+    /// spent since (invariant 4: an outage starts after the last round that reached the store,
+    /// and the split a router keeps alone is that round's).
+    fn note_outage(&mut self, index: usize, share: Share, reached: bool) {
+        let router = self.routers[index].as_ref().expect("running");
+        if reached {
+            let day = router.day(self.now);
+            let used = self.daily_charged.get(&day.0).copied().unwrap_or(0);
+            self.outage[index] = Some(Outage {
+                day,
+                left: DAILY.saturating_sub(used),
+                spent: 0,
+                in_flight: router.in_flight.len() as u64,
+                alone: false,
+            });
+        } else if let Some(outage) = &mut self.outage[index] {
+            outage.alone = matches!(share, Share::Alone { .. });
+        }
+    }
+}
+
+/// Reads today's totals and replays the stream up to its newest entry (`sync::core`'s
+/// `read_totals`): the entries up to it are in the totals, so only their rate usage applies.
+fn read_totals(
+    router: &mut Router,
+    data: &Data,
+    registry: &KeyRegistry,
+    snapshot: &RoutingSnapshot,
+    now: u64,
+    day: Day,
+) {
+    let fields: Vec<(&str, u64)> = data
+        .daily
+        .iter()
+        .filter(|((of, _), _)| *of == day.0)
+        .map(|((_, field), tokens)| (field.as_str(), *tokens))
+        .collect();
+    let last = data.stream.last().map_or(0, |(id, _)| *id);
+    let replay_from = router
+        .cursor
+        .unwrap_or_else(|| last.saturating_sub(60_000 * 1000));
+    let replay: Vec<(u64, Arc<[u8]>)> = data
+        .stream
+        .iter()
+        .filter(|(id, _)| *id > replay_from && *id <= last)
+        .cloned()
+        .collect();
+    if !router.own_restored {
+        for (field, tokens) in &fields {
+            if round::parse_daily_field(field).is_some_and(|(owner, _, _)| owner == router.id) {
+                router.ledger.restored(day.0, field, *tokens);
+            }
+        }
+    }
+    let records = round::daily_records(&router.id, day, fields, !router.own_restored);
+    for (shard_index, shard) in router.shards.iter_mut().enumerate() {
+        shard.restore(
+            snapshot,
+            DailyRestore {
+                day,
+                records: records
+                    .iter()
+                    .filter(|record| record.tenant.owner(SHARDS) == shard_index)
+                    .cloned()
+                    .collect(),
+            },
+        );
+    }
+    router.replayed = apply_entries(router, registry, snapshot, &replay, now, true);
+    router.cursor = Some(last);
+    router.own_restored = true;
+    router.resync = false;
+}
+
+/// Hands other runs' entries to the owner shards (`sync::core`'s `apply_entries` and
+/// `shard::owner`'s `apply_remote`); returns what was applied, with the sending run.
+fn apply_entries(
+    router: &mut Router,
+    registry: &KeyRegistry,
+    snapshot: &RoutingSnapshot,
+    entries: &[(u64, Arc<[u8]>)],
+    now: u64,
+    rates_only: bool,
+) -> Vec<(u64, BucketUsage)> {
+    let wall = router.wall(now);
+    let day = router.day(now);
+    let mut remote = RemoteUsage::default();
+    let mut senders = Vec::new();
+    for (_, bytes) in entries {
+        let entry = Entry::decode(bytes).expect("the simulation's entries decode");
+        if entry.router == router.id && entry.run == router.run {
+            continue;
+        }
+        let batch = round::remote_batch(&entry, wall, rates_only, |_| None);
+        senders.push((entry.run, batch.usage.clone()));
+        remote.batches.push(batch);
+    }
+    for batch in &remote.batches {
+        for usage in &batch.usage {
+            let Some(record) = registry.get(usage.key) else {
+                continue;
+            };
+            let shard = &mut router.shards[record.tenant_id.owner(SHARDS)];
+            shard.apply_remote(Millis(now), day, registry, snapshot, usage, batch.age_ms);
+        }
+    }
+    senders
+        .into_iter()
+        .flat_map(|(run, usage)| usage.into_iter().map(move |used| (run, used)))
+        .collect()
+}

@@ -1,0 +1,71 @@
+//! The simulation's runs: without faults in the suite, with faults on demand.
+
+use super::*;
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Without faults (and without clock offsets), 1,000 seeds: the load, the rounds' phases,
+/// the interval and the daily budget's start differ by seed.
+#[test]
+fn without_faults_the_site_keeps_every_shared_limit() {
+    let failures: Vec<String> = (0..1_000)
+        .filter_map(|seed| run(seed, false, false).err())
+        .take(3)
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `SIM_SEEDS` seeds (default 10,000) from `SIM_FIRST_SEED` (default 0), on every core;
+/// `SIM_NO_FAULTS=1` without faults, `SIM_FAILURES=N` to list up to N failing seeds a core.
+#[test]
+#[ignore = "issue 33: fails; the module doc lists the defects it found and their seeds"]
+fn the_site_keeps_every_shared_limit() {
+    let seeds = env("SIM_SEEDS", 10_000);
+    let first = env("SIM_FIRST_SEED", 0);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let faults = std::env::var_os("SIM_NO_FAULTS").is_none();
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|worker| {
+                scope.spawn(move || {
+                    (first + worker..first + seeds)
+                        .step_by(threads as usize)
+                        .filter_map(|seed| run(seed, faults, false).err())
+                        .take(env("SIM_FAILURES", 3) as usize)
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|worker| worker.join().expect("a simulation thread"))
+            .collect()
+    });
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn without_faults_the_site_admits_the_rate() {
+    for seed in 0..20 {
+        let used = run(seed, false, false).unwrap_or_else(|failure| panic!("{failure}"));
+        assert!(used > 0.9, "seed {seed}: {:.0} % of the rate", used * 100.0);
+    }
+}
+
+/// One seed, `SIM_SEED`, traced with `SIM_TRACE=1`: a tool to look at a failing seed.
+#[test]
+#[ignore = "a tool: SIM_SEED=N SIM_TRACE=1 cargo test --lib sync::simulation::tests::one_seed -- --ignored --nocapture"]
+fn one_seed() {
+    let seed = env("SIM_SEED", 0);
+    let faults = std::env::var_os("SIM_NO_FAULTS").is_none();
+    let trace = std::env::var_os("SIM_TRACE").is_some();
+    match run(seed, faults, trace) {
+        Ok(used) => eprintln!("seed {seed}: {:.0} % of the rate admitted", used * 100.0),
+        Err(failure) => panic!("{failure}"),
+    }
+}
