@@ -388,7 +388,8 @@ def cmd_report(args):
         per_round = math.ceil(settings["day_rps"] * interval) + 1
         bound = daily + routers * per_round * cost_max
         refused = Counter(q.get("code") for q in rows if q.get("st") == 429)
-        last = max((q["t"] for q in rows), default=0)
+        first_refusal = min((q["t"] for q in rows if q.get("code") == "token_limit_exceeded"),
+                            default=None)
         if spent > bound:
             violations.append(f"{p['name']}: daily key {key} spent {spent} {per_router} of "
                               f"{daily} (bound {bound}: one round's usage of every router)")
@@ -415,7 +416,8 @@ def cmd_report(args):
                          f"{left} left {share:.0f} each")
         day_table.append((p["name"], key, str(spent), "/".join(map(str, per_router)), str(daily),
                           str(bound), ",".join(f"{k}:{v}" for k, v in refused.items()) or "-",
-                          f"{last - p['start']:.0f}"))
+                          "-" if first_refusal is None or not p.get("fault")
+                          else f"{first_refusal - p['fault']:.1f}"))
 
     # The engine: budget model's peak.
     peak = max((s.get("sim_running_peak") or 0 for s in samples), default=None)
@@ -456,7 +458,7 @@ def cmd_report(args):
           "one round's shares; min: 90 % of the rate (after healing); occ peak: the budget "
           "model's requests at the engine, sampled every 200 ms")
     dheader = ("phase", "daily key", "spent", "by router", "limit", "bound", "429 codes",
-               "last s")
+               "spent out at s")
     dwidths = [max(len(str(row[i])) for row in [dheader] + day_table) for i in range(len(dheader))]
     print()
     print("  ".join(h.ljust(w) for h, w in zip(dheader, dwidths)))

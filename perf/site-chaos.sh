@@ -83,6 +83,10 @@ site_cleanup() {
   local rc=$?
   set +e
   touch "$WORK/stop"
+  local name
+  # The clients, then the routers and agents (router 0 while its namespace still exists), then
+  # the namespace; lib.sh's cleanup stops the rest (sims, Valkey, Sentinels) and exits.
+  for name in load0 load12 router0 router1 router2 agent-a agent-b; do stop_proc "$name"; done
   ip netns del "$NETNS" 2>/dev/null
   ip link del "$VETH_HOST" 2>/dev/null
   (exit "$rc")
@@ -150,7 +154,7 @@ start_valkey_server() { # name port [replicaof-port]
   if [[ ! -f $dir/valkey.conf ]]; then
     {
       printf 'port %s\nbind 127.0.0.1 %s\nprotected-mode no\ndir "%s"\nsave ""\nappendonly no\n' "$2" "$SITE_IP" "$dir"
-      printf 'replica-announce-ip %s\nrepl-diskless-sync-delay 0\n' "$SITE_IP"
+      printf 'replica-announce-ip %s\nrepl-diskless-sync-delay 0\nshutdown-timeout 1\n' "$SITE_IP"
       [[ -z ${3:-} ]] || printf 'replicaof %s %s\n' "$SITE_IP" "$3"
     } >"$dir/valkey.conf"
   fi
@@ -198,7 +202,7 @@ start_router() { # index [faketime]
       FAKETIME_NO_CACHE=1)
   fi
   local announce=()
-  [[ $i != 0 ]] || announce=(--p2p-announce-addr "/ip4/$R0_IP/tcp/$(p2p_port 0)")
+  [[ $i != 0 ]] || announce=(--p2p-listen-addr 0.0.0.0 --p2p-announce-addr "/ip4/$R0_IP/tcp/$(p2p_port 0)")
   ROUTER_LOG[i]="$WORK/router-$i-$SECONDS.log"
   start_bg "router$i" "${ROUTER_LOG[i]}" "${prefix[@]}" env "${env[@]}" \
     "$BIN/hivenet-router" --http-port "$bind:$(http_port "$i")" --grpc-port "$bind:$(grpc_port "$i")" \
@@ -211,12 +215,24 @@ start_router() { # index [faketime]
   wait_until 30 "router $i /health" router_curl "$i" /metrics
 }
 
-router_ready() { # index: the store answers, the peers are seen, both agents have a tunnel
-  local up peers tunnels
+router_models() { # index: /v1/models as the probe key sees it
+  if [[ $1 == 0 ]]; then
+    in_ns curl -s -m 3 -H "Authorization: Bearer sk-chaos-probe" "http://127.0.0.1:$(http_port 0)/v1/models"
+  else
+    curl -s -m 3 -H "Authorization: Bearer sk-chaos-probe" "http://$HOST:$(http_port "$1")/v1/models"
+  fi
+}
+
+# Router i is whole again: the store answers, the peers are seen, both agents have a tunnel and
+# both models are listed.
+router_ready() { # index
+  local up peers tunnels models
   up=$(router_metric "$1" hivenet_sync_up)
   peers=$(router_metric "$1" hivenet_sync_peers)
   tunnels=$(router_metric "$1" hivenet_shard_tunnels_open)
-  [[ $up == 1 && $peers == $((ROUTERS - 1)) && ${tunnels:-0} -ge 2 ]]
+  [[ $up == 1 && $peers == $((ROUTERS - 1)) && ${tunnels:-0} -ge 2 ]] || return 1
+  models=$(router_models "$1")
+  [[ $models == *'"sim-model"'* && $models == *'"budget-model"'* ]]
 }
 
 site_ready() {
