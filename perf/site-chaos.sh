@@ -195,7 +195,7 @@ start_router() { # index [faketime]
     bind=0.0.0.0
     prefix=(ip netns exec "$NETNS")
   fi
-  env=(HIVENET_ROUTER_AUDIT_LOG_PATH=/dev/null HIVENET_ROUTER_RPM_BURST_SECONDS="$BURST_S")
+  env=(HIVENET_ROUTER_AUDIT_LOG_PATH=/dev/null HIVENET_ROUTER_RPM_BURST_SECONDS="$BURST_S" NO_COLOR=1)
   if [[ ${2:-} == faketime ]]; then
     # Only the wall clock moves: the monotonic clock (tokio's Instant, every timer) stays true.
     env+=(LD_PRELOAD="$FAKETIME_LIB" FAKETIME="$CLOCK_OFFSET" FAKETIME_DONT_FAKE_MONOTONIC=1
@@ -353,6 +353,8 @@ fault_of() { # phase: start the fault, and return when it is in place
       start_router 2 faketime
       mark_up 2
       check_faketime "${ROUTER_LOG[2]}"
+      # The offset router whole again (agents, peers, models) before the window counts.
+      wait_healed clock-start
       ;;
   esac
 }

@@ -104,12 +104,15 @@ fn wait_rounds(routers: &[Site], count: u32) {
     }
 }
 
-/// Every router answers the store, sees the two others, and has both agents' tunnels.
+/// Every router answers the store, sees the two others, has both agents' tunnels and lists
+/// both models.
 fn wait_site_healed(routers: &[Site]) {
     for router in routers {
         router.wait_metric("hivenet_sync_up", |v| v == 1.0);
         router.wait_metric("hivenet_sync_peers", |v| v == (ROUTERS - 1) as f64);
         router.wait_metric("hivenet_shard_tunnels_open", |v| v >= 2.0);
+        // An agent joins the routing pool a round after it registers: until then, 404.
+        router.wait_models(&["sim-model", "budget-model"]);
     }
 }
 
@@ -319,11 +322,17 @@ fn a_site_under_faults_keeps_its_limits_and_recovers_them() {
     assert!(spent.is_some(), "the rate key was never refused");
     windows.push(measure(&routers, "baseline"));
 
-    // Fault 1: the primary hangs until every router enforces its share, then resumes.
+    // Fault 1: the primary hangs until every router has had a round fail on it, then resumes.
+    // (A counter, not `hivenet_sync_up`: Sentinel may fail over within a second, and a gauge
+    // back at 1 before a scrape would be missed.)
+    let errors: Vec<f64> = routers
+        .iter()
+        .map(|r| r.router_metric("hivenet_sync_errors_total"))
+        .collect();
     primary.freeze();
     let hang_from = Instant::now();
-    for router in &routers {
-        router.wait_metric("hivenet_sync_up", |v| v == 0.0);
+    for (router, before) in routers.iter().zip(errors) {
+        router.wait_metric("hivenet_sync_errors_total", |v| v > before);
     }
     primary.thaw();
     windows.push(Window {
@@ -391,6 +400,9 @@ fn a_site_under_faults_keeps_its_limits_and_recovers_them() {
     let heal_from = Instant::now();
     wait_replica_linked(&sentinels);
     wait_site_healed(&routers);
+    // Until its agents are back, the restarted router answers 404 model_not_found (or 503):
+    // answered, and part of its down time.
+    let rejoined = Instant::now();
     windows.push(Window {
         name: "router 1 killed: healing",
         from: heal_from,
@@ -443,6 +455,10 @@ fn a_site_under_faults_keeps_its_limits_and_recovers_them() {
                 window.name
             ));
         }
+        // Not asserted here: each router's part of the rate (issue 33's invariant 2). After a
+        // failover or a restart one router is starved while the site admits the whole rate
+        // (perf/notes/2026-12-05-site-chaos.md); perf/site-chaos.sh fails on it, and the split
+        // printed above shows it.
         if window.after_healing {
             if admitted < usable {
                 broken.push(format!(
@@ -464,7 +480,7 @@ fn a_site_under_faults_keeps_its_limits_and_recovers_them() {
     for outcome in outcomes.iter() {
         let during_kill = outcome.router == 1
             && outcome.sent + Duration::from_secs(1) >= down_from
-            && outcome.sent <= down_to;
+            && outcome.sent <= rejoined;
         if let Err(error) = &outcome.status
             && !during_kill
         {
@@ -491,9 +507,19 @@ fn a_site_under_faults_keeps_its_limits_and_recovers_them() {
         if let Ok(status) = outcome.status
             && status != 200
             && status != 429
+            && !(during_kill && (status == 404 || status == 503))
         {
+            let window = windows
+                .iter()
+                .find(|w| outcome.sent >= w.from && outcome.sent < w.to)
+                .map_or("between windows", |w| w.name);
+            let model = if outcome.rate_key {
+                "sim-model"
+            } else {
+                "budget-model"
+            };
             broken.push(format!(
-                "router {}: answered {status} {:?}",
+                "router {}: answered {status} {:?} for {model} in {window}",
                 outcome.router, outcome.code
             ));
             break;
