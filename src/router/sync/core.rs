@@ -131,6 +131,8 @@ struct Round {
     /// When each router record in the store was first seen with its current value.
     sightings: Sightings,
     backlog: Backlog,
+    /// Other routers' batches applied, so none is applied twice.
+    applied: round::Applied,
     /// This run's start (unix ms): tells this run's entries from a previous run's.
     run: u64,
     peer_id: String,
@@ -138,6 +140,10 @@ struct Round {
     cursor: Option<StreamId>,
     /// Today's totals must be read again (start, after an outage, after the store lost its data).
     resync: bool,
+    /// Rounds that read today's totals again after the store lost its data: the other routers
+    /// write theirs again whole at their next round, and usage published between this router's
+    /// last read and the loss is counted only in those.
+    resync_rounds: u32,
     /// The store's epoch as last seen: a new one means the store lost its data.
     epoch: Option<String>,
     /// This router's own totals were read back (only once: they are added).
@@ -223,10 +229,12 @@ impl SyncCore {
             metrics,
             store,
             backlog: Backlog::default(),
+            applied: round::Applied::default(),
             run,
             peer_id,
             cursor: None,
             resync: true,
+            resync_rounds: 0,
             epoch: None,
             own_restored: false,
             read_day: utc_today(),
@@ -434,8 +442,9 @@ impl Round {
             self.metrics.router_id_conflict.store(0, Ordering::Relaxed);
             self.resync = true;
         }
-        if self.resync {
+        if self.resync || self.resync_rounds > 0 {
             self.read_totals(now_ms).await?;
+            self.resync_rounds = self.resync_rounds.saturating_sub(1);
         }
         let cursor = self.cursor.unwrap_or_default();
         let entries: Vec<Vec<u8>> = {
@@ -553,6 +562,7 @@ impl Round {
             self.shared.broadcast(|| ControlToShard::RewriteDaily).await;
             self.ledger.lost();
             self.resync = true;
+            self.resync_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
         }
         self.epoch = Some(reads.epoch.clone());
         // XRANGE answers in stream order: the last entry is the newest.
@@ -846,11 +856,12 @@ impl Round {
         }
     }
 
-    /// Hands the shards the other routers' `entries` (this run's own are skipped; an entry this
-    /// router cannot read is logged and skipped). `rates_only`: the entries are already in the
-    /// daily totals read (a replay). Returns the age of the newest applied entry, in ms.
+    /// Hands the shards the other routers' `entries` (this run's own are skipped, and so is a
+    /// batch applied before, published again after a lost reply; an entry this router cannot
+    /// read is logged and skipped). `rates_only`: the entries are already in the daily totals
+    /// read (a replay). Returns the age of the newest applied entry, in ms.
     async fn apply_entries(
-        &self,
+        &mut self,
         entries: &[(StreamId, Vec<u8>)],
         now_ms: u64,
         rates_only: bool,
@@ -870,6 +881,12 @@ impl Round {
                 if entry.router == self.settings.router_id && entry.run == self.run {
                     continue;
                 }
+                if !self
+                    .applied
+                    .first_time(&entry.router, entry.run, entry.admitted_at_unix_ms)
+                {
+                    continue;
+                }
                 lag_ms = Some(now_ms.saturating_sub(entry.admitted_at_unix_ms));
                 remote
                     .batches
@@ -887,8 +904,12 @@ impl Round {
         lag_ms
     }
 
-    /// Reads today's totals and the stream's newest entry together, hands the totals to the
-    /// shards, and applies the entries up to that one to the rate buckets only.
+    /// Reads today's totals and the stream's newest entry together and hands the totals to the
+    /// shards. At start the entries of the last minute up to that one are applied to the rate
+    /// buckets only (they are in the totals). Later (after an outage or a data loss) the entries
+    /// since the last one applied are applied whole first, and the totals then count where they
+    /// say more (`DailyBudget::set_others_total` never lowers): each is a lower bound of the
+    /// others' usage, and neither is added to the other.
     async fn read_totals(&mut self, now_ms: u64) -> redis::RedisResult<()> {
         let day = utc_today();
         let (fields, last) = self.store.read_daily(day.0).await?;
@@ -904,6 +925,11 @@ impl Round {
         } else {
             Vec::new()
         };
+        // Before the totals: see the doc.
+        let caught_up = self.cursor.is_some();
+        if caught_up {
+            self.apply_entries(&replay, now_ms, false).await;
+        }
         if !self.own_restored {
             // The shards start from this router's own totals: only what they add is written.
             for (field, tokens) in &fields {
@@ -939,7 +965,9 @@ impl Round {
                 )
                 .await;
         }
-        self.apply_entries(&replay, now_ms, true).await;
+        if !caught_up {
+            self.apply_entries(&replay, now_ms, true).await;
+        }
         tracing::info!(
             totals = fields.len(),
             replayed = replay.len(),

@@ -18,6 +18,15 @@ use super::entry::{Bucket, Entry, KeyUsage, ModelName};
 /// the merged usage is never treated as older than it is).
 pub const BACKLOG_MAX: usize = 600;
 
+/// Rounds that read today's totals again after the store lost its data. Every other router
+/// writes its totals again whole at its first round after noticing the loss (within one of its
+/// intervals, or three when rounds fail); usage another router published between this router's
+/// last read and the loss is in those totals only. Reading them a few times more (a read never
+/// lowers what a budget counts, `DailyBudget::set_others_total`) picks it up; before, a router
+/// counted only the totals it read at its first round, which the others had not written again
+/// yet, and missed that usage for the rest of the day (`sync::simulation`, seed 8).
+pub const RESYNC_ROUNDS_AFTER_LOSS: u32 = 5;
+
 /// Usage admitted at one time, in this process's model ids, not yet published.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Batch {
@@ -221,6 +230,60 @@ fn merge(older: Vec<BucketUsage>, newer: Vec<BucketUsage>) -> Vec<BucketUsage> {
             amount: sums[&(key, bucket)],
         })
         .collect()
+}
+
+/// Other routers' batches already applied, so that a batch published twice is applied once. A
+/// round whose transaction ran but whose reply was lost (a timeout, one error reply) keeps its
+/// backlog and publishes it again; every other router read the first copy, and counted that usage
+/// twice (`sync::simulation`: a router's view of a shared bucket then stays below the others' under
+/// sustained load, and it starves). A batch is known by its router, run and admission time, which
+/// a republished copy keeps.
+///
+/// Bound: [`BACKLOG_MAX`] admission times per run (all a backlog can republish) for at most
+/// [`APPLIED_RUNS_MAX`] runs, the least recently seen forgotten first.
+#[derive(Debug, Default)]
+pub struct Applied {
+    runs: HashMap<(String, u64), AppliedRun>,
+    /// Increases with each batch seen: which run was seen least recently.
+    clock: u64,
+}
+
+#[derive(Debug, Default)]
+struct AppliedRun {
+    admitted_at: std::collections::VecDeque<u64>,
+    seen: u64,
+}
+
+/// Runs whose applied batches are remembered: two per router of the largest site.
+pub const APPLIED_RUNS_MAX: usize = 2 * super::site::ROUTERS_MAX;
+
+impl Applied {
+    /// Whether the batch `router`'s run `run` admitted at `admitted_at_unix_ms` is seen for the
+    /// first time (and is to be applied); remembers it.
+    pub fn first_time(&mut self, router: &str, run: u64, admitted_at_unix_ms: u64) -> bool {
+        self.clock += 1;
+        let clock = self.clock;
+        if !self.runs.contains_key(&(router.to_owned(), run))
+            && self.runs.len() >= APPLIED_RUNS_MAX
+            && let Some(oldest) = self
+                .runs
+                .iter()
+                .min_by_key(|(_, applied)| applied.seen)
+                .map(|(key, _)| key.clone())
+        {
+            self.runs.remove(&oldest);
+        }
+        let applied = self.runs.entry((router.to_owned(), run)).or_default();
+        applied.seen = clock;
+        if applied.admitted_at.contains(&admitted_at_unix_ms) {
+            return false;
+        }
+        if applied.admitted_at.len() >= BACKLOG_MAX {
+            applied.admitted_at.pop_front();
+        }
+        applied.admitted_at.push_back(admitted_at_unix_ms);
+        true
+    }
 }
 
 /// How one daily total goes to the store.
@@ -444,6 +507,38 @@ mod tests {
         );
         let replayed = remote_batch(&decoded, 10_250, true, ids);
         assert_eq!(replayed.usage.len(), 2, "daily usage is in the totals read");
+    }
+
+    #[test]
+    fn a_batch_published_twice_is_applied_once() {
+        let mut applied = Applied::default();
+        assert!(applied.first_time("router-a", 1, 1_000));
+        assert!(applied.first_time("router-a", 1, 1_200));
+        // The round of 1,200 ran but its reply was lost: both batches come again.
+        assert!(!applied.first_time("router-a", 1, 1_000));
+        assert!(!applied.first_time("router-a", 1, 1_200));
+        assert!(applied.first_time("router-a", 1, 1_400));
+        // Another run, or another router, at the same time is another batch.
+        assert!(applied.first_time("router-a", 2, 1_000));
+        assert!(applied.first_time("router-b", 1, 1_000));
+    }
+
+    #[test]
+    fn applied_batches_are_bounded() {
+        let mut applied = Applied::default();
+        for run in 0..APPLIED_RUNS_MAX as u64 + 10 {
+            for at in 0..3 {
+                assert!(applied.first_time("router", run, at));
+            }
+        }
+        assert_eq!(applied.runs.len(), APPLIED_RUNS_MAX);
+        for at in 0..BACKLOG_MAX as u64 + 10 {
+            applied.first_time("busy", 1, at);
+        }
+        assert_eq!(
+            applied.runs[&("busy".to_owned(), 1)].admitted_at.len(),
+            BACKLOG_MAX
+        );
     }
 
     #[test]

@@ -79,6 +79,20 @@ impl Sim {
                 ));
             }
         }
+        // Invariant 6, per step: 5 s after the last fault every router counts the others live
+        // (no silent router's share kept free for good).
+        if step >= 100 && !self.faulty[step - 100..=step].iter().any(|f| *f) {
+            for (index, router) in self.routers.iter().enumerate() {
+                let Some(router) = router else { continue };
+                if let Share::Shared { live, silent, .. } = router.health.share()
+                    && (live as usize != ROUTERS || silent != 0)
+                {
+                    return Err(format!(
+                        "invariant 6: 5 s after the last fault, router-{index} counts {live} live and {silent} silent routers"
+                    ));
+                }
+            }
+        }
         // Invariant 2: offered the same load, over 10 rounds with no fault in or just before
         // them, each router admits at least half its part of what the site admitted.
         let window = (10 * self.interval_ms / STEP_MS) as usize;

@@ -64,7 +64,19 @@ impl Sim {
             .expect("the rate key")
             .tenant_id;
         let left = router.shards[tenant.owner(SHARDS)].requests_left(tenant, Millis(now));
-        self.log(|| format!("router-{index} (run {run}) round: {share:?}, {left:?} requests left"));
+        let daily_tenant = self
+            .registry
+            .get(self.daily_key)
+            .expect("the daily key")
+            .tenant_id;
+        let day = router.day(now);
+        let daily = router.shards[daily_tenant.owner(SHARDS)].daily_used(daily_tenant, day);
+        let truth = self.daily_charged.get(&day.0).copied();
+        self.log(|| {
+            format!(
+                "router-{index} (run {run}) round: {share:?}, {left:?} requests left, daily used {daily:?} (site {truth:?})"
+            )
+        });
         self.note_outage(index, share, reached);
     }
 
@@ -80,7 +92,8 @@ impl Sim {
         }
         let wall = router.wall(now);
         let day = router.day(now);
-        if router.resync {
+        if router.resync || router.resync_rounds > 0 {
+            router.resync_rounds = router.resync_rounds.saturating_sub(1);
             read_totals(
                 router,
                 &self.store.primary,
@@ -186,6 +199,7 @@ impl Sim {
             }
             router.ledger.lost();
             router.resync = true;
+            router.resync_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
         }
         router.epoch = Some(epoch);
         let cursor = router.cursor.unwrap_or(0);
@@ -299,6 +313,13 @@ fn read_totals(
             }
         }
     }
+    // `sync::core`'s rule: caught up (not a start), the entries since the cursor are applied
+    // whole before the totals, which count only where they say more.
+    let caught_up = router.cursor.is_some();
+    let mut replayed = Vec::new();
+    if caught_up {
+        replayed = apply_entries(router, registry, snapshot, &replay, now, false);
+    }
     let records = round::daily_records(&router.id, day, fields, !router.own_restored);
     for (shard_index, shard) in router.shards.iter_mut().enumerate() {
         shard.restore(
@@ -313,7 +334,10 @@ fn read_totals(
             },
         );
     }
-    router.replayed = apply_entries(router, registry, snapshot, &replay, now, true);
+    if !caught_up {
+        replayed = apply_entries(router, registry, snapshot, &replay, now, true);
+    }
+    router.replayed = replayed;
     router.cursor = Some(last);
     router.own_restored = true;
     router.resync = false;
@@ -336,6 +360,12 @@ fn apply_entries(
     for (_, bytes) in entries {
         let entry = Entry::decode(bytes).expect("the simulation's entries decode");
         if entry.router == router.id && entry.run == router.run {
+            continue;
+        }
+        if !router
+            .applied
+            .first_time(&entry.router, entry.run, entry.admitted_at_unix_ms)
+        {
             continue;
         }
         let batch = round::remote_batch(&entry, wall, rates_only, |_| None);
