@@ -54,10 +54,11 @@ impl Sim {
                 .daily_by_step
                 .get(day)
                 .map_or(0, |steps| busiest(steps, interval_steps));
-            let allowed = DAILY + one_interval + ROUTERS as u64 * request;
+            let allowed = self.daily + one_interval + ROUTERS as u64 * request;
             if *charged > allowed {
                 return Err(format!(
-                    "invariant 1: day {day}: the site charged {charged} tokens of a {DAILY}-token budget (at most {allowed}, one interval of usage: {one_interval})"
+                    "invariant 1: day {day}: the site charged {charged} tokens of a {}-token budget (at most {allowed}, one interval of usage: {one_interval})",
+                    self.daily
                 ));
             }
         }

@@ -269,7 +269,7 @@ impl Sim {
             let used = self.daily_charged.get(&day.0).copied().unwrap_or(0);
             self.outage[index] = Some(Outage {
                 day,
-                left: DAILY.saturating_sub(used),
+                left: self.daily.saturating_sub(used),
                 spent: 0,
                 in_flight: router.in_flight.len() as u64,
                 alone: false,
