@@ -3,8 +3,8 @@
 # one Valkey, one agent (given router 0, finding the others), one sim, all on loopback.
 #
 # Measures, in one run:
-#   1. bytes and store commands per sync round while every request of a round is on its own key
-#      (KEYS keys in rotation, driven by wrk against router 0);
+#   1. bytes written and read and store commands per sync round while every request of a round is
+#      on its own key (KEYS keys in rotation, driven by wrk against router 0);
 #   2. what other routers' keys cost: resident memory (VmRSS) of routers 1 and 2, which serve none
 #      of the keys of step 1 and only apply their usage from the store, before and after step 1,
 #      per key; and the size of each router's /metrics;
@@ -124,34 +124,46 @@ rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 metrics_bytes() { curl -s "http://127.0.0.1:$((PORT_BASE + 12 + $1))/metrics" | wc -c; }
 rss_before=("$(rss_kib "${router_pids[1]}")" "$(rss_kib "${router_pids[2]}")")
 
-# 1. Bytes and commands per round, every request of a round on its own key.
-bytes0=$(metric 0 hivenet_sync_published_bytes_total)
-written0=$(metric 0 hivenet_sync_store_written_bytes_total)
-rounds0=$(metric 0 hivenet_sync_tick_seconds_count)
-read -r calls0 usec0 <<<"$(store_calls)"
+# 1. Bytes and commands per round, every request of a round on its own key. Sampled as the load
+# starts and as it ends: every round counted had load (the first one for part of its interval).
+sample() { # router 0's published, written, read bytes and rounds; router 1's; the store's calls
+  local name n value
+  for n in 0 1; do
+    for name in published_bytes_total store_written_bytes_total store_read_bytes_total tick_seconds_count; do
+      [ "$n" = 1 ] && [ "$name" = published_bytes_total ] && continue
+      value=$(metric "$n" "hivenet_sync_$name"); echo -n "${value:-0} "  # 0: a build without it
+    done
+  done
+  store_calls
+}
+before=$(sample)
 wrk -t1 -c16 -d"${DURATION}s" -s "$ROOT/perf/wrk-keys.lua" \
   "http://127.0.0.1:$((PORT_BASE + 80))/v1/chat/completions" > "$TMP/wrk-keys.txt"
+after=$(sample)
 sleep 2
-bytes1=$(metric 0 hivenet_sync_published_bytes_total)
-written1=$(metric 0 hivenet_sync_store_written_bytes_total)
-rounds1=$(metric 0 hivenet_sync_tick_seconds_count)
-read -r calls1 usec1 <<<"$(store_calls)"
 result=$(grep WRK_RESULT "$TMP/wrk-keys.txt")
 requests=$(sed -E 's/.*requests=([0-9]+).*/\1/' <<<"$result")
-python3 - "$requests" "$DURATION" "$KEYS" "$((bytes1 - bytes0))" "$((rounds1 - rounds0))" "$((calls1 - calls0))" "$((usec1 - usec0))" "$((${written1:-0} - ${written0:-0}))" <<'PY'
+python3 - "$requests" "$DURATION" "$KEYS" "$before" "$after" <<'PY'
 import sys
-requests, duration, keys, published, rounds, calls, usec, written = map(int, sys.argv[1:])
+requests, duration, keys = map(int, sys.argv[1:4])
+before = [float(v or 0) for v in sys.argv[4].split()]
+after = [float(v or 0) for v in sys.argv[5].split()]
+published, written, read, rounds, peer_written, peer_read, peer_rounds, calls, usec = (
+    a - b for a, b in zip(after, before))
+rounds, peer_rounds = max(rounds, 1), max(peer_rounds, 1)
 rate = requests / duration
 print(f"1. distinct keys: {rate:.0f} requests/s on router 0 over {keys} keys in rotation")
-print(f"   router 0 published {published} bytes in {rounds} rounds: {published / max(rounds, 1):.0f} bytes per round")
-per_key = published / max(requests, 1) if rate <= keys else published / max(rounds, 1) / keys
+print(f"   router 0 published {published:.0f} bytes in {rounds:.0f} rounds: {published / rounds:.0f} bytes per round")
+per_key = published / max(requests, 1) if rate <= keys else published / rounds / keys
 print(f"   about {per_key:.1f} bytes per key used in a round; at 1,000 requests/s on distinct keys: "
-      f"{per_key * 1000 / 1024:.1f} KiB per round (seed: about 36 KB; target: 18 KB)")
-print(f"   router 0 wrote {written / max(rounds, 1) / 1024:.1f} KiB to the store per round, everything included "
-      f"(target at 1,000 requests/s on distinct keys: 18 KB)")
-print(f"   store commands (scripts' calls included): {calls} over {rounds} rounds of 3 routers: "
-      f"{calls / max(rounds, 1) / 3:.1f} per router per round; store CPU in commands "
-      f"{usec / max(rounds, 1) / 3 / 1000:.2f} ms per router per round")
+      f"{per_key * 1000 / 1024:.1f} KiB per round (seed: about 36 KB)")
+print(f"   router 0 wrote {written / rounds / 1024:.1f} KiB to the store per round and read "
+      f"{read / rounds / 1024:.1f} KiB, everything included (target at 1,000 requests/s on distinct keys: 18 KB written)")
+print(f"   router 1 (applies router 0's usage) wrote {peer_written / peer_rounds / 1024:.1f} KiB per round and read "
+      f"{peer_read / peer_rounds / 1024:.1f} KiB")
+print(f"   store commands (scripts' calls included): {calls:.0f} over {rounds:.0f} rounds of 3 routers: "
+      f"{calls / rounds / 3:.1f} per router per round; store CPU in commands "
+      f"{usec / rounds / 3 / 1000:.2f} ms per router per round")
 PY
 
 # 2. What the keys served by router 0 cost routers 1 and 2, which applied only their usage.

@@ -54,7 +54,9 @@ use super::pool_store::Grant;
 use super::pools::{self, SiteCredits};
 use super::round::{self, Backlog, Batch, DailyLedger};
 use super::site::{self, AfterFailure, Health, Heartbeat, Peers, Sightings};
-use super::store::{ClaimWrite, PoolRead, RoundWrites, Store, StreamId, refused_permission};
+use super::store::{
+    ClaimWrite, DailyRow, PoolRead, RoundWrites, Store, StreamId, refused_permission,
+};
 use crate::router::config::sync::SyncSettings;
 use crate::router::shard::owner::wallets::{CreditNews, Refill};
 use crate::router::shard::redirect_claims::Claim;
@@ -344,9 +346,7 @@ impl Round {
         self.metrics
             .tick_seconds
             .observe(started.elapsed().as_secs_f64());
-        self.metrics
-            .store_written_bytes_total
-            .store(self.store.written_bytes(), Ordering::Relaxed);
+        self.count_store_bytes();
         let outcome_ok = outcome.is_ok();
         self.last_round_reached = outcome_ok && self.pools_written;
         match outcome {
@@ -455,7 +455,7 @@ impl Round {
                 .map(|entry| entry.encode())
                 .collect()
         };
-        let totals: Vec<(u32, String, u64)> = {
+        let (totals, models): (Vec<(u32, String, u64)>, Vec<_>) = {
             let registry = self.shared.registry();
             self.backlog
                 .totals()
@@ -466,15 +466,27 @@ impl Round {
                     };
                     let field =
                         round::daily_field(&self.settings.router_id, total.tenant, model.as_ref());
-                    Some((total.day.0, field, total.tokens))
+                    Some(((total.day.0, field, total.tokens), (total.tenant, model)))
                 })
-                .collect()
+                .unzip()
         };
         let (sessions, agents) = self.shared.served_sessions();
         let heartbeat = self.heartbeat(now_ms, leaving, agents);
         let heartbeat_json = serde_json::to_string(&heartbeat).expect("a heartbeat serializes");
         let bytes: usize = entries.iter().map(Vec::len).sum();
-        let daily_writes = self.ledger.writes(&totals);
+        let daily_writes: Vec<DailyRow> = totals
+            .iter()
+            .zip(models)
+            .filter_map(|((day, field, total), (tenant, model))| {
+                Some(DailyRow {
+                    day: *day,
+                    tenant,
+                    model,
+                    field: field.clone(),
+                    write: self.ledger.write_of(*day, field, *total)?,
+                })
+            })
+            .collect();
         let reads = self
             .store
             .round(RoundWrites {
@@ -832,6 +844,17 @@ impl Round {
                 .fetch_add(1, Ordering::Relaxed);
             tracing::warn!(%error, "could not give the occupancy credits back: the others take them back once this router misses its heartbeats");
         }
+    }
+
+    /// `hivenet_sync_store_written_bytes_total` and `hivenet_sync_store_read_bytes_total`: the
+    /// round's store, which also makes the credit calls between rounds.
+    fn count_store_bytes(&self) {
+        self.metrics
+            .store_written_bytes_total
+            .store(self.store.written_bytes(), Ordering::Relaxed);
+        self.metrics
+            .store_read_bytes_total
+            .store(self.store.read_bytes(), Ordering::Relaxed);
     }
 
     fn heartbeat(&self, now_ms: u64, leaving: bool, agents: Vec<String>) -> Heartbeat {

@@ -36,12 +36,15 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisResult, Value};
 
-use super::pool_store::{GRANT, Grant, RELEASE};
+use super::pool_store::Grant;
 use super::round::DailyWrite;
 use crate::router::config::sync::StoreSettings;
 
 mod permissions;
+mod scripts;
 pub use permissions::{NEEDED, refused_permission};
+pub use scripts::{DailyRow, PackedTotals, Script, pack, reply_bytes};
+use scripts::{GRANT, RELEASE, REWRITE, USAGE, noscript, noscript_error};
 
 /// How long usage stays on the stream: a router away longer re-reads the daily totals instead
 /// of the entries it missed.
@@ -79,8 +82,8 @@ impl std::fmt::Display for StreamId {
 pub struct RoundWrites<'a> {
     /// Encoded entries, oldest first.
     pub entries: &'a [Vec<u8>],
-    /// (day, field, write): an increment, or a whole total after the store lost its data.
-    pub totals: &'a [(u32, String, DailyWrite)],
+    /// The daily totals: each an increment, or a whole total after the store lost its data.
+    pub totals: &'a [DailyRow],
     pub heartbeat: &'a str,
     /// Read the entries after this ID.
     pub after: StreamId,
@@ -159,6 +162,12 @@ pub struct Store {
     /// Bytes of every command this connection sent, as the store reads them (RESP), including
     /// what was sent when the answer did not come (`hivenet_sync_store_written_bytes_total`).
     written_bytes: u64,
+    /// Bytes of every reply that came back whole (`hivenet_sync_store_read_bytes_total`).
+    read_bytes: u64,
+    /// The store's ACL refused the round's usage script on this connection: the round writes
+    /// its entries and daily totals with plain commands (`XADD`, `HINCRBY`) until it connects
+    /// again.
+    usage_script_refused: bool,
     /// Where a pipeline is encoded to be measured; as large as the largest pipeline.
     measure: Vec<u8>,
 }
@@ -185,6 +194,8 @@ impl Store {
             failovers: 0,
             connects: 0,
             written_bytes: 0,
+            read_bytes: 0,
+            usage_script_refused: false,
             measure: Vec::new(),
         }
     }
@@ -292,14 +303,22 @@ impl Store {
             return Ok(connection.clone());
         }
         let mut connection = self.connect().await?;
-        let info: RedisResult<String> = tokio::time::timeout(
+        let mut info_command = redis::cmd("INFO");
+        info_command.arg("replication");
+        self.written_bytes += info_command.get_packed_command().len() as u64;
+        let info: RedisResult<Value> = tokio::time::timeout(
             self.response_timeout,
-            redis::cmd("INFO")
-                .arg("replication")
-                .query_async(&mut connection),
+            info_command.query_async(&mut connection),
         )
         .await
         .map_err(timed_out)?;
+        if let Ok(reply) = &info {
+            self.read_bytes += reply_bytes(reply);
+        }
+        let info = info.and_then(|reply| match reply {
+            Value::ServerError(error) => Err(error.into()),
+            reply => redis::from_redis_value::<String>(reply).map_err(Into::into),
+        });
         let info = match info {
             Ok(info) => Some(info),
             Err(error) if error.is_io_error() || error.is_timeout() => return Err(error),
@@ -326,13 +345,20 @@ impl Store {
             self.replication_id = replication_id;
         }
         self.connects += 1;
+        self.usage_script_refused = false;
         self.connection = Some(connection.clone());
         Ok(connection)
     }
 
-    /// Bytes of the commands sent so far on this connection's behalf, however they ended.
+    /// Bytes of the commands sent so far on this store's behalf, however they ended.
     pub fn written_bytes(&self) -> u64 {
         self.written_bytes
+    }
+
+    /// Bytes of the replies read so far (those that came back whole; the connection's own
+    /// handshake, `AUTH` and `HELLO`, is the redis crate's and not counted either way).
+    pub fn read_bytes(&self) -> u64 {
+        self.read_bytes
     }
 
     /// Connections made so far (each new one is worth a [`Store::refused`] check).
@@ -350,25 +376,33 @@ impl Store {
         self.failovers
     }
 
-    /// Runs `pipe`, dropping the connection on any error so the next call connects again.
-    async fn query<T: redis::FromRedisValue>(&mut self, pipe: &redis::Pipeline) -> RedisResult<T> {
+    /// Runs `pipe` (made by [`pipe`]: every reply comes back, errors included) and returns one
+    /// reply per command, counting the bytes both ways. An error reply is the caller's to
+    /// judge ([`all_ok`]); any other error drops the connection so the next call connects again.
+    async fn query(&mut self, pipe: &redis::Pipeline) -> RedisResult<Vec<Value>> {
         let mut connection = self.connection().await?;
         self.measure.clear();
         for command in pipe.cmd_iter() {
             command.write_packed_command(&mut self.measure);
         }
         self.written_bytes += self.measure.len() as u64;
-        let result = tokio::time::timeout(
+        let result: RedisResult<Vec<Value>> = tokio::time::timeout(
             self.response_timeout + Duration::from_millis(100),
             pipe.query_async(&mut connection),
         )
         .await
         .map_err(timed_out)
         .and_then(|result| result);
-        if result.is_err() {
-            self.connection = None;
+        match &result {
+            Ok(replies) => self.read_bytes += replies.iter().map(reply_bytes).sum::<u64>(),
+            Err(_) => self.connection = None,
         }
         result
+    }
+
+    /// [`Store::query`] where any error reply fails the call (the first one, in command order).
+    async fn query_ok(&mut self, pipe: &redis::Pipeline) -> RedisResult<Vec<Value>> {
+        all_ok(self.query(pipe).await?)
     }
 
     /// After ten failed rounds: forget the connection (the next one starts from the configured
@@ -382,17 +416,16 @@ impl Store {
     /// the two commands; ask again).
     pub async fn claim(&mut self, value: &str, ttl_ms: u64) -> RedisResult<Option<String>> {
         let key = self.key(&format!("owner:{}", self.router));
-        let mut pipe = redis::pipe();
+        let mut pipe = pipe();
         pipe.cmd("SET")
             .arg(&key)
             .arg(value)
             .arg("NX")
             .arg("PX")
-            .arg(ttl_ms.max(1))
-            .ignore();
+            .arg(ttl_ms.max(1));
         pipe.cmd("GET").arg(&key);
-        let (holder,): (Option<String>,) = self.query(&pipe).await?;
-        Ok(holder)
+        let replies = self.query_ok(&pipe).await?;
+        Ok(redis::from_redis_value_ref(last(&replies)?)?)
     }
 
     /// Today's totals of every router and the stream's newest entry, read together: every entry
@@ -422,18 +455,43 @@ impl Store {
         commands: Vec<redis::Cmd>,
         reads: usize,
     ) -> RedisResult<Vec<Value>> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("MULTI").ignore();
+        let replies = self.transaction_replies(commands).await?;
+        exec_replies(replies, reads, 0).map_err(|what| self.unknown_state(what))
+    }
+
+    /// Runs `commands` as one `MULTI` … `EXEC` and returns every reply of `EXEC`, error replies
+    /// of commands that ran included; a command refused while queued (the ACL, a wrong argument
+    /// count) fails the call, and then none ran.
+    async fn transaction_replies(&mut self, commands: Vec<redis::Cmd>) -> RedisResult<Vec<Value>> {
+        let mut pipe = pipe();
+        pipe.cmd("MULTI");
         for command in commands {
-            pipe.add_command(command).ignore();
+            pipe.add_command(command);
         }
         pipe.cmd("EXEC");
-        let (exec,): (Value,) = self.query(&pipe).await?;
-        exec_replies(exec, reads).map_err(|what| {
-            // A connection in an unknown state is not used again.
-            self.connection = None;
-            redis::RedisError::from(std::io::Error::other(what))
-        })
+        let replies = self.query(&pipe).await?;
+        // Queued, each answered `+QUEUED` or an error: an error here aborts the transaction
+        // (`EXECABORT`), and is the reason worth reporting (`NOPERM`, `NOAUTH`, `LOADING`).
+        let (exec, queued) = replies.split_last().ok_or_else(short_reply)?;
+        if let Some(Value::ServerError(error)) = queued
+            .iter()
+            .find(|reply| matches!(reply, Value::ServerError(_)))
+        {
+            return Err(error.clone().into());
+        }
+        match exec {
+            Value::Array(replies) => Ok(replies.clone()),
+            Value::ServerError(error) => Err(error.clone().into()),
+            other => Err(self.unknown_state(format!(
+                "the store did not run the transaction: {other:?}"
+            ))),
+        }
+    }
+
+    /// An answer that leaves the connection in an unknown state: it is not used again.
+    fn unknown_state(&mut self, what: String) -> redis::RedisError {
+        self.connection = None;
+        redis::RedisError::from(std::io::Error::other(what))
     }
 
     /// Entries after `after` up to and including `upto`, oldest first: at most 10 × [`READ_MAX`]
@@ -444,28 +502,137 @@ impl Store {
         after: StreamId,
         upto: StreamId,
     ) -> RedisResult<Vec<(StreamId, Vec<u8>)>> {
-        let mut pipe = redis::pipe();
+        let mut pipe = pipe();
         pipe.cmd("XRANGE")
             .arg(self.key("usage"))
             .arg(format!("({after}"))
             .arg(upto.to_string())
             .arg("COUNT")
             .arg(READ_MAX * 10);
-        let (reply,): (Value,) = self.query(&pipe).await?;
-        Ok(entries(&reply))
+        let replies = self.query_ok(&pipe).await?;
+        Ok(entries(last(&replies)?))
     }
 
     /// One round: publish, write the daily totals, the heartbeat and the router ID's claim in
     /// one transaction, then read the heartbeats, the claim and the entries after
     /// `writes.after`. The entries and the totals must be written together: a start-up reads
     /// the totals and the stream's newest entry as one, and takes every entry up to it as
-    /// counted in the totals. The occupancy pools are not part of it ([`Store::pools`]): a
-    /// store that refuses their script must not keep limits from being shared.
+    /// counted in the totals. They go as one script call ([`scripts::USAGE`], atomic in
+    /// itself): a `NOSCRIPT` answer means neither was written, and they are sent again with the
+    /// script's text; a store whose ACL refuses the script gets them as plain commands. The
+    /// occupancy pools are not part of it ([`Store::pools`]): a store that refuses their
+    /// script must not keep limits from being shared.
     pub async fn round(&mut self, writes: RoundWrites<'_>) -> RedisResult<RoundReads> {
+        let scripted = !self.usage_script_refused;
+        let mut commands = if scripted {
+            vec![self.usage_script(&writes, false)]
+        } else {
+            self.usage_commands(&writes)
+        };
+        commands.extend(self.round_rest(&writes));
+        let replies = match self.transaction_replies(commands).await {
+            Err(error) if scripted && refused_permission(&error) => {
+                // `EVALSHA` refused while queued: nothing ran. The round again, the long way.
+                self.usage_script_refused = true;
+                let mut commands = self.usage_commands(&writes);
+                commands.extend(self.round_rest(&writes));
+                exec_replies(self.transaction_replies(commands).await?, 4, 0)
+                    .map_err(|what| self.unknown_state(what))?
+            }
+            Err(error) => return Err(error),
+            Ok(replies) if scripted => {
+                let usage = replies.first().cloned().unwrap_or(Value::Nil);
+                let reads = exec_replies(replies, 4, 1).map_err(|what| self.unknown_state(what))?;
+                match usage {
+                    // The script did not run (the store restarted, failed over, or its cache
+                    // was flushed): the entries and totals alone, with its text.
+                    reply if noscript(&reply) => {
+                        let script = self.usage_script(&writes, true);
+                        self.usage_alone(vec![script], &writes).await?;
+                    }
+                    // Refused inside the script, before its first write (`HMGET` comes first).
+                    Value::ServerError(error) if refused_permission(&error.clone().into()) => {
+                        self.usage_script_refused = true;
+                        let commands = self.usage_commands(&writes);
+                        self.transaction(commands, 0).await?;
+                    }
+                    Value::ServerError(error) => return Err(error.into()),
+                    _ => {}
+                }
+                reads
+            }
+            Ok(replies) => exec_replies(replies, 4, 0).map_err(|what| self.unknown_state(what))?,
+        };
+        let claim_holder: Option<String> = redis::from_redis_value_ref(&replies[0])?;
+        let epoch: String = redis::from_redis_value_ref(&replies[1])?;
+        let heartbeats: HashMap<String, String> = redis::from_redis_value_ref(&replies[2])?;
+        Ok(RoundReads {
+            heartbeats,
+            entries: entries(&replies[3]),
+            epoch,
+            claim_holder,
+        })
+    }
+
+    /// The round's usage script sent again on its own, with its text, after a `NOSCRIPT`: a
+    /// refusal inside it (the ACL) writes the same with plain commands instead.
+    async fn usage_alone(
+        &mut self,
+        script: Vec<redis::Cmd>,
+        writes: &RoundWrites<'_>,
+    ) -> RedisResult<()> {
+        let mut pipe = pipe();
+        for command in script {
+            pipe.add_command(command);
+        }
+        match self.query(&pipe).await?.pop() {
+            Some(Value::ServerError(error)) => {
+                let error = redis::RedisError::from(error);
+                if !refused_permission(&error) {
+                    return Err(error);
+                }
+                self.usage_script_refused = true;
+                let commands = self.usage_commands(writes);
+                self.transaction(commands, 0).await.map(|_| ())
+            }
+            Some(_) => Ok(()),
+            None => Err(short_reply()),
+        }
+    }
+
+    /// The round's entries and daily totals as one call of [`scripts::USAGE`] (`full`: with its
+    /// text, after the store answered `NOSCRIPT`).
+    fn usage_script(&self, writes: &RoundWrites<'_>, full: bool) -> redis::Cmd {
+        let packed = pack(writes.totals);
+        let mut call = USAGE.call(full);
+        call.arg(1 + packed.days.len()).arg(self.key("usage"));
+        for (day, _) in &packed.days {
+            call.arg(self.key(&format!("daily:{day}")));
+        }
+        call.arg(writes.after.ms.saturating_sub(STREAM_KEEP_MS))
+            .arg(writes.entries.len());
+        for entry in writes.entries {
+            call.arg(entry.as_slice());
+        }
+        call.arg(&self.router)
+            .arg(DAILY_TTL_SECONDS)
+            .arg(packed.models.len());
+        for model in &packed.models {
+            call.arg(model);
+        }
+        for (_, blob) in &packed.days {
+            call.arg(blob.as_slice());
+        }
+        call
+    }
+
+    /// The round's entries and daily totals as plain commands, for a store whose ACL refuses
+    /// the script: per entry an `XADD`; per day one `HINCRBY` per changed total (an increment
+    /// of this process's own, so another writer of the field loses nothing), one `HSET` with the
+    /// whole totals written again after the store lost its data, and the day's expiry.
+    fn usage_commands(&self, writes: &RoundWrites<'_>) -> Vec<redis::Cmd> {
         let usage = self.key("usage");
-        let routers = self.key("routers");
-        let claim = self.key(&format!("owner:{}", self.router));
-        let mut commands = Vec::with_capacity(writes.entries.len() + writes.totals.len() + 10);
+        let mut commands = Vec::with_capacity(writes.entries.len() + writes.totals.len() + 2);
         for entry in writes.entries {
             let mut xadd = redis::cmd("XADD");
             xadd.arg(&usage)
@@ -477,10 +644,7 @@ impl Store {
                 .arg(entry.as_slice());
             commands.push(xadd);
         }
-        // Per day: one HINCRBY per changed total (an increment of this process's own, so another
-        // writer of the field loses nothing), one HSET with the whole totals written again
-        // after the store lost its data, and the day's expiry.
-        let mut days: Vec<u32> = writes.totals.iter().map(|(day, _, _)| *day).collect();
+        let mut days: Vec<u32> = writes.totals.iter().map(|row| row.day).collect();
         days.sort_unstable();
         days.dedup();
         for day in days {
@@ -488,15 +652,15 @@ impl Store {
             let mut whole = redis::cmd("HSET");
             whole.arg(&key);
             let mut wholes = 0;
-            for (_, field, write) in writes.totals.iter().filter(|(of, _, _)| *of == day) {
-                match *write {
+            for row in writes.totals.iter().filter(|row| row.day == day) {
+                match row.write {
                     DailyWrite::Add(tokens) => {
                         let mut add = redis::cmd("HINCRBY");
-                        add.arg(&key).arg(field).arg(tokens);
+                        add.arg(&key).arg(&row.field).arg(tokens);
                         commands.push(add);
                     }
                     DailyWrite::Set(tokens) => {
-                        whole.arg(field).arg(tokens);
+                        whole.arg(&row.field).arg(tokens);
                         wholes += 1;
                     }
                 }
@@ -508,6 +672,16 @@ impl Store {
             expire.arg(&key).arg(DAILY_TTL_SECONDS);
             commands.push(expire);
         }
+        commands
+    }
+
+    /// The rest of the round's transaction: the heartbeat, the epoch, the claim, then the four
+    /// reads (the claim's holder, the epoch, the heartbeats, the entries after `writes.after`).
+    fn round_rest(&self, writes: &RoundWrites<'_>) -> Vec<redis::Cmd> {
+        let usage = self.key("usage");
+        let routers = self.key("routers");
+        let claim = self.key(&format!("owner:{}", self.router));
+        let mut commands = Vec::with_capacity(10);
         let mut heartbeat = redis::cmd("HSET");
         heartbeat
             .arg(&routers)
@@ -555,16 +729,7 @@ impl Store {
             .arg("COUNT")
             .arg(READ_MAX);
         commands.push(range);
-        let replies = self.transaction(commands, 4).await?;
-        let claim_holder: Option<String> = redis::from_redis_value_ref(&replies[0])?;
-        let epoch: String = redis::from_redis_value_ref(&replies[1])?;
-        let heartbeats: HashMap<String, String> = redis::from_redis_value_ref(&replies[2])?;
-        Ok(RoundReads {
-            heartbeats,
-            entries: entries(&replies[3]),
-            epoch,
-            claim_holder,
-        })
+        commands
     }
 
     /// The occupancy pools' step of a round, after [`Store::round`]: each pool's rewrite
@@ -573,21 +738,39 @@ impl Store {
     /// without `EVAL`) leaves the reads, and the rest of the round, standing; it is returned in
     /// [`PoolsRead::refused`]. Any other error fails the step.
     pub async fn pools(&mut self, pools: &[PoolWrite<'_>]) -> RedisResult<PoolsRead> {
+        if pools.is_empty() {
+            return Ok(PoolsRead {
+                pools: Vec::new(),
+                refused: None,
+            });
+        }
+        match self.pools_once(pools, false).await? {
+            // A rewrite the store no longer knew by its SHA1 did not run: the step again, every
+            // rewrite with the script's text (rewrites are absolute, reads only read).
+            None => Ok(self
+                .pools_once(pools, true)
+                .await?
+                .ok_or_else(|| redis::RedisError::from(std::io::Error::other("the store answered NOSCRIPT to EVAL")))?),
+            Some(read) => Ok(read),
+        }
+    }
+
+    /// One try of [`Store::pools`]; `None` when a rewrite was answered `NOSCRIPT`.
+    async fn pools_once(
+        &mut self,
+        pools: &[PoolWrite<'_>],
+        full: bool,
+    ) -> RedisResult<Option<PoolsRead>> {
         let mut read = PoolsRead {
             pools: Vec::with_capacity(pools.len()),
             refused: None,
         };
-        if pools.is_empty() {
-            return Ok(read);
-        }
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
+        let mut pipe = pipe();
         for pool in pools {
             let key = self.key(&format!("pool:{}", pool.pool));
             if let Some(rewrite) = &pool.rewrite {
-                pipe.cmd("EVAL")
-                    .arg(super::pool_store::REWRITE)
-                    .arg(3)
+                let mut call = REWRITE.call(full);
+                call.arg(3)
                     .arg(&key)
                     .arg(self.key("epoch"))
                     .arg(self.key("pools"))
@@ -597,10 +780,14 @@ impl Store {
                     .arg(rewrite.holding)
                     .arg(rewrite.in_use)
                     .arg(u8::from(rewrite.short));
+                pipe.add_command(call);
             }
             pipe.cmd("HGETALL").arg(&key);
         }
         let replies: Vec<Value> = self.query(&pipe).await?;
+        if !full && replies.iter().any(noscript) {
+            return Ok(None);
+        }
         let mut replies = replies.into_iter();
         for pool in pools {
             let rewritten = match pool.rewrite {
@@ -628,7 +815,7 @@ impl Store {
                 holdings,
             });
         }
-        Ok(read)
+        Ok(Some(read))
     }
 
     /// Removes heartbeats of routers given up (silent for over an hour, or left).
@@ -636,9 +823,9 @@ impl Store {
         if ids.is_empty() {
             return Ok(());
         }
-        let mut pipe = redis::pipe();
-        pipe.cmd("HDEL").arg(self.key("routers")).arg(ids).ignore();
-        self.query::<()>(&pipe).await
+        let mut pipe = pipe();
+        pipe.cmd("HDEL").arg(self.key("routers")).arg(ids);
+        self.query_ok(&pipe).await.map(|_| ())
     }
 
     /// Marks redirect tokens spent for the whole site, one pipeline for all of `nonces` (hex
@@ -647,7 +834,7 @@ impl Store {
         if nonces.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
+        let mut pipe = pipe();
         for (nonce, ttl_ms) in nonces {
             pipe.cmd("SET")
                 .arg(self.key(&format!("redirect:{nonce}")))
@@ -656,7 +843,7 @@ impl Store {
                 .arg("PX")
                 .arg((*ttl_ms).max(1));
         }
-        let set: Vec<Option<String>> = self.query(&pipe).await?;
+        let set: Vec<Option<String>> = redis::from_redis_value(Value::Array(self.query_ok(&pipe).await?))?;
         Ok(set.into_iter().map(|set| set.is_some()).collect())
     }
 }
@@ -673,19 +860,23 @@ impl Store {
         want: u64,
         budget: u64,
     ) -> RedisResult<Grant> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("EVAL")
-            .arg(GRANT)
-            .arg(3)
-            .arg(self.key(&format!("pool:{budget_name}")))
-            .arg(self.key("epoch"))
-            .arg(self.key("pools"))
-            .arg(router)
-            .arg(run)
-            .arg(epoch)
-            .arg(want)
-            .arg(budget);
-        let ((granted, held),): ((i64, i64),) = self.query(&pipe).await?;
+        let key = self.key(&format!("pool:{budget_name}"));
+        let epoch_key = self.key("epoch");
+        let pools_key = self.key("pools");
+        let reply = self
+            .script(&GRANT, |call| {
+                call.arg(3)
+                    .arg(&key)
+                    .arg(&epoch_key)
+                    .arg(&pools_key)
+                    .arg(router)
+                    .arg(run)
+                    .arg(epoch)
+                    .arg(want)
+                    .arg(budget);
+            })
+            .await?;
+        let (granted, held): (i64, i64) = redis::from_redis_value(reply)?;
         Ok(match granted {
             -1 => Grant::StaleEpoch,
             -2 => Grant::Replaced,
@@ -700,45 +891,93 @@ impl Store {
     /// this router's own at a clean shutdown, or another's the others gave up. Returns how many
     /// holdings went.
     pub async fn release_holdings(&mut self, router: &str, run: u64) -> RedisResult<u64> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("EVAL")
-            .arg(RELEASE)
-            .arg(1)
-            .arg(self.key("pools"))
-            .arg(router)
-            .arg(run);
-        let (released,): (u64,) = self.query(&pipe).await?;
+        let pools_key = self.key("pools");
+        let reply = self
+            .script(&RELEASE, |call| {
+                call.arg(1).arg(&pools_key).arg(router).arg(run);
+            })
+            .await?;
+        let released: u64 = redis::from_redis_value(reply)?;
         Ok(released)
     }
 
     /// How many replicas acknowledged every write before this call within `timeout_ms` (`WAIT`):
     /// with Sentinel, a grant counts only once one has.
     pub async fn wait_replicas(&mut self, timeout_ms: u64) -> RedisResult<u64> {
-        let mut pipe = redis::pipe();
+        let mut pipe = pipe();
         pipe.cmd("WAIT").arg(1).arg(timeout_ms);
-        let (acknowledged,): (u64,) = self.query(&pipe).await?;
-        Ok(acknowledged)
+        let replies = self.query_ok(&pipe).await?;
+        Ok(redis::from_redis_value_ref(last(&replies)?)?)
+    }
+
+    /// Runs `script` by its SHA1, and again with its text when the store does not know it
+    /// (`NOSCRIPT`: it did not run). `args` adds the key count, keys and arguments.
+    async fn script(
+        &mut self,
+        script: &Script,
+        args: impl Fn(&mut redis::Cmd),
+    ) -> RedisResult<Value> {
+        for full in [false, true] {
+            let mut call = script.call(full);
+            args(&mut call);
+            let mut pipe = pipe();
+            pipe.add_command(call);
+            match self.query_ok(&pipe).await {
+                Err(error) if !full && noscript_error(&error) => continue,
+                Err(error) => return Err(error),
+                Ok(mut replies) => return replies.pop().ok_or_else(short_reply),
+            }
+        }
+        Err(redis::RedisError::from(std::io::Error::other(
+            "the store answered NOSCRIPT to EVAL",
+        )))
     }
 }
 
-/// The last `reads` replies of an `EXEC` reply, or why the transaction did not run whole.
-fn exec_replies(exec: Value, reads: usize) -> Result<Vec<Value>, String> {
-    let Value::Array(mut replies) = exec else {
-        return Err(format!("the store did not run the transaction: {exec:?}"));
-    };
+/// The last `reads` replies of an `EXEC` reply, or why the transaction did not run whole. The
+/// first `judged` replies are the caller's to judge (an error among them is not this one's).
+fn exec_replies(
+    mut replies: Vec<Value>,
+    reads: usize,
+    judged: usize,
+) -> Result<Vec<Value>, String> {
     if let Some(error) = replies
         .iter()
+        .skip(judged)
         .find(|reply| matches!(reply, Value::ServerError(_)))
     {
         return Err(format!("the store refused a command: {error:?}"));
     }
-    if replies.len() < reads {
+    if replies.len() < reads + judged {
         return Err(format!(
             "the transaction answered {} replies",
             replies.len()
         ));
     }
     Ok(replies.split_off(replies.len() - reads))
+}
+
+/// A pipeline whose every reply comes back, error replies included (see [`Store::query`]).
+fn pipe() -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    pipe
+}
+
+/// `replies`, or the first error reply among them.
+fn all_ok(replies: Vec<Value>) -> RedisResult<Vec<Value>> {
+    match replies
+        .iter()
+        .find(|reply| matches!(reply, Value::ServerError(_)))
+    {
+        Some(Value::ServerError(error)) => Err(error.clone().into()),
+        _ => Ok(replies),
+    }
+}
+
+/// The last reply of a pipeline (the one its caller asked for).
+fn last(replies: &[Value]) -> RedisResult<&Value> {
+    replies.last().ok_or_else(short_reply)
 }
 
 fn short_reply() -> redis::RedisError {
