@@ -482,9 +482,9 @@ impl Store {
         match exec {
             Value::Array(replies) => Ok(replies.clone()),
             Value::ServerError(error) => Err(error.clone().into()),
-            other => Err(self.unknown_state(format!(
-                "the store did not run the transaction: {other:?}"
-            ))),
+            other => {
+                Err(self.unknown_state(format!("the store did not run the transaction: {other:?}")))
+            }
         }
     }
 
@@ -747,10 +747,11 @@ impl Store {
         match self.pools_once(pools, false).await? {
             // A rewrite the store no longer knew by its SHA1 did not run: the step again, every
             // rewrite with the script's text (rewrites are absolute, reads only read).
-            None => Ok(self
-                .pools_once(pools, true)
-                .await?
-                .ok_or_else(|| redis::RedisError::from(std::io::Error::other("the store answered NOSCRIPT to EVAL")))?),
+            None => Ok(self.pools_once(pools, true).await?.ok_or_else(|| {
+                redis::RedisError::from(std::io::Error::other(
+                    "the store answered NOSCRIPT to EVAL",
+                ))
+            })?),
             Some(read) => Ok(read),
         }
     }
@@ -843,7 +844,8 @@ impl Store {
                 .arg("PX")
                 .arg((*ttl_ms).max(1));
         }
-        let set: Vec<Option<String>> = redis::from_redis_value(Value::Array(self.query_ok(&pipe).await?))?;
+        let set: Vec<Option<String>> =
+            redis::from_redis_value(Value::Array(self.query_ok(&pipe).await?))?;
         Ok(set.into_iter().map(|set| set.is_some()).collect())
     }
 }

@@ -9,8 +9,7 @@ use super::Store;
 use super::scripts::Script;
 
 /// [`PROBE_SCRIPT`] with its SHA1.
-static PROBE: std::sync::LazyLock<Script> =
-    std::sync::LazyLock::new(|| Script::new(PROBE_SCRIPT));
+static PROBE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(PROBE_SCRIPT));
 
 /// Every command a router's sync sends, and what it needs it for (`Store::refused` checks each).
 /// `WAIT` is needed with Sentinel only; the scripts' own commands are checked inside a script

@@ -102,6 +102,9 @@ local function varint(blob, at)
     scale = scale * 128
   end
 end
+-- Two hex digits per byte, looked up: a string.format per total cost the store an eighth more.
+local hex = {}
+for i = 0, 255 do hex[i] = string.format('%02x', i) end
 local n = tonumber(ARGV[2])
 local router = ARGV[3 + n]
 local ttl = ARGV[4 + n]
@@ -115,11 +118,10 @@ for d = 2, #KEYS do
   local at = 1
   while at <= #blob do
     local b1, b2, b3, b4 = string.byte(blob, at, at + 3)
-    local tenant = b1 + b2 * 256 + b3 * 65536 + b4 * 16777216
     local tag, amount
     tag, at = varint(blob, at + 4)
     amount, at = varint(blob, at)
-    local field = router .. '|' .. string.format('%08x', tenant) .. '|' .. suffixes[math.floor(tag / 2) + 1]
+    local field = router .. '|' .. hex[b4] .. hex[b3] .. hex[b2] .. hex[b1] .. '|' .. suffixes[math.floor(tag / 2) + 1]
     if tag % 2 == 1 then
       sets[field] = amount
     else
@@ -316,10 +318,7 @@ mod tests {
             packed.days,
             vec![
                 (20_000, vec![7, 0, 0, 0, 0b11, 5]),
-                (
-                    20_001,
-                    vec![4, 3, 2, 1, 0, 0xac, 0x02, 8, 0, 0, 0, 0b10, 1]
-                ),
+                (20_001, vec![4, 3, 2, 1, 0, 0xac, 0x02, 8, 0, 0, 0, 0b10, 1]),
             ]
         );
     }

@@ -1,0 +1,317 @@
+//! The store's scripts run by their SHA1 in a real Valkey (issue 33, "The round's cost on the
+//! wire"): a script cache emptied between rounds (`SCRIPT FLUSH`, as a restart or a failover
+//! empties it) fails no round and loses no grant, no entry and no daily token; the round's packed
+//! daily totals land in the same fields, with the same values, as a `HINCRBY` per total writes
+//! (the plain commands a store refusing scripts still gets); and once a script is cached its
+//! text is not sent again.
+
+mod common;
+
+use common::valkey::{Valkey, ValkeyOptions};
+use hivenet_router::base::ids::{Capability, TenantId};
+use hivenet_router::logic::snapshot::ModelKey;
+use hivenet_router::router::config::sync::StoreSettings;
+use hivenet_router::router::sync::pool_store::{self, Grant};
+use hivenet_router::router::sync::round::{DailyWrite, daily_field};
+use hivenet_router::router::sync::store::{
+    ClaimWrite, DailyRow, PoolRewrite, PoolWrite, RoundWrites, Store, StreamId,
+};
+
+const SITE: &str = "scripts";
+const EPOCH: &str = "epoch-1";
+const ROUTER: &str = "router-0";
+const PASSWORD: &str = "scripts-secret";
+const DAY: u32 = 20_426;
+
+fn store(valkey: &Valkey) -> Store {
+    let (host, port) = valkey
+        .addr()
+        .rsplit_once(':')
+        .map(|(h, p)| (h.to_owned(), p.parse().unwrap()))
+        .unwrap();
+    Store::new(
+        StoreSettings {
+            addrs: vec![(host, port)],
+            sentinel_master: None,
+            username: None,
+            password: valkey.password().map(str::to_owned),
+            tls: false,
+            tls_ca: None,
+        },
+        SITE,
+        ROUTER,
+        std::time::Duration::from_secs(2),
+    )
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn chat() -> ModelKey {
+    ModelKey {
+        name: "chat|v2".into(),
+        capability: Capability::Llm,
+    }
+}
+
+fn row(day: u32, tenant: u32, model: Option<ModelKey>, write: DailyWrite) -> DailyRow {
+    DailyRow {
+        day,
+        tenant: TenantId(tenant),
+        field: daily_field(ROUTER, TenantId(tenant), model.as_ref()),
+        model,
+        write,
+    }
+}
+
+/// One round of `store` writing `entries` (any bytes: the store does not read them) and `totals`.
+async fn round(store: &mut Store, entries: &[Vec<u8>], totals: &[DailyRow]) {
+    store
+        .round(RoundWrites {
+            entries,
+            totals,
+            heartbeat: "{}",
+            after: StreamId::default(),
+            now_ms: 1_780_000_000_000,
+            claim: ClaimWrite {
+                value: "claim",
+                ttl_ms: 10_000,
+                release: false,
+            },
+        })
+        .await
+        .expect("the round");
+}
+
+/// The day's hash as (field, value), sorted.
+fn daily(valkey: &Valkey, day: u32) -> Vec<(String, String)> {
+    let reply = valkey
+        .reply(&["HGETALL", &format!("hivenet:{{{SITE}}}:daily:{day}")])
+        .unwrap();
+    let mut pairs: Vec<(String, String)> = reply
+        .items()
+        .chunks(2)
+        .map(|pair| (pair[0].text(), pair[1].text()))
+        .collect();
+    pairs.sort();
+    pairs
+}
+
+fn stream_length(valkey: &Valkey) -> u64 {
+    valkey
+        .command(&["XLEN", &format!("hivenet:{{{SITE}}}:usage")])
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_flushed_script_cache_fails_no_round_and_loses_no_grant() {
+    let valkey = Valkey::primary();
+    valkey.command(&["SET", &format!("hivenet:{{{SITE}}}:epoch"), EPOCH]);
+    let mut store = store(&valkey);
+    runtime().block_on(async {
+        let granted = store
+            .grant("chat", ROUTER, 1, EPOCH, 10, 100)
+            .await
+            .unwrap();
+        assert_eq!(
+            granted,
+            Grant::Granted {
+                granted: 10,
+                held: 10
+            }
+        );
+        valkey.command(&["SCRIPT", "FLUSH"]);
+        let granted = store.grant("chat", ROUTER, 1, EPOCH, 5, 100).await.unwrap();
+        assert_eq!(
+            granted,
+            Grant::Granted {
+                granted: 5,
+                held: 15
+            }
+        );
+
+        round(
+            &mut store,
+            &[b"first".to_vec()],
+            &[row(DAY, 7, None, DailyWrite::Add(300))],
+        )
+        .await;
+        valkey.command(&["SCRIPT", "FLUSH"]);
+        round(
+            &mut store,
+            &[b"second".to_vec()],
+            &[row(DAY, 7, None, DailyWrite::Add(40))],
+        )
+        .await;
+        assert_eq!(stream_length(&valkey), 2, "an entry was lost");
+        assert_eq!(
+            daily(&valkey, DAY),
+            vec![(daily_field(ROUTER, TenantId(7), None), "340".to_string())]
+        );
+
+        valkey.command(&["SCRIPT", "FLUSH"]);
+        let read = store
+            .pools(&[PoolWrite {
+                pool: "chat",
+                rewrite: Some(PoolRewrite {
+                    epoch: EPOCH,
+                    run: 1,
+                    holding: 12,
+                    in_use: 3,
+                    short: false,
+                }),
+            }])
+            .await
+            .unwrap();
+        assert!(read.refused.is_none());
+        assert_eq!(read.pools[0].rewritten, Some(0));
+        assert_eq!(read.pools[0].holdings[ROUTER], "1:12:0");
+
+        valkey.command(&["SCRIPT", "FLUSH"]);
+        assert_eq!(store.release_holdings(ROUTER, 1).await.unwrap(), 1);
+    });
+    assert_eq!(
+        valkey.command(&["EXISTS", &format!("hivenet:{{{SITE}}}:pool:chat")]),
+        "0"
+    );
+}
+
+/// The writes of a round at midnight: increments and whole totals, flat and per-model budgets
+/// (a model name holding the field separator), two days.
+fn midnight_totals() -> Vec<DailyRow> {
+    vec![
+        row(DAY, 0x00ab_cdef, None, DailyWrite::Add(1)),
+        row(
+            DAY,
+            0xffff_ffff,
+            Some(chat()),
+            DailyWrite::Add(123_456_789_012),
+        ),
+        row(DAY, 3, Some(chat()), DailyWrite::Set(77)),
+        row(DAY + 1, 0x00ab_cdef, None, DailyWrite::Add(200)),
+        row(
+            DAY + 1,
+            4,
+            Some(ModelKey {
+                name: "embed".into(),
+                capability: Capability::Embedding,
+            }),
+            DailyWrite::Set(5),
+        ),
+    ]
+}
+
+#[test]
+fn packed_totals_land_where_a_hincrby_per_total_writes_them() {
+    let scripted = Valkey::primary();
+    // A store whose ACL refuses scripts gets the plain commands (`HINCRBY` per total).
+    let plain = Valkey::primary_with(ValkeyOptions::new().password(PASSWORD));
+    plain.command(&["ACL", "SETUSER", "default", "-eval", "-evalsha"]);
+    for valkey in [&scripted, &plain] {
+        // What was there before is added to, and a whole total replaces it.
+        let key = format!("hivenet:{{{SITE}}}:daily:{DAY}");
+        valkey.command(&[
+            "HSET",
+            &key,
+            &daily_field(ROUTER, TenantId(3), Some(&chat())),
+            "1000",
+        ]);
+        valkey.command(&[
+            "HSET",
+            &key,
+            &daily_field(ROUTER, TenantId(0x00ab_cdef), None),
+            "9",
+        ]);
+        valkey.command(&["HSET", &key, "router-1|00abcdef||", "50"]);
+        let mut store = store(valkey);
+        runtime().block_on(async {
+            round(&mut store, &[b"e".to_vec()], &midnight_totals()).await;
+            round(
+                &mut store,
+                &[],
+                &[row(DAY, 0x00ab_cdef, None, DailyWrite::Add(10))],
+            )
+            .await;
+        });
+    }
+    for day in [DAY, DAY + 1] {
+        assert_eq!(daily(&scripted, day), daily(&plain, day), "day {day}");
+        let ttl: i64 = scripted
+            .command(&["TTL", &format!("hivenet:{{{SITE}}}:daily:{day}")])
+            .parse()
+            .unwrap();
+        assert!(ttl > 86_400, "day {day}'s expiry: {ttl}");
+    }
+    assert_eq!(daily(&scripted, DAY), {
+        let mut expected = vec![
+            (
+                daily_field(ROUTER, TenantId(0x00ab_cdef), None),
+                "20".to_string(),
+            ),
+            (
+                daily_field(ROUTER, TenantId(0xffff_ffff), Some(&chat())),
+                "123456789012".to_string(),
+            ),
+            (
+                daily_field(ROUTER, TenantId(3), Some(&chat())),
+                "77".to_string(),
+            ),
+            ("router-1|00abcdef||".to_string(), "50".to_string()),
+        ];
+        expected.sort();
+        expected
+    });
+    assert_eq!(stream_length(&scripted), 1);
+    assert_eq!(stream_length(&plain), 1);
+}
+
+#[test]
+fn a_cached_script_is_not_sent_again() {
+    let valkey = Valkey::primary();
+    valkey.command(&["SET", &format!("hivenet:{{{SITE}}}:epoch"), EPOCH]);
+    let mut store = store(&valkey);
+    let totals = [row(DAY, 7, None, DailyWrite::Add(3))];
+    let pools = [PoolWrite {
+        pool: "chat",
+        rewrite: Some(PoolRewrite {
+            epoch: EPOCH,
+            run: 1,
+            holding: 2,
+            in_use: 1,
+            short: false,
+        }),
+    }];
+    let (rounds, pool_steps) = runtime().block_on(async {
+        let mut rounds = Vec::new();
+        let mut pool_steps = Vec::new();
+        for _ in 0..3 {
+            let from = store.written_bytes();
+            round(&mut store, &[], &totals).await;
+            rounds.push(store.written_bytes() - from);
+            let from = store.written_bytes();
+            store.pools(&pools).await.unwrap();
+            pool_steps.push(store.written_bytes() - from);
+        }
+        (rounds, pool_steps)
+    });
+    eprintln!("round bytes {rounds:?}, pool step bytes {pool_steps:?}");
+    // The first of each sends the script's text once more after NOSCRIPT; the others only its
+    // SHA1, the same bytes every time.
+    assert!(rounds[0] > rounds[1] + 1_000, "{rounds:?}");
+    assert_eq!(rounds[1], rounds[2]);
+    assert!(
+        pool_steps[0] > pool_steps[1] + pool_store::REWRITE.len() as u64,
+        "{pool_steps:?}"
+    );
+    assert_eq!(pool_steps[1], pool_steps[2]);
+    assert!(
+        pool_steps[1] < 300,
+        "a pool's rewrite and read: {pool_steps:?}"
+    );
+    assert!(store.read_bytes() > 0);
+}
