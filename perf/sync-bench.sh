@@ -95,14 +95,18 @@ store_calls() {
   python3 - "$VALKEY_PORT" <<'PY'
 import socket, sys
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.sendall(b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n")
-data = b""
-while not data.endswith(b"\r\n") or data.count(b"\r\n") < 3:
-    data += s.recv(65536)
-parts = [part for part in data.split(b"\r\n") if b"calls=" in part]
+def info(section):
+    s.sendall(b"*2\r\n$4\r\nINFO\r\n$%d\r\n%s\r\n" % (len(section), section))
+    data = b""
+    while not data.endswith(b"\r\n") or data.count(b"\r\n") < 3:
+        data += s.recv(65536)
+    return data
+parts = [part for part in info(b"commandstats").split(b"\r\n") if b"calls=" in part]
 calls = sum(int(part.split(b"calls=")[1].split(b",")[0]) for part in parts)
 usec = sum(int(part.split(b"usec=")[1].split(b",")[0]) for part in parts)
-print(f"{calls} {usec}")
+cpu = sum(float(line.split(b":")[1]) for line in info(b"cpu").split(b"\r\n")
+          if line.startswith((b"used_cpu_user:", b"used_cpu_sys:")))
+print(f"{calls} {usec} {cpu * 1e6:.0f}")
 PY
 }
 for _ in $(seq 1 150); do
@@ -148,7 +152,7 @@ import sys
 requests, duration, keys = map(int, sys.argv[1:4])
 before = [float(v or 0) for v in sys.argv[4].split()]
 after = [float(v or 0) for v in sys.argv[5].split()]
-published, written, read, rounds, peer_written, peer_read, peer_rounds, calls, usec = (
+published, written, read, rounds, peer_written, peer_read, peer_rounds, calls, usec, cpu_usec = (
     a - b for a, b in zip(after, before))
 rounds, peer_rounds = max(rounds, 1), max(peer_rounds, 1)
 rate = requests / duration
@@ -163,7 +167,8 @@ print(f"   router 1 (applies router 0's usage) wrote {peer_written / peer_rounds
       f"{peer_read / peer_rounds / 1024:.1f} KiB")
 print(f"   store commands (scripts' calls included): {calls:.0f} over {rounds:.0f} rounds of 3 routers: "
       f"{calls / rounds / 3:.1f} per router per round; store CPU in commands "
-      f"{usec / rounds / 3 / 1000:.2f} ms per router per round")
+      f"{usec / rounds / 3 / 1000:.2f} ms per router per round (a script's commands count twice: in it and on their own)")
+print(f"   store process CPU (user + system, every router's commands and connections): {cpu_usec / rounds / 1000:.2f} ms per round")
 PY
 
 # 2. What the keys served by router 0 cost routers 1 and 2, which applied only their usage.
