@@ -75,6 +75,7 @@ async fn round(store: &mut Store, entries: &[Vec<u8>], totals: &[DailyRow]) {
             entries,
             totals,
             heartbeat: "{}",
+            agents: None,
             after: StreamId::default(),
             now_ms: 1_780_000_000_000,
             claim: ClaimWrite {

@@ -53,7 +53,7 @@ use super::entry::{Entry, ModelName};
 use super::pool_store::Grant;
 use super::pools::{self, SiteCredits};
 use super::round::{self, Backlog, Batch, DailyLedger};
-use super::site::{self, AfterFailure, Health, Heartbeat, Peers, Sightings};
+use super::site::{self, AfterFailure, AgentList, Health, Heartbeat, Peers, Sightings};
 use super::store::{
     ClaimWrite, DailyRow, PoolRead, RoundWrites, Store, StreamId, refused_permission,
 };
@@ -175,6 +175,13 @@ struct Round {
     connects_checked: u64,
     /// Parts the store refused, logged once each until a check finds everything allowed.
     refusals_logged: std::collections::HashSet<Refused>,
+    /// The other routers' agent lists as last fetched, by router ID (at most one per record
+    /// read: pruned each round to the records in the store).
+    agent_lists: HashMap<String, AgentList>,
+    /// This router's agent list as last written: its version, the connection (`Store::connects`)
+    /// and the store's epoch then. A new connection (a failover, a restart) or a new epoch (the
+    /// store lost its data) writes it again, since the store may have lost it.
+    agents_written: Option<(u64, u64, String)>,
 }
 
 impl SyncCore {
@@ -240,6 +247,8 @@ impl SyncCore {
             stepped_down: None,
             connects_checked: 0,
             refusals_logged: std::collections::HashSet::new(),
+            agent_lists: HashMap::new(),
+            agents_written: None,
             store_up,
             credits,
             unknown_routers: false,
@@ -471,8 +480,16 @@ impl Round {
                 .unzip()
         };
         let (sessions, agents) = self.shared.served_sessions();
-        let heartbeat = self.heartbeat(now_ms, leaving, agents);
+        let agent_list = AgentList::new(agents);
+        let heartbeat = self.heartbeat(now_ms, leaving, agent_list.version);
         let heartbeat_json = serde_json::to_string(&heartbeat).expect("a heartbeat serializes");
+        let agents_as = (
+            agent_list.version,
+            self.store.connects(),
+            self.epoch.clone().unwrap_or_default(),
+        );
+        let agents_json = (self.agents_written.as_ref() != Some(&agents_as))
+            .then(|| serde_json::to_string(&agent_list).expect("an agent list serializes"));
         let bytes: usize = entries.iter().map(Vec::len).sum();
         let daily_writes: Vec<DailyRow> = totals
             .iter()
@@ -493,6 +510,7 @@ impl Round {
                 entries: &entries,
                 totals: &daily_writes,
                 heartbeat: &heartbeat_json,
+                agents: agents_json.as_deref(),
                 after: cursor,
                 now_ms,
                 claim: ClaimWrite {
@@ -504,6 +522,9 @@ impl Round {
             .await?;
         self.backlog.clear();
         self.ledger.wrote(&totals);
+        if agents_json.is_some() {
+            self.agents_written = Some((agents_as.0, agents_as.1, reads.epoch.clone()));
+        }
         self.metrics
             .published_bytes_total
             .fetch_add(bytes as u64, Ordering::Relaxed);
@@ -592,7 +613,8 @@ impl Round {
                 "ignoring router records in the sync store this router cannot read (a newer version, or a writer that is not a router of this site)"
             );
         }
-        let records = roster.records;
+        let mut records = roster.records;
+        self.resolve_agent_lists(&mut records).await;
         let reports = self.shared.agent_reports();
         let peers = site::peers(&self.settings.router_id, &heartbeat, &records, &reports);
         self.metrics
@@ -857,15 +879,64 @@ impl Round {
             .store(self.store.read_bytes(), Ordering::Relaxed);
     }
 
-    fn heartbeat(&self, now_ms: u64, leaving: bool, agents: Vec<String>) -> Heartbeat {
+    /// This router's heartbeat; its agents are listed apart, under `agents_version`.
+    fn heartbeat(&self, now_ms: u64, leaving: bool, agents_version: u64) -> Heartbeat {
         Heartbeat {
             run: self.run,
             at_unix_ms: now_ms,
             interval_ms: self.settings.interval.as_millis() as u64,
             peer_id: self.peer_id.clone(),
             grpc_addr: self.settings.advertise_grpc_addr.clone(),
-            agents,
+            agents: vec![site::AGENTS_LISTED_APART.to_owned()],
+            agents_version: Some(agents_version),
+            agents_unknown: false,
             left: leaving,
+        }
+    }
+
+    /// Gives each of the other routers' records its agents: from the list held when its
+    /// heartbeat names that version, else fetched (one `HMGET` for every list that changed,
+    /// rarely more than one a round). A list that cannot be read leaves the router's agents
+    /// unknown (`Heartbeat::resolve_agents`): it is never given up on its agents' word meanwhile.
+    async fn resolve_agent_lists(&mut self, records: &mut [site::Record]) {
+        self.agent_lists
+            .retain(|id, _| records.iter().any(|record| record.id == *id));
+        let own = &self.settings.router_id;
+        let missing: Vec<String> = records
+            .iter()
+            .filter(|record| record.id != *own)
+            .filter(|record| {
+                record.heartbeat.agents_version.is_some_and(|version| {
+                    self.agent_lists
+                        .get(&record.id)
+                        .is_none_or(|list| list.version != version)
+                })
+            })
+            .map(|record| record.id.clone())
+            .collect();
+        if !missing.is_empty() {
+            match self.store.agent_lists(&missing).await {
+                Ok(texts) => {
+                    for (id, text) in missing.into_iter().zip(texts) {
+                        match text.as_deref().and_then(AgentList::parse) {
+                            Some(list) => {
+                                self.agent_lists.insert(id, list);
+                            }
+                            None => {
+                                self.agent_lists.remove(&id);
+                            }
+                        }
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "the other routers' agent lists could not be read");
+                }
+            }
+        }
+        for record in records.iter_mut() {
+            record
+                .heartbeat
+                .resolve_agents(self.agent_lists.get(&record.id));
         }
     }
 

@@ -6,6 +6,9 @@
 //! - `hivenet:{site}:usage`: the usage stream, one entry per router and round (field `u`, the
 //!   binary entry of `sync::entry`), trimmed to the last ten minutes by the writers.
 //! - `hivenet:{site}:routers`: hash, router ID -> heartbeat (JSON, `sync::site::Heartbeat`).
+//! - `hivenet:{site}:agents`: hash, router ID -> the agents it serves (JSON,
+//!   `sync::site::AgentList`), written when they change; the heartbeat names its version, and a
+//!   reader fetches a list only when the version it holds is not the one named.
 //! - `hivenet:{site}:daily:{day}`: hash, `router|tenant|capability|model` -> that router's
 //!   running total of the day (`sync::round::daily_field`), written as increments (`HINCRBY`) so
 //!   two writers of one field never lose each other's tokens (`sync::round::DailyLedger`);
@@ -85,6 +88,9 @@ pub struct RoundWrites<'a> {
     /// The daily totals: each an increment, or a whole total after the store lost its data.
     pub totals: &'a [DailyRow],
     pub heartbeat: &'a str,
+    /// This router's agent list (`sync::site::AgentList`), when it changed since it was last
+    /// written (or the store may have lost it).
+    pub agents: Option<&'a str>,
     /// Read the entries after this ID.
     pub after: StreamId,
     /// Now (unix ms): an epoch this router sets begins now.
@@ -681,13 +687,18 @@ impl Store {
         let usage = self.key("usage");
         let routers = self.key("routers");
         let claim = self.key(&format!("owner:{}", self.router));
-        let mut commands = Vec::with_capacity(10);
+        let mut commands = Vec::with_capacity(11);
         let mut heartbeat = redis::cmd("HSET");
         heartbeat
             .arg(&routers)
             .arg(&self.router)
             .arg(writes.heartbeat);
         commands.push(heartbeat);
+        if let Some(agents) = writes.agents {
+            let mut list = redis::cmd("HSET");
+            list.arg(self.key("agents")).arg(&self.router).arg(agents);
+            commands.push(list);
+        }
         let mut set_epoch = redis::cmd("SET");
         set_epoch
             .arg(self.key("epoch"))
@@ -819,14 +830,28 @@ impl Store {
         Ok(Some(read))
     }
 
-    /// Removes heartbeats of routers given up (silent for over an hour, or left).
+    /// Removes heartbeats and agent lists of routers given up (silent for over an hour, or
+    /// left).
     pub async fn forget_routers(&mut self, ids: &[String]) -> RedisResult<()> {
         if ids.is_empty() {
             return Ok(());
         }
         let mut pipe = pipe();
         pipe.cmd("HDEL").arg(self.key("routers")).arg(ids);
+        pipe.cmd("HDEL").arg(self.key("agents")).arg(ids);
         self.query_ok(&pipe).await.map(|_| ())
+    }
+
+    /// The agent lists of `ids` (`sync::site::AgentList`, as stored; `None` where there is
+    /// none): fetched when a heartbeat names a version the reader does not hold.
+    pub async fn agent_lists(&mut self, ids: &[String]) -> RedisResult<Vec<Option<String>>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = pipe();
+        pipe.cmd("HMGET").arg(self.key("agents")).arg(ids);
+        let replies = self.query_ok(&pipe).await?;
+        Ok(redis::from_redis_value_ref(last(&replies)?)?)
     }
 
     /// Marks redirect tokens spent for the whole site, one pipeline for all of `nonces` (hex

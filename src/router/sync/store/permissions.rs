@@ -16,7 +16,7 @@ static PROBE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::
 /// ([`PROBE_SCRIPT`]). `HINCRBY` writes the daily totals only when the store refuses the
 /// round's usage script (`store::scripts`), and is checked all the same: an ACL that refuses
 /// both would lose the totals.
-pub const NEEDED: [(&str, &str); 18] = [
+pub const NEEDED: [(&str, &str); 19] = [
     ("MULTI", "the round's transaction"),
     ("EXEC", "the round's transaction"),
     ("XADD", "publishing usage"),
@@ -25,6 +25,7 @@ pub const NEEDED: [(&str, &str); 18] = [
     ("HINCRBY", "writing daily totals"),
     ("HSET", "daily totals and the heartbeat"),
     ("HGETALL", "reading heartbeats, totals and pools"),
+    ("HMGET", "reading the agent lists of other routers"),
     ("HDEL", "forgetting routers gone for an hour"),
     ("EXPIRE", "daily totals' expiry"),
     (
@@ -126,6 +127,7 @@ impl Store {
         add(&mut pipe, "HSET", &[&hash, "f", "0"]);
         add(&mut pipe, "EXPIRE", &[&hash, "60"]);
         add(&mut pipe, "HGETALL", &[&hash]);
+        add(&mut pipe, "HMGET", &[&hash, "f"]);
         add(&mut pipe, "HDEL", &[&hash, "f"]);
         add(&mut pipe, "SET", &[&string, "1", "XX", "PX", "1"]);
         add(&mut pipe, "GET", &[&string]);
