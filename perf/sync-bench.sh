@@ -144,12 +144,21 @@ before=$(sample)
 wrk -t1 -c16 -d"${DURATION}s" -s "$ROOT/perf/wrk-keys.lua" \
   "http://127.0.0.1:$((PORT_BASE + 80))/v1/chat/completions" > "$TMP/wrk-keys.txt"
 after=$(sample)
+heartbeat_bytes=$(python3 - "$VALKEY_PORT" <<'PY'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"".join([b"*3\r\n"] + [b"$%d\r\n%s\r\n" % (len(arg), arg)
+                     for arg in (b"HSTRLEN", b"hivenet:{bench}:routers", b"router-0")]))
+print(int(s.recv(64).split(b"\r\n")[0][1:]))
+PY
+)
 sleep 2
 result=$(grep WRK_RESULT "$TMP/wrk-keys.txt")
 requests=$(sed -E 's/.*requests=([0-9]+).*/\1/' <<<"$result")
-python3 - "$requests" "$DURATION" "$KEYS" "$before" "$after" <<'PY'
+python3 - "$requests" "$DURATION" "$KEYS" "$before" "$after" "$heartbeat_bytes" <<'PY'
 import sys
 requests, duration, keys = map(int, sys.argv[1:4])
+heartbeat_bytes = int(sys.argv[6])
 before = [float(v or 0) for v in sys.argv[4].split()]
 after = [float(v or 0) for v in sys.argv[5].split()]
 published, written, read, rounds, peer_written, peer_read, peer_rounds, calls, usec, cpu_usec = (
@@ -168,6 +177,7 @@ print(f"   router 1 (applies router 0's usage) wrote {peer_written / peer_rounds
 print(f"   store commands (scripts' calls included): {calls:.0f} over {rounds:.0f} rounds of 3 routers: "
       f"{calls / rounds / 3:.1f} per router per round; store CPU in commands "
       f"{usec / rounds / 3 / 1000:.2f} ms per router per round (a script's commands count twice: in it and on their own)")
+print(f"   router 0's heartbeat record: {heartbeat_bytes} bytes (one agent)")
 print(f"   store process CPU (user + system, every router's commands and connections): {cpu_usec / rounds / 1000:.2f} ms per round")
 PY
 
