@@ -1,7 +1,8 @@
 //! A router's agents travel apart from its heartbeat (issue 33, "heartbeats that do not grow with
 //! routers × agents"): the heartbeat names the version of the router's agent list, the list is
-//! written to `hivenet:{site}:agents` when it changes and not every round, and written again on a
-//! new connection, since a store that failed over or restarted may have lost it. That other
+//! written to `hivenet:{site}:agents` when it changes and not every round, written again on a
+//! new connection, since a store that failed over or restarted may have lost it, and every 60
+//! rounds, so a list lost otherwise comes back. That other
 //! routers still give a crashed router up through the list is `shared_occupancy`'s
 //! `a_crashed_router_is_given_up_once_its_agents_report_it_gone`.
 
@@ -67,7 +68,8 @@ fn the_agent_list_is_written_when_it_changes_and_again_on_a_new_connection() {
         serde_json::json!([AGENTS_LISTED_APART])
     );
 
-    // Unchanged, the list is not written again: a marked copy of it stays for ten rounds.
+    // Unchanged, the list is not written again: a marked copy of it stays for ten rounds (the
+    // periodic rewrite comes 60 rounds after the write, a few rounds before the marking).
     let marked = serde_json::json!({"version": one.version, "agents": one.agents, "marked": true})
         .to_string();
     store.command(&["HSET", AGENTS, ROUTER, &marked]);
@@ -89,4 +91,14 @@ fn the_agent_list_is_written_when_it_changes_and_again_on_a_new_connection() {
     store.command(&["HDEL", AGENTS, ROUTER]);
     store.command(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
     assert_eq!(wait_list_of(&site, &store, 2), two);
+
+    // Lost on the same connection: the periodic rewrite brings it back.
+    store.command(&["HDEL", AGENTS, ROUTER]);
+    let from = rounds(&site);
+    assert_eq!(wait_list_of(&site, &store, 2), two);
+    assert!(
+        rounds(&site) - from <= 61.0 + 5.0,
+        "{} rounds",
+        rounds(&site) - from
+    );
 }

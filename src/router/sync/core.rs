@@ -29,7 +29,8 @@
 //! it, as is every new connection: a refusal then is logged as a permission error and counted in
 //! `hivenet_sync_errors_total{kind="permission"}`. The round's transaction (entries, daily totals,
 //! heartbeat, claim) is written whole or not at all; the occupancy pools' script runs after it,
-//! on its own, so a store that refuses `EVAL` costs budgeted models their new credits and nothing
+//! on its own, so a store that refuses the scripts (`EVALSHA`, `EVAL`) costs budgeted models their
+//! new credits and nothing
 //! else. A round that reads another process's claim on the router ID steps down
 //! (`hivenet_sync_router_id_conflict`).
 
@@ -63,6 +64,10 @@ use crate::router::shard::redirect_claims::Claim;
 
 mod store_checks;
 
+/// Rounds after which a router writes its unchanged agent list again: a list lost without a new
+/// connection or a new epoch (deleted by hand) is back within this many rounds, at 1/60 of what
+/// writing it every round cost.
+const AGENTS_REWRITE_ROUNDS: u64 = 60;
 /// How much usage a starting router replays: the rate buckets' window.
 const REPLAY_MS: u64 = 60_000;
 /// The longest shutdown waits for the last round.
@@ -102,16 +107,16 @@ impl Refused {
                 "the round's transaction: each router enforces its share of every limit alone"
             }
             Refused::Pools => {
-                "the occupancy pools' rewrite (EVAL): budgeted models keep the credits they hold; limits are still shared"
+                "the occupancy pools' rewrite (EVALSHA, EVAL): budgeted models keep the credits they hold; limits are still shared"
             }
             Refused::Grant => {
-                "an occupancy grant (EVAL): budgeted models get no new credits; limits are still shared"
+                "an occupancy grant (EVALSHA, EVAL): budgeted models get no new credits; limits are still shared"
             }
             Refused::Acknowledge => {
                 "WAIT under Sentinel: grants count as unacknowledged, and this router keeps to its share of each budget"
             }
             Refused::Release => {
-                "taking occupancy credits back (EVAL): a stopped router's credits stay in the pools"
+                "taking occupancy credits back (EVALSHA, EVAL): a stopped router's credits stay in the pools"
             }
             Refused::Forget => "removing heartbeats of routers gone for an hour (HDEL)",
         }
@@ -179,9 +184,12 @@ struct Round {
     /// read: pruned each round to the records in the store).
     agent_lists: HashMap<String, AgentList>,
     /// This router's agent list as last written: its version, the connection (`Store::connects`)
-    /// and the store's epoch then. A new connection (a failover, a restart) or a new epoch (the
-    /// store lost its data) writes it again, since the store may have lost it.
-    agents_written: Option<(u64, u64, String)>,
+    /// and the store's epoch then, and the round. A new connection (a failover, a restart) or a
+    /// new epoch (the store lost its data) writes it again, since the store may have lost it;
+    /// so does every [`AGENTS_REWRITE_ROUNDS`]th round.
+    agents_written: Option<AgentsWritten>,
+    /// Rounds tried so far.
+    rounds: u64,
 }
 
 impl SyncCore {
@@ -249,6 +257,7 @@ impl SyncCore {
             refusals_logged: std::collections::HashSet::new(),
             agent_lists: HashMap::new(),
             agents_written: None,
+            rounds: 0,
             store_up,
             credits,
             unknown_routers: false,
@@ -483,12 +492,17 @@ impl Round {
         let agent_list = AgentList::new(agents);
         let heartbeat = self.heartbeat(now_ms, leaving, agent_list.version);
         let heartbeat_json = serde_json::to_string(&heartbeat).expect("a heartbeat serializes");
-        let agents_as = (
-            agent_list.version,
-            self.store.connects(),
-            self.epoch.clone().unwrap_or_default(),
-        );
-        let agents_json = (self.agents_written.as_ref() != Some(&agents_as))
+        self.rounds += 1;
+        let agents_as = AgentsWritten {
+            version: agent_list.version,
+            connects: self.store.connects(),
+            epoch: self.epoch.clone().unwrap_or_default(),
+            round: self.rounds,
+        };
+        let agents_json = self
+            .agents_written
+            .as_ref()
+            .is_none_or(|written| !written.still_stands(&agents_as))
             .then(|| serde_json::to_string(&agent_list).expect("an agent list serializes"));
         let bytes: usize = entries.iter().map(Vec::len).sum();
         let daily_writes: Vec<DailyRow> = totals
@@ -523,7 +537,10 @@ impl Round {
         self.backlog.clear();
         self.ledger.wrote(&totals);
         if agents_json.is_some() {
-            self.agents_written = Some((agents_as.0, agents_as.1, reads.epoch.clone()));
+            self.agents_written = Some(AgentsWritten {
+                epoch: reads.epoch.clone(),
+                ..agents_as
+            });
         }
         self.metrics
             .published_bytes_total
@@ -1045,6 +1062,25 @@ impl Round {
         self.own_restored = true;
         self.resync = false;
         Ok(())
+    }
+}
+
+/// When this router's agent list was written (see [`Round::agents_written`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AgentsWritten {
+    version: u64,
+    connects: u64,
+    epoch: String,
+    round: u64,
+}
+
+impl AgentsWritten {
+    /// The list written then needs no write now (`now`: this round's list, connection, epoch).
+    fn still_stands(&self, now: &AgentsWritten) -> bool {
+        self.version == now.version
+            && self.connects == now.connects
+            && self.epoch == now.epoch
+            && now.round.saturating_sub(self.round) < AGENTS_REWRITE_ROUNDS
     }
 }
 

@@ -10,9 +10,10 @@
 //!   `sync::site::AgentList`), written when they change; the heartbeat names its version, and a
 //!   reader fetches a list only when the version it holds is not the one named.
 //! - `hivenet:{site}:daily:{day}`: hash, `router|tenant|capability|model` -> that router's
-//!   running total of the day (`sync::round::daily_field`), written as increments (`HINCRBY`) so
-//!   two writers of one field never lose each other's tokens (`sync::round::DailyLedger`);
-//!   expires two days after its last write.
+//!   running total of the day (`sync::round::daily_field`), written as increments so two
+//!   writers of one field never lose each other's tokens (`sync::round::DailyLedger`): packed in
+//!   the round's usage script (`store::scripts`), or one `HINCRBY` each when the store refuses
+//!   scripts; expires two days after its last write.
 //! - `hivenet:{site}:owner:{router}`: which process runs under this router ID
 //!   (`sync::claim`), set `NX` with an expiry and renewed by each round.
 //! - `hivenet:{site}:probe:{router}:…`: keys the permission check touches (`Store::refused`);
@@ -142,7 +143,7 @@ pub struct RoundReads {
 }
 
 /// What the pools' step of a round read ([`Store::pools`]): one per pool, in order. A rewrite the
-/// store refused (its ACL refuses `EVAL`) reads as no rewrite; `refused` holds the first refusal.
+/// store refused (its ACL refuses the scripts) reads as no rewrite; `refused` holds the first refusal.
 pub struct PoolsRead {
     pub pools: Vec<PoolRead>,
     pub refused: Option<redis::RedisError>,
@@ -170,9 +171,9 @@ pub struct Store {
     written_bytes: u64,
     /// Bytes of every reply that came back whole (`hivenet_sync_store_read_bytes_total`).
     read_bytes: u64,
-    /// The store's ACL refused the round's usage script on this connection: the round writes
-    /// its entries and daily totals with plain commands (`XADD`, `HINCRBY`) until it connects
-    /// again.
+    /// The store's ACL refused the round's usage script: the round writes its entries and daily
+    /// totals with plain commands (`XADD`, `HINCRBY`) until a permission check
+    /// ([`Store::refused`], on each new connection) finds the scripts allowed again.
     usage_script_refused: bool,
     /// Where a pipeline is encoded to be measured; as large as the largest pipeline.
     measure: Vec<u8>,
@@ -351,7 +352,6 @@ impl Store {
             self.replication_id = replication_id;
         }
         self.connects += 1;
-        self.usage_script_refused = false;
         self.connection = Some(connection.clone());
         Ok(connection)
     }
@@ -408,7 +408,19 @@ impl Store {
 
     /// [`Store::query`] where any error reply fails the call (the first one, in command order).
     async fn query_ok(&mut self, pipe: &redis::Pipeline) -> RedisResult<Vec<Value>> {
-        all_ok(self.query(pipe).await?)
+        let replies = self.query(pipe).await?;
+        all_ok(replies).map_err(|error| self.failed(error))
+    }
+
+    /// An error reply that fails a call: the connection is dropped, so the next call connects
+    /// again (through the Sentinels: `READONLY` from a primary demoted by a failover, `LOADING`,
+    /// `NOAUTH` are left behind that way), unless the reply is one a new connection would get
+    /// the same (the ACL's refusal) or one the caller answers on this one (`NOSCRIPT`).
+    fn failed(&mut self, error: redis::RedisError) -> redis::RedisError {
+        if !refused_permission(&error) && !noscript_error(&error) {
+            self.connection = None;
+        }
+        error
     }
 
     /// After ten failed rounds: forget the connection (the next one starts from the configured
@@ -483,11 +495,11 @@ impl Store {
             .iter()
             .find(|reply| matches!(reply, Value::ServerError(_)))
         {
-            return Err(error.clone().into());
+            return Err(self.failed(error.clone().into()));
         }
         match exec {
             Value::Array(replies) => Ok(replies.clone()),
-            Value::ServerError(error) => Err(error.clone().into()),
+            Value::ServerError(error) => Err(self.failed(error.clone().into())),
             other => {
                 Err(self.unknown_state(format!("the store did not run the transaction: {other:?}")))
             }
@@ -562,7 +574,7 @@ impl Store {
                         let commands = self.usage_commands(&writes);
                         self.transaction(commands, 0).await?;
                     }
-                    Value::ServerError(error) => return Err(error.into()),
+                    Value::ServerError(error) => return Err(self.failed(error.into())),
                     _ => {}
                 }
                 reads
@@ -595,7 +607,7 @@ impl Store {
             Some(Value::ServerError(error)) => {
                 let error = redis::RedisError::from(error);
                 if !refused_permission(&error) {
-                    return Err(error);
+                    return Err(self.failed(error));
                 }
                 self.usage_script_refused = true;
                 let commands = self.usage_commands(writes);
@@ -746,7 +758,7 @@ impl Store {
     /// The occupancy pools' step of a round, after [`Store::round`]: each pool's rewrite
     /// (`pool_store::REWRITE`, atomic in itself) then a read of every holding. Pools are
     /// independent of each other and of the round's transaction, so a refused script (an ACL
-    /// without `EVAL`) leaves the reads, and the rest of the round, standing; it is returned in
+    /// without `EVALSHA`) leaves the reads, and the rest of the round, standing; it is returned in
     /// [`PoolsRead::refused`]. Any other error fails the step.
     pub async fn pools(&mut self, pools: &[PoolWrite<'_>]) -> RedisResult<PoolsRead> {
         if pools.is_empty() {
@@ -807,7 +819,7 @@ impl Store {
                     Some(Value::ServerError(error)) => {
                         let error = redis::RedisError::from(error);
                         if !refused_permission(&error) {
-                            return Err(error);
+                            return Err(self.failed(error));
                         }
                         read.refused.get_or_insert(error);
                         None
@@ -818,7 +830,9 @@ impl Store {
                 None => None,
             };
             let holdings = match replies.next() {
-                Some(Value::ServerError(error)) => return Err(redis::RedisError::from(error)),
+                Some(Value::ServerError(error)) => {
+                    return Err(self.failed(redis::RedisError::from(error)));
+                }
                 Some(reply) => redis::from_redis_value_ref(&reply)?,
                 None => return Err(short_reply()),
             };

@@ -184,6 +184,13 @@ impl Store {
         if refused.iter().any(|(name, _)| name == "EXEC") {
             self.connection = None;
         }
+        // The round's usage script again, once the store allows scripts and what they run.
+        if !refused
+            .iter()
+            .any(|(name, _)| name.starts_with("EVAL") || name.ends_with("(in a script)"))
+        {
+            self.usage_script_refused = false;
+        }
         Ok(refused)
     }
 }
