@@ -2,8 +2,8 @@
 //! wire"): a script cache emptied between rounds (`SCRIPT FLUSH`, as a restart or a failover
 //! empties it) fails no round and loses no grant, no entry and no daily token; the round's packed
 //! daily totals land in the same fields, with the same values, as a `HINCRBY` per total writes
-//! (the plain commands a store refusing scripts still gets); and once a script is cached its
-//! text is not sent again.
+//! (the plain commands a store refusing scripts still gets); once a script is cached its text is
+//! not sent again; and a round reads none of its own entries back and misses none of another's.
 
 mod common;
 
@@ -315,4 +315,96 @@ fn a_cached_script_is_not_sent_again() {
         "a pool's rewrite and read: {pool_steps:?}"
     );
     assert!(store.read_bytes() > 0);
+}
+
+/// A router does not read its own entries back, and misses none of another's: the round reads
+/// the stream before adding its own entries, in one transaction, so the next round reads after
+/// them only when nothing came between. The same with the plain commands of a store that
+/// refuses scripts.
+#[test]
+fn a_round_reads_no_entry_of_its_own_and_every_other() {
+    // The first round finds the script unknown (`NOSCRIPT`) and sends its text on its own,
+    // outside the read's transaction, as does a4's after the flush: a4 is read back once.
+    let scripted = Valkey::primary();
+    assert_eq!(own_and_others_read(&scripted), vec!["b1", "a4"]);
+    let plain = Valkey::primary_with(ValkeyOptions::new().password(PASSWORD));
+    plain.command(&["ACL", "SETUSER", "default", "-eval", "-evalsha"]);
+    assert_eq!(own_and_others_read(&plain), vec!["b1"]);
+}
+
+/// What router-0 reads through a sequence of rounds of its own, one of router-1's, and a
+/// `SCRIPT FLUSH`.
+fn own_and_others_read(valkey: &Valkey) -> Vec<String> {
+    let mut mine = store(valkey);
+    let mut other = store(valkey);
+    let rounds = [
+        (0, ""),
+        (0, "a1"),
+        (0, "a2"),
+        (1, "b1"),
+        (0, "a3"),
+        (0, ""),
+        (2, ""),
+        (0, "a4"),
+        (0, ""),
+        (0, ""),
+    ];
+    runtime().block_on(async {
+        let mut cursor = StreamId::default();
+        let mut read = Vec::new();
+        for (writer, entry) in rounds {
+            let entries: Vec<&str> = [entry].into_iter().filter(|e| !e.is_empty()).collect();
+            match writer {
+                1 => {
+                    reads(&mut other, StreamId::default(), &entries).await;
+                }
+                2 => {
+                    valkey.command(&["SCRIPT", "FLUSH"]);
+                }
+                _ => {
+                    let round = reads(&mut mine, cursor, &entries).await;
+                    read.extend(
+                        round
+                            .entries
+                            .iter()
+                            .map(|(_, bytes)| String::from_utf8(bytes.clone()).unwrap()),
+                    );
+                    let newest = round
+                        .entries
+                        .last()
+                        .map_or(cursor, |(id, _)| cursor.max(*id));
+                    cursor = round.own_newest.map_or(newest, |own| newest.max(own));
+                }
+            }
+        }
+        read
+    })
+}
+
+/// One round of `store` after `after`, publishing `entries`.
+async fn reads(
+    store: &mut Store,
+    after: StreamId,
+    entries: &[&str],
+) -> hivenet_router::router::sync::store::RoundReads {
+    let entries: Vec<Vec<u8>> = entries
+        .iter()
+        .map(|entry| entry.as_bytes().to_vec())
+        .collect();
+    store
+        .round(RoundWrites {
+            entries: &entries,
+            totals: &[],
+            heartbeat: "{}",
+            agents: None,
+            after,
+            now_ms: 1_780_000_000_000,
+            claim: ClaimWrite {
+                value: "claim",
+                ttl_ms: 10_000,
+                release: false,
+            },
+        })
+        .await
+        .expect("the round")
 }

@@ -605,11 +605,13 @@ impl Round {
             self.resync = true;
         }
         self.epoch = Some(reads.epoch.clone());
-        // XRANGE answers in stream order: the last entry is the newest.
+        // XRANGE answers in stream order: the last entry is the newest. This round's own entries
+        // follow it with nothing between, when they were added in the read's transaction.
         let newest = reads
             .entries
             .last()
             .map_or(cursor, |(id, _)| cursor.max(*id));
+        let newest = reads.own_newest.map_or(newest, |own| newest.max(own));
         if let Some(lag_ms) = self.apply_entries(&reads.entries, now_ms, false).await {
             self.metrics.lag_ms.store(lag_ms as i64, Ordering::Relaxed);
         }

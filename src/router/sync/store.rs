@@ -136,6 +136,10 @@ pub struct PoolRead {
 pub struct RoundReads {
     pub heartbeats: HashMap<String, String>,
     pub entries: Vec<(StreamId, Vec<u8>)>,
+    /// The ID of this round's last entry, when the stream was read whole up to it in the same
+    /// transaction: no other entry lies between `entries` and it, so the next round reads after
+    /// it. `None`: nothing published, or not atomically with the read.
+    pub own_newest: Option<StreamId>,
     /// The store's epoch (see the module doc).
     pub epoch: String,
     /// Who holds this router ID after the round's claim (`None` once released).
@@ -474,7 +478,7 @@ impl Store {
         reads: usize,
     ) -> RedisResult<Vec<Value>> {
         let replies = self.transaction_replies(commands).await?;
-        exec_replies(replies, reads, 0).map_err(|what| self.unknown_state(what))
+        exec_replies(replies, reads).map_err(|what| self.unknown_state(what))
     }
 
     /// Runs `commands` as one `MULTI` … `EXEC` and returns every reply of `EXEC`, error replies
@@ -531,65 +535,131 @@ impl Store {
         Ok(entries(last(&replies)?))
     }
 
-    /// One round: publish, write the daily totals, the heartbeat and the router ID's claim in
-    /// one transaction, then read the heartbeats, the claim and the entries after
-    /// `writes.after`. The entries and the totals must be written together: a start-up reads
-    /// the totals and the stream's newest entry as one, and takes every entry up to it as
+    /// One round: read the entries after `writes.after`, publish, write the daily totals, the
+    /// heartbeat and the router ID's claim in one transaction, then read the claim, the epoch
+    /// and the heartbeats. The entries and the totals must be written together: a start-up
+    /// reads the totals and the stream's newest entry as one, and takes every entry up to it as
     /// counted in the totals. They go as one script call ([`scripts::USAGE`], atomic in
     /// itself): a `NOSCRIPT` answer means neither was written, and they are sent again with the
     /// script's text; a store whose ACL refuses the script gets them as plain commands. The
     /// occupancy pools are not part of it ([`Store::pools`]): a store that refuses their
     /// script must not keep limits from being shared.
+    ///
+    /// The stream is read before this round's entries are added, in the same transaction: no
+    /// other router's entry can come between what was read and them, so the next round may
+    /// read after them ([`RoundReads::own_newest`]) and a router does not read its own usage
+    /// back (about 9 bytes a key it served, each round).
     pub async fn round(&mut self, writes: RoundWrites<'_>) -> RedisResult<RoundReads> {
         let scripted = !self.usage_script_refused;
-        let mut commands = if scripted {
-            vec![self.usage_script(&writes, false)]
-        } else {
-            self.usage_commands(&writes)
-        };
-        commands.extend(self.round_rest(&writes));
-        let replies = match self.transaction_replies(commands).await {
+        let (replies, usage) = match self.round_once(&writes, scripted).await {
+            // `EVALSHA` refused while queued: nothing ran. The round again, the long way.
             Err(error) if scripted && refused_permission(&error) => {
-                // `EVALSHA` refused while queued: nothing ran. The round again, the long way.
                 self.usage_script_refused = true;
-                let mut commands = self.usage_commands(&writes);
-                commands.extend(self.round_rest(&writes));
-                exec_replies(self.transaction_replies(commands).await?, 4, 0)
-                    .map_err(|what| self.unknown_state(what))?
+                self.round_once(&writes, false).await?
             }
-            Err(error) => return Err(error),
-            Ok(replies) if scripted => {
-                let usage = replies.first().cloned().unwrap_or(Value::Nil);
-                let reads = exec_replies(replies, 4, 1).map_err(|what| self.unknown_state(what))?;
-                match usage {
-                    // The script did not run (the store restarted, failed over, or its cache
-                    // was flushed): the entries and totals alone, with its text.
-                    reply if noscript(&reply) => {
-                        let script = self.usage_script(&writes, true);
-                        self.usage_alone(vec![script], &writes).await?;
-                    }
-                    // Refused inside the script, before its first write (`HMGET` comes first).
-                    Value::ServerError(error) if refused_permission(&error.clone().into()) => {
-                        self.usage_script_refused = true;
-                        let commands = self.usage_commands(&writes);
-                        self.transaction(commands, 0).await?;
-                    }
-                    Value::ServerError(error) => return Err(self.failed(error.into())),
-                    _ => {}
-                }
-                reads
-            }
-            Ok(replies) => exec_replies(replies, 4, 0).map_err(|what| self.unknown_state(what))?,
+            other => other?,
         };
-        let claim_holder: Option<String> = redis::from_redis_value_ref(&replies[0])?;
-        let epoch: String = redis::from_redis_value_ref(&replies[1])?;
-        let heartbeats: HashMap<String, String> = redis::from_redis_value_ref(&replies[2])?;
+        let own_newest = match usage {
+            Usage::Written(own_newest) => own_newest,
+            // The script did not run (the store restarted, failed over, or its cache was
+            // flushed): the entries and totals alone, with its text. Not in the transaction of
+            // the read: another router's entry may come first, so the next round reads after
+            // the read only.
+            Usage::NoScript => {
+                let script = self.usage_script(&writes, true);
+                self.usage_alone(vec![script], &writes).await?;
+                None
+            }
+            // Refused inside the script, before its first write (`HMGET` comes first).
+            Usage::Refused => {
+                self.usage_script_refused = true;
+                let commands = self.usage_commands(&writes);
+                self.transaction(commands, 0).await?;
+                None
+            }
+        };
+        // Read whole (fewer than asked): what follows the newest entry read is this round's own.
+        let read_whole = matches!(&replies[0], Value::Array(items) if items.len() < READ_MAX);
+        let own_newest = own_newest.filter(|_| read_whole);
+        let entries = entries(&replies[0]);
+        let claim_holder: Option<String> = redis::from_redis_value_ref(&replies[1])?;
+        let epoch: String = redis::from_redis_value_ref(&replies[2])?;
+        let heartbeats: HashMap<String, String> = redis::from_redis_value_ref(&replies[3])?;
         Ok(RoundReads {
             heartbeats,
-            entries: entries(&replies[3]),
+            entries,
+            own_newest,
             epoch,
             claim_holder,
         })
+    }
+
+    /// One try of the round's transaction (see [`Store::round`]): the replies of its four reads
+    /// (entries, claim, epoch, heartbeats) and how the usage writes went.
+    async fn round_once(
+        &mut self,
+        writes: &RoundWrites<'_>,
+        scripted: bool,
+    ) -> RedisResult<([Value; 4], Usage)> {
+        let mut commands = vec![self.range_after(writes.after)];
+        let usage = if scripted {
+            vec![self.usage_script(writes, false)]
+        } else {
+            self.usage_commands(writes)
+        };
+        let usage_count = usage.len();
+        commands.extend(usage);
+        commands.extend(self.round_rest(writes));
+        let count = commands.len();
+        let mut replies = self.transaction_replies(commands).await?;
+        if replies.len() != count {
+            return Err(self.unknown_state(format!(
+                "the transaction answered {} replies to {count} commands",
+                replies.len()
+            )));
+        }
+        let usage_replies: Vec<Value> = replies.drain(1..1 + usage_count).collect();
+        if let Some(error) = replies
+            .iter()
+            .find(|reply| matches!(reply, Value::ServerError(_)))
+        {
+            return Err(self.unknown_state(format!("the store refused a command: {error:?}")));
+        }
+        let usage = if scripted {
+            match usage_replies.into_iter().next() {
+                Some(reply) if noscript(&reply) => Usage::NoScript,
+                Some(Value::ServerError(error)) => {
+                    let error = redis::RedisError::from(error);
+                    if !refused_permission(&error) {
+                        return Err(self.failed(error));
+                    }
+                    Usage::Refused
+                }
+                Some(reply) => Usage::Written(stream_id(&reply)),
+                None => return Err(short_reply()),
+            }
+        } else {
+            if let Some(Value::ServerError(error)) = usage_replies
+                .iter()
+                .find(|reply| matches!(reply, Value::ServerError(_)))
+            {
+                return Err(self.unknown_state(format!("the store refused a command: {error:?}")));
+            }
+            // The `XADD`s come first, one per entry: the last one's ID.
+            let own_newest = writes
+                .entries
+                .len()
+                .checked_sub(1)
+                .and_then(|last| usage_replies.get(last))
+                .and_then(stream_id);
+            Usage::Written(own_newest)
+        };
+        // The read of the entries first; the claim, the epoch and the heartbeats last.
+        let heartbeats = replies.pop().ok_or_else(short_reply)?;
+        let epoch = replies.pop().ok_or_else(short_reply)?;
+        let claim = replies.pop().ok_or_else(short_reply)?;
+        let entries = replies.into_iter().next().ok_or_else(short_reply)?;
+        Ok(([entries, claim, epoch, heartbeats], usage))
     }
 
     /// The round's usage script sent again on its own, with its text, after a `NOSCRIPT`: a
@@ -693,10 +763,9 @@ impl Store {
         commands
     }
 
-    /// The rest of the round's transaction: the heartbeat, the epoch, the claim, then the four
-    /// reads (the claim's holder, the epoch, the heartbeats, the entries after `writes.after`).
+    /// The rest of the round's transaction: the heartbeat (and agent list), the epoch, the
+    /// claim, then three reads: the claim's holder, the epoch, the heartbeats.
     fn round_rest(&self, writes: &RoundWrites<'_>) -> Vec<redis::Cmd> {
-        let usage = self.key("usage");
         let routers = self.key("routers");
         let claim = self.key(&format!("owner:{}", self.router));
         let mut commands = Vec::with_capacity(11);
@@ -744,15 +813,19 @@ impl Store {
         let mut heartbeats = redis::cmd("HGETALL");
         heartbeats.arg(&routers);
         commands.push(heartbeats);
+        commands
+    }
+
+    /// The round's read of the entries after `after`, at most [`READ_MAX`].
+    fn range_after(&self, after: StreamId) -> redis::Cmd {
         let mut range = redis::cmd("XRANGE");
         range
-            .arg(&usage)
-            .arg(format!("({}", writes.after))
+            .arg(self.key("usage"))
+            .arg(format!("({after}"))
             .arg("+")
             .arg("COUNT")
             .arg(READ_MAX);
-        commands.push(range);
-        commands
+        range
     }
 
     /// The occupancy pools' step of a round, after [`Store::round`]: each pool's rewrite
@@ -975,21 +1048,34 @@ impl Store {
     }
 }
 
-/// The last `reads` replies of an `EXEC` reply, or why the transaction did not run whole. The
-/// first `judged` replies are the caller's to judge (an error among them is not this one's).
-fn exec_replies(
-    mut replies: Vec<Value>,
-    reads: usize,
-    judged: usize,
-) -> Result<Vec<Value>, String> {
+/// How the round's usage writes went in its transaction.
+enum Usage {
+    /// Written; the ID of the last entry added, when there was one.
+    Written(Option<StreamId>),
+    /// The store did not know the script: nothing was written.
+    NoScript,
+    /// The store's ACL refused a command inside the script, before its first write.
+    Refused,
+}
+
+/// A stream entry ID as `XADD` (or the usage script) answers it.
+fn stream_id(reply: &Value) -> Option<StreamId> {
+    match reply {
+        Value::BulkString(id) => StreamId::parse(std::str::from_utf8(id).ok()?),
+        Value::SimpleString(id) => StreamId::parse(id),
+        _ => None,
+    }
+}
+
+/// The last `reads` replies of an `EXEC` reply, or why the transaction did not run whole.
+fn exec_replies(mut replies: Vec<Value>, reads: usize) -> Result<Vec<Value>, String> {
     if let Some(error) = replies
         .iter()
-        .skip(judged)
         .find(|reply| matches!(reply, Value::ServerError(_)))
     {
         return Err(format!("the store refused a command: {error:?}"));
     }
-    if replies.len() < reads + judged {
+    if replies.len() < reads {
         return Err(format!(
             "the transaction answered {} replies",
             replies.len()

@@ -89,8 +89,8 @@ pub fn noscript_error(error: &redis::RedisError) -> bool {
 ///
 /// KEYS: the usage stream, then one daily hash per day. ARGV: the stream's `MINID`, the entry
 /// count `n`, the `n` entries, the router ID, the daily hashes' expiry (seconds), the model
-/// count `m`, the `m` models (`capability|name`), then one blob per daily hash. Returns the
-/// number of totals written.
+/// count `m`, the `m` models (`capability|name`), then one blob per daily hash. Returns the ID
+/// of the last entry added (nil when none was).
 const USAGE_CODE: &str = r#"
 local function varint(blob, at)
   local value, scale = 0, 1
@@ -137,10 +137,10 @@ for d = 2, #KEYS do
   end
   days[d] = {adds = adds, add_fields = add_fields, sets = sets, current = current}
 end
+local newest = false
 for i = 1, n do
-  redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 'u', ARGV[2 + i])
+  newest = redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 'u', ARGV[2 + i])
 end
-local written = 0
 for d = 2, #KEYS do
   local day = days[d]
   local pairs_out = {}
@@ -155,10 +155,9 @@ for d = 2, #KEYS do
   for first = 1, #pairs_out, 2000 do
     redis.call('HSET', KEYS[d], unpack(pairs_out, first, math.min(first + 1999, #pairs_out)))
   end
-  written = written + #pairs_out / 2
   redis.call('EXPIRE', KEYS[d], ttl)
 end
-return written
+return newest
 "#;
 
 /// The largest amount the script adds exactly: Lua's numbers are doubles. No day's tokens come
