@@ -5,9 +5,11 @@
 //! # One round
 //! 1. Take every shard's usage since the last round and its changed daily totals
 //!    ([`ControlShared::take_usage`]); they join the backlog of what is not published yet.
-//! 2. In one transaction: publish the backlog as stream entries (one per round, each with the
-//!    time it was admitted), write the changed daily totals and this router's heartbeat; then
-//!    read every heartbeat and the entries published since the last round.
+//! 2. In one transaction: read the entries published since the last round, publish the backlog
+//!    as stream entries (one per round, each with the time it was admitted) with the changed
+//!    daily totals (one script call, `store::scripts`), write this router's heartbeat (and its
+//!    agent list when it changed, [`AgentList`]); then read every heartbeat. The other routers'
+//!    agent lists are fetched only when a heartbeat names a version not held.
 //! 3. Hand the other routers' entries to the shards ([`ControlToShard::ApplyRemote`]), and this
 //!    router's share of every limit from the heartbeats ([`ControlToShard::Share`]).
 //!
@@ -29,10 +31,9 @@
 //! it, as is every new connection: a refusal then is logged as a permission error and counted in
 //! `hivenet_sync_errors_total{kind="permission"}`. The round's transaction (entries, daily totals,
 //! heartbeat, claim) is written whole or not at all; the occupancy pools' script runs after it,
-//! on its own, so a store that refuses the scripts (`EVALSHA`, `EVAL`) costs budgeted models their
-//! new credits and nothing
-//! else. A round that reads another process's claim on the router ID steps down
-//! (`hivenet_sync_router_id_conflict`).
+//! on its own, so a store that refuses the scripts (`EVALSHA`, `EVAL`) costs budgeted models
+//! their new credits and nothing else. A round that reads another process's claim on the router
+//! ID steps down (`hivenet_sync_router_id_conflict`).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -47,8 +47,10 @@ use crate::router::config::sync::StoreSettings;
 mod permissions;
 mod scripts;
 pub use permissions::{NEEDED, refused_permission};
-pub use scripts::{DailyRow, PackedTotals, Script, pack, reply_bytes};
-use scripts::{GRANT, RELEASE, REWRITE, USAGE, noscript, noscript_error};
+pub use scripts::DailyRow;
+use scripts::{
+    GRANT, RELEASE, REWRITE, Script, USAGE, noscript, noscript_error, pack, reply_bytes,
+};
 
 /// How long usage stays on the stream: a router away longer re-reads the daily totals instead
 /// of the entries it missed.
