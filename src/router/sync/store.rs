@@ -552,10 +552,16 @@ impl Store {
     /// read after them ([`RoundReads::own_newest`]) and a router does not read its own usage
     /// back (about 9 bytes a key it served, each round).
     pub async fn round(&mut self, writes: RoundWrites<'_>) -> RedisResult<RoundReads> {
-        let scripted = !self.usage_script_refused;
+        // A round with nothing to publish (an idle router) sends no usage writes at all.
+        let idle = writes.entries.is_empty() && writes.totals.is_empty();
+        let scripted = !self.usage_script_refused && !idle;
         let (replies, usage) = match self.round_once(&writes, scripted).await {
             // `EVALSHA` refused while queued: nothing ran. The round again, the long way.
-            Err(error) if scripted && refused_permission(&error) => {
+            Err(error)
+                if scripted
+                    && refused_permission(&error)
+                    && error.to_string().to_ascii_lowercase().contains("evalsha") =>
+            {
                 self.usage_script_refused = true;
                 self.round_once(&writes, false).await?
             }
