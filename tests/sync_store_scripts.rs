@@ -3,10 +3,13 @@
 //! empties it) fails no round and loses no grant, no entry and no daily token; the round's packed
 //! daily totals land in the same fields, with the same values, as a `HINCRBY` per total writes
 //! (the plain commands a store refusing scripts still gets); once a script is cached its text is
-//! not sent again; and a round reads none of its own entries back and misses none of another's.
+//! not sent again; a round reads none of its own entries back and misses none of another's; and
+//! through the binaries, a router with occupancy and daily budgets rides a flush after each
+//! request.
 
 mod common;
 
+use common::poll;
 use common::valkey::{Valkey, ValkeyOptions};
 use hivenet_router::base::ids::{Capability, TenantId};
 use hivenet_router::logic::snapshot::ModelKey;
@@ -408,4 +411,108 @@ async fn reads(
         })
         .await
         .expect("the round")
+}
+
+/// Through the binaries: a router with an occupancy budget and a daily budget rides a
+/// `SCRIPT FLUSH` after every request. No round fails, no credit call fails, every request is
+/// admitted (its wallet refilled after each flush), and every token reaches the daily total.
+#[test]
+fn a_router_rides_a_script_flush_between_rounds() {
+    const KEY: &str = "sk-scripts-flush";
+    let valkey = Valkey::primary();
+    // Settled: no first-deployment settle window before the first grant.
+    valkey.command(&["SET", "hivenet:{default}:epoch", "1-an-earlier-router"]);
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("hivenet-it")
+        .join(format!("scripts-flush-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("policies")).unwrap();
+    std::fs::write(
+        dir.join("policies/sim-model.yaml"),
+        "models:\n  - sim-model\nrouting_policy:\n  strategy: least-loaded\nmax_inflight: 4\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("auth.yaml"),
+        format!(
+            "api:\n  mode: api-key\n  keys:\n    - key_hash: \"{}\"\n      key_preview: \"sk-...lush\"\n      metadata: {{name: flush, owner: flush}}\n      quota: {{tokens_per_day: 1000000}}\n",
+            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(KEY.as_bytes()))
+        ),
+    )
+    .unwrap();
+    let store = valkey.addr();
+    let policies = dir.join("policies").display().to_string();
+    let auth = dir.join("auth.yaml").display().to_string();
+    let site = common::Site::start(
+        "scripts-flush",
+        common::Options::new()
+            .router_args(&[
+                "--shards",
+                "1",
+                "--sync-store",
+                "valkey",
+                "--sync-valkey-addrs",
+                &store,
+                "--router-id",
+                "router-0",
+                "--sync-interval",
+                "200ms",
+                "--policy-model-dir",
+                &policies,
+                "--auth-config-file",
+                &auth,
+            ])
+            .api_key(KEY)
+            .sim(&["--models", "sim-model", "--output-tokens", "2"])
+            .agent(0, &["--capacity", "8"]),
+    );
+    site.wait_metric("hivenet_sync_up", |up| up == 1.0);
+    let body = common::chat("sim-model", false).to_string();
+    let raw = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let rounds = || site.router_metric("hivenet_sync_tick_seconds_count");
+    let mut used = 0;
+    for _ in 0..5 {
+        let response = common::request(site.http, raw.as_bytes());
+        assert_eq!(response.status, 200, "{}\n{}", response.text(), site.logs());
+        used += response.json()["usage"]["total_tokens"].as_u64().unwrap();
+        valkey.command(&["SCRIPT", "FLUSH"]);
+        let from = rounds();
+        site.wait_metric("hivenet_sync_tick_seconds_count", move |v| v >= from + 2.0);
+        assert_eq!(site.router_metric("hivenet_sync_up"), 1.0);
+    }
+    let stored = || -> u64 {
+        let day = valkey.command(&["KEYS", "hivenet:{default}:daily:*"]);
+        day.lines()
+            .filter(|key| !key.is_empty() && *key != "(nil)")
+            .flat_map(|key| {
+                valkey
+                    .command(&["HVALS", key])
+                    .lines()
+                    .filter_map(|value| value.parse::<u64>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .sum()
+    };
+    poll(common::WAIT, || (stored() == used).then_some(())).unwrap_or_else(|| {
+        panic!(
+            "{used} tokens used, {} in the store\n{}",
+            stored(),
+            site.logs()
+        )
+    });
+    let metrics = site.router_metrics();
+    for (name, labels) in [
+        ("hivenet_sync_errors_total", &[("kind", "unreachable")][..]),
+        ("hivenet_sync_errors_total", &[("kind", "permission")][..]),
+        ("hivenet_occupancy_credit_errors_total", &[][..]),
+    ] {
+        assert_eq!(
+            common::metric_sum(&metrics, name, labels),
+            0.0,
+            "{name} {labels:?}\n{}",
+            site.logs()
+        );
+    }
 }
