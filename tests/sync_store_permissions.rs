@@ -2,7 +2,8 @@
 //! permissions are checked where they matter (issue 37, finding 3): a router refuses to start
 //! against a store that refuses a command the sync needs (`EVAL`; `WAIT` under Sentinel),
 //! naming it; and a refusal at run time
-//! (`EVAL` taken from the user while the site runs, with budgeted models holding credits) is a
+//! (`EVAL` and `EVALSHA` taken from the user while the site runs, with budgeted models holding
+//! credits) is a
 //! permission error that costs only its own part: the round still reaches the store,
 //! `hivenet_sync_up` stays 1 and the heartbeats keep moving, where the whole round used to fail
 //! and every router fell back to its share for good.
@@ -200,7 +201,8 @@ fn eval_refused_at_run_time_costs_the_credits_not_the_round() {
         );
     }
 
-    valkey.command(&["ACL", "SETUSER", "default", "-eval"]);
+    // The scripts refused, by text and by SHA1 (the pools' rewrite runs by its SHA1 once cached).
+    valkey.command(&["ACL", "SETUSER", "default", "-eval", "-evalsha"]);
     // Budgeted requests while the store refuses EVAL: what each wallet holds may serve them;
     // new grants are refused.
     for router in &routers {
@@ -278,9 +280,9 @@ fn eval_refused_at_run_time_costs_the_credits_not_the_round() {
     }
 }
 
-/// Daily totals do not depend on `EVAL` (each is a `HINCRBY` in the round's transaction; one
-/// `EVAL` of them all was tried and cost the store more): a store that stops allowing `EVAL` at
-/// run time still gets every token, and the site stays up.
+/// Daily totals do not depend on the scripts: they go packed in the round's usage script
+/// (`store::scripts`), and a store that stops allowing `EVAL` and `EVALSHA` at run time gets
+/// them as one `HINCRBY` per total instead: every token reaches it, and the site stays up.
 #[test]
 fn daily_totals_reach_the_store_when_eval_is_refused_at_run_time() {
     const KEY: &str = "sk-acl-daily";
@@ -320,7 +322,7 @@ fn daily_totals_reach_the_store_when_eval_is_refused_at_run_time() {
             .agent(0, &["--capacity", "8"]),
     );
     site.wait_metric("hivenet_sync_up", |v| v == 1.0);
-    valkey.command(&["ACL", "SETUSER", "default", "-eval"]);
+    valkey.command(&["ACL", "SETUSER", "default", "-eval", "-evalsha"]);
     let body = chat("sim-model", false).to_string();
     let raw = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",

@@ -5,9 +5,11 @@
 //! # One round
 //! 1. Take every shard's usage since the last round and its changed daily totals
 //!    ([`ControlShared::take_usage`]); they join the backlog of what is not published yet.
-//! 2. In one transaction: publish the backlog as stream entries (one per round, each with the
-//!    time it was admitted), write the changed daily totals and this router's heartbeat; then
-//!    read every heartbeat and the entries published since the last round.
+//! 2. In one transaction: read the entries published since the last round, publish the backlog
+//!    as stream entries (one per round, each with the time it was admitted) with the changed
+//!    daily totals (one script call, `store::scripts`), write this router's heartbeat (and its
+//!    agent list when it changed, [`AgentList`]); then read every heartbeat. The other routers'
+//!    agent lists are fetched only when a heartbeat names a version not held.
 //! 3. Hand the other routers' entries to the shards ([`ControlToShard::ApplyRemote`]), and this
 //!    router's share of every limit from the heartbeats ([`ControlToShard::Share`]).
 //!
@@ -29,9 +31,9 @@
 //! it, as is every new connection: a refusal then is logged as a permission error and counted in
 //! `hivenet_sync_errors_total{kind="permission"}`. The round's transaction (entries, daily totals,
 //! heartbeat, claim) is written whole or not at all; the occupancy pools' script runs after it,
-//! on its own, so a store that refuses `EVAL` costs budgeted models their new credits and nothing
-//! else. A round that reads another process's claim on the router ID steps down
-//! (`hivenet_sync_router_id_conflict`).
+//! on its own, so a store that refuses the scripts (`EVALSHA`, `EVAL`) costs budgeted models
+//! their new credits and nothing else. A round that reads another process's claim on the router
+//! ID steps down (`hivenet_sync_router_id_conflict`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -53,14 +55,20 @@ use super::entry::{Entry, ModelName};
 use super::pool_store::Grant;
 use super::pools::{self, SiteCredits};
 use super::round::{self, Backlog, Batch, DailyLedger};
-use super::site::{self, AfterFailure, Health, Heartbeat, Peers, Sightings};
-use super::store::{ClaimWrite, PoolRead, RoundWrites, Store, StreamId, refused_permission};
+use super::site::{self, AfterFailure, AgentList, Health, Heartbeat, Peers, Sightings};
+use super::store::{
+    ClaimWrite, DailyRow, PoolRead, RoundWrites, Store, StreamId, refused_permission,
+};
 use crate::router::config::sync::SyncSettings;
 use crate::router::shard::owner::wallets::{CreditNews, Refill};
 use crate::router::shard::redirect_claims::Claim;
 
 mod store_checks;
 
+/// Rounds after which a router writes its unchanged agent list again: a list lost without a new
+/// connection or a new epoch (deleted by hand) is back within this many rounds, at 1/60 of what
+/// writing it every round cost.
+const AGENTS_REWRITE_ROUNDS: u64 = 60;
 /// How much usage a starting router replays: the rate buckets' window.
 const REPLAY_MS: u64 = 60_000;
 /// The longest shutdown waits for the last round.
@@ -100,16 +108,16 @@ impl Refused {
                 "the round's transaction: each router enforces its share of every limit alone"
             }
             Refused::Pools => {
-                "the occupancy pools' rewrite (EVAL): budgeted models keep the credits they hold; limits are still shared"
+                "the occupancy pools' rewrite (EVALSHA, EVAL): budgeted models keep the credits they hold; limits are still shared"
             }
             Refused::Grant => {
-                "an occupancy grant (EVAL): budgeted models get no new credits; limits are still shared"
+                "an occupancy grant (EVALSHA, EVAL): budgeted models get no new credits; limits are still shared"
             }
             Refused::Acknowledge => {
                 "WAIT under Sentinel: grants count as unacknowledged, and this router keeps to its share of each budget"
             }
             Refused::Release => {
-                "taking occupancy credits back (EVAL): a stopped router's credits stay in the pools"
+                "taking occupancy credits back (EVALSHA, EVAL): a stopped router's credits stay in the pools"
             }
             Refused::Forget => "removing heartbeats of routers gone for an hour (HDEL)",
         }
@@ -179,6 +187,16 @@ struct Round {
     connects_checked: u64,
     /// Parts the store refused, logged once each until a check finds everything allowed.
     refusals_logged: std::collections::HashSet<Refused>,
+    /// The other routers' agent lists as last fetched, by router ID (at most one per record
+    /// read: pruned each round to the records in the store).
+    agent_lists: HashMap<String, AgentList>,
+    /// This router's agent list as last written: its version, the connection (`Store::connects`)
+    /// and the store's epoch then, and the round. A new connection (a failover, a restart) or a
+    /// new epoch (the store lost its data) writes it again, since the store may have lost it;
+    /// so does every [`AGENTS_REWRITE_ROUNDS`]th round.
+    agents_written: Option<AgentsWritten>,
+    /// Rounds tried so far.
+    rounds: u64,
 }
 
 impl SyncCore {
@@ -246,6 +264,9 @@ impl SyncCore {
             stepped_down: None,
             connects_checked: 0,
             refusals_logged: std::collections::HashSet::new(),
+            agent_lists: HashMap::new(),
+            agents_written: None,
+            rounds: 0,
             store_up,
             credits,
             unknown_routers: false,
@@ -352,9 +373,7 @@ impl Round {
         self.metrics
             .tick_seconds
             .observe(started.elapsed().as_secs_f64());
-        self.metrics
-            .store_written_bytes_total
-            .store(self.store.written_bytes(), Ordering::Relaxed);
+        self.count_store_bytes();
         let outcome_ok = outcome.is_ok();
         self.last_round_reached = outcome_ok && self.pools_written;
         match outcome {
@@ -464,7 +483,7 @@ impl Round {
                 .map(|entry| entry.encode())
                 .collect()
         };
-        let totals: Vec<(u32, String, u64)> = {
+        let (totals, models): (Vec<(u32, String, u64)>, Vec<_>) = {
             let registry = self.shared.registry();
             self.backlog
                 .totals()
@@ -475,21 +494,47 @@ impl Round {
                     };
                     let field =
                         round::daily_field(&self.settings.router_id, total.tenant, model.as_ref());
-                    Some((total.day.0, field, total.tokens))
+                    Some(((total.day.0, field, total.tokens), (total.tenant, model)))
                 })
-                .collect()
+                .unzip()
         };
         let (sessions, agents) = self.shared.served_sessions();
-        let heartbeat = self.heartbeat(now_ms, leaving, agents);
+        let agent_list = AgentList::new(agents);
+        let heartbeat = self.heartbeat(now_ms, leaving, agent_list.version);
         let heartbeat_json = serde_json::to_string(&heartbeat).expect("a heartbeat serializes");
+        self.rounds += 1;
+        let agents_as = AgentsWritten {
+            version: agent_list.version,
+            connects: self.store.connects(),
+            epoch: self.epoch.clone().unwrap_or_default(),
+            round: self.rounds,
+        };
+        let agents_json = self
+            .agents_written
+            .as_ref()
+            .is_none_or(|written| !written.still_stands(&agents_as))
+            .then(|| serde_json::to_string(&agent_list).expect("an agent list serializes"));
         let bytes: usize = entries.iter().map(Vec::len).sum();
-        let daily_writes = self.ledger.writes(&totals);
+        let daily_writes: Vec<DailyRow> = totals
+            .iter()
+            .zip(models)
+            .filter_map(|((day, field, total), (tenant, model))| {
+                Some(DailyRow {
+                    day: *day,
+                    tenant,
+                    model,
+                    field: field.clone(),
+                    write: self.ledger.write_of(*day, field, *total)?,
+                })
+            })
+            .collect();
         let reads = self
             .store
             .round(RoundWrites {
                 entries: &entries,
                 totals: &daily_writes,
                 heartbeat: &heartbeat_json,
+                agents: agents_json.as_deref(),
                 after: cursor,
                 now_ms,
                 claim: ClaimWrite {
@@ -501,6 +546,12 @@ impl Round {
             .await?;
         self.backlog.clear();
         self.ledger.wrote(&totals);
+        if agents_json.is_some() {
+            self.agents_written = Some(AgentsWritten {
+                epoch: reads.epoch.clone(),
+                ..agents_as
+            });
+        }
         self.metrics
             .published_bytes_total
             .fetch_add(bytes as u64, Ordering::Relaxed);
@@ -565,11 +616,13 @@ impl Round {
             self.resync_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
         }
         self.epoch = Some(reads.epoch.clone());
-        // XRANGE answers in stream order: the last entry is the newest.
+        // XRANGE answers in stream order: the last entry is the newest. This round's own entries
+        // follow it with nothing between, when they were added in the read's transaction.
         let newest = reads
             .entries
             .last()
             .map_or(cursor, |(id, _)| cursor.max(*id));
+        let newest = reads.own_newest.map_or(newest, |own| newest.max(own));
         if let Some(lag_ms) = self.apply_entries(&reads.entries, now_ms, false).await {
             self.metrics.lag_ms.store(lag_ms as i64, Ordering::Relaxed);
         }
@@ -590,7 +643,8 @@ impl Round {
                 "ignoring router records in the sync store this router cannot read (a newer version, or a writer that is not a router of this site)"
             );
         }
-        let records = roster.records;
+        let mut records = roster.records;
+        self.resolve_agent_lists(&mut records).await;
         let reports = self.shared.agent_reports();
         let peers = site::peers(&self.settings.router_id, &heartbeat, &records, &reports);
         self.metrics
@@ -844,15 +898,75 @@ impl Round {
         }
     }
 
-    fn heartbeat(&self, now_ms: u64, leaving: bool, agents: Vec<String>) -> Heartbeat {
+    /// `hivenet_sync_store_written_bytes_total` and `hivenet_sync_store_read_bytes_total`: the
+    /// round's store, which also makes the credit calls between rounds.
+    fn count_store_bytes(&self) {
+        self.metrics
+            .store_written_bytes_total
+            .store(self.store.written_bytes(), Ordering::Relaxed);
+        self.metrics
+            .store_read_bytes_total
+            .store(self.store.read_bytes(), Ordering::Relaxed);
+    }
+
+    /// This router's heartbeat; its agents are listed apart, under `agents_version`.
+    fn heartbeat(&self, now_ms: u64, leaving: bool, agents_version: u64) -> Heartbeat {
         Heartbeat {
             run: self.run,
             at_unix_ms: now_ms,
             interval_ms: self.settings.interval.as_millis() as u64,
             peer_id: self.peer_id.clone(),
             grpc_addr: self.settings.advertise_grpc_addr.clone(),
-            agents,
+            agents: vec![site::AGENTS_LISTED_APART.to_owned()],
+            agents_version: Some(agents_version),
+            agents_unknown: false,
             left: leaving,
+        }
+    }
+
+    /// Gives each of the other routers' records its agents: from the list held when its
+    /// heartbeat names that version, else fetched (one `HMGET` for every list that changed,
+    /// rarely more than one a round). A list that cannot be read leaves the router's agents
+    /// unknown (`Heartbeat::resolve_agents`): it is never given up on its agents' word meanwhile.
+    async fn resolve_agent_lists(&mut self, records: &mut [site::Record]) {
+        self.agent_lists
+            .retain(|id, _| records.iter().any(|record| record.id == *id));
+        let own = &self.settings.router_id;
+        let missing: Vec<String> = records
+            .iter()
+            .filter(|record| record.id != *own)
+            .filter(|record| {
+                record.heartbeat.agents_version.is_some_and(|version| {
+                    self.agent_lists
+                        .get(&record.id)
+                        .is_none_or(|list| list.version != version)
+                })
+            })
+            .map(|record| record.id.clone())
+            .collect();
+        if !missing.is_empty() {
+            match self.store.agent_lists(&missing).await {
+                Ok(texts) => {
+                    for (id, text) in missing.into_iter().zip(texts) {
+                        match text.as_deref().and_then(AgentList::parse) {
+                            Some(list) => {
+                                self.agent_lists.insert(id, list);
+                            }
+                            None => {
+                                self.agent_lists.remove(&id);
+                            }
+                        }
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "the other routers' agent lists could not be read");
+                }
+            }
+        }
+        for record in records.iter_mut() {
+            record
+                .heartbeat
+                .resolve_agents(self.agent_lists.get(&record.id));
         }
     }
 
@@ -979,6 +1093,25 @@ impl Round {
         self.own_restored = true;
         self.resync = false;
         Ok(())
+    }
+}
+
+/// When this router's agent list was written (see [`Round::agents_written`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AgentsWritten {
+    version: u64,
+    connects: u64,
+    epoch: String,
+    round: u64,
+}
+
+impl AgentsWritten {
+    /// The list written then needs no write now (`now`: this round's list, connection, epoch).
+    fn still_stands(&self, now: &AgentsWritten) -> bool {
+        self.version == now.version
+            && self.connects == now.connects
+            && self.epoch == now.epoch
+            && now.round.saturating_sub(self.round) < AGENTS_REWRITE_ROUNDS
     }
 }
 

@@ -77,6 +77,8 @@ pub struct SyncMetrics {
     /// Bytes of every command the sync core sent the store: rounds, pools, credit grants and
     /// releases, checks (not the redirect claims' connection).
     pub store_written_bytes_total: AtomicU64,
+    /// Bytes of every reply the store sent the sync core for those commands.
+    pub store_read_bytes_total: AtomicU64,
     pub tick_seconds: Histogram,
     /// Occupancy credits: the duration of each refill (`hivenet_occupancy_credit_seconds`,
     /// `op="refill"`).
@@ -203,6 +205,11 @@ impl Collect for SyncMetrics {
                 "hivenet_sync_store_written_bytes_total",
                 "Bytes of every command the sync core sent the store: rounds with their entries, daily totals and heartbeat, pools, credit grants and releases, permission checks.",
                 &self.store_written_bytes_total,
+            ),
+            (
+                "hivenet_sync_store_read_bytes_total",
+                "Bytes of every reply the sync store sent the sync core: the round's reads (heartbeats, other routers' entries, pools), credit grants and releases, permission checks.",
+                &self.store_read_bytes_total,
             ),
             (
                 "hivenet_sync_published_bytes_total",

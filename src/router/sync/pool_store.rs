@@ -4,11 +4,13 @@
 //! no router holds, a newer run replaces an older run's holding, a router that has not seen the
 //! store's epoch is refused). With replicas, `WAIT` tells whether one acknowledged the grant.
 //!
-//! Each round rewrites what the router holds with [`REWRITE`] (in the round's transaction, with
-//! a read of the pool), and a clean shutdown removes the router's holdings ([`RELEASE`]).
+//! Each round rewrites what the router holds with [`REWRITE`] (after the round's transaction,
+//! with a read of the pool), and a clean shutdown removes the router's holdings ([`RELEASE`]).
 //!
-//! Owns: the scripts and the records they return ([`StoredHolding`], [`Grant`]). The calls that
-//! run them are `sync::store::Store`'s (`grant`, `release_holdings`, `wait_replicas`, `round`).
+//! Owns: the scripts' text and the records they return ([`StoredHolding`], [`Grant`]). The calls
+//! that run them are `sync::store::Store`'s (`grant`, `release_holdings`, `wait_replicas`,
+//! `pools`), by each script's SHA1 (`EVALSHA`, with the text again after `NOSCRIPT`:
+//! `sync::store::scripts`).
 
 /// The grant, atomically in the store. KEYS: the pool hash, the epoch key, the set of pools
 /// (every pool a router may hold in, for [`RELEASE`]). ARGV: router ID, run,

@@ -324,15 +324,20 @@ impl DailyLedger {
         totals
             .iter()
             .filter_map(|(day, field, total)| {
-                let key = (*day, field.clone());
-                if self.whole.contains(&key) {
-                    return Some((*day, field.clone(), DailyWrite::Set(*total)));
-                }
-                let written = self.written.get(&key).copied().unwrap_or(0);
-                let added = total.checked_sub(written).filter(|added| *added > 0)?;
-                Some((*day, field.clone(), DailyWrite::Add(added)))
+                Some((*day, field.clone(), self.write_of(*day, field, *total)?))
             })
             .collect()
+    }
+
+    /// How the shards' whole `total` of `field` is written; `None`: nothing to write.
+    pub fn write_of(&self, day: u32, field: &str, total: u64) -> Option<DailyWrite> {
+        let key = (day, field.to_owned());
+        if self.whole.contains(&key) {
+            return Some(DailyWrite::Set(total));
+        }
+        let written = self.written.get(&key).copied().unwrap_or(0);
+        let added = total.checked_sub(written).filter(|added| *added > 0)?;
+        Some(DailyWrite::Add(added))
     }
 
     /// `totals` reached the store (the round's transaction ran).

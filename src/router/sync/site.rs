@@ -56,8 +56,14 @@ pub const ROUTERS_MAX: usize = 256;
 /// seen it unchanged; its writer's time counts only when it says the record is older than this (a
 /// record left by a router gone before this one started).
 pub const CLOCKS_DIFFER_BY_AT_MOST_MS: u64 = 30_000;
-/// The largest heartbeat record read, in bytes (a record lists the agents its router serves).
+/// The largest heartbeat record or agent list read, in bytes (a list names the agents its router
+/// serves).
 pub const RECORD_BYTES_MAX: usize = 64 * 1024;
+/// What a heartbeat whose agents are listed apart ([`AgentList`]) puts in its inline list, for
+/// routers of the version before, which read only that: an agent no one reports, so they never
+/// give this router up on its agents' word (they keep its share and credits, the safe side),
+/// where an empty list would let them give it up three missed heartbeats after it went silent.
+pub const AGENTS_LISTED_APART: &str = "agents-listed-apart";
 /// The longest peer ID or advertised address a record may carry, in bytes.
 const FIELD_BYTES_MAX: usize = 256;
 
@@ -73,9 +79,20 @@ pub struct Heartbeat {
     /// `--advertise-grpc-addr`, for agents' discovery.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grpc_addr: Option<String>,
-    /// Peer IDs of the agents with a session to this router.
+    /// Peer IDs of the agents with a session to this router: inline in the heartbeats of routers
+    /// before issue 33's change; otherwise filled in by the reader from the [`AgentList`] that
+    /// `agents_version` names (stored as [`AGENTS_LISTED_APART`]).
     #[serde(default)]
     pub agents: Vec<String>,
+    /// The version of this router's [`AgentList`], written apart and only when it changes, so a
+    /// heartbeat does not grow with the agents every round and every router reads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agents_version: Option<u64>,
+    /// Not stored: the list `agents_version` names could not be read (lost with the store's
+    /// data, or not written yet), so who this router served is unknown: it is never given up on
+    /// its agents' word until the list is read.
+    #[serde(skip)]
+    pub agents_unknown: bool,
     /// Shut down cleanly: no longer counted.
     #[serde(default)]
     pub left: bool,
@@ -125,6 +142,64 @@ impl Heartbeat {
             && heartbeat.grpc_addr.as_deref().is_none_or(field_ok)
             && heartbeat.agents.iter().all(|agent| field_ok(agent));
         ok.then_some(heartbeat)
+    }
+
+    /// Takes the agents from `list` when it is the version this heartbeat names; otherwise (no
+    /// list, another version, unreadable) they are unknown. A heartbeat naming no version keeps
+    /// its inline list.
+    pub fn resolve_agents(&mut self, list: Option<&AgentList>) {
+        let Some(version) = self.agents_version else {
+            return;
+        };
+        match list {
+            Some(list) if list.version == version => {
+                self.agents = list.agents.clone();
+                self.agents_unknown = false;
+            }
+            _ => {
+                self.agents.clear();
+                self.agents_unknown = true;
+            }
+        }
+    }
+}
+
+/// The agents one router serves, written to `hivenet:{site}:agents` under its router ID when they
+/// change (seed "A router that stops": each router publishes, with its heartbeat, the agents it
+/// serves); its heartbeat names the version each round.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentList {
+    pub version: u64,
+    pub agents: Vec<String>,
+}
+
+impl AgentList {
+    /// The list of `agents` (sorted and deduplicated here), versioned by its content: the same
+    /// agents give the same version, in any run and on any router.
+    pub fn new(mut agents: Vec<String>) -> AgentList {
+        use sha2::Digest;
+        agents.sort_unstable();
+        agents.dedup();
+        let mut digest = sha2::Sha256::new();
+        for agent in &agents {
+            digest.update(agent.as_bytes());
+            digest.update([0]);
+        }
+        let digest = digest.finalize();
+        let version = u64::from_le_bytes(digest[..8].try_into().expect("eight bytes"));
+        AgentList { version, agents }
+    }
+
+    /// Parses a stored list; `None` when it is not one this router can trust the shape of.
+    pub fn parse(text: &str) -> Option<AgentList> {
+        if text.len() > RECORD_BYTES_MAX {
+            return None;
+        }
+        let list: AgentList = serde_json::from_str(text).ok()?;
+        list.agents
+            .iter()
+            .all(|agent| !agent.is_empty() && agent.len() <= FIELD_BYTES_MAX)
+            .then_some(list)
     }
 }
 
@@ -293,7 +368,8 @@ pub fn peers(
 /// here reports one (see [`given_up`]); its missed heartbeats are the caller's to check.
 fn abandoned(record: &Record, reports: &HashMap<String, Box<[String]>>) -> bool {
     let peer_id = &record.heartbeat.peer_id;
-    !reports.values().any(|routers| routers.contains(peer_id))
+    !record.heartbeat.agents_unknown
+        && !reports.values().any(|routers| routers.contains(peer_id))
         && crate::logic::credits::may_reclaim(record.missed(), &record.heartbeat.agents, |agent| {
             match reports.get(agent) {
                 None => AgentSays::Unheard,
@@ -418,6 +494,8 @@ mod tests {
             peer_id: peer.into(),
             grpc_addr: Some(format!("{peer}.router-headless:50051")),
             agents: Vec::new(),
+            agents_version: None,
+            agents_unknown: false,
             left: false,
         }
     }
@@ -648,6 +726,56 @@ mod tests {
         let records = [record("r-a-old", heartbeat("peer-a", 30 * SECOND))];
         let peers = super::peers("r-a", &own, &records, &no_reports());
         assert_eq!((peers.live, peers.silent), (0, 0));
+    }
+
+    #[test]
+    fn an_agent_list_is_versioned_by_its_agents_alone() {
+        let list = AgentList::new(vec!["b".into(), "a".into(), "a".into()]);
+        assert_eq!(list.agents, vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(list, AgentList::new(vec!["a".into(), "b".into()]));
+        assert_ne!(list.version, AgentList::new(vec!["a".into()]).version);
+        // "ab" is not "a" then "b".
+        assert_ne!(
+            AgentList::new(vec!["ab".into()]).version,
+            AgentList::new(vec!["a".into(), "b".into()]).version
+        );
+        let text = serde_json::to_string(&list).unwrap();
+        assert_eq!(AgentList::parse(&text), Some(list));
+        assert_eq!(AgentList::parse(r#"{"version":1,"agents":[""]}"#), None);
+    }
+
+    #[test]
+    fn a_router_whose_agent_list_is_unknown_is_never_given_up_on_its_agents_word() {
+        let own = heartbeat("peer-a", 0);
+        let list = AgentList::new(vec!["agent-1".into()]);
+        let mut crashed = heartbeat("peer-b", 10 * SECOND);
+        crashed.agents = vec![AGENTS_LISTED_APART.into()];
+        crashed.agents_version = Some(list.version);
+        let mut reports: HashMap<String, Box<[String]>> = HashMap::new();
+        reports.insert("agent-1".into(), Box::new(["peer-a".to_string()]));
+        // A router of the version before reads only the inline list: an agent no one reports.
+        let as_read_before = {
+            let mut heartbeat = crashed.clone();
+            heartbeat.agents_version = None;
+            [record("r-b", heartbeat)]
+        };
+        assert!(given_up("r-a", &as_read_before, &reports).is_empty());
+        assert_eq!(peers("r-a", &own, &as_read_before, &reports).silent, 1);
+        // The list lost, or of another version: unknown.
+        for list_read in [None, Some(&AgentList::new(vec!["agent-2".into()]))] {
+            let mut unknown = crashed.clone();
+            unknown.resolve_agents(list_read);
+            assert!(unknown.agents_unknown && unknown.agents.is_empty());
+            let records = [record("r-b", unknown)];
+            assert!(given_up("r-a", &records, &reports).is_empty());
+            assert_eq!(peers("r-a", &own, &records, &reports).silent, 1);
+        }
+        // Read: its one agent reports no session with it.
+        crashed.resolve_agents(Some(&list));
+        assert_eq!(crashed.agents, vec!["agent-1".to_string()]);
+        let records = [record("r-b", crashed)];
+        assert_eq!(given_up("r-a", &records, &reports), vec![("r-b".into(), 1)]);
+        assert_eq!(peers("r-a", &own, &records, &reports).silent, 0);
     }
 
     #[test]

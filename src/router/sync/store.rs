@@ -6,10 +6,14 @@
 //! - `hivenet:{site}:usage`: the usage stream, one entry per router and round (field `u`, the
 //!   binary entry of `sync::entry`), trimmed to the last ten minutes by the writers.
 //! - `hivenet:{site}:routers`: hash, router ID -> heartbeat (JSON, `sync::site::Heartbeat`).
+//! - `hivenet:{site}:agents`: hash, router ID -> the agents it serves (JSON,
+//!   `sync::site::AgentList`), written when they change; the heartbeat names its version, and a
+//!   reader fetches a list only when the version it holds is not the one named.
 //! - `hivenet:{site}:daily:{day}`: hash, `router|tenant|capability|model` -> that router's
-//!   running total of the day (`sync::round::daily_field`), written as increments (`HINCRBY`) so
-//!   two writers of one field never lose each other's tokens (`sync::round::DailyLedger`);
-//!   expires two days after its last write.
+//!   running total of the day (`sync::round::daily_field`), written as increments so two
+//!   writers of one field never lose each other's tokens (`sync::round::DailyLedger`): packed in
+//!   the round's usage script (`store::scripts`), or one `HINCRBY` each when the store refuses
+//!   scripts; expires two days after its last write.
 //! - `hivenet:{site}:owner:{router}`: which process runs under this router ID
 //!   (`sync::claim`), set `NX` with an expiry and renewed by each round.
 //! - `hivenet:{site}:probe:{router}:…`: keys the permission check touches (`Store::refused`);
@@ -36,12 +40,17 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisResult, Value};
 
-use super::pool_store::{GRANT, Grant, RELEASE};
+use super::pool_store::Grant;
 use super::round::DailyWrite;
 use crate::router::config::sync::StoreSettings;
 
 mod permissions;
+mod scripts;
 pub use permissions::{NEEDED, refused_permission};
+pub use scripts::DailyRow;
+use scripts::{
+    GRANT, RELEASE, REWRITE, Script, USAGE, noscript, noscript_error, pack, reply_bytes,
+};
 
 /// How long usage stays on the stream: a router away longer re-reads the daily totals instead
 /// of the entries it missed.
@@ -79,9 +88,12 @@ impl std::fmt::Display for StreamId {
 pub struct RoundWrites<'a> {
     /// Encoded entries, oldest first.
     pub entries: &'a [Vec<u8>],
-    /// (day, field, write): an increment, or a whole total after the store lost its data.
-    pub totals: &'a [(u32, String, DailyWrite)],
+    /// The daily totals: each an increment, or a whole total after the store lost its data.
+    pub totals: &'a [DailyRow],
     pub heartbeat: &'a str,
+    /// This router's agent list (`sync::site::AgentList`), when it changed since it was last
+    /// written (or the store may have lost it).
+    pub agents: Option<&'a str>,
     /// Read the entries after this ID.
     pub after: StreamId,
     /// Now (unix ms): an epoch this router sets begins now.
@@ -126,6 +138,10 @@ pub struct PoolRead {
 pub struct RoundReads {
     pub heartbeats: HashMap<String, String>,
     pub entries: Vec<(StreamId, Vec<u8>)>,
+    /// The ID of this round's last entry, when the stream was read whole up to it in the same
+    /// transaction: no other entry lies between `entries` and it, so the next round reads after
+    /// it. `None`: nothing published, or not atomically with the read.
+    pub own_newest: Option<StreamId>,
     /// The store's epoch (see the module doc).
     pub epoch: String,
     /// Who holds this router ID after the round's claim (`None` once released).
@@ -133,7 +149,7 @@ pub struct RoundReads {
 }
 
 /// What the pools' step of a round read ([`Store::pools`]): one per pool, in order. A rewrite the
-/// store refused (its ACL refuses `EVAL`) reads as no rewrite; `refused` holds the first refusal.
+/// store refused (its ACL refuses the scripts) reads as no rewrite; `refused` holds the first refusal.
 pub struct PoolsRead {
     pub pools: Vec<PoolRead>,
     pub refused: Option<redis::RedisError>,
@@ -159,6 +175,12 @@ pub struct Store {
     /// Bytes of every command this connection sent, as the store reads them (RESP), including
     /// what was sent when the answer did not come (`hivenet_sync_store_written_bytes_total`).
     written_bytes: u64,
+    /// Bytes of every reply that came back whole (`hivenet_sync_store_read_bytes_total`).
+    read_bytes: u64,
+    /// The store's ACL refused the round's usage script: the round writes its entries and daily
+    /// totals with plain commands (`XADD`, `HINCRBY`) until a permission check
+    /// ([`Store::refused`], on each new connection) finds the scripts allowed again.
+    usage_script_refused: bool,
     /// Where a pipeline is encoded to be measured; as large as the largest pipeline.
     measure: Vec<u8>,
 }
@@ -185,6 +207,8 @@ impl Store {
             failovers: 0,
             connects: 0,
             written_bytes: 0,
+            read_bytes: 0,
+            usage_script_refused: false,
             measure: Vec::new(),
         }
     }
@@ -292,14 +316,22 @@ impl Store {
             return Ok(connection.clone());
         }
         let mut connection = self.connect().await?;
-        let info: RedisResult<String> = tokio::time::timeout(
+        let mut info_command = redis::cmd("INFO");
+        info_command.arg("replication");
+        self.written_bytes += info_command.get_packed_command().len() as u64;
+        let info: RedisResult<Value> = tokio::time::timeout(
             self.response_timeout,
-            redis::cmd("INFO")
-                .arg("replication")
-                .query_async(&mut connection),
+            info_command.query_async(&mut connection),
         )
         .await
         .map_err(timed_out)?;
+        if let Ok(reply) = &info {
+            self.read_bytes += reply_bytes(reply);
+        }
+        let info = info.and_then(|reply| match reply {
+            Value::ServerError(error) => Err(error.into()),
+            reply => redis::from_redis_value::<String>(reply).map_err(Into::into),
+        });
         let info = match info {
             Ok(info) => Some(info),
             Err(error) if error.is_io_error() || error.is_timeout() => return Err(error),
@@ -330,9 +362,15 @@ impl Store {
         Ok(connection)
     }
 
-    /// Bytes of the commands sent so far on this connection's behalf, however they ended.
+    /// Bytes of the commands sent so far on this store's behalf, however they ended.
     pub fn written_bytes(&self) -> u64 {
         self.written_bytes
+    }
+
+    /// Bytes of the replies read so far (those that came back whole; the connection's own
+    /// handshake, `AUTH` and `HELLO`, is the redis crate's and not counted either way).
+    pub fn read_bytes(&self) -> u64 {
+        self.read_bytes
     }
 
     /// Connections made so far (each new one is worth a [`Store::refused`] check).
@@ -350,25 +388,45 @@ impl Store {
         self.failovers
     }
 
-    /// Runs `pipe`, dropping the connection on any error so the next call connects again.
-    async fn query<T: redis::FromRedisValue>(&mut self, pipe: &redis::Pipeline) -> RedisResult<T> {
+    /// Runs `pipe` (made by [`pipe`]: every reply comes back, errors included) and returns one
+    /// reply per command, counting the bytes both ways. An error reply is the caller's to
+    /// judge ([`all_ok`]); any other error drops the connection so the next call connects again.
+    async fn query(&mut self, pipe: &redis::Pipeline) -> RedisResult<Vec<Value>> {
         let mut connection = self.connection().await?;
         self.measure.clear();
         for command in pipe.cmd_iter() {
             command.write_packed_command(&mut self.measure);
         }
         self.written_bytes += self.measure.len() as u64;
-        let result = tokio::time::timeout(
+        let result: RedisResult<Vec<Value>> = tokio::time::timeout(
             self.response_timeout + Duration::from_millis(100),
             pipe.query_async(&mut connection),
         )
         .await
         .map_err(timed_out)
         .and_then(|result| result);
-        if result.is_err() {
-            self.connection = None;
+        match &result {
+            Ok(replies) => self.read_bytes += replies.iter().map(reply_bytes).sum::<u64>(),
+            Err(_) => self.connection = None,
         }
         result
+    }
+
+    /// [`Store::query`] where any error reply fails the call (the first one, in command order).
+    async fn query_ok(&mut self, pipe: &redis::Pipeline) -> RedisResult<Vec<Value>> {
+        let replies = self.query(pipe).await?;
+        all_ok(replies).map_err(|error| self.failed(error))
+    }
+
+    /// An error reply that fails a call: the connection is dropped, so the next call connects
+    /// again (through the Sentinels: `READONLY` from a primary demoted by a failover, `LOADING`,
+    /// `NOAUTH` are left behind that way), unless the reply is one a new connection would get
+    /// the same (the ACL's refusal) or one the caller answers on this one (`NOSCRIPT`).
+    fn failed(&mut self, error: redis::RedisError) -> redis::RedisError {
+        if !refused_permission(&error) && !noscript_error(&error) {
+            self.connection = None;
+        }
+        error
     }
 
     /// After ten failed rounds: forget the connection (the next one starts from the configured
@@ -382,17 +440,16 @@ impl Store {
     /// the two commands; ask again).
     pub async fn claim(&mut self, value: &str, ttl_ms: u64) -> RedisResult<Option<String>> {
         let key = self.key(&format!("owner:{}", self.router));
-        let mut pipe = redis::pipe();
+        let mut pipe = pipe();
         pipe.cmd("SET")
             .arg(&key)
             .arg(value)
             .arg("NX")
             .arg("PX")
-            .arg(ttl_ms.max(1))
-            .ignore();
+            .arg(ttl_ms.max(1));
         pipe.cmd("GET").arg(&key);
-        let (holder,): (Option<String>,) = self.query(&pipe).await?;
-        Ok(holder)
+        let replies = self.query_ok(&pipe).await?;
+        Ok(redis::from_redis_value_ref(last(&replies)?)?)
     }
 
     /// Today's totals of every router and the stream's newest entry, read together: every entry
@@ -422,18 +479,43 @@ impl Store {
         commands: Vec<redis::Cmd>,
         reads: usize,
     ) -> RedisResult<Vec<Value>> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("MULTI").ignore();
+        let replies = self.transaction_replies(commands).await?;
+        exec_replies(replies, reads).map_err(|what| self.unknown_state(what))
+    }
+
+    /// Runs `commands` as one `MULTI` … `EXEC` and returns every reply of `EXEC`, error replies
+    /// of commands that ran included; a command refused while queued (the ACL, a wrong argument
+    /// count) fails the call, and then none ran.
+    async fn transaction_replies(&mut self, commands: Vec<redis::Cmd>) -> RedisResult<Vec<Value>> {
+        let mut pipe = pipe();
+        pipe.cmd("MULTI");
         for command in commands {
-            pipe.add_command(command).ignore();
+            pipe.add_command(command);
         }
         pipe.cmd("EXEC");
-        let (exec,): (Value,) = self.query(&pipe).await?;
-        exec_replies(exec, reads).map_err(|what| {
-            // A connection in an unknown state is not used again.
-            self.connection = None;
-            redis::RedisError::from(std::io::Error::other(what))
-        })
+        let replies = self.query(&pipe).await?;
+        // Queued, each answered `+QUEUED` or an error: an error here aborts the transaction
+        // (`EXECABORT`), and is the reason worth reporting (`NOPERM`, `NOAUTH`, `LOADING`).
+        let (exec, queued) = replies.split_last().ok_or_else(short_reply)?;
+        if let Some(Value::ServerError(error)) = queued
+            .iter()
+            .find(|reply| matches!(reply, Value::ServerError(_)))
+        {
+            return Err(self.failed(error.clone().into()));
+        }
+        match exec {
+            Value::Array(replies) => Ok(replies.clone()),
+            Value::ServerError(error) => Err(self.failed(error.clone().into())),
+            other => {
+                Err(self.unknown_state(format!("the store did not run the transaction: {other:?}")))
+            }
+        }
+    }
+
+    /// An answer that leaves the connection in an unknown state: it is not used again.
+    fn unknown_state(&mut self, what: String) -> redis::RedisError {
+        self.connection = None;
+        redis::RedisError::from(std::io::Error::other(what))
     }
 
     /// Entries after `after` up to and including `upto`, oldest first: at most 10 × [`READ_MAX`]
@@ -444,28 +526,209 @@ impl Store {
         after: StreamId,
         upto: StreamId,
     ) -> RedisResult<Vec<(StreamId, Vec<u8>)>> {
-        let mut pipe = redis::pipe();
+        let mut pipe = pipe();
         pipe.cmd("XRANGE")
             .arg(self.key("usage"))
             .arg(format!("({after}"))
             .arg(upto.to_string())
             .arg("COUNT")
             .arg(READ_MAX * 10);
-        let (reply,): (Value,) = self.query(&pipe).await?;
-        Ok(entries(&reply))
+        let replies = self.query_ok(&pipe).await?;
+        Ok(entries(last(&replies)?))
     }
 
-    /// One round: publish, write the daily totals, the heartbeat and the router ID's claim in
-    /// one transaction, then read the heartbeats, the claim and the entries after
-    /// `writes.after`. The entries and the totals must be written together: a start-up reads
-    /// the totals and the stream's newest entry as one, and takes every entry up to it as
-    /// counted in the totals. The occupancy pools are not part of it ([`Store::pools`]): a
-    /// store that refuses their script must not keep limits from being shared.
+    /// One round: read the entries after `writes.after`, publish, write the daily totals, the
+    /// heartbeat and the router ID's claim in one transaction, then read the claim, the epoch
+    /// and the heartbeats. The entries and the totals must be written together: a start-up
+    /// reads the totals and the stream's newest entry as one, and takes every entry up to it as
+    /// counted in the totals. They go as one script call ([`scripts::USAGE`], atomic in
+    /// itself): a `NOSCRIPT` answer means neither was written, and they are sent again with the
+    /// script's text; a store whose ACL refuses the script gets them as plain commands. The
+    /// occupancy pools are not part of it ([`Store::pools`]): a store that refuses their
+    /// script must not keep limits from being shared.
+    ///
+    /// The stream is read before this round's entries are added, in the same transaction: no
+    /// other router's entry can come between what was read and them, so the next round may
+    /// read after them ([`RoundReads::own_newest`]) and a router does not read its own usage
+    /// back (about 9 bytes a key it served, each round).
     pub async fn round(&mut self, writes: RoundWrites<'_>) -> RedisResult<RoundReads> {
+        // A round with nothing to publish (an idle router) sends no usage writes at all.
+        let idle = writes.entries.is_empty() && writes.totals.is_empty();
+        let scripted = !self.usage_script_refused && !idle;
+        let (replies, usage) = match self.round_once(&writes, scripted).await {
+            // `EVALSHA` refused while queued: nothing ran. The round again, the long way.
+            Err(error)
+                if scripted
+                    && refused_permission(&error)
+                    && error.to_string().to_ascii_lowercase().contains("evalsha") =>
+            {
+                self.usage_script_refused = true;
+                self.round_once(&writes, false).await?
+            }
+            other => other?,
+        };
+        let own_newest = match usage {
+            Usage::Written(own_newest) => own_newest,
+            // The script did not run (the store restarted, failed over, or its cache was
+            // flushed): the entries and totals alone, with its text. Not in the transaction of
+            // the read: another router's entry may come first, so the next round reads after
+            // the read only.
+            Usage::NoScript => {
+                let script = self.usage_script(&writes, true);
+                self.usage_alone(vec![script], &writes).await?;
+                None
+            }
+            // Refused inside the script, before its first write (`HMGET` comes first).
+            Usage::Refused => {
+                self.usage_script_refused = true;
+                let commands = self.usage_commands(&writes);
+                self.transaction(commands, 0).await?;
+                None
+            }
+        };
+        // Read whole (fewer than asked): what follows the newest entry read is this round's own.
+        let read_whole = matches!(&replies[0], Value::Array(items) if items.len() < READ_MAX);
+        let own_newest = own_newest.filter(|_| read_whole);
+        let entries = entries(&replies[0]);
+        let claim_holder: Option<String> = redis::from_redis_value_ref(&replies[1])?;
+        let epoch: String = redis::from_redis_value_ref(&replies[2])?;
+        let heartbeats: HashMap<String, String> = redis::from_redis_value_ref(&replies[3])?;
+        Ok(RoundReads {
+            heartbeats,
+            entries,
+            own_newest,
+            epoch,
+            claim_holder,
+        })
+    }
+
+    /// One try of the round's transaction (see [`Store::round`]): the replies of its four reads
+    /// (entries, claim, epoch, heartbeats) and how the usage writes went.
+    async fn round_once(
+        &mut self,
+        writes: &RoundWrites<'_>,
+        scripted: bool,
+    ) -> RedisResult<([Value; 4], Usage)> {
+        let mut commands = vec![self.range_after(writes.after)];
+        let usage = if scripted {
+            vec![self.usage_script(writes, false)]
+        } else {
+            self.usage_commands(writes)
+        };
+        let usage_count = usage.len();
+        commands.extend(usage);
+        commands.extend(self.round_rest(writes));
+        let count = commands.len();
+        let mut replies = self.transaction_replies(commands).await?;
+        if replies.len() != count {
+            return Err(self.unknown_state(format!(
+                "the transaction answered {} replies to {count} commands",
+                replies.len()
+            )));
+        }
+        let usage_replies: Vec<Value> = replies.drain(1..1 + usage_count).collect();
+        if let Some(error) = replies
+            .iter()
+            .find(|reply| matches!(reply, Value::ServerError(_)))
+        {
+            return Err(self.unknown_state(format!("the store refused a command: {error:?}")));
+        }
+        let usage = if scripted {
+            match usage_replies.into_iter().next() {
+                Some(reply) if noscript(&reply) => Usage::NoScript,
+                Some(Value::ServerError(error)) => {
+                    let error = redis::RedisError::from(error);
+                    if !refused_permission(&error) {
+                        return Err(self.failed(error));
+                    }
+                    Usage::Refused
+                }
+                Some(reply) => Usage::Written(stream_id(&reply)),
+                None => return Err(short_reply()),
+            }
+        } else {
+            if let Some(Value::ServerError(error)) = usage_replies
+                .iter()
+                .find(|reply| matches!(reply, Value::ServerError(_)))
+            {
+                return Err(self.unknown_state(format!("the store refused a command: {error:?}")));
+            }
+            // The `XADD`s come first, one per entry: the last one's ID.
+            let own_newest = writes
+                .entries
+                .len()
+                .checked_sub(1)
+                .and_then(|last| usage_replies.get(last))
+                .and_then(stream_id);
+            Usage::Written(own_newest)
+        };
+        // The read of the entries first; the claim, the epoch and the heartbeats last.
+        let heartbeats = replies.pop().ok_or_else(short_reply)?;
+        let epoch = replies.pop().ok_or_else(short_reply)?;
+        let claim = replies.pop().ok_or_else(short_reply)?;
+        let entries = replies.into_iter().next().ok_or_else(short_reply)?;
+        Ok(([entries, claim, epoch, heartbeats], usage))
+    }
+
+    /// The round's usage script sent again on its own, with its text, after a `NOSCRIPT`: a
+    /// refusal inside it (the ACL) writes the same with plain commands instead.
+    async fn usage_alone(
+        &mut self,
+        script: Vec<redis::Cmd>,
+        writes: &RoundWrites<'_>,
+    ) -> RedisResult<()> {
+        let mut pipe = pipe();
+        for command in script {
+            pipe.add_command(command);
+        }
+        match self.query(&pipe).await?.pop() {
+            Some(Value::ServerError(error)) => {
+                let error = redis::RedisError::from(error);
+                if !refused_permission(&error) {
+                    return Err(self.failed(error));
+                }
+                self.usage_script_refused = true;
+                let commands = self.usage_commands(writes);
+                self.transaction(commands, 0).await.map(|_| ())
+            }
+            Some(_) => Ok(()),
+            None => Err(short_reply()),
+        }
+    }
+
+    /// The round's entries and daily totals as one call of [`scripts::USAGE`] (`full`: with its
+    /// text, after the store answered `NOSCRIPT`).
+    fn usage_script(&self, writes: &RoundWrites<'_>, full: bool) -> redis::Cmd {
+        let packed = pack(writes.totals);
+        let mut call = USAGE.call(full);
+        call.arg(1 + packed.days.len()).arg(self.key("usage"));
+        for (day, _) in &packed.days {
+            call.arg(self.key(&format!("daily:{day}")));
+        }
+        call.arg(writes.after.ms.saturating_sub(STREAM_KEEP_MS))
+            .arg(writes.entries.len());
+        for entry in writes.entries {
+            call.arg(entry.as_slice());
+        }
+        call.arg(&self.router)
+            .arg(DAILY_TTL_SECONDS)
+            .arg(packed.models.len());
+        for model in &packed.models {
+            call.arg(model);
+        }
+        for (_, blob) in &packed.days {
+            call.arg(blob.as_slice());
+        }
+        call
+    }
+
+    /// The round's entries and daily totals as plain commands, for a store whose ACL refuses
+    /// the script: per entry an `XADD`; per day one `HINCRBY` per changed total (an increment
+    /// of this process's own, so another writer of the field loses nothing), one `HSET` with the
+    /// whole totals written again after the store lost its data, and the day's expiry.
+    fn usage_commands(&self, writes: &RoundWrites<'_>) -> Vec<redis::Cmd> {
         let usage = self.key("usage");
-        let routers = self.key("routers");
-        let claim = self.key(&format!("owner:{}", self.router));
-        let mut commands = Vec::with_capacity(writes.entries.len() + writes.totals.len() + 10);
+        let mut commands = Vec::with_capacity(writes.entries.len() + writes.totals.len() + 2);
         for entry in writes.entries {
             let mut xadd = redis::cmd("XADD");
             xadd.arg(&usage)
@@ -477,10 +740,7 @@ impl Store {
                 .arg(entry.as_slice());
             commands.push(xadd);
         }
-        // Per day: one HINCRBY per changed total (an increment of this process's own, so another
-        // writer of the field loses nothing), one HSET with the whole totals written again
-        // after the store lost its data, and the day's expiry.
-        let mut days: Vec<u32> = writes.totals.iter().map(|(day, _, _)| *day).collect();
+        let mut days: Vec<u32> = writes.totals.iter().map(|row| row.day).collect();
         days.sort_unstable();
         days.dedup();
         for day in days {
@@ -488,15 +748,15 @@ impl Store {
             let mut whole = redis::cmd("HSET");
             whole.arg(&key);
             let mut wholes = 0;
-            for (_, field, write) in writes.totals.iter().filter(|(of, _, _)| *of == day) {
-                match *write {
+            for row in writes.totals.iter().filter(|row| row.day == day) {
+                match row.write {
                     DailyWrite::Add(tokens) => {
                         let mut add = redis::cmd("HINCRBY");
-                        add.arg(&key).arg(field).arg(tokens);
+                        add.arg(&key).arg(&row.field).arg(tokens);
                         commands.push(add);
                     }
                     DailyWrite::Set(tokens) => {
-                        whole.arg(field).arg(tokens);
+                        whole.arg(&row.field).arg(tokens);
                         wholes += 1;
                     }
                 }
@@ -508,12 +768,26 @@ impl Store {
             expire.arg(&key).arg(DAILY_TTL_SECONDS);
             commands.push(expire);
         }
+        commands
+    }
+
+    /// The rest of the round's transaction: the heartbeat (and agent list), the epoch, the
+    /// claim, then three reads: the claim's holder, the epoch, the heartbeats.
+    fn round_rest(&self, writes: &RoundWrites<'_>) -> Vec<redis::Cmd> {
+        let routers = self.key("routers");
+        let claim = self.key(&format!("owner:{}", self.router));
+        let mut commands = Vec::with_capacity(11);
         let mut heartbeat = redis::cmd("HSET");
         heartbeat
             .arg(&routers)
             .arg(&self.router)
             .arg(writes.heartbeat);
         commands.push(heartbeat);
+        if let Some(agents) = writes.agents {
+            let mut list = redis::cmd("HSET");
+            list.arg(self.key("agents")).arg(&self.router).arg(agents);
+            commands.push(list);
+        }
         let mut set_epoch = redis::cmd("SET");
         set_epoch
             .arg(self.key("epoch"))
@@ -547,47 +821,61 @@ impl Store {
         let mut heartbeats = redis::cmd("HGETALL");
         heartbeats.arg(&routers);
         commands.push(heartbeats);
+        commands
+    }
+
+    /// The round's read of the entries after `after`, at most [`READ_MAX`].
+    fn range_after(&self, after: StreamId) -> redis::Cmd {
         let mut range = redis::cmd("XRANGE");
         range
-            .arg(&usage)
-            .arg(format!("({}", writes.after))
+            .arg(self.key("usage"))
+            .arg(format!("({after}"))
             .arg("+")
             .arg("COUNT")
             .arg(READ_MAX);
-        commands.push(range);
-        let replies = self.transaction(commands, 4).await?;
-        let claim_holder: Option<String> = redis::from_redis_value_ref(&replies[0])?;
-        let epoch: String = redis::from_redis_value_ref(&replies[1])?;
-        let heartbeats: HashMap<String, String> = redis::from_redis_value_ref(&replies[2])?;
-        Ok(RoundReads {
-            heartbeats,
-            entries: entries(&replies[3]),
-            epoch,
-            claim_holder,
-        })
+        range
     }
 
     /// The occupancy pools' step of a round, after [`Store::round`]: each pool's rewrite
     /// (`pool_store::REWRITE`, atomic in itself) then a read of every holding. Pools are
     /// independent of each other and of the round's transaction, so a refused script (an ACL
-    /// without `EVAL`) leaves the reads, and the rest of the round, standing; it is returned in
+    /// without `EVALSHA`) leaves the reads, and the rest of the round, standing; it is returned in
     /// [`PoolsRead::refused`]. Any other error fails the step.
     pub async fn pools(&mut self, pools: &[PoolWrite<'_>]) -> RedisResult<PoolsRead> {
+        if pools.is_empty() {
+            return Ok(PoolsRead {
+                pools: Vec::new(),
+                refused: None,
+            });
+        }
+        match self.pools_once(pools, false).await? {
+            // A rewrite the store no longer knew by its SHA1 did not run: the step again, every
+            // rewrite with the script's text (rewrites are absolute, reads only read).
+            None => Ok(self.pools_once(pools, true).await?.ok_or_else(|| {
+                redis::RedisError::from(std::io::Error::other(
+                    "the store answered NOSCRIPT to EVAL",
+                ))
+            })?),
+            Some(read) => Ok(read),
+        }
+    }
+
+    /// One try of [`Store::pools`]; `None` when a rewrite was answered `NOSCRIPT`.
+    async fn pools_once(
+        &mut self,
+        pools: &[PoolWrite<'_>],
+        full: bool,
+    ) -> RedisResult<Option<PoolsRead>> {
         let mut read = PoolsRead {
             pools: Vec::with_capacity(pools.len()),
             refused: None,
         };
-        if pools.is_empty() {
-            return Ok(read);
-        }
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
+        let mut pipe = pipe();
         for pool in pools {
             let key = self.key(&format!("pool:{}", pool.pool));
             if let Some(rewrite) = &pool.rewrite {
-                pipe.cmd("EVAL")
-                    .arg(super::pool_store::REWRITE)
-                    .arg(3)
+                let mut call = REWRITE.call(full);
+                call.arg(3)
                     .arg(&key)
                     .arg(self.key("epoch"))
                     .arg(self.key("pools"))
@@ -597,10 +885,14 @@ impl Store {
                     .arg(rewrite.holding)
                     .arg(rewrite.in_use)
                     .arg(u8::from(rewrite.short));
+                pipe.add_command(call);
             }
             pipe.cmd("HGETALL").arg(&key);
         }
         let replies: Vec<Value> = self.query(&pipe).await?;
+        if !full && replies.iter().any(noscript) {
+            return Ok(None);
+        }
         let mut replies = replies.into_iter();
         for pool in pools {
             let rewritten = match pool.rewrite {
@@ -608,7 +900,7 @@ impl Store {
                     Some(Value::ServerError(error)) => {
                         let error = redis::RedisError::from(error);
                         if !refused_permission(&error) {
-                            return Err(error);
+                            return Err(self.failed(error));
                         }
                         read.refused.get_or_insert(error);
                         None
@@ -619,7 +911,9 @@ impl Store {
                 None => None,
             };
             let holdings = match replies.next() {
-                Some(Value::ServerError(error)) => return Err(redis::RedisError::from(error)),
+                Some(Value::ServerError(error)) => {
+                    return Err(self.failed(redis::RedisError::from(error)));
+                }
                 Some(reply) => redis::from_redis_value_ref(&reply)?,
                 None => return Err(short_reply()),
             };
@@ -628,17 +922,31 @@ impl Store {
                 holdings,
             });
         }
-        Ok(read)
+        Ok(Some(read))
     }
 
-    /// Removes heartbeats of routers given up (silent for over an hour, or left).
+    /// Removes heartbeats and agent lists of routers given up (silent for over an hour, or
+    /// left).
     pub async fn forget_routers(&mut self, ids: &[String]) -> RedisResult<()> {
         if ids.is_empty() {
             return Ok(());
         }
-        let mut pipe = redis::pipe();
-        pipe.cmd("HDEL").arg(self.key("routers")).arg(ids).ignore();
-        self.query::<()>(&pipe).await
+        let mut pipe = pipe();
+        pipe.cmd("HDEL").arg(self.key("routers")).arg(ids);
+        pipe.cmd("HDEL").arg(self.key("agents")).arg(ids);
+        self.query_ok(&pipe).await.map(|_| ())
+    }
+
+    /// The agent lists of `ids` (`sync::site::AgentList`, as stored; `None` where there is
+    /// none): fetched when a heartbeat names a version the reader does not hold.
+    pub async fn agent_lists(&mut self, ids: &[String]) -> RedisResult<Vec<Option<String>>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = pipe();
+        pipe.cmd("HMGET").arg(self.key("agents")).arg(ids);
+        let replies = self.query_ok(&pipe).await?;
+        Ok(redis::from_redis_value_ref(last(&replies)?)?)
     }
 
     /// Marks redirect tokens spent for the whole site, one pipeline for all of `nonces` (hex
@@ -647,7 +955,7 @@ impl Store {
         if nonces.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
+        let mut pipe = pipe();
         for (nonce, ttl_ms) in nonces {
             pipe.cmd("SET")
                 .arg(self.key(&format!("redirect:{nonce}")))
@@ -656,7 +964,8 @@ impl Store {
                 .arg("PX")
                 .arg((*ttl_ms).max(1));
         }
-        let set: Vec<Option<String>> = self.query(&pipe).await?;
+        let set: Vec<Option<String>> =
+            redis::from_redis_value(Value::Array(self.query_ok(&pipe).await?))?;
         Ok(set.into_iter().map(|set| set.is_some()).collect())
     }
 }
@@ -673,19 +982,23 @@ impl Store {
         want: u64,
         budget: u64,
     ) -> RedisResult<Grant> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("EVAL")
-            .arg(GRANT)
-            .arg(3)
-            .arg(self.key(&format!("pool:{budget_name}")))
-            .arg(self.key("epoch"))
-            .arg(self.key("pools"))
-            .arg(router)
-            .arg(run)
-            .arg(epoch)
-            .arg(want)
-            .arg(budget);
-        let ((granted, held),): ((i64, i64),) = self.query(&pipe).await?;
+        let key = self.key(&format!("pool:{budget_name}"));
+        let epoch_key = self.key("epoch");
+        let pools_key = self.key("pools");
+        let reply = self
+            .script(&GRANT, |call| {
+                call.arg(3)
+                    .arg(&key)
+                    .arg(&epoch_key)
+                    .arg(&pools_key)
+                    .arg(router)
+                    .arg(run)
+                    .arg(epoch)
+                    .arg(want)
+                    .arg(budget);
+            })
+            .await?;
+        let (granted, held): (i64, i64) = redis::from_redis_value(reply)?;
         Ok(match granted {
             -1 => Grant::StaleEpoch,
             -2 => Grant::Replaced,
@@ -700,32 +1013,70 @@ impl Store {
     /// this router's own at a clean shutdown, or another's the others gave up. Returns how many
     /// holdings went.
     pub async fn release_holdings(&mut self, router: &str, run: u64) -> RedisResult<u64> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("EVAL")
-            .arg(RELEASE)
-            .arg(1)
-            .arg(self.key("pools"))
-            .arg(router)
-            .arg(run);
-        let (released,): (u64,) = self.query(&pipe).await?;
+        let pools_key = self.key("pools");
+        let reply = self
+            .script(&RELEASE, |call| {
+                call.arg(1).arg(&pools_key).arg(router).arg(run);
+            })
+            .await?;
+        let released: u64 = redis::from_redis_value(reply)?;
         Ok(released)
     }
 
     /// How many replicas acknowledged every write before this call within `timeout_ms` (`WAIT`):
     /// with Sentinel, a grant counts only once one has.
     pub async fn wait_replicas(&mut self, timeout_ms: u64) -> RedisResult<u64> {
-        let mut pipe = redis::pipe();
+        let mut pipe = pipe();
         pipe.cmd("WAIT").arg(1).arg(timeout_ms);
-        let (acknowledged,): (u64,) = self.query(&pipe).await?;
-        Ok(acknowledged)
+        let replies = self.query_ok(&pipe).await?;
+        Ok(redis::from_redis_value_ref(last(&replies)?)?)
+    }
+
+    /// Runs `script` by its SHA1, and again with its text when the store does not know it
+    /// (`NOSCRIPT`: it did not run). `args` adds the key count, keys and arguments.
+    async fn script(
+        &mut self,
+        script: &Script,
+        args: impl Fn(&mut redis::Cmd),
+    ) -> RedisResult<Value> {
+        for full in [false, true] {
+            let mut call = script.call(full);
+            args(&mut call);
+            let mut pipe = pipe();
+            pipe.add_command(call);
+            match self.query_ok(&pipe).await {
+                Err(error) if !full && noscript_error(&error) => continue,
+                Err(error) => return Err(error),
+                Ok(mut replies) => return replies.pop().ok_or_else(short_reply),
+            }
+        }
+        Err(redis::RedisError::from(std::io::Error::other(
+            "the store answered NOSCRIPT to EVAL",
+        )))
+    }
+}
+
+/// How the round's usage writes went in its transaction.
+enum Usage {
+    /// Written; the ID of the last entry added, when there was one.
+    Written(Option<StreamId>),
+    /// The store did not know the script: nothing was written.
+    NoScript,
+    /// The store's ACL refused a command inside the script, before its first write.
+    Refused,
+}
+
+/// A stream entry ID as `XADD` (or the usage script) answers it.
+fn stream_id(reply: &Value) -> Option<StreamId> {
+    match reply {
+        Value::BulkString(id) => StreamId::parse(std::str::from_utf8(id).ok()?),
+        Value::SimpleString(id) => StreamId::parse(id),
+        _ => None,
     }
 }
 
 /// The last `reads` replies of an `EXEC` reply, or why the transaction did not run whole.
-fn exec_replies(exec: Value, reads: usize) -> Result<Vec<Value>, String> {
-    let Value::Array(mut replies) = exec else {
-        return Err(format!("the store did not run the transaction: {exec:?}"));
-    };
+fn exec_replies(mut replies: Vec<Value>, reads: usize) -> Result<Vec<Value>, String> {
     if let Some(error) = replies
         .iter()
         .find(|reply| matches!(reply, Value::ServerError(_)))
@@ -739,6 +1090,29 @@ fn exec_replies(exec: Value, reads: usize) -> Result<Vec<Value>, String> {
         ));
     }
     Ok(replies.split_off(replies.len() - reads))
+}
+
+/// A pipeline whose every reply comes back, error replies included (see [`Store::query`]).
+fn pipe() -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    pipe
+}
+
+/// `replies`, or the first error reply among them.
+fn all_ok(replies: Vec<Value>) -> RedisResult<Vec<Value>> {
+    match replies
+        .iter()
+        .find(|reply| matches!(reply, Value::ServerError(_)))
+    {
+        Some(Value::ServerError(error)) => Err(error.clone().into()),
+        _ => Ok(replies),
+    }
+}
+
+/// The last reply of a pipeline (the one its caller asked for).
+fn last(replies: &[Value]) -> RedisResult<&Value> {
+    replies.last().ok_or_else(short_reply)
 }
 
 fn short_reply() -> redis::RedisError {

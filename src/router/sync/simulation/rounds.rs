@@ -125,6 +125,8 @@ impl Sim {
             peer_id: router.id.clone(),
             grpc_addr: None,
             agents: Vec::new(),
+            agents_version: None,
+            agents_unknown: false,
             left: leaving,
         };
         let reply = if router.lose_reply {

@@ -6,11 +6,17 @@
 use redis::{RedisResult, Value};
 
 use super::Store;
+use super::scripts::Script;
+
+/// [`PROBE_SCRIPT`] with its SHA1.
+static PROBE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| Script::new(PROBE_SCRIPT));
 
 /// Every command a router's sync sends, and what it needs it for (`Store::refused` checks each).
-/// `WAIT` is needed with Sentinel only; the occupancy scripts' own commands are checked inside
-/// a script ([`PROBE_SCRIPT`]).
-pub const NEEDED: [(&str, &str); 17] = [
+/// `WAIT` is needed with Sentinel only; the scripts' own commands are checked inside a script
+/// ([`PROBE_SCRIPT`]). `HINCRBY` writes the daily totals only when the store refuses the
+/// round's usage script (`store::scripts`), and is checked all the same: an ACL that refuses
+/// both would lose the totals.
+pub const NEEDED: [(&str, &str); 19] = [
     ("MULTI", "the round's transaction"),
     ("EXEC", "the round's transaction"),
     ("XADD", "publishing usage"),
@@ -19,6 +25,7 @@ pub const NEEDED: [(&str, &str); 17] = [
     ("HINCRBY", "writing daily totals"),
     ("HSET", "daily totals and the heartbeat"),
     ("HGETALL", "reading heartbeats, totals and pools"),
+    ("HMGET", "reading the agent lists of other routers"),
     ("HDEL", "forgetting routers gone for an hour"),
     ("EXPIRE", "daily totals' expiry"),
     (
@@ -28,7 +35,14 @@ pub const NEEDED: [(&str, &str); 17] = [
     ("GET", "the epoch and the router ID's claim"),
     ("PEXPIRE", "renewing the router ID's claim"),
     ("DEL", "releasing the router ID's claim"),
-    ("EVAL", "occupancy credits of budgeted models"),
+    (
+        "EVALSHA",
+        "occupancy credits of budgeted models, and the round's usage writes (scripts run by their SHA1)",
+    ),
+    (
+        "EVAL",
+        "occupancy credits of budgeted models (a script's text, when the store does not know its SHA1)",
+    ),
     ("INFO", "noticing a failover (INFO replication)"),
     (
         "WAIT",
@@ -36,16 +50,18 @@ pub const NEEDED: [(&str, &str); 17] = [
     ),
 ];
 
-/// Runs each command the occupancy scripts (`pool_store`'s `GRANT`, `RELEASE`, `REWRITE`) run, on the probe
-/// keys, and returns the names of those the store's ACL refuses (a script's commands are checked
-/// against the user's ACL one by one, so `EVAL` alone allowed is not enough). Leaves nothing:
-/// what it adds it removes again, atomically.
+/// Runs each command the scripts (`pool_store`'s `GRANT`, `RELEASE`, `REWRITE`, and the round's
+/// usage script of `store::scripts`) run, on the probe keys, and returns the names of those the
+/// store's ACL refuses (a script's commands are checked against the user's ACL one by one, so
+/// `EVAL` alone allowed is not enough). Leaves nothing: what it adds it removes again,
+/// atomically; its `XADD` creates no stream (`NOMKSTREAM`).
 const PROBE_SCRIPT: &str = r#"
 local refused = {}
 local calls = {
   {'GET', KEYS[1]}, {'HGETALL', KEYS[2]}, {'HGET', KEYS[2], 'f'}, {'HSET', KEYS[2], 'f', '0'},
+  {'HMGET', KEYS[2], 'f'}, {'EXPIRE', KEYS[2], '60'},
   {'HDEL', KEYS[2], 'f'}, {'SADD', KEYS[3], 'm'}, {'SMEMBERS', KEYS[3]}, {'SREM', KEYS[3], 'm'},
-  {'EXISTS', KEYS[2]},
+  {'EXISTS', KEYS[2]}, {'XADD', KEYS[4], 'NOMKSTREAM', 'MINID', '~', '0', '*', 'u', ''},
 }
 for _, call in ipairs(calls) do
   local reply = redis.pcall(unpack(call))
@@ -81,7 +97,8 @@ impl Store {
     /// the site's hash tag (`probe:{router}:…`): a stream write that creates nothing (`XADD
     /// NOMKSTREAM`), writes that find nothing to change (`SET XX`, `EXPIRE` and `PEXPIRE` of a
     /// missing key), a hash field added and removed, an empty `MULTI`/`EXEC`, and a script that
-    /// runs the occupancy scripts' own commands. `WAIT` is checked with `sentinel` only. Neither
+    /// runs the scripts' own commands, sent with its text (`EVAL`) and then by its SHA1
+    /// (`EVALSHA`, which the `EVAL` just cached). `WAIT` is checked with `sentinel` only. Neither
     /// `ACL DRYRUN` nor `COMMAND` is used: an ordinary user may not run them.
     pub async fn refused(&mut self, sentinel: bool) -> RedisResult<Vec<(String, &'static str)>> {
         let stream = self.key(&format!("probe:{}:stream", self.router));
@@ -110,6 +127,7 @@ impl Store {
         add(&mut pipe, "HSET", &[&hash, "f", "0"]);
         add(&mut pipe, "EXPIRE", &[&hash, "60"]);
         add(&mut pipe, "HGETALL", &[&hash]);
+        add(&mut pipe, "HMGET", &[&hash, "f"]);
         add(&mut pipe, "HDEL", &[&hash, "f"]);
         add(&mut pipe, "SET", &[&string, "1", "XX", "PX", "1"]);
         add(&mut pipe, "GET", &[&string]);
@@ -118,7 +136,12 @@ impl Store {
         add(
             &mut pipe,
             "EVAL",
-            &[PROBE_SCRIPT, "3", &string, &hash, &set],
+            &[PROBE_SCRIPT, "4", &string, &hash, &set, &stream],
+        );
+        add(
+            &mut pipe,
+            "EVALSHA",
+            &[&PROBE.sha1, "4", &string, &hash, &set, &stream],
         );
         add(&mut pipe, "INFO", &["replication"]);
         if sentinel {
@@ -142,8 +165,13 @@ impl Store {
                 {
                     refused.push((name.to_string(), needed_for(name)));
                 }
-                // The probe script's answer: the occupancy scripts' commands it was refused.
-                Value::Array(inner) if *name == "EVAL" => {
+                // The probe script's answer: the scripts' commands it was refused (the same
+                // from `EVALSHA`, when `EVAL` was refused).
+                Value::Array(inner)
+                    if *name == "EVAL"
+                        || (*name == "EVALSHA"
+                            && refused.iter().any(|(refused, _)| refused == "EVAL")) =>
+                {
                     for command in inner {
                         if let Ok(command) = redis::from_redis_value_ref::<String>(command) {
                             refused.push((format!("{command} (in a script)"), needed_for("EVAL")));
@@ -155,6 +183,13 @@ impl Store {
         }
         if refused.iter().any(|(name, _)| name == "EXEC") {
             self.connection = None;
+        }
+        // The round's usage script again, once the store allows scripts and what they run.
+        if !refused
+            .iter()
+            .any(|(name, _)| name.starts_with("EVAL") || name.ends_with("(in a script)"))
+        {
+            self.usage_script_refused = false;
         }
         Ok(refused)
     }

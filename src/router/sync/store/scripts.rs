@@ -1,0 +1,343 @@
+//! The store's scripts as the round sends them (issue 33, "The round's cost on the wire"): each
+//! runs by its SHA1 (`EVALSHA`, 40 bytes) instead of its text (about 1 KB each time), and the
+//! round's usage writes (stream entries and daily totals) go as one script call whose daily
+//! totals are packed in a few bytes each instead of one `HINCRBY` of about 80 bytes per total.
+//!
+//! # Why `EVALSHA` and not Valkey functions
+//! A function library has one name per server: during a rolling upgrade two router versions
+//! would replace each other's library (`FUNCTION LOAD REPLACE`) under the same name, or need a
+//! name per version and someone to delete the old ones; `FUNCTION LOAD` also needs a permission
+//! (`@admin`-adjacent in many ACLs) routers have not needed. A script's SHA1 names its exact
+//! text, so versions side by side each run their own, and nothing is left behind. Both are
+//! forgotten by a store restarted empty (functions persist with the data, but a replica
+//! promoted after the primary lost them has none), so either needs the fallback below.
+//!
+//! # Fallback
+//! The script cache is per server, not replicated, and emptied by a restart or `SCRIPT FLUSH`:
+//! a `NOSCRIPT` reply means the script did not run, and the same call is sent again as `EVAL`
+//! with the full text, which also caches it for the next rounds. `EVAL` rather than
+//! `SCRIPT LOAD`: a store's ACL then needs only the two scripting commands it already grants
+//! routers (`EVAL`, `EVALSHA`), not the `SCRIPT` container command.
+//!
+//! # The daily totals' packing
+//! Per day, one blob of items, each `u32 le tenant, varint tag, varint amount`, where the tag is
+//! `model index << 1 | whole` (model index 0: the tenant's flat budget; `i`: the `i`-th model of
+//! the call's model list, `capability|name`), `whole` a total written whole after the store lost
+//! its data (`HSET`) and otherwise an increment. The script writes the same fields a `HINCRBY`
+//! per total writes (`sync::round::daily_field`), so the store's layout, the start-up read and
+//! routers of the version before read them unchanged. Increments stay increments (two writers
+//! of one field lose nothing, `sync::round::DailyLedger`): the script reads every field it adds
+//! to (`HMGET`) and writes them back (`HSET`) atomically, two calls instead of one per total
+//! (one `redis.call` per total made an earlier try cost the store more than the `HINCRBY`s,
+//! `perf/notes/2026-12-04-a-bad-day-at-the-store.md`).
+
+use std::sync::LazyLock;
+
+use crate::base::ids::TenantId;
+use crate::logic::snapshot::ModelKey;
+use crate::router::sync::pool_store;
+use crate::router::sync::round::DailyWrite;
+
+/// A script and the SHA1 the store knows it by.
+pub struct Script {
+    pub code: &'static str,
+    /// Lowercase hex, as `EVALSHA` takes it.
+    pub sha1: String,
+}
+
+impl Script {
+    pub(super) fn new(code: &'static str) -> Script {
+        let digest = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, code.as_bytes());
+        Script {
+            code,
+            sha1: hex::encode(digest.as_ref()),
+        }
+    }
+
+    /// The call: `EVALSHA sha1` by default, `EVAL code` after the store answered `NOSCRIPT`.
+    pub fn call(&self, full: bool) -> redis::Cmd {
+        if full {
+            let mut command = redis::cmd("EVAL");
+            command.arg(self.code);
+            command
+        } else {
+            let mut command = redis::cmd("EVALSHA");
+            command.arg(&self.sha1);
+            command
+        }
+    }
+}
+
+pub static GRANT: LazyLock<Script> = LazyLock::new(|| Script::new(pool_store::GRANT));
+pub static REWRITE: LazyLock<Script> = LazyLock::new(|| Script::new(pool_store::REWRITE));
+pub static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(pool_store::RELEASE));
+pub static USAGE: LazyLock<Script> = LazyLock::new(|| Script::new(USAGE_CODE));
+
+/// Whether a reply is the store's "no script by that SHA1" (`NOSCRIPT`): the script did not run.
+pub fn noscript(reply: &redis::Value) -> bool {
+    matches!(reply, redis::Value::ServerError(error) if error.code() == "NOSCRIPT")
+}
+
+/// The same for an error already taken out of its reply.
+pub fn noscript_error(error: &redis::RedisError) -> bool {
+    error.code() == Some("NOSCRIPT")
+}
+
+/// The round's usage writes, atomically: the stream entries, then per day the packed daily
+/// totals (see the module doc) and the day's expiry. Every read comes before the first write, so
+/// a command the ACL refuses inside the script (`HMGET`) fails it before it wrote anything.
+///
+/// KEYS: the usage stream, then one daily hash per day. ARGV: the stream's `MINID`, the entry
+/// count `n`, the `n` entries, the router ID, the daily hashes' expiry (seconds), the model
+/// count `m`, the `m` models (`capability|name`), then one blob per daily hash. Returns the ID
+/// of the last entry added (nil when none was).
+const USAGE_CODE: &str = r#"
+local function varint(blob, at)
+  local value, scale = 0, 1
+  while true do
+    local byte = string.byte(blob, at)
+    at = at + 1
+    if byte < 128 then return value + byte * scale, at end
+    value = value + (byte - 128) * scale
+    scale = scale * 128
+  end
+end
+-- Two hex digits per byte, looked up: a string.format per total cost the store an eighth more.
+local hex = {}
+for i = 0, 255 do hex[i] = string.format('%02x', i) end
+local n = tonumber(ARGV[2])
+local router = ARGV[3 + n]
+local ttl = ARGV[4 + n]
+local m = tonumber(ARGV[5 + n])
+local suffixes = {'|'}
+for i = 1, m do suffixes[i + 1] = ARGV[5 + n + i] end
+local days = {}
+for d = 2, #KEYS do
+  local blob = ARGV[5 + n + m + d - 1]
+  local adds, add_fields, sets = {}, {}, {}
+  local at = 1
+  while at <= #blob do
+    local b1, b2, b3, b4 = string.byte(blob, at, at + 3)
+    local tag, amount
+    tag, at = varint(blob, at + 4)
+    amount, at = varint(blob, at)
+    local field = router .. '|' .. hex[b4] .. hex[b3] .. hex[b2] .. hex[b1] .. '|' .. suffixes[math.floor(tag / 2) + 1]
+    if tag % 2 == 1 then
+      sets[field] = amount
+    else
+      if adds[field] == nil then add_fields[#add_fields + 1] = field; adds[field] = 0 end
+      adds[field] = adds[field] + amount
+    end
+  end
+  local current = {}
+  for first = 1, #add_fields, 1000 do
+    local last = math.min(first + 999, #add_fields)
+    local values = redis.call('HMGET', KEYS[d], unpack(add_fields, first, last))
+    for i = first, last do current[add_fields[i]] = tonumber(values[i - first + 1]) or 0 end
+  end
+  days[d] = {adds = adds, add_fields = add_fields, sets = sets, current = current}
+end
+local newest = false
+for i = 1, n do
+  newest = redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 'u', ARGV[2 + i])
+end
+for d = 2, #KEYS do
+  local day = days[d]
+  local pairs_out = {}
+  for _, field in ipairs(day.add_fields) do
+    pairs_out[#pairs_out + 1] = field
+    pairs_out[#pairs_out + 1] = string.format('%d', day.current[field] + day.adds[field])
+  end
+  for field, amount in pairs(day.sets) do
+    pairs_out[#pairs_out + 1] = field
+    pairs_out[#pairs_out + 1] = string.format('%d', amount)
+  end
+  for first = 1, #pairs_out, 2000 do
+    redis.call('HSET', KEYS[d], unpack(pairs_out, first, math.min(first + 1999, #pairs_out)))
+  end
+  redis.call('EXPIRE', KEYS[d], ttl)
+end
+return newest
+"#;
+
+/// The largest amount the script adds exactly: Lua's numbers are doubles. No day's tokens come
+/// near it; a total past it is written as this (the budget refuses long before).
+pub const AMOUNT_MAX: u64 = 1 << 53;
+
+/// One daily total for the round: the field's parts and how it is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DailyRow {
+    pub day: u32,
+    pub tenant: TenantId,
+    pub model: Option<ModelKey>,
+    /// `sync::round::daily_field` of the above: the field the script writes, and what the
+    /// plain commands write when the store refuses scripts.
+    pub field: String,
+    pub write: DailyWrite,
+}
+
+/// The packed form of a round's daily totals (see the module doc): the models (`capability|name`)
+/// and one blob per day, days ascending.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PackedTotals {
+    pub models: Vec<String>,
+    pub days: Vec<(u32, Vec<u8>)>,
+}
+
+pub fn pack(rows: &[DailyRow]) -> PackedTotals {
+    let mut packed = PackedTotals::default();
+    let mut model_index: std::collections::HashMap<(crate::base::ids::Capability, &str), u64> =
+        std::collections::HashMap::new();
+    let mut order: Vec<&DailyRow> = rows.iter().collect();
+    order.sort_by_key(|row| row.day);
+    for row in order {
+        let model = match &row.model {
+            None => 0,
+            Some(model) => {
+                let next = packed.models.len() as u64 + 1;
+                *model_index
+                    .entry((model.capability, &model.name))
+                    .or_insert_with(|| {
+                        packed
+                            .models
+                            .push(format!("{}|{}", model.capability.as_str(), model.name));
+                        next
+                    })
+            }
+        };
+        let (whole, amount) = match row.write {
+            DailyWrite::Add(amount) => (0, amount),
+            DailyWrite::Set(amount) => (1, amount),
+        };
+        if packed.days.last().is_none_or(|(day, _)| *day != row.day) {
+            packed.days.push((row.day, Vec::new()));
+        }
+        let blob = &mut packed.days.last_mut().expect("pushed above").1;
+        blob.extend_from_slice(&row.tenant.0.to_le_bytes());
+        put_varint(blob, model << 1 | whole);
+        put_varint(blob, amount.min(AMOUNT_MAX));
+    }
+    packed
+}
+
+fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// Bytes of `reply` as the store sent it (RESP2, what the connection speaks; RESP3 kinds are
+/// sized as RESP3 sends them): `hivenet_sync_store_read_bytes_total`.
+pub fn reply_bytes(reply: &redis::Value) -> u64 {
+    use redis::Value;
+    fn digits(value: u64) -> u64 {
+        value.checked_ilog10().unwrap_or(0) as u64 + 1
+    }
+    fn signed(value: i64) -> u64 {
+        digits(value.unsigned_abs()) + u64::from(value < 0)
+    }
+    // A type byte, the text, CRLF.
+    let line = |text: u64| 1 + text + 2;
+    let bulk = |len: u64| line(digits(len)) + len + 2;
+    match reply {
+        Value::Nil => line(2),
+        Value::Int(value) => line(signed(*value)),
+        Value::BulkString(bytes) => bulk(bytes.len() as u64),
+        Value::Array(items) | Value::Set(items) => {
+            line(digits(items.len() as u64)) + items.iter().map(reply_bytes).sum::<u64>()
+        }
+        Value::SimpleString(text) => line(text.len() as u64),
+        Value::Okay => line(2),
+        Value::Map(pairs) => {
+            line(digits(pairs.len() as u64))
+                + pairs
+                    .iter()
+                    .map(|(key, value)| reply_bytes(key) + reply_bytes(value))
+                    .sum::<u64>()
+        }
+        Value::Attribute { data, attributes } => {
+            line(digits(attributes.len() as u64))
+                + attributes
+                    .iter()
+                    .map(|(key, value)| reply_bytes(key) + reply_bytes(value))
+                    .sum::<u64>()
+                + reply_bytes(data)
+        }
+        Value::Double(value) => line(value.to_string().len() as u64),
+        Value::Boolean(_) => line(1),
+        Value::VerbatimString { text, .. } => bulk(text.len() as u64 + 4),
+        Value::BigNumber(number) => line(number.len() as u64),
+        Value::Push { data, .. } => {
+            line(digits(data.len() as u64 + 1)) + data.iter().map(reply_bytes).sum::<u64>()
+        }
+        Value::ServerError(error) => {
+            line(error.code().len() as u64 + error.details().map_or(0, |d| d.len() as u64 + 1))
+        }
+        // A kind a later redis crate adds: at least its type byte and CRLF.
+        _ => line(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::base::ids::Capability;
+
+    #[test]
+    fn a_script_is_named_by_the_sha1_of_its_text() {
+        // `redis-cli SCRIPT LOAD "return 1"` answers this.
+        assert_eq!(
+            Script::new("return 1").sha1,
+            "e0e1f9fabfc9d4800c877a703b823ac0578ff8db"
+        );
+    }
+
+    #[test]
+    fn totals_pack_by_day_with_their_models_once() {
+        let chat = ModelKey {
+            name: "chat".into(),
+            capability: Capability::Llm,
+        };
+        let row = |day, tenant, model: Option<&ModelKey>, write| DailyRow {
+            day,
+            tenant: TenantId(tenant),
+            model: model.cloned(),
+            field: String::new(),
+            write,
+        };
+        let packed = pack(&[
+            row(20_001, 0x0102_0304, None, DailyWrite::Add(300)),
+            row(20_000, 7, Some(&chat), DailyWrite::Set(5)),
+            row(20_001, 8, Some(&chat), DailyWrite::Add(1)),
+        ]);
+        assert_eq!(packed.models, vec!["llm|chat".to_string()]);
+        assert_eq!(
+            packed.days,
+            vec![
+                (20_000, vec![7, 0, 0, 0, 0b11, 5]),
+                (20_001, vec![4, 3, 2, 1, 0, 0xac, 0x02, 8, 0, 0, 0, 0b10, 1]),
+            ]
+        );
+    }
+
+    #[test]
+    fn replies_are_sized_as_resp_sends_them() {
+        use redis::Value;
+        assert_eq!(reply_bytes(&Value::Okay), b"+OK\r\n".len() as u64);
+        assert_eq!(reply_bytes(&Value::Nil), b"$-1\r\n".len() as u64);
+        assert_eq!(reply_bytes(&Value::Int(-12)), b":-12\r\n".len() as u64);
+        assert_eq!(
+            reply_bytes(&Value::Array(vec![
+                Value::BulkString(b"router-0".to_vec()),
+                Value::Int(0)
+            ])),
+            b"*2\r\n$8\r\nrouter-0\r\n:0\r\n".len() as u64
+        );
+        assert_eq!(
+            reply_bytes(&Value::BulkString(vec![0; 10])),
+            b"$10\r\n0123456789\r\n".len() as u64
+        );
+    }
+}

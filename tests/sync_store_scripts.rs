@@ -1,0 +1,518 @@
+//! The store's scripts run by their SHA1 in a real Valkey (issue 33, "The round's cost on the
+//! wire"): a script cache emptied between rounds (`SCRIPT FLUSH`, as a restart or a failover
+//! empties it) fails no round and loses no grant, no entry and no daily token; the round's packed
+//! daily totals land in the same fields, with the same values, as a `HINCRBY` per total writes
+//! (the plain commands a store refusing scripts still gets); once a script is cached its text is
+//! not sent again; a round reads none of its own entries back and misses none of another's; and
+//! through the binaries, a router with occupancy and daily budgets rides a flush after each
+//! request.
+
+mod common;
+
+use common::poll;
+use common::valkey::{Valkey, ValkeyOptions};
+use hivenet_router::base::ids::{Capability, TenantId};
+use hivenet_router::logic::snapshot::ModelKey;
+use hivenet_router::router::config::sync::StoreSettings;
+use hivenet_router::router::sync::pool_store::{self, Grant};
+use hivenet_router::router::sync::round::{DailyWrite, daily_field};
+use hivenet_router::router::sync::store::{
+    ClaimWrite, DailyRow, PoolRewrite, PoolWrite, RoundWrites, Store, StreamId,
+};
+
+const SITE: &str = "scripts";
+const EPOCH: &str = "epoch-1";
+const ROUTER: &str = "router-0";
+const PASSWORD: &str = "scripts-secret";
+const DAY: u32 = 20_426;
+
+fn store(valkey: &Valkey) -> Store {
+    let (host, port) = valkey
+        .addr()
+        .rsplit_once(':')
+        .map(|(h, p)| (h.to_owned(), p.parse().unwrap()))
+        .unwrap();
+    Store::new(
+        StoreSettings {
+            addrs: vec![(host, port)],
+            sentinel_master: None,
+            username: None,
+            password: valkey.password().map(str::to_owned),
+            tls: false,
+            tls_ca: None,
+        },
+        SITE,
+        ROUTER,
+        std::time::Duration::from_secs(2),
+    )
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn chat() -> ModelKey {
+    ModelKey {
+        name: "chat|v2".into(),
+        capability: Capability::Llm,
+    }
+}
+
+fn row(day: u32, tenant: u32, model: Option<ModelKey>, write: DailyWrite) -> DailyRow {
+    DailyRow {
+        day,
+        tenant: TenantId(tenant),
+        field: daily_field(ROUTER, TenantId(tenant), model.as_ref()),
+        model,
+        write,
+    }
+}
+
+/// One round of `store` writing `entries` (any bytes: the store does not read them) and `totals`.
+async fn round(store: &mut Store, entries: &[Vec<u8>], totals: &[DailyRow]) {
+    store
+        .round(RoundWrites {
+            entries,
+            totals,
+            heartbeat: "{}",
+            agents: None,
+            after: StreamId::default(),
+            now_ms: 1_780_000_000_000,
+            claim: ClaimWrite {
+                value: "claim",
+                ttl_ms: 10_000,
+                release: false,
+            },
+        })
+        .await
+        .expect("the round");
+}
+
+/// The day's hash as (field, value), sorted.
+fn daily(valkey: &Valkey, day: u32) -> Vec<(String, String)> {
+    let reply = valkey
+        .reply(&["HGETALL", &format!("hivenet:{{{SITE}}}:daily:{day}")])
+        .unwrap();
+    let mut pairs: Vec<(String, String)> = reply
+        .items()
+        .chunks(2)
+        .map(|pair| (pair[0].text(), pair[1].text()))
+        .collect();
+    pairs.sort();
+    pairs
+}
+
+fn stream_length(valkey: &Valkey) -> u64 {
+    valkey
+        .command(&["XLEN", &format!("hivenet:{{{SITE}}}:usage")])
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_flushed_script_cache_fails_no_round_and_loses_no_grant() {
+    let valkey = Valkey::primary();
+    valkey.command(&["SET", &format!("hivenet:{{{SITE}}}:epoch"), EPOCH]);
+    let mut store = store(&valkey);
+    runtime().block_on(async {
+        let granted = store
+            .grant("chat", ROUTER, 1, EPOCH, 10, 100)
+            .await
+            .unwrap();
+        assert_eq!(
+            granted,
+            Grant::Granted {
+                granted: 10,
+                held: 10
+            }
+        );
+        valkey.command(&["SCRIPT", "FLUSH"]);
+        let granted = store.grant("chat", ROUTER, 1, EPOCH, 5, 100).await.unwrap();
+        assert_eq!(
+            granted,
+            Grant::Granted {
+                granted: 5,
+                held: 15
+            }
+        );
+
+        round(
+            &mut store,
+            &[b"first".to_vec()],
+            &[row(DAY, 7, None, DailyWrite::Add(300))],
+        )
+        .await;
+        valkey.command(&["SCRIPT", "FLUSH"]);
+        round(
+            &mut store,
+            &[b"second".to_vec()],
+            &[row(DAY, 7, None, DailyWrite::Add(40))],
+        )
+        .await;
+        assert_eq!(stream_length(&valkey), 2, "an entry was lost");
+        assert_eq!(
+            daily(&valkey, DAY),
+            vec![(daily_field(ROUTER, TenantId(7), None), "340".to_string())]
+        );
+
+        valkey.command(&["SCRIPT", "FLUSH"]);
+        let read = store
+            .pools(&[PoolWrite {
+                pool: "chat",
+                rewrite: Some(PoolRewrite {
+                    epoch: EPOCH,
+                    run: 1,
+                    holding: 12,
+                    in_use: 3,
+                    short: false,
+                }),
+            }])
+            .await
+            .unwrap();
+        assert!(read.refused.is_none());
+        assert_eq!(read.pools[0].rewritten, Some(0));
+        assert_eq!(read.pools[0].holdings[ROUTER], "1:12:0");
+
+        valkey.command(&["SCRIPT", "FLUSH"]);
+        assert_eq!(store.release_holdings(ROUTER, 1).await.unwrap(), 1);
+    });
+    assert_eq!(
+        valkey.command(&["EXISTS", &format!("hivenet:{{{SITE}}}:pool:chat")]),
+        "0"
+    );
+}
+
+/// The writes of a round at midnight: increments and whole totals, flat and per-model budgets
+/// (a model name holding the field separator), two days.
+fn midnight_totals() -> Vec<DailyRow> {
+    vec![
+        row(DAY, 0x00ab_cdef, None, DailyWrite::Add(1)),
+        row(
+            DAY,
+            0xffff_ffff,
+            Some(chat()),
+            DailyWrite::Add(123_456_789_012),
+        ),
+        row(DAY, 3, Some(chat()), DailyWrite::Set(77)),
+        row(DAY + 1, 0x00ab_cdef, None, DailyWrite::Add(200)),
+        row(
+            DAY + 1,
+            4,
+            Some(ModelKey {
+                name: "embed".into(),
+                capability: Capability::Embedding,
+            }),
+            DailyWrite::Set(5),
+        ),
+    ]
+}
+
+#[test]
+fn packed_totals_land_where_a_hincrby_per_total_writes_them() {
+    let scripted = Valkey::primary();
+    // A store whose ACL refuses scripts gets the plain commands (`HINCRBY` per total).
+    let plain = Valkey::primary_with(ValkeyOptions::new().password(PASSWORD));
+    plain.command(&["ACL", "SETUSER", "default", "-eval", "-evalsha"]);
+    for valkey in [&scripted, &plain] {
+        // What was there before is added to, and a whole total replaces it.
+        let key = format!("hivenet:{{{SITE}}}:daily:{DAY}");
+        valkey.command(&[
+            "HSET",
+            &key,
+            &daily_field(ROUTER, TenantId(3), Some(&chat())),
+            "1000",
+        ]);
+        valkey.command(&[
+            "HSET",
+            &key,
+            &daily_field(ROUTER, TenantId(0x00ab_cdef), None),
+            "9",
+        ]);
+        valkey.command(&["HSET", &key, "router-1|00abcdef||", "50"]);
+        let mut store = store(valkey);
+        runtime().block_on(async {
+            round(&mut store, &[b"e".to_vec()], &midnight_totals()).await;
+            round(
+                &mut store,
+                &[],
+                &[row(DAY, 0x00ab_cdef, None, DailyWrite::Add(10))],
+            )
+            .await;
+        });
+    }
+    for day in [DAY, DAY + 1] {
+        assert_eq!(daily(&scripted, day), daily(&plain, day), "day {day}");
+        let ttl: i64 = scripted
+            .command(&["TTL", &format!("hivenet:{{{SITE}}}:daily:{day}")])
+            .parse()
+            .unwrap();
+        assert!(ttl > 86_400, "day {day}'s expiry: {ttl}");
+    }
+    assert_eq!(daily(&scripted, DAY), {
+        let mut expected = vec![
+            (
+                daily_field(ROUTER, TenantId(0x00ab_cdef), None),
+                "20".to_string(),
+            ),
+            (
+                daily_field(ROUTER, TenantId(0xffff_ffff), Some(&chat())),
+                "123456789012".to_string(),
+            ),
+            (
+                daily_field(ROUTER, TenantId(3), Some(&chat())),
+                "77".to_string(),
+            ),
+            ("router-1|00abcdef||".to_string(), "50".to_string()),
+        ];
+        expected.sort();
+        expected
+    });
+    assert_eq!(stream_length(&scripted), 1);
+    assert_eq!(stream_length(&plain), 1);
+}
+
+#[test]
+fn a_cached_script_is_not_sent_again() {
+    let valkey = Valkey::primary();
+    valkey.command(&["SET", &format!("hivenet:{{{SITE}}}:epoch"), EPOCH]);
+    let mut store = store(&valkey);
+    let totals = [row(DAY, 7, None, DailyWrite::Add(3))];
+    let pools = [PoolWrite {
+        pool: "chat",
+        rewrite: Some(PoolRewrite {
+            epoch: EPOCH,
+            run: 1,
+            holding: 2,
+            in_use: 1,
+            short: false,
+        }),
+    }];
+    let (rounds, pool_steps) = runtime().block_on(async {
+        let mut rounds = Vec::new();
+        let mut pool_steps = Vec::new();
+        for _ in 0..3 {
+            let from = store.written_bytes();
+            round(&mut store, &[], &totals).await;
+            rounds.push(store.written_bytes() - from);
+            let from = store.written_bytes();
+            store.pools(&pools).await.unwrap();
+            pool_steps.push(store.written_bytes() - from);
+        }
+        (rounds, pool_steps)
+    });
+    eprintln!("round bytes {rounds:?}, pool step bytes {pool_steps:?}");
+    // The first of each sends the script's text once more after NOSCRIPT; the others only its
+    // SHA1, the same bytes every time.
+    assert!(rounds[0] > rounds[1] + 1_000, "{rounds:?}");
+    assert_eq!(rounds[1], rounds[2]);
+    assert!(
+        pool_steps[0] > pool_steps[1] + pool_store::REWRITE.len() as u64,
+        "{pool_steps:?}"
+    );
+    assert_eq!(pool_steps[1], pool_steps[2]);
+    assert!(
+        pool_steps[1] < 300,
+        "a pool's rewrite and read: {pool_steps:?}"
+    );
+    assert!(store.read_bytes() > 0);
+}
+
+/// A router does not read its own entries back, and misses none of another's: the round reads
+/// the stream before adding its own entries, in one transaction, so the next round reads after
+/// them only when nothing came between. The same with the plain commands of a store that
+/// refuses scripts.
+#[test]
+fn a_round_reads_no_entry_of_its_own_and_every_other() {
+    // The first round that publishes (a1's; an idle round sends no script) finds the script
+    // unknown (`NOSCRIPT`) and sends its text on its own, outside the read's transaction, as does
+    // a4's after the flush: each of them is read back once.
+    let scripted = Valkey::primary();
+    assert_eq!(own_and_others_read(&scripted), vec!["a1", "b1", "a4"]);
+    let plain = Valkey::primary_with(ValkeyOptions::new().password(PASSWORD));
+    plain.command(&["ACL", "SETUSER", "default", "-eval", "-evalsha"]);
+    assert_eq!(own_and_others_read(&plain), vec!["b1"]);
+}
+
+/// What router-0 reads through a sequence of rounds of its own, one of router-1's, and a
+/// `SCRIPT FLUSH`.
+fn own_and_others_read(valkey: &Valkey) -> Vec<String> {
+    let mut mine = store(valkey);
+    let mut other = store(valkey);
+    let rounds = [
+        (0, ""),
+        (0, "a1"),
+        (0, "a2"),
+        (1, "b1"),
+        (0, "a3"),
+        (0, ""),
+        (2, ""),
+        (0, "a4"),
+        (0, ""),
+        (0, ""),
+    ];
+    runtime().block_on(async {
+        let mut cursor = StreamId::default();
+        let mut read = Vec::new();
+        for (writer, entry) in rounds {
+            let entries: Vec<&str> = [entry].into_iter().filter(|e| !e.is_empty()).collect();
+            match writer {
+                1 => {
+                    reads(&mut other, StreamId::default(), &entries).await;
+                }
+                2 => {
+                    valkey.command(&["SCRIPT", "FLUSH"]);
+                }
+                _ => {
+                    let round = reads(&mut mine, cursor, &entries).await;
+                    read.extend(
+                        round
+                            .entries
+                            .iter()
+                            .map(|(_, bytes)| String::from_utf8(bytes.clone()).unwrap()),
+                    );
+                    let newest = round
+                        .entries
+                        .last()
+                        .map_or(cursor, |(id, _)| cursor.max(*id));
+                    cursor = round.own_newest.map_or(newest, |own| newest.max(own));
+                }
+            }
+        }
+        read
+    })
+}
+
+/// One round of `store` after `after`, publishing `entries`.
+async fn reads(
+    store: &mut Store,
+    after: StreamId,
+    entries: &[&str],
+) -> hivenet_router::router::sync::store::RoundReads {
+    let entries: Vec<Vec<u8>> = entries
+        .iter()
+        .map(|entry| entry.as_bytes().to_vec())
+        .collect();
+    store
+        .round(RoundWrites {
+            entries: &entries,
+            totals: &[],
+            heartbeat: "{}",
+            agents: None,
+            after,
+            now_ms: 1_780_000_000_000,
+            claim: ClaimWrite {
+                value: "claim",
+                ttl_ms: 10_000,
+                release: false,
+            },
+        })
+        .await
+        .expect("the round")
+}
+
+/// Through the binaries: a router with an occupancy budget and a daily budget rides a
+/// `SCRIPT FLUSH` after every request. No round fails, no credit call fails, every request is
+/// admitted (its wallet refilled after each flush), and every token reaches the daily total.
+#[test]
+fn a_router_rides_a_script_flush_between_rounds() {
+    const KEY: &str = "sk-scripts-flush";
+    let valkey = Valkey::primary();
+    // Settled: no first-deployment settle window before the first grant.
+    valkey.command(&["SET", "hivenet:{default}:epoch", "1-an-earlier-router"]);
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("hivenet-it")
+        .join(format!("scripts-flush-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("policies")).unwrap();
+    std::fs::write(
+        dir.join("policies/sim-model.yaml"),
+        "models:\n  - sim-model\nrouting_policy:\n  strategy: least-loaded\nmax_inflight: 4\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("auth.yaml"),
+        format!(
+            "api:\n  mode: api-key\n  keys:\n    - key_hash: \"{}\"\n      key_preview: \"sk-...lush\"\n      metadata: {{name: flush, owner: flush}}\n      quota: {{tokens_per_day: 1000000}}\n",
+            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(KEY.as_bytes()))
+        ),
+    )
+    .unwrap();
+    let store = valkey.addr();
+    let policies = dir.join("policies").display().to_string();
+    let auth = dir.join("auth.yaml").display().to_string();
+    let site = common::Site::start(
+        "scripts-flush",
+        common::Options::new()
+            .router_args(&[
+                "--shards",
+                "1",
+                "--sync-store",
+                "valkey",
+                "--sync-valkey-addrs",
+                &store,
+                "--router-id",
+                "router-0",
+                "--sync-interval",
+                "200ms",
+                "--policy-model-dir",
+                &policies,
+                "--auth-config-file",
+                &auth,
+            ])
+            .api_key(KEY)
+            .sim(&["--models", "sim-model", "--output-tokens", "2"])
+            .agent(0, &["--capacity", "8"]),
+    );
+    site.wait_metric("hivenet_sync_up", |up| up == 1.0);
+    let body = common::chat("sim-model", false).to_string();
+    let raw = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let rounds = || site.router_metric("hivenet_sync_tick_seconds_count");
+    let mut used = 0;
+    for _ in 0..5 {
+        let response = common::request(site.http, raw.as_bytes());
+        assert_eq!(response.status, 200, "{}\n{}", response.text(), site.logs());
+        used += response.json()["usage"]["total_tokens"].as_u64().unwrap();
+        valkey.command(&["SCRIPT", "FLUSH"]);
+        let from = rounds();
+        site.wait_metric("hivenet_sync_tick_seconds_count", move |v| v >= from + 2.0);
+        assert_eq!(site.router_metric("hivenet_sync_up"), 1.0);
+    }
+    let stored = || -> u64 {
+        let day = valkey.command(&["KEYS", "hivenet:{default}:daily:*"]);
+        day.lines()
+            .filter(|key| !key.is_empty() && *key != "(nil)")
+            .flat_map(|key| {
+                valkey
+                    .command(&["HVALS", key])
+                    .lines()
+                    .filter_map(|value| value.parse::<u64>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .sum()
+    };
+    poll(common::WAIT, || (stored() == used).then_some(())).unwrap_or_else(|| {
+        panic!(
+            "{used} tokens used, {} in the store\n{}",
+            stored(),
+            site.logs()
+        )
+    });
+    let metrics = site.router_metrics();
+    for (name, labels) in [
+        ("hivenet_sync_errors_total", &[("kind", "unreachable")][..]),
+        ("hivenet_sync_errors_total", &[("kind", "permission")][..]),
+        ("hivenet_occupancy_credit_errors_total", &[][..]),
+    ] {
+        assert_eq!(
+            common::metric_sum(&metrics, name, labels),
+            0.0,
+            "{name} {labels:?}\n{}",
+            site.logs()
+        );
+    }
+}
