@@ -152,6 +152,8 @@ struct Round {
     /// write theirs again whole at their next round, and usage published between this router's
     /// last read and the loss is counted only in those.
     resync_rounds: u32,
+    /// A failover was noticed: the shards report every daily total again at the next round.
+    rewrite_daily: bool,
     /// The store's epoch as last seen: a new one means the store lost its data.
     epoch: Option<String>,
     /// This router's own totals were read back (only once: they are added).
@@ -253,6 +255,7 @@ impl SyncCore {
             cursor: None,
             resync: true,
             resync_rounds: 0,
+            rewrite_daily: false,
             epoch: None,
             own_restored: false,
             read_day: utc_today(),
@@ -444,6 +447,9 @@ impl Round {
         self.store.ensure_connected().await?;
         self.check_permissions().await?;
         self.notice_failover(now_ms);
+        if std::mem::take(&mut self.rewrite_daily) {
+            self.shared.broadcast(|| ControlToShard::RewriteDaily).await;
+        }
         if let Some(holder) = self.stepped_down.clone() {
             if leaving {
                 return Err(RoundFailure::SteppedDown(holder));
@@ -543,7 +549,16 @@ impl Round {
                     release: leaving,
                 },
             })
-            .await?;
+            .await;
+        let reads = match reads {
+            Ok(reads) => reads,
+            Err(error) => {
+                // The transaction may have run with its reply lost: these totals are written
+                // whole next time, so an increment is never added twice.
+                self.ledger.unsure(&totals);
+                return Err(error.into());
+            }
+        };
         self.backlog.clear();
         self.ledger.wrote(&totals);
         if agents_json.is_some() {
@@ -733,9 +748,16 @@ impl Round {
         if failovers != self.failovers_seen {
             self.failovers_seen = failovers;
             tracing::warn!(
-                "the sync store failed over or restarted: occupancy grants lost with it are guarded for the settle window"
+                "the sync store failed over or restarted: occupancy grants lost with it are guarded for the settle window, and this router's daily totals are written again whole"
             );
             self.credits.failed_over(now_ms);
+            // Increments the promoted replica had not received are lost with the old primary and
+            // no later increment brings them back: the totals are written whole once (the seed:
+            // "a write lost in a failover is healed by the next one") and read again, as after a
+            // data loss (`sync::simulation`).
+            self.ledger.lost();
+            self.rewrite_daily = true;
+            self.resync_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
         }
     }
 

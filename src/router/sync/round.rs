@@ -302,9 +302,11 @@ pub enum DailyWrite {
 /// per daily budget this router charged on the days not yet forgotten
 /// ([`DailyLedger::forget_before`]).
 ///
-/// A round whose transaction ran but whose answer was lost (a timeout) is written again: its
-/// increments count twice, as its usage entries do. The error is on the safe side (a budget
-/// refuses early), where an overwrite lost usage.
+/// A round whose transaction may have run but whose answer did not come (a timeout, an error
+/// reply) writes those fields whole next time ([`DailyLedger::unsure`]): an increment sent again
+/// would count twice (`sync::simulation`, invariant 3). After a failover or a data loss every
+/// field is written whole once ([`DailyLedger::lost`]): increments the promoted replica never
+/// received are not brought back by later ones.
 #[derive(Debug, Default)]
 pub struct DailyLedger {
     written: HashMap<(u32, String), u64>,
@@ -348,6 +350,13 @@ impl DailyLedger {
             let written = self.written.entry(key).or_default();
             *written = (*written).max(*total);
         }
+    }
+
+    /// A round that wrote `totals` failed: whether its transaction ran is unknown, so each is
+    /// written whole next time.
+    pub fn unsure(&mut self, totals: &[(u32, String, u64)]) {
+        self.whole
+            .extend(totals.iter().map(|(day, field, _)| (*day, field.clone())));
     }
 
     /// The store lost its data: every field this process wrote is written whole once more
@@ -512,6 +521,22 @@ mod tests {
         );
         let replayed = remote_batch(&decoded, 10_250, true, ids);
         assert_eq!(replayed.usage.len(), 2, "daily usage is in the totals read");
+    }
+
+    #[test]
+    fn a_round_that_failed_writes_its_totals_whole_next_time() {
+        let mut ledger = DailyLedger::default();
+        let totals = [(7, "r|1||".to_string(), 30)];
+        ledger.wrote(&totals);
+        // 40 now: 10 more. The round fails; the increment may or may not have landed.
+        let totals = [(7, "r|1||".to_string(), 40)];
+        assert_eq!(ledger.writes(&totals)[0].2, DailyWrite::Add(10));
+        ledger.unsure(&totals);
+        let totals = [(7, "r|1||".to_string(), 45)];
+        assert_eq!(ledger.writes(&totals)[0].2, DailyWrite::Set(45));
+        ledger.wrote(&totals);
+        let totals = [(7, "r|1||".to_string(), 50)];
+        assert_eq!(ledger.writes(&totals)[0].2, DailyWrite::Add(5));
     }
 
     #[test]

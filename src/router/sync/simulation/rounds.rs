@@ -84,11 +84,32 @@ impl Sim {
     fn exchange(&mut self, index: usize, leaving: bool) -> Result<site::Peers, ()> {
         let now = self.now;
         let router = self.routers[index].as_mut().expect("a running router");
-        if now < self.store.down_until || now < self.store.slow_until {
+        if now < self.store.down_until || now < router.partitioned_until {
             return Err(());
         }
-        if now < router.partitioned_until {
+        if now < self.store.slow_until {
+            // The transaction is sent and its answer comes past the deadline: whether it ran is
+            // unknown (it did not, here).
+            let totals: Vec<(u32, String, u64)> = router
+                .backlog
+                .totals()
+                .map(|total| {
+                    let field = round::daily_field(&router.id, total.tenant, None);
+                    (total.day.0, field, total.tokens)
+                })
+                .collect();
+            router.ledger.unsure(&totals);
             return Err(());
+        }
+        // `sync::core`'s `notice_failover`: a failover or a restart of the store may have lost
+        // increments; every total is written whole once and read again.
+        if router.failovers_seen != self.store.failovers {
+            router.failovers_seen = self.store.failovers;
+            router.ledger.lost();
+            for shard in &mut router.shards {
+                shard.rewrite_daily_totals();
+            }
+            router.resync_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
         }
         let wall = router.wall(now);
         let day = router.day(now);
@@ -189,6 +210,7 @@ impl Sim {
         let keep_after = now.saturating_sub(120_000) * 1000;
         store.primary.stream.retain(|(id, _)| *id > keep_after);
         if failing_command.is_some() || matches!(reply, Reply::Lost) {
+            router.ledger.unsure(&totals);
             self.log(|| format!("router-{index}: the round ran, its reply was lost"));
             return Err(());
         }
