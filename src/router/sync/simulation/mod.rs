@@ -390,10 +390,28 @@ struct Outage {
     left: u64,
     /// What it charged since.
     spent: u64,
-    /// Its requests in flight then: their output is charged during the outage.
+    /// The most requests it had in flight at once since: their output is charged whatever is
+    /// left of its share.
     in_flight: u64,
     /// It enforces its share alone now: the record is checked.
     alone: bool,
+}
+
+impl Outage {
+    /// Charges on `day` (a budget of `daily`). A new UTC day during an outage starts at zero on
+    /// every router (seed, "Midnight UTC ... while the store is unreachable"): each may spend its
+    /// share of the whole new budget.
+    fn charge(&mut self, day: Day, charged: i64, daily: u64) {
+        if day > self.day {
+            self.day = day;
+            self.left = daily;
+            self.spent = 0;
+            self.in_flight = 0;
+        }
+        if day == self.day {
+            self.spent = self.spent.saturating_add_signed(charged);
+        }
+    }
 }
 
 impl Sim {
@@ -547,7 +565,7 @@ impl Sim {
                     *self.truth.charged.entry((router.run, day.0)).or_default() += INPUT as i64;
                     charge_step(&mut self.daily_by_step, day, self.step, INPUT as i64);
                     if let Some(outage) = &mut self.outage[index] {
-                        outage.spent += INPUT;
+                        outage.charge(day, INPUT as i64, self.daily);
                     }
                     let input = INPUT - 10 + self.rng.below(21);
                     let output = self.rng.below(MAX_OUTPUT + 1);
@@ -617,7 +635,7 @@ impl Sim {
                 *self.truth.charged.entry((router.run, day.0)).or_default() += charged;
                 charge_step(&mut self.daily_by_step, day, self.step, charged);
                 if let Some(outage) = &mut self.outage[index] {
-                    outage.spent = outage.spent.saturating_add_signed(charged);
+                    outage.charge(day, charged, self.daily);
                 }
             }
         }
@@ -755,6 +773,15 @@ impl Sim {
                     self.now < router.partitioned_until || !router.health.is_up()
                 }) || self.restart_at[index] + 5_000 > self.now
             });
+        // Invariant 4 allows for the output of every request in flight while a router is alone
+        // (output is never refused by a share): the most at once.
+        for index in 0..ROUTERS {
+            if let (Some(router), Some(outage)) = (&self.routers[index], &mut self.outage[index])
+                && outage.alone
+            {
+                outage.in_flight = outage.in_flight.max(router.in_flight.len() as u64);
+            }
+        }
         self.faulty.push(fault_now);
         self.admitted.push(admitted.iter().sum());
         self.admitted_by.push(admitted);
