@@ -1,0 +1,178 @@
+//! What a round reads besides its own transaction's replies: the other routers' agent lists,
+//! the entries handed to the shards (each batch once), and today's totals read again at start,
+//! after an outage, a data loss or a failover.
+
+use super::*;
+
+impl Round {
+    /// Gives each of the other routers' records its agents: from the list held when its
+    /// heartbeat names that version, else fetched (one `HMGET` for every list that changed,
+    /// rarely more than one a round). A list that cannot be read leaves the router's agents
+    /// unknown (`Heartbeat::resolve_agents`): it is never given up on its agents' word meanwhile.
+    pub(super) async fn resolve_agent_lists(&mut self, records: &mut [site::Record]) {
+        self.agent_lists
+            .retain(|id, _| records.iter().any(|record| record.id == *id));
+        let own = &self.settings.router_id;
+        let missing: Vec<String> = records
+            .iter()
+            .filter(|record| record.id != *own)
+            .filter(|record| {
+                record.heartbeat.agents_version.is_some_and(|version| {
+                    self.agent_lists
+                        .get(&record.id)
+                        .is_none_or(|list| list.version != version)
+                })
+            })
+            .map(|record| record.id.clone())
+            .collect();
+        if !missing.is_empty() {
+            match self.store.agent_lists(&missing).await {
+                Ok(texts) => {
+                    for (id, text) in missing.into_iter().zip(texts) {
+                        match text.as_deref().and_then(AgentList::parse) {
+                            Some(list) => {
+                                self.agent_lists.insert(id, list);
+                            }
+                            None => {
+                                self.agent_lists.remove(&id);
+                            }
+                        }
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "the other routers' agent lists could not be read");
+                }
+            }
+        }
+        for record in records.iter_mut() {
+            record
+                .heartbeat
+                .resolve_agents(self.agent_lists.get(&record.id));
+        }
+    }
+
+    /// Hands the shards the other routers' `entries` (this run's own are skipped, and so is a
+    /// batch applied before, published again after a lost reply; an entry this router cannot
+    /// read is logged and skipped). `rates_only`: the entries are already in the daily totals
+    /// read (a replay). Returns the age of the newest applied entry, in ms.
+    pub(super) async fn apply_entries(
+        &mut self,
+        entries: &[(StreamId, Vec<u8>)],
+        now_ms: u64,
+        rates_only: bool,
+    ) -> Option<u64> {
+        let mut remote = RemoteUsage::default();
+        let mut lag_ms = None;
+        {
+            let registry = self.shared.registry();
+            for (id, bytes) in entries {
+                let entry = match Entry::decode(bytes) {
+                    Ok(entry) => entry,
+                    Err(error) => {
+                        tracing::warn!(%error, id = %id, "skipping a usage entry this router cannot read");
+                        continue;
+                    }
+                };
+                if entry.router == self.settings.router_id && entry.run == self.run {
+                    continue;
+                }
+                if !self
+                    .applied
+                    .first_time(&entry.router, entry.run, entry.admitted_at_unix_ms)
+                {
+                    continue;
+                }
+                lag_ms = Some(now_ms.saturating_sub(entry.admitted_at_unix_ms));
+                remote
+                    .batches
+                    .push(round::remote_batch(&entry, now_ms, rates_only, |model| {
+                        registry.find_model(&model.name, model.capability)
+                    }));
+            }
+        }
+        if !remote.batches.is_empty() {
+            let remote = Arc::new(remote);
+            self.shared
+                .broadcast(|| ControlToShard::ApplyRemote(remote.clone()))
+                .await;
+        }
+        lag_ms
+    }
+
+    /// Reads today's totals and the stream's newest entry together and hands the totals to the
+    /// shards. At start the entries of the last minute up to that one are applied to the rate
+    /// buckets only (they are in the totals). Later (after an outage or a data loss) the entries
+    /// since the last one applied are applied whole first, and the totals then count where they
+    /// say more (`DailyBudget::set_others_total` never lowers): each is a lower bound of the
+    /// others' usage, and neither is added to the other.
+    pub(super) async fn read_totals(&mut self, now_ms: u64) -> redis::RedisResult<()> {
+        let day = utc_today();
+        let (fields, last) = self.store.read_daily(day.0).await?;
+        let replay_from = match self.cursor {
+            Some(cursor) => cursor,
+            None => StreamId {
+                ms: last.ms.saturating_sub(REPLAY_MS),
+                seq: 0,
+            },
+        };
+        let replay = if last > replay_from {
+            self.store.read_range(replay_from, last).await?
+        } else {
+            Vec::new()
+        };
+        // Before the totals: see the doc.
+        let caught_up = self.cursor.is_some();
+        if caught_up {
+            self.apply_entries(&replay, now_ms, false).await;
+        }
+        if !self.own_restored {
+            // The shards start from this router's own totals: only what they add is written.
+            for (field, tokens) in &fields {
+                if round::parse_daily_field(field)
+                    .is_some_and(|(router, _, _)| router == self.settings.router_id)
+                {
+                    self.ledger.restored(day.0, field, *tokens);
+                }
+            }
+        }
+        let records = round::daily_records(
+            &self.settings.router_id,
+            day,
+            fields
+                .iter()
+                .map(|(field, tokens)| (field.as_str(), *tokens)),
+            !self.own_restored,
+        );
+        let shards = self.shared.shard_count();
+        let mut per_shard: HashMap<usize, Vec<_>> = HashMap::new();
+        for record in records {
+            per_shard
+                .entry(record.tenant.owner(shards))
+                .or_default()
+                .push(record);
+        }
+        for shard in 0..shards {
+            let records = per_shard.remove(&shard).unwrap_or_default();
+            self.shared
+                .send_to_shard(
+                    shard,
+                    ControlToShard::DailyTotals(DailyRestore { day, records }),
+                )
+                .await;
+        }
+        if !caught_up {
+            self.apply_entries(&replay, now_ms, true).await;
+        }
+        tracing::info!(
+            totals = fields.len(),
+            replayed = replay.len(),
+            "today's totals read from the sync store"
+        );
+        // Entries up to `last` are in the totals (and their rate usage was just replayed); a
+        // cursor past `last` means the store lost its data, and its new entries start lower.
+        self.cursor = Some(last);
+        self.own_restored = true;
+        self.resync = false;
+        Ok(())
+    }
+}

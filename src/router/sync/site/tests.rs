@@ -1,0 +1,420 @@
+//! Liveness, records, shares and the agents' word on silent routers.
+
+use super::*;
+
+const SECOND: u64 = 1000;
+const NOW: u64 = 1_780_000_000_000;
+
+fn heartbeat(peer: &str, age_ms: u64) -> Heartbeat {
+    Heartbeat {
+        run: 1,
+        at_unix_ms: NOW - age_ms,
+        interval_ms: SECOND,
+        peer_id: peer.into(),
+        grpc_addr: Some(format!("{peer}.router-headless:50051")),
+        agents: Vec::new(),
+        agents_version: None,
+        agents_unknown: false,
+        left: false,
+    }
+}
+
+/// `id`'s record as read `age_ms` after it was written.
+fn record(id: &str, heartbeat: Heartbeat) -> Record {
+    Record {
+        id: id.into(),
+        age_ms: NOW - heartbeat.at_unix_ms,
+        heartbeat,
+    }
+}
+
+fn no_reports() -> HashMap<String, Box<[String]>> {
+    HashMap::new()
+}
+
+#[test]
+fn a_silent_router_is_given_up_only_once_every_agent_it_served_says_so() {
+    let mut crashed = heartbeat("peer-b", 4 * SECOND);
+    crashed.agents = vec!["agent-1".into(), "agent-2".into()];
+    let records = [record("b", crashed)];
+    let mut reports: HashMap<String, Box<[String]>> = HashMap::new();
+    reports.insert("agent-1".into(), Box::new(["peer-a".to_string()]));
+    assert!(
+        given_up("a", &records, &reports).is_empty(),
+        "agent-2 is not heard here"
+    );
+    reports.insert(
+        "agent-2".into(),
+        Box::new(["peer-a".to_string(), "peer-b".to_string()]),
+    );
+    assert!(
+        given_up("a", &records, &reports).is_empty(),
+        "agent-2 still has a session with b"
+    );
+    reports.insert("agent-2".into(), Box::new(["peer-a".to_string()]));
+    assert_eq!(
+        given_up("a", &records, &reports),
+        vec![("b".to_string(), 1)]
+    );
+    // An agent b never listed, heard here, with a session to b: it may be serving b.
+    reports.insert(
+        "agent-3".into(),
+        Box::new(["peer-a".to_string(), "peer-b".to_string()]),
+    );
+    assert!(given_up("a", &records, &reports).is_empty());
+    reports.remove("agent-3");
+    let recent = [record("b", heartbeat("peer-b", 2 * SECOND))];
+    assert!(
+        given_up("a", &recent, &reports).is_empty(),
+        "two missed heartbeats are not enough"
+    );
+}
+
+#[test]
+fn live_silent_and_gone_by_age_and_leaving() {
+    let beat = heartbeat("a", 0);
+    assert_eq!(beat.state(3 * SECOND), PeerState::Live);
+    assert_eq!(beat.state(3 * SECOND + 1), PeerState::Silent);
+    assert_eq!(beat.state(SILENT_FOR_AT_MOST_MS), PeerState::Silent);
+    assert_eq!(beat.state(SILENT_FOR_AT_MOST_MS + 1), PeerState::Gone);
+    let left = Heartbeat { left: true, ..beat };
+    assert_eq!(left.state(0), PeerState::Gone);
+}
+
+#[test]
+fn a_record_cannot_stretch_its_liveness_by_the_interval_it_claims() {
+    let slow = Heartbeat {
+        interval_ms: u64::MAX / 4,
+        ..heartbeat("a", 0)
+    };
+    assert_eq!(slow.interval_clamped_ms(), 10 * SECOND);
+    assert_eq!(slow.state(31 * SECOND), PeerState::Silent);
+    let zero = Heartbeat {
+        interval_ms: 0,
+        ..heartbeat("a", 0)
+    };
+    assert_eq!(zero.interval_clamped_ms(), 100);
+    assert_eq!(zero.state(301), PeerState::Silent);
+}
+
+fn json(heartbeat: &Heartbeat) -> String {
+    serde_json::to_string(heartbeat).unwrap()
+}
+
+#[test]
+fn a_time_in_the_future_is_clamped_and_an_unchanged_record_goes_silent() {
+    let mut sightings = Sightings::default();
+    let future = Heartbeat {
+        at_unix_ms: NOW + 365 * 24 * 3600 * SECOND,
+        ..heartbeat("ghost", 0)
+    };
+    let text = json(&future);
+    let roster = sightings.read([("ghost", text.as_str())], NOW);
+    assert_eq!(roster.records[0].age_ms, 0, "the future counts as now");
+    assert_eq!(roster.records[0].heartbeat.state(0), PeerState::Live);
+    // Not rewritten: it ages by this router's clock.
+    let later = NOW + 3 * SECOND + 1;
+    let roster = sightings.read([("ghost", text.as_str())], later);
+    assert_eq!(roster.records[0].age_ms, 3 * SECOND + 1);
+    assert_eq!(
+        roster.records[0].heartbeat.state(roster.records[0].age_ms),
+        PeerState::Silent
+    );
+    let roster = sightings.read([("ghost", text.as_str())], NOW + SILENT_FOR_AT_MOST_MS + 1);
+    assert_eq!(
+        roster.records[0].heartbeat.state(roster.records[0].age_ms),
+        PeerState::Gone
+    );
+}
+
+#[test]
+fn a_record_rewritten_every_round_stays_live_whatever_its_clock_says() {
+    let mut sightings = Sightings::default();
+    // Its writer's clock runs an hour ahead of this router's: still live while it writes.
+    for round in 0..10 {
+        let now = NOW + round * SECOND;
+        let beat = Heartbeat {
+            at_unix_ms: now + 3600 * SECOND,
+            ..heartbeat("skewed", 0)
+        };
+        let text = json(&beat);
+        let roster = sightings.read([("skewed", text.as_str())], now);
+        assert_eq!(roster.records[0].age_ms, 0);
+    }
+    // A record first seen older than clocks differ by is as old as its writer says; one
+    // younger ages from when this router first saw it.
+    let old = json(&heartbeat("old", 120 * SECOND));
+    let roster = sightings.read([("old", old.as_str())], NOW);
+    assert_eq!(roster.records[0].age_ms, 120 * SECOND);
+    let recent = json(&heartbeat("recent", 10 * SECOND));
+    let roster = sightings.read([("recent", recent.as_str())], NOW);
+    assert_eq!(roster.records[0].age_ms, 0);
+}
+
+/// `sync::simulation` seed 66: this router's clock two seconds ahead of the others', with
+/// 200 ms rounds. The others' records, rewritten every round, stay live.
+#[test]
+fn a_reader_whose_clock_runs_ahead_sees_routers_that_write_live() {
+    let mut sightings = Sightings::default();
+    for round in 0..20 {
+        let writer_now = NOW + round * 200;
+        let beat = Heartbeat {
+            at_unix_ms: writer_now,
+            interval_ms: 200,
+            ..heartbeat("behind", 0)
+        };
+        let text = json(&beat);
+        let roster = sightings.read([("behind", text.as_str())], writer_now + 2 * SECOND);
+        let record = &roster.records[0];
+        assert_eq!(record.heartbeat.state(record.age_ms), PeerState::Live);
+    }
+}
+
+#[test]
+fn malformed_records_are_ignored_and_each_bad_value_reported_once() {
+    let mut sightings = Sightings::default();
+    let good = json(&heartbeat("good", 0));
+    let no_peer = json(&heartbeat("", 0));
+    let huge_addr = json(&Heartbeat {
+        grpc_addr: Some("x".repeat(FIELD_BYTES_MAX + 1)),
+        ..heartbeat("big", 0)
+    });
+    let fields = [
+        ("a-good", good.as_str()),
+        ("b-garbage", "{not json"),
+        ("c-no-peer", no_peer.as_str()),
+        ("d-huge", huge_addr.as_str()),
+    ];
+    let roster = sightings.read(fields, NOW);
+    assert_eq!(roster.records.len(), 1);
+    assert_eq!(roster.records[0].id, "a-good");
+    assert_eq!(roster.malformed, 3);
+    assert_eq!(roster.newly_malformed, ["b-garbage", "c-no-peer", "d-huge"]);
+    let roster = sightings.read(fields, NOW + SECOND);
+    assert_eq!(roster.malformed, 3);
+    assert!(roster.newly_malformed.is_empty(), "reported once per value");
+    let roster = sightings.read([("b-garbage", "{still not json")], NOW + 2 * SECOND);
+    assert_eq!(roster.newly_malformed, ["b-garbage"]);
+}
+
+#[test]
+fn records_past_the_most_a_site_holds_are_ignored() {
+    let mut sightings = Sightings::default();
+    let texts: Vec<(String, String)> = (0..ROUTERS_MAX + 3)
+        .map(|index| {
+            let id = format!("r{index:04}");
+            let text = json(&heartbeat(&id, 0));
+            (id, text)
+        })
+        .collect();
+    let roster = sightings.read(
+        texts.iter().map(|(id, text)| (id.as_str(), text.as_str())),
+        NOW,
+    );
+    assert_eq!(roster.records.len(), ROUTERS_MAX);
+    assert_eq!(roster.malformed, 3);
+}
+
+#[test]
+fn peers_count_others_and_list_advertised_live_routers() {
+    let own = heartbeat("self", 0);
+    let records = [
+        record("r-self", heartbeat("self-old-run", 0)),
+        record("r-live", heartbeat("live", SECOND)),
+        record("r-silent", heartbeat("silent", 10 * SECOND)),
+        record("r-gone", heartbeat("gone", 2 * SILENT_FOR_AT_MOST_MS)),
+    ];
+    let peers = peers("r-self", &own, &records, &no_reports());
+    assert_eq!((peers.live, peers.silent), (1, 1));
+    let advertised: Vec<&str> = peers.advertised.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(advertised, ["live", "self"]);
+    assert_eq!(peers.listed, ["live", "self", "silent"]);
+}
+
+#[test]
+fn a_router_restarted_under_a_new_id_does_not_keep_its_old_share() {
+    let own = heartbeat("peer-a", 0);
+    // The same identity, live under a new router ID: the old record's process is gone.
+    let records = [
+        record("r-b-old", heartbeat("peer-b", 30 * SECOND)),
+        record("r-b-new", heartbeat("peer-b", 0)),
+    ];
+    let peers = peers("r-a", &own, &records, &no_reports());
+    assert_eq!((peers.live, peers.silent), (1, 0));
+    // This router's own identity under an older router ID.
+    let records = [record("r-a-old", heartbeat("peer-a", 30 * SECOND))];
+    let peers = super::peers("r-a", &own, &records, &no_reports());
+    assert_eq!((peers.live, peers.silent), (0, 0));
+}
+
+#[test]
+fn an_agent_list_is_versioned_by_its_agents_alone() {
+    let list = AgentList::new(vec!["b".into(), "a".into(), "a".into()]);
+    assert_eq!(list.agents, vec!["a".to_string(), "b".to_string()]);
+    assert_eq!(list, AgentList::new(vec!["a".into(), "b".into()]));
+    assert_ne!(list.version, AgentList::new(vec!["a".into()]).version);
+    // "ab" is not "a" then "b".
+    assert_ne!(
+        AgentList::new(vec!["ab".into()]).version,
+        AgentList::new(vec!["a".into(), "b".into()]).version
+    );
+    let text = serde_json::to_string(&list).unwrap();
+    assert_eq!(AgentList::parse(&text), Some(list));
+    assert_eq!(AgentList::parse(r#"{"version":1,"agents":[""]}"#), None);
+}
+
+#[test]
+fn a_router_whose_agent_list_is_unknown_is_never_given_up_on_its_agents_word() {
+    let own = heartbeat("peer-a", 0);
+    let list = AgentList::new(vec!["agent-1".into()]);
+    let mut crashed = heartbeat("peer-b", 10 * SECOND);
+    crashed.agents = vec![AGENTS_LISTED_APART.into()];
+    crashed.agents_version = Some(list.version);
+    let mut reports: HashMap<String, Box<[String]>> = HashMap::new();
+    reports.insert("agent-1".into(), Box::new(["peer-a".to_string()]));
+    // A router of the version before reads only the inline list: an agent no one reports.
+    let as_read_before = {
+        let mut heartbeat = crashed.clone();
+        heartbeat.agents_version = None;
+        [record("r-b", heartbeat)]
+    };
+    assert!(given_up("r-a", &as_read_before, &reports).is_empty());
+    assert_eq!(peers("r-a", &own, &as_read_before, &reports).silent, 1);
+    // The list lost, or of another version: unknown.
+    for list_read in [None, Some(&AgentList::new(vec!["agent-2".into()]))] {
+        let mut unknown = crashed.clone();
+        unknown.resolve_agents(list_read);
+        assert!(unknown.agents_unknown && unknown.agents.is_empty());
+        let records = [record("r-b", unknown)];
+        assert!(given_up("r-a", &records, &reports).is_empty());
+        assert_eq!(peers("r-a", &own, &records, &reports).silent, 1);
+    }
+    // Read: its one agent reports no session with it.
+    crashed.resolve_agents(Some(&list));
+    assert_eq!(crashed.agents, vec!["agent-1".to_string()]);
+    let records = [record("r-b", crashed)];
+    assert_eq!(given_up("r-a", &records, &reports), vec![("r-b".into(), 1)]);
+    assert_eq!(peers("r-a", &own, &records, &reports).silent, 0);
+}
+
+#[test]
+fn a_silent_router_its_agents_left_is_not_counted_one_that_served_none_is() {
+    let own = heartbeat("peer-a", 0);
+    let mut crashed = heartbeat("peer-b", 10 * SECOND);
+    crashed.agents = vec!["agent-1".into()];
+    let records = [record("r-b", crashed)];
+    let mut reports: HashMap<String, Box<[String]>> = HashMap::new();
+    reports.insert(
+        "agent-1".into(),
+        Box::new(["peer-a".to_string(), "peer-b".to_string()]),
+    );
+    assert_eq!(
+        peers("r-a", &own, &records, &reports).silent,
+        1,
+        "its agent still reports a session with it: it may be spending"
+    );
+    reports.insert("agent-1".into(), Box::new(["peer-a".to_string()]));
+    assert_eq!(peers("r-a", &own, &records, &reports).silent, 0);
+    // One that listed no agent may still serve through provider fallback.
+    let lonely = [record("r-c", heartbeat("peer-c", 10 * SECOND))];
+    assert_eq!(peers("r-a", &own, &lonely, &reports).silent, 1);
+}
+
+#[test]
+fn before_the_store_answers_each_router_takes_its_share_of_min_routers() {
+    let health = Health::new(3);
+    assert!(!health.is_up());
+    assert_eq!(
+        health.share(),
+        Share::Alone {
+            since: 0,
+            routers: 3
+        }
+    );
+}
+
+#[test]
+fn three_failed_rounds_fall_back_to_the_routers_last_seen() {
+    let mut health = Health::new(1);
+    health.succeeded(Peers {
+        live: 2,
+        silent: 1,
+        ..Peers::default()
+    });
+    assert_eq!(
+        health.share(),
+        Share::Shared {
+            round: 1,
+            live: 3,
+            silent: 1
+        }
+    );
+    assert_eq!(health.failed(), AfterFailure::Retry);
+    assert_eq!(health.failed(), AfterFailure::Retry);
+    assert!(health.is_up(), "two missed rounds keep the shared limits");
+    assert_eq!(
+        health.share(),
+        Share::Shared {
+            round: 1,
+            live: 3,
+            silent: 1
+        },
+        "no new round without news"
+    );
+    health.failed();
+    assert!(!health.is_up());
+    assert_eq!(
+        health.share(),
+        Share::Alone {
+            since: 1,
+            routers: 4
+        }
+    );
+}
+
+#[test]
+fn min_routers_floors_the_routers_last_seen() {
+    let mut health = Health::new(5);
+    health.succeeded(Peers::default());
+    for _ in 0..3 {
+        health.failed();
+    }
+    assert_eq!(
+        health.share(),
+        Share::Alone {
+            since: 1,
+            routers: 5
+        }
+    );
+}
+
+#[test]
+fn every_tenth_failure_reconnects() {
+    let mut health = Health::new(1);
+    let reconnects: Vec<u32> = (1..=25)
+        .filter(|_| health.failed() == AfterFailure::Reconnect)
+        .collect();
+    assert_eq!(reconnects, [10, 20]);
+}
+
+#[test]
+fn the_store_back_returns_to_shared_limits_in_a_new_round() {
+    let mut health = Health::new(2);
+    health.succeeded(Peers::default());
+    for _ in 0..4 {
+        health.failed();
+    }
+    health.succeeded(Peers {
+        live: 1,
+        ..Peers::default()
+    });
+    assert!(health.is_up());
+    assert_eq!(
+        health.share(),
+        Share::Shared {
+            round: 2,
+            live: 2,
+            silent: 0
+        }
+    );
+}

@@ -1,0 +1,315 @@
+//! The round's transaction against the store: the usage script (or its plain commands), the
+//! heartbeat, the claim and the reads, and the stream read after a cursor.
+
+use super::*;
+
+impl Store {
+    /// One round: read the entries after `writes.after`, publish, write the daily totals, the
+    /// heartbeat and the router ID's claim in one transaction, then read the claim, the epoch
+    /// and the heartbeats. The entries and the totals must be written together: a start-up
+    /// reads the totals and the stream's newest entry as one, and takes every entry up to it as
+    /// counted in the totals. They go as one script call ([`scripts::USAGE`], atomic in
+    /// itself): a `NOSCRIPT` answer means neither was written, and they are sent again with the
+    /// script's text; a store whose ACL refuses the script gets them as plain commands. The
+    /// occupancy pools are not part of it ([`Store::pools`]): a store that refuses their
+    /// script must not keep limits from being shared.
+    ///
+    /// The stream is read before this round's entries are added, in the same transaction: no
+    /// other router's entry can come between what was read and them, so the next round may
+    /// read after them ([`RoundReads::own_newest`]) and a router does not read its own usage
+    /// back (about 9 bytes a key it served, each round).
+    pub async fn round(&mut self, writes: RoundWrites<'_>) -> RedisResult<RoundReads> {
+        // A round with nothing to publish (an idle router) sends no usage writes at all.
+        let idle = writes.entries.is_empty() && writes.totals.is_empty();
+        let scripted = !self.usage_script_refused && !idle;
+        let (replies, usage) = match self.round_once(&writes, scripted).await {
+            // `EVALSHA` refused while queued: nothing ran. The round again, the long way.
+            Err(error)
+                if scripted
+                    && refused_permission(&error)
+                    && error.to_string().to_ascii_lowercase().contains("evalsha") =>
+            {
+                self.usage_script_refused = true;
+                self.round_once(&writes, false).await?
+            }
+            other => other?,
+        };
+        let own_newest = match usage {
+            Usage::Written(own_newest) => own_newest,
+            // The script did not run (the store restarted, failed over, or its cache was
+            // flushed): the entries and totals alone, with its text. Not in the transaction of
+            // the read: another router's entry may come first, so the next round reads after
+            // the read only.
+            Usage::NoScript => {
+                let script = self.usage_script(&writes, true);
+                self.usage_alone(vec![script], &writes).await?;
+                None
+            }
+            // Refused inside the script, before its first write (`HMGET` comes first).
+            Usage::Refused => {
+                self.usage_script_refused = true;
+                let commands = self.usage_commands(&writes);
+                self.transaction(commands, 0).await?;
+                None
+            }
+        };
+        // Read whole (fewer than asked): what follows the newest entry read is this round's own.
+        let read_whole = matches!(&replies[0], Value::Array(items) if items.len() < READ_MAX);
+        let own_newest = own_newest.filter(|_| read_whole);
+        let entries = entries(&replies[0]);
+        let claim_holder: Option<String> = redis::from_redis_value_ref(&replies[1])?;
+        let epoch: String = redis::from_redis_value_ref(&replies[2])?;
+        let heartbeats: HashMap<String, String> = redis::from_redis_value_ref(&replies[3])?;
+        Ok(RoundReads {
+            heartbeats,
+            entries,
+            own_newest,
+            epoch,
+            claim_holder,
+        })
+    }
+
+    /// One try of the round's transaction (see [`Store::round`]): the replies of its four reads
+    /// (entries, claim, epoch, heartbeats) and how the usage writes went.
+    async fn round_once(
+        &mut self,
+        writes: &RoundWrites<'_>,
+        scripted: bool,
+    ) -> RedisResult<([Value; 4], Usage)> {
+        let mut commands = vec![self.range_after(writes.after)];
+        let usage = if scripted {
+            vec![self.usage_script(writes, false)]
+        } else {
+            self.usage_commands(writes)
+        };
+        let usage_count = usage.len();
+        commands.extend(usage);
+        commands.extend(self.round_rest(writes));
+        let count = commands.len();
+        let mut replies = self.transaction_replies(commands).await?;
+        if replies.len() != count {
+            return Err(self.unknown_state(format!(
+                "the transaction answered {} replies to {count} commands",
+                replies.len()
+            )));
+        }
+        let usage_replies: Vec<Value> = replies.drain(1..1 + usage_count).collect();
+        if let Some(error) = replies
+            .iter()
+            .find(|reply| matches!(reply, Value::ServerError(_)))
+        {
+            return Err(self.unknown_state(format!("the store refused a command: {error:?}")));
+        }
+        let usage = if scripted {
+            match usage_replies.into_iter().next() {
+                Some(reply) if noscript(&reply) => Usage::NoScript,
+                Some(Value::ServerError(error)) => {
+                    let error = redis::RedisError::from(error);
+                    if !refused_permission(&error) {
+                        return Err(self.failed(error));
+                    }
+                    Usage::Refused
+                }
+                Some(reply) => Usage::Written(stream_id(&reply)),
+                None => return Err(short_reply()),
+            }
+        } else {
+            if let Some(Value::ServerError(error)) = usage_replies
+                .iter()
+                .find(|reply| matches!(reply, Value::ServerError(_)))
+            {
+                return Err(self.unknown_state(format!("the store refused a command: {error:?}")));
+            }
+            // The `XADD`s come first, one per entry: the last one's ID.
+            let own_newest = writes
+                .entries
+                .len()
+                .checked_sub(1)
+                .and_then(|last| usage_replies.get(last))
+                .and_then(stream_id);
+            Usage::Written(own_newest)
+        };
+        // The read of the entries first; the claim, the epoch and the heartbeats last.
+        let heartbeats = replies.pop().ok_or_else(short_reply)?;
+        let epoch = replies.pop().ok_or_else(short_reply)?;
+        let claim = replies.pop().ok_or_else(short_reply)?;
+        let entries = replies.into_iter().next().ok_or_else(short_reply)?;
+        Ok(([entries, claim, epoch, heartbeats], usage))
+    }
+
+    /// The round's usage script sent again on its own, with its text, after a `NOSCRIPT`: a
+    /// refusal inside it (the ACL) writes the same with plain commands instead.
+    async fn usage_alone(
+        &mut self,
+        script: Vec<redis::Cmd>,
+        writes: &RoundWrites<'_>,
+    ) -> RedisResult<()> {
+        let mut pipe = pipe();
+        for command in script {
+            pipe.add_command(command);
+        }
+        match self.query(&pipe).await?.pop() {
+            Some(Value::ServerError(error)) => {
+                let error = redis::RedisError::from(error);
+                if !refused_permission(&error) {
+                    return Err(self.failed(error));
+                }
+                self.usage_script_refused = true;
+                let commands = self.usage_commands(writes);
+                self.transaction(commands, 0).await.map(|_| ())
+            }
+            Some(_) => Ok(()),
+            None => Err(short_reply()),
+        }
+    }
+
+    /// The round's entries and daily totals as one call of [`scripts::USAGE`] (`full`: with its
+    /// text, after the store answered `NOSCRIPT`).
+    fn usage_script(&self, writes: &RoundWrites<'_>, full: bool) -> redis::Cmd {
+        let packed = pack(writes.totals);
+        let mut call = USAGE.call(full);
+        call.arg(1 + packed.days.len()).arg(self.key("usage"));
+        for (day, _) in &packed.days {
+            call.arg(self.key(&format!("daily:{day}")));
+        }
+        call.arg(writes.after.ms.saturating_sub(STREAM_KEEP_MS))
+            .arg(writes.entries.len());
+        for entry in writes.entries {
+            call.arg(entry.as_slice());
+        }
+        call.arg(&self.router)
+            .arg(DAILY_TTL_SECONDS)
+            .arg(packed.models.len());
+        for model in &packed.models {
+            call.arg(model);
+        }
+        for (_, blob) in &packed.days {
+            call.arg(blob.as_slice());
+        }
+        call
+    }
+
+    /// The round's entries and daily totals as plain commands, for a store whose ACL refuses
+    /// the script: per entry an `XADD`; per day one `HINCRBY` per changed total (an increment
+    /// of this process's own, so another writer of the field loses nothing), one `HSET` with the
+    /// whole totals written again after the store lost its data, and the day's expiry.
+    fn usage_commands(&self, writes: &RoundWrites<'_>) -> Vec<redis::Cmd> {
+        let usage = self.key("usage");
+        let mut commands = Vec::with_capacity(writes.entries.len() + writes.totals.len() + 2);
+        for entry in writes.entries {
+            let mut xadd = redis::cmd("XADD");
+            xadd.arg(&usage)
+                .arg("MINID")
+                .arg("~")
+                .arg(writes.after.ms.saturating_sub(STREAM_KEEP_MS))
+                .arg("*")
+                .arg("u")
+                .arg(entry.as_slice());
+            commands.push(xadd);
+        }
+        let mut days: Vec<u32> = writes.totals.iter().map(|row| row.day).collect();
+        days.sort_unstable();
+        days.dedup();
+        for day in days {
+            let key = self.key(&format!("daily:{day}"));
+            let mut whole = redis::cmd("HSET");
+            whole.arg(&key);
+            let mut wholes = 0;
+            for row in writes.totals.iter().filter(|row| row.day == day) {
+                match row.write {
+                    DailyWrite::Add(tokens) => {
+                        let mut add = redis::cmd("HINCRBY");
+                        add.arg(&key).arg(&row.field).arg(tokens);
+                        commands.push(add);
+                    }
+                    DailyWrite::Set(tokens) => {
+                        whole.arg(&row.field).arg(tokens);
+                        wholes += 1;
+                    }
+                }
+            }
+            if wholes > 0 {
+                commands.push(whole);
+            }
+            let mut expire = redis::cmd("EXPIRE");
+            expire.arg(&key).arg(DAILY_TTL_SECONDS);
+            commands.push(expire);
+        }
+        commands
+    }
+
+    /// The rest of the round's transaction: the heartbeat (and agent list), the epoch, the
+    /// claim, then three reads: the claim's holder, the epoch, the heartbeats.
+    fn round_rest(&self, writes: &RoundWrites<'_>) -> Vec<redis::Cmd> {
+        let routers = self.key("routers");
+        let claim = self.key(&format!("owner:{}", self.router));
+        let mut commands = Vec::with_capacity(11);
+        let mut heartbeat = redis::cmd("HSET");
+        heartbeat
+            .arg(&routers)
+            .arg(&self.router)
+            .arg(writes.heartbeat);
+        commands.push(heartbeat);
+        if let Some(agents) = writes.agents {
+            let mut list = redis::cmd("HSET");
+            list.arg(self.key("agents")).arg(&self.router).arg(agents);
+            commands.push(list);
+        }
+        let mut set_epoch = redis::cmd("SET");
+        set_epoch
+            .arg(self.key("epoch"))
+            .arg(format!("{}-{}", writes.now_ms, self.epoch_suffix))
+            .arg("NX");
+        commands.push(set_epoch);
+        if writes.claim.release {
+            let mut release = redis::cmd("DEL");
+            release.arg(&claim);
+            commands.push(release);
+        } else {
+            // Taken when free, and renewed: renewing another process's claim is harmless (this
+            // one steps down on reading it, and the other renews it anyway).
+            let mut take = redis::cmd("SET");
+            take.arg(&claim)
+                .arg(writes.claim.value)
+                .arg("NX")
+                .arg("PX")
+                .arg(writes.claim.ttl_ms.max(1));
+            commands.push(take);
+            let mut renew = redis::cmd("PEXPIRE");
+            renew.arg(&claim).arg(writes.claim.ttl_ms.max(1));
+            commands.push(renew);
+        }
+        let mut holder = redis::cmd("GET");
+        holder.arg(&claim);
+        commands.push(holder);
+        let mut epoch = redis::cmd("GET");
+        epoch.arg(self.key("epoch"));
+        commands.push(epoch);
+        let mut heartbeats = redis::cmd("HGETALL");
+        heartbeats.arg(&routers);
+        commands.push(heartbeats);
+        commands
+    }
+
+    /// The round's read of the entries after `after`, at most [`READ_MAX`].
+    fn range_after(&self, after: StreamId) -> redis::Cmd {
+        let mut range = redis::cmd("XRANGE");
+        range
+            .arg(self.key("usage"))
+            .arg(format!("({after}"))
+            .arg("+")
+            .arg("COUNT")
+            .arg(READ_MAX);
+        range
+    }
+}
+
+/// How the round's usage writes went in its transaction.
+enum Usage {
+    /// Written; the ID of the last entry added, when there was one.
+    Written(Option<StreamId>),
+    /// The store did not know the script: nothing was written.
+    NoScript,
+    /// The store's ACL refused a command inside the script, before its first write.
+    Refused,
+}
