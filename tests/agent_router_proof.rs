@@ -14,6 +14,8 @@
 
 mod common;
 
+use common::runtime;
+
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -26,13 +28,6 @@ use hivenet_router::wire::proto::agent_control_server::AgentControl;
 use hivenet_router::wire::proto::{
     AgentMessage, AuthRequest, AuthResponse, ChallengeRequest, ChallengeResponse, RouterMessage,
 };
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 fn sim_site(name: &str, router_args: &[&str]) -> Site {
     Site::start(

@@ -6,8 +6,9 @@
 
 mod common;
 
-use common::valkey::{Sentinels, Valkey};
-use hivenet_router::router::config::sync::StoreSettings;
+use common::runtime;
+
+use common::valkey::{Sentinels, Valkey, store_settings};
 use hivenet_router::router::sync::pool_store::Grant;
 use hivenet_router::router::sync::store::Store;
 
@@ -21,31 +22,11 @@ fn store(valkey: &Valkey, router: &str) -> Store {
 /// A store for `router` at `addrs`: the primary, or the Sentinels of `sentinel_master`.
 fn store_at(addrs: &[String], sentinel_master: Option<&str>, router: &str) -> Store {
     Store::new(
-        StoreSettings {
-            addrs: addrs
-                .iter()
-                .map(|addr| {
-                    let (host, port) = addr.rsplit_once(':').unwrap();
-                    (host.to_owned(), port.parse().unwrap())
-                })
-                .collect(),
-            sentinel_master: sentinel_master.map(str::to_owned),
-            username: None,
-            password: None,
-            tls: false,
-            tls_ca: None,
-        },
+        store_settings(addrs, sentinel_master, None),
         SITE,
         router,
         std::time::Duration::from_secs(2),
     )
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 fn pool_total(valkey: &Valkey) -> u64 {

@@ -9,11 +9,12 @@
 
 mod common;
 
+use common::runtime;
+
 use common::poll;
-use common::valkey::{Valkey, ValkeyOptions};
+use common::valkey::{Valkey, ValkeyOptions, store_settings};
 use hivenet_router::base::ids::{Capability, TenantId};
 use hivenet_router::logic::snapshot::ModelKey;
-use hivenet_router::router::config::sync::StoreSettings;
 use hivenet_router::router::sync::pool_store::{self, Grant};
 use hivenet_router::router::sync::round::{DailyWrite, daily_field};
 use hivenet_router::router::sync::store::{
@@ -27,31 +28,12 @@ const PASSWORD: &str = "scripts-secret";
 const DAY: u32 = 20_426;
 
 fn store(valkey: &Valkey) -> Store {
-    let (host, port) = valkey
-        .addr()
-        .rsplit_once(':')
-        .map(|(h, p)| (h.to_owned(), p.parse().unwrap()))
-        .unwrap();
     Store::new(
-        StoreSettings {
-            addrs: vec![(host, port)],
-            sentinel_master: None,
-            username: None,
-            password: valkey.password().map(str::to_owned),
-            tls: false,
-            tls_ca: None,
-        },
+        store_settings(&[valkey.addr()], None, valkey.password()),
         SITE,
         ROUTER,
         std::time::Duration::from_secs(2),
     )
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 fn chat() -> ModelKey {

@@ -1435,3 +1435,11 @@ pub fn h2c_post(addr: SocketAddr, path: &str, body: &str) -> (u16, http::HeaderM
         (head.status.as_u16(), head.headers, data)
     })
 }
+
+/// A single-threaded runtime for a test that drives async library code directly.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}

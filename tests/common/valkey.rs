@@ -741,3 +741,26 @@ impl Sentinels {
         self.sentinels[index].restart();
     }
 }
+
+/// The sync store's settings for a client of `addrs` (the primary, or the Sentinels of
+/// `sentinel_master`), with `password` when the server requires one.
+pub fn store_settings(
+    addrs: &[String],
+    sentinel_master: Option<&str>,
+    password: Option<&str>,
+) -> hivenet_router::router::config::sync::StoreSettings {
+    hivenet_router::router::config::sync::StoreSettings {
+        addrs: addrs
+            .iter()
+            .map(|addr| {
+                let (host, port) = addr.rsplit_once(':').expect("host:port");
+                (host.to_owned(), port.parse().expect("a port"))
+            })
+            .collect(),
+        sentinel_master: sentinel_master.map(str::to_owned),
+        username: None,
+        password: password.map(str::to_owned),
+        tls: false,
+        tls_ca: None,
+    }
+}
