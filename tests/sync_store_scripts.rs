@@ -53,7 +53,8 @@ fn row(day: u32, tenant: u32, model: Option<ModelKey>, write: DailyWrite) -> Dai
     }
 }
 
-/// One round of `store` writing `entries` (any bytes: the store does not read them) and `totals`.
+/// One round of `store` writing `entries` (any bytes: the store reads the rate usage of those
+/// that decode, and writes the others all the same) and `totals`.
 async fn round(store: &mut Store, entries: &[Vec<u8>], totals: &[DailyRow]) {
     store
         .round(RoundWrites {
@@ -62,6 +63,7 @@ async fn round(store: &mut Store, entries: &[Vec<u8>], totals: &[DailyRow]) {
             heartbeat: "{}",
             agents: None,
             after: StreamId::default(),
+            asks: &[],
             now_ms: 1_780_000_000_000,
             claim: ClaimWrite {
                 value: "claim",
@@ -384,6 +386,7 @@ async fn reads(
             heartbeat: "{}",
             agents: None,
             after,
+            asks: &[],
             now_ms: 1_780_000_000_000,
             claim: ClaimWrite {
                 value: "claim",

@@ -32,6 +32,18 @@ pub struct Shortfall {
     pub reset_seconds: Option<u32>,
 }
 
+/// The largest capacity, in units, the store's script anchors ([`Bucket::anchor_view`]): its
+/// numbers are doubles, exact up to 2^53; a level plus a minute's refill stays below that.
+pub const ANCHOR_UNITS_MAX: i64 = 1 << 51;
+
+/// A bucket's level as the sync round sends it to the store to be anchored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AnchorView {
+    pub level_units: i64,
+    pub rate_per_minute: u64,
+    pub capacity_units: i64,
+}
+
 #[derive(Debug, Clone)]
 pub struct Bucket {
     rate_per_minute: u64,
@@ -289,6 +301,41 @@ impl Bucket {
         let amount = amount.saturating_sub(wasted);
         self.level_units = (self.level_units - units(amount)).max(-self.capacity_units);
         self.lowered();
+    }
+
+    /// What the sync round asks the store to anchor this bucket to ([`Bucket::anchor`]): its
+    /// level now, with what a smaller scale holds back, when it holds less than half its
+    /// capacity. Buckets above half have room for every router's share whatever their views
+    /// say; below it, views that drifted apart (a restart, usage lost in a crash, credits
+    /// applied in another order) decide who starves. `None` also for capacities past what the
+    /// store's script counts exactly ([`ANCHOR_UNITS_MAX`]).
+    pub fn anchor_view(&self, now: Millis) -> Option<AnchorView> {
+        let level_units = self.level_at(now) + self.held_units;
+        (self.capacity_units <= ANCHOR_UNITS_MAX && level_units < self.capacity_units / 2).then_some(
+            AnchorView {
+                level_units,
+                rate_per_minute: self.rate_per_minute,
+                capacity_units: self.capacity_units,
+            },
+        )
+    }
+
+    /// Set the level from the site's level the store keeps ([`Bucket::anchor_view`]):
+    /// `site_units` counts every router's published usage, this router's up to the round that
+    /// returned it; what was admitted here since the round took its usage (`delta_tokens`, not
+    /// published yet) is subtracted again. The refill between the store's reading and now is
+    /// not added: the anchor errs on the side of the limit by a few milliseconds of refill.
+    pub fn anchor(&mut self, now: Millis, site_units: i64) {
+        let pending_units = self.delta_tokens.clamp(-(LIMIT_MAX as i64), LIMIT_MAX as i64)
+            * UNITS_PER_TOKEN;
+        self.level_units =
+            (site_units - pending_units).clamp(-self.capacity_units, self.capacity_units);
+        if now > self.updated {
+            self.updated = now;
+        }
+        self.held_units = 0;
+        self.held_below_units = 0;
+        self.full_since = (self.level_units >= self.capacity_units).then_some(now);
     }
 
     /// Tokens admitted here since the last call, for the sync round to publish. A net refund is

@@ -1,7 +1,7 @@
 //! Request-rate (RPM) and token-rate (ITPM, OTPM) limits: what each charges and when, on top of
 //! [`Bucket`].
 
-use super::bucket::{Bucket, Shortfall};
+use super::bucket::{AnchorView, Bucket, Shortfall};
 use super::share::Share;
 use super::{LIMIT_MAX, Millis};
 
@@ -165,6 +165,16 @@ impl RequestRate {
     pub fn apply_remote(&mut self, now: Millis, requests: u64, age_ms: u64, share: Share) {
         self.bucket.apply_remote(now, requests, age_ms, share)
     }
+
+    /// See [`Bucket::anchor_view`].
+    pub fn anchor_view(&self, now: Millis) -> Option<AnchorView> {
+        self.bucket.anchor_view(now)
+    }
+
+    /// See [`Bucket::anchor`].
+    pub fn anchor(&mut self, now: Millis, site_units: i64) {
+        self.bucket.anchor(now, site_units)
+    }
 }
 
 /// Tokens per minute, with a one-minute capacity (seed, B4: "a continuously refilling one-minute
@@ -228,6 +238,16 @@ impl TokenRate {
     /// Another router's usage (see [`Bucket::apply_remote`]).
     pub fn apply_remote(&mut self, now: Millis, tokens: u64, age_ms: u64, share: Share) {
         self.bucket.apply_remote(now, tokens, age_ms, share)
+    }
+
+    /// See [`Bucket::anchor_view`].
+    pub fn anchor_view(&self, now: Millis) -> Option<AnchorView> {
+        self.bucket.anchor_view(now)
+    }
+
+    /// See [`Bucket::anchor`].
+    pub fn anchor(&mut self, now: Millis, site_units: i64) {
+        self.bucket.anchor(now, site_units)
     }
 }
 

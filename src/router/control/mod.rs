@@ -482,6 +482,7 @@ impl ControlShared {
             for answer in answers {
                 if let Ok(mut report) = answer.await {
                     usage.usage.append(&mut report.usage);
+                    usage.views.append(&mut report.views);
                     usage.daily.append(&mut report.daily);
                     // What each owner holds of the occupancy budgets: the round rewrites it.
                     usage.credits.append(&mut report.credits);

@@ -124,6 +124,7 @@ impl Shard {
                     owner.take_usage(&mut report.usage);
                     report.daily = owner.quotas.take_changed_daily_totals();
                     let now = crate::base::clock::now();
+                    owner.anchor_views(now, &mut report.views);
                     let credits = &mut report.credits;
                     owner.models.credit_round(now, reached, credits, effects);
                 });

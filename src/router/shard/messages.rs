@@ -93,6 +93,8 @@ pub enum ControlToShard {
 #[derive(Debug, Default)]
 pub struct ShardUsage {
     pub usage: Vec<crate::router::shard::owner::quotas::BucketUsage>,
+    /// The rate buckets low enough for the round to anchor to the site's level.
+    pub views: Vec<crate::router::shard::owner::quotas::BucketView>,
     pub daily: Vec<crate::router::shard::owner::quotas::DailyTotal>,
     /// What this router holds of every budget this shard's models have credits for.
     pub credits: Vec<crate::router::shard::owner::wallets::CreditHolding>,

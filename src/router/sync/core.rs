@@ -47,11 +47,12 @@ use crate::logic::limits::Day;
 use crate::router::control::ControlShared;
 use crate::router::control::site_routers::SiteRouter;
 use crate::router::shard::messages::ControlToShard;
-use crate::router::shard::owner::quotas::{DailyRestore, RemoteUsage};
+use crate::router::shard::owner::quotas::{Anchor, BucketView, DailyRestore, RemoteUsage};
 
 use super::SyncMetrics;
 use super::claim;
 use super::entry::{Entry, ModelName};
+use super::levels::{self, Ask};
 use super::pool_store::Grant;
 use super::pools::{self, SiteCredits};
 use super::round::{self, Backlog, Batch, DailyLedger};
@@ -153,6 +154,10 @@ struct Round {
     /// write theirs again whole at their next round, and usage published between this router's
     /// last read and the loss is counted only in those.
     resync_rounds: u32,
+    /// The rate buckets this round asks the store to anchor (`sync::levels`), from the shards.
+    views: Vec<BucketView>,
+    /// No anchoring before then (unix ms): an entry read was written without the levels.
+    unlevelled_until: u64,
     /// A failover was noticed: the shards report every daily total again at the next round.
     rewrite_daily: bool,
     /// The store's epoch as last seen: a new one means the store lost its data.
@@ -256,6 +261,8 @@ impl SyncCore {
             cursor: None,
             resync: true,
             resync_rounds: 0,
+            views: Vec::new(),
+            unlevelled_until: 0,
             rewrite_daily: false,
             epoch: None,
             own_restored: false,
@@ -354,6 +361,7 @@ impl Round {
     async fn tick(&mut self, leaving: bool) {
         let started = Instant::now();
         let usage = self.shared.take_usage(self.last_round_reached).await;
+        self.views = usage.views;
         let now_ms = now_unix_ms().max(0) as u64;
         let today = utc_today();
         self.backlog.push(Batch {
@@ -505,6 +513,34 @@ impl Round {
                 })
                 .unzip()
         };
+        let (asks, asked): (Vec<Ask>, Vec<Anchor>) = {
+            let registry = self.shared.registry();
+            std::mem::take(&mut self.views)
+                .into_iter()
+                .filter_map(|view| {
+                    let (kind, model) = levels::kind_of(view.bucket)?;
+                    let model = match model {
+                        None => None,
+                        Some(model) => Some(registry.model_key(model).map(|key| ModelName {
+                            name: key.name,
+                            capability: key.capability,
+                        })?),
+                    };
+                    let ask = Ask {
+                        key: view.key,
+                        kind,
+                        model,
+                        view: view.view,
+                    };
+                    let anchor = Anchor {
+                        key: view.key,
+                        bucket: view.bucket,
+                        site_units: 0,
+                    };
+                    Some((ask, anchor))
+                })
+                .unzip()
+        };
         let (sessions, agents) = self.shared.served_sessions();
         let agent_list = AgentList::new(agents);
         let heartbeat = self.heartbeat(now_ms, leaving, agent_list.version);
@@ -543,6 +579,7 @@ impl Round {
                 heartbeat: &heartbeat_json,
                 agents: agents_json.as_deref(),
                 after: cursor,
+                asks: &asks,
                 now_ms,
                 claim: ClaimWrite {
                     value: &self.claim_value,
@@ -639,7 +676,24 @@ impl Round {
             .last()
             .map_or(cursor, |(id, _)| cursor.max(*id));
         let newest = reads.own_newest.map_or(newest, |own| newest.max(own));
-        if let Some(lag_ms) = self.apply_entries(&reads.entries, now_ms, false).await {
+        if reads.unlevelled {
+            self.unlevelled_until = now_ms + levels::UNLEVELLED_HOLD_MS;
+        }
+        let anchors = match reads.levels {
+            Some(levels) if now_ms >= self.unlevelled_until => asked
+                .into_iter()
+                .zip(levels)
+                .map(|(anchor, site_units)| Anchor {
+                    site_units,
+                    ..anchor
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        if let Some(lag_ms) = self
+            .apply_entries(&reads.entries, now_ms, false, anchors)
+            .await
+        {
             self.metrics.lag_ms.store(lag_ms as i64, Ordering::Relaxed);
         }
         self.cursor = Some(newest);

@@ -29,6 +29,7 @@
 pub mod claim;
 pub mod core;
 pub mod entry;
+pub mod levels;
 pub mod pool_store;
 pub mod pools;
 pub mod redirect_claims;

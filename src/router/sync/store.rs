@@ -41,6 +41,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisResult, Value};
 
 use super::pool_store::Grant;
+use super::levels;
 use super::round::DailyWrite;
 use crate::router::config::sync::StoreSettings;
 
@@ -98,6 +99,8 @@ pub struct RoundWrites<'a> {
     pub agents: Option<&'a str>,
     /// Read the entries after this ID.
     pub after: StreamId,
+    /// The rate buckets whose site level the round asks for (`sync::levels`).
+    pub asks: &'a [levels::Ask],
     /// Now (unix ms): an epoch this router sets begins now.
     pub now_ms: u64,
     /// This process's claim on its router ID (`sync::claim`): taken when free, renewed for
@@ -144,6 +147,11 @@ pub struct RoundReads {
     /// transaction: no other entry lies between `entries` and it, so the next round reads after
     /// it. `None`: nothing published, or not atomically with the read.
     pub own_newest: Option<StreamId>,
+    /// The site's levels of the buckets asked, in order, counting every entry up to this
+    /// round's; `None` when the round cannot tell (see `sync::levels`, "What is not anchored").
+    pub levels: Option<Vec<i64>>,
+    /// An entry read was written without the levels (`sync::levels`).
+    pub unlevelled: bool,
     /// The store's epoch (see the module doc).
     pub epoch: String,
     /// Who holds this router ID after the round's claim (`None` once released).
@@ -692,6 +700,25 @@ fn entry_id(entry: &Value) -> Option<StreamId> {
 }
 
 /// (ID, field `u`) of each entry of an `XRANGE` reply; entries without it are skipped.
+/// Whether an entry of an `XRANGE` reply was written without the levels (no field `l`: the
+/// plain commands, or a router of the version before).
+fn unlevelled(reply: &Value) -> bool {
+    let Value::Array(items) = reply else {
+        return false;
+    };
+    items.iter().any(|item| {
+        let Value::Array(pair) = item else {
+            return false;
+        };
+        let Some(Value::Array(fields)) = pair.get(1) else {
+            return false;
+        };
+        !fields
+            .chunks(2)
+            .any(|field| matches!(field, [Value::BulkString(name), _] if name == b"l"))
+    })
+}
+
 fn entries(reply: &Value) -> Vec<(StreamId, Vec<u8>)> {
     let Value::Array(items) = reply else {
         return Vec::new();

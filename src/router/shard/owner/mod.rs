@@ -309,6 +309,11 @@ impl Owner {
         self.quotas.take_usage(out);
     }
 
+    /// The sync round, step 1 too: the rate buckets low enough to anchor to the site's level.
+    pub fn anchor_views(&self, now: Millis, out: &mut Vec<quotas::BucketView>) {
+        self.quotas.anchor_views(now, out);
+    }
+
     /// This router's part of every limit from now on (the sync core, each round): the rate
     /// limits' share, and whether occupancy credits count or each router keeps to its share of
     /// the budgets alone.
@@ -344,6 +349,14 @@ impl Owner {
                         batch.age_ms,
                     );
                 }
+            }
+        }
+        for anchor in &remote.anchors {
+            let Some(record) = self.keys.get(anchor.key) else {
+                continue;
+            };
+            if record.tenant_id.owner(self.shards) == self.shard {
+                self.quotas.anchor(now, &self.keys, anchor);
             }
         }
     }

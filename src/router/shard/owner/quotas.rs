@@ -754,6 +754,39 @@ impl Quotas {
         }
     }
 
+    /// Appends every rate bucket low enough to be anchored to the site's level (see
+    /// `Bucket::anchor_view`). Walks every holder, once per sync round.
+    pub fn anchor_views(&self, now: Millis, out: &mut Vec<BucketView>) {
+        for holder in self.holders.values() {
+            let key = holder.built.key;
+            holder
+                .limits
+                .anchor_views(now, |bucket, view| out.push(BucketView { key, bucket, view }));
+        }
+        for (key, holder) in &self.token_rates {
+            let key = *key;
+            holder
+                .limits
+                .anchor_views(now, |bucket, view| out.push(BucketView { key, bucket, view }));
+        }
+    }
+
+    /// Sets one bucket to the site's level the store returned (the caller passes only keys
+    /// whose owner this shard owns). A holder dropped since the round asked is not rebuilt.
+    pub fn anchor(&mut self, now: Millis, registry: &KeyRegistry, anchor: &Anchor) {
+        let holder = if anchor.is_key_bucket() {
+            self.token_rates.get_mut(&anchor.key)
+        } else {
+            let Some(record) = registry.get(anchor.key) else {
+                return;
+            };
+            self.holders.get_mut(&record.tenant_id)
+        };
+        if let Some(holder) = holder {
+            holder.limits.anchor(now, anchor.bucket, anchor.site_units);
+        }
+    }
+
     /// The store lost its data: every holder's daily totals are written again next round.
     pub fn rewrite_daily_totals(&mut self) {
         for holder in self.holders.values_mut() {
@@ -861,7 +894,7 @@ pub enum Release {
 
 mod remote_only;
 mod shared;
-pub use shared::{BucketUsage, RemoteBatch, RemoteUsage};
+pub use shared::{Anchor, BucketUsage, BucketView, RemoteBatch, RemoteUsage};
 
 #[cfg(test)]
 mod tests;

@@ -54,14 +54,19 @@ impl Round {
     /// Hands the shards the other routers' `entries` (this run's own are skipped, and so is a
     /// batch applied before, published again after a lost reply; an entry this router cannot
     /// read is logged and skipped). `rates_only`: the entries are already in the daily totals
-    /// read (a replay). Returns the age of the newest applied entry, in ms.
+    /// read (a replay). `anchors`: the site's levels the round returned, applied after the
+    /// entries (they count them). Returns the age of the newest applied entry, in ms.
     pub(super) async fn apply_entries(
         &mut self,
         entries: &[(StreamId, Vec<u8>)],
         now_ms: u64,
         rates_only: bool,
+        anchors: Vec<Anchor>,
     ) -> Option<u64> {
-        let mut remote = RemoteUsage::default();
+        let mut remote = RemoteUsage {
+            anchors,
+            ..RemoteUsage::default()
+        };
         let mut lag_ms = None;
         {
             let registry = self.shared.registry();
@@ -90,7 +95,7 @@ impl Round {
                     }));
             }
         }
-        if !remote.batches.is_empty() {
+        if !remote.batches.is_empty() || !remote.anchors.is_empty() {
             let remote = Arc::new(remote);
             self.shared
                 .broadcast(|| ControlToShard::ApplyRemote(remote.clone()))
@@ -123,7 +128,7 @@ impl Round {
         // Before the totals: see the doc.
         let caught_up = self.cursor.is_some();
         if caught_up {
-            self.apply_entries(&replay, now_ms, false).await;
+            self.apply_entries(&replay, now_ms, false, Vec::new()).await;
         }
         if !self.own_restored {
             // The shards start from this router's own totals: only what they add is written.
@@ -161,7 +166,7 @@ impl Round {
                 .await;
         }
         if !caught_up {
-            self.apply_entries(&replay, now_ms, true).await;
+            self.apply_entries(&replay, now_ms, true, Vec::new()).await;
         }
         tracing::info!(
             totals = fields.len(),

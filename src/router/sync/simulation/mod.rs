@@ -101,10 +101,11 @@ use crate::logic::limits::{
 };
 use crate::logic::snapshot::{ModelEntry, RoutingSnapshot};
 use crate::router::shard::owner::quotas::{
-    BucketUsage, Charge, DailyRestore, QuotaAdmission, Quotas, RemoteUsage,
+    Anchor, BucketUsage, BucketView, Charge, DailyRestore, QuotaAdmission, Quotas, RemoteUsage,
 };
 
 use super::entry::Entry;
+use super::levels;
 use super::round::{self, Backlog, Batch, DailyLedger, DailyWrite};
 use super::site::{self, Health, Heartbeat, Record};
 
@@ -225,6 +226,8 @@ struct Data {
     /// Today's totals: (day, field) -> tokens.
     daily: BTreeMap<(u32, String), u64>,
     heartbeats: BTreeMap<String, Heartbeat>,
+    /// The site's levels of contended rate buckets (`sync::levels`).
+    levels: levels::Levels,
 }
 
 struct Store {

@@ -21,9 +21,11 @@ impl Sim {
         let day = router.day(now);
         let mut usage = Vec::new();
         let mut totals = Vec::new();
+        let mut views = Vec::new();
         for shard in &mut router.shards {
             shard.take_usage(&mut usage);
             totals.extend(shard.take_changed_daily_totals());
+            shard.anchor_views(Millis(now), &mut views);
         }
         for used in &usage {
             if let crate::logic::limits::BucketRef::Daily { day, .. } = used.bucket {
@@ -40,7 +42,7 @@ impl Sim {
             router.read_day = day;
             router.ledger.forget_before(day.0.saturating_sub(1));
         }
-        let outcome = self.exchange(index, leaving);
+        let outcome = self.exchange(index, leaving, views);
         let reached = outcome.is_ok();
         let router = self.routers[index].as_mut().expect("a running router");
         match outcome {
@@ -81,7 +83,12 @@ impl Sim {
     }
 
     /// Steps 2 and 3 against the store (`sync::core`'s `exchange`).
-    fn exchange(&mut self, index: usize, leaving: bool) -> Result<site::Peers, ()> {
+    fn exchange(
+        &mut self,
+        index: usize,
+        leaving: bool,
+        views: Vec<BucketView>,
+    ) -> Result<site::Peers, ()> {
         let now = self.now;
         let router = self.routers[index].as_mut().expect("a running router");
         if now < self.store.down_until || now < router.partitioned_until {
@@ -164,11 +171,13 @@ impl Sim {
             None
         };
         let store = &mut self.store;
+        let mut written = Vec::new();
         for batch in router.backlog.batches() {
             let entry = round::entry_of(&router.id, router.run, batch, |_| None);
             if entry.is_empty() {
                 continue;
             }
+            written.push(entry.clone());
             let id = store.next_id(now);
             store.primary.stream.push((id, Arc::from(entry.encode())));
             if self
@@ -207,6 +216,28 @@ impl Sim {
                 .heartbeats
                 .insert(router.id.clone(), heartbeat.clone());
         }
+        // `sync::core`'s asks, and the script's levels (`sync::levels`) on the store's clock.
+        let (asks, asked): (Vec<levels::Ask>, Vec<Anchor>) = views
+            .into_iter()
+            .filter_map(|view| {
+                let (kind, model) = levels::kind_of(view.bucket)?;
+                // The simulation's keys have flat rates only.
+                model.is_none().then_some((
+                    levels::Ask {
+                        key: view.key,
+                        kind,
+                        model: None,
+                        view: view.view,
+                    },
+                    Anchor {
+                        key: view.key,
+                        bucket: view.bucket,
+                        site_units: 0,
+                    },
+                ))
+            })
+            .unzip();
+        let site_levels = store.primary.levels.round(now, &written, &asks);
         let keep_after = now.saturating_sub(120_000) * 1000;
         store.primary.stream.retain(|(id, _)| *id > keep_after);
         if failing_command.is_some() || matches!(reply, Reply::Lost) {
@@ -242,6 +273,19 @@ impl Sim {
             .map(|(id, beat)| (id.clone(), beat.clone()))
             .collect();
         let applied = apply_entries(router, &self.registry, &self.snapshot, &entries, now, false);
+        for (anchor, site_units) in asked.into_iter().zip(site_levels) {
+            let Some(record) = self.registry.get(anchor.key) else {
+                continue;
+            };
+            router.shards[record.tenant_id.owner(SHARDS)].anchor(
+                Millis(now),
+                &self.registry,
+                &Anchor {
+                    site_units,
+                    ..anchor
+                },
+            );
+        }
         router.cursor = Some(newest);
         let records: Vec<Record> = heartbeats
             .into_iter()

@@ -20,7 +20,7 @@ impl Store {
     /// back (about 9 bytes a key it served, each round).
     pub async fn round(&mut self, writes: RoundWrites<'_>) -> RedisResult<RoundReads> {
         // A round with nothing to publish (an idle router) sends no usage writes at all.
-        let idle = writes.entries.is_empty() && writes.totals.is_empty();
+        let idle = writes.entries.is_empty() && writes.totals.is_empty() && writes.asks.is_empty();
         let scripted = !self.usage_script_refused && !idle;
         let (replies, usage) = match self.round_once(&writes, scripted).await {
             // `EVALSHA` refused while queued: nothing ran. The round again, the long way.
@@ -34,8 +34,8 @@ impl Store {
             }
             other => other?,
         };
-        let own_newest = match usage {
-            Usage::Written(own_newest) => own_newest,
+        let (own_newest, levels) = match usage {
+            Usage::Written { newest, levels } => (newest, levels),
             // The script did not run (the store restarted, failed over, or its cache was
             // flushed): the entries and totals alone, with its text. Not in the transaction of
             // the read: another router's entry may come first, so the next round reads after
@@ -43,19 +43,23 @@ impl Store {
             Usage::NoScript => {
                 let script = self.usage_script(&writes, true);
                 self.usage_alone(vec![script], &writes).await?;
-                None
+                (None, None)
             }
             // Refused inside the script, before its first write (`HMGET` comes first).
             Usage::Refused => {
                 self.usage_script_refused = true;
                 let commands = self.usage_commands(&writes);
                 self.transaction(commands, 0).await?;
-                None
+                (None, None)
             }
         };
         // Read whole (fewer than asked): what follows the newest entry read is this round's own.
         let read_whole = matches!(&replies[0], Value::Array(items) if items.len() < READ_MAX);
         let own_newest = own_newest.filter(|_| read_whole);
+        // The levels count every entry up to this round's: only what was read whole is
+        // applied before them.
+        let levels = levels.filter(|levels| read_whole && levels.len() == writes.asks.len());
+        let unlevelled = unlevelled(&replies[0]);
         let entries = entries(&replies[0]);
         let claim_holder: Option<String> = redis::from_redis_value_ref(&replies[1])?;
         let epoch: String = redis::from_redis_value_ref(&replies[2])?;
@@ -64,6 +68,8 @@ impl Store {
             heartbeats,
             entries,
             own_newest,
+            levels,
+            unlevelled,
             epoch,
             claim_holder,
         })
@@ -110,7 +116,28 @@ impl Store {
                     }
                     Usage::Refused
                 }
-                Some(reply) => Usage::Written(stream_id(&reply)),
+                Some(Value::Array(mut reply)) if reply.len() == 2 => {
+                    let levels = match reply.pop() {
+                        Some(Value::Array(levels)) => levels
+                            .iter()
+                            .map(|level| match level {
+                                Value::Int(units) => Some(*units),
+                                _ => None,
+                            })
+                            .collect(),
+                        _ => None,
+                    };
+                    Usage::Written {
+                        newest: reply.pop().as_ref().and_then(stream_id),
+                        levels,
+                    }
+                }
+                Some(_) => {
+                    return Err(self.unknown_state(
+                        "the usage script answered something else than its entry and levels"
+                            .to_owned(),
+                    ));
+                }
                 None => return Err(short_reply()),
             }
         } else {
@@ -127,7 +154,10 @@ impl Store {
                 .checked_sub(1)
                 .and_then(|last| usage_replies.get(last))
                 .and_then(stream_id);
-            Usage::Written(own_newest)
+            Usage::Written {
+                newest: own_newest,
+                levels: None,
+            }
         };
         // The read of the entries first; the claim, the epoch and the heartbeats last.
         let heartbeats = replies.pop().ok_or_else(short_reply)?;
@@ -167,8 +197,11 @@ impl Store {
     /// text, after the store answered `NOSCRIPT`).
     fn usage_script(&self, writes: &RoundWrites<'_>, full: bool) -> redis::Cmd {
         let packed = pack(writes.totals);
+        let (ask_models, asks) = levels::pack(writes.asks);
         let mut call = USAGE.call(full);
-        call.arg(1 + packed.days.len()).arg(self.key("usage"));
+        call.arg(2 + packed.days.len())
+            .arg(self.key("usage"))
+            .arg(self.key("levels"));
         for (day, _) in &packed.days {
             call.arg(self.key(&format!("daily:{day}")));
         }
@@ -186,6 +219,13 @@ impl Store {
         for (_, blob) in &packed.days {
             call.arg(blob.as_slice());
         }
+        call.arg(levels::LEVELS_TTL_SECONDS)
+            .arg(levels::SWEEP_FIELDS)
+            .arg(ask_models.len());
+        for model in &ask_models {
+            call.arg(model);
+        }
+        call.arg(asks);
         call
     }
 
@@ -306,8 +346,12 @@ impl Store {
 
 /// How the round's usage writes went in its transaction.
 enum Usage {
-    /// Written; the ID of the last entry added, when there was one.
-    Written(Option<StreamId>),
+    /// Written; the ID of the last entry added, when there was one, and the levels asked for
+    /// (`None` when the script did not answer them: the plain commands).
+    Written {
+        newest: Option<StreamId>,
+        levels: Option<Vec<i64>>,
+    },
     /// The store did not know the script: nothing was written.
     NoScript,
     /// The store's ACL refused a command inside the script, before its first write.

@@ -84,13 +84,19 @@ pub fn noscript_error(error: &redis::RedisError) -> bool {
 }
 
 /// The round's usage writes, atomically: the stream entries, then per day the packed daily
-/// totals (see the module doc) and the day's expiry. Every read comes before the first write, so
-/// a command the ACL refuses inside the script (`HMGET`) fails it before it wrote anything.
+/// totals (see the module doc) and the day's expiry, and the site's levels of contended rate
+/// buckets (`sync::levels`: every tracked bucket the entries used is lowered, and each bucket
+/// asked for is answered with its level). Every read comes before the first write, so a command
+/// the ACL refuses inside the script (`HMGET`, `TIME`, `HRANDFIELD`) fails it before it wrote
+/// anything.
 ///
-/// KEYS: the usage stream, then one daily hash per day. ARGV: the stream's `MINID`, the entry
-/// count `n`, the `n` entries, the router ID, the daily hashes' expiry (seconds), the model
-/// count `m`, the `m` models (`capability|name`), then one blob per daily hash. Returns the ID
-/// of the last entry added (nil when none was).
+/// KEYS: the usage stream, the levels hash, then one daily hash per day. ARGV: the stream's
+/// `MINID`, the entry count `n`, the `n` entries, the router ID, the daily hashes' expiry
+/// (seconds), the model count `m`, the `m` models (`capability|name`), one blob per daily hash,
+/// then the levels hash's expiry (seconds), the sweep's field count, the asks' model count `a`,
+/// the `a` models (`capability code|name`) and the asks' blob (`sync::levels::pack`). Returns the
+/// ID of the last entry added (false when none was) and the asked levels, in units, in order.
+/// Each entry is added with a field `l` beside its usage `u`: its rate usage is in the levels.
 const USAGE_CODE: &str = r#"
 local function varint(blob, at)
   local value, scale = 0, 1
@@ -112,8 +118,8 @@ local m = tonumber(ARGV[5 + n])
 local suffixes = {'|'}
 for i = 1, m do suffixes[i + 1] = ARGV[5 + n + i] end
 local days = {}
-for d = 2, #KEYS do
-  local blob = ARGV[5 + n + m + d - 1]
+for d = 3, #KEYS do
+  local blob = ARGV[5 + n + m + d - 2]
   local adds, add_fields, sets = {}, {}, {}
   local at = 1
   while at <= #blob do
@@ -137,11 +143,133 @@ for d = 2, #KEYS do
   end
   days[d] = {adds = adds, add_fields = add_fields, sets = sets, current = current}
 end
+-- The levels: the rate usage of every entry (version 1, `sync::entry`), by field.
+local base = 5 + n + m + #KEYS - 1
+local levels_ttl = ARGV[base]
+local sweep = tonumber(ARGV[base + 1])
+local a = tonumber(ARGV[base + 2])
+local ask_models = {}
+for i = 1, a do ask_models[i] = ARGV[base + 2 + i] end
+local asks_blob = ARGV[base + 3 + a]
+local used, fields, known = {}, {}, {}
+local function touch(field)
+  if not known[field] then known[field] = true; fields[#fields + 1] = field end
+end
+-- One entry's rate usage; an entry that does not parse (not this version) adds none.
+local function entry_usage(blob)
+  local found = {}
+  if string.byte(blob, 1) ~= 1 then return found end
+  local length, at = varint(blob, 2)
+  at = at + length
+  local _
+  _, at = varint(blob, at)
+  _, at = varint(blob, at)
+  _, at = varint(blob, at)
+  local count
+  count, at = varint(blob, at)
+  local models = {}
+  for j = 1, count do
+    local capability = string.byte(blob, at)
+    length, at = varint(blob, at + 1)
+    models[j] = capability .. '|' .. string.sub(blob, at, at + length - 1)
+    at = at + length
+  end
+  count, at = varint(blob, at)
+  for _ = 1, count do
+    local b1, b2, b3, b4 = string.byte(blob, at, at + 3)
+    local key = hex[b4] .. hex[b3] .. hex[b2] .. hex[b1]
+    local buckets
+    buckets, at = varint(blob, at + 4)
+    for _ = 1, buckets do
+      local tag = string.byte(blob, at)
+      at = at + 1
+      local kind = tag % 4
+      local model = ''
+      if math.floor(tag / 4) % 2 == 1 then
+        local index = math.floor(tag / 16)
+        if index == 15 then index, at = varint(blob, at) end
+        model = models[index + 1]
+      end
+      if math.floor(tag / 8) % 2 == 1 then _, at = varint(blob, at) end
+      local amount
+      amount, at = varint(blob, at)
+      if kind ~= 3 then found[#found + 1] = {key .. '|' .. kind .. '|' .. model, amount} end
+    end
+  end
+  return found
+end
+for i = 1, n do
+  local parsed, found = pcall(entry_usage, ARGV[2 + i])
+  if parsed then
+    for _, usage in ipairs(found) do
+      touch(usage[1])
+      used[usage[1]] = (used[usage[1]] or 0) + usage[2]
+    end
+  end
+end
+local asks = {}
+local at = 1
+while at <= #asks_blob do
+  local b1, b2, b3, b4 = string.byte(asks_blob, at, at + 3)
+  local tag = string.byte(asks_blob, at + 4)
+  at = at + 5
+  local model = ''
+  if math.floor(tag / 4) % 2 == 1 then
+    local index
+    index, at = varint(asks_blob, at)
+    model = ask_models[index + 1]
+  end
+  local ask = {field = hex[b4] .. hex[b3] .. hex[b2] .. hex[b1] .. '|' .. (tag % 4) .. '|' .. model}
+  ask.rate, at = varint(asks_blob, at)
+  local capacity
+  capacity, at = varint(asks_blob, at)
+  ask.capacity = capacity * 60000
+  local zigzag
+  zigzag, at = varint(asks_blob, at)
+  if zigzag % 2 == 0 then ask.view = zigzag / 2 else ask.view = -(zigzag + 1) / 2 end
+  touch(ask.field)
+  asks[#asks + 1] = ask
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local function level_at(value)
+  local comma1 = string.find(value, ',', 1, true)
+  local comma2 = string.find(value, ',', comma1 + 1, true)
+  local comma3 = string.find(value, ',', comma2 + 1, true)
+  local level = {
+    units = tonumber(string.sub(value, 1, comma1 - 1)),
+    rate = tonumber(string.sub(value, comma2 + 1, comma3 - 1)),
+    capacity = tonumber(string.sub(value, comma3 + 1)),
+  }
+  local since = tonumber(string.sub(value, comma1 + 1, comma2 - 1))
+  if level.units < level.capacity and now > since then
+    level.units = math.min(level.capacity, level.units + (now - since) * level.rate)
+  end
+  return level
+end
+local levels = {}
+for first = 1, #fields, 1000 do
+  local last = math.min(first + 999, #fields)
+  local values = redis.call('HMGET', KEYS[2], unpack(fields, first, last))
+  for i = first, last do
+    if values[i - first + 1] then levels[fields[i]] = level_at(values[i - first + 1]) end
+  end
+end
+local swept = {}
+if #fields > 0 and sweep > 0 then
+  local random = redis.call('HRANDFIELD', KEYS[2], sweep, 'WITHVALUES')
+  for i = 1, #random, 2 do
+    if not known[random[i]] and level_at(random[i + 1]).units >= level_at(random[i + 1]).capacity then
+      swept[#swept + 1] = random[i]
+    end
+  end
+end
+-- Writes from here on.
 local newest = false
 for i = 1, n do
-  newest = redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 'u', ARGV[2 + i])
+  newest = redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 'u', ARGV[2 + i], 'l', '1')
 end
-for d = 2, #KEYS do
+for d = 3, #KEYS do
   local day = days[d]
   local pairs_out = {}
   for _, field in ipairs(day.add_fields) do
@@ -157,7 +285,43 @@ for d = 2, #KEYS do
   end
   redis.call('EXPIRE', KEYS[d], ttl)
 end
-return newest
+for field, amount in pairs(used) do
+  local level = levels[field]
+  if level then level.units = math.max(-level.capacity, level.units - amount * 60000) end
+end
+local answers = {}
+for i, ask in ipairs(asks) do
+  local level = levels[ask.field]
+  if level then
+    level.units = math.min(level.units, ask.capacity)
+  else
+    level = {units = math.max(-ask.capacity, math.min(ask.view, ask.capacity))}
+    levels[ask.field] = level
+  end
+  level.rate = ask.rate
+  level.capacity = ask.capacity
+  answers[i] = level.units
+end
+local out, gone = {}, swept
+for _, field in ipairs(fields) do
+  local level = levels[field]
+  if level then
+    if level.units >= level.capacity then
+      gone[#gone + 1] = field
+    else
+      out[#out + 1] = field
+      out[#out + 1] = string.format('%d,%d,%d,%d', level.units, now, level.rate, level.capacity)
+    end
+  end
+end
+for first = 1, #gone, 1000 do
+  redis.call('HDEL', KEYS[2], unpack(gone, first, math.min(first + 999, #gone)))
+end
+for first = 1, #out, 2000 do
+  redis.call('HSET', KEYS[2], unpack(out, first, math.min(first + 1999, #out)))
+end
+if #out > 0 then redis.call('EXPIRE', KEYS[2], levels_ttl) end
+return {newest, answers}
 "#;
 
 /// The largest amount the script adds exactly: Lua's numbers are doubles. No day's tokens come

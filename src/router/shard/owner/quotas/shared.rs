@@ -11,6 +11,7 @@
 
 use crate::base::ids::KeyId;
 use crate::logic::limits::BucketRef;
+use crate::logic::limits::bucket::AnchorView;
 
 /// One bucket's usage as routers exchange it. Request and daily buckets belong to the holder of
 /// the key's owner (`key` is a key of that owner that used them: every router finds the owner,
@@ -33,12 +34,42 @@ impl BucketUsage {
     }
 }
 
+/// A rate bucket low enough for the round to anchor it to the site's level the store keeps
+/// (`Bucket::anchor_view`): which one, and this router's view of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketView {
+    pub key: KeyId,
+    pub bucket: BucketRef,
+    pub view: AnchorView,
+}
+
+/// The site's level of one rate bucket, as the store counted it when the round ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Anchor {
+    pub key: KeyId,
+    pub bucket: BucketRef,
+    pub site_units: i64,
+}
+
+impl Anchor {
+    /// See [`BucketUsage::is_key_bucket`].
+    pub fn is_key_bucket(&self) -> bool {
+        matches!(
+            self.bucket,
+            BucketRef::InputTokens { .. } | BucketRef::OutputTokens { .. }
+        )
+    }
+}
+
 /// Usage other routers published, as the sync core hands it to every shard; each applies the
 /// usage of the tenants it owns.
 #[derive(Debug, Default)]
 pub struct RemoteUsage {
     /// Batches of usage admitted at one time, with how long ago that was.
     pub batches: Vec<RemoteBatch>,
+    /// The site's levels of the buckets this router asked to anchor, applied after the batches:
+    /// they count every entry the round read.
+    pub anchors: Vec<Anchor>,
 }
 
 #[derive(Debug)]

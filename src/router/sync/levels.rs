@@ -1,0 +1,392 @@
+//! The site's level of each contended rate bucket, kept by the store (issue 33: views that drift
+//! apart starve a router).
+//!
+//! Every router keeps each shared rate bucket in memory and subtracts the usage the others
+//! publish. Those views drift apart: a restarted router rebuilds its view from a replay, usage
+//! admitted by a router that crashed before publishing is in no view, refill credited to late
+//! usage depends on the order it arrives in. While a bucket has room, that costs nothing; once
+//! the site keeps it near empty, a router whose view is lower than the others' admits nothing
+//! while they admit its part, and nothing brings the views back together while the load lasts
+//! (the bucket never refills to its capacity, where views meet again).
+//!
+//! So the store keeps one level per contended bucket, in the round's usage script: the site's
+//! level, refilled on the store's clock and lowered by every router's published usage as it is
+//! written. A router whose view of a bucket is below half its capacity asks for it in its round
+//! ([`Ask`]) and sets its view to what the store returns (`Bucket::anchor`), minus what it
+//! admitted since. Every view of a contended bucket is then the same each round, whatever
+//! happened before.
+//!
+//! # In the store
+//! One hash, `hivenet:{site}:levels`; a field per bucket ([`field`]): `{key id}|{kind}|` for a
+//! key's flat request rate, `{key id}|{kind}|{capability}|{model}` for a model's. The value is
+//! `level,at,rate,capacity`: the level in units (`limits::bucket::UNITS_PER_TOKEN` a token) at
+//! the store's time `at` (ms), refilling `rate` units a millisecond up to `capacity` units. A
+//! bucket the hash has no field for is full: a field that refills to its capacity is removed,
+//! a few random fields are checked each round and removed when full, and the whole hash
+//! expires when no round touched it for two minutes. A bucket is tracked from the first
+//! round that asks for it; from then on every router's usage of it lowers it, asked or not.
+//!
+//! # What is not anchored
+//! A round whose script did not run in the transaction of its read (the store had forgotten
+//! the script, or its ACL refuses scripts) returns no levels; nor does one that did not read
+//! the stream whole. A router that reads an entry written without the script (a router of the
+//! version before, or one whose store user may not run scripts) stops anchoring for
+//! [`UNLEVELLED_HOLD_MS`]: that router's usage is not in the levels.
+//!
+//! [`Levels`] is the script's model in Rust, for the site's simulation and for the test that
+//! runs the script against a real Valkey and compares.
+
+use std::collections::BTreeMap;
+
+use crate::base::ids::KeyId;
+use crate::logic::limits::bucket::{AnchorView, UNITS_PER_TOKEN};
+use crate::router::sync::entry::{Bucket, Entry, ModelName};
+
+/// How long a router does not anchor after it read an entry written without the script.
+pub const UNLEVELLED_HOLD_MS: u64 = 120_000;
+
+/// The levels hash's expiry, in seconds: two minutes untouched, every bucket in it is full.
+pub const LEVELS_TTL_SECONDS: u64 = 120;
+
+/// Fields the script checks at random each round, removed when full.
+pub const SWEEP_FIELDS: u64 = 2;
+
+const KIND_REQUESTS: u8 = 0;
+const KIND_INPUT: u8 = 1;
+const KIND_OUTPUT: u8 = 2;
+
+/// A bucket's field in the levels hash: the key, the kind (0 requests, 1 input tokens, 2 output
+/// tokens, as in the entry's tag) and, for a model's bucket, the model.
+pub fn field(key: KeyId, kind: u8, model: Option<&ModelName>) -> String {
+    match model {
+        None => format!("{:08x}|{kind}|", key.0),
+        Some(model) => format!(
+            "{:08x}|{kind}|{}|{}",
+            key.0,
+            capability_code(model),
+            model.name
+        ),
+    }
+}
+
+fn capability_code(model: &ModelName) -> u8 {
+    match model.capability {
+        crate::base::ids::Capability::Llm => 0,
+        crate::base::ids::Capability::Embedding => 1,
+        crate::base::ids::Capability::Reranker => 2,
+    }
+}
+
+/// The kind and model of an entry's rate bucket; `None` for a daily one.
+fn rate_bucket(bucket: Bucket) -> Option<(u8, Option<u32>)> {
+    match bucket {
+        Bucket::Requests { model } => Some((KIND_REQUESTS, model)),
+        Bucket::InputTokens { model } => Some((KIND_INPUT, Some(model))),
+        Bucket::OutputTokens { model } => Some((KIND_OUTPUT, Some(model))),
+        Bucket::Daily { .. } => None,
+    }
+}
+
+/// The kind (as [`Ask::kind`]) and model of a rate bucket; `None` for a daily budget.
+pub fn kind_of(
+    bucket: crate::logic::limits::BucketRef,
+) -> Option<(u8, Option<crate::base::ids::ModelId>)> {
+    use crate::logic::limits::BucketRef;
+    match bucket {
+        BucketRef::Requests { model } => Some((KIND_REQUESTS, model)),
+        BucketRef::InputTokens { model } => Some((KIND_INPUT, Some(model))),
+        BucketRef::OutputTokens { model } => Some((KIND_OUTPUT, Some(model))),
+        BucketRef::Daily { .. } => None,
+    }
+}
+
+/// The rate usage of an entry by field, as the script reads it from the entry's bytes.
+pub fn rate_usage(entry: &Entry) -> Vec<(String, u64)> {
+    let mut usage = Vec::new();
+    for key in &entry.keys {
+        for &(bucket, amount) in &key.buckets {
+            let Some((kind, model)) = rate_bucket(bucket) else {
+                continue;
+            };
+            let model = model.and_then(|index| entry.models.get(index as usize));
+            usage.push((field(key.key, kind, model), amount));
+        }
+    }
+    usage
+}
+
+/// One bucket a round asks the store to anchor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ask {
+    pub key: KeyId,
+    /// 0 requests, 1 input tokens, 2 output tokens.
+    pub kind: u8,
+    pub model: Option<ModelName>,
+    pub view: AnchorView,
+}
+
+impl Ask {
+    pub fn field(&self) -> String {
+        field(self.key, self.kind, self.model.as_ref())
+    }
+}
+
+/// The asks as the script reads them: the models they name (`{capability}|{name}`), and one
+/// blob of `u32 le key, u8 kind | has model << 2, [varint model index], varint rate, varint
+/// capacity in tokens, varint zigzag level in units` per ask.
+pub fn pack(asks: &[Ask]) -> (Vec<String>, Vec<u8>) {
+    let mut models: Vec<String> = Vec::new();
+    let mut blob = Vec::with_capacity(asks.len() * 12);
+    for ask in asks {
+        blob.extend_from_slice(&ask.key.0.to_le_bytes());
+        let mut tag = ask.kind;
+        if ask.model.is_some() {
+            tag |= 1 << 2;
+        }
+        blob.push(tag);
+        if let Some(model) = &ask.model {
+            let name = format!("{}|{}", capability_code(model), model.name);
+            let index = match models.iter().position(|known| *known == name) {
+                Some(index) => index,
+                None => {
+                    models.push(name);
+                    models.len() - 1
+                }
+            };
+            put_varint(&mut blob, index as u64);
+        }
+        put_varint(&mut blob, ask.view.rate_per_minute);
+        put_varint(
+            &mut blob,
+            (ask.view.capacity_units / UNITS_PER_TOKEN).max(0) as u64,
+        );
+        let level = ask.view.level_units;
+        put_varint(&mut blob, ((level << 1) ^ (level >> 63)) as u64);
+    }
+    (models, blob)
+}
+
+fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// One tracked bucket in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Level {
+    pub units: i64,
+    pub at_ms: u64,
+    pub rate_per_minute: u64,
+    pub capacity_units: i64,
+}
+
+impl Level {
+    fn at(&self, now_ms: u64) -> i64 {
+        if self.units >= self.capacity_units || now_ms <= self.at_ms {
+            return self.units;
+        }
+        let refill = (now_ms - self.at_ms).saturating_mul(self.rate_per_minute);
+        let gap = (self.capacity_units - self.units) as u64;
+        self.units + refill.min(gap) as i64
+    }
+}
+
+/// The levels hash and what the round's script does with it, in Rust.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Levels {
+    pub fields: BTreeMap<String, Level>,
+}
+
+impl Levels {
+    /// One call of the round's script at the store's `now_ms`: every tracked bucket the
+    /// entries used is refilled and lowered by their usage; each ask is then answered with
+    /// its bucket's level, starting to track it from the asking router's view (which counts
+    /// its own usage already) when it was not. A bucket back at its capacity is forgotten.
+    /// The script's random sweep is left out: it removes only full buckets, which read the same.
+    pub fn round(&mut self, now_ms: u64, entries: &[Entry], asks: &[Ask]) -> Vec<i64> {
+        let mut used: BTreeMap<String, u64> = BTreeMap::new();
+        for entry in entries {
+            for (field, amount) in rate_usage(entry) {
+                *used.entry(field).or_default() += amount;
+            }
+        }
+        let mut touched: BTreeMap<String, Option<Level>> = BTreeMap::new();
+        for (field, amount) in &used {
+            if let Some(level) = self.fields.get(field) {
+                let capacity = level.capacity_units;
+                let units = (level.at(now_ms) - *amount as i64 * UNITS_PER_TOKEN).max(-capacity);
+                touched.insert(
+                    field.clone(),
+                    Some(Level {
+                        units,
+                        at_ms: now_ms,
+                        ..*level
+                    }),
+                );
+            }
+        }
+        let mut answers = Vec::with_capacity(asks.len());
+        for ask in asks {
+            let field = ask.field();
+            let current = match touched.get(&field) {
+                Some(level) => *level,
+                None => self.fields.get(&field).map(|level| Level {
+                    units: level.at(now_ms),
+                    at_ms: now_ms,
+                    ..*level
+                }),
+            };
+            let capacity = ask.view.capacity_units;
+            let level = match current {
+                Some(level) => Level {
+                    units: level.units.min(capacity),
+                    at_ms: now_ms,
+                    rate_per_minute: ask.view.rate_per_minute,
+                    capacity_units: capacity,
+                },
+                None => Level {
+                    units: ask.view.level_units.clamp(-capacity, capacity),
+                    at_ms: now_ms,
+                    rate_per_minute: ask.view.rate_per_minute,
+                    capacity_units: capacity,
+                },
+            };
+            answers.push(level.units);
+            touched.insert(field, Some(level));
+        }
+        for (field, level) in touched {
+            match level {
+                Some(level) if level.units < level.capacity_units => {
+                    self.fields.insert(field, level);
+                }
+                _ => {
+                    self.fields.remove(&field);
+                }
+            }
+        }
+        answers
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::base::ids::Capability;
+    use crate::logic::limits::Day;
+    use crate::router::sync::entry::KeyUsage;
+
+    const KEY: KeyId = KeyId(0x0102_0304);
+    const RATE: u64 = 1200;
+    const CAPACITY: i64 = 1200 * UNITS_PER_TOKEN;
+
+    fn entry(requests: u64) -> Entry {
+        Entry {
+            router: "router-0".into(),
+            run: 1,
+            admitted_at_unix_ms: 0,
+            day: Day(20_000),
+            models: vec![ModelName {
+                name: "llama".into(),
+                capability: Capability::Llm,
+            }],
+            keys: vec![KeyUsage {
+                key: KEY,
+                buckets: vec![
+                    (Bucket::Requests { model: None }, requests),
+                    (Bucket::InputTokens { model: 0 }, 7),
+                    (
+                        Bucket::Daily {
+                            model: None,
+                            day: Day(20_000),
+                        },
+                        99,
+                    ),
+                ],
+            }],
+        }
+    }
+
+    fn ask(level_units: i64) -> Ask {
+        Ask {
+            key: KEY,
+            kind: KIND_REQUESTS,
+            model: None,
+            view: AnchorView {
+                level_units,
+                rate_per_minute: RATE,
+                capacity_units: CAPACITY,
+            },
+        }
+    }
+
+    #[test]
+    fn fields_name_the_key_the_kind_and_the_model() {
+        let usage = rate_usage(&entry(3));
+        assert_eq!(
+            usage,
+            vec![
+                ("01020304|0|".to_owned(), 3),
+                ("01020304|1|0|llama".to_owned(), 7),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_untracked_bucket_starts_from_the_asking_view_and_is_lowered_by_every_use_after() {
+        let mut levels = Levels::default();
+        // Used but asked by nobody: nothing is tracked.
+        assert!(levels.round(0, &[entry(5)], &[]).is_empty());
+        assert!(levels.fields.is_empty());
+        // A router whose view is 100 requests asks: tracked from its view.
+        assert_eq!(
+            levels.round(0, &[], &[ask(100 * UNITS_PER_TOKEN)]),
+            vec![100 * UNITS_PER_TOKEN]
+        );
+        // Another router's 30 requests, 1 s later (20 refilled): 90 left, whoever asks.
+        assert!(levels.round(1000, &[entry(30)], &[]).is_empty());
+        assert_eq!(
+            levels.round(1000, &[], &[ask(500 * UNITS_PER_TOKEN)]),
+            vec![90 * UNITS_PER_TOKEN]
+        );
+    }
+
+    #[test]
+    fn a_bucket_back_at_its_capacity_is_forgotten() {
+        let mut levels = Levels::default();
+        levels.round(0, &[], &[ask(0)]);
+        // A minute later the bucket is full again: the answer is its capacity, and it is gone.
+        assert_eq!(levels.round(60_000, &[], &[ask(0)]), vec![CAPACITY]);
+        assert!(levels.fields.is_empty());
+    }
+
+    #[test]
+    fn asks_pack_with_their_models_once() {
+        let model = ModelName {
+            name: "llama".into(),
+            capability: Capability::Llm,
+        };
+        let asks = vec![
+            Ask {
+                kind: KIND_INPUT,
+                model: Some(model.clone()),
+                ..ask(-3)
+            },
+            Ask {
+                kind: KIND_OUTPUT,
+                model: Some(model),
+                ..ask(1)
+            },
+        ];
+        let (models, blob) = pack(&asks);
+        assert_eq!(models, vec!["0|llama".to_owned()]);
+        // key, tag, model 0, rate 1200 (2 bytes), capacity 1200 (2 bytes), zigzag -3 = 5.
+        assert_eq!(
+            &blob[..11],
+            &[4, 3, 2, 1, KIND_INPUT | 4, 0, 0xb0, 0x09, 0xb0, 0x09, 5]
+        );
+        assert_eq!(blob.len(), 22);
+    }
+}

@@ -1,0 +1,254 @@
+//! The site's levels of contended rate buckets (`sync::levels`, issue 33) in a real Valkey: the
+//! round's usage script keeps them exactly as the Rust model the site's simulation runs
+//! (`Levels`), for several routers publishing real entries and asking in any order; a level
+//! refills on the store's clock; a full bucket is forgotten, by the round that touches it or by
+//! the sweep; entries the script wrote say so, and a round that did not read the stream whole
+//! returns no levels.
+
+mod common;
+
+use common::runtime;
+use common::valkey::{Valkey, store_settings};
+use hivenet_router::base::ids::{Capability, KeyId};
+use hivenet_router::logic::limits::Day;
+use hivenet_router::logic::limits::bucket::{AnchorView, UNITS_PER_TOKEN};
+use hivenet_router::router::sync::entry::{Bucket, Entry, KeyUsage, ModelName};
+use hivenet_router::router::sync::levels::{Ask, Levels, field};
+use hivenet_router::router::sync::store::{ClaimWrite, RoundReads, RoundWrites, Store, StreamId};
+
+const SITE: &str = "levels";
+const DAY: Day = Day(20_426);
+
+fn store(valkey: &Valkey, router: &str) -> Store {
+    Store::new(
+        store_settings(&[valkey.addr()], None, valkey.password()),
+        SITE,
+        router,
+        std::time::Duration::from_secs(2),
+    )
+}
+
+fn llama() -> ModelName {
+    ModelName {
+        name: "llama|v2".into(),
+        capability: Capability::Llm,
+    }
+}
+
+/// A router's entry: `requests` of key `key`'s flat rate, `tokens` of its input rate on llama.
+fn entry(router: &str, key: u32, requests: u64, tokens: u64) -> Vec<u8> {
+    let mut buckets = vec![(
+        Bucket::Daily {
+            model: None,
+            day: DAY,
+        },
+        requests * 10,
+    )];
+    if requests > 0 {
+        buckets.push((Bucket::Requests { model: None }, requests));
+    }
+    if tokens > 0 {
+        buckets.push((Bucket::InputTokens { model: 0 }, tokens));
+    }
+    Entry {
+        router: router.into(),
+        run: 1,
+        admitted_at_unix_ms: 1_780_000_000_000,
+        day: DAY,
+        models: vec![llama()],
+        keys: vec![KeyUsage {
+            key: KeyId(key),
+            buckets,
+        }],
+    }
+    .encode()
+}
+
+fn ask(key: u32, input: bool, rate: u64, level_units: i64) -> Ask {
+    Ask {
+        key: KeyId(key),
+        kind: u8::from(input),
+        model: input.then(llama),
+        view: AnchorView {
+            level_units,
+            rate_per_minute: rate,
+            capacity_units: 1200 * UNITS_PER_TOKEN,
+        },
+    }
+}
+
+/// Caches the script in `valkey` through `store`, and checks on the way that a round whose
+/// script the store did not know (`NOSCRIPT`, then `EVAL` outside the transaction of its read)
+/// returns no levels. Leaves no level behind.
+async fn warm(valkey: &Valkey, store: &mut Store) {
+    let idle = round(store, &[], &[]).await;
+    assert_eq!(idle.levels, None, "an idle round runs no script");
+    let first = round(store, &[], &[ask(1000, false, 0, 0)]).await;
+    assert_eq!(first.levels, None, "the script was not cached yet");
+    let second = round(store, &[], &[ask(1000, false, 0, 0)]).await;
+    assert_eq!(second.levels, Some(vec![0]), "cached, the script answers");
+    valkey.command(&["DEL", &format!("hivenet:{{{SITE}}}:levels")]);
+}
+
+async fn round(store: &mut Store, entries: &[Vec<u8>], asks: &[Ask]) -> RoundReads {
+    store
+        .round(RoundWrites {
+            entries,
+            totals: &[],
+            heartbeat: "{}",
+            agents: None,
+            after: StreamId::default(),
+            asks,
+            now_ms: 1_780_000_000_000,
+            claim: ClaimWrite {
+                value: "claim",
+                ttl_ms: 10_000,
+                release: false,
+            },
+        })
+        .await
+        .expect("the round")
+}
+
+fn levels_hash(valkey: &Valkey) -> Vec<(String, String)> {
+    let reply = valkey
+        .reply(&["HGETALL", &format!("hivenet:{{{SITE}}}:levels")])
+        .unwrap();
+    let mut pairs: Vec<(String, String)> = reply
+        .items()
+        .chunks(2)
+        .map(|pair| (pair[0].text(), pair[1].text()))
+        .collect();
+    pairs.sort();
+    pairs
+}
+
+/// A small deterministic generator (the test's only randomness, reproducible from its seed).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, bound: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % bound
+    }
+}
+
+/// Without refill (rate 0) the store's clock does not matter: three routers publish and ask
+/// at random for 300 rounds and every answer, and the hash after each, is the model's.
+#[test]
+fn the_script_keeps_the_levels_as_the_model_does() {
+    let valkey = Valkey::primary();
+    let routers = ["router-0", "router-1", "router-2"];
+    let mut stores: Vec<Store> = routers.iter().map(|id| store(&valkey, id)).collect();
+    let mut model = Levels::default();
+    let mut rng = Rng(33);
+    runtime().block_on(async {
+        warm(&valkey, &mut stores[0]).await;
+        for _ in 0..300 {
+            let which = rng.below(3) as usize;
+            let mut entries = Vec::new();
+            let mut decoded = Vec::new();
+            for _ in 0..rng.below(3) {
+                let key = 1 + rng.below(3) as u32;
+                let bytes = entry(routers[which], key, rng.below(40), rng.below(2) * 500);
+                decoded.push(Entry::decode(&bytes).unwrap());
+                entries.push(bytes);
+            }
+            let asks: Vec<Ask> = (0..rng.below(3))
+                .map(|_| {
+                    let view = (rng.below(1800) as i64 - 600) * UNITS_PER_TOKEN;
+                    ask(1 + rng.below(3) as u32, rng.below(2) == 1, 0, view)
+                })
+                .collect();
+            let reads = round(&mut stores[which], &entries, &asks).await;
+            let expected = model.round(0, &decoded, &asks);
+            // A round with nothing to write runs no script: no answers, and none asked.
+            let answers = match reads.levels {
+                None if entries.is_empty() && asks.is_empty() => Some(Vec::new()),
+                answers => answers,
+            };
+            assert_eq!(answers, Some(expected), "the answers");
+            assert!(!reads.unlevelled, "the script marks its entries");
+            let stored: Vec<(String, i64)> = levels_hash(&valkey)
+                .into_iter()
+                .map(|(field, value)| (field, value.split(',').next().unwrap().parse().unwrap()))
+                .collect();
+            let modelled: Vec<(String, i64)> = model
+                .fields
+                .iter()
+                .map(|(field, level)| (field.clone(), level.units))
+                .collect();
+            assert_eq!(stored, modelled, "the hash");
+        }
+    });
+    assert!(
+        !levels_hash(&valkey).is_empty(),
+        "the run left contended buckets"
+    );
+}
+
+/// A level refills on the store's clock, up to the capacity, where it is forgotten.
+#[test]
+fn a_level_refills_on_the_stores_clock_and_is_forgotten_when_full() {
+    let valkey = Valkey::primary();
+    let mut store = store(&valkey, "router-0");
+    // 60,000 a minute: one unit of a token a millisecond per token, 1,000 tokens a second.
+    let rate = 60_000;
+    runtime().block_on(async {
+        warm(&valkey, &mut store).await;
+        let started = std::time::Instant::now();
+        let first = round(&mut store, &[], &[ask(9, false, rate, 0)]).await;
+        assert_eq!(first.levels, Some(vec![0]));
+        let second = round(&mut store, &[], &[ask(9, false, rate, 0)]).await;
+        let level = second.levels.unwrap()[0];
+        let elapsed_ms = started.elapsed().as_millis() as i64 + 1;
+        assert!(
+            level >= 0 && level <= elapsed_ms * rate as i64,
+            "refilled {level} units in at most {elapsed_ms} ms"
+        );
+        // 1,200 tokens at 1,000 a second: full after 1.2 s.
+        let deadline = std::time::Instant::now() + common::WAIT;
+        loop {
+            let reads = round(&mut store, &[], &[ask(9, false, rate, 0)]).await;
+            if reads.levels == Some(vec![1200 * UNITS_PER_TOKEN]) {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "never full again");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    });
+    assert!(levels_hash(&valkey).is_empty(), "a full bucket is forgotten");
+}
+
+/// A full bucket no round touches is swept; entries written without the script are noticed.
+#[test]
+fn the_sweep_forgets_full_buckets_and_plain_entries_are_noticed() {
+    let valkey = Valkey::primary();
+    let hash = format!("hivenet:{{{SITE}}}:levels");
+    let stale = field(KeyId(77), 0, None);
+    let mut store = store(&valkey, "router-0");
+    runtime().block_on(async {
+        warm(&valkey, &mut store).await;
+        valkey.command(&["HSET", &hash, &stale, "0,1,60000,72000000"]);
+        round(&mut store, &[], &[ask(5, false, 0, 0)]).await;
+    });
+    let fields: Vec<String> = levels_hash(&valkey).into_iter().map(|(f, _)| f).collect();
+    assert_eq!(fields, vec![field(KeyId(5), 0, None)], "the stale bucket is swept");
+    valkey.command(&[
+        "XADD",
+        &format!("hivenet:{{{SITE}}}:usage"),
+        "*",
+        "u",
+        "plain",
+    ]);
+    let mut other = store_for_reads(&valkey);
+    let reads = runtime().block_on(round(&mut other, &[], &[]));
+    assert!(reads.unlevelled, "an entry without the levels is noticed");
+}
+
+fn store_for_reads(valkey: &Valkey) -> Store {
+    store(valkey, "router-1")
+}
