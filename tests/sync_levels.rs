@@ -13,7 +13,7 @@ use hivenet_router::base::ids::{Capability, KeyId};
 use hivenet_router::logic::limits::Day;
 use hivenet_router::logic::limits::bucket::{AnchorView, UNITS_PER_TOKEN};
 use hivenet_router::router::sync::entry::{Bucket, Entry, KeyUsage, ModelName};
-use hivenet_router::router::sync::levels::{Ask, Levels, field};
+use hivenet_router::router::sync::levels::{Answers, Ask, Levels, field};
 use hivenet_router::router::sync::store::{ClaimWrite, RoundReads, RoundWrites, Store, StreamId};
 
 const SITE: &str = "levels";
@@ -86,7 +86,11 @@ async fn warm(valkey: &Valkey, store: &mut Store) {
     let first = round(store, &[], &[ask(1000, false, 0, 0)]).await;
     assert_eq!(first.levels, None, "the script was not cached yet");
     let second = round(store, &[], &[ask(1000, false, 0, 0)]).await;
-    assert_eq!(second.levels, Some(vec![0]), "cached, the script answers");
+    assert_eq!(
+        second.levels.map(|levels| levels.answers),
+        Some(vec![0]),
+        "cached, the script answers"
+    );
     valkey.command(&["DEL", &format!("hivenet:{{{SITE}}}:levels")]);
 }
 
@@ -165,12 +169,15 @@ fn the_script_keeps_the_levels_as_the_model_does() {
                 .collect();
             let reads = round(&mut stores[which], &entries, &asks).await;
             let expected = model.round(0, &decoded, &asks);
+            let written = !entries.is_empty() || !asks.is_empty();
             // A round with nothing to write runs no script: no answers, and none asked.
-            let answers = match reads.levels {
-                None if entries.is_empty() && asks.is_empty() => Some(Vec::new()),
+            let mut answers = match reads.levels {
+                None if !written => Some(Answers::default()),
                 answers => answers,
-            };
-            assert_eq!(answers, Some(expected), "the answers");
+            }
+            .expect("the script answers");
+            answers.published.sort();
+            assert_eq!(answers, expected, "the answers");
             assert!(!reads.unlevelled, "the script marks its entries");
             let stored: Vec<(String, i64)> = levels_hash(&valkey)
                 .into_iter()
@@ -201,9 +208,9 @@ fn a_level_refills_on_the_stores_clock_and_is_forgotten_when_full() {
         warm(&valkey, &mut store).await;
         let started = std::time::Instant::now();
         let first = round(&mut store, &[], &[ask(9, false, rate, 0)]).await;
-        assert_eq!(first.levels, Some(vec![0]));
+        assert_eq!(first.levels.unwrap().answers, vec![0]);
         let second = round(&mut store, &[], &[ask(9, false, rate, 0)]).await;
-        let level = second.levels.unwrap()[0];
+        let level = second.levels.unwrap().answers[0];
         let elapsed_ms = started.elapsed().as_millis() as i64 + 1;
         assert!(
             level >= 0 && level <= elapsed_ms * rate as i64,
@@ -213,14 +220,17 @@ fn a_level_refills_on_the_stores_clock_and_is_forgotten_when_full() {
         let deadline = std::time::Instant::now() + common::WAIT;
         loop {
             let reads = round(&mut store, &[], &[ask(9, false, rate, 0)]).await;
-            if reads.levels == Some(vec![1200 * UNITS_PER_TOKEN]) {
+            if reads.levels.unwrap().answers == vec![1200 * UNITS_PER_TOKEN] {
                 break;
             }
             assert!(std::time::Instant::now() < deadline, "never full again");
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     });
-    assert!(levels_hash(&valkey).is_empty(), "a full bucket is forgotten");
+    assert!(
+        levels_hash(&valkey).is_empty(),
+        "a full bucket is forgotten"
+    );
 }
 
 /// A full bucket no round touches is swept; entries written without the script are noticed.
@@ -236,7 +246,11 @@ fn the_sweep_forgets_full_buckets_and_plain_entries_are_noticed() {
         round(&mut store, &[], &[ask(5, false, 0, 0)]).await;
     });
     let fields: Vec<String> = levels_hash(&valkey).into_iter().map(|(f, _)| f).collect();
-    assert_eq!(fields, vec![field(KeyId(5), 0, None)], "the stale bucket is swept");
+    assert_eq!(
+        fields,
+        vec![field(KeyId(5), 0, None)],
+        "the stale bucket is swept"
+    );
     valkey.command(&[
         "XADD",
         &format!("hivenet:{{{SITE}}}:usage"),

@@ -311,13 +311,12 @@ impl Bucket {
     /// store's script counts exactly ([`ANCHOR_UNITS_MAX`]).
     pub fn anchor_view(&self, now: Millis) -> Option<AnchorView> {
         let level_units = self.level_at(now) + self.held_units;
-        (self.capacity_units <= ANCHOR_UNITS_MAX && level_units < self.capacity_units / 2).then_some(
-            AnchorView {
+        (self.capacity_units <= ANCHOR_UNITS_MAX && level_units < self.capacity_units / 2)
+            .then_some(AnchorView {
                 level_units,
                 rate_per_minute: self.rate_per_minute,
                 capacity_units: self.capacity_units,
-            },
-        )
+            })
     }
 
     /// Set the level from the site's level the store keeps ([`Bucket::anchor_view`]):
@@ -326,7 +325,9 @@ impl Bucket {
     /// published yet) is subtracted again. The refill between the store's reading and now is
     /// not added: the anchor errs on the side of the limit by a few milliseconds of refill.
     pub fn anchor(&mut self, now: Millis, site_units: i64) {
-        let pending_units = self.delta_tokens.clamp(-(LIMIT_MAX as i64), LIMIT_MAX as i64)
+        let pending_units = self
+            .delta_tokens
+            .clamp(-(LIMIT_MAX as i64), LIMIT_MAX as i64)
             * UNITS_PER_TOKEN;
         self.level_units =
             (site_units - pending_units).clamp(-self.capacity_units, self.capacity_units);

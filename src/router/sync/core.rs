@@ -43,7 +43,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::base::clock::{now_unix_ms, utc_today};
-use crate::logic::limits::Day;
+use crate::base::ids::KeyId;
+use crate::logic::limits::{BucketRef, Day};
 use crate::router::control::ControlShared;
 use crate::router::control::site_routers::SiteRouter;
 use crate::router::shard::messages::ControlToShard;
@@ -597,6 +598,19 @@ impl Round {
                 return Err(error.into());
             }
         };
+        // The buckets of the levels the script returned for this round's usage, by field.
+        let published: HashMap<String, (KeyId, BucketRef)> = match &reads.levels {
+            Some(answers) if !answers.published.is_empty() => {
+                let registry = self.shared.registry();
+                levels::fields_of(self.backlog.batches(), |model| {
+                    registry.model_key(model).map(|key| ModelName {
+                        name: key.name,
+                        capability: key.capability,
+                    })
+                })
+            }
+            _ => HashMap::new(),
+        };
         self.backlog.clear();
         self.ledger.wrote(&totals);
         if agents_json.is_some() {
@@ -682,11 +696,24 @@ impl Round {
         let anchors = match reads.levels {
             Some(levels) if now_ms >= self.unlevelled_until => asked
                 .into_iter()
-                .zip(levels)
+                .zip(levels.answers)
                 .map(|(anchor, site_units)| Anchor {
                     site_units,
                     ..anchor
                 })
+                .chain(
+                    levels
+                        .published
+                        .into_iter()
+                        .filter_map(|(field, site_units)| {
+                            let &(key, bucket) = published.get(&field)?;
+                            Some(Anchor {
+                                key,
+                                bucket,
+                                site_units,
+                            })
+                        }),
+                )
                 .collect(),
             _ => Vec::new(),
         };

@@ -100,6 +100,32 @@ pub fn kind_of(
     }
 }
 
+/// The rate buckets `batches` used, by their field (what the script names the levels it
+/// returns for a round's usage by). Models this router no longer knows by name are left out.
+pub fn fields_of(
+    batches: &[crate::router::sync::round::Batch],
+    model_name: impl Fn(crate::base::ids::ModelId) -> Option<ModelName>,
+) -> std::collections::HashMap<String, (KeyId, crate::logic::limits::BucketRef)> {
+    let mut fields = std::collections::HashMap::new();
+    for usage in batches.iter().flat_map(|batch| &batch.usage) {
+        let Some((kind, model)) = kind_of(usage.bucket) else {
+            continue;
+        };
+        let model = match model {
+            None => None,
+            Some(model) => match model_name(model) {
+                Some(name) => Some(name),
+                None => continue,
+            },
+        };
+        fields.insert(
+            field(usage.key, kind, model.as_ref()),
+            (usage.key, usage.bucket),
+        );
+    }
+    fields
+}
+
 /// The rate usage of an entry by field, as the script reads it from the entry's bytes.
 pub fn rate_usage(entry: &Entry) -> Vec<(String, u64)> {
     let mut usage = Vec::new();
@@ -194,6 +220,15 @@ impl Level {
     }
 }
 
+/// What the round's script answers about levels.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Answers {
+    /// One level per ask, in units, in order.
+    pub answers: Vec<i64>,
+    /// The tracked buckets the round's entries used without asking: (field, level in units).
+    pub published: Vec<(String, i64)>,
+}
+
 /// The levels hash and what the round's script does with it, in Rust.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Levels {
@@ -206,7 +241,11 @@ impl Levels {
     /// its bucket's level, starting to track it from the asking router's view (which counts
     /// its own usage already) when it was not. A bucket back at its capacity is forgotten.
     /// The script's random sweep is left out: it removes only full buckets, which read the same.
-    pub fn round(&mut self, now_ms: u64, entries: &[Entry], asks: &[Ask]) -> Vec<i64> {
+    ///
+    /// Returns the answers to the asks, in order, and the levels of the tracked buckets the
+    /// entries used without asking (by field, sorted): the writer's view of them may be higher
+    /// than the site's, and it anchors to them too.
+    pub fn round(&mut self, now_ms: u64, entries: &[Entry], asks: &[Ask]) -> Answers {
         let mut used: BTreeMap<String, u64> = BTreeMap::new();
         for entry in entries {
             for (field, amount) in rate_usage(entry) {
@@ -229,8 +268,10 @@ impl Levels {
             }
         }
         let mut answers = Vec::with_capacity(asks.len());
+        let mut asked = std::collections::BTreeSet::new();
         for ask in asks {
             let field = ask.field();
+            asked.insert(field.clone());
             let current = match touched.get(&field) {
                 Some(level) => *level,
                 None => self.fields.get(&field).map(|level| Level {
@@ -257,6 +298,11 @@ impl Levels {
             answers.push(level.units);
             touched.insert(field, Some(level));
         }
+        let published = touched
+            .iter()
+            .filter(|(field, _)| used.contains_key(*field) && !asked.contains(*field))
+            .filter_map(|(field, level)| Some((field.clone(), level.as_ref()?.units)))
+            .collect();
         for (field, level) in touched {
             match level {
                 Some(level) if level.units < level.capacity_units => {
@@ -267,7 +313,7 @@ impl Levels {
                 }
             }
         }
-        answers
+        Answers { answers, published }
     }
 }
 
@@ -338,17 +384,26 @@ mod tests {
     fn an_untracked_bucket_starts_from_the_asking_view_and_is_lowered_by_every_use_after() {
         let mut levels = Levels::default();
         // Used but asked by nobody: nothing is tracked.
-        assert!(levels.round(0, &[entry(5)], &[]).is_empty());
+        assert_eq!(levels.round(0, &[entry(5)], &[]), Answers::default());
         assert!(levels.fields.is_empty());
         // A router whose view is 100 requests asks: tracked from its view.
         assert_eq!(
-            levels.round(0, &[], &[ask(100 * UNITS_PER_TOKEN)]),
+            levels.round(0, &[], &[ask(100 * UNITS_PER_TOKEN)]).answers,
             vec![100 * UNITS_PER_TOKEN]
         );
-        // Another router's 30 requests, 1 s later (20 refilled): 90 left, whoever asks.
-        assert!(levels.round(1000, &[entry(30)], &[]).is_empty());
+        // Another router's 30 requests, 1 s later (20 refilled): 90 left, whoever asks. The
+        // writer, whose view may be higher, hears it without asking.
         assert_eq!(
-            levels.round(1000, &[], &[ask(500 * UNITS_PER_TOKEN)]),
+            levels.round(1000, &[entry(30)], &[]),
+            Answers {
+                answers: Vec::new(),
+                published: vec![("01020304|0|".to_owned(), 90 * UNITS_PER_TOKEN)],
+            }
+        );
+        assert_eq!(
+            levels
+                .round(1000, &[], &[ask(500 * UNITS_PER_TOKEN)])
+                .answers,
             vec![90 * UNITS_PER_TOKEN]
         );
     }
@@ -358,7 +413,7 @@ mod tests {
         let mut levels = Levels::default();
         levels.round(0, &[], &[ask(0)]);
         // A minute later the bucket is full again: the answer is its capacity, and it is gone.
-        assert_eq!(levels.round(60_000, &[], &[ask(0)]), vec![CAPACITY]);
+        assert_eq!(levels.round(60_000, &[], &[ask(0)]).answers, vec![CAPACITY]);
         assert!(levels.fields.is_empty());
     }
 

@@ -40,8 +40,8 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisResult, Value};
 
-use super::pool_store::Grant;
 use super::levels;
+use super::pool_store::Grant;
 use super::round::DailyWrite;
 use crate::router::config::sync::StoreSettings;
 
@@ -149,7 +149,7 @@ pub struct RoundReads {
     pub own_newest: Option<StreamId>,
     /// The site's levels of the buckets asked, in order, counting every entry up to this
     /// round's; `None` when the round cannot tell (see `sync::levels`, "What is not anchored").
-    pub levels: Option<Vec<i64>>,
+    pub levels: Option<levels::Answers>,
     /// An entry read was written without the levels (`sync::levels`).
     pub unlevelled: bool,
     /// The store's epoch (see the module doc).

@@ -759,15 +759,15 @@ impl Quotas {
     pub fn anchor_views(&self, now: Millis, out: &mut Vec<BucketView>) {
         for holder in self.holders.values() {
             let key = holder.built.key;
-            holder
-                .limits
-                .anchor_views(now, |bucket, view| out.push(BucketView { key, bucket, view }));
+            holder.limits.anchor_views(now, |bucket, view| {
+                out.push(BucketView { key, bucket, view })
+            });
         }
         for (key, holder) in &self.token_rates {
             let key = *key;
-            holder
-                .limits
-                .anchor_views(now, |bucket, view| out.push(BucketView { key, bucket, view }));
+            holder.limits.anchor_views(now, |bucket, view| {
+                out.push(BucketView { key, bucket, view })
+            });
         }
     }
 

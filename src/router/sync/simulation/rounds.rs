@@ -238,6 +238,7 @@ impl Sim {
             })
             .unzip();
         let site_levels = store.primary.levels.round(now, &written, &asks);
+        let published = levels::fields_of(router.backlog.batches(), |_| None);
         let keep_after = now.saturating_sub(120_000) * 1000;
         store.primary.stream.retain(|(id, _)| *id > keep_after);
         if failing_command.is_some() || matches!(reply, Reply::Lost) {
@@ -273,17 +274,33 @@ impl Sim {
             .map(|(id, beat)| (id.clone(), beat.clone()))
             .collect();
         let applied = apply_entries(router, &self.registry, &self.snapshot, &entries, now, false);
-        for (anchor, site_units) in asked.into_iter().zip(site_levels) {
+        let published = site_levels
+            .published
+            .into_iter()
+            .filter_map(|(field, site_units)| {
+                let &(key, bucket) = published.get(&field)?;
+                Some(Anchor {
+                    key,
+                    bucket,
+                    site_units,
+                })
+            });
+        let anchors = asked
+            .into_iter()
+            .zip(site_levels.answers)
+            .map(|(anchor, site_units)| Anchor {
+                site_units,
+                ..anchor
+            })
+            .chain(published);
+        for anchor in anchors {
             let Some(record) = self.registry.get(anchor.key) else {
                 continue;
             };
             router.shards[record.tenant_id.owner(SHARDS)].anchor(
                 Millis(now),
                 &self.registry,
-                &Anchor {
-                    site_units,
-                    ..anchor
-                },
+                &anchor,
             );
         }
         router.cursor = Some(newest);

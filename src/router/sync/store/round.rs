@@ -58,7 +58,8 @@ impl Store {
         let own_newest = own_newest.filter(|_| read_whole);
         // The levels count every entry up to this round's: only what was read whole is
         // applied before them.
-        let levels = levels.filter(|levels| read_whole && levels.len() == writes.asks.len());
+        let levels =
+            levels.filter(|levels| read_whole && levels.answers.len() == writes.asks.len());
         let unlevelled = unlevelled(&replies[0]);
         let entries = entries(&replies[0]);
         let claim_holder: Option<String> = redis::from_redis_value_ref(&replies[1])?;
@@ -116,22 +117,10 @@ impl Store {
                     }
                     Usage::Refused
                 }
-                Some(Value::Array(mut reply)) if reply.len() == 2 => {
-                    let levels = match reply.pop() {
-                        Some(Value::Array(levels)) => levels
-                            .iter()
-                            .map(|level| match level {
-                                Value::Int(units) => Some(*units),
-                                _ => None,
-                            })
-                            .collect(),
-                        _ => None,
-                    };
-                    Usage::Written {
-                        newest: reply.pop().as_ref().and_then(stream_id),
-                        levels,
-                    }
-                }
+                Some(Value::Array(reply)) if reply.len() == 3 => Usage::Written {
+                    newest: stream_id(&reply[0]),
+                    levels: site_levels(&reply[1], &reply[2]),
+                },
                 Some(_) => {
                     return Err(self.unknown_state(
                         "the usage script answered something else than its entry and levels"
@@ -344,13 +333,38 @@ impl Store {
     }
 }
 
+/// The usage script's answers about levels: one per ask, then (field, level) pairs. `None`
+/// when they do not read as such.
+fn site_levels(answers: &Value, published: &Value) -> Option<levels::Answers> {
+    let (Value::Array(answers), Value::Array(published)) = (answers, published) else {
+        return None;
+    };
+    let answers = answers
+        .iter()
+        .map(|level| match level {
+            Value::Int(units) => Some(*units),
+            _ => None,
+        })
+        .collect::<Option<Vec<i64>>>()?;
+    let published = published
+        .chunks(2)
+        .map(|pair| match pair {
+            [Value::BulkString(field), Value::Int(units)] => {
+                Some((String::from_utf8(field.clone()).ok()?, *units))
+            }
+            _ => None,
+        })
+        .collect::<Option<Vec<(String, i64)>>>()?;
+    Some(levels::Answers { answers, published })
+}
+
 /// How the round's usage writes went in its transaction.
 enum Usage {
     /// Written; the ID of the last entry added, when there was one, and the levels asked for
     /// (`None` when the script did not answer them: the plain commands).
     Written {
         newest: Option<StreamId>,
-        levels: Option<Vec<i64>>,
+        levels: Option<levels::Answers>,
     },
     /// The store did not know the script: nothing was written.
     NoScript,

@@ -95,7 +95,8 @@ pub fn noscript_error(error: &redis::RedisError) -> bool {
 /// (seconds), the model count `m`, the `m` models (`capability|name`), one blob per daily hash,
 /// then the levels hash's expiry (seconds), the sweep's field count, the asks' model count `a`,
 /// the `a` models (`capability code|name`) and the asks' blob (`sync::levels::pack`). Returns the
-/// ID of the last entry added (false when none was) and the asked levels, in units, in order.
+/// ID of the last entry added (false when none was), the asked levels in units, in order, and
+/// the levels of the tracked buckets the entries used without asking, as field, level pairs.
 /// Each entry is added with a field `l` beside its usage `u`: its rate usage is in the levels.
 const USAGE_CODE: &str = r#"
 local function varint(blob, at)
@@ -289,8 +290,9 @@ for field, amount in pairs(used) do
   local level = levels[field]
   if level then level.units = math.max(-level.capacity, level.units - amount * 60000) end
 end
-local answers = {}
+local answers, asked = {}, {}
 for i, ask in ipairs(asks) do
+  asked[ask.field] = true
   local level = levels[ask.field]
   if level then
     level.units = math.min(level.units, ask.capacity)
@@ -301,6 +303,15 @@ for i, ask in ipairs(asks) do
   level.rate = ask.rate
   level.capacity = ask.capacity
   answers[i] = level.units
+end
+-- The tracked buckets the entries used and nobody asked: the writer's view may be high.
+local published = {}
+for _, field in ipairs(fields) do
+  local level = levels[field]
+  if level and used[field] and not asked[field] then
+    published[#published + 1] = field
+    published[#published + 1] = level.units
+  end
 end
 local out, gone = {}, swept
 for _, field in ipairs(fields) do
@@ -321,7 +332,7 @@ for first = 1, #out, 2000 do
   redis.call('HSET', KEYS[2], unpack(out, first, math.min(first + 1999, #out)))
 end
 if #out > 0 then redis.call('EXPIRE', KEYS[2], levels_ttl) end
-return {newest, answers}
+return {newest, answers, published}
 "#;
 
 /// The largest amount the script adds exactly: Lua's numbers are doubles. No day's tokens come
