@@ -111,6 +111,13 @@ impl DailyBudget {
         self.tokens_per_day.saturating_sub(self.used_tokens)
     }
 
+    /// The day this budget counts (for the site's simulation): a router whose clock is behind
+    /// counts on the day the others already reached.
+    #[cfg(test)]
+    pub fn day(&self) -> Day {
+        self.day
+    }
+
     /// Tokens used on `day` by every router.
     pub fn used(&self, day: Day) -> u64 {
         if day > self.day { 0 } else { self.used_tokens }

@@ -807,6 +807,12 @@ impl KeyLimits {
         self.daily_bucket_mut(model).map(|budget| budget.used(day))
     }
 
+    /// The day a daily budget counts (for the site's simulation).
+    #[cfg(test)]
+    pub fn daily_day(&mut self, model: Option<ModelId>) -> Option<Day> {
+        self.daily_bucket_mut(model).map(|budget| budget.day())
+    }
+
     /// Requests the flat RPM bucket holds at `now` (for the site's simulation).
     #[cfg(test)]
     pub fn requests_left(&self, now: Millis) -> Option<i64> {

@@ -210,6 +210,7 @@ pub struct Level {
 }
 
 impl Level {
+    /// The level refilled up to `now_ms` (never back).
     fn at(&self, now_ms: u64) -> i64 {
         if self.units >= self.capacity_units || now_ms <= self.at_ms {
             return self.units;
@@ -246,26 +247,28 @@ impl Levels {
     /// entries used without asking (by field, sorted): the writer's view of them may be higher
     /// than the site's, and it anchors to them too.
     pub fn round(&mut self, now_ms: u64, entries: &[Entry], asks: &[Ask]) -> Answers {
-        let mut used: BTreeMap<String, u64> = BTreeMap::new();
+        let mut used: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        let mut touched: BTreeMap<String, Option<Level>> = BTreeMap::new();
+        // Each entry's usage at the time it was admitted: usage held back in an outage is not
+        // charged the refill its bucket had meanwhile.
         for entry in entries {
+            let time = entry.admitted_at_unix_ms.min(now_ms);
             for (field, amount) in rate_usage(entry) {
-                *used.entry(field).or_default() += amount;
+                used.insert(field.clone());
+                let level = touched
+                    .entry(field.clone())
+                    .or_insert_with(|| self.fields.get(&field).copied());
+                if let Some(level) = level {
+                    let time = time.max(level.at_ms);
+                    level.units = (level.at(time) - amount as i64 * UNITS_PER_TOKEN)
+                        .max(-level.capacity_units);
+                    level.at_ms = time;
+                }
             }
         }
-        let mut touched: BTreeMap<String, Option<Level>> = BTreeMap::new();
-        for (field, amount) in &used {
-            if let Some(level) = self.fields.get(field) {
-                let capacity = level.capacity_units;
-                let units = (level.at(now_ms) - *amount as i64 * UNITS_PER_TOKEN).max(-capacity);
-                touched.insert(
-                    field.clone(),
-                    Some(Level {
-                        units,
-                        at_ms: now_ms,
-                        ..*level
-                    }),
-                );
-            }
+        for level in touched.values_mut().flatten() {
+            level.units = level.at(now_ms);
+            level.at_ms = now_ms;
         }
         let mut answers = Vec::with_capacity(asks.len());
         let mut asked = std::collections::BTreeSet::new();
@@ -300,7 +303,7 @@ impl Levels {
         }
         let published = touched
             .iter()
-            .filter(|(field, _)| used.contains_key(*field) && !asked.contains(*field))
+            .filter(|(field, _)| used.contains(*field) && !asked.contains(*field))
             .filter_map(|(field, level)| Some((field.clone(), level.as_ref()?.units)))
             .collect();
         for (field, level) in touched {

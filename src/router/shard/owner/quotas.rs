@@ -556,6 +556,15 @@ impl Quotas {
             .and_then(|holder| holder.limits.daily_used(None, day))
     }
 
+    /// The day the flat daily budget of `tenant` counts, if its holder is built (for the
+    /// site's simulation).
+    #[cfg(test)]
+    pub fn daily_day(&mut self, tenant: TenantId) -> Option<Day> {
+        self.holders
+            .get_mut(&tenant)
+            .and_then(|holder| holder.limits.daily_day(None))
+    }
+
     /// Requests left in the flat RPM bucket of `tenant`, if its holder is built (for the
     /// site's simulation).
     #[cfg(test)]

@@ -47,14 +47,23 @@ impl Sim {
             }
         }
         // Invariant 1, tokens per day: the budget plus the site's busiest interval of the day,
-        // plus each router's first request's worst case.
+        // plus each router's first request's worst case, plus the output of the requests in
+        // flight when the budget ran out (charged after the response).
         let request = INPUT + 10 + MAX_OUTPUT;
         for (day, charged) in &self.daily_charged {
             let one_interval = self
                 .daily_by_step
                 .get(day)
                 .map_or(0, |steps| busiest(steps, interval_steps));
-            let allowed = self.daily + one_interval + ROUTERS as u64 * request;
+            let in_flight = self
+                .in_flight_at_exhaustion
+                .get(day)
+                .copied()
+                .unwrap_or(0);
+            let allowed = self.daily
+                + one_interval
+                + ROUTERS as u64 * request
+                + in_flight * (MAX_OUTPUT + 10);
             if *charged > allowed {
                 return Err(format!(
                     "invariant 1: day {day}: the site charged {charged} tokens of a {}-token budget (at most {allowed}, one interval of usage: {one_interval})",

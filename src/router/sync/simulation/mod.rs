@@ -376,6 +376,10 @@ pub struct Sim {
     admitted_by: Vec<[u64; ROUTERS]>,
     /// Daily tokens charged per (day) by every run together.
     daily_charged: BTreeMap<u32, u64>,
+    /// Per day, the requests in flight on the site when its charges first reached the budget:
+    /// admitted on their estimate, their output is charged after the response whatever is
+    /// left (seed, B4), so invariant 1 allows it.
+    in_flight_at_exhaustion: BTreeMap<u32, u64>,
     /// The same per step of the run, per day (charges of a step, refunds count as none).
     daily_by_step: BTreeMap<u32, Vec<u64>>,
     /// Steps at which some fault was active (invariants 2 and 6 look at clean stretches only).
@@ -475,6 +479,7 @@ impl Sim {
             admitted: Vec::with_capacity(STEPS),
             admitted_by: Vec::with_capacity(STEPS),
             daily_charged: BTreeMap::new(),
+            in_flight_at_exhaustion: BTreeMap::new(),
             daily_by_step: BTreeMap::new(),
             faulty: Vec::with_capacity(STEPS),
             interval_ms,
@@ -569,6 +574,10 @@ impl Sim {
                 if let Ok(admitted) = admitted
                     && let Some(admission) = admitted.admission
                 {
+                    // The budget counts on the day it is at: a router whose clock is behind
+                    // midnight counts on the day the others already reached.
+                    let tenant = self.registry.get(self.daily_key).expect("the key").tenant_id;
+                    let day = shard.daily_day(tenant).unwrap_or(day).max(day);
                     *self.daily_charged.entry(day.0).or_default() += INPUT;
                     *self.truth.charged.entry((router.run, day.0)).or_default() += INPUT as i64;
                     charge_step(&mut self.daily_by_step, day, self.step, INPUT as i64);
@@ -633,7 +642,9 @@ impl Sim {
                 } else {
                     0
                 };
-                // The input true-up belongs to the day of admission, if it is still today.
+                // The input true-up belongs to the day of admission, if it is still the day the
+                // budget counts.
+                let day = shard.daily_day(tenant).unwrap_or(day).max(day);
                 let mut charged = output as i64;
                 if request.day == day {
                     charged += request.input as i64 - INPUT as i64;
@@ -651,6 +662,25 @@ impl Sim {
 }
 
 /// Adds a charge to step `step` of `day` (negative charges, input true-ups, count as none).
+impl Sim {
+    /// Records the requests in flight in the step `day`'s charges first reach the budget.
+    fn note_exhaustion(&mut self) {
+        let Some((&day, _)) = self.daily_charged.iter().rev().find(|(day, charged)| {
+            **charged >= self.daily && !self.in_flight_at_exhaustion.contains_key(day)
+        }) else {
+            return;
+        };
+        let in_flight = self
+            .routers
+            .iter()
+            .flatten()
+            .flat_map(|router| &router.in_flight)
+            .filter(|request| request.day.0 == day)
+            .count() as u64;
+        self.in_flight_at_exhaustion.insert(day, in_flight);
+    }
+}
+
 fn charge_step(by_step: &mut BTreeMap<u32, Vec<u64>>, day: Day, step: usize, charged: i64) {
     let steps = by_step.entry(day.0).or_default();
     if steps.len() <= step {
@@ -764,6 +794,7 @@ impl Sim {
         } else {
             self.arrive()
         };
+        self.note_exhaustion();
         self.settle();
         for index in 0..ROUTERS {
             if self.routers[index]

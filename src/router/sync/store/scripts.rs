@@ -162,9 +162,10 @@ local function entry_usage(blob)
   if string.byte(blob, 1) ~= 1 then return found end
   local length, at = varint(blob, 2)
   at = at + length
-  local _
+  local _, admitted
   _, at = varint(blob, at)
-  _, at = varint(blob, at)
+  admitted, at = varint(blob, at)
+  found.admitted = admitted
   _, at = varint(blob, at)
   local count
   count, at = varint(blob, at)
@@ -199,12 +200,14 @@ local function entry_usage(blob)
   end
   return found
 end
+local batches = {}
 for i = 1, n do
   local parsed, found = pcall(entry_usage, ARGV[2 + i])
   if parsed then
+    batches[#batches + 1] = found
     for _, usage in ipairs(found) do
       touch(usage[1])
-      used[usage[1]] = (used[usage[1]] or 0) + usage[2]
+      used[usage[1]] = true
     end
   end
 end
@@ -233,20 +236,25 @@ while at <= #asks_blob do
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- A level brought up to `time` (never back).
+local function refill(level, time)
+  if time > level.since then
+    if level.units < level.capacity then
+      level.units = math.min(level.capacity, level.units + (time - level.since) * level.rate)
+    end
+    level.since = time
+  end
+end
 local function level_at(value)
   local comma1 = string.find(value, ',', 1, true)
   local comma2 = string.find(value, ',', comma1 + 1, true)
   local comma3 = string.find(value, ',', comma2 + 1, true)
-  local level = {
+  return {
     units = tonumber(string.sub(value, 1, comma1 - 1)),
+    since = tonumber(string.sub(value, comma1 + 1, comma2 - 1)),
     rate = tonumber(string.sub(value, comma2 + 1, comma3 - 1)),
     capacity = tonumber(string.sub(value, comma3 + 1)),
   }
-  local since = tonumber(string.sub(value, comma1 + 1, comma2 - 1))
-  if level.units < level.capacity and now > since then
-    level.units = math.min(level.capacity, level.units + (now - since) * level.rate)
-  end
-  return level
 end
 local levels = {}
 for first = 1, #fields, 1000 do
@@ -260,7 +268,9 @@ local swept = {}
 if #fields > 0 and sweep > 0 then
   local random = redis.call('HRANDFIELD', KEYS[2], sweep, 'WITHVALUES')
   for i = 1, #random, 2 do
-    if not known[random[i]] and level_at(random[i + 1]).units >= level_at(random[i + 1]).capacity then
+    local level = level_at(random[i + 1])
+    refill(level, now)
+    if not known[random[i]] and level.units >= level.capacity then
       swept[#swept + 1] = random[i]
     end
   end
@@ -286,10 +296,19 @@ for d = 3, #KEYS do
   end
   redis.call('EXPIRE', KEYS[d], ttl)
 end
-for field, amount in pairs(used) do
-  local level = levels[field]
-  if level then level.units = math.max(-level.capacity, level.units - amount * 60000) end
+-- Each batch's usage at the time it was admitted (a batch held back in an outage is not
+-- charged the refill its bucket had meanwhile), then every level brought up to now.
+for _, batch in ipairs(batches) do
+  local time = math.min(batch.admitted, now)
+  for _, usage in ipairs(batch) do
+    local level = levels[usage[1]]
+    if level then
+      refill(level, time)
+      level.units = math.max(-level.capacity, level.units - usage[2] * 60000)
+    end
+  end
 end
+for _, level in pairs(levels) do refill(level, now) end
 local answers, asked = {}, {}
 for i, ask in ipairs(asks) do
   asked[ask.field] = true
