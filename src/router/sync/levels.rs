@@ -234,6 +234,9 @@ pub struct Answers {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Levels {
     pub fields: BTreeMap<String, Level>,
+    /// Per router (the field `@{router}`): the run and the newest batch its levels count. A
+    /// batch published again after a lost reply is older or the same: not applied twice.
+    pub applied: BTreeMap<String, (u64, u64)>,
 }
 
 impl Levels {
@@ -253,12 +256,22 @@ impl Levels {
         // charged the refill its bucket had meanwhile.
         for entry in entries {
             let time = entry.admitted_at_unix_ms.min(now_ms);
+            let applied = self.applied.get(&entry.router);
+            let again = applied.is_some_and(|&(run, at)| {
+                run == entry.run && entry.admitted_at_unix_ms <= at
+            });
+            if !again {
+                self.applied.insert(
+                    entry.router.clone(),
+                    (entry.run, entry.admitted_at_unix_ms),
+                );
+            }
             for (field, amount) in rate_usage(entry) {
                 used.insert(field.clone());
                 let level = touched
                     .entry(field.clone())
                     .or_insert_with(|| self.fields.get(&field).copied());
-                if let Some(level) = level {
+                if let Some(level) = level.as_mut().filter(|_| !again) {
                     let time = time.max(level.at_ms);
                     level.units = (level.at(time) - amount as i64 * UNITS_PER_TOKEN)
                         .max(-level.capacity_units);
@@ -331,11 +344,11 @@ mod tests {
     const RATE: u64 = 1200;
     const CAPACITY: i64 = 1200 * UNITS_PER_TOKEN;
 
-    fn entry(requests: u64) -> Entry {
+    fn entry(requests: u64, admitted_at_unix_ms: u64) -> Entry {
         Entry {
             router: "router-0".into(),
             run: 1,
-            admitted_at_unix_ms: 0,
+            admitted_at_unix_ms,
             day: Day(20_000),
             models: vec![ModelName {
                 name: "llama".into(),
@@ -373,7 +386,7 @@ mod tests {
 
     #[test]
     fn fields_name_the_key_the_kind_and_the_model() {
-        let usage = rate_usage(&entry(3));
+        let usage = rate_usage(&entry(3, 0));
         assert_eq!(
             usage,
             vec![
@@ -387,7 +400,7 @@ mod tests {
     fn an_untracked_bucket_starts_from_the_asking_view_and_is_lowered_by_every_use_after() {
         let mut levels = Levels::default();
         // Used but asked by nobody: nothing is tracked.
-        assert_eq!(levels.round(0, &[entry(5)], &[]), Answers::default());
+        assert_eq!(levels.round(0, &[entry(5, 0)], &[]), Answers::default());
         assert!(levels.fields.is_empty());
         // A router whose view is 100 requests asks: tracked from its view.
         assert_eq!(
@@ -397,7 +410,7 @@ mod tests {
         // Another router's 30 requests, 1 s later (20 refilled): 90 left, whoever asks. The
         // writer, whose view may be higher, hears it without asking.
         assert_eq!(
-            levels.round(1000, &[entry(30)], &[]),
+            levels.round(1000, &[entry(30, 1000)], &[]),
             Answers {
                 answers: Vec::new(),
                 published: vec![("01020304|0|".to_owned(), 90 * UNITS_PER_TOKEN)],
@@ -408,6 +421,25 @@ mod tests {
                 .round(1000, &[], &[ask(500 * UNITS_PER_TOKEN)])
                 .answers,
             vec![90 * UNITS_PER_TOKEN]
+        );
+    }
+
+    #[test]
+    fn a_batch_published_again_is_not_counted_twice_and_held_back_usage_counts_when_admitted() {
+        let mut levels = Levels::default();
+        levels.round(0, &[], &[ask(0)]);
+        // 30 requests admitted at 1 s, published at 2 s: the bucket refilled 20 a second all
+        // along, not only since the publication: 0 + 20 - 30 + 20.
+        let (first, held) = (entry(30, 1000), entry(0, 1500));
+        assert_eq!(
+            levels.round(2000, &[first.clone(), held.clone()], &[]).published,
+            vec![("01020304|0|".to_owned(), 10 * UNITS_PER_TOKEN)]
+        );
+        // The reply was lost: the same batches again, then a new one.
+        let again = levels.round(2000, &[first, held, entry(5, 2000)], &[]);
+        assert_eq!(
+            again.published,
+            vec![("01020304|0|".to_owned(), 5 * UNITS_PER_TOKEN)]
         );
     }
 

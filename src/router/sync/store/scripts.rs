@@ -162,10 +162,11 @@ local function entry_usage(blob)
   if string.byte(blob, 1) ~= 1 then return found end
   local length, at = varint(blob, 2)
   at = at + length
-  local _, admitted
-  _, at = varint(blob, at)
+  local admitted
+  found.run, at = varint(blob, at)
   admitted, at = varint(blob, at)
   found.admitted = admitted
+  local _
   _, at = varint(blob, at)
   local count
   count, at = varint(blob, at)
@@ -201,6 +202,10 @@ local function entry_usage(blob)
   return found
 end
 local batches = {}
+-- What of this router's usage the levels count: its run and the newest batch applied. A batch
+-- published again (its round's reply was lost) is not applied twice.
+local marker = '@' .. router
+touch(marker)
 for i = 1, n do
   local parsed, found = pcall(entry_usage, ARGV[2 + i])
   if parsed then
@@ -257,21 +262,30 @@ local function level_at(value)
   }
 end
 local levels = {}
+local applied_run, applied_at = -1, -1
 for first = 1, #fields, 1000 do
   local last = math.min(first + 999, #fields)
   local values = redis.call('HMGET', KEYS[2], unpack(fields, first, last))
   for i = first, last do
-    if values[i - first + 1] then levels[fields[i]] = level_at(values[i - first + 1]) end
+    local value = values[i - first + 1]
+    if value and fields[i] == marker then
+      local comma = string.find(value, ',', 1, true)
+      applied_run = tonumber(string.sub(value, 1, comma - 1))
+      applied_at = tonumber(string.sub(value, comma + 1))
+    elseif value then
+      levels[fields[i]] = level_at(value)
+    end
   end
 end
 local swept = {}
 if #fields > 0 and sweep > 0 then
   local random = redis.call('HRANDFIELD', KEYS[2], sweep, 'WITHVALUES')
   for i = 1, #random, 2 do
-    local level = level_at(random[i + 1])
-    refill(level, now)
-    if not known[random[i]] and level.units >= level.capacity then
-      swept[#swept + 1] = random[i]
+    -- A router's marker (`@`) stays while the hash lives.
+    if string.sub(random[i], 1, 1) ~= '@' and not known[random[i]] then
+      local level = level_at(random[i + 1])
+      refill(level, now)
+      if level.units >= level.capacity then swept[#swept + 1] = random[i] end
     end
   end
 end
@@ -298,9 +312,15 @@ for d = 3, #KEYS do
 end
 -- Each batch's usage at the time it was admitted (a batch held back in an outage is not
 -- charged the refill its bucket had meanwhile), then every level brought up to now.
+local newest_applied = false
 for _, batch in ipairs(batches) do
   local time = math.min(batch.admitted, now)
-  for _, usage in ipairs(batch) do
+  local again = batch.run == applied_run and batch.admitted <= applied_at
+  if not again then
+    applied_run, applied_at = batch.run, batch.admitted
+    newest_applied = true
+  end
+  for _, usage in ipairs(again and {} or batch) do
     local level = levels[usage[1]]
     if level then
       refill(level, time)
@@ -346,6 +366,10 @@ for _, field in ipairs(fields) do
 end
 for first = 1, #gone, 1000 do
   redis.call('HDEL', KEYS[2], unpack(gone, first, math.min(first + 999, #gone)))
+end
+if newest_applied then
+  out[#out + 1] = marker
+  out[#out + 1] = string.format('%d,%d', applied_run, applied_at)
 end
 for first = 1, #out, 2000 do
   redis.call('HSET', KEYS[2], unpack(out, first, math.min(first + 1999, #out)))
