@@ -103,6 +103,7 @@ async fn round(store: &mut Store, entries: &[Vec<u8>], asks: &[Ask]) -> RoundRea
             agents: None,
             after: StreamId::default(),
             asks,
+            interval_ms: 500,
             now_ms: 1_780_000_000_000,
             claim: ClaimWrite {
                 value: "claim",
@@ -181,7 +182,7 @@ fn the_script_keeps_the_levels_as_the_model_does() {
                 })
                 .collect();
             let reads = round(&mut stores[which], &entries, &asks).await;
-            let expected = model.round(0, &decoded, &asks);
+            let expected = model.round(0, 500, &decoded, &asks);
             let written = !entries.is_empty() || !asks.is_empty();
             // A round with nothing to write runs no script: no answers, and none asked.
             let mut answers = match reads.levels {
@@ -242,10 +243,12 @@ fn a_level_refills_on_the_stores_clock_and_is_forgotten_when_full() {
             level >= 0 && level <= elapsed_ms * rate as i64,
             "refilled {level} units in at most {elapsed_ms} ms"
         );
-        // 1,200 tokens at 1,000 a second: full after 1.2 s.
+        // 1,200 tokens at 1,000 a second: full after 1.2 s. The view asking is as high as it
+        // gets (a lower one, by more than an interval's refill, would lower the level).
+        let high = 1200 * UNITS_PER_TOKEN;
         let deadline = std::time::Instant::now() + common::WAIT;
         loop {
-            let reads = round(&mut store, &[], &[ask(9, false, rate, 0)]).await;
+            let reads = round(&mut store, &[], &[ask(9, false, rate, high)]).await;
             if reads.levels.unwrap().answers == vec![1200 * UNITS_PER_TOKEN] {
                 break;
             }

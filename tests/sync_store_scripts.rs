@@ -64,6 +64,7 @@ async fn round(store: &mut Store, entries: &[Vec<u8>], totals: &[DailyRow]) {
             agents: None,
             after: StreamId::default(),
             asks: &[],
+            interval_ms: 500,
             now_ms: 1_780_000_000_000,
             claim: ClaimWrite {
                 value: "claim",
@@ -387,6 +388,7 @@ async fn reads(
             agents: None,
             after,
             asks: &[],
+            interval_ms: 500,
             now_ms: 1_780_000_000_000,
             claim: ClaimWrite {
                 value: "claim",

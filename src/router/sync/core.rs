@@ -581,6 +581,7 @@ impl Round {
                 agents: agents_json.as_deref(),
                 after: cursor,
                 asks: &asks,
+                interval_ms: self.settings.interval.as_millis() as u64,
                 now_ms,
                 claim: ClaimWrite {
                     value: &self.claim_value,

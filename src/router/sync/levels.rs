@@ -249,7 +249,18 @@ impl Levels {
     /// Returns the answers to the asks, in order, and the levels of the tracked buckets the
     /// entries used without asking (by field, sorted): the writer's view of them may be higher
     /// than the site's, and it anchors to them too.
-    pub fn round(&mut self, now_ms: u64, entries: &[Entry], asks: &[Ask]) -> Answers {
+    ///
+    /// An ask's view lower than the level by more than `interval_ms` of refill lowers the
+    /// level to it: it knows usage the level does not (the bucket was tracked from another
+    /// router's view, stale after a lost reply). Within that, the difference is the time
+    /// between the router's reading and the script's, and the level stands.
+    pub fn round(
+        &mut self,
+        now_ms: u64,
+        interval_ms: u64,
+        entries: &[Entry],
+        asks: &[Ask],
+    ) -> Answers {
         let mut used: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         let mut touched: BTreeMap<String, Option<Level>> = BTreeMap::new();
         // Each entry's usage at the time it was admitted: usage held back in an outage is not
@@ -257,14 +268,11 @@ impl Levels {
         for entry in entries {
             let time = entry.admitted_at_unix_ms.min(now_ms);
             let applied = self.applied.get(&entry.router);
-            let again = applied.is_some_and(|&(run, at)| {
-                run == entry.run && entry.admitted_at_unix_ms <= at
-            });
+            let again = applied
+                .is_some_and(|&(run, at)| run == entry.run && entry.admitted_at_unix_ms <= at);
             if !again {
-                self.applied.insert(
-                    entry.router.clone(),
-                    (entry.run, entry.admitted_at_unix_ms),
-                );
+                self.applied
+                    .insert(entry.router.clone(), (entry.run, entry.admitted_at_unix_ms));
             }
             for (field, amount) in rate_usage(entry) {
                 used.insert(field.clone());
@@ -299,7 +307,12 @@ impl Levels {
             let capacity = ask.view.capacity_units;
             let level = match current {
                 Some(level) => Level {
-                    units: level.units.min(capacity),
+                    units: level
+                        .units
+                        .min(capacity)
+                        .min(ask.view.level_units.saturating_add(
+                            (ask.view.rate_per_minute.saturating_mul(interval_ms) as i64).max(0),
+                        )),
                     at_ms: now_ms,
                     rate_per_minute: ask.view.rate_per_minute,
                     capacity_units: capacity,
@@ -400,17 +413,19 @@ mod tests {
     fn an_untracked_bucket_starts_from_the_asking_view_and_is_lowered_by_every_use_after() {
         let mut levels = Levels::default();
         // Used but asked by nobody: nothing is tracked.
-        assert_eq!(levels.round(0, &[entry(5, 0)], &[]), Answers::default());
+        assert_eq!(levels.round(0, 0, &[entry(5, 0)], &[]), Answers::default());
         assert!(levels.fields.is_empty());
         // A router whose view is 100 requests asks: tracked from its view.
         assert_eq!(
-            levels.round(0, &[], &[ask(100 * UNITS_PER_TOKEN)]).answers,
+            levels
+                .round(0, 0, &[], &[ask(100 * UNITS_PER_TOKEN)])
+                .answers,
             vec![100 * UNITS_PER_TOKEN]
         );
         // Another router's 30 requests, 1 s later (20 refilled): 90 left, whoever asks. The
         // writer, whose view may be higher, hears it without asking.
         assert_eq!(
-            levels.round(1000, &[entry(30, 1000)], &[]),
+            levels.round(1000, 0, &[entry(30, 1000)], &[]),
             Answers {
                 answers: Vec::new(),
                 published: vec![("01020304|0|".to_owned(), 90 * UNITS_PER_TOKEN)],
@@ -418,7 +433,7 @@ mod tests {
         );
         assert_eq!(
             levels
-                .round(1000, &[], &[ask(500 * UNITS_PER_TOKEN)])
+                .round(1000, 0, &[], &[ask(500 * UNITS_PER_TOKEN)])
                 .answers,
             vec![90 * UNITS_PER_TOKEN]
         );
@@ -427,16 +442,18 @@ mod tests {
     #[test]
     fn a_batch_published_again_is_not_counted_twice_and_held_back_usage_counts_when_admitted() {
         let mut levels = Levels::default();
-        levels.round(0, &[], &[ask(0)]);
+        levels.round(0, 0, &[], &[ask(0)]);
         // 30 requests admitted at 1 s, published at 2 s: the bucket refilled 20 a second all
         // along, not only since the publication: 0 + 20 - 30 + 20.
         let (first, held) = (entry(30, 1000), entry(0, 1500));
         assert_eq!(
-            levels.round(2000, &[first.clone(), held.clone()], &[]).published,
+            levels
+                .round(2000, 0, &[first.clone(), held.clone()], &[])
+                .published,
             vec![("01020304|0|".to_owned(), 10 * UNITS_PER_TOKEN)]
         );
         // The reply was lost: the same batches again, then a new one.
-        let again = levels.round(2000, &[first, held, entry(5, 2000)], &[]);
+        let again = levels.round(2000, 0, &[first, held, entry(5, 2000)], &[]);
         assert_eq!(
             again.published,
             vec![("01020304|0|".to_owned(), 5 * UNITS_PER_TOKEN)]
@@ -446,9 +463,12 @@ mod tests {
     #[test]
     fn a_bucket_back_at_its_capacity_is_forgotten() {
         let mut levels = Levels::default();
-        levels.round(0, &[], &[ask(0)]);
+        levels.round(0, 0, &[], &[ask(0)]);
         // A minute later the bucket is full again: the answer is its capacity, and it is gone.
-        assert_eq!(levels.round(60_000, &[], &[ask(0)]).answers, vec![CAPACITY]);
+        assert_eq!(
+            levels.round(60_000, 0, &[], &[ask(CAPACITY)]).answers,
+            vec![CAPACITY]
+        );
         assert!(levels.fields.is_empty());
     }
 

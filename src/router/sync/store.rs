@@ -101,6 +101,9 @@ pub struct RoundWrites<'a> {
     pub after: StreamId,
     /// The rate buckets whose site level the round asks for (`sync::levels`).
     pub asks: &'a [levels::Ask],
+    /// The sync interval: a view below the site's level by more than its refill lowers the
+    /// level (`sync::levels::Levels::round`).
+    pub interval_ms: u64,
     /// Now (unix ms): an epoch this router sets begins now.
     pub now_ms: u64,
     /// This process's claim on its router ID (`sync::claim`): taken when free, renewed for

@@ -55,11 +55,7 @@ impl Sim {
                 .daily_by_step
                 .get(day)
                 .map_or(0, |steps| busiest(steps, interval_steps));
-            let in_flight = self
-                .in_flight_at_exhaustion
-                .get(day)
-                .copied()
-                .unwrap_or(0);
+            let in_flight = self.in_flight_at_exhaustion.get(day).copied().unwrap_or(0);
             let allowed = self.daily
                 + one_interval
                 + ROUTERS as u64 * request

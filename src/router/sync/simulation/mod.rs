@@ -576,7 +576,11 @@ impl Sim {
                 {
                     // The budget counts on the day it is at: a router whose clock is behind
                     // midnight counts on the day the others already reached.
-                    let tenant = self.registry.get(self.daily_key).expect("the key").tenant_id;
+                    let tenant = self
+                        .registry
+                        .get(self.daily_key)
+                        .expect("the key")
+                        .tenant_id;
                     let day = shard.daily_day(tenant).unwrap_or(day).max(day);
                     *self.daily_charged.entry(day.0).or_default() += INPUT;
                     *self.truth.charged.entry((router.run, day.0)).or_default() += INPUT as i64;

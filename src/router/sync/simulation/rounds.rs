@@ -237,7 +237,23 @@ impl Sim {
                 ))
             })
             .unzip();
-        let site_levels = store.primary.levels.round(now, &written, &asks);
+        let site_levels = store
+            .primary
+            .levels
+            .round(now, router.interval_ms, &written, &asks);
+        let tokens = |units: &i64| units / crate::logic::limits::bucket::UNITS_PER_TOKEN;
+        let levels_note = format!(
+            "router-{index}: asked the levels of {:?}, the store answered {:?}, and {:?} for its usage",
+            asks.iter()
+                .map(|ask| tokens(&ask.view.level_units))
+                .collect::<Vec<_>>(),
+            site_levels.answers.iter().map(tokens).collect::<Vec<_>>(),
+            site_levels
+                .published
+                .iter()
+                .map(|(_, units)| tokens(units))
+                .collect::<Vec<_>>(),
+        );
         let published = levels::fields_of(router.backlog.batches(), |_| None);
         let keep_after = now.saturating_sub(120_000) * 1000;
         store.primary.stream.retain(|(id, _)| *id > keep_after);
@@ -331,6 +347,7 @@ impl Sim {
             .collect();
         let peers = site::peers(&router.id, &heartbeat, &records, &HashMap::new());
         self.count_applied(index, &applied);
+        self.log(|| levels_note);
         Ok(peers)
     }
 

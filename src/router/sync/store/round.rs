@@ -210,6 +210,7 @@ impl Store {
         }
         call.arg(levels::LEVELS_TTL_SECONDS)
             .arg(levels::SWEEP_FIELDS)
+            .arg(writes.interval_ms)
             .arg(ask_models.len());
         for model in &ask_models {
             call.arg(model);

@@ -93,7 +93,8 @@ pub fn noscript_error(error: &redis::RedisError) -> bool {
 /// KEYS: the usage stream, the levels hash, then one daily hash per day. ARGV: the stream's
 /// `MINID`, the entry count `n`, the `n` entries, the router ID, the daily hashes' expiry
 /// (seconds), the model count `m`, the `m` models (`capability|name`), one blob per daily hash,
-/// then the levels hash's expiry (seconds), the sweep's field count, the asks' model count `a`,
+/// then the levels hash's expiry (seconds), the sweep's field count, the round's interval (ms),
+/// the asks' model count `a`,
 /// the `a` models (`capability code|name`) and the asks' blob (`sync::levels::pack`). Returns the
 /// ID of the last entry added (false when none was), the asked levels in units, in order, and
 /// the levels of the tracked buckets the entries used without asking, as field, level pairs.
@@ -148,10 +149,11 @@ end
 local base = 5 + n + m + #KEYS - 1
 local levels_ttl = ARGV[base]
 local sweep = tonumber(ARGV[base + 1])
-local a = tonumber(ARGV[base + 2])
+local interval = tonumber(ARGV[base + 2])
+local a = tonumber(ARGV[base + 3])
 local ask_models = {}
-for i = 1, a do ask_models[i] = ARGV[base + 2 + i] end
-local asks_blob = ARGV[base + 3 + a]
+for i = 1, a do ask_models[i] = ARGV[base + 3 + i] end
+local asks_blob = ARGV[base + 4 + a]
 local used, fields, known = {}, {}, {}
 local function touch(field)
   if not known[field] then known[field] = true; fields[#fields + 1] = field end
@@ -334,7 +336,9 @@ for i, ask in ipairs(asks) do
   asked[ask.field] = true
   local level = levels[ask.field]
   if level then
-    level.units = math.min(level.units, ask.capacity)
+    -- A view lower than the level by more than an interval's refill knows usage the level
+    -- does not (a bucket tracked from another router's stale view): the level comes down.
+    level.units = math.min(level.units, ask.capacity, ask.view + ask.rate * interval)
   else
     level = {units = math.max(-ask.capacity, math.min(ask.view, ask.capacity))}
     levels[ask.field] = level
