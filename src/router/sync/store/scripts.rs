@@ -161,7 +161,7 @@ end
 -- One entry's rate usage; an entry that does not parse (not this version) adds none.
 local function entry_usage(blob)
   local found = {}
-  if string.byte(blob, 1) ~= 1 then return found end
+  if string.byte(blob, 1) ~= 1 then return nil end
   local length, at = varint(blob, 2)
   at = at + length
   local admitted
@@ -210,7 +210,7 @@ local marker = '@' .. router
 touch(marker)
 for i = 1, n do
   local parsed, found = pcall(entry_usage, ARGV[2 + i])
-  if parsed then
+  if parsed and found then
     batches[#batches + 1] = found
     for _, usage in ipairs(found) do
       touch(usage[1])
@@ -291,27 +291,6 @@ if #fields > 0 and sweep > 0 then
     end
   end
 end
--- Writes from here on.
-local newest = false
-for i = 1, n do
-  newest = redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 'u', ARGV[2 + i], 'l', '1')
-end
-for d = 3, #KEYS do
-  local day = days[d]
-  local pairs_out = {}
-  for _, field in ipairs(day.add_fields) do
-    pairs_out[#pairs_out + 1] = field
-    pairs_out[#pairs_out + 1] = string.format('%d', day.current[field] + day.adds[field])
-  end
-  for field, amount in pairs(day.sets) do
-    pairs_out[#pairs_out + 1] = field
-    pairs_out[#pairs_out + 1] = string.format('%d', amount)
-  end
-  for first = 1, #pairs_out, 2000 do
-    redis.call('HSET', KEYS[d], unpack(pairs_out, first, math.min(first + 1999, #pairs_out)))
-  end
-  redis.call('EXPIRE', KEYS[d], ttl)
-end
 -- Each batch's usage at the time it was admitted (a batch held back in an outage is not
 -- charged the refill its bucket had meanwhile), then every level brought up to now.
 local newest_applied = false
@@ -367,6 +346,27 @@ for _, field in ipairs(fields) do
       out[#out + 1] = string.format('%d,%d,%d,%d', level.units, now, level.rate, level.capacity)
     end
   end
+end
+-- Writes from here on.
+local newest = false
+for i = 1, n do
+  newest = redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 'u', ARGV[2 + i], 'l', '1')
+end
+for d = 3, #KEYS do
+  local day = days[d]
+  local pairs_out = {}
+  for _, field in ipairs(day.add_fields) do
+    pairs_out[#pairs_out + 1] = field
+    pairs_out[#pairs_out + 1] = string.format('%d', day.current[field] + day.adds[field])
+  end
+  for field, amount in pairs(day.sets) do
+    pairs_out[#pairs_out + 1] = field
+    pairs_out[#pairs_out + 1] = string.format('%d', amount)
+  end
+  for first = 1, #pairs_out, 2000 do
+    redis.call('HSET', KEYS[d], unpack(pairs_out, first, math.min(first + 1999, #pairs_out)))
+  end
+  redis.call('EXPIRE', KEYS[d], ttl)
 end
 for first = 1, #gone, 1000 do
   redis.call('HDEL', KEYS[2], unpack(gone, first, math.min(first + 999, #gone)))
