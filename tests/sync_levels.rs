@@ -273,10 +273,8 @@ fn the_sweep_forgets_full_buckets_and_plain_entries_are_noticed() {
         warm(&valkey, &mut store).await;
         valkey.command(&["HSET", &hash, &stale, "0,1,60000,72000000"]);
         round(&mut store, &[], &[ask(5, false, 0, 0)]).await;
-    });
-    // An entry of this version the script cannot read (truncated) is written all the same, and
-    // counts in no level: the round does not fail after its first write.
-    runtime().block_on(async {
+        // An entry of this version the script cannot read (truncated) is written all the same,
+        // and counts in no level: the round does not fail after its first write.
         let truncated = vec![1u8, 200];
         let reads = round(&mut store, &[truncated], &[]).await;
         assert!(reads.levels.is_some());
