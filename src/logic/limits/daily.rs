@@ -296,6 +296,12 @@ impl DailyBudget {
         (self.day, delta)
     }
 
+    /// What the other routers charged on this budget's day, as this router counts them: what it
+    /// remembers of them when the store has lost its data (`sync::round::daily_records`).
+    pub fn others(&self) -> (Day, u64) {
+        (self.day, self.used_tokens.saturating_sub(self.local_tokens))
+    }
+
     /// This router's total, when it changed since the last call (or since it was restored): the
     /// value the disk database must hold for `day`. After midnight the new day's total is handed
     /// out once it is charged; a new day with nothing charged has nothing to write (no record

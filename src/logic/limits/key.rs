@@ -769,6 +769,27 @@ impl KeyLimits {
         }
     }
 
+    /// Hand what every daily budget counts of the other routers to `sink`, as (flat `None` or
+    /// the budget's model, day, tokens): see [`DailyBudget::others`].
+    pub fn daily_others(&self, mut sink: impl FnMut(Option<ModelId>, Day, u64)) {
+        match &self.shape {
+            Shape::Flat { daily, .. } => {
+                if let Some(budget) = daily {
+                    let (day, tokens) = budget.others();
+                    sink(None, day, tokens);
+                }
+            }
+            Shape::PerModel(models) => {
+                for limits in models {
+                    if let Some(budget) = &limits.daily {
+                        let (day, tokens) = budget.others();
+                        sink(Some(limits.model), day, tokens);
+                    }
+                }
+            }
+        }
+    }
+
     /// Every daily budget hands its local total out again (see [`DailyBudget::mark_unreported`]).
     pub fn mark_daily_unreported(&mut self) {
         match &mut self.shape {

@@ -465,14 +465,22 @@ impl ControlShared {
     /// answers later keeps its daily totals for the next round (`shard::inbox`); only a shard
     /// stalled that long loses one round's usage to the other routers. `reached`: the last
     /// round reached the store (the wallets give back only then).
-    pub async fn take_usage(&self, reached: bool) -> crate::router::shard::messages::ShardUsage {
+    pub async fn take_usage(
+        &self,
+        reached: bool,
+        remember: bool,
+    ) -> crate::router::shard::messages::ShardUsage {
         let mut usage = crate::router::shard::messages::ShardUsage::default();
         let gather = async {
             let mut answers = Vec::with_capacity(self.to_shards.len());
             for shard in &self.to_shards {
                 let (reply, answer) = oneshot::channel();
                 if shard
-                    .send(ControlToShard::TakeUsage { reply, reached })
+                    .send(ControlToShard::TakeUsage {
+                        reply,
+                        reached,
+                        remember,
+                    })
                     .await
                     .is_ok()
                 {
@@ -483,6 +491,7 @@ impl ControlShared {
                 if let Ok(mut report) = answer.await {
                     usage.usage.append(&mut report.usage);
                     usage.views.append(&mut report.views);
+                    usage.memory.append(&mut report.memory);
                     usage.daily.append(&mut report.daily);
                     // What each owner holds of the occupancy budgets: the round rewrites it.
                     usage.credits.append(&mut report.credits);

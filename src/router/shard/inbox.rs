@@ -118,13 +118,20 @@ impl Shard {
                     self.owner.borrow_mut().quotas.requeue_daily_totals(totals);
                 }
             }
-            ControlToShard::TakeUsage { reply, reached } => {
+            ControlToShard::TakeUsage {
+                reply,
+                reached,
+                remember,
+            } => {
                 let mut report = crate::router::shard::messages::ShardUsage::default();
                 self.with_owner(|owner, effects| {
                     owner.take_usage(&mut report.usage);
                     report.daily = owner.quotas.take_changed_daily_totals();
                     let now = crate::base::clock::now();
                     owner.anchor_views(now, &mut report.views);
+                    if remember {
+                        report.memory = owner.quotas.daily_memory();
+                    }
                     let credits = &mut report.credits;
                     owner.models.credit_round(now, reached, credits, effects);
                 });

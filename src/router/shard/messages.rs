@@ -73,6 +73,8 @@ pub enum ControlToShard {
     TakeUsage {
         reply: tokio::sync::oneshot::Sender<ShardUsage>,
         reached: bool,
+        /// The store lost its data: report what the daily budgets count of the other routers.
+        remember: bool,
     },
     /// The sync round, step 2: usage other routers published. Broadcast (one `Arc` for every
     /// shard); each shard applies the tenants it owns. At most `sync::store::READ_MAX` entries a
@@ -96,6 +98,8 @@ pub struct ShardUsage {
     /// The rate buckets low enough for the round to anchor to the site's level.
     pub views: Vec<crate::router::shard::owner::quotas::BucketView>,
     pub daily: Vec<crate::router::shard::owner::quotas::DailyTotal>,
+    /// With `remember`: what each daily budget counts of the other routers.
+    pub memory: Vec<crate::router::shard::owner::quotas::DailyTotal>,
     /// What this router holds of every budget this shard's models have credits for.
     pub credits: Vec<crate::router::shard::owner::wallets::CreditHolding>,
 }

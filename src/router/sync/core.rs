@@ -159,6 +159,11 @@ struct Round {
     views: Vec<BucketView>,
     /// No anchoring before then (unix ms): an entry read was written without the levels.
     unlevelled_until: u64,
+    /// Rounds left that write what this router remembers of the others' daily usage, after
+    /// the store lost its data (`round::daily_records`).
+    remember_rounds: u32,
+    /// This round's memory rows: (day, field, tokens).
+    memory: Vec<(u32, String, u64)>,
     /// A failover was noticed: the shards report every daily total again at the next round.
     rewrite_daily: bool,
     /// The store's epoch as last seen: a new one means the store lost its data.
@@ -264,6 +269,8 @@ impl SyncCore {
             resync_rounds: 0,
             views: Vec::new(),
             unlevelled_until: 0,
+            remember_rounds: 0,
+            memory: Vec::new(),
             rewrite_daily: false,
             epoch: None,
             own_restored: false,
@@ -361,8 +368,27 @@ impl Round {
 
     async fn tick(&mut self, leaving: bool) {
         let started = Instant::now();
-        let usage = self.shared.take_usage(self.last_round_reached).await;
+        let usage = self
+            .shared
+            .take_usage(self.last_round_reached, self.remember_rounds > 0)
+            .await;
         self.views = usage.views;
+        self.memory = {
+            let registry = self.shared.registry();
+            usage
+                .memory
+                .iter()
+                .filter_map(|total| {
+                    let model = match total.model {
+                        None => None,
+                        Some(model) => Some(registry.model_key(model)?),
+                    };
+                    let field =
+                        round::daily_field(&self.settings.router_id, total.tenant, model.as_ref());
+                    Some((total.day.0, field, total.tokens))
+                })
+                .collect()
+        };
         let now_ms = now_unix_ms().max(0) as u64;
         let today = utc_today();
         self.backlog.push(Batch {
@@ -581,6 +607,7 @@ impl Round {
                 agents: agents_json.as_deref(),
                 after: cursor,
                 asks: &asks,
+                memory: &std::mem::take(&mut self.memory),
                 interval_ms: self.settings.interval.as_millis() as u64,
                 now_ms,
                 claim: ClaimWrite {
@@ -614,6 +641,7 @@ impl Round {
         };
         self.backlog.clear();
         self.ledger.wrote(&totals);
+        self.remember_rounds = self.remember_rounds.saturating_sub(1);
         if agents_json.is_some() {
             self.agents_written = Some(AgentsWritten {
                 epoch: reads.epoch.clone(),
@@ -680,6 +708,7 @@ impl Round {
             );
             self.shared.broadcast(|| ControlToShard::RewriteDaily).await;
             self.ledger.lost();
+            self.remember_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
             self.resync = true;
             self.resync_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
         }
@@ -839,6 +868,7 @@ impl Round {
             // "a write lost in a failover is healed by the next one") and read again, as after a
             // data loss (`sync::simulation`).
             self.ledger.lost();
+            self.remember_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
             self.rewrite_daily = true;
             self.resync_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
         }

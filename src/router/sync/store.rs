@@ -101,6 +101,9 @@ pub struct RoundWrites<'a> {
     pub after: StreamId,
     /// The rate buckets whose site level the round asks for (`sync::levels`).
     pub asks: &'a [levels::Ask],
+    /// What this router remembers of the others' daily usage, after the store lost its data:
+    /// (day, this router's field of the budget, tokens), written whole to `memory:{day}`.
+    pub memory: &'a [(u32, String, u64)],
     /// The sync interval: a view below the site's level by more than its refill lowers the
     /// level (`sync::levels::Levels::round`).
     pub interval_ms: u64,
@@ -167,6 +170,10 @@ pub struct PoolsRead {
     pub pools: Vec<PoolRead>,
     pub refused: Option<redis::RedisError>,
 }
+
+/// Today's totals (field, tokens), the routers' memory of each other's usage written after the
+/// store lost its data (field, tokens), and the stream's newest entry, read together.
+pub type DailyRead = (Vec<(String, u64)>, Vec<(String, u64)>, StreamId);
 
 pub struct Store {
     settings: StoreSettings,
@@ -469,18 +476,25 @@ impl Store {
     /// up to that one is in the totals (each router writes its entry and its totals in one
     /// transaction). Once per start or outage; the reply holds one field per router and daily
     /// budget used today, bounded by the keys and routers of the site, not by traffic.
-    pub async fn read_daily(&mut self, day: u32) -> RedisResult<(Vec<(String, u64)>, StreamId)> {
+    pub async fn read_daily(&mut self, day: u32) -> RedisResult<DailyRead> {
         let mut totals = redis::cmd("HGETALL");
         totals.arg(self.key(&format!("daily:{day}")));
+        let mut memory = redis::cmd("HGETALL");
+        memory.arg(self.key(&format!("memory:{day}")));
         let mut last = redis::cmd("XREVRANGE");
         last.arg(self.key("usage"))
             .arg("+")
             .arg("-")
             .arg("COUNT")
             .arg(1);
-        let replies = self.transaction(vec![totals, last], 2).await?;
+        let replies = self.transaction(vec![totals, memory, last], 3).await?;
         let totals: HashMap<String, u64> = redis::from_redis_value_ref(&replies[0])?;
-        Ok((totals.into_iter().collect(), last_id(&replies[1])))
+        let memory: HashMap<String, u64> = redis::from_redis_value_ref(&replies[1])?;
+        Ok((
+            totals.into_iter().collect(),
+            memory.into_iter().collect(),
+            last_id(&replies[2]),
+        ))
     }
 
     /// Runs `commands` as one `MULTI` … `EXEC` and returns the replies of the last `reads` of

@@ -412,6 +412,27 @@ impl Quotas {
         totals
     }
 
+    /// What every daily budget counts of the other routers (`tokens`), where it counts any: after
+    /// the store lost its data, the sync round writes it back as this router's memory of them
+    /// (`sync::round::daily_records`).
+    pub fn daily_memory(&self) -> Vec<DailyTotal> {
+        let mut memory = Vec::new();
+        for (tenant, holder) in &self.holders {
+            let tenant = *tenant;
+            holder.limits.daily_others(|model, day, tokens| {
+                if tokens > 0 {
+                    memory.push(DailyTotal {
+                        tenant,
+                        model,
+                        day,
+                        tokens,
+                    });
+                }
+            });
+        }
+        memory
+    }
+
     /// Hands back totals taken by [`Quotas::take_changed_daily_totals`] that never reached the
     /// control core; the next report carries them (before any newer total of the same budget).
     pub fn requeue_daily_totals(&mut self, mut totals: Vec<DailyTotal>) {

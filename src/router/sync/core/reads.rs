@@ -112,7 +112,7 @@ impl Round {
     /// others' usage, and neither is added to the other.
     pub(super) async fn read_totals(&mut self, now_ms: u64) -> redis::RedisResult<()> {
         let day = utc_today();
-        let (fields, last) = self.store.read_daily(day.0).await?;
+        let (fields, memory, last) = self.store.read_daily(day.0).await?;
         let replay_from = match self.cursor {
             Some(cursor) => cursor,
             None => StreamId {
@@ -144,6 +144,9 @@ impl Round {
             &self.settings.router_id,
             day,
             fields
+                .iter()
+                .map(|(field, tokens)| (field.as_str(), *tokens)),
+            memory
                 .iter()
                 .map(|(field, tokens)| (field.as_str(), *tokens)),
             !self.own_restored,

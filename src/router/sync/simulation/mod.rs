@@ -233,6 +233,8 @@ struct Data {
     heartbeats: BTreeMap<String, Heartbeat>,
     /// The site's levels of contended rate buckets (`sync::levels`).
     levels: levels::Levels,
+    /// The routers' memory of each other's daily usage, written after a loss: (day, field).
+    memory: BTreeMap<(u32, String), u64>,
 }
 
 struct Store {
@@ -299,6 +301,8 @@ struct Router {
     replayed: Vec<(u64, BucketUsage)>,
     applied: round::Applied,
     failovers_seen: u64,
+    /// Rounds left that write this router's memory of the others' daily usage.
+    remember_rounds: u32,
 }
 
 impl Router {
@@ -334,6 +338,7 @@ impl Router {
             replayed: Vec::new(),
             applied: round::Applied::default(),
             failovers_seen: 0,
+            remember_rounds: 0,
         }
     }
 

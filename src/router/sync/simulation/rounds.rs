@@ -27,6 +27,20 @@ impl Sim {
             totals.extend(shard.take_changed_daily_totals());
             shard.anchor_views(Millis(now), &mut views);
         }
+        // `sync::core`: after a loss, what this router remembers of the others' daily usage.
+        let memory: Vec<(u32, String, u64)> = if router.remember_rounds > 0 {
+            router
+                .shards
+                .iter()
+                .flat_map(|shard| shard.daily_memory())
+                .map(|total| {
+                    let field = round::daily_field(&router.id, total.tenant, None);
+                    (total.day.0, field, total.tokens)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         for used in &usage {
             if let crate::logic::limits::BucketRef::Daily { day, .. } = used.bucket {
                 *self.truth.taken.entry((router.run, day.0)).or_default() += used.amount;
@@ -42,7 +56,7 @@ impl Sim {
             router.read_day = day;
             router.ledger.forget_before(day.0.saturating_sub(1));
         }
-        let outcome = self.exchange(index, leaving, views);
+        let outcome = self.exchange(index, leaving, views, memory);
         let reached = outcome.is_ok();
         let router = self.routers[index].as_mut().expect("a running router");
         match outcome {
@@ -88,6 +102,7 @@ impl Sim {
         index: usize,
         leaving: bool,
         views: Vec<BucketView>,
+        memory: Vec<(u32, String, u64)>,
     ) -> Result<site::Peers, ()> {
         let now = self.now;
         let router = self.routers[index].as_mut().expect("a running router");
@@ -113,6 +128,7 @@ impl Sim {
         if router.failovers_seen != self.store.failovers {
             router.failovers_seen = self.store.failovers;
             router.ledger.lost();
+            router.remember_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
             for shard in &mut router.shards {
                 shard.rewrite_daily_totals();
             }
@@ -210,6 +226,9 @@ impl Sim {
                 DailyWrite::Set(tokens) => *total = tokens,
             }
         }
+        for (day, field, tokens) in memory {
+            store.primary.memory.insert((day, field), tokens);
+        }
         if failing_command != Some(writes.len()) {
             store
                 .primary
@@ -264,12 +283,14 @@ impl Sim {
         }
         router.backlog.clear();
         router.ledger.wrote(&totals);
+        router.remember_rounds = router.remember_rounds.saturating_sub(1);
         let epoch = store.primary.epoch;
         if router.epoch.is_some_and(|known| known != epoch) {
             for shard in &mut router.shards {
                 shard.rewrite_daily_totals();
             }
             router.ledger.lost();
+            router.remember_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
             router.resync = true;
             router.resync_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
         }
@@ -422,7 +443,12 @@ fn read_totals(
     if caught_up {
         replayed = apply_entries(router, registry, snapshot, &replay, now, false);
     }
-    let records = round::daily_records(&router.id, day, fields, !router.own_restored);
+    let memory = data
+        .memory
+        .iter()
+        .filter(|((of, _), _)| *of == day.0)
+        .map(|((_, field), tokens)| (field.as_str(), *tokens));
+    let records = round::daily_records(&router.id, day, fields, memory, !router.own_restored);
     for (shard_index, shard) in router.shards.iter_mut().enumerate() {
         shard.restore(
             snapshot,

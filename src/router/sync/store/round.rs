@@ -285,6 +285,21 @@ impl Store {
             list.arg(self.key("agents")).arg(&self.router).arg(agents);
             commands.push(list);
         }
+        let mut days: Vec<u32> = writes.memory.iter().map(|(day, _, _)| *day).collect();
+        days.sort_unstable();
+        days.dedup();
+        for day in days {
+            let key = self.key(&format!("memory:{day}"));
+            let mut remember = redis::cmd("HSET");
+            remember.arg(&key);
+            for (_, field, tokens) in writes.memory.iter().filter(|(of, _, _)| *of == day) {
+                remember.arg(field).arg(tokens);
+            }
+            commands.push(remember);
+            let mut expire = redis::cmd("EXPIRE");
+            expire.arg(&key).arg(DAILY_TTL_SECONDS);
+            commands.push(expire);
+        }
         let mut set_epoch = redis::cmd("SET");
         set_epoch
             .arg(self.key("epoch"))
