@@ -393,9 +393,12 @@ def cmd_report(args):
         if spent > bound:
             violations.append(f"{p['name']}: daily key {key} spent {spent} {per_router} of "
                               f"{daily} (bound {bound}: one round's usage of every router)")
-        if spent < 0.9 * daily:
+        # Refused while a tenth of the budget was still unspent: it is not usable again. A phase
+        # too short for its load to spend the budget refuses nothing and breaks no bound.
+        if spent < 0.9 * daily and sum(refused.values()) > 0:
             violations.append(f"{p['name']}: daily key {key} spent only {spent} {per_router} of "
-                              f"{daily} by the end of the phase: the budget is not usable again")
+                              f"{daily} by the end of the phase, and refused {dict(refused)}: "
+                              f"the budget is not usable again")
         # The seed's rule for an outage: each router spends at most what was left at the
         # outage's start divided by the routers.
         outage = None
