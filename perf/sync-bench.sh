@@ -15,6 +15,8 @@
 # perf/README.md, "Shared limits").
 #
 # Environment: KEYS=1000  RPM=600  DURATION=10  BURST=5  INTERVAL=1s  PORT_BASE=24000  AGENTS=1
+#              KEY_RPM=1000000 (each of the KEYS keys' requests per minute: below twice what a
+#              key gets, its bucket drops below half and every round asks the store for its level)
 #              SKIP_BUILD=0  KEEP_TMP=0  SKIP_BURST=0 (1: stop after step 2)
 #              ROUTER_ARGS="" (extra flags for every router)  BIN=target/release
 set -Eeuo pipefail
@@ -22,6 +24,7 @@ set -Eeuo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${BIN:-"$ROOT/target/release"}
 KEYS=${KEYS:-1000}
+KEY_RPM=${KEY_RPM:-1000000}
 RPM=${RPM:-600}
 DURATION=${DURATION:-10}
 BURST=${BURST:-5}
@@ -58,11 +61,11 @@ SIM_PORT=$((PORT_BASE + 888))
 export HIVENET_ROUTER_JWT_SECRET=sync-bench-secret-sync-bench-secret-0123
 export HIVENET_ROUTER_AUDIT_LOG_PATH=/dev/null
 
-# KEYS keys with requests per minute and a daily budget far above the load, and one key whose
+# KEYS keys with requests per minute (KEY_RPM) and a daily budget far above the load, and one key whose
 # requests per minute the burst runs into. Raw keys: sk-sync-bench-NNNN and sk-sync-burst0000.
-python3 - "$TMP/auth.yaml" "$KEYS" "$RPM" <<'PY'
+python3 - "$TMP/auth.yaml" "$KEYS" "$RPM" "$KEY_RPM" <<'PY'
 import hashlib, sys
-path, count, rpm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+path, count, rpm, key_rpm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 def key(raw, owner, quota):
     digest = hashlib.sha256(raw.encode()).hexdigest()
     return (f'    - key_hash: "{digest}"\n      key_preview: "sk-...{raw[-4:]}"\n'
@@ -71,7 +74,7 @@ with open(path, "w") as out:
     out.write("api:\n  mode: api-key\n  keys:\n")
     for index in range(count):
         out.write(key(f"sk-sync-bench-{index:04d}", f"owner-{index:04d}",
-                      "requests_per_minute: 1000000, tokens_per_day: 1000000000"))
+                      f"requests_per_minute: {key_rpm}, tokens_per_day: 1000000000"))
     out.write(key("sk-sync-burst0000", "burst", f"requests_per_minute: {rpm}"))
 PY
 
