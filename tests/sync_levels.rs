@@ -3,7 +3,8 @@
 //! (`Levels`), for several routers publishing real entries and asking in any order; a level
 //! refills on the store's clock; a full bucket is forgotten, by the round that touches it or by
 //! the sweep; entries the script wrote say so, and a round that did not read the stream whole
-//! returns no levels; an entry the script cannot read is written and counts in no level.
+//! returns no levels; an entry the script cannot read is written and counts in no level; and a
+//! router's memory of the others' daily usage, written after a loss, is read with the totals.
 
 mod common;
 
@@ -104,6 +105,7 @@ async fn round(store: &mut Store, entries: &[Vec<u8>], asks: &[Ask]) -> RoundRea
             after: StreamId::default(),
             asks,
             interval_ms: 500,
+            memory: &[],
             now_ms: 1_780_000_000_000,
             claim: ClaimWrite {
                 value: "claim",
@@ -194,20 +196,23 @@ fn the_script_keeps_the_levels_as_the_model_does() {
             assert_eq!(answers, expected, "the answers");
             assert!(!reads.unlevelled, "the script marks its entries");
             let hash = levels_hash(&valkey);
-            let markers: Vec<(String, String)> = hash
-                .iter()
-                .filter(|(field, _)| field.starts_with('@'))
-                .cloned()
+            let applied = valkey
+                .reply(&["HGETALL", &format!("hivenet:{{{SITE}}}:levels:applied")])
+                .unwrap();
+            let mut markers: Vec<(String, String)> = applied
+                .items()
+                .chunks(2)
+                .map(|pair| (pair[0].text(), pair[1].text()))
                 .collect();
+            markers.sort();
             let modelled_markers: Vec<(String, String)> = model
                 .applied
                 .iter()
-                .map(|(router, (run, at))| (format!("@{router}"), format!("{run},{at}")))
+                .map(|(router, (run, at))| (router.clone(), format!("{run},{at}")))
                 .collect();
             assert_eq!(markers, modelled_markers, "what each router's levels count");
             let stored: Vec<(String, i64)> = hash
                 .into_iter()
-                .filter(|(field, _)| !field.starts_with('@'))
                 .map(|(field, value)| (field, value.split(',').next().unwrap().parse().unwrap()))
                 .collect();
             let modelled: Vec<(String, i64)> = model
@@ -281,11 +286,7 @@ fn the_sweep_forgets_full_buckets_and_plain_entries_are_noticed() {
     });
     let written = valkey.command(&["XLEN", &format!("hivenet:{{{SITE}}}:usage")]);
     assert_eq!(written, "1", "the entry is written");
-    let fields: Vec<String> = levels_hash(&valkey)
-        .into_iter()
-        .map(|(f, _)| f)
-        .filter(|field| !field.starts_with('@'))
-        .collect();
+    let fields: Vec<String> = levels_hash(&valkey).into_iter().map(|(f, _)| f).collect();
     assert_eq!(
         fields,
         vec![field(KeyId(5), 0, None)],
@@ -305,4 +306,53 @@ fn the_sweep_forgets_full_buckets_and_plain_entries_are_noticed() {
 
 fn store_for_reads(valkey: &Valkey) -> Store {
     store(valkey, "router-1")
+}
+
+/// After the store lost its data, a router writes what it remembers of the others' daily usage
+/// (`memory:{day}`), in its round's transaction, and a router reading today's totals gets it
+/// beside them (`round::daily_records` counts at least that of the others).
+#[test]
+fn a_routers_memory_of_the_others_is_read_with_the_totals() {
+    use hivenet_router::base::ids::TenantId;
+    use hivenet_router::router::sync::round::{daily_field, daily_records};
+    let valkey = Valkey::primary();
+    let mut survivor = store(&valkey, "router-0");
+    let mut newcomer = store(&valkey, "router-1");
+    let day = 20_426u32;
+    let field = daily_field("router-0", TenantId(7), None);
+    runtime().block_on(async {
+        let memory = [(day, field.clone(), 4_000u64)];
+        survivor
+            .round(RoundWrites {
+                entries: &[],
+                totals: &[],
+                heartbeat: "{}",
+                agents: None,
+                after: StreamId::default(),
+                asks: &[],
+                interval_ms: 500,
+                memory: &memory,
+                now_ms: 1_780_000_000_000,
+                claim: ClaimWrite {
+                    value: "claim",
+                    ttl_ms: 10_000,
+                    release: false,
+                },
+            })
+            .await
+            .expect("the round");
+        let (totals, remembered, _) = newcomer.read_daily(day).await.expect("the read");
+        assert!(totals.is_empty());
+        assert_eq!(remembered, vec![(field.clone(), 4_000)]);
+        let records = daily_records(
+            "router-1",
+            Day(day),
+            totals.iter().map(|(f, t)| (f.as_str(), *t)),
+            remembered.iter().map(|(f, t)| (f.as_str(), *t)),
+            true,
+        );
+        assert_eq!(records.len(), 1);
+        assert_eq!(records[0].tokens, 4_000, "router-0's memory of the others");
+        assert!(records[0].others);
+    });
 }

@@ -65,6 +65,7 @@ async fn round(store: &mut Store, entries: &[Vec<u8>], totals: &[DailyRow]) {
             after: StreamId::default(),
             asks: &[],
             interval_ms: 500,
+            memory: &[],
             now_ms: 1_780_000_000_000,
             claim: ClaimWrite {
                 value: "claim",
@@ -389,6 +390,7 @@ async fn reads(
             after,
             asks: &[],
             interval_ms: 500,
+            memory: &[],
             now_ms: 1_780_000_000_000,
             claim: ClaimWrite {
                 value: "claim",

@@ -23,7 +23,10 @@
 //! the store's time `at` (ms), refilling `rate` units a millisecond up to `capacity` units. A
 //! bucket the hash has no field for is full: a field that refills to its capacity is removed,
 //! a few random fields are checked each round and removed when full, and the whole hash
-//! expires when no round touched it for two minutes. A bucket is tracked from the first
+//! expires when no round touched it for two minutes. Beside it, `hivenet:{site}:levels:applied`
+//! holds, per router, its run and the admission time of its newest batch the levels count: a
+//! batch published again after a lost reply is not applied twice. While no bucket is tracked and
+//! a round asks for none, the script reads only the entries' headers. A bucket is tracked from the first
 //! round that asks for it; from then on every router's usage of it lowers it, asked or not.
 //!
 //! # What is not anchored
@@ -234,7 +237,7 @@ pub struct Answers {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Levels {
     pub fields: BTreeMap<String, Level>,
-    /// Per router (the field `@{router}`): the run and the newest batch its levels count. A
+    /// Per router (`hivenet:{site}:levels:applied`): the run and the newest batch its levels count. A
     /// batch published again after a lost reply is older or the same: not applied twice.
     pub applied: BTreeMap<String, (u64, u64)>,
 }

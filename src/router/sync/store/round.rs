@@ -188,9 +188,10 @@ impl Store {
         let packed = pack(writes.totals);
         let (ask_models, asks) = levels::pack(writes.asks);
         let mut call = USAGE.call(full);
-        call.arg(2 + packed.days.len())
+        call.arg(3 + packed.days.len())
             .arg(self.key("usage"))
-            .arg(self.key("levels"));
+            .arg(self.key("levels"))
+            .arg(self.key("levels:applied"));
         for (day, _) in &packed.days {
             call.arg(self.key(&format!("daily:{day}")));
         }

@@ -90,7 +90,8 @@ pub fn noscript_error(error: &redis::RedisError) -> bool {
 /// the ACL refuses inside the script (`HMGET`, `TIME`, `HRANDFIELD`) fails it before it wrote
 /// anything.
 ///
-/// KEYS: the usage stream, the levels hash, then one daily hash per day. ARGV: the stream's
+/// KEYS: the usage stream, the levels hash, the hash of what of each router's usage the levels
+/// count (its run and newest batch applied), then one daily hash per day. ARGV: the stream's
 /// `MINID`, the entry count `n`, the `n` entries, the router ID, the daily hashes' expiry
 /// (seconds), the model count `m`, the `m` models (`capability|name`), one blob per daily hash,
 /// then the levels hash's expiry (seconds), the sweep's field count, the round's interval (ms),
@@ -120,8 +121,8 @@ local m = tonumber(ARGV[5 + n])
 local suffixes = {'|'}
 for i = 1, m do suffixes[i + 1] = ARGV[5 + n + i] end
 local days = {}
-for d = 3, #KEYS do
-  local blob = ARGV[5 + n + m + d - 2]
+for d = 4, #KEYS do
+  local blob = ARGV[5 + n + m + d - 3]
   local adds, add_fields, sets = {}, {}, {}
   local at = 1
   while at <= #blob do
@@ -146,7 +147,7 @@ for d = 3, #KEYS do
   days[d] = {adds = adds, add_fields = add_fields, sets = sets, current = current}
 end
 -- The levels: the rate usage of every entry (version 1, `sync::entry`), by field.
-local base = 5 + n + m + #KEYS - 1
+local base = 5 + n + m + #KEYS - 2
 local levels_ttl = ARGV[base]
 local sweep = tonumber(ARGV[base + 1])
 local interval = tonumber(ARGV[base + 2])
@@ -158,8 +159,9 @@ local used, fields, known = {}, {}, {}
 local function touch(field)
   if not known[field] then known[field] = true; fields[#fields + 1] = field end
 end
--- One entry's rate usage; an entry that does not parse (not this version) adds none.
-local function entry_usage(blob)
+-- One entry's run, admission time and (with `bodies`) rate usage; nil for an entry of another
+-- version.
+local function entry_usage(blob, bodies)
   local found = {}
   if string.byte(blob, 1) ~= 1 then return nil end
   local length, at = varint(blob, 2)
@@ -168,6 +170,7 @@ local function entry_usage(blob)
   found.run, at = varint(blob, at)
   admitted, at = varint(blob, at)
   found.admitted = admitted
+  if not bodies then return found end
   local _
   _, at = varint(blob, at)
   local count
@@ -206,10 +209,18 @@ end
 local batches = {}
 -- What of this router's usage the levels count: its run and the newest batch applied. A batch
 -- published again (its round's reply was lost) is not applied twice.
-local marker = '@' .. router
-touch(marker)
+-- Without a tracked bucket and without an ask, no usage lowers any level: the entries' bodies
+-- are not read (most rounds of a site whose limits have room).
+local contended = #asks_blob > 0 or redis.call('EXISTS', KEYS[2]) == 1
+local applied_run, applied_at = -1, -1
+local applied = redis.call('HGET', KEYS[3], router)
+if applied then
+  local comma = string.find(applied, ',', 1, true)
+  applied_run = tonumber(string.sub(applied, 1, comma - 1))
+  applied_at = tonumber(string.sub(applied, comma + 1))
+end
 for i = 1, n do
-  local parsed, found = pcall(entry_usage, ARGV[2 + i])
+  local parsed, found = pcall(entry_usage, ARGV[2 + i], contended)
   if parsed and found then
     batches[#batches + 1] = found
     for _, usage in ipairs(found) do
@@ -264,27 +275,19 @@ local function level_at(value)
   }
 end
 local levels = {}
-local applied_run, applied_at = -1, -1
 for first = 1, #fields, 1000 do
   local last = math.min(first + 999, #fields)
   local values = redis.call('HMGET', KEYS[2], unpack(fields, first, last))
   for i = first, last do
     local value = values[i - first + 1]
-    if value and fields[i] == marker then
-      local comma = string.find(value, ',', 1, true)
-      applied_run = tonumber(string.sub(value, 1, comma - 1))
-      applied_at = tonumber(string.sub(value, comma + 1))
-    elseif value then
-      levels[fields[i]] = level_at(value)
-    end
+    if value then levels[fields[i]] = level_at(value) end
   end
 end
 local swept = {}
 if #fields > 0 and sweep > 0 then
   local random = redis.call('HRANDFIELD', KEYS[2], sweep, 'WITHVALUES')
   for i = 1, #random, 2 do
-    -- A router's marker (`@`) stays while the hash lives.
-    if string.sub(random[i], 1, 1) ~= '@' and not known[random[i]] then
+    if not known[random[i]] then
       local level = level_at(random[i + 1])
       refill(level, now)
       if level.units >= level.capacity then swept[#swept + 1] = random[i] end
@@ -352,7 +355,7 @@ local newest = false
 for i = 1, n do
   newest = redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 'u', ARGV[2 + i], 'l', '1')
 end
-for d = 3, #KEYS do
+for d = 4, #KEYS do
   local day = days[d]
   local pairs_out = {}
   for _, field in ipairs(day.add_fields) do
@@ -372,8 +375,8 @@ for first = 1, #gone, 1000 do
   redis.call('HDEL', KEYS[2], unpack(gone, first, math.min(first + 999, #gone)))
 end
 if newest_applied then
-  out[#out + 1] = marker
-  out[#out + 1] = string.format('%d,%d', applied_run, applied_at)
+  redis.call('HSET', KEYS[3], router, string.format('%d,%d', applied_run, applied_at))
+  redis.call('EXPIRE', KEYS[3], levels_ttl)
 end
 for first = 1, #out, 2000 do
   redis.call('HSET', KEYS[2], unpack(out, first, math.min(first + 1999, #out)))
