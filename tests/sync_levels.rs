@@ -74,6 +74,7 @@ fn ask(key: u32, input: bool, rate: u64, level_units: i64) -> Ask {
             level_units,
             rate_per_minute: rate,
             capacity_units: 1200 * UNITS_PER_TOKEN,
+            settled: key % 2 == 1,
         },
     }
 }

@@ -42,6 +42,12 @@ pub struct AnchorView {
     pub level_units: i64,
     pub rate_per_minute: u64,
     pub capacity_units: i64,
+    /// The view may lower the site's level. Not when the bucket was built from other routers'
+    /// usage waiting for it (merged at its latest time, and so stricter than the site by up to a
+    /// merge window's refill) and not anchored since: such a view may start the site's level of
+    /// a bucket nobody tracks, never lower a tracked one. A restarted router's first request
+    /// lowered every router's level by most of a capacity (`tests/site_chaos.rs`: 43 of 50).
+    pub settled: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -72,6 +78,9 @@ pub struct Bucket {
     /// subtracted late, may be credited with it ([`Bucket::apply_remote`]); refill the bucket
     /// kept needs no credit. A new bucket has been full "since ever" (`Millis(0)`).
     full_since: Option<Millis>,
+    /// See [`AnchorView::settled`]: false once [`Bucket::unsettle`] and until the next
+    /// [`Bucket::anchor`].
+    settled: bool,
 }
 
 impl Bucket {
@@ -89,6 +98,7 @@ impl Bucket {
             held_units: 0,
             held_below_units: 0,
             full_since: Some(Millis(0)),
+            settled: true,
         }
     }
 
@@ -316,6 +326,7 @@ impl Bucket {
                 level_units,
                 rate_per_minute: self.rate_per_minute,
                 capacity_units: self.capacity_units,
+                settled: self.settled,
             })
     }
 
@@ -337,6 +348,14 @@ impl Bucket {
         self.held_units = 0;
         self.held_below_units = 0;
         self.full_since = (self.level_units >= self.capacity_units).then_some(now);
+        self.settled = true;
+    }
+
+    /// The level was just lowered by other routers' usage merged at its latest time (a holder
+    /// built from usage waiting for it): stricter than the site's by up to a merge window's
+    /// refill, it may not lower the site's level until it is anchored.
+    pub fn unsettle(&mut self) {
+        self.settled = false;
     }
 
     /// Tokens admitted here since the last call, for the sync round to publish. A net refund is
@@ -363,6 +382,7 @@ impl Bucket {
         // A reload during a round or an outage does not hand out a new share.
         self.round = previous.round;
         self.full_since = previous.full_since;
+        self.settled = previous.settled;
         self.lowered();
     }
 

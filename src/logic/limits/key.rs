@@ -948,6 +948,32 @@ impl KeyLimits {
         }
     }
 
+    /// Every rate bucket was just lowered by merged usage (`Bucket::unsettle`).
+    pub fn unsettle_rates(&mut self) {
+        match &mut self.shape {
+            Shape::Flat { requests, .. } => {
+                if let Some(rate) = requests {
+                    rate.unsettle();
+                }
+            }
+            Shape::PerModel(models) => {
+                for limits in models {
+                    if let Some(rate) = &mut limits.requests {
+                        rate.unsettle();
+                    }
+                }
+            }
+        }
+        for rates in &mut self.token_rates {
+            for rate in [rates.input.as_mut(), rates.output.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                rate.unsettle();
+            }
+        }
+    }
+
     /// Anchor one rate bucket to the site's level (`Bucket::anchor`). A bucket this key no
     /// longer has (a reload in between) is skipped; a daily one is never anchored.
     pub fn anchor(&mut self, now: Millis, bucket: BucketRef, site_units: i64) {

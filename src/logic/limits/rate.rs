@@ -175,6 +175,11 @@ impl RequestRate {
     pub fn anchor(&mut self, now: Millis, site_units: i64) {
         self.bucket.anchor(now, site_units)
     }
+
+    /// See [`Bucket::unsettle`].
+    pub fn unsettle(&mut self) {
+        self.bucket.unsettle()
+    }
 }
 
 /// Tokens per minute, with a one-minute capacity (seed, B4: "a continuously refilling one-minute
@@ -248,6 +253,11 @@ impl TokenRate {
     /// See [`Bucket::anchor`].
     pub fn anchor(&mut self, now: Millis, site_units: i64) {
         self.bucket.anchor(now, site_units)
+    }
+
+    /// See [`Bucket::unsettle`].
+    pub fn unsettle(&mut self) {
+        self.bucket.unsettle()
     }
 }
 

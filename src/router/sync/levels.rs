@@ -161,7 +161,8 @@ impl Ask {
 }
 
 /// The asks as the script reads them: the models they name (`{capability}|{name}`), and one
-/// blob of `u32 le key, u8 kind | has model << 2, [varint model index], varint rate, varint
+/// blob of `u32 le key, u8 kind | has model << 2 | settled << 3, [varint model index], varint
+/// rate, varint
 /// capacity in tokens, varint zigzag level in units` per ask.
 pub fn pack(asks: &[Ask]) -> (Vec<String>, Vec<u8>) {
     let mut models: Vec<String> = Vec::new();
@@ -171,6 +172,9 @@ pub fn pack(asks: &[Ask]) -> (Vec<String>, Vec<u8>) {
         let mut tag = ask.kind;
         if ask.model.is_some() {
             tag |= 1 << 2;
+        }
+        if ask.view.settled {
+            tag |= 1 << 3;
         }
         blob.push(tag);
         if let Some(model) = &ask.model {
@@ -254,8 +258,8 @@ impl Levels {
     /// than the site's, and it anchors to them too.
     ///
     /// An ask's view lower than the level by more than `interval_ms` of refill lowers the
-    /// level to it: it knows usage the level does not (the bucket was tracked from another
-    /// router's view, stale after a lost reply). Within that, the difference is the time
+    /// level to it, when the view is settled (`AnchorView::settled`): it knows usage the level
+    /// does not (the bucket was tracked from another router's view, stale after a lost reply). Within that, the difference is the time
     /// between the router's reading and the script's, and the level stands.
     pub fn round(
         &mut self,
@@ -308,25 +312,30 @@ impl Levels {
                 }),
             };
             let capacity = ask.view.capacity_units;
-            let level = match current {
-                Some(level) => Level {
-                    units: level
-                        .units
-                        .min(capacity)
-                        .min(ask.view.level_units.saturating_add(
-                            (ask.view.rate_per_minute.saturating_mul(interval_ms) as i64).max(0),
-                        )),
-                    at_ms: now_ms,
-                    rate_per_minute: ask.view.rate_per_minute,
-                    capacity_units: capacity,
-                },
-                None => Level {
-                    units: ask.view.level_units.clamp(-capacity, capacity),
-                    at_ms: now_ms,
-                    rate_per_minute: ask.view.rate_per_minute,
-                    capacity_units: capacity,
-                },
-            };
+            let level =
+                match current {
+                    Some(level) => Level {
+                        units: if ask.view.settled {
+                            level.units.min(capacity).min(
+                                ask.view.level_units.saturating_add(
+                                    (ask.view.rate_per_minute.saturating_mul(interval_ms) as i64)
+                                        .max(0),
+                                ),
+                            )
+                        } else {
+                            level.units.min(capacity)
+                        },
+                        at_ms: now_ms,
+                        rate_per_minute: ask.view.rate_per_minute,
+                        capacity_units: capacity,
+                    },
+                    None => Level {
+                        units: ask.view.level_units.clamp(-capacity, capacity),
+                        at_ms: now_ms,
+                        rate_per_minute: ask.view.rate_per_minute,
+                        capacity_units: capacity,
+                    },
+                };
             answers.push(level.units);
             touched.insert(field, Some(level));
         }
@@ -396,6 +405,7 @@ mod tests {
                 level_units,
                 rate_per_minute: RATE,
                 capacity_units: CAPACITY,
+                settled: true,
             },
         }
     }
@@ -463,6 +473,38 @@ mod tests {
         );
     }
 
+    /// A view lower than the level by more than an interval's refill lowers it, if settled;
+    /// a view never anchored (a holder just built from merged usage) does not.
+    #[test]
+    fn only_a_settled_view_lowers_a_level() {
+        let mut levels = Levels::default();
+        levels.round(0, 500, &[], &[ask(100 * UNITS_PER_TOKEN)]);
+        let unsettled = Ask {
+            view: AnchorView {
+                settled: false,
+                ..ask(-1200 * UNITS_PER_TOKEN).view
+            },
+            ..ask(0)
+        };
+        assert_eq!(
+            levels.round(0, 500, &[], &[unsettled]).answers,
+            vec![100 * UNITS_PER_TOKEN]
+        );
+        // 20 a second, 500 ms: within 10 of the level stands; 40 below brings it to 70.
+        assert_eq!(
+            levels
+                .round(0, 500, &[], &[ask(95 * UNITS_PER_TOKEN)])
+                .answers,
+            vec![100 * UNITS_PER_TOKEN]
+        );
+        assert_eq!(
+            levels
+                .round(0, 500, &[], &[ask(60 * UNITS_PER_TOKEN)])
+                .answers,
+            vec![70 * UNITS_PER_TOKEN]
+        );
+    }
+
     #[test]
     fn a_bucket_back_at_its_capacity_is_forgotten() {
         let mut levels = Levels::default();
@@ -495,10 +537,10 @@ mod tests {
         ];
         let (models, blob) = pack(&asks);
         assert_eq!(models, vec!["0|llama".to_owned()]);
-        // key, tag, model 0, rate 1200 (2 bytes), capacity 1200 (2 bytes), zigzag -3 = 5.
+        // key, tag (settled), model 0, rate 1200 (2 bytes), capacity 1200 (2 bytes), zigzag -3 = 5.
         assert_eq!(
             &blob[..11],
-            &[4, 3, 2, 1, KIND_INPUT | 4, 0, 0xb0, 0x09, 0xb0, 0x09, 5]
+            &[4, 3, 2, 1, KIND_INPUT | 4 | 8, 0, 0xb0, 0x09, 0xb0, 0x09, 5]
         );
         assert_eq!(blob.len(), 22);
     }

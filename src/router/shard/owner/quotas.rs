@@ -746,6 +746,7 @@ impl Quotas {
                     pending.at.until(now),
                     self.share,
                 );
+                holder.limits.unsettle_rates();
             }
         }
     }

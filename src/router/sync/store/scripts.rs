@@ -241,7 +241,8 @@ while at <= #asks_blob do
     index, at = varint(asks_blob, at)
     model = ask_models[index + 1]
   end
-  local ask = {field = hex[b4] .. hex[b3] .. hex[b2] .. hex[b1] .. '|' .. (tag % 4) .. '|' .. model}
+  local ask = {field = hex[b4] .. hex[b3] .. hex[b2] .. hex[b1] .. '|' .. (tag % 4) .. '|' .. model,
+    settled = math.floor(tag / 8) % 2 == 1}
   ask.rate, at = varint(asks_blob, at)
   local capacity
   capacity, at = varint(asks_blob, at)
@@ -320,7 +321,9 @@ for i, ask in ipairs(asks) do
   if level then
     -- A view lower than the level by more than an interval's refill knows usage the level
     -- does not (a bucket tracked from another router's stale view): the level comes down.
-    level.units = math.min(level.units, ask.capacity, ask.view + ask.rate * interval)
+    level.units = math.min(level.units, ask.capacity)
+    -- Not from a view that was never anchored: a holder just built from merged usage.
+    if ask.settled then level.units = math.min(level.units, ask.view + ask.rate * interval) end
   else
     level = {units = math.max(-ask.capacity, math.min(ask.view, ask.capacity))}
     levels[ask.field] = level
