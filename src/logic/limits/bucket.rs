@@ -510,6 +510,33 @@ mod tests {
         assert!(admitted >= allowed - 10, "admitted {admitted}");
     }
 
+    /// Below half its capacity a bucket asks to be anchored; the anchor sets the site's level
+    /// less what was admitted here since the round took its usage; a view built from merged
+    /// usage is not settled until anchored.
+    #[test]
+    fn an_anchor_sets_the_sites_level_less_what_was_admitted_since() {
+        let mut bucket = Bucket::new(at(0), 60, 60);
+        assert_eq!(bucket.anchor_view(at(0)), None, "full: nothing to ask");
+        bucket.try_take(at(0), 40).unwrap();
+        let view = bucket.anchor_view(at(0)).expect("below half");
+        assert_eq!(view.level_units, 20 * UNITS_PER_TOKEN);
+        assert!(view.settled);
+        assert_eq!(bucket.take_delta(), 40);
+        // Admitted after the round took its usage: not in the store's level yet.
+        bucket.try_take(at(0), 3).unwrap();
+        bucket.anchor(at(0), 5 * UNITS_PER_TOKEN);
+        assert_eq!(bucket.remaining(at(0)), 2);
+        assert_eq!(
+            bucket.take_delta(),
+            3,
+            "the anchor publishes nothing itself"
+        );
+        bucket.unsettle();
+        assert!(!bucket.anchor_view(at(0)).expect("low").settled);
+        bucket.anchor(at(0), 0);
+        assert!(bucket.anchor_view(at(0)).expect("low").settled);
+    }
+
     #[test]
     fn remote_usage_drains_local_bucket() {
         let mut bucket = Bucket::new(at(0), 60, 60);
