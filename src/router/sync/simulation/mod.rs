@@ -79,9 +79,9 @@
 //!   - a run that ends while it cannot reach the store (a crash, or a clean shutdown during an
 //!     outage: its last round fails) takes the usage it held back with it (seed 18: about 18,000
 //!     tokens, within its share of the outage; seed 38: a clean shutdown). Counted as allowed,
-//!     this accounted for 31 of 75 (before the survivors' memory below). Only a local journal of
-//!     held-back usage, published by the
-//!     next run, or counting such a run as having spent its whole share, closes it;
+//!     this accounted for 31 of 75 (before the survivors' memory, above). Only a local journal
+//!     of held-back usage, published by the next run, or counting such a run as having spent
+//!     its whole share, closes it;
 //!   - others not traced yet (26 of 57 remained when the usage lost with a run was counted
 //!     as allowed).
 //! - Invariant 1, the rate over the first minute (17; seeds 28, 42, 90, 106: 2,466 in 60 s where
