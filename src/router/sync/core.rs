@@ -65,6 +65,8 @@ use crate::router::config::sync::SyncSettings;
 use crate::router::shard::owner::wallets::{CreditNews, Refill};
 use crate::router::shard::redirect_claims::Claim;
 
+mod credits;
+mod levels_round;
 mod reads;
 mod store_checks;
 
@@ -373,22 +375,7 @@ impl Round {
             .take_usage(self.last_round_reached, self.remember_rounds > 0)
             .await;
         self.views = usage.views;
-        self.memory = {
-            let registry = self.shared.registry();
-            usage
-                .memory
-                .iter()
-                .filter_map(|total| {
-                    let model = match total.model {
-                        None => None,
-                        Some(model) => Some(registry.model_key(model)?),
-                    };
-                    let field =
-                        round::daily_field(&self.settings.router_id, total.tenant, model.as_ref());
-                    Some((total.day.0, field, total.tokens))
-                })
-                .collect()
-        };
+        self.memory = self.memory_rows(&usage.memory);
         let now_ms = now_unix_ms().max(0) as u64;
         let today = utc_today();
         self.backlog.push(Batch {
@@ -540,34 +527,7 @@ impl Round {
                 })
                 .unzip()
         };
-        let (asks, asked): (Vec<Ask>, Vec<Anchor>) = {
-            let registry = self.shared.registry();
-            std::mem::take(&mut self.views)
-                .into_iter()
-                .filter_map(|view| {
-                    let (kind, model) = levels::kind_of(view.bucket)?;
-                    let model = match model {
-                        None => None,
-                        Some(model) => Some(registry.model_key(model).map(|key| ModelName {
-                            name: key.name,
-                            capability: key.capability,
-                        })?),
-                    };
-                    let ask = Ask {
-                        key: view.key,
-                        kind,
-                        model,
-                        view: view.view,
-                    };
-                    let anchor = Anchor {
-                        key: view.key,
-                        bucket: view.bucket,
-                        site_units: 0,
-                    };
-                    Some((ask, anchor))
-                })
-                .unzip()
-        };
+        let (asks, asked) = self.asks();
         let (sessions, agents) = self.shared.served_sessions();
         let agent_list = AgentList::new(agents);
         let heartbeat = self.heartbeat(now_ms, leaving, agent_list.version);
@@ -617,7 +577,7 @@ impl Round {
                 },
             })
             .await;
-        let reads = match reads {
+        let mut reads = match reads {
             Ok(reads) => reads,
             Err(error) => {
                 // The transaction may have run with its reply lost: these totals are written
@@ -627,18 +587,7 @@ impl Round {
             }
         };
         // The buckets of the levels the script returned for this round's usage, by field.
-        let published: HashMap<String, (KeyId, BucketRef)> = match &reads.levels {
-            Some(answers) if !answers.published.is_empty() => {
-                let registry = self.shared.registry();
-                levels::fields_of(self.backlog.batches(), |model| {
-                    registry.model_key(model).map(|key| ModelName {
-                        name: key.name,
-                        capability: key.capability,
-                    })
-                })
-            }
-            _ => HashMap::new(),
-        };
+        let published = self.published_fields(reads.levels.as_ref());
         self.backlog.clear();
         self.ledger.wrote(&totals);
         self.remember_rounds = self.remember_rounds.saturating_sub(1);
@@ -720,33 +669,13 @@ impl Round {
             .last()
             .map_or(cursor, |(id, _)| cursor.max(*id));
         let newest = reads.own_newest.map_or(newest, |own| newest.max(own));
-        if reads.unlevelled {
-            self.unlevelled_until = now_ms + levels::UNLEVELLED_HOLD_MS;
-        }
-        let anchors = match reads.levels {
-            Some(levels) if now_ms >= self.unlevelled_until => asked
-                .into_iter()
-                .zip(levels.answers)
-                .map(|(anchor, site_units)| Anchor {
-                    site_units,
-                    ..anchor
-                })
-                .chain(
-                    levels
-                        .published
-                        .into_iter()
-                        .filter_map(|(field, site_units)| {
-                            let &(key, bucket) = published.get(&field)?;
-                            Some(Anchor {
-                                key,
-                                bucket,
-                                site_units,
-                            })
-                        }),
-                )
-                .collect(),
-            _ => Vec::new(),
-        };
+        let anchors = self.anchors(
+            now_ms,
+            reads.unlevelled,
+            reads.levels.take(),
+            asked,
+            &published,
+        );
         if let Some(lag_ms) = self
             .apply_entries(&reads.entries, now_ms, false, anchors)
             .await
@@ -895,141 +824,6 @@ impl Round {
             self.shared
                 .broadcast(|| ControlToShard::Credits(CreditNews::Closed(closed)))
                 .await;
-        }
-    }
-
-    /// A wallet ran short: ask its pool for more, held to this router's ceiling, and hand the
-    /// answer to the model's owner shard (0 while the store is unreachable or refuses).
-    async fn refill(&mut self, refill: Refill) {
-        let started = Instant::now();
-        let now_ms = now_unix_ms().max(0) as u64;
-        let mut granted = 0;
-        let mut acknowledged = true;
-        let ceiling = if self.health.is_up() && self.stepped_down.is_none() {
-            let registry = self.shared.registry();
-            self.credits.ceiling(
-                now_ms,
-                refill.model,
-                refill.kind,
-                refill.budget,
-                self.unknown_routers,
-                |model| registry.model_key(model),
-            )
-        } else {
-            None
-        };
-        let ceiling = match self.store.ensure_connected().await {
-            Ok(()) => {
-                self.notice_failover(now_ms);
-                ceiling.filter(|_| !self.credits.awaiting_rewrite())
-            }
-            Err(_) => None,
-        };
-        if let (Some((pool, ceiling)), Some(epoch)) = (ceiling, self.epoch.clone()) {
-            let answer = self
-                .store
-                .grant(
-                    &pool,
-                    &self.settings.router_id,
-                    self.run,
-                    &epoch,
-                    refill.want,
-                    ceiling,
-                )
-                .await;
-            match answer {
-                Ok(Grant::Granted { granted: more, .. }) => {
-                    granted = more;
-                    if more > 0 && self.settings.store.sentinel_master.is_some() {
-                        // A failover must not hand the same capacity out twice: until a replica
-                        // has the grant, the router keeps to its share.
-                        let replicas = self.store.wait_replicas(pools::ACKNOWLEDGE_WAIT_MS).await;
-                        if let Err(error) = &replicas
-                            && refused_permission(error)
-                        {
-                            self.refused(Refused::Acknowledge, error);
-                        }
-                        acknowledged = matches!(replicas, Ok(replicas) if replicas > 0);
-                    }
-                }
-                // The store lost its data: the next round notices the epoch.
-                Ok(Grant::StaleEpoch) => {}
-                Ok(Grant::Replaced) => {
-                    tracing::error!(router_id = %self.settings.router_id, "another process runs under this --router-id: one router ID runs one process at a time");
-                }
-                Err(error) => {
-                    self.metrics
-                        .credit_errors_total
-                        .fetch_add(1, Ordering::Relaxed);
-                    if refused_permission(&error) {
-                        self.refused(Refused::Grant, &error);
-                    } else {
-                        tracing::debug!(%error, "credit refill failed");
-                    }
-                }
-            }
-            self.metrics
-                .credit_refill_seconds
-                .observe(started.elapsed().as_secs_f64());
-        }
-        let owner = refill.model.owner(self.shared.shard_count());
-        self.shared
-            .send_to_shard(
-                owner,
-                ControlToShard::Credits(CreditNews::Granted {
-                    model: refill.model,
-                    kind: refill.kind,
-                    granted,
-                    acknowledged,
-                }),
-            )
-            .await;
-    }
-
-    /// Gives `router`'s `run` up: its holdings in every pool this router knows go back (counted
-    /// once, when some went). A failure is retried next round.
-    async fn reclaim(&mut self, router: &str, run: u64) {
-        match self.store.release_holdings(router, run).await {
-            Ok(0) => {}
-            Ok(released) => {
-                self.metrics
-                    .credit_reclaims_total
-                    .fetch_add(1, Ordering::Relaxed);
-                self.credits.forget(router);
-                tracing::warn!(
-                    router,
-                    released,
-                    "a router missed its heartbeats and every agent it served reports no connection to it: its occupancy credits are taken back"
-                );
-            }
-            Err(error) => {
-                self.metrics
-                    .credit_errors_total
-                    .fetch_add(1, Ordering::Relaxed);
-                if refused_permission(&error) {
-                    self.refused(Refused::Release, &error);
-                } else {
-                    tracing::debug!(%error, router, "taking a router's credits back failed");
-                }
-            }
-        }
-    }
-
-    /// A clean shutdown: every credit back at once (the shards admit nothing any more). A
-    /// process that stepped down holds none (the router ID's holdings are the other's).
-    async fn release_credits(&mut self) {
-        if self.stepped_down.is_some() {
-            return;
-        }
-        if let Err(error) = self
-            .store
-            .release_holdings(&self.settings.router_id, self.run)
-            .await
-        {
-            self.metrics
-                .credit_errors_total
-                .fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(%error, "could not give the occupancy credits back: the others take them back once this router misses its heartbeats");
         }
     }
 

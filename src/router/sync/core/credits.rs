@@ -1,0 +1,141 @@
+//! The round's occupancy credits between rounds: a wallet's refill asked of its pool, a gone
+//! router's credits taken back, and this router's given back when it stops.
+
+use super::*;
+
+impl Round {
+    /// A wallet ran short: ask its pool for more, held to this router's ceiling, and hand the
+    /// answer to the model's owner shard (0 while the store is unreachable or refuses).
+    pub(super) async fn refill(&mut self, refill: Refill) {
+        let started = Instant::now();
+        let now_ms = now_unix_ms().max(0) as u64;
+        let mut granted = 0;
+        let mut acknowledged = true;
+        let ceiling = if self.health.is_up() && self.stepped_down.is_none() {
+            let registry = self.shared.registry();
+            self.credits.ceiling(
+                now_ms,
+                refill.model,
+                refill.kind,
+                refill.budget,
+                self.unknown_routers,
+                |model| registry.model_key(model),
+            )
+        } else {
+            None
+        };
+        let ceiling = match self.store.ensure_connected().await {
+            Ok(()) => {
+                self.notice_failover(now_ms);
+                ceiling.filter(|_| !self.credits.awaiting_rewrite())
+            }
+            Err(_) => None,
+        };
+        if let (Some((pool, ceiling)), Some(epoch)) = (ceiling, self.epoch.clone()) {
+            let answer = self
+                .store
+                .grant(
+                    &pool,
+                    &self.settings.router_id,
+                    self.run,
+                    &epoch,
+                    refill.want,
+                    ceiling,
+                )
+                .await;
+            match answer {
+                Ok(Grant::Granted { granted: more, .. }) => {
+                    granted = more;
+                    if more > 0 && self.settings.store.sentinel_master.is_some() {
+                        // A failover must not hand the same capacity out twice: until a replica
+                        // has the grant, the router keeps to its share.
+                        let replicas = self.store.wait_replicas(pools::ACKNOWLEDGE_WAIT_MS).await;
+                        if let Err(error) = &replicas
+                            && refused_permission(error)
+                        {
+                            self.refused(Refused::Acknowledge, error);
+                        }
+                        acknowledged = matches!(replicas, Ok(replicas) if replicas > 0);
+                    }
+                }
+                // The store lost its data: the next round notices the epoch.
+                Ok(Grant::StaleEpoch) => {}
+                Ok(Grant::Replaced) => {
+                    tracing::error!(router_id = %self.settings.router_id, "another process runs under this --router-id: one router ID runs one process at a time");
+                }
+                Err(error) => {
+                    self.metrics
+                        .credit_errors_total
+                        .fetch_add(1, Ordering::Relaxed);
+                    if refused_permission(&error) {
+                        self.refused(Refused::Grant, &error);
+                    } else {
+                        tracing::debug!(%error, "credit refill failed");
+                    }
+                }
+            }
+            self.metrics
+                .credit_refill_seconds
+                .observe(started.elapsed().as_secs_f64());
+        }
+        let owner = refill.model.owner(self.shared.shard_count());
+        self.shared
+            .send_to_shard(
+                owner,
+                ControlToShard::Credits(CreditNews::Granted {
+                    model: refill.model,
+                    kind: refill.kind,
+                    granted,
+                    acknowledged,
+                }),
+            )
+            .await;
+    }
+
+    /// Gives `router`'s `run` up: its holdings in every pool this router knows go back (counted
+    /// once, when some went). A failure is retried next round.
+    pub(super) async fn reclaim(&mut self, router: &str, run: u64) {
+        match self.store.release_holdings(router, run).await {
+            Ok(0) => {}
+            Ok(released) => {
+                self.metrics
+                    .credit_reclaims_total
+                    .fetch_add(1, Ordering::Relaxed);
+                self.credits.forget(router);
+                tracing::warn!(
+                    router,
+                    released,
+                    "a router missed its heartbeats and every agent it served reports no connection to it: its occupancy credits are taken back"
+                );
+            }
+            Err(error) => {
+                self.metrics
+                    .credit_errors_total
+                    .fetch_add(1, Ordering::Relaxed);
+                if refused_permission(&error) {
+                    self.refused(Refused::Release, &error);
+                } else {
+                    tracing::debug!(%error, router, "taking a router's credits back failed");
+                }
+            }
+        }
+    }
+
+    /// A clean shutdown: every credit back at once (the shards admit nothing any more). A
+    /// process that stepped down holds none (the router ID's holdings are the other's).
+    pub(super) async fn release_credits(&mut self) {
+        if self.stepped_down.is_some() {
+            return;
+        }
+        if let Err(error) = self
+            .store
+            .release_holdings(&self.settings.router_id, self.run)
+            .await
+        {
+            self.metrics
+                .credit_errors_total
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%error, "could not give the occupancy credits back: the others take them back once this router misses its heartbeats");
+        }
+    }
+}
