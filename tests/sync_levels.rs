@@ -9,24 +9,19 @@
 mod common;
 
 use common::runtime;
-use common::valkey::{Valkey, store_settings};
+use common::valkey::{RoundExtras, Valkey};
 use hivenet_router::base::ids::{Capability, KeyId};
 use hivenet_router::logic::limits::Day;
 use hivenet_router::logic::limits::bucket::{AnchorView, UNITS_PER_TOKEN};
 use hivenet_router::router::sync::entry::{Bucket, Entry, KeyUsage, ModelName};
 use hivenet_router::router::sync::levels::{Answers, Ask, Levels, field};
-use hivenet_router::router::sync::store::{ClaimWrite, RoundReads, RoundWrites, Store, StreamId};
+use hivenet_router::router::sync::store::{RoundReads, Store};
 
 const SITE: &str = "levels";
 const DAY: Day = Day(20_426);
 
 fn store(valkey: &Valkey, router: &str) -> Store {
-    Store::new(
-        store_settings(&[valkey.addr()], None, valkey.password()),
-        SITE,
-        router,
-        std::time::Duration::from_secs(2),
-    )
+    common::valkey::sync_store(valkey, SITE, router)
 }
 
 fn llama() -> ModelName {
@@ -97,38 +92,15 @@ async fn warm(valkey: &Valkey, store: &mut Store) {
 }
 
 async fn round(store: &mut Store, entries: &[Vec<u8>], asks: &[Ask]) -> RoundReads {
-    store
-        .round(RoundWrites {
-            entries,
-            totals: &[],
-            heartbeat: "{}",
-            agents: None,
-            after: StreamId::default(),
-            asks,
-            interval_ms: 500,
-            memory: &[],
-            now_ms: 1_780_000_000_000,
-            claim: ClaimWrite {
-                value: "claim",
-                ttl_ms: 10_000,
-                release: false,
-            },
-        })
-        .await
-        .expect("the round")
+    let extras = RoundExtras {
+        asks,
+        ..RoundExtras::default()
+    };
+    common::valkey::round(store, entries, &[], extras).await
 }
 
 fn levels_hash(valkey: &Valkey) -> Vec<(String, String)> {
-    let reply = valkey
-        .reply(&["HGETALL", &format!("hivenet:{{{SITE}}}:levels")])
-        .unwrap();
-    let mut pairs: Vec<(String, String)> = reply
-        .items()
-        .chunks(2)
-        .map(|pair| (pair[0].text(), pair[1].text()))
-        .collect();
-    pairs.sort();
-    pairs
+    valkey.hash(&format!("hivenet:{{{SITE}}}:levels"))
 }
 
 /// A small deterministic generator (the test's only randomness, reproducible from its seed).
@@ -197,15 +169,7 @@ fn the_script_keeps_the_levels_as_the_model_does() {
             assert_eq!(answers, expected, "the answers");
             assert!(!reads.unlevelled, "the script marks its entries");
             let hash = levels_hash(&valkey);
-            let applied = valkey
-                .reply(&["HGETALL", &format!("hivenet:{{{SITE}}}:levels:applied")])
-                .unwrap();
-            let mut markers: Vec<(String, String)> = applied
-                .items()
-                .chunks(2)
-                .map(|pair| (pair[0].text(), pair[1].text()))
-                .collect();
-            markers.sort();
+            let markers = valkey.hash(&format!("hivenet:{{{SITE}}}:levels:applied"));
             let modelled_markers: Vec<(String, String)> = model
                 .applied
                 .iter()
@@ -323,25 +287,11 @@ fn a_routers_memory_of_the_others_is_read_with_the_totals() {
     let field = daily_field("router-0", TenantId(7), None);
     runtime().block_on(async {
         let memory = [(day, field.clone(), 4_000u64)];
-        survivor
-            .round(RoundWrites {
-                entries: &[],
-                totals: &[],
-                heartbeat: "{}",
-                agents: None,
-                after: StreamId::default(),
-                asks: &[],
-                interval_ms: 500,
-                memory: &memory,
-                now_ms: 1_780_000_000_000,
-                claim: ClaimWrite {
-                    value: "claim",
-                    ttl_ms: 10_000,
-                    release: false,
-                },
-            })
-            .await
-            .expect("the round");
+        let extras = RoundExtras {
+            memory: &memory,
+            ..RoundExtras::default()
+        };
+        common::valkey::round(&mut survivor, &[], &[], extras).await;
         let (totals, remembered, _) = newcomer.read_daily(day).await.expect("the read");
         assert!(totals.is_empty());
         assert_eq!(remembered, vec![(field.clone(), 4_000)]);

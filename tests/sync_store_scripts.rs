@@ -12,14 +12,12 @@ mod common;
 use common::runtime;
 
 use common::poll;
-use common::valkey::{Valkey, ValkeyOptions, store_settings};
+use common::valkey::{RoundExtras, Valkey, ValkeyOptions};
 use hivenet_router::base::ids::{Capability, TenantId};
 use hivenet_router::logic::snapshot::ModelKey;
 use hivenet_router::router::sync::pool_store::{self, Grant};
 use hivenet_router::router::sync::round::{DailyWrite, daily_field};
-use hivenet_router::router::sync::store::{
-    ClaimWrite, DailyRow, PoolRewrite, PoolWrite, RoundWrites, Store, StreamId,
-};
+use hivenet_router::router::sync::store::{DailyRow, PoolRewrite, PoolWrite, Store, StreamId};
 
 const SITE: &str = "scripts";
 const EPOCH: &str = "epoch-1";
@@ -28,12 +26,7 @@ const PASSWORD: &str = "scripts-secret";
 const DAY: u32 = 20_426;
 
 fn store(valkey: &Valkey) -> Store {
-    Store::new(
-        store_settings(&[valkey.addr()], None, valkey.password()),
-        SITE,
-        ROUTER,
-        std::time::Duration::from_secs(2),
-    )
+    common::valkey::sync_store(valkey, SITE, ROUTER)
 }
 
 fn chat() -> ModelKey {
@@ -56,39 +49,12 @@ fn row(day: u32, tenant: u32, model: Option<ModelKey>, write: DailyWrite) -> Dai
 /// One round of `store` writing `entries` (any bytes: the store reads the rate usage of those
 /// that decode, and writes the others all the same) and `totals`.
 async fn round(store: &mut Store, entries: &[Vec<u8>], totals: &[DailyRow]) {
-    store
-        .round(RoundWrites {
-            entries,
-            totals,
-            heartbeat: "{}",
-            agents: None,
-            after: StreamId::default(),
-            asks: &[],
-            interval_ms: 500,
-            memory: &[],
-            now_ms: 1_780_000_000_000,
-            claim: ClaimWrite {
-                value: "claim",
-                ttl_ms: 10_000,
-                release: false,
-            },
-        })
-        .await
-        .expect("the round");
+    common::valkey::round(store, entries, totals, RoundExtras::default()).await;
 }
 
 /// The day's hash as (field, value), sorted.
 fn daily(valkey: &Valkey, day: u32) -> Vec<(String, String)> {
-    let reply = valkey
-        .reply(&["HGETALL", &format!("hivenet:{{{SITE}}}:daily:{day}")])
-        .unwrap();
-    let mut pairs: Vec<(String, String)> = reply
-        .items()
-        .chunks(2)
-        .map(|pair| (pair[0].text(), pair[1].text()))
-        .collect();
-    pairs.sort();
-    pairs
+    valkey.hash(&format!("hivenet:{{{SITE}}}:daily:{day}"))
 }
 
 fn stream_length(valkey: &Valkey) -> u64 {
@@ -381,25 +347,16 @@ async fn reads(
         .iter()
         .map(|entry| entry.as_bytes().to_vec())
         .collect();
-    store
-        .round(RoundWrites {
-            entries: &entries,
-            totals: &[],
-            heartbeat: "{}",
-            agents: None,
+    common::valkey::round(
+        store,
+        &entries,
+        &[],
+        RoundExtras {
             after,
-            asks: &[],
-            interval_ms: 500,
-            memory: &[],
-            now_ms: 1_780_000_000_000,
-            claim: ClaimWrite {
-                value: "claim",
-                ttl_ms: 10_000,
-                release: false,
-            },
-        })
-        .await
-        .expect("the round")
+            ..RoundExtras::default()
+        },
+    )
+    .await
 }
 
 /// Through the binaries: a router with an occupancy budget and a daily budget rides a

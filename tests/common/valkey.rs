@@ -507,6 +507,18 @@ impl Valkey {
 
     /// Runs one command; an error reply is `Ok(Reply::Error)`, an unreachable or frozen server
     /// `Err`.
+    /// A hash's fields and values (`HGETALL`), sorted.
+    pub fn hash(&self, key: &str) -> Vec<(String, String)> {
+        let reply = self.reply(&["HGETALL", key]).expect("HGETALL");
+        let mut pairs: Vec<(String, String)> = reply
+            .items()
+            .chunks(2)
+            .map(|pair| (pair[0].text(), pair[1].text()))
+            .collect();
+        pairs.sort();
+        pairs
+    }
+
     pub fn reply(&self, args: &[&str]) -> std::io::Result<Reply> {
         call(&self.addr(), self.password(), args)
     }
@@ -763,4 +775,57 @@ pub fn store_settings(
         tls: false,
         tls_ca: None,
     }
+}
+
+/// A sync store client of the primary `valkey`, for `site`, as `router`, with a 2 s deadline.
+pub fn sync_store(
+    valkey: &Valkey,
+    site: &str,
+    router: &str,
+) -> hivenet_router::router::sync::store::Store {
+    hivenet_router::router::sync::store::Store::new(
+        store_settings(&[valkey.addr()], None, valkey.password()),
+        site,
+        router,
+        std::time::Duration::from_secs(2),
+    )
+}
+
+/// What a test's round writes besides usage: what the round reads after, its asks and its
+/// memory rows.
+#[derive(Default)]
+pub struct RoundExtras<'a> {
+    pub after: hivenet_router::router::sync::store::StreamId,
+    pub asks: &'a [hivenet_router::router::sync::levels::Ask],
+    pub memory: &'a [(u32, String, u64)],
+}
+
+/// One round of `store` writing `entries` and `totals` (and `extras`), with an empty heartbeat
+/// and a 10 s claim: what the store-level tests need of `Store::round`.
+pub async fn round(
+    store: &mut hivenet_router::router::sync::store::Store,
+    entries: &[Vec<u8>],
+    totals: &[hivenet_router::router::sync::store::DailyRow],
+    extras: RoundExtras<'_>,
+) -> hivenet_router::router::sync::store::RoundReads {
+    use hivenet_router::router::sync::store::{ClaimWrite, RoundWrites};
+    store
+        .round(RoundWrites {
+            entries,
+            totals,
+            heartbeat: "{}",
+            agents: None,
+            after: extras.after,
+            asks: extras.asks,
+            interval_ms: 500,
+            memory: extras.memory,
+            now_ms: 1_780_000_000_000,
+            claim: ClaimWrite {
+                value: "claim",
+                ttl_ms: 10_000,
+                release: false,
+            },
+        })
+        .await
+        .expect("the round")
 }

@@ -129,6 +129,38 @@ pub fn fields_of(
     fields
 }
 
+/// The anchors a round's answers make: each ask's (`asked`, in order) with its level, then one
+/// per tracked bucket the round used without asking, found by its field in `published`
+/// ([`fields_of`] of the round's batches).
+pub fn anchors(
+    asked: Vec<crate::router::shard::owner::quotas::Anchor>,
+    answers: Answers,
+    published: &std::collections::HashMap<String, (KeyId, crate::logic::limits::BucketRef)>,
+) -> Vec<crate::router::shard::owner::quotas::Anchor> {
+    use crate::router::shard::owner::quotas::Anchor;
+    asked
+        .into_iter()
+        .zip(answers.answers)
+        .map(|(anchor, site_units)| Anchor {
+            site_units,
+            ..anchor
+        })
+        .chain(
+            answers
+                .published
+                .into_iter()
+                .filter_map(|(field, site_units)| {
+                    let &(key, bucket) = published.get(&field)?;
+                    Some(Anchor {
+                        key,
+                        bucket,
+                        site_units,
+                    })
+                }),
+        )
+        .collect()
+}
+
 /// The rate usage of an entry by field, as the script reads it from the entry's bytes.
 pub fn rate_usage(entry: &Entry) -> Vec<(String, u64)> {
     let mut usage = Vec::new();

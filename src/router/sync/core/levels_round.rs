@@ -73,27 +73,9 @@ impl Round {
             self.unlevelled_until = now_ms + levels::UNLEVELLED_HOLD_MS;
         }
         match answers {
-            Some(levels) if now_ms >= self.unlevelled_until => asked
-                .into_iter()
-                .zip(levels.answers)
-                .map(|(anchor, site_units)| Anchor {
-                    site_units,
-                    ..anchor
-                })
-                .chain(
-                    levels
-                        .published
-                        .into_iter()
-                        .filter_map(|(field, site_units)| {
-                            let &(key, bucket) = published.get(&field)?;
-                            Some(Anchor {
-                                key,
-                                bucket,
-                                site_units,
-                            })
-                        }),
-                )
-                .collect(),
+            Some(answers) if now_ms >= self.unlevelled_until => {
+                levels::anchors(asked, answers, published)
+            }
             _ => Vec::new(),
         }
     }

@@ -311,25 +311,7 @@ impl Sim {
             .map(|(id, beat)| (id.clone(), beat.clone()))
             .collect();
         let applied = apply_entries(router, &self.registry, &self.snapshot, &entries, now, false);
-        let published = site_levels
-            .published
-            .into_iter()
-            .filter_map(|(field, site_units)| {
-                let &(key, bucket) = published.get(&field)?;
-                Some(Anchor {
-                    key,
-                    bucket,
-                    site_units,
-                })
-            });
-        let anchors = asked
-            .into_iter()
-            .zip(site_levels.answers)
-            .map(|(anchor, site_units)| Anchor {
-                site_units,
-                ..anchor
-            })
-            .chain(published);
+        let anchors = levels::anchors(asked, site_levels, &published);
         for anchor in anchors {
             let Some(record) = self.registry.get(anchor.key) else {
                 continue;
