@@ -305,6 +305,8 @@ struct Router {
     failovers_seen: u64,
     /// Rounds left that write this router's memory of the others' daily usage.
     remember_rounds: u32,
+    /// Started again after a crash or a shutdown (not one of the site's first runs).
+    restarted: bool,
 }
 
 impl Router {
@@ -341,6 +343,7 @@ impl Router {
             applied: round::Applied::default(),
             failovers_seen: 0,
             remember_rounds: 0,
+            restarted: false,
         }
     }
 
@@ -392,6 +395,9 @@ pub struct Sim {
     /// admitted on their estimate, their output is charged after the response whatever is
     /// left (seed, B4), so invariant 1 allows it.
     in_flight_at_exhaustion: BTreeMap<u32, u64>,
+    /// Per run restarted while the store did not answer, the step it first admitted a request
+    /// of the rate key alone (invariant 1 allows it its share of a full bucket).
+    cold_starts: BTreeMap<u64, usize>,
     /// The same per step of the run, per day (charges of a step, refunds count as none).
     daily_by_step: BTreeMap<u32, Vec<u64>>,
     /// Steps at which some fault was active (invariants 2 and 6 look at clean stretches only).
@@ -492,6 +498,7 @@ impl Sim {
             admitted_by: Vec::with_capacity(STEPS),
             daily_charged: BTreeMap::new(),
             in_flight_at_exhaustion: BTreeMap::new(),
+            cold_starts: BTreeMap::new(),
             daily_by_step: BTreeMap::new(),
             faulty: Vec::with_capacity(STEPS),
             interval_ms,
@@ -567,6 +574,14 @@ impl Sim {
                     .is_ok()
                 {
                     admitted[index] += 1;
+                    // Restarted while the store does not answer: it enforces its share of a
+                    // full bucket, not knowing what the others used (seed: "Router starts while
+                    // the store is unreachable").
+                    if router.restarted
+                        && matches!(router.health.share(), Share::Alone { since: 0, .. })
+                    {
+                        self.cold_starts.entry(router.run).or_insert(self.step);
+                    }
                 }
             }
             for _ in 0..self.offered[index][1] {
@@ -797,7 +812,8 @@ impl Sim {
         }
         for index in 0..ROUTERS {
             if self.routers[index].is_none() && self.restart_at[index] <= self.now {
-                let router = self.start_router(index);
+                let mut router = self.start_router(index);
+                router.restarted = true;
                 self.routers[index] = Some(router);
                 self.log(|| format!("router-{index} started"));
             }
