@@ -42,10 +42,10 @@ pub struct AnchorView {
     pub level_units: i64,
     pub rate_per_minute: u64,
     pub capacity_units: i64,
-    /// The view may lower the site's level. Not when the bucket was built from other routers'
-    /// usage waiting for it (merged at its latest time, and so stricter than the site by up to a
-    /// merge window's refill) and not anchored since: such a view may start the site's level of
-    /// a bucket nobody tracks, never lower a tracked one. A restarted router's first request
+    /// The view may start or lower the site's level. Not when the bucket was lowered at once by
+    /// usage it did not take as it came (built from other routers' usage waiting for it, merged
+    /// at its latest time; a start's replay of the last minute) and not anchored since: such a
+    /// view is stricter than the site's by up to a minute's refill, and is only answered. A restarted router's first request
     /// lowered every router's level by most of a capacity (`tests/site_chaos.rs`: 43 of 50).
     pub settled: bool,
 }

@@ -291,7 +291,8 @@ impl Levels {
     ///
     /// An ask's view lower than the level by more than `interval_ms` of refill lowers the
     /// level to it, when the view is settled (`AnchorView::settled`): it knows usage the level
-    /// does not (the bucket was tracked from another router's view, stale after a lost reply). Within that, the difference is the time
+    /// does not (the bucket was tracked from another router's view, stale after a lost reply).
+    /// An unsettled view neither lowers a level nor starts one: it is answered with itself. Within that, the difference is the time
     /// between the router's reading and the script's, and the level stands.
     pub fn round(
         &mut self,
@@ -361,6 +362,11 @@ impl Levels {
                         rate_per_minute: ask.view.rate_per_minute,
                         capacity_units: capacity,
                     },
+                    None if !ask.view.settled => {
+                        // An unsettled view starts no level either: answered with itself.
+                        answers.push(ask.view.level_units.clamp(-capacity, capacity));
+                        continue;
+                    }
                     None => Level {
                         units: ask.view.level_units.clamp(-capacity, capacity),
                         at_ms: now_ms,
@@ -505,11 +511,24 @@ mod tests {
         );
     }
 
-    /// A view lower than the level by more than an interval's refill lowers it, if settled;
-    /// a view never anchored (a holder just built from merged usage) does not.
+    /// A view lower than the level by more than an interval's refill lowers it, if settled; an
+    /// unsettled view (lowered at once by merged usage or a replay) neither lowers nor starts one.
     #[test]
     fn only_a_settled_view_lowers_a_level() {
         let mut levels = Levels::default();
+        // Nor starts one: answered with itself, nothing tracked.
+        let stale = Ask {
+            view: AnchorView {
+                settled: false,
+                ..ask(-900 * UNITS_PER_TOKEN).view
+            },
+            ..ask(0)
+        };
+        assert_eq!(
+            levels.round(0, 500, &[], &[stale]).answers,
+            vec![-900 * UNITS_PER_TOKEN]
+        );
+        assert!(levels.fields.is_empty());
         levels.round(0, 500, &[], &[ask(100 * UNITS_PER_TOKEN)]);
         let unsettled = Ask {
             view: AnchorView {

@@ -348,6 +348,9 @@ impl Owner {
                         usage,
                         batch.age_ms,
                     );
+                    if remote.replay {
+                        self.quotas.unsettle(&self.keys, usage);
+                    }
                 }
             }
         }

@@ -802,6 +802,23 @@ impl Quotas {
         }
     }
 
+    /// The holder of `usage`'s bucket was just lowered by a replay of the last minute's usage
+    /// (a start): its rate views may be stricter than the site's, and may not lower the site's
+    /// levels until anchored (`Bucket::unsettle`).
+    pub fn unsettle(&mut self, registry: &KeyRegistry, usage: &BucketUsage) {
+        let holder = if usage.is_key_bucket() {
+            self.token_rates.get_mut(&usage.key)
+        } else {
+            let Some(record) = registry.get(usage.key) else {
+                return;
+            };
+            self.holders.get_mut(&record.tenant_id)
+        };
+        if let Some(holder) = holder {
+            holder.limits.unsettle_rates();
+        }
+    }
+
     /// Sets one bucket to the site's level the store returned (the caller passes only keys
     /// whose owner this shard owns). A holder dropped since the round asked is not rebuilt.
     pub fn anchor(&mut self, now: Millis, registry: &KeyRegistry, anchor: &Anchor) {

@@ -307,6 +307,8 @@ struct Router {
     remember_rounds: u32,
     /// Started again after a crash or a shutdown (not one of the site's first runs).
     restarted: bool,
+    /// When it started (the simulation's clock).
+    started_at: u64,
 }
 
 impl Router {
@@ -344,6 +346,7 @@ impl Router {
             failovers_seen: 0,
             remember_rounds: 0,
             restarted: false,
+            started_at: now,
         }
     }
 

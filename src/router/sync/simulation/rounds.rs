@@ -465,6 +465,8 @@ fn apply_entries(
 ) -> Vec<(u64, BucketUsage)> {
     let wall = router.wall(now);
     let day = router.day(now);
+    // `sync::core`'s rule: a start's replay unsettles only after the router ran alone a while.
+    let cold = now.saturating_sub(router.started_at) > 3 * router.interval_ms;
     let mut remote = RemoteUsage::default();
     let mut senders = Vec::new();
     for (_, bytes) in entries {
@@ -489,6 +491,9 @@ fn apply_entries(
             };
             let shard = &mut router.shards[record.tenant_id.owner(SHARDS)];
             shard.apply_remote(Millis(now), day, registry, snapshot, usage, batch.age_ms);
+            if rates_only && cold {
+                shard.unsettle(registry, usage);
+            }
         }
     }
     senders

@@ -318,19 +318,24 @@ local answers, asked = {}, {}
 for i, ask in ipairs(asks) do
   asked[ask.field] = true
   local level = levels[ask.field]
-  if level then
-    -- A view lower than the level by more than an interval's refill knows usage the level
-    -- does not (a bucket tracked from another router's stale view): the level comes down.
-    level.units = math.min(level.units, ask.capacity)
-    -- Not from a view that was never anchored: a holder just built from merged usage.
-    if ask.settled then level.units = math.min(level.units, ask.view + ask.rate * interval) end
-  else
+  if not level and ask.settled then
     level = {units = math.max(-ask.capacity, math.min(ask.view, ask.capacity))}
     levels[ask.field] = level
+  elseif level then
+    level.units = math.min(level.units, ask.capacity)
+    -- A view lower than the level by more than an interval's refill knows usage the level
+    -- does not (a bucket tracked from another router's stale view): the level comes down.
+    -- Not a view that was never anchored since a replay or merged usage lowered it.
+    if ask.settled then level.units = math.min(level.units, ask.view + ask.rate * interval) end
   end
-  level.rate = ask.rate
-  level.capacity = ask.capacity
-  answers[i] = level.units
+  if level then
+    level.rate = ask.rate
+    level.capacity = ask.capacity
+    answers[i] = level.units
+  else
+    -- An unsettled view starts no level either: it is answered with itself.
+    answers[i] = math.max(-ask.capacity, math.min(ask.view, ask.capacity))
+  end
 end
 -- The tracked buckets the entries used and nobody asked: the writer's view may be high.
 local published = {}
