@@ -48,7 +48,9 @@ use crate::logic::limits::{BucketRef, Day};
 use crate::router::control::ControlShared;
 use crate::router::control::site_routers::SiteRouter;
 use crate::router::shard::messages::ControlToShard;
-use crate::router::shard::owner::quotas::{Anchor, BucketView, DailyRestore, RemoteUsage};
+use crate::router::shard::owner::quotas::{
+    Anchor, BucketView, DailyRestore, DailyTotal, RemoteUsage,
+};
 
 use super::SyncMetrics;
 use super::claim;
@@ -517,12 +519,7 @@ impl Round {
             self.backlog
                 .totals()
                 .filter_map(|total| {
-                    let model = match total.model {
-                        None => None,
-                        Some(model) => Some(registry.model_key(model)?),
-                    };
-                    let field =
-                        round::daily_field(&self.settings.router_id, total.tenant, model.as_ref());
+                    let (field, model) = self.budget_field(&registry, &total)?;
                     Some(((total.day.0, field, total.tokens), (total.tenant, model)))
                 })
                 .unzip()
@@ -727,6 +724,21 @@ impl Round {
             self.refused(Refused::Forget, &error);
         }
         Ok(peers)
+    }
+
+    /// This router's field of a daily budget in the store (`round::daily_field`) and the
+    /// budget's model by name; `None` for a model this router no longer knows.
+    fn budget_field(
+        &self,
+        registry: &crate::router::control::registry::Registry,
+        total: &DailyTotal,
+    ) -> Option<(String, Option<crate::logic::snapshot::ModelKey>)> {
+        let model = match total.model {
+            None => None,
+            Some(model) => Some(registry.model_key(model)?),
+        };
+        let field = round::daily_field(&self.settings.router_id, total.tenant, model.as_ref());
+        Some((field, model))
     }
 
     /// Hands agents the live routers that advertise an address (none while the store is

@@ -806,15 +806,7 @@ impl Quotas {
     /// (a start): its rate views may be stricter than the site's, and may not lower the site's
     /// levels until anchored (`Bucket::unsettle`).
     pub fn unsettle(&mut self, registry: &KeyRegistry, usage: &BucketUsage) {
-        let holder = if usage.is_key_bucket() {
-            self.token_rates.get_mut(&usage.key)
-        } else {
-            let Some(record) = registry.get(usage.key) else {
-                return;
-            };
-            self.holders.get_mut(&record.tenant_id)
-        };
-        if let Some(holder) = holder {
+        if let Some(holder) = self.built_holder(registry, usage.key, usage.is_key_bucket()) {
             holder.limits.unsettle_rates();
         }
     }
@@ -822,17 +814,24 @@ impl Quotas {
     /// Sets one bucket to the site's level the store returned (the caller passes only keys
     /// whose owner this shard owns). A holder dropped since the round asked is not rebuilt.
     pub fn anchor(&mut self, now: Millis, registry: &KeyRegistry, anchor: &Anchor) {
-        let holder = if anchor.is_key_bucket() {
-            self.token_rates.get_mut(&anchor.key)
-        } else {
-            let Some(record) = registry.get(anchor.key) else {
-                return;
-            };
-            self.holders.get_mut(&record.tenant_id)
-        };
-        if let Some(holder) = holder {
+        if let Some(holder) = self.built_holder(registry, anchor.key, anchor.is_key_bucket()) {
             holder.limits.anchor(now, anchor.bucket, anchor.site_units);
         }
+    }
+
+    /// The holder of a bucket of `key`, if built: the key's own for its token rates
+    /// (`key_bucket`), its owner's otherwise. Nothing is built here.
+    fn built_holder(
+        &mut self,
+        registry: &KeyRegistry,
+        key: KeyId,
+        key_bucket: bool,
+    ) -> Option<&mut Holder> {
+        if key_bucket {
+            return self.token_rates.get_mut(&key);
+        }
+        let tenant = registry.get(key)?.tenant_id;
+        self.holders.get_mut(&tenant)
     }
 
     /// The store lost its data: every holder's daily totals are written again next round.

@@ -4,7 +4,6 @@
 //! router's memory of the others' daily usage (`round::daily_records`).
 
 use super::*;
-use crate::router::shard::owner::quotas::DailyTotal;
 
 impl Round {
     /// This round's asks, from the shards' views, each with the anchor its answer makes.
@@ -87,12 +86,7 @@ impl Round {
         memory
             .iter()
             .filter_map(|total| {
-                let model = match total.model {
-                    None => None,
-                    Some(model) => Some(registry.model_key(model)?),
-                };
-                let field =
-                    round::daily_field(&self.settings.router_id, total.tenant, model.as_ref());
+                let (field, _) = self.budget_field(&registry, total)?;
                 Some((total.day.0, field, total.tokens))
             })
             .collect()
