@@ -3,6 +3,13 @@
 
 use super::*;
 
+/// The command of a round's transaction whose reply is an error (the others ran).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failing {
+    Usage,
+    Heartbeat,
+}
+
 /// The outcome of a round's transaction as the router sees it.
 enum Reply {
     Answered,
@@ -179,16 +186,23 @@ impl Sim {
         } else {
             Reply::Answered
         };
-        // One command of the transaction fails (its reply is an error): the others ran.
-        let failing_command = if router.error_reply {
+        // One command of the transaction fails (its reply is an error), the others ran: the
+        // usage script (`sync::store::scripts`: the round's entries, daily totals and levels,
+        // all or nothing, as it computes everything before its first write) or the heartbeat.
+        let failing = if router.error_reply {
             router.error_reply = false;
-            Some(self.rng.below(writes.len() as u64 + 1) as usize)
+            Some(if self.rng.chance(500) {
+                Failing::Usage
+            } else {
+                Failing::Heartbeat
+            })
         } else {
             None
         };
+        let usage_ran = failing != Some(Failing::Usage);
         let store = &mut self.store;
         let mut written = Vec::new();
-        for batch in router.backlog.batches() {
+        for batch in router.backlog.batches().iter().filter(|_| usage_ran) {
             let entry = round::entry_of(&router.id, router.run, batch, |_| None);
             if entry.is_empty() {
                 continue;
@@ -212,10 +226,7 @@ impl Sim {
                 }
             }
         }
-        for (position, (day, field, write)) in writes.iter().enumerate() {
-            if failing_command == Some(position) {
-                continue;
-            }
+        for (day, field, write) in writes.iter().filter(|_| usage_ran) {
             let total = store
                 .primary
                 .daily
@@ -229,7 +240,7 @@ impl Sim {
         for (day, field, tokens) in memory {
             store.primary.memory.insert((day, field), tokens);
         }
-        if failing_command != Some(writes.len()) {
+        if failing != Some(Failing::Heartbeat) {
             store
                 .primary
                 .heartbeats
@@ -256,10 +267,14 @@ impl Sim {
                 ))
             })
             .unzip();
-        let site_levels = store
-            .primary
-            .levels
-            .round(now, router.interval_ms, &written, &asks);
+        let site_levels = if usage_ran {
+            store
+                .primary
+                .levels
+                .round(now, router.interval_ms, &written, &asks)
+        } else {
+            levels::Answers::default()
+        };
         let tokens = |units: &i64| units / crate::logic::limits::bucket::UNITS_PER_TOKEN;
         let levels_note = format!(
             "router-{index}: asked the levels of {:?}, the store answered {:?}, and {:?} for its usage",
@@ -276,7 +291,7 @@ impl Sim {
         let published = levels::fields_of(router.backlog.batches(), |_| None);
         let keep_after = now.saturating_sub(120_000) * 1000;
         store.primary.stream.retain(|(id, _)| *id > keep_after);
-        if failing_command.is_some() || matches!(reply, Reply::Lost) {
+        if failing.is_some() || matches!(reply, Reply::Lost) {
             router.ledger.unsure(&totals);
             self.log(|| format!("router-{index}: the round ran, its reply was lost"));
             return Err(());
