@@ -23,7 +23,7 @@
 //! [`DailyBudget::restore`]. A restored total counts as already reported (the disk holds it) and
 //! is not usage to publish to other routers: it was published before the restart.
 
-use super::share::{RoundAllowance, Share};
+use super::share::{RoundAllowance, SILENCE_SHOWS_FROM_ROUND, Share};
 use super::{Day, LIMIT_MAX};
 
 #[derive(Debug, Clone)]
@@ -43,6 +43,68 @@ pub struct DailyBudget {
     /// This round's part of what is left, while the routers of a site share the budget (input
     /// only: output is never refused by a share).
     round: RoundAllowance,
+    /// What this router leaves to silent routers.
+    silence: Silence,
+}
+
+/// What the live routers leave to silent ones (seed `run-several-routers.md`: they "leave it
+/// its share of what was left of each daily budget"): the silent routers' part of what was left
+/// when they went silent, kept while they stay silent and through an outage that follows.
+///
+/// Of what was left *then*, not of the whole limit, and not of what is left *now*. Of the whole
+/// limit, a router that went silent late in the day stopped every other router at once (the
+/// reserve was more than what was left). Of what is left now, the reserve shrank as the live
+/// routers spent, so they spent the silent router's part too. And dropped in an outage, a router
+/// alone split what it believed was left, which still held the silent router's unseen usage, by
+/// the routers: it spent 8,276 tokens where its part was 4,367 (`sync::simulation`, seed 37).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Silence {
+    /// Silent routers when the reserve was set.
+    routers: u32,
+    reserve: u64,
+    /// This budget saw the site with no silent router today, from a round that could tell (a
+    /// new run's first rounds cannot): it knows what was left when one went silent. One that did
+    /// not (a router started since, a key first used since, a new day) cannot tell, and leaves
+    /// the silent routers their part of the whole budget.
+    witnessed: bool,
+}
+
+impl Silence {
+    /// The reserve under `share`, given what is `left` of a budget of `limit` now. A router
+    /// that goes silent adds its part of what is left now; one that comes back (its held-back
+    /// usage is counted now) takes its part of the reserve away.
+    fn reserve(&mut self, share: Share, left: u64, limit: u64) -> u64 {
+        match share {
+            Share::Whole => *self = Silence::default(),
+            Share::Shared {
+                round, silent: 0, ..
+            } => {
+                // A new run sees every record fresh: a silent router shows only once it has
+                // missed three heartbeats under this run's eyes.
+                *self = Silence {
+                    witnessed: self.witnessed || round >= SILENCE_SHOWS_FROM_ROUND,
+                    ..Silence::default()
+                };
+            }
+            Share::Shared { live, silent, .. } if silent != self.routers => {
+                let routers = u128::from(live.max(1)) + u128::from(silent);
+                let part_of = |tokens: u64, of: u32| {
+                    (u128::from(tokens) * u128::from(of)).div_ceil(routers) as u64
+                };
+                self.reserve = if !self.witnessed {
+                    part_of(limit, silent)
+                } else if silent > self.routers {
+                    self.reserve + part_of(left, silent - self.routers).min(left)
+                } else {
+                    (u128::from(self.reserve) * u128::from(silent))
+                        .div_ceil(u128::from(self.routers)) as u64
+                };
+                self.routers = silent;
+            }
+            Share::Shared { .. } | Share::Alone { .. } => {}
+        }
+        self.reserve
+    }
 }
 
 /// What a daily admission charged: the estimated input, on `day`.
@@ -83,6 +145,7 @@ impl DailyBudget {
             delta_tokens: 0,
             reported: (day, 0),
             round: RoundAllowance::NONE,
+            silence: Silence::default(),
         }
     }
 
@@ -100,6 +163,8 @@ impl DailyBudget {
             // Yesterday's unpublished usage no longer limits anyone.
             self.delta_tokens = 0;
             self.round.reset();
+            // A new day: nothing of it is unseen yet.
+            self.silence = Silence::default();
         }
     }
 
@@ -164,7 +229,8 @@ impl DailyBudget {
                 because_of_max_output: max_output_tokens > 0 && input_tokens <= remaining,
             });
         }
-        let ours = remaining.saturating_sub(share.daily_reserve(self.tokens_per_day));
+        let ours =
+            remaining.saturating_sub(self.silence.reserve(share, remaining, self.tokens_per_day));
         let refused = |remaining| DailyShortfall {
             limit: self.tokens_per_day,
             remaining,
@@ -252,6 +318,7 @@ impl DailyBudget {
             self.reported = previous.reported;
             // A reload during an outage keeps today's usage and this router's share of it.
             self.round = previous.round;
+            self.silence = previous.silence;
         }
     }
 
@@ -404,6 +471,97 @@ mod tests {
             silent: 0,
         };
         assert!(budget.admit(MONDAY, 14, None, shared).is_ok());
+    }
+
+    /// Seed 37 of `sync::simulation`: router-2 went silent with about 36,000 tokens left, the
+    /// others stopped admitting at once (the reserve was a third of the whole 135,486), then
+    /// the store went down and router-1 alone split what it believed was left, router-2's
+    /// unseen usage included, by three: 8,276 tokens where its part was 4,367.
+    #[test]
+    fn silent_routers_keep_their_part_of_what_was_left_when_they_went_silent() {
+        let shared = |round| Share::Shared {
+            round,
+            live: 3,
+            silent: 0,
+        };
+        let silent = |round| Share::Shared {
+            round,
+            live: 2,
+            silent: 1,
+        };
+        let mut budget = DailyBudget::new(MONDAY, 135_000);
+        // A run's first rounds see every record fresh: they witness nothing.
+        assert!(budget.admit(MONDAY, 0, None, shared(1)).is_ok());
+        budget.apply_remote(MONDAY, 99_000);
+        assert!(budget.admit(MONDAY, 100, None, shared(1)).is_ok());
+        assert!(budget.admit(MONDAY, 100, None, silent(2)).is_err());
+        let mut budget = DailyBudget::new(MONDAY, 135_000);
+        assert!(budget.admit(MONDAY, 0, None, shared(9)).is_ok());
+        budget.apply_remote(MONDAY, 99_000);
+        // 36,000 left: 12,000 of it is the silent router's; the live ones use the rest.
+        let mut spent = 0;
+        for round in 10..30 {
+            while budget.admit(MONDAY, 100, None, silent(round)).is_ok() {
+                spent += 100;
+            }
+        }
+        assert!(
+            (23_900..=24_000).contains(&spent),
+            "the live routers may use 24,000 of the 36,000 left, this one spent {spent}"
+        );
+        assert!(
+            budget.admit(MONDAY, 100, None, silent(30)).is_err(),
+            "the reserve does not shrink as the live routers spend"
+        );
+        // The store goes down: alone, this router splits what is left less the reserve.
+        let mut budget = DailyBudget::new(MONDAY, 135_000);
+        assert!(budget.admit(MONDAY, 0, None, shared(9)).is_ok());
+        budget.apply_remote(MONDAY, 99_000);
+        assert!(budget.admit(MONDAY, 100, None, silent(10)).is_ok());
+        let alone = Share::Alone {
+            since: 11,
+            routers: 3,
+        };
+        let mut alone_spent = 0;
+        while budget.admit(MONDAY, 100, None, alone).is_ok() {
+            alone_spent += 100;
+        }
+        let part = (36_000 - 100 - 12_000) / 3;
+        assert!(
+            alone_spent <= part + 100 && alone_spent + 100 >= part,
+            "alone it spent {alone_spent}, its part is {part}"
+        );
+        // The silent router comes back and its usage is counted: nothing is left to it.
+        budget.apply_remote(MONDAY, 5_000);
+        let back = Share::Shared {
+            round: 12,
+            live: 3,
+            silent: 0,
+        };
+        let left = budget.remaining(MONDAY);
+        let mut shared_spent = 0;
+        while budget.admit(MONDAY, 100, None, back).is_ok() {
+            shared_spent += 100;
+        }
+        assert!(
+            shared_spent + 100 >= left / 3,
+            "back to three live routers, the round's part is a third of the {left} left: {shared_spent}"
+        );
+        // A budget that did not see the router go silent (its router started since) cannot
+        // tell what was left then: it leaves the silent router its part of the whole budget.
+        let mut budget = DailyBudget::new(MONDAY, 135_000);
+        budget.apply_remote(MONDAY, 99_000);
+        assert!(budget.admit(MONDAY, 100, None, silent(10)).is_err());
+        let mut budget = DailyBudget::new(MONDAY, 135_000);
+        budget.apply_remote(MONDAY, 50_000);
+        let mut unwitnessed = 0;
+        while budget.admit(MONDAY, 100, None, silent(10)).is_ok() {
+            unwitnessed += 100;
+        }
+        assert!(
+            unwitnessed <= (85_000 - 45_000) / 2 && unwitnessed >= (85_000 - 45_000) / 2 - 100,
+            "{unwitnessed}"
+        );
     }
 
     #[test]

@@ -10,6 +10,11 @@
 //! Pure: no clock, no I/O. Output tokens are never refused by a share (they are charged after the
 //! response); only input-side admissions (a request, an input estimate) take one.
 
+/// The first round of a run that can tell a silent router from a live one
+/// (`sync::site::MISSED_ROUNDS` + 1): a new run sees every record fresh, and one shows silent
+/// only once it has stayed unchanged for three of this run's rounds.
+pub const SILENCE_SHOWS_FROM_ROUND: u32 = 4;
+
 /// How much of a site-wide limit this router may admit now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Share {
@@ -20,12 +25,13 @@ pub enum Share {
     /// `live` (this router included); the first admission of a round passes whenever the limit
     /// has room. `silent` routers stopped heartbeating without leaving: they may still spend their
     /// share unseen, so the live routers use `live / (live + silent)` of each rate limit and leave
-    /// `silent / (live + silent)` of each daily budget untouched.
+    /// `silent / (live + silent)` of what was left of each daily budget when they went silent
+    /// untouched (`limits::daily`).
     Shared { round: u32, live: u32, silent: u32 },
     /// The store has been unreachable for three sync intervals, or has not answered yet: this
     /// router alone enforces `limit / routers` of each rate limit, and of each daily budget at
-    /// most what was left when it lost the store divided by `routers` (counted from the round
-    /// `since`, when the outage began).
+    /// most what was left when it lost the store, less what it left to silent routers then,
+    /// divided by `routers` (counted from the round `since`, when the outage began).
     Alone { since: u32, routers: u32 },
 }
 
@@ -87,17 +93,6 @@ impl Share {
                 divisor: u64::from(routers),
                 refills: false,
             }),
-        }
-    }
-
-    /// Of a daily budget of `limit`, what the live routers leave to silent ones.
-    pub fn daily_reserve(self, limit: u64) -> u64 {
-        match self {
-            Share::Shared { live, silent, .. } if silent > 0 => {
-                let routers = u128::from(live.max(1)) + u128::from(silent);
-                (u128::from(limit) * u128::from(silent)).div_ceil(routers) as u64
-            }
-            _ => 0,
         }
     }
 }
@@ -208,7 +203,6 @@ mod tests {
         assert_eq!(Share::Whole.rate_scale(), (1, 1));
         assert_eq!(Share::Whole.rate_split(), None);
         assert_eq!(Share::Whole.daily_split(), None);
-        assert_eq!(Share::Whole.daily_reserve(1000), 0);
     }
 
     #[test]
@@ -226,7 +220,6 @@ mod tests {
         };
         assert_eq!(share.rate_split(), Some(split));
         assert_eq!(share.daily_split(), Some(split));
-        assert_eq!(share.daily_reserve(1000), 334);
     }
 
     #[test]

@@ -418,3 +418,13 @@ fn the_store_back_returns_to_shared_limits_in_a_new_round() {
         }
     );
 }
+
+/// The daily budgets' reserve for silent routers (`limits::daily`) trusts a view of the site
+/// only from the round a silent router can show in.
+#[test]
+fn a_silent_router_shows_from_the_round_the_budgets_trust() {
+    assert_eq!(
+        MISSED_ROUNDS + 1,
+        crate::logic::limits::share::SILENCE_SHOWS_FROM_ROUND
+    );
+}
