@@ -58,6 +58,12 @@ pub struct SyncArgs {
     /// Stable identity of this router; defaults to the hostname.
     #[arg(long, env = "HIVENET_ROUTER_ROUTER_ID")]
     pub router_id: Option<String>,
+    /// File that keeps the usage this router holds back while the store does not answer, so
+    /// that a crash or a shutdown before the store is back does not lose it: the next run under
+    /// the same `--router-id` publishes it. Put it on a volume that outlives the process (in
+    /// Kubernetes an `emptyDir` outlives container restarts). Unset: no journal.
+    #[arg(long, env = "HIVENET_ROUTER_SYNC_JOURNAL")]
+    pub sync_journal: Option<PathBuf>,
 }
 
 /// Where the store is and how to reach it.
@@ -101,6 +107,8 @@ pub struct SyncSettings {
     /// `--request-timeout`: the longest a request a router admitted alone may still run, part of
     /// the settle window after the store lost its data ([`SyncSettings::settle_window`]).
     pub request_timeout: Duration,
+    /// `--sync-journal` (`sync::journal`).
+    pub journal: Option<PathBuf>,
 }
 
 impl SyncSettings {
@@ -211,6 +219,10 @@ impl SyncSettings {
             advertise_grpc_addr,
             // The flag's default; the router sets its own (`--request-timeout` is not a sync flag).
             request_timeout: Duration::from_secs(60),
+            journal: args
+                .sync_journal
+                .clone()
+                .filter(|path| !path.as_os_str().is_empty()),
         }))
     }
 }

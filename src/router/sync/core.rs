@@ -68,6 +68,7 @@ use crate::router::shard::owner::wallets::{CreditNews, Refill};
 use crate::router::shard::redirect_claims::Claim;
 
 mod credits;
+mod journaling;
 mod levels_round;
 mod reads;
 mod store_checks;
@@ -215,6 +216,8 @@ struct Round {
     agents_written: Option<AgentsWritten>,
     /// Rounds tried so far.
     rounds: u64,
+    /// `--sync-journal`: the usage held back while the store does not answer.
+    journaling: journaling::Journaling,
 }
 
 impl SyncCore {
@@ -257,6 +260,8 @@ impl SyncCore {
             run,
             settings.settle_window().as_millis() as u64,
         );
+        let journaling =
+            journaling::Journaling::open(settings.journal.clone(), &settings.router_id);
         let round = Round {
             health: Health::new(settings.min_routers),
             sightings: Sightings::default(),
@@ -296,6 +301,7 @@ impl SyncCore {
             sessions_at_last_answer: 0,
             failovers_seen: 0,
             closed: false,
+            journaling,
         };
         let (checked, check) = std::sync::mpsc::channel();
         std::thread::Builder::new()
@@ -398,6 +404,9 @@ impl Round {
             self.ledger.forget_before(today.0.saturating_sub(1));
         }
         let outcome = self.exchange(now_ms, leaving).await;
+        if matches!(outcome, Err(RoundFailure::Store(_))) {
+            self.journal_held_back().await;
+        }
         self.metrics
             .tick_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -497,23 +506,7 @@ impl Round {
             self.resync_rounds = self.resync_rounds.saturating_sub(1);
         }
         let cursor = self.cursor.unwrap_or_default();
-        let entries: Vec<Vec<u8>> = {
-            let registry = self.shared.registry();
-            self.backlog
-                .batches()
-                .iter()
-                .map(|batch| {
-                    round::entry_of(&self.settings.router_id, self.run, batch, |model| {
-                        registry.model_key(model).map(|key| ModelName {
-                            name: key.name,
-                            capability: key.capability,
-                        })
-                    })
-                })
-                .filter(|entry| !entry.is_empty())
-                .map(|entry| entry.encode())
-                .collect()
-        };
+        let entries = self.entries_to_publish();
         let (totals, models): (Vec<(u32, String, u64)>, Vec<_>) = {
             let registry = self.shared.registry();
             self.backlog
@@ -554,6 +547,7 @@ impl Round {
                     write: self.ledger.write_of(*day, field, *total)?,
                 })
             })
+            .chain(self.raised_rows())
             .collect();
         let reads = self
             .store
@@ -587,6 +581,8 @@ impl Round {
         let published = self.published_fields(reads.levels.as_ref());
         self.backlog.clear();
         self.ledger.wrote(&totals);
+        self.ledger.wrote(&self.journaling.raised);
+        self.journal_published().await;
         self.remember_rounds = self.remember_rounds.saturating_sub(1);
         if agents_json.is_some() {
             self.agents_written = Some(AgentsWritten {

@@ -95,7 +95,7 @@ const HAS_DAY: u8 = 1 << 3;
 /// Model indexes below this ride in the tag's upper four bits.
 const INLINE_MODELS: u32 = 15;
 
-fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+pub(super) fn put_varint(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
         out.push((value as u8) | 0x80);
         value >>= 7;
@@ -103,7 +103,7 @@ fn put_varint(out: &mut Vec<u8>, mut value: u64) {
     out.push(value as u8);
 }
 
-fn put_str(out: &mut Vec<u8>, text: &str) {
+pub(super) fn put_str(out: &mut Vec<u8>, text: &str) {
     put_varint(out, text.len() as u64);
     out.extend_from_slice(text.as_bytes());
 }
@@ -259,18 +259,18 @@ impl fmt::Display for ModelName {
     }
 }
 
-struct Reader<'a> {
-    bytes: &'a [u8],
+pub(super) struct Reader<'a> {
+    pub(super) bytes: &'a [u8],
 }
 
 impl Reader<'_> {
-    fn byte(&mut self) -> Result<u8, DecodeError> {
+    pub(super) fn byte(&mut self) -> Result<u8, DecodeError> {
         let (&first, rest) = self.bytes.split_first().ok_or(DecodeError::Truncated)?;
         self.bytes = rest;
         Ok(first)
     }
 
-    fn varint(&mut self) -> Result<u64, DecodeError> {
+    pub(super) fn varint(&mut self) -> Result<u64, DecodeError> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
             let byte = self.byte()?;
@@ -290,7 +290,7 @@ impl Reader<'_> {
         u32::try_from(self.varint()?).map_err(|_| DecodeError::Malformed("value over 32 bits"))
     }
 
-    fn u32_le(&mut self) -> Result<u32, DecodeError> {
+    pub(super) fn u32_le(&mut self) -> Result<u32, DecodeError> {
         if self.bytes.len() < 4 {
             return Err(DecodeError::Truncated);
         }
@@ -301,7 +301,11 @@ impl Reader<'_> {
 
     /// A count of items each at least `min_item_bytes` long: more than the bytes left could hold
     /// is malformed, so a hostile count allocates nothing.
-    fn count(&mut self, max: usize, min_item_bytes: usize) -> Result<usize, DecodeError> {
+    pub(super) fn count(
+        &mut self,
+        max: usize,
+        min_item_bytes: usize,
+    ) -> Result<usize, DecodeError> {
         let count = self.varint()?;
         if count > max as u64 || count > (self.bytes.len() / min_item_bytes) as u64 {
             return Err(DecodeError::Malformed("count larger than the entry"));
@@ -309,7 +313,7 @@ impl Reader<'_> {
         Ok(count as usize)
     }
 
-    fn string(&mut self) -> Result<String, DecodeError> {
+    pub(super) fn string(&mut self) -> Result<String, DecodeError> {
         let len = self.varint()?;
         if len > NAME_MAX as u64 || len > self.bytes.len() as u64 {
             return Err(DecodeError::Malformed("string longer than the entry"));

@@ -29,6 +29,7 @@
 pub mod claim;
 pub mod core;
 pub mod entry;
+pub mod journal;
 pub mod levels;
 pub mod pool_store;
 pub mod pools;
@@ -75,6 +76,9 @@ pub struct SyncMetrics {
     pub unknown_routers: AtomicI64,
     /// Bytes of usage entries published (for the benchmark's bytes per round).
     pub published_bytes_total: AtomicU64,
+    /// `--sync-journal` writes after a failed round, and writes or removals that failed.
+    pub journal_writes_total: AtomicU64,
+    pub journal_errors_total: AtomicU64,
     /// Bytes of every command the sync core sent the store: rounds, pools, credit grants and
     /// releases, checks (not the redirect claims' connection).
     pub store_written_bytes_total: AtomicU64,
@@ -216,6 +220,16 @@ impl Collect for SyncMetrics {
                 "hivenet_sync_published_bytes_total",
                 "Bytes of usage entries this router published to the sync store.",
                 &self.published_bytes_total,
+            ),
+            (
+                "hivenet_sync_journal_writes_total",
+                "Times this router wrote the usage it held back to its --sync-journal (after a round that did not reach the store).",
+                &self.journal_writes_total,
+            ),
+            (
+                "hivenet_sync_journal_errors_total",
+                "Writes or removals of the --sync-journal that failed: a crash before the store answers loses the usage held back since.",
+                &self.journal_errors_total,
             ),
             (
                 "hivenet_occupancy_credit_errors_total",

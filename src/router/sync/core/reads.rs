@@ -93,6 +93,9 @@ impl Round {
                     continue;
                 }
                 lag_ms = Some(now_ms.saturating_sub(entry.admitted_at_unix_ms));
+                // A previous run of this router ID (its journal, published by this run): its
+                // daily usage is in this router's own totals already.
+                let rates_only = rates_only || entry.router == self.settings.router_id;
                 remote
                     .batches
                     .push(round::remote_batch(&entry, now_ms, rates_only, |model| {
@@ -117,7 +120,7 @@ impl Round {
     /// others' usage, and neither is added to the other.
     pub(super) async fn read_totals(&mut self, now_ms: u64) -> redis::RedisResult<()> {
         let day = utc_today();
-        let (fields, memory, last) = self.store.read_daily(day.0).await?;
+        let (mut fields, memory, last) = self.store.read_daily(day.0).await?;
         let replay_from = match self.cursor {
             Some(cursor) => cursor,
             None => StreamId {
@@ -143,6 +146,13 @@ impl Round {
                 {
                     self.ledger.restored(day.0, field, *tokens);
                 }
+            }
+            // A previous run's journal holds more of this router's own totals than the store
+            // when that run ended while the store did not answer: the shards start from it,
+            // and the round writes it whole.
+            if let Some(inherited) = &self.journaling.inherited {
+                self.journaling.raised =
+                    inherited.raise_own_totals(&self.settings.router_id, day.0, &mut fields);
             }
         }
         let records = round::daily_records(

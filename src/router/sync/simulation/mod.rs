@@ -127,6 +127,7 @@ use crate::router::shard::owner::quotas::{
 };
 
 use super::entry::Entry;
+use super::journal::Journal;
 use super::levels;
 use super::round::{self, Backlog, Batch, DailyLedger, DailyWrite};
 use super::site::{self, Health, Heartbeat, Record};
@@ -324,6 +325,10 @@ struct Router {
     restarted: bool,
     /// When it started (the simulation's clock).
     started_at: u64,
+    /// A previous run's journal not published yet (`sync::journal`), and the own totals it
+    /// raised when today's totals were read.
+    inherited: Option<Journal>,
+    raised: Vec<(u32, String, u64)>,
 }
 
 impl Router {
@@ -362,6 +367,8 @@ impl Router {
             remember_rounds: 0,
             restarted: false,
             started_at: now,
+            inherited: None,
+            raised: Vec::new(),
         }
     }
 
@@ -397,6 +404,8 @@ pub struct Sim {
     routers: Vec<Option<Router>>,
     /// Restart times of crashed or stopped routers.
     restart_at: Vec<u64>,
+    /// Each router's `--sync-journal` file, which outlives its runs.
+    journals: Vec<Option<Vec<u8>>>,
     runs: u64,
     registry: Arc<KeyRegistry>,
     snapshot: RoutingSnapshot,
@@ -506,6 +515,7 @@ impl Sim {
             },
             routers: Vec::new(),
             restart_at: vec![0; ROUTERS],
+            journals: vec![None; ROUTERS],
             runs: 0,
             registry,
             snapshot: snapshot(),
@@ -559,6 +569,11 @@ impl Sim {
         }
         // A new process counts failovers from its own connection on.
         router.failovers_seen = self.store.failovers;
+        // `sync::core::journaling`: what the previous run under this ID held back.
+        router.inherited = self.journals[index]
+            .as_deref()
+            .map(|bytes| Journal::decode(bytes).expect("the simulation's journals decode"))
+            .filter(|journal| journal.router == router.id && !journal.is_empty());
         router
     }
 

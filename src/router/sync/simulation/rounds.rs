@@ -69,6 +69,11 @@ impl Sim {
         match outcome {
             Ok(peers) => router.health.succeeded(peers),
             Err(()) => {
+                // `sync::core::journaling`: what the round could not publish is kept.
+                if !router.backlog.is_empty() || router.inherited.is_some() {
+                    let journal = held_back(router);
+                    self.journals[index] = Some(journal.encode());
+                }
                 let was_up = router.health.is_up();
                 router.health.failed();
                 if was_up && !router.health.is_up() {
@@ -168,7 +173,14 @@ impl Sim {
                 )
             })
             .collect();
-        let writes = router.ledger.writes(&totals);
+        let mut writes = router.ledger.writes(&totals);
+        // `sync::core::journaling`: the own totals a previous run's journal raised, whole.
+        writes.extend(
+            router
+                .raised
+                .iter()
+                .map(|(day, field, tokens)| (*day, field.clone(), DailyWrite::Set(*tokens))),
+        );
         let heartbeat = Heartbeat {
             run: router.run,
             at_unix_ms: wall,
@@ -200,31 +212,29 @@ impl Sim {
             None
         };
         let usage_ran = failing != Some(Failing::Usage);
+        let encoded = entries_to_publish(router);
         let store = &mut self.store;
         let mut written = Vec::new();
-        for batch in router.backlog.batches().iter().filter(|_| usage_ran) {
-            let entry = round::entry_of(&router.id, router.run, batch, |_| None);
-            if entry.is_empty() {
-                continue;
-            }
-            written.push(entry.clone());
+        for bytes in encoded.iter().filter(|_| usage_ran) {
+            let entry = Entry::decode(bytes).expect("the simulation's entries decode");
             let id = store.next_id(now);
-            store.primary.stream.push((id, Arc::from(entry.encode())));
+            store.primary.stream.push((id, Arc::from(bytes.as_slice())));
             if self
                 .truth
                 .stored
-                .insert((router.run, batch.admitted_at_unix_ms))
+                .insert((entry.run, entry.admitted_at_unix_ms))
             {
-                for used in &batch.usage {
-                    if let crate::logic::limits::BucketRef::Daily { day, .. } = used.bucket {
+                for (bucket, amount) in entry.keys.iter().flat_map(|key| &key.buckets) {
+                    if let crate::router::sync::entry::Bucket::Daily { day, .. } = bucket {
                         *self
                             .truth
                             .stored_daily
-                            .entry((router.run, day.0))
-                            .or_default() += used.amount;
+                            .entry((entry.run, day.0))
+                            .or_default() += amount;
                     }
                 }
             }
+            written.push(entry);
         }
         for (day, field, write) in writes.iter().filter(|_| usage_ran) {
             let total = store
@@ -298,6 +308,10 @@ impl Sim {
         }
         router.backlog.clear();
         router.ledger.wrote(&totals);
+        router.ledger.wrote(&router.raised);
+        router.inherited = None;
+        router.raised.clear();
+        self.journals[index] = None;
         router.remember_rounds = router.remember_rounds.saturating_sub(1);
         let epoch = store.primary.epoch;
         if router.epoch.is_some_and(|known| known != epoch) {
@@ -433,6 +447,20 @@ fn read_totals(
             }
         }
     }
+    // `sync::core::reads`: a previous run's journal raises this router's own totals.
+    let mut owned: Vec<(String, u64)> = fields
+        .iter()
+        .map(|(field, tokens)| ((*field).to_owned(), *tokens))
+        .collect();
+    if !router.own_restored
+        && let Some(inherited) = &router.inherited
+    {
+        router.raised = inherited.raise_own_totals(&router.id, day.0, &mut owned);
+    }
+    let fields: Vec<(&str, u64)> = owned
+        .iter()
+        .map(|(field, tokens)| (field.as_str(), *tokens))
+        .collect();
     // `sync::core`'s rule: caught up (not a start), the entries since the cursor are applied
     // whole before the totals, which count only where they say more.
     let caught_up = router.cursor.is_some();
@@ -495,6 +523,9 @@ fn apply_entries(
         {
             continue;
         }
+        // `sync::core::reads`: a previous run of this router ID (its journal): its daily usage
+        // is in this router's own totals.
+        let rates_only = rates_only || entry.router == router.id;
         let batch = round::remote_batch(&entry, wall, rates_only, |_| None);
         senders.push((entry.run, batch.usage.clone()));
         remote.batches.push(batch);
@@ -515,4 +546,51 @@ fn apply_entries(
         .into_iter()
         .flat_map(|(run, usage)| usage.into_iter().map(move |used| (run, used)))
         .collect()
+}
+
+/// The stream entries a round publishes (`sync::core::journaling`'s `entries_to_publish`): a
+/// previous run's held back first, then the backlog's.
+fn entries_to_publish(router: &Router) -> Vec<Vec<u8>> {
+    let inherited = router
+        .inherited
+        .iter()
+        .flat_map(|journal| journal.entries.iter().cloned());
+    let own = router
+        .backlog
+        .batches()
+        .iter()
+        .map(|batch| round::entry_of(&router.id, router.run, batch, |_| None))
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| entry.encode());
+    inherited.chain(own).collect()
+}
+
+/// What a failed round keeps in the journal (`sync::core::journaling`'s `journal_held_back`).
+fn held_back(router: &Router) -> Journal {
+    let mut held = Journal {
+        router: router.id.clone(),
+        run: router.run,
+        entries: entries_to_publish(router),
+        totals: router
+            .backlog
+            .totals()
+            .map(|total| {
+                let field = round::daily_field(&router.id, total.tenant, None);
+                (total.day.0, field, total.tokens)
+            })
+            .collect(),
+    };
+    if let Some(inherited) = &router.inherited {
+        held.keep(&Journal {
+            entries: Vec::new(),
+            ..inherited.clone()
+        });
+    }
+    for (day, field, tokens) in &router.raised {
+        held.keep(&Journal {
+            totals: vec![(*day, field.clone(), *tokens)],
+            ..Journal::default()
+        });
+    }
+    held
 }

@@ -1,0 +1,198 @@
+//! The round's side of `--sync-journal` (`sync::journal`): the journal written after a round
+//! that failed with usage to publish, removed after the round that published it, and a previous
+//! run's journal published at the first round that reaches the store.
+
+use std::path::PathBuf;
+
+use super::*;
+use crate::router::sync::journal::{self, Journal};
+
+/// The journal's state in the round.
+#[derive(Debug, Default)]
+pub(super) struct Journaling {
+    /// `--sync-journal`; `None`: no journal.
+    path: Option<PathBuf>,
+    /// A previous run's journal not published yet.
+    pub(super) inherited: Option<Journal>,
+    /// This router's own totals the inherited journal raised when today's totals were read
+    /// (`Journal::raise_own_totals`), to write whole: (day, field, tokens).
+    pub(super) raised: Vec<(u32, String, u64)>,
+    /// A journal file is there (this run's, or the previous run's).
+    on_disk: bool,
+}
+
+impl Journaling {
+    /// Reads what the previous run under `router_id` left at `path`. A journal that cannot be
+    /// read, or that another router ID wrote, is logged and left where it is.
+    pub(super) fn open(path: Option<PathBuf>, router_id: &str) -> Journaling {
+        let Some(path) = path else {
+            return Journaling::default();
+        };
+        let mut journaling = Journaling {
+            path: Some(path.clone()),
+            ..Journaling::default()
+        };
+        match journal::read(&path) {
+            Ok(None) => {}
+            Ok(Some(bytes)) => match Journal::decode(&bytes) {
+                Ok(found) if found.router == router_id => {
+                    journaling.on_disk = true;
+                    if !found.is_empty() {
+                        tracing::info!(
+                            path = %path.display(),
+                            entries = found.entries.len(),
+                            totals = found.totals.len(),
+                            run = found.run,
+                            "a previous run held back usage: it is published at the first round that reaches the sync store"
+                        );
+                        journaling.inherited = Some(found);
+                    }
+                }
+                Ok(found) => {
+                    tracing::warn!(path = %path.display(), written_by = %found.router, "the sync journal was written by another --router-id: ignored (each router needs its own --sync-journal)");
+                }
+                Err(error) => {
+                    tracing::warn!(path = %path.display(), %error, "the sync journal cannot be read: ignored, and replaced at the next round that fails");
+                }
+            },
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "the sync journal cannot be read: ignored");
+            }
+        }
+        journaling
+    }
+}
+
+impl Round {
+    /// The stream entries this round publishes: a previous run's held back first, then the
+    /// backlog's.
+    pub(super) fn entries_to_publish(&self) -> Vec<Vec<u8>> {
+        let registry = self.shared.registry();
+        let inherited = self
+            .journaling
+            .inherited
+            .iter()
+            .flat_map(|journal| journal.entries.iter().cloned());
+        let own = self
+            .backlog
+            .batches()
+            .iter()
+            .map(|batch| {
+                round::entry_of(&self.settings.router_id, self.run, batch, |model| {
+                    registry.model_key(model).map(|key| ModelName {
+                        name: key.name,
+                        capability: key.capability,
+                    })
+                })
+            })
+            .filter(|entry| !entry.is_empty())
+            .map(|entry| entry.encode());
+        inherited.chain(own).collect()
+    }
+
+    /// The whole totals an inherited journal raised, as rows of the round's daily writes.
+    pub(super) fn raised_rows(&self) -> Vec<DailyRow> {
+        self.journaling
+            .raised
+            .iter()
+            .filter_map(|(day, field, tokens)| {
+                let (_, tenant, model) = round::parse_daily_field(field)?;
+                Some(DailyRow {
+                    day: *day,
+                    tenant,
+                    model,
+                    field: field.clone(),
+                    write: round::DailyWrite::Set(*tokens),
+                })
+            })
+            .collect()
+    }
+
+    /// After a round that failed: keeps what it could not publish in the journal.
+    pub(super) async fn journal_held_back(&mut self) {
+        let Some(path) = self.journaling.path.clone() else {
+            return;
+        };
+        if self.backlog.is_empty() && self.journaling.inherited.is_none() {
+            return;
+        }
+        let totals: Vec<(u32, String, u64)> = {
+            let registry = self.shared.registry();
+            self.backlog
+                .totals()
+                .filter_map(|total| {
+                    let (field, _) = self.budget_field(&registry, &total)?;
+                    Some((total.day.0, field, total.tokens))
+                })
+                .collect()
+        };
+        let mut held = Journal {
+            router: self.settings.router_id.clone(),
+            run: self.run,
+            // The inherited entries are in `entries_to_publish` already.
+            entries: self.entries_to_publish(),
+            totals,
+        };
+        if let Some(inherited) = &self.journaling.inherited {
+            held.keep(&Journal {
+                entries: Vec::new(),
+                ..inherited.clone()
+            });
+        }
+        for (day, field, tokens) in &self.journaling.raised {
+            held.keep(&Journal {
+                totals: vec![(*day, field.clone(), *tokens)],
+                ..Journal::default()
+            });
+        }
+        let bytes = held.encode();
+        let written =
+            tokio::task::spawn_blocking(move || journal::write(&path, &bytes).map(|()| path)).await;
+        match written {
+            Ok(Ok(_)) => {
+                self.journaling.on_disk = true;
+                self.metrics
+                    .journal_writes_total
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Err(error)) => {
+                self.metrics
+                    .journal_errors_total
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%error, "the usage held back could not be written to the sync journal: a crash before the store answers loses it");
+            }
+            Err(error) => {
+                self.metrics
+                    .journal_errors_total
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%error, "the sync journal's write did not finish");
+            }
+        }
+    }
+
+    /// After a round that published everything: the inherited journal is done with, and the
+    /// file goes.
+    pub(super) async fn journal_published(&mut self) {
+        self.journaling.inherited = None;
+        self.journaling.raised.clear();
+        if !std::mem::take(&mut self.journaling.on_disk) {
+            return;
+        }
+        let Some(path) = self.journaling.path.clone() else {
+            return;
+        };
+        match tokio::task::spawn_blocking(move || journal::remove(&path)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                self.metrics
+                    .journal_errors_total
+                    .fetch_add(1, Ordering::Relaxed);
+                // Published again by the next run: every reader applies it once.
+                tracing::warn!(%error, "the sync journal could not be removed");
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the sync journal's removal did not finish");
+            }
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! The journal of usage held back while the store does not answer (`--sync-journal`): a small
+//! file this router rewrites after every round that failed with usage to publish, and removes
+//! after the first round that published it. The next run under the same `--router-id` reads it
+//! at start and publishes what it holds. Without it, a router that crashes or shuts down before
+//! the store answers again takes the usage it held back with it (up to its share of what was
+//! left of every daily budget), and the site may spend that much more that day: 45 of the first
+//! 400 seeds of the site's simulation with faults (`sync::simulation`).
+//!
+//! # What it holds
+//! - The stream entries the backlog would publish, encoded as they are published: each names
+//!   its router, run and admission time, so a copy that reached the store before (a round whose
+//!   transaction ran and whose reply was lost) is applied once by every reader
+//!   ([`super::round::Applied`]) and counted once by the levels ([`super::levels`]).
+//! - This router's whole daily totals not written yet, as the store's own fields
+//!   ([`super::round::daily_field`]): (day, field, tokens).
+//!
+//! # How the next run uses it
+//! Its entries are published first, at the first round that reaches the store; its totals
+//! raise this router's own totals read from the store ([`Journal::raise_own_totals`]) and are
+//! written whole. A journal of another router ID (a file copied between routers) is ignored.
+//!
+//! # Writes
+//! Whole, to `PATH.tmp`, synced, then renamed over `PATH`: a crash leaves the old journal or the
+//! new one, never a torn one; a checksum catches a file the disk cut short. Only failed rounds
+//! write it, once per round, on the sync core's blocking pool: the disk is touched during an
+//! outage only, and never on the request path.
+//!
+//! Bound: the backlog's ([`super::round::BACKLOG_MAX`] entries) plus one total per budget this
+//! router charged while the store did not answer.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::entry::{DecodeError, Reader, put_str, put_varint};
+
+const MAGIC: &[u8; 4] = b"HVSJ";
+const VERSION: u8 = 1;
+/// Entries and totals a journal may hold: far more than a backlog (a hostile or corrupted count
+/// allocates nothing, `Reader::count`).
+const ITEMS_MAX: usize = 1 << 20;
+const CHECKSUM_BYTES: usize = 8;
+
+/// What a run held back when its last round failed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Journal {
+    /// `--router-id` of the run that wrote it.
+    pub router: String,
+    /// That run's start (unix ms).
+    pub run: u64,
+    /// Stream entries not published, oldest first, encoded ([`super::entry::Entry::encode`]).
+    pub entries: Vec<Vec<u8>>,
+    /// Whole daily totals not written: (day, field, tokens).
+    pub totals: Vec<(u32, String, u64)>,
+}
+
+impl Journal {
+    /// Whether it holds anything to publish.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.totals.is_empty()
+    }
+
+    /// Adds `earlier`, a previous run's journal not published yet, under this one: its entries
+    /// first, and each total the larger of the two (both are whole totals of the same field).
+    pub fn keep(&mut self, earlier: &Journal) {
+        let mut entries = earlier.entries.clone();
+        entries.append(&mut self.entries);
+        self.entries = entries;
+        for (day, field, tokens) in &earlier.totals {
+            match self
+                .totals
+                .iter_mut()
+                .find(|(of, known, _)| of == day && known == field)
+            {
+                Some(total) => total.2 = total.2.max(*tokens),
+                None => self.totals.push((*day, field.clone(), *tokens)),
+            }
+        }
+    }
+
+    /// Raises this router's own totals of `day` read from the store (`fields`: field, tokens)
+    /// to what the journal holds where it holds more; returns those, to write whole.
+    pub fn raise_own_totals(
+        &self,
+        router: &str,
+        day: u32,
+        fields: &mut Vec<(String, u64)>,
+    ) -> Vec<(u32, String, u64)> {
+        let mut raised = Vec::new();
+        for (of, field, tokens) in &self.totals {
+            let own =
+                super::round::parse_daily_field(field).is_some_and(|(owner, _, _)| owner == router);
+            if *of != day || !own {
+                continue;
+            }
+            match fields.iter_mut().find(|(known, _)| known == field) {
+                Some((_, stored)) if *stored >= *tokens => continue,
+                Some((_, stored)) => *stored = *tokens,
+                None => fields.push((field.clone(), *tokens)),
+            }
+            raised.push((day, field.clone(), *tokens));
+        }
+        raised
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(
+            64 + self
+                .entries
+                .iter()
+                .map(|entry| entry.len() + 2)
+                .sum::<usize>()
+                + self.totals.len() * 64,
+        );
+        out.extend_from_slice(MAGIC);
+        out.push(VERSION);
+        put_str(&mut out, &self.router);
+        out.extend_from_slice(&self.run.to_le_bytes());
+        put_varint(&mut out, self.entries.len() as u64);
+        for entry in &self.entries {
+            put_varint(&mut out, entry.len() as u64);
+            out.extend_from_slice(entry);
+        }
+        put_varint(&mut out, self.totals.len() as u64);
+        for (day, field, tokens) in &self.totals {
+            out.extend_from_slice(&day.to_le_bytes());
+            put_str(&mut out, field);
+            put_varint(&mut out, *tokens);
+        }
+        let checksum = checksum(&out);
+        out.extend_from_slice(&checksum);
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Journal, DecodeError> {
+        if bytes.len() < MAGIC.len() + 1 + CHECKSUM_BYTES {
+            return Err(DecodeError::Truncated);
+        }
+        let (body, sum) = bytes.split_at(bytes.len() - CHECKSUM_BYTES);
+        if checksum(body) != sum {
+            return Err(DecodeError::Malformed(
+                "the journal's checksum does not match",
+            ));
+        }
+        let mut reader = Reader { bytes: body };
+        for expected in MAGIC {
+            if reader.byte()? != *expected {
+                return Err(DecodeError::Malformed("not a sync journal"));
+            }
+        }
+        let version = reader.byte()?;
+        if version != VERSION {
+            return Err(DecodeError::Version(version));
+        }
+        let router = reader.string()?;
+        let run = u64::from(reader.u32_le()?) | u64::from(reader.u32_le()?) << 32;
+        let count = reader.count(ITEMS_MAX, 1)?;
+        let mut entries = Vec::with_capacity(count);
+        for _ in 0..count {
+            let len = reader.varint()?;
+            if len > reader.bytes.len() as u64 {
+                return Err(DecodeError::Truncated);
+            }
+            let (entry, rest) = reader.bytes.split_at(len as usize);
+            entries.push(entry.to_vec());
+            reader.bytes = rest;
+        }
+        let count = reader.count(ITEMS_MAX, 6)?;
+        let mut totals = Vec::with_capacity(count);
+        for _ in 0..count {
+            let day = reader.u32_le()?;
+            let field = reader.string()?;
+            let tokens = reader.varint()?;
+            totals.push((day, field, tokens));
+        }
+        if !reader.bytes.is_empty() {
+            return Err(DecodeError::Malformed("trailing bytes"));
+        }
+        Ok(Journal {
+            router,
+            run,
+            entries,
+            totals,
+        })
+    }
+}
+
+fn checksum(bytes: &[u8]) -> [u8; CHECKSUM_BYTES] {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    digest.as_ref()[..CHECKSUM_BYTES]
+        .try_into()
+        .expect("a SHA-256 digest is longer")
+}
+
+/// Reads the journal at `path`: `None` when there is none.
+pub fn read(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// Replaces the journal at `path` with `bytes`, durably (see the module doc).
+pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let temporary = temporary(path);
+    {
+        let mut file = std::fs::File::create(&temporary)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&temporary, path)?;
+    sync_directory(path)
+}
+
+/// Removes the journal at `path` (everything in it reached the store).
+pub fn remove(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => sync_directory(path),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(error),
+    }
+}
+
+fn temporary(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".tmp");
+    PathBuf::from(name)
+}
+
+/// A rename or a removal is durable once the directory holding it is synced.
+fn sync_directory(path: &Path) -> std::io::Result<()> {
+    let directory = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(directory)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::base::ids::TenantId;
+    use crate::router::sync::round::daily_field;
+
+    fn journal() -> Journal {
+        Journal {
+            router: "router-0".into(),
+            run: 1_780_000_000_123,
+            entries: vec![vec![1, 2, 3], vec![], vec![9; 300]],
+            totals: vec![
+                (20_000, daily_field("router-0", TenantId(7), None), 1_234),
+                (20_001, daily_field("router-0", TenantId(7), None), 5),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_journal_round_trips_and_a_damaged_one_is_refused() {
+        let bytes = journal().encode();
+        assert_eq!(Journal::decode(&bytes).unwrap(), journal());
+        for cut in [0, 4, bytes.len() / 2, bytes.len() - 1] {
+            assert!(Journal::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut flipped = bytes.clone();
+        flipped[10] ^= 1;
+        assert!(Journal::decode(&flipped).is_err());
+        assert_eq!(
+            Journal::decode(&Journal::default().encode()).unwrap(),
+            Journal::default()
+        );
+    }
+
+    #[test]
+    fn own_totals_are_raised_where_the_journal_holds_more() {
+        let own = daily_field("router-0", TenantId(7), None);
+        let other = daily_field("router-1", TenantId(7), None);
+        let mut journal = journal();
+        journal.totals.push((20_000, other.clone(), 99_999));
+        // The store has less of this router's own total, and the other router's: only the own
+        // one of the day is raised.
+        let mut fields = vec![(own.clone(), 1_000), (other.clone(), 10)];
+        let raised = journal.raise_own_totals("router-0", 20_000, &mut fields);
+        assert_eq!(raised, vec![(20_000, own.clone(), 1_234)]);
+        assert_eq!(fields, vec![(own.clone(), 1_234), (other.clone(), 10)]);
+        // The store has more (the journal's round reached it before its reply was lost).
+        let mut fields = vec![(own.clone(), 2_000)];
+        assert!(
+            journal
+                .raise_own_totals("router-0", 20_000, &mut fields)
+                .is_empty()
+        );
+        // Nothing in the store at all (it lost its data).
+        let mut fields = Vec::new();
+        assert_eq!(
+            journal
+                .raise_own_totals("router-0", 20_000, &mut fields)
+                .len(),
+            1
+        );
+        assert_eq!(fields, vec![(own, 1_234)]);
+    }
+
+    #[test]
+    fn a_later_journal_keeps_an_earlier_one_under_it() {
+        let own = daily_field("router-0", TenantId(7), None);
+        let mut later = Journal {
+            router: "router-0".into(),
+            run: 1_780_000_100_000,
+            entries: vec![vec![4]],
+            totals: vec![(20_000, own.clone(), 1_000)],
+        };
+        later.keep(&journal());
+        assert_eq!(
+            later.entries,
+            vec![vec![1, 2, 3], vec![], vec![9; 300], vec![4]]
+        );
+        assert_eq!(later.totals[0], (20_000, own, 1_234));
+        assert_eq!(later.totals.len(), 2);
+    }
+
+    #[test]
+    fn writes_replace_the_file_whole_and_removal_is_quiet_when_there_is_none() {
+        let directory =
+            std::env::temp_dir().join(format!("hivenet-journal-{}", std::process::id()));
+        std::fs::create_dir_all(&directory).unwrap();
+        let path = directory.join("journal");
+        assert_eq!(read(&path).unwrap(), None);
+        write(&path, &journal().encode()).unwrap();
+        write(&path, &journal().encode()).unwrap();
+        let bytes = read(&path).unwrap().unwrap();
+        assert_eq!(Journal::decode(&bytes).unwrap(), journal());
+        assert!(!temporary(&path).exists());
+        remove(&path).unwrap();
+        remove(&path).unwrap();
+        assert_eq!(read(&path).unwrap(), None);
+        std::fs::remove_dir_all(&directory).unwrap();
+    }
+}
