@@ -365,6 +365,28 @@ fn three_routers_share_limits_through_the_sentinels_of_the_site() {
         );
     }
 
+    // The journal of usage held back in an outage lives on the pod's own claim, which
+    // outlives restarts and reschedules under the same pod name (`--router-id`).
+    let journal = value_of(&args, "--sync-journal").expect("--sync-journal");
+    let claims: Vec<&str> = router["spec"]["volumeClaimTemplates"]
+        .as_array()
+        .expect("volumeClaimTemplates")
+        .iter()
+        .filter_map(|claim| claim["metadata"]["name"].as_str())
+        .collect();
+    let on_a_claim = container["volumeMounts"]
+        .as_array()
+        .expect("volumeMounts")
+        .iter()
+        .any(|mount| {
+            claims.contains(&mount["name"].as_str().unwrap_or_default())
+                && journal.starts_with(&format!("{}/", mount["mountPath"].as_str().unwrap_or("?")))
+        });
+    assert!(
+        on_a_claim,
+        "--sync-journal {journal} is not on a volume claim"
+    );
+
     assert_known_flags(env!("CARGO_BIN_EXE_hivenet-router"), &args);
 }
 
