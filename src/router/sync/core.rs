@@ -55,6 +55,7 @@ use crate::router::shard::owner::quotas::{
 use super::SyncMetrics;
 use super::claim;
 use super::entry::{Entry, ModelName};
+use super::journal::Journaling;
 use super::levels::{self, Ask};
 use super::pool_store::Grant;
 use super::pools::{self, SiteCredits};
@@ -217,7 +218,7 @@ struct Round {
     /// Rounds tried so far.
     rounds: u64,
     /// `--sync-journal`: the usage held back while the store does not answer.
-    journaling: journaling::Journaling,
+    journaling: Journaling,
 }
 
 impl SyncCore {
@@ -260,8 +261,7 @@ impl SyncCore {
             run,
             settings.settle_window().as_millis() as u64,
         );
-        let journaling =
-            journaling::Journaling::open(settings.journal.clone(), &settings.router_id);
+        let journaling = Journaling::open(settings.journal.clone(), &settings.router_id);
         let round = Round {
             health: Health::new(settings.min_routers),
             sightings: Sightings::default(),

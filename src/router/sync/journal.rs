@@ -184,6 +184,62 @@ impl Journal {
     }
 }
 
+/// The journal as the sync core keeps it (`sync::core::journaling` writes and removes it).
+#[derive(Debug, Default)]
+pub struct Journaling {
+    /// `--sync-journal`; `None`: no journal.
+    pub path: Option<PathBuf>,
+    /// A previous run's journal not published yet.
+    pub inherited: Option<Journal>,
+    /// This router's own totals the inherited journal raised when today's totals were read
+    /// (`Journal::raise_own_totals`), to write whole: (day, field, tokens).
+    pub raised: Vec<(u32, String, u64)>,
+    /// A journal file is there (this run's, or the previous run's).
+    pub on_disk: bool,
+}
+
+impl Journaling {
+    /// Reads what the previous run under `router_id` left at `path`. A journal that cannot be
+    /// read, or that another router ID wrote, is logged and left where it is.
+    pub fn open(path: Option<PathBuf>, router_id: &str) -> Journaling {
+        let Some(path) = path else {
+            return Journaling::default();
+        };
+        let mut journaling = Journaling {
+            path: Some(path.clone()),
+            ..Journaling::default()
+        };
+        match read(&path) {
+            Ok(None) => {}
+            Ok(Some(bytes)) => match Journal::decode(&bytes) {
+                Ok(found) if found.router == router_id => {
+                    journaling.on_disk = true;
+                    if !found.is_empty() {
+                        tracing::info!(
+                            path = %path.display(),
+                            entries = found.entries.len(),
+                            totals = found.totals.len(),
+                            run = found.run,
+                            "a previous run held back usage: it is published at the first round that reaches the sync store"
+                        );
+                        journaling.inherited = Some(found);
+                    }
+                }
+                Ok(found) => {
+                    tracing::warn!(path = %path.display(), written_by = %found.router, "the sync journal was written by another --router-id: ignored (each router needs its own --sync-journal)");
+                }
+                Err(error) => {
+                    tracing::warn!(path = %path.display(), %error, "the sync journal cannot be read: ignored, and replaced at the next round that fails");
+                }
+            },
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "the sync journal cannot be read: ignored");
+            }
+        }
+        journaling
+    }
+}
+
 fn checksum(bytes: &[u8]) -> [u8; CHECKSUM_BYTES] {
     let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
     digest.as_ref()[..CHECKSUM_BYTES]

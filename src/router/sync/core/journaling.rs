@@ -2,66 +2,8 @@
 //! that failed with usage to publish, removed after the round that published it, and a previous
 //! run's journal published at the first round that reaches the store.
 
-use std::path::PathBuf;
-
 use super::*;
 use crate::router::sync::journal::{self, Journal};
-
-/// The journal's state in the round.
-#[derive(Debug, Default)]
-pub(super) struct Journaling {
-    /// `--sync-journal`; `None`: no journal.
-    path: Option<PathBuf>,
-    /// A previous run's journal not published yet.
-    pub(super) inherited: Option<Journal>,
-    /// This router's own totals the inherited journal raised when today's totals were read
-    /// (`Journal::raise_own_totals`), to write whole: (day, field, tokens).
-    pub(super) raised: Vec<(u32, String, u64)>,
-    /// A journal file is there (this run's, or the previous run's).
-    on_disk: bool,
-}
-
-impl Journaling {
-    /// Reads what the previous run under `router_id` left at `path`. A journal that cannot be
-    /// read, or that another router ID wrote, is logged and left where it is.
-    pub(super) fn open(path: Option<PathBuf>, router_id: &str) -> Journaling {
-        let Some(path) = path else {
-            return Journaling::default();
-        };
-        let mut journaling = Journaling {
-            path: Some(path.clone()),
-            ..Journaling::default()
-        };
-        match journal::read(&path) {
-            Ok(None) => {}
-            Ok(Some(bytes)) => match Journal::decode(&bytes) {
-                Ok(found) if found.router == router_id => {
-                    journaling.on_disk = true;
-                    if !found.is_empty() {
-                        tracing::info!(
-                            path = %path.display(),
-                            entries = found.entries.len(),
-                            totals = found.totals.len(),
-                            run = found.run,
-                            "a previous run held back usage: it is published at the first round that reaches the sync store"
-                        );
-                        journaling.inherited = Some(found);
-                    }
-                }
-                Ok(found) => {
-                    tracing::warn!(path = %path.display(), written_by = %found.router, "the sync journal was written by another --router-id: ignored (each router needs its own --sync-journal)");
-                }
-                Err(error) => {
-                    tracing::warn!(path = %path.display(), %error, "the sync journal cannot be read: ignored, and replaced at the next round that fails");
-                }
-            },
-            Err(error) => {
-                tracing::warn!(path = %path.display(), %error, "the sync journal cannot be read: ignored");
-            }
-        }
-        journaling
-    }
-}
 
 impl Round {
     /// The stream entries this round publishes: a previous run's held back first, then the
