@@ -9,14 +9,57 @@ fn env(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Without faults (and without clock offsets), 1,000 seeds: the load, the rounds' phases,
+/// Runs `seeds` on every core; the failures, at most three a core.
+fn failures_of(seeds: Vec<u64>, faults: bool) -> Vec<String> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|worker| {
+                let seeds = &seeds;
+                scope.spawn(move || {
+                    seeds
+                        .iter()
+                        .skip(worker)
+                        .step_by(threads)
+                        .filter_map(|seed| run(*seed, faults, false).err())
+                        .take(env("SIM_FAILURES", 3) as usize)
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|worker| worker.join().expect("a simulation thread"))
+            .collect()
+    })
+}
+
+/// Without faults (and without clock offsets), 10,000 seeds: the load, the rounds' phases,
 /// the interval and the daily budget's start differ by seed.
 #[test]
 fn without_faults_the_site_keeps_every_shared_limit() {
-    let failures: Vec<String> = (0..1_000)
-        .filter_map(|seed| run(seed, false, false).err())
-        .take(3)
+    let failures = failures_of((0..10_000).collect(), false);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Seeds of the first 400 with faults that still break an invariant (the module doc's
+/// inventory; `the_site_keeps_every_shared_limit` lists them with their failures). A fix that
+/// makes one hold takes it off this list.
+const FAILING_WITH_FAULTS: &[u64] = &[
+    5, 15, 18, 41, 46, 52, 54, 70, 72, 89, 98, 103, 109, 118, 120, 127, 144, 150, 161, 167, 173,
+    188, 189, 191, 193, 198, 201, 203, 204, 218, 223, 228, 229, 233, 234, 236, 255, 271, 272, 273,
+    274, 284, 287, 290, 291, 304, 306, 308, 311, 312, 328, 340, 348, 349, 354, 357, 366, 372, 373,
+    374, 380, 390, 391, 394, 395, 396,
+];
+
+/// The ratchet: every other seed of the first 400 holds every invariant under faults, so a
+/// change that breaks one fails the suite.
+#[test]
+fn with_faults_the_seeds_that_hold_keep_holding() {
+    let seeds = (0..400)
+        .filter(|seed| !FAILING_WITH_FAULTS.contains(seed))
         .collect();
+    let failures = failures_of(seeds, true);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -56,7 +99,9 @@ fn the_seeds_that_found_a_defect_hold() {
     // Seed 350: an error reply inside a round failed one daily total beside its entries, which
     // the round's script cannot do (it writes both or neither); a router that started then
     // counted those entries as in the totals, and 9,300 tokens nowhere.
-    for seed in [37, 350] {
+    // Seed 25: router-0 crashed while the store was down and took about 7,000 tokens it held
+    // back with it, until its next run published them from its journal (`sync::journal`).
+    for seed in [37, 350, 25] {
         run(seed, true, false).unwrap_or_else(|failure| panic!("{failure}"));
     }
 }
@@ -68,25 +113,8 @@ fn the_seeds_that_found_a_defect_hold() {
 fn the_site_keeps_every_shared_limit() {
     let seeds = env("SIM_SEEDS", 10_000);
     let first = env("SIM_FIRST_SEED", 0);
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     let faults = std::env::var_os("SIM_NO_FAULTS").is_none();
-    let failures: Vec<String> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|worker| {
-                scope.spawn(move || {
-                    (first + worker..first + seeds)
-                        .step_by(threads as usize)
-                        .filter_map(|seed| run(seed, faults, false).err())
-                        .take(env("SIM_FAILURES", 3) as usize)
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|worker| worker.join().expect("a simulation thread"))
-            .collect()
-    });
+    let failures = failures_of((first..first + seeds).collect(), faults);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
