@@ -535,6 +535,7 @@ impl Round {
             .is_none_or(|written| !written.still_stands(&agents_as))
             .then(|| serde_json::to_string(&agent_list).expect("an agent list serializes"));
         let bytes: usize = entries.iter().map(Vec::len).sum();
+        let raised = self.raised_rows(&totals);
         let daily_writes: Vec<DailyRow> = totals
             .iter()
             .zip(models)
@@ -547,7 +548,7 @@ impl Round {
                     write: self.ledger.write_of(*day, field, *total)?,
                 })
             })
-            .chain(self.raised_rows())
+            .chain(raised)
             .collect();
         let reads = self
             .store

@@ -32,19 +32,21 @@ impl Round {
         inherited.chain(own).collect()
     }
 
-    /// The whole totals an inherited journal raised, as rows of the round's daily writes.
-    pub(super) fn raised_rows(&self) -> Vec<DailyRow> {
+    /// The whole totals an inherited journal raised, as rows of the round's daily writes
+    /// (`Journaling::raised_beside`), given the round's own `totals`.
+    pub(super) fn raised_rows(&mut self, totals: &[(u32, String, u64)]) -> Vec<DailyRow> {
+        self.ledger.unsure(&self.journaling.raised);
         self.journaling
-            .raised
-            .iter()
+            .raised_beside(totals)
+            .into_iter()
             .filter_map(|(day, field, tokens)| {
-                let (_, tenant, model) = round::parse_daily_field(field)?;
+                let (_, tenant, model) = round::parse_daily_field(&field)?;
                 Some(DailyRow {
-                    day: *day,
+                    day,
                     tenant,
                     model,
-                    field: field.clone(),
-                    write: round::DailyWrite::Set(*tokens),
+                    field,
+                    write: round::DailyWrite::Set(tokens),
                 })
             })
             .collect()

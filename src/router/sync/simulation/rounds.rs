@@ -70,7 +70,7 @@ impl Sim {
             Ok(peers) => router.health.succeeded(peers),
             Err(()) => {
                 // `sync::core::journaling`: what the round could not publish is kept.
-                if !router.backlog.is_empty() || router.inherited.is_some() {
+                if !router.backlog.is_empty() || router.journaling.inherited.is_some() {
                     let journal = held_back(router);
                     self.journals[index] = Some(journal.encode());
                 }
@@ -173,13 +173,15 @@ impl Sim {
                 )
             })
             .collect();
-        let mut writes = router.ledger.writes(&totals);
         // `sync::core::journaling`: the own totals a previous run's journal raised, whole.
+        router.ledger.unsure(&router.journaling.raised);
+        let mut writes = router.ledger.writes(&totals);
         writes.extend(
             router
-                .raised
-                .iter()
-                .map(|(day, field, tokens)| (*day, field.clone(), DailyWrite::Set(*tokens))),
+                .journaling
+                .raised_beside(&totals)
+                .into_iter()
+                .map(|(day, field, tokens)| (day, field, DailyWrite::Set(tokens))),
         );
         let heartbeat = Heartbeat {
             run: router.run,
@@ -308,9 +310,9 @@ impl Sim {
         }
         router.backlog.clear();
         router.ledger.wrote(&totals);
-        router.ledger.wrote(&router.raised);
-        router.inherited = None;
-        router.raised.clear();
+        router.ledger.wrote(&router.journaling.raised);
+        router.journaling.inherited = None;
+        router.journaling.raised.clear();
         self.journals[index] = None;
         router.remember_rounds = router.remember_rounds.saturating_sub(1);
         let epoch = store.primary.epoch;
@@ -453,9 +455,9 @@ fn read_totals(
         .map(|(field, tokens)| ((*field).to_owned(), *tokens))
         .collect();
     if !router.own_restored
-        && let Some(inherited) = &router.inherited
+        && let Some(inherited) = &router.journaling.inherited
     {
-        router.raised = inherited.raise_own_totals(&router.id, day.0, &mut owned);
+        router.journaling.raised = inherited.raise_own_totals(&router.id, day.0, &mut owned);
     }
     let fields: Vec<(&str, u64)> = owned
         .iter()
@@ -552,6 +554,7 @@ fn apply_entries(
 /// previous run's held back first, then the backlog's.
 fn entries_to_publish(router: &Router) -> Vec<Vec<u8>> {
     let inherited = router
+        .journaling
         .inherited
         .iter()
         .flat_map(|journal| journal.entries.iter().cloned());
@@ -580,13 +583,13 @@ fn held_back(router: &Router) -> Journal {
             })
             .collect(),
     };
-    if let Some(inherited) = &router.inherited {
+    if let Some(inherited) = &router.journaling.inherited {
         held.keep(&Journal {
             entries: Vec::new(),
             ..inherited.clone()
         });
     }
-    for (day, field, tokens) in &router.raised {
+    for (day, field, tokens) in &router.journaling.raised {
         held.keep(&Journal {
             totals: vec![(*day, field.clone(), *tokens)],
             ..Journal::default()
