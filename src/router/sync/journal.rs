@@ -241,6 +241,23 @@ impl Journaling {
 }
 
 impl Journaling {
+    /// What a failed round keeps: `held` (this run's entries, the inherited ones included,
+    /// and its own totals not written), with the inherited journal's totals and the raised ones
+    /// under it.
+    pub fn keep_under(&self, mut held: Journal) -> Journal {
+        if let Some(inherited) = &self.inherited {
+            held.keep(&Journal {
+                entries: Vec::new(),
+                ..inherited.clone()
+            });
+        }
+        held.keep(&Journal {
+            totals: self.raised.clone(),
+            ..Journal::default()
+        });
+        held
+    }
+
     /// The raised totals a round writes as rows of their own, given its own `totals` (day,
     /// field, whole total): a field those write too is written from the shards' total, which
     /// holds the raised one (the shards start from it), and whole (the caller marks every raised

@@ -70,25 +70,13 @@ impl Round {
                 })
                 .collect()
         };
-        let mut held = Journal {
+        let held = self.journaling.keep_under(Journal {
             router: self.settings.router_id.clone(),
             run: self.run,
             // The inherited entries are in `entries_to_publish` already.
             entries: self.entries_to_publish(),
             totals,
-        };
-        if let Some(inherited) = &self.journaling.inherited {
-            held.keep(&Journal {
-                entries: Vec::new(),
-                ..inherited.clone()
-            });
-        }
-        for (day, field, tokens) in &self.journaling.raised {
-            held.keep(&Journal {
-                totals: vec![(*day, field.clone(), *tokens)],
-                ..Journal::default()
-            });
-        }
+        });
         let bytes = held.encode();
         let written =
             tokio::task::spawn_blocking(move || journal::write(&path, &bytes).map(|()| path)).await;

@@ -570,7 +570,7 @@ fn entries_to_publish(router: &Router) -> Vec<Vec<u8>> {
 
 /// What a failed round keeps in the journal (`sync::core::journaling`'s `journal_held_back`).
 fn held_back(router: &Router) -> Journal {
-    let mut held = Journal {
+    router.journaling.keep_under(Journal {
         router: router.id.clone(),
         run: router.run,
         entries: entries_to_publish(router),
@@ -582,18 +582,5 @@ fn held_back(router: &Router) -> Journal {
                 (total.day.0, field, total.tokens)
             })
             .collect(),
-    };
-    if let Some(inherited) = &router.journaling.inherited {
-        held.keep(&Journal {
-            entries: Vec::new(),
-            ..inherited.clone()
-        });
-    }
-    for (day, field, tokens) in &router.journaling.raised {
-        held.keep(&Journal {
-            totals: vec![(*day, field.clone(), *tokens)],
-            ..Journal::default()
-        });
-    }
-    held
+    })
 }
