@@ -114,20 +114,27 @@ pub struct Split {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoundAllowance {
     round: u32,
+    /// The divisor the allowance was granted with (saturated at `u16::MAX`).
+    divisor: u16,
     /// Something was admitted this round: the "first request passes" rule has been used.
     taken: bool,
+    /// `mark` is a time: the allowance refills.
+    refills: bool,
     /// What is left of the allowance, in the bucket's units.
     left: i64,
-    /// When `left` last refilled (refilling splits only).
-    updated: u64,
+    /// A refilling split's: when `left` last refilled (ms). Another's: what the round granted
+    /// (units), to split what is left another way within the round.
+    mark: u64,
 }
 
 impl RoundAllowance {
     pub const NONE: RoundAllowance = RoundAllowance {
         round: u32::MAX,
+        divisor: 1,
         taken: false,
+        refills: false,
         left: 0,
-        updated: 0,
+        mark: 0,
     };
 
     /// Whether `need` may be admitted now, given `level` (what the bucket, or the part of it this
@@ -145,22 +152,51 @@ impl RoundAllowance {
         capacity_units: i64,
     ) -> Result<(), i64> {
         let divisor = split.divisor as i64;
+        let granted_with = split.divisor.min(u64::from(u16::MAX)) as u16;
         if self.round != split.round {
+            let granted = level.max(0) / divisor;
             *self = RoundAllowance {
                 round: split.round,
+                divisor: granted_with,
                 taken: false,
-                left: level.max(0) / divisor,
-                updated: now_ms,
+                refills: split.refills,
+                left: granted,
+                mark: if split.refills {
+                    now_ms
+                } else {
+                    granted as u64
+                },
             };
-        } else if split.refills && now_ms > self.updated {
-            let refill = (u128::from(now_ms - self.updated) * u128::from(rate_units_per_ms)
-                / split.divisor as u128)
-                .min(i64::MAX as u128) as i64;
-            self.left = self
-                .left
-                .saturating_add(refill)
-                .min((capacity_units / divisor).max(self.left));
-            self.updated = now_ms;
+        } else if split.refills {
+            // A round that began without refills (the store answered) refills from the first
+            // call that does (the outage's start).
+            if !std::mem::replace(&mut self.refills, true) {
+                self.mark = now_ms;
+            }
+            if now_ms > self.mark {
+                let refill = (u128::from(now_ms - self.mark) * u128::from(rate_units_per_ms)
+                    / split.divisor as u128)
+                    .min(i64::MAX as u128) as i64;
+                self.left = self
+                    .left
+                    .saturating_add(refill)
+                    .min((capacity_units / divisor).max(self.left));
+                self.mark = now_ms;
+            }
+        } else if self.divisor != granted_with {
+            // The round split another way: a daily budget's outage that began at this round
+            // divides by the routers (at least `--sync-min-routers`), the round by the live
+            // ones. The round's grant is what it would have been so split, less what was spent
+            // of it. Run on as it was, a router that had two live routers at the round kept
+            // spending half of what was left alone, where three routers were counted
+            // (`sync::simulation`, seed 290: 5,240 tokens where its third allowed 5,170).
+            let granted = self.mark as i64;
+            let spent = granted - self.left;
+            let regranted = (i128::from(granted) * i128::from(self.divisor)
+                / i128::from(granted_with.max(1))) as i64;
+            self.left = regranted - spent;
+            self.mark = regranted.max(0) as u64;
+            self.divisor = granted_with;
         }
         let exempt = !self.taken && !split.refills;
         if !exempt && need > self.left {
@@ -261,6 +297,51 @@ mod tests {
                 refills: false
             })
         );
+    }
+
+    /// Seed 290 of `sync::simulation`: two routers were live at the round (the third had left
+    /// cleanly), then the store went down and the outage split what was left by three
+    /// (`--sync-min-routers`). The round's allowance ran on with its half.
+    #[test]
+    fn an_outage_splits_what_the_round_granted_by_the_routers() {
+        let shared = Split {
+            round: 83,
+            divisor: 2,
+            refills: false,
+        };
+        let alone = Split {
+            round: 83,
+            divisor: 3,
+            refills: false,
+        };
+        let mut allowance = RoundAllowance::NONE;
+        // 600 left at the round: 300 for each of two live routers; 100 spent.
+        allowance.check(shared, 600, 100, 0, 0, 0).unwrap();
+        allowance.take(100);
+        // Alone: a third of the 600, less the 100 spent, is left.
+        assert_eq!(allowance.check(alone, 500, 101, 0, 0, 0), Err(100));
+        assert!(allowance.check(alone, 500, 100, 0, 0, 0).is_ok());
+        // A rate's round that refills from the outage on counts the refill from then.
+        let shared_rate = Split {
+            round: 7,
+            divisor: 2,
+            refills: false,
+        };
+        let alone_rate = Split {
+            round: 7,
+            divisor: 2,
+            refills: true,
+        };
+        let mut rate = RoundAllowance::NONE;
+        rate.check(shared_rate, 100, 50, 1_000, 1, 1_000).unwrap();
+        rate.take(50);
+        assert_eq!(rate.check(alone_rate, 50, 1, 60_000, 1, 1_000), Err(0));
+        assert!(rate.check(alone_rate, 50, 1, 60_002, 1, 1_000).is_ok());
+    }
+
+    #[test]
+    fn an_allowance_stays_24_bytes() {
+        assert_eq!(std::mem::size_of::<RoundAllowance>(), 24);
     }
 
     #[test]
