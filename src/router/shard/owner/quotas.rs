@@ -352,11 +352,7 @@ impl Quotas {
     /// at start-up. Either way the key's daily budgets are known from then on.
     pub fn restore(&mut self, snapshot: &RoutingSnapshot, restore: DailyRestore) {
         self.daily_known = true;
-        let unreported = self
-            .persistence
-            .take()
-            .map(|persistence| persistence.unreported)
-            .unwrap_or_default();
+        let previous = self.persistence.take();
         let mut restored: HashMap<TenantId, Vec<(Option<ModelKey>, u64, bool)>> = HashMap::new();
         for record in restore.records {
             if record.day == restore.day && (record.tokens > 0 || record.others) {
@@ -367,6 +363,29 @@ impl Quotas {
                 ));
             }
         }
+        // This router's own totals are read once; a later read (its first round failed after
+        // the read, and the next one read again) carries none. Those still waiting for their
+        // holder stay: replaced, a new run forgot what it had charged before its restart (a
+        // journal's usage, through the binaries: `tests/shared_limits.rs`).
+        let unreported = match previous {
+            Some(previous) => {
+                if previous.day == restore.day {
+                    for (tenant, waiting) in previous.restored {
+                        let entries = restored.entry(tenant).or_default();
+                        for (model, tokens, others) in waiting {
+                            let known = entries
+                                .iter()
+                                .any(|(known, _, of_others)| !of_others && *known == model);
+                            if !others && !known {
+                                entries.push((model, tokens, false));
+                            }
+                        }
+                    }
+                }
+                previous.unreported
+            }
+            None => Vec::new(),
+        };
         self.persistence = Some(Persistence {
             day: restore.day,
             restored,

@@ -195,6 +195,41 @@ fn flat_total_is_restored_when_the_holder_is_built() {
     assert_eq!(admitted.remaining_tokens, Some(200));
 }
 
+/// A new run's first round read the totals and failed; the next read carries no own total
+/// (they are read once). The own total still waiting for its holder stays: replaced, the run
+/// forgot what it charged before its restart (`tests/shared_limits.rs`, a journal's usage).
+#[test]
+fn an_own_total_waiting_for_its_holder_survives_a_second_read() {
+    let registry = registry();
+    let acme = key(&registry, "sk-flat").tenant_id;
+    let snapshot = snapshot(1, &["chat"]);
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    let record = |tokens, others| DailyRecord {
+        tenant: acme,
+        model: None,
+        day: MONDAY,
+        tokens,
+        others,
+    };
+    let read = |records| DailyRestore {
+        day: MONDAY,
+        records,
+    };
+    quotas.restore(
+        &RoutingSnapshot::default(),
+        read(vec![record(600, false), record(100, true)]),
+    );
+    quotas.restore(&RoutingSnapshot::default(), read(vec![record(150, true)]));
+    assert_eq!(
+        quotas.restored_waiting(),
+        2,
+        "the own total and the newer others'"
+    );
+    // 600 of its own and 150 of the others' used of 1,000.
+    let admitted = admit(&mut quotas, MONDAY, &registry, &snapshot, "sk-flat", 0, 100).unwrap();
+    assert_eq!(admitted.remaining_tokens, Some(150));
+}
+
 #[test]
 fn per_model_total_waits_for_its_model_to_be_served() {
     let registry = registry();
