@@ -25,8 +25,11 @@
 //! write it, once per round, on the sync core's blocking pool: the disk is touched during an
 //! outage only, and never on the request path.
 //!
-//! Bound: the backlog's ([`super::round::BACKLOG_MAX`] entries) plus one total per budget this
-//! router charged while the store did not answer.
+//! Bound: per run, the backlog's [`super::round::BACKLOG_MAX`] entries plus one total per budget
+//! this router charged while the store did not answer. A run that inherits a journal and fails
+//! too keeps the inherited entries under its own, so a journal holds that much per run that
+//! ended during one outage (each crash adds at most one backlog); a read refuses more than
+//! `ITEMS_MAX` entries or totals, and anything that does not fit the bytes it was given.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
