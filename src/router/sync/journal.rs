@@ -244,6 +244,15 @@ impl Journaling {
 }
 
 impl Journaling {
+    /// The entries a round publishes: the inherited journal's first, then `own` (encoded).
+    pub fn entries_with(&self, own: impl Iterator<Item = Vec<u8>>) -> Vec<Vec<u8>> {
+        self.inherited
+            .iter()
+            .flat_map(|journal| journal.entries.iter().cloned())
+            .chain(own)
+            .collect()
+    }
+
     /// What a failed round keeps: `held` (this run's entries, the inherited ones included,
     /// and its own totals not written), with the inherited journal's totals and the raised ones
     /// under it.

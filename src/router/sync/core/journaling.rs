@@ -10,11 +10,6 @@ impl Round {
     /// backlog's.
     pub(super) fn entries_to_publish(&self) -> Vec<Vec<u8>> {
         let registry = self.shared.registry();
-        let inherited = self
-            .journaling
-            .inherited
-            .iter()
-            .flat_map(|journal| journal.entries.iter().cloned());
         let own = self
             .backlog
             .batches()
@@ -29,7 +24,7 @@ impl Round {
             })
             .filter(|entry| !entry.is_empty())
             .map(|entry| entry.encode());
-        inherited.chain(own).collect()
+        self.journaling.entries_with(own)
     }
 
     /// The whole totals an inherited journal raised, as rows of the round's daily writes

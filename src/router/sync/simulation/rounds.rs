@@ -553,11 +553,6 @@ fn apply_entries(
 /// The stream entries a round publishes (`sync::core::journaling`'s `entries_to_publish`): a
 /// previous run's held back first, then the backlog's.
 fn entries_to_publish(router: &Router) -> Vec<Vec<u8>> {
-    let inherited = router
-        .journaling
-        .inherited
-        .iter()
-        .flat_map(|journal| journal.entries.iter().cloned());
     let own = router
         .backlog
         .batches()
@@ -565,7 +560,7 @@ fn entries_to_publish(router: &Router) -> Vec<Vec<u8>> {
         .map(|batch| round::entry_of(&router.id, router.run, batch, |_| None))
         .filter(|entry| !entry.is_empty())
         .map(|entry| entry.encode());
-    inherited.chain(own).collect()
+    router.journaling.entries_with(own)
 }
 
 /// What a failed round keeps in the journal (`sync::core::journaling`'s `journal_held_back`).
