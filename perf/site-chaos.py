@@ -401,8 +401,11 @@ def cmd_report(args):
                               f"the budget is not usable again")
         # The seed's rule for an outage: each router spends at most what was left at the
         # outage's start divided by the routers.
+        # A hang of the store cuts every router off; a partition cuts router 0 alone (its run
+        # killed and restarted while cut off, in partition-kill, included).
+        cut_off = {"store-stop": range(routers), "partition": [0], "partition-kill": [0]}
         outage = None
-        if p["name"] == "store-stop" and p.get("fault") and p.get("heal"):
+        if p["name"] in cut_off and p.get("fault") and p.get("heal"):
             outage = (p["fault"], p["heal"])
         if outage:
             before = sum(q.get("tok") or 0 for q in rows if q.get("st") == 200 and q["t"] < outage[0])
@@ -410,12 +413,13 @@ def cmd_report(args):
             during = [sum(q.get("tok") or 0 for q in rows if q.get("st") == 200 and q["r"] == r
                           and outage[0] <= q["t"] < outage[1]) for r in range(routers)]
             share = left / routers
-            for r, n in enumerate(during):
-                if n > share + per_round * cost_max:
-                    violations.append(f"{p['name']}: router {r} spent {n} of daily key {key} "
-                                      f"while the store hung; its share of the {left} left is "
-                                      f"{share:.0f} (+ one round {per_round * cost_max})")
-            notes.append(f"{p['name']}: daily key spent during the hang {during}, share of the "
+            for r in cut_off[p["name"]]:
+                if during[r] > share + per_round * cost_max:
+                    violations.append(f"{p['name']}: router {r} spent {during[r]} of daily key "
+                                      f"{key} while cut off from the store; its share of the "
+                                      f"{left} left is {share:.0f} (+ one round "
+                                      f"{per_round * cost_max})")
+            notes.append(f"{p['name']}: daily key spent while cut off {during}, share of the "
                          f"{left} left {share:.0f} each")
         day_table.append((p["name"], key, str(spent), "/".join(map(str, per_router)), str(daily),
                           str(bound), ",".join(f"{k}:{v}" for k, v in refused.items()) or "-",

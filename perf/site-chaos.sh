@@ -11,6 +11,9 @@
 #   - the budget model (max_inflight: BUDGET, one replica), ~400 ms answers.
 # Phases, in order: baseline; partition (router 0 cut from the store and its agents: the veth
 # goes down inside its namespace; its own clients, inside the namespace, still reach it);
+# partition-kill (the same cut, and router 0 SIGKILLed while cut off, once its journal holds
+# what it admitted, then restarted under its --router-id, still cut off, before the link comes
+# back: its usage reaches the others through --sync-journal or is lost);
 # store-stop (SIGSTOP the primary for STOP_S, shorter than Sentinel's down-after, then
 # SIGCONT); store-kill (SIGKILL the primary, Sentinel promotes the replica, the old primary
 # restarts as a replica); router-kill (SIGKILL router 1, restart under its --router-id);
@@ -25,7 +28,8 @@
 #
 # Environment: RPM=1200 BURST_S=1 DAILY=1500 BUDGET=6 RATE_RPS=15 DAY_RPS=3 OCC_RPS=20 (each per
 #   router) PRE_S=4 FAULT_S=10 STOP_S=3 AFTER_S=10 HEAL_MAX_S=60 CLOCK_OFFSET=+5s
-#   PHASES='baseline partition store-stop store-kill router-kill clock' TOTAL_MAX_S=900
+#   PHASES='baseline partition partition-kill store-stop store-kill router-kill clock'
+#   TOTAL_MAX_S=900 JOURNAL=1 (0: no --sync-journal)
 #   PORT_BASE=27000 SKIP_BUILD=0 KEEP_TMP=0
 set -Eeuo pipefail
 
@@ -50,8 +54,10 @@ STOP_S=${STOP_S:-3}
 AFTER_S=${AFTER_S:-10}
 HEAL_MAX_S=${HEAL_MAX_S:-60}
 CLOCK_OFFSET=${CLOCK_OFFSET:-+5s}
-PHASES=${PHASES:-baseline partition store-stop store-kill router-kill clock}
+PHASES=${PHASES:-baseline partition partition-kill store-stop store-kill router-kill clock}
 TOTAL_MAX_S=${TOTAL_MAX_S:-900}
+# 0: the routers run without --sync-journal (what partition-kill shows it is for).
+JOURNAL=${JOURNAL:-1}
 INTERVAL=200ms
 INTERVAL_S=0.2
 # Sentinel: the primary is down after this long without an answer; above STOP_S, so the
@@ -201,7 +207,8 @@ start_router() { # index [faketime]
     env+=(LD_PRELOAD="$FAKETIME_LIB" FAKETIME="$CLOCK_OFFSET" FAKETIME_DONT_FAKE_MONOTONIC=1
       FAKETIME_NO_CACHE=1)
   fi
-  local announce=()
+  local announce=() journal=()
+  [[ $JOURNAL == 0 ]] || journal=(--sync-journal "$dir/sync-journal")
   [[ $i != 0 ]] || announce=(--p2p-listen-addr 0.0.0.0 --p2p-announce-addr "/ip4/$R0_IP/tcp/$(p2p_port 0)")
   ROUTER_LOG[i]="$WORK/router-$i-$SECONDS.log"
   start_bg "router$i" "${ROUTER_LOG[i]}" "${prefix[@]}" env "${env[@]}" \
@@ -211,7 +218,7 @@ start_router() { # index [faketime]
     --auth-config-file "$WORK/auth.yaml" --request-timeout 5s \
     --admission-reap-interval 2s --admission-reap-after 10s \
     --sync-store valkey --sync-valkey-addrs "$SENTINEL_ADDRS" --sync-valkey-sentinel-master hivenet \
-    --router-id "router-$i" --sync-interval "$INTERVAL" --sync-min-routers "$ROUTERS"
+    --router-id "router-$i" --sync-interval "$INTERVAL" --sync-min-routers "$ROUTERS" "${journal[@]}"
   wait_until 30 "router $i /health" router_curl "$i" /metrics
 }
 
@@ -316,8 +323,8 @@ mark_up() { ev router_up "$1"; }
 fault_of() { # phase: start the fault, and return when it is in place
   case $1 in
     baseline) ;;
-    partition)
-      log "partition: router 0's link goes down (store and agents cut; its clients are inside)"
+    partition | partition-kill)
+      log "$1: router 0's link goes down (store and agents cut; its clients are inside)"
       in_ns ip link set "$VETH_NS" down
       ;;
     store-stop)
@@ -359,8 +366,44 @@ fault_of() { # phase: start the fault, and return when it is in place
   esac
 }
 
+# partition-kill: router 0, cut off, is killed once its journal holds a failed round's usage,
+# and restarted under its ID while still cut off (its journal is read at start and published
+# at its first round that reaches the store).
+kill_router_cut_off() {
+  local writes
+  if [[ $JOURNAL == 0 ]]; then
+    sleep 1 # no journal to wait for: what router 0 admitted while cut off dies with it
+  else
+    wait_until 30 "router 0's sync journal written" journal_written 0
+  fi
+  writes=$(router_metric 0 hivenet_sync_journal_writes_total)
+  ev note "partition-kill: router 0 wrote its journal ${writes} times before SIGKILL"
+  log "partition-kill: SIGKILL router 0 while cut off (${writes} journal writes)"
+  scrape "partition-kill-before"
+  mark_down 0
+  kill -KILL "${PID[router0]}"
+  wait "${PID[router0]}" 2>/dev/null || true
+  unset "PID[router0]"
+  [[ $JOURNAL == 0 || -s $WORK/router-0/sync-journal ]] ||
+    die "router 0 left no journal at $WORK/router-0/sync-journal"
+  log "partition-kill: router 0 restarts under its --router-id, still cut off"
+  start_router 0
+  mark_up 0
+  sleep 2
+}
+
+journal_written() { # index
+  local writes
+  writes=$(router_metric "$1" hivenet_sync_journal_writes_total)
+  [[ ${writes:-0} != 0 ]]
+}
+
 hold_of() { # phase: how long the fault lasts
   case $1 in
+    partition-kill)
+      sleep "$FAULT_S"
+      kill_router_cut_off
+      ;;
     store-stop) sleep "$STOP_S" ;;
     router-kill) sleep 2 ;;
     *) sleep "$FAULT_S" ;;
@@ -369,7 +412,7 @@ hold_of() { # phase: how long the fault lasts
 
 heal_of() { # phase
   case $1 in
-    partition) in_ns ip link set "$VETH_NS" up ;;
+    partition | partition-kill) in_ns ip link set "$VETH_NS" up ;;
     store-stop) kill -CONT "${PID[primary]}" ;;
     store-kill)
       log "store-kill: the old primary restarts (Sentinel makes it a replica)"
