@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::valkey::{Sentinels, Valkey, ValkeyOptions};
 use common::{Options, Response, Site, Stop, chat, metric_sum, poll, request};
+use hivenet_router::router::sync::journal;
 use sha2::{Digest, Sha256};
 
 /// The routers of every site here, as the seed advises: `--sync-min-routers` = routers run.
@@ -665,10 +666,18 @@ fn a_router_that_crashes_in_an_outage_leaves_its_usage_in_its_journal() {
     wait_propagated(&routers[1], &[&routers[0]]);
     let now = remaining_tokens(&post_ok(&routers[0], KEY));
     assert_eq!(now, last - cost, "router 0's new run");
+    // Published, the journal became a checkpoint of router 0's own totals: no entries.
+    routers[0].wait_metric("hivenet_sync_journal_checkpoints_total", |v| v >= 1.0);
+    let path = plan.journals.unwrap().join("router-0");
+    let bytes = journal::read(&path)
+        .expect("the journal reads")
+        .expect("a checkpoint is there");
+    let checkpoint = journal::Journal::decode(&bytes).expect("the checkpoint decodes");
     assert!(
-        !plan.journals.unwrap().join("router-0").exists(),
-        "the journal stays after it was published"
+        checkpoint.entries.is_empty(),
+        "the usage held back stays in the journal after it was published"
     );
+    assert_eq!(checkpoint.totals.len(), 1, "{checkpoint:?}");
 }
 
 #[test]

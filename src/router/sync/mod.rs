@@ -78,6 +78,8 @@ pub struct SyncMetrics {
     pub published_bytes_total: AtomicU64,
     /// `--sync-journal` writes after a failed round, and writes or removals that failed.
     pub journal_writes_total: AtomicU64,
+    /// Checkpoints of this router's daily totals written to `--sync-journal`.
+    pub journal_checkpoints_total: AtomicU64,
     pub journal_errors_total: AtomicU64,
     /// Bytes of every command the sync core sent the store: rounds, pools, credit grants and
     /// releases, checks (not the redirect claims' connection).
@@ -227,8 +229,13 @@ impl Collect for SyncMetrics {
                 &self.journal_writes_total,
             ),
             (
+                "hivenet_sync_journal_checkpoints_total",
+                "Times this router checkpointed its own daily totals in its --sync-journal (after a round that published them): a run that starts after the store lost its data writes them again.",
+                &self.journal_checkpoints_total,
+            ),
+            (
                 "hivenet_sync_journal_errors_total",
-                "Writes or removals of the --sync-journal that failed: a crash before the store answers loses the usage held back since.",
+                "Writes, checkpoints or removals of the --sync-journal that failed: a crash before the store answers loses the usage held back since.",
                 &self.journal_errors_total,
             ),
             (

@@ -310,6 +310,9 @@ pub enum DailyWrite {
 #[derive(Debug, Default)]
 pub struct DailyLedger {
     written: HashMap<(u32, String), u64>,
+    /// What the store holds of each field as far as this process knows: below `written` after
+    /// a whole write of a total lowered by a net refund ([`DailyLedger::known_totals`]).
+    held: HashMap<(u32, String), u64>,
     /// Fields to write whole once more: the store lost its data.
     whole: std::collections::HashSet<(u32, String)>,
 }
@@ -319,6 +322,7 @@ impl DailyLedger {
     /// from it, so only what they add to it is written.
     pub fn restored(&mut self, day: u32, field: &str, tokens: u64) {
         self.written.insert((day, field.to_owned()), tokens);
+        self.held.insert((day, field.to_owned()), tokens);
     }
 
     /// How each of `totals` (day, field, the shards' whole total) is written.
@@ -346,7 +350,11 @@ impl DailyLedger {
     pub fn wrote(&mut self, totals: &[(u32, String, u64)]) {
         for (day, field, total) in totals {
             let key = (*day, field.clone());
-            self.whole.remove(&key);
+            let whole = self.whole.remove(&key);
+            // A field written whole holds the shards' total, a net refund included; written as
+            // an increment, at least what it held.
+            let held = self.held.entry(key.clone()).or_default();
+            *held = if whole { *total } else { (*held).max(*total) };
             let written = self.written.entry(key).or_default();
             *written = (*written).max(*total);
         }
@@ -365,9 +373,21 @@ impl DailyLedger {
         self.whole.extend(self.written.keys().cloned());
     }
 
+    /// This router's own totals the store is known to hold, whole: (day, field, tokens).
+    pub fn known_totals(&self) -> Vec<(u32, String, u64)> {
+        let mut known: Vec<_> = self
+            .held
+            .iter()
+            .map(|((day, field), tokens)| (*day, field.clone(), *tokens))
+            .collect();
+        known.sort_unstable();
+        known
+    }
+
     /// Forgets the days before `day`: no shard reports totals of them any more.
     pub fn forget_before(&mut self, day: u32) {
         self.written.retain(|(of, _), _| *of >= day);
+        self.held.retain(|(of, _), _| *of >= day);
         self.whole.retain(|(of, _)| *of >= day);
     }
 }
@@ -574,6 +594,26 @@ mod tests {
         ledger.wrote(&totals);
         let totals = [(7, "r|1||".to_string(), 50)];
         assert_eq!(ledger.writes(&totals)[0].2, DailyWrite::Add(5));
+    }
+
+    #[test]
+    fn the_totals_the_store_holds_follow_a_refund_written_whole() {
+        let mut ledger = DailyLedger::default();
+        ledger.restored(7, "r|1||", 100);
+        ledger.wrote(&[(7, "r|1||".to_string(), 130), (8, "r|1||".to_string(), 5)]);
+        // A net refund lowers the shards' total to 125; an increment cannot write it, so the
+        // store keeps 130.
+        ledger.wrote(&[(7, "r|1||".to_string(), 125)]);
+        assert_eq!(
+            ledger.known_totals(),
+            [(7, "r|1||".to_string(), 130), (8, "r|1||".to_string(), 5)]
+        );
+        // Written whole after the store lost its data: it holds 125 now.
+        ledger.lost();
+        ledger.wrote(&[(7, "r|1||".to_string(), 125)]);
+        assert_eq!(ledger.known_totals()[0], (7, "r|1||".to_string(), 125));
+        ledger.forget_before(8);
+        assert_eq!(ledger.known_totals(), [(8, "r|1||".to_string(), 5)]);
     }
 
     #[test]

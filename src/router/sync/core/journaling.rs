@@ -1,9 +1,10 @@
 //! The round's side of `--sync-journal` (`sync::journal`): the journal written after a round
-//! that failed with usage to publish, removed after the round that published it, and a previous
-//! run's journal published at the first round that reaches the store.
+//! that failed with usage to publish, a checkpoint of this router's totals after a round that
+//! published everything, and a previous run's journal published at the first round that
+//! reaches the store.
 
 use super::*;
-use crate::router::sync::journal::{self, Journal};
+use crate::router::sync::journal::{self, AfterPublished, Journal};
 
 impl Round {
     /// The stream entries this round publishes: a previous run's held back first, then the
@@ -77,7 +78,7 @@ impl Round {
             tokio::task::spawn_blocking(move || journal::write(&path, &bytes).map(|()| path)).await;
         match written {
             Ok(Ok(_)) => {
-                self.journaling.on_disk = true;
+                self.journaling.held_back();
                 self.metrics
                     .journal_writes_total
                     .fetch_add(1, Ordering::Relaxed);
@@ -98,27 +99,58 @@ impl Round {
     }
 
     /// After a round that published everything: the inherited journal is done with, and the
-    /// file goes.
+    /// file becomes a checkpoint of this router's totals as the store holds them (written when
+    /// they changed), or goes when there are none.
     pub(super) async fn journal_published(&mut self) {
-        self.journaling.inherited = None;
-        self.journaling.raised.clear();
-        if !std::mem::take(&mut self.journaling.on_disk) {
-            return;
-        }
+        let known = if self.journaling.path.is_some() {
+            self.ledger.known_totals()
+        } else {
+            Vec::new()
+        };
+        let after = self
+            .journaling
+            .after_published(&self.settings.router_id, self.run, known);
         let Some(path) = self.journaling.path.clone() else {
             return;
         };
-        match tokio::task::spawn_blocking(move || journal::remove(&path)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => {
-                self.metrics
-                    .journal_errors_total
-                    .fetch_add(1, Ordering::Relaxed);
-                // Published again by the next run: every reader applies it once.
-                tracing::warn!(%error, "the sync journal could not be removed");
+        match after {
+            AfterPublished::Keep => {}
+            AfterPublished::Remove => {
+                match tokio::task::spawn_blocking(move || journal::remove(&path)).await {
+                    Ok(Ok(())) => self.journaling.removed(),
+                    Ok(Err(error)) => {
+                        self.metrics
+                            .journal_errors_total
+                            .fetch_add(1, Ordering::Relaxed);
+                        // Published again by the next run: every reader applies it once.
+                        tracing::warn!(%error, "the sync journal could not be removed");
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "the sync journal's removal did not finish");
+                    }
+                }
             }
-            Err(error) => {
-                tracing::warn!(%error, "the sync journal's removal did not finish");
+            AfterPublished::Checkpoint(checkpoint) => {
+                let bytes = checkpoint.encode();
+                let written =
+                    tokio::task::spawn_blocking(move || journal::replace(&path, &bytes)).await;
+                match written {
+                    Ok(Ok(())) => {
+                        self.journaling.checkpointed(checkpoint.totals);
+                        self.metrics
+                            .journal_checkpoints_total
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(Err(error)) => {
+                        self.metrics
+                            .journal_errors_total
+                            .fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(%error, "this router's daily totals could not be checkpointed in the sync journal: a restart after the store lost its data may count less than it used");
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "the sync journal's checkpoint did not finish");
+                    }
+                }
             }
         }
     }

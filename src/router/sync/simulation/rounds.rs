@@ -73,6 +73,7 @@ impl Sim {
                 if !router.backlog.is_empty() || router.journaling.inherited.is_some() {
                     let journal = held_back(router);
                     self.journals[index] = Some(journal.encode());
+                    router.journaling.held_back();
                 }
                 let was_up = router.health.is_up();
                 router.health.failed();
@@ -311,9 +312,23 @@ impl Sim {
         router.backlog.clear();
         router.ledger.wrote(&totals);
         router.ledger.wrote(&router.journaling.raised);
-        router.journaling.inherited = None;
-        router.journaling.raised.clear();
-        self.journals[index] = None;
+        // `sync::core::journaling`'s `journal_published`: the file becomes a checkpoint of
+        // this router's totals (written at once: the simulation's disk never fails).
+        let known = router.ledger.known_totals();
+        match router
+            .journaling
+            .after_published(&router.id, router.run, known)
+        {
+            AfterPublished::Keep => {}
+            AfterPublished::Remove => {
+                router.journaling.removed();
+                self.journals[index] = None;
+            }
+            AfterPublished::Checkpoint(journal) => {
+                self.journals[index] = Some(journal.encode());
+                router.journaling.checkpointed(journal.totals);
+            }
+        }
         router.remember_rounds = router.remember_rounds.saturating_sub(1);
         let epoch = store.primary.epoch;
         if router.epoch.is_some_and(|known| known != epoch) {

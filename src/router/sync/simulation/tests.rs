@@ -46,10 +46,8 @@ fn without_faults_the_site_keeps_every_shared_limit() {
 /// inventory; `the_site_keeps_every_shared_limit` lists them with their failures). A fix that
 /// makes one hold takes it off this list.
 const FAILING_WITH_FAULTS: &[u64] = &[
-    5, 15, 41, 46, 52, 54, 70, 72, 75, 98, 103, 109, 118, 120, 127, 144, 150, 161, 167, 173, 188,
-    189, 191, 193, 198, 201, 203, 204, 223, 228, 229, 233, 234, 236, 255, 271, 272, 273, 274, 284,
-    287, 291, 304, 306, 308, 311, 312, 328, 340, 348, 349, 354, 357, 366, 372, 373, 374, 380, 390,
-    391, 394, 395, 396,
+    5, 41, 70, 72, 120, 144, 150, 161, 167, 189, 198, 203, 228, 236, 255, 284, 291, 304, 306, 308,
+    348, 354, 366, 373, 374, 390, 391, 394, 395, 396,
 ];
 
 /// The ratchet: every other seed of the first 400 holds every invariant under faults, so a
@@ -105,7 +103,10 @@ fn the_seeds_that_found_a_defect_hold() {
     // field in one round, replaced it and lost 2,263 tokens the new run had charged.
     // Seed 290: an outage that began in a round split by two live routers spent half of what
     // was left alone, where three routers were counted (`limits::share::RoundAllowance`).
-    for seed in [37, 350, 25, 89, 290] {
+    // Seed 118: the store lost its data twice; the runs that had ended before (a crash, a
+    // restart) left totals nobody remembered, and 14,814 tokens were counted nowhere, until a
+    // router checkpointed its own totals in its journal and a new run wrote them again.
+    for seed in [37, 350, 25, 89, 290, 118] {
         run(seed, true, false).unwrap_or_else(|failure| panic!("{failure}"));
     }
 }
