@@ -416,7 +416,11 @@ impl Round {
         match outcome {
             Ok(peers) => {
                 let was_up = self.health.is_up();
-                self.health.succeeded(peers);
+                if self.health.succeeded(peers) {
+                    // A router that joins writes its totals whole if the store lost them
+                    // while it was away: they are read again.
+                    self.resync_rounds = self.resync_rounds.max(round::RESYNC_ROUNDS_AFTER_LOSS);
+                }
                 // Today's totals are read (the first round reads them before anything else).
                 self.shared.readiness.store_reached();
                 if !was_up {

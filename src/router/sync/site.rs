@@ -414,11 +414,19 @@ impl Health {
         }
     }
 
-    pub fn succeeded(&mut self, peers: Peers) {
+    /// A round reached the store and saw `peers`. Returns whether more routers are live than
+    /// at the last successful round: one started, or came back after it could not reach the
+    /// store (the caller reads today's totals again, `round::RESYNC_ROUNDS_AFTER_LOSS`).
+    pub fn succeeded(&mut self, peers: Peers) -> bool {
+        let joined = self
+            .last
+            .as_ref()
+            .is_some_and(|last| peers.live > last.live);
         self.round = self.round.wrapping_add(1);
         self.failures = 0;
         self.last_seen = 1 + peers.live + peers.silent;
         self.last = Some(peers);
+        joined
     }
 
     pub fn failed(&mut self) -> AfterFailure {

@@ -67,7 +67,12 @@ impl Sim {
         let reached = outcome.is_ok();
         let router = self.routers[index].as_mut().expect("a running router");
         match outcome {
-            Ok(peers) => router.health.succeeded(peers),
+            Ok(peers) => {
+                if router.health.succeeded(peers) {
+                    router.resync_rounds =
+                        router.resync_rounds.max(round::RESYNC_ROUNDS_AFTER_LOSS);
+                }
+            }
             Err(()) => {
                 // `sync::core::journaling`: what the round could not publish is kept.
                 if !router.backlog.is_empty() || router.journaling.inherited.is_some() {

@@ -46,8 +46,7 @@ fn without_faults_the_site_keeps_every_shared_limit() {
 /// inventory; `the_site_keeps_every_shared_limit` lists them with their failures). A fix that
 /// makes one hold takes it off this list.
 const FAILING_WITH_FAULTS: &[u64] = &[
-    5, 41, 70, 72, 120, 144, 150, 161, 167, 189, 198, 203, 228, 236, 255, 284, 291, 304, 306, 308,
-    348, 354, 366, 373, 374, 390, 391, 394, 395, 396,
+    5, 72, 120, 144, 150, 167, 198, 203, 255, 284, 291, 304, 308, 348, 354, 366, 374, 390, 391, 395,
 ];
 
 /// The ratchet: every other seed of the first 400 holds every invariant under faults, so a
@@ -106,7 +105,11 @@ fn the_seeds_that_found_a_defect_hold() {
     // Seed 118: the store lost its data twice; the runs that had ended before (a crash, a
     // restart) left totals nobody remembered, and 14,814 tokens were counted nowhere, until a
     // router checkpointed its own totals in its journal and a new run wrote them again.
-    for seed in [37, 350, 25, 89, 290, 118] {
+    // Seed 236: router-1, cut off from the store when it lost its data, wrote its totals
+    // whole when it came back, after the others' reads that follow a loss: router-0 counted
+    // 233,465 tokens where 276,608 were published, until a router that joins or comes back
+    // has its totals read again.
+    for seed in [37, 350, 25, 89, 290, 118, 236] {
         run(seed, true, false).unwrap_or_else(|failure| panic!("{failure}"));
     }
 }
