@@ -67,6 +67,17 @@ struct Silence {
     /// not (a router started since, a key first used since, a new day) cannot tell, and leaves
     /// the silent routers their part of the whole budget.
     witnessed: bool,
+    /// This router's last outage, until the first round after it: what it knew was left when
+    /// it began, and the routers it was split between. A router silent when the store answers
+    /// again may have spent its part of that unseen, however much this router spent since.
+    outage: Option<Outage>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Outage {
+    since: u32,
+    left: u64,
+    routers: u32,
 }
 
 impl Silence {
@@ -74,6 +85,10 @@ impl Silence {
     /// that goes silent adds its part of what is left now; one that comes back (its held-back
     /// usage is counted now) takes its part of the reserve away.
     fn reserve(&mut self, share: Share, left: u64, limit: u64) -> u64 {
+        let outage = match share {
+            Share::Shared { .. } => self.outage.take(),
+            _ => None,
+        };
         match share {
             Share::Whole => *self = Silence::default(),
             Share::Shared {
@@ -94,14 +109,31 @@ impl Silence {
                 self.reserve = if !self.witnessed {
                     part_of(limit, silent)
                 } else if silent > self.routers {
-                    self.reserve + part_of(left, silent - self.routers).min(left)
+                    // Silent since this router's outage: each may have spent its part of what
+                    // was left when the outage began, where this router spent its own part
+                    // (`sync::simulation`, seed 354: 229,843 tokens of a 225,699 budget).
+                    let unseen = outage.map_or(0, |outage| {
+                        (u128::from(outage.left) * u128::from(silent - self.routers))
+                            .div_ceil(u128::from(outage.routers.max(1)))
+                            as u64
+                    });
+                    self.reserve + part_of(left, silent - self.routers).max(unseen).min(left)
                 } else {
                     (u128::from(self.reserve) * u128::from(silent))
                         .div_ceil(u128::from(self.routers)) as u64
                 };
                 self.routers = silent;
             }
-            Share::Shared { .. } | Share::Alone { .. } => {}
+            Share::Alone { since, routers } => {
+                if self.outage.is_none_or(|outage| outage.since != since) {
+                    self.outage = Some(Outage {
+                        since,
+                        left,
+                        routers,
+                    });
+                }
+            }
+            Share::Shared { .. } => {}
         }
         self.reserve
     }
@@ -471,6 +503,43 @@ mod tests {
             silent: 0,
         };
         assert!(budget.admit(MONDAY, 14, None, shared).is_ok());
+    }
+
+    /// Seed 354 of `sync::simulation`: the store answered too late for a while, each of three
+    /// routers spent its third of the 9,000 left alone, and two of them went silent during it
+    /// (one crashed, one shut down before its last round could publish). Back with the store,
+    /// this router left the silent ones their part of what it believed was left, after its own
+    /// third: 4,000 of 6,000, where each had spent up to 3,000 unseen. It now leaves them their
+    /// part of what was left when the outage began.
+    #[test]
+    fn routers_silent_after_an_outage_keep_what_they_could_spend_in_it() {
+        let mut budget = DailyBudget::new(MONDAY, 100_000);
+        let everyone = |round| Share::Shared {
+            round,
+            live: 3,
+            silent: 0,
+        };
+        assert!(budget.admit(MONDAY, 0, None, everyone(49)).is_ok());
+        budget.apply_remote(MONDAY, 91_000);
+        let alone = Share::Alone {
+            since: 50,
+            routers: 3,
+        };
+        let mut spent = 0;
+        while budget.admit(MONDAY, 100, None, alone).is_ok() {
+            spent += 100;
+        }
+        assert_eq!(spent, 3_000, "its third of the 9,000 left");
+        let back = Share::Shared {
+            round: 51,
+            live: 1,
+            silent: 2,
+        };
+        // 6,000 left as it knows; the silent two may have spent all of it.
+        assert!(budget.admit(MONDAY, 100, None, back).is_err());
+        // They come back and publish what they spent: 2,000 of their 6,000 were left.
+        budget.apply_remote(MONDAY, 4_000);
+        assert!(budget.admit(MONDAY, 100, None, everyone(52)).is_ok());
     }
 
     /// Seed 37 of `sync::simulation`: router-2 went silent with about 36,000 tokens left, the
