@@ -273,9 +273,13 @@ def cmd_report(args):
     for r, t in down_since.items():
         down[r].append((t, end_of_run))
 
+    # A request in flight when the router went down may be cut by the kill too: one sent up to
+    # the router's request timeout before (cut off from its agents, router 0 holds requests
+    # that long in store-cut-kill).
+    in_flight_s = settings.get("request_timeout_s", 5) + 1.0
+
     def router_down_at(r, t):
-        # A request sent up to 1 s before the router went down may be cut by the kill too.
-        return any(a - 1.0 <= t <= b + 1.0 for a, b in down[r])
+        return any(a - in_flight_s <= t <= b + 1.0 for a, b in down[r])
 
     # Every request answered with a status (the orchestrator's own down windows excepted).
     unanswered = Counter()
@@ -401,9 +405,9 @@ def cmd_report(args):
                               f"the budget is not usable again")
         # The seed's rule for an outage: each router spends at most what was left at the
         # outage's start divided by the routers.
-        # A hang of the store cuts every router off; a partition cuts router 0 alone (its run
-        # killed and restarted while cut off, in partition-kill, included).
-        cut_off = {"store-stop": range(routers), "partition": [0], "partition-kill": [0]}
+        # A hang of the store cuts every router off; a partition cuts router 0 alone, and
+        # store-cut-kill its route to the store (its run killed and restarted while cut off).
+        cut_off = {"store-stop": range(routers), "partition": [0], "store-cut-kill": [0]}
         outage = None
         if p["name"] in cut_off and p.get("fault") and p.get("heal"):
             outage = (p["fault"], p["heal"])

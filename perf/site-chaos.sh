@@ -11,9 +11,10 @@
 #   - the budget model (max_inflight: BUDGET, one replica), ~400 ms answers.
 # Phases, in order: baseline; partition (router 0 cut from the store and its agents: the veth
 # goes down inside its namespace; its own clients, inside the namespace, still reach it);
-# partition-kill (the same cut, and router 0 SIGKILLed while cut off, once its journal holds
-# what it admitted, then restarted under its --router-id, still cut off, before the link comes
-# back: its usage reaches the others through --sync-journal or is lost);
+# store-cut-kill (router 0 cut from the store only, by a blackhole route to STORE_IP inside its
+# namespace, so that it keeps serving through its agents; SIGKILLed while cut off once its
+# journal holds what it admitted, restarted under its --router-id still cut off, then the route
+# goes: its usage reaches the others through --sync-journal, or is lost with JOURNAL=0);
 # store-stop (SIGSTOP the primary for STOP_S, shorter than Sentinel's down-after, then
 # SIGCONT); store-kill (SIGKILL the primary, Sentinel promotes the replica, the old primary
 # restarts as a replica); router-kill (SIGKILL router 1, restart under its --router-id);
@@ -28,7 +29,7 @@
 #
 # Environment: RPM=1200 BURST_S=1 DAILY=1500 BUDGET=6 RATE_RPS=15 DAY_RPS=3 OCC_RPS=20 (each per
 #   router) PRE_S=4 FAULT_S=10 STOP_S=3 AFTER_S=10 HEAL_MAX_S=60 CLOCK_OFFSET=+5s
-#   PHASES='baseline partition partition-kill store-stop store-kill router-kill clock'
+#   PHASES='baseline partition store-cut-kill store-stop store-kill router-kill clock'
 #   TOTAL_MAX_S=900 JOURNAL=1 (0: no --sync-journal)
 #   PORT_BASE=27000 SKIP_BUILD=0 KEEP_TMP=0
 set -Eeuo pipefail
@@ -54,12 +55,13 @@ STOP_S=${STOP_S:-3}
 AFTER_S=${AFTER_S:-10}
 HEAL_MAX_S=${HEAL_MAX_S:-60}
 CLOCK_OFFSET=${CLOCK_OFFSET:-+5s}
-PHASES=${PHASES:-baseline partition partition-kill store-stop store-kill router-kill clock}
+PHASES=${PHASES:-baseline partition store-cut-kill store-stop store-kill router-kill clock}
 TOTAL_MAX_S=${TOTAL_MAX_S:-900}
-# 0: the routers run without --sync-journal (what partition-kill shows it is for).
+# 0: the routers run without --sync-journal (what store-cut-kill shows it is for).
 JOURNAL=${JOURNAL:-1}
 INTERVAL=200ms
 INTERVAL_S=0.2
+REQUEST_TIMEOUT_S=5
 # Sentinel: the primary is down after this long without an answer; above STOP_S, so the
 # SIGSTOP phase is a hang and not a failover.
 DOWN_AFTER_MS=$(( (STOP_S + 2) * 1000 ))
@@ -69,8 +71,9 @@ FAKETIME_LIB=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
 NETNS=hvchaos-$$
 VETH_HOST=hvc$$h
 VETH_NS=hvc$$n
-SITE_IP=10.77.$(($$ % 200)).1   # the store, the Sentinels and the other routers, as router 0 sees them
+SITE_IP=10.77.$(($$ % 200)).1   # the other routers and the agents, as router 0 sees them
 R0_IP=10.77.$(($$ % 200)).2     # router 0 inside its namespace
+STORE_IP=10.77.$(($$ % 200)).3  # the store and the Sentinels: store-cut-kill cuts this one only
 
 http_port() { echo $((PORT_BASE + 100 + $1)); }
 grpc_port() { echo $((PORT_BASE + 110 + $1)); }
@@ -149,41 +152,41 @@ except OSError as e:
     sys.exit(1)
 PY
 }
-master_addr() { resp "$SITE_IP:${SENTINEL_PORTS[0]}" SENTINEL GET-MASTER-ADDR-BY-NAME hivenet | tr ' ' ':'; }
+master_addr() { resp "$STORE_IP:${SENTINEL_PORTS[0]}" SENTINEL GET-MASTER-ADDR-BY-NAME hivenet | tr ' ' ':'; }
 
 # ---------------------------------------------------------------------------------------------
-# The store: primary, replica, three Sentinels, all on SITE_IP (and loopback)
+# The store: primary, replica, three Sentinels, all on STORE_IP (and loopback)
 # ---------------------------------------------------------------------------------------------
 start_valkey_server() { # name port [replicaof-port]
   local dir="$WORK/$1"
   mkdir -p "$dir"
   if [[ ! -f $dir/valkey.conf ]]; then
     {
-      printf 'port %s\nbind 127.0.0.1 %s\nprotected-mode no\ndir "%s"\nsave ""\nappendonly no\n' "$2" "$SITE_IP" "$dir"
-      printf 'replica-announce-ip %s\nrepl-diskless-sync-delay 0\nshutdown-timeout 1\n' "$SITE_IP"
-      [[ -z ${3:-} ]] || printf 'replicaof %s %s\n' "$SITE_IP" "$3"
+      printf 'port %s\nbind 127.0.0.1 %s\nprotected-mode no\ndir "%s"\nsave ""\nappendonly no\n' "$2" "$STORE_IP" "$dir"
+      printf 'replica-announce-ip %s\nrepl-diskless-sync-delay 0\nshutdown-timeout 1\n' "$STORE_IP"
+      [[ -z ${3:-} ]] || printf 'replicaof %s %s\n' "$STORE_IP" "$3"
     } >"$dir/valkey.conf"
   fi
   start_bg "$1" "$WORK/$1-$SECONDS.log" "$VALKEY" "$dir/valkey.conf"
-  wait_until 20 "$1" port_busy "$SITE_IP:$2"
+  wait_until 20 "$1" port_busy "$STORE_IP:$2"
 }
 
 start_sentinel() { # index
   local dir="$WORK/sentinel-$1" port=${SENTINEL_PORTS[$1]}
   mkdir -p "$dir"
   printf 'port %s\nbind 127.0.0.1 %s\nprotected-mode no\ndir "%s"\nsentinel announce-ip %s\n' \
-    "$port" "$SITE_IP" "$dir" "$SITE_IP" >"$dir/sentinel.conf"
+    "$port" "$STORE_IP" "$dir" "$STORE_IP" >"$dir/sentinel.conf"
   printf 'sentinel monitor hivenet %s %s 2\nsentinel down-after-milliseconds hivenet %s\n' \
-    "$SITE_IP" "$PRIMARY_PORT" "$DOWN_AFTER_MS" >>"$dir/sentinel.conf"
+    "$STORE_IP" "$PRIMARY_PORT" "$DOWN_AFTER_MS" >>"$dir/sentinel.conf"
   printf 'sentinel failover-timeout hivenet 5000\nsentinel parallel-syncs hivenet 1\n' >>"$dir/sentinel.conf"
   start_bg "sentinel$1" "$WORK/sentinel-$1.log" "$VALKEY" "$dir/sentinel.conf" --sentinel
-  wait_until 20 "sentinel $1" port_busy "$SITE_IP:$port"
+  wait_until 20 "sentinel $1" port_busy "$STORE_IP:$port"
 }
 
 sentinels_ready() { # every Sentinel knows the two others and the replica
   local i info
   for i in 0 1 2; do
-    info=$(resp "$SITE_IP:${SENTINEL_PORTS[$i]}" SENTINEL MASTER hivenet) || return 1
+    info=$(resp "$STORE_IP:${SENTINEL_PORTS[$i]}" SENTINEL MASTER hivenet) || return 1
     [[ $info == *"num-other-sentinels 2 "* && $info == *"num-slaves 1 "* ]] || return 1
   done
 }
@@ -192,7 +195,7 @@ sentinels_ready() { # every Sentinel knows the two others and the replica
 # Routers, agents, sims
 # ---------------------------------------------------------------------------------------------
 ROUTER_LOG=()
-SENTINEL_ADDRS="$SITE_IP:${SENTINEL_PORTS[0]},$SITE_IP:${SENTINEL_PORTS[1]},$SITE_IP:${SENTINEL_PORTS[2]}"
+SENTINEL_ADDRS="$STORE_IP:${SENTINEL_PORTS[0]},$STORE_IP:${SENTINEL_PORTS[1]},$STORE_IP:${SENTINEL_PORTS[2]}"
 
 start_router() { # index [faketime]
   local i=$1 dir="$WORK/router-$1" bind=$HOST prefix=() env=()
@@ -215,7 +218,7 @@ start_router() { # index [faketime]
     "$BIN/hivenet-router" --http-port "$bind:$(http_port "$i")" --grpc-port "$bind:$(grpc_port "$i")" \
     --metrics-port "$bind:$(metrics_port "$i")" --p2p-port "$(p2p_port "$i")" "${announce[@]}" \
     --identity-path "$dir/router.key" --shards 1 --policy-model-dir "$WORK/policies" \
-    --auth-config-file "$WORK/auth.yaml" --request-timeout 5s \
+    --auth-config-file "$WORK/auth.yaml" --request-timeout "${REQUEST_TIMEOUT_S}s" \
     --admission-reap-interval 2s --admission-reap-after 10s \
     --sync-store valkey --sync-valkey-addrs "$SENTINEL_ADDRS" --sync-valkey-sentinel-master hivenet \
     --router-id "router-$i" --sync-interval "$INTERVAL" --sync-min-routers "$ROUTERS" "${journal[@]}"
@@ -298,9 +301,9 @@ write_config() {
     local p
     for p in $PHASES; do key_entry "sk-day-$p" "tokens_per_day: $DAILY"; done
   } >"$WORK/auth.yaml"
-  printf '{"routers":%s,"rpm":%s,"burst":%s,"interval_s":%s,"daily":%s,"budget":%s,"rate_rps":%s,"day_rps":%s,"occ_rps":%s}\n' \
+  printf '{"routers":%s,"rpm":%s,"burst":%s,"interval_s":%s,"daily":%s,"budget":%s,"rate_rps":%s,"day_rps":%s,"occ_rps":%s,"request_timeout_s":%s}\n' \
     "$ROUTERS" "$RPM" "$((RPM * BURST_S / 60))" "$INTERVAL_S" "$DAILY" "$BUDGET" "$RATE_RPS" \
-    "$DAY_RPS" "$OCC_RPS" >"$WORK/settings.json"
+    "$DAY_RPS" "$OCC_RPS" "$REQUEST_TIMEOUT_S" >"$WORK/settings.json"
 }
 
 # libfaketime against the release binary: its log's timestamps (the wall clock) must run
@@ -323,9 +326,13 @@ mark_up() { ev router_up "$1"; }
 fault_of() { # phase: start the fault, and return when it is in place
   case $1 in
     baseline) ;;
-    partition | partition-kill)
-      log "$1: router 0's link goes down (store and agents cut; its clients are inside)"
+    partition)
+      log "partition: router 0's link goes down (store and agents cut; its clients are inside)"
       in_ns ip link set "$VETH_NS" down
+      ;;
+    store-cut-kill)
+      log "store-cut-kill: router 0's route to the store goes (its agents still reach it)"
+      in_ns ip route add blackhole "$STORE_IP/32"
       ;;
     store-stop)
       log "store-stop: SIGSTOP the primary for ${STOP_S}s"
@@ -366,7 +373,7 @@ fault_of() { # phase: start the fault, and return when it is in place
   esac
 }
 
-# partition-kill: router 0, cut off, is killed once its journal holds a failed round's usage,
+# store-cut-kill: router 0, cut off, is killed once its journal holds a failed round's usage,
 # and restarted under its ID while still cut off (its journal is read at start and published
 # at its first round that reaches the store).
 kill_router_cut_off() {
@@ -377,16 +384,16 @@ kill_router_cut_off() {
     wait_until 30 "router 0's sync journal written" journal_written 0
   fi
   writes=$(router_metric 0 hivenet_sync_journal_writes_total)
-  ev note "partition-kill: router 0 wrote its journal ${writes} times before SIGKILL"
-  log "partition-kill: SIGKILL router 0 while cut off (${writes} journal writes)"
-  scrape "partition-kill-before"
+  ev note "store-cut-kill: router 0 wrote its journal ${writes} times before SIGKILL"
+  log "store-cut-kill: SIGKILL router 0 while cut off (${writes} journal writes)"
+  scrape "store-cut-kill-before"
   mark_down 0
   kill -KILL "${PID[router0]}"
   wait "${PID[router0]}" 2>/dev/null || true
   unset "PID[router0]"
   [[ $JOURNAL == 0 || -s $WORK/router-0/sync-journal ]] ||
     die "router 0 left no journal at $WORK/router-0/sync-journal"
-  log "partition-kill: router 0 restarts under its --router-id, still cut off"
+  log "store-cut-kill: router 0 restarts under its --router-id, still cut off"
   start_router 0
   mark_up 0
   sleep 2
@@ -400,7 +407,7 @@ journal_written() { # index
 
 hold_of() { # phase: how long the fault lasts
   case $1 in
-    partition-kill)
+    store-cut-kill)
       sleep "$FAULT_S"
       kill_router_cut_off
       ;;
@@ -412,7 +419,8 @@ hold_of() { # phase: how long the fault lasts
 
 heal_of() { # phase
   case $1 in
-    partition | partition-kill) in_ns ip link set "$VETH_NS" up ;;
+    partition) in_ns ip link set "$VETH_NS" up ;;
+    store-cut-kill) in_ns ip route del blackhole "$STORE_IP/32" ;;
     store-stop) kill -CONT "${PID[primary]}" ;;
     store-kill)
       log "store-kill: the old primary restarts (Sentinel makes it a replica)"
@@ -440,10 +448,14 @@ run_phase() { # name
   ((SECONDS < TOTAL_MAX_S)) || die "TOTAL_MAX_S=${TOTAL_MAX_S}s reached before phase $p"
   ev phase "$p"
   log "phase $p"
+  # store-cut-kill's daily key is offered from the phase's start: router 0 holds its budget
+  # and today's total when it is cut off, and spends its part of it unseen (a key first used
+  # while cut off is refused until the store answers, and would leave its journal nothing).
+  [[ $p != store-cut-kill ]] || echo "sk-day-$p" >"$WORK/day-key"
   sleep "$PRE_S"
   scrape "$p-0"
   ev fault "$p"
-  # The phase's daily key is offered from its fault on.
+  # Every other phase's daily key is offered from its fault on.
   echo "sk-day-$p" >"$WORK/day-key"
   fault_of "$p"
   hold_of "$p"
@@ -472,19 +484,20 @@ if [[ -z $VALKEY ]]; then
   VALKEY="$dir/_binaries/linux-$(uname -m)/valkey-server"
 fi
 
-log "network: namespace $NETNS, router 0 at $R0_IP, the rest of the site at $SITE_IP"
+log "network: namespace $NETNS, router 0 at $R0_IP, the rest of the site at $SITE_IP, the store at $STORE_IP"
 ip netns add "$NETNS"
 ip link add "$VETH_HOST" type veth peer name "$VETH_NS"
 ip link set "$VETH_NS" netns "$NETNS"
-ip addr add "$SITE_IP/30" dev "$VETH_HOST"
+ip addr add "$SITE_IP/29" dev "$VETH_HOST"
+ip addr add "$STORE_IP/29" dev "$VETH_HOST"
 ip link set "$VETH_HOST" up
-in_ns ip addr add "$R0_IP/30" dev "$VETH_NS"
+in_ns ip addr add "$R0_IP/29" dev "$VETH_NS"
 in_ns ip link set "$VETH_NS" up
 in_ns ip link set lo up
 
 write_config
 start_valkey_server primary "$PRIMARY_PORT"
-resp "$SITE_IP:$PRIMARY_PORT" SET 'hivenet:{default}:epoch' 1-site-chaos >/dev/null
+resp "$STORE_IP:$PRIMARY_PORT" SET 'hivenet:{default}:epoch' 1-site-chaos >/dev/null
 start_valkey_server replica "$REPLICA_PORT" "$PRIMARY_PORT"
 for i in 0 1 2; do start_sentinel "$i"; done
 wait_until 60 "the Sentinels to see each other and the replica" sentinels_ready
