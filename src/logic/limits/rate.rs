@@ -172,8 +172,8 @@ impl RequestRate {
     }
 
     /// See [`Bucket::anchor`].
-    pub fn anchor(&mut self, now: Millis, site_units: i64) {
-        self.bucket.anchor(now, site_units)
+    pub fn anchor(&mut self, now: Millis, site_units: i64, share: Share) {
+        self.bucket.anchor(now, site_units, share)
     }
 
     /// See [`Bucket::unsettle`].
@@ -251,8 +251,8 @@ impl TokenRate {
     }
 
     /// See [`Bucket::anchor`].
-    pub fn anchor(&mut self, now: Millis, site_units: i64) {
-        self.bucket.anchor(now, site_units)
+    pub fn anchor(&mut self, now: Millis, site_units: i64, share: Share) {
+        self.bucket.anchor(now, site_units, share)
     }
 
     /// See [`Bucket::unsettle`].

@@ -833,8 +833,11 @@ impl Quotas {
     /// Sets one bucket to the site's level the store returned (the caller passes only keys
     /// whose owner this shard owns). A holder dropped since the round asked is not rebuilt.
     pub fn anchor(&mut self, now: Millis, registry: &KeyRegistry, anchor: &Anchor) {
+        let share = self.share;
         if let Some(holder) = self.built_holder(registry, anchor.key, anchor.is_key_bucket()) {
-            holder.limits.anchor(now, anchor.bucket, anchor.site_units);
+            holder
+                .limits
+                .anchor(now, anchor.bucket, anchor.site_units, share);
         }
     }
 
