@@ -74,27 +74,17 @@ impl Round {
             totals,
         });
         let bytes = held.encode();
-        let written =
-            tokio::task::spawn_blocking(move || journal::write(&path, &bytes).map(|()| path)).await;
-        match written {
-            Ok(Ok(_)) => {
-                self.journaling.held_back();
-                self.metrics
-                    .journal_writes_total
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            Ok(Err(error)) => {
-                self.metrics
-                    .journal_errors_total
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%error, "the usage held back could not be written to the sync journal: a crash before the store answers loses it");
-            }
-            Err(error) => {
-                self.metrics
-                    .journal_errors_total
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%error, "the sync journal's write did not finish");
-            }
+        let written = self
+            .on_journal_disk(
+                move || journal::write(&path, &bytes),
+                "the usage held back could not be written to the sync journal: a crash before the store answers loses it",
+            )
+            .await;
+        if written {
+            self.journaling.held_back();
+            self.metrics
+                .journal_writes_total
+                .fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -116,42 +106,53 @@ impl Round {
         match after {
             AfterPublished::Keep => {}
             AfterPublished::Remove => {
-                match tokio::task::spawn_blocking(move || journal::remove(&path)).await {
-                    Ok(Ok(())) => self.journaling.removed(),
-                    Ok(Err(error)) => {
-                        self.metrics
-                            .journal_errors_total
-                            .fetch_add(1, Ordering::Relaxed);
-                        // Published again by the next run: every reader applies it once.
-                        tracing::warn!(%error, "the sync journal could not be removed");
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "the sync journal's removal did not finish");
-                    }
+                // Not removed, it is published again by the next run: every reader applies it
+                // once.
+                if self
+                    .on_journal_disk(
+                        move || journal::remove(&path),
+                        "the sync journal could not be removed",
+                    )
+                    .await
+                {
+                    self.journaling.removed();
                 }
             }
             AfterPublished::Checkpoint(checkpoint) => {
                 let bytes = checkpoint.encode();
-                let written =
-                    tokio::task::spawn_blocking(move || journal::replace(&path, &bytes)).await;
-                match written {
-                    Ok(Ok(())) => {
-                        self.journaling.checkpointed(checkpoint.totals);
-                        self.metrics
-                            .journal_checkpoints_total
-                            .fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok(Err(error)) => {
-                        self.metrics
-                            .journal_errors_total
-                            .fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(%error, "this router's daily totals could not be checkpointed in the sync journal: a restart after the store lost its data may count less than it used");
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "the sync journal's checkpoint did not finish");
-                    }
+                if self
+                    .on_journal_disk(
+                        move || journal::replace(&path, &bytes),
+                        "this router's daily totals could not be checkpointed in the sync journal: a restart after the store lost its data may count less than it used",
+                    )
+                    .await
+                {
+                    self.journaling.checkpointed(checkpoint.totals);
+                    self.metrics
+                        .journal_checkpoints_total
+                        .fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
+    }
+
+    /// Runs one write, replacement or removal of the journal on the blocking pool: `true` when
+    /// it succeeded; otherwise counted in `hivenet_sync_journal_errors_total` and logged with
+    /// `failed`.
+    async fn on_journal_disk(
+        &self,
+        operation: impl FnOnce() -> std::io::Result<()> + Send + 'static,
+        failed: &'static str,
+    ) -> bool {
+        let error = match tokio::task::spawn_blocking(operation).await {
+            Ok(Ok(())) => return true,
+            Ok(Err(error)) => error.to_string(),
+            Err(error) => format!("the blocking task did not finish: {error}"),
+        };
+        self.metrics
+            .journal_errors_total
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(%error, "{failed}");
+        false
     }
 }
