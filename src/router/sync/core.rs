@@ -658,6 +658,8 @@ impl Round {
             self.remember_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
             self.resync = true;
             self.resync_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
+            // The other routers' records went with it: they age into silence as they were.
+            self.sightings.store_lost_data();
         }
         self.epoch = Some(reads.epoch.clone());
         // XRANGE answers in stream order: the last entry is the newest. This round's own entries

@@ -224,15 +224,37 @@ impl Record {
 /// When this router first saw each record's current value: a live router rewrites its record
 /// every round, so a record seen unchanged for longer than three intervals is silent, whatever
 /// time its writer put in it. Bound: one entry per field of the store's hash, pruned each read.
+///
+/// Records the store lost with its data are kept as they were last seen
+/// ([`Sightings::store_lost_data`]), until their router writes again or they are gone: they age
+/// into silence like a record that stopped changing. Dropped, a router whose first round after
+/// the loss saw no other record took every limit as its own while the others kept spending
+/// theirs (`sync::simulation`, seed 652: 6,752 tokens of a daily budget with nothing left).
+/// Bound: the records seen before the loss.
 #[derive(Debug, Default)]
 pub struct Sightings {
     seen: HashMap<String, Seen>,
+    lost: HashMap<String, Seen>,
 }
 
 #[derive(Debug)]
 struct Seen {
     value: String,
     first_seen_ms: u64,
+}
+
+/// A record's age at `now_ms`, first seen with its current value at `first_seen_ms`. Liveness
+/// is this router's own reading: the time its writer's clock gives counts only past what clocks
+/// of a site may differ by. Read as it was, a router whose clock ran two seconds ahead saw every
+/// other router of a site with 200 ms rounds silent, for good (`sync::simulation`, seed 66).
+fn record_age_ms(heartbeat: &Heartbeat, first_seen_ms: u64, now_ms: u64) -> u64 {
+    let writer_age_ms = now_ms.saturating_sub(heartbeat.at_unix_ms);
+    let unchanged_ms = now_ms.saturating_sub(first_seen_ms);
+    if writer_age_ms > CLOCKS_DIFFER_BY_AT_MOST_MS {
+        writer_age_ms.max(unchanged_ms)
+    } else {
+        unchanged_ms
+    }
 }
 
 /// What one read of the store's router records gave.
@@ -248,6 +270,11 @@ pub struct Roster {
 }
 
 impl Sightings {
+    /// The store lost its data (a new epoch): the records seen so far are kept as they were.
+    pub fn store_lost_data(&mut self) {
+        self.lost.extend(self.seen.drain());
+    }
+
     /// Reads the store's router records (router ID, stored text) at `now_ms`.
     pub fn read<'a>(
         &mut self,
@@ -277,23 +304,31 @@ impl Sightings {
                 }
                 continue;
             };
-            // Liveness is this router's own reading: the time its writer's clock gives counts
-            // only past what clocks of a site may differ by. Read as it was, a router whose
-            // clock ran two seconds ahead saw every other router of a site with 200 ms rounds
-            // silent, for good (`sync::simulation`, seed 66).
-            let writer_age_ms = now_ms.saturating_sub(heartbeat.at_unix_ms);
-            let unchanged_ms = now_ms.saturating_sub(first_seen_ms);
-            let age_ms = if writer_age_ms > CLOCKS_DIFFER_BY_AT_MOST_MS {
-                writer_age_ms.max(unchanged_ms)
-            } else {
-                unchanged_ms
-            };
+            let age_ms = record_age_ms(&heartbeat, first_seen_ms, now_ms);
             roster.records.push(Record {
                 id: id.to_owned(),
                 heartbeat,
                 age_ms,
             });
         }
+        // What the store lost: kept until the router writes again, or its record is gone.
+        self.lost.retain(|id, _| !seen.contains_key(id));
+        self.lost.retain(|id, lost| {
+            let Some(heartbeat) = Heartbeat::parse(&lost.value) else {
+                return false;
+            };
+            let age_ms = record_age_ms(&heartbeat, lost.first_seen_ms, now_ms);
+            if heartbeat.state(age_ms) == PeerState::Gone {
+                return false;
+            }
+            roster.records.push(Record {
+                id: id.clone(),
+                heartbeat,
+                age_ms,
+            });
+            true
+        });
+        roster.records.sort_unstable_by(|a, b| a.id.cmp(&b.id));
         self.seen = seen;
         roster
     }

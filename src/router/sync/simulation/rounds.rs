@@ -344,6 +344,7 @@ impl Sim {
             router.remember_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
             router.resync = true;
             router.resync_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
+            router.sightings.store_lost_data();
         }
         router.epoch = Some(epoch);
         let cursor = router.cursor.unwrap_or(0);
@@ -355,11 +356,15 @@ impl Sim {
             .cloned()
             .collect();
         let newest = entries.last().map_or(cursor, |(id, _)| cursor.max(*id));
-        let heartbeats: Vec<(String, Heartbeat)> = store
+        // The records as the store keeps them: text.
+        let heartbeats: Vec<(String, String)> = store
             .primary
             .heartbeats
             .iter()
-            .map(|(id, beat)| (id.clone(), beat.clone()))
+            .map(|(id, beat)| {
+                let text = serde_json::to_string(beat).expect("a heartbeat serializes");
+                (id.clone(), text)
+            })
             .collect();
         let applied = apply_entries(router, &self.registry, &self.snapshot, &entries, now, false);
         let anchors = levels::anchors(asked, site_levels, &published);
@@ -374,31 +379,15 @@ impl Sim {
             );
         }
         router.cursor = Some(newest);
-        let records: Vec<Record> = heartbeats
-            .into_iter()
-            .map(|(id, beat)| {
-                let seen = router
-                    .sightings
-                    .entry(id.clone())
-                    .or_insert((beat.at_unix_ms, wall));
-                if seen.0 != beat.at_unix_ms || beat.run != router.run && id == router.id {
-                    *seen = (beat.at_unix_ms, wall);
-                }
-                // `site::Sightings::read`'s rule.
-                let writer_age_ms = wall.saturating_sub(beat.at_unix_ms);
-                let unchanged_ms = wall.saturating_sub(seen.1);
-                let age_ms = if writer_age_ms > site::CLOCKS_DIFFER_BY_AT_MOST_MS {
-                    writer_age_ms.max(unchanged_ms)
-                } else {
-                    unchanged_ms
-                };
-                Record {
-                    id,
-                    heartbeat: beat,
-                    age_ms,
-                }
-            })
-            .collect();
+        let records = router
+            .sightings
+            .read(
+                heartbeats
+                    .iter()
+                    .map(|(id, text)| (id.as_str(), text.as_str())),
+                wall,
+            )
+            .records;
         let peers = site::peers(&router.id, &heartbeat, &records, &HashMap::new());
         self.count_applied(index, &applied);
         self.log(|| levels_note);

@@ -127,6 +127,75 @@ fn a_time_in_the_future_is_clamped_and_an_unchanged_record_goes_silent() {
     );
 }
 
+/// `sync::simulation` seed 652: the store restarted empty, and the first round after it saw
+/// no other router's record. The records it lost age into silence as they were, until their
+/// router writes again; one that left stays gone.
+#[test]
+fn records_the_store_lost_age_into_silence_until_their_router_writes_again() {
+    let mut sightings = Sightings::default();
+    let a = json(&heartbeat("a", 0));
+    let b = json(&heartbeat("b", 0));
+    let gone = json(&Heartbeat {
+        left: true,
+        ..heartbeat("gone", 0)
+    });
+    let roster = sightings.read(
+        [
+            ("a", a.as_str()),
+            ("b", b.as_str()),
+            ("gone", gone.as_str()),
+        ],
+        NOW,
+    );
+    assert_eq!(roster.records.len(), 3);
+    sightings.store_lost_data();
+    let own = json(&heartbeat("own", 0));
+    let states = |roster: &Roster| -> Vec<(String, PeerState)> {
+        roster
+            .records
+            .iter()
+            .map(|record| (record.id.clone(), record.heartbeat.state(record.age_ms)))
+            .collect()
+    };
+    // Right after the loss: a and b as they were (live), the one that left no more.
+    let roster = sightings.read([("own", own.as_str())], NOW + 500);
+    assert_eq!(
+        states(&roster),
+        [
+            ("a".to_owned(), PeerState::Live),
+            ("b".to_owned(), PeerState::Live),
+            ("own".to_owned(), PeerState::Live),
+        ]
+    );
+    // b writes again; a does not, and goes silent.
+    let later = NOW + 4 * SECOND;
+    let rewritten = |peer| {
+        json(&Heartbeat {
+            at_unix_ms: later,
+            ..heartbeat(peer, 0)
+        })
+    };
+    let (b_again, own_again) = (rewritten("b"), rewritten("own"));
+    let roster = sightings.read(
+        [("b", b_again.as_str()), ("own", own_again.as_str())],
+        later,
+    );
+    assert_eq!(
+        states(&roster)
+            .into_iter()
+            .map(|(id, state)| (id, state == PeerState::Silent))
+            .collect::<Vec<_>>(),
+        [
+            ("a".to_owned(), true),
+            ("b".to_owned(), false),
+            ("own".to_owned(), false),
+        ]
+    );
+    // Gone after the hour a silent record counts.
+    let roster = sightings.read([("own", own.as_str())], NOW + SILENT_FOR_AT_MOST_MS + 1);
+    assert!(roster.records.iter().all(|record| record.id != "a"));
+}
+
 #[test]
 fn a_record_rewritten_every_round_stays_live_whatever_its_clock_says() {
     let mut sightings = Sightings::default();
