@@ -8,7 +8,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{Options, Site, chat, request};
+use common::{Options, Site, chat, poll, request};
 use sha2::{Digest, Sha256};
 
 /// The harness's probes (`/v1/models`) present this key: no quota, its own owner.
@@ -207,13 +207,32 @@ fn daily_budget_is_corrected_to_exact_stream_usage_then_refuses() {
         admitted > at_estimate,
         "admitted {admitted}, the estimate alone would allow {at_estimate} (estimate {estimate})"
     );
-    let exact_input = site.router_metric("hivenet_shard_input_tokens_total") as u64;
+    // The last answer's exact usage is settled once its last byte went out, which may be after
+    // the refused request was admitted: wait until a refusal counts it. A correction may leave
+    // room for one more answer; it is counted too.
+    let exact = || {
+        site.router_metric("hivenet_shard_input_tokens_total") as u64
+            + site.router_metric("hivenet_shard_output_tokens_total") as u64
+    };
+    let settled = poll(common::WAIT, || {
+        let response = post(&site, key, &body);
+        if response.status == 200 {
+            admitted += 1;
+            return None;
+        }
+        let remaining: u64 = response
+            .header("x-ratelimit-remaining-tokens")?
+            .parse()
+            .ok()?;
+        (BUDGET - remaining == exact()).then_some(remaining)
+    });
     let exact_output = site.router_metric("hivenet_shard_output_tokens_total") as u64;
     assert_eq!(exact_output, admitted * 8);
-    assert_eq!(
+    assert!(
+        settled.is_some(),
+        "daily total = exact usage: refused with {remaining} left ({} used), exact usage {}",
         BUDGET - remaining,
-        exact_input + exact_output,
-        "daily total = exact usage"
+        exact()
     );
 }
 
