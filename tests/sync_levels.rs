@@ -32,7 +32,14 @@ fn llama() -> ModelName {
 }
 
 /// A router's entry: `requests` of key `key`'s flat rate, `tokens` of its input rate on llama.
-fn entry(router: &str, key: u32, requests: u64, tokens: u64, admitted_at: u64) -> Vec<u8> {
+fn entry(
+    router: &str,
+    run: u64,
+    key: u32,
+    requests: u64,
+    tokens: u64,
+    admitted_at: u64,
+) -> Vec<u8> {
     let mut buckets = vec![(
         Bucket::Daily {
             model: None,
@@ -48,7 +55,7 @@ fn entry(router: &str, key: u32, requests: u64, tokens: u64, admitted_at: u64) -
     }
     Entry {
         router: router.into(),
-        run: 1,
+        run,
         admitted_at_unix_ms: admitted_at,
         day: DAY,
         models: vec![llama()],
@@ -129,6 +136,7 @@ fn the_script_keeps_the_levels_as_the_model_does() {
     // level's last update): with rate 0 the result does not depend on them.
     let mut admitted = 1_780_000_000_000u64;
     let mut last: Vec<Vec<Vec<u8>>> = vec![Vec::new(); 3];
+    let mut runs = [1u64; 3];
     runtime().block_on(async {
         warm(&valkey, &mut stores[0]).await;
         for _ in 0..300 {
@@ -136,14 +144,22 @@ fn the_script_keeps_the_levels_as_the_model_does() {
             let mut entries = Vec::new();
             let mut decoded = Vec::new();
             // Now and then the last round's entries again (its reply was lost): not counted twice.
-            if rng.below(4) == 0 {
-                entries = last[which].clone();
+            // Or the router restarted: its new run publishes the last round's entries first
+            // (the journal of the run before), and again with its own after a lost reply.
+            match rng.below(8) {
+                0 | 1 => entries = last[which].clone(),
+                2 => {
+                    entries = last[which].clone();
+                    runs[which] += 1;
+                }
+                _ => {}
             }
             for _ in 0..rng.below(3) {
                 let key = 1 + rng.below(3) as u32;
                 admitted += 1;
                 let requests = rng.below(40);
-                let bytes = entry(routers[which], key, requests, rng.below(2) * 500, admitted);
+                let tokens = rng.below(2) * 500;
+                let bytes = entry(routers[which], runs[which], key, requests, tokens, admitted);
                 entries.push(bytes);
             }
             for bytes in &entries {
@@ -173,7 +189,7 @@ fn the_script_keeps_the_levels_as_the_model_does() {
             let modelled_markers: Vec<(String, String)> = model
                 .applied
                 .iter()
-                .map(|(router, (run, at))| (router.clone(), format!("{run},{at}")))
+                .map(|(router, applied)| (router.clone(), applied.encode()))
                 .collect();
             assert_eq!(markers, modelled_markers, "what each router's levels count");
             let stored: Vec<(String, i64)> = hash

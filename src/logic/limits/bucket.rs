@@ -313,6 +313,45 @@ impl Bucket {
         self.lowered();
     }
 
+    /// Subtract a start's replay of the other routers' usage of the last minute: `history` holds
+    /// when each batch was admitted (this process's clock) and how much, oldest first.
+    ///
+    /// A minute of usage comes at once here, not round by round. Subtracted batch by batch
+    /// ([`Bucket::apply_remote`]), it is credited no refill once the first batch lowered the
+    /// level: a router that had taken one request before its first round saw the site a
+    /// minute's refill poorer than it was, and the store started the site's level there
+    /// (issue 33, seeds 255 and 390: -650 where the site had about 0, and nothing admitted for
+    /// 30 s after healing). A bucket full since ever credited each batch its whole age instead,
+    /// and saw a saturated site almost full. So the history is walked as the site's bucket
+    /// lived it, from full at the first batch, refilling between batches up to the capacity,
+    /// and what the walk leaves short of the capacity now is subtracted at once.
+    pub fn replay(&mut self, now: Millis, history: &[(Millis, u64)], share: Share) {
+        let Some(&(first, _)) = history.first() else {
+            return;
+        };
+        let mut level_units = self.capacity_units;
+        let mut at = first;
+        for &(admitted, amount) in history {
+            level_units = self.refilled(level_units, at, admitted);
+            level_units = (level_units - units(amount)).max(-self.capacity_units);
+            at = at.max(admitted);
+        }
+        let short_units = self.capacity_units - self.refilled(level_units, at, now);
+        self.refill_shared(now, share);
+        self.level_units = (self.level_units - short_units).max(-self.capacity_units);
+        self.lowered();
+    }
+
+    /// `level_units` at `from`, refilled until `to` up to the capacity.
+    fn refilled(&self, level_units: i64, from: Millis, to: Millis) -> i64 {
+        if to <= from || level_units >= self.capacity_units {
+            return level_units;
+        }
+        let gap_units = (self.capacity_units - level_units) as u64;
+        let refill_units = (to.0 - from.0).saturating_mul(self.rate_per_minute);
+        level_units + refill_units.min(gap_units) as i64
+    }
+
     /// What the sync round asks the store to anchor this bucket to ([`Bucket::anchor`]): its
     /// level now, with what a smaller scale holds back, when it holds less than half its
     /// capacity. Buckets above half have room for every router's share whatever their views
@@ -676,7 +715,46 @@ mod tests {
         assert!(lowered.try_take(at(0), 1).is_err());
     }
 
+    /// A minute of a saturated site's usage, replayed at once on a bucket that took one request
+    /// of its own first, leaves it where the site's bucket is (seeds 255 and 390).
+    #[test]
+    fn a_replay_of_a_saturated_minute_leaves_the_sites_level() {
+        // 1,200 a minute: the burst at 0, then the rate, 10 every 500 ms, until 60 s.
+        let mut history = vec![(at(0), 1_200)];
+        history.extend((1..=120).map(|half_seconds| (Millis(half_seconds * 500), 10)));
+        let mut site = Bucket::new(at(0), 1_200, 1_200);
+        for &(admitted, amount) in &history {
+            site.apply_remote(admitted, amount, 0, Share::Whole);
+        }
+        let mut started = Bucket::new(at(61), 1_200, 1_200);
+        started.try_take(at(61), 1).unwrap();
+        started.replay(at(61), &history, Share::Whole);
+        assert_eq!(started.level(at(61)), site.level(at(61)) - 1);
+        assert!(site.level(at(61)).abs() <= 40, "{}", site.level(at(61)));
+    }
+
     proptest! {
+        /// A new bucket that replays a history ends where a bucket that lived it is.
+        #[test]
+        fn a_replay_is_the_history_lived(
+            rate in 1u64..10_000,
+            steps in proptest::collection::vec((0u64..5_000, 1u64..5_000), 1..100),
+            after_ms in 0u64..120_000,
+        ) {
+            let mut lived = Bucket::new(Millis(0), rate, rate);
+            let mut now = 0;
+            let mut history = Vec::new();
+            for (advance_ms, amount) in steps {
+                now += advance_ms;
+                lived.apply_remote(Millis(now), amount, 0, Share::Whole);
+                history.push((Millis(now), amount));
+            }
+            let end = Millis(now + after_ms);
+            let mut replayed = Bucket::new(end, rate, rate);
+            replayed.replay(end, &history, Share::Whole);
+            prop_assert_eq!(replayed.level_at(end), lived.level_at(end));
+        }
+
         /// Over any sequence of takes at non-decreasing times, what was admitted never exceeds
         /// the capacity plus the refill over the elapsed time.
         #[test]

@@ -17,6 +17,7 @@
 //! B4); a `quota.per_model` quota has, per listed model, an RPM per healthy replica and a daily
 //! budget, and refuses unlisted models ("Strict enumeration").
 
+use super::bucket::Bucket;
 use super::daily::DailyAdmission;
 use super::rate::RateDecision;
 use super::share::Share;
@@ -875,38 +876,52 @@ impl KeyLimits {
         age_ms: u64,
         share: Share,
     ) {
+        if let BucketRef::Daily { model, day } = bucket {
+            if let Some(budget) = self.daily_bucket_mut(model) {
+                budget.apply_remote(day, amount);
+            }
+        } else if let Some(rate) = self.rate_bucket_mut(now, bucket) {
+            rate.apply_remote(now, amount, age_ms, share);
+        }
+    }
+
+    /// Subtract a start's replay of the other routers' usage of one of this key's rate buckets
+    /// (see [`super::Bucket::replay`]): `history` is when each batch was admitted and how much,
+    /// oldest first. A daily budget is not replayed (its usage is in the totals read).
+    pub fn replay(
+        &mut self,
+        now: Millis,
+        bucket: BucketRef,
+        history: &[(Millis, u64)],
+        share: Share,
+    ) {
+        if let Some(rate) = self.rate_bucket_mut(now, bucket) {
+            rate.replay(now, history, share);
+        }
+    }
+
+    /// The rate bucket (requests, input or output tokens per minute) `bucket` names, if this key
+    /// has it under its current quota; token-rate buckets are created full on first use.
+    fn rate_bucket_mut(&mut self, now: Millis, bucket: BucketRef) -> Option<&mut Bucket> {
         match bucket {
-            BucketRef::Requests { model } => {
-                let rate = match model {
-                    None => match &mut self.shape {
-                        Shape::Flat { requests, .. } => requests.as_mut(),
-                        Shape::PerModel(_) => None,
-                    },
-                    Some(model) => self
-                        .model_limits(model)
-                        .and_then(|limits| limits.requests.as_mut()),
-                };
-                if let Some(rate) = rate {
-                    rate.apply_remote(now, amount, age_ms, share);
-                }
-            }
-            BucketRef::Daily { model, day } => {
-                if let Some(budget) = self.daily_bucket_mut(model) {
-                    budget.apply_remote(day, amount);
-                }
-            }
+            BucketRef::Requests { model: None } => match &mut self.shape {
+                Shape::Flat { requests, .. } => requests.as_mut().map(RequestRate::bucket_mut),
+                Shape::PerModel(_) => None,
+            },
+            BucketRef::Requests { model: Some(model) } => self
+                .model_limits(model)
+                .and_then(|limits| limits.requests.as_mut())
+                .map(RequestRate::bucket_mut),
+            BucketRef::Daily { .. } => None,
             BucketRef::InputTokens { model } | BucketRef::OutputTokens { model } => {
-                if let Ok(Some(index)) = self.token_rates_index(now, model) {
-                    let rates = &mut self.token_rates[index];
-                    let rate = if matches!(bucket, BucketRef::InputTokens { .. }) {
-                        rates.input.as_mut()
-                    } else {
-                        rates.output.as_mut()
-                    };
-                    if let Some(rate) = rate {
-                        rate.apply_remote(now, amount, age_ms, share);
-                    }
-                }
+                let index = self.token_rates_index(now, model).ok()??;
+                let rates = &mut self.token_rates[index];
+                let rate = if matches!(bucket, BucketRef::InputTokens { .. }) {
+                    rates.input.as_mut()
+                } else {
+                    rates.output.as_mut()
+                };
+                rate.map(TokenRate::bucket_mut)
             }
         }
     }

@@ -161,9 +161,9 @@ impl RequestRate {
         self.bucket.take_delta()
     }
 
-    /// Another router's usage (see [`Bucket::apply_remote`]).
-    pub fn apply_remote(&mut self, now: Millis, requests: u64, age_ms: u64, share: Share) {
-        self.bucket.apply_remote(now, requests, age_ms, share)
+    /// The bucket, for other routers' usage (`KeyLimits::apply_remote`, `KeyLimits::replay`).
+    pub(super) fn bucket_mut(&mut self) -> &mut Bucket {
+        &mut self.bucket
     }
 
     /// See [`Bucket::anchor_view`].
@@ -240,9 +240,9 @@ impl TokenRate {
         self.bucket.take_delta()
     }
 
-    /// Another router's usage (see [`Bucket::apply_remote`]).
-    pub fn apply_remote(&mut self, now: Millis, tokens: u64, age_ms: u64, share: Share) {
-        self.bucket.apply_remote(now, tokens, age_ms, share)
+    /// The bucket, for other routers' usage (`KeyLimits::apply_remote`, `KeyLimits::replay`).
+    pub(super) fn bucket_mut(&mut self) -> &mut Bucket {
+        &mut self.bucket
     }
 
     /// See [`Bucket::anchor_view`].

@@ -333,23 +333,34 @@ impl Owner {
     /// Walks the whole round on every shard (each finds the owner of each key): one hash lookup per
     /// bucket, once per sync interval.
     pub fn apply_remote(&mut self, now: Millis, day: Day, remote: &quotas::RemoteUsage) {
-        for batch in &remote.batches {
-            for usage in &batch.usage {
-                // A key this router does not know (routers with different key files) is skipped.
-                let Some(record) = self.keys.get(usage.key) else {
-                    continue;
-                };
-                if record.tenant_id.owner(self.shards) == self.shard {
-                    self.quotas.apply_remote(
-                        now,
-                        day,
-                        &self.keys,
-                        &self.snapshot,
-                        usage,
-                        batch.age_ms,
-                    );
-                    if remote.replay {
-                        self.quotas.unsettle(&self.keys, usage);
+        let (shards, shard) = (self.shards, self.shard);
+        if remote.replay {
+            self.quotas.replay(
+                now,
+                day,
+                &self.keys,
+                &self.snapshot,
+                &remote.batches,
+                |tenant| tenant.owner(shards) == shard,
+                remote.unsettle,
+            );
+        } else {
+            for batch in &remote.batches {
+                for usage in &batch.usage {
+                    // A key this router does not know (routers with different key files) is
+                    // skipped.
+                    let Some(record) = self.keys.get(usage.key) else {
+                        continue;
+                    };
+                    if record.tenant_id.owner(shards) == shard {
+                        self.quotas.apply_remote(
+                            now,
+                            day,
+                            &self.keys,
+                            &self.snapshot,
+                            usage,
+                            batch.age_ms,
+                        );
                     }
                 }
             }

@@ -896,15 +896,83 @@ impl Quotas {
         if !self.build(now, day, registry, snapshot, record) {
             return;
         }
-        let holder = if usage.is_key_bucket() {
-            self.token_rates.get_mut(&usage.key)
-        } else {
-            self.holders.get_mut(&record.tenant_id)
-        };
-        if let Some(holder) = holder {
+        let share = self.share;
+        if let Some(holder) = self.built_holder(registry, usage.key, usage.is_key_bucket()) {
             holder
                 .limits
-                .apply_remote(now, usage.bucket, usage.amount, age_ms, self.share);
+                .apply_remote(now, usage.bucket, usage.amount, age_ms, share);
+        }
+    }
+
+    /// A start's replay of the last minute's usage (`RemoteUsage::replay`), for the tenants
+    /// `owns` says this shard owns: each built rate bucket's usage, every key's of its holder
+    /// together, is walked in admission order with the refill between (`Bucket::replay`), not
+    /// subtracted batch by batch. Daily usage, and usage of a holder not built, go as in a
+    /// round ([`Quotas::apply_remote`]). `unsettle`: see `RemoteUsage::unsettle`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn replay(
+        &mut self,
+        now: Millis,
+        day: Day,
+        registry: &KeyRegistry,
+        snapshot: &RoutingSnapshot,
+        batches: &[RemoteBatch],
+        owns: impl Fn(TenantId) -> bool,
+        unsettle: bool,
+    ) {
+        // By holder and bucket: the key's own for its token rates, the owner's otherwise (any
+        // of the owner's keys may name it); with one key that names it.
+        type Holder = (Option<KeyId>, TenantId, BucketRef);
+        let mut histories: HashMap<Holder, (KeyId, Vec<(Millis, u64)>)> = HashMap::new();
+        for batch in batches {
+            let admitted = Millis(now.0.saturating_sub(batch.age_ms));
+            for usage in &batch.usage {
+                let Some(record) = registry.get(usage.key) else {
+                    continue;
+                };
+                if !owns(record.tenant_id) {
+                    continue;
+                }
+                let key_bucket = usage.is_key_bucket();
+                let built = if key_bucket {
+                    self.token_rates.contains_key(&usage.key)
+                } else {
+                    self.holders.contains_key(&record.tenant_id)
+                };
+                if !built || matches!(usage.bucket, BucketRef::Daily { .. }) {
+                    self.apply_remote(now, day, registry, snapshot, usage, batch.age_ms);
+                    if unsettle {
+                        self.unsettle(registry, usage);
+                    }
+                    continue;
+                }
+                let holder = (
+                    key_bucket.then_some(usage.key),
+                    record.tenant_id,
+                    usage.bucket,
+                );
+                histories
+                    .entry(holder)
+                    .or_insert_with(|| (usage.key, Vec::new()))
+                    .1
+                    .push((admitted, usage.amount));
+            }
+        }
+        let share = self.share;
+        for ((key_bucket, _, bucket), (key, mut history)) in histories {
+            let Some(record) = registry.get(key) else {
+                continue;
+            };
+            if !self.build(now, day, registry, snapshot, record) {
+                continue;
+            }
+            history.sort_by_key(|(admitted, _)| *admitted);
+            if let Some(holder) = self.built_holder(registry, key, key_bucket.is_some()) {
+                holder.limits.replay(now, bucket, &history, share);
+                if unsettle {
+                    holder.limits.unsettle_rates();
+                }
+            }
         }
     }
 }

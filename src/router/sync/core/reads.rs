@@ -65,10 +65,11 @@ impl Round {
     ) -> Option<u64> {
         let mut remote = RemoteUsage {
             anchors,
+            replay: rates_only,
             // A start's replay lowers views at once: only one that ran alone a while (it
             // started while the store did not answer) took usage of its own meanwhile, and
             // its views are then stricter than the site's (`Bucket::unsettle`).
-            replay: rates_only
+            unsettle: rates_only
                 && now_ms.saturating_sub(self.run) > 3 * self.settings.interval.as_millis() as u64,
             ..RemoteUsage::default()
         };

@@ -541,15 +541,27 @@ fn apply_entries(
         senders.push((entry.run, batch.usage.clone()));
         remote.batches.push(batch);
     }
-    for batch in &remote.batches {
-        for usage in &batch.usage {
-            let Some(record) = registry.get(usage.key) else {
-                continue;
-            };
-            let shard = &mut router.shards[record.tenant_id.owner(SHARDS)];
-            shard.apply_remote(Millis(now), day, registry, snapshot, usage, batch.age_ms);
-            if rates_only && cold {
-                shard.unsettle(registry, usage);
+    if rates_only {
+        // `shard::owner`'s `apply_remote` of a start's replay.
+        for (index, shard) in router.shards.iter_mut().enumerate() {
+            shard.replay(
+                Millis(now),
+                day,
+                registry,
+                snapshot,
+                &remote.batches,
+                |tenant| tenant.owner(SHARDS) == index,
+                cold,
+            );
+        }
+    } else {
+        for batch in &remote.batches {
+            for usage in &batch.usage {
+                let Some(record) = registry.get(usage.key) else {
+                    continue;
+                };
+                let shard = &mut router.shards[record.tenant_id.owner(SHARDS)];
+                shard.apply_remote(Millis(now), day, registry, snapshot, usage, batch.age_ms);
             }
         }
     }

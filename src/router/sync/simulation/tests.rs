@@ -45,7 +45,7 @@ fn without_faults_the_site_keeps_every_shared_limit() {
 /// Seeds of the first 400 with faults that still break an invariant (the module doc's
 /// inventory; `the_site_keeps_every_shared_limit` lists them with their failures). A fix that
 /// makes one hold takes it off this list.
-const FAILING_WITH_FAULTS: &[u64] = &[144, 184, 229, 255, 308, 374, 390];
+const FAILING_WITH_FAULTS: &[u64] = &[144, 184, 229, 308, 374];
 
 /// The ratchet: every other seed of the first 400 holds every invariant under faults, so a
 /// change that breaks one fails the suite.
@@ -115,7 +115,12 @@ fn the_seeds_that_found_a_defect_hold() {
     // 229,843 tokens of a 225,699 budget (`limits::daily`, `Silence`).
     // Seed 284: the store restarted empty and a router's first round after it saw no other
     // record; it took the whole budget as its own (`site::Sightings::store_lost_data`).
-    for seed in [37, 350, 25, 89, 290, 118, 236, 72, 354, 284] {
+    // Seeds 255 and 390: a router that took a request before its first round replayed the last
+    // minute batch by batch, credited no refill once the first lowered its view: -650 where the
+    // site had about 0, where the store's level, lost with its data, then started. The rate was
+    // unusable for 30 s after healing, until a start's replay walked the minute as the site's
+    // bucket lived it (`Bucket::replay`).
+    for seed in [37, 350, 25, 89, 290, 118, 236, 72, 354, 284, 255, 390] {
         run(seed, true, false).unwrap_or_else(|failure| panic!("{failure}"));
     }
 }

@@ -212,13 +212,17 @@ local batches = {}
 -- Without a tracked bucket and without an ask, no usage lowers any level: the entries' bodies
 -- are not read (most rounds of a site whose limits have room).
 local contended = #asks_blob > 0 or redis.call('EXISTS', KEYS[2]) == 1
-local applied_run, applied_at = -1, -1
+-- Of its latest run and of the run before: a run publishes its predecessor's journal first.
+local marks = {-1, -1, -1, -1}
 local applied = redis.call('HGET', KEYS[3], router)
 if applied then
-  local comma = string.find(applied, ',', 1, true)
-  applied_run = tonumber(string.sub(applied, 1, comma - 1))
-  applied_at = tonumber(string.sub(applied, comma + 1))
+  local i = 0
+  for value in string.gmatch(applied, '[^,]+') do
+    i = i + 1
+    marks[i] = tonumber(value)
+  end
 end
+local applied_run, applied_at, previous_run, previous_at = marks[1], marks[2], marks[3], marks[4]
 for i = 1, n do
   local parsed, found = pcall(entry_usage, ARGV[2 + i], contended)
   if parsed and found then
@@ -300,8 +304,10 @@ end
 local newest_applied = false
 for _, batch in ipairs(batches) do
   local time = math.min(batch.admitted, now)
-  local again = batch.run == applied_run and batch.admitted <= applied_at
+  local again = (batch.run == applied_run and batch.admitted <= applied_at)
+    or (batch.run == previous_run and batch.admitted <= previous_at)
   if not again then
+    if batch.run ~= applied_run then previous_run, previous_at = applied_run, applied_at end
     applied_run, applied_at = batch.run, batch.admitted
     newest_applied = true
   end
@@ -383,7 +389,8 @@ for first = 1, #gone, 1000 do
   redis.call('HDEL', KEYS[2], unpack(gone, first, math.min(first + 999, #gone)))
 end
 if newest_applied then
-  redis.call('HSET', KEYS[3], router, string.format('%d,%d', applied_run, applied_at))
+  redis.call('HSET', KEYS[3], router,
+    string.format('%d,%d,%d,%d', applied_run, applied_at, previous_run, previous_at))
   redis.call('EXPIRE', KEYS[3], levels_ttl)
 end
 for first = 1, #out, 2000 do

@@ -70,10 +70,13 @@ pub struct RemoteUsage {
     /// The site's levels of the buckets this router asked to anchor, applied after the batches:
     /// they count every entry the round read.
     pub anchors: Vec<Anchor>,
-    /// The batches replay the last minute at a start that came after the router ran alone a
-    /// while: the buckets they lower are unsettled (`Bucket::unsettle`), a minute of usage
-    /// taken at once on a bucket that this router used and that refilled meanwhile.
+    /// The batches replay the last minute at a start: each rate bucket's usage is walked in
+    /// admission order (`Quotas::replay`), not subtracted batch by batch.
     pub replay: bool,
+    /// The replay came after the router ran alone a while: the buckets it lowers are unsettled
+    /// (`Bucket::unsettle`), a minute of usage taken at once on a bucket that this router used
+    /// and that refilled meanwhile.
+    pub unsettle: bool,
 }
 
 #[derive(Debug)]
