@@ -448,6 +448,7 @@ impl Round {
                     }
                 };
                 let was_up = self.health.is_up();
+                self.sightings.missed_round();
                 if self.health.failed() == AfterFailure::Reconnect {
                     tracing::warn!(%error, "the sync store has not answered for ten rounds: reconnecting from the configured addresses");
                     self.store.rebuild();

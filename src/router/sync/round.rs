@@ -384,6 +384,20 @@ impl DailyLedger {
         known
     }
 
+    /// Raises this router's own `fields` of `day`, as read from the store, to what this process
+    /// knows the store held of them. A write the store lost (a failover to a replica that missed
+    /// it) leaves the field lower until this router writes it whole again, and another router's
+    /// memory of this one, reckoned against that field (`daily_records`), counted the lost part
+    /// among the others' usage besides this router's own count of it (`sync::simulation`, seed
+    /// 314: 2,893 tokens counted twice by the router that wrote them).
+    pub fn raise_to_known(&self, day: u32, fields: &mut [(String, u64)]) {
+        for (field, tokens) in fields.iter_mut() {
+            if let Some(held) = self.held.get(&(day, field.clone())) {
+                *tokens = (*tokens).max(*held);
+            }
+        }
+    }
+
     /// Forgets the days before `day`: no shard reports totals of them any more.
     pub fn forget_before(&mut self, day: u32) {
         self.written.retain(|(of, _), _| *of >= day);
@@ -614,6 +628,41 @@ mod tests {
         assert_eq!(ledger.known_totals()[0], (7, "r|1||".to_string(), 125));
         ledger.forget_before(8);
         assert_eq!(ledger.known_totals(), [(8, "r|1||".to_string(), 5)]);
+    }
+
+    /// Seed 314: a failover lost router-0's last increment (2,893 tokens); router-2, which had
+    /// counted it, remembers the others. Router-0 reads its own field as it knows the store held
+    /// it, and counts the lost increment once, as its own.
+    #[test]
+    fn a_write_the_store_lost_is_not_counted_among_the_others() {
+        let field = |router: &str| daily_field(router, TenantId(1), None);
+        let mut ledger = DailyLedger::default();
+        ledger.wrote(&[(7, field("router-0"), 37_421)]);
+        let mut fields = vec![
+            (field("router-0"), 37_421 - 2_893),
+            (field("router-1"), 31_456),
+            (field("router-2"), 37_843),
+        ];
+        ledger.raise_to_known(7, &mut fields);
+        assert_eq!(fields[0].1, 37_421);
+        let memory = [(field("router-2"), 37_421 + 31_456)];
+        let others = |fields: &[(String, u64)]| {
+            daily_records(
+                "router-0",
+                Day(7),
+                fields
+                    .iter()
+                    .map(|(field, tokens)| (field.as_str(), *tokens)),
+                memory
+                    .iter()
+                    .map(|(field, tokens)| (field.as_str(), *tokens)),
+                false,
+            )[0]
+            .tokens
+        };
+        assert_eq!(others(&fields), 31_456 + 37_843);
+        fields[0].1 -= 2_893;
+        assert_eq!(others(&fields), 31_456 + 37_843 + 2_893, "as before: twice");
     }
 
     #[test]

@@ -156,6 +156,7 @@ impl Round {
                     inherited.raise_own_totals(&self.settings.router_id, day.0, &mut fields);
             }
         }
+        self.ledger.raise_to_known(day.0, &mut fields);
         let records = round::daily_records(
             &self.settings.router_id,
             day,

@@ -81,6 +81,7 @@ impl Sim {
                     router.journaling.held_back();
                 }
                 let was_up = router.health.is_up();
+                router.sightings.missed_round();
                 router.health.failed();
                 if was_up && !router.health.is_up() {
                     router.resync = true;
@@ -243,6 +244,25 @@ impl Sim {
                 }
             }
             written.push(entry);
+        }
+        if self.trace && usage_ran && !writes.is_empty() {
+            let day = router.day(now).0;
+            let written: Vec<String> = writes
+                .iter()
+                .filter(|(of, _, _)| *of == day)
+                .map(|(_, field, write)| format!("{field} {write:?}"))
+                .collect();
+            let stored: u64 = store
+                .primary
+                .daily
+                .iter()
+                .filter(|((of, _), _)| *of == day)
+                .map(|(_, tokens)| tokens)
+                .sum();
+            eprintln!(
+                "{:>6} ms  router-{index} writes {written:?} over {stored}",
+                now % 1_000_000
+            );
         }
         for (day, field, write) in writes.iter().filter(|_| usage_ran) {
             let total = store
@@ -468,6 +488,7 @@ fn read_totals(
     {
         router.journaling.raised = inherited.raise_own_totals(&router.id, day.0, &mut owned);
     }
+    router.ledger.raise_to_known(day.0, &mut owned);
     let fields: Vec<(&str, u64)> = owned
         .iter()
         .map(|(field, tokens)| (field.as_str(), *tokens))

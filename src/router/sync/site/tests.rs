@@ -127,6 +127,39 @@ fn a_time_in_the_future_is_clamped_and_an_unchanged_record_goes_silent() {
     );
 }
 
+/// `sync::simulation` seed 1,022: router-0 could not read for 6 s; router-1 wrote its last
+/// record just after router-0's last read and went silent. Back, router-0 sees the record as
+/// old as its own last read, not new; a record rewritten each round is live again next round.
+#[test]
+fn a_record_changed_while_this_router_could_not_read_is_as_old_as_its_last_read() {
+    let mut sightings = Sightings::default();
+    let written = |at: u64, run: u64| {
+        json(&Heartbeat {
+            at_unix_ms: at,
+            run,
+            ..heartbeat("b", 0)
+        })
+    };
+    let first = written(NOW, 1);
+    sightings.read([("b", first.as_str())], NOW);
+    let last = written(NOW + 50, 2);
+    for _ in 0..6 {
+        sightings.missed_round();
+    }
+    let back = NOW + 6 * SECOND;
+    let roster = sightings.read([("b", last.as_str())], back);
+    assert_eq!(roster.records[0].age_ms, 6 * SECOND);
+    assert_eq!(
+        roster.records[0].heartbeat.state(roster.records[0].age_ms),
+        PeerState::Silent
+    );
+    // Rewritten by the next round, read without a missed round between: new, live.
+    let next = written(back + SECOND, 3);
+    let roster = sightings.read([("b", next.as_str())], back + SECOND);
+    assert_eq!(roster.records[0].age_ms, 0);
+    assert_eq!(roster.records[0].heartbeat.state(0), PeerState::Live);
+}
+
 /// `sync::simulation` seed 652: the store restarted empty, and the first round after it saw
 /// no other router's record. The records it lost age into silence as they were, until their
 /// router writes again; one that left stays gone.
