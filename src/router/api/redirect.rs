@@ -23,7 +23,6 @@ use crate::router::api::request::ClientRequest;
 use crate::router::api::sink::Sink;
 use crate::router::config::RedirectSite;
 use crate::router::error::Rejection;
-use crate::router::shard::redirect_claims::Spend;
 use crate::router::shard::state::Shard;
 use crate::wire::http::route::Route;
 
@@ -72,11 +71,9 @@ pub async fn authenticate<'k>(
         && match &shard.settings.site_tokens {
             Some(tokens) => {
                 let ttl_ms = (claims.expires_unix_ms - now_unix_ms).max(1) as u64;
-                match tokens.spend(claims.nonce, ttl_ms).await {
-                    Spend::First | Spend::Unchecked => true,
-                    Spend::Again => false,
-                    // Accepting it unchecked could accept a replay on another router.
-                    Spend::Refused => return Err(Rejection::redirect_token_unchecked()),
+                match tokens.spend(claims.nonce, ttl_ms).await.accepts() {
+                    Some(fresh) => fresh,
+                    None => return Err(Rejection::redirect_token_unchecked()),
                 }
             }
             None => true,

@@ -18,8 +18,11 @@ fn busiest(values: &[u64], span: usize) -> u64 {
 }
 
 impl Sim {
-    /// Invariants 1, 2 and 4 after every step.
+    /// Invariants 1, 2, 4 and 5 after every step.
     pub(super) fn check(&self) -> Result<(), String> {
+        if let Some(failure) = &self.redirects.failure {
+            return Err(failure.clone());
+        }
         let step = self.step - 1;
         let rate_per_step = RPM as f64 / 60_000.0 * STEP_MS as f64;
         let interval_steps = (self.interval_ms / STEP_MS) as usize;
