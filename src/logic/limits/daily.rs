@@ -71,6 +71,15 @@ struct Silence {
     /// it began, and the routers it was split between. A router silent when the store answers
     /// again may have spent its part of that unseen, however much this router spent since.
     outage: Option<Outage>,
+    /// What was left at the first admission of each of the last [`SILENCE_SHOWS_FROM_ROUND`]
+    /// rounds (by round modulo their number; a round without one holds the round's before), and
+    /// the latest round recorded. A router shows silent three rounds after its last record;
+    /// alone since then, it spends its part of what was left then, not of what is left when the
+    /// others can tell. Reserved from what was left when it showed, router-0 counted router-1's
+    /// part 8,000 tokens short and spent 4,656 where nothing was left (`sync::simulation`, seed
+    /// 979).
+    recent: [u64; SILENCE_SHOWS_FROM_ROUND as usize],
+    recent_round: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +90,26 @@ struct Outage {
 }
 
 impl Silence {
+    /// `left` at round `round`'s first admission ([`Silence::recent`]).
+    fn record(&mut self, round: u32, left: u64) {
+        const ROUNDS: u32 = SILENCE_SHOWS_FROM_ROUND;
+        let slot = |round: u32| (round % ROUNDS) as usize;
+        match self.recent_round {
+            Some(last) if last == round => {}
+            // The rounds between held what the last one did, at most.
+            Some(last) if last < round && round - last < ROUNDS => {
+                let before = self.recent[slot(last)];
+                for between in last + 1..round {
+                    self.recent[slot(between)] = before;
+                }
+                self.recent[slot(round)] = left;
+            }
+            // The first, a long gap, or a new run counting from its start.
+            _ => self.recent = [left; ROUNDS as usize],
+        }
+        self.recent_round = Some(round);
+    }
+
     /// The reserve under `share`, given what is `left` of a budget of `limit` now. A router
     /// that goes silent adds its part of what is left now; one that comes back (its held-back
     /// usage is counted now) takes its part of the reserve away.
@@ -89,6 +118,11 @@ impl Silence {
             Share::Shared { .. } => self.outage.take(),
             _ => None,
         };
+        if let Share::Shared { round, .. } = share {
+            self.record(round, left);
+        }
+        // What was left when a router that shows silent now went silent, at most.
+        let left_then = self.recent.iter().copied().fold(left, u64::max);
         match share {
             Share::Whole => *self = Silence::default(),
             Share::Shared {
@@ -98,6 +132,8 @@ impl Silence {
                 // missed three heartbeats under this run's eyes.
                 *self = Silence {
                     witnessed: self.witnessed || round >= SILENCE_SHOWS_FROM_ROUND,
+                    recent: self.recent,
+                    recent_round: self.recent_round,
                     ..Silence::default()
                 };
             }
@@ -117,7 +153,10 @@ impl Silence {
                             .div_ceil(u128::from(outage.routers.max(1)))
                             as u64
                     });
-                    self.reserve + part_of(left, silent - self.routers).max(unseen).min(left)
+                    self.reserve
+                        + part_of(left_then, silent - self.routers)
+                            .max(unseen)
+                            .min(left)
                 } else {
                     (u128::from(self.reserve) * u128::from(silent))
                         .div_ceil(u128::from(self.routers)) as u64
@@ -542,6 +581,52 @@ mod tests {
         assert!(budget.admit(MONDAY, 100, None, everyone(52)).is_ok());
     }
 
+    /// Seed 979 of `sync::simulation`: router-1 wrote its last record at round 7, with 30,000
+    /// left, and spends its part of that alone; the others can tell only at round 10, when they
+    /// have spent 9,000 more. Its part is of the 30,000, not of the 21,000.
+    #[test]
+    fn a_router_that_shows_silent_late_keeps_its_part_of_what_was_left_at_its_last_record() {
+        let live = |round| Share::Shared {
+            round,
+            live: 3,
+            silent: 0,
+        };
+        let mut budget = DailyBudget::new(MONDAY, 100_000);
+        budget.apply_remote(MONDAY, 70_000);
+        assert!(budget.admit(MONDAY, 0, None, live(7)).is_ok());
+        for round in 8..10 {
+            budget.apply_remote(MONDAY, 4_500);
+            assert!(budget.admit(MONDAY, 0, None, live(round)).is_ok());
+        }
+        let silent = Share::Shared {
+            round: 10,
+            live: 2,
+            silent: 1,
+        };
+        let mut spent = 0;
+        while budget.admit(MONDAY, 100, None, silent).is_ok() {
+            spent += 100;
+        }
+        // 21,000 left, 10,000 of it router-1's; the round's part of the rest is half.
+        assert_eq!(spent, (21_000 - 10_000) / 2);
+        // Past the four rounds, a new silence is reckoned from later rounds.
+        let mut budget = DailyBudget::new(MONDAY, 100_000);
+        budget.apply_remote(MONDAY, 70_000);
+        assert!(budget.admit(MONDAY, 0, None, live(7)).is_ok());
+        budget.apply_remote(MONDAY, 9_000);
+        assert!(budget.admit(MONDAY, 0, None, live(11)).is_ok());
+        let silent = Share::Shared {
+            round: 12,
+            live: 2,
+            silent: 1,
+        };
+        let mut spent = 0;
+        while budget.admit(MONDAY, 100, None, silent).is_ok() {
+            spent += 100;
+        }
+        assert_eq!(spent, (21_000 - 7_000) / 2);
+    }
+
     /// Seed 37 of `sync::simulation`: router-2 went silent with about 36,000 tokens left, the
     /// others stopped admitting at once (the reserve was a third of the whole 135,486), then
     /// the store went down and router-1 alone split what it believed was left, router-2's
@@ -565,8 +650,8 @@ mod tests {
         assert!(budget.admit(MONDAY, 100, None, shared(1)).is_ok());
         assert!(budget.admit(MONDAY, 100, None, silent(2)).is_err());
         let mut budget = DailyBudget::new(MONDAY, 135_000);
-        assert!(budget.admit(MONDAY, 0, None, shared(9)).is_ok());
         budget.apply_remote(MONDAY, 99_000);
+        assert!(budget.admit(MONDAY, 0, None, shared(9)).is_ok());
         // 36,000 left: 12,000 of it is the silent router's; the live ones use the rest.
         let mut spent = 0;
         for round in 10..30 {
@@ -584,8 +669,8 @@ mod tests {
         );
         // The store goes down: alone, this router splits what is left less the reserve.
         let mut budget = DailyBudget::new(MONDAY, 135_000);
-        assert!(budget.admit(MONDAY, 0, None, shared(9)).is_ok());
         budget.apply_remote(MONDAY, 99_000);
+        assert!(budget.admit(MONDAY, 0, None, shared(9)).is_ok());
         assert!(budget.admit(MONDAY, 100, None, silent(10)).is_ok());
         let alone = Share::Alone {
             since: 11,
