@@ -61,6 +61,7 @@ pub struct DailyBudget {
 struct Silence {
     /// Silent routers when the reserve was set.
     routers: u32,
+    /// Their parts, summed; what is left now caps what it holds back.
     reserve: u64,
     /// This budget saw the site with no silent router today, from a round that could tell (a
     /// new run's first rounds cannot): it knows what was left when one went silent. One that did
@@ -153,10 +154,7 @@ impl Silence {
                             .div_ceil(u128::from(outage.routers.max(1)))
                             as u64
                     });
-                    self.reserve
-                        + part_of(left_then, silent - self.routers)
-                            .max(unseen)
-                            .min(left)
+                    self.reserve + part_of(left_then, silent - self.routers).max(unseen)
                 } else {
                     (u128::from(self.reserve) * u128::from(silent))
                         .div_ceil(u128::from(self.routers)) as u64
@@ -174,7 +172,10 @@ impl Silence {
             }
             Share::Shared { .. } => {}
         }
-        self.reserve
+        // Kept whole, used up to what is left: capped as it was set, the part of two silent
+        // routers was halved for the one left silent when the other came back, where its own
+        // part was twice that (`sync::simulation`, seed 760: 4,371 tokens where 316 were left).
+        self.reserve.min(left)
     }
 }
 
@@ -625,6 +626,38 @@ mod tests {
             spent += 100;
         }
         assert_eq!(spent, (21_000 - 7_000) / 2);
+    }
+
+    /// Seed 760 of `sync::simulation`: both other routers show silent with 12,000 left, a part
+    /// of 4,000 each that the 3,000 left now cannot hold; one comes back. The one still silent
+    /// keeps its whole part, not half of what was held back for both.
+    #[test]
+    fn a_silent_router_keeps_its_whole_part_when_another_comes_back() {
+        let shared = |round, live, silent| Share::Shared {
+            round,
+            live,
+            silent,
+        };
+        let mut budget = DailyBudget::new(MONDAY, 100_000);
+        budget.apply_remote(MONDAY, 88_000);
+        assert!(budget.admit(MONDAY, 0, None, shared(7, 3, 0)).is_ok());
+        budget.apply_remote(MONDAY, 9_000);
+        assert!(budget.admit(MONDAY, 100, None, shared(8, 1, 2)).is_err());
+        // Router-2 is back, its usage counted: 2,000 left, 4,000 of it still router-1's.
+        budget.apply_remote(MONDAY, 1_000);
+        assert!(budget.admit(MONDAY, 100, None, shared(9, 2, 1)).is_err());
+        // Past what router-1 may spend, the rest is the live routers'.
+        let mut budget = DailyBudget::new(MONDAY, 100_000);
+        budget.apply_remote(MONDAY, 70_000);
+        assert!(budget.admit(MONDAY, 0, None, shared(7, 3, 0)).is_ok());
+        budget.apply_remote(MONDAY, 9_000);
+        assert!(budget.admit(MONDAY, 0, None, shared(8, 1, 2)).is_ok());
+        // 21,000 left less router-1's 10,000; the round's part is half.
+        let mut spent = 0;
+        while budget.admit(MONDAY, 100, None, shared(9, 2, 1)).is_ok() {
+            spent += 100;
+        }
+        assert_eq!(spent, (21_000 - 10_000) / 2);
     }
 
     /// Seed 37 of `sync::simulation`: router-2 went silent with about 36,000 tokens left, the
