@@ -74,6 +74,7 @@ impl Round {
             totals,
         });
         let bytes = held.encode();
+        let totals = held.totals;
         let written = self
             .on_journal_disk(
                 move || journal::write(&path, &bytes),
@@ -81,7 +82,7 @@ impl Round {
             )
             .await;
         if written {
-            self.journaling.held_back();
+            self.journaling.held_back(totals);
             self.metrics
                 .journal_writes_total
                 .fetch_add(1, Ordering::Relaxed);

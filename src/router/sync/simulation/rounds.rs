@@ -78,7 +78,7 @@ impl Sim {
                 if !router.backlog.is_empty() || router.journaling.inherited.is_some() {
                     let journal = held_back(router);
                     self.journals[index] = Some(journal.encode());
-                    router.journaling.held_back();
+                    router.journaling.held_back(journal.totals);
                 }
                 let was_up = router.health.is_up();
                 router.sightings.missed_round();

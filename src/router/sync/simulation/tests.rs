@@ -134,9 +134,12 @@ fn the_seeds_that_found_a_defect_hold() {
     // reckoned its part from the last four rounds (`limits::daily`, `Silence::recent`). Seeds
     // 760 and 277: the part held back for two silent routers, capped by what was left, was
     // halved when one came back; router-2 alone then spent 4,371 tokens where 316 were left.
+    // Seed 1,069: a run that shut down while the store did not answer replaced its checkpoint
+    // with a journal of only the totals its last round changed; the store lost its data before
+    // the next run, and 2,228 tokens were counted nowhere (`Journaling::keep_under`).
     for seed in [
         37, 350, 25, 89, 290, 118, 236, 72, 354, 284, 255, 390, 229, 184, 314, 979, 146, 308, 374,
-        760, 277,
+        760, 277, 1_069,
     ] {
         run(seed, true, false).unwrap_or_else(|failure| panic!("{failure}"));
     }
