@@ -42,9 +42,9 @@ fn without_faults_the_site_keeps_every_shared_limit() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Seeds of the first [`RATCHET_SEEDS`] with faults that still break an invariant (the module
-/// doc's inventory; `the_site_keeps_every_shared_limit` lists them with their failures). A fix
-/// that makes one hold takes it off this list.
+/// Seeds of the first [`RATCHET_SEEDS`] with faults that still break an invariant (the
+/// inventory in `docs/site-simulation.md`; `the_site_keeps_every_shared_limit` lists them with
+/// their failures). A fix that makes one hold takes it off this list.
 const FAILING_WITH_FAULTS: &[u64] = &[
     31, 144, 464, 526, 558, 677, 710, 916, 965, 1_017, 1_046, 1_145, 1_153, 1_245, 1_507, 1_619,
     1_629, 1_641, 1_711, 1_972,
@@ -65,7 +65,7 @@ fn with_faults_the_seeds_that_hold_keep_holding() {
 }
 
 /// The seeds that found a defect now fixed, each up to where it fails on one not fixed yet
-/// (the module doc). A clock 2 s ahead saw the others silent for good: seeds 20 and 60 (from
+/// (`docs/site-simulation.md`). A clock 2 s ahead saw the others silent for good: seeds 20 and 60 (from
 /// steps 143 and 107). Totals read once after a data loss, before the others wrote theirs again:
 /// seeds 6, 74 and 141 overspent the day's budget (from steps 470, 220 and 387). Daily totals
 /// written as increments after a lost reply or across a failover: seed 20.
@@ -154,7 +154,7 @@ fn the_seeds_that_found_a_defect_hold() {
 /// `SIM_SEEDS` seeds (default 10,000) from `SIM_FIRST_SEED` (default 0), on every core;
 /// `SIM_NO_FAULTS=1` without faults, `SIM_FAILURES=N` to list up to N failing seeds a core.
 #[test]
-#[ignore = "issue 33: fails; the module doc lists the defects it found and their seeds"]
+#[ignore = "issue 33: fails; docs/site-simulation.md lists the defects it found and their seeds"]
 fn the_site_keeps_every_shared_limit() {
     let seeds = env("SIM_SEEDS", 10_000);
     let first = env("SIM_FIRST_SEED", 0);
