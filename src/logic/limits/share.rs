@@ -15,6 +15,10 @@
 /// only once it has stayed unchanged for three of this run's rounds.
 pub const SILENCE_SHOWS_FROM_ROUND: u32 = 4;
 
+/// The round a run's rounds count from until one reaches the store: `Share::Alone { since:
+/// NOT_REACHED_YET, .. }` is a run that has never heard from the site.
+pub const NOT_REACHED_YET: u32 = 0;
+
 /// How much of a site-wide limit this router may admit now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Share {
@@ -156,7 +160,7 @@ impl RoundAllowance {
         if self.round != split.round {
             // A run that has not reached the store yet (alone since round 0) does not know what
             // was left: it starts from nothing and refills at its share.
-            let granted = if split.refills && split.round == 0 {
+            let granted = if split.refills && split.round == NOT_REACHED_YET {
                 0
             } else {
                 level.max(0) / divisor

@@ -335,8 +335,10 @@ impl Sightings {
             });
         }
         // What the store lost: kept until the router writes again, or its record is gone.
-        self.lost.retain(|id, _| !seen.contains_key(id));
         self.lost.retain(|id, lost| {
+            if seen.contains_key(id) {
+                return false;
+            }
             let Some(heartbeat) = Heartbeat::parse(&lost.value) else {
                 return false;
             };
