@@ -170,6 +170,9 @@ struct Round {
     remember_rounds: u32,
     /// This round's memory rows: (day, field, tokens).
     memory: Vec<(u32, String, u64)>,
+    /// What this router counted of the others at its last round, with `--sync-journal`: the
+    /// journal keeps it (`Journal::others`).
+    others_counted: Vec<(u32, String, u64)>,
     /// A failover was noticed: the shards report every daily total again at the next round.
     rewrite_daily: bool,
     /// The store's epoch as last seen: a new one means the store lost its data.
@@ -280,6 +283,7 @@ impl SyncCore {
             unlevelled_until: 0,
             remember_rounds: 0,
             memory: Vec::new(),
+            others_counted: Vec::new(),
             rewrite_daily: false,
             epoch: None,
             own_restored: false,
@@ -378,12 +382,21 @@ impl Round {
 
     async fn tick(&mut self, leaving: bool) {
         let started = Instant::now();
+        let remember = self.remember_rounds > 0;
         let usage = self
             .shared
-            .take_usage(self.last_round_reached, self.remember_rounds > 0)
+            .take_usage(
+                self.last_round_reached,
+                remember || self.journaling.path.is_some(),
+            )
             .await;
         self.views = usage.views;
-        self.memory = self.memory_rows(&usage.memory);
+        let counted = self.memory_rows(&usage.memory);
+        if self.journaling.path.is_some() {
+            self.others_counted = counted.clone();
+        }
+        // Written to the store only for a few rounds after it lost its data.
+        self.memory = if remember { counted } else { Vec::new() };
         let now_ms = now_unix_ms().max(0) as u64;
         let today = utc_today();
         self.backlog.push(Batch {

@@ -13,6 +13,8 @@
 //!   ([`super::round::Applied`]) and counted once by the levels ([`super::levels`]).
 //! - This router's whole daily totals not written yet, as the store's own fields
 //!   ([`super::round::daily_field`]): (day, field, tokens).
+//! - What the run counted of the other routers on each budget ([`Journal::others`]): a new
+//!   run counts at least that much of them, whatever the store still holds.
 //!
 //! After a round that published everything, the file becomes a checkpoint: no entries, and
 //! this router's own totals as the store holds them ([`Journaling::after_published`]). A run
@@ -46,9 +48,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::entry::{DecodeError, Reader, put_str, put_varint};
+use crate::logic::limits::Day;
+use crate::router::shard::owner::quotas::DailyRecord;
 
 const MAGIC: &[u8; 4] = b"HVSJ";
-const VERSION: u8 = 1;
+/// 2 adds `others`; a journal of version 1 is read with none.
+const VERSION: u8 = 2;
 /// Entries and totals a journal may hold: far more than a backlog (a hostile or corrupted count
 /// allocates nothing, `Reader::count`).
 const ITEMS_MAX: usize = 1 << 20;
@@ -65,6 +70,11 @@ pub struct Journal {
     pub entries: Vec<Vec<u8>>,
     /// Whole daily totals not written: (day, field, tokens).
     pub totals: Vec<(u32, String, u64)>,
+    /// What the run counted of the other routers on each budget when the file was written:
+    /// (day, this router's field of the budget, tokens). A lower bound of their usage that day:
+    /// a run that starts after the store lost its data, before the others wrote theirs again,
+    /// counts at least that much of them ([`Journal::raise_others`]).
+    pub others: Vec<(u32, String, u64)>,
 }
 
 impl Journal {
@@ -79,14 +89,36 @@ impl Journal {
         let mut entries = earlier.entries.clone();
         entries.append(&mut self.entries);
         self.entries = entries;
-        for (day, field, tokens) in &earlier.totals {
-            match self
-                .totals
+        keep_larger(&mut self.totals, &earlier.totals);
+        keep_larger(&mut self.others, &earlier.others);
+    }
+
+    /// Raises what `records` (today's totals as read from the store, `sync::round::daily_records`)
+    /// count of the other routers of `day` to what this journal's run counted of them, where it
+    /// counted more. A run that crashed and started again just after the store lost its data,
+    /// before the routers that lived through it wrote their totals and memory again, read only
+    /// its own total, and spent as if the others had used nothing that day (`sync::simulation`,
+    /// seed 677: 7,297 tokens where nothing was left).
+    pub fn raise_others(&self, router: &str, day: u32, records: &mut Vec<DailyRecord>) {
+        for (of, field, tokens) in &self.others {
+            let Some((owner, tenant, model)) = super::round::parse_daily_field(field) else {
+                continue;
+            };
+            if *of != day || owner != router {
+                continue;
+            }
+            match records
                 .iter_mut()
-                .find(|(of, known, _)| of == day && known == field)
+                .find(|record| record.others && record.tenant == tenant && record.model == model)
             {
-                Some(total) => total.2 = total.2.max(*tokens),
-                None => self.totals.push((*day, field.clone(), *tokens)),
+                Some(record) => record.tokens = record.tokens.max(*tokens),
+                None => records.push(DailyRecord {
+                    tenant,
+                    model,
+                    day: Day(day),
+                    tokens: *tokens,
+                    others: true,
+                }),
             }
         }
     }
@@ -134,11 +166,13 @@ impl Journal {
             put_varint(&mut out, entry.len() as u64);
             out.extend_from_slice(entry);
         }
-        put_varint(&mut out, self.totals.len() as u64);
-        for (day, field, tokens) in &self.totals {
-            out.extend_from_slice(&day.to_le_bytes());
-            put_str(&mut out, field);
-            put_varint(&mut out, *tokens);
+        for rows in [&self.totals, &self.others] {
+            put_varint(&mut out, rows.len() as u64);
+            for (day, field, tokens) in rows {
+                out.extend_from_slice(&day.to_le_bytes());
+                put_str(&mut out, field);
+                put_varint(&mut out, *tokens);
+            }
         }
         let checksum = checksum(&out);
         out.extend_from_slice(&checksum);
@@ -162,7 +196,7 @@ impl Journal {
             }
         }
         let version = reader.byte()?;
-        if version != VERSION {
+        if !(1..=VERSION).contains(&version) {
             return Err(DecodeError::Version(version));
         }
         let router = reader.string()?;
@@ -178,14 +212,12 @@ impl Journal {
             entries.push(entry.to_vec());
             reader.bytes = rest;
         }
-        let count = reader.count(ITEMS_MAX, 6)?;
-        let mut totals = Vec::with_capacity(count);
-        for _ in 0..count {
-            let day = reader.u32_le()?;
-            let field = reader.string()?;
-            let tokens = reader.varint()?;
-            totals.push((day, field, tokens));
-        }
+        let totals = rows(&mut reader)?;
+        let others = if version >= 2 {
+            rows(&mut reader)?
+        } else {
+            Vec::new()
+        };
         if !reader.bytes.is_empty() {
             return Err(DecodeError::Malformed("trailing bytes"));
         }
@@ -194,7 +226,34 @@ impl Journal {
             run,
             entries,
             totals,
+            others,
         })
+    }
+}
+
+/// Rows of (day, field, tokens), as `Journal::encode` writes them.
+fn rows(reader: &mut Reader<'_>) -> Result<Vec<(u32, String, u64)>, DecodeError> {
+    let count = reader.count(ITEMS_MAX, 6)?;
+    let mut rows = Vec::with_capacity(count);
+    for _ in 0..count {
+        let day = reader.u32_le()?;
+        let field = reader.string()?;
+        let tokens = reader.varint()?;
+        rows.push((day, field, tokens));
+    }
+    Ok(rows)
+}
+
+/// Each of `earlier`'s rows into `rows`, the larger of the two where both hold the field.
+fn keep_larger(rows: &mut Vec<(u32, String, u64)>, earlier: &[(u32, String, u64)]) {
+    for (day, field, tokens) in earlier {
+        match rows
+            .iter_mut()
+            .find(|(of, known, _)| of == day && known == field)
+        {
+            Some(row) => row.2 = row.2.max(*tokens),
+            None => rows.push((*day, field.clone(), *tokens)),
+        }
     }
 }
 
@@ -213,6 +272,8 @@ pub struct Journaling {
     /// The totals the file on disk holds, a checkpoint's or a journal of usage held back's
     /// (empty: none).
     pub checkpoint: Vec<(u32, String, u64)>,
+    /// What the file holds of the other routers (`Journal::others`).
+    pub others: Vec<(u32, String, u64)>,
 }
 
 /// What the journal becomes after a round that published everything.
@@ -306,29 +367,36 @@ impl Journaling {
                 held.totals.push((*day, field.clone(), *tokens));
             }
         }
+        keep_larger(&mut held.others, &self.others);
         held
     }
 
     /// After a round that published everything, with `known` this router's totals as the store
-    /// holds them (`DailyLedger::known_totals`, sorted): what the file becomes. The inherited
-    /// journal is done with.
+    /// holds them (`DailyLedger::known_totals`, sorted) and `others` what it counts of the other
+    /// routers (`Journal::others`): what the file becomes. A checkpoint is written when either
+    /// changed: written only with this router's own, a run whose budget was spent kept the
+    /// others as they were when it last charged, 17,000 tokens short of what it counted when it
+    /// crashed (seed 677). The inherited journal is done with.
     pub fn after_published(
         &mut self,
         router: &str,
         run: u64,
         known: Vec<(u32, String, u64)>,
+        others: Vec<(u32, String, u64)>,
     ) -> AfterPublished {
         self.inherited = None;
         self.raised.clear();
+        let mut others = others;
+        others.sort_unstable();
         if self.path.is_none() {
             AfterPublished::Keep
-        } else if known.is_empty() {
-            if self.on_disk || !self.checkpoint.is_empty() {
+        } else if known.is_empty() && others.is_empty() {
+            if self.on_disk || !self.checkpoint.is_empty() || !self.others.is_empty() {
                 AfterPublished::Remove
             } else {
                 AfterPublished::Keep
             }
-        } else if !self.on_disk && self.checkpoint == known {
+        } else if !self.on_disk && self.checkpoint == known && self.others == others {
             AfterPublished::Keep
         } else {
             AfterPublished::Checkpoint(Journal {
@@ -336,26 +404,30 @@ impl Journaling {
                 run,
                 entries: Vec::new(),
                 totals: known,
+                others,
             })
         }
     }
 
-    /// The file now holds usage held back (a failed round's journal) and `totals`.
-    pub fn held_back(&mut self, totals: Vec<(u32, String, u64)>) {
+    /// The file now holds `journal`, a failed round's (usage held back).
+    pub fn held_back(&mut self, journal: Journal) {
         self.on_disk = true;
-        self.checkpoint = totals;
+        self.checkpoint = journal.totals;
+        self.others = journal.others;
     }
 
-    /// The file now holds `totals` as a checkpoint.
-    pub fn checkpointed(&mut self, totals: Vec<(u32, String, u64)>) {
+    /// The file now holds `checkpoint`.
+    pub fn checkpointed(&mut self, checkpoint: Journal) {
         self.on_disk = false;
-        self.checkpoint = totals;
+        self.checkpoint = checkpoint.totals;
+        self.others = checkpoint.others;
     }
 
     /// The file is gone.
     pub fn removed(&mut self) {
         self.on_disk = false;
         self.checkpoint.clear();
+        self.others.clear();
     }
 
     /// The raised totals a round writes as rows of their own, given its own `totals` (day,
@@ -452,6 +524,7 @@ mod tests {
                 (20_000, daily_field("router-0", TenantId(7), None), 1_234),
                 (20_001, daily_field("router-0", TenantId(7), None), 5),
             ],
+            others: vec![(20_000, daily_field("router-0", TenantId(7), None), 40_000)],
         }
     }
 
@@ -509,8 +582,10 @@ mod tests {
             run: 1_780_000_100_000,
             entries: vec![vec![4]],
             totals: vec![(20_000, own.clone(), 1_000)],
+            others: vec![(20_000, own.clone(), 30_000)],
         };
         later.keep(&journal());
+        assert_eq!(later.others, vec![(20_000, own.clone(), 40_000)]);
         assert_eq!(
             later.entries,
             vec![vec![1, 2, 3], vec![], vec![9; 300], vec![4]]
@@ -547,7 +622,7 @@ mod tests {
         let known = vec![(20_000, own.clone(), 1_300), (20_000, flat.clone(), 50)];
         // The inherited journal is published: the file becomes the checkpoint.
         let AfterPublished::Checkpoint(checkpoint) =
-            journaling.after_published("router-0", 7, known.clone())
+            journaling.after_published("router-0", 7, known.clone(), Vec::new())
         else {
             panic!("a checkpoint replaces a journal of usage held back");
         };
@@ -559,31 +634,48 @@ mod tests {
             ("router-0", 7)
         );
         assert_eq!(checkpoint.totals, known);
-        journaling.checkpointed(checkpoint.totals);
+        journaling.checkpointed(checkpoint);
         // Unchanged totals write nothing; a changed one writes the checkpoint again.
         assert_eq!(
-            journaling.after_published("router-0", 7, known.clone()),
+            journaling.after_published("router-0", 7, known.clone(), Vec::new()),
             AfterPublished::Keep
         );
         let grown = vec![(20_000, own.clone(), 1_400), (20_000, flat.clone(), 50)];
         assert!(matches!(
-            journaling.after_published("router-0", 7, grown),
+            journaling.after_published("router-0", 7, grown, Vec::new()),
             AfterPublished::Checkpoint(_)
         ));
+        // The others grew, this router's own did not: the checkpoint is written again.
+        journaling.checkpointed(Journal {
+            totals: known.clone(),
+            ..Journal::default()
+        });
+        let others = vec![(20_000, own.clone(), 60_000)];
+        let AfterPublished::Checkpoint(checkpoint) =
+            journaling.after_published("router-0", 7, known.clone(), others.clone())
+        else {
+            panic!("what the router counts of the others changed");
+        };
+        assert_eq!(checkpoint.others, others);
+        journaling.checkpointed(checkpoint);
+        assert_eq!(
+            journaling.after_published("router-0", 7, known.clone(), others),
+            AfterPublished::Keep
+        );
         // No totals (a new day's first rounds): the file goes, once.
         assert_eq!(
-            journaling.after_published("router-0", 7, Vec::new()),
+            journaling.after_published("router-0", 7, Vec::new(), Vec::new()),
             AfterPublished::Remove
         );
         journaling.removed();
         assert_eq!(
-            journaling.after_published("router-0", 7, Vec::new()),
+            journaling.after_published("router-0", 7, Vec::new(), Vec::new()),
             AfterPublished::Keep
         );
         // Without a journal, nothing.
         let mut none = Journaling::default();
         assert_eq!(
-            none.after_published("router-0", 7, known),
+            none.after_published("router-0", 7, known, Vec::new()),
             AfterPublished::Keep
         );
     }
@@ -599,27 +691,72 @@ mod tests {
             path: Some("journal".into()),
             ..Journaling::default()
         };
-        journaling.checkpointed(vec![
-            (20_000, own.clone(), 1_300),
-            (20_000, flat.clone(), 50),
-        ]);
+        journaling.checkpointed(Journal {
+            totals: vec![(20_000, own.clone(), 1_300), (20_000, flat.clone(), 50)],
+            others: vec![(20_000, own.clone(), 9_000)],
+            ..Journal::default()
+        });
         let held = |totals| Journal {
             router: "router-0".into(),
             run: 7,
             entries: vec![vec![1]],
             totals,
+            others: Vec::new(),
         };
         let journal = journaling.keep_under(held(vec![(20_000, flat.clone(), 40)]));
         assert_eq!(
             journal.totals,
             vec![(20_000, flat.clone(), 40), (20_000, own.clone(), 1_300)]
         );
-        journaling.held_back(journal.totals);
+        journaling.held_back(journal);
         let journal = journaling.keep_under(held(Vec::new()));
         assert_eq!(
             journal.totals,
-            vec![(20_000, flat, 40), (20_000, own, 1_300)]
+            vec![(20_000, flat, 40), (20_000, own.clone(), 1_300)]
         );
+        assert_eq!(
+            journal.others,
+            vec![(20_000, own, 9_000)],
+            "the others, as counted"
+        );
+    }
+
+    /// Seed 677: a run crashed and started again just after the store lost its data; the
+    /// previous run's count of the others raises what the totals read say of them.
+    #[test]
+    fn a_new_run_counts_of_the_others_at_least_what_the_journal_counted() {
+        let mut records = vec![DailyRecord {
+            tenant: TenantId(7),
+            model: None,
+            day: Day(20_000),
+            tokens: 22_547,
+            others: false,
+        }];
+        journal().raise_others("router-0", 20_000, &mut records);
+        assert_eq!(records.len(), 2);
+        assert!(records[1].others && records[1].tokens == 40_000);
+        // Another day's count, or another router's, raises nothing; a larger read stays.
+        records[1].tokens = 50_000;
+        journal().raise_others("router-0", 20_000, &mut records);
+        journal().raise_others("router-0", 20_001, &mut records);
+        journal().raise_others("router-1", 20_000, &mut records);
+        assert_eq!(records[1].tokens, 50_000);
+        assert_eq!(records.len(), 2);
+    }
+
+    /// A journal of version 1 (before `others`) is read, with none.
+    #[test]
+    fn a_journal_of_the_version_before_is_read() {
+        let mut older = journal();
+        older.others.clear();
+        let mut bytes = older.encode();
+        // Version 2 writes an empty `others` as one zero byte before the checksum.
+        let body = bytes.len() - CHECKSUM_BYTES;
+        bytes.truncate(body - 1);
+        bytes[MAGIC.len()] = 1;
+        let sum = checksum(&bytes);
+        bytes.extend_from_slice(&sum);
+        assert_eq!(Journal::decode(&bytes).unwrap(), older);
     }
 
     #[test]

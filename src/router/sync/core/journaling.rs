@@ -72,9 +72,9 @@ impl Round {
             // The inherited entries are in `entries_to_publish` already.
             entries: self.entries_to_publish(),
             totals,
+            others: self.others_counted.clone(),
         });
         let bytes = held.encode();
-        let totals = held.totals;
         let written = self
             .on_journal_disk(
                 move || journal::write(&path, &bytes),
@@ -82,7 +82,7 @@ impl Round {
             )
             .await;
         if written {
-            self.journaling.held_back(totals);
+            self.journaling.held_back(held);
             self.metrics
                 .journal_writes_total
                 .fetch_add(1, Ordering::Relaxed);
@@ -98,9 +98,12 @@ impl Round {
         } else {
             Vec::new()
         };
-        let after = self
-            .journaling
-            .after_published(&self.settings.router_id, self.run, known);
+        let after = self.journaling.after_published(
+            &self.settings.router_id,
+            self.run,
+            known,
+            self.others_counted.clone(),
+        );
         let Some(path) = self.journaling.path.clone() else {
             return;
         };
@@ -121,6 +124,7 @@ impl Round {
             }
             AfterPublished::Checkpoint(checkpoint) => {
                 let bytes = checkpoint.encode();
+                let written = checkpoint.clone();
                 if self
                     .on_journal_disk(
                         move || journal::replace(&path, &bytes),
@@ -128,7 +132,7 @@ impl Round {
                     )
                     .await
                 {
-                    self.journaling.checkpointed(checkpoint.totals);
+                    self.journaling.checkpointed(written);
                     self.metrics
                         .journal_checkpoints_total
                         .fetch_add(1, Ordering::Relaxed);

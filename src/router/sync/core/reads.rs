@@ -157,7 +157,7 @@ impl Round {
             }
         }
         self.ledger.raise_to_known(day.0, &mut fields);
-        let records = round::daily_records(
+        let mut records = round::daily_records(
             &self.settings.router_id,
             day,
             fields
@@ -168,6 +168,12 @@ impl Round {
                 .map(|(field, tokens)| (field.as_str(), *tokens)),
             !self.own_restored,
         );
+        // At start, what the previous run counted of the others is a floor of their usage.
+        if !self.own_restored
+            && let Some(inherited) = &self.journaling.inherited
+        {
+            inherited.raise_others(&self.settings.router_id, day.0, &mut records);
+        }
         let shards = self.shared.shard_count();
         let mut per_shard: HashMap<usize, Vec<_>> = HashMap::new();
         for record in records {

@@ -78,7 +78,7 @@ impl Sim {
                 if !router.backlog.is_empty() || router.journaling.inherited.is_some() {
                     let journal = held_back(router);
                     self.journals[index] = Some(journal.encode());
-                    router.journaling.held_back(journal.totals);
+                    router.journaling.held_back(journal);
                 }
                 let was_up = router.health.is_up();
                 router.sightings.missed_round();
@@ -340,9 +340,10 @@ impl Sim {
         // `sync::core::journaling`'s `journal_published`: the file becomes a checkpoint of
         // this router's totals (written at once: the simulation's disk never fails).
         let known = router.ledger.known_totals();
+        let others = others_counted(router);
         match router
             .journaling
-            .after_published(&router.id, router.run, known)
+            .after_published(&router.id, router.run, known, others)
         {
             AfterPublished::Keep => {}
             AfterPublished::Remove => {
@@ -351,7 +352,7 @@ impl Sim {
             }
             AfterPublished::Checkpoint(journal) => {
                 self.journals[index] = Some(journal.encode());
-                router.journaling.checkpointed(journal.totals);
+                router.journaling.checkpointed(journal);
             }
         }
         router.remember_rounds = router.remember_rounds.saturating_sub(1);
@@ -505,7 +506,12 @@ fn read_totals(
         .iter()
         .filter(|((of, _), _)| *of == day.0)
         .map(|((_, field), tokens)| (field.as_str(), *tokens));
-    let records = round::daily_records(&router.id, day, fields, memory, !router.own_restored);
+    let mut records = round::daily_records(&router.id, day, fields, memory, !router.own_restored);
+    if !router.own_restored
+        && let Some(inherited) = &router.journaling.inherited
+    {
+        inherited.raise_others(&router.id, day.0, &mut records);
+    }
     for (shard_index, shard) in router.shards.iter_mut().enumerate() {
         shard.restore(
             snapshot,
@@ -605,6 +611,20 @@ fn entries_to_publish(router: &Router) -> Vec<Vec<u8>> {
     router.journaling.entries_with(own)
 }
 
+/// What the router counts of the others on each budget, as the journal keeps it (`sync::core`'s
+/// `others_counted`).
+fn others_counted(router: &Router) -> Vec<(u32, String, u64)> {
+    router
+        .shards
+        .iter()
+        .flat_map(|shard| shard.daily_memory())
+        .map(|total| {
+            let field = round::daily_field(&router.id, total.tenant, None);
+            (total.day.0, field, total.tokens)
+        })
+        .collect()
+}
+
 /// What a failed round keeps in the journal (`sync::core::journaling`'s `journal_held_back`).
 fn held_back(router: &Router) -> Journal {
     router.journaling.keep_under(Journal {
@@ -619,5 +639,6 @@ fn held_back(router: &Router) -> Journal {
                 (total.day.0, field, total.tokens)
             })
             .collect(),
+        others: others_counted(router),
     })
 }

@@ -46,8 +46,8 @@ fn without_faults_the_site_keeps_every_shared_limit() {
 /// inventory in `docs/site-simulation.md`; `the_site_keeps_every_shared_limit` lists them with
 /// their failures). A fix that makes one hold takes it off this list.
 const FAILING_WITH_FAULTS: &[u64] = &[
-    31, 144, 464, 526, 558, 677, 710, 916, 965, 1_017, 1_046, 1_145, 1_153, 1_245, 1_507, 1_619,
-    1_629, 1_641, 1_711, 1_972,
+    31, 144, 464, 526, 710, 916, 965, 1_017, 1_046, 1_145, 1_153, 1_245, 1_619, 1_629, 1_641,
+    1_711, 1_972,
 ];
 
 /// Seeds with faults the suite runs (about 35 s on two cores in a debug build).
@@ -142,10 +142,14 @@ fn the_seeds_that_found_a_defect_hold() {
     // halved when one came back; router-2 alone then spent 4,371 tokens where 316 were left.
     // Seed 1,069: a run that shut down while the store did not answer replaced its checkpoint
     // with a journal of only the totals its last round changed; the store lost its data before
-    // the next run, and 2,228 tokens were counted nowhere (`Journaling::keep_under`).
+    // the next run, and 2,228 tokens were counted nowhere (`Journaling::keep_under`). Seed 677:
+    // router-0 crashed, and its new run's first read came just after the store lost its data,
+    // before the others wrote theirs again; cut off a second later, it knew only its own total
+    // and spent 7,297 tokens where nothing was left, until the journal kept what the run
+    // counted of the others (`Journal::others`).
     for seed in [
         37, 350, 25, 89, 290, 118, 236, 72, 354, 284, 255, 390, 229, 184, 314, 979, 146, 308, 374,
-        760, 277, 1_069,
+        760, 277, 1_069, 677,
     ] {
         run(seed, true, false).unwrap_or_else(|failure| panic!("{failure}"));
     }
