@@ -892,7 +892,15 @@ fn keys_served_elsewhere_cost_no_holder_and_are_charged_when_served_here() {
         "{written} {published}"
     );
     assert_eq!(holders(&routers[1], "owner"), 0.0);
-    assert_eq!(holders(&routers[1], "remote_only"), (KEYS + 1) as f64);
+    // The small key's daily usage waits compact too, unless router 1 read today's totals since
+    // it arrived (it does for five rounds after a router joins or comes back): then it waits
+    // in the totals read, for the holder, with no remote-only entry (`Quotas::restore`). The
+    // rate keys' usage waits whatever was read. Counted exactly, CI saw 100 once.
+    let remote_only = holders(&routers[1], "remote_only");
+    assert!(
+        remote_only == KEYS as f64 || remote_only == (KEYS + 1) as f64,
+        "{remote_only}"
+    );
     // Served here, the key finds its budget spent on router 0.
     let refused = post(&routers[1], small);
     assert_eq!(refused.status, 429, "{}", refused.text());
