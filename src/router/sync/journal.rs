@@ -39,7 +39,8 @@
 //! then).
 //!
 //! Bound: per run, the backlog's [`super::round::BACKLOG_MAX`] entries plus one total per budget
-//! this router charged while the store did not answer. A run that inherits a journal and fails
+//! this router charged while the store did not answer, and one count of the others per budget
+//! and day this router counts any on (the budgets its shards hold). A run that inherits a journal and fails
 //! too keeps the inherited entries under its own, so a journal holds that much per run that
 //! ended during one outage (each crash adds at most one backlog); a read refuses more than
 //! `ITEMS_MAX` entries or totals, and anything that does not fit the bytes it was given.

@@ -443,6 +443,11 @@ pub fn parse_daily_field(field: &str) -> Option<(&str, TenantId, Option<ModelKey
     Some((router, tenant, model))
 }
 
+/// `rows` (field, tokens) as [`daily_records`] takes its fields and memory.
+pub fn field_rows(rows: &[(String, u64)]) -> impl Iterator<Item = (&str, u64)> {
+    rows.iter().map(|(field, tokens)| (field.as_str(), *tokens))
+}
+
 /// Today's totals read from the store as the shards restore them: this router's own (added once,
 /// at start-up, when `with_own`) and the other routers' (replacing what was known).
 ///
@@ -650,12 +655,8 @@ mod tests {
             daily_records(
                 "router-0",
                 Day(7),
-                fields
-                    .iter()
-                    .map(|(field, tokens)| (field.as_str(), *tokens)),
-                memory
-                    .iter()
-                    .map(|(field, tokens)| (field.as_str(), *tokens)),
+                field_rows(fields),
+                field_rows(&memory),
                 false,
             )[0]
             .tokens
@@ -835,15 +836,7 @@ mod tests {
             (daily_field("b", TenantId(1), None), 30),
         ];
         let read = |with_own| {
-            let mut records = daily_records(
-                "me",
-                MONDAY,
-                fields
-                    .iter()
-                    .map(|(field, tokens)| (field.as_str(), *tokens)),
-                [],
-                with_own,
-            );
+            let mut records = daily_records("me", MONDAY, field_rows(&fields), [], with_own);
             records.sort_by_key(|record| record.others);
             records
                 .into_iter()
@@ -873,12 +866,8 @@ mod tests {
         let records = daily_records(
             "me",
             MONDAY,
-            fields
-                .iter()
-                .map(|(field, tokens)| (field.as_str(), *tokens)),
-            memory
-                .iter()
-                .map(|(field, tokens)| (field.as_str(), *tokens)),
+            field_rows(&fields),
+            field_rows(&memory),
             false,
         );
         assert_eq!(records.len(), 1);

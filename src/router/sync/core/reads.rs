@@ -160,12 +160,8 @@ impl Round {
         let mut records = round::daily_records(
             &self.settings.router_id,
             day,
-            fields
-                .iter()
-                .map(|(field, tokens)| (field.as_str(), *tokens)),
-            memory
-                .iter()
-                .map(|(field, tokens)| (field.as_str(), *tokens)),
+            round::field_rows(&fields),
+            round::field_rows(&memory),
             !self.own_restored,
         );
         // At start, what the previous run counted of the others is a floor of their usage.

@@ -35,16 +35,8 @@ impl Sim {
             shard.anchor_views(Millis(now), &mut views);
         }
         // `sync::core`: after a loss, what this router remembers of the others' daily usage.
-        let memory: Vec<(u32, String, u64)> = if router.remember_rounds > 0 {
-            router
-                .shards
-                .iter()
-                .flat_map(|shard| shard.daily_memory())
-                .map(|total| {
-                    let field = round::daily_field(&router.id, total.tenant, None);
-                    (total.day.0, field, total.tokens)
-                })
-                .collect()
+        let memory = if router.remember_rounds > 0 {
+            others_counted(router)
         } else {
             Vec::new()
         };
