@@ -17,13 +17,17 @@
 //! - A request that does not fit B2 parks behind every request already parked (FIFO: a small
 //!   request never overtakes a large one that waits), until it fits, its park deadline passes, or
 //!   it is cancelled; a parked request holds no occupancy.
-//! - The B4 share is checked only after B2 fits and refuses at once (it never parks).
+//! - The B4 share is checked only after B2 fits and refuses at once (it never parks). When the
+//!   routers of a site share the budgets, the share is also held to this router's credits for
+//!   the key ([`ShareCredits`]): a request within the share but short of those credits waits
+//!   for a refill like a request short of B2's credits (it parks, within its park timeout),
+//!   and is refused at once once the site's share is known to be in use.
 
 use std::collections::{HashMap, VecDeque};
 
 use crate::base::ids::KeyId;
 use crate::base::ids::Ticket;
-use crate::logic::credits::wallet::Allowance;
+use crate::logic::credits::wallet::{Allowance, Cap};
 use crate::logic::limits::Millis;
 
 /// Occupancy state that has held nothing for this long is dropped (seed, "Idle-state cleanup").
@@ -112,6 +116,33 @@ impl Claim {
         (self.share > 0.0 && limits.share_base_tokens > 0)
             .then(|| (self.share * limits.share_base_tokens as f64).floor() as u64)
     }
+}
+
+/// This router's credits for one key's B4 share, when the routers of a site share the budgets
+/// (`credits::wallet`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareCredits {
+    pub allowance: Allowance,
+    /// The key's pool answered that it has nothing more free since this router's last round:
+    /// the share is in use on the site, so a request short of credits is refused at once.
+    pub spent: bool,
+}
+
+/// This router's credits for a key's share (called with the key and its share in tokens), looked
+/// up when a claim of that key is decided; `None`: the share is this router's alone (no site).
+pub type ShareLookup<'a> = &'a dyn Fn(KeyId, u64) -> Option<ShareCredits>;
+
+/// No site: every share is this router's alone.
+pub const ALONE: ShareLookup<'static> = &|_, _| None;
+
+/// What the B4 share says of a claim that fits B2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ShareCheck {
+    Fits,
+    /// The key's share is in use: refused at once.
+    InUse,
+    /// Within the share, short of this router's credits for it: waits for a refill.
+    ShortOfCredits,
 }
 
 /// Which gate refused.
@@ -211,56 +242,111 @@ impl Occupancy {
         limits: &Limits,
         claim: Claim,
         park_until: Option<Millis>,
+        shares: ShareLookup,
     ) -> Verdict {
-        // Nobody overtakes a parked request.
-        if !self.parked.is_empty() || !self.fits_pool(limits, &claim) {
-            return match park_until {
-                Some(deadline) if deadline > now => {
-                    self.parked.push_back(Parked { claim, deadline });
-                    self.last_busy = now;
-                    Verdict::Parked
+        let refusal = if !self.parked.is_empty() || !self.fits_pool(limits, &claim) {
+            // Nobody overtakes a parked request.
+            Refusal::Budget
+        } else {
+            match self.share_check(limits, &claim, shares) {
+                ShareCheck::Fits => {
+                    self.reserve(now, limits, claim);
+                    return Verdict::Admitted;
                 }
-                _ => Verdict::Refused(Refusal::Budget),
-            };
-        }
-        match self.reserve_if_share_fits(now, limits, claim) {
-            Ok(()) => Verdict::Admitted,
-            Err(refusal) => Verdict::Refused(refusal),
+                ShareCheck::InUse => return Verdict::Refused(Refusal::KeyShare),
+                ShareCheck::ShortOfCredits => Refusal::KeyShare,
+            }
+        };
+        match park_until {
+            Some(deadline) if deadline > now => {
+                self.parked.push_back(Parked { claim, deadline });
+                self.last_busy = now;
+                Verdict::Parked
+            }
+            _ => Verdict::Refused(refusal),
         }
     }
 
     /// Parked requests that fit now, in arrival order, each either admitted (reserved) or refused
-    /// by its B4 share. Stops at the first that still does not fit B2. Call after anything that
-    /// may free room: a release, a true-up or a change of limits.
+    /// by its B4 share. Stops at the first that still does not fit B2, or waits for credits for
+    /// its key's share. Call after anything that may free room: a release, a true-up, a grant
+    /// or a change of limits.
     pub fn admit_parked(
         &mut self,
         now: Millis,
         limits: &Limits,
+        shares: ShareLookup,
     ) -> Vec<(Ticket, Result<(), Refusal>)> {
         let mut decided = Vec::new();
         while let Some(head) = self.parked.front() {
             if !self.fits_pool(limits, &head.claim) {
                 break;
             }
+            let check = self.share_check(limits, &head.claim, shares);
+            if check == ShareCheck::ShortOfCredits {
+                break;
+            }
             let head = self.parked.pop_front().expect("front checked");
-            let reserved = self.reserve_if_share_fits(now, limits, head.claim);
+            let reserved = match check {
+                ShareCheck::Fits => Ok(self.reserve(now, limits, head.claim)),
+                _ => Err(Refusal::KeyShare),
+            };
             decided.push((head.claim.ticket, reserved));
         }
         decided
     }
 
-    /// Parked requests whose deadline has passed: refused by B2 (`429`, `Retry-After: 1`). The
-    /// requests behind them may fit now, so call [`Occupancy::admit_parked`] afterwards.
-    pub fn expire_parked(&mut self, now: Millis) -> Vec<Ticket> {
-        let mut expired = Vec::new();
-        self.parked.retain(|parked| {
-            let keep = parked.deadline > now;
-            if !keep {
-                expired.push(parked.claim.ticket);
-            }
-            keep
-        });
+    /// The first parked request, when it fits B2 and waits only for credits for its key's share:
+    /// its key, the key's share and what it needs of it (the owner asks that key's pool).
+    pub fn head_short_of_share(
+        &self,
+        limits: &Limits,
+        shares: ShareLookup,
+    ) -> Option<(KeyId, f64, u64)> {
+        let head = self.parked.front()?;
+        (self.fits_pool(limits, &head.claim)
+            && self.share_check(limits, &head.claim, shares) == ShareCheck::ShortOfCredits)
+            .then(|| {
+                (
+                    head.claim.key,
+                    head.claim.share,
+                    head.claim.footprint.tokens(),
+                )
+            })
+    }
+
+    /// The key of a reservation held here.
+    pub fn key_of(&self, ticket: Ticket) -> Option<KeyId> {
+        self.held.get(&ticket).map(|held| held.key)
+    }
+
+    /// Parked requests whose deadline has passed, each with the gate that kept it waiting: B2
+    /// (`429`, `Retry-After: 1`), or its key's share when it fits B2 but never got credits for
+    /// it. The requests behind them may fit now, so call [`Occupancy::admit_parked`] afterwards.
+    pub fn expire_parked(
+        &mut self,
+        now: Millis,
+        limits: &Limits,
+        shares: ShareLookup,
+    ) -> Vec<(Ticket, Refusal)> {
+        let (expired, kept): (VecDeque<Parked>, VecDeque<Parked>) =
+            std::mem::take(&mut self.parked)
+                .into_iter()
+                .partition(|parked| parked.deadline <= now);
+        self.parked = kept;
         expired
+            .into_iter()
+            .map(|parked| {
+                let refusal = if self.fits_pool(limits, &parked.claim)
+                    && self.share_check(limits, &parked.claim, shares) != ShareCheck::Fits
+                {
+                    Refusal::KeyShare
+                } else {
+                    Refusal::Budget
+                };
+                (parked.claim.ticket, refusal)
+            })
+            .collect()
     }
 
     /// The earliest park deadline, for the owner's timer.
@@ -377,21 +463,36 @@ impl Occupancy {
         tokens_fit && count_fits
     }
 
-    fn reserve_if_share_fits(
-        &mut self,
-        now: Millis,
-        limits: &Limits,
-        claim: Claim,
-    ) -> Result<(), Refusal> {
+    /// What the key's requests hold here now, against its B4 share.
+    pub fn key_tokens(&self, key: KeyId) -> u64 {
+        self.by_key.get(&key).copied().unwrap_or(0)
+    }
+
+    fn share_check(&self, limits: &Limits, claim: &Claim, shares: ShareLookup) -> ShareCheck {
+        let Some(limit) = claim.share_limit(limits) else {
+            return ShareCheck::Fits;
+        };
+        let used = self.key_tokens(claim.key);
         let footprint = claim.footprint.tokens();
-        let share_limit = claim.share_limit(limits);
-        if let Some(limit) = share_limit {
-            let used = self.by_key.get(&claim.key).copied().unwrap_or(0);
-            if used.saturating_add(footprint) > limit {
-                return Err(Refusal::KeyShare);
-            }
+        if used.saturating_add(footprint) > limit {
+            return ShareCheck::InUse;
         }
-        let keyed = share_limit.is_some();
+        match shares(claim.key, limit) {
+            None => ShareCheck::Fits,
+            Some(credits) if credits.allowance.allows(used, footprint) => ShareCheck::Fits,
+            Some(credits) if credits.spent || credits.allowance.cap != Cap::Credits => {
+                // Nothing more to ask for: the site's share is in use, or the store does not
+                // answer and this router is at its part of it.
+                ShareCheck::InUse
+            }
+            Some(_) => ShareCheck::ShortOfCredits,
+        }
+    }
+
+    /// Reserves a claim that fits B2 and its share.
+    fn reserve(&mut self, now: Millis, limits: &Limits, claim: Claim) {
+        let footprint = claim.footprint.tokens();
+        let keyed = claim.share_limit(limits).is_some();
         if keyed && footprint > 0 {
             *self.by_key.entry(claim.key).or_insert(0) += footprint;
         }
@@ -409,7 +510,6 @@ impl Occupancy {
             },
         );
         debug_assert!(previous.is_none(), "a ticket reserved twice");
-        Ok(())
     }
 }
 
@@ -455,21 +555,21 @@ mod tests {
         let limits = Limits::new(1.0, 100, 2, 1);
         let mut pool = Occupancy::new(NOW);
         assert_eq!(
-            pool.admit(NOW, &limits, claim(1, 60, 0), None),
+            pool.admit(NOW, &limits, claim(1, 60, 0), None, ALONE),
             Verdict::Admitted
         );
         assert_eq!(
-            pool.admit(NOW, &limits, claim(2, 30, 20), None),
+            pool.admit(NOW, &limits, claim(2, 30, 20), None, ALONE),
             Verdict::Refused(Refusal::Budget)
         );
         assert_eq!(
-            pool.admit(NOW, &limits, claim(3, 30, 10), None),
+            pool.admit(NOW, &limits, claim(3, 30, 10), None, ALONE),
             Verdict::Admitted
         );
         assert_eq!(pool.tokens(), 100);
         // Budget full and backstop at 2.
         assert_eq!(
-            pool.admit(NOW, &limits, claim(4, 0, 0), None),
+            pool.admit(NOW, &limits, claim(4, 0, 0), None, ALONE),
             Verdict::Refused(Refusal::Budget)
         );
         assert!(pool.release(NOW, ticket(1)));
@@ -484,22 +584,22 @@ mod tests {
         let mut pool = Occupancy::new(NOW);
         let until = Some(NOW.plus_ms(250));
         assert_eq!(
-            pool.admit(NOW, &limits, claim(1, 90, 0), until),
+            pool.admit(NOW, &limits, claim(1, 90, 0), until, ALONE),
             Verdict::Admitted
         );
         assert_eq!(
-            pool.admit(NOW, &limits, claim(2, 50, 0), until),
+            pool.admit(NOW, &limits, claim(2, 50, 0), until, ALONE),
             Verdict::Parked
         );
         // Fits on its own, but does not overtake request 2.
         assert_eq!(
-            pool.admit(NOW, &limits, claim(3, 5, 0), until),
+            pool.admit(NOW, &limits, claim(3, 5, 0), until, ALONE),
             Verdict::Parked
         );
-        assert!(pool.admit_parked(NOW, &limits).is_empty());
+        assert!(pool.admit_parked(NOW, &limits, ALONE).is_empty());
         pool.release(NOW, ticket(1));
         assert_eq!(
-            pool.admit_parked(NOW, &limits),
+            pool.admit_parked(NOW, &limits, ALONE),
             vec![(ticket(2), Ok(())), (ticket(3), Ok(()))]
         );
         assert_eq!(pool.tokens(), 55);
@@ -509,26 +609,114 @@ mod tests {
     fn park_deadline_expires_and_unblocks_those_behind() {
         let limits = Limits::new(1.0, 100, 0, 1);
         let mut pool = Occupancy::new(NOW);
-        pool.admit(NOW, &limits, claim(1, 60, 0), None);
+        pool.admit(NOW, &limits, claim(1, 60, 0), None, ALONE);
         assert_eq!(
-            pool.admit(NOW, &limits, claim(2, 50, 0), Some(NOW.plus_ms(100))),
+            pool.admit(NOW, &limits, claim(2, 50, 0), Some(NOW.plus_ms(100)), ALONE),
             Verdict::Parked
         );
         assert_eq!(
-            pool.admit(NOW, &limits, claim(3, 10, 0), Some(NOW.plus_ms(500))),
+            pool.admit(NOW, &limits, claim(3, 10, 0), Some(NOW.plus_ms(500)), ALONE),
             Verdict::Parked
         );
         assert_eq!(pool.next_park_deadline(), Some(NOW.plus_ms(100)));
-        assert!(pool.expire_parked(NOW.plus_ms(99)).is_empty());
-        assert_eq!(pool.expire_parked(NOW.plus_ms(100)), vec![ticket(2)]);
+        assert!(
+            pool.expire_parked(NOW.plus_ms(99), &limits, ALONE)
+                .is_empty()
+        );
         assert_eq!(
-            pool.admit_parked(NOW.plus_ms(100), &limits),
+            pool.expire_parked(NOW.plus_ms(100), &limits, ALONE),
+            vec![(ticket(2), Refusal::Budget)]
+        );
+        assert_eq!(
+            pool.admit_parked(NOW.plus_ms(100), &limits, ALONE),
             vec![(ticket(3), Ok(()))]
         );
         // A deadline already past refuses instead of parking.
         assert_eq!(
-            pool.admit(NOW, &limits, claim(4, 50, 0), Some(NOW)),
+            pool.admit(NOW, &limits, claim(4, 50, 0), Some(NOW), ALONE),
             Verdict::Refused(Refusal::Budget)
+        );
+    }
+
+    /// With a site, the share is held to this router's credits for the key as well: short of
+    /// them a request parks (and blocks those behind it, as B2 does), once they come it is
+    /// admitted, and once the site's share is known to be in use it is refused; past its park
+    /// deadline it is refused by B4, not B2.
+    #[test]
+    fn a_share_short_of_credits_parks_until_they_come() {
+        use std::cell::Cell;
+        let limits = Limits::new(1.0, 1000, 0, 1);
+        let mut pool = Occupancy::new(NOW);
+        let shared = |sequence, input| Claim {
+            share: 0.5,
+            ..claim(sequence, input, 0)
+        };
+        let credits = Cell::new(0);
+        let spent = Cell::new(false);
+        let cap = Cell::new(Cap::Credits);
+        let lookup = |key: KeyId, limit: u64| {
+            assert_eq!((key, limit), (KeyId(1), 500));
+            Some(ShareCredits {
+                allowance: Allowance {
+                    credits: credits.get(),
+                    cap: cap.get(),
+                },
+                spent: spent.get(),
+            })
+        };
+        let until = Some(NOW.plus_ms(100));
+        assert_eq!(
+            pool.admit(NOW, &limits, shared(1, 200), until, &lookup),
+            Verdict::Parked
+        );
+        assert_eq!(
+            pool.head_short_of_share(&limits, &lookup),
+            Some((KeyId(1), 0.5, 200))
+        );
+        let unkeyed = claim(2, 10, 0);
+        assert_eq!(
+            pool.admit(NOW, &limits, unkeyed, until, &lookup),
+            Verdict::Parked,
+            "nobody overtakes it"
+        );
+        credits.set(300);
+        let admitted = pool.admit_parked(NOW, &limits, &lookup);
+        assert_eq!(admitted, vec![(ticket(1), Ok(())), (ticket(2), Ok(()))]);
+        assert_eq!(pool.key_tokens(KeyId(1)), 200);
+        // 200 + 150 > 300 held: short again; the pool then says it has nothing free.
+        assert_eq!(
+            pool.admit(NOW, &limits, shared(3, 150), until, &lookup),
+            Verdict::Parked
+        );
+        spent.set(true);
+        assert_eq!(
+            pool.admit_parked(NOW, &limits, &lookup),
+            vec![(ticket(3), Err(Refusal::KeyShare))]
+        );
+        assert_eq!(
+            pool.admit(NOW, &limits, shared(4, 150), until, &lookup),
+            Verdict::Refused(Refusal::KeyShare)
+        );
+        // The store does not answer: this router's part of the share (250), nothing to wait for.
+        spent.set(false);
+        cap.set(Cap::Share { share: 250 });
+        assert_eq!(
+            pool.admit(NOW, &limits, shared(5, 60), until, &lookup),
+            Verdict::Refused(Refusal::KeyShare)
+        );
+        assert_eq!(
+            pool.admit(NOW, &limits, shared(6, 50), until, &lookup),
+            Verdict::Admitted
+        );
+        // Short of credits at the deadline: B4's refusal.
+        cap.set(Cap::Credits);
+        assert_eq!(
+            pool.admit(NOW, &limits, shared(7, 100), until, &lookup),
+            Verdict::Parked
+        );
+        assert_eq!(
+            pool.expire_parked(NOW.plus_ms(100), &limits, &lookup),
+            vec![(ticket(7), Refusal::KeyShare)]
         );
     }
 
@@ -542,15 +730,15 @@ mod tests {
             ..claim(sequence, input, 0)
         };
         assert_eq!(
-            pool.admit(NOW, &limits, shared(1, 200), None),
+            pool.admit(NOW, &limits, shared(1, 200), None, ALONE),
             Verdict::Admitted
         );
         assert_eq!(
-            pool.admit(NOW, &limits, shared(2, 51), Some(NOW.plus_ms(100))),
+            pool.admit(NOW, &limits, shared(2, 51), Some(NOW.plus_ms(100)), ALONE),
             Verdict::Refused(Refusal::KeyShare)
         );
         assert_eq!(
-            pool.admit(NOW, &limits, shared(3, 50), None),
+            pool.admit(NOW, &limits, shared(3, 50), None, ALONE),
             Verdict::Admitted
         );
         // Another key is not affected by key 1's share.
@@ -559,7 +747,7 @@ mod tests {
             ..shared(4, 251)
         };
         assert_eq!(
-            pool.admit(NOW, &limits, other, None),
+            pool.admit(NOW, &limits, other, None, ALONE),
             Verdict::Refused(Refusal::Budget)
         );
         assert_eq!(
@@ -573,14 +761,14 @@ mod tests {
     fn growth_and_true_up_move_the_totals() {
         let limits = Limits::new(1.0, 1000, 0, 1);
         let mut pool = Occupancy::new(NOW);
-        pool.admit(NOW, &limits, claim(1, 100, 0), None);
+        pool.admit(NOW, &limits, claim(1, 100, 0), None, ALONE);
         pool.grow(NOW, ticket(1), 30);
         assert_eq!(pool.tokens(), 130);
         pool.grow(NOW, ticket(1), 20);
         assert_eq!(pool.tokens(), 130, "growth never shrinks");
         pool.true_up(NOW, ticket(1), 80);
         assert_eq!(pool.tokens(), 110);
-        pool.admit(NOW, &limits, claim(2, 10, 50), None);
+        pool.admit(NOW, &limits, claim(2, 10, 50), None, ALONE);
         pool.grow(NOW, ticket(2), 20);
         assert_eq!(pool.tokens(), 170, "declared output already covers 20");
         pool.release(NOW, ticket(1));
@@ -592,8 +780,8 @@ mod tests {
     fn reaper_releases_only_stale_reservations() {
         let limits = Limits::default();
         let mut pool = Occupancy::new(NOW);
-        pool.admit(NOW, &limits, claim(1, 10, 0), None);
-        pool.admit(NOW.plus_ms(500), &limits, claim(2, 10, 0), None);
+        pool.admit(NOW, &limits, claim(1, 10, 0), None, ALONE);
+        pool.admit(NOW.plus_ms(500), &limits, claim(2, 10, 0), None, ALONE);
         assert_eq!(pool.reap(NOW.plus_ms(1000), 1000), 1);
         assert!(pool.holds(ticket(2)));
         assert_eq!(pool.tokens(), 10);
@@ -614,11 +802,11 @@ mod tests {
             ..claim(sequence, input, 0)
         };
         assert_eq!(
-            occupancy.admit(NOW, &limits, keyed(1, 100), None),
+            occupancy.admit(NOW, &limits, keyed(1, 100), None, ALONE),
             Verdict::Admitted
         );
         assert_eq!(
-            occupancy.admit(NOW, &limits, keyed(2, 50), None),
+            occupancy.admit(NOW, &limits, keyed(2, 50), None, ALONE),
             Verdict::Admitted
         );
         assert_eq!(occupancy.inflight(), 2);
@@ -651,7 +839,7 @@ mod tests {
     #[test]
     fn idle_after_fifteen_minutes_without_work() {
         let mut pool = Occupancy::new(NOW);
-        pool.admit(NOW, &Limits::default(), claim(1, 10, 0), None);
+        pool.admit(NOW, &Limits::default(), claim(1, 10, 0), None, ALONE);
         assert!(!pool.is_idle(NOW.plus_ms(IDLE_DROP_MS * 2)));
         pool.release(NOW.plus_ms(10), ticket(1));
         assert!(!pool.is_idle(NOW.plus_ms(IDLE_DROP_MS)));
@@ -728,7 +916,7 @@ mod tests {
                             share: if share { 0.4 } else { 0.0 },
                         };
                         let park_until = park.then(|| now.plus_ms(100));
-                        pool.admit(now, &limits, claim, park_until);
+                        pool.admit(now, &limits, claim, park_until, ALONE);
                         issued.push(ticket);
                     }
                     Op::Grow { which, output } => {
@@ -744,20 +932,20 @@ mod tests {
                     Op::Release { which } => {
                         if let Some(ticket) = issued.get(which) {
                             pool.release(now, *ticket);
-                            pool.admit_parked(now, &limits);
+                            pool.admit_parked(now, &limits, ALONE);
                         }
                     }
                     Op::Cancel { which } => {
                         if let Some(ticket) = issued.get(which) {
                             pool.cancel_parked(*ticket);
                             pool.release(now, *ticket);
-                            pool.admit_parked(now, &limits);
+                            pool.admit_parked(now, &limits, ALONE);
                         }
                     }
                     Op::Expire { after_ms } => {
                         now = now.plus_ms(after_ms);
-                        pool.expire_parked(now);
-                        pool.admit_parked(now, &limits);
+                        pool.expire_parked(now, &limits, ALONE);
+                        pool.admit_parked(now, &limits, ALONE);
                     }
                     Op::Reap => {
                         pool.reap(now, 250);

@@ -1,5 +1,5 @@
 //! Occupancy credits: how the routers of a site share an occupancy budget (B2
-//! `admit_budget_tokens` / `max_inflight`, B4 `max_occupancy_share`) so that together they never
+//! `admit_budget_tokens` / `max_inflight`, each key's B4 `max_occupancy_share`) so that together they never
 //! hold more than it, not even for a moment (seed `run-several-routers.md`, "Occupancy credits").
 //!
 //! # Key components
@@ -21,6 +21,10 @@
 //! `shard::owner::wallets`, and admission keeps within them in `admission::occupancy`
 //! (`Limits::credits`).
 
+use std::borrow::Cow;
+
+use crate::base::ids::KeyId;
+
 pub mod pool;
 pub mod view;
 pub mod wallet;
@@ -28,27 +32,26 @@ pub mod wallet;
 #[cfg(test)]
 mod simulation;
 
-/// The two occupancy budgets of a model that routers share: B2's token budget
-/// (`admit_budget_tokens`) and its request backstop (`max_inflight`).
+/// The occupancy budgets of a model that routers share: B2's token budget
+/// (`admit_budget_tokens`) and its request backstop (`max_inflight`), and each key's B4 share of
+/// the token budget (`max_occupancy_share`), one pool per key with a share in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BudgetKind {
     Tokens,
     Requests,
+    /// The key's `max_occupancy_share` of the model's tokens (`share × admit_budget_tokens ×
+    /// healthy`): what the key's requests in flight may use on all routers together.
+    Share(KeyId),
 }
 
 impl BudgetKind {
-    pub fn index(self) -> usize {
+    /// The budget's part of its pool's name in the store: `tokens`, `requests`, or `share-`
+    /// and the key's ID in hex (the same ID on every router of the site).
+    pub fn name(self) -> Cow<'static, str> {
         match self {
-            BudgetKind::Tokens => 0,
-            BudgetKind::Requests => 1,
-        }
-    }
-
-    /// The suffix of the budget's pool in the store.
-    pub fn name(self) -> &'static str {
-        match self {
-            BudgetKind::Tokens => "tokens",
-            BudgetKind::Requests => "requests",
+            BudgetKind::Tokens => Cow::Borrowed("tokens"),
+            BudgetKind::Requests => Cow::Borrowed("requests"),
+            BudgetKind::Share(key) => Cow::Owned(format!("share-{key}")),
         }
     }
 }

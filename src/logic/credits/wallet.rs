@@ -171,6 +171,12 @@ impl Wallet {
         }
     }
 
+    /// Holding nothing with nothing in use, unused for [`IDLE_RETURN_MS`]: a wallet that comes
+    /// and goes with its users (a key's share) may be dropped.
+    pub fn is_idle(&self, now: Millis, in_use: u64) -> bool {
+        self.is_empty(in_use) && now.0.saturating_sub(self.last_used.0) >= IDLE_RETURN_MS
+    }
+
     /// Holding nothing with nothing in use: the owner may drop it.
     pub fn is_empty(&self, in_use: u64) -> bool {
         self.credits == 0 && in_use == 0

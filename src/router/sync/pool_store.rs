@@ -74,7 +74,7 @@ return result
 
 /// Takes a router's holdings back from every pool of the site (a clean shutdown, or the others
 /// giving it up), unless a newer run holds them; pools left empty leave the set, so it holds at
-/// most the budgets some router holds credits in (two per model). KEYS: the set
+/// most the budgets some router holds credits in (two per model, and one per key's share). KEYS: the set
 /// of pools. ARGV: router ID, run. Returns how many holdings went.
 pub const RELEASE: &str = r#"
 local released = 0

@@ -34,7 +34,8 @@ pub const ACKNOWLEDGE_WAIT_MS: u64 = 50;
 /// One budget's pool as this router knows it.
 #[derive(Debug)]
 struct Budget {
-    /// The pool's name under `pool:`: `{capability}|{model}|{kind}`.
+    /// The pool's name under `pool:`: `{capability}|{model}|{kind}` (`share-{key}` for a key's
+    /// share).
     pool: String,
     /// The whole budget, as the owner shard last reported it.
     budget: u64,
@@ -58,8 +59,10 @@ pub struct AfterRound {
 }
 
 /// The pools of the budgets this router has credits for. Bound: one entry per model and budget
-/// kind this router has reported credits for (two per model the registry knows); each round
-/// writes and reads one pool per entry, each pool holding one field per router of the site.
+/// kind this router has reported credits for (two per model the registry knows), and one per
+/// key's B4 share while this router's wallet for it reports (it goes at the first round that
+/// does not); each round writes and reads one pool per entry, each pool holding one field per
+/// router of the site.
 #[derive(Debug)]
 pub struct SiteCredits {
     router: String,
@@ -224,11 +227,14 @@ impl SiteCredits {
             after.forfeit = true;
         }
         let mut others_short = Vec::new();
+        let mut unreported = Vec::new();
         for (key, read) in self.written.iter().zip(reads) {
             let Some(budget) = self.budgets.get_mut(key) else {
                 continue;
             };
-            budget.holding = None;
+            if budget.holding.take().is_none() && matches!(key.1, BudgetKind::Share(_)) {
+                unreported.push(*key);
+            }
             let holdings: Vec<(String, StoredHolding)> = read
                 .holdings
                 .iter()
@@ -264,6 +270,11 @@ impl SiteCredits {
                 after.forfeit = true;
                 after.given_up = true;
             }
+        }
+        // A key's share this router holds nothing of (its wallet went, or never got any):
+        // its pool is read no more. A later refill reads it again, as a budget first seen.
+        for key in unreported {
+            self.budgets.remove(&key);
         }
         after.others_short = Arc::new(others_short);
         after

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use crate::base::clock::Millis;
 use crate::base::ids::{AgentId, KeyId, ModelId, Ticket};
 use crate::logic::admission::Reason;
-use crate::logic::admission::occupancy::{Claim, Limits, Occupancy, Refusal, Verdict};
+use crate::logic::admission::occupancy::{
+    Claim, Limits, Occupancy, Refusal, ShareCredits, Verdict,
+};
 use crate::logic::credits::BudgetKind;
 use crate::logic::hold::{ClientId, HoldBook, HoldLimits, HoldRefusal};
 use crate::logic::policy::ModelPolicy;
@@ -121,25 +123,27 @@ impl ModelOccupancy {
         (self.occupancy.tokens(), self.occupancy.inflight())
     }
 
-    /// `base` with this router's credits, when routers share the budgets. A key's B4 share is
-    /// split evenly between the routers (`routers`, silent ones included): together they never
-    /// give a key more than its share, though a key served by one router gets only its part.
+    /// `base` with this router's credits, when routers share the budgets.
     fn limits(&self, base: Limits, sharing: Option<Sharing>) -> Limits {
         match (&self.wallets, sharing) {
-            (Some(wallets), Some(sharing)) => {
-                let cap = if sharing.closed {
-                    CreditCap::Closed
-                } else {
-                    sharing.cap
-                };
-                let split = Limits {
-                    share_base_tokens: base.share_base_tokens / u64::from(sharing.routers.max(1)),
-                    ..base
-                };
-                wallets.limit(split, cap, sharing.live)
-            }
+            (Some(wallets), Some(sharing)) => wallets.limit(base, sharing.cap(), sharing.live),
             _ => base,
         }
+    }
+}
+
+/// This router's credits for a key's B4 share of a model with `wallets`, for admission: exact
+/// across the routers of a site, as B2's budgets are (`None`: no site, the share is this
+/// router's alone).
+fn share_lookup(
+    wallets: &Option<ModelWallets>,
+    sharing: Option<Sharing>,
+) -> impl Fn(KeyId, u64) -> Option<ShareCredits> + '_ {
+    move |key, limit| match (wallets, sharing) {
+        (Some(wallets), Some(sharing)) => {
+            Some(wallets.share_credits(key, limit, sharing.cap(), sharing.live))
+        }
+        _ => None,
     }
 }
 
@@ -152,8 +156,19 @@ struct Sharing {
     /// Live routers, this one included (an unacknowledged grant keeps to budget ÷ live).
     live: u32,
     /// Routers that may be admitting (live and silent, or those last seen while the store is
-    /// unreachable): what a key's B4 share is split between.
+    /// unreachable).
     routers: u32,
+}
+
+impl Sharing {
+    /// The cap admission holds the wallets to now.
+    fn cap(self) -> CreditCap {
+        if self.closed {
+            CreditCap::Closed
+        } else {
+            self.cap
+        }
+    }
 }
 
 /// Everything this shard owns about its models.
@@ -231,10 +246,10 @@ impl Models {
             .get_mut(&model)
             .and_then(|owned| owned.wallets.as_mut())
         {
-            wallets.granted(kind, granted, acknowledged);
+            wallets.granted(now, kind, granted, acknowledged);
             self.retry_parked(now, model, effects);
             if granted > 0 {
-                self.refill_for_parked(model, effects);
+                self.refill_for_parked(now, model, effects);
             }
         }
     }
@@ -242,7 +257,7 @@ impl Models {
     /// Requests still parked after a grant (it covered the first of them) or a round: ask the
     /// pool for what they need together. Without it a burst that arrives while a refill is on
     /// its way gets that refill's worth and the rest wait out their park timeout.
-    fn refill_for_parked(&mut self, model: ModelId, effects: &mut Effects) {
+    fn refill_for_parked(&mut self, now: Millis, model: ModelId, effects: &mut Effects) {
         let policy = match self.occupancy.get(&model) {
             Some(owned) if owned.occupancy.parked_len() > 0 => owned.policy.clone(),
             _ => return,
@@ -263,6 +278,7 @@ impl Models {
                 &mut effects.refills,
             );
         }
+        ask_share_for_head(now, model, base, owned, Some(sharing), effects);
     }
 
     /// The sync core's news of the credits.
@@ -306,7 +322,9 @@ impl Models {
                 u64::from(owned.policy.max_inflight),
                 healthy,
             );
-            wallets.round(now, *model, &base, in_use, reached, out);
+            let occupancy = &owned.occupancy;
+            let key_in_use = |key| occupancy.key_tokens(key);
+            wallets.round(now, *model, &base, in_use, key_in_use, reached, out);
         }
         let parked: Vec<ModelId> = self
             .occupancy
@@ -315,7 +333,7 @@ impl Models {
             .map(|(model, _)| *model)
             .collect();
         for model in parked {
-            self.refill_for_parked(model, effects);
+            self.refill_for_parked(now, model, effects);
         }
     }
 
@@ -323,9 +341,7 @@ impl Models {
     pub fn set_others_short(&mut self, short: &[(ModelId, BudgetKind)]) {
         for (model, owned) in self.occupancy.iter_mut() {
             if let Some(wallets) = owned.wallets.as_mut() {
-                for kind in [BudgetKind::Tokens, BudgetKind::Requests] {
-                    wallets.set_others_short(kind, short.contains(&(*model, kind)));
-                }
+                wallets.set_others_short(|kind| short.contains(&(*model, kind)));
             }
         }
     }
@@ -387,13 +403,34 @@ impl Models {
             let limits = owned.limits(base, sharing);
             let would_park = request.park_until.is_some_and(|until| until > now);
             let park_until = request.park_until.filter(|_| !request.bounce_park);
-            let verdict = owned
-                .occupancy
-                .admit(now, &limits, request.claim, park_until);
+            let verdict = owned.occupancy.admit(
+                now,
+                &limits,
+                request.claim,
+                park_until,
+                &share_lookup(&owned.wallets, sharing),
+            );
+            let claim = request.claim;
             if let (Some(wallets), Some(sharing)) = (owned.wallets.as_mut(), sharing) {
                 if verdict == Verdict::Admitted {
-                    wallets.touch(now);
-                } else if base.is_active() {
+                    wallets.touch(now, Some(claim.key));
+                } else if claim.share > 0.0 {
+                    // Short of B2's credits, of the key's share, or both: ask for what it needs
+                    // of each (the share's pool is not asked when the share is in use).
+                    let used = owned.occupancy.key_tokens(claim.key);
+                    wallets.share_short(
+                        now,
+                        model,
+                        claim.key,
+                        claim.share,
+                        &base,
+                        used,
+                        claim.footprint.tokens(),
+                        sharing.cap(),
+                        &mut effects.refills,
+                    );
+                }
+                if verdict != Verdict::Admitted && base.is_active() {
                     let in_use = (owned.occupancy.tokens(), owned.occupancy.inflight());
                     let footprint = request.claim.footprint.tokens();
                     wallets.short(
@@ -471,9 +508,10 @@ impl Models {
         effects: &mut Effects,
     ) {
         let released = self.occupancy.get_mut(&model).is_some_and(|owned| {
+            let key = owned.occupancy.key_of(ticket);
             let released = owned.occupancy.release(now, ticket);
             if released && let Some(wallets) = owned.wallets.as_mut() {
-                wallets.touch(now);
+                wallets.touch(now, key);
             }
             released
         });
@@ -618,11 +656,31 @@ impl Models {
     /// next park deadline, if anything is still parked.
     pub fn expire_parked(&mut self, now: Millis, effects: &mut Effects) -> Option<Millis> {
         let mut models = Vec::with_capacity(self.occupancy.len());
+        let sharing = self.sharing;
         for (model, owned) in self.occupancy.iter_mut() {
-            for ticket in owned.occupancy.expire_parked(now) {
-                owned.parked_for_slot.remove(&ticket);
-                *self.rejections.entry((*model, Reason::B2)).or_insert(0) += 1;
-                effects.answer(ticket, Answer::decided(*model, Decision::PoolFull));
+            if owned
+                .occupancy
+                .next_park_deadline()
+                .is_some_and(|due| due <= now)
+            {
+                let base = Limits::new(
+                    self.admit_fraction,
+                    owned.policy.admit_budget_tokens,
+                    u64::from(owned.policy.max_inflight),
+                    healthy_in(&self.routes, *model),
+                );
+                let limits = owned.limits(base, sharing);
+                let shares = share_lookup(&owned.wallets, sharing);
+                for (ticket, refusal) in owned.occupancy.expire_parked(now, &limits, &shares) {
+                    owned.parked_for_slot.remove(&ticket);
+                    let decision = match refusal {
+                        Refusal::Budget => Decision::PoolFull,
+                        Refusal::KeyShare => Decision::KeyShare,
+                    };
+                    let gate = decision.gate().expect("a refusal has a gate");
+                    *self.rejections.entry((*model, gate)).or_insert(0) += 1;
+                    effects.answer(ticket, Answer::decided(*model, decision));
+                }
             }
             models.push(*model);
         }
@@ -737,12 +795,15 @@ impl Models {
             healthy,
         );
         let limits = owned.limits(base, sharing);
-        let admitted = owned.occupancy.admit_parked(now, &limits);
-        if let Some(wallets) = owned.wallets.as_mut()
-            && !admitted.is_empty()
-        {
-            wallets.touch(now);
+        let shares = share_lookup(&owned.wallets, sharing);
+        let admitted = owned.occupancy.admit_parked(now, &limits, &shares);
+        drop(shares);
+        if let Some(wallets) = owned.wallets.as_mut() {
+            for (ticket, _) in admitted.iter().filter(|(_, result)| result.is_ok()) {
+                wallets.touch(now, owned.occupancy.key_of(*ticket));
+            }
         }
+        ask_share_for_head(now, model, base, owned, sharing, effects);
         let admitted: Vec<_> = admitted
             .into_iter()
             .map(|(ticket, result)| {
@@ -803,6 +864,43 @@ impl Models {
             u64::from(policy.max_inflight),
             self.healthy_agents(model),
         )
+    }
+}
+
+/// The first parked request of `owned` waits only for credits for its key's share: ask that
+/// key's pool for them (one refill at a time per key, none while the share is in use).
+fn ask_share_for_head(
+    now: Millis,
+    model: ModelId,
+    base: Limits,
+    owned: &mut ModelOccupancy,
+    sharing: Option<Sharing>,
+    effects: &mut Effects,
+) {
+    let Some(sharing) = sharing else {
+        return;
+    };
+    let limits = owned.limits(base, Some(sharing));
+    let shares = share_lookup(&owned.wallets, Some(sharing));
+    let head = owned.occupancy.head_short_of_share(&limits, &shares);
+    drop(shares);
+    let Some((key, share, need)) = head else {
+        return;
+    };
+    let used = owned.occupancy.key_tokens(key);
+    if let Some(wallets) = owned.wallets.as_mut() {
+        let cap = sharing.cap();
+        wallets.share_short(
+            now,
+            model,
+            key,
+            share,
+            &base,
+            used,
+            need,
+            cap,
+            &mut effects.refills,
+        );
     }
 }
 

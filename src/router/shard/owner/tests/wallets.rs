@@ -158,23 +158,190 @@ fn a_router_closed_or_forfeited_admits_nothing_new() {
     );
 }
 
+/// `MODEL`'s wallets hold its whole budget (100 tokens, 8 requests), and nothing is in use: a
+/// request without a share parks for them, and ends once admitted.
+fn fund(owner: &mut Owner, effects: &mut Effects) {
+    use crate::logic::credits::BudgetKind;
+    let visit = gated(99, 1, 100, Some(Millis(250)), false);
+    assert_eq!(
+        decision(owner.serve(&at(0), ticket(99), visit, effects)),
+        None
+    );
+    grant_credits(owner, 0, BudgetKind::Tokens, 100, effects);
+    grant_credits(owner, 0, BudgetKind::Requests, 8, effects);
+    assert_eq!(decided(effects), [(99, Decision::Reserved)]);
+    let release = Notice::ReleaseReservation {
+        model: MODEL,
+        ticket: ticket(99),
+    };
+    owner.notice(&at(0), release, effects);
+    effects.refills.clear();
+}
+
+/// The key's B4 share (half of a 100-token budget) has a pool of its own: `KEY`'s requests wait
+/// for credits for it like B2's, the whole share may go to the one router that serves the key,
+/// and a request over the share is refused at once.
 #[test]
-fn a_keys_occupancy_share_is_split_between_the_routers() {
+fn a_keys_occupancy_share_is_exact_across_the_routers() {
     use crate::logic::credits::BudgetKind;
     let (mut owner, mut effects) = (sharing_owner(2), Effects::default());
-    up(&mut owner, 4, 1, &mut effects);
+    up(&mut owner, 8, 1, &mut effects);
+    fund(&mut owner, &mut effects);
+    let park = Some(Millis(250));
+    let keyed =
+        |sequence: u64, tokens: u64| gated_with_share(sequence, tokens, 100, park, false, 0.5);
+    let share = BudgetKind::Share(KeyId(1));
+    assert_eq!(
+        decision(owner.serve(&at(1), ticket(1), keyed(1, 30), &mut effects)),
+        None,
+        "within the share, short of credits for it: parked"
+    );
+    let asked: Vec<_> = effects
+        .refills
+        .iter()
+        .filter(|refill| refill.kind == share)
+        .collect();
+    assert_eq!(
+        asked.len(),
+        1,
+        "one refill of the key's share: {:?}",
+        effects.refills
+    );
+    assert_eq!((asked[0].want, asked[0].budget), (30 + 50 / 8, 50));
+    effects.refills.clear();
+    grant_credits(&mut owner, 2, share, 36, &mut effects);
+    assert_eq!(decided(&mut effects), [(1, Decision::Reserved)]);
+    // The other router holds nothing of the share: this one may take all of it, more than the
+    // half an even split would give it.
+    assert_eq!(
+        decision(owner.serve(&at(3), ticket(2), keyed(2, 20), &mut effects)),
+        None
+    );
+    let want = effects
+        .refills
+        .iter()
+        .find(|refill| refill.kind == share)
+        .unwrap()
+        .want;
+    assert_eq!(
+        want,
+        50 + 6 - 36,
+        "in use, the request and the headroom, less what is held"
+    );
+    effects.refills.clear();
+    grant_credits(&mut owner, 4, share, 14, &mut effects);
+    assert_eq!(decided(&mut effects), [(2, Decision::Reserved)]);
+    assert_eq!(owner.models.credits(MODEL, share), Some(50));
+    assert_eq!(
+        decision(owner.serve(&at(5), ticket(3), keyed(3, 1), &mut effects)),
+        Some(Decision::KeyShare),
+        "the whole share in use: refused at once, whatever the park timeout"
+    );
+    assert!(
+        effects.refills.iter().all(|refill| refill.kind != share),
+        "nothing asked of a share in use"
+    );
+}
+
+/// The key's pool has nothing free (the other routers hold the rest of the share): the parked
+/// request is refused at once, and so is the next one, without asking again until a round.
+#[test]
+fn a_share_the_site_uses_up_refuses_at_once() {
+    use crate::logic::credits::BudgetKind;
+    let (mut owner, mut effects) = (sharing_owner(2), Effects::default());
+    up(&mut owner, 8, 1, &mut effects);
+    fund(&mut owner, &mut effects);
+    let park = Some(Millis(250));
+    let keyed =
+        |sequence: u64, tokens: u64| gated_with_share(sequence, tokens, 100, park, false, 0.5);
+    let share = BudgetKind::Share(KeyId(1));
+    assert_eq!(
+        decision(owner.serve(&at(1), ticket(1), keyed(1, 10), &mut effects)),
+        None
+    );
+    effects.refills.clear();
+    grant_credits(&mut owner, 2, share, 0, &mut effects);
+    assert_eq!(decided(&mut effects), [(1, Decision::KeyShare)]);
+    assert_eq!(
+        decision(owner.serve(&at(3), ticket(2), keyed(2, 10), &mut effects)),
+        Some(Decision::KeyShare)
+    );
+    assert!(effects.refills.iter().all(|refill| refill.kind != share));
+    // A round: the others may have given some back, so the next request asks again.
+    let mut holdings = Vec::new();
+    owner
+        .models
+        .credit_round(Millis(1_000), true, &mut holdings, &mut effects);
+    let later = gated_with_share(3, 10, 100, Some(Millis(1_250)), false, 0.5);
+    assert_eq!(
+        decision(owner.serve(&at(1_001), ticket(3), later, &mut effects)),
+        None
+    );
+    assert!(effects.refills.iter().any(|refill| refill.kind == share));
+}
+
+/// While the store is unreachable a router keeps to its part of the key's share (share ÷
+/// routers), within the credits it holds; each round reports what it holds of the share, and a
+/// key's wallet that holds nothing and went unused for a minute goes.
+#[test]
+fn a_keys_share_alone_and_its_rounds() {
+    use crate::logic::credits::BudgetKind;
+    let (mut owner, mut effects) = (sharing_owner(2), Effects::default());
+    up(&mut owner, 8, 1, &mut effects);
+    fund(&mut owner, &mut effects);
     let keyed =
         |sequence: u64, tokens: u64| gated_with_share(sequence, tokens, 100, None, false, 0.5);
-    let _ = owner.serve(&at(0), ticket(1), keyed(1, 1), &mut effects);
-    grant_credits(&mut owner, 0, BudgetKind::Tokens, 100, &mut effects);
-    // The key's share is 50 of 100 for the site: 25 on each of the two routers.
+    let share = BudgetKind::Share(KeyId(1));
     assert_eq!(
-        decision(owner.serve(&at(1), ticket(2), keyed(2, 25), &mut effects)),
-        Some(Decision::Reserved)
+        decision(owner.serve(&at(1), ticket(1), keyed(1, 10), &mut effects)),
+        Some(Decision::KeyShare),
+        "park timeout 0: refused, and the refill is asked for the next one"
+    );
+    grant_credits(&mut owner, 2, share, 40, &mut effects);
+    owner.models.set_credit_cap(false, 2, 2);
+    assert_eq!(
+        decision(owner.serve(&at(3), ticket(2), keyed(2, 25), &mut effects)),
+        Some(Decision::Reserved),
+        "25 of the 50: this router's part"
     );
     assert_eq!(
-        decision(owner.serve(&at(1), ticket(3), keyed(3, 1), &mut effects)),
+        decision(owner.serve(&at(3), ticket(3), keyed(3, 1), &mut effects)),
         Some(Decision::KeyShare)
+    );
+    owner.models.set_credit_cap(true, 2, 2);
+    let mut holdings = Vec::new();
+    owner
+        .models
+        .credit_round(Millis(1_000), true, &mut holdings, &mut effects);
+    let held = holdings
+        .iter()
+        .find(|holding| holding.kind == share)
+        .expect("the share's holding");
+    assert_eq!(
+        (held.holding, held.in_use, held.budget),
+        (25 + 50 / 8, 25, 50)
+    );
+    let release = Notice::ReleaseReservation {
+        model: MODEL,
+        ticket: ticket(2),
+    };
+    owner.notice(&at(1_500), release, &mut effects);
+    holdings.clear();
+    owner
+        .models
+        .credit_round(Millis(62_000), true, &mut holdings, &mut effects);
+    let held = holdings
+        .iter()
+        .find(|holding| holding.kind == share)
+        .expect("given back");
+    assert_eq!(held.holding, 0, "idle for a minute: everything back");
+    holdings.clear();
+    owner
+        .models
+        .credit_round(Millis(63_000), true, &mut holdings, &mut effects);
+    assert!(
+        holdings.iter().all(|holding| holding.kind != share),
+        "the wallet went"
     );
 }
 
