@@ -288,7 +288,10 @@ impl Occupancy {
             }
             let head = self.parked.pop_front().expect("front checked");
             let reserved = match check {
-                ShareCheck::Fits => Ok(self.reserve(now, limits, head.claim)),
+                ShareCheck::Fits => {
+                    self.reserve(now, limits, head.claim);
+                    Ok(())
+                }
                 _ => Err(Refusal::KeyShare),
             };
             decided.push((head.claim.ticket, reserved));
