@@ -526,3 +526,151 @@ fn in_a_store_stall_each_router_keeps_admitting_up_to_its_share() {
         site.wait_metric("hivenet_sync_up", |v| v == 1.0);
     }
 }
+
+/// The key of [`key_share_site`], and its share of `share-model`.
+const SHARE_KEY: &str = "sk-share-across-routers";
+
+/// Two routers of one site on `store`, each with its agent, serving `share-model` under a
+/// serverless policy of 1,000 tokens for one replica, to one key whose `max_occupancy_share` is
+/// 0.5: the key's share is 500 tokens for the whole site.
+fn key_share_site(store: &Valkey) -> (Site, Site) {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("key-share-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("share-model.yaml"),
+        "models:\n  - share-model\nmode: serverless\nrouting_policy:\n  strategy: least-loaded\nadmit_budget_tokens: 1000\n",
+    )
+    .unwrap();
+    let hash = {
+        use sha2::{Digest, Sha256};
+        hex::encode(Sha256::digest(SHARE_KEY.as_bytes()))
+    };
+    let auth = dir.with_extension("auth.yaml");
+    std::fs::write(
+        &auth,
+        format!(
+            "api:\n  mode: api-key\n  keys:\n    - key_hash: \"{hash}\"\n      key_preview: \"sk-...ters\"\n      metadata:\n        name: \"tenant\"\n        owner: \"acme\"\n      max_occupancy_share: 0.5\n"
+        ),
+    )
+    .unwrap();
+    let policies = dir.display().to_string();
+    let auth = auth.display().to_string();
+    let start = |index: usize| {
+        Site::start(
+            &format!("key-share-{index}"),
+            router_options(index, &store.addr(), &policies)
+                .router_args(&["--auth-config-file", &auth])
+                .api_key(SHARE_KEY)
+                .sim(&[
+                    "--models",
+                    "share-model",
+                    "--output-tokens",
+                    "15",
+                    "--itl",
+                    "100ms",
+                ])
+                .agent(0, &["--capacity", "64"])
+                .models(&["share-model"]),
+        )
+    };
+    let (a, b) = std::thread::scope(|scope| {
+        let a = scope.spawn(|| start(0));
+        let b = scope.spawn(|| start(1));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    for site in [&a, &b] {
+        site.wait_metric("hivenet_sync_up", |v| v == 1.0);
+        site.wait_metric("hivenet_sync_peers", |v| v == 1.0);
+    }
+    (a, b)
+}
+
+/// Sends `per_router` chats of the share key declaring 200 output tokens (about 205 tokens
+/// each: two fit the key's 500, three do not) to every router at once; returns how many each
+/// admitted. Every refusal must be the key's share's (`429 rate_limit_exceeded`).
+fn key_burst(routers: &[&Site], per_router: usize) -> Vec<usize> {
+    let body = serde_json::json!({
+        "model": "share-model",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 200,
+    })
+    .to_string();
+    let raw = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {SHARE_KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes();
+    std::thread::scope(|scope| {
+        let threads: Vec<Vec<_>> = routers
+            .iter()
+            .map(|router| {
+                (0..per_router)
+                    .map(|_| {
+                        let (addr, raw) = (router.http, &raw);
+                        scope.spawn(move || request(addr, raw))
+                    })
+                    .collect()
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|threads| {
+                threads
+                    .into_iter()
+                    .map(|thread| thread.join().unwrap())
+                    .filter(|response| match response.status {
+                        200 => true,
+                        429 => {
+                            assert_eq!(response.error_code(), "rate_limit_exceeded");
+                            false
+                        }
+                        other => panic!("unexpected {other}: {}", response.text()),
+                    })
+                    .count()
+            })
+            .collect()
+    })
+}
+
+/// A key's B4 share is exact across the routers (seed `run-several-routers.md`: occupancy
+/// budgets "(B2, B4)" are exact): a key served by one router may use its whole share there (two
+/// requests of about 205 tokens in its 500; an even split between the two routers let one), and
+/// the two routers together never run more of the key than its share.
+#[test]
+fn a_keys_occupancy_share_is_exact_across_the_routers() {
+    let valkey = settled_store();
+    let (a, b) = key_share_site(&valkey);
+    let deadline = Instant::now() + common::WAIT;
+    loop {
+        let admitted = key_burst(&[&a], 4);
+        assert!(admitted[0] <= 2, "over the key's share: {admitted:?}");
+        if admitted[0] == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "router-0 never ran the key's whole share: {admitted:?}\n{}\npool: {}",
+            a.logs(),
+            valkey.command(&["KEYS", "hivenet:{default}:pool:*"])
+        );
+    }
+    for round in 0..3 {
+        let admitted = key_burst(&[&a, &b], 3);
+        let together: usize = admitted.iter().sum();
+        assert!(
+            (1..=2).contains(&together),
+            "round {round}: {admitted:?} admitted together, the key's share fits 2\n{}\n{}",
+            a.logs(),
+            b.logs()
+        );
+    }
+    let pools = valkey.command(&["KEYS", "hivenet:{default}:pool:*"]);
+    assert!(
+        pools.contains("llm|share-model|share-"),
+        "the key's share has a pool of its own: {pools}"
+    );
+    for site in [&a, &b] {
+        assert_eq!(site.router_metric("hivenet_admission_reaped_total"), 0.0);
+    }
+}
