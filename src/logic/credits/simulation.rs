@@ -4,7 +4,7 @@
 //! (grants not acknowledged among them), routers cut off from the store and back, routers crashing
 //! and restarting, agents losing and regaining sessions, agents stopping, and streamed growth.
 //! After every step it checks that the requests all routers run together never need more than the
-//! budget, beyond the seed's two stated excesses.
+//! budget, and no key more than its B4 share of it, beyond the seed's two stated excesses.
 //!
 //! It drives the real pure logic ([`Pool`], [`Wallet`], [`PoolView`], [`may_reclaim`]); what it
 //! adds is the protocol around them the sync core runs (`sync::pools`, `sync::core`): refills
@@ -38,6 +38,13 @@
 //!   store with an agent connected since its last round admits nothing until the store answers
 //!   (seed 22 without that rule).
 //!
+//! - With keys ([`run_with_keys`]): two keys whose B4 shares (60 of the model's 100 each) are
+//!   pools of their own, as the router keeps them (`BudgetKind::Share`). A key's request must
+//!   fit the model's budget and its key's share; each pool runs the same protocol, and the
+//!   invariant holds for each. No seed of 10,000 found a rule the key's pools need beyond the
+//!   model's. The keys are drawn from a generator of their own, so [`run`] (no keys) draws
+//!   exactly what it drew before and its seeds reproduce as they were found.
+//!
 //! Streamed growth past the credits is taken and allowed for, as the seed states. Not modelled:
 //! the oversized-request rule (unit-tested in `credits::wallet`), several shards per router
 //! (a model's wallets live on its one owner shard), midnight and reloads (neither touches
@@ -56,13 +63,19 @@ use super::{AgentSays, may_reclaim};
 use crate::base::clock::Millis;
 
 const ROUTERS: usize = 3;
+/// The model's budget (B2), pool 0.
 const BUDGET: u64 = 100;
+/// With keys (`run_with_keys`): pools 1 and 2 are two keys' B4 shares of the model, 60 tokens
+/// each, so the two keys together may ask more than the model's budget.
+const POOLS: usize = 3;
+const BUDGETS: [u64; POOLS] = [BUDGET, 60, 60];
 /// Milliseconds per step.
 const STEP_MS: u64 = 50;
 const INTERVAL_MS: u64 = 1000;
 /// Request timeout + ten intervals + 5 s, with a 2 s request timeout.
 const SETTLE_MS: u64 = 2_000 + 10 * INTERVAL_MS + 5_000;
-const HEADROOM: u64 = 5;
+/// The headroom a round keeps, per pool (about a twentieth of the budget).
+const HEADROOM: [u64; POOLS] = [5, 3, 3];
 /// Agents, each with a session to some of the routers (all at first).
 const AGENTS: usize = 2;
 
@@ -86,25 +99,34 @@ struct Request {
     alone: bool,
     /// The agent whose engine runs it.
     agent: usize,
+    /// The key whose B4 share it counts towards (pool `1 + key`), if any.
+    key: Option<usize>,
+}
+
+impl Request {
+    fn holds(&self, pool: usize) -> bool {
+        pool == 0 || self.key.map(|key| 1 + key) == Some(pool)
+    }
 }
 
 struct Store {
-    pool: Pool,
+    /// One pool per budget: the model's, then each key's share.
+    pools: Vec<Pool>,
     epoch: u64,
     /// When the current epoch began (the settle window runs from it).
     epoch_since: u64,
     /// Last heartbeat per router.
     heartbeats: BTreeMap<usize, Beat>,
-    /// The replica: the primary's pool as of its last sync (it lags).
-    replica: Pool,
+    /// The replica: the primary's pools as of its last sync (it lags).
+    replicas: Vec<Pool>,
     /// Failovers so far (routers notice one by the primary's new replication ID).
     failovers: u64,
 }
 
 impl Store {
-    /// What each router holds in the pool, as a round reads it.
-    fn held_by_router(&self) -> Vec<(String, u64)> {
-        self.pool
+    /// What each router holds in `pool`, as a round reads it.
+    fn held_by_router(&self, pool: usize) -> Vec<(String, u64)> {
+        self.pools[pool]
             .holdings()
             .map(|(name, holding)| (name.to_owned(), holding.held))
             .collect()
@@ -118,7 +140,8 @@ struct Router {
     cut_off: bool,
     /// This router's last round reached the store (its own view): credits count only then.
     store_ok: bool,
-    wallet: Wallet,
+    /// One wallet per pool.
+    wallets: Vec<Wallet>,
     requests: Vec<Request>,
     /// Cut off from the store (its last round failed) and an agent connected since: admits
     /// nothing until a round reaches the store.
@@ -127,17 +150,18 @@ struct Router {
     published: Vec<usize>,
     /// The store epoch this router knows, if any.
     epoch: Option<u64>,
-    /// What it saw of the pool, and its guard after a loss.
-    view: PoolView,
+    /// What it saw of each pool, and its guard after a loss.
+    views: Vec<PoolView>,
     next_round: u64,
     /// Failovers this router has noticed.
     failovers_seen: u64,
-    /// Its last grant was not acknowledged by the replica: it keeps to its share until one is.
+    /// Its last grant was not acknowledged by the replica: it keeps to its share until one is
+    /// (one flag for the model's budgets and its keys' shares, as `shard::owner::wallets`).
     unacknowledged: bool,
-    /// Cut off from the store: the credits it held after the first round that could not reach
-    /// it. While the outage lasts it keeps them (liveness: it can still admit up to its share
-    /// of them, the seed's "within the credits it holds, capped at its share").
-    outage_credits: Option<u64>,
+    /// Cut off from the store: the credits it held of each pool after the first round that
+    /// could not reach it. While the outage lasts it keeps them (liveness: it can still admit up
+    /// to its share of them, the seed's "within the credits it holds, capped at its share").
+    outage_credits: Option<Vec<u64>>,
     /// It noticed a failover: no grant until a round has rewritten what it holds.
     awaiting_rewrite: bool,
 }
@@ -150,12 +174,12 @@ impl Router {
             alive: true,
             cut_off: false,
             store_ok: false,
-            wallet: Wallet::new(Millis(now)),
+            wallets: (0..POOLS).map(|_| Wallet::new(Millis(now))).collect(),
             requests: Vec::new(),
             closed: false,
             published: Vec::new(),
             epoch: None,
-            view: PoolView::new(),
+            views: (0..POOLS).map(|_| PoolView::new()).collect(),
             next_round: now,
             failovers_seen: 0,
             unacknowledged: false,
@@ -164,12 +188,49 @@ impl Router {
         }
     }
 
-    /// What this router runs now.
-    fn in_use(&self) -> u64 {
+    /// What this router runs now of `pool`'s budget.
+    fn in_use(&self, pool: usize) -> u64 {
         self.requests
             .iter()
+            .filter(|request| request.holds(pool))
             .map(|request| request.need + request.grown)
             .sum()
+    }
+
+    /// The cap admission holds `pool`'s wallet to now. `reachable`: its last round reached the
+    /// store.
+    fn cap(&self, pool: usize, reachable: bool) -> Cap {
+        let share = BUDGETS[pool] / ROUTERS as u64;
+        if self.closed {
+            Cap::Closed
+        } else if reachable && !self.unacknowledged {
+            Cap::Credits
+        } else {
+            Cap::Share { share }
+        }
+    }
+
+    /// Admits `need` in every pool of `pools` when it fits them all; flags the wallets it does
+    /// not fit short otherwise.
+    fn admit(&mut self, now: u64, pools: &[usize], need: u64, reachable: bool) -> bool {
+        let fits: Vec<bool> = pools
+            .iter()
+            .map(|&pool| {
+                let cap = self.cap(pool, reachable);
+                self.wallets[pool]
+                    .allowance(cap)
+                    .allows(self.in_use(pool), need)
+            })
+            .collect();
+        let all = fits.iter().all(|fits| *fits);
+        for (&pool, fits) in pools.iter().zip(fits) {
+            if all {
+                self.wallets[pool].touch(Millis(now));
+            } else if !fits && self.cap(pool, reachable) == Cap::Credits {
+                self.wallets[pool].flag_short();
+            }
+        }
+        all
     }
 }
 
@@ -184,6 +245,11 @@ struct Sim {
     faults: bool,
     now: u64,
     rng: fastrand::Rng,
+    /// Draws each request's key, apart from `rng` so that a run without keys draws exactly what
+    /// it drew before keys were modelled (its seeds reproduce as they were found).
+    key_rng: fastrand::Rng,
+    /// Requests carry keys with B4 shares (pools 1 and 2).
+    keys: bool,
     store: Store,
     routers: Vec<Router>,
     /// Which router each agent has a session with.
@@ -192,8 +258,9 @@ struct Sim {
 }
 
 impl Sim {
-    fn new(seed: u64, faults: bool) -> Sim {
+    fn new(seed: u64, faults: bool, keys: bool) -> Sim {
         let rng = fastrand::Rng::with_seed(seed);
+        let key_rng = fastrand::Rng::with_seed(seed ^ 0x6b65_7973);
         let routers = (0..ROUTERS)
             .map(|index| Router::start(1, index as u64 * 300))
             .collect();
@@ -202,12 +269,14 @@ impl Sim {
             faults,
             now: 0,
             rng,
+            key_rng,
+            keys,
             store: Store {
-                pool: Pool::new(1),
+                pools: (0..POOLS).map(|_| Pool::new(1)).collect(),
                 epoch: 1,
                 epoch_since: 0,
                 heartbeats: BTreeMap::new(),
-                replica: Pool::new(1),
+                replicas: (0..POOLS).map(|_| Pool::new(1)).collect(),
                 failovers: 0,
             },
             routers,
@@ -218,6 +287,13 @@ impl Sim {
 
     fn arrive(&mut self, index: usize) {
         let need = self.rng.u64(1..=BUDGET / ROUTERS as u64);
+        // A key's request needs at most the key's part of its share: the oversized-request rule
+        // is not modelled (unit-tested in `credits::wallet`).
+        let key_share = BUDGETS[1] / ROUTERS as u64;
+        let key = (self.keys && need <= key_share)
+            .then(|| self.key_rng.usize(0..3))
+            .filter(|&key| key < 2);
+        let pools: Vec<usize> = std::iter::once(0).chain(key.map(|key| 1 + key)).collect();
         let now = self.now;
         // Credits count while this router's last round reached the store; since one that did
         // not, it admits within its share alone (a router an agent reached again would admit
@@ -235,23 +311,7 @@ impl Sim {
             return;
         }
         let agent = agents[self.rng.usize(0..agents.len())];
-        let share = BUDGET / ROUTERS as u64;
-        let cap = if self.routers[index].closed {
-            Cap::Closed
-        } else if reachable && self.routers[index].unacknowledged {
-            Cap::Share { share }
-        } else if reachable {
-            Cap::Credits
-        } else {
-            Cap::Share {
-                share: BUDGET / ROUTERS as u64,
-            }
-        };
-        let in_use = self.routers[index].in_use();
-        if self.routers[index]
-            .wallet
-            .admit(Millis(now), in_use, need, cap)
-        {
+        if self.routers[index].admit(now, &pools, need, reachable) {
             let ends = now + self.rng.u64(1..40) * STEP_MS;
             // The seed's stated excess: admitted by a router cut off from the store when it lost
             // its data (it cannot know; each such router adds at most its share).
@@ -262,6 +322,7 @@ impl Sim {
                 ends,
                 alone,
                 agent,
+                key,
             });
             return;
         }
@@ -275,57 +336,55 @@ impl Sim {
         let Some(epoch) = self.routers[index].epoch else {
             return;
         };
-        // A refill: from what no router holds, and never past this router's ceiling for the
-        // routers together (the grant script takes the ceiling for the budget). Capping each
-        // router's own credits at the ceiling is not enough: two routers each under
-        // `budget - guarded` can hold more than it together (seed 2).
-        let router = &self.routers[index];
-        let want = router.wallet.want(in_use, need, HEADROOM);
-        let ceiling = router
-            .view
-            .ceiling(now, BUDGET, self.unknown_routers(index) > 0);
-        let room = ceiling.saturating_sub(self.store.pool.held());
-        match self
-            .store
-            .pool
-            .grant(&name(index), router.run, epoch, want, ceiling)
-        {
-            Ok(granted) => {
-                // `WAIT`: the replica acknowledges most grants in time.
-                let acknowledged = self.rng.u8(0..4) != 0;
-                if acknowledged {
-                    self.store.replica = self.store.pool.clone();
+        // A refill of each pool the request does not fit: from what no router holds, and never
+        // past this router's ceiling for the routers together (the grant script takes the
+        // ceiling for the budget). Capping each router's own credits at the ceiling is not
+        // enough: two routers each under `budget - guarded` can hold more than it together
+        // (seed 2).
+        for &pool in &pools {
+            let router = &self.routers[index];
+            let in_use = router.in_use(pool);
+            let want = router.wallets[pool].want(in_use, need, HEADROOM[pool]);
+            let ceiling =
+                router.views[pool].ceiling(now, BUDGETS[pool], self.unknown_routers(index) > 0);
+            let room = ceiling.saturating_sub(self.store.pools[pool].held());
+            match self.store.pools[pool].grant(&name(index), router.run, epoch, want, ceiling) {
+                Ok(granted) => {
+                    // `WAIT`: the replica acknowledges most grants in time.
+                    let acknowledged = self.rng.u8(0..4) != 0;
+                    if acknowledged {
+                        self.store.replicas = self.store.pools.clone();
+                    }
+                    if self.trace {
+                        eprintln!(
+                            "{} {}: pool {pool} granted {granted} (want {want}, room {room}, acknowledged {acknowledged})",
+                            self.now,
+                            name(index)
+                        );
+                    }
+                    let router = &mut self.routers[index];
+                    if granted > 0 {
+                        router.unacknowledged = !acknowledged;
+                    }
+                    router.wallets[pool].add(granted);
                 }
-                if self.trace {
-                    eprintln!(
-                        "{} {}: granted {granted} (want {want}, room {room}, acknowledged {acknowledged})",
-                        self.now,
-                        name(index)
-                    );
+                Err(PoolError::StaleEpoch) => {
+                    self.notice_new_epoch(index);
+                    return;
                 }
-                let router = &mut self.routers[index];
-                if granted > 0 {
-                    router.unacknowledged = !acknowledged;
-                }
-                router.wallet.add(granted);
-                let cap = if router.unacknowledged {
-                    Cap::Share { share }
-                } else {
-                    Cap::Credits
-                };
-                if router.wallet.admit(Millis(now), in_use, need, cap) {
-                    let ends = now + self.rng.u64(1..40) * STEP_MS;
-                    router.requests.push(Request {
-                        need,
-                        grown: 0,
-                        ends,
-                        alone: false,
-                        agent,
-                    });
-                }
+                Err(PoolError::Replaced) => return,
             }
-            Err(PoolError::StaleEpoch) => self.notice_new_epoch(index),
-            Err(PoolError::Replaced) => {}
+        }
+        if self.routers[index].admit(now, &pools, need, true) {
+            let ends = now + self.rng.u64(1..40) * STEP_MS;
+            self.routers[index].requests.push(Request {
+                need,
+                grown: 0,
+                ends,
+                alone: false,
+                agent,
+                key,
+            });
         }
     }
 
@@ -339,24 +398,21 @@ impl Sim {
                 "{} {}: notices epoch {epoch}, view {:?}",
                 self.now,
                 name(index),
-                self.routers[index].view
+                self.routers[index].views
             );
         }
         let (now, since) = (self.now, self.store.epoch_since);
         let router = &mut self.routers[index];
         router.epoch = Some(epoch);
-        router.wallet.forfeit();
-        router
-            .view
-            .lost(now, since, SETTLE_MS, &name(index), BUDGET);
-        let (run, in_use) = (router.run, router.in_use());
-        if in_use > 0 {
-            // Requests in flight keep running; the pool records them, but they are no credits:
-            // as they end, nothing new is admitted in their place (seed 79).
-            let _ = self
-                .store
-                .pool
-                .rewrite(&name(index), run, epoch, in_use, in_use);
+        for (pool, budget) in BUDGETS.into_iter().enumerate() {
+            router.wallets[pool].forfeit();
+            router.views[pool].lost(now, since, SETTLE_MS, &name(index), budget);
+            let (run, in_use) = (router.run, router.in_use(pool));
+            if in_use > 0 {
+                // Requests in flight keep running; the pool records them, but they are no
+                // credits: as they end, nothing new is admitted in their place (seed 79).
+                let _ = self.store.pools[pool].rewrite(&name(index), run, epoch, in_use, in_use);
+            }
         }
     }
 
@@ -377,7 +433,9 @@ impl Sim {
         if self.trace {
             eprintln!("{now} {}: notices failover {failovers}", name(index));
         }
-        router.view.failed_over(now, SETTLE_MS, &name(index));
+        for view in &mut router.views {
+            view.failed_over(now, SETTLE_MS, &name(index));
+        }
         router.awaiting_rewrite = true;
     }
 
@@ -386,15 +444,22 @@ impl Sim {
         self.routers[index].next_round = now + INTERVAL_MS;
         // Step 1, as the owner shards take it before the round knows whether the store answers:
         // the wallet's round, which gives back only after a round that reached the store.
-        let in_use = self.routers[index].in_use();
         let router = &mut self.routers[index];
-        let plan = match router.store_ok {
-            true => router.wallet.round(Millis(now), in_use, HEADROOM, false),
-            false => router.wallet.round_unreached(in_use),
-        };
+        let plans: Vec<(u64, u64)> = (0..POOLS)
+            .map(|pool| {
+                let in_use = router.in_use(pool);
+                let wallet = &mut router.wallets[pool];
+                let plan = match router.store_ok {
+                    true => wallet.round(Millis(now), in_use, HEADROOM[pool], false),
+                    false => wallet.round_unreached(in_use),
+                };
+                (plan.holding, in_use)
+            })
+            .collect();
         router.store_ok = !router.cut_off;
         if router.cut_off {
-            router.outage_credits.get_or_insert(router.wallet.credits());
+            let held = router.wallets.iter().map(Wallet::credits).collect();
+            router.outage_credits.get_or_insert(held);
             return;
         }
         router.outage_credits = None;
@@ -414,34 +479,38 @@ impl Sim {
         let Some(epoch) = self.routers[index].epoch else {
             // The first read of the store: a store younger than the settle window (the first
             // deployment, or one that lost its data) gives this router nothing until it passes.
-            let holdings = self.store.held_by_router();
-            let router = &mut self.routers[index];
-            router.epoch = Some(self.store.epoch);
-            router
-                .view
-                .first_read(now, self.store.epoch_since, SETTLE_MS, holdings, BUDGET);
+            let since = self.store.epoch_since;
+            self.routers[index].epoch = Some(self.store.epoch);
+            for (pool, budget) in BUDGETS.into_iter().enumerate() {
+                let holdings = self.store.held_by_router(pool);
+                self.routers[index].views[pool].first_read(now, since, SETTLE_MS, holdings, budget);
+            }
             return;
         };
         if epoch != self.store.epoch {
             self.notice_new_epoch(index);
             return;
         }
-        match self
-            .store
-            .pool
-            .rewrite(&name(index), run, epoch, plan.holding, in_use)
-        {
-            // The others gave this router up: what it believed it held is not its any more.
-            Ok(Rewritten::GivenUp) => self.routers[index].wallet.forfeit(),
-            Ok(Rewritten::Held) | Err(PoolError::StaleEpoch) => {}
-            // A newer run of this router ID holds its credits: this process is gone.
-            Err(PoolError::Replaced) => self.routers[index].alive = false,
+        for (pool, (holding, in_use)) in plans.into_iter().enumerate() {
+            match self.store.pools[pool].rewrite(&name(index), run, epoch, holding, in_use) {
+                // The others gave this router up: what it believed it held is not its any more,
+                // in any pool (the sync core has every shard forfeit).
+                Ok(Rewritten::GivenUp) => self.routers[index]
+                    .wallets
+                    .iter_mut()
+                    .for_each(Wallet::forfeit),
+                Ok(Rewritten::Held) | Err(PoolError::StaleEpoch) => {}
+                // A newer run of this router ID holds its credits: this process is gone.
+                Err(PoolError::Replaced) => self.routers[index].alive = false,
+            }
         }
         self.routers[index].awaiting_rewrite = false;
-        // Read the pool: the routers back since a loss leave the guard; a crashed router that
+        // Read the pools: the routers back since a loss leave the guard; a crashed router that
         // missed three heartbeats (its agents stopped its requests, and say so) is given up.
-        let holdings = self.store.held_by_router();
-        self.routers[index].view.read(holdings, BUDGET);
+        for (pool, budget) in BUDGETS.into_iter().enumerate() {
+            let holdings = self.store.held_by_router(pool);
+            self.routers[index].views[pool].read(holdings, budget);
+        }
         for other in 0..ROUTERS {
             if other == index {
                 continue;
@@ -471,15 +540,22 @@ impl Sim {
                 }
             };
             if may_reclaim(missed, &served, says) {
-                if self.trace && self.store.pool.holding(&name(other)).is_some() {
+                let holds = self
+                    .store
+                    .pools
+                    .iter()
+                    .any(|pool| pool.holding(&name(other)).is_some());
+                if self.trace && holds {
                     eprintln!(
                         "{now} {}: gives {} up (served {served:?})",
                         name(index),
                         name(other)
                     );
                 }
-                self.store.pool.release(&name(other), run);
-                self.routers[index].view.forget(&name(other));
+                for pool in 0..POOLS {
+                    self.store.pools[pool].release(&name(other), run);
+                    self.routers[index].views[pool].forget(&name(other));
+                }
             }
         }
     }
@@ -495,7 +571,10 @@ impl Sim {
                 .requests
                 .retain(|request| request.ends > now && links[request.agent][index]);
             if router.requests.len() < before {
-                router.wallet.touch(Millis(now));
+                router
+                    .wallets
+                    .iter_mut()
+                    .for_each(|wallet| wallet.touch(Millis(now)));
             }
         }
     }
@@ -535,8 +614,8 @@ impl Sim {
             0..=1 => {
                 self.store.epoch += 1;
                 self.store.epoch_since = self.now;
-                self.store.pool = Pool::new(self.store.epoch);
-                self.store.replica = self.store.pool.clone();
+                self.store.pools = (0..POOLS).map(|_| Pool::new(self.store.epoch)).collect();
+                self.store.replicas = self.store.pools.clone();
                 self.store.heartbeats.clear();
             }
             // A router is cut off from the store, or reaches it again.
@@ -552,7 +631,7 @@ impl Sim {
                 let router = &mut self.routers[index];
                 router.alive = false;
                 router.requests.clear();
-                router.wallet = Wallet::new(Millis(self.now));
+                router.wallets = (0..POOLS).map(|_| Wallet::new(Millis(self.now))).collect();
                 for links in &mut self.links {
                     links[index] = false;
                 }
@@ -573,7 +652,7 @@ impl Sim {
             // The primary fails and its replica, behind by the writes since it last synced
             // (grants not acknowledged among them), is promoted. The epoch survives.
             10..=11 => {
-                self.store.pool = self.store.replica.clone();
+                self.store.pools = self.store.replicas.clone();
                 self.store.failovers += 1;
             }
             // A session between an agent and a router breaks (a network split between the two),
@@ -635,7 +714,7 @@ impl Sim {
         }
         // The replica syncs now and then between acknowledged grants.
         if self.rng.u8(0..4) == 0 {
-            self.store.replica = self.store.pool.clone();
+            self.store.replicas = self.store.pools.clone();
         }
         self.next_request += 1;
     }
@@ -650,91 +729,108 @@ impl Sim {
             .count()
     }
 
-    /// What every live router runs together.
-    fn in_use(&self) -> u64 {
+    /// What every live router runs together of `pool`'s budget.
+    fn in_use(&self, pool: usize) -> u64 {
         self.routers
             .iter()
             .filter(|router| router.alive)
-            .map(Router::in_use)
+            .map(|router| router.in_use(pool))
             .sum()
     }
 
-    /// The budget, and the seed's two stated excesses: a router cut off from the store when it
-    /// lost its data, that stays cut off past the settle window, "can add up to its own share of
-    /// the budget" ("Deploy Valkey"): what such a router admitted alone counts up to its share on
-    /// top; and streamed output that grows a request past its credits ("Occupancy credits").
+    /// Each pool's budget, and the seed's two stated excesses: a router cut off from the store
+    /// when it lost its data, that stays cut off past the settle window, "can add up to its own
+    /// share of the budget" ("Deploy Valkey"): what such a router admitted alone counts up to
+    /// its share on top; and streamed output that grows a request past its credits ("Occupancy
+    /// credits"). For a key's share (B4) the same: the seed's table has occupancy budgets "(B2,
+    /// B4)" exact.
     fn check(&self, seed: u64, step: usize) -> Result<(), String> {
-        let share = BUDGET / ROUTERS as u64;
         // Liveness in an outage ("Occupancy while the store is unreachable"): a router cut off
         // from the store keeps admitting within the credits it holds, so its rounds must not
         // shrink them while no refill can come.
         for (index, router) in self.routers.iter().enumerate() {
-            if let (true, Some(held)) = (router.alive && router.cut_off, router.outage_credits)
-                && router.wallet.credits() < held
-            {
-                return Err(format!(
-                    "seed {seed}, step {step}: {} cut off from the store holds {} credits, less \
-                     than the {held} it held when its rounds stopped reaching the store",
-                    name(index),
-                    router.wallet.credits(),
-                ));
+            let (true, Some(held)) = (router.alive && router.cut_off, &router.outage_credits)
+            else {
+                continue;
+            };
+            for (pool, held) in held.iter().enumerate() {
+                let credits = router.wallets[pool].credits();
+                if credits < *held {
+                    return Err(format!(
+                        "seed {seed}, step {step}: {} cut off from the store holds {credits} \
+                         credits of pool {pool}, less than the {held} it held when its rounds \
+                         stopped reaching the store",
+                        name(index),
+                    ));
+                }
             }
         }
-        let mut allowed = BUDGET;
-        for router in self.routers.iter().filter(|router| router.alive) {
-            let alone: u64 = router
-                .requests
-                .iter()
-                .filter(|request| request.alone)
-                .map(|request| request.need)
-                .sum();
-            allowed += alone.min(share);
-            // The seed's other stated excess: streamed output past a request's credits.
-            allowed += router
-                .requests
-                .iter()
-                .map(|request| request.grown)
-                .sum::<u64>();
-        }
-        let in_use = self.in_use();
-        if in_use > allowed {
-            let routers: Vec<String> = self
-                .routers
-                .iter()
-                .enumerate()
-                .map(|(index, router)| {
-                    format!(
-                        "{}: alive {} cut off {} epoch {:?} credits {} in use {} view {:?}",
-                        name(index),
-                        router.alive,
-                        router.cut_off,
-                        router.epoch,
-                        router.wallet.credits(),
-                        router.in_use(),
-                        router.view
-                    )
-                })
-                .collect();
-            return Err(format!(
-                "seed {seed}, step {step}: {in_use} in use over {allowed} (budget {BUDGET}; store epoch {}, pool {:?})\n{}",
-                self.store.epoch,
-                self.store.pool,
-                routers.join("\n")
-            ));
+        for (pool, budget) in BUDGETS.into_iter().enumerate() {
+            let share = budget / ROUTERS as u64;
+            let mut allowed = budget;
+            for router in self.routers.iter().filter(|router| router.alive) {
+                let held = router.requests.iter().filter(|request| request.holds(pool));
+                let alone: u64 = held
+                    .clone()
+                    .filter(|request| request.alone)
+                    .map(|request| request.need)
+                    .sum();
+                allowed += alone.min(share);
+                // The seed's other stated excess: streamed output past a request's credits.
+                allowed += held.map(|request| request.grown).sum::<u64>();
+            }
+            let in_use = self.in_use(pool);
+            if in_use > allowed {
+                let routers: Vec<String> = self
+                    .routers
+                    .iter()
+                    .enumerate()
+                    .map(|(index, router)| {
+                        format!(
+                            "{}: alive {} cut off {} epoch {:?} credits {} in use {} view {:?}",
+                            name(index),
+                            router.alive,
+                            router.cut_off,
+                            router.epoch,
+                            router.wallets[pool].credits(),
+                            router.in_use(pool),
+                            router.views[pool]
+                        )
+                    })
+                    .collect();
+                return Err(format!(
+                    "seed {seed}, step {step}: pool {pool}: {in_use} in use over {allowed} \
+                     (budget {budget}; store epoch {}, pool {:?})\n{}",
+                    self.store.epoch,
+                    self.store.pools[pool],
+                    routers.join("\n")
+                ));
+            }
         }
         Ok(())
     }
 }
 
-/// Runs one seed for `steps` steps: the first broken invariant, if any, else the share of the
-/// budget in use on average (so the rules cannot pass by admitting nothing).
+/// Runs one seed for `steps` steps with the model's budget alone: the first broken invariant,
+/// if any, else the share of the budget in use on average (so the rules cannot pass by
+/// admitting nothing).
 pub fn run(seed: u64, steps: usize, faults: bool) -> Result<f64, String> {
-    let mut sim = Sim::new(seed, faults);
+    run_seed(seed, steps, faults, false)
+}
+
+/// [`run`] with two keys whose B4 shares (pools 1 and 2) are shared by credits of their own:
+/// every request of a key must fit both the model's budget and the key's share.
+pub fn run_with_keys(seed: u64, steps: usize, faults: bool) -> Result<f64, String> {
+    run_seed(seed, steps, faults, true)
+}
+
+fn run_seed(seed: u64, steps: usize, faults: bool, keys: bool) -> Result<f64, String> {
+    let mut sim = Sim::new(seed, faults, keys);
     let mut used = 0u64;
     for step in 0..steps {
         sim.step();
         sim.check(seed, step)?;
-        used += sim.in_use();
+        used += sim.in_use(0);
     }
     Ok(used as f64 / steps as f64 / BUDGET as f64)
 }
@@ -769,6 +865,42 @@ mod tests {
         let utilization = utilization / seeds as f64;
         assert!(
             utilization > 0.1,
+            "{:.0} % of the budget used",
+            utilization * 100.0
+        );
+    }
+
+    /// With keys: every request of a key must fit the model's budget and the key's B4 share,
+    /// each shared through its own pool. `SIM_SEEDS` seeds (default 10,000) from
+    /// `SIM_FIRST_SEED`.
+    #[test]
+    fn with_keys_no_share_is_ever_exceeded() {
+        let seeds: u64 = std::env::var("SIM_SEEDS")
+            .ok()
+            .and_then(|text| text.parse().ok())
+            .unwrap_or(10_000);
+        let first: u64 = std::env::var("SIM_FIRST_SEED")
+            .ok()
+            .and_then(|text| text.parse().ok())
+            .unwrap_or(0);
+        for seed in first..first + seeds {
+            if let Err(failure) = run_with_keys(seed, 2_000, true) {
+                panic!(
+                    "{failure}\nreproduce: credits::simulation::run_with_keys({seed}, 2000, true)"
+                );
+            }
+        }
+    }
+
+    /// Without faults the keys' shares must leave most of the model's budget in use too.
+    #[test]
+    fn with_keys_and_without_faults_most_of_the_budget_is_used() {
+        let utilization: f64 = (0..50)
+            .map(|seed| run_with_keys(seed, 2_000, false).expect("no fault, no excess"))
+            .sum::<f64>()
+            / 50.0;
+        assert!(
+            utilization > 0.5,
             "{:.0} % of the budget used",
             utilization * 100.0
         );
