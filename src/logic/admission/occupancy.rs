@@ -152,6 +152,10 @@ pub enum Refusal {
     Budget,
     /// B4: the key's occupancy share (`429 rate_limit_exceeded`, at once).
     KeyShare,
+    /// B4, with a site: within the key's share but short of this router's credits for it, and
+    /// not allowed to park for them (`429 rate_limit_exceeded`; a requester that asked to be
+    /// told where it would park parks for them instead).
+    ShortOfShareCredits,
 }
 
 /// What [`Occupancy::admit`] decided.
@@ -254,7 +258,7 @@ impl Occupancy {
                     return Verdict::Admitted;
                 }
                 ShareCheck::InUse => return Verdict::Refused(Refusal::KeyShare),
-                ShareCheck::ShortOfCredits => Refusal::KeyShare,
+                ShareCheck::ShortOfCredits => Refusal::ShortOfShareCredits,
             }
         };
         match park_until {

@@ -450,13 +450,15 @@ impl Models {
                     effects.parked += 1;
                     return None;
                 }
-                Verdict::Refused(Refusal::Budget) if request.bounce_park && would_park => {
+                Verdict::Refused(Refusal::Budget | Refusal::ShortOfShareCredits)
+                    if request.bounce_park && would_park =>
+                {
                     return Some(Decision::WouldPark);
                 }
                 Verdict::Refused(Refusal::Budget) => {
                     return Some(self.refused(model, Decision::PoolFull));
                 }
-                Verdict::Refused(Refusal::KeyShare) => {
+                Verdict::Refused(Refusal::KeyShare | Refusal::ShortOfShareCredits) => {
                     return Some(self.refused(model, Decision::KeyShare));
                 }
             }
@@ -675,7 +677,7 @@ impl Models {
                     owned.parked_for_slot.remove(&ticket);
                     let decision = match refusal {
                         Refusal::Budget => Decision::PoolFull,
-                        Refusal::KeyShare => Decision::KeyShare,
+                        Refusal::KeyShare | Refusal::ShortOfShareCredits => Decision::KeyShare,
                     };
                     let gate = decision.gate().expect("a refusal has a gate");
                     *self.rejections.entry((*model, gate)).or_insert(0) += 1;

@@ -396,3 +396,40 @@ fn requests_still_parked_after_a_grant_get_a_refill_of_their_own() {
         "nothing parked: nothing asked"
     );
 }
+
+/// A requester that charged its token phase first asks to be told where the request would
+/// park: short of credits for the key's share, that is [`Decision::WouldPark`] (it gives the
+/// charge back and parks), as for B2's credits; over the share it is the refusal.
+#[test]
+fn short_of_share_credits_is_a_park_for_a_requester_that_bounces() {
+    use crate::logic::credits::BudgetKind;
+    let (mut owner, mut effects) = (sharing_owner(2), Effects::default());
+    up(&mut owner, 8, 1, &mut effects);
+    fund(&mut owner, &mut effects);
+    let bouncing = |sequence: u64, tokens: u64| {
+        let mut visit = gated_with_share(sequence, tokens, 100, Some(Millis(250)), false, 0.5);
+        if let Visit::Acquire {
+            pool: Some(request),
+            ..
+        } = &mut visit
+        {
+            request.bounce_park = true;
+        }
+        visit
+    };
+    assert_eq!(
+        decision(owner.serve(&at(1), ticket(1), bouncing(1, 10), &mut effects)),
+        Some(Decision::WouldPark)
+    );
+    assert!(
+        effects
+            .refills
+            .iter()
+            .any(|refill| refill.kind == BudgetKind::Share(KeyId(1))),
+        "the key's share is asked for meanwhile"
+    );
+    assert_eq!(
+        decision(owner.serve(&at(1), ticket(2), bouncing(2, 51), &mut effects)),
+        Some(Decision::KeyShare)
+    );
+}
