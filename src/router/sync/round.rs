@@ -352,11 +352,18 @@ impl DailyLedger {
             let key = (*day, field.clone());
             let whole = self.whole.remove(&key);
             // A field written whole holds the shards' total, a net refund included; written as
-            // an increment, at least what it held.
+            // an increment, at least what it held. The next increment counts from what the
+            // field holds: from the whole total, not from a higher total written before a
+            // refund, which would take that refund off the field a second time (seed 1,145:
+            // the store one token short of what the routers published, for good).
             let held = self.held.entry(key.clone()).or_default();
             *held = if whole { *total } else { (*held).max(*total) };
             let written = self.written.entry(key).or_default();
-            *written = (*written).max(*total);
+            *written = if whole {
+                *total
+            } else {
+                (*written).max(*total)
+            };
         }
     }
 
@@ -631,6 +638,12 @@ mod tests {
         ledger.lost();
         ledger.wrote(&[(7, "r|1||".to_string(), 125)]);
         assert_eq!(ledger.known_totals()[0], (7, "r|1||".to_string(), 125));
+        // The next increment counts from the 125 the field holds, not from the 130 written
+        // before the refund: that would take the refund off a second time (seed 1,145).
+        let totals = [(7, "r|1||".to_string(), 140)];
+        assert_eq!(ledger.writes(&totals)[0].2, DailyWrite::Add(15));
+        ledger.wrote(&totals);
+        assert_eq!(ledger.known_totals()[0], (7, "r|1||".to_string(), 140));
         ledger.forget_before(8);
         assert_eq!(ledger.known_totals(), [(8, "r|1||".to_string(), 5)]);
     }

@@ -46,8 +46,7 @@ fn without_faults_the_site_keeps_every_shared_limit() {
 /// inventory in `docs/site-simulation.md`; `the_site_keeps_every_shared_limit` lists them with
 /// their failures). A fix that makes one hold takes it off this list.
 const FAILING_WITH_FAULTS: &[u64] = &[
-    31, 144, 464, 526, 710, 916, 965, 1_017, 1_046, 1_145, 1_153, 1_245, 1_619, 1_629, 1_641,
-    1_711, 1_972,
+    144, 464, 526, 710, 916, 965, 1_017, 1_153, 1_245, 1_619, 1_629, 1_641, 1_711, 1_972,
 ];
 
 /// Seeds with faults the suite runs (about 35 s on two cores in a debug build).
@@ -146,10 +145,13 @@ fn the_seeds_that_found_a_defect_hold() {
     // router-0 crashed, and its new run's first read came just after the store lost its data,
     // before the others wrote theirs again; cut off a second later, it knew only its own total
     // and spent 7,297 tokens where nothing was left, until the journal kept what the run
-    // counted of the others (`Journal::others`).
+    // counted of the others (`Journal::others`). Seeds 1,145, 31 and 1,046: a field written
+    // whole after a failover held the run's total less a refund not yet offset, and the next
+    // increment counted from the higher total written before, taking the refund off again: the
+    // store 1 to 13 tokens short of what was published, for good (`DailyLedger::wrote`).
     for seed in [
         37, 350, 25, 89, 290, 118, 236, 72, 354, 284, 255, 390, 229, 184, 314, 979, 146, 308, 374,
-        760, 277, 1_069, 677,
+        760, 277, 1_069, 677, 1_145, 31, 1_046,
     ] {
         run(seed, true, false).unwrap_or_else(|failure| panic!("{failure}"));
     }
