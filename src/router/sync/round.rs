@@ -338,10 +338,10 @@ impl DailyLedger {
     /// How the shards' whole `total` of `field` is written; `None`: nothing to write.
     pub fn write_of(&self, day: u32, field: &str, total: u64) -> Option<DailyWrite> {
         let key = (day, field.to_owned());
-        if self.whole.contains(&key) {
-            return Some(DailyWrite::Set(total));
-        }
         let written = self.written.get(&key).copied().unwrap_or(0);
+        if self.whole.contains(&key) {
+            return Some(DailyWrite::Set(total.max(written)));
+        }
         let added = total.checked_sub(written).filter(|added| *added > 0)?;
         Some(DailyWrite::Add(added))
     }
@@ -351,19 +351,15 @@ impl DailyLedger {
         for (day, field, total) in totals {
             let key = (*day, field.clone());
             let whole = self.whole.remove(&key);
-            // A field written whole holds the shards' total, a net refund included; written as
-            // an increment, at least what it held. The next increment counts from what the
-            // field holds: from the whole total, not from a higher total written before a
-            // refund, which would take that refund off the field a second time (seed 1,145:
-            // the store one token short of what the routers published, for good).
-            let held = self.held.entry(key.clone()).or_default();
-            *held = if whole { *total } else { (*held).max(*total) };
-            let written = self.written.entry(key).or_default();
-            *written = if whole {
-                *total
-            } else {
-                (*written).max(*total)
-            };
+            // A field holds the highest total this process wrote, as its published usage does
+            // (`Bucket::take_delta` offsets a net refund against later usage, never publishes
+            // it): written whole too. Written whole as the shards' lower total, the refund came
+            // off the field, and off it again as the next increment counted from the higher
+            // total (seed 1,145: the store one token short of what was published, for good).
+            let written = self.written.entry(key.clone()).or_default();
+            *written = (*written).max(*total);
+            let held = self.held.entry(key).or_default();
+            *held = if whole { *written } else { (*held).max(*total) };
         }
     }
 
@@ -628,20 +624,21 @@ mod tests {
         ledger.restored(7, "r|1||", 100);
         ledger.wrote(&[(7, "r|1||".to_string(), 130), (8, "r|1||".to_string(), 5)]);
         // A net refund lowers the shards' total to 125; an increment cannot write it, so the
-        // store keeps 130.
+        // store keeps 130, as the published usage does.
         ledger.wrote(&[(7, "r|1||".to_string(), 125)]);
         assert_eq!(
             ledger.known_totals(),
             [(7, "r|1||".to_string(), 130), (8, "r|1||".to_string(), 5)]
         );
-        // Written whole after the store lost its data: it holds 125 now.
+        // Written whole after the store lost its data: 130 again, not 125, so the next
+        // increment does not take the refund off a second time (seed 1,145).
         ledger.lost();
-        ledger.wrote(&[(7, "r|1||".to_string(), 125)]);
-        assert_eq!(ledger.known_totals()[0], (7, "r|1||".to_string(), 125));
-        // The next increment counts from the 125 the field holds, not from the 130 written
-        // before the refund: that would take the refund off a second time (seed 1,145).
+        let totals = [(7, "r|1||".to_string(), 125)];
+        assert_eq!(ledger.writes(&totals)[0].2, DailyWrite::Set(130));
+        ledger.wrote(&totals);
+        assert_eq!(ledger.known_totals()[0], (7, "r|1||".to_string(), 130));
         let totals = [(7, "r|1||".to_string(), 140)];
-        assert_eq!(ledger.writes(&totals)[0].2, DailyWrite::Add(15));
+        assert_eq!(ledger.writes(&totals)[0].2, DailyWrite::Add(10));
         ledger.wrote(&totals);
         assert_eq!(ledger.known_totals()[0], (7, "r|1||".to_string(), 140));
         ledger.forget_before(8);

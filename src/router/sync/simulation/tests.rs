@@ -145,13 +145,14 @@ fn the_seeds_that_found_a_defect_hold() {
     // router-0 crashed, and its new run's first read came just after the store lost its data,
     // before the others wrote theirs again; cut off a second later, it knew only its own total
     // and spent 7,297 tokens where nothing was left, until the journal kept what the run
-    // counted of the others (`Journal::others`). Seeds 1,145, 31 and 1,046: a field written
-    // whole after a failover held the run's total less a refund not yet offset, and the next
-    // increment counted from the higher total written before, taking the refund off again: the
-    // store 1 to 13 tokens short of what was published, for good (`DailyLedger::wrote`).
+    // counted of the others (`Journal::others`). Seeds 1,145, 31, 1,046 and 2,857: a field
+    // written whole after a failover held the run's total less a refund not yet offset, and the
+    // next increment counted from the higher total written before, taking the refund off again:
+    // the store 1 to 13 tokens short of what was published, for good; a field now holds the
+    // highest total written, as the published usage does (`DailyLedger::wrote`).
     for seed in [
         37, 350, 25, 89, 290, 118, 236, 72, 354, 284, 255, 390, 229, 184, 314, 979, 146, 308, 374,
-        760, 277, 1_069, 677, 1_145, 31, 1_046,
+        760, 277, 1_069, 677, 1_145, 31, 1_046, 2_857,
     ] {
         run(seed, true, false).unwrap_or_else(|failure| panic!("{failure}"));
     }
