@@ -322,11 +322,6 @@ impl Occupancy {
             })
     }
 
-    /// The key of a reservation held here.
-    pub fn key_of(&self, ticket: Ticket) -> Option<KeyId> {
-        self.held.get(&ticket).map(|held| held.key)
-    }
-
     /// Parked requests whose deadline has passed, each with the gate that kept it waiting: B2
     /// (`429`, `Retry-After: 1`), or its key's share when it fits B2 but never got credits for
     /// it. The requests behind them may fit now, so call [`Occupancy::admit_parked`] afterwards.
@@ -414,12 +409,10 @@ impl Occupancy {
         }
     }
 
-    /// The request is over (success, error, timeout or disconnect). False when the pool did not
-    /// hold it (released already, or never admitted).
-    pub fn release(&mut self, now: Millis, ticket: Ticket) -> bool {
-        let Some(held) = self.held.remove(&ticket) else {
-            return false;
-        };
+    /// The request is over (success, error, timeout or disconnect): the key it was held for.
+    /// `None` when the pool did not hold it (released already, or never admitted).
+    pub fn release(&mut self, now: Millis, ticket: Ticket) -> Option<KeyId> {
+        let held = self.held.remove(&ticket)?;
         self.last_busy = now;
         self.tokens -= held.tokens();
         if held.keyed
@@ -430,7 +423,7 @@ impl Occupancy {
                 self.by_key.remove(&held.key);
             }
         }
-        true
+        Some(held.key)
     }
 
     /// Releases reservations untouched for `max_idle_ms`: they outlived any possible request, so
@@ -579,8 +572,12 @@ mod tests {
             pool.admit(NOW, &limits, claim(4, 0, 0), None, ALONE),
             Verdict::Refused(Refusal::Budget)
         );
-        assert!(pool.release(NOW, ticket(1)));
-        assert!(!pool.release(NOW, ticket(1)), "a second release is a no-op");
+        assert_eq!(pool.release(NOW, ticket(1)), Some(KeyId(1)));
+        assert_eq!(
+            pool.release(NOW, ticket(1)),
+            None,
+            "a second release is a no-op"
+        );
         assert_eq!(pool.tokens(), 40);
         assert_eq!(pool.inflight(), 1);
     }
@@ -835,9 +832,9 @@ mod tests {
         assert_eq!(occupancy.tokens(), 50 + 5 * 16);
         assert_eq!(occupancy.by_key.get(&KeyId(1)), Some(&(50 + 5 * 16)));
         // The lost release arrives after all: nothing is taken from ticket 2.
-        assert!(!occupancy.release(NOW.plus_ms(6000), ticket(1)));
+        assert_eq!(occupancy.release(NOW.plus_ms(6000), ticket(1)), None);
         assert_eq!(occupancy.tokens(), 50 + 5 * 16);
-        assert!(occupancy.release(NOW.plus_ms(6000), ticket(2)));
+        assert!(occupancy.release(NOW.plus_ms(6000), ticket(2)).is_some());
         assert_eq!((occupancy.tokens(), occupancy.inflight()), (0, 0));
         assert!(occupancy.by_key.is_empty());
         assert_eq!(occupancy.reap(NOW.plus_ms(60_000), REAP_AFTER_MS), 0);

@@ -510,12 +510,11 @@ impl Models {
         effects: &mut Effects,
     ) {
         let released = self.occupancy.get_mut(&model).is_some_and(|owned| {
-            let key = owned.occupancy.key_of(ticket);
             let released = owned.occupancy.release(now, ticket);
-            if released && let Some(wallets) = owned.wallets.as_mut() {
-                wallets.touch(now, key);
+            if let (Some(key), Some(wallets)) = (released, owned.wallets.as_mut()) {
+                wallets.touch(now, Some(key));
             }
-            released
+            released.is_some()
         });
         if released {
             self.retry_parked(now, model, effects);
@@ -800,10 +799,12 @@ impl Models {
         let shares = share_lookup(&owned.wallets, sharing);
         let admitted = owned.occupancy.admit_parked(now, &limits, &shares);
         drop(shares);
-        if let Some(wallets) = owned.wallets.as_mut() {
-            for (ticket, _) in admitted.iter().filter(|(_, result)| result.is_ok()) {
-                wallets.touch(now, owned.occupancy.key_of(*ticket));
-            }
+        if let Some(wallets) = owned.wallets.as_mut()
+            && admitted.iter().any(|(_, result)| result.is_ok())
+        {
+            // A key's share wallet is in use while its requests are (it goes only when idle
+            // with nothing in use), so touching the model's is enough here.
+            wallets.touch(now, None);
         }
         ask_share_for_head(now, model, base, owned, sharing, effects);
         let admitted: Vec<_> = admitted
