@@ -474,14 +474,17 @@ impl Health {
         }
     }
 
-    /// A round reached the store and saw `peers`. Returns whether more routers are live than
-    /// at the last successful round: one started, or came back after it could not reach the
-    /// store (the caller reads today's totals again, `round::RESYNC_ROUNDS_AFTER_LOSS`).
+    /// A round reached the store and saw `peers`. Returns whether a router joined the site: this
+    /// one (its first round that reached the store), or more routers are live than at the last
+    /// successful round (one started, or came back after it could not reach the store). The
+    /// caller reads today's totals again for a few rounds (`round::RESYNC_ROUNDS_AFTER_LOSS`):
+    /// a router that joins writes its totals whole if the store lost them while it was away,
+    /// and a router that just started cannot know the store failed over before it connected,
+    /// while the others still write theirs whole (`sync::simulation`, seed 1,641: a run that
+    /// read the totals once, just after a failover lost 2,432 tokens of router-2's, counted
+    /// them nowhere for the rest of the day).
     pub fn succeeded(&mut self, peers: Peers) -> bool {
-        let joined = self
-            .last
-            .as_ref()
-            .is_some_and(|last| peers.live > last.live);
+        let joined = self.last.as_ref().is_none_or(|last| peers.live > last.live);
         self.round = self.round.wrapping_add(1);
         self.failures = 0;
         self.last_seen = 1 + peers.live + peers.silent;

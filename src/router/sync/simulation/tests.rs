@@ -46,7 +46,7 @@ fn without_faults_the_site_keeps_every_shared_limit() {
 /// inventory in `docs/site-simulation.md`; `the_site_keeps_every_shared_limit` lists them with
 /// their failures). A fix that makes one hold takes it off this list.
 const FAILING_WITH_FAULTS: &[u64] = &[
-    144, 464, 526, 710, 916, 965, 1_017, 1_153, 1_245, 1_619, 1_629, 1_641, 1_711, 1_972,
+    144, 464, 710, 916, 965, 1_153, 1_245, 1_619, 1_629, 1_711, 1_972,
 ];
 
 /// Seeds with faults the suite runs (about 35 s on two cores in a debug build).
@@ -149,10 +149,14 @@ fn the_seeds_that_found_a_defect_hold() {
     // written whole after a failover held the run's total less a refund not yet offset, and the
     // next increment counted from the higher total written before, taking the refund off again:
     // the store 1 to 13 tokens short of what was published, for good; a field now holds the
-    // highest total written, as the published usage does (`DailyLedger::wrote`).
+    // highest total written, as the published usage does (`DailyLedger::wrote`). Seed 1,641:
+    // router-0's new run read the totals once, just after a failover lost router-2's last
+    // increment and before router-2 wrote its total whole again, and counted 2,432 tokens
+    // nowhere for the rest of the day (as did 1,017 and 526, which broke invariants 3 and 1),
+    // until a run's first round that reaches the store counts as a join (`Health::succeeded`).
     for seed in [
         37, 350, 25, 89, 290, 118, 236, 72, 354, 284, 255, 390, 229, 184, 314, 979, 146, 308, 374,
-        760, 277, 1_069, 677, 1_145, 31, 1_046, 2_857,
+        760, 277, 1_069, 677, 1_145, 31, 1_046, 2_857, 1_641, 1_017, 526,
     ] {
         run(seed, true, false).unwrap_or_else(|failure| panic!("{failure}"));
     }
