@@ -108,6 +108,17 @@ fn chat_for(model: &str) -> Vec<u8> {
 /// Sends `per_router` chats to every router at once; returns how many each admitted. Every
 /// refusal must be B2's.
 fn burst(routers: &[&Site], per_router: usize) -> Vec<usize> {
+    burst_of(
+        routers,
+        per_router,
+        &chat_request(),
+        "concurrency_limit_exceeded",
+    )
+}
+
+/// Sends `per_router` copies of `raw` to every router at once; returns how many each admitted.
+/// Every refusal must be a 429 with `refused`.
+fn burst_of(routers: &[&Site], per_router: usize, raw: &[u8], refused: &str) -> Vec<usize> {
     std::thread::scope(|scope| {
         let threads: Vec<Vec<_>> = routers
             .iter()
@@ -115,7 +126,7 @@ fn burst(routers: &[&Site], per_router: usize) -> Vec<usize> {
                 (0..per_router)
                     .map(|_| {
                         let addr = router.http;
-                        scope.spawn(move || request(addr, &chat_request()))
+                        scope.spawn(move || request(addr, raw))
                     })
                     .collect()
             })
@@ -129,7 +140,7 @@ fn burst(routers: &[&Site], per_router: usize) -> Vec<usize> {
                     .filter(|response| match response.status {
                         200 => true,
                         429 => {
-                            assert_eq!(response.error_code(), "concurrency_limit_exceeded");
+                            assert_eq!(response.error_code(), refused);
                             false
                         }
                         other => panic!("unexpected {other}: {}", response.text()),
@@ -601,36 +612,7 @@ fn key_burst(routers: &[&Site], per_router: usize) -> Vec<usize> {
         body.len()
     )
     .into_bytes();
-    std::thread::scope(|scope| {
-        let threads: Vec<Vec<_>> = routers
-            .iter()
-            .map(|router| {
-                (0..per_router)
-                    .map(|_| {
-                        let (addr, raw) = (router.http, &raw);
-                        scope.spawn(move || request(addr, raw))
-                    })
-                    .collect()
-            })
-            .collect();
-        threads
-            .into_iter()
-            .map(|threads| {
-                threads
-                    .into_iter()
-                    .map(|thread| thread.join().unwrap())
-                    .filter(|response| match response.status {
-                        200 => true,
-                        429 => {
-                            assert_eq!(response.error_code(), "rate_limit_exceeded");
-                            false
-                        }
-                        other => panic!("unexpected {other}: {}", response.text()),
-                    })
-                    .count()
-            })
-            .collect()
-    })
+    burst_of(routers, per_router, &raw, "rate_limit_exceeded")
 }
 
 /// A key's B4 share is exact across the routers (seed `run-several-routers.md`: occupancy

@@ -839,18 +839,22 @@ fn run_seed(seed: u64, steps: usize, faults: bool, keys: bool) -> Result<f64, St
 mod tests {
     use super::*;
 
+    /// `SIM_FIRST_SEED` (default 0) and `SIM_SEEDS` (default 10,000).
+    fn seeds_from_env() -> (u64, u64) {
+        let env = |name: &str, default: u64| {
+            std::env::var(name)
+                .ok()
+                .and_then(|text| text.parse().ok())
+                .unwrap_or(default)
+        };
+        (env("SIM_FIRST_SEED", 0), env("SIM_SEEDS", 10_000))
+    }
+
     /// `SIM_SEEDS` seeds (default 10,000, about 20 s in a debug build), from `SIM_FIRST_SEED`
     /// (default 0), each 2,000 steps of 50 ms; more in batches with other first seeds.
     #[test]
     fn the_routers_never_run_more_than_the_budget() {
-        let seeds: u64 = std::env::var("SIM_SEEDS")
-            .ok()
-            .and_then(|text| text.parse().ok())
-            .unwrap_or(10_000);
-        let first: u64 = std::env::var("SIM_FIRST_SEED")
-            .ok()
-            .and_then(|text| text.parse().ok())
-            .unwrap_or(0);
+        let (first, seeds) = seeds_from_env();
         let mut utilization = 0.0;
         for seed in first..first + seeds {
             match run(seed, 2_000, true) {
@@ -875,14 +879,7 @@ mod tests {
     /// `SIM_FIRST_SEED`.
     #[test]
     fn with_keys_no_share_is_ever_exceeded() {
-        let seeds: u64 = std::env::var("SIM_SEEDS")
-            .ok()
-            .and_then(|text| text.parse().ok())
-            .unwrap_or(10_000);
-        let first: u64 = std::env::var("SIM_FIRST_SEED")
-            .ok()
-            .and_then(|text| text.parse().ok())
-            .unwrap_or(0);
+        let (first, seeds) = seeds_from_env();
         for seed in first..first + seeds {
             if let Err(failure) = run_with_keys(seed, 2_000, true) {
                 panic!(

@@ -178,18 +178,28 @@ fn fund(owner: &mut Owner, effects: &mut Effects) {
     effects.refills.clear();
 }
 
+/// An owner sharing its budgets with another router, `MODEL` on one agent of capacity 8 and its
+/// wallets funded ([`fund`]).
+fn funded_owner() -> (Owner, Effects) {
+    let (mut owner, mut effects) = (sharing_owner(2), Effects::default());
+    up(&mut owner, 8, 1, &mut effects);
+    fund(&mut owner, &mut effects);
+    (owner, effects)
+}
+
+/// A request of `KeyId(1)`, whose B4 share is half of `MODEL`'s 100 tokens, needing `tokens`.
+fn keyed(sequence: u64, tokens: u64, park_until: Option<Millis>) -> Visit {
+    gated_with_share(sequence, tokens, 100, park_until, false, 0.5)
+}
+
 /// The key's B4 share (half of a 100-token budget) has a pool of its own: `KEY`'s requests wait
 /// for credits for it like B2's, the whole share may go to the one router that serves the key,
 /// and a request over the share is refused at once.
 #[test]
 fn a_keys_occupancy_share_is_exact_across_the_routers() {
     use crate::logic::credits::BudgetKind;
-    let (mut owner, mut effects) = (sharing_owner(2), Effects::default());
-    up(&mut owner, 8, 1, &mut effects);
-    fund(&mut owner, &mut effects);
-    let park = Some(Millis(250));
-    let keyed =
-        |sequence: u64, tokens: u64| gated_with_share(sequence, tokens, 100, park, false, 0.5);
+    let (mut owner, mut effects) = funded_owner();
+    let keyed = |sequence: u64, tokens: u64| keyed(sequence, tokens, Some(Millis(250)));
     let share = BudgetKind::Share(KeyId(1));
     assert_eq!(
         decision(owner.serve(&at(1), ticket(1), keyed(1, 30), &mut effects)),
@@ -248,12 +258,8 @@ fn a_keys_occupancy_share_is_exact_across_the_routers() {
 #[test]
 fn a_share_the_site_uses_up_refuses_at_once() {
     use crate::logic::credits::BudgetKind;
-    let (mut owner, mut effects) = (sharing_owner(2), Effects::default());
-    up(&mut owner, 8, 1, &mut effects);
-    fund(&mut owner, &mut effects);
-    let park = Some(Millis(250));
-    let keyed =
-        |sequence: u64, tokens: u64| gated_with_share(sequence, tokens, 100, park, false, 0.5);
+    let (mut owner, mut effects) = funded_owner();
+    let keyed = |sequence: u64, tokens: u64| keyed(sequence, tokens, Some(Millis(250)));
     let share = BudgetKind::Share(KeyId(1));
     assert_eq!(
         decision(owner.serve(&at(1), ticket(1), keyed(1, 10), &mut effects)),
@@ -272,7 +278,7 @@ fn a_share_the_site_uses_up_refuses_at_once() {
     owner
         .models
         .credit_round(Millis(1_000), true, &mut holdings, &mut effects);
-    let later = gated_with_share(3, 10, 100, Some(Millis(1_250)), false, 0.5);
+    let later = self::keyed(3, 10, Some(Millis(1_250)));
     assert_eq!(
         decision(owner.serve(&at(1_001), ticket(3), later, &mut effects)),
         None
@@ -286,11 +292,8 @@ fn a_share_the_site_uses_up_refuses_at_once() {
 #[test]
 fn a_keys_share_alone_and_its_rounds() {
     use crate::logic::credits::BudgetKind;
-    let (mut owner, mut effects) = (sharing_owner(2), Effects::default());
-    up(&mut owner, 8, 1, &mut effects);
-    fund(&mut owner, &mut effects);
-    let keyed =
-        |sequence: u64, tokens: u64| gated_with_share(sequence, tokens, 100, None, false, 0.5);
+    let (mut owner, mut effects) = funded_owner();
+    let keyed = |sequence: u64, tokens: u64| keyed(sequence, tokens, None);
     let share = BudgetKind::Share(KeyId(1));
     assert_eq!(
         decision(owner.serve(&at(1), ticket(1), keyed(1, 10), &mut effects)),
@@ -403,11 +406,9 @@ fn requests_still_parked_after_a_grant_get_a_refill_of_their_own() {
 #[test]
 fn short_of_share_credits_is_a_park_for_a_requester_that_bounces() {
     use crate::logic::credits::BudgetKind;
-    let (mut owner, mut effects) = (sharing_owner(2), Effects::default());
-    up(&mut owner, 8, 1, &mut effects);
-    fund(&mut owner, &mut effects);
+    let (mut owner, mut effects) = funded_owner();
     let bouncing = |sequence: u64, tokens: u64| {
-        let mut visit = gated_with_share(sequence, tokens, 100, Some(Millis(250)), false, 0.5);
+        let mut visit = keyed(sequence, tokens, Some(Millis(250)));
         if let Visit::Acquire {
             pool: Some(request),
             ..
