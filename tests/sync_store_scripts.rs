@@ -261,7 +261,7 @@ fn a_cached_script_is_not_sent_again() {
     assert!(rounds[0] > rounds[1] + 1_000, "{rounds:?}");
     assert_eq!(rounds[1], rounds[2]);
     assert!(
-        pool_steps[0] > pool_steps[1] + pool_store::REWRITE.len() as u64,
+        pool_steps[0] > pool_steps[1] + pool_store::ROUND.len() as u64,
         "{pool_steps:?}"
     );
     assert_eq!(pool_steps[1], pool_steps[2]);

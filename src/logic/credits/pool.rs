@@ -121,7 +121,7 @@ impl Pool {
         Ok(granted)
     }
 
-    /// The router's per-round rewrite of what it holds (`sync::pool_store::REWRITE` runs the
+    /// The router's per-round rewrite of what it holds (`sync::pool_store::ROUND` runs the
     /// same rule). Lower than before gives credits back; higher is only ever what streamed
     /// output grew past the router's credits (never a grant). When the pool has no holding of
     /// this run (the others gave the router up), only `in_use` is written and the answer is

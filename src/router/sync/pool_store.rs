@@ -4,8 +4,9 @@
 //! no router holds, a newer run replaces an older run's holding, a router that has not seen the
 //! store's epoch is refused). With replicas, `WAIT` tells whether one acknowledged the grant.
 //!
-//! Each round rewrites what the router holds with [`REWRITE`] (after the round's transaction,
-//! with a read of the pool), and a clean shutdown removes the router's holdings ([`RELEASE`]).
+//! Each round rewrites what the router holds of every pool and reads them all with one [`ROUND`]
+//! (after the round's transaction), and a clean shutdown removes the router's holdings
+//! ([`RELEASE`]).
 //!
 //! Owns: the scripts' text and the records they return ([`StoredHolding`], [`Grant`]). The calls
 //! that run them are `sync::store::Store`'s (`grant`, `release_holdings`, `wait_replicas`,
@@ -41,35 +42,54 @@ redis.call('SADD', KEYS[3], KEYS[1])
 return {granted, mine_held + granted}
 "#;
 
-/// The round's rewrite of what the router holds, atomically in the store. KEYS: the pool hash,
-/// the epoch key, the set of pools. ARGV: router ID, run, the epoch the router knows, hold, in use, short (0/1).
-/// Returns 0, `-1` when the epoch is not the store's, `-2` when a newer run holds the router's
-/// credits, and 1 when the router held nothing in the pool: the others gave it up, so only
-/// what is in use is written (held, never credits) and the router forfeits its credits.
-/// A holding of 0 is removed.
-pub const REWRITE: &str = r#"
-local epoch = redis.call('GET', KEYS[2])
-if epoch ~= ARGV[3] then return -1 end
-local current = redis.call('HGET', KEYS[1], ARGV[1])
+/// The round's step of every pool this router knows, in one call, atomically: for each pool, the
+/// rewrite of what the router holds (when it reports one) and a read of every holding. KEYS: the
+/// epoch key, the set of pools, then each pool hash. ARGV: router ID, run, the epoch the router
+/// knows, then per pool: hold (`-1`: read only), in use, short (0/1). Returns, per pool, the
+/// rewrite's answer and the pool's `HGETALL`. The answer is `-3` for a pool only read, 0 for a
+/// rewrite, `-1` when the epoch is not the store's, `-2` when a newer run holds the router's
+/// credits, and 1 when the router held nothing in the pool: the others gave it up, so only what is
+/// in use is written (held, never credits) and the router forfeits its credits. A holding of 0 is
+/// removed. One call for every pool, where each pool was its own rewrite and read: 1,000 keys'
+/// share pools took 416 KiB a round that way, 114 KiB so
+/// (`perf/notes/2026-12-05-b4-share-pools-round-bytes.md`).
+pub const ROUND: &str = r#"
+local epoch_ok = redis.call('GET', KEYS[1]) == ARGV[3]
 local run = tonumber(ARGV[2])
-local hold = tonumber(ARGV[4])
-local result = 0
-if current then
-  local stored = tonumber(string.match(current, '^(%d+):'))
-  if stored ~= nil and stored > run then return -2 end
-  if stored ~= nil and stored < run then
-    if hold > tonumber(ARGV[5]) then hold = tonumber(ARGV[5]); result = 1 end
+local out = {}
+for i = 3, #KEYS do
+  local pool = KEYS[i]
+  local at = 4 + (i - 3) * 3
+  local hold = tonumber(ARGV[at])
+  local result = -3
+  if hold >= 0 then
+    if not epoch_ok then
+      result = -1
+    else
+      result = 0
+      local current = redis.call('HGET', pool, ARGV[1])
+      local stored = nil
+      if current then stored = tonumber(string.match(current, '^(%d+):')) end
+      if stored ~= nil and stored > run then
+        result = -2
+      else
+        if (not current) or (stored ~= nil and stored < run) then
+          local in_use = tonumber(ARGV[at + 1])
+          if hold > in_use then hold = in_use; result = 1 end
+        end
+        if hold == 0 then
+          redis.call('HDEL', pool, ARGV[1])
+        else
+          redis.call('HSET', pool, ARGV[1], string.format('%d:%d:%s', run, hold, ARGV[at + 2]))
+          redis.call('SADD', KEYS[2], pool)
+        end
+      end
+    end
   end
-else
-  if hold > tonumber(ARGV[5]) then hold = tonumber(ARGV[5]); result = 1 end
+  out[#out + 1] = result
+  out[#out + 1] = redis.call('HGETALL', pool)
 end
-if hold == 0 then
-  redis.call('HDEL', KEYS[1], ARGV[1])
-else
-  redis.call('HSET', KEYS[1], ARGV[1], string.format('%d:%d:%s', run, hold, ARGV[6]))
-  redis.call('SADD', KEYS[3], KEYS[1])
-end
-return result
+return out
 "#;
 
 /// Takes a router's holdings back from every pool of the site (a clean shutdown, or the others

@@ -4,8 +4,9 @@
 //!
 //! - A refill is served as soon as it arrives, between rounds: one `GRANT` script, held to the
 //!   view's ceiling, then (with Sentinel) a `WAIT` for a replica.
-//! - Each round rewrites what the router holdings of every budget it reported (`REWRITE`, in the
-//!   round's transaction) and reads every pool it knows, so the views follow the others.
+//! - Each round rewrites what the router holds of every budget it reported and reads every pool
+//!   it knows, all in one call after the round's transaction (`ROUND`), so the views follow the
+//!   others.
 //! - A new epoch (the store lost its data) makes every view guard what it last saw, and every
 //!   shard forfeit its credits; requests in flight are written back as held.
 //!

@@ -51,9 +51,7 @@ mod round;
 mod scripts;
 pub use permissions::{NEEDED, refused_permission};
 pub use scripts::DailyRow;
-use scripts::{
-    GRANT, RELEASE, REWRITE, Script, USAGE, noscript, noscript_error, pack, reply_bytes,
-};
+use scripts::{GRANT, RELEASE, ROUND, Script, USAGE, noscript, noscript_error, pack, reply_bytes};
 
 /// How long usage stays on the stream: a router away longer re-reads the daily totals instead
 /// of the entries it missed.
@@ -138,7 +136,7 @@ pub struct PoolRewrite<'a> {
     pub short: bool,
 }
 
-/// What a round read of one pool: the rewrite's answer (`pool_store::REWRITE`), and every
+/// What a round read of one pool: the rewrite's answer (`pool_store::ROUND`), and every
 /// holding (router ID -> `run:held[:short]`).
 pub struct PoolRead {
     pub rewritten: Option<i64>,

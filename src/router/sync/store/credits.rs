@@ -4,11 +4,11 @@
 use super::*;
 
 impl Store {
-    /// The occupancy pools' step of a round, after [`Store::round`]: each pool's rewrite
-    /// (`pool_store::REWRITE`, atomic in itself) then a read of every holding. Pools are
-    /// independent of each other and of the round's transaction, so a refused script (an ACL
-    /// without `EVALSHA`) leaves the reads, and the rest of the round, standing; it is returned in
-    /// [`PoolsRead::refused`]. Any other error fails the step.
+    /// The occupancy pools' step of a round, after [`Store::round`]: every pool's rewrite and a
+    /// read of every holding, in one call of `pool_store::ROUND` (atomic in itself). Pools are
+    /// independent of the round's transaction, so a refused script (an ACL without `EVALSHA`)
+    /// leaves the reads, done on their own then, and the rest of the round, standing; it is
+    /// returned in [`PoolsRead::refused`]. Any other error fails the step.
     pub async fn pools(&mut self, pools: &[PoolWrite<'_>]) -> RedisResult<PoolsRead> {
         if pools.is_empty() {
             return Ok(PoolsRead {
@@ -16,81 +16,102 @@ impl Store {
                 refused: None,
             });
         }
-        match self.pools_once(pools, false).await? {
-            // A rewrite the store no longer knew by its SHA1 did not run: the step again, every
-            // rewrite with the script's text (rewrites are absolute, reads only read).
-            None => Ok(self.pools_once(pools, true).await?.ok_or_else(|| {
-                redis::RedisError::from(std::io::Error::other(
-                    "the store answered NOSCRIPT to EVAL",
-                ))
-            })?),
-            Some(read) => Ok(read),
+        let reply = match self.pools_once(pools, false).await? {
+            // The store no longer knew the script by its SHA1: it did not run. Again with its
+            // text (rewrites are absolute, reads only read).
+            reply if noscript(&reply) => self.pools_once(pools, true).await?,
+            reply => reply,
+        };
+        match reply {
+            Value::ServerError(error) => {
+                let error = redis::RedisError::from(error);
+                if !refused_permission(&error) {
+                    return Err(self.failed(error));
+                }
+                let mut read = self.read_pools(pools).await?;
+                read.refused = Some(error);
+                Ok(read)
+            }
+            reply => {
+                let replies: Vec<Value> = redis::from_redis_value(reply)?;
+                if replies.len() != 2 * pools.len() {
+                    return Err(short_reply());
+                }
+                let mut replies = replies.into_iter();
+                let mut read = PoolsRead {
+                    pools: Vec::with_capacity(pools.len()),
+                    refused: None,
+                };
+                while let (Some(rewritten), Some(holdings)) = (replies.next(), replies.next()) {
+                    let rewritten: i64 = redis::from_redis_value(rewritten)?;
+                    read.pools.push(PoolRead {
+                        rewritten: (rewritten != -3).then_some(rewritten),
+                        holdings: redis::from_redis_value(holdings)?,
+                    });
+                }
+                Ok(read)
+            }
         }
     }
 
-    /// One try of [`Store::pools`]; `None` when a rewrite was answered `NOSCRIPT`.
-    async fn pools_once(
-        &mut self,
-        pools: &[PoolWrite<'_>],
-        full: bool,
-    ) -> RedisResult<Option<PoolsRead>> {
+    /// One call of `pool_store::ROUND` for every pool: its reply, as the store gave it.
+    async fn pools_once(&mut self, pools: &[PoolWrite<'_>], full: bool) -> RedisResult<Value> {
+        let mut call = ROUND.call(full);
+        call.arg(2 + pools.len())
+            .arg(self.key("epoch"))
+            .arg(self.key("pools"));
+        for pool in pools {
+            call.arg(self.key(&format!("pool:{}", pool.pool)));
+        }
+        let epoch = pools
+            .iter()
+            .find_map(|pool| pool.rewrite.as_ref().map(|rewrite| rewrite.epoch))
+            .unwrap_or("");
+        let run = pools
+            .iter()
+            .find_map(|pool| pool.rewrite.as_ref().map(|rewrite| rewrite.run))
+            .unwrap_or(0);
+        call.arg(&self.router).arg(run).arg(epoch);
+        for pool in pools {
+            match &pool.rewrite {
+                Some(rewrite) => call
+                    .arg(rewrite.holding)
+                    .arg(rewrite.in_use)
+                    .arg(u8::from(rewrite.short)),
+                None => call.arg(-1).arg(0).arg(0),
+            };
+        }
+        let mut pipe = pipe();
+        pipe.add_command(call);
+        let mut replies: Vec<Value> = self.query(&pipe).await?;
+        replies.pop().ok_or_else(short_reply)
+    }
+
+    /// Every pool's holdings, read on their own (the script was refused).
+    async fn read_pools(&mut self, pools: &[PoolWrite<'_>]) -> RedisResult<PoolsRead> {
+        let mut pipe = pipe();
+        for pool in pools {
+            pipe.cmd("HGETALL")
+                .arg(self.key(&format!("pool:{}", pool.pool)));
+        }
+        let replies: Vec<Value> = self.query(&pipe).await?;
         let mut read = PoolsRead {
             pools: Vec::with_capacity(pools.len()),
             refused: None,
         };
-        let mut pipe = pipe();
-        for pool in pools {
-            let key = self.key(&format!("pool:{}", pool.pool));
-            if let Some(rewrite) = &pool.rewrite {
-                let mut call = REWRITE.call(full);
-                call.arg(3)
-                    .arg(&key)
-                    .arg(self.key("epoch"))
-                    .arg(self.key("pools"))
-                    .arg(&self.router)
-                    .arg(rewrite.run)
-                    .arg(rewrite.epoch)
-                    .arg(rewrite.holding)
-                    .arg(rewrite.in_use)
-                    .arg(u8::from(rewrite.short));
-                pipe.add_command(call);
+        for reply in replies {
+            if let Value::ServerError(error) = reply {
+                return Err(self.failed(redis::RedisError::from(error)));
             }
-            pipe.cmd("HGETALL").arg(&key);
-        }
-        let replies: Vec<Value> = self.query(&pipe).await?;
-        if !full && replies.iter().any(noscript) {
-            return Ok(None);
-        }
-        let mut replies = replies.into_iter();
-        for pool in pools {
-            let rewritten = match pool.rewrite {
-                Some(_) => match replies.next() {
-                    Some(Value::ServerError(error)) => {
-                        let error = redis::RedisError::from(error);
-                        if !refused_permission(&error) {
-                            return Err(self.failed(error));
-                        }
-                        read.refused.get_or_insert(error);
-                        None
-                    }
-                    Some(reply) => Some(redis::from_redis_value_ref::<i64>(&reply)?),
-                    None => return Err(short_reply()),
-                },
-                None => None,
-            };
-            let holdings = match replies.next() {
-                Some(Value::ServerError(error)) => {
-                    return Err(self.failed(redis::RedisError::from(error)));
-                }
-                Some(reply) => redis::from_redis_value_ref(&reply)?,
-                None => return Err(short_reply()),
-            };
             read.pools.push(PoolRead {
-                rewritten,
-                holdings,
+                rewritten: None,
+                holdings: redis::from_redis_value(reply)?,
             });
         }
-        Ok(Some(read))
+        if read.pools.len() != pools.len() {
+            return Err(short_reply());
+        }
+        Ok(read)
     }
 
     /// Asks the pool of `budget_name` for `want` of `budget` for this router's `run`.

@@ -50,7 +50,7 @@ pub const NEEDED: [(&str, &str); 19] = [
     ),
 ];
 
-/// Runs each command the scripts (`pool_store`'s `GRANT`, `RELEASE`, `REWRITE`, and the round's
+/// Runs each command the scripts (`pool_store`'s `GRANT`, `RELEASE`, `ROUND`, and the round's
 /// usage script of `store::scripts`) run, on the probe keys, and returns the names of those the
 /// store's ACL refuses (a script's commands are checked against the user's ACL one by one, so
 /// `EVAL` alone allowed is not enough). Leaves nothing: what it adds it removes again,

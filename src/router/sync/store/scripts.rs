@@ -69,7 +69,7 @@ impl Script {
 }
 
 pub static GRANT: LazyLock<Script> = LazyLock::new(|| Script::new(pool_store::GRANT));
-pub static REWRITE: LazyLock<Script> = LazyLock::new(|| Script::new(pool_store::REWRITE));
+pub static ROUND: LazyLock<Script> = LazyLock::new(|| Script::new(pool_store::ROUND));
 pub static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(pool_store::RELEASE));
 pub static USAGE: LazyLock<Script> = LazyLock::new(|| Script::new(USAGE_CODE));
 
