@@ -47,6 +47,15 @@ pub enum Decision {
 }
 
 impl Decision {
+    /// What the pool gates answer for `refusal`: B2's budget, or the key's B4 share (in use, or
+    /// never credited in time on this router).
+    fn refused_by(refusal: Refusal) -> Decision {
+        match refusal {
+            Refusal::Budget => Decision::PoolFull,
+            Refusal::KeyShare | Refusal::ShortOfShareCredits => Decision::KeyShare,
+        }
+    }
+
     /// The admission gate that refused, for `hivenet_admission_rejections_total`.
     fn gate(self) -> Option<Reason> {
         match self {
@@ -316,12 +325,7 @@ impl Models {
                 continue;
             };
             let healthy = healthy_in(&self.routes, *model);
-            let base = Limits::new(
-                self.admit_fraction,
-                owned.policy.admit_budget_tokens,
-                u64::from(owned.policy.max_inflight),
-                healthy,
-            );
+            let base = pool_limits(self.admit_fraction, &owned.policy, healthy);
             let occupancy = &owned.occupancy;
             let key_in_use = |key| occupancy.key_tokens(key);
             wallets.round(now, *model, &base, in_use, key_in_use, reached, out);
@@ -455,11 +459,8 @@ impl Models {
                 {
                     return Some(Decision::WouldPark);
                 }
-                Verdict::Refused(Refusal::Budget) => {
-                    return Some(self.refused(model, Decision::PoolFull));
-                }
-                Verdict::Refused(Refusal::KeyShare | Refusal::ShortOfShareCredits) => {
-                    return Some(self.refused(model, Decision::KeyShare));
+                Verdict::Refused(refusal) => {
+                    return Some(self.refused(model, Decision::refused_by(refusal)));
                 }
             }
         }
@@ -664,20 +665,13 @@ impl Models {
                 .next_park_deadline()
                 .is_some_and(|due| due <= now)
             {
-                let base = Limits::new(
-                    self.admit_fraction,
-                    owned.policy.admit_budget_tokens,
-                    u64::from(owned.policy.max_inflight),
-                    healthy_in(&self.routes, *model),
-                );
+                let healthy = healthy_in(&self.routes, *model);
+                let base = pool_limits(self.admit_fraction, &owned.policy, healthy);
                 let limits = owned.limits(base, sharing);
                 let shares = share_lookup(&owned.wallets, sharing);
                 for (ticket, refusal) in owned.occupancy.expire_parked(now, &limits, &shares) {
                     owned.parked_for_slot.remove(&ticket);
-                    let decision = match refusal {
-                        Refusal::Budget => Decision::PoolFull,
-                        Refusal::KeyShare | Refusal::ShortOfShareCredits => Decision::KeyShare,
-                    };
+                    let decision = Decision::refused_by(refusal);
                     let gate = decision.gate().expect("a refusal has a gate");
                     *self.rejections.entry((*model, gate)).or_insert(0) += 1;
                     effects.answer(ticket, Answer::decided(*model, decision));
@@ -789,12 +783,7 @@ impl Models {
         if owned.occupancy.parked_len() == 0 {
             return;
         }
-        let base = Limits::new(
-            self.admit_fraction,
-            owned.policy.admit_budget_tokens,
-            u64::from(owned.policy.max_inflight),
-            healthy,
-        );
+        let base = pool_limits(self.admit_fraction, &owned.policy, healthy);
         let limits = owned.limits(base, sharing);
         let shares = share_lookup(&owned.wallets, sharing);
         let admitted = owned.occupancy.admit_parked(now, &limits, &shares);
@@ -861,12 +850,7 @@ impl Models {
     }
 
     fn limits(&self, model: ModelId, policy: &ModelPolicy) -> Limits {
-        Limits::new(
-            self.admit_fraction,
-            policy.admit_budget_tokens,
-            u64::from(policy.max_inflight),
-            self.healthy_agents(model),
-        )
+        pool_limits(self.admit_fraction, policy, self.healthy_agents(model))
     }
 }
 
@@ -905,6 +889,16 @@ fn ask_share_for_head(
             &mut effects.refills,
         );
     }
+}
+
+/// The pool limits of a model under `policy` with `healthy` agents now.
+fn pool_limits(admit_fraction: f64, policy: &ModelPolicy, healthy: u32) -> Limits {
+    Limits::new(
+        admit_fraction,
+        policy.admit_budget_tokens,
+        u64::from(policy.max_inflight),
+        healthy,
+    )
 }
 
 /// The agents in `model`'s pool now.

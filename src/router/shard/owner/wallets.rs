@@ -169,6 +169,16 @@ struct ShareWallet {
     spent: bool,
 }
 
+impl ShareWallet {
+    fn new(now: Millis, share: f64) -> ShareWallet {
+        ShareWallet {
+            budget: BudgetWallet::new(now),
+            share,
+            spent: false,
+        }
+    }
+}
+
 /// One model's wallets: the token budget, the request backstop, and the B4 share of each key
 /// with one in use here. Bound: one share wallet per key with requests or credits here, or used
 /// in the last minute ([`IDLE_RETURN_MS`]).
@@ -313,11 +323,10 @@ impl ModelWallets {
             // The pool said it has nothing free since the last round: ask again after it.
             return;
         }
-        let wallet = self.shares.entry(key).or_insert_with(|| ShareWallet {
-            budget: BudgetWallet::new(now),
-            share,
-            spent: false,
-        });
+        let wallet = self
+            .shares
+            .entry(key)
+            .or_insert_with(|| ShareWallet::new(now, share));
         wallet.share = share;
         wallet.budget.wallet.touch(now);
         out.extend(
@@ -331,11 +340,10 @@ impl ModelWallets {
     /// granted is written back at the next round whatever happened to the key meanwhile).
     pub fn granted(&mut self, now: Millis, kind: BudgetKind, granted: u64, acknowledged: bool) {
         if let BudgetKind::Share(key) = kind {
-            let wallet = self.shares.entry(key).or_insert_with(|| ShareWallet {
-                budget: BudgetWallet::new(now),
-                share: 0.0,
-                spent: false,
-            });
+            let wallet = self
+                .shares
+                .entry(key)
+                .or_insert_with(|| ShareWallet::new(now, 0.0));
             wallet.spent = granted == 0;
         }
         if let Some(wallet) = self.budget_wallet(kind) {
