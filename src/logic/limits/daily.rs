@@ -74,7 +74,7 @@ struct Silence {
     outage: Option<Outage>,
     /// What was left at the first admission of each of the last [`SILENCE_SHOWS_FROM_ROUND`]
     /// rounds (by round modulo their number; a round without one holds the round's before), and
-    /// the latest round recorded. A router shows silent three rounds after its last record;
+    /// the latest round recorded. A router shows silent four rounds after its last record;
     /// alone since then, it spends its part of what was left then, not of what is left when the
     /// others can tell. Reserved from what was left when it showed, router-0 counted router-1's
     /// part 8,000 tokens short and spent 4,656 where nothing was left (`sync::simulation`, seed
@@ -168,6 +168,19 @@ impl Silence {
                         left,
                         routers,
                     });
+                }
+                // A run whose rounds could not tell a silent router yet took every record for
+                // live: any other router may have been alone since before this run started,
+                // spending its part of what was left then, unseen. Alone, it leaves each its
+                // part of the whole budget, as it does a silent router it did not see go silent
+                // (router-1's new run, alone after two rounds, took two routers alone for
+                // seconds for live and spent its part of what it believed was left, their
+                // unseen usage included: `sync::simulation`, seed 710). A run that never reached
+                // the store has no view to split at all.
+                if !self.witnessed && since > 0 {
+                    let others = u128::from(routers.saturating_sub(1));
+                    let unseen = (u128::from(limit) * others).div_ceil(u128::from(routers.max(1)));
+                    return self.reserve.max(unseen as u64).min(left);
                 }
             }
             Share::Shared { .. } => {}

@@ -11,9 +11,10 @@
 //! response); only input-side admissions (a request, an input estimate) take one.
 
 /// The first round of a run that can tell a silent router from a live one
-/// (`sync::site::MISSED_ROUNDS` + 1): a new run sees every record fresh, and one shows silent
-/// only once it has stayed unchanged for three of this run's rounds.
-pub const SILENCE_SHOWS_FROM_ROUND: u32 = 4;
+/// (`sync::site::MISSED_ROUNDS` + 2): a new run sees every record fresh at its first round, and
+/// one shows silent only once it has stayed unchanged for more than three intervals, at the
+/// fifth.
+pub const SILENCE_SHOWS_FROM_ROUND: u32 = 5;
 
 /// The round a run's rounds count from until one reaches the store: `Share::Alone { since:
 /// NOT_REACHED_YET, .. }` is a run that has never heard from the site.

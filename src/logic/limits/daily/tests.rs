@@ -31,7 +31,12 @@ const TUESDAY: Day = Day(20_001);
 #[test]
 fn cut_off_a_router_spends_its_part_of_what_was_left_output_included() {
     let mut budget = DailyBudget::new(MONDAY, 900);
-    let before = budget.admit(MONDAY, 102, None, Share::Whole).unwrap();
+    let seen = Share::Shared {
+        round: 39,
+        live: 3,
+        silent: 0,
+    };
+    let before = budget.admit(MONDAY, 102, None, seen).unwrap();
     budget.settle(MONDAY, before, 102, 0, false);
     let alone = Share::Alone {
         since: 40,
@@ -120,14 +125,14 @@ fn a_router_that_shows_silent_late_keeps_its_part_of_what_was_left_at_its_last_r
     }
     // 21,000 left, 10,000 of it router-1's; the round's part of the rest is half.
     assert_eq!(spent, (21_000 - 10_000) / 2);
-    // Past the four rounds, a new silence is reckoned from later rounds.
+    // Past the five rounds, a new silence is reckoned from later rounds.
     let mut budget = DailyBudget::new(MONDAY, 100_000);
     budget.apply_remote(MONDAY, 70_000);
     assert!(budget.admit(MONDAY, 0, None, live(7)).is_ok());
     budget.apply_remote(MONDAY, 9_000);
-    assert!(budget.admit(MONDAY, 0, None, live(11)).is_ok());
+    assert!(budget.admit(MONDAY, 0, None, live(12)).is_ok());
     let silent = Share::Shared {
-        round: 12,
+        round: 13,
         live: 2,
         silent: 1,
     };
@@ -513,4 +518,37 @@ proptest! {
             prop_assert!(budget.used(MONDAY) <= limit);
         }
     }
+}
+
+/// Seed 710 of `sync::simulation`: router-1's new run reached the store twice, taking both
+/// other routers for live (a record is live for its first three intervals under a new run's
+/// eyes), where each had been alone for seconds. Then the store stopped answering, and it split
+/// what it believed was left, their unseen usage included. A run that cannot tell a silent
+/// router yet leaves each other router its part of the whole budget when alone; one that
+/// could tell splits what was left.
+#[test]
+fn alone_before_a_new_run_could_tell_a_silent_router_it_leaves_the_others_their_part() {
+    let shared = |round| Share::Shared {
+        round,
+        live: 3,
+        silent: 0,
+    };
+    let alone = |since| Share::Alone { since, routers: 3 };
+    let spent_alone = |rounds: u32| {
+        let mut budget = DailyBudget::new(MONDAY, 90_000);
+        budget.apply_remote(MONDAY, 30_000);
+        for round in 1..=rounds {
+            assert!(budget.admit(MONDAY, 0, None, shared(round)).is_ok());
+        }
+        let mut spent = 0;
+        while budget.admit(MONDAY, 100, None, alone(rounds)).is_ok() {
+            spent += 100;
+        }
+        spent
+    };
+    // 60,000 left as it believes, of which the others may hold 60,000 unseen.
+    assert_eq!(spent_alone(2), 0);
+    assert_eq!(spent_alone(SILENCE_SHOWS_FROM_ROUND - 1), 0);
+    // From the round a silent router shows in, its view can be split: a third of 60,000.
+    assert_eq!(spent_alone(SILENCE_SHOWS_FROM_ROUND), 20_000);
 }
