@@ -601,6 +601,7 @@ mod tests {
             round: 7,
             live: 2,
             silent: 1,
+            late: 0,
         };
         let mut bucket = Bucket::new(at(0), 60, 60);
         bucket.try_take(at(0), 60).unwrap();
@@ -615,6 +616,7 @@ mod tests {
             round: 8,
             live: 3,
             silent: 0,
+            late: 0,
         };
         bucket.anchor(at(30), 30 * UNITS_PER_TOKEN, everyone);
         assert_eq!(bucket.remaining(at(30)), 30);
@@ -634,11 +636,13 @@ mod tests {
         round: 1,
         live: 1,
         silent: 2,
+        late: 0,
     };
     const THREE_LIVE: Share = Share::Shared {
         round: 2,
         live: 3,
         silent: 0,
+        late: 0,
     };
 
     #[test]
@@ -829,6 +833,7 @@ mod tests {
                         round: rounds[router],
                         live: ROUTERS as u32,
                         silent: 0,
+                        late: 0,
                     };
                     for &(publisher, at, amount) in &published[read[router]..] {
                         if publisher != router {
@@ -842,6 +847,7 @@ mod tests {
                         round: rounds[router],
                         live: ROUTERS as u32,
                         silent: 0,
+                        late: 0,
                     };
                     if buckets[router]
                         .try_take_shared(Millis(now), 1, share)

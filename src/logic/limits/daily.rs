@@ -81,6 +81,12 @@ struct Silence {
     /// 979).
     recent: [u64; SILENCE_SHOWS_FROM_ROUND as usize],
     recent_round: Option<u32>,
+    /// The late routers' part of what was left at their last record (`Share::Shared`'s `late`),
+    /// set at each round the store answers and kept through an outage that follows. Apart from
+    /// `reserve`: a late router is on time again or shows silent within three rounds, and
+    /// folded into the silent routers' parts, one back on time took a share of an older silent
+    /// router's part away with it.
+    late: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,15 +186,29 @@ impl Silence {
                 if !self.witnessed && since > 0 {
                     let others = u128::from(routers.saturating_sub(1));
                     let unseen = (u128::from(limit) * others).div_ceil(u128::from(routers.max(1)));
-                    return self.reserve.max(unseen as u64).min(left);
+                    return self
+                        .reserve
+                        .saturating_add(self.late)
+                        .max(unseen as u64)
+                        .min(left);
                 }
             }
             Share::Shared { .. } => {}
         }
+        // A late router may have been cut off just after its last record, within the last
+        // rounds, and spend its part of what was left then unseen (`Share::for_daily`).
+        if let Share::Shared {
+            live, silent, late, ..
+        } = share
+        {
+            let routers = u128::from(live.max(1)) + u128::from(silent);
+            let then = if self.witnessed { left_then } else { limit };
+            self.late = (u128::from(then) * u128::from(late)).div_ceil(routers) as u64;
+        }
         // Kept whole, used up to what is left: capped as it was set, the part of two silent
         // routers was halved for the one left silent when the other came back, where its own
         // part was twice that (`sync::simulation`, seed 760: 4,371 tokens where 316 were left).
-        self.reserve.min(left)
+        self.reserve.saturating_add(self.late).min(left)
     }
 }
 
@@ -324,7 +344,7 @@ impl DailyBudget {
         if ours == 0 || input_tokens > ours {
             return Err(refused(ours));
         }
-        if let Some(split) = share.daily_split() {
+        if let Some(split) = share.for_daily().daily_split() {
             let need = input_tokens as i64;
             if let Err(left) = self.round.check(split, ours as i64, need, 0, 0, 0) {
                 return Err(refused(left as u64));

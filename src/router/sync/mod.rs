@@ -61,6 +61,9 @@ pub struct SyncMetrics {
     pub silent_routers: AtomicI64,
     /// What of each limit is left to silent routers, in millionths (`silent / (live + silent)`).
     pub silent_share_ppm: AtomicI64,
+    /// Live routers that missed their last heartbeat (`Share::Shared`'s `late`): daily budgets
+    /// leave them their part, as they do silent routers'.
+    pub late_routers: AtomicI64,
     /// Router records in the store this router could not read, each bad value once.
     pub malformed_records_total: AtomicU64,
     /// Age of the latest peer usage when applied, in milliseconds.
@@ -139,6 +142,11 @@ impl SyncMetrics {
             }
             _ => (0, 0),
         };
+        let late = match share {
+            Share::Shared { late, .. } => late,
+            _ => 0,
+        };
+        self.late_routers.store(i64::from(late), Ordering::Relaxed);
         self.silent_routers
             .store(i64::from(silent), Ordering::Relaxed);
         self.silent_share_ppm.store(ppm as i64, Ordering::Relaxed);
@@ -147,7 +155,7 @@ impl SyncMetrics {
 
 impl Collect for SyncMetrics {
     fn collect(&self, out: &mut Vec<Family>) {
-        let gauges: [(&str, &str, f64); 7] = [
+        let gauges: [(&str, &str, f64); 8] = [
             (
                 "hivenet_sync_up",
                 "1 while the sync store answers; 0 while each router enforces its share alone.",
@@ -162,6 +170,11 @@ impl Collect for SyncMetrics {
                 "hivenet_sync_silent_routers",
                 "Routers that stopped heartbeating without leaving, whose share of every limit the live routers keep free.",
                 self.silent_routers.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "hivenet_sync_late_routers",
+                "Live routers that missed their last heartbeat; daily budgets leave them their part, as they do silent routers'.",
+                self.late_routers.load(Ordering::Relaxed) as f64,
             ),
             (
                 "hivenet_sync_silent_share_ratio",

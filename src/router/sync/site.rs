@@ -365,6 +365,9 @@ pub struct Peers {
     /// Other live routers (this one excluded): `hivenet_sync_peers`.
     pub live: u32,
     pub silent: u32,
+    /// Of the live routers, those that missed a heartbeat: their record did not change for one
+    /// of their intervals under this router's eyes (`Share::Shared`'s `late`).
+    pub late: u32,
     /// Live routers that advertise a gRPC address, this one included when it does:
     /// (peer ID, address), for agents' discovery.
     pub advertised: Vec<(String, String)>,
@@ -398,6 +401,9 @@ pub fn peers(
         match heartbeat.state(record.age_ms) {
             PeerState::Live => {
                 peers.live += 1;
+                if record.missed() >= 1 {
+                    peers.late += 1;
+                }
                 if let Some(addr) = &heartbeat.grpc_addr {
                     peers
                         .advertised
@@ -521,6 +527,7 @@ impl Health {
                 round: self.round,
                 live: 1 + peers.live,
                 silent: peers.silent,
+                late: peers.late,
             },
             _ => Share::Alone {
                 since: self.outage_since,

@@ -35,6 +35,7 @@ fn cut_off_a_router_spends_its_part_of_what_was_left_output_included() {
         round: 39,
         live: 3,
         silent: 0,
+        late: 0,
     };
     let before = budget.admit(MONDAY, 102, None, seen).unwrap();
     budget.settle(MONDAY, before, 102, 0, false);
@@ -56,6 +57,7 @@ fn cut_off_a_router_spends_its_part_of_what_was_left_output_included() {
         round: 41,
         live: 3,
         silent: 0,
+        late: 0,
     };
     assert!(budget.admit(MONDAY, 14, None, shared).is_ok());
 }
@@ -73,6 +75,7 @@ fn routers_silent_after_an_outage_keep_what_they_could_spend_in_it() {
         round,
         live: 3,
         silent: 0,
+        late: 0,
     };
     assert!(budget.admit(MONDAY, 0, None, everyone(49)).is_ok());
     budget.apply_remote(MONDAY, 91_000);
@@ -89,6 +92,7 @@ fn routers_silent_after_an_outage_keep_what_they_could_spend_in_it() {
         round: 51,
         live: 1,
         silent: 2,
+        late: 0,
     };
     // 6,000 left as it knows; the silent two may have spent all of it.
     assert!(budget.admit(MONDAY, 100, None, back).is_err());
@@ -106,6 +110,7 @@ fn a_router_that_shows_silent_late_keeps_its_part_of_what_was_left_at_its_last_r
         round,
         live: 3,
         silent: 0,
+        late: 0,
     };
     let mut budget = DailyBudget::new(MONDAY, 100_000);
     budget.apply_remote(MONDAY, 70_000);
@@ -118,6 +123,7 @@ fn a_router_that_shows_silent_late_keeps_its_part_of_what_was_left_at_its_last_r
         round: 10,
         live: 2,
         silent: 1,
+        late: 0,
     };
     let mut spent = 0;
     while budget.admit(MONDAY, 100, None, silent).is_ok() {
@@ -135,6 +141,7 @@ fn a_router_that_shows_silent_late_keeps_its_part_of_what_was_left_at_its_last_r
         round: 13,
         live: 2,
         silent: 1,
+        late: 0,
     };
     let mut spent = 0;
     while budget.admit(MONDAY, 100, None, silent).is_ok() {
@@ -152,6 +159,7 @@ fn a_silent_router_keeps_its_whole_part_when_another_comes_back() {
         round,
         live,
         silent,
+        late: 0,
     };
     let mut budget = DailyBudget::new(MONDAY, 100_000);
     budget.apply_remote(MONDAY, 88_000);
@@ -185,11 +193,13 @@ fn silent_routers_keep_their_part_of_what_was_left_when_they_went_silent() {
         round,
         live: 3,
         silent: 0,
+        late: 0,
     };
     let silent = |round| Share::Shared {
         round,
         live: 2,
         silent: 1,
+        late: 0,
     };
     let mut budget = DailyBudget::new(MONDAY, 135_000);
     // A run's first rounds see every record fresh: they witness nothing.
@@ -239,6 +249,7 @@ fn silent_routers_keep_their_part_of_what_was_left_when_they_went_silent() {
         round: 12,
         live: 3,
         silent: 0,
+        late: 0,
     };
     let left = budget.remaining(MONDAY);
     let mut shared_spent = 0;
@@ -532,6 +543,7 @@ fn alone_before_a_new_run_could_tell_a_silent_router_it_leaves_the_others_their_
         round,
         live: 3,
         silent: 0,
+        late: 0,
     };
     let alone = |since| Share::Alone { since, routers: 3 };
     let spent_alone = |rounds: u32| {
@@ -551,4 +563,71 @@ fn alone_before_a_new_run_could_tell_a_silent_router_it_leaves_the_others_their_
     assert_eq!(spent_alone(SILENCE_SHOWS_FROM_ROUND - 1), 0);
     // From the round a silent router shows in, its view can be split: a third of 60,000.
     assert_eq!(spent_alone(SILENCE_SHOWS_FROM_ROUND), 20_000);
+}
+
+/// Seed 1,629 of `sync::simulation`: router-2 was cut off just after its record at round 7
+/// and spends its part of the 30,000 left alone. The others count it live for three more
+/// intervals; each round they split what they believe is left, its usage not in it. Late from
+/// its first missed heartbeat, it keeps its part of what was left at its record, and the two
+/// others spend the rest, once: the site's day stays within its budget.
+#[test]
+fn a_late_router_keeps_its_part_from_its_first_missed_heartbeat() {
+    let mut budget = DailyBudget::new(MONDAY, 100_000);
+    budget.apply_remote(MONDAY, 70_000);
+    let on_time = Share::Shared {
+        round: 7,
+        live: 3,
+        silent: 0,
+        late: 0,
+    };
+    assert!(budget.admit(MONDAY, 0, None, on_time).is_ok());
+    let mut spent = 0;
+    for round in 8..12 {
+        let late = Share::Shared {
+            round,
+            live: 3,
+            silent: 0,
+            late: 1,
+        };
+        while budget.admit(MONDAY, 100, None, late).is_ok() {
+            spent += 100;
+        }
+        // The other live router spent as much as this one in the round.
+        budget.apply_remote(MONDAY, if round == 8 { spent } else { 0 });
+    }
+    // Router-2's 10,000 are left to it; this router and the other split the 20,000 left.
+    assert_eq!(spent, 10_000);
+    assert_eq!(budget.remaining(MONDAY), 10_000);
+}
+
+/// A router late for a round, on time the next, takes nothing from a silent router's part:
+/// folded into the silent routers' parts, its own (of what was left lately, less) came off
+/// with a share of the older silent router's part when it was back on time.
+#[test]
+fn a_router_late_for_a_round_takes_nothing_from_a_silent_routers_part() {
+    let share = |round, live, silent, late| Share::Shared {
+        round,
+        live,
+        silent,
+        late,
+    };
+    let mut budget = DailyBudget::new(MONDAY, 100_000);
+    budget.apply_remote(MONDAY, 40_000);
+    for round in 1..=7 {
+        assert!(budget.admit(MONDAY, 0, None, share(round, 3, 0, 0)).is_ok());
+    }
+    // Router-0 shows silent with 60,000 left: its part is 20,000.
+    for round in 8..=14 {
+        assert!(budget.admit(MONDAY, 0, None, share(round, 2, 1, 0)).is_ok());
+        budget.apply_remote(MONDAY, 4_000);
+    }
+    // 32,000 left; router-2 is late for a round (its part of what was left lately held back
+    // too: nothing is left to this router), then on time again.
+    assert!(budget.admit(MONDAY, 0, None, share(15, 2, 1, 1)).is_err());
+    let mut spent = 0;
+    while budget.admit(MONDAY, 100, None, share(16, 2, 1, 0)).is_ok() {
+        spent += 100;
+    }
+    // The 12,000 beside router-0's 20,000, split between the two routers on time.
+    assert_eq!(spent, 6_000);
 }

@@ -184,6 +184,7 @@ impl Sim {
                     },
                     live: ROUTERS as u32,
                     silent: 0,
+                    late: 0,
                 })
             {
                 return Err(format!(

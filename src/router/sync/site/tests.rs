@@ -448,7 +448,8 @@ fn three_failed_rounds_fall_back_to_the_routers_last_seen() {
         Share::Shared {
             round: 1,
             live: 3,
-            silent: 1
+            silent: 1,
+            late: 0,
         }
     );
     assert_eq!(health.failed(), AfterFailure::Retry);
@@ -459,7 +460,8 @@ fn three_failed_rounds_fall_back_to_the_routers_last_seen() {
         Share::Shared {
             round: 1,
             live: 3,
-            silent: 1
+            silent: 1,
+            late: 0,
         },
         "no new round without news"
     );
@@ -516,7 +518,8 @@ fn the_store_back_returns_to_shared_limits_in_a_new_round() {
         Share::Shared {
             round: 2,
             live: 2,
-            silent: 0
+            silent: 0,
+            late: 0,
         }
     );
 }
@@ -543,4 +546,39 @@ fn a_silent_router_shows_from_the_round_the_budgets_trust() {
         first_silent,
         crate::logic::limits::share::SILENCE_SHOWS_FROM_ROUND
     );
+}
+
+/// A live router whose record did not change for one of its intervals is late: the daily
+/// budgets leave it its part from then, not three intervals later (`Share::for_daily`;
+/// `sync::simulation`, seed 1,629). Rewritten, it is on time again.
+#[test]
+fn a_record_unchanged_for_one_interval_is_late_and_on_time_once_rewritten() {
+    let own = heartbeat("self", 0);
+    let mut sightings = Sightings::default();
+    let mut read = |beat: &Heartbeat, now: u64| {
+        let text = json(beat);
+        let roster = sightings.read([("r-peer", text.as_str())], now);
+        let found = peers("r-self", &own, &roster.records, &no_reports());
+        (found.live, found.silent, found.late)
+    };
+    let first = heartbeat("peer", 0);
+    assert_eq!(read(&first, NOW), (1, 0, 0));
+    // Half an interval later, unchanged: not late yet.
+    assert_eq!(read(&first, NOW + SECOND / 2), (1, 0, 0));
+    assert_eq!(
+        read(&first, NOW + SECOND),
+        (1, 0, 1),
+        "one interval unchanged"
+    );
+    assert_eq!(
+        read(&first, NOW + 3 * SECOND),
+        (1, 0, 1),
+        "live up to three"
+    );
+    assert_eq!(read(&first, NOW + 3 * SECOND + 1), (0, 1, 0), "then silent");
+    let rewritten = Heartbeat {
+        at_unix_ms: NOW + 4 * SECOND,
+        ..heartbeat("peer", 0)
+    };
+    assert_eq!(read(&rewritten, NOW + 4 * SECOND), (1, 0, 0));
 }

@@ -12,6 +12,7 @@ fn sharing_owner(routers: u32) -> Owner {
         round: 1,
         live: routers,
         silent: 0,
+        late: 0,
     });
     owner
 }
