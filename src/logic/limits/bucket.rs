@@ -73,6 +73,10 @@ pub struct Bucket {
     /// A scale that is not larger keeps holding it: giving it back as the level drops would let
     /// the live routers admit more than their part.
     held_below_units: i64,
+    /// The scale (`Share::rate_scale`, numerator and denominator) the level was last brought up
+    /// to date under: a smaller one holds back the part of the level the routers that went
+    /// silent since may spend.
+    scaled: (u16, u16),
     /// Since when the bucket has been full without a break (`None`: it is not full). The refill
     /// of that time was thrown away at the capacity, so usage another router admitted meanwhile,
     /// subtracted late, may be credited with it ([`Bucket::apply_remote`]); refill the bucket
@@ -97,6 +101,7 @@ impl Bucket {
             round: RoundAllowance::NONE,
             held_units: 0,
             held_below_units: 0,
+            scaled: (1, 1),
             full_since: Some(Millis(0)),
             settled: true,
         }
@@ -152,7 +157,14 @@ impl Bucket {
     /// capacity is brought down to it, and what that takes off is held back until the scale
     /// grows again (`held_units`).
     fn refill_shared(&mut self, now: Millis, share: Share) {
-        let (numerator, denominator) = share.rate_scale();
+        // Alone, the silent routers of the last round keep their part: they may be spending it
+        // still, and giving it back made a third of this router's whole view, their parts
+        // included, its allowance for the outage (`sync::simulation`, seed 400: a router that
+        // had two routers silent spent 246 requests alone where its part was 135).
+        let (numerator, denominator) = match share {
+            Share::Alone { .. } => (u64::from(self.scaled.0), u64::from(self.scaled.1)),
+            share => share.rate_scale(),
+        };
         let scale = |units: u64| {
             (u128::from(units) * u128::from(numerator) / u128::from(denominator)) as u64
         };
@@ -162,6 +174,10 @@ impl Bucket {
             self.level_units = (self.level_units + self.held_units).min(self.capacity_units);
             self.held_units = 0;
         }
+        self.scaled = (
+            numerator.min(u64::from(u16::MAX)) as u16,
+            denominator.min(u64::from(u16::MAX)) as u16,
+        );
         if numerator == denominator {
             self.refill(now);
             return;
@@ -235,9 +251,19 @@ impl Bucket {
             return Err(self.shortfall(amount));
         }
         if let Some(split) = share.rate_split() {
+            // Alone after rounds with silent routers, the level is the live routers' part of the
+            // site's (`refill_shared`): the outage's split is of the whole, as the site's level.
+            let (numerator, denominator) = self.scaled;
+            let level_units = match share {
+                Share::Alone { .. } if numerator < denominator => {
+                    (i128::from(self.level_units) * i128::from(denominator)
+                        / i128::from(numerator.max(1))) as i64
+                }
+                _ => self.level_units,
+            };
             if let Err(left_units) = self.round.check(
                 split,
-                self.level_units,
+                level_units,
                 need_units,
                 now.0,
                 self.rate_per_minute,
@@ -403,6 +429,7 @@ impl Bucket {
         }
         self.held_units = 0;
         self.held_below_units = 0;
+        self.scaled = (1, 1);
         self.full_since = (self.level_units >= self.capacity_units).then_some(now);
         self.settled = true;
     }
@@ -683,6 +710,31 @@ mod tests {
         assert_eq!(admitted, 10);
         bucket.try_take_shared(at(0), 1, Share::Whole).unwrap();
         assert_eq!(bucket.remaining(at(0)), 13);
+    }
+
+    /// Seed 400 of `sync::simulation`: router-1 had both others silent, their parts held back,
+    /// its view 135 requests; then the store stopped answering. Alone, the held parts came back
+    /// and a third of the whole view was its allowance: 246 requests where its part was 135,
+    /// while the two others, cut off, spent theirs. Alone, the silent routers keep their part.
+    #[test]
+    fn alone_after_silent_routers_their_parts_stay_held() {
+        let mut bucket = Bucket::new(at(0), 30, 30);
+        bucket.try_take_shared(at(0), 4, TWO_SILENT).unwrap();
+        assert_eq!(bucket.remaining(at(0)), 6);
+        let alone = Share::Alone {
+            since: 1,
+            routers: 3,
+        };
+        let admitted = (0..30)
+            .filter(|_| bucket.try_take_shared(at(0), 1, alone).is_ok())
+            .count();
+        assert_eq!(
+            admitted, 6,
+            "its part, the 10 of 30 it had, less the 4 it took"
+        );
+        // Back with the store and every router live, the held parts are the key's again.
+        bucket.try_take_shared(at(0), 1, THREE_LIVE).unwrap();
+        assert_eq!(bucket.remaining(at(0)), 19);
     }
 
     #[test]
