@@ -23,7 +23,7 @@
 //! [`DailyBudget::restore`]. A restored total counts as already reported (the disk holds it) and
 //! is not usage to publish to other routers: it was published before the restart.
 
-use super::share::{RoundAllowance, SILENCE_SHOWS_FROM_ROUND, Share};
+use super::share::{NOT_REACHED_YET, RoundAllowance, SILENCE_SHOWS_FROM_ROUND, Share};
 use super::{Day, LIMIT_MAX};
 
 #[derive(Debug, Clone)]
@@ -182,8 +182,10 @@ impl Silence {
                 // (router-1's new run, alone after two rounds, took two routers alone for
                 // seconds for live and spent its part of what it believed was left, their
                 // unseen usage included: `sync::simulation`, seed 710). A run that never reached
-                // the store has no view to split at all.
-                if !self.witnessed && since > 0 {
+                // the store has no view to split at all. The run's rounds tell, not this
+                // budget's: a key first used at an early round, next at the outage, is as sure of
+                // the site as its router.
+                if since > NOT_REACHED_YET && since < SILENCE_SHOWS_FROM_ROUND {
                     let others = u128::from(routers.saturating_sub(1));
                     let unseen = (u128::from(limit) * others).div_ceil(u128::from(routers.max(1)));
                     return self

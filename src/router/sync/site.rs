@@ -219,6 +219,13 @@ impl Record {
     fn missed(&self) -> u32 {
         u32::try_from(self.age_ms / self.heartbeat.interval_clamped_ms()).unwrap_or(u32::MAX)
     }
+
+    /// Unchanged for one of its intervals under this router's eyes: its writer missed a
+    /// heartbeat, or its round ran a little after this router's read. The second costs the
+    /// daily budgets its part of what was left a round before for one round.
+    fn is_late(&self) -> bool {
+        self.missed() >= 1
+    }
 }
 
 /// When this router first saw each record's current value: a live router rewrites its record
@@ -401,7 +408,7 @@ pub fn peers(
         match heartbeat.state(record.age_ms) {
             PeerState::Live => {
                 peers.live += 1;
-                if record.missed() >= 1 {
+                if record.is_late() {
                     peers.late += 1;
                 }
                 if let Some(addr) = &heartbeat.grpc_addr {

@@ -563,6 +563,17 @@ fn alone_before_a_new_run_could_tell_a_silent_router_it_leaves_the_others_their_
     assert_eq!(spent_alone(SILENCE_SHOWS_FROM_ROUND - 1), 0);
     // From the round a silent router shows in, its view can be split: a third of 60,000.
     assert_eq!(spent_alone(SILENCE_SHOWS_FROM_ROUND), 20_000);
+    // The run tells, not the budget: a key used once at round 2, next when the store stopped
+    // answering at round 9, splits its third (`tests/shared_limits.rs`,
+    // `cut_off_a_router_spends_its_third_of_the_daily_budget_left`: 88 tokens of its 289).
+    let mut budget = DailyBudget::new(MONDAY, 90_000);
+    budget.apply_remote(MONDAY, 30_000);
+    assert!(budget.admit(MONDAY, 0, None, shared(2)).is_ok());
+    let mut spent = 0;
+    while budget.admit(MONDAY, 100, None, alone(9)).is_ok() {
+        spent += 100;
+    }
+    assert_eq!(spent, 20_000);
 }
 
 /// Seed 1,629 of `sync::simulation`: router-2 was cut off just after its record at round 7
