@@ -629,6 +629,7 @@ mod tests {
             live: 2,
             silent: 1,
             late: 0,
+            at_least: 0,
         };
         let mut bucket = Bucket::new(at(0), 60, 60);
         bucket.try_take(at(0), 60).unwrap();
@@ -644,6 +645,7 @@ mod tests {
             live: 3,
             silent: 0,
             late: 0,
+            at_least: 0,
         };
         bucket.anchor(at(30), 30 * UNITS_PER_TOKEN, everyone);
         assert_eq!(bucket.remaining(at(30)), 30);
@@ -664,12 +666,14 @@ mod tests {
         live: 1,
         silent: 2,
         late: 0,
+        at_least: 0,
     };
     const THREE_LIVE: Share = Share::Shared {
         round: 2,
         live: 3,
         silent: 0,
         late: 0,
+        at_least: 0,
     };
 
     #[test]
@@ -886,6 +890,7 @@ mod tests {
                         live: ROUTERS as u32,
                         silent: 0,
                         late: 0,
+                        at_least: 0,
                     };
                     for &(publisher, at, amount) in &published[read[router]..] {
                         if publisher != router {
@@ -900,6 +905,7 @@ mod tests {
                         live: ROUTERS as u32,
                         silent: 0,
                         late: 0,
+                        at_least: 0,
                     };
                     if buckets[router]
                         .try_take_shared(Millis(now), 1, share)

@@ -35,11 +35,16 @@ pub enum Share {
     /// not change since this router's previous read: cut off just after their last record, they
     /// spend alone unseen, and show silent only three intervals later. Daily budgets leave them
     /// their part as they do silent routers' ([`Share::for_daily`]); rate limits count them live.
+    ///
+    /// `at_least`: the routers the site counts at least (`--sync-min-routers`). A router that
+    /// started and has not reached the store yet is not live, yet spends its part of a daily
+    /// budget alone; the live routers split a daily budget's round as if it were there.
     Shared {
         round: u32,
         live: u32,
         silent: u32,
         late: u32,
+        at_least: u32,
     },
     /// The store has been unreachable for three sync intervals, or has not answered yet: this
     /// router alone enforces `limit / routers` of each rate limit, and of each daily budget at
@@ -99,6 +104,11 @@ impl Share {
     /// aside (`limits::daily`) and the routers on time split the rest. A record that is late for
     /// one round only (a round that ran late) costs the others little: its part of what was left
     /// a round before, where it would have taken its part of what is left now.
+    ///
+    /// And the round is split between at least `at_least` routers, less the silent and late
+    /// ones (their parts are kept aside). Split between the two live ones, router-0 spent half
+    /// of what was left in the failed rounds before it counted itself alone, while router-1,
+    /// started and not yet reaching the store, spent its third (`sync::simulation`, seed 4,419).
     pub fn for_daily(self) -> Share {
         match self {
             Share::Shared {
@@ -106,12 +116,20 @@ impl Share {
                 live,
                 silent,
                 late,
-            } if late > 0 => Share::Shared {
-                round,
-                live: live.saturating_sub(late).max(1),
-                silent: silent + late,
-                late: 0,
-            },
+                at_least,
+            } => {
+                let away = silent + late;
+                Share::Shared {
+                    round,
+                    live: live
+                        .saturating_sub(late)
+                        .max(at_least.saturating_sub(away))
+                        .max(1),
+                    silent: away,
+                    late: 0,
+                    at_least,
+                }
+            }
             share => share,
         }
     }
@@ -292,6 +310,7 @@ mod tests {
             live: 2,
             silent: 1,
             late: 0,
+            at_least: 0,
         };
         assert_eq!(share.rate_scale(), (2, 3));
         let split = Split {
@@ -310,6 +329,7 @@ mod tests {
             live: 3,
             silent: 0,
             late: 1,
+            at_least: 0,
         };
         assert_eq!(share.rate_scale(), (1, 1));
         assert_eq!(share.rate_split().map(|split| split.divisor), Some(3));
@@ -321,6 +341,7 @@ mod tests {
                 live: 2,
                 silent: 1,
                 late: 0,
+                at_least: 0,
             }
         );
         assert_eq!(daily.daily_split().map(|split| split.divisor), Some(2));
@@ -330,8 +351,34 @@ mod tests {
             live: 1,
             silent: 0,
             late: 0,
+            at_least: 0,
         };
         assert_eq!(alone_live.for_daily(), alone_live);
+    }
+
+    /// Seed 4,419 of `sync::simulation`: two live routers of a site of three (one starting,
+    /// not reaching the store yet) split a daily budget's round by three, less the away ones.
+    #[test]
+    fn a_daily_round_is_split_between_at_least_the_sites_routers() {
+        let share = |live, silent, late| Share::Shared {
+            round: 4,
+            live,
+            silent,
+            late,
+            at_least: 3,
+        };
+        let divisor = |share: Share| share.for_daily().daily_split().map(|split| split.divisor);
+        assert_eq!(divisor(share(2, 0, 0)), Some(3));
+        assert_eq!(divisor(share(3, 0, 0)), Some(3));
+        assert_eq!(divisor(share(4, 0, 0)), Some(4));
+        // A silent or late router's part is kept aside: the rest is split between the others.
+        assert_eq!(divisor(share(2, 1, 0)), Some(2));
+        assert_eq!(divisor(share(3, 0, 1)), Some(2));
+        // Rate limits split between the live routers.
+        assert_eq!(
+            share(2, 0, 0).rate_split().map(|split| split.divisor),
+            Some(2)
+        );
     }
 
     #[test]
@@ -341,6 +388,7 @@ mod tests {
             live: 1,
             silent: 0,
             late: 0,
+            at_least: 0,
         };
         assert_eq!(share.rate_split(), None);
         assert_eq!(share.daily_split(), None);

@@ -535,6 +535,7 @@ impl Health {
                 live: 1 + peers.live,
                 silent: peers.silent,
                 late: peers.late,
+                at_least: self.min_routers,
             },
             _ => Share::Alone {
                 since: self.outage_since,

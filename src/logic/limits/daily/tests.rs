@@ -36,6 +36,7 @@ fn cut_off_a_router_spends_its_part_of_what_was_left_output_included() {
         live: 3,
         silent: 0,
         late: 0,
+        at_least: 0,
     };
     let before = budget.admit(MONDAY, 102, None, seen).unwrap();
     budget.settle(MONDAY, before, 102, 0, false);
@@ -58,6 +59,7 @@ fn cut_off_a_router_spends_its_part_of_what_was_left_output_included() {
         live: 3,
         silent: 0,
         late: 0,
+        at_least: 0,
     };
     assert!(budget.admit(MONDAY, 14, None, shared).is_ok());
 }
@@ -76,6 +78,7 @@ fn routers_silent_after_an_outage_keep_what_they_could_spend_in_it() {
         live: 3,
         silent: 0,
         late: 0,
+        at_least: 0,
     };
     assert!(budget.admit(MONDAY, 0, None, everyone(49)).is_ok());
     budget.apply_remote(MONDAY, 91_000);
@@ -93,6 +96,7 @@ fn routers_silent_after_an_outage_keep_what_they_could_spend_in_it() {
         live: 1,
         silent: 2,
         late: 0,
+        at_least: 0,
     };
     // 6,000 left as it knows; the silent two may have spent all of it.
     assert!(budget.admit(MONDAY, 100, None, back).is_err());
@@ -111,6 +115,7 @@ fn a_router_that_shows_silent_late_keeps_its_part_of_what_was_left_at_its_last_r
         live: 3,
         silent: 0,
         late: 0,
+        at_least: 0,
     };
     let mut budget = DailyBudget::new(MONDAY, 100_000);
     budget.apply_remote(MONDAY, 70_000);
@@ -124,6 +129,7 @@ fn a_router_that_shows_silent_late_keeps_its_part_of_what_was_left_at_its_last_r
         live: 2,
         silent: 1,
         late: 0,
+        at_least: 0,
     };
     let mut spent = 0;
     while budget.admit(MONDAY, 100, None, silent).is_ok() {
@@ -142,6 +148,7 @@ fn a_router_that_shows_silent_late_keeps_its_part_of_what_was_left_at_its_last_r
         live: 2,
         silent: 1,
         late: 0,
+        at_least: 0,
     };
     let mut spent = 0;
     while budget.admit(MONDAY, 100, None, silent).is_ok() {
@@ -160,6 +167,7 @@ fn a_silent_router_keeps_its_whole_part_when_another_comes_back() {
         live,
         silent,
         late: 0,
+        at_least: 0,
     };
     let mut budget = DailyBudget::new(MONDAY, 100_000);
     budget.apply_remote(MONDAY, 88_000);
@@ -194,12 +202,14 @@ fn silent_routers_keep_their_part_of_what_was_left_when_they_went_silent() {
         live: 3,
         silent: 0,
         late: 0,
+        at_least: 0,
     };
     let silent = |round| Share::Shared {
         round,
         live: 2,
         silent: 1,
         late: 0,
+        at_least: 0,
     };
     let mut budget = DailyBudget::new(MONDAY, 135_000);
     // A run's first rounds see every record fresh: they witness nothing.
@@ -250,6 +260,7 @@ fn silent_routers_keep_their_part_of_what_was_left_when_they_went_silent() {
         live: 3,
         silent: 0,
         late: 0,
+        at_least: 0,
     };
     let left = budget.remaining(MONDAY);
     let mut shared_spent = 0;
@@ -544,6 +555,7 @@ fn alone_before_a_new_run_could_tell_a_silent_router_it_leaves_the_others_their_
         live: 3,
         silent: 0,
         late: 0,
+        at_least: 0,
     };
     let alone = |since| Share::Alone { since, routers: 3 };
     let spent_alone = |rounds: u32| {
@@ -590,6 +602,7 @@ fn a_late_router_keeps_its_part_from_its_first_missed_heartbeat() {
         live: 3,
         silent: 0,
         late: 0,
+        at_least: 0,
     };
     assert!(budget.admit(MONDAY, 0, None, on_time).is_ok());
     let mut spent = 0;
@@ -599,6 +612,7 @@ fn a_late_router_keeps_its_part_from_its_first_missed_heartbeat() {
             live: 3,
             silent: 0,
             late: 1,
+            at_least: 0,
         };
         while budget.admit(MONDAY, 100, None, late).is_ok() {
             spent += 100;
@@ -621,6 +635,7 @@ fn a_router_late_for_a_round_takes_nothing_from_a_silent_routers_part() {
         live,
         silent,
         late,
+        at_least: 0,
     };
     let mut budget = DailyBudget::new(MONDAY, 100_000);
     budget.apply_remote(MONDAY, 40_000);

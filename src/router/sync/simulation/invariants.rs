@@ -194,6 +194,7 @@ impl Sim {
                     live: ROUTERS as u32,
                     silent: 0,
                     late: 0,
+                    at_least: MIN_ROUTERS,
                 })
             {
                 return Err(format!(

@@ -46,9 +46,8 @@ fn without_faults_the_site_keeps_every_shared_limit() {
 /// inventory in `docs/site-simulation.md`; `the_site_keeps_every_shared_limit` lists them with
 /// their failures). A fix that makes one hold takes it off this list.
 const FAILING_WITH_FAULTS: &[u64] = &[
-    311, 965, 1_393, 2_069, 2_461, 3_043, 3_298, 3_538, 3_590, 3_907, 4_107, 4_113, 4_419, 4_818,
-    4_906, 5_465, 5_697, 5_769, 5_863, 5_948, 6_093, 6_671, 7_279, 7_282, 7_790, 8_597, 8_790,
-    8_940, 9_868,
+    311, 965, 1_393, 2_069, 2_461, 3_043, 3_298, 3_538, 3_590, 3_907, 4_107, 4_818, 4_906, 5_465,
+    5_697, 5_769, 5_863, 5_948, 6_093, 6_671, 7_279, 7_790, 8_597, 8_790, 8_940, 9_868,
 ];
 
 /// Seeds with faults the suite runs (about 4 minutes on two cores in a debug build).
@@ -172,9 +171,14 @@ fn the_seeds_that_found_a_defect_hold() {
     // parts back when the store stopped answering and took a third of its whole view, 246, as
     // its allowance: the site admitted 2,556 requests in its first minute where 2,427 were
     // allowed, until the silent routers keep their part of a rate through an outage.
+    // Seed 4,419: router-0 split a daily round with the one other live router while router-1,
+    // started and not reaching the store yet, spent its third alone; in the failed rounds
+    // before the outage's third applied, router-0 spent 7,600 tokens where at most 7,579 were
+    // its part, until a daily round is split between at least `--sync-min-routers`.
     for seed in [
         37, 350, 25, 89, 290, 118, 236, 72, 354, 284, 255, 390, 229, 184, 314, 979, 146, 308, 374,
         760, 277, 1_069, 677, 1_145, 31, 1_046, 2_857, 1_641, 1_017, 526, 916, 710, 1_629, 400,
+        4_419,
     ] {
         run(seed, true, false).unwrap_or_else(|failure| panic!("{failure}"));
     }

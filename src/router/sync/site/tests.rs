@@ -450,6 +450,7 @@ fn three_failed_rounds_fall_back_to_the_routers_last_seen() {
             live: 3,
             silent: 1,
             late: 0,
+            at_least: 1,
         }
     );
     assert_eq!(health.failed(), AfterFailure::Retry);
@@ -462,6 +463,7 @@ fn three_failed_rounds_fall_back_to_the_routers_last_seen() {
             live: 3,
             silent: 1,
             late: 0,
+            at_least: 1,
         },
         "no new round without news"
     );
@@ -520,6 +522,7 @@ fn the_store_back_returns_to_shared_limits_in_a_new_round() {
             live: 2,
             silent: 0,
             late: 0,
+            at_least: 2,
         }
     );
 }

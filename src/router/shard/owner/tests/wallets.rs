@@ -13,6 +13,7 @@ fn sharing_owner(routers: u32) -> Owner {
         live: routers,
         silent: 0,
         late: 0,
+        at_least: 0,
     });
     owner
 }
