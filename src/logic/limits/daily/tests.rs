@@ -23,6 +23,17 @@ use proptest::prelude::*;
 const MONDAY: Day = Day(20_000);
 const TUESDAY: Day = Day(20_001);
 
+/// The store answers: `live` routers (this one included), `silent` and `late` ones.
+fn shared(round: u32, live: u32, silent: u32, late: u32) -> Share {
+    Share::Shared {
+        round,
+        live,
+        silent,
+        late,
+        at_least: 0,
+    }
+}
+
 /// Issue 33, the daily budget with the store down: three routers, 900 tokens a day, 102 spent
 /// before the outage. Cut off, one router admits requests of 14 input and 20 output tokens
 /// until refused: what it spends stays within its third of the 798 left (and one request's
@@ -73,13 +84,7 @@ fn cut_off_a_router_spends_its_part_of_what_was_left_output_included() {
 #[test]
 fn routers_silent_after_an_outage_keep_what_they_could_spend_in_it() {
     let mut budget = DailyBudget::new(MONDAY, 100_000);
-    let everyone = |round| Share::Shared {
-        round,
-        live: 3,
-        silent: 0,
-        late: 0,
-        at_least: 0,
-    };
+    let everyone = |round| shared(round, 3, 0, 0);
     assert!(budget.admit(MONDAY, 0, None, everyone(49)).is_ok());
     budget.apply_remote(MONDAY, 91_000);
     let alone = Share::Alone {
@@ -110,13 +115,7 @@ fn routers_silent_after_an_outage_keep_what_they_could_spend_in_it() {
 /// have spent 9,000 more. Its part is of the 30,000, not of the 21,000.
 #[test]
 fn a_router_that_shows_silent_late_keeps_its_part_of_what_was_left_at_its_last_record() {
-    let live = |round| Share::Shared {
-        round,
-        live: 3,
-        silent: 0,
-        late: 0,
-        at_least: 0,
-    };
+    let live = |round| shared(round, 3, 0, 0);
     let mut budget = DailyBudget::new(MONDAY, 100_000);
     budget.apply_remote(MONDAY, 70_000);
     assert!(budget.admit(MONDAY, 0, None, live(7)).is_ok());
@@ -162,13 +161,7 @@ fn a_router_that_shows_silent_late_keeps_its_part_of_what_was_left_at_its_last_r
 /// keeps its whole part, not half of what was held back for both.
 #[test]
 fn a_silent_router_keeps_its_whole_part_when_another_comes_back() {
-    let shared = |round, live, silent| Share::Shared {
-        round,
-        live,
-        silent,
-        late: 0,
-        at_least: 0,
-    };
+    let shared = |round, live, silent| shared(round, live, silent, 0);
     let mut budget = DailyBudget::new(MONDAY, 100_000);
     budget.apply_remote(MONDAY, 88_000);
     assert!(budget.admit(MONDAY, 0, None, shared(7, 3, 0)).is_ok());
@@ -197,20 +190,8 @@ fn a_silent_router_keeps_its_whole_part_when_another_comes_back() {
 /// unseen usage included, by three: 8,276 tokens where its part was 4,367.
 #[test]
 fn silent_routers_keep_their_part_of_what_was_left_when_they_went_silent() {
-    let shared = |round| Share::Shared {
-        round,
-        live: 3,
-        silent: 0,
-        late: 0,
-        at_least: 0,
-    };
-    let silent = |round| Share::Shared {
-        round,
-        live: 2,
-        silent: 1,
-        late: 0,
-        at_least: 0,
-    };
+    let silent = |round| shared(round, 2, 1, 0);
+    let shared = |round| shared(round, 3, 0, 0);
     let mut budget = DailyBudget::new(MONDAY, 135_000);
     // A run's first rounds see every record fresh: they witness nothing.
     assert!(budget.admit(MONDAY, 0, None, shared(1)).is_ok());
@@ -255,13 +236,7 @@ fn silent_routers_keep_their_part_of_what_was_left_when_they_went_silent() {
     );
     // The silent router comes back and its usage is counted: nothing is left to it.
     budget.apply_remote(MONDAY, 5_000);
-    let back = Share::Shared {
-        round: 12,
-        live: 3,
-        silent: 0,
-        late: 0,
-        at_least: 0,
-    };
+    let back = shared(12);
     let left = budget.remaining(MONDAY);
     let mut shared_spent = 0;
     while budget.admit(MONDAY, 100, None, back).is_ok() {
@@ -550,13 +525,7 @@ proptest! {
 /// could tell splits what was left.
 #[test]
 fn alone_before_a_new_run_could_tell_a_silent_router_it_leaves_the_others_their_part() {
-    let shared = |round| Share::Shared {
-        round,
-        live: 3,
-        silent: 0,
-        late: 0,
-        at_least: 0,
-    };
+    let shared = |round| shared(round, 3, 0, 0);
     let alone = |since| Share::Alone { since, routers: 3 };
     let spent_alone = |rounds: u32| {
         let mut budget = DailyBudget::new(MONDAY, 90_000);
@@ -597,24 +566,13 @@ fn alone_before_a_new_run_could_tell_a_silent_router_it_leaves_the_others_their_
 fn a_late_router_keeps_its_part_from_its_first_missed_heartbeat() {
     let mut budget = DailyBudget::new(MONDAY, 100_000);
     budget.apply_remote(MONDAY, 70_000);
-    let on_time = Share::Shared {
-        round: 7,
-        live: 3,
-        silent: 0,
-        late: 0,
-        at_least: 0,
-    };
-    assert!(budget.admit(MONDAY, 0, None, on_time).is_ok());
+    assert!(budget.admit(MONDAY, 0, None, shared(7, 3, 0, 0)).is_ok());
     let mut spent = 0;
     for round in 8..12 {
-        let late = Share::Shared {
-            round,
-            live: 3,
-            silent: 0,
-            late: 1,
-            at_least: 0,
-        };
-        while budget.admit(MONDAY, 100, None, late).is_ok() {
+        while budget
+            .admit(MONDAY, 100, None, shared(round, 3, 0, 1))
+            .is_ok()
+        {
             spent += 100;
         }
         // The other live router spent as much as this one in the round.
@@ -630,13 +588,7 @@ fn a_late_router_keeps_its_part_from_its_first_missed_heartbeat() {
 /// with a share of the older silent router's part when it was back on time.
 #[test]
 fn a_router_late_for_a_round_takes_nothing_from_a_silent_routers_part() {
-    let share = |round, live, silent, late| Share::Shared {
-        round,
-        live,
-        silent,
-        late,
-        at_least: 0,
-    };
+    let share = shared;
     let mut budget = DailyBudget::new(MONDAY, 100_000);
     budget.apply_remote(MONDAY, 40_000);
     for round in 1..=7 {
