@@ -73,9 +73,10 @@ pub struct Bucket {
     /// A scale that is not larger keeps holding it: giving it back as the level drops would let
     /// the live routers admit more than their part.
     held_below_units: i64,
-    /// The scale (`Share::rate_scale`, numerator and denominator) the level was last brought up
-    /// to date under: a smaller one holds back the part of the level the routers that went
-    /// silent since may spend.
+    /// The scale (`Share::rate_scale`, numerator and denominator) of the last round the store
+    /// answered, kept through an outage (`Share::Alone` says nothing of silent routers): the
+    /// silent routers' part stays held back, and the outage's allowance is split from the
+    /// level unscaled.
     scaled: (u16, u16),
     /// Since when the bucket has been full without a break (`None`: it is not full). The refill
     /// of that time was thrown away at the capacity, so usage another router admitted meanwhile,

@@ -130,6 +130,8 @@ impl Silence {
         }
         // What was left when a router that shows silent now went silent, at most.
         let left_then = self.recent.iter().copied().fold(left, u64::max);
+        // Alone before this run could tell a silent router: what every other router may hold.
+        let mut unseen_others = 0;
         match share {
             Share::Whole => *self = Silence::default(),
             Share::Shared {
@@ -145,10 +147,8 @@ impl Silence {
                 };
             }
             Share::Shared { live, silent, .. } if silent != self.routers => {
-                let routers = u128::from(live.max(1)) + u128::from(silent);
-                let part_of = |tokens: u64, of: u32| {
-                    (u128::from(tokens) * u128::from(of)).div_ceil(routers) as u64
-                };
+                let routers = live.max(1).saturating_add(silent);
+                let part_of = |tokens: u64, of: u32| parts(tokens, of, routers);
                 self.reserve = if !self.witnessed {
                     part_of(limit, silent)
                 } else if silent > self.routers {
@@ -156,14 +156,11 @@ impl Silence {
                     // was left when the outage began, where this router spent its own part
                     // (`sync::simulation`, seed 354: 229,843 tokens of a 225,699 budget).
                     let unseen = outage.map_or(0, |outage| {
-                        (u128::from(outage.left) * u128::from(silent - self.routers))
-                            .div_ceil(u128::from(outage.routers.max(1)))
-                            as u64
+                        parts(outage.left, silent - self.routers, outage.routers)
                     });
                     self.reserve + part_of(left_then, silent - self.routers).max(unseen)
                 } else {
-                    (u128::from(self.reserve) * u128::from(silent))
-                        .div_ceil(u128::from(self.routers)) as u64
+                    parts(self.reserve, silent, self.routers)
                 };
                 self.routers = silent;
             }
@@ -186,13 +183,7 @@ impl Silence {
                 // budget's: a key first used at an early round, next at the outage, is as sure of
                 // the site as its router.
                 if since > NOT_REACHED_YET && since < SILENCE_SHOWS_FROM_ROUND {
-                    let others = u128::from(routers.saturating_sub(1));
-                    let unseen = (u128::from(limit) * others).div_ceil(u128::from(routers.max(1)));
-                    return self
-                        .reserve
-                        .saturating_add(self.late)
-                        .max(unseen as u64)
-                        .min(left);
+                    unseen_others = parts(limit, routers.saturating_sub(1), routers);
                 }
             }
             Share::Shared { .. } => {}
@@ -203,15 +194,25 @@ impl Silence {
             live, silent, late, ..
         } = share
         {
-            let routers = u128::from(live.max(1)) + u128::from(silent);
             let then = if self.witnessed { left_then } else { limit };
-            self.late = (u128::from(then) * u128::from(late)).div_ceil(routers) as u64;
+            self.late = parts(then, late, live.max(1).saturating_add(silent));
         }
         // Kept whole, used up to what is left: capped as it was set, the part of two silent
         // routers was halved for the one left silent when the other came back, where its own
         // part was twice that (`sync::simulation`, seed 760: 4,371 tokens where 316 were left).
-        self.reserve.saturating_add(self.late).min(left)
+        self.reserve
+            .saturating_add(self.late)
+            .max(unseen_others)
+            .min(left)
     }
+}
+
+/// `of` routers' part of `tokens` split between `among` (at least one), rounded up: a part held
+/// back for other routers errs on the side of the limit.
+fn parts(tokens: u64, of: u32, among: u32) -> u64 {
+    (u128::from(tokens) * u128::from(of))
+        .div_ceil(u128::from(among.max(1)))
+        .min(u128::from(u64::MAX)) as u64
 }
 
 /// What a daily admission charged: the estimated input, on `day`.
