@@ -1,7 +1,8 @@
 //! The site's levels of contended rate buckets (`sync::levels`, issue 33) in a real Valkey: the
 //! round's usage script keeps them exactly as the Rust model the site's simulation runs
 //! (`Levels`), for several routers publishing real entries and asking in any order; a level
-//! refills on the store's clock; a full bucket is forgotten, by the round that touches it or by
+//! refills on the store's clock; a level started from a view counts the others' entries the view
+//! had not read; a full bucket is forgotten, by the round that touches it or by
 //! the sweep; entries the script wrote say so, and a round that did not read the stream whole
 //! returns no levels; an entry the script cannot read is written and counts in no level; and a
 //! router's memory of the others' daily usage, written after a loss, is read with the totals.
@@ -15,7 +16,7 @@ use hivenet_router::logic::limits::Day;
 use hivenet_router::logic::limits::bucket::{AnchorView, UNITS_PER_TOKEN};
 use hivenet_router::router::sync::entry::{Bucket, Entry, KeyUsage, ModelName};
 use hivenet_router::router::sync::levels::{Answers, Ask, Levels, field};
-use hivenet_router::router::sync::store::{RoundReads, Store};
+use hivenet_router::router::sync::store::{RoundReads, Store, StreamId};
 
 const SITE: &str = "levels";
 const DAY: Day = Day(20_426);
@@ -106,6 +107,38 @@ async fn round(store: &mut Store, entries: &[Vec<u8>], asks: &[Ask]) -> RoundRea
     common::valkey::round(store, entries, &[], extras).await
 }
 
+/// [`round`] of a router of run `run` whose views were taken at `views_after`.
+async fn round_after(
+    store: &mut Store,
+    entries: &[Vec<u8>],
+    asks: &[Ask],
+    views_after: Option<StreamId>,
+    run: u64,
+) -> RoundReads {
+    let extras = RoundExtras {
+        asks,
+        views_after,
+        run,
+        ..RoundExtras::default()
+    };
+    common::valkey::round(store, entries, &[], extras).await
+}
+
+/// The entries of `reads` after `views_after` a router of `router`'s run `run` did not write:
+/// what its views did not count (the model's `unread`).
+fn unread(reads: &RoundReads, views_after: Option<StreamId>, router: &str, run: u64) -> Vec<Entry> {
+    let Some(after) = views_after else {
+        return Vec::new();
+    };
+    reads
+        .entries
+        .iter()
+        .filter(|(id, _)| *id > after)
+        .map(|(_, bytes)| Entry::decode(bytes).unwrap())
+        .filter(|entry| !(entry.router == router && entry.run == run))
+        .collect()
+}
+
 fn levels_hash(valkey: &Valkey) -> Vec<(String, String)> {
     valkey.hash(&format!("hivenet:{{{SITE}}}:levels"))
 }
@@ -137,6 +170,7 @@ fn the_script_keeps_the_levels_as_the_model_does() {
     let mut admitted = 1_780_000_000_000u64;
     let mut last: Vec<Vec<Vec<u8>>> = vec![Vec::new(); 3];
     let mut runs = [1u64; 3];
+    let mut cursors: [Option<StreamId>; 3] = [None; 3];
     runtime().block_on(async {
         warm(&valkey, &mut stores[0]).await;
         for _ in 0..300 {
@@ -172,8 +206,27 @@ fn the_script_keeps_the_levels_as_the_model_does() {
                     ask(1 + rng.below(3) as u32, rng.below(2) == 1, 0, view)
                 })
                 .collect();
-            let reads = round(&mut stores[which], &entries, &asks).await;
-            let expected = model.round(0, 500, &decoded, &asks);
+            // The views were taken at the router's last read (none before its first): a level
+            // started from one is lowered by the others' entries since.
+            let views_after = cursors[which];
+            let reads = round_after(
+                &mut stores[which],
+                &entries,
+                &asks,
+                views_after,
+                runs[which],
+            )
+            .await;
+            let unread = unread(&reads, views_after, routers[which], runs[which]);
+            let expected = model.round(0, 500, &decoded, &asks, &unread);
+            let newest = reads
+                .entries
+                .last()
+                .map(|(id, _)| *id)
+                .max(reads.own_newest);
+            if newest.is_some() {
+                cursors[which] = newest;
+            }
             let written = !entries.is_empty() || !asks.is_empty();
             // A round with nothing to write runs no script: no answers, and none asked.
             let mut answers = match reads.levels {
@@ -208,6 +261,50 @@ fn the_script_keeps_the_levels_as_the_model_does() {
         !levels_hash(&valkey).is_empty(),
         "the run left contended buckets"
     );
+}
+
+/// A level started from a view counts the usage the view had not read: the other routers'
+/// entries after the cursor it was taken at, published while nobody tracked the bucket (after
+/// an outage, the usage each router held back), and the entries of this router's run before;
+/// not this run's own, which the view counts. Started from the view alone, a level missed the
+/// others' outage usage and the routers anchored to it admitted it again (`sync::simulation`,
+/// seed 4,906: 2,706 requests in a minute where 2,523 were allowed).
+#[test]
+fn a_level_started_from_a_view_counts_what_the_view_had_not_read() {
+    let valkey = Valkey::primary();
+    let mut zero = store(&valkey, "router-0");
+    let mut one = store(&valkey, "router-1");
+    let at = 1_780_000_000_000u64;
+    runtime().block_on(async {
+        warm(&valkey, &mut zero).await;
+        let read = round(&mut zero, &[entry("router-0", 2, 9, 1, 0, at)], &[]).await;
+        let views_after = read.own_newest;
+        assert!(views_after.is_some(), "router-0 wrote an entry");
+        // Then, unread by router-0: router-1's 500 requests, 50 of router-0's run before (its
+        // journal, published by this run), 100 of this run (a round whose reply was lost).
+        round(&mut one, &[entry("router-1", 1, 1, 500, 0, at + 1)], &[]).await;
+        round(
+            &mut zero,
+            &[
+                entry("router-0", 1, 1, 50, 0, at + 2),
+                entry("router-0", 2, 1, 100, 0, at + 3),
+            ],
+            &[],
+        )
+        .await;
+        assert!(levels_hash(&valkey).is_empty(), "nobody tracks the bucket");
+        let view = 800 * UNITS_PER_TOKEN;
+        let reads = round_after(&mut zero, &[], &[ask(1, false, 0, view)], views_after, 2).await;
+        assert_eq!(
+            reads.levels.unwrap().answers,
+            vec![(800 - 500 - 50) * UNITS_PER_TOKEN],
+            "started from the view, less the others' usage and the run before's"
+        );
+        // Without a cursor (a start: its first read replays the last minute into the views),
+        // the level starts from the view.
+        let reads = round_after(&mut zero, &[], &[ask(3, false, 0, view)], None, 2).await;
+        assert_eq!(reads.levels.unwrap().answers, vec![view]);
+    });
 }
 
 /// A level refills on the store's clock, up to the capacity, where it is forgotten.

@@ -796,6 +796,9 @@ pub fn sync_store(
 #[derive(Default)]
 pub struct RoundExtras<'a> {
     pub after: hivenet_router::router::sync::store::StreamId,
+    /// The cursor the asks' views were taken at, and the asking router's run.
+    pub views_after: Option<hivenet_router::router::sync::store::StreamId>,
+    pub run: u64,
     pub asks: &'a [hivenet_router::router::sync::levels::Ask],
     pub memory: &'a [(u32, String, u64)],
 }
@@ -816,6 +819,8 @@ pub async fn round(
             heartbeat: "{}",
             agents: None,
             after: extras.after,
+            views_after: extras.views_after,
+            run: extras.run,
             asks: extras.asks,
             interval_ms: 500,
             memory: extras.memory,

@@ -519,6 +519,8 @@ impl Round {
             self.metrics.router_id_conflict.store(0, Ordering::Relaxed);
             self.resync = true;
         }
+        // The views count the entries up to the cursor; a resync's read moves it.
+        let views_after = self.cursor;
         if self.resync || self.resync_rounds > 0 {
             self.read_totals(now_ms).await?;
             self.resync_rounds = self.resync_rounds.saturating_sub(1);
@@ -576,6 +578,8 @@ impl Round {
                 heartbeat: &heartbeat_json,
                 agents: agents_json.as_deref(),
                 after: cursor,
+                views_after,
+                run: self.run,
                 asks: &asks,
                 memory: &std::mem::take(&mut self.memory),
                 interval_ms: self.settings.interval.as_millis() as u64,

@@ -97,6 +97,12 @@ pub struct RoundWrites<'a> {
     pub agents: Option<&'a str>,
     /// Read the entries after this ID.
     pub after: StreamId,
+    /// The cursor the round's views (`asks`) were taken at, before a resync's read moved it:
+    /// a level the round starts from a view is lowered by the other runs' usage after it
+    /// (`sync::levels::Levels::round`'s `unread`). `None` before the first read (a start).
+    pub views_after: Option<StreamId>,
+    /// This process's run: its own entries after `views_after` are in its views.
+    pub run: u64,
     /// The rate buckets whose site level the round asks for (`sync::levels`).
     pub asks: &'a [levels::Ask],
     /// What this router remembers of the others' daily usage, after the store lost its data:

@@ -147,6 +147,8 @@ impl Sim {
         }
         let wall = router.wall(now);
         let day = router.day(now);
+        // `sync::core`: the views were taken before a resync's read moves the cursor.
+        let views_after = router.cursor;
         if router.resync || router.resync_rounds > 0 {
             router.resync_rounds = router.resync_rounds.saturating_sub(1);
             read_totals(
@@ -215,6 +217,18 @@ impl Sim {
         let usage_ran = failing != Some(Failing::Usage);
         let encoded = entries_to_publish(router);
         let store = &mut self.store;
+        // What the views did not count, as the script reads it before the round's own entries:
+        // the entries after the cursor the views were taken at, not this run's own.
+        let unread: Vec<Entry> = views_after.map_or_else(Vec::new, |after| {
+            store
+                .primary
+                .stream
+                .iter()
+                .filter(|(id, _)| *id > after)
+                .map(|(_, bytes)| Entry::decode(bytes).expect("the simulation's entries decode"))
+                .filter(|entry| !(entry.router == router.id && entry.run == router.run))
+                .collect()
+        });
         let mut written = Vec::new();
         for bytes in encoded.iter().filter(|_| usage_ran) {
             let entry = Entry::decode(bytes).expect("the simulation's entries decode");
@@ -301,7 +315,7 @@ impl Sim {
             store
                 .primary
                 .levels
-                .round(now, router.interval_ms, &written, &asks)
+                .round(now, router.interval_ms, &written, &asks, &unread)
         } else {
             levels::Answers::default()
         };

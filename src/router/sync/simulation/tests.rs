@@ -46,8 +46,8 @@ fn without_faults_the_site_keeps_every_shared_limit() {
 /// inventory in `docs/site-simulation.md`; `the_site_keeps_every_shared_limit` lists them with
 /// their failures). A fix that makes one hold takes it off this list.
 const FAILING_WITH_FAULTS: &[u64] = &[
-    311, 965, 1_393, 2_069, 2_461, 3_043, 3_298, 3_538, 3_590, 3_907, 4_107, 4_818, 4_906, 5_465,
-    5_697, 5_769, 5_863, 5_948, 6_093, 6_671, 7_279, 7_790, 8_597, 8_790, 8_940, 9_868,
+    311, 965, 1_393, 2_069, 3_043, 3_298, 3_538, 3_590, 3_907, 4_107, 4_818, 5_769, 5_948, 6_671,
+    7_790, 8_597, 8_940,
 ];
 
 /// Seeds with faults the suite runs (about 4 minutes on two cores in a debug build).
@@ -175,10 +175,15 @@ fn the_seeds_that_found_a_defect_hold() {
     // started and not reaching the store yet, spent its third alone; in the failed rounds
     // before the outage's third applied, router-0 spent 7,600 tokens where at most 7,579 were
     // its part, until a daily round is split between at least `--sync-min-routers`.
+    // Seed 4,906: after an outage, router-2 started the store's level of the rate at 594
+    // requests from a view taken before its round read the others' outage usage (34 left once
+    // read); the routers anchored to it and the site admitted 2,706 requests in its first
+    // minute where 2,523 were allowed, until a level started from a view counts what the view
+    // had not read.
     for seed in [
         37, 350, 25, 89, 290, 118, 236, 72, 354, 284, 255, 390, 229, 184, 314, 979, 146, 308, 374,
         760, 277, 1_069, 677, 1_145, 31, 1_046, 2_857, 1_641, 1_017, 526, 916, 710, 1_629, 400,
-        4_419,
+        4_419, 4_906,
     ] {
         run(seed, true, false).unwrap_or_else(|failure| panic!("{failure}"));
     }

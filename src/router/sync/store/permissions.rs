@@ -62,7 +62,7 @@ local calls = {
   {'HMGET', KEYS[2], 'f'}, {'EXPIRE', KEYS[2], '60'},
   {'HDEL', KEYS[2], 'f'}, {'SADD', KEYS[3], 'm'}, {'SMEMBERS', KEYS[3]}, {'SREM', KEYS[3], 'm'},
   {'EXISTS', KEYS[2]}, {'XADD', KEYS[4], 'NOMKSTREAM', 'MINID', '~', '0', '*', 'u', ''},
-  {'TIME'}, {'HRANDFIELD', KEYS[2], '1', 'WITHVALUES'},
+  {'TIME'}, {'HRANDFIELD', KEYS[2], '1', 'WITHVALUES'}, {'XRANGE', KEYS[4], '-', '+', 'COUNT', '1'},
 }
 for _, call in ipairs(calls) do
   local reply = redis.pcall(unpack(call))

@@ -216,7 +216,16 @@ impl Store {
         for model in &ask_models {
             call.arg(model);
         }
-        call.arg(asks);
+        call.arg(asks)
+            .arg(
+                // Read only when an ask starts a level: a round without asks sends nothing.
+                writes
+                    .views_after
+                    .filter(|_| !writes.asks.is_empty())
+                    .map_or_else(String::new, |after| format!("({after}")),
+            )
+            .arg(writes.run)
+            .arg(READ_MAX);
         call
     }
 

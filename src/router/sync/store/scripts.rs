@@ -96,7 +96,9 @@ pub fn noscript_error(error: &redis::RedisError) -> bool {
 /// (seconds), the model count `m`, the `m` models (`capability|name`), one blob per daily hash,
 /// then the levels hash's expiry (seconds), the sweep's field count, the round's interval (ms),
 /// the asks' model count `a`,
-/// the `a` models (`capability code|name`) and the asks' blob (`sync::levels::pack`). Returns the
+/// the `a` models (`capability code|name`), the asks' blob (`sync::levels::pack`), the exclusive
+/// start of the entries the asks' views did not count (`(ID`, empty for none), this router's
+/// run and the most entries the round reads. Returns the
 /// ID of the last entry added (false when none was), the asked levels in units, in order, and
 /// the levels of the tracked buckets the entries used without asking, as field, level pairs.
 /// Each entry is added with a field `l` beside its usage `u`: its rate usage is in the levels.
@@ -155,6 +157,9 @@ local a = tonumber(ARGV[base + 3])
 local ask_models = {}
 for i = 1, a do ask_models[i] = ARGV[base + 3 + i] end
 local asks_blob = ARGV[base + 4 + a]
+local views_after = ARGV[base + 5 + a]
+local run = tonumber(ARGV[base + 6 + a])
+local read_max = ARGV[base + 7 + a]
 local used, fields, known = {}, {}, {}
 local function touch(field)
   if not known[field] then known[field] = true; fields[#fields + 1] = field end
@@ -165,6 +170,7 @@ local function entry_usage(blob, bodies)
   local found = {}
   if string.byte(blob, 1) ~= 1 then return nil end
   local length, at = varint(blob, 2)
+  found.router = string.sub(blob, at, at + length - 1)
   at = at + length
   local admitted
   found.run, at = varint(blob, at)
@@ -320,12 +326,35 @@ for _, batch in ipairs(batches) do
   end
 end
 for _, level in pairs(levels) do refill(level, now) end
+-- A level started from a view is lowered by what the view did not count: the other runs' usage
+-- after the cursor the view was taken at, published while nobody tracked the bucket. Read only
+-- when an ask starts a level.
+local unread = {}
+for _, ask in ipairs(asks) do
+  if not levels[ask.field] and ask.settled then unread[ask.field] = 0 end
+end
+if views_after ~= '' and next(unread) then
+  for _, item in ipairs(redis.call('XRANGE', KEYS[1], views_after, '+', 'COUNT', read_max)) do
+    local values = item[2]
+    for j = 1, #values - 1, 2 do
+      if values[j] == 'u' then
+        local parsed, found = pcall(entry_usage, values[j + 1], true)
+        if parsed and found and not (found.router == router and found.run == run) then
+          for _, usage in ipairs(found) do
+            if unread[usage[1]] then unread[usage[1]] = unread[usage[1]] + usage[2] end
+          end
+        end
+      end
+    end
+  end
+end
 local answers, asked = {}, {}
 for i, ask in ipairs(asks) do
   asked[ask.field] = true
   local level = levels[ask.field]
   if not level and ask.settled then
-    level = {units = math.max(-ask.capacity, math.min(ask.view, ask.capacity))}
+    local view = ask.view - unread[ask.field] * 60000
+    level = {units = math.max(-ask.capacity, math.min(view, ask.capacity))}
     levels[ask.field] = level
   elseif level then
     level.units = math.min(level.units, ask.capacity)
