@@ -407,7 +407,12 @@ impl Bucket {
     /// included, which they may be spending unseen. Anchored up to it, the live routers admitted
     /// the whole rate while a router cut off from the store admitted its part besides
     /// (`perf/site-chaos.sh`, store-cut-kill: 322 requests in 12.4 s where 290 were allowed).
-    pub fn anchor(&mut self, now: Millis, site_units: i64, share: Share) {
+    ///
+    /// `lower_only`: the site's level only lowers this view, as with silent routers: for a few
+    /// rounds after a failover, when the promoted replica's levels may miss decrements it had
+    /// not received (stale high: every router anchored up to them, `sync::simulation`, seed
+    /// 1,329).
+    pub fn anchor(&mut self, now: Millis, site_units: i64, share: Share, lower_only: bool) {
         let pending_units = self
             .delta_tokens
             .clamp(-(LIMIT_MAX as i64), LIMIT_MAX as i64)
@@ -415,7 +420,7 @@ impl Bucket {
         let site_units =
             (site_units - pending_units).clamp(-self.capacity_units, self.capacity_units);
         let (numerator, denominator) = share.rate_scale();
-        if numerator != denominator {
+        if numerator != denominator || lower_only {
             self.refill_shared(now, share);
             if site_units < self.level_units {
                 self.level_units = site_units;

@@ -172,8 +172,8 @@ impl RequestRate {
     }
 
     /// See [`Bucket::anchor`].
-    pub fn anchor(&mut self, now: Millis, site_units: i64, share: Share) {
-        self.bucket.anchor(now, site_units, share)
+    pub fn anchor(&mut self, now: Millis, site_units: i64, share: Share, lower_only: bool) {
+        self.bucket.anchor(now, site_units, share, lower_only)
     }
 
     /// See [`Bucket::unsettle`].
@@ -251,8 +251,8 @@ impl TokenRate {
     }
 
     /// See [`Bucket::anchor`].
-    pub fn anchor(&mut self, now: Millis, site_units: i64, share: Share) {
-        self.bucket.anchor(now, site_units, share)
+    pub fn anchor(&mut self, now: Millis, site_units: i64, share: Share, lower_only: bool) {
+        self.bucket.anchor(now, site_units, share, lower_only)
     }
 
     /// See [`Bucket::unsettle`].

@@ -161,6 +161,9 @@ struct Round {
     /// write theirs again whole at their next round, and usage published between this router's
     /// last read and the loss is counted only in those.
     resync_rounds: u32,
+    /// Rounds after a failover whose levels only lower this router's views: the promoted
+    /// replica's may miss decrements it had not received.
+    anchor_lower_only_rounds: u32,
     /// The rate buckets this round asks the store to anchor (`sync::levels`), from the shards.
     views: Vec<BucketView>,
     /// No anchoring before then (unix ms): an entry read was written without the levels.
@@ -279,6 +282,7 @@ impl SyncCore {
             cursor: None,
             resync: true,
             resync_rounds: 0,
+            anchor_lower_only_rounds: 0,
             views: Vec::new(),
             unlevelled_until: 0,
             remember_rounds: 0,
@@ -687,20 +691,6 @@ impl Round {
             .last()
             .map_or(cursor, |(id, _)| cursor.max(*id));
         let newest = reads.own_newest.map_or(newest, |own| newest.max(own));
-        let anchors = self.anchors(
-            now_ms,
-            reads.unlevelled,
-            reads.levels.take(),
-            asked,
-            &published,
-        );
-        if let Some(lag_ms) = self
-            .apply_entries(&reads.entries, now_ms, false, anchors)
-            .await
-        {
-            self.metrics.lag_ms.store(lag_ms as i64, Ordering::Relaxed);
-        }
-        self.cursor = Some(newest);
         let roster = self.sightings.read(
             reads
                 .heartbeats
@@ -721,6 +711,25 @@ impl Round {
         self.resolve_agent_lists(&mut records).await;
         let reports = self.shared.agent_reports();
         let peers = site::peers(&self.settings.router_id, &heartbeat, &records, &reports);
+        // The round's entries and anchors apply under the share its records show, not the last
+        // round's ([`site::Health::share_after`]): a router back from silence is live when the
+        // usage it held back is subtracted, from the whole bucket.
+        let share = self.health.share_after(&peers);
+        self.shared.broadcast(|| ControlToShard::Share(share)).await;
+        let anchors = self.anchors(
+            now_ms,
+            reads.unlevelled,
+            reads.levels.take(),
+            asked,
+            &published,
+        );
+        if let Some(lag_ms) = self
+            .apply_entries(&reads.entries, now_ms, false, anchors)
+            .await
+        {
+            self.metrics.lag_ms.store(lag_ms as i64, Ordering::Relaxed);
+        }
+        self.cursor = Some(newest);
         self.metrics
             .peers
             .store(i64::from(peers.live), Ordering::Relaxed);
@@ -833,6 +842,10 @@ impl Round {
             self.remember_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
             self.rewrite_daily = true;
             self.resync_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
+            // The promoted replica's levels miss the decrements it had not received: stale high,
+            // every router anchored up to them (`sync::simulation`, seed 1,329). For a few
+            // rounds they only lower the views, and the views lower them.
+            self.anchor_lower_only_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
         }
     }
 

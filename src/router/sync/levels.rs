@@ -155,6 +155,7 @@ pub fn anchors(
                         key,
                         bucket,
                         site_units,
+                        lower_only: false,
                     })
                 }),
         )

@@ -505,6 +505,21 @@ impl Health {
         joined
     }
 
+    /// The share [`Health::succeeded`] with `peers` leaves: the round's entries and anchors are
+    /// applied under it, not under the last round's. A router back from silence publishes what
+    /// it held back in the round that shows it live; applied while it still counted silent, its
+    /// usage came off the live routers' part and its own part, held back, was given back whole
+    /// once it showed live (`sync::simulation`, seed 400).
+    pub fn share_after(&self, peers: &Peers) -> Share {
+        Share::Shared {
+            round: self.round.wrapping_add(1),
+            live: 1 + peers.live,
+            silent: peers.silent,
+            late: peers.late,
+            at_least: self.min_routers,
+        }
+    }
+
     pub fn failed(&mut self) -> AfterFailure {
         if self.failures == 0 {
             self.outage_since = self.round;

@@ -70,7 +70,14 @@ impl KeyLimits {
 
     /// Anchor one rate bucket to the site's level (`Bucket::anchor`). A bucket this key no
     /// longer has (a reload in between) is skipped; a daily one is never anchored.
-    pub fn anchor(&mut self, now: Millis, bucket: BucketRef, site_units: i64, share: Share) {
+    pub fn anchor(
+        &mut self,
+        now: Millis,
+        bucket: BucketRef,
+        site_units: i64,
+        share: Share,
+        lower_only: bool,
+    ) {
         match bucket {
             BucketRef::Requests { model: None } => {
                 if let Shape::Flat {
@@ -78,7 +85,7 @@ impl KeyLimits {
                     ..
                 } = &mut self.shape
                 {
-                    rate.anchor(now, site_units, share);
+                    rate.anchor(now, site_units, share, lower_only);
                 }
             }
             BucketRef::Requests { model: Some(model) } => {
@@ -86,7 +93,7 @@ impl KeyLimits {
                     .model_limits(model)
                     .and_then(|limits| limits.requests.as_mut())
                 {
-                    rate.anchor(now, site_units, share);
+                    rate.anchor(now, site_units, share, lower_only);
                 }
             }
             BucketRef::InputTokens { model } | BucketRef::OutputTokens { model } => {
@@ -102,7 +109,7 @@ impl KeyLimits {
                         rates.output.as_mut()
                     };
                     if let Some(rate) = rate {
-                        rate.anchor(now, site_units, share);
+                        rate.anchor(now, site_units, share, lower_only);
                     }
                 }
             }

@@ -31,6 +31,7 @@ impl Round {
                     key: view.key,
                     bucket: view.bucket,
                     site_units: 0,
+                    lower_only: false,
                 };
                 Some((ask, anchor))
             })
@@ -71,9 +72,15 @@ impl Round {
         if unlevelled {
             self.unlevelled_until = now_ms + levels::UNLEVELLED_HOLD_MS;
         }
+        let lower_only = self.anchor_lower_only_rounds > 0;
+        self.anchor_lower_only_rounds = self.anchor_lower_only_rounds.saturating_sub(1);
         match answers {
             Some(answers) if now_ms >= self.unlevelled_until => {
-                levels::anchors(asked, answers, published)
+                let mut anchors = levels::anchors(asked, answers, published);
+                for anchor in &mut anchors {
+                    anchor.lower_only = lower_only;
+                }
+                anchors
             }
             _ => Vec::new(),
         }

@@ -250,6 +250,9 @@ struct Router {
     sightings: site::Sightings,
     /// The UTC day of the last round (`sync::core`'s `read_day`).
     read_day: Day,
+    /// `sync::core`'s `anchor_lower_only_rounds`: after a failover, rounds whose levels only
+    /// lower this router's views.
+    anchor_lower_only_rounds: u32,
     /// Faults waiting for this router's next transaction.
     lose_reply: bool,
     error_reply: bool,
@@ -298,6 +301,7 @@ impl Router {
             partitioned_until: 0,
             sightings: site::Sightings::default(),
             read_day: day,
+            anchor_lower_only_rounds: 0,
             lose_reply: false,
             error_reply: false,
             replayed: Vec::new(),

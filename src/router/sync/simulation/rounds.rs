@@ -144,6 +144,7 @@ impl Sim {
                 shard.rewrite_daily_totals();
             }
             router.resync_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
+            router.anchor_lower_only_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
         }
         let wall = router.wall(now);
         let day = router.day(now);
@@ -307,6 +308,7 @@ impl Sim {
                         key: view.key,
                         bucket: view.bucket,
                         site_units: 0,
+                        lower_only: false,
                     },
                 ))
             })
@@ -393,19 +395,6 @@ impl Sim {
                 (id.clone(), text)
             })
             .collect();
-        let applied = apply_entries(router, &self.registry, &self.snapshot, &entries, now, false);
-        let anchors = levels::anchors(asked, site_levels, &published);
-        for anchor in anchors {
-            let Some(record) = self.registry.get(anchor.key) else {
-                continue;
-            };
-            router.shards[record.tenant_id.owner(SHARDS)].anchor(
-                Millis(now),
-                &self.registry,
-                &anchor,
-            );
-        }
-        router.cursor = Some(newest);
         let records = router
             .sightings
             .read(
@@ -416,6 +405,27 @@ impl Sim {
             )
             .records;
         let peers = site::peers(&router.id, &heartbeat, &records, &HashMap::new());
+        // `sync::core`: the entries and anchors apply under the share this round's records show.
+        let share = router.health.share_after(&peers);
+        for shard in &mut router.shards {
+            shard.set_share(share);
+        }
+        let applied = apply_entries(router, &self.registry, &self.snapshot, &entries, now, false);
+        let lower_only = router.anchor_lower_only_rounds > 0;
+        router.anchor_lower_only_rounds = router.anchor_lower_only_rounds.saturating_sub(1);
+        let anchors = levels::anchors(asked, site_levels, &published);
+        for mut anchor in anchors {
+            anchor.lower_only = lower_only;
+            let Some(record) = self.registry.get(anchor.key) else {
+                continue;
+            };
+            router.shards[record.tenant_id.owner(SHARDS)].anchor(
+                Millis(now),
+                &self.registry,
+                &anchor,
+            );
+        }
+        router.cursor = Some(newest);
         self.count_applied(index, &applied);
         self.log(|| levels_note);
         Ok(peers)

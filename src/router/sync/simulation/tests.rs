@@ -46,8 +46,8 @@ fn without_faults_the_site_keeps_every_shared_limit() {
 /// inventory in `docs/site-simulation.md`; `the_site_keeps_every_shared_limit` lists them with
 /// their failures). A fix that makes one hold takes it off this list.
 const FAILING_WITH_FAULTS: &[u64] = &[
-    311, 965, 1_393, 2_069, 3_043, 3_298, 3_538, 3_590, 3_907, 4_107, 4_818, 5_769, 5_948, 6_671,
-    7_790, 8_597, 8_940,
+    311, 965, 1_393, 2_069, 3_043, 3_298, 3_538, 3_590, 3_907, 4_818, 5_769, 6_671, 7_790, 8_597,
+    8_940,
 ];
 
 /// Seeds with faults the suite runs (about 4 minutes on two cores in a debug build).
@@ -179,11 +179,17 @@ fn the_seeds_that_found_a_defect_hold() {
     // requests from a view taken before its round read the others' outage usage (34 left once
     // read); the routers anchored to it and the site admitted 2,706 requests in its first
     // minute where 2,523 were allowed, until a level started from a view counts what the view
-    // had not read.
+    // had not read. Seed 4,107: a round applied the usage it read under the last round's share,
+    // and the held-back usage of a router back from silence came off the live routers' part,
+    // its own part then given back whole (2,538 requests where 2,523 were allowed), until a
+    // round applies under the share its records show. Seed 1,329, which that change made fail:
+    // a failover brought back the store's levels without the decrements the replica missed,
+    // and every router anchored up to them (2,461 where 2,443), until the levels only lower
+    // the views for a few rounds after a failover. Seed 5,948 holds with both.
     for seed in [
         37, 350, 25, 89, 290, 118, 236, 72, 354, 284, 255, 390, 229, 184, 314, 979, 146, 308, 374,
         760, 277, 1_069, 677, 1_145, 31, 1_046, 2_857, 1_641, 1_017, 526, 916, 710, 1_629, 400,
-        4_419, 4_906,
+        4_419, 4_906, 4_107, 1_329, 5_948,
     ] {
         run(seed, true, false).unwrap_or_else(|failure| panic!("{failure}"));
     }

@@ -584,3 +584,36 @@ fn a_record_unchanged_for_an_interval_is_late_and_on_time_once_rewritten() {
     };
     assert_eq!(read(&rewritten, NOW + 4 * SECOND), (1, 0, 0));
 }
+
+/// The share a round's entries and anchors apply under is the one its records leave, whatever
+/// came before (an outage, silent routers): what [`Health::succeeded`] then records.
+#[test]
+fn a_rounds_share_is_known_before_it_is_recorded() {
+    let back = Peers {
+        live: 2,
+        late: 1,
+        ..Peers::default()
+    };
+    let mut health = Health::new(3);
+    health.succeeded(Peers {
+        silent: 2,
+        ..Peers::default()
+    });
+    for _ in 0..4 {
+        health.failed();
+    }
+    assert!(matches!(health.share(), Share::Alone { .. }));
+    let before = health.share_after(&back);
+    health.succeeded(back.clone());
+    assert_eq!(before, health.share());
+    assert_eq!(
+        before,
+        Share::Shared {
+            round: 2,
+            live: 3,
+            silent: 0,
+            late: 1,
+            at_least: 3,
+        }
+    );
+}

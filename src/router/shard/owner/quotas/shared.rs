@@ -49,6 +49,9 @@ pub struct Anchor {
     pub key: KeyId,
     pub bucket: BucketRef,
     pub site_units: i64,
+    /// The site's level may only lower the bucket (`Bucket::anchor`): for a few rounds after a
+    /// failover, when the store's levels may miss decrements.
+    pub lower_only: bool,
 }
 
 impl Anchor {

@@ -70,9 +70,13 @@ impl Quotas {
     pub fn anchor(&mut self, now: Millis, registry: &KeyRegistry, anchor: &Anchor) {
         let share = self.share;
         if let Some(holder) = self.built_holder(registry, anchor.key, anchor.is_key_bucket()) {
-            holder
-                .limits
-                .anchor(now, anchor.bucket, anchor.site_units, share);
+            holder.limits.anchor(
+                now,
+                anchor.bucket,
+                anchor.site_units,
+                share,
+                anchor.lower_only,
+            );
         }
     }
 
