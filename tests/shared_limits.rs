@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::valkey::{Sentinels, Valkey, ValkeyOptions};
-use common::{Options, Response, Site, Stop, chat, metric_sum, poll, request};
+use common::{Options, Response, Site, Stop, chat, metric_sum, metric_sum_present, poll, request};
 use hivenet_router::router::sync::journal;
 use sha2::{Digest, Sha256};
 
@@ -1022,6 +1022,103 @@ fn three_routers_under_sustained_load_admit_the_rate_and_each_its_part() {
         assert!(
             *count as u64 >= fair / 2,
             "router {router} admitted {count} of {admitted} {per_router:?}: starved (fair share {fair})"
+        );
+    }
+}
+
+/// Issue 33, a daily budget at an operator's size under sustained load: three routers (sync
+/// every 200 ms) share a key of 60,000 tokens a day, each hammered by two clients until every
+/// router has refused it for ten rounds. The site spends the budget, not more than one sync
+/// interval of its own usage past it (seed, "What is shared": daily totals hold "within one
+/// sync interval of usage"), every refusal is the daily budget's, and each router served at
+/// least half its part: small budgets (600 tokens, above) end within a round or two and show
+/// neither the overshoot nor the split.
+#[test]
+fn three_routers_under_sustained_load_spend_the_daily_budget_and_each_its_part() {
+    const BUDGET: u64 = 60_000;
+    const KEY: &str = "sk-daily-sustained";
+    let valkey = Valkey::primary();
+    let auth = auth_file("daily-sustained", &[key(KEY, &daily(BUDGET))]);
+    let routers = Plan::new("daily-sustained", auth, &valkey.addr()).start_all(ROUTERS);
+    wait_site_up(&routers);
+    for router in &routers {
+        wait_rounds(router, 5);
+    }
+    let started = Instant::now();
+    let mut exhausted_rounds: Option<Vec<f64>> = None;
+    let tallies = hammer(&routers, KEY, 2, || {
+        // Until the routers' counts reach the budget, then ten more rounds of every router.
+        // A router's counters exist from its first request of the key: none before.
+        let used: f64 = routers
+            .iter()
+            .map(|router| {
+                let metrics = router.router_metrics();
+                let labels = [("tenant_id", KEY)];
+                [
+                    "hivenet_tenant_input_tokens_total",
+                    "hivenet_tenant_output_tokens_total",
+                ]
+                .iter()
+                .filter_map(|name| metric_sum_present(&metrics, name, &labels))
+                .sum::<f64>()
+            })
+            .sum();
+        let used = used as u64;
+        if used < BUDGET && exhausted_rounds.is_none() {
+            return false;
+        }
+        let from = exhausted_rounds.get_or_insert_with(|| routers.iter().map(rounds).collect());
+        routers
+            .iter()
+            .zip(from.iter())
+            .all(|(router, from)| rounds(router) >= from + 10.0)
+    });
+    let elapsed = started.elapsed();
+    for tally in &tallies {
+        assert!(
+            tally
+                .refused
+                .iter()
+                .all(|code| code == "token_limit_exceeded"),
+            "{:?}",
+            tally.refused
+        );
+    }
+    let per_router: Vec<usize> = tallies.iter().map(|t| t.admitted).collect();
+    let requests: usize = per_router.iter().sum();
+    let cost = tallies
+        .iter()
+        .find_map(|t| t.cost)
+        .expect("the daily budget admitted nothing");
+    for router in &routers {
+        wait_rounds(router, 2);
+    }
+    let used = tokens_used(&routers, KEY);
+    // One interval of the site's usage at the pace it was spent, and each router's first
+    // request of the round the budget ran out in.
+    let interval = Duration::from_millis(200);
+    let per_interval = (requests as f64 * cost as f64 * interval.as_secs_f64()
+        / elapsed.as_secs_f64())
+    .ceil() as u64;
+    let bound = BUDGET + per_interval + ROUTERS as u64 * cost;
+    eprintln!(
+        "daily {BUDGET} under sustained load: used {used}, {requests} requests {per_router:?} of \
+         {cost} tokens in {elapsed:?}; one interval's usage {per_interval}, bound {bound}"
+    );
+    assert!(
+        used <= bound,
+        "used {used} of {BUDGET} ({requests} requests {per_router:?}): past one interval's usage \
+         {per_interval}"
+    );
+    assert!(
+        used + cost > BUDGET,
+        "used {used} of {BUDGET}: refused with room left"
+    );
+    let fair = requests / ROUTERS;
+    for (router, count) in per_router.iter().enumerate() {
+        assert!(
+            *count >= fair / 2,
+            "router {router} served {count} of {requests} {per_router:?}: starved (fair {fair})"
         );
     }
 }
