@@ -1,8 +1,8 @@
 //! The router checks what it reads of the sync store's router records (issue 37, "What the store
 //! says is checked"): a heartbeat dated in the future goes silent once it stops changing instead
 //! of staying live for ever, a record it cannot read is ignored and counted, the silent routers
-//! and the share held back for them are gauges, and a router restarted under a new router ID does
-//! not keep its old ID's share.
+//! and the share held back for them are gauges, a router restarted under a new router ID does
+//! not keep its old ID's share, and a router says it left only once its last round went through.
 
 mod common;
 
@@ -128,4 +128,42 @@ fn a_router_restarted_under_a_new_id_does_not_keep_its_old_share() {
     holds_for_rounds(&home, "hivenet_sync_silent_routers", 0.0, 10.0);
     assert_eq!(home.router_metric("hivenet_sync_silent_share_ratio"), 0.0);
     assert_eq!(home.router_metric("hivenet_sync_peers"), 1.0);
+}
+
+/// `left` in a router's record in the store.
+fn record_says_left(store: &Valkey, id: &str) -> Option<bool> {
+    let record = store.command(&["HGET", ROUTERS, id]);
+    let record = serde_json::from_str::<serde_json::Value>(&record).ok()?;
+    Some(record["left"].as_bool().unwrap_or(false))
+}
+
+/// A router that stops cleanly says it left only once its last round went through. A round
+/// whose usage the store refused still wrote the heartbeat beside it (a transaction runs on
+/// past a command's error): the others then dropped the part they kept for that router while
+/// its usage waited in its journal (`sync::simulation`, seed 3,043). Here the store refuses a
+/// command of every round after the heartbeat's (the epoch's key holds a hash), and the record
+/// of the router that stops does not say it left; a router whose last round went through says
+/// so.
+#[test]
+fn a_router_says_it_left_only_once_its_last_round_went_through() {
+    let store = Valkey::primary();
+    let mut refused = router("left-refused", &store, false);
+    let mut clean = router("left-clean", &store, false);
+    refused.wait_metric("hivenet_sync_peers", |peers| peers == 1.0);
+    clean.wait_metric("hivenet_sync_peers", |peers| peers == 1.0);
+
+    clean.router.terminate();
+    assert_eq!(record_says_left(&store, "left-clean"), Some(true));
+
+    let from = rounds(&refused);
+    store.command(&["DEL", "hivenet:{default}:epoch"]);
+    store.command(&["HSET", "hivenet:{default}:epoch", "not", "a string"]);
+    refused.wait_metric("hivenet_sync_errors_total", |errors| errors >= 1.0);
+    assert!(rounds(&refused) > from);
+    refused.router.terminate();
+    assert_eq!(
+        record_says_left(&store, "left-refused"),
+        Some(false),
+        "a router whose last round failed said it left"
+    );
 }

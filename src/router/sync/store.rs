@@ -568,6 +568,17 @@ impl Store {
         Ok(entries(last(&replies)?))
     }
 
+    /// Writes this router's heartbeat alone: the one that says it left, once its last round
+    /// published everything it admitted.
+    pub async fn write_heartbeat(&mut self, heartbeat: &str) -> RedisResult<()> {
+        let mut pipe = pipe();
+        pipe.cmd("HSET")
+            .arg(self.key("routers"))
+            .arg(&self.router)
+            .arg(heartbeat);
+        self.query_ok(&pipe).await.map(|_| ())
+    }
+
     /// Removes heartbeats and agent lists of routers given up (silent for over an hour, or
     /// left).
     pub async fn forget_routers(&mut self, ids: &[String]) -> RedisResult<()> {

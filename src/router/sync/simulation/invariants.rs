@@ -18,6 +18,32 @@ fn busiest(values: &[u64], span: usize) -> u64 {
 }
 
 impl Sim {
+    /// Daily tokens of `day` that runs no longer running charged and never published: a crash
+    /// takes the interval in progress with it (what its journal holds comes back with its next
+    /// run, and counts from then). No router can count them, so the site may spend them again.
+    pub(super) fn lost_in_crashes(&self, day: u32) -> u64 {
+        let running: Vec<u64> = self
+            .routers
+            .iter()
+            .flatten()
+            .map(|router| router.run)
+            .collect();
+        self.truth
+            .charged
+            .iter()
+            .filter(|((run, of), _)| *of == day && !running.contains(run))
+            .map(|((run, _), charged)| {
+                let published = self
+                    .truth
+                    .stored_daily
+                    .get(&(*run, day))
+                    .copied()
+                    .unwrap_or(0);
+                (*charged - published as i64).max(0) as u64
+            })
+            .sum()
+    }
+
     /// Invariants 1, 2, 4 and 5 after every step.
     pub(super) fn check(&self) -> Result<(), String> {
         if let Some(failure) = &self.redirects.failure {
@@ -70,6 +96,7 @@ impl Sim {
                 .map_or(0, |steps| busiest(steps, interval_steps));
             let in_flight = self.in_flight_at_exhaustion.get(day).copied().unwrap_or(0);
             let allowed = self.daily
+                + self.lost_in_crashes(*day)
                 + one_interval
                 + ROUTERS as u64 * request
                 + in_flight * (MAX_OUTPUT + 10);
@@ -93,7 +120,7 @@ impl Sim {
                 .daily_by_step
                 .get(&outage.day.0)
                 .map_or(0, |steps| busiest(steps, interval_steps));
-            let allowed = (outage.left + one_interval) / ROUTERS as u64
+            let allowed = (outage.left + outage.lost + one_interval) / ROUTERS as u64
                 + request
                 + outage.in_flight * (MAX_OUTPUT + 10);
             if outage.spent > allowed {

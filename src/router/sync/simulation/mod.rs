@@ -397,6 +397,9 @@ struct Outage {
     day: Day,
     /// What was left of the budget, site-wide, when this router began enforcing its share alone.
     left: u64,
+    /// Of the usage charged by then, what crashed runs never published ([`Sim::lost_in_crashes`]):
+    /// no router could count it in what was left.
+    lost: u64,
     /// What it charged since.
     spent: u64,
     /// The most requests it had in flight at once since: their output is charged whatever is

@@ -194,7 +194,8 @@ impl Sim {
             agents: Vec::new(),
             agents_version: None,
             agents_unknown: false,
-            left: leaving,
+            // `sync::core`: said once the round has gone through, below.
+            left: false,
         };
         let reply = if router.lose_reply {
             router.lose_reply = false;
@@ -428,6 +429,16 @@ impl Sim {
         router.cursor = Some(newest);
         self.count_applied(index, &applied);
         self.log(|| levels_note);
+        if leaving {
+            let left = Heartbeat {
+                left: true,
+                ..heartbeat
+            };
+            self.store
+                .primary
+                .heartbeats
+                .insert(left.peer_id.clone(), left);
+        }
         Ok(peers)
     }
 
@@ -449,9 +460,11 @@ impl Sim {
         if reached {
             let day = router.day(self.now);
             let used = self.daily_charged.get(&day.0).copied().unwrap_or(0);
+            let lost = self.lost_in_crashes(day.0);
             self.outage[index] = Some(Outage {
                 day,
                 left: self.daily.saturating_sub(used),
+                lost,
                 spent: 0,
                 in_flight: router.in_flight.len() as u64,
                 alone: false,
