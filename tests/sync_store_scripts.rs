@@ -462,3 +462,37 @@ fn a_router_rides_a_script_flush_between_rounds() {
         );
     }
 }
+
+/// The round's script writes the heartbeat last: a round whose usage the store refuses does
+/// not show the router live beside it. Written on its own, the heartbeat of a router that had
+/// been silent made the others count it live again and drop the part they kept for it, while
+/// its usage waited in its journal (`sync::simulation`, seed 3,043). Here the day's totals
+/// key holds a string: the script fails at its first read, and writes nothing.
+#[test]
+fn a_round_whose_usage_is_refused_writes_no_heartbeat() {
+    let valkey = Valkey::primary();
+    let mut store = store(&valkey);
+    let routers = format!("hivenet:{{{SITE}}}:routers");
+    let daily_key = format!("hivenet:{{{SITE}}}:daily:{DAY}");
+    valkey.command(&["SET", &daily_key, "not a hash"]);
+    let totals = [row(DAY, 7, None, DailyWrite::Add(10))];
+    runtime().block_on(async {
+        // The first call sends the script's text after NOSCRIPT: both ways fail alike.
+        for _ in 0..2 {
+            let refused = common::valkey::try_round(
+                &mut store,
+                &[b"e".to_vec()],
+                &totals,
+                RoundExtras::default(),
+            )
+            .await;
+            assert!(refused.is_err(), "the store refused the usage");
+            assert_eq!(valkey.command(&["HEXISTS", &routers, ROUTER]), "0");
+            assert_eq!(stream_length(&valkey), 0, "nothing written");
+        }
+        valkey.command(&["DEL", &daily_key]);
+        round(&mut store, &[b"e".to_vec()], &totals).await;
+    });
+    assert_eq!(valkey.command(&["HEXISTS", &routers, ROUTER]), "1");
+    assert_eq!(stream_length(&valkey), 1);
+}

@@ -811,6 +811,18 @@ pub async fn round(
     totals: &[hivenet_router::router::sync::store::DailyRow],
     extras: RoundExtras<'_>,
 ) -> hivenet_router::router::sync::store::RoundReads {
+    try_round(store, entries, totals, extras)
+        .await
+        .expect("the round")
+}
+
+/// [`round`], its failure returned.
+pub async fn try_round(
+    store: &mut hivenet_router::router::sync::store::Store,
+    entries: &[Vec<u8>],
+    totals: &[hivenet_router::router::sync::store::DailyRow],
+    extras: RoundExtras<'_>,
+) -> redis::RedisResult<hivenet_router::router::sync::store::RoundReads> {
     use hivenet_router::router::sync::store::{ClaimWrite, RoundWrites};
     store
         .round(RoundWrites {
@@ -832,5 +844,4 @@ pub async fn round(
             },
         })
         .await
-        .expect("the round")
 }

@@ -204,8 +204,9 @@ impl Sim {
             Reply::Answered
         };
         // One command of the transaction fails (its reply is an error), the others ran: the
-        // usage script (`sync::store::scripts`: the round's entries, daily totals and levels,
-        // all or nothing, as it computes everything before its first write) or the heartbeat.
+        // usage script (`sync::store::scripts`: the round's entries, daily totals, levels and
+        // heartbeat, all or nothing, as it computes everything before its first write) or
+        // another (the heartbeat, in a round without usage).
         let failing = if router.error_reply {
             router.error_reply = false;
             Some(if self.rng.chance(500) {
@@ -286,7 +287,16 @@ impl Sim {
         for (day, field, tokens) in memory {
             store.primary.memory.insert((day, field), tokens);
         }
-        if failing != Some(Failing::Heartbeat) {
+        // `sync::store`: a round with something to write runs the usage script, which writes
+        // the heartbeat last, with its usage or not at all (another command's error reply then
+        // fails the round); an idle round writes the heartbeat on its own.
+        let scripted = !encoded.is_empty() || !writes.is_empty() || !views.is_empty();
+        let heartbeat_written = if scripted {
+            usage_ran
+        } else {
+            failing != Some(Failing::Heartbeat)
+        };
+        if heartbeat_written {
             store
                 .primary
                 .heartbeats

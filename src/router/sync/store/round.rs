@@ -48,7 +48,8 @@ impl Store {
             // Refused inside the script, before its first write (`HMGET` comes first).
             Usage::Refused => {
                 self.usage_script_refused = true;
-                let commands = self.usage_commands(&writes);
+                let mut commands = self.usage_commands(&writes);
+                commands.push(self.heartbeat_command(&writes));
                 self.transaction(commands, 0).await?;
                 (None, None)
             }
@@ -91,7 +92,8 @@ impl Store {
         };
         let usage_count = usage.len();
         commands.extend(usage);
-        commands.extend(self.round_rest(writes));
+        // A scripted round's heartbeat is written by the script, after its usage.
+        commands.extend(self.round_rest(writes, !scripted));
         let count = commands.len();
         let mut replies = self.transaction_replies(commands).await?;
         if replies.len() != count {
@@ -174,7 +176,8 @@ impl Store {
                     return Err(self.failed(error));
                 }
                 self.usage_script_refused = true;
-                let commands = self.usage_commands(writes);
+                let mut commands = self.usage_commands(writes);
+                commands.push(self.heartbeat_command(writes));
                 self.transaction(commands, 0).await.map(|_| ())
             }
             Some(_) => Ok(()),
@@ -188,13 +191,14 @@ impl Store {
         let packed = pack(writes.totals);
         let (ask_models, asks) = levels::pack(writes.asks);
         let mut call = USAGE.call(full);
-        call.arg(3 + packed.days.len())
+        call.arg(4 + packed.days.len())
             .arg(self.key("usage"))
             .arg(self.key("levels"))
             .arg(self.key("levels:applied"));
         for (day, _) in &packed.days {
             call.arg(self.key(&format!("daily:{day}")));
         }
+        call.arg(self.key("routers"));
         call.arg(writes.after.ms.saturating_sub(STREAM_KEEP_MS))
             .arg(writes.entries.len());
         for entry in writes.entries {
@@ -225,7 +229,8 @@ impl Store {
                     .map_or_else(String::new, |after| format!("({after}")),
             )
             .arg(writes.run)
-            .arg(READ_MAX);
+            .arg(READ_MAX)
+            .arg(writes.heartbeat);
         call
     }
 
@@ -278,18 +283,26 @@ impl Store {
         commands
     }
 
-    /// The rest of the round's transaction: the heartbeat (and agent list), the epoch, the
-    /// claim, then three reads: the claim's holder, the epoch, the heartbeats.
-    fn round_rest(&self, writes: &RoundWrites<'_>) -> Vec<redis::Cmd> {
+    /// This router's heartbeat, written on its own (a round that runs no usage script).
+    fn heartbeat_command(&self, writes: &RoundWrites<'_>) -> redis::Cmd {
+        let mut heartbeat = redis::cmd("HSET");
+        heartbeat
+            .arg(self.key("routers"))
+            .arg(&self.router)
+            .arg(writes.heartbeat);
+        heartbeat
+    }
+
+    /// The rest of the round's transaction: the heartbeat unless the usage script writes it
+    /// (and the agent list), the epoch, the claim, then three reads: the claim's holder, the
+    /// epoch, the heartbeats.
+    fn round_rest(&self, writes: &RoundWrites<'_>, heartbeat: bool) -> Vec<redis::Cmd> {
         let routers = self.key("routers");
         let claim = self.key(&format!("owner:{}", self.router));
         let mut commands = Vec::with_capacity(11);
-        let mut heartbeat = redis::cmd("HSET");
-        heartbeat
-            .arg(&routers)
-            .arg(&self.router)
-            .arg(writes.heartbeat);
-        commands.push(heartbeat);
+        if heartbeat {
+            commands.push(self.heartbeat_command(writes));
+        }
         if let Some(agents) = writes.agents {
             let mut list = redis::cmd("HSET");
             list.arg(self.key("agents")).arg(&self.router).arg(agents);

@@ -91,14 +91,17 @@ pub fn noscript_error(error: &redis::RedisError) -> bool {
 /// anything.
 ///
 /// KEYS: the usage stream, the levels hash, the hash of what of each router's usage the levels
-/// count (its run and newest batch applied), then one daily hash per day. ARGV: the stream's
+/// count (its run and newest batch applied), one daily hash per day, then the router records'
+/// hash. ARGV: the stream's
 /// `MINID`, the entry count `n`, the `n` entries, the router ID, the daily hashes' expiry
 /// (seconds), the model count `m`, the `m` models (`capability|name`), one blob per daily hash,
 /// then the levels hash's expiry (seconds), the sweep's field count, the round's interval (ms),
 /// the asks' model count `a`,
 /// the `a` models (`capability code|name`), the asks' blob (`sync::levels::pack`), the exclusive
 /// start of the entries the asks' views did not count (`(ID`, empty for none), this router's
-/// run and the most entries the round reads. Returns the
+/// run, the most entries the round reads and its heartbeat, written last: a round whose usage
+/// the store refused does not show the router live beside it (`sync::simulation`, seed
+/// 3,043). Returns the
 /// ID of the last entry added (false when none was), the asked levels in units, in order, and
 /// the levels of the tracked buckets the entries used without asking, as field, level pairs.
 /// Each entry is added with a field `l` beside its usage `u`: its rate usage is in the levels.
@@ -123,7 +126,9 @@ local m = tonumber(ARGV[5 + n])
 local suffixes = {'|'}
 for i = 1, m do suffixes[i + 1] = ARGV[5 + n + i] end
 local days = {}
-for d = 4, #KEYS do
+-- The daily hashes, between the levels' keys and the router records' hash (the last key).
+local days_end = #KEYS - 1
+for d = 4, days_end do
   local blob = ARGV[5 + n + m + d - 3]
   local adds, add_fields, sets = {}, {}, {}
   local at = 1
@@ -149,7 +154,7 @@ for d = 4, #KEYS do
   days[d] = {adds = adds, add_fields = add_fields, sets = sets, current = current}
 end
 -- The levels: the rate usage of every entry (version 1, `sync::entry`), by field.
-local base = 5 + n + m + #KEYS - 2
+local base = 5 + n + m + days_end - 2
 local levels_ttl = ARGV[base]
 local sweep = tonumber(ARGV[base + 1])
 local interval = tonumber(ARGV[base + 2])
@@ -160,6 +165,7 @@ local asks_blob = ARGV[base + 4 + a]
 local views_after = ARGV[base + 5 + a]
 local run = tonumber(ARGV[base + 6 + a])
 local read_max = ARGV[base + 7 + a]
+local heartbeat = ARGV[base + 8 + a]
 local used, fields, known = {}, {}, {}
 local function touch(field)
   if not known[field] then known[field] = true; fields[#fields + 1] = field end
@@ -398,7 +404,7 @@ local newest = false
 for i = 1, n do
   newest = redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 'u', ARGV[2 + i], 'l', '1')
 end
-for d = 4, #KEYS do
+for d = 4, days_end do
   local day = days[d]
   local pairs_out = {}
   for _, field in ipairs(day.add_fields) do
@@ -426,6 +432,8 @@ for first = 1, #out, 2000 do
   redis.call('HSET', KEYS[2], unpack(out, first, math.min(first + 1999, #out)))
 end
 if #out > 0 then redis.call('EXPIRE', KEYS[2], levels_ttl) end
+-- Last: the heartbeat says this router is live only beside the usage it published.
+redis.call('HSET', KEYS[#KEYS], router, heartbeat)
 return {newest, answers, published}
 "#;
 
