@@ -329,6 +329,17 @@ fn hammer(
     per_router
 }
 
+/// Every refusal a hammer got was `code`.
+fn refused_only_by(tallies: &[Tally], code: &str) {
+    for tally in tallies {
+        assert!(
+            tally.refused.iter().all(|refused| refused == code),
+            "refused other than {code}: {:?}",
+            tally.refused
+        );
+    }
+}
+
 /// Stops a hammer once every router has finished `count` more sync rounds.
 fn after_rounds(routers: &[Site], count: u32) -> impl FnMut() -> bool + '_ {
     let from: Vec<f64> = routers.iter().map(rounds).collect();
@@ -383,16 +394,7 @@ fn one_key_over_three_routers_stays_within_its_rpm() {
     let elapsed = started.elapsed();
     let admitted: usize = tallies.iter().map(|t| t.admitted).sum();
     let per_router: Vec<usize> = tallies.iter().map(|t| t.admitted).collect();
-    for tally in &tallies {
-        assert!(
-            tally
-                .refused
-                .iter()
-                .all(|code| code == "rate_limit_exceeded"),
-            "{:?}",
-            tally.refused
-        );
-    }
+    refused_only_by(&tallies, "rate_limit_exceeded");
     // The bound (seed, "What is shared": requests per minute hold "within one sync interval of
     // usage"). A router admits only while its bucket has room, and its bucket holds the limit,
     // plus its refill, minus everything it admitted and everything the others published that it
@@ -425,16 +427,7 @@ fn one_key_over_three_routers_stays_within_its_rpm() {
     // The daily budget, spread the same way: hammered for fifteen rounds, far more than it
     // takes to spend it.
     let tallies = hammer(&routers, "sk-daily-shared", 3, after_rounds(&routers, 15));
-    for tally in &tallies {
-        assert!(
-            tally
-                .refused
-                .iter()
-                .all(|code| code == "token_limit_exceeded"),
-            "{:?}",
-            tally.refused
-        );
-    }
+    refused_only_by(&tallies, "token_limit_exceeded");
     let requests: usize = tallies.iter().map(|t| t.admitted).sum();
     let cost = tallies
         .iter()
@@ -996,15 +989,8 @@ fn three_routers_under_sustained_load_admit_the_rate_and_each_its_part() {
     eprintln!(
         "sustained: admitted {admitted} {per_router:?} (refused {refused:?}) in {elapsed:?}; the rate allows {allowed}"
     );
+    refused_only_by(&tallies, "rate_limit_exceeded");
     for tally in &tallies {
-        assert!(
-            tally
-                .refused
-                .iter()
-                .all(|code| code == "rate_limit_exceeded"),
-            "{:?}",
-            tally.refused
-        );
         assert!(
             !tally.refused.is_empty(),
             "the load never reached the limit"
@@ -1074,16 +1060,7 @@ fn three_routers_under_sustained_load_spend_the_daily_budget_and_each_its_part()
             .all(|(router, from)| rounds(router) >= from + 10.0)
     });
     let elapsed = started.elapsed();
-    for tally in &tallies {
-        assert!(
-            tally
-                .refused
-                .iter()
-                .all(|code| code == "token_limit_exceeded"),
-            "{:?}",
-            tally.refused
-        );
-    }
+    refused_only_by(&tallies, "token_limit_exceeded");
     let per_router: Vec<usize> = tallies.iter().map(|t| t.admitted).collect();
     let requests: usize = per_router.iter().sum();
     let cost = tallies
