@@ -511,8 +511,13 @@ impl Health {
     /// usage came off the live routers' part and its own part, held back, was given back whole
     /// once it showed live (`sync::simulation`, seed 400).
     pub fn share_after(&self, peers: &Peers) -> Share {
+        self.shared(self.round.wrapping_add(1), peers)
+    }
+
+    /// The share of round `round` with `peers` seen.
+    fn shared(&self, round: u32, peers: &Peers) -> Share {
         Share::Shared {
-            round: self.round.wrapping_add(1),
+            round,
             live: 1 + peers.live,
             silent: peers.silent,
             late: peers.late,
@@ -544,14 +549,8 @@ impl Health {
 
     pub fn share(&self) -> Share {
         match &self.last {
-            Some(peers) if self.failures < MISSED_ROUNDS => Share::Shared {
-                // A failed round keeps the last round's number: no new allowance without news.
-                round: self.round,
-                live: 1 + peers.live,
-                silent: peers.silent,
-                late: peers.late,
-                at_least: self.min_routers,
-            },
+            // A failed round keeps the last round's number: no new allowance without news.
+            Some(peers) if self.failures < MISSED_ROUNDS => self.shared(self.round, peers),
             _ => Share::Alone {
                 since: self.outage_since,
                 routers: self.last_seen.max(self.min_routers),

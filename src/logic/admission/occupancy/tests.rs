@@ -19,6 +19,14 @@ fn claim(sequence: u64, input: u64, output: u64) -> Claim {
     }
 }
 
+/// [`claim`] of a key with a B4 share (`max_occupancy_share`) of `share`, no declared output.
+fn shared_claim(sequence: u64, input: u64, share: f64) -> Claim {
+    Claim {
+        share,
+        ..claim(sequence, input, 0)
+    }
+}
+
 const NOW: Millis = Millis(1_000);
 
 #[test]
@@ -136,10 +144,7 @@ fn a_share_short_of_credits_parks_until_they_come() {
     use std::cell::Cell;
     let limits = Limits::new(1.0, 1000, 0, 1);
     let mut pool = Occupancy::new(NOW);
-    let shared = |sequence, input| Claim {
-        share: 0.5,
-        ..claim(sequence, input, 0)
-    };
+    let shared = |sequence, input| shared_claim(sequence, input, 0.5);
     let credits = Cell::new(0);
     let spent = Cell::new(false);
     let cap = Cell::new(Cap::Credits);
@@ -214,10 +219,7 @@ fn key_share_refuses_at_once_and_ignores_the_admit_fraction() {
     // Budget 0.5 × 1000 = 500; share 0.25 × 1000 = 250 (no fraction).
     let limits = Limits::new(0.5, 1000, 0, 1);
     let mut pool = Occupancy::new(NOW);
-    let shared = |sequence, input| Claim {
-        share: 0.25,
-        ..claim(sequence, input, 0)
-    };
+    let shared = |sequence, input| shared_claim(sequence, input, 0.25);
     assert_eq!(
         pool.admit(NOW, &limits, shared(1, 200), None, ALONE),
         Verdict::Admitted
@@ -286,10 +288,7 @@ fn a_leaked_reservation_is_reaped_and_counted_once() {
     const REAP_AFTER_MS: u64 = 2_000;
     let limits = Limits::new(1.0, 1000, 2, 1);
     let mut occupancy = Occupancy::new(NOW);
-    let keyed = |sequence, input| Claim {
-        share: 0.5,
-        ..claim(sequence, input, 0)
-    };
+    let keyed = |sequence, input| shared_claim(sequence, input, 0.5);
     assert_eq!(
         occupancy.admit(NOW, &limits, keyed(1, 100), None, ALONE),
         Verdict::Admitted

@@ -221,17 +221,23 @@ impl Sim {
         let encoded = entries_to_publish(router);
         let store = &mut self.store;
         // What the views did not count, as the script reads it before the round's own entries:
-        // the entries after the cursor the views were taken at, not this run's own.
-        let unread: Vec<Entry> = views_after.map_or_else(Vec::new, |after| {
-            store
-                .primary
-                .stream
-                .iter()
-                .filter(|(id, _)| *id > after)
-                .map(|(_, bytes)| Entry::decode(bytes).expect("the simulation's entries decode"))
-                .filter(|entry| !(entry.router == router.id && entry.run == router.run))
-                .collect()
-        });
+        // the entries after the cursor the views were taken at, not this run's own (read only
+        // when the round asks: only an ask starts a level).
+        let unread: Vec<Entry> =
+            views_after
+                .filter(|_| !views.is_empty())
+                .map_or_else(Vec::new, |after| {
+                    store
+                        .primary
+                        .stream
+                        .iter()
+                        .filter(|(id, _)| *id > after)
+                        .map(|(_, bytes)| {
+                            Entry::decode(bytes).expect("the simulation's entries decode")
+                        })
+                        .filter(|entry| !(entry.router == router.id && entry.run == router.run))
+                        .collect()
+                });
         let mut written = Vec::new();
         for bytes in encoded.iter().filter(|_| usage_ran) {
             let entry = Entry::decode(bytes).expect("the simulation's entries decode");
