@@ -63,6 +63,12 @@ struct Silence {
     routers: u32,
     /// Their parts, summed; what is left now caps what it holds back.
     reserve: u64,
+    /// The least of those parts, at most: a router that comes back takes this much of the
+    /// reserve away, whichever it is (parts differ: each is of what was left when its router went
+    /// silent). Halved for one of two, the reserve fell 5,694 tokens short of the part of the
+    /// router still silent, set 12 s before the other's, and the live routers could spend them
+    /// (`sync::simulation`, seed 3,590).
+    least_part: u64,
     /// This budget saw the site with no silent router today, from a round that could tell (a
     /// new run's first rounds cannot): it knows what was left when one went silent. One that did
     /// not (a router started since, a key first used since, a new day) cannot tell, and leaves
@@ -72,14 +78,14 @@ struct Silence {
     /// it began, and the routers it was split between. A router silent when the store answers
     /// again may have spent its part of that unseen, however much this router spent since.
     outage: Option<Outage>,
-    /// What was left at the first admission of each of the last [`SILENCE_SHOWS_FROM_ROUND`]
-    /// rounds (by round modulo their number; a round without one holds the round's before), and
-    /// the latest round recorded. A router shows silent four rounds after its last record;
-    /// alone since then, it spends its part of what was left then, not of what is left when the
-    /// others can tell. Reserved from what was left when it showed, router-0 counted router-1's
-    /// part 8,000 tokens short and spent 4,656 where nothing was left (`sync::simulation`, seed
-    /// 979).
-    recent: [u64; SILENCE_SHOWS_FROM_ROUND as usize],
+    /// What was left at the first admission of each of the last [`RECENT_ROUNDS`] rounds (by
+    /// round modulo their number; a round without one holds the round's before), and the latest
+    /// round recorded. A router shows silent four rounds after the round that read its last
+    /// record; alone since then, it spends its part of what was left then, not of what is left
+    /// when the others can tell. Reserved from what was left when it showed, router-0 counted
+    /// router-1's part 8,000 tokens short and spent 4,656 where nothing was left
+    /// (`sync::simulation`, seed 979).
+    recent: [u64; RECENT_ROUNDS as usize],
     recent_round: Option<u32>,
     /// The late routers' part of what was left at their last record (`Share::Shared`'s `late`),
     /// set at each round the store answers and kept through an outage that follows. Apart from
@@ -88,6 +94,17 @@ struct Silence {
     /// router's part away with it.
     late: u64,
 }
+
+/// The rounds [`Silence::recent`] keeps: the five from the one that read a router's last record
+/// to the one it shows silent in, and the two before. The view it spends its part of was read
+/// before this router's round that read the record, by a round that published everything this
+/// router had published at its round before: what it saw left is at most what was left then.
+/// And where the reply of its last round was lost (the record written, the view not read), its
+/// view is a round older still. What was left at the round that read the record is less by what
+/// the routers used meanwhile: kept from five rounds, router-0's part came short and the site
+/// spent past its day's budget (`sync::simulation`, seeds 965, 3,907 and 8,940, by 37 to 184
+/// tokens).
+const RECENT_ROUNDS: u32 = SILENCE_SHOWS_FROM_ROUND + 2;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Outage {
@@ -99,7 +116,7 @@ struct Outage {
 impl Silence {
     /// `left` at round `round`'s first admission ([`Silence::recent`]).
     fn record(&mut self, round: u32, left: u64) {
-        const ROUNDS: u32 = SILENCE_SHOWS_FROM_ROUND;
+        const ROUNDS: u32 = RECENT_ROUNDS;
         let slot = |round: u32| (round % ROUNDS) as usize;
         match self.recent_round {
             Some(last) if last == round => {}
@@ -149,19 +166,29 @@ impl Silence {
             Share::Shared { live, silent, .. } if silent != self.routers => {
                 let routers = live.max(1).saturating_add(silent);
                 let part_of = |tokens: u64, of: u32| parts(tokens, of, routers);
-                self.reserve = if !self.witnessed {
-                    part_of(limit, silent)
+                if !self.witnessed {
+                    self.reserve = part_of(limit, silent);
+                    self.least_part = part_of(limit, 1);
                 } else if silent > self.routers {
                     // Silent since this router's outage: each may have spent its part of what
                     // was left when the outage began, where this router spent its own part
                     // (`sync::simulation`, seed 354: 229,843 tokens of a 225,699 budget).
-                    let unseen = outage.map_or(0, |outage| {
-                        parts(outage.left, silent - self.routers, outage.routers)
-                    });
-                    self.reserve + part_of(left_then, silent - self.routers).max(unseen)
+                    let new = silent - self.routers;
+                    let unseen = outage.map_or(0, |outage| parts(outage.left, new, outage.routers));
+                    let added = part_of(left_then, new).max(unseen);
+                    let each = added / u64::from(new);
+                    self.least_part = if self.routers == 0 {
+                        each
+                    } else {
+                        self.least_part.min(each)
+                    };
+                    self.reserve += added;
                 } else {
-                    parts(self.reserve, silent, self.routers)
-                };
+                    let back = u64::from(self.routers - silent);
+                    self.reserve = self
+                        .reserve
+                        .saturating_sub(self.least_part.saturating_mul(back));
+                }
                 self.routers = silent;
             }
             Share::Alone { since, routers } => {
@@ -337,8 +364,11 @@ impl DailyBudget {
                 because_of_max_output: max_output_tokens > 0 && input_tokens <= remaining,
             });
         }
-        let ours =
-            remaining.saturating_sub(self.silence.reserve(share, remaining, self.tokens_per_day));
+        let ours = remaining.saturating_sub(self.silence.reserve(
+            share.unlisted_as_silent(),
+            remaining,
+            self.tokens_per_day,
+        ));
         let refused = |remaining| DailyShortfall {
             limit: self.tokens_per_day,
             remaining,

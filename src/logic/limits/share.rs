@@ -39,12 +39,19 @@ pub enum Share {
     /// `at_least`: the routers the site counts at least (`--sync-min-routers`). A router that
     /// started and has not reached the store yet is not live, yet spends its part of a daily
     /// budget alone; the live routers split a daily budget's round as if it were there.
+    ///
+    /// `unlisted`: of those `at_least`, the routers the store lists in no state at all (not
+    /// live, silent, left or gone), that this run never saw: their records were lost with the
+    /// store's data while they were cut off from it, or they never reached it. Daily budgets
+    /// leave each its part of the whole budget, as they do a silent router this run did not
+    /// see go silent ([`Share::for_daily`]).
     Shared {
         round: u32,
         live: u32,
         silent: u32,
         late: u32,
         at_least: u32,
+        unlisted: u32,
     },
     /// The store has been unreachable for three sync intervals, or has not answered yet: this
     /// router alone enforces `limit / routers` of each rate limit, and of each daily budget at
@@ -117,8 +124,9 @@ impl Share {
                 silent,
                 late,
                 at_least,
+                unlisted,
             } => {
-                let away = silent + late;
+                let away = silent + late + unlisted;
                 Share::Shared {
                     round,
                     live: live
@@ -128,8 +136,32 @@ impl Share {
                     silent: away,
                     late: 0,
                     at_least,
+                    unlisted: 0,
                 }
             }
+            share => share,
+        }
+    }
+
+    /// The share with its unlisted routers counted silent: what a daily budget leaves aside
+    /// for them is a silent router's part.
+    pub fn unlisted_as_silent(self) -> Share {
+        match self {
+            Share::Shared {
+                round,
+                live,
+                silent,
+                late,
+                at_least,
+                unlisted,
+            } => Share::Shared {
+                round,
+                live,
+                silent: silent + unlisted,
+                late,
+                at_least,
+                unlisted: 0,
+            },
             share => share,
         }
     }
@@ -311,6 +343,7 @@ mod tests {
             silent: 1,
             late: 0,
             at_least: 0,
+            unlisted: 0,
         };
         assert_eq!(share.rate_scale(), (2, 3));
         let split = Split {
@@ -330,6 +363,7 @@ mod tests {
             silent: 0,
             late: 1,
             at_least: 0,
+            unlisted: 0,
         };
         assert_eq!(share.rate_scale(), (1, 1));
         assert_eq!(share.rate_split().map(|split| split.divisor), Some(3));
@@ -342,6 +376,7 @@ mod tests {
                 silent: 1,
                 late: 0,
                 at_least: 0,
+                unlisted: 0,
             }
         );
         assert_eq!(daily.daily_split().map(|split| split.divisor), Some(2));
@@ -352,6 +387,7 @@ mod tests {
             silent: 0,
             late: 0,
             at_least: 0,
+            unlisted: 0,
         };
         assert_eq!(alone_live.for_daily(), alone_live);
     }
@@ -366,6 +402,7 @@ mod tests {
             silent,
             late,
             at_least: 3,
+            unlisted: 0,
         };
         let divisor = |share: Share| share.for_daily().daily_split().map(|split| split.divisor);
         assert_eq!(divisor(share(2, 0, 0)), Some(3));
@@ -389,6 +426,7 @@ mod tests {
             silent: 0,
             late: 0,
             at_least: 0,
+            unlisted: 0,
         };
         assert_eq!(share.rate_split(), None);
         assert_eq!(share.daily_split(), None);

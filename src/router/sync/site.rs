@@ -375,6 +375,10 @@ pub struct Peers {
     /// Of the live routers, those that missed a heartbeat: their record did not change for one
     /// of their intervals under this router's eyes (`Share::Shared`'s `late`).
     pub late: u32,
+    /// Other routers the store lists that count neither live nor silent: left, given up, or
+    /// gone. With this router and the live and silent ones, every router the site knows of;
+    /// `--sync-min-routers` past that are unlisted (`Share::Shared`'s `unlisted`).
+    pub gone: u32,
     /// Live routers that advertise a gRPC address, this one included when it does:
     /// (peer ID, address), for agents' discovery.
     pub advertised: Vec<(String, String)>,
@@ -420,16 +424,20 @@ pub fn peers(
             }
             // The same identity runs live under another router ID (restarted under a new one):
             // this record's process is gone.
-            PeerState::Silent if live_peer_ids.contains(&heartbeat.peer_id.as_str()) => {}
+            PeerState::Silent if live_peer_ids.contains(&heartbeat.peer_id.as_str()) => {
+                peers.gone += 1;
+            }
             // Every agent it served reports no session with it: it cannot be spending its share.
             // A router that listed no agent is kept: it may still serve through provider
             // fallback, which no agent can report on.
-            PeerState::Silent if !heartbeat.agents.is_empty() && abandoned(record, reports) => {}
+            PeerState::Silent if !heartbeat.agents.is_empty() && abandoned(record, reports) => {
+                peers.gone += 1;
+            }
             PeerState::Silent => {
                 peers.silent += 1;
                 peers.listed.push(heartbeat.peer_id.clone());
             }
-            PeerState::Gone => {}
+            PeerState::Gone => peers.gone += 1,
         }
     }
     peers.advertised.sort();
@@ -522,6 +530,9 @@ impl Health {
             silent: peers.silent,
             late: peers.late,
             at_least: self.min_routers,
+            unlisted: self
+                .min_routers
+                .saturating_sub(1 + peers.live + peers.silent + peers.gone),
         }
     }
 

@@ -150,6 +150,7 @@ fn a_silent_router_keeps_its_share_of_the_rate_and_the_daily_budget() {
         silent: 1,
         late: 0,
         at_least: 0,
+        unlisted: 0,
     };
     let mut router = site(1, 300, 3000).pop().unwrap();
     let mut admitted = 0;

@@ -144,6 +144,7 @@ fn with_a_silent_router_the_sites_level_only_lowers_the_view() {
         silent: 1,
         late: 0,
         at_least: 0,
+        unlisted: 0,
     };
     let mut bucket = Bucket::new(at(0), 60, 60);
     bucket.try_take(at(0), 60).unwrap();
@@ -160,6 +161,7 @@ fn with_a_silent_router_the_sites_level_only_lowers_the_view() {
         silent: 0,
         late: 0,
         at_least: 0,
+        unlisted: 0,
     };
     bucket.anchor(at(30), 30 * UNITS_PER_TOKEN, everyone, false);
     assert_eq!(bucket.remaining(at(30)), 30);
@@ -200,6 +202,7 @@ const TWO_SILENT: Share = Share::Shared {
     silent: 2,
     late: 0,
     at_least: 0,
+    unlisted: 0,
 };
 const THREE_LIVE: Share = Share::Shared {
     round: 2,
@@ -207,6 +210,7 @@ const THREE_LIVE: Share = Share::Shared {
     silent: 0,
     late: 0,
     at_least: 0,
+    unlisted: 0,
 };
 
 #[test]
@@ -424,6 +428,7 @@ fn three_routers_under_sustained_load_admit_the_rate_between_them() {
                     silent: 0,
                     late: 0,
                     at_least: 0,
+                    unlisted: 0,
                 };
                 for &(publisher, at, amount) in &published[read[router]..] {
                     if publisher != router {
@@ -439,6 +444,7 @@ fn three_routers_under_sustained_load_admit_the_rate_between_them() {
                     silent: 0,
                     late: 0,
                     at_least: 0,
+                    unlisted: 0,
                 };
                 if buckets[router]
                     .try_take_shared(Millis(now), 1, share)

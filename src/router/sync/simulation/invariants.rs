@@ -222,6 +222,7 @@ impl Sim {
                     silent: 0,
                     late: 0,
                     at_least: MIN_ROUTERS,
+                    unlisted: 0,
                 })
             {
                 return Err(format!(

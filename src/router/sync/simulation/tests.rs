@@ -45,7 +45,7 @@ fn without_faults_the_site_keeps_every_shared_limit() {
 /// Seeds of the first [`RATCHET_SEEDS`] with faults that still break an invariant (the
 /// inventory in `docs/site-simulation.md`; `the_site_keeps_every_shared_limit` lists them with
 /// their failures). A fix that makes one hold takes it off this list.
-const FAILING_WITH_FAULTS: &[u64] = &[965, 3_538, 3_590, 3_907, 4_818, 6_671, 8_597, 8_940];
+const FAILING_WITH_FAULTS: &[u64] = &[3_538, 4_818, 6_671];
 
 /// Seeds with faults the suite runs (about 4 minutes on two cores in a debug build).
 const RATCHET_SEEDS: u64 = 10_000;
@@ -187,11 +187,16 @@ fn the_seeds_that_found_a_defect_hold() {
     // saying it left; the others dropped its part while its usage waited in its journal
     // (172,447 tokens charged where 168,310 were allowed), until a heartbeat is written only
     // with the round's usage (by its script) and says the router left only after its last
-    // round went through.
+    // round went through. Seeds 965, 3,907 and 8,940: a silent router's part was of what was
+    // left over the last five rounds, where its view may be two rounds older (37 to 184 tokens
+    // past the day's bound). Seed 3,590: a silent router back took half the reserve of two, the
+    // other's part set 12 s earlier and three times larger (127 past). Seeds 8,597 and 5,793:
+    // a new run, after the store lost its data while a router was cut off from it, listed two
+    // routers of three and left the third nothing while it spent its part alone.
     for seed in [
         37, 350, 25, 89, 290, 118, 236, 72, 354, 284, 255, 390, 229, 184, 314, 979, 146, 308, 374,
         760, 277, 1_069, 677, 1_145, 31, 1_046, 2_857, 1_641, 1_017, 526, 916, 710, 1_629, 400,
-        4_419, 4_906, 4_107, 1_329, 5_948, 3_043,
+        4_419, 4_906, 4_107, 1_329, 5_948, 3_043, 965, 3_907, 8_940, 3_590, 8_597, 5_793,
     ] {
         run(seed, true, false).unwrap_or_else(|failure| panic!("{failure}"));
     }

@@ -327,7 +327,7 @@ fn peers_count_others_and_list_advertised_live_routers() {
         record("r-gone", heartbeat("gone", 2 * SILENT_FOR_AT_MOST_MS)),
     ];
     let peers = peers("r-self", &own, &records, &no_reports());
-    assert_eq!((peers.live, peers.silent), (1, 1));
+    assert_eq!((peers.live, peers.silent, peers.gone), (1, 1, 1));
     let advertised: Vec<&str> = peers.advertised.iter().map(|(p, _)| p.as_str()).collect();
     assert_eq!(advertised, ["live", "self"]);
     assert_eq!(peers.listed, ["live", "self", "silent"]);
@@ -342,11 +342,11 @@ fn a_router_restarted_under_a_new_id_does_not_keep_its_old_share() {
         record("r-b-new", heartbeat("peer-b", 0)),
     ];
     let peers = peers("r-a", &own, &records, &no_reports());
-    assert_eq!((peers.live, peers.silent), (1, 0));
+    assert_eq!((peers.live, peers.silent, peers.gone), (1, 0, 1));
     // This router's own identity under an older router ID.
     let records = [record("r-a-old", heartbeat("peer-a", 30 * SECOND))];
     let peers = super::peers("r-a", &own, &records, &no_reports());
-    assert_eq!((peers.live, peers.silent), (0, 0));
+    assert_eq!((peers.live, peers.silent, peers.gone), (0, 0, 1));
 }
 
 #[test]
@@ -451,6 +451,7 @@ fn three_failed_rounds_fall_back_to_the_routers_last_seen() {
             silent: 1,
             late: 0,
             at_least: 1,
+            unlisted: 0,
         }
     );
     assert_eq!(health.failed(), AfterFailure::Retry);
@@ -464,6 +465,7 @@ fn three_failed_rounds_fall_back_to_the_routers_last_seen() {
             silent: 1,
             late: 0,
             at_least: 1,
+            unlisted: 0,
         },
         "no new round without news"
     );
@@ -523,6 +525,7 @@ fn the_store_back_returns_to_shared_limits_in_a_new_round() {
             silent: 0,
             late: 0,
             at_least: 2,
+            unlisted: 0,
         }
     );
 }
@@ -614,6 +617,41 @@ fn a_rounds_share_is_known_before_it_is_recorded() {
             silent: 0,
             late: 1,
             at_least: 3,
+            unlisted: 0,
         }
+    );
+}
+
+/// `--sync-min-routers` past the routers the store lists in any state are unlisted: a router
+/// that left (or went silent for over an hour) is listed, known not to spend.
+#[test]
+fn routers_the_site_counts_that_the_store_does_not_list_are_unlisted() {
+    let unlisted = |peers: Peers| {
+        let mut health = Health::new(3);
+        health.succeeded(peers);
+        match health.share() {
+            Share::Shared { unlisted, .. } => unlisted,
+            share => panic!("{share:?}"),
+        }
+    };
+    assert_eq!(unlisted(Peers::default()), 2);
+    let one_live = Peers {
+        live: 1,
+        ..Peers::default()
+    };
+    assert_eq!(unlisted(one_live.clone()), 1);
+    assert_eq!(
+        unlisted(Peers {
+            gone: 1,
+            ..one_live.clone()
+        }),
+        0
+    );
+    assert_eq!(
+        unlisted(Peers {
+            silent: 1,
+            ..one_live
+        }),
+        0
     );
 }

@@ -14,6 +14,7 @@ fn sharing_owner(routers: u32) -> Owner {
         silent: 0,
         late: 0,
         at_least: 0,
+        unlisted: 0,
     });
     owner
 }
