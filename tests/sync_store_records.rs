@@ -2,7 +2,8 @@
 //! says is checked"): a heartbeat dated in the future goes silent once it stops changing instead
 //! of staying live for ever, a record it cannot read is ignored and counted, the silent routers
 //! and the share held back for them are gauges, a router restarted under a new router ID does
-//! not keep its old ID's share, and a router says it left only once its last round went through.
+//! not keep its old ID's share, a router says it left only once its last round went through, and
+//! the routers `--sync-min-routers` counts that the store does not list are a gauge.
 
 mod common;
 
@@ -14,6 +15,11 @@ use serde_json::json;
 const ROUTERS: &str = "hivenet:{default}:routers";
 
 fn router(name: &str, store: &Valkey, sim: bool) -> Site {
+    router_with(name, store, sim, &[])
+}
+
+/// [`router`] with more router arguments.
+fn router_with(name: &str, store: &Valkey, sim: bool, extra: &[&str]) -> Site {
     let addrs = store.addr();
     let options = Options::new()
         .skip_model_wait()
@@ -25,7 +31,8 @@ fn router(name: &str, store: &Valkey, sim: bool) -> Site {
             &addrs,
             "--sync-interval",
             "200ms",
-        ]);
+        ])
+        .router_args(extra);
     let options = if sim {
         options.sim(&["--models", "sim-model"])
     } else {
@@ -166,4 +173,31 @@ fn a_router_says_it_left_only_once_its_last_round_went_through() {
         Some(false),
         "a router whose last round failed said it left"
     );
+}
+
+/// `--sync-min-routers 2` and one router running: the store lists one router, the other is
+/// unlisted (each daily budget leaves it its part of the whole budget, `limits::daily`), and a
+/// warning says so. Listed once a second router runs; once that one leaves cleanly its record
+/// says it left: a router known gone, not unlisted.
+#[test]
+fn routers_the_site_counts_and_the_store_does_not_list_are_a_gauge() {
+    let store = Valkey::primary();
+    let min_routers = ["--sync-min-routers", "2"];
+    let home = router_with("unlisted-home", &store, false, &min_routers);
+    home.wait_metric("hivenet_sync_up", |up| up == 1.0);
+    home.wait_metric("hivenet_sync_unlisted_routers", |unlisted| unlisted == 1.0);
+    home.wait_for("the warning about the unlisted router", || {
+        home.logs()
+            .contains("lists fewer routers than --sync-min-routers")
+            .then_some(())
+    });
+
+    let mut other = router_with("unlisted-other", &store, false, &min_routers);
+    home.wait_metric("hivenet_sync_peers", |peers| peers == 1.0);
+    assert_eq!(home.router_metric("hivenet_sync_unlisted_routers"), 0.0);
+    let status = other.router.terminate();
+    assert!(status.success(), "{status:?}");
+    home.wait_metric("hivenet_sync_peers", |peers| peers == 0.0);
+    holds_for_rounds(&home, "hivenet_sync_unlisted_routers", 0.0, 10.0);
+    assert_eq!(home.router_metric("hivenet_sync_silent_routers"), 0.0);
 }

@@ -117,16 +117,16 @@ impl Share {
     /// of what was left in the failed rounds before it counted itself alone, while router-1,
     /// started and not yet reaching the store, spent its third (`sync::simulation`, seed 4,419).
     pub fn for_daily(self) -> Share {
-        match self {
+        match self.unlisted_as_silent() {
             Share::Shared {
                 round,
                 live,
                 silent,
                 late,
                 at_least,
-                unlisted,
+                ..
             } => {
-                let away = silent + late + unlisted;
+                let away = silent + late;
                 Share::Shared {
                     round,
                     live: live

@@ -44,7 +44,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::base::clock::{now_unix_ms, utc_today};
 use crate::base::ids::KeyId;
-use crate::logic::limits::{BucketRef, Day};
+use crate::logic::limits::share::SILENCE_SHOWS_FROM_ROUND;
+use crate::logic::limits::{BucketRef, Day, Share};
 use crate::router::control::ControlShared;
 use crate::router::control::site_routers::SiteRouter;
 use crate::router::shard::messages::ControlToShard;
@@ -189,6 +190,9 @@ struct Round {
     credits: SiteCredits,
     /// Agents report routers the store does not list (no new credits within a settle window).
     unknown_routers: bool,
+    /// Routers `--sync-min-routers` counts that the store does not list were logged, since
+    /// the store last listed them all.
+    unlisted_logged: bool,
     /// Failovers of the store noticed so far (`Store::failovers`).
     failovers_seen: u64,
     /// Agent sessions started here as of the last round that reached the store.
@@ -306,6 +310,7 @@ impl SyncCore {
             store_up,
             credits,
             unknown_routers: false,
+            unlisted_logged: false,
             sessions_at_last_answer: 0,
             failovers_seen: 0,
             closed: false,
@@ -486,6 +491,7 @@ impl Round {
             .store(i64::from(self.health.is_up()), Ordering::Relaxed);
         self.store_up.store(self.health.is_up(), Ordering::Relaxed);
         self.metrics.set_share(self.health.share());
+        self.log_unlisted();
         self.close_if_reached_while_cut_off(outcome_ok).await;
         // While the store answers, a new session routes once a heartbeat has published it; while
         // it does not, at once (budgeted models are closed to an agent that connects then).
@@ -784,6 +790,28 @@ impl Round {
         };
         let field = round::daily_field(&self.settings.router_id, total.tenant, model.as_ref());
         Some((field, model))
+    }
+
+    /// Says once, from the round a run can tell a silent router (before it, the others may not
+    /// have written their first record), that `--sync-min-routers` counts routers the store
+    /// does not list, and what that holds back.
+    fn log_unlisted(&mut self) {
+        let Share::Shared {
+            round, unlisted, ..
+        } = self.health.share()
+        else {
+            return;
+        };
+        if unlisted == 0 {
+            self.unlisted_logged = false;
+        } else if !self.unlisted_logged && round >= SILENCE_SHOWS_FROM_ROUND {
+            self.unlisted_logged = true;
+            tracing::warn!(
+                unlisted,
+                min_routers = self.settings.min_routers,
+                "the sync store lists fewer routers than --sync-min-routers: each daily budget leaves every missing router its part of the whole budget until it is listed (set --sync-min-routers to the number of routers)"
+            );
+        }
     }
 
     /// Hands agents the live routers that advertise an address (none while the store is

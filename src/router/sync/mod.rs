@@ -77,6 +77,9 @@ pub struct SyncMetrics {
     pub router_id_conflict: AtomicI64,
     /// Routers the agents report a connection to that the store does not list.
     pub unknown_routers: AtomicI64,
+    /// Routers `--sync-min-routers` counts past those the store lists (`Share::Shared`'s
+    /// `unlisted`): daily budgets leave each its part of the whole budget.
+    pub unlisted_routers: AtomicI64,
     /// Bytes of usage entries published (for the benchmark's bytes per round).
     pub published_bytes_total: AtomicU64,
     /// `--sync-journal` writes after a failed round, and writes or removals that failed.
@@ -142,11 +145,13 @@ impl SyncMetrics {
             }
             _ => (0, 0),
         };
-        let late = match share {
-            Share::Shared { late, .. } => late,
-            _ => 0,
+        let (late, unlisted) = match share {
+            Share::Shared { late, unlisted, .. } => (late, unlisted),
+            _ => (0, 0),
         };
         self.late_routers.store(i64::from(late), Ordering::Relaxed);
+        self.unlisted_routers
+            .store(i64::from(unlisted), Ordering::Relaxed);
         self.silent_routers
             .store(i64::from(silent), Ordering::Relaxed);
         self.silent_share_ppm.store(ppm as i64, Ordering::Relaxed);
@@ -155,7 +160,7 @@ impl SyncMetrics {
 
 impl Collect for SyncMetrics {
     fn collect(&self, out: &mut Vec<Family>) {
-        let gauges: [(&str, &str, f64); 8] = [
+        let gauges: [(&str, &str, f64); 9] = [
             (
                 "hivenet_sync_up",
                 "1 while the sync store answers; 0 while each router enforces its share alone.",
@@ -180,6 +185,11 @@ impl Collect for SyncMetrics {
                 "hivenet_sync_silent_share_ratio",
                 "Fraction of each rate limit and daily budget the live routers leave to silent routers: silent / (live + silent).",
                 self.silent_share_ppm.load(Ordering::Relaxed) as f64 / 1e6,
+            ),
+            (
+                "hivenet_sync_unlisted_routers",
+                "Routers --sync-min-routers counts that the sync store lists in no state; daily budgets leave each its part of the whole budget.",
+                self.unlisted_routers.load(Ordering::Relaxed) as f64,
             ),
             (
                 "hivenet_sync_unknown_routers",

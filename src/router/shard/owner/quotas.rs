@@ -391,9 +391,9 @@ impl Quotas {
             restored,
             unreported,
         });
-        // The totals include every daily usage waiting for a holder (the entries up to the read
-        // were applied before it; later ones come after this message).
-        self.remote_only.forget_daily();
+        // The totals include every daily usage of their day waiting for a holder (the entries up
+        // to the read were applied before it; later ones come after this message).
+        self.remote_only.forget_daily(restore.day);
         // Holders built before this read take their totals now (a re-read after a gap).
         let persistence = self.persistence.as_mut().expect("set above");
         for (tenant, holder) in &mut self.holders {

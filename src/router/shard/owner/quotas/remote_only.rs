@@ -116,11 +116,18 @@ impl RemoteOnly {
         }
     }
 
-    /// Forgets every daily usage waiting: the other routers' daily totals were just read from
-    /// the store (`Quotas::restore`), and they include it. Rate usage stays.
-    pub fn forget_daily(&mut self) {
+    /// Forgets the daily usage of `day` and before waiting: the other routers' totals of `day`
+    /// were just read from the store (`Quotas::restore`), and they include it. Usage of a later
+    /// day stays, as does rate usage: a router whose clock is behind the others' holds usage of
+    /// their new day, which a read of its own day does not hold (a holder built after such a
+    /// read counted none of it; found reading the code beside `sync::simulation`'s seed 4,818,
+    /// whose own loss is another, `docs/site-simulation.md`).
+    pub fn forget_daily(&mut self, day: Day) {
         self.tenants.retain(|_, pending| {
-            pending.retain(|entry| !matches!(entry.bucket, BucketRef::Daily { .. }));
+            pending.retain(|entry| match entry.bucket {
+                BucketRef::Daily { day: of, .. } => of > day,
+                _ => true,
+            });
             !pending.is_empty()
         });
     }
@@ -225,13 +232,19 @@ mod tests {
     }
 
     #[test]
-    fn daily_usage_is_forgotten_when_the_totals_are_read_again() {
+    fn daily_usage_is_forgotten_when_the_totals_of_its_day_are_read_again() {
         let mut remote = RemoteOnly::default();
         remote.record(TENANT, KEY, daily(10), 100, Millis(0));
         remote.record(TenantId(8), KEY, daily(10), 100, Millis(0));
         remote.record(TENANT, KEY, RPM, 5, Millis(0));
-        remote.forget_daily();
-        assert_eq!(remote.len(), 1);
+        // The others' new day, read by a router whose clock is still on the day before.
+        remote.record(TenantId(9), KEY, daily(11), 100, Millis(0));
+        remote.forget_daily(Day(10));
+        assert_eq!(remote.len(), 2);
         assert_eq!(remote.take(TENANT, KEY)[0].bucket, RPM);
+        assert_eq!(remote.take(TenantId(9), KEY)[0].bucket, daily(11));
+        remote.record(TenantId(9), KEY, daily(11), 100, Millis(0));
+        remote.forget_daily(Day(11));
+        assert!(remote.is_empty());
     }
 }
