@@ -138,4 +138,27 @@ impl Round {
             tracing::warn!(%error, "could not give the occupancy credits back: the others take them back once this router misses its heartbeats");
         }
     }
+
+    /// What the round read of the pools: a new epoch or a router given up makes every shard
+    /// forfeit its credits; every shard learns which budgets others ran short of.
+    pub(super) async fn after_pools(&mut self, now_ms: u64, epoch: &str, pool_reads: &[PoolRead]) {
+        let epoch_changed = self.epoch.as_ref().is_some_and(|known| known != epoch);
+        let after =
+            self.credits
+                .after_round(now_ms, epoch_changed, pools::epoch_since(epoch), pool_reads);
+        if after.given_up {
+            tracing::warn!(
+                "the other routers gave this router up: its occupancy credits are asked for again"
+            );
+        }
+        if after.forfeit {
+            self.shared
+                .broadcast(|| ControlToShard::Credits(CreditNews::Forfeit))
+                .await;
+        }
+        let short = after.others_short;
+        self.shared
+            .broadcast(|| ControlToShard::Credits(CreditNews::OthersShort(short.clone())))
+            .await;
+    }
 }
