@@ -145,25 +145,14 @@ impl Share {
 
     /// The share with its unlisted routers counted silent: what a daily budget leaves aside
     /// for them is a silent router's part.
-    pub fn unlisted_as_silent(self) -> Share {
-        match self {
-            Share::Shared {
-                round,
-                live,
-                silent,
-                late,
-                at_least,
-                unlisted,
-            } => Share::Shared {
-                round,
-                live,
-                silent: silent + unlisted,
-                late,
-                at_least,
-                unlisted: 0,
-            },
-            share => share,
+    pub fn unlisted_as_silent(mut self) -> Share {
+        if let Share::Shared {
+            silent, unlisted, ..
+        } = &mut self
+        {
+            *silent += std::mem::take(unlisted);
         }
+        self
     }
 
     /// How a daily budget is split: per round while the store answers; alone, what was left when
