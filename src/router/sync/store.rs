@@ -175,9 +175,12 @@ pub struct PoolsRead {
     pub refused: Option<redis::RedisError>,
 }
 
-/// Today's totals (field, tokens), the routers' memory of each other's usage written after the
-/// store lost its data (field, tokens), and the stream's newest entry, read together.
-pub type DailyRead = (Vec<(String, u64)>, Vec<(String, u64)>, StreamId);
+/// One day's totals (field, tokens) and the routers' memory of each other's usage written after
+/// the store lost its data (field, tokens).
+pub type DayTotals = (Vec<(String, u64)>, Vec<(String, u64)>);
+
+/// The totals of each day asked for, in order, and the stream's newest entry, read together.
+pub type DailyRead = (Vec<DayTotals>, StreamId);
 
 pub struct Store {
     settings: StoreSettings,
@@ -476,29 +479,36 @@ impl Store {
         Ok(redis::from_redis_value_ref(last(&replies)?)?)
     }
 
-    /// Today's totals of every router and the stream's newest entry, read together: every entry
-    /// up to that one is in the totals (each router writes its entry and its totals in one
-    /// transaction). Once per start or outage; the reply holds one field per router and daily
-    /// budget used today, bounded by the keys and routers of the site, not by traffic.
-    pub async fn read_daily(&mut self, day: u32) -> RedisResult<DailyRead> {
-        let mut totals = redis::cmd("HGETALL");
-        totals.arg(self.key(&format!("daily:{day}")));
-        let mut memory = redis::cmd("HGETALL");
-        memory.arg(self.key(&format!("memory:{day}")));
+    /// The totals of every router on each of `days` (today's, and the next day's near midnight)
+    /// and the stream's newest entry, read together: every entry up to that one is in the totals
+    /// (each router writes its entry and its totals in one transaction). Once per start or
+    /// outage; the reply holds one field per router and daily budget used that day, bounded by
+    /// the keys and routers of the site, not by traffic.
+    pub async fn read_daily(&mut self, days: &[u32]) -> RedisResult<DailyRead> {
+        let mut commands = Vec::with_capacity(2 * days.len() + 1);
+        for day in days {
+            let mut totals = redis::cmd("HGETALL");
+            totals.arg(self.key(&format!("daily:{day}")));
+            let mut memory = redis::cmd("HGETALL");
+            memory.arg(self.key(&format!("memory:{day}")));
+            commands.extend([totals, memory]);
+        }
         let mut last = redis::cmd("XREVRANGE");
         last.arg(self.key("usage"))
             .arg("+")
             .arg("-")
             .arg("COUNT")
             .arg(1);
-        let replies = self.transaction(vec![totals, memory, last], 3).await?;
-        let totals: HashMap<String, u64> = redis::from_redis_value_ref(&replies[0])?;
-        let memory: HashMap<String, u64> = redis::from_redis_value_ref(&replies[1])?;
-        Ok((
-            totals.into_iter().collect(),
-            memory.into_iter().collect(),
-            last_id(&replies[2]),
-        ))
+        commands.push(last);
+        let reads = commands.len();
+        let replies = self.transaction(commands, reads).await?;
+        let mut read = Vec::with_capacity(days.len());
+        for pair in replies[..2 * days.len()].chunks_exact(2) {
+            let totals: HashMap<String, u64> = redis::from_redis_value_ref(&pair[0])?;
+            let memory: HashMap<String, u64> = redis::from_redis_value_ref(&pair[1])?;
+            read.push((totals.into_iter().collect(), memory.into_iter().collect()));
+        }
+        Ok((read, last_id(&replies[2 * days.len()])))
     }
 
     /// Runs `commands` as one `MULTI` … `EXEC` and returns the replies of the last `reads` of

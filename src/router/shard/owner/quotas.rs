@@ -345,8 +345,10 @@ impl Quotas {
         }
     }
 
-    /// Turns persistence on with the totals the disk database holds for `restore.day` (records of
-    /// another day are ignored). Call before the first admission.
+    /// Turns persistence on with the totals the disk database holds for `restore.day`. Call
+    /// before the first admission. Records of the next day, the others' (read near midnight),
+    /// start that day on the budgets of the holders built, as the others' usage of it does
+    /// (`DailyBudget::apply_remote`); records of any other day are ignored.
     /// From the shared store, the other routers' totals (`others`) replace what is known of
     /// them, so reading them again counts nothing twice; this router's own totals are added once,
     /// at start-up. Either way the key's daily budgets are known from then on.
@@ -354,8 +356,12 @@ impl Quotas {
         self.daily_known = true;
         let previous = self.persistence.take();
         let mut restored: HashMap<TenantId, Vec<(Option<ModelKey>, u64, bool)>> = HashMap::new();
+        let next_day = Day(restore.day.0 + 1);
+        let mut ahead = Vec::new();
         for record in restore.records {
-            if record.day == restore.day && (record.tokens > 0 || record.others) {
+            if record.day == next_day && record.others && record.tokens > 0 {
+                ahead.push(record);
+            } else if record.day == restore.day && (record.tokens > 0 || record.others) {
                 restored.entry(record.tenant).or_default().push((
                     record.model,
                     record.tokens,
@@ -398,6 +404,21 @@ impl Quotas {
         let persistence = self.persistence.as_mut().expect("set above");
         for (tenant, holder) in &mut self.holders {
             persistence.apply(restore.day, snapshot, *tenant, &mut holder.limits);
+        }
+        for record in ahead {
+            let Some(holder) = self.holders.get_mut(&record.tenant) else {
+                continue;
+            };
+            let model = match &record.model {
+                None => None,
+                Some(key) => match snapshot.lookup(&key.name, key.capability) {
+                    Some(entry) => Some(entry.id),
+                    None => continue,
+                },
+            };
+            holder
+                .limits
+                .set_others_daily(model, next_day, record.tokens);
         }
     }
 

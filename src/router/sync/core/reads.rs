@@ -118,10 +118,14 @@ impl Round {
     /// buckets only (they are in the totals). Later (after an outage or a data loss) the entries
     /// since the last one applied are applied whole first, and the totals then count where they
     /// say more (`DailyBudget::set_others_total` never lowers): each is a lower bound of the
-    /// others' usage, and neither is added to the other.
+    /// others' usage, and neither is added to the other. Near midnight the next day's totals
+    /// come too ([`round::days_to_read`]).
     pub(super) async fn read_totals(&mut self, now_ms: u64) -> redis::RedisResult<()> {
-        let day = utc_today();
-        let (mut fields, memory, last) = self.store.read_daily(day.0).await?;
+        let (day, ahead) = round::days_to_read(now_ms);
+        let days: Vec<u32> = std::iter::once(day).chain(ahead).map(|day| day.0).collect();
+        let (mut read, last) = self.store.read_daily(&days).await?;
+        let ahead_read = ahead.map(|next| (next, read.pop().expect("the next day's totals")));
+        let (mut fields, memory) = read.pop().expect("today's totals");
         let replay_from = match self.cursor {
             Some(cursor) => cursor,
             None => StreamId {
@@ -169,6 +173,18 @@ impl Round {
             && let Some(inherited) = &self.journaling.inherited
         {
             inherited.raise_others(&self.settings.router_id, day.0, &mut records);
+        }
+        // Near midnight, what the others counted of the next day: the shards' budgets that
+        // already count it take it (`Quotas::restore`).
+        if let Some((next, (mut next_fields, next_memory))) = ahead_read {
+            self.ledger.raise_to_known(next.0, &mut next_fields);
+            records.extend(round::daily_records(
+                &self.settings.router_id,
+                next,
+                round::field_rows(&next_fields),
+                round::field_rows(&next_memory),
+                false,
+            ));
         }
         let shards = self.shared.shard_count();
         let mut per_shard: HashMap<usize, Vec<_>> = HashMap::new();

@@ -557,6 +557,24 @@ fn read_totals(
     {
         inherited.raise_others(&router.id, day.0, &mut records);
     }
+    // `sync::core::reads`: near midnight, the next day's totals too.
+    if let (_, Some(next)) = round::days_to_read(router.wall(now)) {
+        let of_next = |rows: &BTreeMap<(u32, String), u64>| -> Vec<(String, u64)> {
+            rows.iter()
+                .filter(|((of, _), _)| *of == next.0)
+                .map(|((_, field), tokens)| (field.clone(), *tokens))
+                .collect()
+        };
+        let mut next_fields = of_next(&data.daily);
+        router.ledger.raise_to_known(next.0, &mut next_fields);
+        records.extend(round::daily_records(
+            &router.id,
+            next,
+            round::field_rows(&next_fields),
+            round::field_rows(&of_next(&data.memory)),
+            false,
+        ));
+    }
     for (shard_index, shard) in router.shards.iter_mut().enumerate() {
         shard.restore(
             snapshot,

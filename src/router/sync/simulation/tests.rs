@@ -45,7 +45,7 @@ fn without_faults_the_site_keeps_every_shared_limit() {
 /// Seeds of the first [`RATCHET_SEEDS`] with faults that still break an invariant (the
 /// inventory in `docs/site-simulation.md`; `the_site_keeps_every_shared_limit` lists them with
 /// their failures). A fix that makes one hold takes it off this list.
-const FAILING_WITH_FAULTS: &[u64] = &[3_538, 4_818, 6_671];
+const FAILING_WITH_FAULTS: &[u64] = &[3_538, 6_671];
 
 /// Seeds with faults the suite runs (about 4 minutes on two cores in a debug build).
 const RATCHET_SEEDS: u64 = 10_000;
@@ -192,11 +192,15 @@ fn the_seeds_that_found_a_defect_hold() {
     // past the day's bound). Seed 3,590: a silent router back took half the reserve of two, the
     // other's part set 12 s earlier and three times larger (127 past). Seeds 8,597 and 5,793:
     // a new run, after the store lost its data while a router was cut off from it, listed two
-    // routers of three and left the third nothing while it spent its part alone.
+    // routers of three and left the third nothing while it spent its part alone. Seed 4,818:
+    // router-0, its clock behind at midnight, read the totals of its own clock's day after a
+    // failover lost two entries of the new day its budget already counted, and counted 1,017
+    // tokens fewer than the others published, until a read near midnight takes the next day's
+    // totals too.
     for seed in [
         37, 350, 25, 89, 290, 118, 236, 72, 354, 284, 255, 390, 229, 184, 314, 979, 146, 308, 374,
         760, 277, 1_069, 677, 1_145, 31, 1_046, 2_857, 1_641, 1_017, 526, 916, 710, 1_629, 400,
-        4_419, 4_906, 4_107, 1_329, 5_948, 3_043, 965, 3_907, 8_940, 3_590, 8_597, 5_793,
+        4_419, 4_906, 4_107, 1_329, 5_948, 3_043, 965, 3_907, 8_940, 3_590, 8_597, 5_793, 4_818,
     ] {
         run(seed, true, false).unwrap_or_else(|failure| panic!("{failure}"));
     }

@@ -230,6 +230,63 @@ fn an_own_total_waiting_for_its_holder_survives_a_second_read() {
     assert_eq!(admitted.remaining_tokens, Some(150));
 }
 
+/// Read near midnight, the others' totals of the next day start it on the budgets built, as
+/// their usage of it does: a router whose clock is behind counts what the others wrote of the
+/// new day (`sync::simulation`, seed 4,818). Other days, and this router's own, are ignored.
+#[test]
+fn the_others_totals_of_the_next_day_start_it_on_the_budgets_built() {
+    let registry = registry();
+    let acme = key(&registry, "sk-flat").tenant_id;
+    let snapshot = snapshot(1, &["chat"]);
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    let record = |day, tokens, others| DailyRecord {
+        tenant: acme,
+        model: None,
+        day,
+        tokens,
+        others,
+    };
+    quotas.restore(
+        &RoutingSnapshot::default(),
+        DailyRestore {
+            day: MONDAY,
+            records: vec![record(MONDAY, 200, true)],
+        },
+    );
+    let admitted = admit(&mut quotas, MONDAY, &registry, &snapshot, "sk-flat", 0, 100).unwrap();
+    assert_eq!(
+        admitted.remaining_tokens,
+        Some(700),
+        "Monday: 200 and 100 of 1,000"
+    );
+    quotas.restore(
+        &RoutingSnapshot::default(),
+        DailyRestore {
+            day: MONDAY,
+            records: vec![
+                record(MONDAY, 250, true),
+                record(TUESDAY, 300, true),
+                record(TUESDAY, 50, false),
+                record(Day(TUESDAY.0 + 1), 400, true),
+            ],
+        },
+    );
+    // The clock still says Monday; the budget counts Tuesday from the others' 300.
+    let admitted = admit(&mut quotas, MONDAY, &registry, &snapshot, "sk-flat", 0, 100).unwrap();
+    assert_eq!(admitted.remaining_tokens, Some(600));
+    let admitted = admit(
+        &mut quotas,
+        TUESDAY,
+        &registry,
+        &snapshot,
+        "sk-flat",
+        0,
+        100,
+    )
+    .unwrap();
+    assert_eq!(admitted.remaining_tokens, Some(500));
+}
+
 #[test]
 fn per_model_total_waits_for_its_model_to_be_served() {
     let registry = registry();
