@@ -242,7 +242,27 @@ fn a_cached_script_is_not_sent_again() {
             short: false,
         }),
     }];
-    let (rounds, pool_steps) = runtime().block_on(async {
+    // A model's share pools differ in the key's ID only: each costs a few bytes (about 100
+    // before they were packed, `pool_store::ROUND`), measured below.
+    // Key IDs are hashes: spread them as the registry's are.
+    let names: Vec<String> = (0..100u32)
+        .map(|key| format!("llm|sim-model|share-{:08x}", key.wrapping_mul(0x9e37_79b1)))
+        .collect();
+    let many: Vec<PoolWrite> = names
+        .iter()
+        .map(|name| PoolWrite {
+            pool: name,
+            rewrite: Some(PoolRewrite {
+                epoch: EPOCH,
+                run: 1,
+                holding: 2_000,
+                // All in use: a first holding is never more (the others gave it up otherwise).
+                in_use: 2_000,
+                short: false,
+            }),
+        })
+        .collect();
+    let (rounds, pool_steps, step, read) = runtime().block_on(async {
         let mut rounds = Vec::new();
         let mut pool_steps = Vec::new();
         for _ in 0..3 {
@@ -253,7 +273,9 @@ fn a_cached_script_is_not_sent_again() {
             store.pools(&pools).await.unwrap();
             pool_steps.push(store.written_bytes() - from);
         }
-        (rounds, pool_steps)
+        let from = store.written_bytes();
+        let read = store.pools(&many).await.unwrap();
+        (rounds, pool_steps, store.written_bytes() - from, read)
     });
     eprintln!("round bytes {rounds:?}, pool step bytes {pool_steps:?}");
     // The first of each sends the script's text once more after NOSCRIPT; the others only its
@@ -270,6 +292,24 @@ fn a_cached_script_is_not_sent_again() {
         "a pool's rewrite and read: {pool_steps:?}"
     );
     assert!(store.read_bytes() > 0);
+    assert!(read.pools.iter().all(|pool| pool.rewritten == Some(0)));
+    assert_eq!(
+        read.pools[99].holdings.get("router-0").map(String::as_str),
+        Some("1:2000:0"),
+        "the hundredth pool's name was rebuilt from the one before"
+    );
+    assert_eq!(
+        valkey.command(&[
+            "HGET",
+            &format!("hivenet:{{{SITE}}}:pool:{}", names[99]),
+            ROUTER
+        ]),
+        "1:2000:0",
+        "under the site's prefix"
+    );
+    let per_pool = (step - pool_steps[1]) / 99;
+    eprintln!("100 share pools: {step} bytes, {per_pool} a pool more");
+    assert!(per_pool <= 20, "{per_pool} bytes a pool");
 }
 
 /// A router does not read its own entries back, and misses none of another's: the round reads

@@ -95,6 +95,8 @@ const HAS_DAY: u8 = 1 << 3;
 /// Model indexes below this ride in the tag's upper four bits.
 const INLINE_MODELS: u32 = 15;
 
+/// `value` in 7-bit groups, least significant first, the high bit saying more follow (also what
+/// the store's scripts read: `store::scripts`, `pool_store::ROUND`).
 pub(super) fn put_varint(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
         out.push((value as u8) | 0x80);

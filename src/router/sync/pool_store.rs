@@ -44,23 +44,48 @@ return {granted, mine_held + granted}
 
 /// The round's step of every pool this router knows, in one call, atomically: for each pool, the
 /// rewrite of what the router holds (when it reports one) and a read of every holding. KEYS: the
-/// epoch key, the set of pools, then each pool hash. ARGV: router ID, run, the epoch the router
-/// knows, then per pool: hold (`-1`: read only), in use, short (0/1). Returns, per pool, the
-/// rewrite's answer and the pool's `HGETALL`. The answer is `-3` for a pool only read, 0 for a
-/// rewrite, `-1` when the epoch is not the store's, `-2` when a newer run holds the router's
-/// credits, and 1 when the router held nothing in the pool: the others gave it up, so only what is
-/// in use is written (held, never credits) and the router forfeits its credits. A holding of 0 is
-/// removed. One call for every pool, where each pool was its own rewrite and read: 1,000 keys'
-/// share pools took 416 KiB a round that way, 114 KiB so
+/// epoch key, the set of pools. ARGV: router ID, run, the epoch the router knows, the pools' key
+/// prefix (`hivenet:{site}:pool:`), then the pools packed in one blob (`store::credits`'s
+/// `pack_pools`), each: the length of the name it shares with the one before, varint; the rest
+/// of its name, varint length and bytes; hold + 1 (0: read only), varint; in use, varint; short,
+/// one byte (0/1). Returns, per pool, the rewrite's answer and the pool's `HGETALL`. The answer is
+/// `-3` for a pool only read, 0 for a rewrite, `-1` when the epoch is not the store's, `-2` when
+/// a newer run holds the router's credits, and 1 when the router held nothing in the pool: the
+/// others gave it up, so only what is in use is written (held, never credits) and the router
+/// forfeits its credits. A holding of 0 is removed. Writes keys it builds from the prefix, as
+/// [`RELEASE`] does: every key is under the site's hash tag, so the script stays on one node.
+/// One call for every pool, where each pool was its own rewrite and read: 1,000 keys' share
+/// pools took 416 KiB a round that way, 114 KiB with each pool's key and numbers as arguments of
+/// one call, and about 14 bytes a pool packed
 /// (`perf/notes/2026-12-05-b4-share-pools-round-bytes.md`).
 pub const ROUND: &str = r#"
+local function varint(blob, at)
+  local value, scale = 0, 1
+  while true do
+    local byte = string.byte(blob, at)
+    at = at + 1
+    if byte < 128 then return value + byte * scale, at end
+    value = value + (byte - 128) * scale
+    scale = scale * 128
+  end
+end
 local epoch_ok = redis.call('GET', KEYS[1]) == ARGV[3]
 local run = tonumber(ARGV[2])
+local prefix, blob = ARGV[4], ARGV[5]
 local out = {}
-for i = 3, #KEYS do
-  local pool = KEYS[i]
-  local at = 4 + (i - 3) * 3
-  local hold = tonumber(ARGV[at])
+local at, name = 1, ''
+while at <= #blob do
+  local shared, length, hold, in_use
+  shared, at = varint(blob, at)
+  length, at = varint(blob, at)
+  name = string.sub(name, 1, shared) .. string.sub(blob, at, at + length - 1)
+  at = at + length
+  hold, at = varint(blob, at)
+  hold = hold - 1
+  in_use, at = varint(blob, at)
+  local short = string.byte(blob, at)
+  at = at + 1
+  local pool = prefix .. name
   local result = -3
   if hold >= 0 then
     if not epoch_ok then
@@ -74,13 +99,12 @@ for i = 3, #KEYS do
         result = -2
       else
         if (not current) or (stored ~= nil and stored < run) then
-          local in_use = tonumber(ARGV[at + 1])
           if hold > in_use then hold = in_use; result = 1 end
         end
         if hold == 0 then
           redis.call('HDEL', pool, ARGV[1])
         else
-          redis.call('HSET', pool, ARGV[1], string.format('%d:%d:%s', run, hold, ARGV[at + 2]))
+          redis.call('HSET', pool, ARGV[1], string.format('%d:%d:%d', run, hold, short))
           redis.call('SADD', KEYS[2], pool)
         end
       end

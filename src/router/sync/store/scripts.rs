@@ -35,6 +35,7 @@ use std::sync::LazyLock;
 
 use crate::base::ids::TenantId;
 use crate::logic::snapshot::ModelKey;
+use crate::router::sync::entry::put_varint;
 use crate::router::sync::pool_store;
 use crate::router::sync::round::DailyWrite;
 
@@ -495,14 +496,6 @@ pub fn pack(rows: &[DailyRow]) -> PackedTotals {
         put_varint(blob, amount.min(AMOUNT_MAX));
     }
     packed
-}
-
-fn put_varint(out: &mut Vec<u8>, mut value: u64) {
-    while value >= 0x80 {
-        out.push((value as u8) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
 }
 
 /// Bytes of `reply` as the store sent it (RESP2, what the connection speaks; RESP3 kinds are
