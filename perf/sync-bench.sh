@@ -141,7 +141,9 @@ calls = sum(int(part.split(b"calls=")[1].split(b",")[0]) for part in parts)
 usec = sum(int(part.split(b"usec=")[1].split(b",")[0]) for part in parts)
 cpu = sum(float(line.split(b":")[1]) for line in info(b"cpu").split(b"\r\n")
           if line.startswith((b"used_cpu_user:", b"used_cpu_sys:")))
-print(f"{calls} {usec} {cpu * 1e6:.0f}")
+scripts = sum(int(part.split(b"calls=")[1].split(b",")[0]) for part in parts
+              if part.startswith((b"cmdstat_evalsha:", b"cmdstat_eval:")))
+print(f"{calls} {usec} {cpu * 1e6:.0f} {scripts}")
 PY
 }
 for _ in $(seq 1 150); do
@@ -222,7 +224,7 @@ requests, duration, keys = map(int, sys.argv[1:4])
 heartbeat_bytes = int(sys.argv[6])
 before = [float(v or 0) for v in sys.argv[4].split()]
 after = [float(v or 0) for v in sys.argv[5].split()]
-published, written, read, rounds, peer_written, peer_read, peer_rounds, calls, usec, cpu_usec = (
+published, written, read, rounds, peer_written, peer_read, peer_rounds, calls, usec, cpu_usec, scripts = (
     a - b for a, b in zip(after, before))
 rounds, peer_rounds = max(rounds, 1), max(peer_rounds, 1)
 rate = requests / duration
@@ -238,6 +240,8 @@ print(f"   router 1 (applies router 0's usage) wrote {peer_written / peer_rounds
 print(f"   store commands (scripts' calls included): {calls:.0f} over {rounds:.0f} rounds of 3 routers: "
       f"{calls / rounds / 3:.1f} per router per round; store CPU in commands "
       f"{usec / rounds / 3 / 1000:.2f} ms per router per round (a script's commands count twice: in it and on their own)")
+print(f"   script calls: {scripts / rounds:.1f} per round of the site (a round's usage and pools "
+      f"steps are one each per router; the rest are occupancy grants)")
 print(f"   router 0's heartbeat record: {heartbeat_bytes} bytes (one agent)")
 print(f"   store process CPU (user + system, every router's commands and connections): {cpu_usec / rounds / 1000:.2f} ms per round")
 PY
