@@ -4,7 +4,7 @@
 //! Owns: every value rule of `routing-policy-yaml-reference.mdx` (and the admission seed's
 //! "Configure a policy"): negative limits refused, `mode` only `reserved`/`serverless`, known
 //! metric names only (and only `kv_cache_utilization`/`waiting_requests` in `shed_if`), exactly
-//! one operator per metric, a strategy on every step and only `least-loaded` implemented, a
+//! one operator per metric, a strategy on every step and only the implemented ones, a
 //! complete `fallback_provider` whose credential is configured, `models` on named documents.
 //!
 //! Must not: read files, the environment or the clock; the caller passes text, an origin label
@@ -23,6 +23,7 @@ use super::document::{
 };
 use super::gates::{Gate, Gates, Metric, Op, Unit};
 use super::matching::Match;
+pub use crate::logic::routing::Strategy;
 
 /// Admission profile (seed "B4: serverless key limits").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -43,16 +44,7 @@ impl Mode {
     }
 }
 
-/// A ranking strategy the router implements. Only `least-loaded`: lowest
-/// `active requests / declared capacity` first.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Strategy {
-    #[default]
-    LeastLoaded,
-}
-
-/// Every strategy name the reference lists. All parse; only `least-loaded` compiles (the
-/// reference: "A policy using one of these strategies is rejected").
+/// Every strategy name the reference lists. All parse; all but `prefix-aware` compile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StrategyName {
     LeastLoaded,
@@ -100,8 +92,24 @@ impl StrategyName {
     pub fn implemented(self) -> Option<Strategy> {
         match self {
             StrategyName::LeastLoaded => Some(Strategy::LeastLoaded),
-            _ => None,
+            StrategyName::LowestSrtt => Some(Strategy::LowestSrtt),
+            StrategyName::RoundRobin => Some(Strategy::RoundRobin),
+            StrategyName::LowestKvCache => Some(Strategy::LowestKvCache),
+            StrategyName::LowestQueue => Some(Strategy::LowestQueue),
+            StrategyName::BestTtft => Some(Strategy::BestTtft),
+            StrategyName::BestItl => Some(Strategy::BestItl),
+            StrategyName::PrefixAware => None,
         }
+    }
+
+    /// The names that compile, for messages.
+    pub fn implemented_names() -> String {
+        StrategyName::ALL
+            .into_iter()
+            .filter(|name| name.implemented().is_some())
+            .map(StrategyName::name)
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -641,7 +649,8 @@ impl Checker {
                         self.problem(
                             field,
                             format!(
-                                "{text} is not supported; the only implemented strategy is least-loaded"
+                                "{text} is not supported yet; the implemented strategies are {}",
+                                StrategyName::implemented_names()
                             ),
                         );
                         None
@@ -650,7 +659,10 @@ impl Checker {
                 None => {
                     self.problem(
                         field,
-                        format!("unknown strategy {text:?}; the only implemented strategy is least-loaded"),
+                        format!(
+                            "unknown strategy {text:?}; the implemented strategies are {}",
+                            StrategyName::implemented_names()
+                        ),
                     );
                     None
                 }

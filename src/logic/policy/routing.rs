@@ -8,7 +8,7 @@
 //! never holds.
 
 use crate::logic::policy::{AgentFacts, ModelPolicy, Signals, Step};
-use crate::logic::routing::{Candidate, EngineSignals, StepFilter};
+use crate::logic::routing::{Candidate, EngineSignals, StepFilter, Strategy};
 
 impl ModelPolicy {
     /// Step `index`: 0 is `routing_policy`, then the fallback chain in order.
@@ -35,6 +35,11 @@ impl Signals {
 impl StepFilter for ModelPolicy {
     fn step_count(&self) -> usize {
         1 + self.fallback_chain.len()
+    }
+
+    fn strategy(&self, step: usize) -> Strategy {
+        self.step(step)
+            .map_or(Strategy::LeastLoaded, |step| step.strategy)
     }
 
     fn allows(&self, step: usize, candidate: &Candidate<'_>) -> bool {

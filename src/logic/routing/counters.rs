@@ -159,6 +159,12 @@ impl AgentCounters {
     }
 
     /// The sums over every shard.
+    /// The smoothed latency in milliseconds; `None` before the first sample (`lowest-srtt`:
+    /// one relaxed load).
+    pub fn srtt_ms(&self) -> Option<f64> {
+        unpack(self.latency.load(Ordering::Relaxed)).map(|(srtt, _)| srtt)
+    }
+
     pub fn totals(&self) -> AgentTotals {
         let mut totals = AgentTotals {
             disconnections: self.disconnections.load(Ordering::Relaxed),

@@ -23,9 +23,12 @@
 //! ([`StepFilter`], the policy's `match` and `exclude_if`). A request takes the first step, from
 //! where it starts, that has an eligible agent: a free one is granted at once; when every eligible
 //! agent is full the request waits in the queue for that step, and when the queue is full it moves
-//! on to the next step. A waiter is granted the least-loaded agent its step allows (and its
+//! on to the next step. A waiter is granted the best agent its step allows (and its
 //! exclusions, the agents that already failed it) as soon as one has room; waiters that cannot
 //! use a free agent do not block those behind them that can.
+//!
+//! Ranking: by the step's [`Strategy`] (one signal, the lowest first, then least-loaded, then the
+//! rotation); an agent that lacks the signal ranks after every agent that has it.
 
 pub mod counters;
 
@@ -33,7 +36,31 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::base::ids::ModelId;
 pub use crate::base::ids::{AgentId, Generation, Ticket};
+
+/// A ranking strategy the router implements: how a step picks among the agents that pass its
+/// filter and have a free slot ([`ModelRoutes`], `docs/policies.md`, "Ranking strategies"). Each ranks by
+/// one signal, the lowest first, then least-loaded among equals; an agent that lacks the signal
+/// ranks after every agent that has it, least-loaded among those that lack it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Strategy {
+    /// Lowest `requests on the agent / declared capacity` first.
+    #[default]
+    LeastLoaded,
+    /// Lowest smoothed latency this router measured on the agent for the model (SRTT).
+    LowestSrtt,
+    /// Each agent in turn, per model, whatever its load (among those with room).
+    RoundRobin,
+    /// Lowest KV-cache use the engine reports.
+    LowestKvCache,
+    /// Fewest requests waiting in the engine's own queue.
+    LowestQueue,
+    /// Lowest average time to first token the engine reports.
+    BestTtft,
+    /// Lowest average time between tokens the engine reports.
+    BestItl,
+}
 
 /// An agent's engine signals from its last routing signal; `None` where the engine reports none.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -42,6 +69,10 @@ pub struct EngineSignals {
     pub kv_cache_utilization: Option<f64>,
     pub running_requests: Option<f64>,
     pub waiting_requests: Option<f64>,
+    /// The engine's average time to first token and between tokens, in seconds (vLLM and
+    /// SGLang report them; `best-ttft`, `best-itl`).
+    pub avg_ttft_seconds: Option<f64>,
+    pub avg_itl_seconds: Option<f64>,
 }
 
 /// What an agent registered: the static facts a step's `match` reads.
@@ -78,6 +109,10 @@ pub trait StepFilter: Send + Sync {
     fn step_count(&self) -> usize;
     /// Whether step `step` may route to this candidate.
     fn allows(&self, step: usize, candidate: &Candidate<'_>) -> bool;
+    /// How step `step` ranks the candidates it allows.
+    fn strategy(&self, _step: usize) -> Strategy {
+        Strategy::LeastLoaded
+    }
 }
 
 /// One step that allows every agent: the routing of a model without a policy.
@@ -160,6 +195,27 @@ impl AgentLoad {
     }
 }
 
+/// What a candidate ranks by: its strategy's signal (lower first; an agent with it before any
+/// agent without it), then requests on it over its capacity (least-loaded, the policy
+/// reference's "Ranking strategy"), compared by cross-multiplying (no floats, exact ties).
+#[derive(Debug, Clone, Copy)]
+struct Rank {
+    signal: Option<f64>,
+    load: u64,
+    capacity: u64,
+}
+
+impl Rank {
+    fn is_better_than(&self, other: &Rank) -> bool {
+        match (self.signal, other.signal) {
+            (Some(mine), Some(theirs)) if mine != theirs => mine < theirs,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            _ => self.load * other.capacity < other.load * self.capacity,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Waiter {
     ticket: Ticket,
@@ -168,6 +224,9 @@ struct Waiter {
 }
 
 pub struct ModelRoutes {
+    /// The model these routes serve: its agents' latency counters are this model's
+    /// (`lowest-srtt`); `None` in tests that rank by other signals.
+    model: Option<ModelId>,
     agents: Vec<AgentLoad>,
     queue: VecDeque<Waiter>,
     queue_depth: usize,
@@ -190,11 +249,20 @@ impl fmt::Debug for ModelRoutes {
 impl ModelRoutes {
     pub fn new(queue_depth: usize) -> ModelRoutes {
         ModelRoutes {
+            model: None,
             agents: Vec::new(),
             queue: VecDeque::new(),
             queue_depth,
             next_tie_break: 0,
             steps: Arc::new(AnyAgent),
+        }
+    }
+
+    /// The routes of `model` (its agents' latency counters rank `lowest-srtt`).
+    pub fn for_model(model: ModelId, queue_depth: usize) -> ModelRoutes {
+        ModelRoutes {
+            model: Some(model),
+            ..ModelRoutes::new(queue_depth)
         }
     }
 
@@ -325,15 +393,25 @@ impl ModelRoutes {
                     .iter()
                     .filter_map(|load| load.engine.waiting_requests),
             ),
+            avg_ttft_seconds: average(
+                self.agents
+                    .iter()
+                    .filter_map(|load| load.engine.avg_ttft_seconds),
+            ),
+            avg_itl_seconds: average(
+                self.agents
+                    .iter()
+                    .filter_map(|load| load.engine.avg_itl_seconds),
+            ),
         }
     }
 
-    /// Least-loaded agent with room from the first step, else the queue.
+    /// The best agent with room from the first step, else the queue.
     pub fn acquire(&mut self, ticket: Ticket) -> Acquire {
         self.acquire_from(ticket, &Ask::default())
     }
 
-    /// Least-loaded eligible agent with room, from `ask.start_step` on (see the module doc).
+    /// The best eligible agent with room, from `ask.start_step` on (see the module doc).
     pub fn acquire_from(&mut self, ticket: Ticket, ask: &Ask) -> Acquire {
         if self.agents.is_empty() {
             return Acquire::NoAgents;
@@ -348,7 +426,7 @@ impl ModelRoutes {
             any_eligible = true;
             // Waiters are served first: a new request never overtakes the queue.
             if self.queue.is_empty()
-                && let Some(grant) = self.take_least_loaded(step, &ask.excluded)
+                && let Some(grant) = self.take_best(step, &ask.excluded)
             {
                 return Acquire::Granted(grant);
             }
@@ -421,26 +499,52 @@ impl ModelRoutes {
             .any(|load| self.eligible(load, step, excluded))
     }
 
-    fn take_least_loaded(&mut self, step: u8, excluded: &[AgentId]) -> Option<Grant> {
+    /// The signal `strategy` ranks `load` by, lowest first; `None` when the agent lacks it (or
+    /// the strategy ranks by load alone). A value that is not finite is taken as lacking.
+    fn ranking_signal(&self, load: &AgentLoad, strategy: Strategy) -> Option<f64> {
+        let value = match strategy {
+            Strategy::LeastLoaded | Strategy::RoundRobin => None,
+            Strategy::LowestKvCache => load.engine.kv_cache_utilization,
+            Strategy::LowestQueue => load.engine.waiting_requests,
+            Strategy::BestTtft => load.engine.avg_ttft_seconds,
+            Strategy::BestItl => load.engine.avg_itl_seconds,
+            Strategy::LowestSrtt => self
+                .model
+                .and_then(|model| load.profile.counters.of(model))
+                .and_then(counters::AgentCounters::srtt_ms),
+        };
+        value.filter(|value| value.is_finite())
+    }
+
+    /// Takes a slot on the best agent step `step` allows, by the step's strategy (see
+    /// [`Strategy`]). Among equals the rotation decides, so ties spread evenly; `round-robin` is
+    /// the rotation alone.
+    fn take_best(&mut self, step: u8, excluded: &[AgentId]) -> Option<Grant> {
+        let strategy = self.steps.strategy(usize::from(step));
         let count = self.agents.len();
         let start = self.next_tie_break % count.max(1);
-        // Least-loaded (policy reference, "Ranking strategy"): the lowest active requests over
-        // declared capacity, compared by cross-multiplying (no floats, exact ties).
-        let mut best: Option<(usize, u64, u64)> = None;
+        let mut best: Option<(usize, Rank)> = None;
         for offset in 0..count {
             let index = (start + offset) % count;
             let candidate = &self.agents[index];
             if !candidate.has_room() || !self.eligible(candidate, step, excluded) {
                 continue;
             }
-            let (load, capacity) = (u64::from(candidate.load()), u64::from(candidate.capacity));
-            if best.is_none_or(|(_, best_load, best_capacity)| {
-                load * best_capacity < best_load * capacity
-            }) {
-                best = Some((index, load, capacity));
+            let rank = Rank {
+                signal: self.ranking_signal(candidate, strategy),
+                load: u64::from(candidate.load()),
+                capacity: u64::from(candidate.capacity),
+            };
+            let better = match &best {
+                None => true,
+                Some(_) if strategy == Strategy::RoundRobin => false,
+                Some((_, best_rank)) => rank.is_better_than(best_rank),
+            };
+            if better {
+                best = Some((index, rank));
             }
         }
-        let (index, ..) = best?;
+        let (index, _) = best?;
         self.next_tie_break = index + 1;
         let chosen = &mut self.agents[index];
         chosen.own_in_flight += 1;
@@ -459,7 +563,7 @@ impl ModelRoutes {
             let step = self.queue[index].step;
             // Moved out for the call (the queue and the agents are both `self`), then put back.
             let excluded = std::mem::take(&mut self.queue[index].excluded);
-            match self.take_least_loaded(step, &excluded) {
+            match self.take_best(step, &excluded) {
                 Some(grant) => {
                     let waiter = self.queue.remove(index).expect("index checked");
                     grants.push((waiter.ticket, grant));
@@ -478,6 +582,7 @@ impl ModelRoutes {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use proptest::strategy::Strategy;
 
     fn ticket(sequence: u64) -> Ticket {
         Ticket { shard: 0, sequence }
@@ -558,6 +663,153 @@ mod tests {
         assert_granted(&mut routes, 5, 1);
         // 4/8 against 1/2: a tie, rotation picks agent 2.
         assert_granted(&mut routes, 6, 2);
+    }
+
+    /// One step that allows every agent and ranks them by `0`.
+    struct Ranked(super::Strategy);
+
+    impl StepFilter for Ranked {
+        fn step_count(&self) -> usize {
+            1
+        }
+
+        fn allows(&self, _step: usize, _candidate: &Candidate<'_>) -> bool {
+            true
+        }
+
+        fn strategy(&self, _step: usize) -> super::Strategy {
+            self.0
+        }
+    }
+
+    /// Three agents of capacity 4 ranked by `strategy`, agent 1 reporting `first`, agent 2
+    /// `second` and agent 3 nothing, through `signals` (a value in the engine's signals).
+    fn ranked(
+        strategy: super::Strategy,
+        signals: impl Fn(Option<f64>) -> EngineSignals,
+        first: f64,
+        second: f64,
+    ) -> ModelRoutes {
+        let mut routes = ModelRoutes::new(0);
+        let _ = routes.set_steps(Arc::new(Ranked(strategy)));
+        for agent in 1..=3 {
+            up(&mut routes, agent, 4);
+        }
+        routes.signal(AgentId(1), 0, signals(Some(first)));
+        routes.signal(AgentId(2), 0, signals(Some(second)));
+        routes.signal(AgentId(3), 0, signals(None));
+        routes
+    }
+
+    /// Each engine-signal strategy: the lowest signal first while it has room, then the next,
+    /// and an agent that reports none last, least-loaded among those that lack it.
+    #[test]
+    fn engine_signal_strategies_rank_the_lowest_first_and_the_agents_without_it_last() {
+        type Signal = fn(Option<f64>) -> EngineSignals;
+        let cases: [(super::Strategy, Signal); 4] = [
+            (super::Strategy::LowestKvCache, |value| EngineSignals {
+                kv_cache_utilization: value,
+                ..EngineSignals::default()
+            }),
+            (super::Strategy::LowestQueue, |value| EngineSignals {
+                waiting_requests: value,
+                ..EngineSignals::default()
+            }),
+            (super::Strategy::BestTtft, |value| EngineSignals {
+                avg_ttft_seconds: value,
+                ..EngineSignals::default()
+            }),
+            (super::Strategy::BestItl, |value| EngineSignals {
+                avg_itl_seconds: value,
+                ..EngineSignals::default()
+            }),
+        ];
+        for (strategy, signals) in cases {
+            // Agent 2 reports less than agent 1: its four slots first, whatever its load.
+            let mut routes = ranked(strategy, signals, 0.5, 0.25);
+            for sequence in 0..4 {
+                assert_granted(&mut routes, sequence, 2);
+            }
+            for sequence in 4..8 {
+                assert_granted(&mut routes, sequence, 1);
+            }
+            for sequence in 8..12 {
+                assert_granted(&mut routes, sequence, 3);
+            }
+            assert_eq!(
+                routes.acquire(ticket(12)),
+                Acquire::QueueFull,
+                "{strategy:?}"
+            );
+        }
+    }
+
+    /// Equal signals rank least-loaded; a signal that is not a number is taken as lacking.
+    #[test]
+    fn equal_signals_rank_least_loaded_and_a_value_not_finite_is_lacking() {
+        let kv = |value| EngineSignals {
+            kv_cache_utilization: value,
+            ..EngineSignals::default()
+        };
+        let mut routes = ranked(super::Strategy::LowestKvCache, kv, 0.5, 0.5);
+        assert_granted(&mut routes, 0, 1);
+        assert_granted(&mut routes, 1, 2);
+        assert_granted(&mut routes, 2, 1);
+        let mut routes = ranked(super::Strategy::LowestKvCache, kv, f64::NAN, 0.9);
+        assert_granted(&mut routes, 0, 2);
+        // Agents 1 and 3 both lack it: least-loaded between them, in rotation.
+        assert_granted(&mut routes, 1, 2);
+        assert_granted(&mut routes, 2, 2);
+        assert_granted(&mut routes, 3, 2);
+        assert_granted(&mut routes, 4, 3);
+        assert_granted(&mut routes, 5, 1);
+    }
+
+    /// `round-robin`: each agent with room in turn, whatever the load reports say.
+    #[test]
+    fn round_robin_takes_each_agent_in_turn() {
+        let mut routes = ModelRoutes::new(0);
+        let _ = routes.set_steps(Arc::new(Ranked(super::Strategy::RoundRobin)));
+        up(&mut routes, 1, 8);
+        up(&mut routes, 2, 8);
+        up(&mut routes, 3, 2);
+        routes.signal(AgentId(2), 6, EngineSignals::default());
+        let order: Vec<u32> = (0..9)
+            .map(|sequence| match routes.acquire(ticket(sequence)) {
+                Acquire::Granted(grant) => grant.agent.0,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        // Agent 2 holds 6 of other routers': room for 2 of ours; agent 3 for 2.
+        assert_eq!(order, [1, 2, 3, 1, 2, 3, 1, 1, 1]);
+    }
+
+    /// `lowest-srtt`: the agent this router measured fastest for the model first; an agent not
+    /// measured yet after every measured one.
+    #[test]
+    fn lowest_srtt_ranks_the_agent_measured_fastest_for_the_model_first() {
+        use crate::logic::routing::counters::{AgentCounters, CountersByModel};
+        let model = ModelId(7);
+        let mut routes = ModelRoutes::for_model(model, 0);
+        let _ = routes.set_steps(Arc::new(Ranked(super::Strategy::LowestSrtt)));
+        for (agent, latency_ms) in [(1, Some(300.0)), (2, Some(120.0)), (3, None)] {
+            let counters = Arc::new(AgentCounters::new(1));
+            if let Some(latency_ms) = latency_ms {
+                counters.latency_sample(latency_ms);
+            }
+            let profile = AgentProfile {
+                counters: CountersByModel(Box::new([(model, counters)])),
+                ..AgentProfile::default()
+            };
+            routes.agent_up(AgentId(agent), Generation(0), 2, Arc::new(profile));
+        }
+        let order: Vec<u32> = (0..6)
+            .map(|sequence| match routes.acquire(ticket(sequence)) {
+                Acquire::Granted(grant) => grant.agent.0,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(order, [2, 2, 1, 1, 3, 3]);
     }
 
     #[test]

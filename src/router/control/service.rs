@@ -359,10 +359,13 @@ async fn run_session(
 /// The engine signals a routing signal carries; none when the agent's engine reports no metrics.
 pub fn engine_signals(signal: &crate::wire::proto::RoutingSignal) -> EngineSignals {
     if signal.has_engine_metrics {
+        let report = signal.engine.as_ref();
         EngineSignals {
             kv_cache_utilization: Some(signal.kv_cache_utilization),
             running_requests: Some(f64::from(signal.running_requests)),
             waiting_requests: Some(f64::from(signal.waiting_requests)),
+            avg_ttft_seconds: report.and_then(|report| report.avg_ttft_seconds),
+            avg_itl_seconds: report.and_then(|report| report.avg_itl_seconds),
         }
     } else {
         EngineSignals::default()

@@ -354,21 +354,32 @@ fn every_gate_unit_and_operator_compiles() {
 }
 
 #[test]
-fn strategies_all_parse_but_only_least_loaded_is_implemented() {
+fn strategies_all_parse_and_all_but_prefix_aware_compile() {
     for name in StrategyName::ALL {
         assert_eq!(StrategyName::parse(name.name()), Some(name));
-        let text = format!("routing_policy:\n  strategy: {}\n", name.name());
-        match name {
-            StrategyName::LeastLoaded => assert!(global(&text).is_ok()),
-            _ => {
+        let text = format!(
+            "routing_policy:\n  strategy: {}\nfallback_chain:\n  - strategy: {}\n",
+            name.name(),
+            name.name()
+        );
+        match name.implemented() {
+            Some(strategy) => {
+                let compiled = global(&text).expect("compiles").policy;
+                assert_eq!(compiled.primary.strategy, strategy, "{}", name.name());
+                assert_eq!(compiled.fallback_chain[0].strategy, strategy);
+            }
+            None => {
+                assert_eq!(name, StrategyName::PrefixAware);
                 let message = refused(&text);
                 assert!(
-                    message.contains(&format!(
-                        "routing_policy.strategy: {} is not supported; the only implemented strategy is least-loaded",
-                        name.name()
-                    )),
+                    message.contains(
+                        "routing_policy.strategy: prefix-aware is not supported yet; the \
+                         implemented strategies are least-loaded, lowest-srtt, round-robin, \
+                         lowest-kv-cache, lowest-queue, best-ttft, best-itl"
+                    ),
                     "{message}"
                 );
+                assert!(message.contains("fallback_chain[0].strategy: prefix-aware"));
             }
         }
     }

@@ -585,7 +585,7 @@ impl Models {
                 .routes
                 .entry(model)
                 .or_insert_with(|| {
-                    let mut routes = ModelRoutes::new(queue_depth);
+                    let mut routes = ModelRoutes::for_model(model, queue_depth);
                     let _ = routes.set_steps(steps_of(snapshot, model));
                     routes
                 })
