@@ -14,6 +14,8 @@
 //! | `finished` | `vllm:request_success_total{finished_reason}` | – | – |
 //! | `predicted_tps`, `prompt_tps` | – | – | `llamacpp:predicted_tokens_seconds`, `llamacpp:prompt_tokens_seconds` |
 //! | raw histograms | TTFT, ITL, `vllm:request_prompt_tokens`, `vllm:request_generation_tokens` | – | – |
+//! | prefix-cache queries and hits | `vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total` (tokens; before 0.10: `vllm:gpu_prefix_cache_*_total`) | – | – |
+//! | prefix-cache hit rate | hits over queries (before V1: `vllm:gpu_prefix_cache_hit_rate`) | `sglang:cache_hit_rate` | – |
 //!
 //! Raw histograms are re-exported for vLLM only, as the reference says; SGLang's TTFT histogram
 //! gives its scalars. llama.cpp exposes no latency histogram, so its TTFT and ITL stay absent.
@@ -108,6 +110,15 @@ fn sum(samples: &[Sample<'_>], name: &str, models: &[String]) -> Option<f64> {
     Some(matched.map(|sample| sample.value).sum())
 }
 
+/// A rate the engine reports per data-parallel rank, averaged over them.
+fn mean(samples: &[Sample<'_>], name: &str, models: &[String]) -> Option<f64> {
+    let (total, count) = counted(samples, name, models)
+        .fold((0.0, 0u32), |(total, count), sample| {
+            (total + sample.value, count + 1)
+        });
+    (count > 0).then(|| total / f64::from(count))
+}
+
 /// The histogram `name` (its `_bucket`, `_sum` and `_count` series) summed over the counted
 /// label sets; `None` when the engine does not expose it.
 pub fn histogram(samples: &[Sample<'_>], name: &str, models: &[String]) -> Option<Histogram> {
@@ -155,6 +166,7 @@ pub fn extract(text: &str, engine: Engine, models: &[String]) -> EngineReport {
             EngineReport {
                 avg_ttft_seconds: ttft.as_ref().and_then(Histogram::mean),
                 p90_ttft_seconds: ttft.as_ref().and_then(|ttft| ttft.quantile(0.9)),
+                prefix_cache_hit_rate: mean(&samples, "sglang:cache_hit_rate", models),
                 ..EngineReport::default()
             }
         }
@@ -179,6 +191,21 @@ fn vllm(samples: &[Sample<'_>], models: &[String]) -> EngineReport {
             *finished.entry(reason.to_owned()).or_default() += sample.value;
         }
     }
+    let prefix_cache = |name: &str| {
+        sum(samples, &format!("vllm:prefix_cache_{name}_total"), models).or_else(|| {
+            sum(
+                samples,
+                &format!("vllm:gpu_prefix_cache_{name}_total"),
+                models,
+            )
+        })
+    };
+    let (queries, hits) = (prefix_cache("queries"), prefix_cache("hits"));
+    let hit_rate = match (hits, queries) {
+        (Some(hits), Some(queries)) if queries > 0.0 => Some(hits / queries),
+        (Some(_), Some(_)) => None,
+        _ => mean(samples, "vllm:gpu_prefix_cache_hit_rate", models),
+    };
     let raw = [
         ("ttft_seconds", &ttft),
         ("itl_seconds", &itl),
@@ -201,6 +228,9 @@ fn vllm(samples: &[Sample<'_>], models: &[String]) -> EngineReport {
             .into_iter()
             .filter_map(|(name, histogram)| Some(histogram.as_ref()?.to_proto(name)))
             .collect(),
+        prefix_cache_queries_total: queries,
+        prefix_cache_hits_total: hits,
+        prefix_cache_hit_rate: hit_rate,
     }
 }
 
@@ -299,5 +329,36 @@ vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 2
             extract(VLLM, Engine::Ollama, &models()),
             EngineReport::default()
         );
+    }
+
+    /// vLLM's prefix-cache counters (tokens, summed over ranks) and their ratio; the names
+    /// before 0.10, and the V0 gauge; SGLang's own rate, averaged over ranks.
+    #[test]
+    fn prefix_cache_lookups_hits_and_rate_per_engine() {
+        let vllm = "vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 600\nvllm:prefix_cache_queries_total{engine=\"1\",model_name=\"m\"} 200\nvllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 500\nvllm:prefix_cache_hits_total{engine=\"1\",model_name=\"m\"} 100\nvllm:prefix_cache_hits_total{engine=\"0\",model_name=\"other\"} 9000\n";
+        let report = extract(vllm, Engine::Vllm, &models());
+        assert_eq!(report.prefix_cache_queries_total, Some(800.0));
+        assert_eq!(report.prefix_cache_hits_total, Some(600.0));
+        assert_eq!(report.prefix_cache_hit_rate, Some(0.75));
+        let older = "vllm:gpu_prefix_cache_queries_total{model_name=\"m\"} 40\nvllm:gpu_prefix_cache_hits_total{model_name=\"m\"} 10\n";
+        let report = extract(older, Engine::Vllm, &models());
+        assert_eq!(report.prefix_cache_hit_rate, Some(0.25));
+        // Nothing looked up yet: no rate, the counters as they are.
+        let idle = "vllm:prefix_cache_queries_total{model_name=\"m\"} 0\nvllm:prefix_cache_hits_total{model_name=\"m\"} 0\n";
+        let report = extract(idle, Engine::Vllm, &models());
+        assert_eq!(report.prefix_cache_queries_total, Some(0.0));
+        assert_eq!(report.prefix_cache_hit_rate, None);
+        let v0 = "vllm:gpu_prefix_cache_hit_rate{model_name=\"m\"} 0.4\n";
+        assert_eq!(
+            extract(v0, Engine::Vllm, &models()).prefix_cache_hit_rate,
+            Some(0.4)
+        );
+        assert_eq!(
+            extract(VLLM, Engine::Vllm, &models()).prefix_cache_hit_rate,
+            None
+        );
+        let sglang = "sglang:cache_hit_rate{model_name=\"m\",dp_rank=\"0\"} 0.5\nsglang:cache_hit_rate{model_name=\"m\",dp_rank=\"1\"} 0.7\n";
+        let rate = extract(sglang, Engine::Sglang, &models()).prefix_cache_hit_rate;
+        assert!((rate.unwrap() - 0.6).abs() < 1e-12, "{rate:?}");
     }
 }

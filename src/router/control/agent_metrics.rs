@@ -183,7 +183,7 @@ fn collect_capacity(live: &[LiveAgent], out: &mut Vec<Family>) {
 
 fn collect_engine(live: &[LiveAgent], out: &mut Vec<Family>) {
     type Value = fn(&LiveAgent, &EngineReport) -> Option<f64>;
-    let gauges: [(&str, &str, Value); 10] = [
+    let gauges: [(&str, &str, Value); 13] = [
         (
             "hivenet_agent_engine_kv_cache_utilization",
             "The engine's KV-cache use, 0.0 to 1.0.",
@@ -233,6 +233,21 @@ fn collect_engine(live: &[LiveAgent], out: &mut Vec<Family>) {
             "hivenet_agent_engine_prompt_tps",
             "llama.cpp's latest prompt-ingestion throughput, tokens per second.",
             |_, report| report.prompt_tps,
+        ),
+        (
+            "hivenet_agent_engine_prefix_cache_queries_total",
+            "Prompt tokens the engine looked up in its prefix cache, its latest cumulative count (a gauge: it may fall when the engine restarts).",
+            |_, report| report.prefix_cache_queries_total,
+        ),
+        (
+            "hivenet_agent_engine_prefix_cache_hits_total",
+            "Prompt tokens the engine found in its prefix cache, its latest cumulative count (a gauge: it may fall when the engine restarts).",
+            |_, report| report.prefix_cache_hits_total,
+        ),
+        (
+            "hivenet_agent_engine_prefix_cache_hit_rate",
+            "The engine's prefix-cache hits over lookups since it started (vLLM), or its own hit rate (SGLang), 0.0 to 1.0.",
+            |_, report| report.prefix_cache_hit_rate,
         ),
     ];
     let none = EngineReport::default();

@@ -108,6 +108,11 @@ pub fn bound_engine(report: EngineReport) -> EngineReport {
         p90_itl_seconds: finite(report.p90_itl_seconds),
         predicted_tps: finite(report.predicted_tps),
         prompt_tps: finite(report.prompt_tps),
+        prefix_cache_queries_total: finite(report.prefix_cache_queries_total),
+        prefix_cache_hits_total: finite(report.prefix_cache_hits_total),
+        // A rate: outside 0..=1 it is not one.
+        prefix_cache_hit_rate: finite(report.prefix_cache_hit_rate)
+            .filter(|rate| (0.0..=1.0).contains(rate)),
         finished: report
             .finished
             .into_iter()
@@ -231,5 +236,18 @@ mod tests {
         });
         assert_eq!(report.histograms, vec![good]);
         assert_eq!(report.finished.len(), 1);
+        // A hit rate is a fraction: anything else is dropped, not shown.
+        for (rate, kept) in [
+            (0.5, Some(0.5)),
+            (1.5, None),
+            (-0.1, None),
+            (f64::NAN, None),
+        ] {
+            let report = bound_engine(EngineReport {
+                prefix_cache_hit_rate: Some(rate),
+                ..EngineReport::default()
+            });
+            assert_eq!(report.prefix_cache_hit_rate, kept, "{rate}");
+        }
     }
 }
