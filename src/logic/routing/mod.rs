@@ -31,6 +31,7 @@
 //! rotation); an agent that lacks the signal ranks after every agent that has it.
 
 pub mod counters;
+pub mod prefix;
 
 use std::collections::VecDeque;
 use std::fmt;
