@@ -39,19 +39,30 @@ fn start() -> Site {
         .router_env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY);
     Site::start(
         "agent_metrics",
-        options.sim(&["--models", MODEL, "--ttft", "2ms"]).agent(
-            0,
-            &[
-                "--organization",
-                "ml-team",
-                "--machine",
-                "box-1",
-                "--region",
-                "eu-test",
-                "--engine-sample-interval",
-                "100ms",
-            ],
-        ),
+        options
+            .sim(&[
+                "--models",
+                MODEL,
+                "--ttft",
+                "2ms",
+                "--prefix-cache-blocks",
+                "64",
+                "--block-tokens",
+                "2",
+            ])
+            .agent(
+                0,
+                &[
+                    "--organization",
+                    "ml-team",
+                    "--machine",
+                    "box-1",
+                    "--region",
+                    "eu-test",
+                    "--engine-sample-interval",
+                    "100ms",
+                ],
+            ),
     )
 }
 
@@ -156,6 +167,27 @@ fn agent_families_are_on_the_router_with_the_catalog_labels() {
             "{name}\n{text}"
         );
     }
+    // The engine's prefix cache: the same prompt again finds its blocks. The router shows the
+    // engine's own counts once the agent has reported them.
+    let queries = site.sim_metric(0, "vllm:prefix_cache_queries_total");
+    let hits = site.sim_metric(0, "vllm:prefix_cache_hits_total");
+    assert!(hits > 0.0 && hits < queries, "{hits} of {queries}");
+    let text = wait_agent_metric(
+        &site,
+        "hivenet_agent_engine_prefix_cache_queries_total",
+        |seen| seen == queries,
+    );
+    assert_eq!(
+        metric_sum(
+            &text,
+            "hivenet_agent_engine_prefix_cache_hits_total",
+            &agent
+        ),
+        hits
+    );
+    let rate = metric_sum(&text, "hivenet_agent_engine_prefix_cache_hit_rate", &agent);
+    assert!((rate - hits / queries).abs() < 1e-9, "{rate}");
+
     // Answers that are not streamed come in one piece: no inter-token latency. llama.cpp's
     // throughput is not in vLLM's exposition. Absent, not zero.
     for name in [

@@ -1,6 +1,7 @@
 //! Proves that the real `hivenet-sim` binary speaks the OpenAI and Anthropic wire formats byte for
 //! byte over loopback HTTP/1.1, queues requests FIFO behind its concurrency limit, reports vLLM-style
-//! metrics that follow control overrides, and frees capacity when a client disconnects.
+//! metrics that follow control overrides, frees capacity when a client disconnects, and counts
+//! prefix-cache queries and hits in tokens as vLLM does.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -572,6 +573,8 @@ fn metrics_use_vllm_names_per_model() {
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
         "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
         "sim_requests_total",
         "sim_cancelled_total",
         "sim_in_flight",
@@ -593,6 +596,141 @@ fn metrics_use_vllm_names_per_model() {
     assert_eq!(metric(&text, "sim_requests_total", "beta"), 1.0);
     assert_eq!(metric(&text, "sim_requests_total", "alpha"), 0.0);
     assert_eq!(metric(&text, "vllm:kv_cache_usage_perc", "beta"), 0.0);
+    // Prefix caching is off by default: nothing is looked up, the counters stay at 0.
+    assert_eq!(
+        metric(&text, "vllm:prefix_cache_queries_total", "beta"),
+        0.0
+    );
+    assert_eq!(metric(&text, "vllm:prefix_cache_hits_total", "beta"), 0.0);
+}
+
+/// Prefix caching on, with 16-token blocks; every prompt token not found in the cache adds 1 ms to
+/// the time to first token.
+const PREFIX_CACHE_ARGS: [&str; 8] = [
+    "--prefix-cache-blocks",
+    "64",
+    "--block-tokens",
+    "16",
+    "--prefill-per-token",
+    "1ms",
+    "--ttft",
+    "0ms",
+];
+
+/// Tokens per cache block in [`PREFIX_CACHE_ARGS`].
+const BLOCK_TOKENS: u64 = 16;
+
+/// The cumulative count of the `vllm:time_to_first_token_seconds` bucket `le` of `model`.
+fn ttft_bucket(text: &str, le: &str, model: &str) -> u64 {
+    let prefix =
+        format!("vllm:time_to_first_token_seconds_bucket{{le=\"{le}\",model_name=\"{model}\"}} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn prefix_cache_counts_queried_and_cached_tokens() {
+    // One message: a 16-byte marker for the template's 4 tokens, then 330 bytes of text. At 4
+    // bytes a token, that is 4 + ceil(330 / 4) = 87 prompt tokens, and 346 bytes make 5 whole
+    // blocks of 64 bytes (16 tokens) plus a tail that is never cached.
+    const PROMPT_TOKENS: u64 = 87;
+    let long = "a".repeat(330);
+    let sim = Sim::start(&PREFIX_CACHE_ARGS);
+    let prompt = |text: &str| chat(json!({"messages": [{"role": "user", "content": text}]}));
+    let send = |text: &str| {
+        let response = sim.post("/v1/chat/completions", &prompt(text));
+        assert_eq!(response.status, 200);
+        assert_eq!(response.json()["usage"]["prompt_tokens"], PROMPT_TOKENS);
+    };
+
+    send(&long);
+    let text = sim.metrics();
+    assert_eq!(
+        metric(&text, "vllm:prefix_cache_queries_total", "sim-model"),
+        PROMPT_TOKENS as f64
+    );
+    assert_eq!(
+        metric(&text, "vllm:prefix_cache_hits_total", "sim-model"),
+        0.0
+    );
+    // Nothing was cached, so the first token waited at least 87 × 1 ms, above the 80 ms bucket.
+    // Only this lower bound is checked: a sleep never ends early, so it cannot flake.
+    assert_eq!(ttft_bucket(&text, "0.08", "sim-model"), 0);
+    assert_eq!(ttft_bucket(&text, "+Inf", "sim-model"), 1);
+
+    // The same prompt again finds its 5 whole blocks.
+    send(&long);
+    let text = sim.metrics();
+    assert_eq!(
+        metric(&text, "vllm:prefix_cache_queries_total", "sim-model"),
+        (2 * PROMPT_TOKENS) as f64
+    );
+    assert_eq!(
+        metric(&text, "vllm:prefix_cache_hits_total", "sim-model"),
+        (5 * BLOCK_TOKENS) as f64
+    );
+
+    // A prompt sharing only its first 165 bytes of text: 16 + 165 = 181 stream bytes in common,
+    // which cover 2 whole blocks; the third block holds the first different byte.
+    let half = format!("{}{}", "a".repeat(165), "b".repeat(165));
+    send(&half);
+    let text = sim.metrics();
+    assert_eq!(
+        metric(&text, "vllm:prefix_cache_queries_total", "sim-model"),
+        (3 * PROMPT_TOKENS) as f64
+    );
+    assert_eq!(
+        metric(&text, "vllm:prefix_cache_hits_total", "sim-model"),
+        ((5 + 2) * BLOCK_TOKENS) as f64
+    );
+}
+
+#[test]
+fn anthropic_messages_reuse_the_blocks_of_the_same_openai_prompt() {
+    // Two messages: 16 + 100 + 16 + 200 = 332 stream bytes, 5 whole blocks; 8 + 25 + 50 = 83
+    // prompt tokens.
+    const PROMPT_TOKENS: u64 = 83;
+    let sim = Sim::start(&PREFIX_CACHE_ARGS);
+    let system = "s".repeat(100);
+    let user = "u".repeat(200);
+    let openai = chat(json!({"messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": user}
+    ]}));
+    let response = sim.post("/v1/chat/completions", &openai);
+    assert_eq!(response.json()["usage"]["prompt_tokens"], PROMPT_TOKENS);
+    let anthropic = anthropic(json!({
+        "system": system,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": user}]}],
+        "max_tokens": 4,
+        "stream": true
+    }));
+    let response = sim.post("/v1/messages", &anthropic);
+    assert_eq!(response.status, 200);
+    let text = sim.metrics();
+    assert_eq!(
+        metric(&text, "vllm:prefix_cache_queries_total", "sim-model"),
+        (2 * PROMPT_TOKENS) as f64
+    );
+    assert_eq!(
+        metric(&text, "vllm:prefix_cache_hits_total", "sim-model"),
+        (5 * BLOCK_TOKENS) as f64
+    );
+
+    // Embeddings are no generation: they neither query nor fill the cache.
+    let response = sim.post(
+        "/v1/embeddings",
+        &json!({"model": "sim-model", "input": user}),
+    );
+    assert_eq!(response.status, 200);
+    let after = sim.metrics();
+    assert_eq!(
+        metric(&after, "vllm:prefix_cache_queries_total", "sim-model"),
+        (2 * PROMPT_TOKENS) as f64
+    );
 }
 
 #[test]

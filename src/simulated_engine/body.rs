@@ -3,7 +3,8 @@
 //! A streamed answer is generated while hyper polls the body, one frame per delay: with zero
 //! `--ttft`/`--itl` the whole stream is one frame, with delays one frame per token. Headers go out
 //! at admission; the first body bytes (OpenAI's role chunk, Anthropic's `message_start`) come with
-//! the first token, `--ttft` later. The
+//! the first token, one time to first token later (`--ttft` plus the prefill of the prompt tokens
+//! the prefix cache did not hold). The
 //! [`Generation`] guard lives inside the body, so when the client disconnects hyper drops the body,
 //! generation stops, the concurrency permit is released and the request counts as cancelled.
 
@@ -74,12 +75,28 @@ enum Phase {
 }
 
 /// The delays of a simulated generation.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pacing {
-    /// Before the first token (`--ttft`).
+    /// Before the first token, from admission: `--ttft`, plus the request's prefill once
+    /// [`with_prefill`](Pacing::with_prefill) has added it.
     pub time_to_first_token: Duration,
     /// Between consecutive tokens (`--itl`).
     pub inter_token_latency: Duration,
+}
+
+impl Pacing {
+    /// This pacing for a request with `uncached_prompt_tokens` prompt tokens to prefill: the first
+    /// token comes `prefill_per_token` (`--prefill-per-token`) later for each of them. Saturates
+    /// instead of overflowing.
+    pub fn with_prefill(self, prefill_per_token: Duration, uncached_prompt_tokens: u64) -> Pacing {
+        let tokens = u32::try_from(uncached_prompt_tokens).unwrap_or(u32::MAX);
+        Pacing {
+            time_to_first_token: self
+                .time_to_first_token
+                .saturating_add(prefill_per_token.saturating_mul(tokens)),
+            ..self
+        }
+    }
 }
 
 /// A streamed answer being generated.
@@ -177,5 +194,28 @@ impl GenerationStream {
                 Phase::Done => return Poll::Ready(None),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefill_adds_to_the_time_to_first_token_only() {
+        let base = Pacing {
+            time_to_first_token: Duration::from_millis(5),
+            inter_token_latency: Duration::from_millis(2),
+        };
+        let paced = base.with_prefill(Duration::from_millis(1), 30);
+        assert_eq!(paced.time_to_first_token, Duration::from_millis(35));
+        assert_eq!(paced.inter_token_latency, Duration::from_millis(2));
+        assert_eq!(base.with_prefill(Duration::from_millis(1), 0), base);
+        assert_eq!(base.with_prefill(Duration::ZERO, 1000), base);
+        assert_eq!(
+            base.with_prefill(Duration::MAX, u64::MAX)
+                .time_to_first_token,
+            Duration::MAX
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! The simulated engine's per-model state: the admission queue (concurrency limit plus a bounded
-//! FIFO of waiting requests), the KV-cache model, and the counters `/metrics` reports.
+//! FIFO of waiting requests), the KV-cache model, the prefix cache, and the counters `/metrics`
+//! reports.
 //!
 //! Each served model behaves like its own vLLM instance: its own concurrency limit, waiting queue
 //! and KV capacity, so a router sees independent signals per model.
@@ -9,14 +10,17 @@
 //! is abandoned at any point (client gone, handler dropped) returns every counter to where it was and
 //! frees its concurrency permit. A guard dropped before its request finished counts as cancelled.
 //!
-//! Performance: one relaxed atomic per counter change, no locks; the queue is tokio's FIFO-fair
-//! semaphore, which only allocates for requests that actually wait.
+//! Performance: one relaxed atomic per counter change; the queue is tokio's FIFO-fair semaphore,
+//! which only allocates for requests that actually wait. The one lock is the prefix cache's, taken
+//! once per admitted generation request and only when prefix caching is on.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::simulated_engine::error::SimError;
+use crate::simulated_engine::prefix_cache::{BlockKey, PrefixCache};
 
 /// Fraction of the KV cache in use: `tokens_in_use / capacity`, clamped to `[0, 1]`, unless the
 /// control endpoint pinned a value. `tokens_in_use` is the sum over running requests of prompt
@@ -59,6 +63,11 @@ pub struct ModelCounters {
     /// `request_prompt_tokens`, `request_generation_tokens`).
     pub prompt_tokens: Histogram,
     pub generation_tokens: Histogram,
+    /// Prompt tokens looked up in the prefix cache (vLLM's `prefix_cache_queries`): every prompt
+    /// token of every admitted generation request, while prefix caching is on.
+    pub prefix_cache_queries_total: AtomicU64,
+    /// Of those, the tokens found cached (vLLM's `prefix_cache_hits`).
+    pub prefix_cache_hits_total: AtomicU64,
 }
 
 impl Default for ModelCounters {
@@ -75,6 +84,8 @@ impl Default for ModelCounters {
             itl: Histogram::new(&ITL_BOUNDS_SECONDS),
             prompt_tokens: Histogram::new(&TOKEN_BOUNDS),
             generation_tokens: Histogram::new(&TOKEN_BOUNDS),
+            prefix_cache_queries_total: AtomicU64::new(0),
+            prefix_cache_hits_total: AtomicU64::new(0),
         }
     }
 }
@@ -165,6 +176,10 @@ pub struct ModelEngine {
     waiting_max: u64,
     /// KV cache size in tokens (`--kv-capacity-tokens`).
     pub kv_capacity_tokens: u64,
+    /// Tokens per prefix-cache block (`--block-tokens`).
+    block_tokens: u64,
+    /// `None` when prefix caching is off (`--prefix-cache-blocks 0`).
+    prefix_cache: Option<Mutex<PrefixCache>>,
     pub counters: ModelCounters,
 }
 
@@ -182,8 +197,53 @@ impl ModelEngine {
             permits: (concurrency_max > 0).then(|| Semaphore::new(concurrency_max)),
             waiting_max: waiting_max as u64,
             kv_capacity_tokens,
+            block_tokens: 1,
+            prefix_cache: None,
             counters: ModelCounters::default(),
         }
+    }
+
+    /// Turns prefix caching on: blocks of `block_tokens` tokens, at most `capacity_blocks` of
+    /// them cached. A capacity of 0 leaves it off.
+    pub fn with_prefix_cache(mut self, block_tokens: u64, capacity_blocks: usize) -> ModelEngine {
+        assert!(block_tokens >= 1, "a cache block holds at least one token");
+        self.block_tokens = block_tokens;
+        self.prefix_cache =
+            (capacity_blocks > 0).then(|| Mutex::new(PrefixCache::new(capacity_blocks)));
+        self
+    }
+
+    /// Tokens per prefix-cache block when prefix caching is on; `None` when it is off, so callers
+    /// can skip cutting prompts into blocks.
+    pub fn prefix_cache_block_tokens(&self) -> Option<u64> {
+        self.prefix_cache.as_ref().map(|_| self.block_tokens)
+    }
+
+    /// Looks up an admitted request's prompt in the prefix cache, records its blocks there, and
+    /// returns how many of its `prompt_tokens` were cached: the leading cached blocks times the
+    /// block size, at most `prompt_tokens`. `block_keys` are the prompt's full blocks in order.
+    /// Returns 0, and counts nothing, when prefix caching is off.
+    pub fn look_up_prefix(&self, block_keys: &[BlockKey], prompt_tokens: u64) -> u64 {
+        let Some(cache) = &self.prefix_cache else {
+            return 0;
+        };
+        let hit_blocks = cache
+            .lock()
+            // The cache's maps stay consistent between statements; a panic elsewhere while the
+            // lock was held leaves nothing half-done.
+            .unwrap_or_else(PoisonError::into_inner)
+            .look_up_and_record(block_keys);
+        let cached_tokens = (hit_blocks as u64)
+            .saturating_mul(self.block_tokens)
+            .min(prompt_tokens);
+        let counters = &self.counters;
+        counters
+            .prefix_cache_queries_total
+            .fetch_add(prompt_tokens, Ordering::Relaxed);
+        counters
+            .prefix_cache_hits_total
+            .fetch_add(cached_tokens, Ordering::Relaxed);
+        cached_tokens
     }
 
     pub fn snapshot(&self) -> CountersSnapshot {
@@ -380,6 +440,37 @@ mod tests {
         let after = engine.snapshot();
         assert_eq!((after.running, after.kv_tokens), (0, 0));
         assert_eq!((after.requests_total, after.cancelled_total), (1, 0));
+    }
+
+    #[test]
+    fn prefix_lookup_counts_queried_and_cached_tokens() {
+        let keys = [BlockKey(1), BlockKey(2), BlockKey(3)];
+        let engine = ModelEngine::new("m".into(), 0, 0, 1000).with_prefix_cache(16, 8);
+        assert_eq!(engine.prefix_cache_block_tokens(), Some(16));
+        assert_eq!(engine.look_up_prefix(&keys, 50), 0);
+        assert_eq!(engine.look_up_prefix(&keys, 50), 48);
+        // Cached tokens never exceed the prompt.
+        assert_eq!(engine.look_up_prefix(&keys, 40), 40);
+        let counters = &engine.counters;
+        assert_eq!(
+            counters.prefix_cache_queries_total.load(Ordering::Relaxed),
+            140
+        );
+        assert_eq!(counters.prefix_cache_hits_total.load(Ordering::Relaxed), 88);
+    }
+
+    #[test]
+    fn prefix_lookup_without_a_cache_counts_nothing() {
+        let engine = ModelEngine::new("m".into(), 0, 0, 1000).with_prefix_cache(16, 0);
+        assert_eq!(engine.prefix_cache_block_tokens(), None);
+        assert_eq!(engine.look_up_prefix(&[BlockKey(1)], 50), 0);
+        assert_eq!(engine.look_up_prefix(&[BlockKey(1)], 50), 0);
+        let counters = &engine.counters;
+        assert_eq!(
+            counters.prefix_cache_queries_total.load(Ordering::Relaxed),
+            0
+        );
+        assert_eq!(counters.prefix_cache_hits_total.load(Ordering::Relaxed), 0);
     }
 
     #[test]

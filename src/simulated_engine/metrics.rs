@@ -88,8 +88,8 @@ fn label(name: &str) -> String {
 }
 
 /// vLLM's per-request families: preemptions (always 0: the simulator never preempts), finished
-/// requests by reason (always `stop`), and the histograms of time to first token, inter-token
-/// latency, prompt and generation length.
+/// requests by reason (always `stop`), prefix-cache queries and hits in tokens, and the histograms
+/// of time to first token, inter-token latency, prompt and generation length.
 fn render_vllm_request_families(out: &mut String, models: &[ModelEngine]) {
     use std::sync::atomic::Ordering;
     let _ = writeln!(out, "# TYPE vllm:num_preemptions_total counter");
@@ -109,6 +109,31 @@ fn render_vllm_request_families(out: &mut String, models: &[ModelEngine]) {
             "vllm:request_success_total{{finished_reason=\"stop\",model_name=\"{label}\"}} {finished}"
         );
     }
+    // vLLM's names and help texts; both count tokens, not requests, and stay 0 with caching off.
+    render_counter(
+        out,
+        models,
+        "vllm:prefix_cache_queries_total",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        |model| {
+            model
+                .counters
+                .prefix_cache_queries_total
+                .load(Ordering::Relaxed)
+        },
+    );
+    render_counter(
+        out,
+        models,
+        "vllm:prefix_cache_hits_total",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        |model| {
+            model
+                .counters
+                .prefix_cache_hits_total
+                .load(Ordering::Relaxed)
+        },
+    );
     render_histogram(out, models, "vllm:time_to_first_token_seconds", |model| {
         &model.counters.ttft
     });
@@ -121,6 +146,23 @@ fn render_vllm_request_families(out: &mut String, models: &[ModelEngine]) {
     render_histogram(out, models, "vllm:request_generation_tokens", |model| {
         &model.counters.generation_tokens
     });
+}
+
+/// One counter family with its help text, a series per model.
+fn render_counter(
+    out: &mut String,
+    models: &[ModelEngine],
+    name: &str,
+    help: &str,
+    value_of: impl Fn(&ModelEngine) -> u64,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} counter");
+    for model in models {
+        let label = label(&model.name);
+        let value = value_of(model);
+        let _ = writeln!(out, "{name}{{model_name=\"{label}\"}} {value}");
+    }
 }
 
 /// One vLLM histogram family, a series per model.
@@ -167,7 +209,7 @@ mod tests {
         assert!(text.contains("sim_cancelled_total{model_name=\"b\\\"x\"} 0\n"));
         assert_eq!(
             text.lines().filter(|line| !line.starts_with('#')).count(),
-            14 + 2
+            18 + 2
                 * ((2 + crate::simulated_engine::engine::TTFT_BOUNDS_SECONDS.len() + 3)
                     + (crate::simulated_engine::engine::ITL_BOUNDS_SECONDS.len() + 3)
                     + 2 * (crate::simulated_engine::engine::TOKEN_BOUNDS.len() + 3))
@@ -177,5 +219,29 @@ mod tests {
                 "vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"a\"} 0\n"
             )
         );
+    }
+
+    #[test]
+    fn renders_prefix_cache_counters_in_tokens() {
+        use crate::simulated_engine::prefix_cache::BlockKey;
+        let models = [
+            ModelEngine::new("a".into(), 0, 0, 100).with_prefix_cache(4, 8),
+            ModelEngine::new("off".into(), 0, 0, 100),
+        ];
+        models[0].look_up_prefix(&[BlockKey(1), BlockKey(2)], 10);
+        models[0].look_up_prefix(&[BlockKey(1), BlockKey(2)], 10);
+        models[1].look_up_prefix(&[BlockKey(1)], 10);
+        let text = render(&models, None);
+        for expected in [
+            "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.\n",
+            "# TYPE vllm:prefix_cache_queries_total counter\n",
+            "vllm:prefix_cache_queries_total{model_name=\"a\"} 20\n",
+            "vllm:prefix_cache_queries_total{model_name=\"off\"} 0\n",
+            "# TYPE vllm:prefix_cache_hits_total counter\n",
+            "vllm:prefix_cache_hits_total{model_name=\"a\"} 8\n",
+            "vllm:prefix_cache_hits_total{model_name=\"off\"} 0\n",
+        ] {
+            assert!(text.contains(expected), "{expected:?} in\n{text}");
+        }
     }
 }

@@ -2,11 +2,14 @@
 //! streams like vLLM, reports vLLM-style `/metrics`, and lets tests steer its health and KV-cache
 //! pressure through `/sim/control`. It stands behind the router in the demo, the integration tests
 //! and the benchmarks, so it must never be the bottleneck: zero delays cost no timers, responses are
-//! written by hand into one buffer, and per-model state is a few atomics.
+//! written by hand into one buffer, and per-model state is a few atomics plus, with prefix caching
+//! on, a cache behind a lock taken once per generation request.
 //!
 //! Key components:
 //! - [`request`]: parses request bodies and estimates prompt and output tokens (pure).
-//! - [`engine`]: per-model admission queue, KV-cache model and counters.
+//! - [`engine`]: per-model admission queue, KV-cache model, prefix cache and counters.
+//! - [`prefix_cache`]: chained block keys and a bounded LRU set of them, after vLLM's automatic
+//!   prefix caching (pure).
 //! - [`render`]: response bytes for both dialects, whole and streamed (pure).
 //! - [`body`]: the response body, including the live generation stream.
 //! - [`retrieval`]: deterministic embeddings and rerank scores (pure).
@@ -22,6 +25,7 @@ pub mod body;
 pub mod engine;
 pub mod error;
 pub mod metrics;
+pub mod prefix_cache;
 pub mod render;
 pub mod request;
 pub mod retrieval;
@@ -52,9 +56,24 @@ pub struct SimArgs {
     #[arg(long, value_delimiter = ',', default_value = "sim-model")]
     pub models: Vec<String>,
     /// Time to first token, Go duration (`250ms`): from admission to the first token, which is also
-    /// the first body byte of a stream. Applies to every generation request.
+    /// the first body byte of a stream. Applies to every generation request; `--prefill-per-token`
+    /// adds to it.
     #[arg(long = "ttft", value_parser = crate::base::duration::parse_arg, default_value = "0ms")]
     pub time_to_first_token: Duration,
+    /// Prefill time per prompt token not found in the prefix cache, Go duration: added to the time
+    /// to first token of every generation request. A prompt's tail shorter than one block is never
+    /// cached and always costs; with prefix caching off, every prompt token costs.
+    #[arg(long, value_parser = crate::base::duration::parse_arg, default_value = "0ms")]
+    pub prefill_per_token: Duration,
+    /// Tokens per prefix-cache block, at least 1, as vLLM's `--block-size`. A prompt is cut into
+    /// blocks of this many tokens, a token being 4 bytes of prompt text as in the prompt-token
+    /// estimate; only whole blocks are cached.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
+    pub block_tokens: u64,
+    /// Blocks each model's prefix cache holds at most; beyond it the least recently used block is
+    /// evicted. 0 turns prefix caching off. Each model has its own cache.
+    #[arg(long, default_value_t = 0)]
+    pub prefix_cache_blocks: usize,
     /// Inter-token latency, Go duration, between consecutive generated tokens.
     #[arg(long = "itl", value_parser = crate::base::duration::parse_arg, default_value = "0ms")]
     pub inter_token_latency: Duration,
@@ -95,6 +114,7 @@ impl SimArgs {
                     self.waiting_max,
                     self.kv_capacity_tokens,
                 )
+                .with_prefix_cache(self.block_tokens, self.prefix_cache_blocks)
             })
             .collect();
         SimState::new(
@@ -103,6 +123,7 @@ impl SimArgs {
                 time_to_first_token: self.time_to_first_token,
                 inter_token_latency: self.inter_token_latency,
             },
+            self.prefill_per_token,
             self.output_tokens,
             self.embedding_dimension,
         )

@@ -1,5 +1,6 @@
-//! Request bodies the simulator reads, and the two numbers it derives from them: how many prompt
-//! tokens a request carries and how many tokens the simulated model will produce.
+//! Request bodies the simulator reads, and what it derives from them: how many prompt tokens a
+//! request carries, the prefix-cache blocks those tokens make, and how many tokens the simulated
+//! model will produce.
 //!
 //! Pure: no runtime, no clock, no I/O. Only the fields the simulator acts on are parsed; every other
 //! field is skipped, so real client payloads (tools, temperature, metadata...) are accepted as-is.
@@ -8,6 +9,8 @@
 use std::borrow::Cow;
 
 use serde::Deserialize;
+
+use crate::simulated_engine::prefix_cache::{BlockHasher, BlockKey};
 
 /// Characters-per-token ratio of the prompt estimate: the common "about four bytes of English per
 /// token" rule of thumb, good enough for a simulator whose numbers only need to be deterministic.
@@ -138,17 +141,24 @@ impl RerankDocument<'_> {
 }
 
 impl Content<'_> {
-    /// Bytes of text this content carries (text blocks only; images and tool blocks count zero).
-    pub fn text_bytes(&self) -> u64 {
-        match self {
-            Content::Text(text) => text.len() as u64,
-            Content::Blocks(blocks) => blocks
+    /// The pieces of text this content carries, in order: the string, or the text of each text
+    /// block (images and tool blocks carry none).
+    pub fn texts(&self) -> impl Iterator<Item = &str> {
+        let (text, blocks) = match self {
+            Content::Text(text) => (Some(text.as_ref()), &[][..]),
+            Content::Blocks(blocks) => (None, &blocks[..]),
+        };
+        text.into_iter().chain(
+            blocks
                 .iter()
                 .filter(|block| block.kind.as_deref().is_none_or(|kind| kind == "text"))
-                .filter_map(|block| block.text.as_deref())
-                .map(|text| text.len() as u64)
-                .sum(),
-        }
+                .filter_map(|block| block.text.as_deref()),
+        )
+    }
+
+    /// Bytes of text this content carries (text blocks only; images and tool blocks count zero).
+    pub fn text_bytes(&self) -> u64 {
+        self.texts().map(|text| text.len() as u64).sum()
     }
 }
 
@@ -171,6 +181,40 @@ pub fn prompt_tokens(messages: &[Message<'_>], system: Option<&Content<'_>>) -> 
         message_count += 1;
     }
     tokens_for_bytes(text_bytes) + PROMPT_TOKENS_PER_MESSAGE * message_count
+}
+
+/// Stands in, in the prompt's cache stream, for the chat template's tokens around one message:
+/// [`PROMPT_TOKENS_PER_MESSAGE`] tokens of [`PROMPT_BYTES_PER_TOKEN`] bytes each. 0xFF never occurs
+/// in UTF-8, so no message text can imitate a message boundary.
+const MESSAGE_MARKER: [u8; (PROMPT_TOKENS_PER_MESSAGE * PROMPT_BYTES_PER_TOKEN) as usize] =
+    [0xFF; (PROMPT_TOKENS_PER_MESSAGE * PROMPT_BYTES_PER_TOKEN) as usize];
+
+/// The keys of a chat prompt's full prefix-cache blocks of `block_tokens` tokens each.
+///
+/// The simulator has no tokenizer: [`prompt_tokens`] estimates tokens from bytes. The blocks are
+/// cut from a byte stream that the same estimate counts exactly: for each message (an Anthropic
+/// `system` prompt first, where a chat template puts it) a [`MESSAGE_MARKER`] for the template's
+/// tokens, then the message's text. The stream is `16 × messages + text bytes` long, so
+/// `ceil(stream bytes / 4)` is [`prompt_tokens`], and a block of `block_tokens` tokens is
+/// `block_tokens × 4` bytes of it. An OpenAI request and its Anthropic translation make the same
+/// stream. Message roles are not part of it: the simulator does not read them.
+pub fn prompt_block_keys(
+    messages: &[Message<'_>],
+    system: Option<&Content<'_>>,
+    block_tokens: u64,
+) -> Vec<BlockKey> {
+    let mut hasher = BlockHasher::new(block_tokens.saturating_mul(PROMPT_BYTES_PER_TOKEN));
+    let contents = system
+        .map(Some)
+        .into_iter()
+        .chain(messages.iter().map(|message| message.content.as_ref()));
+    for content in contents {
+        hasher.write(&MESSAGE_MARKER);
+        for text in content.into_iter().flat_map(Content::texts) {
+            hasher.write(text.as_bytes());
+        }
+    }
+    hasher.finish()
 }
 
 /// Prompt tokens of embedding or rerank inputs: `ceil(total bytes / 4)`, no per-item overhead.
@@ -267,6 +311,65 @@ mod tests {
         let body = br#"{"model":"m","messages":[{"role":"user","content":"a\"b\n"}]}"#;
         let request: ChatRequest = serde_json::from_slice(body).unwrap();
         assert_eq!(prompt_tokens(&request.messages, None), 1 + 4);
+    }
+
+    #[test]
+    fn cache_stream_is_as_long_as_the_prompt_token_count() {
+        // With one-token blocks, every whole token of the stream is a block: a prompt whose text
+        // is a multiple of 4 bytes has as many blocks as prompt tokens, one tail token less
+        // otherwise.
+        let body = br#"{"model":"m","messages":[
+            {"role":"system","content":"12345678"},
+            {"role":"user","content":[{"type":"text","text":"abcd"},{"type":"image_url","image_url":{"url":"x"}}]}
+        ]}"#;
+        let request: ChatRequest = serde_json::from_slice(body).unwrap();
+        let tokens = prompt_tokens(&request.messages, None);
+        assert_eq!(
+            prompt_block_keys(&request.messages, None, 1).len() as u64,
+            tokens
+        );
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"abcde"}]}"#;
+        let request: ChatRequest = serde_json::from_slice(body).unwrap();
+        let tokens = prompt_tokens(&request.messages, None);
+        assert_eq!(
+            prompt_block_keys(&request.messages, None, 1).len() as u64,
+            tokens - 1
+        );
+        // A block of 4 tokens is 16 bytes: the 21-byte stream makes one whole block.
+        assert_eq!(prompt_block_keys(&request.messages, None, 4).len(), 1);
+    }
+
+    #[test]
+    fn anthropic_translation_makes_the_same_blocks() {
+        let openai = br#"{"model":"m","messages":[
+            {"role":"system","content":"be brief, be brief"},
+            {"role":"user","content":"hello there, how are you"}
+        ]}"#;
+        let anthropic = br#"{"model":"m","max_tokens":5,"system":"be brief, be brief",
+            "messages":[{"role":"user","content":[{"type":"text","text":"hello there, how are you"}]}]}"#;
+        let openai: ChatRequest = serde_json::from_slice(openai).unwrap();
+        let anthropic: MessagesRequest = serde_json::from_slice(anthropic).unwrap();
+        // 16 + 18 + 16 + 24 = 74 stream bytes: nine whole blocks of 2 tokens (8 bytes).
+        let openai_keys = prompt_block_keys(&openai.messages, None, 2);
+        assert_eq!(openai_keys.len(), 9);
+        assert_eq!(
+            prompt_block_keys(&anthropic.messages, anthropic.system.as_ref(), 2),
+            openai_keys
+        );
+    }
+
+    #[test]
+    fn message_boundaries_change_the_blocks() {
+        let split_early = br#"{"model":"m","messages":[{"content":"ab"},{"content":"cdef"}]}"#;
+        let split_late = br#"{"model":"m","messages":[{"content":"abcd"},{"content":"ef"}]}"#;
+        let split_early: ChatRequest = serde_json::from_slice(split_early).unwrap();
+        let split_late: ChatRequest = serde_json::from_slice(split_late).unwrap();
+        let early = prompt_block_keys(&split_early.messages, None, 1);
+        let late = prompt_block_keys(&split_late.messages, None, 1);
+        assert_eq!(early.len(), late.len());
+        // The first message's marker is shared; the blocks after it differ.
+        assert_eq!(early[..4], late[..4]);
+        assert_ne!(early[4], late[4]);
     }
 
     #[test]

@@ -7,8 +7,8 @@
 //! Error handling: handlers return [`SimError`]; [`handle`] is the only place it becomes a
 //! response, in the envelope of the endpoint's dialect.
 //!
-//! Performance: no per-request allocation beyond the request body, one response buffer and the
-//! response headers; model lookup is a scan of a handful of names; zero delays never touch the
+//! Performance: no per-request allocation beyond the request body, one response buffer, the
+//! response headers and, with prefix caching on, the prompt's block keys; model lookup is a scan of a handful of names; zero delays never touch the
 //! timer wheel.
 
 use std::convert::Infallible;
@@ -29,10 +29,11 @@ use tokio::net::TcpListener;
 use crate::simulated_engine::body::{GenerationStream, Pacing, SimBody};
 use crate::simulated_engine::engine::{ModelEngine, kv_usage_fraction};
 use crate::simulated_engine::error::{Dialect, SimError};
+use crate::simulated_engine::prefix_cache::BlockKey;
 use crate::simulated_engine::render::{self, Answer, StreamEvents};
 use crate::simulated_engine::request::{
-    ChatRequest, EmbeddingsRequest, MessagesRequest, RerankRequest, input_tokens, plan_output,
-    prompt_tokens,
+    ChatRequest, Content, EmbeddingsRequest, Message, MessagesRequest, RerankRequest, input_tokens,
+    plan_output, prompt_block_keys, prompt_tokens,
 };
 use crate::simulated_engine::{metrics, retrieval};
 
@@ -48,7 +49,10 @@ const KV_USAGE_NOT_PINNED: u64 = u64::MAX;
 #[derive(Debug)]
 pub struct SimState {
     pub models: Vec<ModelEngine>,
+    /// `--ttft` and `--itl`; each request adds its own prefill to the time to first token.
     pub pacing: Pacing,
+    /// Prefill time per prompt token not found in the prefix cache (`--prefill-per-token`).
+    pub prefill_per_token: Duration,
     /// Natural answer length in tokens (`--output-tokens`).
     pub output_tokens_natural: u64,
     /// Components per embedding vector (`--embedding-dim`).
@@ -70,12 +74,14 @@ impl SimState {
     pub fn new(
         models: Vec<ModelEngine>,
         pacing: Pacing,
+        prefill_per_token: Duration,
         output_tokens_natural: u64,
         embedding_dimension: usize,
     ) -> SimState {
         SimState {
             models,
             pacing,
+            prefill_per_token,
             output_tokens_natural,
             embedding_dimension,
             started_unix_seconds: unix_seconds_now(),
@@ -292,8 +298,24 @@ fn event_stream_response(body: SimBody) -> Response<SimBody> {
 struct GenerationAsk {
     model: &'static ModelEngine,
     prompt_tokens: u64,
+    /// The prompt's full prefix-cache blocks; empty when the model caches no prefixes.
+    prompt_blocks: Vec<BlockKey>,
     declared_max_tokens: Option<u64>,
     stream: bool,
+}
+
+/// The block keys of a chat prompt for `model`'s prefix cache, or none (no allocation) when the
+/// model does not cache prefixes.
+fn prompt_blocks_for(
+    model: &ModelEngine,
+    messages: &[Message<'_>],
+    system: Option<&Content<'_>>,
+) -> Vec<BlockKey> {
+    model
+        .prefix_cache_block_tokens()
+        .map_or_else(Vec::new, |block_tokens| {
+            prompt_block_keys(messages, system, block_tokens)
+        })
 }
 
 /// Shared by both chat dialects: queue for admission, then stream or generate the whole answer.
@@ -304,6 +326,15 @@ async fn generate(
     stream_events: impl FnOnce(&Answer<'static>) -> StreamEvents,
 ) -> Result<Response<SimBody>, SimError> {
     let mut generation = ask.model.admit(ask.prompt_tokens).await?;
+    // The cache is consulted at admission, as vLLM's scheduler does when it schedules a request:
+    // a request still queued neither finds nor leaves blocks.
+    let cached_tokens = ask
+        .model
+        .look_up_prefix(&ask.prompt_blocks, ask.prompt_tokens);
+    drop(ask.prompt_blocks);
+    let pacing = state
+        .pacing
+        .with_prefill(state.prefill_per_token, ask.prompt_tokens - cached_tokens);
     let answer = Answer {
         response_id: state.next_response_id(),
         created_unix_seconds: unix_seconds_now(),
@@ -313,12 +344,11 @@ async fn generate(
     };
     if ask.stream {
         let events = stream_events(&answer);
-        let stream = GenerationStream::new(generation, answer, events, state.pacing);
+        let stream = GenerationStream::new(generation, answer, events, pacing);
         return Ok(event_stream_response(SimBody::Stream(Box::new(stream))));
     }
     let output_tokens = answer.plan.output_tokens;
     if output_tokens > 0 {
-        let pacing = state.pacing;
         if !pacing.time_to_first_token.is_zero() {
             tokio::time::sleep(pacing.time_to_first_token).await;
         }
@@ -353,6 +383,7 @@ async fn chat_completions(
     let ask = GenerationAsk {
         model,
         prompt_tokens: prompt_tokens(&request.messages, None),
+        prompt_blocks: prompt_blocks_for(model, &request.messages, None),
         declared_max_tokens: request.declared_max_tokens(),
         stream: request.is_stream(),
     };
@@ -377,6 +408,7 @@ async fn messages(state: &'static SimState, body: Bytes) -> Result<Response<SimB
     let ask = GenerationAsk {
         model,
         prompt_tokens: prompt_tokens(&request.messages, request.system.as_ref()),
+        prompt_blocks: prompt_blocks_for(model, &request.messages, request.system.as_ref()),
         declared_max_tokens: Some(declared_max_tokens),
         stream: request.stream.unwrap_or(false),
     };

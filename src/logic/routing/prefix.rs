@@ -91,7 +91,7 @@ impl PrefixIndex {
             }
         }
         self.push_dropped(still, chain.len(), out);
-        out.sort_by(|a, b| b.1.cmp(&a.1));
+        out.sort_by_key(|(_, depth)| std::cmp::Reverse(*depth));
     }
 
     /// The agents of `slots` matched `depth` blocks (none when `depth` is 0).
