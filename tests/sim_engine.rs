@@ -645,17 +645,17 @@ fn prefix_cache_counts_queried_and_cached_tokens() {
         assert_eq!(response.status, 200);
         assert_eq!(response.json()["usage"]["prompt_tokens"], PROMPT_TOKENS);
     };
+    // Tokens looked up and tokens found, as the engine counts them.
+    let counts = |text: &str| {
+        (
+            metric(text, "vllm:prefix_cache_queries_total", "sim-model") as u64,
+            metric(text, "vllm:prefix_cache_hits_total", "sim-model") as u64,
+        )
+    };
 
     send(&long);
     let text = sim.metrics();
-    assert_eq!(
-        metric(&text, "vllm:prefix_cache_queries_total", "sim-model"),
-        PROMPT_TOKENS as f64
-    );
-    assert_eq!(
-        metric(&text, "vllm:prefix_cache_hits_total", "sim-model"),
-        0.0
-    );
+    assert_eq!(counts(&text), (PROMPT_TOKENS, 0));
     // Nothing was cached, so the first token waited at least 87 × 1 ms, above the 80 ms bucket.
     // Only this lower bound is checked: a sleep never ends early, so it cannot flake.
     assert_eq!(ttft_bucket(&text, "0.08", "sim-model"), 0);
@@ -664,28 +664,14 @@ fn prefix_cache_counts_queried_and_cached_tokens() {
     // The same prompt again finds its 5 whole blocks.
     send(&long);
     let text = sim.metrics();
-    assert_eq!(
-        metric(&text, "vllm:prefix_cache_queries_total", "sim-model"),
-        (2 * PROMPT_TOKENS) as f64
-    );
-    assert_eq!(
-        metric(&text, "vllm:prefix_cache_hits_total", "sim-model"),
-        (5 * BLOCK_TOKENS) as f64
-    );
+    assert_eq!(counts(&text), (2 * PROMPT_TOKENS, 5 * BLOCK_TOKENS));
 
     // A prompt sharing only its first 165 bytes of text: 16 + 165 = 181 stream bytes in common,
     // which cover 2 whole blocks; the third block holds the first different byte.
     let half = format!("{}{}", "a".repeat(165), "b".repeat(165));
     send(&half);
     let text = sim.metrics();
-    assert_eq!(
-        metric(&text, "vllm:prefix_cache_queries_total", "sim-model"),
-        (3 * PROMPT_TOKENS) as f64
-    );
-    assert_eq!(
-        metric(&text, "vllm:prefix_cache_hits_total", "sim-model"),
-        ((5 + 2) * BLOCK_TOKENS) as f64
-    );
+    assert_eq!(counts(&text), (3 * PROMPT_TOKENS, (5 + 2) * BLOCK_TOKENS));
 }
 
 #[test]

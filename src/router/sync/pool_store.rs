@@ -13,6 +13,26 @@
 //! `pools`), by each script's SHA1 (`EVALSHA`, with the text again after `NOSCRIPT`:
 //! `sync::store::scripts`).
 
+/// The scripts' reader of a varint (`sync::entry::put_varint`'s format: 7-bit groups, least
+/// significant first), the head of each script text that reads a packed argument.
+macro_rules! lua_varint {
+    () => {
+        r#"
+local function varint(blob, at)
+  local value, scale = 0, 1
+  while true do
+    local byte = string.byte(blob, at)
+    at = at + 1
+    if byte < 128 then return value + byte * scale, at end
+    value = value + (byte - 128) * scale
+    scale = scale * 128
+  end
+end
+"#
+    };
+}
+pub(crate) use lua_varint;
+
 /// The grant, atomically in the store. KEYS: the pool hash, the epoch key, the set of pools
 /// (every pool a router may hold in, for [`RELEASE`]). ARGV: router ID, run,
 /// the epoch the router knows, want, budget. Returns `{granted, held}`, or `{-1, 0}` when the
@@ -58,17 +78,9 @@ return {granted, mine_held + granted}
 /// pools took 416 KiB a round that way, 114 KiB with each pool's key and numbers as arguments of
 /// one call, and about 14 bytes a pool packed
 /// (`perf/notes/2026-12-05-b4-share-pools-round-bytes.md`).
-pub const ROUND: &str = r#"
-local function varint(blob, at)
-  local value, scale = 0, 1
-  while true do
-    local byte = string.byte(blob, at)
-    at = at + 1
-    if byte < 128 then return value + byte * scale, at end
-    value = value + (byte - 128) * scale
-    scale = scale * 128
-  end
-end
+pub const ROUND: &str = concat!(
+    lua_varint!(),
+    r#"
 local epoch_ok = redis.call('GET', KEYS[1]) == ARGV[3]
 local run = tonumber(ARGV[2])
 local prefix, blob = ARGV[4], ARGV[5]
@@ -114,7 +126,8 @@ while at <= #blob do
   out[#out + 1] = redis.call('HGETALL', pool)
 end
 return out
-"#;
+"#
+);
 
 /// Takes a router's holdings back from every pool of the site (a clean shutdown, or the others
 /// giving it up), unless a newer run holds them; pools left empty leave the set, so it holds at

@@ -36,7 +36,7 @@ use std::sync::LazyLock;
 use crate::base::ids::TenantId;
 use crate::logic::snapshot::ModelKey;
 use crate::router::sync::entry::put_varint;
-use crate::router::sync::pool_store;
+use crate::router::sync::pool_store::{self, lua_varint};
 use crate::router::sync::round::DailyWrite;
 
 /// A script and the SHA1 the store knows it by.
@@ -106,17 +106,9 @@ pub fn noscript_error(error: &redis::RedisError) -> bool {
 /// ID of the last entry added (false when none was), the asked levels in units, in order, and
 /// the levels of the tracked buckets the entries used without asking, as field, level pairs.
 /// Each entry is added with a field `l` beside its usage `u`: its rate usage is in the levels.
-const USAGE_CODE: &str = r#"
-local function varint(blob, at)
-  local value, scale = 0, 1
-  while true do
-    local byte = string.byte(blob, at)
-    at = at + 1
-    if byte < 128 then return value + byte * scale, at end
-    value = value + (byte - 128) * scale
-    scale = scale * 128
-  end
-end
+const USAGE_CODE: &str = concat!(
+    lua_varint!(),
+    r#"
 -- Two hex digits per byte, looked up: a string.format per total cost the store an eighth more.
 local hex = {}
 for i = 0, 255 do hex[i] = string.format('%02x', i) end
@@ -436,7 +428,8 @@ if #out > 0 then redis.call('EXPIRE', KEYS[2], levels_ttl) end
 -- Last: the heartbeat says this router is live only beside the usage it published.
 redis.call('HSET', KEYS[#KEYS], router, heartbeat)
 return {newest, answers, published}
-"#;
+"#
+);
 
 /// The largest amount the script adds exactly: Lua's numbers are doubles. No day's tokens come
 /// near it; a total past it is written as this (the budget refuses long before).
