@@ -174,8 +174,8 @@ impl Round {
         {
             inherited.raise_others(&self.settings.router_id, day.0, &mut records);
         }
-        // Near midnight, what the others counted of the next day: the shards' budgets that
-        // already count it take it (`Quotas::restore`).
+        // Near midnight, what the others counted of the next day: it starts that day on the
+        // shards' budgets, as their usage of it does (`Quotas::restore`).
         if let Some((next, (mut next_fields, next_memory))) = ahead_read {
             self.ledger.raise_to_known(next.0, &mut next_fields);
             records.extend(round::daily_records(
