@@ -34,6 +34,10 @@ const OUTPUT_TOKENS: &str = "4";
 // ---------------------------------------------------------------------------------------------
 // A site of routers
 
+/// The longest a test here counts a daily budget, start-up included: it starts clear of
+/// midnight by that much (`common::clear_of_midnight`).
+const DAILY_TEST_SPAN: Duration = Duration::from_secs(180);
+
 /// One key of the test's `auth.yaml`. Its owner is named after it: quota buckets belong to the
 /// key's owner, so keys that must not share buckets must not share an owner.
 struct Key {
@@ -374,6 +378,7 @@ fn refill(per_minute: u64, elapsed: Duration) -> u64 {
 
 #[test]
 fn one_key_over_three_routers_stays_within_its_rpm() {
+    common::clear_of_midnight(DAILY_TEST_SPAN);
     const RPM: u64 = 30;
     const BUDGET: u64 = 600;
     let valkey = Valkey::primary();
@@ -546,6 +551,7 @@ fn store_stopped_each_router_enforces_its_share() {
 
 #[test]
 fn a_restarted_router_counts_nothing_twice() {
+    common::clear_of_midnight(DAILY_TEST_SPAN);
     const BUDGET: u64 = 100_000;
     let valkey = Valkey::primary();
     let auth = auth_file("restart", &[key("sk-daily-restart", &daily(BUDGET))]);
@@ -622,6 +628,7 @@ fn a_restarted_router_counts_nothing_twice() {
 /// simulation spent up to a router's share of a daily budget more.
 #[test]
 fn a_router_that_crashes_in_an_outage_leaves_its_usage_in_its_journal() {
+    common::clear_of_midnight(DAILY_TEST_SPAN);
     const KEY: &str = "sk-daily-journal";
     let mut valkey = Valkey::primary_with(ValkeyOptions::new().aof());
     let auth = auth_file("journal", &[key(KEY, &daily(100_000))]);
@@ -793,6 +800,7 @@ fn an_agent_given_one_router_reaches_all_three() {
 
 #[test]
 fn a_key_with_a_daily_budget_is_refused_while_totals_cannot_be_read() {
+    common::clear_of_midnight(DAILY_TEST_SPAN);
     const RPM: u64 = 1_200;
     let mut valkey = Valkey::primary();
     valkey.kill();
@@ -837,6 +845,7 @@ fn a_key_with_a_daily_budget_is_refused_while_totals_cannot_be_read() {
 /// already charged. Before the fix, the second router held an owner holder per key.
 #[test]
 fn keys_served_elsewhere_cost_no_holder_and_are_charged_when_served_here() {
+    common::clear_of_midnight(DAILY_TEST_SPAN);
     const KEYS: usize = 100;
     const BUDGET: u64 = 1_000_000;
     let raws: Vec<&'static str> = (0..KEYS)
@@ -913,6 +922,7 @@ fn keys_served_elsewhere_cost_no_holder_and_are_charged_when_served_here() {
 /// third, and it spent far more (the issue measured 798 of 900).
 #[test]
 fn cut_off_a_router_spends_its_third_of_the_daily_budget_left() {
+    common::clear_of_midnight(DAILY_TEST_SPAN);
     const BUDGET: u64 = 900;
     const KEY: &str = "sk-daily-outage";
     let mut valkey = Valkey::primary();
@@ -1032,6 +1042,7 @@ fn three_routers_under_sustained_load_admit_the_rate_and_each_its_part() {
 /// neither the overshoot nor the split.
 #[test]
 fn three_routers_under_sustained_load_spend_the_daily_budget_and_each_its_part() {
+    common::clear_of_midnight(DAILY_TEST_SPAN);
     const BUDGET: u64 = 60_000;
     const KEY: &str = "sk-daily-sustained";
     let valkey = Valkey::primary();

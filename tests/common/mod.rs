@@ -857,6 +857,22 @@ fn start_router(dir: &Path, options: &Options, shards: usize) -> (Proc, RouterPo
     panic!("router could not find free ports\n{last_log}");
 }
 
+/// Returns once the rest of the UTC day is longer than `span`, waiting for the new day when it
+/// is not: a test that counts a daily budget for `span` would see the budget start again at
+/// midnight midway (a run across midnight counted two days' budgets against one).
+pub fn clear_of_midnight(span: Duration) {
+    loop {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("the clock is after 1970");
+        let left = Duration::from_secs(86_400 - now.as_secs() % 86_400);
+        if left > span {
+            return;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(500)));
+    }
+}
+
 /// Polls `probe` every [`POLL_INTERVAL`] until it returns `Some` or `deadline` passes.
 pub fn poll<T>(deadline: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
     let start = Instant::now();

@@ -513,23 +513,7 @@ impl Round {
         if std::mem::take(&mut self.rewrite_daily) {
             self.shared.broadcast(|| ControlToShard::RewriteDaily).await;
         }
-        if let Some(holder) = self.stepped_down.clone() {
-            if leaving {
-                return Err(RoundFailure::SteppedDown(holder));
-            }
-            let now_holder = self
-                .store
-                .claim(&self.claim_value, self.claim_ttl.as_millis() as u64)
-                .await?;
-            if let Some(other) = claim::other_holder(&self.claim_value, now_holder.as_deref()) {
-                self.stepped_down = Some(other.to_owned());
-                return Err(RoundFailure::SteppedDown(other.to_owned()));
-            }
-            tracing::info!(router_id = %self.settings.router_id, "the other process under this --router-id stopped: this one holds the ID again and shares limits with the site");
-            self.stepped_down = None;
-            self.metrics.router_id_conflict.store(0, Ordering::Relaxed);
-            self.resync = true;
-        }
+        self.claim_back(leaving).await?;
         // The views count the entries up to the cursor; a resync's read moves it.
         let views_after = self.cursor;
         if self.resync || self.resync_rounds > 0 {
@@ -649,52 +633,9 @@ impl Round {
         if !leaving {
             self.shared.agents_published(&sessions).await;
         }
-        // The pools, on their own: a refused script costs credits, not the round.
-        let pools = self.credits.pool_writes(self.epoch.as_deref(), leaving);
-        let pools_read = self.store.pools(&pools).await;
-        drop(pools);
-        let pool_reads = match pools_read {
-            Ok(read) => {
-                match &read.refused {
-                    Some(error) => self.refused(Refused::Pools, error),
-                    None => self.pools_written = true,
-                }
-                read.pools
-            }
-            Err(error) => {
-                if refused_permission(&error) {
-                    self.refused(Refused::Pools, &error);
-                } else {
-                    self.metrics
-                        .credit_errors_total
-                        .fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(%error, "the occupancy pools' step of the round failed");
-                }
-                Vec::new()
-            }
-        };
-        // Before the epoch below is taken as known: the pools' views need to tell a new one.
-        self.after_pools(now_ms, &reads.epoch, &pool_reads).await;
-        if self
-            .epoch
-            .as_ref()
-            .is_some_and(|epoch| *epoch != reads.epoch)
-        {
-            // A new epoch: the store lost its data (restarted empty, or a failover to a replica
-            // that had not synced). Today's totals are read again and this router's written again,
-            // whole.
-            tracing::warn!(
-                "the sync store lost its data: reading today's totals again and writing this router's again"
-            );
-            self.shared.broadcast(|| ControlToShard::RewriteDaily).await;
-            self.ledger.lost();
-            self.remember_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
-            self.resync = true;
-            self.resync_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
-            // The other routers' records went with it: they age into silence as they were.
-            self.sightings.store_lost_data();
-        }
-        self.epoch = Some(reads.epoch.clone());
+        // Before the epoch is taken as known: the pools' views need to tell a new one.
+        self.pools_step(now_ms, leaving, &reads.epoch).await;
+        self.take_epoch(&reads.epoch).await;
         // XRANGE answers in stream order: the last entry is the newest. This round's own entries
         // follow it with nothing between, when they were added in the read's transaction.
         let newest = reads
@@ -709,15 +650,7 @@ impl Round {
                 .map(|(id, text)| (id.as_str(), text.as_str())),
             now_ms,
         );
-        if !roster.newly_malformed.is_empty() {
-            self.metrics
-                .malformed_records_total
-                .fetch_add(roster.newly_malformed.len() as u64, Ordering::Relaxed);
-            tracing::warn!(
-                routers = ?roster.newly_malformed,
-                "ignoring router records in the sync store this router cannot read (a newer version, or a writer that is not a router of this site)"
-            );
-        }
+        self.note_malformed(&roster.newly_malformed);
         let mut records = roster.records;
         self.resolve_agent_lists(&mut records).await;
         let reports = self.shared.agent_reports();
@@ -748,9 +681,31 @@ impl Round {
         for (router, run) in given_up {
             self.reclaim(&router, run).await;
         }
-        // Records of routers gone for over an hour (silent, or left) are removed; a router that
-        // left more recently keeps its record, which says it left. Age is this router's reading
-        // ([`site::Record::age_ms`]), so a record dated in the future goes too.
+        self.forget_gone(&records).await;
+        if leaving {
+            self.say_left(heartbeat).await;
+        }
+        Ok(peers)
+    }
+
+    /// Router records this router could not read for the first time: counted and logged once.
+    fn note_malformed(&self, newly_malformed: &[String]) {
+        if newly_malformed.is_empty() {
+            return;
+        }
+        self.metrics
+            .malformed_records_total
+            .fetch_add(newly_malformed.len() as u64, Ordering::Relaxed);
+        tracing::warn!(
+            routers = ?newly_malformed,
+            "ignoring router records in the sync store this router cannot read (a newer version, or a writer that is not a router of this site)"
+        );
+    }
+
+    /// Removes the records of routers gone for over an hour (silent, or left); a router that
+    /// left more recently keeps its record, which says it left. Age is this router's reading
+    /// ([`site::Record::age_ms`]), so a record dated in the future goes too.
+    async fn forget_gone(&mut self, records: &[site::Record]) {
         let gone: Vec<String> = records
             .iter()
             .filter(|record| {
@@ -764,18 +719,19 @@ impl Round {
         {
             self.refused(Refused::Forget, &error);
         }
-        if leaving {
-            let left = Heartbeat {
-                left: true,
-                ..heartbeat
-            };
-            let left = serde_json::to_string(&left).expect("a heartbeat serializes");
-            if let Err(error) = self.store.write_heartbeat(&left).await {
-                // The others see this router silent and keep its part a while: the safe side.
-                tracing::warn!(%error, "the last round went through but the heartbeat saying this router left did not: the others count it silent");
-            }
+    }
+
+    /// The last round went through: its heartbeat, written again, says this router left.
+    async fn say_left(&mut self, heartbeat: Heartbeat) {
+        let left = Heartbeat {
+            left: true,
+            ..heartbeat
+        };
+        let left = serde_json::to_string(&left).expect("a heartbeat serializes");
+        if let Err(error) = self.store.write_heartbeat(&left).await {
+            // The others see this router silent and keep its part a while: the safe side.
+            tracing::warn!(%error, "the last round went through but the heartbeat saying this router left did not: the others count it silent");
         }
-        Ok(peers)
     }
 
     /// This router's field of a daily budget in the store (`round::daily_field`) and the

@@ -161,4 +161,33 @@ impl Round {
             .broadcast(|| ControlToShard::Credits(CreditNews::OthersShort(short.clone())))
             .await;
     }
+
+    /// The occupancy pools' step, after the round's transaction and on its own: a refused
+    /// script costs credits, not the round. `epoch` is the store's, as the round read it.
+    pub(super) async fn pools_step(&mut self, now_ms: u64, leaving: bool, epoch: &str) {
+        let pools = self.credits.pool_writes(self.epoch.as_deref(), leaving);
+        let pools_read = self.store.pools(&pools).await;
+        drop(pools);
+        let pool_reads = match pools_read {
+            Ok(read) => {
+                match &read.refused {
+                    Some(error) => self.refused(Refused::Pools, error),
+                    None => self.pools_written = true,
+                }
+                read.pools
+            }
+            Err(error) => {
+                if refused_permission(&error) {
+                    self.refused(Refused::Pools, &error);
+                } else {
+                    self.metrics
+                        .credit_errors_total
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(%error, "the occupancy pools' step of the round failed");
+                }
+                Vec::new()
+            }
+        };
+        self.after_pools(now_ms, epoch, &pool_reads).await;
+    }
 }

@@ -117,4 +117,23 @@ impl Round {
             .store_read_bytes_total
             .store(self.store.read_bytes(), Ordering::Relaxed);
     }
+
+    /// Takes the store's epoch as known. A new one means the store lost its data (restarted
+    /// empty, or a failover to a replica that had not synced): today's totals are read again
+    /// and this router's written again, whole.
+    pub(super) async fn take_epoch(&mut self, epoch: &str) {
+        if self.epoch.as_deref().is_some_and(|known| known != epoch) {
+            tracing::warn!(
+                "the sync store lost its data: reading today's totals again and writing this router's again"
+            );
+            self.shared.broadcast(|| ControlToShard::RewriteDaily).await;
+            self.ledger.lost();
+            self.remember_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
+            self.resync = true;
+            self.resync_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
+            // The other routers' records went with it: they age into silence as they were.
+            self.sightings.store_lost_data();
+        }
+        self.epoch = Some(epoch.to_owned());
+    }
 }

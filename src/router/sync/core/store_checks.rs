@@ -6,9 +6,9 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{Refused, Round};
+use super::{Refused, Round, RoundFailure};
 use crate::base::clock::now_unix_ms;
-use crate::router::sync::claim::{AtStart, Decision};
+use crate::router::sync::claim::{self, AtStart, Decision};
 
 /// How often a start-up reads a claim another process holds, while it waits for it to expire.
 const CLAIM_POLL: Duration = Duration::from_millis(100);
@@ -125,5 +125,29 @@ impl Round {
         } else {
             tracing::debug!(%error, ?part, "the sync store refused a command (permission)");
         }
+    }
+
+    /// A process that stepped down from its router ID (another held it) claims it again once
+    /// the other stopped; until then, and in a leaving round, the round fails as stepped down.
+    pub(super) async fn claim_back(&mut self, leaving: bool) -> Result<(), RoundFailure> {
+        let Some(holder) = self.stepped_down.clone() else {
+            return Ok(());
+        };
+        if leaving {
+            return Err(RoundFailure::SteppedDown(holder));
+        }
+        let now_holder = self
+            .store
+            .claim(&self.claim_value, self.claim_ttl.as_millis() as u64)
+            .await?;
+        if let Some(other) = claim::other_holder(&self.claim_value, now_holder.as_deref()) {
+            self.stepped_down = Some(other.to_owned());
+            return Err(RoundFailure::SteppedDown(other.to_owned()));
+        }
+        tracing::info!(router_id = %self.settings.router_id, "the other process under this --router-id stopped: this one holds the ID again and shares limits with the site");
+        self.stepped_down = None;
+        self.metrics.router_id_conflict.store(0, Ordering::Relaxed);
+        self.resync = true;
+        Ok(())
     }
 }
