@@ -373,37 +373,20 @@ impl ModelRoutes {
     /// available signal across healthy agents serving the requested model"); `None` where no
     /// agent reports it.
     pub fn pool_signals(&self) -> EngineSignals {
-        fn average(values: impl Iterator<Item = f64>) -> Option<f64> {
-            let (sum, count) =
-                values.fold((0.0, 0u32), |(sum, count), value| (sum + value, count + 1));
+        let average = |signal: fn(&EngineSignals) -> Option<f64>| {
+            let (sum, count) = self
+                .agents
+                .iter()
+                .filter_map(|load| signal(&load.engine))
+                .fold((0.0, 0u32), |(sum, count), value| (sum + value, count + 1));
             (count > 0).then(|| sum / f64::from(count))
-        }
+        };
         EngineSignals {
-            kv_cache_utilization: average(
-                self.agents
-                    .iter()
-                    .filter_map(|load| load.engine.kv_cache_utilization),
-            ),
-            running_requests: average(
-                self.agents
-                    .iter()
-                    .filter_map(|load| load.engine.running_requests),
-            ),
-            waiting_requests: average(
-                self.agents
-                    .iter()
-                    .filter_map(|load| load.engine.waiting_requests),
-            ),
-            avg_ttft_seconds: average(
-                self.agents
-                    .iter()
-                    .filter_map(|load| load.engine.avg_ttft_seconds),
-            ),
-            avg_itl_seconds: average(
-                self.agents
-                    .iter()
-                    .filter_map(|load| load.engine.avg_itl_seconds),
-            ),
+            kv_cache_utilization: average(|engine| engine.kv_cache_utilization),
+            running_requests: average(|engine| engine.running_requests),
+            waiting_requests: average(|engine| engine.waiting_requests),
+            avg_ttft_seconds: average(|engine| engine.avg_ttft_seconds),
+            avg_itl_seconds: average(|engine| engine.avg_itl_seconds),
         }
     }
 

@@ -34,10 +34,10 @@ pub const RESYNC_ROUNDS_AFTER_LOSS: u32 = 5;
 /// own day only, it missed what a data loss took from the stream and the others wrote again in
 /// their totals of the new day (`sync::simulation`, seed 4,818: 1,017 tokens).
 pub fn days_to_read(wall_ms: u64) -> (Day, Option<Day>) {
-    const MS_PER_DAY: u64 = 86_400_000;
-    let day = Day((wall_ms / MS_PER_DAY) as u32);
-    let to_midnight = MS_PER_DAY - wall_ms % MS_PER_DAY;
-    let next = (to_midnight <= super::site::CLOCKS_DIFFER_BY_AT_MOST_MS).then(|| Day(day.0 + 1));
+    let seconds = wall_ms / 1000;
+    let day = Day::from_unix_seconds(seconds);
+    let to_midnight_ms = u64::from(Day::seconds_until_next(seconds)) * 1000 - wall_ms % 1000;
+    let next = (to_midnight_ms <= super::site::CLOCKS_DIFFER_BY_AT_MOST_MS).then(|| Day(day.0 + 1));
     (day, next)
 }
 

@@ -258,12 +258,8 @@ impl Persistence {
             return;
         };
         waiting.retain(|(model, tokens, others)| {
-            let model = match model {
-                None => None,
-                Some(key) => match snapshot.lookup(&key.name, key.capability) {
-                    Some(entry) => Some(entry.id),
-                    None => return true,
-                },
+            let Some(model) = served_model(snapshot, model.as_ref()) else {
+                return true;
             };
             let applied = if *others {
                 limits.set_others_daily(model, day, *tokens)
@@ -275,6 +271,17 @@ impl Persistence {
         if waiting.is_empty() {
             self.restored.remove(&tenant);
         }
+    }
+}
+
+/// A daily total's model as this router's id: `Some(None)` for the key's flat budget,
+/// `Some(Some(id))` for a model served here, `None` for a model not served (yet).
+fn served_model(snapshot: &RoutingSnapshot, model: Option<&ModelKey>) -> Option<Option<ModelId>> {
+    match model {
+        None => Some(None),
+        Some(key) => snapshot
+            .lookup(&key.name, key.capability)
+            .map(|entry| Some(entry.id)),
     }
 }
 
@@ -409,12 +416,8 @@ impl Quotas {
             let Some(holder) = self.holders.get_mut(&record.tenant) else {
                 continue;
             };
-            let model = match &record.model {
-                None => None,
-                Some(key) => match snapshot.lookup(&key.name, key.capability) {
-                    Some(entry) => Some(entry.id),
-                    None => continue,
-                },
+            let Some(model) = served_model(snapshot, record.model.as_ref()) else {
+                continue;
             };
             holder
                 .limits
