@@ -922,12 +922,35 @@ fn keys_served_elsewhere_cost_no_holder_and_are_charged_when_served_here() {
 /// third, and it spent far more (the issue measured 798 of 900).
 #[test]
 fn cut_off_a_router_spends_its_third_of_the_daily_budget_left() {
+    cut_off_router_spends_its_third(Lateness::OnTime);
+}
+
+/// Router 2 is late at the round of router 0's request (stopped for a moment, as on a loaded
+/// machine), on time at every round after it and at the outage's start. Router 0's third is of
+/// what was left: it held router 2's part back from its last admission's round through the
+/// outage, minutes later, and spent 187 tokens of its 289 (CI saw it twice).
+#[test]
+fn a_router_late_at_the_keys_last_admission_and_on_time_since_costs_nothing_in_an_outage() {
+    cut_off_router_spends_its_third(Lateness::AtRouter0sRequest);
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lateness {
+    OnTime,
+    AtRouter0sRequest,
+}
+
+fn cut_off_router_spends_its_third(lateness: Lateness) {
     common::clear_of_midnight(DAILY_TEST_SPAN);
     const BUDGET: u64 = 900;
     const KEY: &str = "sk-daily-outage";
     let mut valkey = Valkey::primary();
-    let auth = auth_file("daily-outage", &[key(KEY, &daily(BUDGET))]);
-    let routers = Plan::new("daily-outage", auth, &valkey.addr()).start_all(ROUTERS);
+    let name = match lateness {
+        Lateness::OnTime => "daily-outage",
+        Lateness::AtRouter0sRequest => "daily-outage-late",
+    };
+    let auth = auth_file(name, &[key(KEY, &daily(BUDGET))]);
+    let routers = Plan::new(name, auth, &valkey.addr()).start_all(ROUTERS);
     wait_site_up(&routers);
     // Past a new run's first rounds, which cannot tell a silent router from a live one: a run
     // that loses the store then leaves the others their part of the whole budget.
@@ -936,7 +959,13 @@ fn cut_off_a_router_spends_its_third_of_the_daily_budget_left() {
     }
     let cost = |response: &Response| response.json()["usage"]["total_tokens"].as_u64().unwrap();
     let mut before = 0;
-    for router in &routers {
+    if lateness == Lateness::AtRouter0sRequest {
+        routers[2].router.signal("STOP");
+        routers[0].wait_metric("hivenet_sync_late_routers", |late| late == 1.0);
+    }
+    before += cost(&post_ok(&routers[0], KEY));
+    routers[2].router.signal("CONT");
+    for router in &routers[1..] {
         before += cost(&post_ok(router, KEY));
     }
     for index in 0..ROUTERS {
@@ -945,8 +974,8 @@ fn cut_off_a_router_spends_its_third_of_the_daily_budget_left() {
     // A router late at the last round before the outage (its record unchanged for an interval,
     // as on a loaded machine) keeps its part of the most that was left over the last rounds, the
     // whole 900 before the three requests included, and router 0's third is of the rest
-    // (`limits::daily`: CI saw 187 of 289). The store goes at a round where router 0 counts
-    // none late.
+    // (`limits::daily`). The store goes at a round where router 0 counts none late, most often;
+    // a round can still slip in before it goes, and the gauge says what the outage holds back.
     routers[0].wait_metric("hivenet_sync_late_routers", |late| late == 0.0);
     assert_eq!(
         routers[0].router_metric("hivenet_sync_unlisted_routers"),
@@ -970,16 +999,22 @@ fn cut_off_a_router_spends_its_third_of_the_daily_budget_left() {
         largest = largest.max(tokens);
         assert!(spent < BUDGET, "router 0 spent {spent}, the whole budget");
     }
-    let third = (BUDGET - before) / ROUTERS as u64;
-    eprintln!("cut off, router 0 spent {spent} tokens; its third of what was left is {third}");
-    assert!(
-        spent <= third + largest,
-        "router 0 spent {spent} tokens alone; its third of the {} left is {third}",
-        BUDGET - before
+    let left = BUDGET - before;
+    let third = left / ROUTERS as u64;
+    let late = routers[0].router_metric("hivenet_sync_late_routers") as u64;
+    let held_for_late = (BUDGET * late).div_ceil(ROUTERS as u64);
+    let least = left.saturating_sub(held_for_late) / ROUTERS as u64;
+    eprintln!(
+        "cut off, router 0 spent {spent} tokens; its third of what was left is {third}, \
+         {late} late router(s) at the last round"
     );
     assert!(
-        spent + largest >= third,
-        "router 0 spent only {spent} of its {third}"
+        spent <= third + largest,
+        "router 0 spent {spent} tokens alone; its third of the {left} left is {third}"
+    );
+    assert!(
+        spent + largest >= least,
+        "router 0 spent only {spent} of its {least} ({late} late)"
     );
 }
 

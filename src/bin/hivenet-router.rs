@@ -336,6 +336,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             hivenet_router::logic::limits::Share::Alone {
                 since: 0,
                 routers: sync.min_routers,
+                late: 0,
             },
         )
     });

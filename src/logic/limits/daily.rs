@@ -191,7 +191,7 @@ impl Silence {
                 }
                 self.routers = silent;
             }
-            Share::Alone { since, routers } => {
+            Share::Alone { since, routers, .. } => {
                 if self.outage.is_none_or(|outage| outage.since != since) {
                     self.outage = Some(Outage {
                         since,
@@ -216,13 +216,17 @@ impl Silence {
             Share::Shared { .. } => {}
         }
         // A late router may have been cut off just after its last record, within the last
-        // rounds, and spend its part of what was left then unseen (`Share::for_daily`).
-        if let Share::Shared {
-            live, silent, late, ..
-        } = share
-        {
-            let then = if self.witnessed { left_then } else { limit };
-            self.late = parts(then, late, live.max(1).saturating_add(silent));
+        // rounds, and spend its part of what was left then unseen (`Share::for_daily`). Through
+        // an outage, the routers late at the last round the store answered: a router late at
+        // this budget's last admission minutes before, on time since, has published what it
+        // spent (kept, router 0 of `tests/shared_limits.rs` spent 187 tokens of its 289 alone).
+        let then = if self.witnessed { left_then } else { limit };
+        match share {
+            Share::Shared {
+                live, silent, late, ..
+            } => self.late = parts(then, late, live.max(1).saturating_add(silent)),
+            Share::Alone { routers, late, .. } => self.late = parts(then, late, routers),
+            Share::Whole => {}
         }
         // Kept whole, used up to what is left: capped as it was set, the part of two silent
         // routers was halved for the one left silent when the other came back, where its own

@@ -56,8 +56,10 @@ pub enum Share {
     /// The store has been unreachable for three sync intervals, or has not answered yet: this
     /// router alone enforces `limit / routers` of each rate limit, and of each daily budget at
     /// most what was left when it lost the store, less what it left to silent routers then,
-    /// divided by `routers` (counted from the round `since`, when the outage began).
-    Alone { since: u32, routers: u32 },
+    /// divided by `routers` (counted from the round `since`, when the outage began). `late`:
+    /// the late routers of that last round the store answered (`Shared`'s `late`), whose part
+    /// of each daily budget stays held back through the outage.
+    Alone { since: u32, routers: u32, late: u32 },
 }
 
 impl Share {
@@ -94,7 +96,7 @@ impl Share {
                 divisor: u64::from(live),
                 refills: false,
             }),
-            Share::Alone { since, routers } if routers > 1 => Some(Split {
+            Share::Alone { since, routers, .. } if routers > 1 => Some(Split {
                 round: since,
                 divisor: u64::from(routers),
                 refills: true,
@@ -165,7 +167,7 @@ impl Share {
                 divisor: u64::from(live),
                 refills: false,
             }),
-            Share::Alone { since, routers } => (routers > 1).then_some(Split {
+            Share::Alone { since, routers, .. } => (routers > 1).then_some(Split {
                 round: since,
                 divisor: u64::from(routers),
                 refills: false,
@@ -427,6 +429,7 @@ mod tests {
         let share = Share::Alone {
             since: 3,
             routers: 4,
+            late: 0,
         };
         assert_eq!(
             share.rate_scale(),

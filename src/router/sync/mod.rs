@@ -62,7 +62,7 @@ pub struct SyncMetrics {
     /// What of each limit is left to silent routers, in millionths (`silent / (live + silent)`).
     pub silent_share_ppm: AtomicI64,
     /// Live routers that missed their last heartbeat (`Share::Shared`'s `late`): daily budgets
-    /// leave them their part, as they do silent routers'.
+    /// leave them their part, as they do silent routers'. Kept through an outage, as that part is.
     pub late_routers: AtomicI64,
     /// Router records in the store this router could not read, each bad value once.
     pub malformed_records_total: AtomicU64,
@@ -146,10 +146,13 @@ impl SyncMetrics {
             _ => (0, 0),
         };
         let (late, unlisted) = match share {
-            Share::Shared { late, unlisted, .. } => (late, unlisted),
-            _ => (0, 0),
+            Share::Shared { late, unlisted, .. } => (i64::from(late), unlisted),
+            // Daily budgets keep the late routers' part of the last round the store answered
+            // through the outage that follows (`limits::daily`): so does the gauge.
+            Share::Alone { .. } => (self.late_routers.load(Ordering::Relaxed), 0),
+            Share::Whole => (0, 0),
         };
-        self.late_routers.store(i64::from(late), Ordering::Relaxed);
+        self.late_routers.store(late, Ordering::Relaxed);
         self.unlisted_routers
             .store(i64::from(unlisted), Ordering::Relaxed);
         self.silent_routers

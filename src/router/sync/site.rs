@@ -562,9 +562,10 @@ impl Health {
         match &self.last {
             // A failed round keeps the last round's number: no new allowance without news.
             Some(peers) if self.failures < MISSED_ROUNDS => self.shared(self.round, peers),
-            _ => Share::Alone {
+            last => Share::Alone {
                 since: self.outage_since,
                 routers: self.last_seen.max(self.min_routers),
+                late: last.as_ref().map_or(0, |peers| peers.late),
             },
         }
     }

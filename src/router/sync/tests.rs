@@ -206,6 +206,7 @@ fn a_router_alone_enforces_its_share_of_the_rate_over_time() {
     let share = Share::Alone {
         since: 5,
         routers: 3,
+        late: 0,
     };
     let mut router = site(1, 600, 0).pop().unwrap();
     let mut admitted = 0u64;
@@ -276,4 +277,35 @@ proptest! {
         let bound = per_day * 2 + traffic.len() as u64 * routers as u64 * largest;
         prop_assert!(spent <= bound, "spent {} > {}", spent, bound);
     }
+}
+
+/// The late routers' part of each daily budget is held back through an outage that follows the
+/// round that saw them late (`limits::daily`), so the gauge keeps them too: an operator reading
+/// a router that refuses early in an outage sees why.
+#[test]
+fn the_late_routers_gauge_holds_through_an_outage() {
+    use std::sync::atomic::Ordering;
+    let metrics = super::SyncMetrics::default();
+    let late = |metrics: &super::SyncMetrics| metrics.late_routers.load(Ordering::Relaxed);
+    let shared = |late| Share::Shared {
+        round: 9,
+        live: 3,
+        silent: 0,
+        late,
+        at_least: 3,
+        unlisted: 0,
+    };
+    metrics.set_share(shared(1));
+    assert_eq!(late(&metrics), 1);
+    metrics.set_share(Share::Alone {
+        since: 10,
+        routers: 3,
+        late: 0,
+    });
+    assert_eq!(late(&metrics), 1);
+    metrics.set_share(shared(0));
+    assert_eq!(late(&metrics), 0);
+    metrics.set_share(shared(2));
+    metrics.set_share(Share::Whole);
+    assert_eq!(late(&metrics), 0);
 }

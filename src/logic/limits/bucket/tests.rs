@@ -265,6 +265,7 @@ fn alone_after_silent_routers_their_parts_stay_held() {
     let alone = Share::Alone {
         since: 1,
         routers: 3,
+        late: 0,
     };
     let admitted = (0..30)
         .filter(|_| bucket.try_take_shared(at(0), 1, alone).is_ok())

@@ -56,6 +56,7 @@ fn cut_off_a_router_spends_its_part_of_what_was_left_output_included() {
     let alone = Share::Alone {
         since: 40,
         routers: 3,
+        late: 0,
     };
     let mut spent = 0;
     while let Ok(admission) = budget.admit(MONDAY, 14, None, alone) {
@@ -93,6 +94,7 @@ fn routers_silent_after_an_outage_keep_what_they_could_spend_in_it() {
     let alone = Share::Alone {
         since: 50,
         routers: 3,
+        late: 0,
     };
     let mut spent = 0;
     while budget.admit(MONDAY, 100, None, alone).is_ok() {
@@ -230,6 +232,7 @@ fn silent_routers_keep_their_part_of_what_was_left_when_they_went_silent() {
     let alone = Share::Alone {
         since: 11,
         routers: 3,
+        late: 0,
     };
     let mut alone_spent = 0;
     while budget.admit(MONDAY, 100, None, alone).is_ok() {
@@ -532,7 +535,11 @@ proptest! {
 #[test]
 fn alone_before_a_new_run_could_tell_a_silent_router_it_leaves_the_others_their_part() {
     let shared = |round| shared(round, 3, 0, 0);
-    let alone = |since| Share::Alone { since, routers: 3 };
+    let alone = |since| Share::Alone {
+        since,
+        routers: 3,
+        late: 0,
+    };
     let spent_alone = |rounds: u32| {
         let mut budget = DailyBudget::new(MONDAY, 90_000);
         budget.apply_remote(MONDAY, 30_000);
@@ -587,6 +594,45 @@ fn a_late_router_keeps_its_part_from_its_first_missed_heartbeat() {
     // Router-2's 10,000 are left to it; this router and the other split the 20,000 left.
     assert_eq!(spent, 10_000);
     assert_eq!(budget.remaining(MONDAY), 10_000);
+}
+
+/// Through an outage, the late routers held back are those of the last round the store
+/// answered, not of this budget's last admission: router-2, late at the round of the key's one
+/// request and on time at every round after, had published what it spent by the outage, and
+/// its part held back from that old round cost router-0 a third of its own
+/// (`tests/shared_limits.rs`: 187 tokens spent of 289). Late at the outage's last round, its part
+/// of what was left is held back.
+#[test]
+fn in_an_outage_the_late_routers_are_those_of_the_last_round() {
+    let spent_alone = |late_at_outage| {
+        let mut budget = DailyBudget::new(MONDAY, 90_000);
+        for round in 1..=7 {
+            assert!(
+                budget
+                    .admit(MONDAY, 0, None, shared(round, 3, 0, 0))
+                    .is_ok()
+            );
+        }
+        // The key's last request here, at a round with router-2 late.
+        let admission = budget.admit(MONDAY, 300, None, shared(8, 3, 0, 1)).unwrap();
+        budget.settle(MONDAY, admission, 300, 0, false);
+        // The outage starts at round 30; the key's next request comes in it.
+        let alone = Share::Alone {
+            since: 30,
+            routers: 3,
+            late: late_at_outage,
+        };
+        let mut spent = 0;
+        while budget.admit(MONDAY, 100, None, alone).is_ok() {
+            spent += 100;
+        }
+        spent
+    };
+    // Its third of the 89,700 left.
+    assert_eq!(spent_alone(0), 29_900);
+    // Router-2's part of the most left over the recent rounds (90,000 before the request) held
+    // back, this router's third of the rest.
+    assert_eq!(spent_alone(1), 19_900);
 }
 
 /// A router late for a round, on time the next, takes nothing from a silent router's part:

@@ -430,7 +430,8 @@ fn before_the_store_answers_each_router_takes_its_share_of_min_routers() {
         health.share(),
         Share::Alone {
             since: 0,
-            routers: 3
+            routers: 3,
+            late: 0,
         }
     );
 }
@@ -475,7 +476,8 @@ fn three_failed_rounds_fall_back_to_the_routers_last_seen() {
         health.share(),
         Share::Alone {
             since: 1,
-            routers: 4
+            routers: 4,
+            late: 0,
         }
     );
 }
@@ -491,7 +493,8 @@ fn min_routers_floors_the_routers_last_seen() {
         health.share(),
         Share::Alone {
             since: 1,
-            routers: 5
+            routers: 5,
+            late: 0,
         }
     );
 }
