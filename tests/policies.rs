@@ -146,7 +146,7 @@ fn a_policy_directory_is_served_and_changed_through_the_admin_api() {
             "max_inflight",
         ),
         (
-            "routing_policy: {strategy: prefix-aware}\n",
+            "routing_policy: {strategy: fastest}\n",
             "routing_policy.strategy",
         ),
         ("routing_policy: [unclosed\n", "routing_policy"),

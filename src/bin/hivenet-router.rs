@@ -457,6 +457,12 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     };
     let settings = ShardSettings {
         queue_depth: args.queue_depth,
+        prefix: hivenet_router::logic::routing::prefix::PrefixSettings {
+            cache_threshold: args.prefix_cache_threshold,
+            balance_abs_threshold: args.prefix_balance_abs_threshold,
+            balance_rel_threshold: args.prefix_balance_rel_threshold,
+            blocks_per_agent: args.prefix_index_blocks as usize,
+        },
         request_timeout: args.request_timeout,
         max_request_bytes: env.max_request_bytes,
         client_header_timeout: args.client_header_timeout,

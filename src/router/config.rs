@@ -79,6 +79,26 @@ pub struct RouterArgs {
     /// Maximum capacity waiters per model; 0 disables model queues.
     #[arg(long, env = "HIVENET_ROUTER_QUEUE_DEPTH", default_value_t = 30)]
     pub queue_depth: usize,
+    /// `prefix-aware` steps: the least fraction of a prompt's blocks an agent must hold for the
+    /// prompt to go there (below it, least-loaded). SGLang's model gateway's `--cache-threshold`.
+    #[arg(long, env = "HIVENET_ROUTER_PREFIX_CACHE_THRESHOLD", default_value_t = 0.3, value_parser = parse_cache_threshold)]
+    pub prefix_cache_threshold: f64,
+    /// `prefix-aware` steps: load is unbalanced, and a prompt goes least-loaded whatever it
+    /// matches, when the most loaded eligible agent carries more than this many requests over
+    /// the least loaded (`--balance-abs-threshold`)...
+    #[arg(
+        long,
+        env = "HIVENET_ROUTER_PREFIX_BALANCE_ABS_THRESHOLD",
+        default_value_t = 64
+    )]
+    pub prefix_balance_abs_threshold: u32,
+    /// ...and more than this many times its load (`--balance-rel-threshold`; at least 1).
+    #[arg(long, env = "HIVENET_ROUTER_PREFIX_BALANCE_REL_THRESHOLD", default_value_t = 1.5, value_parser = parse_balance_rel_threshold)]
+    pub prefix_balance_rel_threshold: f64,
+    /// `prefix-aware` steps: prompt blocks (256 bytes each) indexed per agent and model, the
+    /// least recently routed evicted first; about 80 bytes of memory each.
+    #[arg(long, env = "HIVENET_ROUTER_PREFIX_INDEX_BLOCKS", default_value_t = 16_384, value_parser = clap::value_parser!(u32).range(1..))]
+    pub prefix_index_blocks: u32,
     /// Deadline for the router-side request: capacity wait plus time to the response head (and
     /// the whole body for non-streamed responses).
     #[arg(long, env = "HIVENET_ROUTER_REQUEST_TIMEOUT", default_value = "60s", value_parser = duration)]
@@ -413,6 +433,22 @@ pub fn parse_admit_fraction(text: &str) -> Result<f64, String> {
     }
 }
 
+/// `--prefix-cache-threshold`: a fraction, 0 to 1.
+fn parse_cache_threshold(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(fraction) if (0.0..=1.0).contains(&fraction) => Ok(fraction),
+        _ => Err(format!("a fraction from 0 to 1, got {text:?}")),
+    }
+}
+
+/// `--prefix-balance-rel-threshold`: a ratio of loads, at least 1.
+fn parse_balance_rel_threshold(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(ratio) if ratio.is_finite() && ratio >= 1.0 => Ok(ratio),
+        _ => Err(format!("a ratio of at least 1, got {text:?}")),
+    }
+}
+
 /// `HIVENET_ROUTER_ADMIT_PARK_TIMEOUT`: a Go duration (`250ms`, `1s`), `0` for none.
 pub fn parse_admit_park_timeout(text: &str) -> Result<Duration, String> {
     crate::base::duration::parse(text)
@@ -593,6 +629,20 @@ pub fn listen_address(text: &str) -> anyhow::Result<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefix_thresholds_take_a_fraction_and_a_ratio_of_at_least_one() {
+        assert_eq!(parse_cache_threshold("0.3"), Ok(0.3));
+        assert_eq!(parse_cache_threshold("0"), Ok(0.0));
+        assert_eq!(parse_cache_threshold("1"), Ok(1.0));
+        for bad in ["1.5", "-0.1", "NaN", "x"] {
+            assert!(parse_cache_threshold(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_balance_rel_threshold("1.5"), Ok(1.5));
+        for bad in ["0.9", "inf", "NaN", ""] {
+            assert!(parse_balance_rel_threshold(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn advertise_grpc_addr_takes_a_dialable_host_and_a_numeric_port() {

@@ -44,75 +44,6 @@ impl Mode {
     }
 }
 
-/// Every strategy name the reference lists. All parse; all but `prefix-aware` compile.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StrategyName {
-    LeastLoaded,
-    LowestSrtt,
-    RoundRobin,
-    PrefixAware,
-    LowestKvCache,
-    LowestQueue,
-    BestTtft,
-    BestItl,
-}
-
-impl StrategyName {
-    pub const ALL: [StrategyName; 8] = [
-        StrategyName::LeastLoaded,
-        StrategyName::LowestSrtt,
-        StrategyName::RoundRobin,
-        StrategyName::PrefixAware,
-        StrategyName::LowestKvCache,
-        StrategyName::LowestQueue,
-        StrategyName::BestTtft,
-        StrategyName::BestItl,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            StrategyName::LeastLoaded => "least-loaded",
-            StrategyName::LowestSrtt => "lowest-srtt",
-            StrategyName::RoundRobin => "round-robin",
-            StrategyName::PrefixAware => "prefix-aware",
-            StrategyName::LowestKvCache => "lowest-kv-cache",
-            StrategyName::LowestQueue => "lowest-queue",
-            StrategyName::BestTtft => "best-ttft",
-            StrategyName::BestItl => "best-itl",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<StrategyName> {
-        StrategyName::ALL
-            .into_iter()
-            .find(|strategy| strategy.name() == text)
-    }
-
-    /// The implemented strategy this name selects, if any.
-    pub fn implemented(self) -> Option<Strategy> {
-        match self {
-            StrategyName::LeastLoaded => Some(Strategy::LeastLoaded),
-            StrategyName::LowestSrtt => Some(Strategy::LowestSrtt),
-            StrategyName::RoundRobin => Some(Strategy::RoundRobin),
-            StrategyName::LowestKvCache => Some(Strategy::LowestKvCache),
-            StrategyName::LowestQueue => Some(Strategy::LowestQueue),
-            StrategyName::BestTtft => Some(Strategy::BestTtft),
-            StrategyName::BestItl => Some(Strategy::BestItl),
-            StrategyName::PrefixAware => None,
-        }
-    }
-
-    /// The names that compile, for messages.
-    pub fn implemented_names() -> String {
-        StrategyName::ALL
-            .into_iter()
-            .filter(|name| name.implemented().is_some())
-            .map(StrategyName::name)
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-}
-
 /// An external provider a policy's `fallback_provider.engine` names. Lowercase and
 /// case-sensitive on the wire (`openai`, `anthropic`). What reaching one takes (its key variable,
 /// its endpoint) is the provider client's: `router::provider::settings` adds it.
@@ -196,6 +127,14 @@ pub struct ModelPolicy {
 }
 
 impl ModelPolicy {
+    /// Whether a step ranks `prefix-aware`: the request path hashes the prompt's blocks only
+    /// then.
+    pub fn ranks_by_prefix(&self) -> bool {
+        std::iter::once(&self.primary)
+            .chain(&self.fallback_chain)
+            .any(|step| step.strategy == Strategy::PrefixAware)
+    }
+
     /// The built-in policy (no file, no `_default.yaml`): every agent, `least-loaded`,
     /// `--max-tries-per-step`, no admission limits, no fallback.
     pub fn built_in(context: &PolicyContext) -> ModelPolicy {
@@ -642,31 +581,19 @@ impl Checker {
                 self.problem(field, "is required (least-loaded)");
                 None
             }
-            Some(text) => match StrategyName::parse(text) {
-                Some(name) => match name.implemented() {
-                    Some(strategy) => Some(strategy),
-                    None => {
-                        self.problem(
-                            field,
-                            format!(
-                                "{text} is not supported yet; the implemented strategies are {}",
-                                StrategyName::implemented_names()
-                            ),
-                        );
-                        None
-                    }
-                },
-                None => {
+            Some(text) => {
+                let strategy = Strategy::parse(text);
+                if strategy.is_none() {
                     self.problem(
                         field,
                         format!(
-                            "unknown strategy {text:?}; the implemented strategies are {}",
-                            StrategyName::implemented_names()
+                            "unknown strategy {text:?}; the strategies are {}",
+                            Strategy::names()
                         ),
                     );
-                    None
                 }
-            },
+                strategy
+            }
         }
     }
 

@@ -48,8 +48,8 @@ pub mod set;
 
 pub use compile::{
     Compiled, GLOBAL_NAME, Mode, ModelPolicy, PRIMARY_STEP, PolicyContext, PolicyError, Problem,
-    Problems, ProviderEngine, ProviderFallback, ProviderKeys, Role, Step, Strategy, StrategyName,
-    compile, compile_text,
+    Problems, ProviderEngine, ProviderFallback, ProviderKeys, Role, Step, Strategy, compile,
+    compile_text,
 };
 pub use document::PolicyDocument;
 pub use gates::{Gate, Gates, Metric, Op, Signals, Unit};

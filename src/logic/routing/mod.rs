@@ -61,6 +61,49 @@ pub enum Strategy {
     BestTtft,
     /// Lowest average time between tokens the engine reports.
     BestItl,
+    /// The agent this router sent the longest leading run of the prompt's blocks before, when
+    /// it covers enough of the prompt and load is balanced; least-loaded otherwise
+    /// ([`prefix::PrefixSettings`]). A request without a prompt chain ranks least-loaded.
+    PrefixAware,
+}
+
+impl Strategy {
+    /// Every strategy, in the order the policy reference lists them.
+    pub const ALL: [Strategy; 8] = [
+        Strategy::LeastLoaded,
+        Strategy::LowestSrtt,
+        Strategy::RoundRobin,
+        Strategy::PrefixAware,
+        Strategy::LowestKvCache,
+        Strategy::LowestQueue,
+        Strategy::BestTtft,
+        Strategy::BestItl,
+    ];
+
+    /// The policy YAML's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::LeastLoaded => "least-loaded",
+            Strategy::LowestSrtt => "lowest-srtt",
+            Strategy::RoundRobin => "round-robin",
+            Strategy::PrefixAware => "prefix-aware",
+            Strategy::LowestKvCache => "lowest-kv-cache",
+            Strategy::LowestQueue => "lowest-queue",
+            Strategy::BestTtft => "best-ttft",
+            Strategy::BestItl => "best-itl",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Strategy> {
+        Strategy::ALL
+            .into_iter()
+            .find(|strategy| strategy.name() == text)
+    }
+
+    /// Every name, for messages.
+    pub fn names() -> String {
+        Strategy::ALL.map(Strategy::name).join(", ")
+    }
 }
 
 /// An agent's engine signals from its last routing signal; `None` where the engine reports none.
@@ -148,6 +191,9 @@ pub struct Ask {
     /// Queue even when the queue is at `queue_depth` (hold at zero: a request released by a
     /// wake; the hold limits bound how many there are). Never when queueing is off.
     pub beyond_depth: bool,
+    /// The prompt's chain of block hashes ([`prefix::chain::chain_of`]), for a step that ranks
+    /// `prefix-aware`; `None` for every other request.
+    pub prefix: Option<Arc<[u64]>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,6 +268,7 @@ struct Waiter {
     ticket: Ticket,
     step: u8,
     excluded: Box<[AgentId]>,
+    prefix: Option<Arc<[u64]>>,
 }
 
 pub struct ModelRoutes {
@@ -234,6 +281,13 @@ pub struct ModelRoutes {
     /// Rotates the starting point among equally loaded agents so ties spread evenly.
     next_tie_break: usize,
     steps: Arc<dyn StepFilter>,
+    /// `prefix-aware`: the prompts routed to each agent, built at the first prompt a step ranks
+    /// by it; its thresholds, what it found, and the matches of the last lookup (kept, so a
+    /// lookup allocates nothing).
+    prefix: Option<prefix::PrefixIndex>,
+    prefix_settings: prefix::PrefixSettings,
+    prefix_stats: prefix::PrefixStats,
+    matches: Vec<(AgentId, usize)>,
 }
 
 impl fmt::Debug for ModelRoutes {
@@ -256,6 +310,27 @@ impl ModelRoutes {
             queue_depth,
             next_tie_break: 0,
             steps: Arc::new(AnyAgent),
+            prefix: None,
+            prefix_settings: prefix::PrefixSettings::default(),
+            prefix_stats: prefix::PrefixStats::default(),
+            matches: Vec::new(),
+        }
+    }
+
+    /// `prefix-aware` steps rank by `settings`.
+    pub fn with_prefix_settings(mut self, settings: prefix::PrefixSettings) -> ModelRoutes {
+        self.prefix_settings = settings;
+        self
+    }
+
+    /// What `prefix-aware` routing found here, and the blocks indexed now.
+    pub fn prefix_stats(&self) -> prefix::PrefixStats {
+        prefix::PrefixStats {
+            blocks: self
+                .prefix
+                .as_ref()
+                .map_or(0, |index| index.blocks() as u64),
+            ..self.prefix_stats
         }
     }
 
@@ -333,7 +408,11 @@ impl ModelRoutes {
                 load.capacity = fresh.capacity;
                 load.profile = fresh.profile;
             }
-            Some(index) => self.agents[index] = fresh,
+            Some(index) => {
+                // A new stay: its engine may have restarted, its cache empty.
+                self.forget_prefixes(agent);
+                self.agents[index] = fresh;
+            }
             None => self.agents.push(fresh),
         }
         self.drain_queue()
@@ -346,6 +425,7 @@ impl ModelRoutes {
         if let Some(index) = self.find(agent) {
             self.agents.swap_remove(index);
         }
+        self.forget_prefixes(agent);
         if self.agents.is_empty() {
             self.queue.drain(..).map(|waiter| waiter.ticket).collect()
         } else {
@@ -410,7 +490,7 @@ impl ModelRoutes {
             any_eligible = true;
             // Waiters are served first: a new request never overtakes the queue.
             if self.queue.is_empty()
-                && let Some(grant) = self.take_best(step, &ask.excluded)
+                && let Some(grant) = self.take_best(step, &ask.excluded, ask.prefix.as_deref())
             {
                 return Acquire::Granted(grant);
             }
@@ -419,6 +499,7 @@ impl ModelRoutes {
                     ticket,
                     step,
                     excluded: ask.excluded.clone(),
+                    prefix: ask.prefix.clone(),
                 });
                 return Acquire::Queued;
             }
@@ -469,6 +550,12 @@ impl ModelRoutes {
 
     // ----- internals -----
 
+    fn forget_prefixes(&mut self, agent: AgentId) {
+        if let Some(index) = &mut self.prefix {
+            index.forget(agent);
+        }
+    }
+
     fn find(&self, agent: AgentId) -> Option<usize> {
         self.agents.iter().position(|load| load.agent == agent)
     }
@@ -487,7 +574,7 @@ impl ModelRoutes {
     /// the strategy ranks by load alone). A value that is not finite is taken as lacking.
     fn ranking_signal(&self, load: &AgentLoad, strategy: Strategy) -> Option<f64> {
         let value = match strategy {
-            Strategy::LeastLoaded | Strategy::RoundRobin => None,
+            Strategy::LeastLoaded | Strategy::RoundRobin | Strategy::PrefixAware => None,
             Strategy::LowestKvCache => load.engine.kv_cache_utilization,
             Strategy::LowestQueue => load.engine.waiting_requests,
             Strategy::BestTtft => load.engine.avg_ttft_seconds,
@@ -501,10 +588,33 @@ impl ModelRoutes {
     }
 
     /// Takes a slot on the best agent step `step` allows, by the step's strategy (see
-    /// [`Strategy`]). Among equals the rotation decides, so ties spread evenly; `round-robin` is
-    /// the rotation alone.
-    fn take_best(&mut self, step: u8, excluded: &[AgentId]) -> Option<Grant> {
+    /// [`Strategy`]); `prefix`, the prompt's chain, for `prefix-aware`.
+    fn take_best(
+        &mut self,
+        step: u8,
+        excluded: &[AgentId],
+        prefix: Option<&[u64]>,
+    ) -> Option<Grant> {
         let strategy = self.steps.strategy(usize::from(step));
+        let index = match prefix {
+            Some(chain) if strategy == Strategy::PrefixAware && !chain.is_empty() => {
+                self.best_by_prefix(step, excluded, chain)?
+            }
+            _ => self.best(step, excluded, strategy)?,
+        };
+        self.next_tie_break = index + 1;
+        let chosen = &mut self.agents[index];
+        chosen.own_in_flight += 1;
+        Some(Grant {
+            agent: chosen.agent,
+            generation: chosen.generation,
+            step,
+        })
+    }
+
+    /// The best agent with room that step `step` allows, by `strategy`. Among equals the
+    /// rotation decides, so ties spread evenly; `round-robin` is the rotation alone.
+    fn best(&self, step: u8, excluded: &[AgentId], strategy: Strategy) -> Option<usize> {
         let count = self.agents.len();
         let start = self.next_tie_break % count.max(1);
         let mut best: Option<(usize, Rank)> = None;
@@ -528,15 +638,72 @@ impl ModelRoutes {
                 best = Some((index, rank));
             }
         }
-        let (index, _) = best?;
-        self.next_tie_break = index + 1;
-        let chosen = &mut self.agents[index];
-        chosen.own_in_flight += 1;
-        Some(Grant {
-            agent: chosen.agent,
-            generation: chosen.generation,
-            step,
-        })
+        best.map(|(index, _)| index)
+    }
+
+    /// `prefix-aware`: the agent with room holding the longest leading run of `chain` (the
+    /// least loaded of those holding as much), when the run covers the cache threshold of the
+    /// prompt and the step's agents' loads are balanced; the least-loaded agent otherwise. The
+    /// chain is recorded on the agent chosen, whichever it is: its engine caches the prompt.
+    fn best_by_prefix(&mut self, step: u8, excluded: &[AgentId], chain: &[u64]) -> Option<usize> {
+        let least_loaded = self.best(step, excluded, Strategy::LeastLoaded)?;
+        let settings = self.prefix_settings;
+        let (least, most) = self
+            .agents
+            .iter()
+            .filter(|load| self.eligible(load, step, excluded))
+            .fold((u32::MAX, 0), |(least, most), load| {
+                (least.min(load.load()), most.max(load.load()))
+            });
+        let index = self
+            .prefix
+            .get_or_insert_with(|| prefix::PrefixIndex::new(settings.blocks_per_agent));
+        let mut matches = std::mem::take(&mut self.matches);
+        index.matches(chain, &mut matches);
+        let held_by = |agent: AgentId| {
+            matches
+                .iter()
+                .find(|(held, _)| *held == agent)
+                .map_or(0, |(_, depth)| *depth)
+        };
+        let mut chosen = (least_loaded, held_by(self.agents[least_loaded].agent));
+        if !settings.unbalanced(least, most) {
+            // Longest first: the first agent with room at each depth, the least loaded of those
+            // at the deepest.
+            let mut deepest: Option<(usize, usize)> = None;
+            for &(agent, depth) in &matches {
+                if deepest.is_some_and(|(_, found)| depth < found) {
+                    break;
+                }
+                let Some(index) = self.find(agent) else {
+                    continue;
+                };
+                let load = &self.agents[index];
+                if !load.has_room() || !self.eligible(load, step, excluded) {
+                    continue;
+                }
+                let less_loaded = deepest.is_none_or(|(best, _)| {
+                    let best = &self.agents[best];
+                    u64::from(load.load()) * u64::from(best.capacity)
+                        < u64::from(best.load()) * u64::from(load.capacity)
+                });
+                if less_loaded {
+                    deepest = Some((index, depth));
+                }
+            }
+            if let Some((index, depth)) = deepest
+                && settings.follows(depth, chain.len())
+            {
+                chosen = (index, depth);
+            }
+        }
+        self.matches = matches;
+        let (index, matched) = chosen;
+        self.prefix_stats.observe(matched, chain.len());
+        if let Some(prefixes) = &mut self.prefix {
+            prefixes.record(self.agents[index].agent, chain);
+        }
+        Some(index)
     }
 
     /// Grants every waiter, in order, that an agent with room may serve.
@@ -547,13 +714,15 @@ impl ModelRoutes {
             let step = self.queue[index].step;
             // Moved out for the call (the queue and the agents are both `self`), then put back.
             let excluded = std::mem::take(&mut self.queue[index].excluded);
-            match self.take_best(step, &excluded) {
+            let prefix = self.queue[index].prefix.take();
+            match self.take_best(step, &excluded, prefix.as_deref()) {
                 Some(grant) => {
                     let waiter = self.queue.remove(index).expect("index checked");
                     grants.push((waiter.ticket, grant));
                 }
                 None => {
                     self.queue[index].excluded = excluded;
+                    self.queue[index].prefix = prefix;
                     index += 1;
                 }
             }

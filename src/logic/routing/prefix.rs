@@ -17,9 +17,98 @@
 //! per block recorded (at most `blocks_per_agent`). Nothing allocates once every agent's blocks
 //! are at their bound.
 
+pub mod chain;
+
 use std::collections::HashMap;
 
 use crate::base::ids::AgentId;
+
+/// How `prefix-aware` weighs a prompt's match against load, named as SGLang's model gateway
+/// names its cache-aware thresholds (`--cache-threshold`, `--balance-abs-threshold`,
+/// `--balance-rel-threshold`), with its defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefixSettings {
+    /// The least fraction of a prompt's blocks an agent must hold for the prompt to go there;
+    /// below it, least-loaded.
+    pub cache_threshold: f64,
+    /// Load is unbalanced when the most loaded eligible agent carries more than this many
+    /// requests over the least loaded...
+    pub balance_abs_threshold: u32,
+    /// ...and more than this many times its load: then least-loaded, whatever the matches.
+    pub balance_rel_threshold: f64,
+    /// Blocks indexed per agent at most, the least recently routed evicted first.
+    pub blocks_per_agent: usize,
+}
+
+impl Default for PrefixSettings {
+    fn default() -> PrefixSettings {
+        PrefixSettings {
+            cache_threshold: 0.3,
+            balance_abs_threshold: 64,
+            balance_rel_threshold: 1.5,
+            blocks_per_agent: 16_384,
+        }
+    }
+}
+
+impl PrefixSettings {
+    /// Whether loads from `least` to `most` (requests on the eligible agents) are unbalanced.
+    pub fn unbalanced(&self, least: u32, most: u32) -> bool {
+        most.saturating_sub(least) > self.balance_abs_threshold
+            && f64::from(most) > f64::from(least) * self.balance_rel_threshold
+    }
+
+    /// Whether `matched` of `blocks` is enough to follow the match.
+    pub fn follows(&self, matched: usize, blocks: usize) -> bool {
+        matched > 0 && matched as f64 >= self.cache_threshold * blocks as f64
+    }
+}
+
+/// Upper bounds of the matched-fraction histogram (`hivenet_prefix_matched_ratio`).
+pub const MATCHED_RATIO_BUCKETS: [f64; 6] = [0.0, 0.25, 0.5, 0.75, 0.9, 1.0];
+
+/// What `prefix-aware` routing found, per model: a hit is a prompt sent to an agent this router
+/// had sent some of its leading blocks before; the matched fraction is of the agent chosen.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PrefixStats {
+    pub hits: u64,
+    pub misses: u64,
+    /// Per bucket of [`MATCHED_RATIO_BUCKETS`], the last above every bound (never used: a
+    /// fraction is at most 1).
+    pub ratio_counts: [u64; MATCHED_RATIO_BUCKETS.len() + 1],
+    pub ratio_sum: f64,
+    /// Blocks indexed now, every agent's together.
+    pub blocks: u64,
+}
+
+impl PrefixStats {
+    /// A prompt of `blocks` blocks went to an agent holding `matched` of them.
+    pub fn observe(&mut self, matched: usize, blocks: usize) {
+        if matched > 0 {
+            self.hits += 1;
+        } else {
+            self.misses += 1;
+        }
+        let ratio = matched as f64 / blocks.max(1) as f64;
+        let bucket = MATCHED_RATIO_BUCKETS
+            .iter()
+            .position(|bound| ratio <= *bound)
+            .unwrap_or(MATCHED_RATIO_BUCKETS.len());
+        self.ratio_counts[bucket] += 1;
+        self.ratio_sum += ratio;
+    }
+
+    /// Adds another shard's counts of the same model.
+    pub fn merge(&mut self, other: &PrefixStats) {
+        self.hits += other.hits;
+        self.misses += other.misses;
+        for (total, count) in self.ratio_counts.iter_mut().zip(other.ratio_counts) {
+            *total += count;
+        }
+        self.ratio_sum += other.ratio_sum;
+        self.blocks += other.blocks;
+    }
+}
 
 /// Agents indexed per model at most: one bit each in a block's holders.
 pub const AGENT_SLOTS: usize = 64;

@@ -202,6 +202,145 @@ fn round_robin_takes_each_agent_in_turn() {
     assert_eq!(order, [1, 2, 3, 1, 2, 3, 1, 1, 1]);
 }
 
+/// A `prefix-aware` ask for the prompt whose blocks are `blocks` (each a small number standing
+/// for a block's bytes).
+fn prompt(blocks: &[u8]) -> Ask {
+    let mut chain = Vec::new();
+    let bytes: Vec<Vec<u8>> = blocks
+        .iter()
+        .map(|&block| vec![block; prefix::chain::BLOCK_BYTES])
+        .collect();
+    let parts: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+    prefix::chain::chain_of(&parts, &mut chain);
+    Ask {
+        prefix: Some(chain.into()),
+        ..Ask::default()
+    }
+}
+
+fn prefix_routes(settings: prefix::PrefixSettings, agents: u32, capacity: u32) -> ModelRoutes {
+    let mut routes = ModelRoutes::new(4).with_prefix_settings(settings);
+    let _ = routes.set_steps(Arc::new(Ranked(super::Strategy::PrefixAware)));
+    for agent in 1..=agents {
+        up(&mut routes, agent, capacity);
+    }
+    routes
+}
+
+fn granted_agent(routes: &mut ModelRoutes, sequence: u64, ask: &Ask) -> u32 {
+    match routes.acquire_from(ticket(sequence), ask) {
+        Acquire::Granted(grant) => grant.agent.0,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// `prefix-aware`: a prompt goes where its leading blocks went before, whatever the load while
+/// it is balanced; a prompt sharing too little of a known one, or none, goes least-loaded.
+#[test]
+fn prefix_aware_sends_a_prompt_where_its_prefix_went() {
+    let mut routes = prefix_routes(prefix::PrefixSettings::default(), 3, 16);
+    // Three conversations, least-loaded: one on each agent.
+    let first: Vec<u32> = (0..3u8)
+        .map(|chat| granted_agent(&mut routes, u64::from(chat), &prompt(&[chat, 1, 2])))
+        .collect();
+    let mut agents = first.clone();
+    agents.sort();
+    assert_eq!(agents, [1, 2, 3]);
+    // Each conversation's next turns follow it.
+    for turn in 1..4u64 {
+        for chat in 0..3u8 {
+            let next = prompt(&[chat, 1, 2, 3, 4]);
+            let sequence = 10 * turn + u64::from(chat);
+            assert_eq!(
+                granted_agent(&mut routes, sequence, &next),
+                first[usize::from(chat)]
+            );
+        }
+    }
+    let stats = routes.prefix_stats();
+    assert_eq!((stats.hits, stats.misses), (9, 3));
+    assert_eq!(stats.ratio_counts[0], 3, "the first turns matched nothing");
+    assert_eq!(stats.blocks, 15, "5 blocks on each agent");
+    // Every agent carries 4; one less on another agent than chat 0's.
+    let lighter = first[1];
+    assert!(routes.release(grant_on(&routes, lighter)).is_empty());
+    // 1 block of 5 shared with chat 0 (below the 0.3 threshold): least-loaded.
+    assert_eq!(
+        granted_agent(&mut routes, 100, &prompt(&[0, 9, 9, 9, 9])),
+        lighter
+    );
+    assert!(routes.release(grant_on(&routes, lighter)).is_empty());
+    // 2 of 5 (0.4): chat 0's agent, though busier.
+    assert_eq!(
+        granted_agent(&mut routes, 101, &prompt(&[0, 1, 8, 8, 8])),
+        first[0]
+    );
+    // No chain (a prompt shorter than a block): least-loaded.
+    assert_eq!(granted_agent(&mut routes, 102, &Ask::default()), lighter);
+}
+
+/// Load unbalanced past both thresholds sends a prompt least-loaded whatever it matches, and
+/// both agents then hold it; an agent that leaves takes its blocks with it.
+#[test]
+fn prefix_aware_yields_to_unbalanced_load() {
+    let settings = prefix::PrefixSettings {
+        balance_abs_threshold: 2,
+        balance_rel_threshold: 1.5,
+        ..prefix::PrefixSettings::default()
+    };
+    let mut routes = prefix_routes(settings, 2, 8);
+    let chat = prompt(&[7, 7, 7, 7]);
+    let home = granted_agent(&mut routes, 0, &chat);
+    let other = 3 - home;
+    // Loads 1-0, then 2-0: within 2 of each other, the chat stays home.
+    assert_eq!(granted_agent(&mut routes, 1, &chat), home);
+    assert_eq!(granted_agent(&mut routes, 2, &chat), home);
+    // 3-0: more than 2 apart and more than 1.5 times: least-loaded.
+    assert_eq!(granted_agent(&mut routes, 3, &chat), other);
+    // 3-1: balanced again; both hold the whole chat now, the less loaded wins.
+    assert_eq!(granted_agent(&mut routes, 4, &chat), other);
+    assert!(routes.agent_down(AgentId(other)).is_empty());
+    up(&mut routes, other, 8);
+    let mut matches = Vec::new();
+    let index = routes.prefix.as_ref().expect("built");
+    index.matches(chat.prefix.as_deref().unwrap(), &mut matches);
+    assert_eq!(matches, [(AgentId(home), 4)]);
+    assert_eq!(routes.prefix_stats().blocks, 4);
+}
+
+/// An agent with no room is never chosen for its match: the prompt goes to one with room.
+#[test]
+fn prefix_aware_never_passes_capacity() {
+    let mut routes = prefix_routes(prefix::PrefixSettings::default(), 2, 2);
+    let chat = prompt(&[4, 4, 4]);
+    let home = granted_agent(&mut routes, 0, &chat);
+    assert_eq!(granted_agent(&mut routes, 1, &chat), home);
+    assert_eq!(granted_agent(&mut routes, 2, &chat), 3 - home);
+}
+
+/// A waiter keeps its prompt: granted from the queue, it is ranked by its prefix (counted a
+/// hit), not least-loaded.
+#[test]
+fn a_queued_prompt_keeps_its_prefix() {
+    let mut routes = prefix_routes(prefix::PrefixSettings::default(), 2, 1);
+    let chat = prompt(&[3, 3, 3]);
+    let home = granted_agent(&mut routes, 0, &chat);
+    assert!(routes.release(grant_on(&routes, home)).is_empty());
+    // Both agents full of other routers' requests: the chat waits.
+    routes.signal(AgentId(1), 1, EngineSignals::default());
+    routes.signal(AgentId(2), 1, EngineSignals::default());
+    assert_eq!(routes.acquire_from(ticket(1), &chat), Acquire::Queued);
+    let granted = routes.signal(AgentId(home), 0, EngineSignals::default());
+    assert_eq!(granted, vec![(ticket(1), grant_on(&routes, home))]);
+    let stats = routes.prefix_stats();
+    assert_eq!((stats.hits, stats.misses), (1, 1));
+    assert_eq!(
+        stats.ratio_counts[prefix::MATCHED_RATIO_BUCKETS.len() - 1],
+        1,
+        "a whole match"
+    );
+}
+
 /// `lowest-srtt`: the agent this router measured fastest for the model first; an agent not
 /// measured yet after every measured one.
 #[test]

@@ -15,6 +15,7 @@
 //! ends the request with [`Outcome::Gone`], counted once in `client_disconnects_total`.
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -24,6 +25,7 @@ use crate::logic::admission::{self, PolicyOutcome, Reason};
 use crate::logic::auth::keys::KeyRecord;
 use crate::logic::limits::{Estimate, ModelContext, RejectionKind};
 use crate::logic::routing::Ask as RouteAsk;
+use crate::logic::routing::prefix;
 use crate::logic::sibling::token::RedirectClaims;
 use crate::logic::snapshot::{ModelEntry, RoutingSnapshot};
 use crate::router::accounting::RequestFacts;
@@ -42,6 +44,7 @@ use crate::router::shard::owner::quotas::Charge;
 use crate::router::shard::state::Shard;
 use crate::router::shard::visit::{Admit, PoolAsk, QuotaRefusal, RouteError};
 use crate::wire::http::fields::{RequestFields, extract_fields};
+use crate::wire::http::prompt_parts::PromptParts;
 use crate::wire::http::route::Route;
 
 /// Phases 3 to 8 of one inference request; reads like the table of `docs/request-path.md`.
@@ -413,6 +416,7 @@ impl<'r> Inference<'r> {
         sink: &mut HoldSink<'_, S>,
     ) -> Result<u16, Outcome> {
         let mut attempts = Attempts::new(&self.model.policy);
+        attempts.prefix = self.prefix_chain();
         // Released requests queue even beyond `--queue-depth` (the hold limits bound them).
         attempts.beyond_depth = self.plan.holds();
         let mut admit = first;
@@ -716,6 +720,23 @@ impl<'r> Inference<'r> {
         self.deadline = Instant::now() + self.shard.settings.request_timeout;
     }
 
+    /// The prompt's chain of block hashes, when a step of the model's policy ranks
+    /// `prefix-aware`: one hash pass over the prompt's bytes, one allocation for the chain the
+    /// owner keeps while the request waits.
+    fn prefix_chain(&self) -> Option<Arc<[u64]>> {
+        thread_local! {
+            static CHAIN: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        if !self.model.policy.ranks_by_prefix() {
+            return None;
+        }
+        let parts = PromptParts::of(&self.request.body);
+        CHAIN.with_borrow_mut(|chain| {
+            prefix::chain::chain_of(&parts.bytes(), chain);
+            (!chain.is_empty()).then(|| Arc::from(&chain[..]))
+        })
+    }
+
     /// The client left while a phase waited.
     fn client_left(&self) -> Outcome {
         ShardMetrics::add(&self.shard.metrics.client_disconnects_total, 1);
@@ -751,6 +772,8 @@ struct Attempts<'p> {
     last_failure: Option<Rejection>,
     /// Queue beyond `--queue-depth` (a request released by a wake).
     beyond_depth: bool,
+    /// The prompt's chain, for a `prefix-aware` step.
+    prefix: Option<Arc<[u64]>>,
 }
 
 impl<'p> Attempts<'p> {
@@ -762,6 +785,7 @@ impl<'p> Attempts<'p> {
             failures_in_step: 0,
             last_failure: None,
             beyond_depth: false,
+            prefix: None,
         }
     }
 
@@ -776,6 +800,7 @@ impl<'p> Attempts<'p> {
             start_step: self.start_step,
             excluded: self.excluded.clone().into_boxed_slice(),
             beyond_depth: self.beyond_depth,
+            prefix: self.prefix.clone(),
         }
     }
 

@@ -190,6 +190,7 @@ impl Collect for Reports<'_> {
         out.push(self.queue_depth());
         out.push(self.queue_wait());
         out.push(self.pending_demand());
+        self.prefix(out);
         self.admission(out);
         crate::router::control::tenant_metrics::collect(self.registry, self.reports, self.cap, out);
     }
@@ -279,6 +280,47 @@ impl Reports<'_> {
             family.sample(&[("model", model)], waiting as f64);
         }
         family
+    }
+
+    /// `prefix-aware` routing per model, summed over the shards that own it: prompts sent
+    /// where this router had sent some of their leading blocks (hits) or not (misses), the
+    /// fraction of their blocks the chosen agent held, and the blocks indexed.
+    fn prefix(&self, out: &mut Vec<Family>) {
+        use crate::logic::routing::prefix::{MATCHED_RATIO_BUCKETS, PrefixStats};
+        let mut by_model: std::collections::BTreeMap<&str, PrefixStats> = Default::default();
+        for (model, stats) in self.reports.iter().flat_map(|report| &report.prefix) {
+            if let Some(name) = self.registry.model_name(*model) {
+                by_model.entry(name).or_default().merge(stats);
+            }
+        }
+        let mut hits = Family::counter(
+            "hivenet_prefix_index_hits_total",
+            "Prompts a prefix-aware step sent to an agent this router had sent some of their leading blocks to.",
+        );
+        let mut misses = Family::counter(
+            "hivenet_prefix_index_misses_total",
+            "Prompts a prefix-aware step sent to an agent holding none of their blocks in this router's index.",
+        );
+        let mut ratio = Family::histogram(
+            "hivenet_prefix_matched_ratio",
+            "Fraction of a prompt's blocks the agent a prefix-aware step chose held in this router's index.",
+        );
+        let mut blocks = Family::gauge(
+            "hivenet_prefix_index_blocks",
+            "Prompt blocks the prefix index holds, every agent's together.",
+        );
+        for (model, stats) in by_model {
+            let labels = [("model", model)];
+            hits.sample(&labels, stats.hits as f64);
+            misses.sample(&labels, stats.misses as f64);
+            let (buckets, count) = crate::router::metrics::histogram::cumulative(
+                &MATCHED_RATIO_BUCKETS,
+                &stats.ratio_counts,
+            );
+            ratio.histogram_sample(&labels, &buckets, stats.ratio_sum, count);
+            blocks.sample(&labels, stats.blocks as f64);
+        }
+        out.extend([hits, misses, ratio, blocks]);
     }
 
     /// The admission-control families of the reference (`observability-admission-control-metrics`):

@@ -394,7 +394,7 @@ mod tests {
         assert_eq!(initial.set.global().policy.max_inflight, 2);
 
         // An invalid global file stops start-up, naming the flag and the path.
-        std::fs::write(&file, "routing_policy: {strategy: prefix-aware}\n").unwrap();
+        std::fs::write(&file, "routing_policy: {strategy: fastest}\n").unwrap();
         let error = load_initial(&sources, &context).unwrap_err().to_string();
         assert!(error.contains("--policy-file"), "{error}");
         assert!(error.contains("global.yaml"), "{error}");

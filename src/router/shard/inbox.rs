@@ -88,7 +88,7 @@ impl Shard {
                 owner.signal(agent, &models, in_flight, engine, effects)
             }),
             ControlToShard::Report(reply) => {
-                let (queues, pending_demand, quota_holders) = {
+                let (queues, pending_demand, prefix, quota_holders) = {
                     let owner = self.owner.borrow();
                     let holders = crate::router::shard::messages::QuotaHolders {
                         shard: self.id,
@@ -99,6 +99,7 @@ impl Shard {
                     (
                         owner.models.queues(),
                         owner.models.pending_demand(),
+                        owner.models.prefix_stats(),
                         holders,
                     )
                 };
@@ -106,6 +107,7 @@ impl Shard {
                     queues,
                     queue_waits: self.queue_waits.borrow().report(),
                     pending_demand,
+                    prefix,
                     admission: self.admission_report(),
                     tenants: self.accounting.report(),
                     quota_holders,

@@ -112,6 +112,8 @@ pub struct ShardReport {
     pub queue_waits: Vec<(ModelId, crate::router::metrics::histogram::DurationCounts)>,
     /// Hold at zero: the pending demand of every model this shard owns that has any.
     pub pending_demand: Vec<(ModelId, u32)>,
+    /// `prefix-aware` routing on the models this shard owns that ranked by it.
+    pub prefix: Vec<(ModelId, crate::logic::routing::prefix::PrefixStats)>,
     pub admission: AdmissionReport,
     pub tenants: crate::router::accounting::tenants::TenantReport,
     /// `hivenet_shard_quota_holders{kind}`: owners' holders, keys' token-rate holders, and

@@ -34,6 +34,8 @@ pub const RESERVATION_REAP_MS: u64 = 30 * 60 * 1000;
 #[derive(Debug, Clone)]
 pub struct ShardSettings {
     pub queue_depth: usize,
+    /// `prefix-aware` ranking's thresholds and index bound (`--prefix-*`).
+    pub prefix: crate::logic::routing::prefix::PrefixSettings,
     pub request_timeout: Duration,
     /// `None`: no limit (`HIVENET_ROUTER_MAX_REQUEST_BYTES=0`).
     pub max_request_bytes: Option<usize>,
@@ -130,6 +132,7 @@ impl Shard {
                 admit_fraction: settings.admit_fraction,
                 hold_limits: settings.hold.limits,
                 rpm_burst: settings.rpm_burst,
+                prefix: settings.prefix,
             },
             keys.clone(),
         );

@@ -643,6 +643,7 @@ mod tests {
             .expect("one endpoint");
         let settings = crate::router::shard::state::ShardSettings {
             queue_depth: 16,
+            prefix: Default::default(),
             request_timeout: Duration::from_secs(60),
             max_request_bytes: None,
             client_header_timeout: Duration::from_secs(10),

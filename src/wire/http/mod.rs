@@ -30,6 +30,7 @@ pub mod chunked;
 pub mod client;
 pub mod fields;
 pub mod prompt;
+pub mod prompt_parts;
 pub mod request;
 pub mod response;
 pub mod route;

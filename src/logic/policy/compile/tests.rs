@@ -354,38 +354,24 @@ fn every_gate_unit_and_operator_compiles() {
 }
 
 #[test]
-fn strategies_all_parse_and_all_but_prefix_aware_compile() {
-    for name in StrategyName::ALL {
-        assert_eq!(StrategyName::parse(name.name()), Some(name));
+fn every_strategy_parses_and_compiles() {
+    for strategy in Strategy::ALL {
+        assert_eq!(Strategy::parse(strategy.name()), Some(strategy));
         let text = format!(
             "routing_policy:\n  strategy: {}\nfallback_chain:\n  - strategy: {}\n",
-            name.name(),
-            name.name()
+            strategy.name(),
+            strategy.name()
         );
-        match name.implemented() {
-            Some(strategy) => {
-                let compiled = global(&text).expect("compiles").policy;
-                assert_eq!(compiled.primary.strategy, strategy, "{}", name.name());
-                assert_eq!(compiled.fallback_chain[0].strategy, strategy);
-            }
-            None => {
-                assert_eq!(name, StrategyName::PrefixAware);
-                let message = refused(&text);
-                assert!(
-                    message.contains(
-                        "routing_policy.strategy: prefix-aware is not supported yet; the \
-                         implemented strategies are least-loaded, lowest-srtt, round-robin, \
-                         lowest-kv-cache, lowest-queue, best-ttft, best-itl"
-                    ),
-                    "{message}"
-                );
-                assert!(message.contains("fallback_chain[0].strategy: prefix-aware"));
-            }
-        }
+        let compiled = global(&text).expect("compiles").policy;
+        assert_eq!(compiled.primary.strategy, strategy, "{}", strategy.name());
+        assert_eq!(compiled.fallback_chain[0].strategy, strategy);
     }
     let message = refused("routing_policy:\n  strategy: fastest\n");
     assert!(
-        message.contains("unknown strategy \"fastest\""),
+        message.contains(
+            "unknown strategy \"fastest\"; the strategies are least-loaded, lowest-srtt, \
+             round-robin, prefix-aware, lowest-kv-cache, lowest-queue, best-ttft, best-itl"
+        ),
         "{message}"
     );
     let message = refused("routing_policy:\n  match: {}\n");

@@ -208,7 +208,7 @@ fn reload_applies_changes_keeps_previous_on_errors_and_removes_deleted_files() {
             file(
                 "b.yaml",
                 1,
-                "models: [model-b]\nrouting_policy: {strategy: prefix-aware}\n",
+                "models: [model-b]\nrouting_policy: {strategy: fastest}\n",
             ),
             // c.yaml deleted; d.yaml new but claims a model of a.
             file("d.yaml", 1, &named_text(&["model-a", "model-d"], "vllm")),

@@ -274,6 +274,7 @@ pub struct OwnerSettings {
     pub admit_fraction: f64,
     pub hold_limits: HoldLimits,
     pub rpm_burst: BurstSeconds,
+    pub prefix: crate::logic::routing::prefix::PrefixSettings,
 }
 
 /// Everything one shard owns, and its view of the configuration it decides against.
@@ -296,7 +297,8 @@ impl Owner {
                 settings.queue_depth,
                 settings.admit_fraction,
                 settings.hold_limits,
-            ),
+            )
+            .with_prefix_settings(settings.prefix),
             quotas: Quotas::new(settings.rpm_burst),
             spent_tokens: SpentTokens::new(),
             keys,

@@ -19,6 +19,7 @@ use crate::logic::hold::{ClientId, HoldBook, HoldLimits, HoldRefusal};
 use crate::logic::policy::ModelPolicy;
 use crate::logic::routing::{
     Acquire, AnyAgent, Ask, EngineSignals, Grant, ModelRoutes, StepFilter,
+    prefix::{PrefixSettings, PrefixStats},
 };
 use crate::logic::snapshot::RoutingSnapshot;
 use crate::router::shard::IdMap;
@@ -183,6 +184,8 @@ impl Sharing {
 /// Everything this shard owns about its models.
 pub struct Models {
     queue_depth: usize,
+    /// `prefix-aware` ranking's thresholds and index bound, for every model's routes.
+    prefix_settings: PrefixSettings,
     /// `HIVENET_ROUTER_ADMIT_FRACTION`: the share of `admit_budget_tokens` B2 admits.
     admit_fraction: f64,
     routes: IdMap<ModelId, ModelRoutes>,
@@ -201,6 +204,7 @@ impl Models {
     pub fn new(queue_depth: usize, admit_fraction: f64, hold_limits: HoldLimits) -> Models {
         Models {
             queue_depth,
+            prefix_settings: PrefixSettings::default(),
             admit_fraction,
             routes: IdMap::default(),
             occupancy: IdMap::default(),
@@ -209,6 +213,12 @@ impl Models {
             sharing: None,
             estimator: crate::logic::admission::estimator::Estimator::default(),
         }
+    }
+
+    /// `prefix-aware` steps rank by `settings`.
+    pub fn with_prefix_settings(mut self, settings: PrefixSettings) -> Models {
+        self.prefix_settings = settings;
+        self
     }
 
     // ----- occupancy credits (routers sharing the budgets) -----
@@ -581,11 +591,13 @@ impl Models {
     ) {
         for model in models {
             let queue_depth = self.queue_depth;
+            let prefix_settings = self.prefix_settings;
             let grants = self
                 .routes
                 .entry(model)
                 .or_insert_with(|| {
-                    let mut routes = ModelRoutes::for_model(model, queue_depth);
+                    let mut routes = ModelRoutes::for_model(model, queue_depth)
+                        .with_prefix_settings(prefix_settings);
                     let _ = routes.set_steps(steps_of(snapshot, model));
                     routes
                 })
@@ -730,6 +742,15 @@ impl Models {
         self.rejections
             .iter()
             .map(|(&(model, reason), &count)| (model, reason, count))
+    }
+
+    /// What `prefix-aware` routing found on every model this shard owns that ranked by it.
+    pub fn prefix_stats(&self) -> Vec<(ModelId, PrefixStats)> {
+        self.routes
+            .iter()
+            .map(|(model, routes)| (*model, routes.prefix_stats()))
+            .filter(|(_, stats)| *stats != PrefixStats::default())
+            .collect()
     }
 
     /// The capacity-queue length of every model this shard owns.

@@ -30,6 +30,7 @@ fn owner() -> Owner {
                 per_key: 2,
             },
             rpm_burst: BurstSeconds::FULL_MINUTE,
+            prefix: Default::default(),
         },
         Arc::new(KeyRegistry::open()),
     )
@@ -64,6 +65,7 @@ fn slot() -> Option<Ask> {
         start_step: 0,
         excluded: Box::new([]),
         beyond_depth: false,
+        prefix: None,
     })
 }
 
