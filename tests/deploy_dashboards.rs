@@ -33,7 +33,7 @@ const PENDING: [&str; 1] = ["hivenet_agent_gpu_temperature_celsius"];
 /// Metrics the router exposes whose first series needs an event this site does not cause (a
 /// family without series is not exposed, as the catalog says: "A metric is missing ... policy
 /// counters appear after routing activity"), with the test that causes it and checks the family.
-const EVENT_ONLY: [(&str, &str); 9] = [
+const EVENT_ONLY: [(&str, &str); 14] = [
     // A request served on an agent (this site's wallet refuses its request).
     ("hivenet_routing_requests_routed_total", "metrics_catalog"),
     ("hivenet_policy_primary_routed_total", "metrics_catalog"),
@@ -51,6 +51,12 @@ const EVENT_ONLY: [(&str, &str); 9] = [
         "provider_fallback",
     ),
     ("hivenet_policy_exhausted_total", "policies"),
+    // A prompt ranked by a prefix-aware step.
+    ("hivenet_prefix_index_hits_total", "routing_strategies"),
+    ("hivenet_prefix_index_misses_total", "routing_strategies"),
+    ("hivenet_prefix_matched_ratio_sum", "routing_strategies"),
+    ("hivenet_prefix_matched_ratio_count", "routing_strategies"),
+    ("hivenet_prefix_index_blocks", "routing_strategies"),
 ];
 
 /// Metrics a dashboard panel reads from another exporter than the router, with that exporter.

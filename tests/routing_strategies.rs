@@ -199,6 +199,9 @@ fn prefix_aware_keeps_each_conversation_on_one_engine_and_spills_when_unbalanced
     let hits = common::metric_sum(&router, "hivenet_prefix_index_hits_total", &labels);
     let misses = common::metric_sum(&router, "hivenet_prefix_index_misses_total", &labels);
     assert_eq!((hits, misses), (((TURNS - 1) * CHATS) as f64, CHATS as f64));
+    let ranked = common::metric_sum(&router, "hivenet_prefix_matched_ratio_count", &labels);
+    assert_eq!(ranked, (TURNS * CHATS) as f64);
+    assert!(common::metric_sum(&router, "hivenet_prefix_index_blocks", &labels) > 0.0);
     // The engines found the later turns' prefixes in their caches.
     let [queried, cached] = [
         "vllm:prefix_cache_queries_total",
