@@ -381,6 +381,44 @@ fn a_backend_error_after_keepalives_is_an_anthropic_error_event_that_starts_with
     );
 }
 
+/// The same through an OpenAI endpoint: the backend's error answer after the keepalives is a
+/// final `data:` event in the router's envelope, with a code of the error-code reference (the
+/// issue saw the backend's own body, `"code":null`, passed through).
+#[test]
+fn a_backend_error_after_keepalives_is_an_openai_event_in_the_routers_envelope() {
+    let mut site = sleepy_site("hold_openai_error", &[], &["--wake-keepalive", "200ms"]);
+    place_here(&site, "60s");
+    // `messages` that is not an array: the router counts nothing of it and forwards it, the
+    // engine refuses it with its own error body.
+    let body = json!({"model": "sleepy", "stream": true, "messages": 5}).to_string();
+    let mut conn = send(&site, &post_request("/v1/chat/completions", &body));
+    site.wait_metric("hivenet_pending_demand", |v| v == 1.0);
+    std::thread::sleep(Duration::from_millis(500));
+    wake(&mut site, &[]);
+    let response = conn.read_response().unwrap();
+    assert_eq!(response.status, 200);
+    let events = sse_events(&response.body);
+    assert_eq!(events[0], ": keep-alive");
+    let last = events.last().unwrap();
+    let data = last.strip_prefix("data: ").expect(last);
+    let value: Value = serde_json::from_str(data).unwrap();
+    assert_eq!(value["error"]["code"], "invalid_parameter", "{data}");
+    assert_eq!(value["error"]["source"], "backend", "{data}");
+    let message = value["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("request body is not valid"),
+        "{message}"
+    );
+    assert_eq!(
+        metric_sum(
+            &site.router_metrics(),
+            "hivenet_shard_responses_total",
+            &[("code", "400")]
+        ),
+        1.0
+    );
+}
+
 #[test]
 fn hold_limits_refuse_at_once_and_count_full() {
     let site = Site::start(

@@ -407,15 +407,21 @@ pub fn anthropic_error_event(status: u16, code: &str, message: &str) -> Vec<u8> 
     event
 }
 
-/// A backend's error answer (`status`, `body`) as the Anthropic `error` event a streaming
-/// `/v1/messages` client gets once its `200` head is committed (hold at zero's keepalives). The
-/// code is the body's own `error.code` when it is text (the router's envelope, which the agent
-/// also answers, and OpenAI's); else the error-code reference's for the status
-/// (`invalid_parameter` for 400 and 422, `backend_unavailable` for 429, 503 and 529,
-/// `backend_error` otherwise): an engine's own error type or numeric code is not one of the
-/// router's codes. The message is the body's `error.message` or top-level `message`, else the body's
-/// text (at most 512 bytes), else the status.
-pub fn backend_error_event(status: u16, body: &[u8]) -> Vec<u8> {
+/// A backend's error answer (`status`, `body`) as the final event a streaming client gets once
+/// its `200` head is committed (hold at zero's keepalives), in its dialect: OpenAI endpoints the
+/// router's envelope (`data: {"error":{"code","message","source"}}`), `/v1/messages` an Anthropic
+/// `error` event whose message starts with the code. The code is the body's own `error.code`
+/// when it is text (the router's envelope, which the agent also answers, and OpenAI's); else the
+/// error-code reference's for the status (`invalid_parameter` for 400 and 422,
+/// `backend_unavailable` for 429, 503 and 529, `backend_error` otherwise): an engine's own error
+/// type or numeric code is not one of the router's codes. The message is the body's
+/// `error.message` or top-level `message`, else the body's text (at most 512 bytes), else the
+/// status. The source is the body's `error.source` when it is the agent's, else `backend`.
+pub fn backend_error_event(
+    dialect: crate::base::ids::Dialect,
+    status: u16,
+    body: &[u8],
+) -> Vec<u8> {
     /// Keeps an event from carrying a whole unexpected page.
     const TEXT_BYTES_MAX: usize = 512;
     let value: Option<serde_json::Value> = serde_json::from_slice(body).ok();
@@ -447,12 +453,25 @@ pub fn backend_error_event(status: u16, body: &[u8]) -> Vec<u8> {
             (value.is_none() && !text.is_empty()).then(|| text[..end].to_owned())
         })
         .unwrap_or_else(|| format!("the backend answered {status}"));
-    anthropic_error_event(status, &code, &message)
+    match dialect {
+        crate::base::ids::Dialect::Anthropic => anthropic_error_event(status, &code, &message),
+        crate::base::ids::Dialect::OpenAi => {
+            let source = match text_of(error, "source").as_deref() {
+                Some("agent") => "agent",
+                _ => "backend",
+            };
+            let mut event = b"data: ".to_vec();
+            event.extend_from_slice(&error_body(&code, &message, source));
+            event.extend_from_slice(b"\n\n");
+            event
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::ids::Dialect;
 
     #[test]
     fn backend_failures_use_the_reference_codes_and_statuses() {
@@ -541,6 +560,7 @@ mod tests {
     fn a_backend_error_body_becomes_an_anthropic_event_that_starts_with_its_code() {
         // The router's envelope, as the agent answers when the engine refuses the connection.
         let agent = backend_error_event(
+            Dialect::Anthropic,
             503,
             br#"{"error":{"code":"backend_unavailable","message":"backend unreachable","source":"backend"}}"#,
         );
@@ -552,6 +572,7 @@ mod tests {
         );
         // An Anthropic backend's own error: its type is not a router code; the status's is.
         let anthropic = backend_error_event(
+            Dialect::Anthropic,
             529,
             br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
         );
@@ -561,6 +582,7 @@ mod tests {
         );
         // An engine's error with a numeric code (vLLM): the code the status maps to.
         let engine = backend_error_event(
+            Dialect::Anthropic,
             400,
             br#"{"object":"error","message":"max_tokens is too large","type":"BadRequestError","code":400}"#,
         );
@@ -571,7 +593,11 @@ mod tests {
             "invalid_parameter: max_tokens is too large"
         );
         // Not JSON: the text, bounded; nothing at all: the status.
-        let text = backend_error_event(502, "bad gateway é".repeat(100).as_bytes());
+        let text = backend_error_event(
+            Dialect::Anthropic,
+            502,
+            "bad gateway é".repeat(100).as_bytes(),
+        );
         let message = anthropic_event(&text)["error"]["message"].clone();
         let message = message.as_str().unwrap();
         assert!(
@@ -579,7 +605,7 @@ mod tests {
             "{message}"
         );
         assert!(message.len() <= 512 + "backend_error: ".len());
-        let empty = backend_error_event(500, b"");
+        let empty = backend_error_event(Dialect::Anthropic, 500, b"");
         assert_eq!(
             anthropic_event(&empty)["error"]["message"],
             "backend_error: the backend answered 500"
@@ -590,6 +616,41 @@ mod tests {
             anthropic_event(&once)["error"]["message"],
             "backend_error: it broke"
         );
+    }
+
+    /// An OpenAI streaming client gets the router's envelope, its code from the reference
+    /// (the issue: the backend's own body, `"code":null`, passed through).
+    #[test]
+    fn a_backend_error_body_becomes_an_openai_event_in_the_routers_envelope() {
+        let event = |status, body: &[u8]| {
+            let event = backend_error_event(Dialect::OpenAi, status, body);
+            let text = String::from_utf8(event).unwrap();
+            let data = text
+                .strip_prefix("data: ")
+                .and_then(|rest| rest.strip_suffix("\n\n"))
+                .unwrap()
+                .to_owned();
+            serde_json::from_str::<serde_json::Value>(&data).unwrap()
+        };
+        assert_eq!(
+            event(
+                500,
+                br#"{"error":{"message":"injected failure","type":"server_error","code":null}}"#
+            ),
+            serde_json::json!({"error": {
+                "code": "backend_error",
+                "message": "injected failure",
+                "source": "backend",
+            }})
+        );
+        // The agent's own envelope keeps its code and source.
+        let agent = event(
+            503,
+            br#"{"error":{"code":"agent_unhealthy","message":"engine down","source":"agent"}}"#,
+        );
+        assert_eq!(agent["error"]["code"], "agent_unhealthy");
+        assert_eq!(agent["error"]["source"], "agent");
+        assert_eq!(event(429, b"")["error"]["code"], "backend_unavailable");
     }
 
     #[test]

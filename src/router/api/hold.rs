@@ -136,10 +136,6 @@ impl<'s, S: Sink> HoldSink<'s, S> {
             }
         }
     }
-
-    fn streams(&self) -> bool {
-        self.keepalive.is_some_and(|keepalive| keepalive.stream)
-    }
 }
 
 impl<S: Sink> Sink for HoldSink<'_, S> {
@@ -159,15 +155,14 @@ impl<S: Sink> Sink for HoldSink<'_, S> {
                 .await;
         }
         if status >= 400 {
-            // A backend's own error body: as an SSE event to a streaming client (an Anthropic
-            // one gets an `error` event whose message starts with the error code), as is after
-            // the spaces to any other.
-            let event = match (self.streams(), self.keepalive.map(|k| k.dialect)) {
-                (true, Some(Dialect::Anthropic)) => {
-                    crate::router::error::backend_error_event(status, body)
+            // A backend's own error body: to a streaming client as an SSE event in its dialect
+            // and the router's codes (the envelope for OpenAI endpoints, an `error` event whose
+            // message starts with the code for Anthropic's), as is after the spaces to any other.
+            let event = match self.keepalive {
+                Some(keepalive) if keepalive.stream => {
+                    crate::router::error::backend_error_event(keepalive.dialect, status, body)
                 }
-                (true, _) => [b"data: ".as_slice(), body, b"\n\n"].concat(),
-                (false, _) => body.to_vec(),
+                _ => body.to_vec(),
             };
             return self.error_in_body(status, &event).await;
         }
