@@ -421,7 +421,11 @@ impl<'r> Inference<'r> {
         attempts.beyond_depth = self.plan.holds();
         let mut admit = first;
         loop {
-            let slot = match self.acquire(admit, &attempts, &mut pending, sink).await? {
+            let step_deadline = self.step_deadline(&attempts);
+            let acquired = self
+                .acquire(admit, &attempts, step_deadline, &mut pending, sink)
+                .await?;
+            let slot = match acquired {
                 Ok(slot) => slot,
                 Err(RouteError::WouldPark) => {
                     admit = self.park_in_order(&mut quota, sink).await?;
@@ -432,6 +436,12 @@ impl<'r> Inference<'r> {
                 // gets `504` only after the last (seed `hold-at-zero.md`, "After the wake").
                 Err(RouteError::Timeout) if self.plan.holds() && attempts.move_on() => {
                     self.restart_deadline();
+                    admit = self.retry_admit();
+                    continue;
+                }
+                // Any other request waited its step's share of its time: the next step gets
+                // the rest (`step_deadline`).
+                Err(RouteError::Timeout) if step_deadline < self.deadline && attempts.move_on() => {
                     admit = self.retry_admit();
                     continue;
                 }
@@ -488,19 +498,35 @@ impl<'r> Inference<'r> {
         }
     }
 
-    /// Phase 6: a slot from the model's owner, over the policy's steps. Outer `Err`: the client
-    /// left; inner `Err`: the owner found no slot.
+    /// How long a slot visit from the request's step may wait (policy reference: when a step's
+    /// queue is full or its wait expires, the routing session advances to the next step). With
+    /// steps left after this one, an equal share of the time the request has left: a step whose
+    /// agents are all busy cannot take the whole `--request-timeout` and leave the next step
+    /// none. The last step, and a request a wake released (each step gets a whole timeout of its
+    /// own: `hold-at-zero.md`), wait to the request's deadline.
+    fn step_deadline(&self, attempts: &Attempts<'_>) -> Instant {
+        let steps_left = attempts.steps_left();
+        if self.plan.holds() || steps_left <= 1 {
+            return self.deadline;
+        }
+        let now = Instant::now();
+        now + self.deadline.saturating_duration_since(now) / steps_left
+    }
+
+    /// Phase 6: a slot from the model's owner, over the policy's steps, waiting until
+    /// `deadline` at most. Outer `Err`: the client left; inner `Err`: the owner found no slot.
     async fn acquire<S: Sink>(
         &self,
         admit: Admit,
         attempts: &Attempts<'_>,
+        deadline: Instant,
         pending: &mut Option<Pending>,
         sink: &mut HoldSink<'_, S>,
     ) -> Result<Result<Slot, RouteError>, Outcome> {
         let acquired = sink
             .until_client_gone(
                 self.shard
-                    .acquire(self.model, self.deadline, admit, attempts.ask()),
+                    .acquire(self.model, deadline, admit, attempts.ask()),
             )
             .await;
         match acquired {
@@ -816,8 +842,13 @@ impl<'p> Attempts<'p> {
             || provider
     }
 
+    /// The steps from the one the request starts from to the last, that one included.
+    fn steps_left(&self) -> u32 {
+        (1 + self.policy.fallback_chain.len()).saturating_sub(usize::from(self.start_step)) as u32
+    }
+
     /// Moves the request to the step after the one it starts from, every agent eligible
-    /// again (a request a wake released whose wait ran out). False on the last step.
+    /// again (its wait there ran out). False on the last step.
     ///
     /// The owner does not tell where a ticket waited: a step with no eligible agent between is
     /// skipped by the owner's own search, so the next wait is at the first later step that has
