@@ -382,12 +382,44 @@ fn the_first_deployment_of_a_site_waits_the_settle_window() {
     // The store's epoch begins after this: nothing is admitted within 9 s of it.
     let started = Instant::now();
     let site = router("occupancy-first", 0, &valkey.addr(), &policies);
+    // Visible while it holds (issue 36): the gauge, `/ready/budgets` on the metrics port with
+    // the seconds left, a log line naming the budgets held back; `/ready` stays 200.
+    site.wait_metric("hivenet_sync_up", |v| v == 1.0);
+    let remaining = site.router_metric("hivenet_sync_settle_seconds_remaining");
+    let budgets = request(site.metrics, &common::get_request("/ready/budgets"));
+    if started.elapsed() < SETTLE - Duration::from_secs(2) {
+        assert!(
+            remaining > 0.0 && remaining <= SETTLE.as_secs_f64(),
+            "{remaining}"
+        );
+        assert_eq!(budgets.status, 503, "{}", budgets.text());
+        let body = budgets.json();
+        assert_eq!(body["reason"], "settling", "{body}");
+        let seconds_left = body["seconds_left"].as_u64().unwrap();
+        assert!((1..=SETTLE.as_secs()).contains(&seconds_left), "{body}");
+        assert_eq!(
+            request(site.http, &common::get_request("/ready")).status,
+            200
+        );
+    }
     admitted_after(&site, "sim-model");
     let waited = started.elapsed();
     assert!(
         waited >= SETTLE - Duration::from_millis(500),
         "admitted {waited:?} after the start: a router cut off when a store lost its data may still run requests within the settle window"
     );
+    // The model's budget, asked for by the first refused request, was named while it waited.
+    let logs = site.logs();
+    assert!(
+        logs.lines()
+            .any(|line| line.contains("younger than the settle window")
+                && line.contains("held_back=sim-model (")),
+        "no settle line naming sim-model\n{logs}"
+    );
+    site.wait_metric("hivenet_sync_settle_seconds_remaining", |v| v == 0.0);
+    let budgets = request(site.metrics, &common::get_request("/ready/budgets"));
+    assert_eq!(budgets.status, 200, "{}", budgets.text());
+    assert_eq!(budgets.json()["status"], "ready");
 }
 
 #[test]

@@ -18,7 +18,7 @@
 //!
 //! Cost: two relaxed atomic loads per probe; nothing on the request path.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Why a router is not ready.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +28,9 @@ pub enum NotReady {
     /// No sync round has reached the store since start: daily budgets and occupancy budgets
     /// cannot be served yet.
     SyncStoreNotReached,
+    /// `GET /ready/budgets` only: the store is younger than the settle window, or lost its data
+    /// less than a window ago; no occupancy credit is granted on a budget until it ends.
+    Settling,
 }
 
 impl NotReady {
@@ -36,6 +39,7 @@ impl NotReady {
         match self {
             NotReady::Draining => "draining",
             NotReady::SyncStoreNotReached => "sync_store_not_reached",
+            NotReady::Settling => "settling",
         }
     }
 
@@ -48,7 +52,22 @@ impl NotReady {
             NotReady::SyncStoreNotReached => {
                 b"{\"status\":\"not_ready\",\"reason\":\"sync_store_not_reached\",\"message\":\"no sync round has reached the store since start: keys with a daily budget and models with an occupancy budget cannot be served yet\"}"
             }
+            NotReady::Settling => {
+                b"{\"status\":\"not_ready\",\"reason\":\"settling\",\"message\":\"the store is younger than the settle window or lost its data: models with an occupancy budget admit nothing until it ends\"}"
+            }
         }
+    }
+
+    /// [`NotReady::body`] with `seconds_left` of a settle window added.
+    pub fn body_with_seconds_left(self, seconds_left: u64) -> Vec<u8> {
+        let mut body = self.body().to_vec();
+        if self == NotReady::Settling {
+            body.pop();
+            body.extend_from_slice(b",\"seconds_left\":");
+            body.extend_from_slice(itoa::Buffer::new().format(seconds_left).as_bytes());
+            body.push(b'}');
+        }
+        body
     }
 }
 
@@ -62,6 +81,9 @@ pub struct Readiness {
     /// reached the store.
     store_not_reached: AtomicBool,
     draining: AtomicBool,
+    /// When the occupancy credits' settle window ends (unix ms; 0: none), set by the sync core
+    /// each round: `GET /ready/budgets` on `--metrics-port`.
+    budgets_settle_at_ms: AtomicU64,
 }
 
 impl Readiness {
@@ -70,6 +92,24 @@ impl Readiness {
         Readiness {
             store_not_reached: AtomicBool::new(sync_store),
             draining: AtomicBool::new(false),
+            budgets_settle_at_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// The sync core: the settle window ends at `unix_ms` (0 or past: none).
+    pub fn budgets_settle_until(&self, unix_ms: u64) {
+        self.budgets_settle_at_ms.store(unix_ms, Ordering::Relaxed);
+    }
+
+    /// `GET /ready/budgets`: whether models with an occupancy budget can be admitted on (the
+    /// router is ready, and no settle window holds their credits back), else the reason and,
+    /// while a window holds, the whole seconds left.
+    pub fn check_budgets(&self, now_ms: u64) -> Result<(), (NotReady, u64)> {
+        self.check().map_err(|not_ready| (not_ready, 0))?;
+        let settles_at = self.budgets_settle_at_ms.load(Ordering::Relaxed);
+        match settles_at.checked_sub(now_ms) {
+            Some(left) if left > 0 => Err((NotReady::Settling, left.div_ceil(1000))),
+            _ => Ok(()),
         }
     }
 
@@ -118,8 +158,39 @@ mod tests {
     }
 
     #[test]
+    fn budgets_are_ready_once_the_settle_window_ends() {
+        let readiness = Readiness::new(true);
+        assert_eq!(
+            readiness.check_budgets(1_000),
+            Err((NotReady::SyncStoreNotReached, 0))
+        );
+        readiness.store_reached();
+        assert_eq!(readiness.check_budgets(1_000), Ok(()));
+        readiness.budgets_settle_until(301_000);
+        assert_eq!(
+            readiness.check_budgets(1_000),
+            Err((NotReady::Settling, 300))
+        );
+        assert_eq!(
+            readiness.check_budgets(300_001),
+            Err((NotReady::Settling, 1))
+        );
+        assert_eq!(readiness.check_budgets(301_000), Ok(()));
+        // `/ready` itself is not held back by the window.
+        assert_eq!(readiness.check(), Ok(()));
+        let body: serde_json::Value =
+            serde_json::from_slice(&NotReady::Settling.body_with_seconds_left(42)).unwrap();
+        assert_eq!(body["reason"], "settling");
+        assert_eq!(body["seconds_left"], 42);
+    }
+
+    #[test]
     fn every_body_is_json_naming_its_reason() {
-        for reason in [NotReady::Draining, NotReady::SyncStoreNotReached] {
+        for reason in [
+            NotReady::Draining,
+            NotReady::SyncStoreNotReached,
+            NotReady::Settling,
+        ] {
             let body: serde_json::Value = serde_json::from_slice(reason.body()).unwrap();
             assert_eq!(body["status"], "not_ready");
             assert_eq!(body["reason"], reason.reason());

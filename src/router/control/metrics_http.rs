@@ -62,6 +62,28 @@ fn respond(
             .body(Full::new(Bytes::from_static(body)))
             .expect("static response");
     }
+    if request.uri().path() == "/ready/budgets" {
+        // Whether models with an occupancy budget admit yet (`router::readiness`): what a first
+        // deployment waits on, while `/ready` already steers traffic here.
+        let (status, body) = match shared
+            .readiness
+            .check_budgets(crate::base::clock::now_unix_ms().max(0) as u64)
+        {
+            Ok(()) => (
+                StatusCode::OK,
+                crate::router::readiness::READY_BODY.to_vec(),
+            ),
+            Err((not_ready, seconds_left)) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                not_ready.body_with_seconds_left(seconds_left),
+            ),
+        };
+        return Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .expect("static response");
+    }
     if request.uri().path() != "/metrics" {
         return Response::builder()
             .status(StatusCode::NOT_FOUND)

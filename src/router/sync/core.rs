@@ -191,6 +191,8 @@ struct Round {
     credits: SiteCredits,
     /// Agents report routers the store does not list (no new credits within a settle window).
     unknown_routers: bool,
+    /// The settle window last logged: when it ends, and how many budgets it held back.
+    settle_announced: (u64, usize),
     /// Routers `--sync-min-routers` counts that the store does not list were logged, since
     /// the store last listed them all.
     unlisted_logged: bool,
@@ -311,6 +313,7 @@ impl SyncCore {
             store_up,
             credits,
             unknown_routers: false,
+            settle_announced: (0, 0),
             unlisted_logged: false,
             sessions_at_last_answer: 0,
             failovers_seen: 0,

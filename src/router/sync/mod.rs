@@ -68,6 +68,8 @@ pub struct SyncMetrics {
     pub malformed_records_total: AtomicU64,
     /// Age of the latest peer usage when applied, in milliseconds.
     pub lag_ms: AtomicI64,
+    /// Until the occupancy credits' settle window ends, in milliseconds, as of the last round.
+    pub settle_remaining_ms: AtomicI64,
     /// Rounds that failed to reach the store (`hivenet_sync_errors_total{kind="unreachable"}`).
     pub errors_total: AtomicU64,
     /// Commands the store's ACL refused, in a round, a credit call, or the check of a new
@@ -163,7 +165,7 @@ impl SyncMetrics {
 
 impl Collect for SyncMetrics {
     fn collect(&self, out: &mut Vec<Family>) {
-        let gauges: [(&str, &str, f64); 9] = [
+        let gauges: [(&str, &str, f64); 10] = [
             (
                 "hivenet_sync_up",
                 "1 while the sync store answers; 0 while each router enforces its share alone.",
@@ -203,6 +205,11 @@ impl Collect for SyncMetrics {
                 "hivenet_sync_lag_seconds",
                 "Age of the latest peer usage when applied.",
                 self.lag_ms.load(Ordering::Relaxed) as f64 / 1000.0,
+            ),
+            (
+                "hivenet_sync_settle_seconds_remaining",
+                "Seconds until the occupancy credits' settle window ends (a store younger than the window, or one that lost its data); 0 when none holds.",
+                self.settle_remaining_ms.load(Ordering::Relaxed) as f64 / 1000.0,
             ),
             (
                 "hivenet_sync_router_id_conflict",

@@ -114,6 +114,22 @@ impl SiteCredits {
         }
     }
 
+    /// While a settle window holds new credits back: when it ends (unix ms), and the pools of
+    /// the budgets it holds back (`{capability}|{model}|{kind}`), sorted; `None` once it ended,
+    /// or before this router first read the store.
+    pub fn settling(&self, now_ms: u64) -> Option<(u64, Vec<&str>)> {
+        if !self.knows_the_store || now_ms >= self.settles_at {
+            return None;
+        }
+        let mut pools: Vec<&str> = self
+            .budgets
+            .values()
+            .map(|budget| budget.pool.as_str())
+            .collect();
+        pools.sort_unstable();
+        Some((self.settles_at, pools))
+    }
+
     /// The store failed over, or restarted (a new replication ID): its latest writes may be
     /// lost though its epoch is the same. Every view guards what the new pool lost
     /// (`PoolView::failed_over`), and no grant is asked for until a round has rewritten what

@@ -151,6 +151,7 @@ impl Round {
                 "the other routers gave this router up: its occupancy credits are asked for again"
             );
         }
+        self.settle_news(now_ms);
         if after.forfeit {
             self.shared
                 .broadcast(|| ControlToShard::Credits(CreditNews::Forfeit))
@@ -160,6 +161,49 @@ impl Round {
         self.shared
             .broadcast(|| ControlToShard::Credits(CreditNews::OthersShort(short.clone())))
             .await;
+    }
+
+    /// The settle window, made visible: `hivenet_sync_settle_seconds_remaining`,
+    /// `GET /ready/budgets`, and a log line when a window starts and each time it holds back
+    /// more budgets, naming them and when they open.
+    fn settle_news(&mut self, now_ms: u64) {
+        let settling = self.credits.settling(now_ms);
+        let settles_at = settling.as_ref().map_or(0, |(at, _)| *at);
+        self.metrics.settle_remaining_ms.store(
+            settles_at.saturating_sub(now_ms).min(i64::MAX as u64) as i64,
+            Ordering::Relaxed,
+        );
+        self.shared.readiness.budgets_settle_until(settles_at);
+        let Some((settles_at, pools)) = settling else {
+            return;
+        };
+        if self.settle_announced == (settles_at, pools.len()) {
+            return;
+        }
+        self.settle_announced = (settles_at, pools.len());
+        let seconds = settles_at.saturating_sub(now_ms).div_ceil(1000);
+        let opens_at = crate::router::audit::Timestamp(
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(settles_at),
+        );
+        // A pool is `{capability}|{model}|{kind}`: shown as `model (kind)`.
+        let held_back = if pools.is_empty() {
+            "every budget asked for before it ends".to_owned()
+        } else {
+            let named = pools.iter().map(|pool| {
+                let mut parts = pool.splitn(3, '|').skip(1);
+                match (parts.next(), parts.next()) {
+                    (Some(model), Some(kind)) => format!("{model} ({kind})"),
+                    _ => (*pool).to_owned(),
+                }
+            });
+            named.collect::<Vec<_>>().join(", ")
+        };
+        tracing::info!(
+            seconds,
+            opens_at = %opens_at,
+            held_back = %held_back,
+            "the sync store is younger than the settle window (a first deployment, or it lost its data): models with an occupancy budget admit nothing until it ends; GET /ready/budgets on the metrics port answers 200 then"
+        );
     }
 
     /// The occupancy pools' step, after the round's transaction and on its own: a refused
