@@ -52,15 +52,7 @@ fn a_request_waiting_in_a_saturated_step_is_served_by_the_idle_next_step() {
             .agent(0, &["--capacity", "1", "--region", "primary"])
             .agent(1, &["--capacity", "4", "--region", "spare"]),
     );
-    site.wait_for("both agents healthy", || {
-        let listing: Value = serde_json::from_str(&site.get("/v1/models").2).ok()?;
-        let healthy = listing["data"]
-            .as_array()?
-            .iter()
-            .find(|model| model["id"] == MODEL)?["agents"]["healthy"]
-            .as_u64()?;
-        (healthy == 2).then_some(())
-    });
+    site.wait_healthy_agents(MODEL, 2);
     // The primary step's one slot, held by a long stream.
     let mut long = send_chat(&site, true);
     site.wait_metric("hivenet_shard_in_flight", |value| value == 1.0);

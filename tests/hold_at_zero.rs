@@ -339,28 +339,34 @@ fn keepalives_then_the_answer_once_the_model_wakes() {
     );
 }
 
+/// Holds a streaming request of `body` to `path` on `sleepy` until keepalives went out, wakes
+/// the model, and returns the answer's SSE events (its status is the keepalives' `200`).
+fn answered_after_keepalives(site: &mut Site, path: &str, body: &Value) -> Vec<String> {
+    place_here(site, "60s");
+    let mut conn = send(site, &post_request(path, &body.to_string()));
+    site.wait_metric("hivenet_pending_demand", |v| v == 1.0);
+    std::thread::sleep(Duration::from_millis(500));
+    wake(site, &[]);
+    let response = conn.read_response().unwrap();
+    assert_eq!(response.status, 200);
+    let events = sse_events(&response.body);
+    assert_eq!(events[0], ": keep-alive");
+    events
+}
+
 /// A backend's error answer after the keepalives committed `200` reaches a streaming
 /// `/v1/messages` client as an Anthropic `error` event whose message starts with the error code
 /// (not as the backend's body, passed through).
 #[test]
 fn a_backend_error_after_keepalives_is_an_anthropic_error_event_that_starts_with_the_code() {
     let mut site = sleepy_site("hold_anthropic_error", &[], &["--wake-keepalive", "200ms"]);
-    place_here(&site, "60s");
     // No `max_tokens`: the router forwards it, the engine (the sim, like Anthropic) refuses it.
     let body = json!({
         "model": "sleepy",
         "stream": true,
         "messages": [{"role": "user", "content": "hello"}],
-    })
-    .to_string();
-    let mut conn = send(&site, &post_request("/v1/messages", &body));
-    site.wait_metric("hivenet_pending_demand", |v| v == 1.0);
-    std::thread::sleep(Duration::from_millis(500));
-    wake(&mut site, &[]);
-    let response = conn.read_response().unwrap();
-    assert_eq!(response.status, 200);
-    let events = sse_events(&response.body);
-    assert_eq!(events[0], ": keep-alive");
+    });
+    let events = answered_after_keepalives(&mut site, "/v1/messages", &body);
     let last = events.last().unwrap();
     let data = last.strip_prefix("event: error\ndata: ").expect(last);
     let value: Value = serde_json::from_str(data).unwrap();
@@ -387,18 +393,10 @@ fn a_backend_error_after_keepalives_is_an_anthropic_error_event_that_starts_with
 #[test]
 fn a_backend_error_after_keepalives_is_an_openai_event_in_the_routers_envelope() {
     let mut site = sleepy_site("hold_openai_error", &[], &["--wake-keepalive", "200ms"]);
-    place_here(&site, "60s");
     // `messages` that is not an array: the router counts nothing of it and forwards it, the
     // engine refuses it with its own error body.
-    let body = json!({"model": "sleepy", "stream": true, "messages": 5}).to_string();
-    let mut conn = send(&site, &post_request("/v1/chat/completions", &body));
-    site.wait_metric("hivenet_pending_demand", |v| v == 1.0);
-    std::thread::sleep(Duration::from_millis(500));
-    wake(&mut site, &[]);
-    let response = conn.read_response().unwrap();
-    assert_eq!(response.status, 200);
-    let events = sse_events(&response.body);
-    assert_eq!(events[0], ": keep-alive");
+    let body = json!({"model": "sleepy", "stream": true, "messages": 5});
+    let events = answered_after_keepalives(&mut site, "/v1/chat/completions", &body);
     let last = events.last().unwrap();
     let data = last.strip_prefix("data: ").expect(last);
     let value: Value = serde_json::from_str(data).unwrap();

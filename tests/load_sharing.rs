@@ -22,15 +22,7 @@ fn two_agents_for_one_model_both_get_a_share() {
             .agent(0, &["--capacity", "4"])
             .agent(1, &["--capacity", "4"]),
     );
-    site.wait_for("both agents healthy for sim-model", || {
-        let listing: serde_json::Value = serde_json::from_str(&site.get("/v1/models").2).ok()?;
-        let healthy = listing["data"]
-            .as_array()?
-            .iter()
-            .find(|m| m["id"] == "sim-model")?["agents"]["healthy"]
-            .as_u64()?;
-        (healthy == 2).then_some(())
-    });
+    site.wait_healthy_agents("sim-model", 2);
 
     for _ in 0..16 {
         site.assert_chat_ok("sim-model");

@@ -45,17 +45,20 @@ fn send(site: &Site, count: usize) -> [f64; 2] {
     [after[0] - before[0], after[1] - before[1]]
 }
 
-#[test]
-fn best_ttft_picks_the_faster_engine_and_round_robin_takes_each_in_turn() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("hivenet-strategies-{}", std::process::id()));
+/// A policy directory whose `_default.yaml` ranks by `strategy`.
+fn policy_dir(name: &str, strategy: &str) -> PathBuf {
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("_default.yaml"),
-        "routing_policy: {strategy: prefix-aware}\n",
-    )
-    .unwrap();
+    let policy = format!("routing_policy: {{strategy: {strategy}}}\n");
+    std::fs::write(dir.join("_default.yaml"), policy).unwrap();
+    dir
+}
+
+#[test]
+fn best_ttft_picks_the_faster_engine_and_round_robin_takes_each_in_turn() {
+    let dir = policy_dir("hivenet-strategies", "least-loaded");
     let engine = |ttft: &'static str| ["--models", MODEL, "--output-tokens", "4", "--ttft", ttft];
     let agent = ["--capacity", "4", "--engine-sample-interval", "100ms"];
     let site = Site::start(
@@ -68,15 +71,7 @@ fn best_ttft_picks_the_faster_engine_and_round_robin_takes_each_in_turn() {
             .agent(0, &agent)
             .agent(1, &agent),
     );
-    site.wait_for("both agents healthy", || {
-        let listing: Value = serde_json::from_str(&site.get("/v1/models").2).ok()?;
-        let healthy = listing["data"]
-            .as_array()?
-            .iter()
-            .find(|model| model["id"] == MODEL)?["agents"]["healthy"]
-            .as_u64()?;
-        (healthy == 2).then_some(())
-    });
+    site.wait_healthy_agents(MODEL, 2);
 
     let spread = send(&site, 8);
     assert!(
@@ -113,15 +108,7 @@ fn best_ttft_picks_the_faster_engine_and_round_robin_takes_each_in_turn() {
 fn prefix_aware_keeps_each_conversation_on_one_engine_and_spills_when_unbalanced() {
     const CHATS: usize = 6;
     const TURNS: usize = 4;
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("hivenet-prefix-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("_default.yaml"),
-        "routing_policy: {strategy: prefix-aware}\n",
-    )
-    .unwrap();
+    let dir = policy_dir("hivenet-prefix", "prefix-aware");
     let engine = [
         "--models",
         MODEL,
@@ -151,7 +138,7 @@ fn prefix_aware_keeps_each_conversation_on_one_engine_and_spills_when_unbalanced
             .agent(0, &agent)
             .agent(1, &agent),
     );
-    wait_both_healthy(&site);
+    site.wait_healthy_agents(MODEL, 2);
 
     let turn = |chat: usize, turns: usize| {
         let mut messages = vec![serde_json::json!({
@@ -231,16 +218,4 @@ fn prefix_aware_keeps_each_conversation_on_one_engine_and_spills_when_unbalanced
         "the burst stayed on one engine: {spread:?}"
     );
     site.wait_metric("hivenet_shard_in_flight", |value| value == 0.0);
-}
-
-fn wait_both_healthy(site: &Site) {
-    site.wait_for("both agents healthy", || {
-        let listing: Value = serde_json::from_str(&site.get("/v1/models").2).ok()?;
-        let healthy = listing["data"]
-            .as_array()?
-            .iter()
-            .find(|model| model["id"] == MODEL)?["agents"]["healthy"]
-            .as_u64()?;
-        (healthy == 2).then_some(())
-    });
 }

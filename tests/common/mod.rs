@@ -585,6 +585,19 @@ impl Site {
         poll(WAIT, probe).unwrap_or_else(|| panic!("timed out waiting for {what}\n{}", self.logs()))
     }
 
+    /// Waits until `/v1/models` lists `model` with `count` healthy agents.
+    pub fn wait_healthy_agents(&self, model: &str, count: u64) {
+        self.wait_for(&format!("{count} healthy agents for {model}"), || {
+            let listing: Value = serde_json::from_str(&self.get("/v1/models").2).ok()?;
+            let healthy = listing["data"]
+                .as_array()?
+                .iter()
+                .find(|listed| listed["id"] == model)?["agents"]["healthy"]
+                .as_u64()?;
+            (healthy == count).then_some(())
+        });
+    }
+
     pub fn wait_health(&self) {
         self.wait_for("router /health", || {
             let response = try_request(self.http, &get_request("/health")).ok()?;
