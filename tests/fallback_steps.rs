@@ -11,7 +11,6 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::{Conn, Options, Site, chat, metric_sum, sse_events};
-use serde_json::Value;
 
 const MODEL: &str = "sim-model";
 
