@@ -262,6 +262,25 @@ fn lifetime_counts_survive_a_reconnect_and_a_reset_clears_them() {
         metric_sum(&text, "hivenet_agent_disconnections_total", &labels()),
         1.0
     );
+    // The routing table's `universal` section carries the same history.
+    let row = routing_row(&site);
+    let universal = &row["universal"];
+    let served = universal["successful_requests_total"].as_u64().unwrap();
+    assert!(served >= 3, "{row}");
+    assert_eq!(universal["disconnections_total"], 1, "{row}");
+    assert_eq!(universal["success_rate"], 1.0, "{row}");
+    assert!(
+        universal["input_tokens_total"].as_u64().unwrap() > 0,
+        "{row}"
+    );
+    assert_eq!(universal["latency_state"], "KNOWN", "{row}");
+    assert!(universal["srtt_ms"].as_f64().unwrap() > 0.0, "{row}");
+    assert_eq!(row["metadata"]["organization"], "ml-team", "{row}");
+    assert_eq!(row["metadata"]["machine"], "box-1", "{row}");
+    // The admin reference's recipe, `.agents[] | {model: .metadata.model, region:
+    // .metadata.region, srtt_ms: .universal.srtt_ms}`, reads these paths.
+    assert_eq!(row["metadata"]["model"], MODEL, "{row}");
+    assert!(row["metadata"]["region"].is_string(), "{row}");
 
     let reset = request(
         site.http,
@@ -278,4 +297,28 @@ fn lifetime_counts_survive_a_reconnect_and_a_reset_clears_them() {
         0.0
     );
     assert!(metric_absent(&text, "hivenet_agent_srtt_ms", &[]));
+    // The reset clears the table's history too, and nothing else of the row.
+    let row = routing_row(&site);
+    assert_eq!(row["universal"]["successful_requests_total"], 0, "{row}");
+    assert_eq!(row["universal"]["disconnections_total"], 0, "{row}");
+    assert_eq!(row["universal"]["latency_state"], "UNKNOWN", "{row}");
+    assert_eq!(
+        row["universal"]["srtt_ms"],
+        serde_json::Value::Null,
+        "{row}"
+    );
+    assert_eq!(row["status"]["healthy"], true, "{row}");
+    assert_eq!(row["metadata"]["organization"], "ml-team", "{row}");
+}
+
+/// The one agent's row of `GET /admin/routing-table`.
+fn routing_row(site: &common::Site) -> serde_json::Value {
+    let response = request(
+        site.http,
+        format!("GET /admin/routing-table HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {ADMIN_KEY}\r\nconnection: close\r\n\r\n").as_bytes(),
+    );
+    assert_eq!(response.status, 200, "{}", response.text());
+    let table = response.json();
+    assert_eq!(table["total"], 1, "{table}");
+    table["agents"][0].clone()
 }

@@ -10,9 +10,10 @@
 //! A model is listed once per capability it is registered for.
 //!
 //! What this router does not know is left out rather than invented: `pretty_name` and `info`.
-//! Not built yet: the routing table's `universal` section and `hardware` (the registry holds
-//! per-agent lifetime history and host reports for `/metrics`: `registry::history`). `engine` is
-//! present only once the agent reported an engine metric, as the reference says.
+//! The routing table's `universal` section is the registry's per-agent lifetime history
+//! (`registry::history`), without `rejected_requests_total` (not counted yet). Not built yet:
+//! `hardware` (the registry holds the agents' host reports for `/metrics`). `engine` is present
+//! only once the agent reported an engine metric, as the reference says.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -149,6 +150,7 @@ fn routing_row(agent: &AgentView) -> Value {
             .to_string(),
         },
     });
+    row["universal"] = universal(agent);
     let signals = agent.engine;
     let mut engine = Map::new();
     for (name, value) in [
@@ -164,6 +166,32 @@ fn routing_row(agent: &AgentView) -> Value {
         row["engine"] = Value::Object(engine);
     }
     row
+}
+
+/// The routing table's `universal` section (admin reference, "Response sections"): the router's
+/// lifetime counters of the agent, summed over the models it serves, since the router started or
+/// the last `POST /admin/metrics/reset`. A rate or latency with no observation yet is `null`
+/// (and `latency_state` `UNKNOWN`). `rejected_requests_total` is left out until the router
+/// counts rejections.
+fn universal(agent: &AgentView) -> Value {
+    let totals = &agent.totals;
+    let (srtt, rttvar) = match totals.latency_ms {
+        Some((srtt, rttvar)) => (json!(srtt), json!(rttvar)),
+        None => (Value::Null, Value::Null),
+    };
+    json!({
+        "successful_requests_total": totals.success,
+        "failed_requests_total": totals.failed,
+        "success_rate": totals.success_rate(),
+        "input_tokens_total": totals.input_tokens,
+        "output_tokens_total": totals.output_tokens,
+        "disconnections_total": totals.disconnections,
+        "agent_failures_total": totals.failures,
+        "backend_failures_total": agent.backend_failures,
+        "srtt_ms": srtt,
+        "rttvar_ms": rttvar,
+        "latency_state": if totals.latency_ms.is_some() { "KNOWN" } else { "UNKNOWN" },
+    })
 }
 
 #[cfg(test)]
@@ -194,6 +222,7 @@ mod tests {
             engine: EngineSignals::default(),
             last_seen_unix_ms: 1_776_870_991_500,
             backend_failures: 0,
+            totals: Default::default(),
         }
     }
 
@@ -266,6 +295,57 @@ mod tests {
         assert_eq!(rows[0]["status"]["last_seen"], "2026-04-22T15:16:31.500Z");
         assert!(rows[0].get("engine").is_none());
         assert_eq!(rows[1]["engine"], json!({"kv_cache_utilization": 0.5}));
-        assert!(rows[1].get("universal").is_none());
+    }
+
+    /// `universal`: the lifetime counters; what has no observation yet is `null`, the latency
+    /// `UNKNOWN` until its first sample.
+    #[test]
+    fn the_routing_table_carries_each_agents_history() {
+        let fresh = agent("a", &["m"], 4, true);
+        let mut served = agent("b", &["m"], 4, true);
+        served.backend_failures = 1;
+        served.totals = crate::logic::routing::counters::AgentTotals {
+            success: 3,
+            failed: 1,
+            input_tokens: 120,
+            output_tokens: 40,
+            disconnections: 2,
+            failures: 1,
+            latency_ms: Some((80.5, 12.25)),
+        };
+        let table = routing_table(&[fresh, served]);
+        let rows = table["agents"].as_array().unwrap();
+        assert_eq!(
+            rows[0]["universal"],
+            json!({
+                "successful_requests_total": 0,
+                "failed_requests_total": 0,
+                "success_rate": null,
+                "input_tokens_total": 0,
+                "output_tokens_total": 0,
+                "disconnections_total": 0,
+                "agent_failures_total": 0,
+                "backend_failures_total": 0,
+                "srtt_ms": null,
+                "rttvar_ms": null,
+                "latency_state": "UNKNOWN",
+            })
+        );
+        assert_eq!(
+            rows[1]["universal"],
+            json!({
+                "successful_requests_total": 3,
+                "failed_requests_total": 1,
+                "success_rate": 0.75,
+                "input_tokens_total": 120,
+                "output_tokens_total": 40,
+                "disconnections_total": 2,
+                "agent_failures_total": 1,
+                "backend_failures_total": 1,
+                "srtt_ms": 80.5,
+                "rttvar_ms": 12.25,
+                "latency_state": "KNOWN",
+            })
+        );
     }
 }

@@ -72,6 +72,8 @@ pub struct AgentView {
     pub last_seen_unix_ms: i64,
     /// Heartbeats that reported the backend newly unhealthy.
     pub backend_failures: u64,
+    /// The router's lifetime counters of the agent, over the models it serves now.
+    pub totals: crate::logic::routing::counters::AgentTotals,
 }
 
 #[derive(Debug)]
@@ -337,6 +339,7 @@ impl Registry {
                     engine: record.engine,
                     last_seen_unix_ms: now_unix_ms.saturating_sub(silent_ms),
                     backend_failures: record.backend_failures,
+                    totals: self.history.totals(&record.peer_id, &record.models),
                 })
             })
             .collect();

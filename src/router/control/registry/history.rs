@@ -116,12 +116,30 @@ impl History {
     }
 
     /// Applies `count` to the counters of `peer_id` for each of `models` it has any for.
-    pub fn each(&self, peer_id: &str, models: &[ModelId], count: impl Fn(&AgentCounters)) {
+    pub fn each(&self, peer_id: &str, models: &[ModelId], mut count: impl FnMut(&AgentCounters)) {
         for &model in models {
             if let Some(entry) = self.entries.get(&(peer_id.to_owned(), model)) {
                 count(&entry.counters);
             }
         }
+    }
+
+    /// `peer_id`'s totals over `models` (the routing table's `universal` section): counts
+    /// summed; the latency of the first model that has a sample (the reference keeps one
+    /// estimator per agent; this router keeps one per agent and model).
+    pub fn totals(&self, peer_id: &str, models: &[ModelId]) -> AgentTotals {
+        let mut sum = AgentTotals::default();
+        self.each(peer_id, models, |counters| {
+            let totals = counters.totals();
+            sum.success += totals.success;
+            sum.failed += totals.failed;
+            sum.input_tokens += totals.input_tokens;
+            sum.output_tokens += totals.output_tokens;
+            sum.disconnections += totals.disconnections;
+            sum.failures += totals.failures;
+            sum.latency_ms = sum.latency_ms.or(totals.latency_ms);
+        });
+        sum
     }
 
     /// `POST /admin/metrics/reset`: every entry zeroed; those `registered` says no to are
