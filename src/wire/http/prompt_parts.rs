@@ -26,8 +26,15 @@ pub struct PromptParts<'a> {
 
 impl<'a> PromptParts<'a> {
     /// The parts of `body`, or none when it does not read as a JSON object (a key given twice
-    /// included).
+    /// included). Only an object: serde would read an array's elements as the fields in order.
     pub fn of(body: &'a [u8]) -> PromptParts<'a> {
+        let is_object = body
+            .iter()
+            .find(|byte| !byte.is_ascii_whitespace())
+            .is_some_and(|byte| *byte == b'{');
+        if !is_object {
+            return PromptParts::default();
+        }
         serde_json::from_slice(body).unwrap_or_default()
     }
 
@@ -65,6 +72,7 @@ mod tests {
         for body in [
             &b"not json"[..],
             b"[1,2]",
+            b" [\"system\", \"tools\", \"messages\"]",
             br#"{"messages":[1],"messages":[2]}"#,
         ] {
             assert_eq!(PromptParts::of(body).bytes(), [&b""[..]; 4]);
