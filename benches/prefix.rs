@@ -1,18 +1,20 @@
-//! Measures what `prefix-aware` adds to a request: the prompt's chain (a second pass over the
-//! body for its prompt's raw spans, then one hash pass over them in 256-byte blocks), and the
-//! owner's lookup and record in a model's index of four agents, each holding a few hundred
-//! conversations' blocks.
+//! Measures what `prefix-aware` adds to a request: the prompt's chain (a skim of the body's top
+//! level for its prompt's raw spans, then one hash pass over them in 256-byte blocks), each part
+//! beside the fields pass every request makes (`prefix_split_8KB`), and the owner's lookup and
+//! record in a model's index of four agents, each holding a few hundred conversations' blocks.
 //!
-//! First run (2 cores, tests running beside it, so noisy): the chain of a 3 KB chat 2.4 µs,
-//! 8 KB 3.4 µs, 100 KB 27.7 µs (the whole body validated, its first 64 KiB hashed); a lookup and
-//! record of an 8 KB prompt (32 blocks) in an index of 400 conversations 0.99 µs.
+//! On a quiet machine, LTO off (`CARGO_PROFILE_BENCH_LTO=false
+//! CARGO_PROFILE_BENCH_CODEGEN_UNITS=16 cargo bench --bench prefix`): the chain of a 3 KB chat
+//! 0.73 µs, 8 KB 1.24 µs, 100 KB 5.2 µs; of the 8 KB chat, the fields pass 1.98 µs, the skim
+//! 0.62 µs, the hash 0.30 µs (the `serde_json` pass the skim replaced: 1.76 µs); a lookup and
+//! record of an 8 KB prompt (32 blocks) in an index of 400 conversations 1.2 µs.
 
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use hivenet_router::logic::routing::AgentId;
 use hivenet_router::logic::routing::prefix::PrefixIndex;
-use hivenet_router::logic::routing::prefix::chain::chain_of;
+use hivenet_router::logic::routing::prefix::chain::{Chain, chain_of};
 use hivenet_router::wire::http::prompt_parts::PromptParts;
 
 /// A chat turn of `turns` exchanges over a `system_bytes` system prompt, as a client sends it.
@@ -37,9 +39,9 @@ fn chat(conversation: usize, system_bytes: usize, turns: usize) -> Vec<u8> {
 }
 
 fn chain(body: &[u8]) -> Vec<u64> {
-    let mut out = Vec::new();
+    let mut out = Chain::new();
     chain_of(&PromptParts::of(body).bytes(), &mut out);
-    out
+    out.blocks().to_vec()
 }
 
 fn bench_chain(c: &mut Criterion) {
@@ -50,16 +52,36 @@ fn bench_chain(c: &mut Criterion) {
         ("100KB", chat(0, 98_000, 6)),
     ] {
         group.throughput(Throughput::Bytes(body.len() as u64));
-        let mut out = Vec::new();
+        let mut out = Chain::new();
         group.bench_function(name, |b| {
             b.iter(|| {
                 let parts = PromptParts::of(black_box(&body));
                 chain_of(&parts.bytes(), &mut out);
-                black_box(out.len())
+                black_box(out.blocks().len())
             })
         });
     }
     group.finish();
+    let mut split = c.benchmark_group("prefix_split_8KB");
+    let body = chat(0, 6_144, 6);
+    let mut out = Chain::new();
+    split.bench_function("fields", |b| {
+        b.iter(|| {
+            black_box(hivenet_router::wire::http::fields::extract_fields(black_box(&body)).is_ok())
+        })
+    });
+    split.bench_function("parts", |b| {
+        b.iter(|| black_box(PromptParts::of(black_box(&body)).bytes()[2].len()))
+    });
+    let parts = PromptParts::of(&body);
+    let bytes = parts.bytes();
+    split.bench_function("hash", |b| {
+        b.iter(|| {
+            chain_of(black_box(&bytes), &mut out);
+            black_box(out.blocks().len())
+        })
+    });
+    split.finish();
 }
 
 fn bench_index(c: &mut Criterion) {

@@ -193,7 +193,7 @@ pub struct Ask {
     pub beyond_depth: bool,
     /// The prompt's chain of block hashes ([`prefix::chain::chain_of`]), for a step that ranks
     /// `prefix-aware`; `None` for every other request.
-    pub prefix: Option<Arc<[u64]>>,
+    pub prefix: Option<Arc<prefix::chain::Chain>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,7 +268,7 @@ struct Waiter {
     ticket: Ticket,
     step: u8,
     excluded: Box<[AgentId]>,
-    prefix: Option<Arc<[u64]>>,
+    prefix: Option<Arc<prefix::chain::Chain>>,
 }
 
 pub struct ModelRoutes {
@@ -490,7 +490,11 @@ impl ModelRoutes {
             any_eligible = true;
             // Waiters are served first: a new request never overtakes the queue.
             if self.queue.is_empty()
-                && let Some(grant) = self.take_best(step, &ask.excluded, ask.prefix.as_deref())
+                && let Some(grant) = self.take_best(
+                    step,
+                    &ask.excluded,
+                    ask.prefix.as_deref().map(prefix::chain::Chain::blocks),
+                )
             {
                 return Acquire::Granted(grant);
             }
@@ -715,7 +719,11 @@ impl ModelRoutes {
             // Moved out for the call (the queue and the agents are both `self`), then put back.
             let excluded = std::mem::take(&mut self.queue[index].excluded);
             let prefix = self.queue[index].prefix.take();
-            match self.take_best(step, &excluded, prefix.as_deref()) {
+            match self.take_best(
+                step,
+                &excluded,
+                prefix.as_deref().map(prefix::chain::Chain::blocks),
+            ) {
                 Some(grant) => {
                     let waiter = self.queue.remove(index).expect("index checked");
                     grants.push((waiter.ticket, grant));

@@ -205,7 +205,7 @@ fn round_robin_takes_each_agent_in_turn() {
 /// A `prefix-aware` ask for the prompt whose blocks are `blocks` (each a small number standing
 /// for a block's bytes).
 fn prompt(blocks: &[u8]) -> Ask {
-    let mut chain = Vec::new();
+    let mut chain = prefix::chain::Chain::new();
     let bytes: Vec<Vec<u8>> = blocks
         .iter()
         .map(|&block| vec![block; prefix::chain::BLOCK_BYTES])
@@ -213,7 +213,7 @@ fn prompt(blocks: &[u8]) -> Ask {
     let parts: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
     prefix::chain::chain_of(&parts, &mut chain);
     Ask {
-        prefix: Some(chain.into()),
+        prefix: Some(Arc::new(chain)),
         ..Ask::default()
     }
 }
@@ -303,7 +303,7 @@ fn prefix_aware_yields_to_unbalanced_load() {
     up(&mut routes, other, 8);
     let mut matches = Vec::new();
     let index = routes.prefix.as_ref().expect("built");
-    index.matches(chat.prefix.as_deref().unwrap(), &mut matches);
+    index.matches(chat.prefix.as_deref().unwrap().blocks(), &mut matches);
     assert_eq!(matches, [(AgentId(home), 4)]);
     assert_eq!(routes.prefix_stats().blocks, 4);
 }

@@ -25,7 +25,7 @@ use crate::logic::admission::{self, PolicyOutcome, Reason};
 use crate::logic::auth::keys::KeyRecord;
 use crate::logic::limits::{Estimate, ModelContext, RejectionKind};
 use crate::logic::routing::Ask as RouteAsk;
-use crate::logic::routing::prefix;
+use crate::logic::routing::prefix::chain::{Chain, ChainPool};
 use crate::logic::sibling::token::RedirectClaims;
 use crate::logic::snapshot::{ModelEntry, RoutingSnapshot};
 use crate::router::accounting::RequestFacts;
@@ -451,6 +451,11 @@ impl<'r> Inference<'r> {
                         .await;
                 }
             };
+            if !attempts.may_retry(slot.step, self.plan.provider_fallback) {
+                // The owner recorded the prompt on the agent granted, and no attempt follows
+                // this one: an open stream holds no chain.
+                attempts.give_back_chain();
+            }
             match self.forward(slot, &mut quota, &attempts, facts, sink).await {
                 Err(Outcome::Retry(failure)) => {
                     ShardMetrics::add(&self.shard.metrics.forward_retries_total, 1);
@@ -747,20 +752,15 @@ impl<'r> Inference<'r> {
     }
 
     /// The prompt's chain of block hashes, when a step of the model's policy ranks
-    /// `prefix-aware`: one hash pass over the prompt's bytes, one allocation for the chain the
-    /// owner keeps while the request waits.
-    fn prefix_chain(&self) -> Option<Arc<[u64]>> {
-        thread_local! {
-            static CHAIN: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
+    /// `prefix-aware`: one hash pass over the prompt's bytes, into a chain from the shard's pool
+    /// that the owner shares while the request waits, given back when the request is done
+    /// ([`Attempts`]'s drop).
+    fn prefix_chain(&self) -> Option<Arc<Chain>> {
         if !self.model.policy.ranks_by_prefix() {
             return None;
         }
         let parts = PromptParts::of(&self.request.body);
-        CHAIN.with_borrow_mut(|chain| {
-            prefix::chain::chain_of(&parts.bytes(), chain);
-            (!chain.is_empty()).then(|| Arc::from(&chain[..]))
-        })
+        CHAINS.with_borrow_mut(|pool| pool.chain_of(&parts.bytes()))
     }
 
     /// The client left while a phase waited.
@@ -798,8 +798,19 @@ struct Attempts<'p> {
     last_failure: Option<Rejection>,
     /// Queue beyond `--queue-depth` (a request released by a wake).
     beyond_depth: bool,
-    /// The prompt's chain, for a `prefix-aware` step.
-    prefix: Option<Arc<[u64]>>,
+    /// The prompt's chain, for a `prefix-aware` step; back to the shard's pool on drop.
+    prefix: Option<Arc<Chain>>,
+}
+
+impl Drop for Attempts<'_> {
+    fn drop(&mut self) {
+        self.give_back_chain();
+    }
+}
+
+thread_local! {
+    /// The shard's idle prompt chains (`prefix-aware`): a shard is one thread.
+    static CHAINS: std::cell::RefCell<ChainPool> = std::cell::RefCell::new(ChainPool::default());
 }
 
 impl<'p> Attempts<'p> {
@@ -812,6 +823,13 @@ impl<'p> Attempts<'p> {
             last_failure: None,
             beyond_depth: false,
             prefix: None,
+        }
+    }
+
+    /// The prompt's chain back to the shard's pool: no ask of this request needs it again.
+    fn give_back_chain(&mut self) {
+        if let Some(chain) = self.prefix.take() {
+            CHAINS.with_borrow_mut(|pool| pool.give_back(chain));
         }
     }
 

@@ -8,10 +8,12 @@
 //! cache, keyed on tokens after its template, would. A trailing part-block is left out: only
 //! whole blocks are cached alike by every engine.
 //!
-//! Cost: one pass of `foldhash` over at most [`MAX_BLOCKS`] × [`BLOCK_BYTES`] bytes; nothing
-//! allocates once `out` has held a chain that long.
+//! Cost: one pass of `foldhash` over at most [`MAX_BLOCKS`] × [`BLOCK_BYTES`] bytes, into a
+//! [`Chain`] of fixed size that a shard's [`ChainPool`] hands out again once the request that
+//! made it is done: nothing allocates in steady state.
 
 use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
 
 /// Bytes of the prompt in one block: about 64 tokens of English text, four of vLLM's default
 /// 16-token blocks.
@@ -21,13 +23,56 @@ pub const BLOCK_BYTES: usize = 256;
 /// at most, which ranks it as well (its first 64 KiB are what a replica has cached or not).
 pub const MAX_BLOCKS: usize = 256;
 
+/// Idle chains a shard keeps for its next requests. A shard with more prefix-aware requests in
+/// flight than this allocates the difference once, and frees what comes back beyond it.
+pub const POOLED_CHAINS: usize = 64;
+
 /// The hasher's fixed seed: every shard and every run hashes a prompt alike.
 const SEED: u64 = 0x6869_7665_6e65_7430;
 
+/// A prompt's chain: up to [`MAX_BLOCKS`] block hashes in a buffer of that size (2 KiB), so a
+/// buffer serves any prompt again.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Chain {
+    len: usize,
+    blocks: [u64; MAX_BLOCKS],
+}
+
+impl Chain {
+    pub const fn new() -> Chain {
+        Chain {
+            len: 0,
+            blocks: [0; MAX_BLOCKS],
+        }
+    }
+
+    /// The block hashes, first block first.
+    pub fn blocks(&self) -> &[u64] {
+        &self.blocks[..self.len]
+    }
+
+    fn push(&mut self, hash: u64) {
+        self.blocks[self.len] = hash;
+        self.len += 1;
+    }
+}
+
+impl Default for Chain {
+    fn default() -> Chain {
+        Chain::new()
+    }
+}
+
+impl std::fmt::Debug for Chain {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_list().entries(self.blocks()).finish()
+    }
+}
+
 /// The chain of the prompt made of `parts`, in order, into `out` (cleared first). A block's
 /// hash is of its bytes and the block before, wherever the parts split it.
-pub fn chain_of(parts: &[&[u8]], out: &mut Vec<u64>) {
-    out.clear();
+pub fn chain_of(parts: &[&[u8]], out: &mut Chain) {
+    out.len = 0;
     let state = foldhash::fast::FixedState::with_seed(SEED);
     let mut previous = 0u64;
     // A block that spans two parts is gathered here; one inside a part is hashed in place.
@@ -35,7 +80,7 @@ pub fn chain_of(parts: &[&[u8]], out: &mut Vec<u64>) {
     let mut filled = 0;
     for part in parts {
         let mut rest = *part;
-        while !rest.is_empty() && out.len() < MAX_BLOCKS {
+        while !rest.is_empty() && out.len < MAX_BLOCKS {
             let block = if filled == 0 && rest.len() >= BLOCK_BYTES {
                 let (block, after) = rest.split_at(BLOCK_BYTES);
                 rest = after;
@@ -60,14 +105,63 @@ pub fn chain_of(parts: &[&[u8]], out: &mut Vec<u64>) {
     }
 }
 
+/// A shard's idle chains. A chain is shared between the request that made it and the model's
+/// owner (its ask, a waiter) through an `Arc`; the request gives it back when it is done, and a
+/// chain the owner still holds (a cancel not yet handled) is left to the owner to free.
+#[derive(Debug, Default)]
+pub struct ChainPool {
+    free: Vec<Arc<Chain>>,
+    /// Chains this pool allocated, for the test that steady state allocates none.
+    allocated: u64,
+}
+
+impl ChainPool {
+    /// The chain of the prompt made of `parts` in a chain from the pool; `None` for a prompt
+    /// shorter than one block.
+    pub fn chain_of(&mut self, parts: &[&[u8]]) -> Option<Arc<Chain>> {
+        let mut chain = loop {
+            match self.free.pop() {
+                // Dropped, not kept, when the owner still holds it: the owner frees it.
+                Some(idle) if Arc::strong_count(&idle) == 1 => break idle,
+                Some(_) => continue,
+                None => {
+                    self.allocated += 1;
+                    break Arc::new(Chain::new());
+                }
+            }
+        };
+        chain_of(
+            parts,
+            Arc::get_mut(&mut chain).expect("an idle chain is not shared"),
+        );
+        if chain.blocks().is_empty() {
+            self.give_back(chain);
+            return None;
+        }
+        Some(chain)
+    }
+
+    /// A chain whose request is done.
+    pub fn give_back(&mut self, chain: Arc<Chain>) {
+        if self.free.len() < POOLED_CHAINS {
+            self.free.push(chain);
+        }
+    }
+
+    /// Chains allocated since the pool was made.
+    pub fn allocated(&self) -> u64 {
+        self.allocated
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn chain(parts: &[&[u8]]) -> Vec<u64> {
-        let mut out = Vec::new();
+        let mut out = Chain::new();
         chain_of(parts, &mut out);
-        out
+        out.blocks().to_vec()
     }
 
     #[test]
@@ -129,5 +223,36 @@ mod tests {
             chain(&[&text[..3], &[], &text[3..300], &text[300..]]),
             whole
         );
+    }
+
+    #[test]
+    fn a_pool_hands_its_chains_out_again_and_leaves_shared_ones() {
+        let text = vec![b'p'; BLOCK_BYTES * 3];
+        let mut pool = ChainPool::default();
+        assert!(pool.chain_of(&[&text[..BLOCK_BYTES - 1]]).is_none());
+        for _ in 0..1_000 {
+            let chain = pool.chain_of(&[&text]).expect("three blocks");
+            assert_eq!(chain.blocks(), chain_of_vec(&text));
+            pool.give_back(chain);
+        }
+        assert_eq!(pool.allocated(), 1);
+        // An owner still holds the chain given back: the pool does not write over it.
+        let chain = pool.chain_of(&[&text]).expect("three blocks");
+        let held = Arc::clone(&chain);
+        pool.give_back(chain);
+        let other = pool.chain_of(&[&text[BLOCK_BYTES..]]).expect("two blocks");
+        assert_eq!(held.blocks(), chain_of_vec(&text));
+        assert_eq!(other.blocks().len(), 2);
+        assert_eq!(pool.allocated(), 2);
+        // Bounded: what comes back beyond the pool's size is freed.
+        let many: Vec<_> = (0..POOLED_CHAINS + 10)
+            .map(|_| pool.chain_of(&[&text]).expect("three blocks"))
+            .collect();
+        many.into_iter().for_each(|chain| pool.give_back(chain));
+        assert_eq!(pool.free.len(), POOLED_CHAINS);
+    }
+
+    fn chain_of_vec(text: &[u8]) -> Vec<u64> {
+        chain(&[text])
     }
 }
