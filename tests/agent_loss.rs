@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::{Conn, Options, Site, chat, post_request};
+use common::{Conn, Options, Site, chat, metric_sum, post_request};
 
 #[test]
 fn killing_the_agent_mid_stream_ends_the_stream_and_drops_the_model() {
@@ -70,6 +70,16 @@ fn killing_the_agent_mid_stream_ends_the_stream_and_drops_the_model() {
         "an interrupted stream must not claim completion: {tail:?}"
     );
     eprintln!("stream ended {:?} after the kill", killed_at.elapsed());
+    // The stream was cut by the lost tunnel, counted on the agent (its history outlives it).
+    let metrics = site.router_metrics();
+    let resets = |reason: &str| {
+        metric_sum(
+            &metrics,
+            "hivenet_agent_connection_resets_total",
+            &[("model", "sim-model"), ("reason", reason)],
+        )
+    };
+    assert_eq!((resets("tunnel"), resets("engine")), (1.0, 0.0));
 
     site.wait_model_gone("sim-model");
     eprintln!("model gone {:?} after the kill", killed_at.elapsed());

@@ -119,6 +119,21 @@ fn agent_families_are_on_the_router_with_the_catalog_labels() {
         metric_sum(&text, "hivenet_agent_failure_total", &agent),
         0.0
     );
+    // Nothing refused or cut: both families are there, at zero, per reason for the resets.
+    assert_eq!(
+        metric_sum(&text, "hivenet_agent_rejected_requests_total", &agent),
+        0.0
+    );
+    for reason in ["tunnel", "engine"] {
+        assert_eq!(
+            metric_sum(
+                &text,
+                "hivenet_agent_connection_resets_total",
+                &[("model", MODEL), ("reason", reason)]
+            ),
+            0.0
+        );
+    }
     let utilization = metric_sum(&text, "hivenet_agent_capacity_utilization", &agent);
     assert!((0.0..=1.0).contains(&utilization), "{utilization}");
     // Every per-agent series names its agent.
@@ -268,6 +283,7 @@ fn lifetime_counts_survive_a_reconnect_and_a_reset_clears_them() {
     let served = universal["successful_requests_total"].as_u64().unwrap();
     assert!(served >= 3, "{row}");
     assert_eq!(universal["disconnections_total"], 1, "{row}");
+    assert_eq!(universal["rejected_requests_total"], 0, "{row}");
     assert_eq!(universal["success_rate"], 1.0, "{row}");
     assert!(
         universal["input_tokens_total"].as_u64().unwrap() > 0,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{Options, Site, chat, post_request, read_engine_request, request};
+use common::{Options, Site, chat, metric_sum, post_request, read_engine_request, request};
 use serde_json::Value;
 
 const MODEL: &str = "fake-model";
@@ -131,8 +131,27 @@ fn an_engine_failing_mid_answer_is_a_backend_error_not_a_lost_agent() {
     assert_eq!(body["error"]["code"], "backend_error", "{body}");
     assert_eq!(body["error"]["source"], "backend", "{body}");
 
-    // The agent is still there: the tunnel was never lost.
+    // The agent is still there: the tunnel was never lost. Both answers were cut by the
+    // engine's connection (counted on the agent as resets for reason `engine`), none by the
+    // tunnel, and neither was a refusal.
     assert_eq!(site.model_ids(), vec![MODEL.to_owned()]);
+    let metrics = site.router_metrics();
+    let resets = |reason: &str| {
+        metric_sum(
+            &metrics,
+            "hivenet_agent_connection_resets_total",
+            &[("model", MODEL), ("reason", reason)],
+        )
+    };
+    assert_eq!((resets("engine"), resets("tunnel")), (2.0, 0.0));
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "hivenet_agent_rejected_requests_total",
+            &[("model", MODEL)]
+        ),
+        0.0
+    );
 
     // The engine stops listening: connection refused is backend_unavailable, 503.
     stop.store(true, Ordering::Relaxed);
@@ -145,4 +164,23 @@ fn an_engine_failing_mid_answer_is_a_backend_error_not_a_lost_agent() {
     let body = response.json();
     assert_eq!(body["error"]["code"], "backend_unavailable", "{body}");
     assert_eq!(body["error"]["source"], "backend", "{body}");
+    // An engine the agent cannot reach refused the request for readiness: a rejection, not a
+    // reset (nothing was cut).
+    let metrics = site.router_metrics();
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "hivenet_agent_rejected_requests_total",
+            &[("model", MODEL)]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "hivenet_agent_connection_resets_total",
+            &[("model", MODEL)]
+        ),
+        2.0
+    );
 }

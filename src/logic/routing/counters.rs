@@ -57,6 +57,30 @@ pub struct ShardSlot {
     failed: AtomicU64,
     input_tokens: AtomicU64,
     output_tokens: AtomicU64,
+    rejected: AtomicU64,
+    /// Requests cut mid-request, by [`ResetReason`].
+    resets: [AtomicU64; ResetReason::ALL.len()],
+}
+
+/// What broke under a request the agent had ([`AgentCounters::reset_under`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetReason {
+    /// The tunnel between router and agent, or the agent itself, was lost.
+    Tunnel,
+    /// The agent's connection to its engine broke (the agent reset the stream saying so).
+    Engine,
+}
+
+impl ResetReason {
+    pub const ALL: [ResetReason; 2] = [ResetReason::Tunnel, ResetReason::Engine];
+
+    /// The `reason` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResetReason::Tunnel => "tunnel",
+            ResetReason::Engine => "engine",
+        }
+    }
 }
 
 /// The counters of one (agent, model): one slot per shard, the latency estimator, and the
@@ -86,6 +110,10 @@ pub struct AgentTotals {
     pub output_tokens: u64,
     pub disconnections: u64,
     pub failures: u64,
+    /// Attempts the agent or its engine refused for capacity or readiness (429, 503).
+    pub rejected: u64,
+    /// Requests cut mid-request, per [`ResetReason::ALL`].
+    pub resets: [u64; ResetReason::ALL.len()],
     /// `(srtt_ms, rttvar_ms)`; `None` before the first latency sample.
     pub latency_ms: Option<(f64, f64)>,
 }
@@ -124,6 +152,18 @@ impl AgentCounters {
             &slot.failed
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The agent or its engine refused an attempt for capacity or readiness: the answer's status
+    /// was 429 (rate-limited, overloaded) or 503 (unavailable: an engine not ready, or one the
+    /// agent cannot reach). The attempt also counts as failed.
+    pub fn rejected(&self, shard: usize) {
+        self.slot(shard).rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request the agent had was cut because `reason` broke, before its answer ended.
+    pub fn reset_under(&self, shard: usize, reason: ResetReason) {
+        self.slot(shard).resets[reason as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Exact tokens a request served by this agent used, counted on `shard`.
@@ -177,6 +217,10 @@ impl AgentCounters {
             totals.failed += slot.failed.load(Ordering::Relaxed);
             totals.input_tokens += slot.input_tokens.load(Ordering::Relaxed);
             totals.output_tokens += slot.output_tokens.load(Ordering::Relaxed);
+            totals.rejected += slot.rejected.load(Ordering::Relaxed);
+            for (sum, count) in totals.resets.iter_mut().zip(&slot.resets) {
+                *sum += count.load(Ordering::Relaxed);
+            }
         }
         totals
     }
@@ -191,7 +235,11 @@ impl AgentCounters {
                 &slot.failed,
                 &slot.input_tokens,
                 &slot.output_tokens,
-            ] {
+                &slot.rejected,
+            ]
+            .into_iter()
+            .chain(&slot.resets)
+            {
                 counter.store(0, Ordering::Relaxed);
             }
         }
@@ -241,8 +289,15 @@ mod tests {
         counters.finished(1, 0);
         counters.tokens(0, 10, 20);
         counters.tokens(2, 1, 2);
+        counters.rejected(1);
+        counters.rejected(2);
+        counters.reset_under(0, ResetReason::Engine);
+        counters.reset_under(2, ResetReason::Tunnel);
+        counters.reset_under(1, ResetReason::Tunnel);
         let totals = counters.totals();
         assert_eq!((totals.success, totals.failed), (2, 2));
+        assert_eq!(totals.rejected, 2);
+        assert_eq!(totals.resets, [2, 1]);
         assert_eq!((totals.input_tokens, totals.output_tokens), (11, 22));
         assert_eq!(totals.success_rate(), Some(0.5));
         assert_eq!(totals.latency_ms, None);
@@ -284,6 +339,8 @@ mod tests {
         counters.latency_sample(100.0);
         assert_eq!(counters.totals().latency_ms, Some((150.0, 100.0)));
         counters.finished(1, 200);
+        counters.rejected(0);
+        counters.reset_under(1, ResetReason::Engine);
         counters.disconnected();
         counters.heartbeat_failed();
         counters.reset();

@@ -124,6 +124,23 @@ impl Accounting {
         });
     }
 
+    /// `agent` or its engine refused an attempt for capacity or readiness (429, 503).
+    pub fn agent_rejected(&self, agent: AgentId, model: ModelId) {
+        self.with_agent_counters(agent, model, |counters, shard| counters.rejected(shard));
+    }
+
+    /// A request `agent` had was cut because `reason` broke.
+    pub fn agent_reset(
+        &self,
+        agent: AgentId,
+        model: ModelId,
+        reason: crate::logic::routing::counters::ResetReason,
+    ) {
+        self.with_agent_counters(agent, model, |counters, shard| {
+            counters.reset_under(shard, reason)
+        });
+    }
+
     /// A latency sample of `agent` (request sent to response headers), in milliseconds.
     pub fn agent_latency(&self, agent: AgentId, model: ModelId, sample_ms: f64) {
         self.with_agent_counters(agent, model, |counters, _| {

@@ -20,6 +20,7 @@ use futures_util::future::Either;
 use crate::base::ids::Dialect;
 use crate::base::latch::race;
 use crate::logic::limits::Delivery;
+use crate::logic::routing::counters::ResetReason;
 use crate::logic::usage::{
     self, AnthropicStreamScan, OpenAiEvent, OpenAiStreamScan, SseSplitter, Usage,
 };
@@ -306,12 +307,18 @@ pub async fn forward<S: Sink>(
             // A transport failure after the request was sent is still a latency sample
             // (latency-tracking reference, "Successful and failed requests"); one before is not.
             latency_sample(shard, &slot, handed_over.get());
+            if handed_over.get().is_some() {
+                count_reset(shard, &slot, &error);
+            }
             ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
             tracing::debug!(shard = shard.id, session = slot.agent.0, %error, "forward failed");
             return Err(failed(upstream_failure(shard, &error)));
         }
         Some(Ok(Ok(response))) => {
             latency_sample(shard, &slot, handed_over.get());
+            if is_refusal_status(response.status().as_u16()) {
+                shard.accounting.agent_rejected(slot.agent, slot.model);
+            }
             response
         }
     };
@@ -420,6 +427,7 @@ async fn buffer_back<S: Sink>(
             Some(Either::Left(None)) => break,
             Some(Either::Left(Some(Err(error)))) => {
                 ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
+                count_reset(shard, settling.slot, &error);
                 return Err(upstream_failure(shard, &error).into());
             }
             Some(Either::Left(Some(Ok(chunk)))) => {
@@ -521,6 +529,7 @@ async fn stream_back<S: Sink>(
             Some(None) => break,
             Some(Some(Err(error))) => {
                 ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
+                count_reset(shard, settling.slot, &error);
                 truncated = true;
                 out.clear();
                 out.extend_from_slice(&splitter.take_tail());
@@ -586,6 +595,26 @@ async fn stream_back<S: Sink>(
 /// Backend statuses that say "try elsewhere": unavailable, overloaded, rate-limited, failing.
 fn is_retryable_status(status: u16) -> bool {
     matches!(status, 429 | 500 | 502 | 503 | 504)
+}
+
+/// Statuses that say the agent or its engine refused the request for capacity or readiness
+/// (`hivenet_agent_rejected_requests_total`): rate-limited or overloaded, unavailable.
+fn is_refusal_status(status: u16) -> bool {
+    matches!(status, 429 | 503)
+}
+
+/// A request the agent had was cut: counted on the agent by what broke
+/// (`hivenet_agent_connection_resets_total`), unless the router's own shutdown closed the tunnel.
+fn count_reset(shard: &Shard, slot: &Slot, error: &crate::net::tunnel::upstream::UpstreamError) {
+    if shard.lifecycle.is_ending() {
+        return;
+    }
+    let reason = if error.is_backend_failure() {
+        ResetReason::Engine
+    } else {
+        ResetReason::Tunnel
+    };
+    shard.accounting.agent_reset(slot.agent, slot.model, reason);
 }
 
 /// A forward that failed before anything reached the client, on this agent in this step.

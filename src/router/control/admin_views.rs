@@ -171,8 +171,7 @@ fn routing_row(agent: &AgentView) -> Value {
 /// The routing table's `universal` section (admin reference, "Response sections"): the router's
 /// lifetime counters of the agent, summed over the models it serves, since the router started or
 /// the last `POST /admin/metrics/reset`. A rate or latency with no observation yet is `null`
-/// (and `latency_state` `UNKNOWN`). `rejected_requests_total` is left out until the router
-/// counts rejections.
+/// (and `latency_state` `UNKNOWN`).
 fn universal(agent: &AgentView) -> Value {
     let totals = &agent.totals;
     let (srtt, rttvar) = match totals.latency_ms {
@@ -188,6 +187,7 @@ fn universal(agent: &AgentView) -> Value {
         "disconnections_total": totals.disconnections,
         "agent_failures_total": totals.failures,
         "backend_failures_total": agent.backend_failures,
+        "rejected_requests_total": totals.rejected,
         "srtt_ms": srtt,
         "rttvar_ms": rttvar,
         "latency_state": if totals.latency_ms.is_some() { "KNOWN" } else { "UNKNOWN" },
@@ -311,6 +311,8 @@ mod tests {
             output_tokens: 40,
             disconnections: 2,
             failures: 1,
+            rejected: 1,
+            resets: [1, 0],
             latency_ms: Some((80.5, 12.25)),
         };
         let table = routing_table(&[fresh, served]);
@@ -326,6 +328,7 @@ mod tests {
                 "disconnections_total": 0,
                 "agent_failures_total": 0,
                 "backend_failures_total": 0,
+                "rejected_requests_total": 0,
                 "srtt_ms": null,
                 "rttvar_ms": null,
                 "latency_state": "UNKNOWN",
@@ -342,6 +345,7 @@ mod tests {
                 "disconnections_total": 2,
                 "agent_failures_total": 1,
                 "backend_failures_total": 1,
+                "rejected_requests_total": 1,
                 "srtt_ms": 80.5,
                 "rttvar_ms": 12.25,
                 "latency_state": "KNOWN",

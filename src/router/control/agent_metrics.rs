@@ -14,6 +14,9 @@
 //! and every GPU series of a host without NVML are left out. Engine and host series of an agent
 //! go when it is no longer registered; its lifetime counters stay until a reset.
 
+use std::collections::BTreeMap;
+
+use crate::logic::routing::counters::ResetReason;
 use crate::router::control::registry::{AgentLabels, HistoryRow, LiveAgent};
 use crate::router::metrics::{Collect, Family};
 use crate::wire::proto::{EngineReport, GpuStats, HostStats};
@@ -90,7 +93,7 @@ fn host_labels<'a>(
 
 fn collect_history(history: &[(HistoryRow, &str)], out: &mut Vec<Family>) {
     type Value = fn(&crate::logic::routing::counters::AgentTotals) -> Option<f64>;
-    let families: [(Family, Value); 9] = [
+    let families: [(Family, Value); 10] = [
         (
             Family::counter(
                 "hivenet_agent_requests_success_total",
@@ -141,6 +144,13 @@ fn collect_history(history: &[(HistoryRow, &str)], out: &mut Vec<Family>) {
             |totals| Some(totals.failures as f64),
         ),
         (
+            Family::counter(
+                "hivenet_agent_rejected_requests_total",
+                "Attempts the agent or its engine refused for capacity or readiness (status 429 or 503).",
+            ),
+            |totals| Some(totals.rejected as f64),
+        ),
+        (
             Family::gauge(
                 "hivenet_agent_srtt_ms",
                 "Smoothed request round-trip time to response headers, in milliseconds.",
@@ -163,6 +173,28 @@ fn collect_history(history: &[(HistoryRow, &str)], out: &mut Vec<Family>) {
         }
         out.push(family);
     }
+    // The reference's labels, `model` and `reason`: summed over the model's agents (each
+    // agent's own count is in the routing table's history).
+    let mut resets = Family::counter(
+        "hivenet_agent_connection_resets_total",
+        "Requests cut before their answer ended because the router-agent tunnel (reason tunnel) or the agent's engine connection (reason engine) broke.",
+    );
+    let mut by_model: BTreeMap<&str, [u64; ResetReason::ALL.len()]> = BTreeMap::new();
+    for (row, model) in history {
+        let sums = by_model.entry(model).or_default();
+        for (sum, count) in sums.iter_mut().zip(row.totals.resets) {
+            *sum += count;
+        }
+    }
+    for (model, counts) in by_model {
+        for (reason, count) in ResetReason::ALL.into_iter().zip(counts) {
+            resets.sample(
+                &[("model", model), ("reason", reason.as_str())],
+                count as f64,
+            );
+        }
+    }
+    out.push(resets);
 }
 
 fn collect_capacity(live: &[LiveAgent], out: &mut Vec<Family>) {

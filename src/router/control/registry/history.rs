@@ -136,6 +136,10 @@ impl History {
             sum.input_tokens += totals.input_tokens;
             sum.output_tokens += totals.output_tokens;
             sum.disconnections += totals.disconnections;
+            sum.rejected += totals.rejected;
+            for (sum, count) in sum.resets.iter_mut().zip(totals.resets) {
+                *sum += count;
+            }
             sum.failures += totals.failures;
             sum.latency_ms = sum.latency_ms.or(totals.latency_ms);
         });
