@@ -6,10 +6,11 @@
 //! agents not registered now.
 //!
 //! Memory: one entry per (peer ID, model) pooled since the last reset, and at most
-//! [`HISTORY_ENTRIES_MAX`] once agents have left: past it, a new entry replaces one of an agent no
-//! longer in the routing pool. Agents that come back under new peer IDs (a fresh identity at every
-//! restart) would otherwise grow it for good. Entries of pooled agents are never dropped; they are
-//! bounded by the agents in the pool.
+//! [`HISTORY_ENTRIES_MAX`] once agents have left: past it, a new entry replaces the one of an
+//! agent no longer in the routing pool that registered least recently, counted in
+//! `hivenet_agent_history_dropped_total`. Agents that come back under new peer IDs (a fresh
+//! identity at every restart) would otherwise grow it for good. Entries of pooled agents are never
+//! dropped; they are bounded by the agents in the pool.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,6 +44,9 @@ impl AgentLabels {
 struct Entry {
     counters: Arc<AgentCounters>,
     labels: AgentLabels,
+    /// The registration that last asked for this entry, in the history's own order: the entry
+    /// of a gone agent with the smallest is dropped first.
+    registered: u64,
 }
 
 /// One (agent, model) of the history, for `/metrics`.
@@ -61,6 +65,10 @@ pub const HISTORY_ENTRIES_MAX: usize = 4096;
 pub struct History {
     shard_count: usize,
     entries: HashMap<(String, ModelId), Entry>,
+    registrations: u64,
+    /// Entries dropped for room since the router started (a reset does not clear it: it counts
+    /// what the history could not keep).
+    dropped: u64,
 }
 
 impl History {
@@ -68,6 +76,8 @@ impl History {
         History {
             shard_count,
             entries: HashMap::new(),
+            registrations: 0,
+            dropped: 0,
         }
     }
 
@@ -80,6 +90,8 @@ impl History {
         registration: &Registration,
     ) -> CountersByModel {
         let labels = AgentLabels::of(registration);
+        self.registrations += 1;
+        let registered = self.registrations;
         let counters = models
             .iter()
             .map(|&model| {
@@ -90,29 +102,39 @@ impl History {
                 let entry = self.entries.entry(key).or_insert_with(|| Entry {
                     counters: Arc::new(AgentCounters::new(self.shard_count)),
                     labels: labels.clone(),
+                    registered,
                 });
                 entry.labels = labels.clone();
+                entry.registered = registered;
                 (model, entry.counters.clone())
             })
             .collect();
         CountersByModel(counters)
     }
 
-    /// At [`HISTORY_ENTRIES_MAX`], forgets one entry of an agent no longer pooled: its counters
-    /// are held by the history alone (the routing pool holds a pooled agent's). Nothing when every
-    /// entry belongs to a pooled agent.
+    /// At [`HISTORY_ENTRIES_MAX`], forgets the entry of an agent no longer pooled (its counters
+    /// are held by the history alone: the routing pool holds a pooled agent's) that registered
+    /// least recently. Nothing when every entry belongs to a pooled agent. A scan of the
+    /// entries, made only when a new entry finds the history full.
     fn make_room(&mut self) {
         if self.entries.len() < HISTORY_ENTRIES_MAX {
             return;
         }
-        let gone = self
+        let oldest_gone = self
             .entries
             .iter()
-            .find(|(_, entry)| Arc::strong_count(&entry.counters) == 1)
+            .filter(|(_, entry)| Arc::strong_count(&entry.counters) == 1)
+            .min_by_key(|(_, entry)| entry.registered)
             .map(|(key, _)| key.clone());
-        if let Some(key) = gone {
+        if let Some(key) = oldest_gone {
             self.entries.remove(&key);
+            self.dropped += 1;
         }
+    }
+
+    /// Entries dropped for room since the router started.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
     }
 
     /// Applies `count` to the counters of `peer_id` for each of `models` it has any for.

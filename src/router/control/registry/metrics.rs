@@ -72,6 +72,18 @@ impl Collect for AgentFamilies<'_> {
             "Agents in the routing pool.",
         );
         routable.sample(&[], self.registry.routable_count() as f64);
-        out.extend([info, healthy, routable, last_seen, backend_failures]);
+        let mut history_dropped = Family::counter(
+            "hivenet_agent_history_dropped_total",
+            "Per-agent history entries of agents no longer registered dropped to keep the history bounded, oldest registration first.",
+        );
+        history_dropped.sample(&[], self.registry.history_dropped() as f64);
+        out.extend([
+            info,
+            healthy,
+            routable,
+            last_seen,
+            backend_failures,
+            history_dropped,
+        ]);
     }
 }

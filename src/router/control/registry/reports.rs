@@ -43,6 +43,11 @@ impl Registry {
             .collect()
     }
 
+    /// History entries dropped to keep the history bounded.
+    pub fn history_dropped(&self) -> u64 {
+        self.history.dropped()
+    }
+
     /// Every registered agent's current state for `/metrics`, sorted by peer ID.
     pub fn live_agents(&self) -> Vec<LiveAgent> {
         let mut agents: Vec<LiveAgent> = self

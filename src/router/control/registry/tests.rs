@@ -342,5 +342,17 @@ fn the_history_of_agents_gone_is_bounded_and_pooled_agents_keep_theirs() {
     let rows = history.rows();
     assert_eq!(rows.len(), HISTORY_ENTRIES_MAX);
     assert!(rows.iter().any(|row| row.peer_id == "pooled"));
+    // The oldest gone went first, each counted: the first 101 gone agents are forgotten.
+    assert_eq!(history.dropped(), 101);
+    let kept = |peer: &str| rows.iter().any(|row| row.peer_id == peer);
+    assert!(!kept("gone-0") && !kept("gone-100"));
+    assert!(kept("gone-101") && kept(&format!("gone-{}", HISTORY_ENTRIES_MAX + 99)));
+    // An agent gone that registers again is the newest: the next to go is gone-101.
+    drop(history.counters_for("gone-101", &model, &registration));
+    drop(history.counters_for("new", &model, &registration));
+    let rows = history.rows();
+    assert!(rows.iter().any(|row| row.peer_id == "gone-101"));
+    assert!(!rows.iter().any(|row| row.peer_id == "gone-102"));
+    assert_eq!(history.dropped(), 102);
     drop(pooled);
 }
