@@ -1,7 +1,7 @@
 //! Proves `HIVENET_ROUTER_QUOTA_BACKEND=badger` through the real router: today's daily token
-//! totals (flat and per-model) are the same after a SIGTERM restart and after a crash that came
-//! more than a flush interval after the usage, `--reset-disk-db` starts them from zero, and the
-//! `memory` backend forgets them.
+//! totals (flat and per-model) and the per-agent history are the same after a SIGTERM restart
+//! and after a crash that came more than a flush interval after the usage, `--reset-disk-db`
+//! starts them from zero, and the `memory` backend forgets them.
 //!
 //! Remaining tokens are read without spending any: a request whose declared maximum output is
 //! larger than the budget is refused with `429 token_limit_exceeded` and
@@ -16,6 +16,7 @@ use common::{Options, Site, Stop, request};
 use sha2::{Digest, Sha256};
 
 const FLAT_KEY: &str = "sk-persist-flat";
+const ADMIN_KEY: &str = "sk-persist-admin";
 const PER_MODEL_KEY: &str = "sk-persist-per-model";
 const FLAT_BUDGET: u64 = 100_000;
 const PER_MODEL_BUDGET: u64 = 50_000;
@@ -32,7 +33,9 @@ fn auth_file(name: &str) -> PathBuf {
     let path = dir.join("auth.yaml");
     let hash = |key: &str| hex::encode(Sha256::digest(key.as_bytes()));
     let text = format!(
-        "api:
+        "admin:
+  mode: api-key
+api:
   mode: api-key
   keys:
     - key_hash: \"{}\"
@@ -61,6 +64,7 @@ fn start(name: &str, options: Options) -> Site {
             .sim(&["--models", "sim-model", "--output-tokens", "8"])
             .agent(0, &["--capacity", "4"])
             .api_key(FLAT_KEY)
+            .router_env("HIVENET_ROUTER_ADMIN_API_KEYS", ADMIN_KEY)
             .router_args(&["--auth-config-file", auth.to_str().unwrap()]),
     )
 }
@@ -97,6 +101,19 @@ fn usage_total(site: &Site) -> u64 {
         + site.router_metric("hivenet_shard_output_tokens_total")) as u64
 }
 
+/// The agent's lifetime successes on `sim-model` as the router exposes them (its history), once
+/// the router exposes them at all (after a restart: once it has read the disk, or the agent has
+/// registered again).
+fn agent_successes(site: &Site) -> f64 {
+    site.wait_for("the agent's history on the router", || {
+        common::metric_sum_present(
+            &site.router_metrics(),
+            "hivenet_agent_requests_success_total",
+            &[("model", "sim-model")],
+        )
+    })
+}
+
 /// Sends `requests` chat completions with `key`, which had `remaining` tokens, and returns what
 /// it has left once every one has settled: its daily total then equals the exact usage.
 fn spend(site: &Site, key: &str, remaining: u64, requests: usize) -> u64 {
@@ -123,6 +140,8 @@ fn graceful_restart_keeps_todays_flat_and_per_model_totals() {
     let flat = spend(&site, FLAT_KEY, FLAT_BUDGET, 3);
     let per_model = spend(&site, PER_MODEL_KEY, PER_MODEL_BUDGET, 2);
     assert!(flat < FLAT_BUDGET && per_model < PER_MODEL_BUDGET);
+    // The refusals that read what is left never reach the agent: five served.
+    assert_eq!(agent_successes(&site), 5.0);
 
     let status = site.restart_router(Stop::Terminate, &[]).unwrap();
     assert!(status.success(), "graceful shutdown exits 0: {status}");
@@ -136,13 +155,35 @@ fn graceful_restart_keeps_todays_flat_and_per_model_totals() {
     );
     assert_eq!(remaining_tokens(&site, FLAT_KEY), flat);
     assert_eq!(remaining_tokens(&site, PER_MODEL_KEY), per_model);
-    // The restored budget keeps counting.
+    assert_eq!(agent_successes(&site), 5.0, "{}", site.router.log_tail());
+    // The restored budget and history keep counting.
     let flat_after = spend(&site, FLAT_KEY, flat, 1);
     assert!(flat_after < flat);
+    site.wait_for("the agent's sixth success", || {
+        (agent_successes(&site) == 6.0).then_some(())
+    });
     let status = site.restart_router(Stop::Terminate, &[]).unwrap();
     assert!(status.success(), "{status}");
     assert_eq!(remaining_tokens(&site, FLAT_KEY), flat_after);
     assert_eq!(remaining_tokens(&site, PER_MODEL_KEY), per_model);
+    assert_eq!(agent_successes(&site), 6.0);
+
+    // A reset clears the history on disk too (at the next flush, here the one at shutdown): a
+    // restart then starts it from zero, and the daily totals are untouched.
+    let raw = format!(
+        "POST /admin/metrics/reset HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {ADMIN_KEY}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    );
+    let reset = request(site.http, raw.as_bytes());
+    assert_eq!(reset.status, 200, "{}", reset.text());
+    assert_eq!(
+        reset.json()["message"],
+        "per-agent lifetime counters cleared (disk, in-memory, and Prometheus series)"
+    );
+    assert_eq!(agent_successes(&site), 0.0);
+    let status = site.restart_router(Stop::Terminate, &[]).unwrap();
+    assert!(status.success(), "{status}");
+    assert_eq!(agent_successes(&site), 0.0);
+    assert_eq!(remaining_tokens(&site, FLAT_KEY), flat_after);
 }
 
 #[test]
@@ -160,11 +201,13 @@ fn a_crash_keeps_the_totals_flushed_before_it() {
     );
     let flat = spend(&site, FLAT_KEY, FLAT_BUDGET, 3);
     let per_model = spend(&site, PER_MODEL_KEY, PER_MODEL_BUDGET, 1);
+    assert_eq!(agent_successes(&site), 4.0);
     std::thread::sleep(AFTER_A_FLUSH);
     site.restart_router(Stop::Kill, &[]);
     assert!(disk.join("hivenet-router.redb").exists());
     assert_eq!(remaining_tokens(&site, FLAT_KEY), flat);
     assert_eq!(remaining_tokens(&site, PER_MODEL_KEY), per_model);
+    assert_eq!(agent_successes(&site), 4.0);
     drop(site);
     let _ = std::fs::remove_dir_all(&disk);
 }
@@ -193,4 +236,6 @@ fn memory_backend_forgets_todays_totals() {
         "memory writes no database"
     );
     assert_eq!(remaining_tokens(&site, FLAT_KEY), FLAT_BUDGET);
+    // The agent registered again into an empty history.
+    assert_eq!(agent_successes(&site), 0.0);
 }

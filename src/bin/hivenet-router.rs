@@ -34,7 +34,7 @@ use hivenet_router::router::control::daily_flush::DailyFlush;
 use hivenet_router::router::control::disk_db::{self, DiskDb};
 use hivenet_router::router::control::policies::{self, PolicyControl};
 use hivenet_router::router::control::policy_reload;
-use hivenet_router::router::control::registry::HealthTimes;
+use hivenet_router::router::control::registry::{HealthTimes, HistoryRecord};
 use hivenet_router::router::control::{self, ControlSettings, ControlShared, auth_reload};
 use hivenet_router::router::front::runtime::{self, ShardSetup};
 use hivenet_router::router::metrics::ShardMetrics;
@@ -94,6 +94,8 @@ struct QuotaStore {
     today: Day,
     /// Shard `i`'s share of today's totals: the tenants it owns.
     restores: Vec<DailyRestore>,
+    /// The per-agent history an earlier run kept.
+    history: Vec<HistoryRecord>,
 }
 
 /// Opens the disk database and reads today's totals (`badger`); `None` with `memory` (after
@@ -127,6 +129,11 @@ fn open_quota_store(
         reset = args.reset_disk_db,
         "daily token totals restored from the disk database"
     );
+    let history = disk_db.load_history()?;
+    tracing::info!(
+        records = history.len(),
+        "per-agent history restored from the disk database"
+    );
     let mut restores: Vec<DailyRestore> = (0..shard_count)
         .map(|_| DailyRestore {
             day: today,
@@ -142,6 +149,7 @@ fn open_quota_store(
         disk_db: Arc::new(disk_db),
         today,
         restores,
+        history,
     }))
 }
 
@@ -218,7 +226,10 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     });
     let quota_store = open_quota_store(&args, env.quota_backend, shard_count)?;
     let (flush_to, mut daily_restores) = match quota_store {
-        Some(store) => (Some((store.disk_db, store.today)), Some(store.restores)),
+        Some(store) => (
+            Some((store.disk_db, store.today, store.history)),
+            Some(store.restores),
+        ),
         None => (None, None),
     };
     let tunnel_tls = match (&args.p2p_tls_cert, &args.p2p_tls_key) {
@@ -271,6 +282,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     let shared = Arc::new(ControlShared::new(
         ControlSettings {
             shard_count,
+            history_on_disk: flush_to.is_some(),
             session_ttl: args.session_ttl,
             agent_token_max_lifetime: args.agent_token_max_lifetime,
             heartbeat_interval: args.heartbeat_interval,
@@ -416,8 +428,8 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             if failed {
                 return;
             }
-            let daily_flush = flush_to.map(|(disk_db, today)| {
-                DailyFlush::spawn(&runtime, flush_shared, disk_db, today)
+            let daily_flush = flush_to.map(|(disk_db, today, history)| {
+                DailyFlush::spawn(&runtime, flush_shared, disk_db, today, history)
             });
             runtime.block_on(async {
                 let mut terminate =

@@ -198,6 +198,35 @@ impl AgentCounters {
         self.failures.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Adds `totals` (kept from an earlier run of the router: the disk database) to these
+    /// counters, in the first shard's slot; the latency becomes `totals`' when none was sampled
+    /// yet. Control core, at start-up.
+    pub fn add_totals(&self, totals: &AgentTotals) {
+        let slot = self.slot(0);
+        for (counter, value) in [
+            (&slot.success, totals.success),
+            (&slot.failed, totals.failed),
+            (&slot.input_tokens, totals.input_tokens),
+            (&slot.output_tokens, totals.output_tokens),
+            (&slot.rejected, totals.rejected),
+            (&self.disconnections, totals.disconnections),
+            (&self.failures, totals.failures),
+        ]
+        .into_iter()
+        .chain(slot.resets.iter().zip(totals.resets))
+        {
+            counter.fetch_add(value, Ordering::Relaxed);
+        }
+        if let Some(latency) = totals.latency_ms {
+            let _ = self.latency.compare_exchange(
+                LATENCY_UNKNOWN,
+                pack(latency),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
     /// The sums over every shard.
     /// The smoothed latency in milliseconds; `None` before the first sample (`lowest-srtt`:
     /// one relaxed load).
@@ -301,6 +330,33 @@ mod tests {
         assert_eq!((totals.input_tokens, totals.output_tokens), (11, 22));
         assert_eq!(totals.success_rate(), Some(0.5));
         assert_eq!(totals.latency_ms, None);
+    }
+
+    /// Totals kept from an earlier run add to what this run counted; a latency sampled in this
+    /// run stays.
+    #[test]
+    fn kept_totals_add_to_the_counts() {
+        let kept = AgentTotals {
+            success: 5,
+            failed: 1,
+            input_tokens: 50,
+            output_tokens: 20,
+            disconnections: 2,
+            failures: 1,
+            rejected: 1,
+            resets: [1, 2],
+            latency_ms: Some((40.0, 10.0)),
+        };
+        let fresh = AgentCounters::new(2);
+        fresh.add_totals(&kept);
+        assert_eq!(fresh.totals(), kept);
+        let counting = AgentCounters::new(2);
+        counting.finished(1, 200);
+        counting.latency_sample(100.0);
+        counting.add_totals(&kept);
+        let totals = counting.totals();
+        assert_eq!(totals.success, 6);
+        assert_eq!(totals.latency_ms, Some((100.0, 50.0)));
     }
 
     #[test]

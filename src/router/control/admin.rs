@@ -222,17 +222,23 @@ fn storage() -> AdminReply {
 }
 
 /// `POST /admin/metrics/reset`: the per-agent lifetime counters (successes, failures, tokens,
-/// disconnections, heartbeat failures, SRTT/RTTVAR) back to zero, and the series of agents not
-/// registered now gone (`control::registry::history`). This router keeps that history in memory
-/// only, so the message names no disk. Tenant quotas and router-level counters are untouched, as
-/// the reference says.
+/// disconnections, heartbeat failures, rejections, resets, SRTT/RTTVAR) back to zero, and the
+/// series of agents not registered now gone (`control::registry::history`); with the disk
+/// database, the next flush (within a second) writes the zeros and deletes the records of the
+/// agents forgotten, and the message names the disk as the reference's does. Tenant quotas and
+/// router-level counters are untouched, as the reference says.
 fn metrics_reset(shared: &ControlShared) -> AdminReply {
     shared.registry().reset_agent_history();
+    let message = if shared.settings.history_on_disk {
+        "per-agent lifetime counters cleared (disk, in-memory, and Prometheus series)"
+    } else {
+        "per-agent lifetime counters cleared (in-memory and Prometheus series)"
+    };
     json(
         200,
         &serde_json::json!({
             "status": "metrics reset",
-            "message": "per-agent lifetime counters cleared (in-memory and Prometheus series)",
+            "message": message,
         }),
     )
 }

@@ -4,6 +4,11 @@
 //! one transaction; once more at SIGTERM/SIGINT ([`DailyFlush::finish`]). A crash loses at most
 //! the last interval's changes (the reference flushed only periodically and at shutdown).
 //!
+//! The per-agent history rides along: at start the history an earlier run kept is added to the
+//! registry's ([`DailyFlush::spawn`]), and each flush writes the (agent, model) records whose
+//! totals or labels changed since the last write and deletes those the history no longer has
+//! (a `POST /admin/metrics/reset`, or room made for new agents).
+//!
 //! # Architecture
 //! One task on the control runtime owns the pending totals and is the only writer. The write
 //! itself (file I/O and an fsync) runs on tokio's blocking pool, so the control runtime's thread
@@ -31,9 +36,11 @@ use tokio::sync::{mpsc, oneshot};
 use crate::base::clock::utc_today;
 use crate::logic::auth::keys::TenantId;
 use crate::logic::limits::Day;
+use crate::logic::routing::counters::AgentTotals;
 use crate::logic::snapshot::ModelKey;
 use crate::router::control::ControlShared;
 use crate::router::control::disk_db::DiskDb;
+use crate::router::control::registry::{AgentLabels, HistoryRecord};
 use crate::router::shard::owner::quotas::{DailyRecord, DailyTotal};
 
 /// How often changed totals are written: the most a crash loses.
@@ -51,19 +58,33 @@ pub struct DailyFlush {
 impl DailyFlush {
     /// Starts the flush task on `runtime`. `pruned_for`: the day the database was last pruned for
     /// (at open); old days are pruned again when the UTC day changes.
+    /// `history`: the per-agent history the database held at start, added to the registry's
+    /// here.
     pub fn spawn(
         runtime: &tokio::runtime::Runtime,
         shared: Arc<ControlShared>,
         disk_db: Arc<DiskDb>,
         pruned_for: Day,
+        history: Vec<HistoryRecord>,
     ) -> DailyFlush {
         let (shutdown, requests) = mpsc::channel(1);
+        let history_written = history
+            .iter()
+            .map(|record| {
+                (
+                    (record.peer_id.clone(), record.model.clone()),
+                    (record.labels.clone(), record.totals),
+                )
+            })
+            .collect();
+        shared.registry().restore_history(history);
         let flusher = Flusher {
             shared,
             disk_db,
             pending: HashMap::new(),
             pruned_for,
             failing: false,
+            history_written,
         };
         runtime.spawn(flusher.run(requests));
         DailyFlush { shutdown }
@@ -93,6 +114,8 @@ struct Flusher {
     pruned_for: Day,
     /// The last write failed (to log the change of state, not every second).
     failing: bool,
+    /// What the database holds of each (agent, model)'s history.
+    history_written: HashMap<(String, ModelKey), (AgentLabels, AgentTotals)>,
 }
 
 impl Flusher {
@@ -118,7 +141,12 @@ impl Flusher {
         self.take(totals);
         let today = utc_today();
         let prune_before = (today > self.pruned_for).then(|| Day(today.0.saturating_sub(1)));
-        if self.pending.is_empty() && prune_before.is_none() {
+        let (history, removed) = self.history_changes();
+        if self.pending.is_empty()
+            && prune_before.is_none()
+            && history.is_empty()
+            && removed.is_empty()
+        {
             return;
         }
         let records: Vec<DailyRecord> = self
@@ -141,11 +169,23 @@ impl Flusher {
             if let Some(keep_from) = prune_before {
                 disk_db.prune_daily(keep_from)?;
             }
-            Ok::<(), crate::router::control::disk_db::DiskDbError>(())
+            if !history.is_empty() || !removed.is_empty() {
+                disk_db.write_history(&history, &removed)?;
+            }
+            Ok::<_, crate::router::control::disk_db::DiskDbError>((history, removed))
         })
         .await;
         let error = match written {
-            Ok(Ok(())) => {
+            Ok(Ok((history, removed))) => {
+                for key in removed {
+                    self.history_written.remove(&key);
+                }
+                for record in history {
+                    self.history_written.insert(
+                        (record.peer_id, record.model),
+                        (record.labels, record.totals),
+                    );
+                }
                 self.pending.clear();
                 if prune_before.is_some() {
                     self.pruned_for = today;
@@ -169,6 +209,35 @@ impl Flusher {
             self.failing = true;
             tracing::warn!(%error, totals = count, "cannot write daily totals to the disk database; keeping them and retrying every second");
         }
+    }
+
+    /// The history records that differ from what the database holds, and the (agent, model)
+    /// pairs it holds that the history no longer has. A failed write leaves `history_written`
+    /// as it was, so the next flush finds the same changes again.
+    fn history_changes(&self) -> (Vec<HistoryRecord>, Vec<(String, ModelKey)>) {
+        let records = self.shared.registry().history_records();
+        let present: std::collections::HashSet<(&str, &ModelKey)> = records
+            .iter()
+            .map(|record| (record.peer_id.as_str(), &record.model))
+            .collect();
+        let removed = self
+            .history_written
+            .keys()
+            .filter(|(peer_id, model)| !present.contains(&(peer_id.as_str(), model)))
+            .cloned()
+            .collect();
+        let changed = records
+            .iter()
+            .filter(|record| {
+                self.history_written
+                    .get(&(record.peer_id.clone(), record.model.clone()))
+                    .is_none_or(|(labels, totals)| {
+                        *labels != record.labels || *totals != record.totals
+                    })
+            })
+            .cloned()
+            .collect();
+        (changed, removed)
     }
 
     /// Names the models of `totals` and adds them to the pending batch, later totals replacing

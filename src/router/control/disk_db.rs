@@ -1,5 +1,6 @@
 //! The router's disk database (`--disk-db-path`, default `./badger_disk`): today's daily token
-//! totals, kept so they survive a restart (`HIVENET_ROUTER_QUOTA_BACKEND=badger`).
+//! totals and the per-agent lifetime history, kept so they survive a restart
+//! (`HIVENET_ROUTER_QUOTA_BACKEND=badger`).
 //!
 //! The name `badger` is kept for configuration compatibility with the reference implementation,
 //! which used BadgerDB. Underneath is [`redb`], an embedded, crash-safe (copy-on-write B-trees,
@@ -25,6 +26,16 @@
 //! quotaTPD:{day}:{tenant}:model:{capability}:{model name}
 //! ```
 //!
+//! Per-agent history (the observability reference's "Persistence and resets": the reference
+//! keeps it in its disk store too), one record per (agent, model), in its own table:
+//!
+//! ```text
+//! agentHistory:{peer id}:{capability}:{model name}
+//! ```
+//!
+//! whose value is the agent's labels and lifetime totals as a JSON object
+//! ([`encode_history_value`]), overwritten when they change.
+//!
 //! `{day}` is the UTC date `YYYY-MM-DD` (sorts like the day), `{tenant}` the owner's tenant id as
 //! 8 lowercase hex digits (derived from the owner string, so stable across restarts:
 //! `auth::keys`), `flat` marks the flat budget, and a per-model budget names its model by
@@ -45,11 +56,13 @@
 
 use std::path::{Path, PathBuf};
 
-use redb::{ReadableDatabase, TableDefinition};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::logic::auth::keys::TenantId;
 use crate::logic::limits::Day;
+use crate::logic::routing::counters::AgentTotals;
 use crate::logic::snapshot::{Capability, ModelKey};
+use crate::router::control::registry::{AgentLabels, HistoryRecord};
 use crate::router::shard::owner::quotas::DailyRecord;
 
 /// The database file inside `--disk-db-path`.
@@ -59,6 +72,11 @@ pub const DATABASE_FILE: &str = "hivenet-router.redb";
 const DAILY_TOKENS: TableDefinition<&str, u64> = TableDefinition::new("daily_tokens");
 
 const DAILY_PREFIX: &str = "quotaTPD:";
+
+/// Per-agent lifetime history: key and value as described in the module doc.
+const AGENT_HISTORY: TableDefinition<&str, &str> = TableDefinition::new("agent_history");
+
+const HISTORY_PREFIX: &str = "agentHistory:";
 
 /// Page cache of the database. The daily table of even a large site is a few megabytes; redb's
 /// default (1 GiB) would only ever be address space here, but say what we mean.
@@ -236,6 +254,133 @@ impl DiskDb {
         self.access(OPERATION, transaction.commit())?;
         Ok(deleted)
     }
+}
+
+impl DiskDb {
+    /// Every per-agent history record. Records that do not decode are skipped with a warning.
+    pub fn load_history(&self) -> Result<Vec<HistoryRecord>, DiskDbError> {
+        const OPERATION: &str = "read the agent history";
+        let transaction = self.access(OPERATION, self.database.begin_read())?;
+        let table = match transaction.open_table(AGENT_HISTORY) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(error) => return Err(self.error(OPERATION, error)),
+        };
+        let mut records = Vec::new();
+        for entry in self.access(OPERATION, table.iter())? {
+            let (key, value) = self.access(OPERATION, entry)?;
+            match decode_history(key.value(), value.value()) {
+                Some(record) => records.push(record),
+                None => {
+                    tracing::warn!(key = key.value(), path = %self.path.display(), "skipping an unreadable agent history record")
+                }
+            }
+        }
+        Ok(records)
+    }
+
+    /// Stores `records` (each overwrites its agent and model's) and deletes `removed`, in one
+    /// transaction, durable when this returns.
+    pub fn write_history(
+        &self,
+        records: &[HistoryRecord],
+        removed: &[(String, ModelKey)],
+    ) -> Result<(), DiskDbError> {
+        const OPERATION: &str = "write the agent history";
+        let transaction = self.access(OPERATION, self.database.begin_write())?;
+        {
+            let mut table = self.access(OPERATION, transaction.open_table(AGENT_HISTORY))?;
+            for record in records {
+                let key = history_key(&record.peer_id, &record.model);
+                let value = encode_history_value(&record.labels, &record.totals);
+                self.access(OPERATION, table.insert(key.as_str(), value.as_str()))?;
+            }
+            for (peer_id, model) in removed {
+                self.access(
+                    OPERATION,
+                    table.remove(history_key(peer_id, model).as_str()),
+                )?;
+            }
+        }
+        self.access(OPERATION, transaction.commit())
+    }
+}
+
+/// The key of an (agent, model)'s history record (see the module doc).
+pub fn history_key(peer_id: &str, model: &ModelKey) -> String {
+    format!(
+        "{HISTORY_PREFIX}{peer_id}:{}:{}",
+        model.capability.as_str(),
+        model.name
+    )
+}
+
+/// An (agent, model)'s labels and lifetime totals as a JSON object: the labels, the counts, and
+/// the latency estimator (`null` before a first sample).
+pub fn encode_history_value(labels: &AgentLabels, totals: &AgentTotals) -> String {
+    let (srtt, rttvar) = match totals.latency_ms {
+        Some((srtt, rttvar)) => (serde_json::json!(srtt), serde_json::json!(rttvar)),
+        None => (serde_json::Value::Null, serde_json::Value::Null),
+    };
+    serde_json::json!({
+        "engine": labels.engine,
+        "region": labels.region,
+        "organization": labels.organization,
+        "machine": labels.machine,
+        "success": totals.success,
+        "failed": totals.failed,
+        "input_tokens": totals.input_tokens,
+        "output_tokens": totals.output_tokens,
+        "disconnections": totals.disconnections,
+        "failures": totals.failures,
+        "rejected": totals.rejected,
+        "resets_tunnel": totals.resets[0],
+        "resets_engine": totals.resets[1],
+        "srtt_ms": srtt,
+        "rttvar_ms": rttvar,
+    })
+    .to_string()
+}
+
+/// The inverse of [`history_key`] and [`encode_history_value`]; `None` for anything else.
+pub fn decode_history(key: &str, value: &str) -> Option<HistoryRecord> {
+    let rest = key.strip_prefix(HISTORY_PREFIX)?;
+    let (peer_id, rest) = rest.split_once(':')?;
+    let (capability, name) = rest.split_once(':')?;
+    if peer_id.is_empty() || name.is_empty() {
+        return None;
+    }
+    let value: serde_json::Value = serde_json::from_str(value).ok()?;
+    let text = |field: &str| value[field].as_str().map(str::to_owned);
+    let count = |field: &str| value[field].as_u64();
+    let latency_ms = match (value["srtt_ms"].as_f64(), value["rttvar_ms"].as_f64()) {
+        (Some(srtt), Some(rttvar)) => Some((srtt, rttvar)),
+        _ => None,
+    };
+    Some(HistoryRecord {
+        peer_id: peer_id.to_owned(),
+        model: ModelKey {
+            name: name.into(),
+            capability: Capability::parse(capability)?,
+        },
+        labels: AgentLabels {
+            engine: text("engine")?,
+            region: text("region")?,
+            organization: text("organization")?,
+            machine: text("machine")?,
+        },
+        totals: AgentTotals {
+            success: count("success")?,
+            failed: count("failed")?,
+            input_tokens: count("input_tokens")?,
+            output_tokens: count("output_tokens")?,
+            disconnections: count("disconnections")?,
+            failures: count("failures")?,
+            rejected: count("rejected")?,
+            resets: [count("resets_tunnel")?, count("resets_engine")?],
+            latency_ms,
+        },
+    })
 }
 
 /// `YYYY-MM-DD` of a UTC day. Days outside the calendar `time` supports (beyond year 9999) do not
@@ -433,6 +578,90 @@ mod tests {
             ]
         );
         assert!(db.load_daily(SUNDAY).unwrap().is_empty());
+    }
+
+    fn history(peer_id: &str, model_name: &str, success: u64) -> HistoryRecord {
+        HistoryRecord {
+            peer_id: peer_id.into(),
+            model: model(model_name, Capability::Llm).unwrap(),
+            labels: AgentLabels {
+                engine: "vllm".into(),
+                region: "eu".into(),
+                organization: "ml".into(),
+                machine: "box:1".into(),
+            },
+            totals: AgentTotals {
+                success,
+                failed: 2,
+                input_tokens: 300,
+                output_tokens: 40,
+                disconnections: 1,
+                failures: 0,
+                rejected: 1,
+                resets: [3, 4],
+                latency_ms: (success > 1).then_some((81.5, 12.25)),
+            },
+        }
+    }
+
+    /// The history survives reopening, each record overwritten by a later write and deleted
+    /// when removed; the daily totals beside it are untouched.
+    #[test]
+    fn the_agent_history_survives_reopening() {
+        let dir = TempDir::new("history");
+        {
+            let db = DiskDb::open(&dir.0, false, SATURDAY).unwrap();
+            assert!(db.load_history().unwrap().is_empty(), "fresh database");
+            db.write_daily(&[record(1, None, SATURDAY, 100)]).unwrap();
+            db.write_history(
+                &[
+                    history("12D3KooWa", "org/chat:v1", 1),
+                    history("12D3KooWb", "chat", 5),
+                ],
+                &[],
+            )
+            .unwrap();
+            db.write_history(&[history("12D3KooWa", "org/chat:v1", 9)], &[])
+                .unwrap();
+        }
+        let db = DiskDb::open(&dir.0, false, SATURDAY).unwrap();
+        let mut loaded = db.load_history().unwrap();
+        loaded.sort_by(|a, b| a.peer_id.cmp(&b.peer_id));
+        assert_eq!(
+            loaded,
+            vec![
+                history("12D3KooWa", "org/chat:v1", 9),
+                history("12D3KooWb", "chat", 5)
+            ]
+        );
+        db.write_history(&[], &[("12D3KooWa".into(), loaded[0].model.clone())])
+            .unwrap();
+        assert_eq!(
+            db.load_history().unwrap(),
+            vec![history("12D3KooWb", "chat", 5)]
+        );
+        assert_eq!(
+            db.load_daily(SATURDAY).unwrap(),
+            vec![record(1, None, SATURDAY, 100)]
+        );
+    }
+
+    #[test]
+    fn history_records_that_do_not_read_are_none() {
+        let good = history("p", "m", 1);
+        let value = encode_history_value(&good.labels, &good.totals);
+        let key = history_key("p", &good.model);
+        assert_eq!(decode_history(&key, &value), Some(good));
+        for (key, value) in [
+            ("agentHistory:p:llm:m", "not json"),
+            ("agentHistory:p:llm:m", r#"{"engine":"vllm"}"#),
+            ("agentHistory::llm:m", value.as_str()),
+            ("agentHistory:p:llm:", value.as_str()),
+            ("agentHistory:p:video:m", value.as_str()),
+            ("quotaTPD:p:llm:m", value.as_str()),
+        ] {
+            assert_eq!(decode_history(key, value), None, "{key} {value}");
+        }
     }
 
     #[test]

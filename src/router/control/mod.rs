@@ -61,6 +61,9 @@ use registry::{Event, HealthTimes, Registry};
 #[derive(Debug, Clone)]
 pub struct ControlSettings {
     pub shard_count: usize,
+    /// `HIVENET_ROUTER_QUOTA_BACKEND=badger`: the per-agent history is also kept in the disk
+    /// database (`daily_flush`).
+    pub history_on_disk: bool,
     pub session_ttl: Duration,
     /// `--agent-token-max-lifetime`: agent authentication JWTs valid for longer are refused.
     pub agent_token_max_lifetime: Duration,

@@ -22,7 +22,7 @@ use crate::router::shard::registration_feed::Membership;
 mod history;
 mod registration;
 mod reports;
-pub use history::{AgentLabels, HistoryRow};
+pub use history::{AgentLabels, HistoryRecord, HistoryRow};
 pub use registration::Registration;
 pub use reports::LiveAgent;
 

@@ -58,6 +58,16 @@ pub struct HistoryRow {
     pub totals: AgentTotals,
 }
 
+/// One (agent, model) of the history as the disk database keeps it: the model by name, since ids
+/// are one process's own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryRecord {
+    pub peer_id: String,
+    pub model: crate::logic::snapshot::ModelKey,
+    pub labels: AgentLabels,
+    pub totals: AgentTotals,
+}
+
 /// Entries past which a new one replaces an entry of an agent that has left (module doc).
 pub const HISTORY_ENTRIES_MAX: usize = 4096;
 
@@ -130,6 +140,29 @@ impl History {
             self.entries.remove(&key);
             self.dropped += 1;
         }
+    }
+
+    /// Totals an earlier run of the router kept for `peer_id` and `model` (start-up): added to
+    /// the entry, made as the oldest when there is none (the entries of this run's agents are
+    /// kept before it).
+    pub fn restore(
+        &mut self,
+        peer_id: &str,
+        model: ModelId,
+        labels: AgentLabels,
+        totals: &AgentTotals,
+    ) {
+        let key = (peer_id.to_owned(), model);
+        if !self.entries.contains_key(&key) {
+            self.make_room();
+        }
+        let shard_count = self.shard_count;
+        let entry = self.entries.entry(key).or_insert_with(|| Entry {
+            counters: Arc::new(AgentCounters::new(shard_count)),
+            labels,
+            registered: 0,
+        });
+        entry.counters.add_totals(totals);
     }
 
     /// Entries dropped for room since the router started.

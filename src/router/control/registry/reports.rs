@@ -43,6 +43,33 @@ impl Registry {
             .collect()
     }
 
+    /// Every (agent, model) of the history with its model's name and capability, for the disk
+    /// database.
+    pub fn history_records(&self) -> Vec<super::history::HistoryRecord> {
+        self.history
+            .rows()
+            .into_iter()
+            .filter_map(|row| {
+                Some(super::history::HistoryRecord {
+                    model: self.model_key(row.model)?,
+                    peer_id: row.peer_id,
+                    labels: row.labels,
+                    totals: row.totals,
+                })
+            })
+            .collect()
+    }
+
+    /// Totals an earlier run of the router kept in the disk database (start-up), each added to
+    /// its agent's history.
+    pub fn restore_history(&mut self, records: Vec<super::history::HistoryRecord>) {
+        for record in records {
+            let model = self.model_id(&record.model.name, record.model.capability);
+            self.history
+                .restore(&record.peer_id, model, record.labels, &record.totals);
+        }
+    }
+
     /// History entries dropped to keep the history bounded.
     pub fn history_dropped(&self) -> u64 {
         self.history.dropped()

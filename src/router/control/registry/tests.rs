@@ -356,3 +356,27 @@ fn the_history_of_agents_gone_is_bounded_and_pooled_agents_keep_theirs() {
     assert_eq!(history.dropped(), 102);
     drop(pooled);
 }
+
+/// Totals kept on disk by an earlier run continue when the agent registers again, and add to
+/// what an agent that registered first already counted.
+#[test]
+fn restored_history_continues_and_adds_to_what_was_counted() {
+    use super::history::History;
+    use crate::logic::routing::counters::AgentTotals;
+    let mut history = History::new(2);
+    let registration = registration(&["m"]);
+    let kept = AgentTotals {
+        success: 7,
+        failed: 1,
+        ..AgentTotals::default()
+    };
+    history.restore("back", ModelId(0), AgentLabels::of(&registration), &kept);
+    let counters = history.counters_for("back", &[ModelId(0)], &registration);
+    counters.of(ModelId(0)).unwrap().finished(1, 200);
+    assert_eq!(history.totals("back", &[ModelId(0)]).success, 8);
+    let early = history.counters_for("early", &[ModelId(0)], &registration);
+    early.of(ModelId(0)).unwrap().finished(0, 200);
+    history.restore("early", ModelId(0), AgentLabels::of(&registration), &kept);
+    let totals = history.totals("early", &[ModelId(0)]);
+    assert_eq!((totals.success, totals.failed), (8, 1));
+}
