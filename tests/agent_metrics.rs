@@ -247,6 +247,23 @@ fn agent_families_are_on_the_router_with_the_catalog_labels() {
             "GPU series on a host without an NVIDIA driver:\n{text}"
         );
     }
+    // The routing table's `hardware` section: the same snapshot, the reference's fields.
+    let row = routing_row(&site);
+    let hardware = &row["hardware"];
+    assert!(
+        hardware["memory"]["total_bytes"].as_f64().unwrap() > 0.0,
+        "{row}"
+    );
+    assert!(
+        hardware["memory"]["used_percent"].as_f64().is_some(),
+        "{row}"
+    );
+    assert!(hardware["cpu"]["usage_percent"].as_f64().is_some(), "{row}");
+    assert!(hardware["gpu"].is_array(), "{row}");
+    assert!(
+        hardware["timestamp"].as_str().unwrap().ends_with('Z'),
+        "{row}"
+    );
 }
 
 #[test]

@@ -141,16 +141,13 @@ fn routing_row(agent: &AgentView) -> Value {
             "backend_healthy": agent.heartbeat_fresh,
             "active_requests": agent.in_flight,
             "capacity_utilization": utilization,
-            "last_seen": crate::router::audit::Timestamp(
-                std::time::SystemTime::UNIX_EPOCH
-                    + std::time::Duration::from_millis(
-                        u64::try_from(agent.last_seen_unix_ms).unwrap_or(0),
-                    ),
-            )
-            .to_string(),
+            "last_seen": last_seen(agent),
         },
     });
     row["universal"] = universal(agent);
+    if let Some(host) = &agent.host {
+        row["hardware"] = hardware(host, &last_seen(agent));
+    }
     let signals = agent.engine;
     let mut engine = Map::new();
     for (name, value) in [
@@ -166,6 +163,93 @@ fn routing_row(agent: &AgentView) -> Value {
         row["engine"] = Value::Object(engine);
     }
     row
+}
+
+/// The agent's last heartbeat, RFC 3339 with milliseconds.
+fn last_seen(agent: &AgentView) -> String {
+    crate::router::audit::Timestamp(
+        std::time::SystemTime::UNIX_EPOCH
+            + std::time::Duration::from_millis(u64::try_from(agent.last_seen_unix_ms).unwrap_or(0)),
+    )
+    .to_string()
+}
+
+/// The routing table's `hardware` section (admin reference, "Response sections"): the host
+/// snapshot of the agent's last heartbeat, which carries it, so `timestamp` is that heartbeat's.
+/// A value the agent did not measure is left out; `gpu` is empty on a host without NVML.
+fn hardware(host: &crate::wire::proto::HostStats, timestamp: &str) -> Value {
+    fn put(object: &mut Map<String, Value>, name: &str, value: Option<Value>) {
+        if let Some(value) = value {
+            object.insert(name.to_owned(), value);
+        }
+    }
+    let gpu: Vec<Value> = host
+        .gpus
+        .iter()
+        .map(|gpu| {
+            let mut object = Map::new();
+            object.insert("index".into(), json!(gpu.index));
+            put(
+                &mut object,
+                "util_percent",
+                gpu.utilization_percent.map(|v| json!(v)),
+            );
+            put(
+                &mut object,
+                "vram_used_bytes",
+                gpu.vram_used_bytes.map(|v| json!(v)),
+            );
+            put(
+                &mut object,
+                "vram_free_bytes",
+                gpu.vram_free_bytes.map(|v| json!(v)),
+            );
+            put(
+                &mut object,
+                "vram_total_bytes",
+                gpu.vram_total_bytes.map(|v| json!(v)),
+            );
+            put(
+                &mut object,
+                "temperature_c",
+                gpu.temperature_celsius.map(|v| json!(v)),
+            );
+            put(
+                &mut object,
+                "power_watts",
+                gpu.power_watts.map(|v| json!(v)),
+            );
+            Value::Object(object)
+        })
+        .collect();
+    let mut cpu = Map::new();
+    put(
+        &mut cpu,
+        "usage_percent",
+        host.cpu_usage_percent.map(|v| json!(v)),
+    );
+    let mut memory = Map::new();
+    put(
+        &mut memory,
+        "used_percent",
+        host.memory_used_percent.map(|v| json!(v)),
+    );
+    put(
+        &mut memory,
+        "available_bytes",
+        host.memory_available_bytes.map(|v| json!(v)),
+    );
+    put(
+        &mut memory,
+        "total_bytes",
+        host.memory_total_bytes.map(|v| json!(v)),
+    );
+    json!({
+        "gpu": gpu,
+        "cpu": cpu,
+        "memory": memory,
+        "timestamp": timestamp,
+    })
 }
 
 /// The routing table's `universal` section (admin reference, "Response sections"): the router's
@@ -223,6 +307,7 @@ mod tests {
             last_seen_unix_ms: 1_776_870_991_500,
             backend_failures: 0,
             totals: Default::default(),
+            host: None,
         }
     }
 
@@ -295,6 +380,54 @@ mod tests {
         assert_eq!(rows[0]["status"]["last_seen"], "2026-04-22T15:16:31.500Z");
         assert!(rows[0].get("engine").is_none());
         assert_eq!(rows[1]["engine"], json!({"kv_cache_utilization": 0.5}));
+    }
+
+    /// `hardware`: the last heartbeat's host snapshot in the reference's shape, what was not
+    /// measured left out; no section before a snapshot.
+    #[test]
+    fn the_routing_table_carries_the_hosts_hardware() {
+        use crate::wire::proto::{GpuStats, HostStats};
+        let bare = agent("a", &["m"], 4, true);
+        let mut gpu_host = agent("b", &["m"], 4, true);
+        gpu_host.host = Some(HostStats {
+            cpu_usage_percent: Some(2.5),
+            memory_used_percent: Some(7.25),
+            memory_available_bytes: Some(92_613_185_536),
+            memory_total_bytes: Some(101_247_455_232),
+            gpus: vec![GpuStats {
+                index: 0,
+                uuid: "GPU-1".into(),
+                utilization_percent: Some(0.0),
+                vram_used_bytes: Some(24_251_727_872),
+                vram_free_bytes: Some(1_505_492_992),
+                vram_total_bytes: Some(25_757_220_864),
+                temperature_celsius: Some(23.0),
+                power_watts: None,
+            }],
+        });
+        let table = routing_table(&[bare, gpu_host]);
+        let rows = table["agents"].as_array().unwrap();
+        assert!(rows[0].get("hardware").is_none(), "{}", rows[0]);
+        assert_eq!(
+            rows[1]["hardware"],
+            json!({
+                "gpu": [{
+                    "index": 0,
+                    "util_percent": 0.0,
+                    "vram_used_bytes": 24_251_727_872u64,
+                    "vram_free_bytes": 1_505_492_992u64,
+                    "vram_total_bytes": 25_757_220_864u64,
+                    "temperature_c": 23.0,
+                }],
+                "cpu": {"usage_percent": 2.5},
+                "memory": {
+                    "used_percent": 7.25,
+                    "available_bytes": 92_613_185_536u64,
+                    "total_bytes": 101_247_455_232u64,
+                },
+                "timestamp": "2026-04-22T15:16:31.500Z",
+            })
+        );
     }
 
     /// `universal`: the lifetime counters; what has no observation yet is `null`, the latency

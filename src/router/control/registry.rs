@@ -74,6 +74,8 @@ pub struct AgentView {
     pub backend_failures: u64,
     /// The router's lifetime counters of the agent, over the models it serves now.
     pub totals: crate::logic::routing::counters::AgentTotals,
+    /// The host's hardware as the last heartbeat reported it (`None` before one did).
+    pub host: Option<crate::wire::proto::HostStats>,
 }
 
 #[derive(Debug)]
@@ -340,6 +342,7 @@ impl Registry {
                     last_seen_unix_ms: now_unix_ms.saturating_sub(silent_ms),
                     backend_failures: record.backend_failures,
                     totals: self.history.totals(&record.peer_id, &record.models),
+                    host: record.host.clone(),
                 })
             })
             .collect();
