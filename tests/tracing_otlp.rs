@@ -26,6 +26,9 @@ const SPANS_WAIT: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone)]
 struct ReceivedSpan {
     service: String,
+    /// The resource's `service.version` and `service.instance.id`.
+    version: String,
+    instance: String,
     trace_id: String,
     span_id: String,
     parent_span_id: String,
@@ -46,13 +49,20 @@ impl TraceService for Receiver {
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
         let mut received = self.spans.lock().unwrap();
         for resource_spans in request.into_inner().resource_spans {
-            let service = resource_spans
-                .resource
-                .iter()
-                .flat_map(|resource| &resource.attributes)
-                .find(|attribute| attribute.key == "service.name")
-                .and_then(|attribute| string_of(attribute.value.as_ref()?.value.as_ref()?))
-                .unwrap_or_default();
+            let resource = |key: &str| {
+                resource_spans
+                    .resource
+                    .iter()
+                    .flat_map(|resource| &resource.attributes)
+                    .find(|attribute| attribute.key == key)
+                    .and_then(|attribute| string_of(attribute.value.as_ref()?.value.as_ref()?))
+                    .unwrap_or_default()
+            };
+            let (service, version, instance) = (
+                resource("service.name"),
+                resource("service.version"),
+                resource("service.instance.id"),
+            );
             for span in resource_spans
                 .scope_spans
                 .into_iter()
@@ -65,6 +75,8 @@ impl TraceService for Receiver {
                     .and_then(|attribute| string_of(attribute.value.as_ref()?.value.as_ref()?));
                 received.push(ReceivedSpan {
                     service: service.clone(),
+                    version: version.clone(),
+                    instance: instance.clone(),
                     trace_id: hex::encode(&span.trace_id),
                     span_id: hex::encode(&span.span_id),
                     parent_span_id: hex::encode(&span.parent_span_id),
@@ -226,6 +238,12 @@ fn a_request_is_traced_through_router_agent_and_engine() {
         "the agent's span is a child of the router's: {agent:?}"
     );
     assert_ne!(agent.span_id, router.span_id);
+    // The resource a collector groups by: the version, and each process by its peer ID.
+    for span in [&router, &agent] {
+        assert_eq!(span.version, env!("CARGO_PKG_VERSION"), "{span:?}");
+        assert!(span.instance.starts_with("12D3KooW"), "{span:?}");
+    }
+    assert_ne!(router.instance, agent.instance);
 
     let (engine_trace, engine_span) = ids_of(&engine_traceparent(&site));
     assert_eq!(engine_trace, trace_id, "the engine got the trace");
@@ -256,6 +274,93 @@ fn a_request_is_traced_through_router_agent_and_engine() {
         assert_eq!(audit_record(&site, request_id)["trace_id"], fresh_trace);
     }
     site.router.terminate();
+}
+
+/// `OTEL_TRACES_SAMPLER=parentbased_traceidratio` with ratio 0 on the router: a new trace is
+/// not recorded, and says so to the agent and the engine (`sampled` clear), which record
+/// nothing of it either; a client's sampled trace is still followed. With an export interval
+/// of a minute, the router's spans still waiting at SIGTERM reach the collector as it stops.
+#[test]
+fn the_sampler_decides_and_spans_waiting_at_sigterm_are_exported() {
+    let (endpoint, spans) = start_receiver();
+    let mut site = Site::start(
+        "tracing-sampler",
+        Options::new()
+            .sim(&["--models", "sim-model"])
+            .router_env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+            .router_env("OTEL_BSP_SCHEDULE_DELAY", "60000")
+            .router_env("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+            .router_env("OTEL_TRACES_SAMPLER_ARG", "0")
+            .skip_model_wait(),
+    );
+    site.spawn_agent_with_env(
+        0,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    site.wait_models(&["sim-model"]);
+    let tunnels = site.shards as f64;
+    site.wait_metric("hivenet_shard_tunnels_open", |open| open >= tunnels);
+
+    let unsampled = post_chat(&site, None);
+    let returned = unsampled.header("traceparent").unwrap().to_owned();
+    assert!(
+        returned.ends_with("-00"),
+        "a new trace is not sampled: {returned}"
+    );
+    let (unsampled_trace, _) = ids_of(&returned);
+    assert!(
+        engine_traceparent(&site).ends_with("-00"),
+        "the engine is told the trace is not recorded"
+    );
+
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    post_chat(&site, Some(&format!("00-{trace_id}-00f067aa0ba902b7-01")));
+    // The agent exports every 100 ms: its span of the sampled trace arrives, none of the other.
+    poll(SPANS_WAIT, || {
+        let spans = spans.lock().unwrap();
+        spans
+            .iter()
+            .any(|span| span.trace_id == trace_id && span.service == "hivenet-agent")
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("no agent span of {trace_id}\n{}", site.logs()));
+    let of_service = |service: &str| -> Vec<ReceivedSpan> {
+        spans
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|span| span.service == service)
+            .cloned()
+            .collect()
+    };
+    assert!(
+        of_service("hivenet-agent")
+            .iter()
+            .all(|span| span.trace_id != unsampled_trace),
+        "{:?}",
+        of_service("hivenet-agent")
+    );
+    assert!(
+        of_service("hivenet-router").is_empty(),
+        "nothing exported before the minute: {:?}",
+        of_service("hivenet-router")
+    );
+
+    let status = site.router.terminate();
+    assert!(status.success(), "{status}");
+    let router = of_service("hivenet-router");
+    assert!(
+        router.iter().any(|span| span.trace_id == trace_id),
+        "the span waiting at SIGTERM was exported before the router exited: {router:?}"
+    );
+    assert!(
+        router.iter().all(|span| span.trace_id != unsampled_trace),
+        "{router:?}"
+    );
 }
 
 #[test]

@@ -228,6 +228,8 @@ pub enum ConfigError {
     NoRouter,
     #[error("--engine-sample-interval must be greater than 0")]
     ZeroSampleInterval,
+    #[error("{0}")]
+    Tracing(String),
 }
 
 /// Validated settings the rest of the agent reads.
@@ -345,7 +347,7 @@ impl Args {
             machine: self.machine,
             p2p_tls_ca: self.p2p_tls_ca,
             p2p_codec: self.p2p_codec.codec(),
-            tracing: self.tracing.settings(),
+            tracing: self.tracing.settings().map_err(ConfigError::Tracing)?,
         })
     }
 }

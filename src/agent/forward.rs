@@ -29,7 +29,7 @@ use tracing::{debug, warn};
 use super::engine_client::{EngineBody, EngineClient, SendError};
 use super::headers;
 use super::stream::{Incoming, Reply};
-use crate::net::telemetry::{SpanOutcome, SpanQueue, StartedSpan};
+use crate::net::telemetry::{Sampler, SpanOutcome, SpanQueue, StartedSpan};
 
 const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 
@@ -197,8 +197,8 @@ pub fn backend_uri(base_path: &str, request_uri: &Uri) -> Result<Uri, ForwardErr
 pub async fn serve(mut request: Incoming, mut reply: Reply, context: Arc<ForwardContext>) {
     let _in_flight = context.in_flight.enter();
     // Tracing off: this one branch is all it costs.
-    let traced = context.spans.as_ref().map(|_| {
-        let span = start_span(&mut request.headers);
+    let traced = context.spans.as_ref().map(|spans| {
+        let span = start_span(&mut request.headers, spans.sampler());
         let name = crate::net::telemetry::span_name(request.uri.path());
         (span, name, request_id_of(&request.headers))
     });
@@ -237,8 +237,8 @@ pub async fn serve(mut request: Incoming, mut reply: Reply, context: Arc<Forward
 
 /// The agent's span for a request: a child of the router's (its `traceparent`), or a new trace
 /// when the router sent none. The engine gets the agent span's context in place of the router's.
-fn start_span(headers: &mut http::HeaderMap) -> StartedSpan {
-    let span = StartedSpan::start(headers.get(TRACEPARENT).map(HeaderValue::as_bytes));
+fn start_span(headers: &mut http::HeaderMap, sampler: Sampler) -> StartedSpan {
+    let span = StartedSpan::start(headers.get(TRACEPARENT).map(HeaderValue::as_bytes), sampler);
     let traceparent = HeaderValue::from_bytes(&span.context.traceparent())
         .expect("a traceparent is ASCII hex digits and dashes");
     headers.insert(TRACEPARENT, traceparent);

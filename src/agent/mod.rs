@@ -69,22 +69,30 @@ use crate::base::credentials::Secret;
 pub use shared::Shared;
 
 /// Tracing on: the queue request tasks push finished spans to, and the exporter draining it on
-/// this runtime (it runs for the life of the process).
+/// this runtime (finished once the agent has drained).
 fn start_span_export(
     settings: &crate::net::telemetry::TracingSettings,
-) -> anyhow::Result<crate::net::telemetry::SpanQueue> {
+    peer_id: &str,
+) -> anyhow::Result<(
+    crate::net::telemetry::SpanQueue,
+    crate::net::telemetry::export::SpanExport,
+)> {
     use crate::net::telemetry::{self, export};
-    let (queue, receiver, dropped) = telemetry::SpanQueue::build();
-    export::spawn(
+    let (queue, receiver, dropped) = telemetry::SpanQueue::build(settings.sampler);
+    let export = export::spawn(
         settings,
         telemetry::AGENT_SERVICE,
+        peer_id,
         export::SpanSource::Queue(receiver),
         dropped,
     )
     .map_err(|error| anyhow::anyhow!("OTEL_EXPORTER_OTLP_ENDPOINT: {error}"))?;
     tracing::info!(endpoint = %settings.endpoint, interval = ?settings.export_interval, "spans exported over OTLP gRPC as hivenet-agent");
-    Ok(queue)
+    Ok((queue, export))
 }
+
+/// The longest a stopping agent waits for its last spans to be exported.
+const SPAN_EXPORT_FINISH: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How often a draining agent looks at its requests in flight.
 const DRAIN_POLL: std::time::Duration = std::time::Duration::from_millis(50);
@@ -106,9 +114,12 @@ pub async fn run(
         _ = stop.wait_for(|stop| *stop) => return Ok(()),
     };
 
-    let spans = match &config.tracing {
-        Some(settings) => Some(start_span_export(settings)?),
-        None => None,
+    let (spans, span_export) = match &config.tracing {
+        Some(settings) => {
+            let (queue, export) = start_span_export(settings, &peer_id)?;
+            (Some(queue), Some(export))
+        }
+        None => (None, None),
     };
     let forward = Arc::new(
         ForwardContext::new(
@@ -190,6 +201,11 @@ pub async fn run(
             in_flight = in_flight(),
             "drain deadline passed: cutting the requests still in flight"
         );
+    }
+    if let Some(export) = span_export
+        && !export.finish(SPAN_EXPORT_FINISH).await
+    {
+        tracing::warn!("the last spans were not exported before the agent stopped");
     }
     Ok(())
 }

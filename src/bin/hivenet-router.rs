@@ -328,11 +328,11 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
     let mut audit_senders = audit_senders.into_iter().map(Some).collect::<Vec<_>>();
 
     // Tracing: one span ring per shard, drained by the exporter on the control core.
-    let tracing_settings = args.tracing.settings();
+    let tracing_settings = args.tracing.settings().map_err(anyhow::Error::msg)?;
     let (mut span_rings, span_export) = match &tracing_settings {
         Some(settings) => {
             tracing::info!(endpoint = %settings.endpoint, interval = ?settings.export_interval, "spans exported over OTLP gRPC as hivenet-router");
-            let (rings, consumers, dropped) = SpanRing::build(shard_count);
+            let (rings, consumers, dropped) = SpanRing::build(shard_count, settings.sampler);
             (
                 rings.into_iter().map(Some).collect(),
                 Some((settings.clone(), consumers, dropped)),
@@ -394,6 +394,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
 
     // The control core: its own thread, its own tokio runtime.
     let drain_timeout = args.drain_timeout;
+    let router_peer_id = identity.peer_id.to_string();
     let (control_started, control_ready) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("control".into())
@@ -410,16 +411,20 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
             };
             let flush_shared = shared.clone();
             let drain_shared = shared.clone();
+            let mut span_exporter = None;
             let started = control::core::start(&runtime, shared, from_shards).and_then(|started| {
                 if let Some((settings, consumers, dropped)) = span_export {
                     let _guard = runtime.enter();
-                    telemetry::export::spawn(
-                        &settings,
-                        telemetry::ROUTER_SERVICE,
-                        telemetry::export::SpanSource::Rings(consumers),
-                        dropped,
-                    )
-                    .context("OTEL_EXPORTER_OTLP_ENDPOINT")?;
+                    span_exporter = Some(
+                        telemetry::export::spawn(
+                            &settings,
+                            telemetry::ROUTER_SERVICE,
+                            &router_peer_id,
+                            telemetry::export::SpanSource::Rings(consumers),
+                            dropped,
+                        )
+                        .context("OTEL_EXPORTER_OTLP_ENDPOINT")?,
+                    );
                 }
                 Ok(started)
             });
@@ -453,6 +458,12 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
                     } else {
                         tracing::warn!("the final flush of daily token totals did not finish; the last second of changes may be lost");
                     }
+                }
+                // The spans of the drained requests reach the collector before the process ends.
+                if let Some(exporter) = span_exporter
+                    && !exporter.finish(SPAN_EXPORT_FINISH).await
+                {
+                    tracing::warn!("the last spans were not exported before the router stopped");
                 }
                 // Every record the shards have written reaches the log before the process ends.
                 audit_log.shutdown();
@@ -557,6 +568,9 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
 
 /// How often the drain looks at the requests still open.
 const DRAIN_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The longest a stopping router waits for its last spans to be exported.
+const SPAN_EXPORT_FINISH: std::time::Duration = std::time::Duration::from_secs(5);
 /// After the drain deadline: how long the requests ended by it get to write their error.
 const END_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 

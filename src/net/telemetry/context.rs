@@ -82,6 +82,15 @@ impl TraceContext {
         }
     }
 
+    /// Sets or clears the `sampled` flag (the sampler's decision for this span).
+    pub fn set_sampled(&mut self, sampled: bool) {
+        if sampled {
+            self.flags |= FLAG_SAMPLED;
+        } else {
+            self.flags &= !FLAG_SAMPLED;
+        }
+    }
+
     /// Whether the trace's spans are recorded (the `sampled` flag: the caller upstream decided).
     pub fn is_sampled(&self) -> bool {
         self.flags & FLAG_SAMPLED != 0

@@ -63,64 +63,125 @@ impl SpanSource {
     }
 }
 
+/// The running export task; [`SpanExport::finish`] exports what is still waiting and stops it.
+pub struct SpanExport {
+    stop: tokio::sync::oneshot::Sender<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl SpanExport {
+    /// Exports every span still waiting (at SIGTERM, once the requests have drained) and stops
+    /// the task. False when that did not finish within `timeout` (a collector that does not
+    /// answer: the export's own timeout is longer) or the task is gone.
+    pub async fn finish(self, timeout: Duration) -> bool {
+        let (done, finished) = tokio::sync::oneshot::channel();
+        if self.stop.send(done).is_err() {
+            return false;
+        }
+        matches!(tokio::time::timeout(timeout, finished).await, Ok(Ok(())))
+    }
+}
+
 /// Builds the OTLP exporter and starts the export task on the current `tokio` runtime (the
-/// gRPC channel connects lazily, on the first export). Errors only on an endpoint that is not
-/// a URI.
+/// gRPC channel connects lazily, on the first export). The spans' resource names the service,
+/// its version and this process (`instance_id`: its peer ID). Errors only on an endpoint that
+/// is not a URI.
 pub fn spawn(
     settings: &TracingSettings,
     service_name: &'static str,
+    instance_id: &str,
     source: SpanSource,
     dropped: Arc<AtomicU64>,
-) -> Result<tokio::task::JoinHandle<()>, opentelemetry_otlp::ExporterBuildError> {
+) -> Result<SpanExport, opentelemetry_otlp::ExporterBuildError> {
     let mut exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_tonic()
         .with_endpoint(settings.endpoint.clone())
         .build()?;
-    exporter.set_resource(
-        &Resource::builder_empty()
-            .with_service_name(service_name)
-            .build(),
-    );
+    exporter.set_resource(&resource(service_name, instance_id));
     let scope = InstrumentationScope::builder(service_name)
         .with_version(env!("CARGO_PKG_VERSION"))
         .build();
     let interval = settings.export_interval;
-    Ok(tokio::spawn(export_loop(
-        exporter, source, scope, interval, dropped,
-    )))
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    tokio::spawn(export_loop(
+        Exporting {
+            exporter,
+            source,
+            scope,
+            dropped,
+            failing: false,
+            dropped_reported: 0,
+        },
+        interval,
+        stopped,
+    ));
+    Ok(SpanExport { stop })
+}
+
+/// The attributes a collector groups spans by: `service.name`, `service.version`,
+/// `service.instance.id`.
+pub fn resource(service_name: &'static str, instance_id: &str) -> Resource {
+    Resource::builder_empty()
+        .with_service_name(service_name)
+        .with_attributes([
+            KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
+            KeyValue::new("service.instance.id", instance_id.to_owned()),
+        ])
+        .build()
+}
+
+/// The export task's state.
+struct Exporting {
+    exporter: opentelemetry_otlp::SpanExporter,
+    source: SpanSource,
+    scope: InstrumentationScope,
+    dropped: Arc<AtomicU64>,
+    /// The last export failed (logged once per failure streak).
+    failing: bool,
+    dropped_reported: u64,
 }
 
 async fn export_loop(
-    exporter: opentelemetry_otlp::SpanExporter,
-    mut source: SpanSource,
-    scope: InstrumentationScope,
+    mut exporting: Exporting,
     interval: Duration,
-    dropped: Arc<AtomicU64>,
+    mut stopped: tokio::sync::oneshot::Receiver<tokio::sync::oneshot::Sender<()>>,
 ) {
     let mut batch = Vec::with_capacity(BATCH_SPANS_MAX);
-    let mut failing = false;
-    let mut dropped_reported = 0;
     loop {
-        tokio::time::sleep(interval).await;
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => exporting.export_waiting(&mut batch).await,
+            stop = &mut stopped => {
+                exporting.export_waiting(&mut batch).await;
+                if let Ok(done) = stop {
+                    let _ = done.send(());
+                }
+                return;
+            }
+        }
+    }
+}
+
+impl Exporting {
+    /// Drains and exports every span waiting now, a batch at a time.
+    async fn export_waiting(&mut self, batch: &mut Vec<SpanRecord>) {
         loop {
-            source.drain_into(&mut batch, BATCH_SPANS_MAX);
+            self.source.drain_into(batch, BATCH_SPANS_MAX);
             if batch.is_empty() {
                 break;
             }
             let full = batch.len() == BATCH_SPANS_MAX;
             let spans = batch
                 .drain(..)
-                .map(|record| span_data(record, &scope))
+                .map(|record| span_data(record, &self.scope))
                 .collect();
-            match exporter.export(spans).await {
-                Ok(()) if failing => {
+            match self.exporter.export(spans).await {
+                Ok(()) if self.failing => {
                     tracing::info!("span export works again");
-                    failing = false;
+                    self.failing = false;
                 }
                 Ok(()) => {}
-                Err(error) if !failing => {
+                Err(error) if !self.failing => {
                     tracing::warn!(%error, "span export failed; spans are dropped until it works");
-                    failing = true;
+                    self.failing = true;
                 }
                 Err(_) => {}
             }
@@ -128,13 +189,13 @@ async fn export_loop(
                 break;
             }
         }
-        let dropped_now = dropped.load(Ordering::Relaxed);
-        if dropped_now > dropped_reported {
+        let dropped_now = self.dropped.load(Ordering::Relaxed);
+        if dropped_now > self.dropped_reported {
             tracing::warn!(
                 dropped = dropped_now,
                 "spans dropped: the exporter cannot keep up"
             );
-            dropped_reported = dropped_now;
+            self.dropped_reported = dropped_now;
         }
     }
 }
@@ -196,6 +257,7 @@ pub fn span_data(record: SpanRecord, scope: &InstrumentationScope) -> SpanData {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::net::telemetry::Sampler;
     use crate::net::telemetry::span::{SpanOutcome, SpanRing, StartedSpan};
 
     fn attribute<'d>(data: &'d SpanData, key: &str) -> Option<&'d opentelemetry::Value> {
@@ -207,9 +269,10 @@ mod tests {
 
     #[test]
     fn a_record_becomes_a_server_span_under_its_remote_parent() {
-        let span = StartedSpan::start(Some(
-            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-        ));
+        let span = StartedSpan::start(
+            Some(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+            Sampler::default(),
+        );
         let record = span.finish(
             "POST /v1/chat/completions",
             SpanOutcome {
@@ -241,7 +304,7 @@ mod tests {
 
     #[test]
     fn a_root_span_has_no_parent_and_a_4xx_is_not_an_error() {
-        let record = StartedSpan::start(None).finish(
+        let record = StartedSpan::start(None, Sampler::default()).finish(
             "POST /v1/messages",
             SpanOutcome {
                 status: 429,
@@ -256,8 +319,8 @@ mod tests {
 
     #[test]
     fn draining_stops_at_the_batch_bound_and_takes_every_ring() {
-        let (mut rings, consumers, _) = SpanRing::build(2);
-        let span = StartedSpan::start(None);
+        let (mut rings, consumers, _) = SpanRing::build(2, Sampler::default());
+        let span = StartedSpan::start(None, Sampler::default());
         for index in 0..6 {
             rings[index % 2].push(span.finish("POST", SpanOutcome::default()));
         }

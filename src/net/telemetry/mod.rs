@@ -17,24 +17,34 @@
 //! do I/O); a shard copies a fixed-shape record into its own ring and the exporter, on the
 //! control core, builds the SDK's `SpanData` and sends batches every `OTEL_BSP_SCHEDULE_DELAY`.
 //!
-//! Sampling: parent-based, always on at the root (the SDK's default sampler). A request whose
-//! `traceparent` has the `sampled` flag clear is continued (its trace id is still returned and
-//! audited) but its spans are not exported; a new trace is always sampled.
+//! Sampling: `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` as the SDK reads them
+//! (`sampler`), by default parent-based and always on at the root. A request whose span is not
+//! sampled is continued (its trace id is still returned and audited) but its spans are not
+//! exported.
+//!
+//! Resource: `service.name`, `service.version` (the crate's) and `service.instance.id` (the
+//! process's peer ID), the attributes a collector groups spans by. At SIGTERM, spans still
+//! waiting are exported before the process exits (`export::SpanExport::finish`).
 //!
 //! Performance: with tracing off the request path pays one branch on an `Option` per request:
 //! no clock read, no header lookup, no allocation.
 
 pub mod context;
 pub mod export;
+pub mod sampler;
 pub mod span;
 
 use std::time::Duration;
 
 pub use context::TraceContext;
+pub use sampler::Sampler;
 pub use span::{SpanOutcome, SpanQueue, SpanRecord, SpanRing, StartedSpan};
 
 /// The standard variable naming the OTLP gRPC collector (`tempo:4317`, `http://otel:4317`).
 pub const ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+/// The standard sampler variables (`sampler`).
+pub const SAMPLER_ENV: &str = "OTEL_TRACES_SAMPLER";
+pub const SAMPLER_ARG_ENV: &str = "OTEL_TRACES_SAMPLER_ARG";
 /// The standard batch span processor's export interval, in milliseconds.
 pub const SCHEDULE_DELAY_ENV: &str = "OTEL_BSP_SCHEDULE_DELAY";
 /// `OTEL_BSP_SCHEDULE_DELAY`'s default (the OpenTelemetry specification's), in milliseconds.
@@ -46,13 +56,15 @@ pub const ROUTER_SERVICE: &str = "hivenet-router";
 pub const AGENT_SERVICE: &str = "hivenet-agent";
 
 /// Where and how often spans are exported; a process has tracing on exactly when it has these.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TracingSettings {
     /// The collector's gRPC URI; `http://` is assumed when the variable gives no scheme (the
     /// reference's own example is `tempo:4317`). Insecure: TLS to the collector is not built in.
     pub endpoint: String,
     /// How often finished spans are drained and sent. At least 1 ms.
     pub export_interval: Duration,
+    /// Which traces are recorded.
+    pub sampler: Sampler,
 }
 
 impl TracingSettings {
@@ -68,6 +80,7 @@ impl TracingSettings {
         Some(TracingSettings {
             endpoint,
             export_interval: Duration::from_millis(schedule_delay_ms.max(1)),
+            sampler: Sampler::default(),
         })
     }
 }
@@ -88,12 +101,28 @@ pub struct TracingArgs {
         default_value_t = SCHEDULE_DELAY_MS_DEFAULT
     )]
     pub schedule_delay_ms: u64,
+    /// Which traces are recorded: `parentbased_always_on` (default), `parentbased_always_off`,
+    /// `parentbased_traceidratio`, `always_on`, `always_off`, `traceidratio`.
+    #[arg(long = "otel-traces-sampler", env = SAMPLER_ENV, default_value = "parentbased_always_on")]
+    pub sampler: String,
+    /// The probability of the two `traceidratio` samplers, 0 to 1 (default 1).
+    #[arg(long = "otel-traces-sampler-arg", env = SAMPLER_ARG_ENV)]
+    pub sampler_arg: Option<String>,
 }
 
 impl TracingArgs {
-    /// `None`: tracing off.
-    pub fn settings(&self) -> Option<TracingSettings> {
-        TracingSettings::from_endpoint(Some(&self.endpoint), self.schedule_delay_ms)
+    /// `Ok(None)`: tracing off. An unknown sampler or a ratio that is not a probability is an
+    /// error, with tracing on or off (a typo must not go unnoticed until tracing is turned on).
+    pub fn settings(&self) -> Result<Option<TracingSettings>, String> {
+        let sampler = Sampler::parse(&self.sampler, self.sampler_arg.as_deref())?;
+        Ok(
+            TracingSettings::from_endpoint(Some(&self.endpoint), self.schedule_delay_ms).map(
+                |settings| TracingSettings {
+                    sampler,
+                    ..settings
+                },
+            ),
+        )
     }
 }
 

@@ -18,6 +18,7 @@ use std::time::SystemTime;
 use bytes::Bytes;
 
 use super::context::TraceContext;
+use super::sampler::Sampler;
 
 /// Finished spans one shard (or the agent) may have waiting for the exporter. At the default
 /// export interval (5 s) this is ~1,600 requests per second per shard before any is dropped;
@@ -36,20 +37,20 @@ pub struct StartedSpan {
 
 impl StartedSpan {
     /// Continues the trace of `incoming` (a `traceparent` value) as a child of its span, or
-    /// starts a new trace when there is none or it is invalid.
-    pub fn start(incoming: Option<&[u8]>) -> StartedSpan {
+    /// starts a new trace when there is none or it is invalid; `sampler` decides whether the
+    /// span is recorded (its context's `sampled` flag).
+    pub fn start(incoming: Option<&[u8]>, sampler: Sampler) -> StartedSpan {
         let started = SystemTime::now();
-        match incoming.and_then(TraceContext::parse) {
-            Some(parent) => StartedSpan {
-                context: parent.child(),
-                parent: Some(parent.span_id),
-                started,
-            },
-            None => StartedSpan {
-                context: TraceContext::new_root(),
-                parent: None,
-                started,
-            },
+        let (mut context, parent) = match incoming.and_then(TraceContext::parse) {
+            Some(parent) => (parent.child(), Some(parent)),
+            None => (TraceContext::new_root(), None),
+        };
+        let sampled = sampler.samples(parent.map(|parent| parent.is_sampled()), &context.trace_id);
+        context.set_sampled(sampled);
+        StartedSpan {
+            context,
+            parent: parent.map(|parent| parent.span_id),
+            started,
         }
     }
 
@@ -97,6 +98,7 @@ pub struct SpanRecord {
 pub struct SpanRing {
     ring: rtrb::Producer<SpanRecord>,
     dropped: Arc<AtomicU64>,
+    sampler: Sampler,
 }
 
 impl SpanRing {
@@ -104,6 +106,7 @@ impl SpanRing {
     /// the exporter, and the count of records dropped because a ring was full.
     pub fn build(
         shards: usize,
+        sampler: Sampler,
     ) -> (
         Vec<SpanRing>,
         Vec<rtrb::Consumer<SpanRecord>>,
@@ -116,11 +119,17 @@ impl SpanRing {
                 let ring = SpanRing {
                     ring: producer,
                     dropped: dropped.clone(),
+                    sampler,
                 };
                 (ring, consumer)
             })
             .unzip();
         (rings, consumers, dropped)
+    }
+
+    /// The sampler the shard starts its spans with.
+    pub fn sampler(&self) -> Sampler {
+        self.sampler
     }
 
     /// Hands `record` to the exporter when its trace is sampled; drops and counts it when the
@@ -140,11 +149,14 @@ impl SpanRing {
 pub struct SpanQueue {
     queue: tokio::sync::mpsc::Sender<SpanRecord>,
     dropped: Arc<AtomicU64>,
+    sampler: Sampler,
 }
 
 impl SpanQueue {
     /// A queue of [`RING_SPANS`]: the sender for the tasks, the receiver for the exporter.
-    pub fn build() -> (
+    pub fn build(
+        sampler: Sampler,
+    ) -> (
         SpanQueue,
         tokio::sync::mpsc::Receiver<SpanRecord>,
         Arc<AtomicU64>,
@@ -154,8 +166,14 @@ impl SpanQueue {
         let sender = SpanQueue {
             queue,
             dropped: dropped.clone(),
+            sampler,
         };
         (sender, receiver, dropped)
+    }
+
+    /// The sampler the agent starts its spans with.
+    pub fn sampler(&self) -> Sampler {
+        self.sampler
     }
 
     /// As [`SpanRing::push`].
@@ -177,7 +195,7 @@ mod tests {
 
     #[test]
     fn a_valid_parent_is_continued_and_an_invalid_one_starts_a_new_trace() {
-        let continued = StartedSpan::start(Some(PARENT));
+        let continued = StartedSpan::start(Some(PARENT), Sampler::default());
         assert_eq!(
             &continued.context.trace_id_hex()[..],
             b"4bf92f3577b34da6a3ce929d0e0e4736"
@@ -185,28 +203,48 @@ mod tests {
         assert_eq!(continued.parent, Some(0x00f067aa0ba902b7u64.to_be_bytes()));
         assert_ne!(continued.context.span_id, continued.parent.unwrap());
 
-        let fresh = StartedSpan::start(Some(b"00-bad"));
+        let fresh = StartedSpan::start(Some(b"00-bad"), Sampler::default());
         assert_eq!(fresh.parent, None);
         assert!(fresh.context.is_sampled());
         assert_ne!(fresh.context.trace_id, continued.context.trace_id);
-        assert_eq!(StartedSpan::start(None).parent, None);
+        assert_eq!(StartedSpan::start(None, Sampler::default()).parent, None);
     }
 
     #[test]
     fn a_full_ring_drops_and_counts_and_unsampled_spans_are_not_kept() {
-        let (mut rings, mut consumers, dropped) = SpanRing::build(1);
-        let span = StartedSpan::start(None);
+        let (mut rings, mut consumers, dropped) = SpanRing::build(1, Sampler::default());
+        let span = StartedSpan::start(None, Sampler::default());
         for _ in 0..RING_SPANS + 3 {
             rings[0].push(span.finish("POST /v1/chat/completions", SpanOutcome::default()));
         }
         assert_eq!(consumers[0].slots(), RING_SPANS);
         assert_eq!(dropped.load(Ordering::Relaxed), 3);
 
-        let unsampled = StartedSpan::start(Some(
-            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
-        ));
+        let unsampled = StartedSpan::start(
+            Some(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"),
+            Sampler::default(),
+        );
         while consumers[0].pop().is_ok() {}
         rings[0].push(unsampled.finish("POST /v1/chat/completions", SpanOutcome::default()));
         assert_eq!(consumers[0].slots(), 0);
+    }
+
+    /// The sampler decides the span's flag, and so what goes on in `traceparent`: a ratio of 0
+    /// at the root records nothing and tells the agent so; parent-based follows the caller.
+    #[test]
+    fn the_sampler_sets_the_flag_that_goes_on() {
+        let never = Sampler::parse("parentbased_traceidratio", Some("0")).unwrap();
+        let root = StartedSpan::start(None, never);
+        assert!(!root.context.is_sampled());
+        assert!(root.context.traceparent().ends_with(b"-00"));
+        let continued = StartedSpan::start(Some(PARENT), never);
+        assert!(continued.context.is_sampled());
+        let always = Sampler::parse("always_on", None).unwrap();
+        let unsampled_parent = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+        assert!(
+            StartedSpan::start(Some(unsampled_parent), always)
+                .context
+                .is_sampled()
+        );
     }
 }

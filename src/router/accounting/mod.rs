@@ -164,11 +164,10 @@ impl Accounting {
         &self,
         incoming: impl FnOnce() -> Option<&'h [u8]>,
     ) -> Option<Box<crate::net::telemetry::StartedSpan>> {
-        if self.spans.borrow().is_none() {
-            return None;
-        }
+        let sampler = self.spans.borrow().as_ref()?.sampler();
         Some(Box::new(crate::net::telemetry::StartedSpan::start(
             incoming(),
+            sampler,
         )))
     }
 
