@@ -101,6 +101,13 @@ fn string_of(value: &AnyValue) -> Option<String> {
 /// Starts the receiver on a free loopback port on its own runtime thread; returns its endpoint
 /// (`127.0.0.1:<port>`, no scheme, as the reference writes it) and what it received.
 fn start_receiver() -> (String, Arc<Mutex<Vec<ReceivedSpan>>>) {
+    start_receiver_with(None)
+}
+
+/// As [`start_receiver`], serving TLS with `identity` when given.
+fn start_receiver_with(
+    identity: Option<tonic::transport::Identity>,
+) -> (String, Arc<Mutex<Vec<ReceivedSpan>>>) {
     let receiver = Receiver::default();
     let spans = receiver.spans.clone();
     let (bound, address) = std::sync::mpsc::channel();
@@ -114,7 +121,13 @@ fn start_receiver() -> (String, Arc<Mutex<Vec<ReceivedSpan>>>) {
                 tonic::transport::server::TcpIncoming::bind("127.0.0.1:0".parse().unwrap())
                     .unwrap();
             bound.send(incoming.local_addr().unwrap()).unwrap();
-            tonic::transport::Server::builder()
+            let mut server = tonic::transport::Server::builder();
+            if let Some(identity) = identity {
+                server = server
+                    .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+                    .unwrap();
+            }
+            server
                 .add_service(TraceServiceServer::new(receiver))
                 .serve_with_incoming(incoming)
                 .await
@@ -360,6 +373,52 @@ fn the_sampler_decides_and_spans_waiting_at_sigterm_are_exported() {
     assert!(
         router.iter().all(|span| span.trace_id != unsampled_trace),
         "{router:?}"
+    );
+}
+
+/// `OTEL_EXPORTER_OTLP_CERTIFICATE`: the router exports over TLS to a collector whose
+/// certificate that CA signed (the endpoint written without a scheme); a certificate path that
+/// does not exist is refused at start, naming the variable.
+#[test]
+fn spans_reach_a_tls_collector_signed_by_the_given_ca() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls");
+    let identity = tonic::transport::Identity::from_pem(
+        std::fs::read(fixtures.join("router.pem")).unwrap(),
+        std::fs::read(fixtures.join("router.key")).unwrap(),
+    );
+    let (endpoint, spans) = start_receiver_with(Some(identity));
+    let ca = fixtures.join("ca.pem");
+    let site = Site::start(
+        "tracing-tls",
+        Options::new()
+            .sim(&["--models", "sim-model"])
+            .agent(0, &[])
+            .router_env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+            .router_env("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.to_str().unwrap())
+            .router_env("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    );
+    let response = post_chat(&site, None);
+    let (trace_id, _) = ids_of(response.header("traceparent").unwrap());
+    poll(SPANS_WAIT, || {
+        let spans = spans.lock().unwrap();
+        spans
+            .iter()
+            .any(|span| span.trace_id == trace_id && span.service == "hivenet-router")
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("no span over TLS of {trace_id}\n{}", site.logs()));
+
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_hivenet-router"))
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+        .env("OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent/ca.pem")
+        .env("HIVENET_ROUTER_JWT_SECRET", "devsecret")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("OTEL_EXPORTER_OTLP_CERTIFICATE /nonexistent/ca.pem"),
+        "{stderr}"
     );
 }
 

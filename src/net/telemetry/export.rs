@@ -18,7 +18,7 @@ use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
 };
 use opentelemetry::{InstrumentationScope, KeyValue};
-use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter, SpanLinks};
 
@@ -92,10 +92,17 @@ pub fn spawn(
     source: SpanSource,
     dropped: Arc<AtomicU64>,
 ) -> Result<SpanExport, opentelemetry_otlp::ExporterBuildError> {
-    let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+    let mut builder = opentelemetry_otlp::SpanExporter::builder()
         .with_tonic()
-        .with_endpoint(settings.endpoint.clone())
-        .build()?;
+        .with_endpoint(settings.endpoint.clone());
+    if settings.endpoint.starts_with("https://") {
+        let mut tls = tonic::transport::ClientTlsConfig::new().with_webpki_roots();
+        if let Some(pem) = &settings.certificate {
+            tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
+        }
+        builder = builder.with_tls_config(tls);
+    }
+    let mut exporter = builder.build()?;
     exporter.set_resource(&resource(service_name, instance_id));
     let scope = InstrumentationScope::builder(service_name)
         .with_version(env!("CARGO_PKG_VERSION"))

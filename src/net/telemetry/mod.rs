@@ -45,6 +45,8 @@ pub const ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 /// The standard sampler variables (`sampler`).
 pub const SAMPLER_ENV: &str = "OTEL_TRACES_SAMPLER";
 pub const SAMPLER_ARG_ENV: &str = "OTEL_TRACES_SAMPLER_ARG";
+/// The standard variable naming the PEM file of the CA that signed the collector's certificate.
+pub const CERTIFICATE_ENV: &str = "OTEL_EXPORTER_OTLP_CERTIFICATE";
 /// The standard batch span processor's export interval, in milliseconds.
 pub const SCHEDULE_DELAY_ENV: &str = "OTEL_BSP_SCHEDULE_DELAY";
 /// `OTEL_BSP_SCHEDULE_DELAY`'s default (the OpenTelemetry specification's), in milliseconds.
@@ -59,8 +61,12 @@ pub const AGENT_SERVICE: &str = "hivenet-agent";
 #[derive(Debug, Clone, PartialEq)]
 pub struct TracingSettings {
     /// The collector's gRPC URI; `http://` is assumed when the variable gives no scheme (the
-    /// reference's own example is `tempo:4317`). Insecure: TLS to the collector is not built in.
+    /// reference's own example is `tempo:4317`), `https://` when a CA certificate is given. An
+    /// `https://` endpoint is reached over TLS, verified against the public web roots and the
+    /// given CA.
     pub endpoint: String,
+    /// PEM of the CA that signed the collector's certificate (`OTEL_EXPORTER_OTLP_CERTIFICATE`).
+    pub certificate: Option<Vec<u8>>,
     /// How often finished spans are drained and sent. At least 1 ms.
     pub export_interval: Duration,
     /// Which traces are recorded.
@@ -79,6 +85,7 @@ impl TracingSettings {
         };
         Some(TracingSettings {
             endpoint,
+            certificate: None,
             export_interval: Duration::from_millis(schedule_delay_ms.max(1)),
             sampler: Sampler::default(),
         })
@@ -108,6 +115,10 @@ pub struct TracingArgs {
     /// The probability of the two `traceidratio` samplers, 0 to 1 (default 1).
     #[arg(long = "otel-traces-sampler-arg", env = SAMPLER_ARG_ENV)]
     pub sampler_arg: Option<String>,
+    /// PEM file of the CA that signed the collector's certificate: the export goes over TLS
+    /// (an endpoint without a scheme is `https://`).
+    #[arg(long = "otel-exporter-otlp-certificate", env = CERTIFICATE_ENV)]
+    pub certificate: Option<std::path::PathBuf>,
 }
 
 impl TracingArgs {
@@ -115,14 +126,36 @@ impl TracingArgs {
     /// error, with tracing on or off (a typo must not go unnoticed until tracing is turned on).
     pub fn settings(&self) -> Result<Option<TracingSettings>, String> {
         let sampler = Sampler::parse(&self.sampler, self.sampler_arg.as_deref())?;
-        Ok(
-            TracingSettings::from_endpoint(Some(&self.endpoint), self.schedule_delay_ms).map(
-                |settings| TracingSettings {
-                    sampler,
-                    ..settings
-                },
-            ),
-        )
+        let Some(settings) =
+            TracingSettings::from_endpoint(Some(&self.endpoint), self.schedule_delay_ms)
+        else {
+            return Ok(None);
+        };
+        let Some(path) = &self.certificate else {
+            return Ok(Some(TracingSettings {
+                sampler,
+                ..settings
+            }));
+        };
+        let certificate = std::fs::read(path)
+            .map_err(|error| format!("{CERTIFICATE_ENV} {}: {error}", path.display()))?;
+        let endpoint = match settings.endpoint.strip_prefix("http://") {
+            // A scheme the operator did not write: the certificate says TLS.
+            Some(rest) if !self.endpoint.contains("://") => format!("https://{rest}"),
+            Some(_) => {
+                return Err(format!(
+                    "{CERTIFICATE_ENV} is set but {ENDPOINT_ENV} {} is plain http://",
+                    self.endpoint
+                ));
+            }
+            None => settings.endpoint,
+        };
+        Ok(Some(TracingSettings {
+            endpoint,
+            certificate: Some(certificate),
+            sampler,
+            ..settings
+        }))
     }
 }
 
@@ -150,6 +183,45 @@ mod tests {
         assert_eq!(TracingSettings::from_endpoint(None, 5000), None);
         assert_eq!(TracingSettings::from_endpoint(Some(""), 5000), None);
         assert_eq!(TracingSettings::from_endpoint(Some("  "), 5000), None);
+    }
+
+    fn args(endpoint: &str, certificate: Option<&str>) -> TracingArgs {
+        TracingArgs {
+            endpoint: endpoint.into(),
+            schedule_delay_ms: 5000,
+            sampler: "parentbased_always_on".into(),
+            sampler_arg: None,
+            certificate: certificate.map(Into::into),
+        }
+    }
+
+    /// A CA certificate means TLS: an endpoint without a scheme becomes `https://`, an explicit
+    /// `http://` one is refused, and a file that cannot be read is refused naming it.
+    #[test]
+    fn a_certificate_turns_the_export_to_tls() {
+        let ca = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tls/ca.pem");
+        let settings = args("otel:4317", Some(ca)).settings().unwrap().unwrap();
+        assert_eq!(settings.endpoint, "https://otel:4317");
+        assert!(settings.certificate.unwrap().starts_with(b"-----BEGIN"));
+        let settings = args("https://otel:4317", Some(ca))
+            .settings()
+            .unwrap()
+            .unwrap();
+        assert_eq!(settings.endpoint, "https://otel:4317");
+        assert!(args("http://otel:4317", Some(ca)).settings().is_err());
+        let missing = args("otel:4317", Some("/nonexistent/ca.pem"))
+            .settings()
+            .unwrap_err();
+        assert!(
+            missing.starts_with("OTEL_EXPORTER_OTLP_CERTIFICATE /nonexistent/ca.pem"),
+            "{missing}"
+        );
+        assert_eq!(args("", Some("/nonexistent/ca.pem")).settings(), Ok(None));
+        let plain = args("otel:4317", None).settings().unwrap().unwrap();
+        assert_eq!(
+            (plain.endpoint.as_str(), plain.certificate),
+            ("http://otel:4317", None)
+        );
     }
 
     #[test]
