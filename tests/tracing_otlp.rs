@@ -19,6 +19,10 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use serde_json::Value;
 
+/// OTLP's span kinds.
+const SERVER: i32 = 2;
+const CLIENT: i32 = 3;
+
 /// How long spans may take to arrive on a loaded machine (the export interval is 100 ms).
 const SPANS_WAIT: Duration = Duration::from_secs(30);
 
@@ -32,6 +36,8 @@ struct ReceivedSpan {
     trace_id: String,
     span_id: String,
     parent_span_id: String,
+    /// OTLP's span kind: 2 server, 3 client.
+    kind: i32,
     name: String,
     request_id: Option<String>,
 }
@@ -80,6 +86,7 @@ impl TraceService for Receiver {
                     trace_id: hex::encode(&span.trace_id),
                     span_id: hex::encode(&span.span_id),
                     parent_span_id: hex::encode(&span.parent_span_id),
+                    kind: span.kind,
                     name: span.name,
                     request_id,
                 });
@@ -162,7 +169,9 @@ fn wait_trace(
         let of = |service: &str| {
             spans
                 .iter()
-                .find(|span| span.trace_id == trace_id && span.service == service)
+                .find(|span| {
+                    span.trace_id == trace_id && span.service == service && span.kind == SERVER
+                })
                 .cloned()
         };
         Some((of("hivenet-router")?, of("hivenet-agent")?))
@@ -258,11 +267,22 @@ fn a_request_is_traced_through_router_agent_and_engine() {
     }
     assert_ne!(router.instance, agent.instance);
 
+    // The agent's call to the engine is a client span under its server span, and the engine's
+    // parent.
+    let engine_call = spans
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|span| span.trace_id == trace_id && span.kind == CLIENT)
+        .cloned()
+        .expect("the agent's client span of the engine call, exported with its server span");
+    assert_eq!(engine_call.service, "hivenet-agent");
+    assert_eq!(engine_call.parent_span_id, agent.span_id, "{engine_call:?}");
     let (engine_trace, engine_span) = ids_of(&engine_traceparent(&site));
     assert_eq!(engine_trace, trace_id, "the engine got the trace");
     assert_eq!(
-        engine_span, agent.span_id,
-        "the engine's parent is the agent's span"
+        engine_span, engine_call.span_id,
+        "the engine's parent is the agent's client span"
     );
 
     assert_eq!(audit_record(&site, &request_id)["trace_id"], trace_id);

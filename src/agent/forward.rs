@@ -198,19 +198,24 @@ pub async fn serve(mut request: Incoming, mut reply: Reply, context: Arc<Forward
     let _in_flight = context.in_flight.enter();
     // Tracing off: this one branch is all it costs.
     let traced = context.spans.as_ref().map(|spans| {
-        let span = start_span(&mut request.headers, spans.sampler());
+        let (span, engine_call) = start_spans(&mut request.headers, spans.sampler());
         let name = crate::net::telemetry::span_name(request.uri.path());
-        (span, name, request_id_of(&request.headers))
+        (span, engine_call, name, request_id_of(&request.headers))
     });
+    // The engine's answer as its client span reports it: its status (0: none) and, without
+    // one, why.
+    let mut engine_answer: (u16, Option<&'static str>) = (0, None);
     let (status, error_code) = match send_to_backend(request, &mut reply, &context).await {
         Some(Ok(response)) => {
             let status = response.status().as_u16();
+            engine_answer = (status, None);
             stream_to_router(response, reply, &context).await;
             (status, None)
         }
         Some(Err(error)) => {
             warn!(%error, "answering the router with an agent error");
             let code = error.code();
+            engine_answer = (0, Some(code));
             let (head, body) = error.into_response();
             let status = head.status().as_u16();
             if reply.send_head(head, false).is_ok() {
@@ -224,7 +229,17 @@ pub async fn serve(mut request: Incoming, mut reply: Reply, context: Arc<Forward
         // The router reset the stream: its client went away (nginx's 499).
         None => (499, None),
     };
-    if let (Some((span, name, request_id)), Some(spans)) = (traced, &context.spans) {
+    if let (Some((span, engine_call, name, request_id)), Some(spans)) = (traced, &context.spans) {
+        let (engine_status, engine_error) = engine_answer;
+        spans.push(engine_call.finish(
+            name,
+            SpanOutcome {
+                status: engine_status,
+                request_id,
+                model: None,
+                error_code: engine_error,
+            },
+        ));
         let outcome = SpanOutcome {
             status,
             request_id,
@@ -235,14 +250,16 @@ pub async fn serve(mut request: Incoming, mut reply: Reply, context: Arc<Forward
     }
 }
 
-/// The agent's span for a request: a child of the router's (its `traceparent`), or a new trace
-/// when the router sent none. The engine gets the agent span's context in place of the router's.
-fn start_span(headers: &mut http::HeaderMap, sampler: Sampler) -> StartedSpan {
+/// The agent's spans for a request: its server span, a child of the router's (its
+/// `traceparent`) or a new trace when the router sent none, and under it the client span of
+/// the engine call. The engine gets the client span's context in place of the router's.
+fn start_spans(headers: &mut http::HeaderMap, sampler: Sampler) -> (StartedSpan, StartedSpan) {
     let span = StartedSpan::start(headers.get(TRACEPARENT).map(HeaderValue::as_bytes), sampler);
-    let traceparent = HeaderValue::from_bytes(&span.context.traceparent())
+    let engine_call = span.client();
+    let traceparent = HeaderValue::from_bytes(&engine_call.context.traceparent())
         .expect("a traceparent is ASCII hex digits and dashes");
     headers.insert(TRACEPARENT, traceparent);
-    span
+    (span, engine_call)
 }
 
 /// The router's `x-request-id`, when it is the 36 bytes of a UUID's text.

@@ -23,7 +23,7 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter, SpanLinks};
 
 use super::TracingSettings;
-use super::span::SpanRecord;
+use super::span::{Kind, SpanRecord};
 
 /// Spans sent in one export request (the SDK batch processor's default,
 /// `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`).
@@ -232,8 +232,12 @@ pub fn span_data(record: SpanRecord, scope: &InstrumentationScope) -> SpanData {
         attributes.push(KeyValue::new("error.type", code));
     }
     // A server span is an error for a 5xx answer (HTTP semantic conventions); a 4xx is the
-    // client's.
-    let status = if outcome.status >= 500 {
+    // client's. A client span is an error for any 4xx or 5xx, or no answer at all.
+    let failed = match record.kind {
+        Kind::Server => outcome.status >= 500,
+        Kind::Client => outcome.status >= 400 || outcome.status == 0,
+    };
+    let status = if failed {
         Status::error(outcome.error_code.unwrap_or("server error"))
     } else {
         Status::Unset
@@ -247,8 +251,12 @@ pub fn span_data(record: SpanRecord, scope: &InstrumentationScope) -> SpanData {
             TraceState::default(),
         ),
         parent_span_id: record.parent.map_or(SpanId::INVALID, SpanId::from_bytes),
-        parent_span_is_remote: record.parent.is_some(),
-        span_kind: SpanKind::Server,
+        // A server span's parent is the caller's; a client span's is this process's own.
+        parent_span_is_remote: record.parent.is_some() && record.kind == Kind::Server,
+        span_kind: match record.kind {
+            Kind::Server => SpanKind::Server,
+            Kind::Client => SpanKind::Client,
+        },
         name: record.name.into(),
         start_time: record.start,
         end_time: record.end,
@@ -322,6 +330,54 @@ mod tests {
         assert_eq!(data.parent_span_id, SpanId::INVALID);
         assert!(!data.parent_span_is_remote);
         assert_eq!(data.status, Status::Unset);
+    }
+
+    /// A client span is a local child of its server span, and an error for a 4xx or no answer.
+    #[test]
+    fn a_client_span_is_a_local_child_and_fails_on_any_error_answer() {
+        let server = StartedSpan::start(None, Sampler::default());
+        let call = server.client();
+        assert_eq!(call.context.trace_id, server.context.trace_id);
+        let scope = InstrumentationScope::builder("test").build();
+        let refused = span_data(
+            call.finish(
+                "POST /v1/chat/completions",
+                SpanOutcome {
+                    status: 429,
+                    ..SpanOutcome::default()
+                },
+            ),
+            &scope,
+        );
+        assert_eq!(refused.span_kind, SpanKind::Client);
+        assert_eq!(
+            refused.parent_span_id,
+            SpanId::from_bytes(server.context.span_id)
+        );
+        assert!(!refused.parent_span_is_remote);
+        assert!(matches!(refused.status, Status::Error { .. }));
+        let unreachable = span_data(
+            call.finish(
+                "POST /v1/chat/completions",
+                SpanOutcome {
+                    error_code: Some("backend_unavailable"),
+                    ..SpanOutcome::default()
+                },
+            ),
+            &scope,
+        );
+        assert_eq!(unreachable.status, Status::error("backend_unavailable"));
+        let served = span_data(
+            call.finish(
+                "POST",
+                SpanOutcome {
+                    status: 200,
+                    ..SpanOutcome::default()
+                },
+            ),
+            &scope,
+        );
+        assert_eq!(served.status, Status::Unset);
     }
 
     #[test]

@@ -25,14 +25,25 @@ use super::sampler::Sampler;
 /// `OTEL_BSP_SCHEDULE_DELAY` shortens the interval for more.
 pub const RING_SPANS: usize = 8192;
 
+/// What a span stands for (OpenTelemetry's span kinds this process records).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A request this process served.
+    Server,
+    /// A call this process made for one: the agent's to its engine.
+    Client,
+}
+
 /// A span of this process in progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StartedSpan {
     /// This span's place in its trace: its own span id, the trace it belongs to.
     pub context: TraceContext,
-    /// The remote span it continues (the caller's `traceparent`), when there was a valid one.
+    /// The span it continues: the caller's (`traceparent`) for a server span, when there was a
+    /// valid one; this process's server span for a client span.
     pub parent: Option<[u8; 8]>,
     pub started: SystemTime,
+    pub kind: Kind,
 }
 
 impl StartedSpan {
@@ -51,6 +62,18 @@ impl StartedSpan {
             context,
             parent: parent.map(|parent| parent.span_id),
             started,
+            kind: Kind::Server,
+        }
+    }
+
+    /// A client span under this one, starting now: the call this process makes for the request
+    /// (same trace and `sampled` flag, its own span id).
+    pub fn client(&self) -> StartedSpan {
+        StartedSpan {
+            context: self.context.child(),
+            parent: Some(self.context.span_id),
+            started: SystemTime::now(),
+            kind: Kind::Client,
         }
     }
 
@@ -59,6 +82,7 @@ impl StartedSpan {
         SpanRecord {
             context: self.context,
             parent: self.parent,
+            kind: self.kind,
             name,
             start: self.started,
             end: SystemTime::now(),
@@ -87,6 +111,7 @@ pub struct SpanOutcome {
 pub struct SpanRecord {
     pub context: TraceContext,
     pub parent: Option<[u8; 8]>,
+    pub kind: Kind,
     /// `{method} {route}`, e.g. `POST /v1/chat/completions` (`telemetry::span_name`).
     pub name: &'static str,
     pub start: SystemTime,
