@@ -158,6 +158,43 @@ fn post_chat(site: &Site, traceparent: Option<&str>) -> common::Response {
     response
 }
 
+/// A site whose router (with `router_env` besides the endpoint) and agent (exporting every
+/// 100 ms) export to `endpoint`, once the agent's tunnel is open on every shard.
+fn traced_site(name: &str, endpoint: &str, router_env: &[(&str, &str)]) -> Site {
+    let mut options = Options::new()
+        .sim(&["--models", "sim-model"])
+        .router_env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+        .skip_model_wait();
+    for (key, value) in router_env {
+        options = options.router_env(key, value);
+    }
+    let mut site = Site::start(name, options);
+    site.spawn_agent_with_env(
+        0,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    site.wait_models(&["sim-model"]);
+    let tunnels = site.shards as f64;
+    site.wait_metric("hivenet_shard_tunnels_open", |open| open >= tunnels);
+    site
+}
+
+/// Waits until a span of `service` in `trace_id` has arrived.
+fn wait_span(spans: &Mutex<Vec<ReceivedSpan>>, trace_id: &str, service: &str, site: &Site) {
+    poll(SPANS_WAIT, || {
+        let spans = spans.lock().unwrap();
+        spans
+            .iter()
+            .any(|span| span.trace_id == trace_id && span.service == service)
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("no {service} span of {trace_id}\n{}", site.logs()));
+}
+
 /// The spans of `trace_id` once both services have sent theirs.
 fn wait_trace(
     spans: &Mutex<Vec<ReceivedSpan>>,
@@ -215,25 +252,11 @@ fn engine_traceparent(site: &Site) -> String {
 #[test]
 fn a_request_is_traced_through_router_agent_and_engine() {
     let (endpoint, spans) = start_receiver();
-    let mut site = Site::start(
+    let mut site = traced_site(
         "tracing-otlp",
-        Options::new()
-            .sim(&["--models", "sim-model"])
-            .router_env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
-            .router_env("OTEL_BSP_SCHEDULE_DELAY", "100")
-            .skip_model_wait(),
+        &endpoint,
+        &[("OTEL_BSP_SCHEDULE_DELAY", "100")],
     );
-    site.spawn_agent_with_env(
-        0,
-        &[],
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-        ],
-    );
-    site.wait_models(&["sim-model"]);
-    let tunnels = site.shards as f64;
-    site.wait_metric("hivenet_shard_tunnels_open", |open| open >= tunnels);
 
     // A client's trace is continued.
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -316,27 +339,15 @@ fn a_request_is_traced_through_router_agent_and_engine() {
 #[test]
 fn the_sampler_decides_and_spans_waiting_at_sigterm_are_exported() {
     let (endpoint, spans) = start_receiver();
-    let mut site = Site::start(
+    let mut site = traced_site(
         "tracing-sampler",
-        Options::new()
-            .sim(&["--models", "sim-model"])
-            .router_env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
-            .router_env("OTEL_BSP_SCHEDULE_DELAY", "60000")
-            .router_env("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
-            .router_env("OTEL_TRACES_SAMPLER_ARG", "0")
-            .skip_model_wait(),
-    );
-    site.spawn_agent_with_env(
-        0,
-        &[],
+        &endpoint,
         &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "60000"),
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0"),
         ],
     );
-    site.wait_models(&["sim-model"]);
-    let tunnels = site.shards as f64;
-    site.wait_metric("hivenet_shard_tunnels_open", |open| open >= tunnels);
 
     let unsampled = post_chat(&site, None);
     let returned = unsampled.header("traceparent").unwrap().to_owned();
@@ -353,14 +364,7 @@ fn the_sampler_decides_and_spans_waiting_at_sigterm_are_exported() {
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     post_chat(&site, Some(&format!("00-{trace_id}-00f067aa0ba902b7-01")));
     // The agent exports every 100 ms: its span of the sampled trace arrives, none of the other.
-    poll(SPANS_WAIT, || {
-        let spans = spans.lock().unwrap();
-        spans
-            .iter()
-            .any(|span| span.trace_id == trace_id && span.service == "hivenet-agent")
-            .then_some(())
-    })
-    .unwrap_or_else(|| panic!("no agent span of {trace_id}\n{}", site.logs()));
+    wait_span(&spans, trace_id, "hivenet-agent", &site);
     let of_service = |service: &str| -> Vec<ReceivedSpan> {
         spans
             .lock()
@@ -419,14 +423,7 @@ fn spans_reach_a_tls_collector_signed_by_the_given_ca() {
     );
     let response = post_chat(&site, None);
     let (trace_id, _) = ids_of(response.header("traceparent").unwrap());
-    poll(SPANS_WAIT, || {
-        let spans = spans.lock().unwrap();
-        spans
-            .iter()
-            .any(|span| span.trace_id == trace_id && span.service == "hivenet-router")
-            .then_some(())
-    })
-    .unwrap_or_else(|| panic!("no span over TLS of {trace_id}\n{}", site.logs()));
+    wait_span(&spans, &trace_id, "hivenet-router", &site);
 
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_hivenet-router"))
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
