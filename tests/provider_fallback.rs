@@ -8,6 +8,7 @@ mod common;
 
 use std::path::PathBuf;
 
+use common::otlp::{CLIENT, SERVER, SPANS_WAIT, start_receiver};
 use common::{Options, Site, request};
 use serde_json::json;
 
@@ -42,11 +43,14 @@ fn chat(stream: bool) -> Vec<u8> {
 #[test]
 fn exhausted_local_routing_falls_back_to_the_provider() {
     let policies = policy_dir("exhausted");
+    let (otlp, spans) = start_receiver();
     // sim0 plays the provider; no agent serves `local-model`.
     let site = Site::start(
         "provider-fallback",
         Options::new()
             .sim(&["--models", "provider-model"])
+            .router_env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp)
+            .router_env("OTEL_BSP_SCHEDULE_DELAY", "100")
             .router_env("HIVENET_ROUTER_OPENAI_API_KEY", "sk-provider-test")
             .router_env("HIVENET_ROUTER_OPENAI_BASE_URL", "http://{sim0}")
             .router_args(&["--policy-model-dir", policies.to_str().unwrap()])
@@ -59,6 +63,21 @@ fn exhausted_local_routing_falls_back_to_the_provider() {
     .unwrap_or_else(|| panic!("no provider answer\n{}", site.logs()));
     let body = answer.json();
     assert_eq!(body["processed_by"], "provider:openai");
+    // Traced: the provider call is a client span under the request's server span.
+    let trace = answer.header("traceparent").unwrap()[3..35].to_owned();
+    let (server, call) = common::poll(SPANS_WAIT, || {
+        let spans = spans.lock().unwrap();
+        let of = |kind| {
+            spans
+                .iter()
+                .find(|span| span.trace_id == trace && span.kind == kind)
+                .cloned()
+        };
+        Some((of(SERVER)?, of(CLIENT)?))
+    })
+    .unwrap_or_else(|| panic!("no server and client spans of {trace}\n{}", site.logs()));
+    assert_eq!(call.service, "hivenet-router");
+    assert_eq!(call.parent_span_id, server.span_id, "{call:?}");
     assert_eq!(body["model"], "provider-model");
     assert!(body["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
     assert!(body["choices"][0]["message"]["content"].is_string());

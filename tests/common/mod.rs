@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod agent_auth;
+pub mod otlp;
 pub mod relay;
 pub mod valkey;
 

@@ -196,6 +196,31 @@ impl Accounting {
         ));
     }
 
+    /// Ends a client span of the request (a call the router made for it: the provider call)
+    /// with the callee's `status` (0: no answer, then `error_code` says why).
+    pub fn finish_client_span(
+        &self,
+        span: &crate::net::telemetry::StartedSpan,
+        name: &'static str,
+        request_id: &[u8; 36],
+        status: u16,
+        error_code: Option<&'static str>,
+    ) {
+        let mut spans = self.spans.borrow_mut();
+        let Some(ring) = spans.as_mut() else {
+            return;
+        };
+        ring.push(span.finish(
+            name,
+            crate::net::telemetry::SpanOutcome {
+                status,
+                request_id: Some(*request_id),
+                model: None,
+                error_code,
+            },
+        ));
+    }
+
     pub fn agent_up(&self, agent: AgentId, profile: Arc<AgentProfile>) {
         self.agents.borrow_mut().insert(agent, profile);
     }

@@ -618,7 +618,25 @@ impl<'r> Inference<'r> {
             self.deadline,
         );
         call.request_id = Some(Bytes::copy_from_slice(&request.request_id));
-        match sink.until_client_gone(pool.call(call)).await {
+        // The provider call as a client span under the request's (tracing on).
+        let call_span = request.span.as_ref().map(|span| span.client());
+        let answered = sink.until_client_gone(pool.call(call)).await;
+        if let Some(span) = &call_span {
+            let (status, error_code) = match &answered {
+                Some(Ok(_)) => (200, None),
+                Some(Err(error)) => (0, Some(refusal::provider(*error).code)),
+                // The client left: the call was cancelled.
+                None => (0, Some("cancelled")),
+            };
+            shard.accounting.finish_client_span(
+                span,
+                PROVIDER_CALL_SPAN,
+                &request.request_id,
+                status,
+                error_code,
+            );
+        }
+        match answered {
             None => Err(self.client_left()),
             Some(Err(error)) => {
                 shard.count_policy_outcome(model, PolicyOutcome::Exhausted);
@@ -807,6 +825,10 @@ impl Drop for Attempts<'_> {
         self.give_back_chain();
     }
 }
+
+/// The provider call's client span (HTTP semantic conventions: the method when the route is
+/// the provider's own).
+const PROVIDER_CALL_SPAN: &str = "POST";
 
 thread_local! {
     /// The shard's idle prompt chains (`prefix-aware`): a shard is one thread.
