@@ -32,6 +32,16 @@ fn post_chat(site: &Site, traceparent: Option<&str>) -> common::Response {
 /// A site whose router (with `router_env` besides the endpoint) and agent (exporting every
 /// 100 ms) export to `endpoint`, once the agent's tunnel is open on every shard.
 fn traced_site(name: &str, endpoint: &str, router_env: &[(&str, &str)]) -> Site {
+    traced_site_with(name, endpoint, router_env, "100")
+}
+
+/// As [`traced_site`], the agent exporting every `agent_delay_ms`.
+fn traced_site_with(
+    name: &str,
+    endpoint: &str,
+    router_env: &[(&str, &str)],
+    agent_delay_ms: &str,
+) -> Site {
     let mut options = Options::new()
         .sim(&["--models", "sim-model"])
         .router_env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
@@ -45,7 +55,7 @@ fn traced_site(name: &str, endpoint: &str, router_env: &[(&str, &str)]) -> Site 
         &[],
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_BSP_SCHEDULE_DELAY", agent_delay_ms),
         ],
     );
     site.wait_models(&["sim-model"]);
@@ -194,11 +204,12 @@ fn a_request_is_traced_through_router_agent_and_engine() {
 /// `OTEL_TRACES_SAMPLER=parentbased_traceidratio` with ratio 0 on the router: a new trace is
 /// not recorded, and says so to the agent and the engine (`sampled` clear), which record
 /// nothing of it either; a client's sampled trace is still followed. With an export interval
-/// of a minute, the router's spans still waiting at SIGTERM reach the collector as it stops.
+/// of a minute, the spans still waiting at SIGTERM reach the collector as the router, then the
+/// agent, stop.
 #[test]
 fn the_sampler_decides_and_spans_waiting_at_sigterm_are_exported() {
     let (endpoint, spans) = start_receiver();
-    let mut site = traced_site(
+    let mut site = traced_site_with(
         "tracing-sampler",
         &endpoint,
         &[
@@ -206,6 +217,7 @@ fn the_sampler_decides_and_spans_waiting_at_sigterm_are_exported() {
             ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
             ("OTEL_TRACES_SAMPLER_ARG", "0"),
         ],
+        "60000",
     );
 
     let unsampled = post_chat(&site, None);
@@ -222,8 +234,6 @@ fn the_sampler_decides_and_spans_waiting_at_sigterm_are_exported() {
 
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     post_chat(&site, Some(&format!("00-{trace_id}-00f067aa0ba902b7-01")));
-    // The agent exports every 100 ms: its span of the sampled trace arrives, none of the other.
-    wait_span(&spans, trace_id, "hivenet-agent", &site);
     let of_service = |service: &str| -> Vec<ReceivedSpan> {
         spans
             .lock()
@@ -234,16 +244,9 @@ fn the_sampler_decides_and_spans_waiting_at_sigterm_are_exported() {
             .collect()
     };
     assert!(
-        of_service("hivenet-agent")
-            .iter()
-            .all(|span| span.trace_id != unsampled_trace),
-        "{:?}",
-        of_service("hivenet-agent")
-    );
-    assert!(
-        of_service("hivenet-router").is_empty(),
+        spans.lock().unwrap().is_empty(),
         "nothing exported before the minute: {:?}",
-        of_service("hivenet-router")
+        spans.lock().unwrap()
     );
 
     let status = site.router.terminate();
@@ -256,6 +259,23 @@ fn the_sampler_decides_and_spans_waiting_at_sigterm_are_exported() {
     assert!(
         router.iter().all(|span| span.trace_id != unsampled_trace),
         "{router:?}"
+    );
+    // The agent, stopped in turn, exports its own: the sampled trace's server and engine-call
+    // spans, nothing of the other (it followed the router's decision).
+    let status = site.agents[0].terminate();
+    assert!(status.success(), "{status}");
+    let agent = of_service("hivenet-agent");
+    assert_eq!(
+        agent
+            .iter()
+            .filter(|span| span.trace_id == trace_id)
+            .count(),
+        2,
+        "{agent:?}"
+    );
+    assert!(
+        agent.iter().all(|span| span.trace_id != unsampled_trace),
+        "{agent:?}"
     );
 }
 
