@@ -24,12 +24,12 @@ use crate::logic::admission::occupancy::Footprint;
 use crate::logic::admission::{self, PolicyOutcome, Reason};
 use crate::logic::auth::keys::KeyRecord;
 use crate::logic::limits::{Estimate, ModelContext, RejectionKind};
-use crate::logic::routing::Ask as RouteAsk;
-use crate::logic::routing::prefix::chain::{Chain, ChainPool};
+use crate::logic::routing::prefix::chain::Chain;
 use crate::logic::sibling::token::RedirectClaims;
 use crate::logic::snapshot::{ModelEntry, RoutingSnapshot};
 use crate::router::accounting::RequestFacts;
 use crate::router::accounting::tenants::{KeyLabels, Phase, UNSET};
+use crate::router::api::attempts::{self, Attempts};
 use crate::router::api::forward::Outcome;
 use crate::router::api::hold::{HoldSink, Keepalive};
 use crate::router::api::plan::{Place, RateCharge, SlotAdmit, Step, VisitPlan};
@@ -415,10 +415,9 @@ impl<'r> Inference<'r> {
         facts: &mut RequestFacts,
         sink: &mut HoldSink<'_, S>,
     ) -> Result<u16, Outcome> {
-        let mut attempts = Attempts::new(&self.model.policy);
-        attempts.prefix = self.prefix_chain();
         // Released requests queue even beyond `--queue-depth` (the hold limits bound them).
-        attempts.beyond_depth = self.plan.holds();
+        let mut attempts =
+            Attempts::new(&self.model.policy, self.prefix_chain(), self.plan.holds());
         let mut admit = first;
         loop {
             let step_deadline = self.step_deadline(&attempts);
@@ -579,8 +578,7 @@ impl<'r> Inference<'r> {
                 .count_policy_outcome(self.model.id, PolicyOutcome::Exhausted);
         }
         let rejection = attempts
-            .last_failure
-            .take()
+            .take_last_failure()
             .unwrap_or_else(|| refusal::route(error));
         Err(rejection.into())
     }
@@ -778,7 +776,7 @@ impl<'r> Inference<'r> {
             return None;
         }
         let parts = PromptParts::of(&self.request.body);
-        CHAINS.with_borrow_mut(|pool| pool.chain_of(&parts.bytes()))
+        attempts::chain_of(&parts.bytes())
     }
 
     /// The client left while a phase waited.
@@ -805,184 +803,6 @@ fn estimate(request: &ClientRequest, model: &ModelEntry, fields: &RequestFields<
     }
 }
 
-/// A request's forward attempts over its policy's steps (policy reference, "Forward-attempt
-/// budgets"): a failed agent is excluded for the rest of its step; `max_tries` failures in a
-/// step move the request to the next step, where every agent is eligible again.
-struct Attempts<'p> {
-    policy: &'p crate::logic::policy::ModelPolicy,
-    start_step: u8,
-    excluded: Vec<crate::logic::routing::AgentId>,
-    failures_in_step: u32,
-    last_failure: Option<Rejection>,
-    /// Queue beyond `--queue-depth` (a request released by a wake).
-    beyond_depth: bool,
-    /// The prompt's chain, for a `prefix-aware` step; back to the shard's pool on drop.
-    prefix: Option<Arc<Chain>>,
-}
-
-impl Drop for Attempts<'_> {
-    fn drop(&mut self) {
-        self.give_back_chain();
-    }
-}
-
 /// The provider call's client span (HTTP semantic conventions: the method when the route is
 /// the provider's own).
 const PROVIDER_CALL_SPAN: &str = "POST";
-
-thread_local! {
-    /// The shard's idle prompt chains (`prefix-aware`): a shard is one thread.
-    static CHAINS: std::cell::RefCell<ChainPool> = std::cell::RefCell::new(ChainPool::default());
-}
-
-impl<'p> Attempts<'p> {
-    fn new(policy: &'p crate::logic::policy::ModelPolicy) -> Self {
-        Attempts {
-            policy,
-            start_step: 0,
-            excluded: Vec::new(),
-            failures_in_step: 0,
-            last_failure: None,
-            beyond_depth: false,
-            prefix: None,
-        }
-    }
-
-    /// The prompt's chain back to the shard's pool: no ask of this request needs it again.
-    fn give_back_chain(&mut self) {
-        if let Some(chain) = self.prefix.take() {
-            CHAINS.with_borrow_mut(|pool| pool.give_back(chain));
-        }
-    }
-
-    fn max_tries(&self, step: u8) -> u32 {
-        self.policy
-            .step(usize::from(step))
-            .map_or(1, |step| step.max_tries.max(1))
-    }
-
-    fn ask(&self) -> RouteAsk {
-        RouteAsk {
-            start_step: self.start_step,
-            excluded: self.excluded.clone().into_boxed_slice(),
-            beyond_depth: self.beyond_depth,
-            prefix: self.prefix.clone(),
-        }
-    }
-
-    /// Whether a failure on `step` could still be followed by another attempt.
-    fn may_retry(&self, step: u8, provider: bool) -> bool {
-        let failed_here = if step == self.start_step {
-            self.failures_in_step
-        } else {
-            0
-        };
-        failed_here + 1 < self.max_tries(step)
-            || usize::from(step) + 1 < 1 + self.policy.fallback_chain.len()
-            || provider
-    }
-
-    /// The steps from the one the request starts from to the last, that one included.
-    fn steps_left(&self) -> u32 {
-        (1 + self.policy.fallback_chain.len()).saturating_sub(usize::from(self.start_step)) as u32
-    }
-
-    /// Moves the request to the step after the one it starts from, every agent eligible
-    /// again (its wait there ran out). False on the last step.
-    ///
-    /// The owner does not tell where a ticket waited: a step with no eligible agent between is
-    /// skipped by the owner's own search, so the next wait is at the first later step that has
-    /// one, or at the same step when the request started before an empty step.
-    fn move_on(&mut self) -> bool {
-        let next = usize::from(self.start_step) + 1;
-        // The steps are the primary one and the fallback chain's.
-        if next > self.policy.fallback_chain.len() {
-            return false;
-        }
-        self.start_step = next as u8;
-        self.excluded.clear();
-        self.failures_in_step = 0;
-        true
-    }
-
-    fn failed(&mut self, failure: forward::Failure) {
-        if failure.step != self.start_step {
-            // The owner moved the request on to a later step (nothing eligible before it).
-            self.start_step = failure.step;
-            self.excluded.clear();
-            self.failures_in_step = 0;
-        }
-        self.failures_in_step += 1;
-        if self.failures_in_step >= self.max_tries(failure.step) {
-            self.start_step = failure.step.saturating_add(1);
-            self.excluded.clear();
-            self.failures_in_step = 0;
-        } else {
-            self.excluded.push(failure.agent);
-        }
-        self.last_failure = Some(failure.rejection);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn failure(agent: u32, step: u8) -> forward::Failure {
-        forward::Failure {
-            agent: crate::logic::routing::AgentId(agent),
-            step,
-            rejection: Rejection::agent_disconnected(),
-        }
-    }
-
-    #[test]
-    fn attempts_exclude_failed_agents_then_advance_steps() {
-        let compiled = crate::logic::policy::compile_text(
-            "test.yaml",
-            "models: [m]\nrouting_policy:\n  strategy: least-loaded\n  max_tries: 2\nfallback_chain:\n  - strategy: least-loaded\n    max_tries: 1\n",
-            crate::logic::policy::Role::Named("test"),
-            &crate::logic::policy::PolicyContext::default(),
-        )
-        .unwrap();
-        let mut attempts = Attempts::new(&compiled.policy);
-        assert!(attempts.may_retry(0, false));
-        attempts.failed(failure(7, 0));
-        assert_eq!(attempts.ask().start_step, 0);
-        assert_eq!(
-            &*attempts.ask().excluded,
-            &[crate::logic::routing::AgentId(7)]
-        );
-        attempts.failed(failure(8, 0));
-        // Two failures used step 0's budget: step 1, every agent eligible again.
-        assert_eq!(attempts.ask().start_step, 1);
-        assert!(attempts.ask().excluded.is_empty());
-        // Step 1 allows one try and is the last step: no retry unless a provider follows.
-        assert!(!attempts.may_retry(1, false));
-        assert!(attempts.may_retry(1, true));
-        attempts.failed(failure(7, 1));
-        assert_eq!(attempts.ask().start_step, 2);
-        assert!(attempts.last_failure.is_some());
-    }
-
-    #[test]
-    fn a_wait_that_runs_out_moves_on_until_the_last_step() {
-        let compiled = crate::logic::policy::compile_text(
-            "test.yaml",
-            "models: [m]\nrouting_policy:\n  strategy: least-loaded\n  max_tries: 2\nfallback_chain:\n  - strategy: least-loaded\n",
-            crate::logic::policy::Role::Named("test"),
-            &crate::logic::policy::PolicyContext::default(),
-        )
-        .unwrap();
-        let mut attempts = Attempts::new(&compiled.policy);
-        attempts.failed(failure(7, 0));
-        assert!(attempts.move_on());
-        // The next step, with every agent eligible and its own try budget.
-        assert_eq!(attempts.ask().start_step, 1);
-        assert!(attempts.ask().excluded.is_empty());
-        assert_eq!(attempts.failures_in_step, 0);
-        // No step after the last: the caller answers `504`.
-        assert!(!attempts.move_on());
-        assert_eq!(attempts.ask().start_step, 1);
-    }
-}

@@ -12,6 +12,7 @@
 //! headers); the response goes out through a [`sink::Sink`].
 
 pub mod admin;
+mod attempts;
 pub mod authenticate;
 pub mod forward;
 pub mod hold;
