@@ -171,11 +171,53 @@ impl UpstreamError {
             UpstreamError::StreamIdsSpent => false,
         }
     }
+
+    /// Whether the agent refused the stream because its end of the tunnel holds as many open
+    /// streams as it takes (`mux::STREAMS_MAX`; `REFUSED_STREAM` on HTTP/2 too): the agent is
+    /// full, not gone.
+    pub fn is_refused(&self) -> bool {
+        match self {
+            UpstreamError::Lean(error) => error.is_reset_by_peer(super::mux::REFUSED_STREAM),
+            UpstreamError::Http2(error) => {
+                error.is_reset()
+                    && error.is_remote()
+                    && error.reason() == Some(h2::Reason::REFUSED_STREAM)
+            }
+            UpstreamError::StreamIdsSpent => false,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::StreamIds;
+    /// A stream the agent refused for its stream limit is told apart from a backend failure and
+    /// from a lost tunnel.
+    #[test]
+    fn a_refused_stream_is_neither_a_backend_failure_nor_a_lost_tunnel() {
+        use crate::net::tunnel::link::LinkError;
+        let refused = UpstreamError::Lean(LinkError::Reset {
+            reason: crate::net::tunnel::mux::REFUSED_STREAM,
+            remote: true,
+        });
+        assert!(refused.is_refused() && !refused.is_backend_failure());
+        let failed = UpstreamError::Lean(LinkError::Reset {
+            reason: crate::net::tunnel::BACKEND_FAILED,
+            remote: true,
+        });
+        assert!(!failed.is_refused() && failed.is_backend_failure());
+        for lost in [
+            UpstreamError::Lean(LinkError::Closed),
+            UpstreamError::Lean(LinkError::Reset {
+                reason: crate::net::tunnel::mux::REFUSED_STREAM,
+                remote: false,
+            }),
+            UpstreamError::StreamIdsSpent,
+        ] {
+            assert!(!lost.is_refused() && !lost.is_backend_failure(), "{lost:?}");
+        }
+    }
+
+    use super::{StreamIds, UpstreamError};
 
     #[test]
     fn an_http2_tunnel_retires_before_its_stream_ids_run_out() {

@@ -303,6 +303,13 @@ pub async fn forward<S: Sink>(
             return Err(Outcome::Gone);
         }
         Some(Err(_elapsed)) => return Err(Rejection::request_timeout().into()),
+        Some(Ok(Err(error))) if error.is_refused() => {
+            // The agent's end of the tunnel holds as many streams as it takes: a slot the router
+            // believed free that the agent refused (`no_capacity`; another agent may serve).
+            ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
+            shard.accounting.agent_rejected(slot.agent, slot.model);
+            return Err(failed(Rejection::no_capacity()));
+        }
         Some(Ok(Err(error))) => {
             // A transport failure after the request was sent is still a latency sample
             // (latency-tracking reference, "Successful and failed requests"); one before is not.
