@@ -450,12 +450,13 @@ impl<'r> Inference<'r> {
                         .await;
                 }
             };
-            if !attempts.may_retry(slot.step, self.plan.provider_fallback) {
+            let may_retry = attempts.may_retry(slot.step, self.plan.provider_fallback);
+            if !may_retry {
                 // The owner recorded the prompt on the agent granted, and no attempt follows
                 // this one: an open stream holds no chain.
                 attempts.give_back_chain();
             }
-            match self.forward(slot, &mut quota, &attempts, facts, sink).await {
+            match self.forward(slot, &mut quota, may_retry, facts, sink).await {
                 Err(Outcome::Retry(failure)) => {
                     ShardMetrics::add(&self.shard.metrics.forward_retries_total, 1);
                     attempts.failed(failure);
@@ -666,16 +667,15 @@ impl<'r> Inference<'r> {
     }
 
     /// Phases 7 and 8 on the slot (`api::forward`), and the policy counter of how it was
-    /// routed once the attempt is final.
+    /// routed once the attempt is final. `may_retry`: another attempt may follow a failure.
     async fn forward<S: Sink>(
         &self,
         slot: Slot,
         quota: &mut QuotaCharge,
-        attempts: &Attempts<'_>,
+        may_retry: bool,
         facts: &mut RequestFacts,
         sink: &mut HoldSink<'_, S>,
     ) -> Result<u16, Outcome> {
-        let may_retry = attempts.may_retry(slot.step, self.plan.provider_fallback);
         let routed = if slot.step == 0 {
             PolicyOutcome::PrimaryRouted
         } else {
