@@ -26,7 +26,8 @@
 //! Bounds: at most [`IDLE_MAX`] idle connections (one given back beyond that is closed), none
 //! reused after [`IDLE_TIMEOUT`] idle or once the engine closed it (looked at on each
 //! checkout); a response head at most `crate::wire::http::client::RESPONSE_HEAD_BYTES_MAX` bytes; the
-//! read buffer grows by [`READ_BYTES`] at a time and holds at most one read beyond the head; a
+//! read buffer grows by what one read brought (at most [`READ_BYTES`]) and holds at most one read
+//! beyond the head, and a connection waiting for the engine holds no room for a read; a
 //! chunked body's size lines and trailers are held to `crate::wire::http::chunked`'s line and trailer
 //! limits (its data is streamed, one read at a time, never gathered); every wait on the engine
 //! is bounded by the caller's `--http-timeout`.
@@ -43,7 +44,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Body;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::wire::http::chunked::{self, ChunkedDecoder};
@@ -58,6 +59,13 @@ pub const IDLE_MAX: usize = 64;
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Bytes a read may add to a connection's buffer.
 pub const READ_BYTES: usize = 16 * 1024;
+
+thread_local! {
+    /// Where this thread's reads land before they are copied onto a connection's buffer
+    /// ([`Conn::read_more`]).
+    static SCRATCH: std::cell::RefCell<Box<[u8]>> =
+        std::cell::RefCell::new(vec![0; READ_BYTES].into_boxed_slice());
+}
 /// A complete request body up to this size is copied behind its head, for one write.
 const COALESCE_BYTES_MAX: usize = 64 * 1024;
 
@@ -106,6 +114,30 @@ struct Idle {
 struct Conn {
     stream: TcpStream,
     buf: BytesMut,
+}
+
+impl Conn {
+    /// Reads what the engine sent onto the end of `buf`; `Ok(0)` when it closed. Cancel-safe.
+    ///
+    /// Waits until the socket is readable before it needs room, then reads into the thread's
+    /// scratch and copies what came: a stream waiting for its next token holds no read buffer,
+    /// and one that came holds its bytes, not a read's room. With a 16 KiB buffer reserved
+    /// before each wait, 1,000 open streams held 16 MB of them, four fifths of what the agent
+    /// spent per open stream (`perf/notes/2026-12-06-memory-per-open-stream.md`).
+    async fn read_more(&mut self) -> std::io::Result<usize> {
+        loop {
+            self.stream.readable().await?;
+            let read = SCRATCH.with_borrow_mut(|scratch| -> std::io::Result<usize> {
+                let read = self.stream.try_read(scratch)?;
+                self.buf.extend_from_slice(&scratch[..read]);
+                Ok(read)
+            });
+            match read {
+                Err(error) if error.kind() == ErrorKind::WouldBlock => continue,
+                read => return read,
+            }
+        }
+    }
 }
 
 impl EngineClient {
@@ -337,8 +369,7 @@ async fn read_head(conn: &mut Conn) -> Result<ResponseHead, SendError> {
             }
             return Ok(head);
         }
-        conn.buf.reserve(READ_BYTES);
-        if conn.stream.read_buf(&mut conn.buf).await? == 0 {
+        if conn.read_more().await? == 0 {
             return Err(SendError::ClosedEarly);
         }
     }
@@ -371,8 +402,7 @@ impl EngineBody {
             // A body that reached `Done` has let go of its connection (`finish`): `None` here.
             let conn = self.conn.as_mut()?;
             if conn.buf.is_empty() {
-                conn.buf.reserve(READ_BYTES);
-                match conn.stream.read_buf(&mut conn.buf).await {
+                match conn.read_more().await {
                     Ok(0) if matches!(self.state, BodyState::UntilClose) => {
                         self.state = BodyState::Done;
                         self.conn = None;
@@ -451,6 +481,7 @@ mod tests {
     use super::*;
     use http_body_util::{Empty, Full, StreamBody};
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncReadExt;
 
     /// An engine answering every request with `ok`; counts the connections it accepted. With
     /// `close_after_answer`, it closes each connection after its first answer without saying so

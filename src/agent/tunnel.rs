@@ -33,9 +33,10 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// the requests of one shard.
 const STREAM_WINDOW_BYTES: u32 = 1 << 20;
 const CONNECTION_WINDOW_BYTES: u32 = 4 << 20;
-/// Upper bound on concurrent streams per shard connection. The router admits at most
-/// `--capacity` requests per agent; this only stops a faulty router from opening without limit.
-const STREAMS_PER_CONNECTION_MAX: u32 = 1024;
+/// Upper bound on concurrent streams per shard connection, the lean codec's (`mux::STREAMS_MAX`,
+/// sized for 10,000 open streams a shard). The router admits at most `--capacity` requests per
+/// agent and model; this only stops a faulty router from opening without limit.
+const STREAMS_PER_CONNECTION_MAX: u32 = crate::net::tunnel::mux::STREAMS_MAX as u32;
 /// Streams the router may reset before this agent has accepted them. h2's default (20) guards a
 /// server from untrusted clients; the router is an authenticated peer that passes its clients'
 /// cancellations on, so at 20 a burst of client resets would close the whole tunnel and every

@@ -32,8 +32,14 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::mux::{CANCEL, Event, Mux, MuxError, Role, Windows};
 use super::wire::StreamId;
 
-/// Bytes the connection reads at a time.
-const READ_BYTES: usize = 64 * 1024;
+/// Bytes the connection reads at a time. A DATA frame's payload is a slice of the read it came
+/// in, so a read stays allocated until every stream it carried has taken its bytes: with
+/// thousands of streams open, each a token every few tens of milliseconds, each read brings a
+/// few frames and a lagging stream holds the whole read. At 64 KiB, 1,000 open streams held
+/// about 96 reads, 6.3 MB of the router's memory; the router reads through a 64 KiB socket
+/// buffer anyway (`shard::tunnels`), so smaller reads cost copies, not system calls
+/// (`perf/notes/2026-12-06-memory-per-open-stream.md`).
+const READ_BYTES: usize = 16 * 1024;
 
 #[derive(Debug, Clone, Error, PartialEq, Eq)]
 pub enum LinkError {

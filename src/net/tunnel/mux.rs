@@ -39,7 +39,15 @@ pub const STREAM_WINDOW: u32 = 4 << 20;
 /// What each side may receive unacknowledged on the whole connection.
 pub const CONNECTION_WINDOW: u32 = 16 << 20;
 /// Streams the server keeps open at once; a REQUEST beyond them is reset with `REFUSED_STREAM`.
-pub const STREAMS_MAX: usize = 1024;
+///
+/// Sized for an LLM site: one tunnel connection carries the streams of one router shard to one
+/// agent, and a shard holds 10,000 streams open at once, each seconds to minutes long. The
+/// router never opens more than the agent's `--capacity` per model (`routing::AgentLoad`), so this
+/// only bounds a faulty router: each open stream costs the mux 24 bytes of state (its map entry),
+/// and the agent a request task (`docs/tunnel.md`, "What an open stream holds"). At 1,024, a
+/// shard of a router in front of one agent of `--capacity 2000` had every stream past the 1,024th
+/// refused (`perf/llm-load.sh`).
+pub const STREAMS_MAX: usize = 16 * 1024;
 
 /// HTTP/2's reset codes, which the tunnel keeps (`crate::net::tunnel::BACKEND_FAILED` among them).
 pub const REFUSED_STREAM: u32 = 0x7;

@@ -518,7 +518,6 @@ async fn stream_back<S: Sink>(
     };
     // Past an oversized event the scanner stops and bytes pass through untouched.
     let mut passthrough = false;
-    let mut out = Vec::with_capacity(4096);
     let mut truncated = false;
     let mut occupancy = OccupancyTracker::new(settling.slot);
     loop {
@@ -538,54 +537,56 @@ async fn stream_back<S: Sink>(
                 ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
                 count_reset(shard, settling.slot, &error);
                 truncated = true;
-                out.clear();
-                out.extend_from_slice(&splitter.take_tail());
+                let mut last = splitter.take_tail().to_vec();
                 if shard.lifecycle.is_ending() {
-                    out.extend_from_slice(&Rejection::shutting_down().stream_event(dialect));
+                    last.extend_from_slice(&Rejection::shutting_down().stream_event(dialect));
                 } else {
-                    out.extend_from_slice(stream_error_event(dialect, error.is_backend_failure()));
+                    last.extend_from_slice(stream_error_event(dialect, error.is_backend_failure()));
                 }
-                if sink.stream_data(&out).await.is_err() {
+                if sink.stream_data(&last).await.is_err() {
                     return Err(settling.client_left(scanner.usage()));
                 }
                 break;
             }
             Some(Some(Ok(chunk))) => chunk,
         };
-        out.clear();
+        // Each event goes to the sink's corked output as it is scanned: the sink writes them
+        // out together when this waits for the next chunk, and a stream holds no buffer of
+        // its own between tokens (`perf/notes/2026-12-06-memory-per-open-stream.md`).
         if passthrough {
-            out.extend_from_slice(&chunk);
-        } else {
-            splitter.push(chunk);
-            loop {
-                match splitter.next_event() {
-                    Ok(Some(event)) => {
-                        let keep = match &mut scanner {
-                            Scanner::OpenAi(scan) => !matches!(
-                                scan.scan_event(&event),
-                                OpenAiEvent::UsageOnly(_) if suppress_usage_chunk
-                            ),
-                            Scanner::Anthropic(scan) => {
-                                scan.scan_event(&event);
-                                true
-                            }
-                        };
-                        if keep {
-                            out.extend_from_slice(&event);
-                        }
-                        occupancy.event(&scanner);
-                    }
-                    Ok(None) => break,
-                    Err(_) => {
-                        passthrough = true;
-                        out.extend_from_slice(&splitter.take_tail());
-                        break;
-                    }
-                }
+            if sink.stream_data_corked(&chunk).await.is_err() {
+                return Err(settling.client_left(scanner.usage()));
             }
+            continue;
         }
-        if !out.is_empty() && sink.stream_data_corked(&out).await.is_err() {
-            return Err(settling.client_left(scanner.usage()));
+        splitter.push(chunk);
+        loop {
+            let event = match splitter.next_event() {
+                Ok(Some(event)) => event,
+                Ok(None) => break,
+                Err(_) => {
+                    passthrough = true;
+                    let tail = splitter.take_tail();
+                    if sink.stream_data_corked(&tail).await.is_err() {
+                        return Err(settling.client_left(scanner.usage()));
+                    }
+                    break;
+                }
+            };
+            let keep = match &mut scanner {
+                Scanner::OpenAi(scan) => !matches!(
+                    scan.scan_event(&event),
+                    OpenAiEvent::UsageOnly(_) if suppress_usage_chunk
+                ),
+                Scanner::Anthropic(scan) => {
+                    scan.scan_event(&event);
+                    true
+                }
+            };
+            occupancy.event(&scanner);
+            if keep && sink.stream_data_corked(&event).await.is_err() {
+                return Err(settling.client_left(scanner.usage()));
+            }
         }
     }
     if !truncated {

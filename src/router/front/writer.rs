@@ -207,8 +207,18 @@ impl Http1Sink {
         result.map(|_| ()).map_err(|_| ClientGone)
     }
 
+    /// The output buffer, lent from the shard's spare ones when this holds none: it is given
+    /// back while the connection waits on something else ([`Sink::until_client_gone`]), so a
+    /// stream waiting for its next token holds no output buffer.
+    fn out(&mut self) -> &mut Vec<u8> {
+        if self.out.capacity() == 0 {
+            self.out = spare_out::take();
+        }
+        &mut self.out
+    }
+
     async fn write_raw(&mut self, bytes: &[u8]) -> Result<(), ClientGone> {
-        self.out.extend_from_slice(bytes);
+        self.out().extend_from_slice(bytes);
         self.write_out().await
     }
 
@@ -234,9 +244,9 @@ impl Http1Sink {
             extra_headers: &own[..count],
             passed_headers: extra_headers,
         }
-        .write(&mut self.out);
+        .write(self.out());
         if !self.head_only {
-            self.out.extend_from_slice(body);
+            self.out().extend_from_slice(body);
         }
     }
 
@@ -256,7 +266,7 @@ impl Http1Sink {
             extra_headers: &own[..count],
             passed_headers: extra_headers,
         }
-        .write(&mut self.out);
+        .write(self.out());
     }
 }
 
@@ -291,7 +301,7 @@ impl Sink for Http1Sink {
 
     async fn stream_data(&mut self, data: &[u8]) -> Result<(), ClientGone> {
         if !data.is_empty() {
-            write_chunk(&mut self.out, data);
+            write_chunk(self.out(), data);
         }
         self.flush().await
     }
@@ -302,7 +312,7 @@ impl Sink for Http1Sink {
 
     async fn stream_data_corked(&mut self, data: &[u8]) -> Result<(), ClientGone> {
         if !data.is_empty() {
-            write_chunk(&mut self.out, data);
+            write_chunk(self.out(), data);
         }
         if self.out.len() >= CORKED_BYTES_MAX {
             return self.write_out().await;
@@ -321,6 +331,9 @@ impl Sink for Http1Sink {
         &mut self,
         future: F,
     ) -> impl std::future::Future<Output = Option<F::Output>> {
+        if self.out.is_empty() {
+            spare_out::give_back(std::mem::take(&mut self.out));
+        }
         UntilGone::new(future, self.gone.wait())
     }
 
