@@ -175,6 +175,29 @@ fn a_connection_writing_everything_reuses_two_buffers() {
     assert!(!router.has_output());
 }
 
+/// A shard of a router in front of an LLM site holds 10,000 streams open at once; at 1,024 a
+/// connection, the agent refused every one past the 1,024th (`perf/llm-load.sh`).
+#[test]
+fn a_server_takes_the_ten_thousand_streams_a_shard_holds_open() {
+    const OPEN: usize = 10_000;
+    let (mut router, mut agent) = (Mux::new(Role::Client), Mux::new(Role::Server));
+    for _ in 0..OPEN {
+        router.open(Method::POST, target(), HeaderMap::new(), false);
+    }
+    let events = deliver(&mut router, &mut agent);
+    assert_eq!(events.len(), OPEN);
+    assert!(
+        events
+            .iter()
+            .all(|event| matches!(event, Event::Request { .. }))
+    );
+    assert_eq!(agent.open_streams(), OPEN);
+    assert!(
+        deliver(&mut agent, &mut router).is_empty(),
+        "nothing refused"
+    );
+}
+
 #[test]
 fn a_full_server_refuses_a_stream_with_a_reset() {
     let (mut router, mut agent) = (Mux::new(Role::Client), Mux::new(Role::Server));
