@@ -11,3 +11,4 @@ pub mod identity;
 pub mod ids;
 pub mod latch;
 pub mod log_limit;
+pub mod spare_buffers;

@@ -19,6 +19,7 @@ use futures_util::future::Either;
 
 use crate::base::ids::Dialect;
 use crate::base::latch::race;
+use crate::base::spare_buffers;
 use crate::logic::limits::Delivery;
 use crate::logic::routing::counters::ResetReason;
 use crate::logic::usage::{
@@ -518,12 +519,17 @@ async fn stream_back<S: Sink>(
     };
     // Past an oversized event the scanner stops and bytes pass through untouched.
     let mut passthrough = false;
+    // What one upstream chunk comes to, lent from the shard's spare buffers while a chunk is
+    // relayed and given back before the next wait: a stream between two tokens holds none
+    // (`perf/notes/2026-12-06-memory-per-open-stream.md`).
+    let mut out = Vec::new();
     let mut truncated = false;
     let mut occupancy = OccupancyTracker::new(settling.slot);
     loop {
         let next = match upstream.data().now_or_never() {
             Some(ready) => Some(ready),
             None => {
+                spare_buffers::give_back(std::mem::take(&mut out));
                 if sink.flush().await.is_err() {
                     return Err(settling.client_left(scanner.usage()));
                 }
@@ -537,58 +543,60 @@ async fn stream_back<S: Sink>(
                 ShardMetrics::add(&shard.metrics.upstream_errors_total, 1);
                 count_reset(shard, settling.slot, &error);
                 truncated = true;
-                let mut last = splitter.take_tail().to_vec();
+                out.clear();
+                out.extend_from_slice(&splitter.take_tail());
                 if shard.lifecycle.is_ending() {
-                    last.extend_from_slice(&Rejection::shutting_down().stream_event(dialect));
+                    out.extend_from_slice(&Rejection::shutting_down().stream_event(dialect));
                 } else {
-                    last.extend_from_slice(stream_error_event(dialect, error.is_backend_failure()));
+                    out.extend_from_slice(stream_error_event(dialect, error.is_backend_failure()));
                 }
-                if sink.stream_data(&last).await.is_err() {
+                if sink.stream_data(&out).await.is_err() {
                     return Err(settling.client_left(scanner.usage()));
                 }
                 break;
             }
             Some(Some(Ok(chunk))) => chunk,
         };
-        // Each event goes to the sink's corked output as it is scanned: the sink writes them
-        // out together when this waits for the next chunk, and a stream holds no buffer of
-        // its own between tokens (`perf/notes/2026-12-06-memory-per-open-stream.md`).
-        if passthrough {
-            if sink.stream_data_corked(&chunk).await.is_err() {
-                return Err(settling.client_left(scanner.usage()));
-            }
-            continue;
+        if out.capacity() == 0 {
+            out = spare_buffers::take();
         }
-        splitter.push(chunk);
-        loop {
-            let event = match splitter.next_event() {
-                Ok(Some(event)) => event,
-                Ok(None) => break,
-                Err(_) => {
-                    passthrough = true;
-                    let tail = splitter.take_tail();
-                    if sink.stream_data_corked(&tail).await.is_err() {
-                        return Err(settling.client_left(scanner.usage()));
+        out.clear();
+        if passthrough {
+            out.extend_from_slice(&chunk);
+        } else {
+            splitter.push(chunk);
+            loop {
+                match splitter.next_event() {
+                    Ok(Some(event)) => {
+                        let keep = match &mut scanner {
+                            Scanner::OpenAi(scan) => !matches!(
+                                scan.scan_event(&event),
+                                OpenAiEvent::UsageOnly(_) if suppress_usage_chunk
+                            ),
+                            Scanner::Anthropic(scan) => {
+                                scan.scan_event(&event);
+                                true
+                            }
+                        };
+                        if keep {
+                            out.extend_from_slice(&event);
+                        }
+                        occupancy.event(&scanner);
                     }
-                    break;
+                    Ok(None) => break,
+                    Err(_) => {
+                        passthrough = true;
+                        out.extend_from_slice(&splitter.take_tail());
+                        break;
+                    }
                 }
-            };
-            let keep = match &mut scanner {
-                Scanner::OpenAi(scan) => !matches!(
-                    scan.scan_event(&event),
-                    OpenAiEvent::UsageOnly(_) if suppress_usage_chunk
-                ),
-                Scanner::Anthropic(scan) => {
-                    scan.scan_event(&event);
-                    true
-                }
-            };
-            occupancy.event(&scanner);
-            if keep && sink.stream_data_corked(&event).await.is_err() {
-                return Err(settling.client_left(scanner.usage()));
             }
+        }
+        if !out.is_empty() && sink.stream_data_corked(&out).await.is_err() {
+            return Err(settling.client_left(scanner.usage()));
         }
     }
+    spare_buffers::give_back(out);
     if !truncated {
         let tail = splitter.take_tail();
         if !tail.is_empty() && sink.stream_data_corked(&tail).await.is_err() {

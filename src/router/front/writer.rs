@@ -1,7 +1,7 @@
 //! The writer half of an HTTP/1.1 connection: it answers what the reader hands it
 //! ([`Inbound`]), strictly in order, through [`Http1Sink`], the connection's [`Sink`] for the
-//! request phases. Its output buffer is lent from a per-shard list while the connection waits
-//! (`spare_out`, at most 256 buffers a shard).
+//! request phases. Its output buffer is lent from the shard's spare ones
+//! (`base::spare_buffers`) only while it has something to write.
 
 use std::rc::Rc;
 
@@ -9,6 +9,7 @@ use monoio::io::{AsyncWriteRent, AsyncWriteRentExt, OwnedWriteHalf};
 use monoio::net::TcpStream;
 
 use crate::base::latch::Latch;
+use crate::base::spare_buffers;
 use crate::net::telemetry::context::TRACEPARENT_LEN;
 use crate::router::api::sink::{CORKED_BYTES_MAX, ClientGone, Sink, UntilGone};
 use crate::router::api::{self, ClientRequest};
@@ -16,10 +17,6 @@ use crate::router::error::Rejection;
 use crate::router::front::pipeline::Receiver;
 use crate::router::shard::state::Shard;
 use crate::wire::http::response::{LAST_CHUNK, ResponseFraming, ResponseHead, write_chunk};
-
-/// The output buffer a connection holds while it answers (a response longer than this is written
-/// in parts, or grows it); a connection waiting for a request holds none (see [`spare_out`]).
-pub(super) const OUT_BYTES: usize = 4 * 1024;
 
 /// What the reader hands the writer, in order. A request is nearly every message, so its
 /// variant stays inline: boxing it to shrink the rare ones would allocate per request.
@@ -44,13 +41,13 @@ pub(super) async fn write_loop(
         if inbound.is_empty() && sink.out.is_empty() {
             // Nothing to answer until the client sends again, which for a keep-alive connection
             // may be never: hold no output buffer meanwhile.
-            spare_out::give_back(std::mem::take(&mut sink.out));
+            spare_buffers::give_back(std::mem::take(&mut sink.out));
         }
         let Some(item) = inbound.recv().await else {
             return;
         };
         if sink.out.capacity() == 0 {
-            sink.out = spare_out::take();
+            sink.out = spare_buffers::take();
         }
         match item {
             Inbound::Request {
@@ -82,75 +79,6 @@ pub(super) async fn write_loop(
                     return;
                 }
             }
-        }
-    }
-}
-
-/// Output buffers of this shard's connections that wait for a request, lent to the next one that
-/// has a response to write: an idle keep-alive connection holds no 4 KiB buffer of its own, and a
-/// request takes one from this list (about 30 instructions) rather than from the allocator (about
-/// 300: a 4 KiB block is past the allocator's small-object fast path).
-///
-/// Per shard (a thread-local, on a thread-per-core runtime) and bounded: at most
-/// [`SPARE_MAX`](spare_out::SPARE_MAX) buffers, none grown past
-/// [`KEPT_BYTES_MAX`](spare_out::KEPT_BYTES_MAX) (a buffer a long response grew is freed).
-mod spare_out {
-    use std::cell::RefCell;
-
-    use super::OUT_BYTES;
-
-    pub(super) const SPARE_MAX: usize = 256;
-    pub(super) const KEPT_BYTES_MAX: usize = 4 * OUT_BYTES;
-
-    thread_local! {
-        static SPARE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
-    }
-
-    /// An empty buffer with room for at least [`OUT_BYTES`].
-    pub(super) fn take() -> Vec<u8> {
-        SPARE
-            .with_borrow_mut(Vec::pop)
-            .unwrap_or_else(|| Vec::with_capacity(OUT_BYTES))
-    }
-
-    /// Keeps `out` for [`take`] unless the list is full or `out` grew past [`KEPT_BYTES_MAX`].
-    pub(super) fn give_back(mut out: Vec<u8>) {
-        if out.capacity() < OUT_BYTES || out.capacity() > KEPT_BYTES_MAX {
-            return;
-        }
-        out.clear();
-        SPARE.with_borrow_mut(|spare| {
-            if spare.len() < SPARE_MAX {
-                spare.push(out);
-            }
-        });
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        #[test]
-        fn buffers_are_lent_again_within_bounds() {
-            let lent = take();
-            assert!(lent.capacity() >= OUT_BYTES);
-            let address = lent.as_ptr();
-            give_back(lent);
-            let again = take();
-            assert_eq!(again.as_ptr(), address, "the spare buffer is lent again");
-            assert!(again.is_empty());
-
-            // A buffer a long response grew is not kept, nor an empty one.
-            give_back(Vec::with_capacity(KEPT_BYTES_MAX + 1));
-            give_back(Vec::new());
-            assert_eq!(SPARE.with_borrow(Vec::len), 0);
-
-            // At most SPARE_MAX are kept.
-            for _ in 0..SPARE_MAX + 10 {
-                give_back(Vec::with_capacity(OUT_BYTES));
-            }
-            assert_eq!(SPARE.with_borrow(Vec::len), SPARE_MAX);
-            drop(again);
         }
     }
 }
@@ -212,7 +140,7 @@ impl Http1Sink {
     /// stream waiting for its next token holds no output buffer.
     fn out(&mut self) -> &mut Vec<u8> {
         if self.out.capacity() == 0 {
-            self.out = spare_out::take();
+            self.out = spare_buffers::take();
         }
         &mut self.out
     }
@@ -332,7 +260,7 @@ impl Sink for Http1Sink {
         future: F,
     ) -> impl std::future::Future<Output = Option<F::Output>> {
         if self.out.is_empty() {
-            spare_out::give_back(std::mem::take(&mut self.out));
+            spare_buffers::give_back(std::mem::take(&mut self.out));
         }
         UntilGone::new(future, self.gone.wait())
     }
