@@ -533,6 +533,7 @@ async fn stream_back<S: Sink>(
                 if sink.flush().await.is_err() {
                     return Err(settling.client_left(scanner.usage()));
                 }
+                sink.waiting();
                 sink.until_client_gone(upstream.data()).await
             }
         };

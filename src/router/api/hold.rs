@@ -241,6 +241,10 @@ impl<S: Sink> Sink for HoldSink<'_, S> {
         self.inner.close_after();
     }
 
+    fn waiting(&mut self) {
+        self.inner.waiting();
+    }
+
     fn status(&self) -> u16 {
         if self.status != 0 {
             self.status

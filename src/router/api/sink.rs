@@ -70,6 +70,11 @@ pub trait Sink {
     /// Asks the connection to close after this response.
     fn close_after(&mut self);
 
+    /// A streamed response waits for its next part, everything written out: the sink may give
+    /// back the buffers it holds for writing, so that thousands of open streams between two
+    /// tokens hold none (`perf/notes/2026-12-06-memory-per-open-stream.md`). By default nothing.
+    fn waiting(&mut self) {}
+
     /// The status of the response head written for the current request (0: none yet).
     fn status(&self) -> u16;
 

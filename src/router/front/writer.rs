@@ -135,9 +135,8 @@ impl Http1Sink {
         result.map(|_| ()).map_err(|_| ClientGone)
     }
 
-    /// The output buffer, lent from the shard's spare ones when this holds none: it is given
-    /// back while the connection waits on something else ([`Sink::until_client_gone`]), so a
-    /// stream waiting for its next token holds no output buffer.
+    /// The output buffer, lent from the shard's spare ones when this holds none: a stream
+    /// waiting for its next token gives it back ([`Sink::waiting`]).
     fn out(&mut self) -> &mut Vec<u8> {
         if self.out.capacity() == 0 {
             self.out = spare_buffers::take();
@@ -259,14 +258,17 @@ impl Sink for Http1Sink {
         &mut self,
         future: F,
     ) -> impl std::future::Future<Output = Option<F::Output>> {
-        if self.out.is_empty() {
-            spare_buffers::give_back(std::mem::take(&mut self.out));
-        }
         UntilGone::new(future, self.gone.wait())
     }
 
     fn close_after(&mut self) {
         self.close = true;
+    }
+
+    fn waiting(&mut self) {
+        if self.out.is_empty() {
+            spare_buffers::give_back(std::mem::take(&mut self.out));
+        }
     }
 
     fn status(&self) -> u16 {
