@@ -66,6 +66,7 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Box<[u8]>> =
         std::cell::RefCell::new(vec![0; READ_BYTES].into_boxed_slice());
 }
+
 /// A complete request body up to this size is copied behind its head, for one write.
 const COALESCE_BYTES_MAX: usize = 64 * 1024;
 

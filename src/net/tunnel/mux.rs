@@ -42,11 +42,11 @@ pub const CONNECTION_WINDOW: u32 = 16 << 20;
 ///
 /// Sized for an LLM site: one tunnel connection carries the streams of one router shard to one
 /// agent, and a shard holds 10,000 streams open at once, each seconds to minutes long. The
-/// router never opens more than the agent's `--capacity` per model (`routing::AgentLoad`), so this
-/// only bounds a faulty router: each open stream costs the mux 24 bytes of state (its map entry),
-/// and the agent a request task (`docs/request-path.md`, "What an open stream holds"). At 1,024, a
-/// shard of a router in front of one agent of `--capacity 2000` had every stream past the 1,024th
-/// refused (`perf/llm-load.sh`).
+/// router never opens more than the agent's `--capacity` per model (`routing::AgentLoad`), so
+/// this only bounds a faulty router: each open stream costs the mux a 20-byte map entry and the
+/// agent a request task (`docs/request-path.md`, "What an open stream holds"). At 1,024, a shard
+/// in front of an agent of `--capacity 20000` had every stream past the 1,024th refused
+/// (`perf/llm-load.sh`).
 pub const STREAMS_MAX: usize = 16 * 1024;
 
 /// HTTP/2's reset codes, which the tunnel keeps (`crate::net::tunnel::BACKEND_FAILED` among them).
