@@ -207,6 +207,16 @@ done
 header="LLM-shaped load, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'); sim --ttft $TTFT --itl $ITL --output-tokens $TOKENS, prompts ~$PROMPT_BYTES B; levels $OPEN, $HOLD s measured each; router --shards $SHARDS $ROUTER_ARGS, agent --capacity $AGENT_CAPACITY; nginx $NGINX_WORKERS workers; loadavg at the end $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 "$PERF/llm_load.py" report --md "$OUT/summary.md" --json-out "$OUT/all.json" \
   --header "$header" --sim-ttft-ms "$TTFT_MS" --sim-itl-ms "$ITL_MS" "${RUNS[@]}"
+# the plot is a convenience: without matplotlib (e.g. offline) the run still succeeds
+if ! python3 -c 'import matplotlib' 2>/dev/null; then
+  log "installing matplotlib (pip)"
+  python3 -m pip install --quiet --disable-pip-version-check matplotlib ||
+    log "WARNING: matplotlib could not be installed; no plot.png"
+fi
+if python3 -c 'import matplotlib' 2>/dev/null; then
+  python3 "$PERF/llm_load.py" plot --out "$OUT/plot.png" --sim-ttft-ms "$TTFT_MS" \
+    --sim-itl-ms "$ITL_MS" "${RUNS[@]}" || log "WARNING: plot.png could not be drawn"
+fi
 {
   echo "$header"
   echo "binaries: $BIN"
@@ -218,4 +228,4 @@ mkdir -p "$OUT/logs"
 for f in "$WORK"/*.log "$WORK"/nginx/nginx-error.log; do
   if [[ -f $f ]]; then tail -n 200 "$f" >"$OUT/logs/$(basename "$f")"; fi
 done
-log "results in $OUT (summary.md, all.json, one JSON per target, run.txt, logs/)"
+log "results in $OUT (summary.md, all.json, plot.png, one JSON per target, run.txt, logs/)"

@@ -32,7 +32,11 @@ same level and the level where each target first falls behind (--ttft-limit-ms o
 the baseline's, --itl-limit-ms on the gap p99.9 over the baseline's, any failure, or open streams
 below 95 % of the level), prints a markdown summary and writes it to --md.
 
-Standard library only; uvloop when importable (UVLOOP=0: never).
+`plot`: one PNG (--out) of the runs `report` reads (or its all.json) against the level: CPU per
+token and RSS per open stream of the path, TTFT p99, gap p99.9; hollow markers where a target falls
+behind, an x where streams failed. Needs matplotlib (imported there only).
+
+Standard library only (`plot`: matplotlib); uvloop when importable (UVLOOP=0: never).
 """
 import argparse
 import array
@@ -615,26 +619,30 @@ def fmt(v, nd=1):
     return str(v)
 
 
-def cmd_report(args):
+def load_runs(paths):
+    """The runs of per-target (or per-level) JSONs written by `run`, or of `report`'s all.json;
+    the levels of one target merged and sorted."""
     runs = []
     by_target = {}
-    for path in args.runs:
+    for path in paths:
         with open(path) as f:
-            r = json.load(f)
-        if r["target"] in by_target:  # one file per level: the levels of one target together
-            by_target[r["target"]]["levels"].extend(r["levels"])
-        else:
-            by_target[r["target"]] = r
-            runs.append(r)
+            doc = json.load(f)
+        for r in doc["runs"] if "runs" in doc else [doc]:
+            if r["target"] in by_target:  # one file per level: the levels of one target together
+                by_target[r["target"]]["levels"].extend(r["levels"])
+            else:
+                by_target[r["target"]] = r
+                runs.append(r)
     for r in runs:
         r["levels"].sort(key=lambda lv: lv["open_target"])
+    return runs
+
+
+def judge(runs, args):
+    """Sets each level's "added" (over the direct sim's at the same level) and "behind" (the
+    reasons it falls behind); returns {target: (first level behind, reasons)}."""
     base = next((r for r in runs if r["target"] == "sim"), None)
     base_by_n = {lv["open_target"]: lv for lv in base["levels"]} if base else {}
-    lines = []
-    lines.append("| target | open | open mean | tokens/s | failed | TTFT p50 / p99 ms | added p50 / p99 ms "
-                 "| gap p50 / p99 / p99.9 ms | added p99 / p99.9 ms | CPU µs/token, path (each) "
-                 "| RSS / Pss B per stream, path (each) | client CPU % / lag p99 ms | other cores | behind? |")
-    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | --- |")
     behind_at = {}
     for r in runs:
         for lv in r["levels"]:
@@ -661,6 +669,22 @@ def cmd_report(args):
             lv["behind"] = reasons
             if reasons and r["target"] not in behind_at:
                 behind_at[r["target"]] = (n, reasons)
+    return behind_at
+
+
+def cmd_report(args):
+    runs = load_runs(args.runs)
+    behind_at = judge(runs, args)
+    lines = []
+    lines.append("| target | open | open mean | tokens/s | failed | TTFT p50 / p99 ms | added p50 / p99 ms "
+                 "| gap p50 / p99 / p99.9 ms | added p99 / p99.9 ms | CPU µs/token, path (each) "
+                 "| RSS / Pss B per stream, path (each) | client CPU % / lag p99 ms | other cores | behind? |")
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | --- |")
+    for r in runs:
+        for lv in r["levels"]:
+            n = lv["open_target"]
+            add = lv["added"]
+            reasons = lv["behind"]
             each = ", ".join(f"{name} {fmt(p.get('cpu_us_per_token'), 2)}" for name, p in lv["procs"].items())
             each_mem = ", ".join(f"{name} {fmt(p.get('rss_b_per_stream'), 0)} / {fmt(p.get('pss_b_per_stream'), 0)}"
                                  for name, p in lv["procs"].items())
@@ -702,6 +726,99 @@ def cmd_report(args):
             json.dump({"runs": runs}, f, indent=1)
 
 
+def cmd_plot(args):
+    """One PNG, four panels against the level (open streams): CPU per token and memory per open
+    stream of the path, TTFT p99, gap p99.9; a line per target. A level where the target falls
+    behind (judged as `report` does) gets a hollow marker, one with failed streams an x."""
+    import matplotlib
+    matplotlib.use("Agg")  # no display: write the file only
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    runs = load_runs(args.runs)
+    sims = [r.get("sim") or {} for r in runs]
+    if args.sim_ttft_ms is None:
+        args.sim_ttft_ms = next((s["ttft_ms"] for s in sims if s.get("ttft_ms") is not None), 20.0)
+    if args.sim_itl_ms is None:
+        args.sim_itl_ms = next((s["itl_ms"] for s in sims if s.get("itl_ms") is not None), 25.0)
+    behind_at = judge(runs, args)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    markers = "osD^v<>p"
+    panels = [
+        ("CPU µs per streamed token, path", lambda lv: (lv.get("proxy_path") or {}).get("cpu_us_per_token"), False),
+        ("RSS KiB per open stream, path",
+         lambda lv: (None if (lv.get("proxy_path") or {}).get("rss_b_per_stream") is None
+                     else lv["proxy_path"]["rss_b_per_stream"] / 1024), False),
+        ("TTFT p99 (ms)", lambda lv: lv.get("ttft_p99_ms"), True),
+        ("gap between tokens p99.9 (ms)", lambda lv: lv.get("itl_p99_9_ms"), True),
+    ]
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9), sharex=True)
+    levels = sorted({lv["open_target"] for r in runs for lv in r["levels"]})
+    for i, (ax, (title, get, maybe_log)) in enumerate(zip(axes.flat, panels)):
+        values = []
+        for k, r in enumerate(runs):
+            path_panel = i < 2
+            if path_panel and r["target"] == "sim":
+                continue  # the sim direct: nothing on the path
+            pts = [(lv["open_target"], get(lv), lv) for lv in r["levels"] if get(lv) is not None]
+            if not pts:
+                continue
+            c, m = colours[k % len(colours)], markers[k % len(markers)]
+            dashed = r["target"] == "sim"
+            ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], color=c, linestyle="--" if dashed else "-",
+                    linewidth=1.5, zorder=2)
+            for x, y, lv in pts:
+                if lv.get("failed"):
+                    ax.plot(x, y, marker="x", color=c, markersize=10, markeredgewidth=2.2, zorder=3)
+                elif lv.get("behind"):
+                    ax.plot(x, y, marker=m, color=c, markerfacecolor="white", markeredgewidth=1.8,
+                            markersize=8, zorder=3)
+                else:
+                    ax.plot(x, y, marker=m, color=c, markersize=7, zorder=3)
+                values.append(y)
+        positive = [v for v in values if v > 0]
+        if maybe_log and positive and max(positive) / min(positive) > 20:
+            ax.set_yscale("log")
+            title += ", log scale"
+        else:
+            ax.set_ylim(bottom=0)
+        if i < 2 and any(r["target"] == "sim" for r in runs):
+            title += " (sim direct: none)"
+        ax.set_title(title, fontsize=11)
+        ax.grid(True, which="major", alpha=0.35)
+        ax.grid(True, which="minor", alpha=0.12)
+        if i >= 2:
+            ax.set_xlabel("open streams (level)")
+        ax.set_xticks(levels)
+        ax.set_xticklabels([f"{n:,}" for n in levels])
+    handles = [Line2D([], [], color=colours[k % len(colours)], marker=markers[k % len(markers)],
+                      linestyle="--" if r["target"] == "sim" else "-", label=r["label"])
+               for k, r in enumerate(runs)]
+    handles += [Line2D([], [], color="grey", marker="o", linestyle="", label="kept up"),
+                Line2D([], [], color="grey", marker="o", markerfacecolor="white", linestyle="",
+                       label="fell behind (TTFT / gap / open / client limit)"),
+                Line2D([], [], color="grey", marker="x", markeredgewidth=2.2, linestyle="",
+                       label="streams failed")]
+    fig.legend(handles=handles, loc="upper center", ncol=min(len(handles), 4), fontsize=9,
+               frameon=False, bbox_to_anchor=(0.5, 0.995))
+    notes = []
+    for r in runs:
+        if r["target"] in behind_at:
+            n, why = behind_at[r["target"]]
+            notes.append(f"{r['label']}: first behind at {n:,} ({'; '.join(why)})")
+        else:
+            notes.append(f"{r['label']}: kept up to {max(lv['open_target'] for lv in r['levels']):,}")
+    notes.append(f"behind: a failure, open mean < 95 % of the level, TTFT p99 > {args.ttft_limit_ms:g} ms or gap p99.9 > "
+                 f"{args.itl_limit_ms:g} ms over the direct sim's at the level (over {args.sim_ttft_ms:g} / "
+                 f"{args.sim_itl_ms:g} ms without it), client >= {args.client_limit_pct:g} % CPU")
+    fig.text(0.01, 0.005, "\n".join(notes), fontsize=8, va="bottom", ha="left", color="#333333")
+    if args.title:
+        fig.suptitle(args.title, y=0.94, fontsize=12)
+    fig.tight_layout(rect=(0, 0.012 * (len(notes) + 1), 1, 0.92 if args.title else 0.94))
+    fig.savefig(args.out, dpi=110)
+    print(f"[llm] wrote {args.out}", file=sys.stderr)
+
+
 def parse_args(argv):
     env = os.environ.get
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -738,6 +855,15 @@ def parse_args(argv):
     t.add_argument("--ttft-limit-ms", type=float, default=float(env("TTFT_LIMIT_MS", "50")))
     t.add_argument("--itl-limit-ms", type=float, default=float(env("ITL_LIMIT_MS", "25")))
     t.add_argument("--client-limit-pct", type=float, default=float(env("CLIENT_LIMIT_PCT", "90")))
+    g = sub.add_parser("plot", help="PNG of the runs against the level (needs matplotlib)")
+    g.add_argument("runs", nargs="+", help="the JSONs `report` reads (per target or level) or its all.json")
+    g.add_argument("--out", required=True, help="PNG to write")
+    g.add_argument("--title", default="LLM-shaped load: cost and latency against open streams")
+    g.add_argument("--sim-ttft-ms", type=float, default=None, help="default: the runs' sim --ttft")
+    g.add_argument("--sim-itl-ms", type=float, default=None, help="default: the runs' sim --itl")
+    g.add_argument("--ttft-limit-ms", type=float, default=float(env("TTFT_LIMIT_MS", "50")))
+    g.add_argument("--itl-limit-ms", type=float, default=float(env("ITL_LIMIT_MS", "25")))
+    g.add_argument("--client-limit-pct", type=float, default=float(env("CLIENT_LIMIT_PCT", "90")))
     a = p.parse_args(argv)
     if a.cmd == "run":
         if not 0 < a.hold <= 300 or any(not 0 < n <= 20000 for n in a.levels):
@@ -750,6 +876,8 @@ def main(argv):
     a = parse_args(argv)
     if a.cmd == "run":
         cmd_run(a)
+    elif a.cmd == "plot":
+        cmd_plot(a)
     else:
         cmd_report(a)
 
