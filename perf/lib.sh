@@ -232,6 +232,15 @@ children_cpu() {
 
 calc() { awk "BEGIN{ printf \"%.${2:-1}f\", $1 }"; }
 
+# Bytes per unit of (after - before), two readings of memory in kB ("rss pss ..."), of field i
+# (0 rss, 1 pss, 2 what the third column holds): perf/memory.sh, perf/stream-memory.sh.
+per_unit() { # after before units field
+  local after_kb before_kb
+  read -r -a after_kb <<<"$1"
+  read -r -a before_kb <<<"$2"
+  calc "(${after_kb[$4]} - ${before_kb[$4]}) * 1024 / $3" 0
+}
+
 # ---------------------------------------------------------------------------------------------
 # Stack: sim, nginx (one and two hops), router + agent
 # ---------------------------------------------------------------------------------------------

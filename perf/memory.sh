@@ -100,14 +100,6 @@ for n in $KEYS; do
   stop_router_stack
 done
 
-# bytes per unit of (after - before) for field i (0 rss, 1 pss, 2 private dirty), in kB
-per_unit() { # after before units field
-  local a b
-  read -r -a a <<<"$1"
-  read -r -a b <<<"$2"
-  calc "(${a[$4]} - ${b[$4]}) * 1024 / $3" 0
-}
-
 echo
 echo "## Router memory (${ROUTER_DIR:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')}, $SHARDS shards, $AUTH_MODE keys${MIMALLOC_PURGE_DELAY:+, MIMALLOC_PURGE_DELAY=$MIMALLOC_PURGE_DELAY})"
 echo

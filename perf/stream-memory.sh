@@ -109,14 +109,6 @@ PY
   index=$((index + 1))
 done
 
-# bytes per open stream of (open - idle), field i (0 rss, 1 pss)
-per_stream() { # open idle streams field
-  local a b
-  read -r -a a <<<"$1"
-  read -r -a b <<<"$2"
-  calc "(${a[$4]} - ${b[$4]}) * 1024 / $3" 0
-}
-
 echo
 echo "## Memory per open stream ($SHARDS shards, prompt $PROMPT_BYTES B)"
 echo
@@ -125,7 +117,7 @@ echo "| --- | ---: | ---: | ---: | ---: |"
 for row in "${ROWS[@]}"; do
   IFS='|' read -r label opened ir or ia oa <<<"$row"
   ((opened > 0)) || { echo "| $label | 0 | – | – | – |"; continue; }
-  router_b=$(per_stream "$or" "$ir" "$opened" 0)
-  agent_b=$(per_stream "$oa" "$ia" "$opened" 0)
-  echo "| $label | $opened | $router_b / $(per_stream "$or" "$ir" "$opened" 1) | $agent_b / $(per_stream "$oa" "$ia" "$opened" 1) | $((router_b + agent_b)) |"
+  router_b=$(per_unit "$or" "$ir" "$opened" 0)
+  agent_b=$(per_unit "$oa" "$ia" "$opened" 0)
+  echo "| $label | $opened | $router_b / $(per_unit "$or" "$ir" "$opened" 1) | $agent_b / $(per_unit "$oa" "$ia" "$opened" 1) | $((router_b + agent_b)) |"
 done
