@@ -792,6 +792,36 @@ mod tests {
         );
     }
 
+    /// Thousands of streams wait for their next token at once: a 16 KiB read buffer each was
+    /// most of what an open stream cost the agent (`Conn::read_more`).
+    #[tokio::test]
+    async fn a_stream_waiting_for_its_next_token_holds_no_room_for_a_read() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = listener.local_addr().unwrap().to_string();
+        let (next_token, mut token_due) = tokio::sync::mpsc::channel::<()>(1);
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = vec![0u8; 1024];
+            let _ = socket.read(&mut head).await.unwrap();
+            let first = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n8\r\ndata: a\n\r\n";
+            socket.write_all(first).await.unwrap();
+            token_due.recv().await;
+            socket
+                .write_all(b"8\r\ndata: b\n\r\n0\r\n\r\n")
+                .await
+                .unwrap();
+        });
+        let mut body = client(target).send(get()).await.unwrap().into_body();
+        assert_eq!(body.chunk().await.unwrap().unwrap(), &b"data: a\n"[..]);
+        let held = body.conn.as_ref().expect("the body is open").buf.capacity();
+        assert!(
+            held < 256,
+            "a waiting stream holds {held} bytes of read room"
+        );
+        next_token.send(()).await.unwrap();
+        assert_eq!(read_to_end(&mut body).await.unwrap(), b"data: b\n");
+    }
+
     #[tokio::test]
     async fn a_malformed_head_or_an_early_close_is_a_send_error() {
         let (target, _) =
