@@ -424,7 +424,8 @@ fn a_routers_memory_of_the_others_is_read_with_the_totals() {
             totals.iter().map(|(f, t)| (f.as_str(), *t)),
             remembered.iter().map(|(f, t)| (f.as_str(), *t)),
             true,
-        );
+        )
+        .records;
         assert_eq!(records.len(), 1);
         assert_eq!(records[0].tokens, 4_000, "router-0's memory of the others");
         assert!(records[0].others);

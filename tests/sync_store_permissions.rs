@@ -336,19 +336,7 @@ fn daily_totals_reach_the_store_when_eval_is_refused_at_run_time() {
         let from = rounds(&site);
         site.wait_metric("hivenet_sync_tick_seconds_count", move |v| v >= from + 2.0);
     }
-    let stored = || -> u64 {
-        let keys = valkey.command(&["KEYS", "hivenet:{default}:daily:*"]);
-        keys.lines()
-            .filter(|key| !key.is_empty() && *key != "(nil)")
-            .flat_map(|key| {
-                valkey
-                    .command(&["HVALS", key])
-                    .lines()
-                    .filter_map(|value| value.parse::<u64>().ok())
-                    .collect::<Vec<_>>()
-            })
-            .sum()
-    };
+    let stored = || valkey.daily_tokens("default");
     common::poll(common::WAIT, || (stored() == used).then_some(())).unwrap_or_else(|| {
         panic!(
             "{used} tokens used, {} in the store\n{}",

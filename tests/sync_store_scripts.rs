@@ -3,7 +3,8 @@
 //! empties it) fails no round and loses no grant, no entry and no daily token; the round's packed
 //! daily totals land in the same fields, with the same values, as a `HINCRBY` per total writes
 //! (the plain commands a store refusing scripts still gets); once a script is cached its text is
-//! not sent again; a round reads none of its own entries back and misses none of another's; and
+//! not sent again; a round reads none of its own entries back and misses none of another's; the
+//! totals carry the newest batch of each run they hold (`sync::counted`); and
 //! through the binaries, a router with occupancy and daily budgets rides a flush after each
 //! request.
 
@@ -13,10 +14,13 @@ use common::runtime;
 
 use common::poll;
 use common::valkey::{RoundExtras, Valkey, ValkeyOptions};
-use hivenet_router::base::ids::{Capability, TenantId};
+use hivenet_router::base::ids::{Capability, KeyId, TenantId};
+use hivenet_router::logic::limits::Day;
 use hivenet_router::logic::snapshot::ModelKey;
+use hivenet_router::router::sync::counted;
+use hivenet_router::router::sync::entry::{Bucket, Entry, KeyUsage};
 use hivenet_router::router::sync::pool_store::{self, Grant};
-use hivenet_router::router::sync::round::{DailyWrite, daily_field};
+use hivenet_router::router::sync::round::{DailyWrite, daily_field, daily_records};
 use hivenet_router::router::sync::store::{DailyRow, PoolRewrite, PoolWrite, Store, StreamId};
 
 const SITE: &str = "scripts";
@@ -224,6 +228,98 @@ fn packed_totals_land_where_a_hincrby_per_total_writes_them() {
     });
     assert_eq!(stream_length(&scripted), 1);
     assert_eq!(stream_length(&plain), 1);
+}
+
+/// An entry of this router's run `run` admitted at `at`, with daily usage of `day` (or, with
+/// none, rate usage only).
+fn entry(run: u64, at: u64, day: Option<u32>) -> Vec<u8> {
+    let bucket = match day {
+        Some(day) => Bucket::Daily {
+            model: None,
+            day: Day(day),
+        },
+        None => Bucket::Requests { model: None },
+    };
+    Entry {
+        router: ROUTER.into(),
+        run,
+        admitted_at_unix_ms: at,
+        day: Day(day.unwrap_or(DAY)),
+        models: Vec::new(),
+        keys: vec![KeyUsage {
+            key: KeyId(7),
+            buckets: vec![(bucket, 10)],
+        }],
+    }
+    .encode()
+}
+
+/// Issue 33, invariant 3 (`sync::counted`): beside its totals a round writes, per run, the newest
+/// batch they hold, so that a router whose count of the others comes from these totals applies a
+/// batch published again once. The script and the plain commands write the same; a day the round
+/// writes no totals of, and a batch without daily usage, get no mark; another router reads them
+/// with the totals, as the bound of its count.
+#[test]
+fn the_totals_carry_the_newest_batch_of_each_run_they_hold() {
+    let scripted = Valkey::primary();
+    let plain = Valkey::primary_with(ValkeyOptions::new().password(PASSWORD));
+    plain.command(&["ACL", "SETUSER", "default", "-eval", "-evalsha"]);
+    let entries = [
+        // A previous run's batch (its journal), then this run's, oldest first.
+        entry(3, 800, Some(DAY)),
+        entry(5, 1_000, Some(DAY)),
+        entry(5, 1_500, Some(DAY)),
+        entry(5, 1_600, Some(DAY + 2)),
+        entry(5, 1_700, None),
+    ];
+    for valkey in [&scripted, &plain] {
+        let mut store = store(valkey);
+        runtime().block_on(round(&mut store, &entries, &midnight_totals()));
+    }
+    for day in [DAY, DAY + 1, DAY + 2] {
+        assert_eq!(daily(&scripted, day), daily(&plain, day), "day {day}");
+    }
+    let marks: Vec<(String, String)> = daily(&scripted, DAY)
+        .into_iter()
+        .filter(|(field, _)| field.starts_with('|'))
+        .collect();
+    assert_eq!(
+        marks,
+        vec![
+            (counted::published_field(ROUTER, 3), "800".to_string()),
+            (counted::published_field(ROUTER, 5), "1500".to_string()),
+        ]
+    );
+    assert!(daily(&scripted, DAY + 2).is_empty(), "no totals, no mark");
+    // Read by another router: its count of router-0 holds those batches, and only those.
+    let mut other = common::valkey::sync_store(&scripted, SITE, "router-1");
+    let (mut days, _) = runtime()
+        .block_on(other.read_daily(&[DAY]))
+        .expect("the read");
+    let (fields, memory) = days.pop().expect("the day's");
+    let read = daily_records(
+        "router-1",
+        Day(DAY),
+        fields
+            .iter()
+            .map(|(field, tokens)| (field.as_str(), *tokens)),
+        memory
+            .iter()
+            .map(|(field, tokens)| (field.as_str(), *tokens)),
+        false,
+    );
+    let flat = &read.marks[&(TenantId(0x00ab_cdef), None)];
+    assert!(flat.holds(ROUTER, 5, 1_500) && !flat.holds(ROUTER, 5, 1_501));
+    assert!(flat.holds(ROUTER, 3, 800) && !flat.holds(ROUTER, 3, 801));
+    assert_eq!(
+        read.records
+            .iter()
+            .filter(|record| record.others)
+            .map(|record| record.tokens)
+            .sum::<u64>(),
+        1 + 123_456_789_012 + 77,
+        "the marks are no totals"
+    );
 }
 
 #[test]
@@ -468,19 +564,7 @@ fn a_router_rides_a_script_flush_between_rounds() {
         site.wait_metric("hivenet_sync_tick_seconds_count", move |v| v >= from + 2.0);
         assert_eq!(site.router_metric("hivenet_sync_up"), 1.0);
     }
-    let stored = || -> u64 {
-        let day = valkey.command(&["KEYS", "hivenet:{default}:daily:*"]);
-        day.lines()
-            .filter(|key| !key.is_empty() && *key != "(nil)")
-            .flat_map(|key| {
-                valkey
-                    .command(&["HVALS", key])
-                    .lines()
-                    .filter_map(|value| value.parse::<u64>().ok())
-                    .collect::<Vec<_>>()
-            })
-            .sum()
-    };
+    let stored = || valkey.daily_tokens("default");
     poll(common::WAIT, || (stored() == used).then_some(())).unwrap_or_else(|| {
         panic!(
             "{used} tokens used, {} in the store\n{}",

@@ -519,6 +519,20 @@ impl Valkey {
         pairs
     }
 
+    /// Every daily total of site `site` in the store, summed over the days' hashes: the
+    /// totals, not the marks beside them (`sync::counted`).
+    pub fn daily_tokens(&self, site: &str) -> u64 {
+        let keys = self.command(&["KEYS", &format!("hivenet:{{{site}}}:daily:*")]);
+        keys.lines()
+            .filter(|key| !key.is_empty() && *key != "(nil)")
+            .flat_map(|key| self.hash(key))
+            .filter(|(field, _)| {
+                hivenet_router::router::sync::round::parse_daily_field(field).is_some()
+            })
+            .map(|(_, tokens)| tokens.parse::<u64>().expect("a daily total"))
+            .sum()
+    }
+
     pub fn reply(&self, args: &[&str]) -> std::io::Result<Reply> {
         call(&self.addr(), self.password(), args)
     }
@@ -828,6 +842,7 @@ pub async fn try_round(
         .round(RoundWrites {
             entries,
             totals,
+            marks: &hivenet_router::router::sync::counted::published_marks(entries),
             heartbeat: "{}",
             agents: None,
             after: extras.after,

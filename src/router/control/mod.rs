@@ -227,6 +227,25 @@ impl ControlShared {
             .spend(nonce, now_unix_ms)
     }
 
+    /// For the sync core: the tenant of each key the shards know, static or dynamic, as of now
+    /// (`sync::counted` counts the others' daily usage by tenant).
+    pub fn key_tenants(
+        &self,
+    ) -> impl Fn(crate::base::ids::KeyId) -> Option<crate::base::ids::TenantId> + use<> {
+        let dynamic = self.dynamic_keys.as_ref().map(|keys| {
+            keys.lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .snapshot()
+        });
+        let static_keys = self.policies.static_keys();
+        move |key| {
+            static_keys
+                .get(key)
+                .or_else(|| dynamic.as_ref()?.get(key))
+                .map(|record| record.tenant_id)
+        }
+    }
+
     pub fn registry(&self) -> MutexGuard<'_, Registry> {
         self.registry.lock().expect("registry lock poisoned")
     }

@@ -55,6 +55,7 @@ use crate::router::shard::owner::quotas::{
 
 use super::SyncMetrics;
 use super::claim;
+use super::counted::{self, Counted};
 use super::entry::{Entry, ModelName};
 use super::journal::Journaling;
 use super::levels::{self, Ask};
@@ -152,6 +153,9 @@ struct Round {
     backlog: Backlog,
     /// Other routers' batches applied, so none is applied twice.
     applied: round::Applied,
+    /// What this router counts of the others' daily usage, and which of their batches each
+    /// count holds, so none is counted twice.
+    counts: Counted,
     /// This run's start (unix ms): tells this run's entries from a previous run's.
     run: u64,
     peer_id: String,
@@ -284,6 +288,7 @@ impl SyncCore {
             store,
             backlog: Backlog::default(),
             applied: round::Applied::default(),
+            counts: Counted::default(),
             run,
             peer_id,
             cursor: None,
@@ -404,7 +409,9 @@ impl Round {
             )
             .await;
         self.views = usage.views;
-        let counted = self.memory_rows(&usage.memory);
+        let mut counted = self.memory_rows(&usage.memory);
+        let marks = self.counts.rows_beside(&counted);
+        counted.extend(marks);
         if self.journaling.path.is_some() {
             self.others_counted = counted.clone();
         }
@@ -428,6 +435,7 @@ impl Round {
             self.read_day = today;
             // A router behind midnight may still report yesterday's totals; none older.
             self.ledger.forget_before(today.0.saturating_sub(1));
+            self.counts.forget_before(today.0.saturating_sub(1));
         }
         let outcome = self.exchange(now_ms, leaving).await;
         if matches!(outcome, Err(RoundFailure::Store(_))) {
@@ -577,6 +585,7 @@ impl Round {
             .round(RoundWrites {
                 entries: &entries,
                 totals: &daily_writes,
+                marks: &counted::published_marks(&entries),
                 heartbeat: &heartbeat_json,
                 agents: agents_json.as_deref(),
                 after: cursor,

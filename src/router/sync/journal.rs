@@ -48,9 +48,10 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use super::counted::MarkRows;
 use super::entry::{DecodeError, Reader, put_str, put_varint};
+use super::round::DailyRecords;
 use crate::logic::limits::Day;
-use crate::router::shard::owner::quotas::DailyRecord;
 
 const MAGIC: &[u8; 4] = b"HVSJ";
 /// 2 adds `others`; a journal of version 1 is read with none.
@@ -91,7 +92,7 @@ impl Journal {
         entries.append(&mut self.entries);
         self.entries = entries;
         keep_larger(&mut self.totals, &earlier.totals);
-        keep_larger(&mut self.others, &earlier.others);
+        keep_larger_counts(&mut self.others, &earlier.others);
     }
 
     /// Raises what `records` (today's totals as read from the store, `sync::round::daily_records`)
@@ -100,7 +101,13 @@ impl Journal {
     /// before the routers that lived through it wrote their totals and memory again, read only
     /// its own total, and spent as if the others had used nothing that day (`sync::simulation`,
     /// seed 677: 7,297 tokens where nothing was left).
-    pub fn raise_others(&self, router: &str, day: u32, records: &mut Vec<DailyRecord>) {
+    pub fn raise_others(&self, router: &str, day: u32, read: &mut DailyRecords) {
+        let marks = MarkRows::read(
+            self.others
+                .iter()
+                .filter(|(of, _, _)| *of == day)
+                .map(|(_, field, at)| (field.as_str(), *at)),
+        );
         for (of, field, tokens) in &self.others {
             let Some((owner, tenant, model)) = super::round::parse_daily_field(field) else {
                 continue;
@@ -108,19 +115,8 @@ impl Journal {
             if *of != day || owner != router {
                 continue;
             }
-            match records
-                .iter_mut()
-                .find(|record| record.others && record.tenant == tenant && record.model == model)
-            {
-                Some(record) => record.tokens = record.tokens.max(*tokens),
-                None => records.push(DailyRecord {
-                    tenant,
-                    model,
-                    day: Day(day),
-                    tokens: *tokens,
-                    others: true,
-                }),
-            }
+            let held = marks.counts.get(field).cloned().unwrap_or_default();
+            read.raise_others(Day(day), (tenant, model), *tokens, &held);
         }
     }
 
@@ -258,6 +254,40 @@ fn keep_larger(rows: &mut Vec<(u32, String, u64)>, earlier: &[(u32, String, u64)
     }
 }
 
+/// Each count of the others the larger of the two, with the marks beside it
+/// (`sync::counted`): the marks of the count not kept describe batches the kept one may not hold.
+fn keep_larger_counts(rows: &mut Vec<(u32, String, u64)>, earlier: &[(u32, String, u64)]) {
+    let beside = |rows: &[(u32, String, u64)], day: u32, field: &str| -> Vec<(u32, String, u64)> {
+        rows.iter()
+            .filter(|(of, mark, _)| {
+                *of == day
+                    && super::counted::parse_mark_field(mark).is_some_and(|(_, _, of)| of == field)
+            })
+            .cloned()
+            .collect()
+    };
+    for (day, field, tokens) in earlier {
+        if super::round::parse_daily_field(field).is_none() {
+            continue;
+        }
+        let ours = rows
+            .iter()
+            .find(|(of, known, _)| of == day && known == field)
+            .map(|(_, _, tokens)| *tokens);
+        if ours.is_some_and(|ours| ours >= *tokens) {
+            continue;
+        }
+        rows.retain(|(of, known, _)| {
+            !(of == day
+                && (known == field
+                    || super::counted::parse_mark_field(known)
+                        .is_some_and(|(_, _, of)| of == field)))
+        });
+        rows.push((*day, field.clone(), *tokens));
+        rows.extend(beside(earlier, *day, field));
+    }
+}
+
 /// The journal as the sync core keeps it (`sync::core::journaling` writes and removes it).
 #[derive(Debug, Default)]
 pub struct Journaling {
@@ -368,7 +398,7 @@ impl Journaling {
                 held.totals.push((*day, field.clone(), *tokens));
             }
         }
-        keep_larger(&mut held.others, &self.others);
+        keep_larger_counts(&mut held.others, &self.others);
         held
     }
 
@@ -514,6 +544,7 @@ fn sync_directory(path: &Path) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use crate::base::ids::TenantId;
+    use crate::router::shard::owner::quotas::DailyRecord;
     use crate::router::sync::round::daily_field;
 
     fn journal() -> Journal {
@@ -726,23 +757,79 @@ mod tests {
     /// previous run's count of the others raises what the totals read say of them.
     #[test]
     fn a_new_run_counts_of_the_others_at_least_what_the_journal_counted() {
-        let mut records = vec![DailyRecord {
-            tenant: TenantId(7),
-            model: None,
-            day: Day(20_000),
-            tokens: 22_547,
-            others: false,
-        }];
-        journal().raise_others("router-0", 20_000, &mut records);
-        assert_eq!(records.len(), 2);
-        assert!(records[1].others && records[1].tokens == 40_000);
+        let mut read = DailyRecords {
+            records: vec![DailyRecord {
+                tenant: TenantId(7),
+                model: None,
+                day: Day(20_000),
+                tokens: 22_547,
+                others: false,
+            }],
+            ..DailyRecords::default()
+        };
+        journal().raise_others("router-0", 20_000, &mut read);
+        assert_eq!(read.records.len(), 2);
+        assert!(read.records[1].others && read.records[1].tokens == 40_000);
         // Another day's count, or another router's, raises nothing; a larger read stays.
-        records[1].tokens = 50_000;
-        journal().raise_others("router-0", 20_000, &mut records);
-        journal().raise_others("router-0", 20_001, &mut records);
-        journal().raise_others("router-1", 20_000, &mut records);
-        assert_eq!(records[1].tokens, 50_000);
-        assert_eq!(records.len(), 2);
+        read.records[1].tokens = 50_000;
+        journal().raise_others("router-0", 20_000, &mut read);
+        journal().raise_others("router-0", 20_001, &mut read);
+        journal().raise_others("router-1", 20_000, &mut read);
+        assert_eq!(read.records[1].tokens, 50_000);
+        assert_eq!(read.records.len(), 2);
+    }
+
+    /// Seeds 3,538 and 6,671 (`sync::counted`): a new run takes, with the previous run's count
+    /// of the others, the batches it holds; two journals merged keep each count with its own
+    /// marks, never the larger count with the other's marks.
+    #[test]
+    fn a_count_of_the_others_keeps_the_marks_of_the_batches_it_holds() {
+        use crate::router::sync::counted::mark_field;
+        let field = daily_field("router-0", TenantId(7), None);
+        let mut with_marks = journal();
+        with_marks
+            .others
+            .push((20_000, mark_field("router-2", 5, &field), 1_000));
+        let mut read = DailyRecords::default();
+        with_marks.raise_others("router-0", 20_000, &mut read);
+        assert_eq!(read.records[0].tokens, 40_000);
+        assert!(read.marks[&(TenantId(7), None)].holds("router-2", 5, 1_000));
+        assert!(!read.marks[&(TenantId(7), None)].holds("router-2", 5, 1_001));
+        // A later journal that counts less, with a later mark: the larger count stays, with
+        // its own marks (the later mark may name batches the larger count does not hold).
+        let mut later = Journal {
+            others: vec![
+                (20_000, field.clone(), 30_000),
+                (20_000, mark_field("router-2", 5, &field), 2_000),
+            ],
+            ..journal()
+        };
+        later.keep(&with_marks);
+        later.others.sort();
+        assert_eq!(
+            later.others,
+            vec![
+                (20_000, field.clone(), 40_000),
+                (20_000, mark_field("router-2", 5, &field), 1_000),
+            ]
+        );
+        // Counting more, the later one keeps its own.
+        let mut larger = Journal {
+            others: vec![
+                (20_000, field.clone(), 50_000),
+                (20_000, mark_field("router-1", 3, &field), 700),
+            ],
+            ..journal()
+        };
+        larger.keep(&with_marks);
+        larger.others.sort();
+        assert_eq!(
+            larger.others,
+            vec![
+                (20_000, field.clone(), 50_000),
+                (20_000, mark_field("router-1", 3, &field), 700),
+            ]
+        );
     }
 
     /// A journal of version 1 (before `others`) is read, with none.

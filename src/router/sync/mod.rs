@@ -5,6 +5,8 @@
 //! - [`config`]: the `--sync-*` flags, checked.
 //! - [`entry`]: one router's usage of one round, in the compact versioned encoding the store
 //!   carries (pure).
+//! - [`counted`]: what this router counts of the other routers' daily usage, and which of their
+//!   batches each count holds (pure).
 //! - [`round`]: the shards' usage into an entry and back, the backlog held while the store is
 //!   unreachable, the daily totals' fields (pure).
 //! - [`site`]: live and silent routers, the store's health, and the share of each limit they leave
@@ -28,6 +30,7 @@
 
 pub mod claim;
 pub mod core;
+pub mod counted;
 pub mod entry;
 pub mod journal;
 pub mod levels;

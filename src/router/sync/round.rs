@@ -11,6 +11,7 @@ use crate::logic::limits::{BucketRef, Day};
 use crate::logic::snapshot::ModelKey;
 use crate::router::shard::owner::quotas::{BucketUsage, DailyRecord, DailyTotal, RemoteBatch};
 
+use super::counted::{MarkRows, Marks};
 use super::entry::{Bucket, Entry, KeyUsage, ModelName};
 
 /// Held-back batches kept while the store is unreachable: ten minutes of one-second rounds.
@@ -443,7 +444,8 @@ pub fn daily_field(router: &str, tenant: TenantId, model: Option<&ModelKey>) -> 
 /// The parts of a [`daily_field`]; `None` for a field this version does not write.
 pub fn parse_daily_field(field: &str) -> Option<(&str, TenantId, Option<ModelKey>)> {
     let mut parts = field.splitn(4, FIELD_SEPARATOR);
-    let router = parts.next()?;
+    // A mark's field (`sync::counted`) starts with the separator: no router's.
+    let router = parts.next().filter(|router| !router.is_empty())?;
     let tenant = TenantId(u32::from_str_radix(parts.next()?, 16).ok()?);
     let capability = parts.next()?;
     let name = parts.next()?;
@@ -465,8 +467,47 @@ pub fn field_rows(rows: &[(String, u64)]) -> impl Iterator<Item = (&str, u64)> {
     rows.iter().map(|(field, tokens)| (field.as_str(), *tokens))
 }
 
+/// Today's totals read from the store as the shards restore them ([`daily_records`]), and the
+/// batches each count of the others holds (`sync::counted`), by budget.
+#[derive(Debug, Default)]
+pub struct DailyRecords {
+    pub records: Vec<DailyRecord>,
+    /// The marks of each of the others' records (`others: true`), by (tenant, model).
+    pub marks: HashMap<(TenantId, Option<ModelKey>), Marks>,
+}
+
+impl DailyRecords {
+    /// The others' record of `budget` with its marks: `tokens` when more than what is read.
+    pub fn raise_others(
+        &mut self,
+        day: Day,
+        budget: (TenantId, Option<ModelKey>),
+        tokens: u64,
+        marks: &Marks,
+    ) {
+        let (tenant, model) = budget.clone();
+        match self
+            .records
+            .iter_mut()
+            .find(|record| record.others && record.tenant == tenant && record.model == model)
+        {
+            Some(record) if record.tokens >= tokens => return,
+            Some(record) => record.tokens = tokens,
+            None => self.records.push(DailyRecord {
+                tenant,
+                model,
+                day,
+                tokens,
+                others: true,
+            }),
+        }
+        self.marks.insert(budget, marks.clone());
+    }
+}
+
 /// Today's totals read from the store as the shards restore them: this router's own (added once,
-/// at start-up, when `with_own`) and the other routers' (replacing what was known).
+/// at start-up, when `with_own`) and the other routers' (replacing what was known), each count
+/// of the others with the marks of the batches it holds (`sync::counted`).
 ///
 /// The others' usage is the sum of their totals, or more where a router's memory says so. After
 /// the store lost its data, each router writes its own total again, but nobody writes the total
@@ -478,17 +519,31 @@ pub fn field_rows(rows: &[(String, u64)]) -> impl Iterator<Item = (&str, u64)> {
 /// written it again: until then the memory is not read). Before, a router
 /// that started after a loss missed the dead run's usage for the rest of the day
 /// (`sync::simulation`, seed 46: 15,400 tokens).
+///
+/// The sum of the totals holds each router's batches up to the marks written beside its totals;
+/// A's bound holds those of A's memory and of A's totals. The larger bound is the count, with its
+/// marks.
 pub fn daily_records<'a>(
     own_router: &str,
     day: Day,
     fields: impl IntoIterator<Item = (&'a str, u64)>,
     memory: impl IntoIterator<Item = (&'a str, u64)>,
     with_own: bool,
-) -> Vec<DailyRecord> {
+) -> DailyRecords {
     type Budget = (TenantId, Option<ModelKey>);
-    let mut others: HashMap<Budget, u64> = HashMap::new();
+    let fields: Vec<(&str, u64)> = fields.into_iter().collect();
+    let memory: Vec<(&str, u64)> = memory.into_iter().collect();
+    let published = MarkRows::read(fields.iter().copied());
+    let remembered = MarkRows::read(memory.iter().copied());
+    let mut summed = Marks::default();
+    for (router, marks) in &published.published {
+        if router != own_router {
+            summed.add(marks);
+        }
+    }
+    let mut others: HashMap<Budget, (u64, Option<Marks>)> = HashMap::new();
     let mut totals: HashMap<(Budget, &str), u64> = HashMap::new();
-    let mut records = Vec::new();
+    let mut read = DailyRecords::default();
     for (field, tokens) in fields {
         let Some((router, tenant, model)) = parse_daily_field(field) else {
             continue;
@@ -496,7 +551,7 @@ pub fn daily_records<'a>(
         totals.insert(((tenant, model.clone()), router), tokens);
         if router == own_router {
             if with_own {
-                records.push(DailyRecord {
+                read.records.push(DailyRecord {
                     tenant,
                     model,
                     day,
@@ -505,11 +560,11 @@ pub fn daily_records<'a>(
                 });
             }
         } else {
-            let sum = others.entry((tenant, model)).or_default();
+            let sum = &mut others.entry((tenant, model)).or_default().0;
             *sum = sum.saturating_add(tokens);
         }
     }
-    for (field, remembered) in memory {
+    for (field, remembered_tokens) in memory {
         let Some((router, tenant, model)) = parse_daily_field(field) else {
             continue;
         };
@@ -527,22 +582,30 @@ pub fn daily_records<'a>(
         else {
             continue;
         };
-        let floor = remembered.saturating_add(theirs).saturating_sub(ours);
+        let floor = remembered_tokens
+            .saturating_add(theirs)
+            .saturating_sub(ours);
         let known = others.entry(budget).or_default();
-        *known = (*known).max(floor);
+        if floor > known.0 {
+            let mut marks = remembered.counts.get(field).cloned().unwrap_or_default();
+            marks.add(&published.published_by(router));
+            *known = (floor, Some(marks));
+        }
     }
-    records.extend(
-        others
-            .into_iter()
-            .map(|((tenant, model), tokens)| DailyRecord {
-                tenant,
-                model,
-                day,
-                tokens,
-                others: true,
-            }),
-    );
-    records
+    for ((tenant, model), (tokens, marks)) in others {
+        read.marks.insert(
+            (tenant, model.clone()),
+            marks.unwrap_or_else(|| summed.clone()),
+        );
+        read.records.push(DailyRecord {
+            tenant,
+            model,
+            day,
+            tokens,
+            others: true,
+        });
+    }
+    read
 }
 
 #[cfg(test)]
@@ -682,8 +745,9 @@ mod tests {
                 field_rows(fields),
                 field_rows(&memory),
                 false,
-            )[0]
-            .tokens
+            )
+            .records[0]
+                .tokens
         };
         assert_eq!(others(&fields), 31_456 + 37_843);
         fields[0].1 -= 2_893;
@@ -860,7 +924,8 @@ mod tests {
             (daily_field("b", TenantId(1), None), 30),
         ];
         let read = |with_own| {
-            let mut records = daily_records("me", MONDAY, field_rows(&fields), [], with_own);
+            let mut records =
+                daily_records("me", MONDAY, field_rows(&fields), [], with_own).records;
             records.sort_by_key(|record| record.others);
             records
                 .into_iter()
@@ -893,7 +958,8 @@ mod tests {
             field_rows(&fields),
             field_rows(&memory),
             false,
-        );
+        )
+        .records;
         assert_eq!(records.len(), 1);
         assert_eq!(records[0].tokens, 3_920);
         assert!(records[0].others);

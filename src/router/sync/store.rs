@@ -13,7 +13,11 @@
 //!   running total of the day (`sync::round::daily_field`), written as increments so two
 //!   writers of one field never lose each other's tokens (`sync::round::DailyLedger`): packed in
 //!   the round's usage script (`store::scripts`), or one `HINCRBY` each when the store refuses
-//!   scripts; expires two days after its last write.
+//!   scripts; expires two days after its last write. Beside the totals, `|router|run` -> the
+//!   admission time of that run's newest batch they hold (`sync::counted`), in the same write.
+//! - `hivenet:{site}:memory:{day}`: hash, written for a few rounds after the store lost its data:
+//!   a router's field of each budget -> what it counts of the others, and beside it
+//!   `|router|run|field` -> the newest batch of that run the count holds (`sync::counted`).
 //! - `hivenet:{site}:owner:{router}`: which process runs under this router ID
 //!   (`sync::claim`), set `NX` with an expiry and renewed by each round.
 //! - `hivenet:{site}:probe:{router}:…`: keys the permission check touches (`Store::refused`);
@@ -105,6 +109,9 @@ pub struct RoundWrites<'a> {
     pub run: u64,
     /// The rate buckets whose site level the round asks for (`sync::levels`).
     pub asks: &'a [levels::Ask],
+    /// The newest batch of each run whose daily usage this round's totals hold: (day, run,
+    /// admitted at), written beside the totals of the day (`sync::counted`).
+    pub marks: &'a [(u32, u64, u64)],
     /// What this router remembers of the others' daily usage, after the store lost its data:
     /// (day, this router's field of the budget, tokens), written whole to `memory:{day}`.
     pub memory: &'a [(u32, String, u64)],

@@ -75,9 +75,10 @@ impl Round {
         };
         let mut lag_ms = None;
         {
+            let tenants = self.shared.key_tenants();
             let registry = self.shared.registry();
             for (id, bytes) in entries {
-                let entry = match Entry::decode(bytes) {
+                let mut entry = match Entry::decode(bytes) {
                     Ok(entry) => entry,
                     Err(error) => {
                         tracing::warn!(%error, id = %id, "skipping a usage entry this router cannot read");
@@ -97,6 +98,9 @@ impl Round {
                 // A previous run of this router ID (its journal, published by this run): its
                 // daily usage is in this router's own totals already.
                 let rates_only = rates_only || entry.router == self.settings.router_id;
+                if !rates_only {
+                    self.counts.take_new(&mut entry, &tenants);
+                }
                 remote
                     .batches
                     .push(round::remote_batch(&entry, now_ms, rates_only, |model| {
@@ -161,7 +165,7 @@ impl Round {
             }
         }
         self.ledger.raise_to_known(day.0, &mut fields);
-        let mut records = round::daily_records(
+        let mut read = round::daily_records(
             &self.settings.router_id,
             day,
             round::field_rows(&fields),
@@ -172,19 +176,23 @@ impl Round {
         if !self.own_restored
             && let Some(inherited) = &self.journaling.inherited
         {
-            inherited.raise_others(&self.settings.router_id, day.0, &mut records);
+            inherited.raise_others(&self.settings.router_id, day.0, &mut read);
         }
+        self.counts.bound_by(&read);
+        let mut records = read.records;
         // Near midnight, what the others counted of the next day: it starts that day on the
         // shards' budgets, as their usage of it does (`Quotas::restore`).
         if let Some((next, (mut next_fields, next_memory))) = ahead_read {
             self.ledger.raise_to_known(next.0, &mut next_fields);
-            records.extend(round::daily_records(
+            let next = round::daily_records(
                 &self.settings.router_id,
                 next,
                 round::field_rows(&next_fields),
                 round::field_rows(&next_memory),
                 false,
-            ));
+            );
+            self.counts.bound_by(&next);
+            records.extend(next.records);
         }
         let shards = self.shared.shard_count();
         let mut per_shard: HashMap<usize, Vec<_>> = HashMap::new();

@@ -258,6 +258,7 @@ impl Sim {
             .filter(|((of, _), _)| *of == day.0)
             .map(|((_, field), tokens)| (field.as_str(), *tokens));
         let in_store: u64 = round::daily_records("nobody", day, fields, memory, true)
+            .records
             .iter()
             .map(|record| record.tokens)
             .sum();

@@ -62,6 +62,7 @@ use crate::router::shard::owner::quotas::{
 
 use crate::logic::sibling::token::SpentTokens;
 
+use super::counted::{self, Counted};
 use super::entry::Entry;
 use super::journal::{AfterPublished, Journal, Journaling};
 use super::levels;
@@ -259,6 +260,8 @@ struct Router {
     /// What the last read of the totals replayed, for the ledger.
     replayed: Vec<(u64, BucketUsage)>,
     applied: round::Applied,
+    /// `sync::core`'s count of the others' daily usage and the batches it holds.
+    counts: Counted,
     failovers_seen: u64,
     /// Rounds left that write this router's memory of the others' daily usage.
     remember_rounds: u32,
@@ -306,6 +309,7 @@ impl Router {
             error_reply: false,
             replayed: Vec::new(),
             applied: round::Applied::default(),
+            counts: Counted::default(),
             failovers_seen: 0,
             remember_rounds: 0,
             restarted: false,

@@ -54,6 +54,7 @@ impl Sim {
         if day != router.read_day {
             router.read_day = day;
             router.ledger.forget_before(day.0.saturating_sub(1));
+            router.counts.forget_before(day.0.saturating_sub(1));
         }
         let outcome = self.exchange(index, leaving, views, memory);
         let reached = outcome.is_ok();
@@ -288,6 +289,15 @@ impl Sim {
             match *write {
                 DailyWrite::Add(tokens) => *total += tokens,
                 DailyWrite::Set(tokens) => *total = tokens,
+            }
+        }
+        // `sync::store`: the marks beside the totals, on the days the round writes totals of.
+        for (day, run, at) in counted::published_marks(&encoded) {
+            if usage_ran && writes.iter().any(|(of, _, _)| *of == day) {
+                store
+                    .primary
+                    .daily
+                    .insert((day, counted::published_field(&router.id, run)), at);
             }
         }
         for (day, field, tokens) in memory {
@@ -551,12 +561,14 @@ fn read_totals(
         .iter()
         .filter(|((of, _), _)| *of == day.0)
         .map(|((_, field), tokens)| (field.as_str(), *tokens));
-    let mut records = round::daily_records(&router.id, day, fields, memory, !router.own_restored);
+    let mut read = round::daily_records(&router.id, day, fields, memory, !router.own_restored);
     if !router.own_restored
         && let Some(inherited) = &router.journaling.inherited
     {
-        inherited.raise_others(&router.id, day.0, &mut records);
+        inherited.raise_others(&router.id, day.0, &mut read);
     }
+    router.counts.bound_by(&read);
+    let mut records = read.records;
     // `sync::core::reads`: near midnight, the next day's totals too.
     if let (_, Some(next)) = round::days_to_read(router.wall(now)) {
         let of_next = |rows: &BTreeMap<(u32, String), u64>| -> Vec<(String, u64)> {
@@ -567,13 +579,15 @@ fn read_totals(
         };
         let mut next_fields = of_next(&data.daily);
         router.ledger.raise_to_known(next.0, &mut next_fields);
-        records.extend(round::daily_records(
+        let next = round::daily_records(
             &router.id,
             next,
             round::field_rows(&next_fields),
             round::field_rows(&of_next(&data.memory)),
             false,
-        ));
+        );
+        router.counts.bound_by(&next);
+        records.extend(next.records);
     }
     for (shard_index, shard) in router.shards.iter_mut().enumerate() {
         shard.restore(
@@ -614,7 +628,7 @@ fn apply_entries(
     let mut remote = RemoteUsage::default();
     let mut senders = Vec::new();
     for (_, bytes) in entries {
-        let entry = Entry::decode(bytes).expect("the simulation's entries decode");
+        let mut entry = Entry::decode(bytes).expect("the simulation's entries decode");
         if entry.router == router.id && entry.run == router.run {
             continue;
         }
@@ -627,6 +641,11 @@ fn apply_entries(
         // `sync::core::reads`: a previous run of this router ID (its journal): its daily usage
         // is in this router's own totals.
         let rates_only = rates_only || entry.router == router.id;
+        if !rates_only {
+            router.counts.take_new(&mut entry, |key| {
+                registry.get(key).map(|record| record.tenant_id)
+            });
+        }
         let batch = round::remote_batch(&entry, wall, rates_only, |_| None);
         senders.push((entry.run, batch.usage.clone()));
         remote.batches.push(batch);
@@ -677,7 +696,7 @@ fn entries_to_publish(router: &Router) -> Vec<Vec<u8>> {
 /// What the router counts of the others on each budget, as the journal keeps it (`sync::core`'s
 /// `others_counted`).
 fn others_counted(router: &Router) -> Vec<(u32, String, u64)> {
-    router
+    let mut counts: Vec<(u32, String, u64)> = router
         .shards
         .iter()
         .flat_map(|shard| shard.daily_memory())
@@ -685,7 +704,10 @@ fn others_counted(router: &Router) -> Vec<(u32, String, u64)> {
             let field = round::daily_field(&router.id, total.tenant, None);
             (total.day.0, field, total.tokens)
         })
-        .collect()
+        .collect();
+    let marks = router.counts.rows_beside(&counts);
+    counts.extend(marks);
+    counts
 }
 
 /// What a failed round keeps in the journal (`sync::core::journaling`'s `journal_held_back`).

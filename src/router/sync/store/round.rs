@@ -1,6 +1,8 @@
 //! The round's transaction against the store: the usage script (or its plain commands), the
 //! heartbeat, the claim and the reads, and the stream read after a cursor.
 
+use std::fmt::Write as _;
+
 use super::*;
 
 impl Store {
@@ -231,6 +233,16 @@ impl Store {
             .arg(writes.run)
             .arg(READ_MAX)
             .arg(writes.heartbeat);
+        // The marks beside the totals, by the index of their day's key. A day without totals
+        // this round has no key in the call and gets no mark: a router whose count comes from
+        // these totals applies such a batch again if it is published again (the safe side).
+        let mut marks = String::new();
+        for (day, run, at) in writes.marks {
+            if let Some(index) = packed.days.iter().position(|(of, _)| of == day) {
+                let _ = write!(marks, "{} {run} {at} ", 4 + index);
+            }
+        }
+        call.arg(marks);
         call
     }
 
@@ -275,6 +287,16 @@ impl Store {
             }
             if wholes > 0 {
                 commands.push(whole);
+            }
+            for (_, run, at) in writes.marks.iter().filter(|(of, _, _)| *of == day) {
+                let mut mark = redis::cmd("HSET");
+                mark.arg(&key)
+                    .arg(crate::router::sync::counted::published_field(
+                        &self.router,
+                        *run,
+                    ))
+                    .arg(*at);
+                commands.push(mark);
             }
             let mut expire = redis::cmd("EXPIRE");
             expire.arg(&key).arg(DAILY_TTL_SECONDS);

@@ -102,7 +102,8 @@ pub fn noscript_error(error: &redis::RedisError) -> bool {
 /// start of the entries the asks' views did not count (`(ID`, empty for none), this router's
 /// run, the most entries the round reads and its heartbeat, written last: a round whose usage
 /// the store refused does not show the router live beside it (`sync::simulation`, seed
-/// 3,043). Returns the
+/// 3,043); then the marks beside the totals (`sync::counted`), `d run at` triples with `d` the
+/// index of the daily hash in KEYS, each written as the field `|router|run`. Returns the
 /// ID of the last entry added (false when none was), the asked levels in units, in order, and
 /// the levels of the tracked buckets the entries used without asking, as field, level pairs.
 /// Each entry is added with a field `l` beside its usage `u`: its rate usage is in the levels.
@@ -425,6 +426,13 @@ for first = 1, #out, 2000 do
   redis.call('HSET', KEYS[2], unpack(out, first, math.min(first + 1999, #out)))
 end
 if #out > 0 then redis.call('EXPIRE', KEYS[2], levels_ttl) end
+-- The marks beside the totals (`sync::counted`): the newest batch of each run they hold.
+local marks = ARGV[base + 9 + a]
+if marks then
+  for d, of_run, at in string.gmatch(marks, '(%d+) (%d+) (%d+)') do
+    redis.call('HSET', KEYS[tonumber(d)], '|' .. router .. '|' .. of_run, at)
+  end
+end
 -- Last: the heartbeat says this router is live only beside the usage it published.
 redis.call('HSET', KEYS[#KEYS], router, heartbeat)
 return {newest, answers, published}
