@@ -62,7 +62,8 @@ pub const READ_BYTES: usize = 16 * 1024;
 
 thread_local! {
     /// Where this thread's reads land before they are copied onto a connection's buffer
-    /// ([`Conn::read_more`]).
+    /// ([`Conn::read_more`]). Bound: one [`READ_BYTES`] buffer per thread, whatever the
+    /// connections and streams it serves.
     static SCRATCH: std::cell::RefCell<Box<[u8]>> =
         std::cell::RefCell::new(vec![0; READ_BYTES].into_boxed_slice());
 }
