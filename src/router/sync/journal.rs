@@ -795,36 +795,31 @@ mod tests {
         assert_eq!(read.records[0].tokens, 40_000);
         assert!(read.marks[&(TenantId(7), None)].holds("router-2", 5, 1_000));
         assert!(!read.marks[&(TenantId(7), None)].holds("router-2", 5, 1_001));
-        // A later journal that counts less, with a later mark: the larger count stays, with
-        // its own marks (the later mark may name batches the larger count does not hold).
-        let mut later = Journal {
-            others: vec![
-                (20_000, field.clone(), 30_000),
-                (20_000, mark_field("router-2", 5, &field), 2_000),
-            ],
-            ..journal()
+        // A later journal's count with its mark, merged over `with_marks`'s: what it keeps.
+        let merged = |tokens: u64, router: &str, run: u64, at: u64| {
+            let mut later = Journal {
+                others: vec![
+                    (20_000, field.clone(), tokens),
+                    (20_000, mark_field(router, run, &field), at),
+                ],
+                ..journal()
+            };
+            later.keep(&with_marks);
+            later.others.sort();
+            later.others
         };
-        later.keep(&with_marks);
-        later.others.sort();
+        // Counting less, with a later mark: the larger count stays, with its own marks (the
+        // later mark may name batches the larger count does not hold).
         assert_eq!(
-            later.others,
+            merged(30_000, "router-2", 5, 2_000),
             vec![
                 (20_000, field.clone(), 40_000),
                 (20_000, mark_field("router-2", 5, &field), 1_000),
             ]
         );
         // Counting more, the later one keeps its own.
-        let mut larger = Journal {
-            others: vec![
-                (20_000, field.clone(), 50_000),
-                (20_000, mark_field("router-1", 3, &field), 700),
-            ],
-            ..journal()
-        };
-        larger.keep(&with_marks);
-        larger.others.sort();
         assert_eq!(
-            larger.others,
+            merged(50_000, "router-1", 3, 700),
             vec![
                 (20_000, field.clone(), 50_000),
                 (20_000, mark_field("router-1", 3, &field), 700),
