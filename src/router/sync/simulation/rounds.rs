@@ -268,11 +268,12 @@ impl Sim {
                 .filter(|(of, _, _)| *of == day)
                 .map(|(_, field, write)| format!("{field} {write:?}"))
                 .collect();
+            // The totals, not the marks beside them (`sync::counted`).
             let stored: u64 = store
                 .primary
                 .daily
                 .iter()
-                .filter(|((of, _), _)| *of == day)
+                .filter(|((of, field), _)| *of == day && round::parse_daily_field(field).is_some())
                 .map(|(_, tokens)| tokens)
                 .sum();
             eprintln!(
