@@ -410,7 +410,7 @@ impl Round {
             .await;
         self.views = usage.views;
         let mut counted = self.memory_rows(&usage.memory);
-        let marks = self.counts.rows_beside(&counted);
+        let marks = round::marks_beside(&self.counts, &counted);
         counted.extend(marks);
         if self.journaling.path.is_some() {
             self.others_counted = counted.clone();

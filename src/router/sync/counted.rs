@@ -35,7 +35,6 @@ use crate::base::ids::{KeyId, TenantId};
 use crate::logic::snapshot::ModelKey;
 
 use super::entry::{Bucket, Entry};
-use super::round::{DailyRecords, parse_daily_field};
 
 /// Marks a count keeps: two runs for each router of the largest site, the oldest dropped first
 /// (a batch of a forgotten run is applied again: counted twice, the safe side).
@@ -283,15 +282,6 @@ impl Counted {
         }
     }
 
-    /// The others' counts `read` from the store (`round::daily_records`), each a bound.
-    pub fn bound_by(&mut self, read: &DailyRecords) {
-        for record in read.records.iter().filter(|record| record.others) {
-            let budget = (record.tenant, record.model.clone());
-            let marks = read.marks.get(&budget).cloned().unwrap_or_default();
-            self.bound((record.day.0, budget.0, budget.1), record.tokens, &marks);
-        }
-    }
-
     /// The marks of `budget`'s count when the count is `tokens` (as a shard reports it); none
     /// when the shard counts otherwise (then which batches its count holds is not known).
     pub fn marks_of(&self, budget: &Budget, tokens: u64) -> Option<&Marks> {
@@ -299,22 +289,6 @@ impl Counted {
             .get(budget)
             .filter(|count| count.tokens == tokens)
             .map(|count| &count.marks)
-    }
-
-    /// The mark rows (day, `|router|run|field`, at) beside each of `counts` (day, this router's
-    /// field of the budget, tokens) whose marks are known: what `memory:{day}` and the journal
-    /// hold beside the counts.
-    pub fn rows_beside(&self, counts: &[(u32, String, u64)]) -> Vec<(u32, String, u64)> {
-        let mut rows = Vec::new();
-        for (day, field, tokens) in counts {
-            let Some((_, tenant, model)) = parse_daily_field(field) else {
-                continue;
-            };
-            if let Some(marks) = self.marks_of(&(*day, tenant, model), *tokens) {
-                rows.extend(mark_rows(*day, field, marks));
-            }
-        }
-        rows
     }
 
     /// Forgets the days before `day`.
@@ -326,6 +300,7 @@ impl Counted {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::router::sync::round::parse_daily_field;
 
     const DAY: u32 = 20_000;
     const FLAT: Budget = (DAY, TenantId(7), None);
@@ -377,11 +352,11 @@ mod tests {
         counted.count(FLAT, "router-1", 3, 900, 100);
         let field = super::super::round::daily_field("router-0", TenantId(7), None);
         assert_eq!(
-            counted.rows_beside(&[(DAY, field.clone(), 100)]),
+            super::super::round::marks_beside(&counted, &[(DAY, field.clone(), 100)]),
             vec![(DAY, mark_field("router-1", 3, &field), 900)]
         );
         // The shard counts otherwise: which batches it holds is not known.
-        assert!(counted.rows_beside(&[(DAY, field, 90)]).is_empty());
+        assert!(super::super::round::marks_beside(&counted, &[(DAY, field, 90)]).is_empty());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::logic::limits::{BucketRef, Day};
 use crate::logic::snapshot::ModelKey;
 use crate::router::shard::owner::quotas::{BucketUsage, DailyRecord, DailyTotal, RemoteBatch};
 
-use super::counted::{MarkRows, Marks};
+use super::counted::{Counted, MarkRows, Marks};
 use super::entry::{Bucket, Entry, KeyUsage, ModelName};
 
 /// Held-back batches kept while the store is unreachable: ten minutes of one-second rounds.
@@ -503,6 +503,33 @@ impl DailyRecords {
         }
         self.marks.insert(budget, marks.clone());
     }
+}
+
+impl DailyRecords {
+    /// Each of the others' counts read, a bound of this router's count (`sync::counted`).
+    pub fn bound(&self, counts: &mut Counted) {
+        for record in self.records.iter().filter(|record| record.others) {
+            let budget = (record.tenant, record.model.clone());
+            let marks = self.marks.get(&budget).cloned().unwrap_or_default();
+            counts.bound((record.day.0, budget.0, budget.1), record.tokens, &marks);
+        }
+    }
+}
+
+/// The mark rows (day, `|router|run|field`, at) beside each of `rows` (day, this router's field
+/// of the budget, tokens) whose marks `counts` knows: what `memory:{day}` and the journal hold
+/// beside the counts (`sync::counted`).
+pub fn marks_beside(counts: &Counted, rows: &[(u32, String, u64)]) -> Vec<(u32, String, u64)> {
+    let mut marks = Vec::new();
+    for (day, field, tokens) in rows {
+        let Some((_, tenant, model)) = parse_daily_field(field) else {
+            continue;
+        };
+        if let Some(held) = counts.marks_of(&(*day, tenant, model), *tokens) {
+            marks.extend(super::counted::mark_rows(*day, field, held));
+        }
+    }
+    marks
 }
 
 /// Today's totals read from the store as the shards restore them: this router's own (added once,

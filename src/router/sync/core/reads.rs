@@ -178,7 +178,7 @@ impl Round {
         {
             inherited.raise_others(&self.settings.router_id, day.0, &mut read);
         }
-        self.counts.bound_by(&read);
+        read.bound(&mut self.counts);
         let mut records = read.records;
         // Near midnight, what the others counted of the next day: it starts that day on the
         // shards' budgets, as their usage of it does (`Quotas::restore`).
@@ -191,7 +191,7 @@ impl Round {
                 round::field_rows(&next_memory),
                 false,
             );
-            self.counts.bound_by(&next);
+            next.bound(&mut self.counts);
             records.extend(next.records);
         }
         let shards = self.shared.shard_count();

@@ -568,7 +568,7 @@ fn read_totals(
     {
         inherited.raise_others(&router.id, day.0, &mut read);
     }
-    router.counts.bound_by(&read);
+    read.bound(&mut router.counts);
     let mut records = read.records;
     // `sync::core::reads`: near midnight, the next day's totals too.
     if let (_, Some(next)) = round::days_to_read(router.wall(now)) {
@@ -587,7 +587,7 @@ fn read_totals(
             round::field_rows(&of_next(&data.memory)),
             false,
         );
-        router.counts.bound_by(&next);
+        next.bound(&mut router.counts);
         records.extend(next.records);
     }
     for (shard_index, shard) in router.shards.iter_mut().enumerate() {
@@ -706,7 +706,7 @@ fn others_counted(router: &Router) -> Vec<(u32, String, u64)> {
             (total.day.0, field, total.tokens)
         })
         .collect();
-    let marks = router.counts.rows_beside(&counts);
+    let marks = round::marks_beside(&router.counts, &counts);
     counts.extend(marks);
     counts
 }
