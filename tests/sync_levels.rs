@@ -388,11 +388,11 @@ fn store_for_reads(valkey: &Valkey) -> Store {
 
 /// After the store lost its data, a router writes what it remembers of the others' daily usage
 /// (`memory:{day}`), in its round's transaction, and a router reading today's totals gets it
-/// beside them (`round::daily_records` counts at least that of the others).
+/// beside them (`daily_fields::daily_records` counts at least that of the others).
 #[test]
 fn a_routers_memory_of_the_others_is_read_with_the_totals() {
     use hivenet_router::base::ids::TenantId;
-    use hivenet_router::router::sync::round::{daily_field, daily_records};
+    use hivenet_router::router::sync::daily_fields::{daily_field, daily_records};
     let valkey = Valkey::primary();
     let mut survivor = store(&valkey, "router-0");
     let mut newcomer = store(&valkey, "router-1");

@@ -18,9 +18,10 @@ use hivenet_router::base::ids::{Capability, KeyId, TenantId};
 use hivenet_router::logic::limits::Day;
 use hivenet_router::logic::snapshot::ModelKey;
 use hivenet_router::router::sync::counted;
+use hivenet_router::router::sync::daily_fields::{daily_field, daily_records};
 use hivenet_router::router::sync::entry::{Bucket, Entry, KeyUsage};
 use hivenet_router::router::sync::pool_store::{self, Grant};
-use hivenet_router::router::sync::round::{DailyWrite, daily_field, daily_records};
+use hivenet_router::router::sync::round::DailyWrite;
 use hivenet_router::router::sync::store::{DailyRow, PoolRewrite, PoolWrite, Store, StreamId};
 
 const SITE: &str = "scripts";

@@ -527,7 +527,7 @@ impl Valkey {
             .filter(|key| !key.is_empty() && *key != "(nil)")
             .flat_map(|key| self.hash(key))
             .filter(|(field, _)| {
-                hivenet_router::router::sync::round::parse_daily_field(field).is_some()
+                hivenet_router::router::sync::daily_fields::parse_daily_field(field).is_some()
             })
             .map(|(_, tokens)| tokens.parse::<u64>().expect("a daily total"))
             .sum()

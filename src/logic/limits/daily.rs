@@ -506,7 +506,7 @@ impl DailyBudget {
     }
 
     /// What the other routers charged on this budget's day, as this router counts them: what it
-    /// remembers of them when the store has lost its data (`sync::round::daily_records`).
+    /// remembers of them when the store has lost its data (`sync::daily_fields::daily_records`).
     pub fn others(&self) -> (Day, u64) {
         (self.day, self.used_tokens.saturating_sub(self.local_tokens))
     }

@@ -56,6 +56,7 @@ use crate::router::shard::owner::quotas::{
 use super::SyncMetrics;
 use super::claim;
 use super::counted::{self, Counted};
+use super::daily_fields;
 use super::entry::{Entry, ModelName};
 use super::journal::Journaling;
 use super::levels::{self, Ask};
@@ -175,7 +176,7 @@ struct Round {
     /// No anchoring before then (unix ms): an entry read was written without the levels.
     unlevelled_until: u64,
     /// Rounds left that write what this router remembers of the others' daily usage, after
-    /// the store lost its data (`round::daily_records`).
+    /// the store lost its data (`daily_fields::daily_records`).
     remember_rounds: u32,
     /// This round's memory rows: (day, field, tokens).
     memory: Vec<(u32, String, u64)>,
@@ -410,7 +411,7 @@ impl Round {
             .await;
         self.views = usage.views;
         let mut counted = self.memory_rows(&usage.memory);
-        let marks = round::marks_beside(&self.counts, &counted);
+        let marks = daily_fields::marks_beside(&self.counts, &counted);
         counted.extend(marks);
         if self.journaling.path.is_some() {
             self.others_counted = counted.clone();
@@ -746,7 +747,7 @@ impl Round {
         }
     }
 
-    /// This router's field of a daily budget in the store (`round::daily_field`) and the
+    /// This router's field of a daily budget in the store (`daily_fields::daily_field`) and the
     /// budget's model by name; `None` for a model this router no longer knows.
     fn budget_field(
         &self,
@@ -757,7 +758,8 @@ impl Round {
             None => None,
             Some(model) => Some(registry.model_key(model)?),
         };
-        let field = round::daily_field(&self.settings.router_id, total.tenant, model.as_ref());
+        let field =
+            daily_fields::daily_field(&self.settings.router_id, total.tenant, model.as_ref());
         Some((field, model))
     }
 

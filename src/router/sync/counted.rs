@@ -19,8 +19,8 @@
 //! applied again when they are published again.
 //!
 //! On the wire the marks are fields beside the counts they describe, in hashes whose other
-//! fields are daily totals (`round::daily_field`); a mark's field starts with the separator, which
-//! no router ID does, so `round::parse_daily_field` never takes one for a total:
+//! fields are daily totals (`daily_fields::daily_field`); a mark's field starts with the separator, which
+//! no router ID does, so `daily_fields::parse_daily_field` never takes one for a total:
 //! - `daily:{day}`: `|{router}|{run}` -> the newest batch of that run whose daily usage the
 //!   router's totals hold (written with them, by the round's script);
 //! - `memory:{day}` and a journal's `others`: `|{router}|{run}|{field}` -> the newest batch of
@@ -300,7 +300,7 @@ impl Counted {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::router::sync::round::parse_daily_field;
+    use crate::router::sync::daily_fields::parse_daily_field;
 
     const DAY: u32 = 20_000;
     const FLAT: Budget = (DAY, TenantId(7), None);
@@ -350,18 +350,18 @@ mod tests {
     fn marks_are_only_given_for_the_count_they_describe() {
         let mut counted = Counted::default();
         counted.count(FLAT, "router-1", 3, 900, 100);
-        let field = super::super::round::daily_field("router-0", TenantId(7), None);
+        let field = super::super::daily_fields::daily_field("router-0", TenantId(7), None);
         assert_eq!(
-            super::super::round::marks_beside(&counted, &[(DAY, field.clone(), 100)]),
+            super::super::daily_fields::marks_beside(&counted, &[(DAY, field.clone(), 100)]),
             vec![(DAY, mark_field("router-1", 3, &field), 900)]
         );
         // The shard counts otherwise: which batches it holds is not known.
-        assert!(super::super::round::marks_beside(&counted, &[(DAY, field, 90)]).is_empty());
+        assert!(super::super::daily_fields::marks_beside(&counted, &[(DAY, field, 90)]).is_empty());
     }
 
     #[test]
     fn mark_fields_round_trip_and_are_never_totals() {
-        let field = super::super::round::daily_field("router-0", TenantId(7), None);
+        let field = super::super::daily_fields::daily_field("router-0", TenantId(7), None);
         let beside = mark_field("router-1", 42, &field);
         assert_eq!(
             parse_mark_field(&beside),

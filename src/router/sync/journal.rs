@@ -12,7 +12,7 @@
 //!   transaction ran and whose reply was lost) is applied once by every reader
 //!   ([`super::round::Applied`]) and counted once by the levels ([`super::levels`]).
 //! - This router's whole daily totals not written yet, as the store's own fields
-//!   ([`super::round::daily_field`]): (day, field, tokens).
+//!   ([`super::daily_fields::daily_field`]): (day, field, tokens).
 //! - What the run counted of the other routers on each budget ([`Journal::others`]): a new
 //!   run counts at least that much of them, whatever the store still holds.
 //!
@@ -49,8 +49,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::counted::MarkRows;
+use super::daily_fields::DailyRecords;
 use super::entry::{DecodeError, Reader, put_str, put_varint};
-use super::round::DailyRecords;
 use crate::logic::limits::Day;
 
 const MAGIC: &[u8; 4] = b"HVSJ";
@@ -95,7 +95,7 @@ impl Journal {
         keep_larger_counts(&mut self.others, &earlier.others);
     }
 
-    /// Raises what `records` (today's totals as read from the store, `sync::round::daily_records`)
+    /// Raises what `records` (today's totals as read from the store, `sync::daily_fields::daily_records`)
     /// count of the other routers of `day` to what this journal's run counted of them, where it
     /// counted more. A run that crashed and started again just after the store lost its data,
     /// before the routers that lived through it wrote their totals and memory again, read only
@@ -109,7 +109,7 @@ impl Journal {
                 .map(|(_, field, at)| (field.as_str(), *at)),
         );
         for (of, field, tokens) in &self.others {
-            let Some((owner, tenant, model)) = super::round::parse_daily_field(field) else {
+            let Some((owner, tenant, model)) = super::daily_fields::parse_daily_field(field) else {
                 continue;
             };
             if *of != day || owner != router {
@@ -130,8 +130,8 @@ impl Journal {
     ) -> Vec<(u32, String, u64)> {
         let mut raised = Vec::new();
         for (of, field, tokens) in &self.totals {
-            let own =
-                super::round::parse_daily_field(field).is_some_and(|(owner, _, _)| owner == router);
+            let own = super::daily_fields::parse_daily_field(field)
+                .is_some_and(|(owner, _, _)| owner == router);
             if *of != day || !own {
                 continue;
             }
@@ -267,7 +267,7 @@ fn keep_larger_counts(rows: &mut Vec<(u32, String, u64)>, earlier: &[(u32, Strin
             .collect()
     };
     for (day, field, tokens) in earlier {
-        if super::round::parse_daily_field(field).is_none() {
+        if super::daily_fields::parse_daily_field(field).is_none() {
             continue;
         }
         let ours = rows
@@ -545,7 +545,7 @@ mod tests {
     use super::*;
     use crate::base::ids::TenantId;
     use crate::router::shard::owner::quotas::DailyRecord;
-    use crate::router::sync::round::daily_field;
+    use crate::router::sync::daily_fields::daily_field;
 
     fn journal() -> Journal {
         Journal {

@@ -31,6 +31,7 @@
 pub mod claim;
 pub mod core;
 pub mod counted;
+pub mod daily_fields;
 pub mod entry;
 pub mod journal;
 pub mod levels;

@@ -10,7 +10,7 @@
 //!   `sync::site::AgentList`), written when they change; the heartbeat names its version, and a
 //!   reader fetches a list only when the version it holds is not the one named.
 //! - `hivenet:{site}:daily:{day}`: hash, `router|tenant|capability|model` -> that router's
-//!   running total of the day (`sync::round::daily_field`), written as increments so two
+//!   running total of the day (`sync::daily_fields::daily_field`), written as increments so two
 //!   writers of one field never lose each other's tokens (`sync::round::DailyLedger`): packed in
 //!   the round's usage script (`store::scripts`), or one `HINCRBY` each when the store refuses
 //!   scripts; expires two days after its last write. Beside the totals, `|router|run` -> the
@@ -110,7 +110,8 @@ pub struct RoundWrites<'a> {
     /// The rate buckets whose site level the round asks for (`sync::levels`).
     pub asks: &'a [levels::Ask],
     /// The newest batch of each run whose daily usage this round's totals hold: (day, run,
-    /// admitted at), written beside the totals of the day (`sync::counted`).
+    /// admitted at), written beside the totals of the day (`sync::counted`). One per (day, run)
+    /// among the round's entries, so never more triples than `entries`.
     pub marks: &'a [(u32, u64, u64)],
     /// What this router remembers of the others' daily usage, after the store lost its data:
     /// (day, this router's field of the budget, tokens), written whole to `memory:{day}`.

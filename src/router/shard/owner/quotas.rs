@@ -457,7 +457,7 @@ impl Quotas {
 
     /// What every daily budget counts of the other routers (`tokens`), where it counts any: after
     /// the store lost its data, the sync round writes it back as this router's memory of them
-    /// (`sync::round::daily_records`).
+    /// (`sync::daily_fields::daily_records`).
     pub fn daily_memory(&self) -> Vec<DailyTotal> {
         let mut memory = Vec::new();
         for (tenant, holder) in &self.holders {

@@ -36,7 +36,7 @@ impl Round {
             .raised_beside(totals)
             .into_iter()
             .filter_map(|(day, field, tokens)| {
-                let (_, tenant, model) = round::parse_daily_field(&field)?;
+                let (_, tenant, model) = daily_fields::parse_daily_field(&field)?;
                 Some(DailyRow {
                     day,
                     tenant,

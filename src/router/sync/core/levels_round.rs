@@ -1,7 +1,7 @@
 //! The round's part in the site's levels of contended rate buckets (`sync::levels`): the asks
 //! from the shards' views, the buckets of the levels returned for this round's usage, the
 //! anchors handed back to the shards; and, after the store lost its data, the rows of this
-//! router's memory of the others' daily usage (`round::daily_records`).
+//! router's memory of the others' daily usage (`daily_fields::daily_records`).
 
 use super::*;
 

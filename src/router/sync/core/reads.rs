@@ -150,7 +150,7 @@ impl Round {
         if !self.own_restored {
             // The shards start from this router's own totals: only what they add is written.
             for (field, tokens) in &fields {
-                if round::parse_daily_field(field)
+                if daily_fields::parse_daily_field(field)
                     .is_some_and(|(router, _, _)| router == self.settings.router_id)
                 {
                     self.ledger.restored(day.0, field, *tokens);
@@ -165,11 +165,11 @@ impl Round {
             }
         }
         self.ledger.raise_to_known(day.0, &mut fields);
-        let mut read = round::daily_records(
+        let mut read = daily_fields::daily_records(
             &self.settings.router_id,
             day,
-            round::field_rows(&fields),
-            round::field_rows(&memory),
+            daily_fields::field_rows(&fields),
+            daily_fields::field_rows(&memory),
             !self.own_restored,
         );
         // At start, what the previous run counted of the others is a floor of their usage.
@@ -184,11 +184,11 @@ impl Round {
         // shards' budgets, as their usage of it does (`Quotas::restore`).
         if let Some((next, (mut next_fields, next_memory))) = ahead_read {
             self.ledger.raise_to_known(next.0, &mut next_fields);
-            let next = round::daily_records(
+            let next = daily_fields::daily_records(
                 &self.settings.router_id,
                 next,
-                round::field_rows(&next_fields),
-                round::field_rows(&next_memory),
+                daily_fields::field_rows(&next_fields),
+                daily_fields::field_rows(&next_memory),
                 false,
             );
             next.bound(&mut self.counts);

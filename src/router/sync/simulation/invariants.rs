@@ -257,7 +257,7 @@ impl Sim {
             .iter()
             .filter(|((of, _), _)| *of == day.0)
             .map(|((_, field), tokens)| (field.as_str(), *tokens));
-        let in_store: u64 = round::daily_records("nobody", day, fields, memory, true)
+        let in_store: u64 = daily_fields::daily_records("nobody", day, fields, memory, true)
             .records
             .iter()
             .map(|record| record.tokens)

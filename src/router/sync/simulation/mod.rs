@@ -63,6 +63,7 @@ use crate::router::shard::owner::quotas::{
 use crate::logic::sibling::token::SpentTokens;
 
 use super::counted::{self, Counted};
+use super::daily_fields;
 use super::entry::Entry;
 use super::journal::{AfterPublished, Journal, Journaling};
 use super::levels;

@@ -128,7 +128,7 @@ impl Sim {
                 .backlog
                 .totals()
                 .map(|total| {
-                    let field = round::daily_field(&router.id, total.tenant, None);
+                    let field = daily_fields::daily_field(&router.id, total.tenant, None);
                     (total.day.0, field, total.tokens)
                 })
                 .collect();
@@ -171,7 +171,7 @@ impl Sim {
             .map(|total| {
                 (
                     total.day.0,
-                    round::daily_field(&router.id, total.tenant, None),
+                    daily_fields::daily_field(&router.id, total.tenant, None),
                     total.tokens,
                 )
             })
@@ -273,7 +273,9 @@ impl Sim {
                 .primary
                 .daily
                 .iter()
-                .filter(|((of, field), _)| *of == day && round::parse_daily_field(field).is_some())
+                .filter(|((of, field), _)| {
+                    *of == day && daily_fields::parse_daily_field(field).is_some()
+                })
                 .map(|(_, tokens)| tokens)
                 .sum();
             eprintln!(
@@ -530,7 +532,9 @@ fn read_totals(
         .collect();
     if !router.own_restored {
         for (field, tokens) in &fields {
-            if round::parse_daily_field(field).is_some_and(|(owner, _, _)| owner == router.id) {
+            if daily_fields::parse_daily_field(field)
+                .is_some_and(|(owner, _, _)| owner == router.id)
+            {
                 router.ledger.restored(day.0, field, *tokens);
             }
         }
@@ -562,7 +566,8 @@ fn read_totals(
         .iter()
         .filter(|((of, _), _)| *of == day.0)
         .map(|((_, field), tokens)| (field.as_str(), *tokens));
-    let mut read = round::daily_records(&router.id, day, fields, memory, !router.own_restored);
+    let mut read =
+        daily_fields::daily_records(&router.id, day, fields, memory, !router.own_restored);
     if !router.own_restored
         && let Some(inherited) = &router.journaling.inherited
     {
@@ -580,11 +585,11 @@ fn read_totals(
         };
         let mut next_fields = of_next(&data.daily);
         router.ledger.raise_to_known(next.0, &mut next_fields);
-        let next = round::daily_records(
+        let next = daily_fields::daily_records(
             &router.id,
             next,
-            round::field_rows(&next_fields),
-            round::field_rows(&of_next(&data.memory)),
+            daily_fields::field_rows(&next_fields),
+            daily_fields::field_rows(&of_next(&data.memory)),
             false,
         );
         next.bound(&mut router.counts);
@@ -702,11 +707,11 @@ fn others_counted(router: &Router) -> Vec<(u32, String, u64)> {
         .iter()
         .flat_map(|shard| shard.daily_memory())
         .map(|total| {
-            let field = round::daily_field(&router.id, total.tenant, None);
+            let field = daily_fields::daily_field(&router.id, total.tenant, None);
             (total.day.0, field, total.tokens)
         })
         .collect();
-    let marks = round::marks_beside(&router.counts, &counts);
+    let marks = daily_fields::marks_beside(&router.counts, &counts);
     counts.extend(marks);
     counts
 }
@@ -721,7 +726,7 @@ fn held_back(router: &Router) -> Journal {
             .backlog
             .totals()
             .map(|total| {
-                let field = round::daily_field(&router.id, total.tenant, None);
+                let field = daily_fields::daily_field(&router.id, total.tenant, None);
                 (total.day.0, field, total.tokens)
             })
             .collect(),

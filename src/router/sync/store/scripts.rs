@@ -24,7 +24,7 @@
 //! `model index << 1 | whole` (model index 0: the tenant's flat budget; `i`: the `i`-th model of
 //! the call's model list, `capability|name`), `whole` a total written whole after the store lost
 //! its data (`HSET`) and otherwise an increment. The script writes the same fields a `HINCRBY`
-//! per total writes (`sync::round::daily_field`), so the store's layout, the start-up read and
+//! per total writes (`sync::daily_fields::daily_field`), so the store's layout, the start-up read and
 //! routers of the version before read them unchanged. Increments stay increments (two writers
 //! of one field lose nothing, `sync::round::DailyLedger`): the script reads every field it adds
 //! to (`HMGET`) and writes them back (`HSET`) atomically, two calls instead of one per total
@@ -449,7 +449,7 @@ pub struct DailyRow {
     pub day: u32,
     pub tenant: TenantId,
     pub model: Option<ModelKey>,
-    /// `sync::round::daily_field` of the above: the field the script writes, and what the
+    /// `sync::daily_fields::daily_field` of the above: the field the script writes, and what the
     /// plain commands write when the store refuses scripts.
     pub field: String,
     pub write: DailyWrite,
