@@ -330,7 +330,21 @@ impl DailyBudget {
     /// This router's running total for its current day (the per-router total the sync round
     /// writes, seed `run-several-routers.md`, "How it works", step 3).
     pub fn local_total(&self) -> (Day, u64) {
-        (self.day, self.local_tokens)
+        (self.day, self.published_total())
+    }
+
+    /// What this router has told the site it charged today: its own usage, and a net refund
+    /// not offset yet ([`DailyBudget::take_delta`] never publishes one as negative usage).
+    ///
+    /// The others count this router by its published usage; its total in the store must say
+    /// the same. Written as the lower usage, a total read after the store lost its data, beside
+    /// another router's memory of this one (which holds the refund), made every reader count
+    /// the refund as the others' usage: one to ten tokens counted twice for the rest of the day
+    /// (`sync::simulation`, seeds 25,383, 57,964 and others of the long mode). The refund is
+    /// offset against this router's next usage, in its published usage and in its total alike.
+    fn published_total(&self) -> u64 {
+        self.local_tokens
+            .saturating_add(self.delta_tokens.min(0).unsigned_abs())
     }
 
     fn charge(&mut self, tokens: u64) {
@@ -511,24 +525,24 @@ impl DailyBudget {
         (self.day, self.used_tokens.saturating_sub(self.local_tokens))
     }
 
-    /// This router's total, when it changed since the last call (or since it was restored): the
-    /// value the disk database must hold for `day`. After midnight the new day's total is handed
+    /// This router's total as published ([`DailyBudget::local_total`]), when it changed since
+    /// the last call (or since it was restored): the value the disk database must hold for `day`. After midnight the new day's total is handed
     /// out once it is charged; a new day with nothing charged has nothing to write (no record
     /// means zero).
     pub fn take_changed_total(&mut self) -> Option<(Day, u64)> {
-        let current = (self.day, self.local_tokens);
+        let current = (self.day, self.published_total());
         if current == self.reported {
             return None;
         }
         let same_day = self.reported.0 == self.day;
         self.reported = current;
-        (same_day || self.local_tokens > 0).then_some(current)
+        (same_day || current.1 > 0).then_some(current)
     }
 
     /// Hand the local total out again at the next [`DailyBudget::take_changed_total`], changed
     /// or not: the store that held it lost its data.
     pub fn mark_unreported(&mut self) {
-        if self.local_tokens > 0 {
+        if self.published_total() > 0 {
             self.reported = (self.day, u64::MAX);
         }
     }

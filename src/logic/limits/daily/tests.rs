@@ -428,6 +428,37 @@ fn changed_total_is_handed_out_once_per_change() {
     assert_eq!(refunded.take_changed_total(), Some((MONDAY, 0)));
 }
 
+/// Long-mode seed 57,964: router-0 refunded 3 tokens net while alone, after publishing their
+/// charge, then wrote its total whole after the store lost its data. The total stays at what
+/// was published until the next usage offsets the refund, in the total as in the usage.
+#[test]
+fn a_net_refund_stays_in_the_total_until_later_usage_offsets_it() {
+    let mut budget = DailyBudget::new(MONDAY, 1000);
+    let admission = budget.admit(MONDAY, 100, None, Share::Whole).unwrap();
+    assert_eq!(budget.take_delta(), (MONDAY, 100));
+    assert_eq!(budget.take_changed_total(), Some((MONDAY, 100)));
+    budget.settle(MONDAY, admission, 90, 0, false);
+    assert_eq!(
+        budget.take_delta(),
+        (MONDAY, 0),
+        "a net refund is not published"
+    );
+    assert_eq!(
+        budget.take_changed_total(),
+        None,
+        "nor does it lower the total"
+    );
+    assert_eq!(budget.local_total(), (MONDAY, 100));
+    assert_eq!(
+        budget.used(MONDAY),
+        90,
+        "it is given back to this router's budget"
+    );
+    budget.admit(MONDAY, 30, None, Share::Whole).unwrap();
+    assert_eq!(budget.take_delta(), (MONDAY, 20));
+    assert_eq!(budget.take_changed_total(), Some((MONDAY, 120)));
+}
+
 #[test]
 fn changed_total_across_midnight() {
     let mut budget = DailyBudget::new(MONDAY, 1000);
