@@ -265,27 +265,26 @@ struct Seen {
 /// is this router's own reading: the time its writer's clock gives counts only past what clocks
 /// of a site may differ by. Read as it was, a router whose clock ran two seconds ahead saw every
 /// other router of a site with 200 ms rounds silent, for good (`sync::simulation`, seed 66).
-///
-/// Except at a router's first sighting, when this router has not watched it yet: then the
-/// older of the two counts. Taken as new, a record seen for the first time is live for three
-/// intervals whatever it says; a new run that reached the store for one round took routers cut
-/// off for 3.7 s for live, and alone after that round split what it believed was left, their
-/// unseen usage included (`sync::simulation`, seed 17,908: 1,512 tokens where 1,442 at most
-/// were its part). Older than it is (this router's clock ahead), a live router counts late or
-/// silent for one round: its next record is seen change.
-fn record_age_ms(
-    heartbeat: &Heartbeat,
-    first_seen_ms: u64,
-    now_ms: u64,
-    first_sighting: bool,
-) -> u64 {
+fn record_age_ms(heartbeat: &Heartbeat, first_seen_ms: u64, now_ms: u64) -> u64 {
     let writer_age_ms = now_ms.saturating_sub(heartbeat.at_unix_ms);
     let unchanged_ms = now_ms.saturating_sub(first_seen_ms);
-    if first_sighting || writer_age_ms > CLOCKS_DIFFER_BY_AT_MOST_MS {
+    if writer_age_ms > CLOCKS_DIFFER_BY_AT_MOST_MS {
         writer_age_ms.max(unchanged_ms)
     } else {
         unchanged_ms
     }
+}
+
+/// When a record seen at `seen_ms` was first seen, for a router this one never watched: its
+/// writer's time when that is the earlier. A router watched before is aged by this router's
+/// reading alone ([`record_age_ms`]), but of one never watched this router has no reading: taken
+/// as new, a new run that reached the store for one round took routers cut off for 3.7 s for
+/// live, and alone a round later split what it believed was left, their unseen usage included
+/// (`sync::simulation`, long-mode seed 17,908: 1,512 tokens where 1,442 at most were its part).
+/// A writer whose clock is behind this router's shows late or silent for one round at most: a
+/// live router's next record is seen change.
+fn first_sighting_ms(heartbeat: &Heartbeat, seen_ms: u64) -> u64 {
+    heartbeat.at_unix_ms.min(seen_ms)
 }
 
 /// What one read of the store's router records gave.
@@ -329,18 +328,21 @@ impl Sightings {
         let mut roster = Roster::default();
         let mut seen = HashMap::with_capacity(fields.len());
         for (index, (id, text)) in fields.into_iter().enumerate() {
-            let first_sighting = !self.seen.contains_key(id) && !self.lost.contains_key(id);
+            let watched = self.seen.contains_key(id) || self.lost.contains_key(id);
             let kept = self.seen.remove(id).filter(|before| before.value == text);
             let newly_seen = kept.is_none();
-            let sighting = kept.unwrap_or_else(|| Seen {
-                value: text.to_owned(),
-                first_seen_ms: changed_ms,
-            });
-            let first_seen_ms = sighting.first_seen_ms;
-            seen.insert(id.to_owned(), sighting);
             let heartbeat = (index < ROUTERS_MAX)
                 .then(|| Heartbeat::parse(text))
                 .flatten();
+            let sighting = kept.unwrap_or_else(|| Seen {
+                value: text.to_owned(),
+                first_seen_ms: match &heartbeat {
+                    Some(heartbeat) if !watched => first_sighting_ms(heartbeat, changed_ms),
+                    _ => changed_ms,
+                },
+            });
+            let first_seen_ms = sighting.first_seen_ms;
+            seen.insert(id.to_owned(), sighting);
             let Some(heartbeat) = heartbeat else {
                 roster.malformed += 1;
                 if newly_seen {
@@ -348,7 +350,7 @@ impl Sightings {
                 }
                 continue;
             };
-            let age_ms = record_age_ms(&heartbeat, first_seen_ms, now_ms, first_sighting);
+            let age_ms = record_age_ms(&heartbeat, first_seen_ms, now_ms);
             roster.records.push(Record {
                 id: id.to_owned(),
                 heartbeat,
@@ -363,7 +365,7 @@ impl Sightings {
             let Some(heartbeat) = Heartbeat::parse(&lost.value) else {
                 return false;
             };
-            let age_ms = record_age_ms(&heartbeat, lost.first_seen_ms, now_ms, false);
+            let age_ms = record_age_ms(&heartbeat, lost.first_seen_ms, now_ms);
             if heartbeat.state(age_ms) == PeerState::Gone {
                 return false;
             }

@@ -243,21 +243,58 @@ fn a_record_rewritten_every_round_stays_live_whatever_its_clock_says() {
         let roster = sightings.read([("skewed", text.as_str())], now);
         assert_eq!(roster.records[0].age_ms, 0);
     }
-    // A record first seen older than clocks differ by is as old as its writer says; one
-    // younger ages from when this router first saw it.
+    // A record first seen older than clocks differ by is as old as its writer says.
     let old = json(&heartbeat("old", 120 * SECOND));
     let roster = sightings.read([("old", old.as_str())], NOW);
     assert_eq!(roster.records[0].age_ms, 120 * SECOND);
-    let recent = json(&heartbeat("recent", 10 * SECOND));
-    let roster = sightings.read([("recent", recent.as_str())], NOW);
+}
+
+/// Long-mode seed 17,908: router-0's new run reached the store for one round and read
+/// router-1's record, written 3.7 s before by a router cut off since (200 ms rounds). Taken
+/// as new, router-1 counted live. At a first sighting the writer's time counts when it is the
+/// older; from the next read on, this router's own reading does.
+#[test]
+fn a_router_never_watched_is_as_old_as_its_writer_says() {
+    let mut sightings = Sightings::default();
+    let beat = Heartbeat {
+        at_unix_ms: NOW - 3_700,
+        interval_ms: 200,
+        ..heartbeat("cut-off", 0)
+    };
+    let text = json(&beat);
+    let roster = sightings.read([("cut-off", text.as_str())], NOW);
+    let record = &roster.records[0];
+    assert_eq!(record.age_ms, 3_700);
+    assert_eq!(record.heartbeat.state(record.age_ms), PeerState::Silent);
+    // Watched unchanged since: older still.
+    let roster = sightings.read([("cut-off", text.as_str())], NOW + 200);
+    assert_eq!(roster.records[0].age_ms, 3_900);
+    // A record of a router this one has watched before is aged by this router alone: written
+    // again (its writer's clock behind), it is new.
+    let again = json(&Heartbeat {
+        at_unix_ms: NOW - 3_000,
+        interval_ms: 200,
+        ..heartbeat("cut-off", 0)
+    });
+    let roster = sightings.read([("cut-off", again.as_str())], NOW + 400);
     assert_eq!(roster.records[0].age_ms, 0);
 }
 
 /// `sync::simulation` seed 66: this router's clock two seconds ahead of the others', with
-/// 200 ms rounds. The others' records, rewritten every round, stay live.
+/// 200 ms rounds. The others' records, rewritten every round, are live from the second read
+/// (the first sighting takes its writer's time, which this clock makes older).
 #[test]
 fn a_reader_whose_clock_runs_ahead_sees_routers_that_write_live() {
     let mut sightings = Sightings::default();
+    let first = Heartbeat {
+        at_unix_ms: NOW - 200,
+        interval_ms: 200,
+        ..heartbeat("behind", 0)
+    };
+    let text = json(&first);
+    let roster = sightings.read([("behind", text.as_str())], NOW - 200 + 2 * SECOND);
+    let record = &roster.records[0];
+    assert_eq!(record.heartbeat.state(record.age_ms), PeerState::Silent);
     for round in 0..20 {
         let writer_now = NOW + round * 200;
         let beat = Heartbeat {
@@ -541,20 +578,28 @@ fn the_store_back_returns_to_shared_limits_in_a_new_round() {
 /// what it believed was left, router-2's unseen usage included (`sync::simulation`, seed 916).
 #[test]
 fn a_silent_router_shows_from_the_round_the_budgets_trust() {
-    let mut sightings = Sightings::default();
-    let text = json(&heartbeat("router-2", 9 * SECOND));
-    let first_silent = (1..=10u32)
-        .find(|round| {
-            let now = NOW + u64::from(round - 1) * SECOND;
-            let roster = sightings.read([("router-2", text.as_str())], now);
-            let record = &roster.records[0];
-            record.heartbeat.state(record.age_ms) == PeerState::Silent
-        })
-        .expect("silent within ten rounds");
+    let first_silent = |written_at: u64| {
+        let mut sightings = Sightings::default();
+        let text = json(&Heartbeat {
+            at_unix_ms: written_at,
+            ..heartbeat("router-2", 0)
+        });
+        (1..=10u32)
+            .find(|round| {
+                let now = NOW + u64::from(round - 1) * SECOND;
+                let roster = sightings.read([("router-2", text.as_str())], now);
+                let record = &roster.records[0];
+                record.heartbeat.state(record.age_ms) == PeerState::Silent
+            })
+            .expect("silent within ten rounds")
+    };
+    // At the latest: its writer's clock ahead of this router's by as much as it is old.
     assert_eq!(
-        first_silent,
+        first_silent(NOW),
         crate::logic::limits::share::SILENCE_SHOWS_FROM_ROUND
     );
+    // Sooner when its writer's time says it is old.
+    assert_eq!(first_silent(NOW - 9 * SECOND), 1);
 }
 
 /// A live router whose record did not change for one of its intervals is late: the daily
