@@ -424,6 +424,7 @@ fn a_routers_memory_of_the_others_is_read_with_the_totals() {
             totals.iter().map(|(f, t)| (f.as_str(), *t)),
             remembered.iter().map(|(f, t)| (f.as_str(), *t)),
             true,
+            |_, _| None,
         )
         .records;
         assert_eq!(records.len(), 1);

@@ -308,6 +308,7 @@ fn the_totals_carry_the_newest_batch_of_each_run_they_hold() {
             .iter()
             .map(|(field, tokens)| (field.as_str(), *tokens)),
         false,
+        |_, _| None,
     );
     let flat = &read.marks[&(TenantId(0x00ab_cdef), None)];
     assert!(flat.holds(ROUTER, 5, 1_500) && !flat.holds(ROUTER, 5, 1_501));

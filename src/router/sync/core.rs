@@ -581,12 +581,13 @@ impl Round {
             })
             .chain(raised)
             .collect();
+        let marks = counted::published_marks(&entries);
         let reads = self
             .store
             .round(RoundWrites {
                 entries: &entries,
                 totals: &daily_writes,
-                marks: &counted::published_marks(&entries),
+                marks: &marks,
                 heartbeat: &heartbeat_json,
                 agents: agents_json.as_deref(),
                 after: cursor,
@@ -609,6 +610,7 @@ impl Round {
                 // The transaction may have run with its reply lost: these totals are written
                 // whole next time, so an increment is never added twice.
                 self.ledger.unsure(&totals);
+                self.ledger.sent(&totals, &marks, self.run);
                 return Err(error.into());
             }
         };

@@ -137,12 +137,22 @@ pub fn marks_beside(counts: &Counted, rows: &[(u32, String, u64)]) -> Vec<(u32, 
 /// The sum of the totals holds each router's batches up to the marks written beside its totals;
 /// A's bound holds those of A's memory and of A's totals. The larger bound is the count, with its
 /// marks.
+///
+/// A's memory may hold batches of this router's that its total in the store does not: a round
+/// whose reply was lost ran, A applied its entry, and a failover lost it. A's marks of this
+/// router's runs then pass the marks beside its total, and `sent(field, mark)` (this router's
+/// total as its round sent it with its newest batch at `mark`, [`DailyLedger::sent_at`]) is what
+/// A counted of it. Reckoned against the field, the batch was counted twice, as the others'
+/// usage, for the rest of the day (`sync::simulation`, long-mode seed 36,879: 2,253 tokens).
+///
+/// [`DailyLedger::sent_at`]: super::round::DailyLedger::sent_at
 pub fn daily_records<'a>(
     own_router: &str,
     day: Day,
     fields: impl IntoIterator<Item = (&'a str, u64)>,
     memory: impl IntoIterator<Item = (&'a str, u64)>,
     with_own: bool,
+    sent: impl Fn(&str, u64) -> Option<u64>,
 ) -> DailyRecords {
     type Budget = (TenantId, Option<ModelKey>);
     let fields: Vec<(&str, u64)> = fields.into_iter().collect();
@@ -195,6 +205,20 @@ pub fn daily_records<'a>(
             .or(with_own.then_some(0))
         else {
             continue;
+        };
+        let held_by_them = remembered.counts.get(field).map(|marks| {
+            let ours_published = published.published_by(own_router);
+            marks
+                .of_router(own_router)
+                .iter()
+                .filter(|(router, run, at)| !ours_published.holds(router, *run, *at))
+                .map(|(_, _, at)| at)
+                .max()
+        });
+        let own_field = daily_field(own_router, budget.0, budget.1.as_ref());
+        let ours = match held_by_them.flatten() {
+            Some(mark) => ours.max(sent(&own_field, mark).unwrap_or(0)),
+            None => ours,
         };
         let floor = remembered_tokens
             .saturating_add(theirs)
@@ -254,7 +278,7 @@ mod tests {
         ];
         let read = |with_own| {
             let mut records =
-                daily_records("me", MONDAY, field_rows(&fields), [], with_own).records;
+                daily_records("me", MONDAY, field_rows(&fields), [], with_own, |_, _| None).records;
             records.sort_by_key(|record| record.others);
             records
                 .into_iter()
@@ -287,10 +311,60 @@ mod tests {
             field_rows(&fields),
             field_rows(&memory),
             false,
+            |_, _| None,
         )
         .records;
         assert_eq!(records.len(), 1);
         assert_eq!(records[0].tokens, 3_920);
         assert!(records[0].others);
+    }
+
+    /// Long-mode seed 36,879: "me" sent 2,253 tokens in a round whose reply was lost; "a"
+    /// applied the batch, then a failover lost it from the store, total and mark alike. "a"'s
+    /// memory holds it (its mark of "me" passes the one beside "me"'s total): reckoned against
+    /// the field, "me" counted its own batch among the others'.
+    #[test]
+    fn a_memory_that_holds_a_batch_the_store_lost_is_reckoned_against_what_was_sent() {
+        use super::super::counted::{mark_field, published_field};
+        let field = |router: &str| daily_field(router, TenantId(1), None);
+        let fields = [
+            (field("me"), 64_632),
+            (published_field("me", 1), 1_000),
+            (field("a"), 77_682),
+            (field("b"), 61_600),
+        ];
+        let memory = [
+            (field("a"), 64_632 + 2_253 + 61_600),
+            (mark_field("me", 1, &field("a")), 2_000),
+        ];
+        let others = |sent: &dyn Fn(&str, u64) -> Option<u64>| {
+            daily_records(
+                "me",
+                MONDAY,
+                field_rows(&fields),
+                field_rows(&memory),
+                false,
+                sent,
+            )
+            .records[0]
+                .tokens
+        };
+        let mut ledger = super::super::round::DailyLedger::default();
+        ledger.sent(
+            &[(MONDAY.0, field("me"), 64_632 + 2_253)],
+            &[(MONDAY.0, 1, 2_000)],
+            1,
+        );
+        assert_eq!(ledger.sent_at(MONDAY.0, &field("me"), 1_999), None);
+        let sent = |field: &str, mark: u64| ledger.sent_at(MONDAY.0, field, mark);
+        assert_eq!(others(&sent), 77_682 + 61_600);
+        assert_eq!(
+            others(&|_, _| None),
+            77_682 + 61_600 + 2_253,
+            "as before: twice"
+        );
+        // Once a round that writes the field goes through, nothing sent is kept.
+        ledger.wrote(&[(MONDAY.0, field("me"), 70_000)]);
+        assert_eq!(ledger.sent_at(MONDAY.0, &field("me"), 2_000), None);
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! No I/O and no clock: `sync::core` runs the round against the store and passes time in.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use crate::base::ids::{KeyId, ModelId, TenantId};
 use crate::logic::limits::{BucketRef, Day};
@@ -328,7 +328,17 @@ pub struct DailyLedger {
     held: HashMap<(u32, String), u64>,
     /// Fields to write whole once more: the store lost its data.
     whole: std::collections::HashSet<(u32, String)>,
+    /// What the rounds whose transaction may have run sent of each field since the last one
+    /// known to run: (the newest batch of this run the round published, the total), oldest
+    /// first ([`DailyLedger::sent_at`]). Bound: [`SENT_KEPT`] a field, and only until a round
+    /// that writes it goes through.
+    sent: HashMap<(u32, String), VecDeque<(u64, u64)>>,
 }
+
+/// The unsure rounds [`DailyLedger`] keeps of each field: past them, the oldest is dropped, and
+/// another router's memory that holds it is reckoned against the field (its batches counted
+/// twice, the safe side).
+pub const SENT_KEPT: usize = 16;
 
 impl DailyLedger {
     /// The total the store holds of this router's `field` as read at start: the shards start
@@ -371,9 +381,45 @@ impl DailyLedger {
             // total (seed 1,145: the store one token short of what was published, for good).
             let written = self.written.entry(key.clone()).or_default();
             *written = (*written).max(*total);
-            let held = self.held.entry(key).or_default();
+            let held = self.held.entry(key.clone()).or_default();
             *held = if whole { *written } else { (*held).max(*total) };
+            // The field now holds every batch those rounds sent.
+            self.sent.remove(&key);
         }
+    }
+
+    /// A round whose transaction may have run sent `totals` with the newest batch of each day
+    /// at `newest` (this run's [`super::counted::published_marks`]: day, run, admitted at).
+    pub fn sent(&mut self, totals: &[(u32, String, u64)], newest: &[(u32, u64, u64)], run: u64) {
+        for (day, field, total) in totals {
+            let Some(at) = newest
+                .iter()
+                .find(|(of, of_run, _)| of == day && *of_run == run)
+                .map(|(_, _, at)| *at)
+            else {
+                continue;
+            };
+            let sent = self.sent.entry((*day, field.clone())).or_default();
+            if sent.back().is_some_and(|(_, last)| last == total) {
+                continue;
+            }
+            sent.push_back((at, *total));
+            if sent.len() > SENT_KEPT {
+                sent.pop_front();
+            }
+        }
+    }
+
+    /// This router's total of `field` as a round whose reply did not come sent it with every
+    /// batch up to `mark`: what a router that applied those batches counts of it
+    /// (`daily_fields::daily_records`). `None`: no such round is known.
+    pub fn sent_at(&self, day: u32, field: &str, mark: u64) -> Option<u64> {
+        self.sent
+            .get(&(day, field.to_owned()))?
+            .iter()
+            .rev()
+            .find(|(at, _)| *at <= mark)
+            .map(|(_, total)| *total)
     }
 
     /// A round that wrote `totals` failed: whether its transaction ran is unknown, so each is
@@ -419,6 +465,7 @@ impl DailyLedger {
         self.written.retain(|(of, _), _| *of >= day);
         self.held.retain(|(of, _), _| *of >= day);
         self.whole.retain(|(of, _)| *of >= day);
+        self.sent.retain(|(of, _), _| *of >= day);
     }
 }
 
@@ -560,6 +607,7 @@ mod tests {
                 field_rows(fields),
                 field_rows(&memory),
                 false,
+                |_, _| None,
             )
             .records[0]
                 .tokens

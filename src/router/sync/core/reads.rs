@@ -171,6 +171,7 @@ impl Round {
             daily_fields::field_rows(&fields),
             daily_fields::field_rows(&memory),
             !self.own_restored,
+            |field, mark| self.ledger.sent_at(day.0, field, mark),
         );
         // At start, what the previous run counted of the others is a floor of their usage.
         if !self.own_restored
@@ -190,6 +191,7 @@ impl Round {
                 daily_fields::field_rows(&next_fields),
                 daily_fields::field_rows(&next_memory),
                 false,
+                |field, mark| self.ledger.sent_at(next.0, field, mark),
             );
             next.bound(&mut self.counts);
             records.extend(next.records);

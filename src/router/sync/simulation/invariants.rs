@@ -257,11 +257,12 @@ impl Sim {
             .iter()
             .filter(|((of, _), _)| *of == day.0)
             .map(|((_, field), tokens)| (field.as_str(), *tokens));
-        let in_store: u64 = daily_fields::daily_records("nobody", day, fields, memory, true)
-            .records
-            .iter()
-            .map(|record| record.tokens)
-            .sum();
+        let in_store: u64 =
+            daily_fields::daily_records("nobody", day, fields, memory, true, |_, _| None)
+                .records
+                .iter()
+                .map(|record| record.tokens)
+                .sum();
         // Each router's total is what it published (`DailyBudget::local_total`), a net refund
         // not offset yet included: the store says exactly what was published. Allowed to say
         // less by the net refunds, it hid totals written as the lower usage, which every router

@@ -295,7 +295,8 @@ impl Sim {
             }
         }
         // `sync::store`: the marks beside the totals, on the days the round writes totals of.
-        for (day, run, at) in counted::published_marks(&encoded) {
+        let marks = counted::published_marks(&encoded);
+        for &(day, run, at) in &marks {
             if usage_ran && writes.iter().any(|(of, _, _)| *of == day) {
                 store
                     .primary
@@ -369,6 +370,7 @@ impl Sim {
         store.primary.stream.retain(|(id, _)| *id > keep_after);
         if failing.is_some() || matches!(reply, Reply::Lost) {
             router.ledger.unsure(&totals);
+            router.ledger.sent(&totals, &marks, router.run);
             self.log(|| format!("router-{index}: the round ran, its reply was lost"));
             return Err(());
         }
@@ -566,8 +568,14 @@ fn read_totals(
         .iter()
         .filter(|((of, _), _)| *of == day.0)
         .map(|((_, field), tokens)| (field.as_str(), *tokens));
-    let mut read =
-        daily_fields::daily_records(&router.id, day, fields, memory, !router.own_restored);
+    let mut read = daily_fields::daily_records(
+        &router.id,
+        day,
+        fields,
+        memory,
+        !router.own_restored,
+        |field, mark| router.ledger.sent_at(day.0, field, mark),
+    );
     if !router.own_restored
         && let Some(inherited) = &router.journaling.inherited
     {
@@ -591,6 +599,7 @@ fn read_totals(
             daily_fields::field_rows(&next_fields),
             daily_fields::field_rows(&of_next(&data.memory)),
             false,
+            |field, mark| router.ledger.sent_at(next.0, field, mark),
         );
         next.bound(&mut router.counts);
         records.extend(next.records);
