@@ -28,7 +28,8 @@
 //!    offered the same load, no live router admits less than half its part over 10 rounds.
 //! 3. "Usage already in the totals it reads is not counted again": every unit is published once.
 //!    What each router applied of another run's usage never exceeds what that run admitted, and
-//!    once healed equals what it published.
+//!    once healed equals what it published: the store's totals say exactly that, and so does
+//!    each router's count (its own net refund not offset yet aside).
 //! 4. "Daily budgets spend at most what was left at the outage's start divided by the routers".
 //! 5. "A cross-site redirect token is accepted once by the whole site": a token replayed on any
 //!    router is accepted once, unless a router decided alone while the store did not answer it

@@ -249,6 +249,15 @@ fn a_record_rewritten_every_round_stays_live_whatever_its_clock_says() {
     assert_eq!(roster.records[0].age_ms, 120 * SECOND);
 }
 
+/// `peer`'s heartbeat written at `at_unix_ms` by a router with 200 ms rounds.
+fn fast_beat(peer: &str, at_unix_ms: u64) -> Heartbeat {
+    Heartbeat {
+        at_unix_ms,
+        interval_ms: 200,
+        ..heartbeat(peer, 0)
+    }
+}
+
 /// Long-mode seed 17,908: router-0's new run reached the store for one round and read
 /// router-1's record, written 3.7 s before by a router cut off since (200 ms rounds). Taken
 /// as new, router-1 counted live. At a first sighting the writer's time counts when it is the
@@ -256,12 +265,7 @@ fn a_record_rewritten_every_round_stays_live_whatever_its_clock_says() {
 #[test]
 fn a_router_never_watched_is_as_old_as_its_writer_says() {
     let mut sightings = Sightings::default();
-    let beat = Heartbeat {
-        at_unix_ms: NOW - 3_700,
-        interval_ms: 200,
-        ..heartbeat("cut-off", 0)
-    };
-    let text = json(&beat);
+    let text = json(&fast_beat("cut-off", NOW - 3_700));
     let roster = sightings.read([("cut-off", text.as_str())], NOW);
     let record = &roster.records[0];
     assert_eq!(record.age_ms, 3_700);
@@ -271,11 +275,7 @@ fn a_router_never_watched_is_as_old_as_its_writer_says() {
     assert_eq!(roster.records[0].age_ms, 3_900);
     // A record of a router this one has watched before is aged by this router alone: written
     // again (its writer's clock behind), it is new.
-    let again = json(&Heartbeat {
-        at_unix_ms: NOW - 3_000,
-        interval_ms: 200,
-        ..heartbeat("cut-off", 0)
-    });
+    let again = json(&fast_beat("cut-off", NOW - 3_000));
     let roster = sightings.read([("cut-off", again.as_str())], NOW + 400);
     assert_eq!(roster.records[0].age_ms, 0);
 }
@@ -286,23 +286,13 @@ fn a_router_never_watched_is_as_old_as_its_writer_says() {
 #[test]
 fn a_reader_whose_clock_runs_ahead_sees_routers_that_write_live() {
     let mut sightings = Sightings::default();
-    let first = Heartbeat {
-        at_unix_ms: NOW - 200,
-        interval_ms: 200,
-        ..heartbeat("behind", 0)
-    };
-    let text = json(&first);
+    let text = json(&fast_beat("behind", NOW - 200));
     let roster = sightings.read([("behind", text.as_str())], NOW - 200 + 2 * SECOND);
     let record = &roster.records[0];
     assert_eq!(record.heartbeat.state(record.age_ms), PeerState::Silent);
     for round in 0..20 {
         let writer_now = NOW + round * 200;
-        let beat = Heartbeat {
-            at_unix_ms: writer_now,
-            interval_ms: 200,
-            ..heartbeat("behind", 0)
-        };
-        let text = json(&beat);
+        let text = json(&fast_beat("behind", writer_now));
         let roster = sightings.read([("behind", text.as_str())], writer_now + 2 * SECOND);
         let record = &roster.records[0];
         assert_eq!(record.heartbeat.state(record.age_ms), PeerState::Live);
