@@ -526,9 +526,9 @@ impl DailyBudget {
     }
 
     /// This router's total as published ([`DailyBudget::local_total`]), when it changed since
-    /// the last call (or since it was restored): the value the disk database must hold for `day`. After midnight the new day's total is handed
-    /// out once it is charged; a new day with nothing charged has nothing to write (no record
-    /// means zero).
+    /// the last call (or since it was restored): the value the disk database must hold for
+    /// `day`. After midnight the new day's total is handed out once it is charged; a new day with
+    /// nothing charged has nothing to write (no record means zero).
     pub fn take_changed_total(&mut self) -> Option<(Day, u64)> {
         let current = (self.day, self.published_total());
         if current == self.reported {

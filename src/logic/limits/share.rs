@@ -10,10 +10,10 @@
 //! Pure: no clock, no I/O. Output tokens are never refused by a share (they are charged after the
 //! response); only input-side admissions (a request, an input estimate) take one.
 
-/// The first round of a run that can tell a silent router from a live one
-/// (`sync::site::MISSED_ROUNDS` + 2): a new run sees every record fresh at its first round, and
-/// one shows silent only once it has stayed unchanged for more than three intervals, at the
-/// fifth.
+/// The first round of a run that can tell every silent router from a live one
+/// (`sync::site::MISSED_ROUNDS` + 2): a new run sees a record as old as its writer's time says
+/// at its first round, and a record whose writer's clock runs ahead shows silent only once it
+/// has stayed unchanged for more than three intervals under this run's eyes, at the fifth.
 pub const SILENCE_SHOWS_FROM_ROUND: u32 = 5;
 
 /// The round a run's rounds count from until one reaches the store: `Share::Alone { since:

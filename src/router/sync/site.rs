@@ -21,7 +21,9 @@
 //! - A record's age is how long this router has seen it unchanged, by its own clock: a record that
 //!   is not rewritten goes silent after three intervals whatever time it claims. The time its
 //!   writer put in it counts only when it is older than clocks differ by
-//!   ([`CLOCKS_DIFFER_BY_AT_MOST_MS`]): a record left long ago is not live for three intervals.
+//!   ([`CLOCKS_DIFFER_BY_AT_MOST_MS`]): a record left long ago is not live for three intervals;
+//!   and at the first sighting of a router this one never watched, when it is the earlier
+//!   (`first_sighting_ms`): a time claimed in the past only makes the record older.
 //! - The interval a record claims is held to the range `--sync-interval` allows, so a record
 //!   cannot stretch its own liveness.
 //! - A record that does not parse, names no peer ID, or is oversized is ignored and counted
