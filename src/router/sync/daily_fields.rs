@@ -188,6 +188,7 @@ pub fn daily_records<'a>(
             *sum = sum.saturating_add(tokens);
         }
     }
+    let ours_published = published.published_by(own_router);
     for (field, remembered_tokens) in memory {
         let Some((router, tenant, model)) = parse_daily_field(field) else {
             continue;
@@ -206,18 +207,21 @@ pub fn daily_records<'a>(
         else {
             continue;
         };
-        let held_by_them = remembered.counts.get(field).map(|marks| {
-            let ours_published = published.published_by(own_router);
+        // The newest batch of this router's that A holds and its total does not.
+        let held_by_them = remembered.counts.get(field).and_then(|marks| {
             marks
-                .of_router(own_router)
                 .iter()
-                .filter(|(router, run, at)| !ours_published.holds(router, *run, *at))
+                .filter(|(router, run, at)| {
+                    *router == own_router && !ours_published.holds(router, *run, *at)
+                })
                 .map(|(_, _, at)| at)
                 .max()
         });
-        let own_field = daily_field(own_router, budget.0, budget.1.as_ref());
-        let ours = match held_by_them.flatten() {
-            Some(mark) => ours.max(sent(&own_field, mark).unwrap_or(0)),
+        let ours = match held_by_them {
+            Some(mark) => {
+                let own_field = daily_field(own_router, budget.0, budget.1.as_ref());
+                ours.max(sent(&own_field, mark).unwrap_or(0))
+            }
             None => ours,
         };
         let floor = remembered_tokens
