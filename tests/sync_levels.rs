@@ -406,10 +406,11 @@ fn a_routers_memory_of_the_others_is_read_with_the_totals() {
         };
         common::valkey::round(&mut survivor, &[], &[], extras).await;
         // The day before and the day, in one read (near midnight a router reads two days).
-        let (mut days, _) = newcomer
+        let mut days = newcomer
             .read_daily(&[day - 1, day])
             .await
-            .expect("the read");
+            .expect("the read")
+            .days;
         let (totals, remembered) = days.pop().expect("the day's");
         assert_eq!(
             days,

@@ -294,9 +294,10 @@ fn the_totals_carry_the_newest_batch_of_each_run_they_hold() {
     assert!(daily(&scripted, DAY + 2).is_empty(), "no totals, no mark");
     // Read by another router: its count of router-0 holds those batches, and only those.
     let mut other = common::valkey::sync_store(&scripted, SITE, "router-1");
-    let (mut days, _) = runtime()
+    let mut days = runtime()
         .block_on(other.read_daily(&[DAY]))
-        .expect("the read");
+        .expect("the read")
+        .days;
     let (fields, memory) = days.pop().expect("the day's");
     let read = daily_records(
         "router-1",

@@ -349,6 +349,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
                 since: 0,
                 routers: sync.min_routers,
                 late: 0,
+                unread: 0,
             },
         )
     });

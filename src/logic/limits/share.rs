@@ -45,6 +45,11 @@ pub enum Share {
     /// store's data while they were cut off from it, or they never reached it. Daily budgets
     /// leave each its part of the whole budget, as they do a silent router this run did not
     /// see go silent ([`Share::for_daily`]).
+    ///
+    /// `unread`: of the `live` routers, those whose daily totals this router has not read whole
+    /// since the store lost its data (`sync::whole`): what it counts of their usage may be short
+    /// by what they published while it was cut off. Daily budgets leave each its part of the
+    /// whole budget.
     Shared {
         round: u32,
         live: u32,
@@ -52,14 +57,22 @@ pub enum Share {
         late: u32,
         at_least: u32,
         unlisted: u32,
+        unread: u32,
     },
     /// The store has been unreachable for three sync intervals, or has not answered yet: this
     /// router alone enforces `limit / routers` of each rate limit, and of each daily budget at
     /// most what was left when it lost the store, less what it left to silent routers then,
     /// divided by `routers` (counted from the round `since`, when the outage began). `late`:
     /// the late routers of that last round the store answered (`Shared`'s `late`), whose part
-    /// of each daily budget stays held back through the outage.
-    Alone { since: u32, routers: u32, late: u32 },
+    /// of each daily budget stays held back through the outage. `unread`: the unread routers of
+    /// that round (`Shared`'s `unread`): while there are any, this router does not know what is
+    /// left of a daily budget, and spends none of it until the store answers.
+    Alone {
+        since: u32,
+        routers: u32,
+        late: u32,
+        unread: u32,
+    },
 }
 
 impl Share {
@@ -126,6 +139,7 @@ impl Share {
                 silent,
                 late,
                 at_least,
+                unread,
                 ..
             } => {
                 let away = silent + late;
@@ -139,6 +153,7 @@ impl Share {
                     late: 0,
                     at_least,
                     unlisted: 0,
+                    unread,
                 }
             }
             share => share,
@@ -335,6 +350,7 @@ mod tests {
             late: 0,
             at_least: 0,
             unlisted: 0,
+            unread: 0,
         };
         assert_eq!(share.rate_scale(), (2, 3));
         let split = Split {
@@ -355,6 +371,7 @@ mod tests {
             late: 1,
             at_least: 0,
             unlisted: 0,
+            unread: 0,
         };
         assert_eq!(share.rate_scale(), (1, 1));
         assert_eq!(share.rate_split().map(|split| split.divisor), Some(3));
@@ -368,6 +385,7 @@ mod tests {
                 late: 0,
                 at_least: 0,
                 unlisted: 0,
+                unread: 0,
             }
         );
         assert_eq!(daily.daily_split().map(|split| split.divisor), Some(2));
@@ -379,6 +397,7 @@ mod tests {
             late: 0,
             at_least: 0,
             unlisted: 0,
+            unread: 0,
         };
         assert_eq!(alone_live.for_daily(), alone_live);
     }
@@ -394,6 +413,7 @@ mod tests {
             late,
             at_least: 3,
             unlisted: 0,
+            unread: 0,
         };
         let divisor = |share: Share| share.for_daily().daily_split().map(|split| split.divisor);
         assert_eq!(divisor(share(2, 0, 0)), Some(3));
@@ -418,6 +438,7 @@ mod tests {
             late: 0,
             at_least: 0,
             unlisted: 0,
+            unread: 0,
         };
         assert_eq!(share.rate_split(), None);
         assert_eq!(share.daily_split(), None);
@@ -430,6 +451,7 @@ mod tests {
             since: 3,
             routers: 4,
             late: 0,
+            unread: 0,
         };
         assert_eq!(
             share.rate_scale(),

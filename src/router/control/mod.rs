@@ -517,6 +517,7 @@ impl ControlShared {
                     usage.daily.append(&mut report.daily);
                     // What each owner holds of the occupancy budgets: the round rewrites it.
                     usage.credits.append(&mut report.credits);
+                    usage.answered += 1;
                 }
             }
         };

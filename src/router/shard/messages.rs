@@ -102,6 +102,9 @@ pub struct ShardUsage {
     pub memory: Vec<crate::router::shard::owner::quotas::DailyTotal>,
     /// What this router holds of every budget this shard's models have credits for.
     pub credits: Vec<crate::router::shard::owner::wallets::CreditHolding>,
+    /// The shards that answered within the wait (`sync::whole`: a round claims its totals whole
+    /// only when every shard reported them).
+    pub answered: usize,
 }
 
 /// A shard's answer to [`ControlToShard::Report`].

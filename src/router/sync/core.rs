@@ -67,6 +67,7 @@ use super::site::{self, AfterFailure, AgentList, Health, Heartbeat, Peers, Sight
 use super::store::{
     ClaimWrite, DailyRow, PoolRead, RoundWrites, Store, StreamId, refused_permission,
 };
+use super::whole;
 use crate::router::config::sync::SyncSettings;
 use crate::router::shard::owner::wallets::{CreditNews, Refill};
 use crate::router::shard::redirect_claims::Claim;
@@ -237,6 +238,10 @@ struct Round {
     rounds: u64,
     /// `--sync-journal`: the usage held back while the store does not answer.
     journaling: Journaling,
+    /// The epoch this router's heartbeat says its daily totals are whole in, and whose totals
+    /// it read whole (`sync::whole`).
+    whole_claim: whole::Claim,
+    whole_reads: whole::Reads,
 }
 
 impl SyncCore {
@@ -325,6 +330,8 @@ impl SyncCore {
             failovers_seen: 0,
             closed: false,
             journaling,
+            whole_claim: whole::Claim::default(),
+            whole_reads: whole::Reads::default(),
         };
         let (checked, check) = std::sync::mpsc::channel();
         std::thread::Builder::new()
@@ -410,6 +417,8 @@ impl Round {
             )
             .await;
         self.views = usage.views;
+        self.whole_claim
+            .gathered(usage.answered == self.shared.shard_count());
         let mut counted = self.memory_rows(&usage.memory);
         let marks = daily_fields::marks_beside(&self.counts, &counted);
         counted.extend(marks);
@@ -619,6 +628,7 @@ impl Round {
         self.backlog.clear();
         self.ledger.wrote(&totals);
         self.ledger.wrote(&self.journaling.raised);
+        self.whole_claim.went_through(heartbeat.whole_in.clone());
         self.journal_published().await;
         self.remember_rounds = self.remember_rounds.saturating_sub(1);
         if agents_json.is_some() {
@@ -669,7 +679,13 @@ impl Round {
         let mut records = roster.records;
         self.resolve_agent_lists(&mut records).await;
         let reports = self.shared.agent_reports();
-        let peers = site::peers(&self.settings.router_id, &heartbeat, &records, &reports);
+        let mut peers = site::peers(&self.settings.router_id, &heartbeat, &records, &reports);
+        let unread = self.whole_reads.unread(&self.settings.router_id, &records);
+        peers.unread = unread.routers;
+        if unread.claimed {
+            // Its totals are whole now: read them at the next round.
+            self.resync_rounds = self.resync_rounds.max(1);
+        }
         // The round's entries and anchors apply under the share its records show, not the last
         // round's ([`site::Health::share_after`]): a router back from silence is live when the
         // usage it held back is subtracted, from the whole bucket.
@@ -777,6 +793,7 @@ impl Round {
             agents_version: Some(agents_version),
             agents_unknown: false,
             left: leaving,
+            whole_in: self.whole_claim.of_round(),
         }
     }
 }

@@ -43,6 +43,7 @@ pub mod round;
 mod simulation;
 pub mod site;
 pub mod store;
+pub mod whole;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 

@@ -98,6 +98,20 @@ pub struct Heartbeat {
     /// Shut down cleanly: no longer counted.
     #[serde(default)]
     pub left: bool,
+    /// The store epoch this router's daily totals are written whole in, written in the same
+    /// transaction as they are (`sync::whole`); `null` while they are not. Absent from the
+    /// records of routers before it: [`WHOLE_IN_EVERY_EPOCH`].
+    #[serde(default = "whole_in_every_epoch")]
+    pub whole_in: Option<String>,
+}
+
+/// The claim of a router of a version before [`Heartbeat::whole_in`]: its totals count as whole
+/// in every epoch, as they did then (a site upgraded router by router does not hold its daily
+/// budgets meanwhile).
+pub const WHOLE_IN_EVERY_EPOCH: &str = "*";
+
+fn whole_in_every_epoch() -> Option<String> {
+    Some(WHOLE_IN_EVERY_EPOCH.to_owned())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -397,6 +411,9 @@ pub struct Peers {
     /// gone. With this router and the live and silent ones, every router the site knows of;
     /// `--sync-min-routers` past that are unlisted (`Share::Shared`'s `unlisted`).
     pub gone: u32,
+    /// Of the live routers, those whose daily totals this router has not read whole since the
+    /// store lost its data (`sync::whole`, `Share::Shared`'s `unread`): set by the caller.
+    pub unread: u32,
     /// Live routers that advertise a gRPC address, this one included when it does:
     /// (peer ID, address), for agents' discovery.
     pub advertised: Vec<(String, String)>,
@@ -551,6 +568,7 @@ impl Health {
             unlisted: self
                 .min_routers
                 .saturating_sub(1 + peers.live + peers.silent + peers.gone),
+            unread: peers.unread,
         }
     }
 
@@ -584,6 +602,7 @@ impl Health {
                 since: self.outage_since,
                 routers: self.last_seen.max(self.min_routers),
                 late: last.as_ref().map_or(0, |peers| peers.late),
+                unread: last.as_ref().map_or(0, |peers| peers.unread),
             },
         }
     }

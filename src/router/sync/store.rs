@@ -187,8 +187,16 @@ pub struct PoolsRead {
 /// the store lost its data (field, tokens).
 pub type DayTotals = (Vec<(String, u64)>, Vec<(String, u64)>);
 
-/// The totals of each day asked for, in order, and the stream's newest entry, read together.
-pub type DailyRead = (Vec<DayTotals>, StreamId);
+/// The totals of each day asked for, in order, the stream's newest entry, and the routers'
+/// records and the store's epoch, read together.
+pub struct DailyRead {
+    pub days: Vec<DayTotals>,
+    pub last: StreamId,
+    /// (router ID, record text): whose totals are whole in `epoch` (`sync::whole`).
+    pub heartbeats: Vec<(String, String)>,
+    /// `None` before a router set one.
+    pub epoch: Option<String>,
+}
 
 pub struct Store {
     settings: StoreSettings,
@@ -489,7 +497,9 @@ impl Store {
 
     /// The totals of every router on each of `days` (today's, and the next day's near midnight)
     /// and the stream's newest entry, read together: every entry up to that one is in the totals
-    /// (each router writes its entry and its totals in one transaction). Once per start or
+    /// (each router writes its entry and its totals in one transaction). With them the routers'
+    /// records and the epoch: a record that says its totals are whole in that epoch was written
+    /// with them (`sync::whole`). Once per start or
     /// outage; the reply holds one field per router and daily budget used that day, bounded by
     /// the keys and routers of the site, not by traffic.
     pub async fn read_daily(&mut self, days: &[u32]) -> RedisResult<DailyRead> {
@@ -508,6 +518,11 @@ impl Store {
             .arg("COUNT")
             .arg(1);
         commands.push(last);
+        let mut heartbeats = redis::cmd("HGETALL");
+        heartbeats.arg(self.key("routers"));
+        let mut epoch = redis::cmd("GET");
+        epoch.arg(self.key("epoch"));
+        commands.extend([heartbeats, epoch]);
         let reads = commands.len();
         let replies = self.transaction(commands, reads).await?;
         let mut read = Vec::with_capacity(days.len());
@@ -516,7 +531,15 @@ impl Store {
             let memory: HashMap<String, u64> = redis::from_redis_value_ref(&pair[1])?;
             read.push((totals.into_iter().collect(), memory.into_iter().collect()));
         }
-        Ok((read, last_id(&replies[2 * days.len()])))
+        let after_days = 2 * days.len();
+        let heartbeats: HashMap<String, String> =
+            redis::from_redis_value_ref(&replies[after_days + 1])?;
+        Ok(DailyRead {
+            days: read,
+            last: last_id(&replies[after_days]),
+            heartbeats: heartbeats.into_iter().collect(),
+            epoch: redis::from_redis_value_ref(&replies[after_days + 2])?,
+        })
     }
 
     /// Runs `commands` as one `MULTI` … `EXEC` and returns the replies of the last `reads` of

@@ -151,6 +151,7 @@ fn a_silent_router_keeps_its_share_of_the_rate_and_the_daily_budget() {
         late: 0,
         at_least: 0,
         unlisted: 0,
+        unread: 0,
     };
     let mut router = site(1, 300, 3000).pop().unwrap();
     let mut admitted = 0;
@@ -207,6 +208,7 @@ fn a_router_alone_enforces_its_share_of_the_rate_over_time() {
         since: 5,
         routers: 3,
         late: 0,
+        unread: 0,
     };
     let mut router = site(1, 600, 0).pop().unwrap();
     let mut admitted = 0u64;
@@ -294,6 +296,7 @@ fn the_late_routers_gauge_holds_through_an_outage() {
         late,
         at_least: 3,
         unlisted: 0,
+        unread: 0,
     };
     metrics.set_share(shared(1));
     assert_eq!(late(&metrics), 1);
@@ -301,6 +304,7 @@ fn the_late_routers_gauge_holds_through_an_outage() {
         since: 10,
         routers: 3,
         late: 0,
+        unread: 0,
     });
     assert_eq!(late(&metrics), 1);
     metrics.set_share(shared(0));

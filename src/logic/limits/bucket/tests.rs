@@ -145,6 +145,7 @@ fn with_a_silent_router_the_sites_level_only_lowers_the_view() {
         late: 0,
         at_least: 0,
         unlisted: 0,
+        unread: 0,
     };
     let mut bucket = Bucket::new(at(0), 60, 60);
     bucket.try_take(at(0), 60).unwrap();
@@ -162,6 +163,7 @@ fn with_a_silent_router_the_sites_level_only_lowers_the_view() {
         late: 0,
         at_least: 0,
         unlisted: 0,
+        unread: 0,
     };
     bucket.anchor(at(30), 30 * UNITS_PER_TOKEN, everyone, false);
     assert_eq!(bucket.remaining(at(30)), 30);
@@ -203,6 +205,7 @@ const TWO_SILENT: Share = Share::Shared {
     late: 0,
     at_least: 0,
     unlisted: 0,
+    unread: 0,
 };
 const THREE_LIVE: Share = Share::Shared {
     round: 2,
@@ -211,6 +214,7 @@ const THREE_LIVE: Share = Share::Shared {
     late: 0,
     at_least: 0,
     unlisted: 0,
+    unread: 0,
 };
 
 #[test]
@@ -266,6 +270,7 @@ fn alone_after_silent_routers_their_parts_stay_held() {
         since: 1,
         routers: 3,
         late: 0,
+        unread: 0,
     };
     let admitted = (0..30)
         .filter(|_| bucket.try_take_shared(at(0), 1, alone).is_ok())
@@ -430,6 +435,7 @@ fn three_routers_under_sustained_load_admit_the_rate_between_them() {
                     late: 0,
                     at_least: 0,
                     unlisted: 0,
+                    unread: 0,
                 };
                 for &(publisher, at, amount) in &published[read[router]..] {
                     if publisher != router {
@@ -446,6 +452,7 @@ fn three_routers_under_sustained_load_admit_the_rate_between_them() {
                     late: 0,
                     at_least: 0,
                     unlisted: 0,
+                    unread: 0,
                 };
                 if buckets[router]
                     .try_take_shared(Millis(now), 1, share)

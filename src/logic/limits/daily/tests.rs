@@ -32,6 +32,7 @@ fn shared(round: u32, live: u32, silent: u32, late: u32) -> Share {
         late,
         at_least: 0,
         unlisted: 0,
+        unread: 0,
     }
 }
 
@@ -50,6 +51,7 @@ fn cut_off_a_router_spends_its_part_of_what_was_left_output_included() {
         late: 0,
         at_least: 0,
         unlisted: 0,
+        unread: 0,
     };
     let before = budget.admit(MONDAY, 102, None, seen).unwrap();
     budget.settle(MONDAY, before, 102, 0, false);
@@ -57,6 +59,7 @@ fn cut_off_a_router_spends_its_part_of_what_was_left_output_included() {
         since: 40,
         routers: 3,
         late: 0,
+        unread: 0,
     };
     let mut spent = 0;
     while let Ok(admission) = budget.admit(MONDAY, 14, None, alone) {
@@ -75,6 +78,7 @@ fn cut_off_a_router_spends_its_part_of_what_was_left_output_included() {
         late: 0,
         at_least: 0,
         unlisted: 0,
+        unread: 0,
     };
     assert!(budget.admit(MONDAY, 14, None, shared).is_ok());
 }
@@ -95,6 +99,7 @@ fn routers_silent_after_an_outage_keep_what_they_could_spend_in_it() {
         since: 50,
         routers: 3,
         late: 0,
+        unread: 0,
     };
     let mut spent = 0;
     while budget.admit(MONDAY, 100, None, alone).is_ok() {
@@ -108,6 +113,7 @@ fn routers_silent_after_an_outage_keep_what_they_could_spend_in_it() {
         late: 0,
         at_least: 0,
         unlisted: 0,
+        unread: 0,
     };
     // 6,000 left as it knows; the silent two may have spent all of it.
     assert!(budget.admit(MONDAY, 100, None, back).is_err());
@@ -136,6 +142,7 @@ fn a_router_that_shows_silent_late_keeps_its_part_of_what_was_left_at_its_last_r
         late: 0,
         at_least: 0,
         unlisted: 0,
+        unread: 0,
     };
     let mut spent = 0;
     while budget.admit(MONDAY, 100, None, silent).is_ok() {
@@ -156,6 +163,7 @@ fn a_router_that_shows_silent_late_keeps_its_part_of_what_was_left_at_its_last_r
         late: 0,
         at_least: 0,
         unlisted: 0,
+        unread: 0,
     };
     let mut spent = 0;
     while budget.admit(MONDAY, 100, None, silent).is_ok() {
@@ -233,6 +241,7 @@ fn silent_routers_keep_their_part_of_what_was_left_when_they_went_silent() {
         since: 11,
         routers: 3,
         late: 0,
+        unread: 0,
     };
     let mut alone_spent = 0;
     while budget.admit(MONDAY, 100, None, alone).is_ok() {
@@ -570,6 +579,7 @@ fn alone_before_a_new_run_could_tell_a_silent_router_it_leaves_the_others_their_
         since,
         routers: 3,
         late: 0,
+        unread: 0,
     };
     let spent_alone = |rounds: u32| {
         let mut budget = DailyBudget::new(MONDAY, 90_000);
@@ -652,6 +662,7 @@ fn in_an_outage_the_late_routers_are_those_of_the_last_round() {
             since: 30,
             routers: 3,
             late: late_at_outage,
+            unread: 0,
         };
         let mut spent = 0;
         while budget.admit(MONDAY, 100, None, alone).is_ok() {
@@ -712,6 +723,7 @@ fn a_router_the_store_does_not_list_keeps_its_part_of_the_whole_budget() {
                 late: 0,
                 at_least: 3,
                 unlisted,
+                unread: 0,
             };
             while budget.admit(MONDAY, 100, None, share).is_ok() {
                 spent += 100;

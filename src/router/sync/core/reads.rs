@@ -127,7 +127,15 @@ impl Round {
     pub(super) async fn read_totals(&mut self, now_ms: u64) -> redis::RedisResult<()> {
         let (day, ahead) = round::days_to_read(now_ms);
         let days: Vec<u32> = std::iter::once(day).chain(ahead).map(|day| day.0).collect();
-        let (mut read, last) = self.store.read_daily(&days).await?;
+        let daily = self.store.read_daily(&days).await?;
+        self.whole_reads.read(
+            daily.epoch.as_deref(),
+            daily
+                .heartbeats
+                .iter()
+                .map(|(id, text)| (id.as_str(), text.as_str())),
+        );
+        let (mut read, last) = (daily.days, daily.last);
         let ahead_read = ahead.map(|next| (next, read.pop().expect("the next day's totals")));
         let (mut fields, memory) = read.pop().expect("today's totals");
         let replay_from = match self.cursor {

@@ -135,5 +135,7 @@ impl Round {
             self.sightings.store_lost_data();
         }
         self.epoch = Some(epoch.to_owned());
+        self.whole_claim.learned(epoch);
+        self.whole_reads.in_epoch(epoch);
     }
 }

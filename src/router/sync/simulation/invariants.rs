@@ -223,6 +223,7 @@ impl Sim {
                     late: 0,
                     at_least: MIN_ROUTERS,
                     unlisted: 0,
+                    unread: 0,
                 })
             {
                 return Err(format!(

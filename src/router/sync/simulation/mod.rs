@@ -70,6 +70,7 @@ use super::journal::{AfterPublished, Journal, Journaling};
 use super::levels;
 use super::round::{self, Backlog, Batch, DailyLedger, DailyWrite};
 use super::site::{self, Health, Heartbeat};
+use super::whole;
 
 const ROUTERS: usize = 3;
 const SHARDS: usize = 2;
@@ -276,6 +277,10 @@ struct Router {
     /// A previous run's journal not published yet, and the own totals it raised when today's
     /// totals were read (`sync::journal`).
     journaling: Journaling,
+    /// `sync::core`'s claim of the epoch its totals are whole in, and whose totals it read
+    /// whole (`sync::whole`).
+    claim: whole::Claim,
+    reads: whole::Reads,
 }
 
 impl Router {
@@ -322,6 +327,8 @@ impl Router {
                 path: Some("sync-journal".into()),
                 ..Journaling::default()
             },
+            claim: whole::Claim::default(),
+            reads: whole::Reads::default(),
         }
     }
 

@@ -34,6 +34,8 @@ impl Sim {
             totals.extend(shard.take_changed_daily_totals());
             shard.anchor_views(Millis(now), &mut views);
         }
+        // Every shard answers here.
+        router.claim.gathered(true);
         // `sync::core`: after a loss, what this router remembers of the others' daily usage.
         let memory = if router.remember_rounds > 0 {
             others_counted(router)
@@ -197,6 +199,7 @@ impl Sim {
             agents_unknown: false,
             // `sync::core`: said once the round has gone through, below.
             left: false,
+            whole_in: router.claim.of_round(),
         };
         let reply = if router.lose_reply {
             router.lose_reply = false;
@@ -377,6 +380,7 @@ impl Sim {
         router.backlog.clear();
         router.ledger.wrote(&totals);
         router.ledger.wrote(&router.journaling.raised);
+        router.claim.went_through(heartbeat.whole_in.clone());
         // `sync::core::journaling`'s `journal_published`: the file becomes a checkpoint of
         // this router's totals (written at once: the simulation's disk never fails).
         let known = router.ledger.known_totals();
@@ -408,6 +412,8 @@ impl Sim {
             router.sightings.store_lost_data();
         }
         router.epoch = Some(epoch);
+        router.claim.learned(&epoch.to_string());
+        router.reads.in_epoch(&epoch.to_string());
         let cursor = router.cursor.unwrap_or(0);
         let entries: Vec<(u64, Arc<[u8]>)> = store
             .primary
@@ -436,7 +442,13 @@ impl Sim {
                 wall,
             )
             .records;
-        let peers = site::peers(&router.id, &heartbeat, &records, &HashMap::new());
+        let mut peers = site::peers(&router.id, &heartbeat, &records, &HashMap::new());
+        // `sync::core`: the unread routers, and a read of the totals once one claims the epoch.
+        let unread = router.reads.unread(&router.id, &records);
+        peers.unread = unread.routers;
+        if unread.claimed {
+            router.resync_rounds = router.resync_rounds.max(1);
+        }
         // `sync::core`: the entries and anchors apply under the share this round's records show.
         let share = router.health.share_after(&peers);
         for shard in &mut router.shards {
@@ -622,6 +634,22 @@ fn read_totals(
     }
     router.replayed = replayed;
     router.cursor = Some(last);
+    // `sync::store`'s `read_daily`: the heartbeats and the epoch in the same transaction.
+    let epoch = data.epoch.to_string();
+    let heartbeats: Vec<(String, String)> = data
+        .heartbeats
+        .iter()
+        .map(|(id, beat)| {
+            let text = serde_json::to_string(beat).expect("a heartbeat serializes");
+            (id.clone(), text)
+        })
+        .collect();
+    router.reads.read(
+        Some(&epoch),
+        heartbeats
+            .iter()
+            .map(|(id, text)| (id.as_str(), text.as_str())),
+    );
     router.own_restored = true;
     router.resync = false;
 }

@@ -16,6 +16,7 @@ fn heartbeat(peer: &str, age_ms: u64) -> Heartbeat {
         agents_version: None,
         agents_unknown: false,
         left: false,
+        whole_in: None,
     }
 }
 
@@ -459,6 +460,7 @@ fn before_the_store_answers_each_router_takes_its_share_of_min_routers() {
             since: 0,
             routers: 3,
             late: 0,
+            unread: 0,
         }
     );
 }
@@ -480,6 +482,7 @@ fn three_failed_rounds_fall_back_to_the_routers_last_seen() {
             late: 0,
             at_least: 1,
             unlisted: 0,
+            unread: 0,
         }
     );
     assert_eq!(health.failed(), AfterFailure::Retry);
@@ -494,6 +497,7 @@ fn three_failed_rounds_fall_back_to_the_routers_last_seen() {
             late: 0,
             at_least: 1,
             unlisted: 0,
+            unread: 0,
         },
         "no new round without news"
     );
@@ -505,6 +509,7 @@ fn three_failed_rounds_fall_back_to_the_routers_last_seen() {
             since: 1,
             routers: 4,
             late: 0,
+            unread: 0,
         }
     );
 }
@@ -522,6 +527,7 @@ fn min_routers_floors_the_routers_last_seen() {
             since: 1,
             routers: 5,
             late: 0,
+            unread: 0,
         }
     );
 }
@@ -556,6 +562,7 @@ fn the_store_back_returns_to_shared_limits_in_a_new_round() {
             late: 0,
             at_least: 2,
             unlisted: 0,
+            unread: 0,
         }
     );
 }
@@ -656,6 +663,7 @@ fn a_rounds_share_is_known_before_it_is_recorded() {
             late: 1,
             at_least: 3,
             unlisted: 0,
+            unread: 0,
         }
     );
 }

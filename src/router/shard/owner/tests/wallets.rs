@@ -15,6 +15,7 @@ fn sharing_owner(routers: u32) -> Owner {
         late: 0,
         at_least: 0,
         unlisted: 0,
+        unread: 0,
     });
     owner
 }
