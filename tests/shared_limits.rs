@@ -622,6 +622,71 @@ fn a_restarted_router_counts_nothing_twice() {
     }
 }
 
+/// Issue 33 (the site's simulation, seed 102,286 of its long mode): after the store lost its
+/// data, each router writes its totals whole again and says so in its heartbeat
+/// (`sync::whole`), and each reads the others' again once they do. Until then it counts them
+/// unread (`hivenet_sync_unread_routers`) and would spend nothing of a daily budget in an
+/// outage; once every one is read, each router counts the whole site's usage of the day,
+/// published before the loss, and admits again.
+#[test]
+fn after_the_store_lost_its_data_each_router_reads_the_others_totals_whole_again() {
+    common::clear_of_midnight(DAILY_TEST_SPAN);
+    const BUDGET: u64 = 100_000;
+    const KEY: &str = "sk-daily-loss";
+    let mut valkey = Valkey::primary();
+    let auth = auth_file("daily-loss", &[key(KEY, &daily(BUDGET))]);
+    let routers = Plan::new("daily-loss", auth, &valkey.addr()).start_all(ROUTERS);
+    wait_site_up(&routers);
+    wait_all(&routers, "hivenet_sync_unread_routers", |v| v == 0.0);
+    // Every request has the same prompt and answer, so the same cost.
+    let first = remaining_tokens(&post_ok(&routers[0], KEY));
+    let mut last = remaining_tokens(&post_ok(&routers[0], KEY));
+    let cost = first - last;
+    for index in 1..ROUTERS {
+        wait_propagated(&routers[index - 1], &[&routers[index]]);
+        last = remaining_tokens(&post_ok(&routers[index], KEY));
+    }
+    wait_propagated(&routers[ROUTERS - 1], &[&routers[0], &routers[1]]);
+
+    valkey.kill();
+    valkey.restart();
+    for router in &routers {
+        let noticed = poll(Duration::from_secs(30), || {
+            router
+                .logs()
+                .contains("the sync store lost its data")
+                .then_some(())
+        });
+        assert!(noticed.is_some(), "{}", router.logs());
+    }
+    // Past the round that noticed: the gauge says what the rounds since the loss read.
+    for router in &routers {
+        wait_rounds(router, 2);
+    }
+    wait_all(&routers, "hivenet_sync_unread_routers", |v| v == 0.0);
+    // Every record says its router's totals are whole in the new epoch, and they are.
+    let epoch = valkey.command(&["GET", "hivenet:{default}:epoch"]);
+    let records = valkey.hash("hivenet:{default}:routers");
+    assert_eq!(records.len(), ROUTERS, "{records:?}");
+    for (id, text) in &records {
+        let record: serde_json::Value = serde_json::from_str(text).expect("a record");
+        assert_eq!(record["whole_in"], epoch.as_str(), "{id}: {text}");
+    }
+    // Two requests on router 0, one on each other.
+    assert_eq!(valkey.daily_tokens("default"), (ROUTERS as u64 + 1) * cost);
+    // Each router counts what every router spent before the loss, its own and the others'.
+    for (index, router) in routers.iter().enumerate() {
+        let now = remaining_tokens(&post_ok(router, KEY));
+        assert_eq!(
+            now,
+            last - cost,
+            "router {index} after the loss (before: {last}, cost {cost})"
+        );
+        last = now;
+        wait_propagated(router, &[&routers[(index + 1) % ROUTERS]]);
+    }
+}
+
 /// Issue 33: a router that crashes while the store does not answer leaves the usage it held
 /// back in its `--sync-journal`; its next run publishes it, counted once by the others and in
 /// the store's totals. Without the journal it was lost: 45 of 400 seeds of the site's

@@ -11,6 +11,8 @@
 //!   unreachable, the daily totals' fields (pure).
 //! - [`site`]: live and silent routers, the store's health, and the share of each limit they leave
 //!   this router (pure).
+//! - [`whole`]: whether another router's daily totals, as read, hold all its usage of the day:
+//!   the epoch each heartbeat says its totals are whole in, and the routers read whole (pure).
 //! - [`store`]: the Valkey connection (direct or through Sentinel, password, TLS), the commands
 //!   of a round, and the check that the store's ACL allows every one of them.
 //! - [`claim`]: one process per router ID: the claim each process holds in the store, and what
@@ -87,6 +89,10 @@ pub struct SyncMetrics {
     /// Routers `--sync-min-routers` counts past those the store lists (`Share::Shared`'s
     /// `unlisted`): daily budgets leave each its part of the whole budget.
     pub unlisted_routers: AtomicI64,
+    /// Live routers whose daily totals this router has not read whole since the store lost its
+    /// data (`Share::Shared`'s `unread`, `sync::whole`); in an outage, those of the last round
+    /// the store answered, whose daily budgets are held.
+    pub unread_routers: AtomicI64,
     /// Bytes of usage entries published (for the benchmark's bytes per round).
     pub published_bytes_total: AtomicU64,
     /// `--sync-journal` writes after a failed round, and writes or removals that failed.
@@ -152,14 +158,21 @@ impl SyncMetrics {
             }
             _ => (0, 0),
         };
-        let (late, unlisted) = match share {
-            Share::Shared { late, unlisted, .. } => (i64::from(late), unlisted),
+        let (late, unlisted, unread) = match share {
+            Share::Shared {
+                late,
+                unlisted,
+                unread,
+                ..
+            } => (i64::from(late), unlisted, unread),
             // Daily budgets keep the late routers' part of the last round the store answered
             // through the outage that follows (`limits::daily`): so does the gauge.
-            Share::Alone { .. } => (self.late_routers.load(Ordering::Relaxed), 0),
-            Share::Whole => (0, 0),
+            Share::Alone { unread, .. } => (self.late_routers.load(Ordering::Relaxed), 0, unread),
+            Share::Whole => (0, 0, 0),
         };
         self.late_routers.store(late, Ordering::Relaxed);
+        self.unread_routers
+            .store(i64::from(unread), Ordering::Relaxed);
         self.unlisted_routers
             .store(i64::from(unlisted), Ordering::Relaxed);
         self.silent_routers
@@ -170,7 +183,7 @@ impl SyncMetrics {
 
 impl Collect for SyncMetrics {
     fn collect(&self, out: &mut Vec<Family>) {
-        let gauges: [(&str, &str, f64); 10] = [
+        let gauges: [(&str, &str, f64); 11] = [
             (
                 "hivenet_sync_up",
                 "1 while the sync store answers; 0 while each router enforces its share alone.",
@@ -200,6 +213,11 @@ impl Collect for SyncMetrics {
                 "hivenet_sync_unlisted_routers",
                 "Routers --sync-min-routers counts that the sync store lists in no state; daily budgets leave each its part of the whole budget.",
                 self.unlisted_routers.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "hivenet_sync_unread_routers",
+                "Live routers whose daily totals this router has not read whole since the sync store lost its data; daily budgets leave each its part of the whole budget, and spend nothing in an outage that follows.",
+                self.unread_routers.load(Ordering::Relaxed) as f64,
             ),
             (
                 "hivenet_sync_unknown_routers",

@@ -205,12 +205,19 @@ fn the_seeds_that_found_a_defect_hold() {
     // its reply lost, router-2 applied its batch, and a failover lost it; router-2's memory,
     // reckoned against router-0's field, made router-0 count its own 2,253 tokens among the
     // others', until the memory is reckoned against what the round sent
-    // (`round::DailyLedger::sent_at`).
+    // (`round::DailyLedger::sent_at`). Seed 102,286: router-0, back from a cut, read the totals
+    // at 627.65 s, router-1 wrote its own whole after a data loss at 627.70 s, the store went
+    // down at 628.1 s, and router-0 alone spent 3,588 tokens where 324 were left; seed 18,333:
+    // a new run read the totals just after the store restarted empty and spent 4,445 tokens
+    // where nothing was left (and 24,824, 37,368, 56,960, 65,694, 79,717, 102,615 of the same
+    // kind), until a router's totals count as read only from a read that saw its heartbeat
+    // claim them whole in the store's epoch (`sync::whole`).
     for seed in [
         37, 350, 25, 89, 290, 118, 236, 72, 354, 284, 255, 390, 229, 184, 314, 979, 146, 308, 374,
         760, 277, 1_069, 677, 1_145, 31, 1_046, 2_857, 1_641, 1_017, 526, 916, 710, 1_629, 400,
         4_419, 4_906, 4_107, 1_329, 5_948, 3_043, 965, 3_907, 8_940, 3_590, 8_597, 5_793, 4_818,
-        3_538, 6_671, 22_298, 25_383, 57_964, 17_908, 36_879,
+        3_538, 6_671, 22_298, 25_383, 57_964, 17_908, 36_879, 102_286, 18_333, 24_824, 37_368,
+        56_960, 65_694, 79_717, 102_615,
     ] {
         run(seed, true, false).unwrap_or_else(|failure| panic!("{failure}"));
     }
