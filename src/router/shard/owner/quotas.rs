@@ -235,6 +235,9 @@ struct Persistence {
     restored: HashMap<TenantId, Vec<(Option<ModelKey>, u64, bool)>>,
     /// Changed totals of holders [`Quotas::cleanup`] dropped before they were reported.
     unreported: Vec<DailyTotal>,
+    /// This router's own totals of the day after `day`, read near midnight by a run whose clock
+    /// is still on `day`, not yet applied to a holder: (model, tokens), by tenant.
+    ahead: HashMap<TenantId, Vec<(Option<ModelKey>, u64)>>,
 }
 
 impl Persistence {
@@ -251,25 +254,40 @@ impl Persistence {
         if day > self.day && !self.restored.is_empty() {
             self.restored = HashMap::new();
         }
-        if day != self.day {
-            return;
+        let next_day = Day(self.day.0 + 1);
+        if day > next_day && !self.ahead.is_empty() {
+            self.ahead = HashMap::new();
         }
-        let Some(waiting) = self.restored.get_mut(&tenant) else {
-            return;
-        };
-        waiting.retain(|(model, tokens, others)| {
-            let Some(model) = served_model(snapshot, model.as_ref()) else {
-                return true;
-            };
-            let applied = if *others {
-                limits.set_others_daily(model, day, *tokens)
-            } else {
-                limits.restore_daily(model, day, *tokens)
-            };
-            !applied
-        });
-        if waiting.is_empty() {
-            self.restored.remove(&tenant);
+        if day == self.day
+            && let Some(waiting) = self.restored.get_mut(&tenant)
+        {
+            waiting.retain(|(model, tokens, others)| {
+                let Some(model) = served_model(snapshot, model.as_ref()) else {
+                    return true;
+                };
+                let applied = if *others {
+                    limits.set_others_daily(model, day, *tokens)
+                } else {
+                    limits.restore_daily(model, day, *tokens)
+                };
+                !applied
+            });
+            if waiting.is_empty() {
+                self.restored.remove(&tenant);
+            }
+        }
+        // The next day's own totals start that day on the budget, as the others' usage of it
+        // does, whether the holder's day is still the restored one or already the next.
+        if let Some(waiting) = self.ahead.get_mut(&tenant) {
+            waiting.retain(|(model, tokens)| {
+                let Some(model) = served_model(snapshot, model.as_ref()) else {
+                    return true;
+                };
+                !limits.restore_daily(model, next_day, *tokens)
+            });
+            if waiting.is_empty() {
+                self.ahead.remove(&tenant);
+            }
         }
     }
 }
@@ -348,6 +366,7 @@ impl Quotas {
                 day,
                 restored: HashMap::new(),
                 unreported: Vec::new(),
+                ahead: HashMap::new(),
             });
         }
     }
@@ -365,9 +384,15 @@ impl Quotas {
         let mut restored: HashMap<TenantId, Vec<(Option<ModelKey>, u64, bool)>> = HashMap::new();
         let next_day = Day(restore.day.0 + 1);
         let mut ahead = Vec::new();
+        let mut own_ahead: HashMap<TenantId, Vec<(Option<ModelKey>, u64)>> = HashMap::new();
         for record in restore.records {
             if record.day == next_day && record.others && record.tokens > 0 {
                 ahead.push(record);
+            } else if record.day == next_day && record.tokens > 0 {
+                own_ahead
+                    .entry(record.tenant)
+                    .or_default()
+                    .push((record.model, record.tokens));
             } else if record.day == restore.day && (record.tokens > 0 || record.others) {
                 restored.entry(record.tenant).or_default().push((
                     record.model,
@@ -382,18 +407,41 @@ impl Quotas {
         // journal's usage, through the binaries: `tests/shared_limits.rs`).
         let unreported = match previous {
             Some(previous) => {
-                if previous.day == restore.day {
-                    for (tenant, waiting) in previous.restored {
-                        let entries = restored.entry(tenant).or_default();
-                        for (model, tokens, others) in waiting {
-                            let known = entries
-                                .iter()
-                                .any(|(known, _, of_others)| !of_others && *known == model);
-                            if !others && !known {
-                                entries.push((model, tokens, false));
-                            }
+                let same_day = previous.day == restore.day;
+                let (ahead_now_today, ahead_still) = if same_day {
+                    (HashMap::new(), previous.ahead)
+                } else if Day(previous.day.0 + 1) == restore.day {
+                    (previous.ahead, HashMap::new())
+                } else {
+                    (HashMap::new(), HashMap::new())
+                };
+                // Own totals still waiting for their holder stay; those of the next day read
+                // before midnight are today's own now.
+                let waiting_own = previous
+                    .restored
+                    .into_iter()
+                    .filter(|_| same_day)
+                    .map(|(tenant, waiting)| {
+                        let own = waiting
+                            .into_iter()
+                            .filter(|(_, _, others)| !others)
+                            .map(|(model, tokens, _)| (model, tokens));
+                        (tenant, own.collect::<Vec<_>>())
+                    })
+                    .chain(ahead_now_today);
+                for (tenant, waiting) in waiting_own {
+                    let entries = restored.entry(tenant).or_default();
+                    for (model, tokens) in waiting {
+                        let known = entries
+                            .iter()
+                            .any(|(known, _, of_others)| !of_others && *known == model);
+                        if !known {
+                            entries.push((model, tokens, false));
                         }
                     }
+                }
+                for (tenant, waiting) in ahead_still {
+                    own_ahead.entry(tenant).or_insert(waiting);
                 }
                 previous.unreported
             }
@@ -403,6 +451,7 @@ impl Quotas {
             day: restore.day,
             restored,
             unreported,
+            ahead: own_ahead,
         });
         // The totals include every daily usage of their day waiting for a holder (the entries up
         // to the read were applied before it; later ones come after this message).

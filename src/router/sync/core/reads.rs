@@ -117,6 +117,18 @@ impl Round {
         lag_ms
     }
 
+    /// The shards start from this router's own totals of `day` in `fields`: only what they add
+    /// is written.
+    fn restore_own(&mut self, day: Day, fields: &[(String, u64)]) {
+        for (field, tokens) in fields {
+            if daily_fields::parse_daily_field(field)
+                .is_some_and(|(router, _, _)| router == self.settings.router_id)
+            {
+                self.ledger.restored(day.0, field, *tokens);
+            }
+        }
+    }
+
     /// Reads today's totals and the stream's newest entry together and hands the totals to the
     /// shards. At start the entries of the last minute up to that one are applied to the rate
     /// buckets only (they are in the totals). Later (after an outage or a data loss) the entries
@@ -156,14 +168,7 @@ impl Round {
             self.apply_entries(&replay, now_ms, false, Vec::new()).await;
         }
         if !self.own_restored {
-            // The shards start from this router's own totals: only what they add is written.
-            for (field, tokens) in &fields {
-                if daily_fields::parse_daily_field(field)
-                    .is_some_and(|(router, _, _)| router == self.settings.router_id)
-                {
-                    self.ledger.restored(day.0, field, *tokens);
-                }
-            }
+            self.restore_own(day, &fields);
             // A previous run's journal holds more of this router's own totals than the store
             // when that run ended while the store did not answer: the shards start from it,
             // and the round writes it whole.
@@ -191,14 +196,21 @@ impl Round {
         let mut records = read.records;
         // Near midnight, what the others counted of the next day: it starts that day on the
         // shards' budgets, as their usage of it does (`Quotas::restore`).
+        // This router's own totals of the next day too, at start: a previous run whose clock
+        // was ahead charged them, and this run's budgets start that day from them, as they do
+        // today's (`Quotas::restore`); else a whole write of its field lost them
+        // (`sync::simulation`, long-mode seed 39,903: 147 tokens).
         if let Some((next, (mut next_fields, next_memory))) = ahead_read {
+            if !self.own_restored {
+                self.restore_own(next, &next_fields);
+            }
             self.ledger.raise_to_known(next.0, &mut next_fields);
             let next = daily_fields::daily_records(
                 &self.settings.router_id,
                 next,
                 daily_fields::field_rows(&next_fields),
                 daily_fields::field_rows(&next_memory),
-                false,
+                !self.own_restored,
                 |field, mark| self.ledger.sent_at(next.0, field, mark),
             );
             next.bound(&mut self.counts);

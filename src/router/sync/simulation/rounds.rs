@@ -604,13 +604,23 @@ fn read_totals(
                 .collect()
         };
         let mut next_fields = of_next(&data.daily);
+        // `sync::core::reads`: this router's own next-day totals too, at start.
+        if !router.own_restored {
+            for (field, tokens) in &next_fields {
+                if daily_fields::parse_daily_field(field)
+                    .is_some_and(|(owner, _, _)| owner == router.id)
+                {
+                    router.ledger.restored(next.0, field, *tokens);
+                }
+            }
+        }
         router.ledger.raise_to_known(next.0, &mut next_fields);
         let next = daily_fields::daily_records(
             &router.id,
             next,
             daily_fields::field_rows(&next_fields),
             daily_fields::field_rows(&of_next(&data.memory)),
-            false,
+            !router.own_restored,
             |field, mark| router.ledger.sent_at(next.0, field, mark),
         );
         next.bound(&mut router.counts);

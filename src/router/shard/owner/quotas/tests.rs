@@ -232,7 +232,8 @@ fn an_own_total_waiting_for_its_holder_survives_a_second_read() {
 
 /// Read near midnight, the others' totals of the next day start it on the budgets built, as
 /// their usage of it does: a router whose clock is behind counts what the others wrote of the
-/// new day (`sync::simulation`, seed 4,818). Other days, and this router's own, are ignored.
+/// new day (`sync::simulation`, seed 4,818). So does this router's own (a previous run's, its
+/// clock ahead: read at start, long-mode seed 39,903). Other days are ignored.
 #[test]
 fn the_others_totals_of_the_next_day_start_it_on_the_budgets_built() {
     let registry = registry();
@@ -271,9 +272,10 @@ fn the_others_totals_of_the_next_day_start_it_on_the_budgets_built() {
             ],
         },
     );
-    // The clock still says Monday; the budget counts Tuesday from the others' 300.
+    // The clock still says Monday; the budget counts Tuesday from the others' 300 and its
+    // own 50.
     let admitted = admit(&mut quotas, MONDAY, &registry, &snapshot, "sk-flat", 0, 100).unwrap();
-    assert_eq!(admitted.remaining_tokens, Some(600));
+    assert_eq!(admitted.remaining_tokens, Some(550));
     let admitted = admit(
         &mut quotas,
         TUESDAY,
@@ -284,7 +286,61 @@ fn the_others_totals_of_the_next_day_start_it_on_the_budgets_built() {
         100,
     )
     .unwrap();
-    assert_eq!(admitted.remaining_tokens, Some(500));
+    assert_eq!(admitted.remaining_tokens, Some(450));
+}
+
+/// A run that starts before midnight by its clock reads its own total of the next day, which
+/// its previous run (its clock ahead) charged, and starts that day from it once it gets there,
+/// holder built or not. Dropped, a later whole write of its field lost it: the store 147 tokens
+/// short for the rest of the day (`sync::simulation`, long-mode seed 39,903).
+#[test]
+fn this_routers_own_total_of_the_next_day_starts_it_once_the_day_comes() {
+    let registry = registry();
+    let acme = key(&registry, "sk-flat").tenant_id;
+    let snapshot = snapshot(1, &["chat"]);
+    let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
+    quotas.restore(
+        &RoutingSnapshot::default(),
+        DailyRestore {
+            day: MONDAY,
+            records: vec![DailyRecord {
+                tenant: acme,
+                model: None,
+                day: TUESDAY,
+                tokens: 147,
+                others: false,
+            }],
+        },
+    );
+    // A second read (no own totals) keeps it waiting.
+    quotas.restore(
+        &RoutingSnapshot::default(),
+        DailyRestore {
+            day: MONDAY,
+            records: Vec::new(),
+        },
+    );
+    let admitted = admit(
+        &mut quotas,
+        TUESDAY,
+        &registry,
+        &snapshot,
+        "sk-flat",
+        0,
+        100,
+    )
+    .unwrap();
+    assert_eq!(admitted.remaining_tokens, Some(753), "147 and 100 of 1,000");
+    assert_eq!(
+        quotas.take_changed_daily_totals(),
+        vec![DailyTotal {
+            tenant: acme,
+            model: None,
+            day: TUESDAY,
+            tokens: 247
+        }],
+        "its total holds its previous run's 147"
+    );
 }
 
 #[test]
