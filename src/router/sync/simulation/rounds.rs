@@ -423,16 +423,7 @@ impl Sim {
             .cloned()
             .collect();
         let newest = entries.last().map_or(cursor, |(id, _)| cursor.max(*id));
-        // The records as the store keeps them: text.
-        let heartbeats: Vec<(String, String)> = store
-            .primary
-            .heartbeats
-            .iter()
-            .map(|(id, beat)| {
-                let text = serde_json::to_string(beat).expect("a heartbeat serializes");
-                (id.clone(), text)
-            })
-            .collect();
+        let heartbeats = records_as_stored(&store.primary);
         let records = router
             .sightings
             .read(
@@ -646,14 +637,7 @@ fn read_totals(
     router.cursor = Some(last);
     // `sync::store`'s `read_daily`: the heartbeats and the epoch in the same transaction.
     let epoch = data.epoch.to_string();
-    let heartbeats: Vec<(String, String)> = data
-        .heartbeats
-        .iter()
-        .map(|(id, beat)| {
-            let text = serde_json::to_string(beat).expect("a heartbeat serializes");
-            (id.clone(), text)
-        })
-        .collect();
+    let heartbeats = records_as_stored(data);
     router.reads.read(
         Some(&epoch),
         heartbeats
@@ -662,6 +646,17 @@ fn read_totals(
     );
     router.own_restored = true;
     router.resync = false;
+}
+
+/// The routers' records as the store keeps them: (router ID, text).
+fn records_as_stored(data: &Data) -> Vec<(String, String)> {
+    data.heartbeats
+        .iter()
+        .map(|(id, beat)| {
+            let text = serde_json::to_string(beat).expect("a heartbeat serializes");
+            (id.clone(), text)
+        })
+        .collect()
 }
 
 /// Hands other runs' entries to the owner shards (`sync::core`'s `apply_entries` and
