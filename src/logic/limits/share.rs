@@ -34,7 +34,8 @@ pub enum Share {
     /// untouched (`limits::daily`). `late`, of the `live` routers, are those whose record did
     /// not change since this router's previous read: cut off just after their last record, they
     /// spend alone unseen, and show silent only three intervals later. Daily budgets leave them
-    /// their part as they do silent routers' ([`Share::for_daily`]); rate limits count them live.
+    /// their part as they do silent routers' ([`Share::for_daily`]); rate limits split as in an
+    /// outage while they are away (`away_since`).
     ///
     /// `at_least`: the routers the site counts at least (`--sync-min-routers`). A router that
     /// started and has not reached the store yet is not live, yet spends its part of a daily
@@ -50,6 +51,11 @@ pub enum Share {
     /// since the store lost its data (`sync::whole`): what it counts of their usage may be short
     /// by what they published while it was cut off. Daily budgets leave each its part of the
     /// whole budget.
+    ///
+    /// `away_since`: while any router is away (late, silent or unlisted), the round the first
+    /// of them went away, or the round this router's own outage began when it comes back to
+    /// find routers away; `None` while none is. Each rate limit is then split as in an outage
+    /// ([`Share::rate_split`]).
     Shared {
         round: u32,
         live: u32,
@@ -58,6 +64,7 @@ pub enum Share {
         at_least: u32,
         unlisted: u32,
         unread: u32,
+        away_since: Option<u32>,
     },
     /// The store has been unreachable for three sync intervals, or has not answered yet: this
     /// router alone enforces `limit / routers` of each rate limit, and of each daily budget at
@@ -102,8 +109,34 @@ impl Share {
     /// Alone, the bucket itself keeps counting this router's usage only, and the split refills at
     /// `rate / routers`: when the store is back, the others' held-back usage is subtracted and
     /// the bucket holds the site's real usage again, nothing counted twice.
+    ///
+    /// While routers are away (`Shared`'s `away_since`), every router splits each rate limit
+    /// as in an outage, from the round they went away: its part of what was left then, refilling
+    /// at `rate / routers`, every router counted. An away router spends that part unseen (a
+    /// late or silent one alone since its last round, an unlisted one from nothing at its part of
+    /// the rate); the live ones' views do not count it, so a split of what they see left, round
+    /// after round, gave them nearly the whole of it besides, and the scale of a silent router
+    /// ([`Share::rate_scale`]) only caps their level at their part of the capacity. Router-2
+    /// cut off with 800 requests of 1,200 left: 1,288 admitted where 1,170 were allowed
+    /// (`sync::tests::a_router_cut_off_with_half_the_burst_left_keeps_the_site_within_the_rate`).
+    /// And a router back from its outage to find the others away goes on with its outage's
+    /// part: its view counts none of what they spent meanwhile.
     pub fn rate_split(self) -> Option<Split> {
         match self {
+            Share::Shared {
+                live,
+                silent,
+                unlisted,
+                away_since: Some(since),
+                ..
+            } => {
+                let routers = u64::from(live) + u64::from(silent) + u64::from(unlisted);
+                (routers > 1).then_some(Split {
+                    round: since,
+                    divisor: routers,
+                    refills: true,
+                })
+            }
             Share::Shared { round, live, .. } if live > 1 => Some(Split {
                 round,
                 divisor: u64::from(live),
@@ -140,6 +173,7 @@ impl Share {
                 late,
                 at_least,
                 unread,
+                away_since,
                 ..
             } => {
                 let away = silent + late;
@@ -154,6 +188,7 @@ impl Share {
                     at_least,
                     unlisted: 0,
                     unread,
+                    away_since,
                 }
             }
             share => share,
@@ -351,6 +386,7 @@ mod tests {
             at_least: 0,
             unlisted: 0,
             unread: 0,
+            away_since: None,
         };
         assert_eq!(share.rate_scale(), (2, 3));
         let split = Split {
@@ -372,6 +408,7 @@ mod tests {
             at_least: 0,
             unlisted: 0,
             unread: 0,
+            away_since: None,
         };
         assert_eq!(share.rate_scale(), (1, 1));
         assert_eq!(share.rate_split().map(|split| split.divisor), Some(3));
@@ -386,6 +423,7 @@ mod tests {
                 at_least: 0,
                 unlisted: 0,
                 unread: 0,
+                away_since: None,
             }
         );
         assert_eq!(daily.daily_split().map(|split| split.divisor), Some(2));
@@ -398,6 +436,7 @@ mod tests {
             at_least: 0,
             unlisted: 0,
             unread: 0,
+            away_since: None,
         };
         assert_eq!(alone_live.for_daily(), alone_live);
     }
@@ -414,6 +453,7 @@ mod tests {
             at_least: 3,
             unlisted: 0,
             unread: 0,
+            away_since: None,
         };
         let divisor = |share: Share| share.for_daily().daily_split().map(|split| split.divisor);
         assert_eq!(divisor(share(2, 0, 0)), Some(3));
@@ -439,6 +479,7 @@ mod tests {
             at_least: 0,
             unlisted: 0,
             unread: 0,
+            away_since: None,
         };
         assert_eq!(share.rate_split(), None);
         assert_eq!(share.daily_split(), None);

@@ -40,6 +40,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::logic::credits::AgentSays;
 use crate::logic::limits::Share;
+use crate::logic::limits::share::NOT_REACHED_YET;
 use crate::router::config::sync::{INTERVAL_MAX, INTERVAL_MIN};
 
 /// A router silent this long is given up: the others stop keeping its share.
@@ -506,6 +507,8 @@ pub struct Health {
     last_seen: u32,
     /// The round the current outage began at (for [`Share::Alone`]).
     outage_since: u32,
+    /// `Share::Shared`'s `away_since` of the last successful round.
+    away_since: Option<u32>,
     last: Option<Peers>,
 }
 
@@ -526,6 +529,7 @@ impl Health {
             failures: 0,
             last_seen: 0,
             outage_since: 0,
+            away_since: None,
             last: None,
         }
     }
@@ -541,6 +545,7 @@ impl Health {
     /// them nowhere for the rest of the day).
     pub fn succeeded(&mut self, peers: Peers) -> bool {
         let joined = self.last.as_ref().is_none_or(|last| peers.live > last.live);
+        self.away_since = self.away_since(self.round.wrapping_add(1), &peers);
         self.round = self.round.wrapping_add(1);
         self.failures = 0;
         self.last_seen = 1 + peers.live + peers.silent;
@@ -565,11 +570,44 @@ impl Health {
             silent: peers.silent,
             late: peers.late,
             at_least: self.min_routers,
-            unlisted: self
-                .min_routers
-                .saturating_sub(1 + peers.live + peers.silent + peers.gone),
+            unlisted: self.unlisted(peers),
             unread: peers.unread,
+            away_since: self.away_since(round, peers),
         }
+    }
+
+    fn unlisted(&self, peers: &Peers) -> u32 {
+        self.min_routers
+            .saturating_sub(1 + peers.live + peers.silent + peers.gone)
+    }
+
+    /// `Share::Shared`'s `away_since` for round `round` with `peers` seen: the round routers
+    /// went away, kept while any stays away. A router that comes back from its own outage to
+    /// find routers away goes on with the outage's split: its view counts none of what they
+    /// spent meanwhile, and its part of the outage is what it may still spend. A run that
+    /// never reached the store before starts from the round.
+    fn away_since(&self, round: u32, peers: &Peers) -> Option<u32> {
+        if peers.late + peers.silent + self.unlisted(peers) == 0 {
+            return None;
+        }
+        if round == self.round {
+            // The last successful round's own share (between rounds, or a failed one).
+            return self.away_since;
+        }
+        // The split in use until now goes on: the outage's, or the failed rounds' (the last
+        // successful round's), or the one routers went away at.
+        let going_on = if self.failures >= MISSED_ROUNDS {
+            Some(self.outage_since)
+        } else if self.failures > 0 {
+            Some(self.away_since.unwrap_or(self.outage_since))
+        } else {
+            self.away_since
+        };
+        Some(
+            going_on
+                .filter(|since| *since != NOT_REACHED_YET)
+                .unwrap_or(round),
+        )
     }
 
     pub fn failed(&mut self) -> AfterFailure {

@@ -146,6 +146,7 @@ fn with_a_silent_router_the_sites_level_only_lowers_the_view() {
         at_least: 0,
         unlisted: 0,
         unread: 0,
+        away_since: None,
     };
     let mut bucket = Bucket::new(at(0), 60, 60);
     bucket.try_take(at(0), 60).unwrap();
@@ -164,6 +165,7 @@ fn with_a_silent_router_the_sites_level_only_lowers_the_view() {
         at_least: 0,
         unlisted: 0,
         unread: 0,
+        away_since: None,
     };
     bucket.anchor(at(30), 30 * UNITS_PER_TOKEN, everyone, false);
     assert_eq!(bucket.remaining(at(30)), 30);
@@ -206,6 +208,7 @@ const TWO_SILENT: Share = Share::Shared {
     at_least: 0,
     unlisted: 0,
     unread: 0,
+    away_since: None,
 };
 const THREE_LIVE: Share = Share::Shared {
     round: 2,
@@ -215,6 +218,7 @@ const THREE_LIVE: Share = Share::Shared {
     at_least: 0,
     unlisted: 0,
     unread: 0,
+    away_since: None,
 };
 
 #[test]
@@ -436,6 +440,7 @@ fn three_routers_under_sustained_load_admit_the_rate_between_them() {
                     at_least: 0,
                     unlisted: 0,
                     unread: 0,
+                    away_since: None,
                 };
                 for &(publisher, at, amount) in &published[read[router]..] {
                     if publisher != router {
@@ -453,6 +458,7 @@ fn three_routers_under_sustained_load_admit_the_rate_between_them() {
                     at_least: 0,
                     unlisted: 0,
                     unread: 0,
+                    away_since: None,
                 };
                 if buckets[router]
                     .try_take_shared(Millis(now), 1, share)

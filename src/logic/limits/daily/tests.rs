@@ -33,6 +33,7 @@ fn shared(round: u32, live: u32, silent: u32, late: u32) -> Share {
         at_least: 0,
         unlisted: 0,
         unread: 0,
+        away_since: None,
     }
 }
 
@@ -52,6 +53,7 @@ fn cut_off_a_router_spends_its_part_of_what_was_left_output_included() {
         at_least: 0,
         unlisted: 0,
         unread: 0,
+        away_since: None,
     };
     let before = budget.admit(MONDAY, 102, None, seen).unwrap();
     budget.settle(MONDAY, before, 102, 0, false);
@@ -79,6 +81,7 @@ fn cut_off_a_router_spends_its_part_of_what_was_left_output_included() {
         at_least: 0,
         unlisted: 0,
         unread: 0,
+        away_since: None,
     };
     assert!(budget.admit(MONDAY, 14, None, shared).is_ok());
 }
@@ -114,6 +117,7 @@ fn routers_silent_after_an_outage_keep_what_they_could_spend_in_it() {
         at_least: 0,
         unlisted: 0,
         unread: 0,
+        away_since: None,
     };
     // 6,000 left as it knows; the silent two may have spent all of it.
     assert!(budget.admit(MONDAY, 100, None, back).is_err());
@@ -143,6 +147,7 @@ fn a_router_that_shows_silent_late_keeps_its_part_of_what_was_left_at_its_last_r
         at_least: 0,
         unlisted: 0,
         unread: 0,
+        away_since: None,
     };
     let mut spent = 0;
     while budget.admit(MONDAY, 100, None, silent).is_ok() {
@@ -164,6 +169,7 @@ fn a_router_that_shows_silent_late_keeps_its_part_of_what_was_left_at_its_last_r
         at_least: 0,
         unlisted: 0,
         unread: 0,
+        away_since: None,
     };
     let mut spent = 0;
     while budget.admit(MONDAY, 100, None, silent).is_ok() {
@@ -724,6 +730,7 @@ fn a_router_the_store_does_not_list_keeps_its_part_of_the_whole_budget() {
                 at_least: 3,
                 unlisted,
                 unread: 0,
+                away_since: None,
             };
             while budget.admit(MONDAY, 100, None, share).is_ok() {
                 spent += 100;

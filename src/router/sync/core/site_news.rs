@@ -23,7 +23,7 @@ impl Round {
             tracing::warn!(
                 unlisted,
                 min_routers = self.settings.min_routers,
-                "the sync store lists fewer routers than --sync-min-routers: each daily budget leaves every missing router its part of the whole budget until it is listed (set --sync-min-routers to the number of routers)"
+                "the sync store lists fewer routers than --sync-min-routers: each daily budget leaves every missing router its part of the whole budget, and each rate limit is split with it counted, until it is listed (set --sync-min-routers to the number of routers)"
             );
         }
     }

@@ -224,6 +224,7 @@ impl Sim {
                     at_least: MIN_ROUTERS,
                     unlisted: 0,
                     unread: 0,
+                    away_since: None,
                 })
             {
                 return Err(format!(

@@ -483,6 +483,7 @@ fn three_failed_rounds_fall_back_to_the_routers_last_seen() {
             at_least: 1,
             unlisted: 0,
             unread: 0,
+            away_since: Some(1),
         }
     );
     assert_eq!(health.failed(), AfterFailure::Retry);
@@ -498,6 +499,7 @@ fn three_failed_rounds_fall_back_to_the_routers_last_seen() {
             at_least: 1,
             unlisted: 0,
             unread: 0,
+            away_since: Some(1),
         },
         "no new round without news"
     );
@@ -563,6 +565,7 @@ fn the_store_back_returns_to_shared_limits_in_a_new_round() {
             at_least: 2,
             unlisted: 0,
             unread: 0,
+            away_since: None,
         }
     );
 }
@@ -664,6 +667,7 @@ fn a_rounds_share_is_known_before_it_is_recorded() {
             at_least: 3,
             unlisted: 0,
             unread: 0,
+            away_since: Some(1),
         }
     );
 }
@@ -699,5 +703,58 @@ fn routers_the_site_counts_that_the_store_does_not_list_are_unlisted() {
             ..one_live
         }),
         0
+    );
+}
+
+/// The round routers went away is kept while any is away (late, silent or unlisted), and is
+/// forgotten once none is; a router back from its own outage goes on with the outage's round,
+/// and a run's first round that reaches the store starts from itself (`Share::rate_split`).
+#[test]
+fn routers_away_are_counted_from_the_round_they_went_away() {
+    let away_since = |health: &Health| match health.share() {
+        Share::Shared { away_since, .. } => away_since,
+        share => panic!("{share:?}"),
+    };
+    let live = |live, late, silent| Peers {
+        live,
+        late,
+        silent,
+        ..Peers::default()
+    };
+    let mut health = Health::new(3);
+    health.succeeded(live(2, 0, 0));
+    health.succeeded(live(2, 0, 0));
+    assert_eq!(away_since(&health), None);
+    health.succeeded(live(2, 1, 0));
+    assert_eq!(away_since(&health), Some(3), "late from round 3");
+    health.succeeded(live(1, 0, 1));
+    assert_eq!(
+        away_since(&health),
+        Some(3),
+        "then silent: still away since round 3"
+    );
+    health.succeeded(live(2, 0, 0));
+    assert_eq!(away_since(&health), None, "back");
+
+    for _ in 0..4 {
+        health.failed();
+    }
+    assert!(matches!(health.share(), Share::Alone { since: 5, .. }));
+    health.succeeded(live(0, 0, 2));
+    assert_eq!(
+        away_since(&health),
+        Some(5),
+        "back from its outage with the others away: the outage's part goes on"
+    );
+
+    let mut new_run = Health::new(3);
+    for _ in 0..4 {
+        new_run.failed();
+    }
+    new_run.succeeded(Peers::default());
+    assert_eq!(
+        away_since(&new_run),
+        Some(1),
+        "two routers unlisted at a run's first round: from that round, not from nothing"
     );
 }

@@ -16,6 +16,7 @@ fn sharing_owner(routers: u32) -> Owner {
         at_least: 0,
         unlisted: 0,
         unread: 0,
+        away_since: None,
     });
     owner
 }
