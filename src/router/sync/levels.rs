@@ -261,7 +261,7 @@ pub struct Level {
 
 impl Level {
     /// The level refilled up to `now_ms` (never back).
-    fn at(&self, now_ms: u64) -> i64 {
+    pub fn at(&self, now_ms: u64) -> i64 {
         if self.units >= self.capacity_units || now_ms <= self.at_ms {
             return self.units;
         }

@@ -179,7 +179,8 @@ impl Sim {
     /// Invariants 3 and 6 at the end, once every fault healed and every round published.
     pub(super) fn check_end(&mut self) -> Result<(), String> {
         // Invariant 6: the last 10 s before the drain admitted at least 90 % of the rate, less
-        // what the site owed the bucket when they began. A router cut off for seconds admitted
+        // what the site owed the bucket when they began (the store's level less what the
+        // routers admitted since their last round that went through). A router cut off for seconds admitted
         // its share alone; published when it came back, at the times it was admitted, its usage
         // can leave the store's level below zero (within invariant 1's bound, which allows a
         // cold start its share of a full bucket), and the rate repays it before anything is

@@ -378,6 +378,7 @@ impl Sim {
             return Err(());
         }
         router.backlog.clear();
+        router.unpublished = 0;
         router.ledger.wrote(&totals);
         router.ledger.wrote(&router.journaling.raised);
         router.claim.went_through(heartbeat.whole_in.clone());
