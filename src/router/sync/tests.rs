@@ -53,15 +53,7 @@ fn site(routers: usize, rpm: u64, per_day: u64) -> Vec<Router> {
 fn exchange(routers: &mut [Router], now: Millis, mailboxes: &mut [Vec<(BucketRef, u64)>]) {
     let count = routers.len();
     for index in 0..count {
-        let mut published = Vec::new();
-        routers[index]
-            .limits
-            .take_deltas(|bucket, amount| published.push((bucket, amount)));
-        for (other, mailbox) in mailboxes.iter_mut().enumerate() {
-            if other != index {
-                mailbox.extend(published.iter().copied());
-            }
-        }
+        publish(routers, index, mailboxes);
         let share = routers[index].health.share();
         for (bucket, amount) in std::mem::take(&mut mailboxes[index]) {
             routers[index]
@@ -72,6 +64,19 @@ fn exchange(routers: &mut [Router], now: Millis, mailboxes: &mut [Vec<(BucketRef
             live: count as u32 - 1,
             ..Peers::default()
         });
+    }
+}
+
+/// Router `index` takes its usage since its last round and posts it to every other router.
+fn publish(routers: &mut [Router], index: usize, mailboxes: &mut [Vec<(BucketRef, u64)>]) {
+    let mut published = Vec::new();
+    routers[index]
+        .limits
+        .take_deltas(|bucket, amount| published.push((bucket, amount)));
+    for (other, mailbox) in mailboxes.iter_mut().enumerate() {
+        if other != index {
+            mailbox.extend(published.iter().copied());
+        }
     }
 }
 
@@ -210,15 +215,7 @@ fn a_router_cut_off_with_half_the_burst_left_keeps_the_site_within_the_rate() {
                 routers[2].health.failed();
                 continue;
             }
-            let mut published = Vec::new();
-            routers[index]
-                .limits
-                .take_deltas(|bucket, amount| published.push((bucket, amount)));
-            for (other, mailbox) in mailboxes.iter_mut().enumerate() {
-                if other != index {
-                    mailbox.extend(published.iter().copied());
-                }
-            }
+            publish(&mut routers, index, &mut mailboxes);
             // Router-2's record stops changing: late for three rounds, then silent.
             let peers = if round < CUT_ROUND {
                 Peers {
