@@ -180,9 +180,9 @@ impl Sim {
     pub(super) fn check_end(&mut self) -> Result<(), String> {
         // Invariant 6: the last 10 s before the drain admitted at least 90 % of the rate, less
         // what the site owed the bucket when they began (the store's level less what the
-        // routers admitted since their last round that went through). A router cut off for seconds admitted
-        // its share alone; published when it came back, at the times it was admitted, its usage
-        // can leave the store's level below zero (within invariant 1's bound, which allows a
+        // routers admitted since their last round that went through). A router cut off for
+        // seconds admitted its share alone; published when it came back, at the times it was
+        // admitted, its usage can leave the store's level below zero (within invariant 1's bound, which allows a
         // cold start its share of a full bucket), and the rate repays it before anything is
         // admitted (seed 2,041: 239 requests owed 8 s before the window, 12 s of the rate).
         // The routers see the level come back above zero at their rounds: up to an interval of

@@ -2,6 +2,7 @@
 //! holders, and reporting changed ones.
 
 use super::*;
+use crate::base::ids::ModelId;
 use crate::logic::auth::config::AuthConfig;
 use crate::logic::auth::keys::AuthOutcome;
 use crate::logic::limits::{BucketRef, RejectionKind};
@@ -195,31 +196,37 @@ fn flat_total_is_restored_when_the_holder_is_built() {
     assert_eq!(admitted.remaining_tokens, Some(200));
 }
 
+/// sk-flat's owner's total of `day` as the store holds it: this router's own, or the others'.
+fn flat_total(registry: &KeyRegistry, day: Day, tokens: u64, others: bool) -> DailyRecord {
+    DailyRecord {
+        tenant: key(registry, "sk-flat").tenant_id,
+        model: None,
+        day,
+        tokens,
+        others,
+    }
+}
+
+/// A read of the totals on `day` (no holder built from it yet).
+fn restore(quotas: &mut Quotas, day: Day, records: Vec<DailyRecord>) {
+    quotas.restore(&RoutingSnapshot::default(), DailyRestore { day, records });
+}
+
 /// A new run's first round read the totals and failed; the next read carries no own total
 /// (they are read once). The own total still waiting for its holder stays: replaced, the run
 /// forgot what it charged before its restart (`tests/shared_limits.rs`, a journal's usage).
 #[test]
 fn an_own_total_waiting_for_its_holder_survives_a_second_read() {
     let registry = registry();
-    let acme = key(&registry, "sk-flat").tenant_id;
     let snapshot = snapshot(1, &["chat"]);
     let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
-    let record = |tokens, others| DailyRecord {
-        tenant: acme,
-        model: None,
-        day: MONDAY,
-        tokens,
-        others,
-    };
-    let read = |records| DailyRestore {
-        day: MONDAY,
-        records,
-    };
-    quotas.restore(
-        &RoutingSnapshot::default(),
-        read(vec![record(600, false), record(100, true)]),
+    let record = |tokens, others| flat_total(&registry, MONDAY, tokens, others);
+    restore(
+        &mut quotas,
+        MONDAY,
+        vec![record(600, false), record(100, true)],
     );
-    quotas.restore(&RoutingSnapshot::default(), read(vec![record(150, true)]));
+    restore(&mut quotas, MONDAY, vec![record(150, true)]);
     assert_eq!(
         quotas.restored_waiting(),
         2,
@@ -237,40 +244,25 @@ fn an_own_total_waiting_for_its_holder_survives_a_second_read() {
 #[test]
 fn the_others_totals_of_the_next_day_start_it_on_the_budgets_built() {
     let registry = registry();
-    let acme = key(&registry, "sk-flat").tenant_id;
     let snapshot = snapshot(1, &["chat"]);
     let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
-    let record = |day, tokens, others| DailyRecord {
-        tenant: acme,
-        model: None,
-        day,
-        tokens,
-        others,
-    };
-    quotas.restore(
-        &RoutingSnapshot::default(),
-        DailyRestore {
-            day: MONDAY,
-            records: vec![record(MONDAY, 200, true)],
-        },
-    );
+    let record = |day, tokens, others| flat_total(&registry, day, tokens, others);
+    restore(&mut quotas, MONDAY, vec![record(MONDAY, 200, true)]);
     let admitted = admit(&mut quotas, MONDAY, &registry, &snapshot, "sk-flat", 0, 100).unwrap();
     assert_eq!(
         admitted.remaining_tokens,
         Some(700),
         "Monday: 200 and 100 of 1,000"
     );
-    quotas.restore(
-        &RoutingSnapshot::default(),
-        DailyRestore {
-            day: MONDAY,
-            records: vec![
-                record(MONDAY, 250, true),
-                record(TUESDAY, 300, true),
-                record(TUESDAY, 50, false),
-                record(Day(TUESDAY.0 + 1), 400, true),
-            ],
-        },
+    restore(
+        &mut quotas,
+        MONDAY,
+        vec![
+            record(MONDAY, 250, true),
+            record(TUESDAY, 300, true),
+            record(TUESDAY, 50, false),
+            record(Day(TUESDAY.0 + 1), 400, true),
+        ],
     );
     // The clock still says Monday; the budget counts Tuesday from the others' 300 and its
     // own 50.
@@ -299,27 +291,13 @@ fn this_routers_own_total_of_the_next_day_starts_it_once_the_day_comes() {
     let acme = key(&registry, "sk-flat").tenant_id;
     let snapshot = snapshot(1, &["chat"]);
     let mut quotas = Quotas::new(BurstSeconds::FULL_MINUTE);
-    quotas.restore(
-        &RoutingSnapshot::default(),
-        DailyRestore {
-            day: MONDAY,
-            records: vec![DailyRecord {
-                tenant: acme,
-                model: None,
-                day: TUESDAY,
-                tokens: 147,
-                others: false,
-            }],
-        },
+    restore(
+        &mut quotas,
+        MONDAY,
+        vec![flat_total(&registry, TUESDAY, 147, false)],
     );
     // A second read (no own totals) keeps it waiting.
-    quotas.restore(
-        &RoutingSnapshot::default(),
-        DailyRestore {
-            day: MONDAY,
-            records: Vec::new(),
-        },
-    );
+    restore(&mut quotas, MONDAY, Vec::new());
     let admitted = admit(
         &mut quotas,
         TUESDAY,
