@@ -32,7 +32,7 @@
 
 use std::collections::HashMap;
 
-use crate::base::ids::{Capability, KeyId, ModelId, TenantId};
+use crate::base::ids::{Capability, KeyId, TenantId};
 use crate::logic::auth::config::Quota;
 use crate::logic::auth::keys::{KeyRecord, KeyRegistry};
 use crate::logic::limits::{
@@ -182,7 +182,7 @@ pub struct Quotas {
     token_rates: IdMap<KeyId, Holder>,
     /// `None` with the `memory` quota backend and no sync store: nothing is restored or
     /// reported.
-    persistence: Option<Persistence>,
+    persistence: Option<persistence::Persistence>,
     /// This router's part of every limit (`limits::share`), set by the sync core each round.
     share: Share,
     /// False while the routers share limits and today's totals have not been read from the store
@@ -196,111 +196,6 @@ pub struct Quotas {
     unpublished: Vec<shared::BucketUsage>,
     /// Other routers' usage of holders not built here, applied when a request builds them.
     remote_only: remote_only::RemoteOnly,
-}
-
-/// One daily total as the disk database keeps it: the tokens this router charged one holder's
-/// flat budget (`model: None`) or per-model budget on one UTC day. From the shared store, also
-/// what the other routers charged it together (`others`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DailyRecord {
-    pub tenant: TenantId,
-    pub model: Option<ModelKey>,
-    pub day: Day,
-    pub tokens: u64,
-    /// The total of the other routers of the site, not this router's own.
-    pub others: bool,
-}
-
-/// A daily total that changed, as a shard reports it. Model ids are this process's; the control
-/// core turns them into [`ModelKey`]s before writing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DailyTotal {
-    pub tenant: TenantId,
-    pub model: Option<ModelId>,
-    pub day: Day,
-    pub tokens: u64,
-}
-
-/// What a shard restores at start-up: the disk's totals for `day` of the tenants it owns.
-#[derive(Debug, Clone, Default)]
-pub struct DailyRestore {
-    pub day: Day,
-    pub records: Vec<DailyRecord>,
-}
-
-struct Persistence {
-    /// The UTC day the restored totals belong to.
-    day: Day,
-    /// Restored totals not yet applied to a holder, by tenant: (model, tokens, others').
-    restored: HashMap<TenantId, Vec<(Option<ModelKey>, u64, bool)>>,
-    /// Changed totals of holders [`Quotas::cleanup`] dropped before they were reported.
-    unreported: Vec<DailyTotal>,
-    /// This router's own totals of the day after `day`, read near midnight by a run whose clock
-    /// is still on `day`, not yet applied to a holder: (model, tokens), by tenant.
-    ahead: HashMap<TenantId, Vec<(Option<ModelKey>, u64)>>,
-}
-
-impl Persistence {
-    /// Adds the restored totals of `tenant` that match a daily budget of `limits` and forgets
-    /// them; the rest wait for a later rebuild (a model not served yet, a quota without that
-    /// budget). On a day after the restored one, every restored total is dropped instead.
-    fn apply(
-        &mut self,
-        day: Day,
-        snapshot: &RoutingSnapshot,
-        tenant: TenantId,
-        limits: &mut KeyLimits,
-    ) {
-        if day > self.day && !self.restored.is_empty() {
-            self.restored = HashMap::new();
-        }
-        let next_day = Day(self.day.0 + 1);
-        if day > next_day && !self.ahead.is_empty() {
-            self.ahead = HashMap::new();
-        }
-        if day == self.day
-            && let Some(waiting) = self.restored.get_mut(&tenant)
-        {
-            waiting.retain(|(model, tokens, others)| {
-                let Some(model) = served_model(snapshot, model.as_ref()) else {
-                    return true;
-                };
-                let applied = if *others {
-                    limits.set_others_daily(model, day, *tokens)
-                } else {
-                    limits.restore_daily(model, day, *tokens)
-                };
-                !applied
-            });
-            if waiting.is_empty() {
-                self.restored.remove(&tenant);
-            }
-        }
-        // The next day's own totals start that day on the budget, as the others' usage of it
-        // does, whether the holder's day is still the restored one or already the next.
-        if let Some(waiting) = self.ahead.get_mut(&tenant) {
-            waiting.retain(|(model, tokens)| {
-                let Some(model) = served_model(snapshot, model.as_ref()) else {
-                    return true;
-                };
-                !limits.restore_daily(model, next_day, *tokens)
-            });
-            if waiting.is_empty() {
-                self.ahead.remove(&tenant);
-            }
-        }
-    }
-}
-
-/// A daily total's model as this router's id: `Some(None)` for the key's flat budget,
-/// `Some(Some(id))` for a model served here, `None` for a model not served (yet).
-fn served_model(snapshot: &RoutingSnapshot, model: Option<&ModelKey>) -> Option<Option<ModelId>> {
-    match model {
-        None => Some(None),
-        Some(key) => snapshot
-            .lookup(&key.name, key.capability)
-            .map(|entry| Some(entry.id)),
-    }
 }
 
 /// What the quota owner admitted: the charge to settle later (`None` when nothing is counted) and
@@ -362,175 +257,12 @@ impl Quotas {
         self.daily_known = false;
         self.shared = true;
         if self.persistence.is_none() {
-            self.persistence = Some(Persistence {
+            self.persistence = Some(persistence::Persistence {
                 day,
                 restored: HashMap::new(),
                 unreported: Vec::new(),
                 ahead: HashMap::new(),
             });
-        }
-    }
-
-    /// Turns persistence on with the totals the disk database holds for `restore.day`. Call
-    /// before the first admission. Records of the next day, the others' (read near midnight),
-    /// start that day on the budgets of the holders built, as the others' usage of it does
-    /// (`DailyBudget::apply_remote`); records of any other day are ignored.
-    /// From the shared store, the other routers' totals (`others`) replace what is known of
-    /// them, so reading them again counts nothing twice; this router's own totals are added once,
-    /// at start-up. Either way the key's daily budgets are known from then on.
-    pub fn restore(&mut self, snapshot: &RoutingSnapshot, restore: DailyRestore) {
-        self.daily_known = true;
-        let previous = self.persistence.take();
-        let mut restored: HashMap<TenantId, Vec<(Option<ModelKey>, u64, bool)>> = HashMap::new();
-        let next_day = Day(restore.day.0 + 1);
-        let mut ahead = Vec::new();
-        let mut own_ahead: HashMap<TenantId, Vec<(Option<ModelKey>, u64)>> = HashMap::new();
-        for record in restore.records {
-            if record.day == next_day && record.others && record.tokens > 0 {
-                ahead.push(record);
-            } else if record.day == next_day && record.tokens > 0 {
-                own_ahead
-                    .entry(record.tenant)
-                    .or_default()
-                    .push((record.model, record.tokens));
-            } else if record.day == restore.day && (record.tokens > 0 || record.others) {
-                restored.entry(record.tenant).or_default().push((
-                    record.model,
-                    record.tokens,
-                    record.others,
-                ));
-            }
-        }
-        // This router's own totals are read once; a later read (its first round failed after
-        // the read, and the next one read again) carries none. Those still waiting for their
-        // holder stay: replaced, a new run forgot what it had charged before its restart (a
-        // journal's usage, through the binaries: `tests/shared_limits.rs`).
-        let unreported = match previous {
-            Some(previous) => {
-                let same_day = previous.day == restore.day;
-                let (ahead_now_today, ahead_still) = if same_day {
-                    (HashMap::new(), previous.ahead)
-                } else if Day(previous.day.0 + 1) == restore.day {
-                    (previous.ahead, HashMap::new())
-                } else {
-                    (HashMap::new(), HashMap::new())
-                };
-                // Own totals still waiting for their holder stay; those of the next day read
-                // before midnight are today's own now.
-                let waiting_own = previous
-                    .restored
-                    .into_iter()
-                    .filter(|_| same_day)
-                    .map(|(tenant, waiting)| {
-                        let own = waiting
-                            .into_iter()
-                            .filter(|(_, _, others)| !others)
-                            .map(|(model, tokens, _)| (model, tokens));
-                        (tenant, own.collect::<Vec<_>>())
-                    })
-                    .chain(ahead_now_today);
-                for (tenant, waiting) in waiting_own {
-                    let entries = restored.entry(tenant).or_default();
-                    for (model, tokens) in waiting {
-                        let known = entries
-                            .iter()
-                            .any(|(known, _, of_others)| !of_others && *known == model);
-                        if !known {
-                            entries.push((model, tokens, false));
-                        }
-                    }
-                }
-                for (tenant, waiting) in ahead_still {
-                    own_ahead.entry(tenant).or_insert(waiting);
-                }
-                previous.unreported
-            }
-            None => Vec::new(),
-        };
-        self.persistence = Some(Persistence {
-            day: restore.day,
-            restored,
-            unreported,
-            ahead: own_ahead,
-        });
-        // The totals include every daily usage of their day waiting for a holder (the entries up
-        // to the read were applied before it; later ones come after this message).
-        self.remote_only.forget_daily(restore.day);
-        // Holders built before this read take their totals now (a re-read after a gap).
-        let persistence = self.persistence.as_mut().expect("set above");
-        for (tenant, holder) in &mut self.holders {
-            persistence.apply(restore.day, snapshot, *tenant, &mut holder.limits);
-        }
-        for record in ahead {
-            let Some(holder) = self.holders.get_mut(&record.tenant) else {
-                continue;
-            };
-            let Some(model) = served_model(snapshot, record.model.as_ref()) else {
-                continue;
-            };
-            holder
-                .limits
-                .set_others_daily(model, next_day, record.tokens);
-        }
-    }
-
-    /// Restored totals still waiting for their holder (for tests and logs).
-    pub fn restored_waiting(&self) -> usize {
-        self.persistence.as_ref().map_or(0, |persistence| {
-            persistence.restored.values().map(Vec::len).sum()
-        })
-    }
-
-    /// Every daily total that changed since the last call (empty without persistence). Walks
-    /// every holder: run it about once a second, never per request.
-    pub fn take_changed_daily_totals(&mut self) -> Vec<DailyTotal> {
-        let Some(persistence) = self.persistence.as_mut() else {
-            return Vec::new();
-        };
-        let mut totals = std::mem::take(&mut persistence.unreported);
-        for (tenant, holder) in &mut self.holders {
-            let tenant = *tenant;
-            holder
-                .limits
-                .take_changed_daily_totals(|model, day, tokens| {
-                    totals.push(DailyTotal {
-                        tenant,
-                        model,
-                        day,
-                        tokens,
-                    })
-                });
-        }
-        totals
-    }
-
-    /// What every daily budget counts of the other routers (`tokens`), where it counts any: after
-    /// the store lost its data, the sync round writes it back as this router's memory of them
-    /// (`sync::daily_fields::daily_records`).
-    pub fn daily_memory(&self) -> Vec<DailyTotal> {
-        let mut memory = Vec::new();
-        for (tenant, holder) in &self.holders {
-            let tenant = *tenant;
-            holder.limits.daily_others(|model, day, tokens| {
-                if tokens > 0 {
-                    memory.push(DailyTotal {
-                        tenant,
-                        model,
-                        day,
-                        tokens,
-                    });
-                }
-            });
-        }
-        memory
-    }
-
-    /// Hands back totals taken by [`Quotas::take_changed_daily_totals`] that never reached the
-    /// control core; the next report carries them (before any newer total of the same budget).
-    pub fn requeue_daily_totals(&mut self, mut totals: Vec<DailyTotal>) {
-        if let Some(persistence) = self.persistence.as_mut() {
-            totals.append(&mut persistence.unreported);
-            persistence.unreported = totals;
         }
     }
 
@@ -896,9 +628,12 @@ pub enum Release {
     },
 }
 
+mod daily_totals;
+mod persistence;
 mod remote_only;
 mod shared;
 mod sync_round;
+pub use persistence::{DailyRecord, DailyRestore, DailyTotal};
 pub use shared::{Anchor, BucketUsage, BucketView, RemoteBatch, RemoteUsage};
 
 #[cfg(test)]
