@@ -307,6 +307,62 @@ fn a_level_started_from_a_view_counts_what_the_view_had_not_read() {
     });
 }
 
+/// Copies of usage published before (`sync::republish`, after the store may have lost the
+/// originals) are read as usage by the others, under the field `c` and beside `l` (the writer
+/// runs the script), and lower no level: neither one tracked, nor one a view after them starts.
+/// The levels were lost with the originals and restart from views that may count them.
+#[test]
+fn copies_are_read_as_usage_and_lower_no_level() {
+    let valkey = Valkey::primary();
+    let mut zero = store(&valkey, "router-0");
+    let mut one = store(&valkey, "router-1");
+    let at = 1_780_000_000_000u64;
+    let copy = |requests, admitted_at| {
+        let extras = RoundExtras {
+            copies: 1,
+            ..RoundExtras::default()
+        };
+        (entry("router-0", 1, 1, requests, 0, admitted_at), extras)
+    };
+    runtime().block_on(async {
+        warm(&valkey, &mut zero).await;
+        let read = round(&mut one, &[entry("router-1", 1, 9, 1, 0, at)], &[]).await;
+        let views_after = read.own_newest;
+        let (bytes, extras) = copy(300, at + 1);
+        common::valkey::round(&mut zero, std::slice::from_ref(&bytes), &[], extras).await;
+        // Router-1's settled view of key 1 starts the level: the copy after its cursor is
+        // not subtracted from it, and router-1 reads the copy as an entry.
+        let view = 800 * UNITS_PER_TOKEN;
+        let reads = round_after(&mut one, &[], &[ask(1, false, 0, view)], views_after, 1).await;
+        assert_eq!(reads.levels.unwrap().answers, vec![view]);
+        assert!(!reads.unlevelled, "a copy is written beside `l`");
+        assert!(
+            reads.entries.iter().any(|(_, read)| *read == bytes),
+            "the copy is read as usage"
+        );
+        // Tracked now: another copy leaves the level, an entry of usage lowers it.
+        let (bytes, extras) = copy(200, at + 2);
+        let reads = common::valkey::round(&mut zero, &[bytes], &[], extras).await;
+        assert_eq!(reads.levels.unwrap().published, vec![]);
+        let reads = round(&mut zero, &[entry("router-0", 1, 1, 50, 0, at + 3)], &[]).await;
+        assert_eq!(
+            reads.levels.unwrap().published,
+            vec![("00000001|0|".to_owned(), (800 - 50) * UNITS_PER_TOKEN)]
+        );
+        let fields: Vec<String> = valkey
+            .reply(&["XRANGE", &format!("hivenet:{{{SITE}}}:usage"), "-", "+"])
+            .expect("XRANGE")
+            .items()
+            .iter()
+            .map(|item| {
+                let fields = item.items()[1].items();
+                fields.iter().step_by(2).map(|field| field.text()).collect()
+            })
+            .collect();
+        assert_eq!(fields[fields.len() - 3..], ["cl", "cl", "ul"]);
+    });
+}
+
 /// A level refills on the store's clock, up to the capacity, where it is forgotten.
 #[test]
 fn a_level_refills_on_the_stores_clock_and_is_forgotten_when_full() {

@@ -815,6 +815,8 @@ pub struct RoundExtras<'a> {
     pub run: u64,
     pub asks: &'a [hivenet_router::router::sync::levels::Ask],
     pub memory: &'a [(u32, String, u64)],
+    /// The first `copies` entries are copies of usage published before.
+    pub copies: usize,
 }
 
 /// One round of `store` writing `entries` and `totals` (and `extras`), with an empty heartbeat
@@ -841,6 +843,7 @@ pub async fn try_round(
     store
         .round(RoundWrites {
             entries,
+            copies: extras.copies,
             totals,
             marks: &hivenet_router::router::sync::counted::published_marks(entries),
             heartbeat: "{}",

@@ -62,6 +62,7 @@ use super::journal::Journaling;
 use super::levels::{self, Ask};
 use super::pool_store::Grant;
 use super::pools::{self, SiteCredits};
+use super::republish;
 use super::round::{self, Backlog, Batch, DailyLedger};
 use super::site::{self, AfterFailure, AgentList, Health, Heartbeat, Peers, Sightings};
 use super::store::{
@@ -155,6 +156,8 @@ struct Round {
     backlog: Backlog,
     /// Other routers' batches applied, so none is applied twice.
     applied: round::Applied,
+    /// What this run published lately, published again after the store may have lost it.
+    recent: republish::Recent,
     /// What this router counts of the others' daily usage, and which of their batches each
     /// count holds, so none is counted twice.
     counts: Counted,
@@ -294,6 +297,7 @@ impl SyncCore {
             store,
             backlog: Backlog::default(),
             applied: round::Applied::default(),
+            recent: republish::Recent::default(),
             counts: Counted::default(),
             run,
             peer_id,
@@ -542,7 +546,10 @@ impl Round {
             self.resync_rounds = self.resync_rounds.saturating_sub(1);
         }
         let cursor = self.cursor.unwrap_or_default();
-        let entries = self.entries_to_publish();
+        // The copies first (`sync::republish`): the script tells them by their place.
+        let mut entries = self.copies_to_publish(now_ms);
+        let copies = entries.len();
+        entries.extend(self.entries_to_publish());
         let (totals, models): (Vec<(u32, String, u64)>, Vec<_>) = {
             let registry = self.shared.registry();
             self.backlog
@@ -595,6 +602,7 @@ impl Round {
             .store
             .round(RoundWrites {
                 entries: &entries,
+                copies,
                 totals: &daily_writes,
                 marks: &marks,
                 heartbeat: &heartbeat_json,
@@ -625,6 +633,8 @@ impl Round {
         };
         // The buckets of the levels the script returned for this round's usage, by field.
         let published = self.published_fields(reads.levels.as_ref());
+        self.recent.published(now_ms, self.backlog.batches());
+        self.recent.copies_went_through();
         self.backlog.clear();
         self.ledger.wrote(&totals);
         self.ledger.wrote(&self.journaling.raised);

@@ -40,6 +40,7 @@ pub mod levels;
 pub mod pool_store;
 pub mod pools;
 pub mod redirect_claims;
+pub mod republish;
 pub mod round;
 #[cfg(test)]
 mod simulation;

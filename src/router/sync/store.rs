@@ -93,6 +93,9 @@ impl std::fmt::Display for StreamId {
 pub struct RoundWrites<'a> {
     /// Encoded entries, oldest first.
     pub entries: &'a [Vec<u8>],
+    /// The first `copies` of `entries` are copies of usage published before
+    /// (`sync::republish`): written under the field `c`, they lower no level.
+    pub copies: usize,
     /// The daily totals: each an increment, or a whole total after the store lost its data.
     pub totals: &'a [DailyRow],
     pub heartbeat: &'a str,
@@ -772,7 +775,6 @@ fn entry_id(entry: &Value) -> Option<StreamId> {
     }
 }
 
-/// (ID, field `u`) of each entry of an `XRANGE` reply; entries without it are skipped.
 /// Whether an entry of an `XRANGE` reply was written without the levels (no field `l`: the
 /// plain commands, or a router of the version before).
 fn unlevelled(reply: &Value) -> bool {
@@ -792,6 +794,9 @@ fn unlevelled(reply: &Value) -> bool {
     })
 }
 
+/// (ID, usage) of each entry of an `XRANGE` reply: its field `u`, or `c` for a copy of usage
+/// published before (`sync::republish`, applied once like the original); entries without
+/// either are skipped.
 fn entries(reply: &Value) -> Vec<(StreamId, Vec<u8>)> {
     let Value::Array(items) = reply else {
         return Vec::new();
@@ -807,7 +812,9 @@ fn entries(reply: &Value) -> Vec<(StreamId, Vec<u8>)> {
                 return None;
             };
             fields.chunks(2).find_map(|field| match field {
-                [Value::BulkString(name), Value::BulkString(value)] if name == b"u" => {
+                [Value::BulkString(name), Value::BulkString(value)]
+                    if name == b"u" || name == b"c" =>
+                {
                     Some((id, value.clone()))
                 }
                 _ => None,

@@ -28,6 +28,26 @@ impl Round {
         self.journaling.entries_with(own)
     }
 
+    /// The rate usage this run published lately, as copies, when the store may have lost it
+    /// (`sync::republish`); none otherwise.
+    pub(super) fn copies_to_publish(&mut self, now_ms: u64) -> Vec<Vec<u8>> {
+        let registry = self.shared.registry();
+        let (router, run) = (&self.settings.router_id, self.run);
+        self.recent
+            .copies(now_ms)
+            .map(|batch| {
+                round::entry_of(router, run, batch, |model| {
+                    registry.model_key(model).map(|key| ModelName {
+                        name: key.name,
+                        capability: key.capability,
+                    })
+                })
+            })
+            .filter(|entry| !entry.is_empty())
+            .map(|entry| entry.encode())
+            .collect()
+    }
+
     /// The whole totals an inherited journal raised, as rows of the round's daily writes
     /// (`Journaling::raised_beside`), given the round's own `totals`.
     pub(super) fn raised_rows(&mut self, totals: &[(u32, String, u64)]) -> Vec<DailyRow> {

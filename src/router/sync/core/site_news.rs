@@ -68,6 +68,8 @@ impl Round {
                 "the sync store failed over or restarted: occupancy grants lost with it are guarded for the settle window, and this router's daily totals are written again whole"
             );
             self.credits.failed_over(now_ms);
+            // Usage this router published that the others had not read yet may be gone.
+            self.recent.store_may_have_lost();
             // Increments the promoted replica had not received are lost with the old primary and
             // no later increment brings them back: the totals are written whole once (the seed:
             // "a write lost in a failover is healed by the next one") and read again, as after a
@@ -128,6 +130,7 @@ impl Round {
             );
             self.shared.broadcast(|| ControlToShard::RewriteDaily).await;
             self.ledger.lost();
+            self.recent.store_may_have_lost();
             self.remember_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
             self.resync = true;
             self.resync_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;

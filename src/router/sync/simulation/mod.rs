@@ -69,6 +69,7 @@ use super::daily_fields;
 use super::entry::Entry;
 use super::journal::{AfterPublished, Journal, Journaling};
 use super::levels;
+use super::republish;
 use super::round::{self, Backlog, Batch, DailyLedger, DailyWrite};
 use super::site::{self, Health, Heartbeat};
 use super::whole;
@@ -184,9 +185,9 @@ impl Rng {
 struct Data {
     /// Set when the store is created: a new one means the data was lost.
     epoch: u64,
-    /// Stream entries: (id, encoded entry). Ids are the store's clock, so they grow across a
-    /// failover as Valkey's do.
-    stream: Vec<(u64, Arc<[u8]>)>,
+    /// Stream entries, oldest first. Ids are the store's clock, so they grow across a failover
+    /// as Valkey's do.
+    stream: Vec<Stored>,
     /// Today's totals: (day, field) -> tokens.
     daily: BTreeMap<(u32, String), u64>,
     heartbeats: BTreeMap<String, Heartbeat>,
@@ -196,6 +197,15 @@ struct Data {
     memory: BTreeMap<(u32, String), u64>,
     /// Redirect tokens claimed (`SET NX`): nonce -> when the claim expires.
     tokens: BTreeMap<u128, u64>,
+}
+
+/// One stream entry: its id, the encoded entry, and whether it is a copy of usage published
+/// before (`sync::republish`: written under `c`, it lowers no level).
+#[derive(Debug, Clone)]
+struct Stored {
+    id: u64,
+    bytes: Arc<[u8]>,
+    copy: bool,
 }
 
 struct Store {
@@ -213,7 +223,7 @@ struct Store {
 
 impl Store {
     fn next_id(&self, now: u64) -> u64 {
-        let last = self.primary.stream.last().map_or(0, |(id, _)| *id);
+        let last = self.primary.stream.last().map_or(0, |stored| stored.id);
         (now * 1000).max(last + 1)
     }
 }
@@ -264,6 +274,8 @@ struct Router {
     /// What the last read of the totals replayed, for the ledger.
     replayed: Vec<(u64, BucketUsage)>,
     applied: round::Applied,
+    /// What this run published lately, published again after a failover or a data loss.
+    recent: republish::Recent,
     /// `sync::core`'s count of the others' daily usage and the batches it holds.
     counts: Counted,
     failovers_seen: u64,
@@ -320,6 +332,7 @@ impl Router {
             error_reply: false,
             replayed: Vec::new(),
             applied: round::Applied::default(),
+            recent: republish::Recent::default(),
             counts: Counted::default(),
             failovers_seen: 0,
             remember_rounds: 0,

@@ -148,6 +148,7 @@ impl Sim {
             }
             router.resync_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
             router.anchor_lower_only_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
+            router.recent.store_may_have_lost();
         }
         let wall = router.wall(now);
         let day = router.day(now);
@@ -222,6 +223,7 @@ impl Sim {
             None
         };
         let usage_ran = failing != Some(Failing::Usage);
+        let copies = copies_to_publish(router, now);
         let encoded = entries_to_publish(router);
         let store = &mut self.store;
         // What the views did not count, as the script reads it before the round's own entries:
@@ -235,18 +237,31 @@ impl Sim {
                         .primary
                         .stream
                         .iter()
-                        .filter(|(id, _)| *id > after)
-                        .map(|(_, bytes)| {
-                            Entry::decode(bytes).expect("the simulation's entries decode")
+                        .filter(|stored| stored.id > after && !stored.copy)
+                        .map(|stored| {
+                            Entry::decode(&stored.bytes).expect("the simulation's entries decode")
                         })
                         .filter(|entry| !(entry.router == router.id && entry.run == router.run))
                         .collect()
                 });
+        // `sync::store::scripts`: the copies first, under `c`; they lower no level.
+        for bytes in copies.iter().filter(|_| usage_ran) {
+            let id = store.next_id(now);
+            store.primary.stream.push(Stored {
+                id,
+                bytes: Arc::from(bytes.as_slice()),
+                copy: true,
+            });
+        }
         let mut written = Vec::new();
         for bytes in encoded.iter().filter(|_| usage_ran) {
             let entry = Entry::decode(bytes).expect("the simulation's entries decode");
             let id = store.next_id(now);
-            store.primary.stream.push((id, Arc::from(bytes.as_slice())));
+            store.primary.stream.push(Stored {
+                id,
+                bytes: Arc::from(bytes.as_slice()),
+                copy: false,
+            });
             if self
                 .truth
                 .stored
@@ -313,7 +328,8 @@ impl Sim {
         // `sync::store`: a round with something to write runs the usage script, which writes
         // the heartbeat last, with its usage or not at all (another command's error reply then
         // fails the round); an idle round writes the heartbeat on its own.
-        let scripted = !encoded.is_empty() || !writes.is_empty() || !views.is_empty();
+        let scripted =
+            !encoded.is_empty() || !copies.is_empty() || !writes.is_empty() || !views.is_empty();
         let heartbeat_written = if scripted {
             usage_ran
         } else {
@@ -370,13 +386,15 @@ impl Sim {
         );
         let published = levels::fields_of(router.backlog.batches(), |_| None);
         let keep_after = now.saturating_sub(120_000) * 1000;
-        store.primary.stream.retain(|(id, _)| *id > keep_after);
+        store.primary.stream.retain(|stored| stored.id > keep_after);
         if failing.is_some() || matches!(reply, Reply::Lost) {
             router.ledger.unsure(&totals);
             router.ledger.sent(&totals, &marks, router.run);
             self.log(|| format!("router-{index}: the round ran, its reply was lost"));
             return Err(());
         }
+        router.recent.published(now, router.backlog.batches());
+        router.recent.copies_went_through();
         router.backlog.clear();
         router.unpublished = 0;
         router.ledger.wrote(&totals);
@@ -407,6 +425,7 @@ impl Sim {
                 shard.rewrite_daily_totals();
             }
             router.ledger.lost();
+            router.recent.store_may_have_lost();
             router.remember_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
             router.resync = true;
             router.resync_rounds = round::RESYNC_ROUNDS_AFTER_LOSS;
@@ -416,14 +435,16 @@ impl Sim {
         router.claim.learned(&epoch.to_string());
         router.reads.in_epoch(&epoch.to_string());
         let cursor = router.cursor.unwrap_or(0);
-        let entries: Vec<(u64, Arc<[u8]>)> = store
+        let entries: Vec<Stored> = store
             .primary
             .stream
             .iter()
-            .filter(|(id, _)| *id > cursor)
+            .filter(|stored| stored.id > cursor)
             .cloned()
             .collect();
-        let newest = entries.last().map_or(cursor, |(id, _)| cursor.max(*id));
+        let newest = entries
+            .last()
+            .map_or(cursor, |stored| cursor.max(stored.id));
         let heartbeats = records_as_stored(&store.primary);
         let records = router
             .sightings
@@ -526,14 +547,14 @@ fn read_totals(
         .filter(|((of, _), _)| *of == day.0)
         .map(|((_, field), tokens)| (field.as_str(), *tokens))
         .collect();
-    let last = data.stream.last().map_or(0, |(id, _)| *id);
+    let last = data.stream.last().map_or(0, |stored| stored.id);
     let replay_from = router
         .cursor
         .unwrap_or_else(|| last.saturating_sub(60_000 * 1000));
-    let replay: Vec<(u64, Arc<[u8]>)> = data
+    let replay: Vec<Stored> = data
         .stream
         .iter()
-        .filter(|(id, _)| *id > replay_from && *id <= last)
+        .filter(|stored| stored.id > replay_from && stored.id <= last)
         .cloned()
         .collect();
     if !router.own_restored {
@@ -666,7 +687,7 @@ fn apply_entries(
     router: &mut Router,
     registry: &KeyRegistry,
     snapshot: &RoutingSnapshot,
-    entries: &[(u64, Arc<[u8]>)],
+    entries: &[Stored],
     now: u64,
     rates_only: bool,
 ) -> Vec<(u64, BucketUsage)> {
@@ -676,8 +697,8 @@ fn apply_entries(
     let cold = now.saturating_sub(router.started_at) > 3 * router.interval_ms;
     let mut remote = RemoteUsage::default();
     let mut senders = Vec::new();
-    for (_, bytes) in entries {
-        let mut entry = Entry::decode(bytes).expect("the simulation's entries decode");
+    for stored in entries {
+        let mut entry = Entry::decode(&stored.bytes).expect("the simulation's entries decode");
         if entry.router == router.id && entry.run == router.run {
             continue;
         }
@@ -740,6 +761,18 @@ fn entries_to_publish(router: &Router) -> Vec<Vec<u8>> {
         .filter(|entry| !entry.is_empty())
         .map(|entry| entry.encode());
     router.journaling.entries_with(own)
+}
+
+/// The copies a round publishes again (`sync::core::journaling`'s `copies_to_publish`).
+fn copies_to_publish(router: &mut Router, now: u64) -> Vec<Vec<u8>> {
+    let (id, run) = (&router.id, router.run);
+    router
+        .recent
+        .copies(now)
+        .map(|batch| round::entry_of(id, run, batch, |_| None))
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| entry.encode())
+        .collect()
 }
 
 /// What the router counts of the others on each budget, as the journal keeps it (`sync::core`'s

@@ -242,25 +242,25 @@ impl Store {
                 let _ = write!(marks, "{} {run} {at} ", 4 + index);
             }
         }
-        call.arg(marks);
+        call.arg(marks).arg(writes.copies);
         call
     }
 
     /// The round's entries and daily totals as plain commands, for a store whose ACL refuses
-    /// the script: per entry an `XADD`; per day one `HINCRBY` per changed total (an increment
+    /// the script: per entry an `XADD` (under `c` for a copy, `sync::republish`); per day one `HINCRBY` per changed total (an increment
     /// of this process's own, so another writer of the field loses nothing), one `HSET` with the
     /// whole totals written again after the store lost its data, and the day's expiry.
     fn usage_commands(&self, writes: &RoundWrites<'_>) -> Vec<redis::Cmd> {
         let usage = self.key("usage");
         let mut commands = Vec::with_capacity(writes.entries.len() + writes.totals.len() + 2);
-        for entry in writes.entries {
+        for (index, entry) in writes.entries.iter().enumerate() {
             let mut xadd = redis::cmd("XADD");
             xadd.arg(&usage)
                 .arg("MINID")
                 .arg("~")
                 .arg(writes.after.ms.saturating_sub(STREAM_KEEP_MS))
                 .arg("*")
-                .arg("u")
+                .arg(if index < writes.copies { "c" } else { "u" })
                 .arg(entry.as_slice());
             commands.push(xadd);
         }

@@ -103,10 +103,13 @@ pub fn noscript_error(error: &redis::RedisError) -> bool {
 /// run, the most entries the round reads and its heartbeat, written last: a round whose usage
 /// the store refused does not show the router live beside it (`sync::simulation`, seed
 /// 3,043); then the marks beside the totals (`sync::counted`), `d run at` triples with `d` the
-/// index of the daily hash in KEYS, each written as the field `|router|run`. Returns the
-/// ID of the last entry added (false when none was), the asked levels in units, in order, and
-/// the levels of the tracked buckets the entries used without asking, as field, level pairs.
-/// Each entry is added with a field `l` beside its usage `u`: its rate usage is in the levels.
+/// index of the daily hash in KEYS, each written as the field `|router|run`; last, how many of
+/// the entries, first among them, are copies of usage published before (`sync::republish`).
+/// Returns the ID of the last entry added (false when none was), the asked levels in units, in
+/// order, and the levels of the tracked buckets the entries used without asking, as field,
+/// level pairs. Each entry is added with a field `l` beside its usage `u`: its rate usage is in
+/// the levels; a copy's usage is under `c` instead, and lowers no level (nor does a copy read
+/// after a view's cursor lower the level started from the view).
 const USAGE_CODE: &str = concat!(
     lua_varint!(),
     r#"
@@ -160,6 +163,8 @@ local views_after = ARGV[base + 5 + a]
 local run = tonumber(ARGV[base + 6 + a])
 local read_max = ARGV[base + 7 + a]
 local heartbeat = ARGV[base + 8 + a]
+-- The first `copies` entries publish again usage published before (`sync::republish`).
+local copies = tonumber(ARGV[base + 10 + a]) or 0
 local used, fields, known = {}, {}, {}
 local function touch(field)
   if not known[field] then known[field] = true; fields[#fields + 1] = field end
@@ -229,7 +234,7 @@ if applied then
   end
 end
 local applied_run, applied_at, previous_run, previous_at = marks[1], marks[2], marks[3], marks[4]
-for i = 1, n do
+for i = copies + 1, n do
   local parsed, found = pcall(entry_usage, ARGV[2 + i], contended)
   if parsed and found then
     batches[#batches + 1] = found
@@ -396,7 +401,9 @@ end
 -- Writes from here on.
 local newest = false
 for i = 1, n do
-  newest = redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', 'u', ARGV[2 + i], 'l', '1')
+  local name = 'u'
+  if i <= copies then name = 'c' end
+  newest = redis.call('XADD', KEYS[1], 'MINID', '~', ARGV[1], '*', name, ARGV[2 + i], 'l', '1')
 end
 for d = 4, days_end do
   local day = days[d]
