@@ -4,7 +4,8 @@
 //!
 //! # Keys (all under the hash tag `{site}`, so they live on one node)
 //! - `hivenet:{site}:usage`: the usage stream, one entry per router and round (field `u`, the
-//!   binary entry of `sync::entry`), trimmed to the last ten minutes by the writers.
+//!   binary entry of `sync::entry`; `c` instead for a copy of usage published before,
+//!   `sync::republish`), trimmed to the last ten minutes by the writers.
 //! - `hivenet:{site}:routers`: hash, router ID -> heartbeat (JSON, `sync::site::Heartbeat`).
 //! - `hivenet:{site}:agents`: hash, router ID -> the agents it serves (JSON,
 //!   `sync::site::AgentList`), written when they change; the heartbeat names its version, and a

@@ -21,6 +21,22 @@ impl Sim {
     /// Daily tokens of `day` that runs no longer running charged and never published: a crash
     /// takes the interval in progress with it (what its journal holds comes back with its next
     /// run, and counts from then). No router can count them, so the site may spend them again.
+    /// A router's part of what was left of `outage`'s day when it began (invariant 4). What a
+    /// router knows was left is up to one interval of the others' usage behind (the seed's
+    /// "within one sync interval of usage", as in invariant 1), so its part may be larger by
+    /// that interval's part.
+    pub(super) fn outage_part(&self, outage: &Outage) -> u64 {
+        (outage.left + outage.lost + self.one_interval(outage.day)) / ROUTERS as u64
+    }
+
+    /// The site's busiest interval of usage on `day`.
+    fn one_interval(&self, day: Day) -> u64 {
+        let interval_steps = (self.interval_ms / STEP_MS) as usize;
+        self.daily_by_step
+            .get(&day.0)
+            .map_or(0, |steps| busiest(steps, interval_steps))
+    }
+
     pub(super) fn lost_in_crashes(&self, day: u32) -> u64 {
         let running: Vec<u64> = self
             .routers
@@ -90,10 +106,7 @@ impl Sim {
         // flight when the budget ran out (charged after the response).
         let request = INPUT + 10 + MAX_OUTPUT;
         for (day, charged) in &self.daily_charged {
-            let one_interval = self
-                .daily_by_step
-                .get(day)
-                .map_or(0, |steps| busiest(steps, interval_steps));
+            let one_interval = self.one_interval(Day(*day));
             let in_flight = self.in_flight_at_exhaustion.get(day).copied().unwrap_or(0);
             let allowed = self.daily
                 + self.lost_in_crashes(*day)
@@ -108,28 +121,28 @@ impl Sim {
             }
         }
         // Invariant 4: "Daily budgets spend at most what was left at the outage's start divided
-        // by the routers". What a router knows was left is up to one interval of the others'
-        // usage behind (the seed's "within one sync interval of usage", as in invariant 1), so
-        // its part may be larger by that interval's part; requests in flight add their output
-        // (never refused by a share).
+        // by the routers": its part ([`Sim::outage_part`]), or what the routers alone before it
+        // cannot spend of what was left, whichever is more ([`Outage::others_may_spend`]); its
+        // first request's worst case, and the output of its requests in flight (never refused
+        // by a share), besides.
         for (index, outage) in self.outage.iter().enumerate() {
             let Some(outage) = outage.as_ref().filter(|outage| outage.alone) else {
                 continue;
             };
-            let one_interval = self
-                .daily_by_step
-                .get(&outage.day.0)
-                .map_or(0, |steps| busiest(steps, interval_steps));
-            let allowed = (outage.left + outage.lost + one_interval) / ROUTERS as u64
+            let left = outage.left + outage.lost + self.one_interval(outage.day);
+            let allowed = self
+                .outage_part(outage)
+                .max(left.saturating_sub(outage.others_may_spend))
                 + request
                 + outage.in_flight * (MAX_OUTPUT + 10);
             if outage.spent > allowed {
                 return Err(format!(
-                    "invariant 4: router-{index}, alone on day {}, spent {} of the {} left at the outage's start (its part: {}, at most {allowed})",
+                    "invariant 4: router-{index}, alone on day {}, spent {} of the {} left at the outage's start (its part: {}, at most {allowed}; the routers alone before it could still spend {})",
                     outage.day.0,
                     outage.spent,
                     outage.left,
-                    outage.left / ROUTERS as u64
+                    outage.left / ROUTERS as u64,
+                    outage.others_may_spend,
                 ));
             }
         }

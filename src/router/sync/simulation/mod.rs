@@ -438,6 +438,13 @@ struct Outage {
     in_flight: u64,
     /// It enforces its share alone now: the record is checked.
     alone: bool,
+    /// What the routers already alone then could still spend of their parts of what was left
+    /// at their own outages' starts ([`Sim::outage_part`] less what they spent since): no later
+    /// division of what is left takes those parts back, nor gives them more. Where they had
+    /// spent theirs, what is left is this router's to spend (seed 98,732: routers 1 and 2,
+    /// alone for a minute, had spent their parts; router-0's new run, alone after one round,
+    /// spent 9,817 tokens of the 20,575 left, where a third was 6,858).
+    others_may_spend: u64,
 }
 
 impl Outage {
@@ -450,6 +457,7 @@ impl Outage {
             self.left = daily;
             self.spent = 0;
             self.in_flight = 0;
+            self.others_may_spend = 0;
         }
         if day == self.day {
             self.spent = self.spent.saturating_add_signed(charged);

@@ -517,6 +517,12 @@ impl Sim {
             let day = router.day(self.now);
             let used = self.daily_charged.get(&day.0).copied().unwrap_or(0);
             let lost = self.lost_in_crashes(day.0);
+            let others_may_spend = (0..ROUTERS)
+                .filter(|other| *other != index)
+                .filter_map(|other| self.outage[other].as_ref())
+                .filter(|outage| outage.alone && outage.day == day)
+                .map(|outage| self.outage_part(outage).saturating_sub(outage.spent))
+                .sum();
             self.outage[index] = Some(Outage {
                 day,
                 left: self.daily.saturating_sub(used),
@@ -524,6 +530,7 @@ impl Sim {
                 spent: 0,
                 in_flight: router.in_flight.len() as u64,
                 alone: false,
+                others_may_spend,
             });
         } else if let Some(outage) = &mut self.outage[index] {
             outage.alone = matches!(share, Share::Alone { .. });
