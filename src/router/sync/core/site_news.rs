@@ -65,7 +65,7 @@ impl Round {
         if failovers != self.failovers_seen {
             self.failovers_seen = failovers;
             tracing::warn!(
-                "the sync store failed over or restarted: occupancy grants lost with it are guarded for the settle window, and this router's daily totals are written again whole"
+                "the sync store failed over or restarted: occupancy grants lost with it are guarded for the settle window, this router's daily totals are written again whole, and its rate usage of the last minute is published again"
             );
             self.credits.failed_over(now_ms);
             // Usage this router published that the others had not read yet may be gone.
@@ -126,7 +126,7 @@ impl Round {
     pub(super) async fn take_epoch(&mut self, epoch: &str) {
         if self.epoch.as_deref().is_some_and(|known| known != epoch) {
             tracing::warn!(
-                "the sync store lost its data: reading today's totals again and writing this router's again"
+                "the sync store lost its data: reading today's totals again, writing this router's again and publishing its rate usage of the last minute again"
             );
             self.shared.broadcast(|| ControlToShard::RewriteDaily).await;
             self.ledger.lost();
