@@ -547,6 +547,7 @@ impl Round {
         }
         let cursor = self.cursor.unwrap_or_default();
         // The copies first (`sync::republish`): the script tells them by their place.
+        let copies_due = self.recent.due();
         let mut entries = self.copies_to_publish(now_ms);
         let copies = entries.len();
         entries.extend(self.entries_to_publish());
@@ -634,7 +635,6 @@ impl Round {
         // The buckets of the levels the script returned for this round's usage, by field.
         let published = self.published_fields(reads.levels.as_ref());
         self.recent.published(now_ms, self.backlog.batches());
-        self.recent.copies_went_through();
         self.backlog.clear();
         self.ledger.wrote(&totals);
         self.ledger.wrote(&self.journaling.raised);
@@ -671,6 +671,10 @@ impl Round {
         // Before the epoch is taken as known: the pools' views need to tell a new one.
         self.pools_step(now_ms, leaving, &reads.epoch).await;
         self.take_epoch(&reads.epoch).await;
+        if copies_due {
+            // In the epoch just read: a loss this round learned of came before them.
+            self.recent.copies_went_through();
+        }
         // XRANGE answers in stream order: the last entry is the newest. This round's own entries
         // follow it with nothing between, when they were added in the read's transaction.
         let newest = reads

@@ -70,6 +70,11 @@ impl Recent {
         self.due = true;
     }
 
+    /// Whether the next round publishes the copies.
+    pub fn due(&self) -> bool {
+        self.due
+    }
+
     /// The copies a round at `now_ms` publishes again (empty unless they are due), oldest first.
     pub fn copies(&mut self, now_ms: u64) -> impl Iterator<Item = &Batch> {
         self.forget_before(now_ms.saturating_sub(KEEP_MS));
@@ -79,7 +84,8 @@ impl Recent {
             .map(|(_, batch)| batch)
     }
 
-    /// The round that published the copies went through.
+    /// The round that published the copies went through: they are in the store, in the epoch
+    /// that round read (a loss that round learned of came before them).
     pub fn copies_went_through(&mut self) {
         self.due = false;
     }

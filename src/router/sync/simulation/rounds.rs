@@ -223,6 +223,7 @@ impl Sim {
             None
         };
         let usage_ran = failing != Some(Failing::Usage);
+        let copies_due = router.recent.due();
         let copies = copies_to_publish(router, now);
         let encoded = entries_to_publish(router);
         let store = &mut self.store;
@@ -394,7 +395,6 @@ impl Sim {
             return Err(());
         }
         router.recent.published(now, router.backlog.batches());
-        router.recent.copies_went_through();
         router.backlog.clear();
         router.unpublished = 0;
         router.ledger.wrote(&totals);
@@ -432,6 +432,9 @@ impl Sim {
             router.sightings.store_lost_data();
         }
         router.epoch = Some(epoch);
+        if copies_due {
+            router.recent.copies_went_through();
+        }
         router.claim.learned(&epoch.to_string());
         router.reads.in_epoch(&epoch.to_string());
         let cursor = router.cursor.unwrap_or(0);

@@ -247,9 +247,10 @@ impl Store {
     }
 
     /// The round's entries and daily totals as plain commands, for a store whose ACL refuses
-    /// the script: per entry an `XADD` (under `c` for a copy, `sync::republish`); per day one `HINCRBY` per changed total (an increment
-    /// of this process's own, so another writer of the field loses nothing), one `HSET` with the
-    /// whole totals written again after the store lost its data, and the day's expiry.
+    /// the script: per entry an `XADD` (under `c` for a copy, `sync::republish`); per day one
+    /// `HINCRBY` per changed total (an increment of this process's own, so another writer of
+    /// the field loses nothing), one `HSET` with the whole totals written again after the store
+    /// lost its data, and the day's expiry.
     fn usage_commands(&self, writes: &RoundWrites<'_>) -> Vec<redis::Cmd> {
         let usage = self.key("usage");
         let mut commands = Vec::with_capacity(writes.entries.len() + writes.totals.len() + 2);
