@@ -1,7 +1,8 @@
 //! Proves, with real routers sharing a real Valkey (seed `run-several-routers.md`), that a key's
 //! limits hold across the routers of a site: three routers hammered together admit about what one
 //! would, within one sync interval of usage; with the store gone each enforces its share and the
-//! usage held back reaches the others, counted once; a restarted router continues today's totals;
+//! usage held back reaches the others, counted once; rate usage published again after the store
+//! lost its data is counted once; a restarted router continues today's totals;
 //! a Sentinel failover is followed; an agent given one router reaches every router; and a daily
 //! budget is refused while today's totals cannot be read.
 
@@ -685,6 +686,79 @@ fn after_the_store_lost_its_data_each_router_reads_the_others_totals_whole_again
         last = now;
         wait_propagated(router, &[&routers[(index + 1) % ROUTERS]]);
     }
+}
+
+/// Issue 33 (the site's simulation, seeds 34,083, 49,786 and 63,956 of its long mode): after
+/// the store lost its data, each router publishes again the rate usage it published within the
+/// last minute (`sync::republish`), as copies under the field `c` beside `l`: a router that had
+/// read the originals drops them (it counts nothing twice), one that had not would apply them.
+/// Before, usage published just before a loss and not read yet was in no other router's view.
+#[test]
+fn after_the_store_lost_its_data_each_router_publishes_its_rate_usage_again() {
+    const KEY: &str = "sk-rate-loss";
+    // 60 a minute: a request refills in a second, so what a double count takes shows.
+    let mut valkey = Valkey::primary();
+    let auth = auth_file("rate-loss", &[key(KEY, &rpm(60))]);
+    let routers = Plan::new("rate-loss", auth, &valkey.addr()).start_all(ROUTERS);
+    wait_site_up(&routers);
+    // Router 0 takes 24 requests, over as many rounds as its shares need.
+    let mut admitted = 0;
+    for _ in 0..400 {
+        if admitted == 24 {
+            break;
+        }
+        admitted += admitted_of(&routers[0], KEY, 1);
+    }
+    assert_eq!(admitted, 24, "router 0 takes 24 of 60 within 400 tries");
+    wait_propagated(&routers[0], &[&routers[1], &routers[2]]);
+    let before = remaining_requests(&post_ok(&routers[1], KEY));
+    let lost_at = Instant::now();
+
+    valkey.kill();
+    valkey.restart();
+    for router in &routers {
+        let noticed = poll(Duration::from_secs(30), || {
+            router
+                .logs()
+                .contains("the sync store lost its data")
+                .then_some(())
+        });
+        assert!(noticed.is_some(), "{}", router.logs());
+    }
+    wait_propagated(&routers[0], &[&routers[1], &routers[2]]);
+    // Router 0's copies are in the new stream, written by the script (beside `l`); router 1
+    // served one request, whose copy may be there too.
+    let stream = valkey
+        .reply(&["XRANGE", "hivenet:{default}:usage", "-", "+"])
+        .expect("XRANGE");
+    let fields: Vec<String> = stream
+        .items()
+        .iter()
+        .map(|item| {
+            let fields = item
+                .items()
+                .get(1)
+                .map(|fields| fields.items())
+                .unwrap_or(&[]);
+            fields.iter().step_by(2).map(|field| field.text()).collect()
+        })
+        .collect();
+    assert!(
+        fields.iter().any(|names| names == "cl"),
+        "no copy in the new stream: {fields:?}"
+    );
+    assert!(
+        fields.iter().all(|names| names == "cl" || names == "ul"),
+        "{fields:?}"
+    );
+    // Router 1 had read router 0's 24 requests: their copies take nothing more from its view
+    // (counted twice, 24 fewer requests, less a few seconds' refill).
+    let after = remaining_requests(&post_ok(&routers[1], KEY));
+    let refilled = refill(60, lost_at.elapsed()) + 1;
+    assert!(
+        after + 1 >= before && after <= before + refilled,
+        "router 1 had {before} left before the loss, {after} after ({refilled} refilled at most)"
+    );
 }
 
 /// Issue 33: a router that crashes while the store does not answer leaves the usage it held
