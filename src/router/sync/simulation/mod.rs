@@ -30,7 +30,9 @@
 //!    What each router applied of another run's usage never exceeds what that run admitted, and
 //!    once healed equals what it published: the store's totals say exactly that, and so does
 //!    each router's count (its own net refund not offset yet aside).
-//! 4. "Daily budgets spend at most what was left at the outage's start divided by the routers".
+//! 4. "Daily budgets spend at most what was left at the outage's start divided by the routers";
+//!    or, where routers alone before it had spent their parts of what was left at theirs, what
+//!    they can no longer spend ([`Outage::others_may_spend`]).
 //! 5. "A cross-site redirect token is accepted once by the whole site": a token replayed on any
 //!    router is accepted once, unless a router decided alone while the store did not answer it
 //!    in time ("Redirect tokens while the store is unreachable: each router checks single use on
