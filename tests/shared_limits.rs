@@ -180,6 +180,21 @@ fn wait_site_up(routers: &[Site]) {
     wait_all(routers, "hivenet_sync_peers", move |v| v == others);
 }
 
+/// Restarts `valkey` without its data (it keeps none) and waits until every router noticed.
+fn lose_the_stores_data(valkey: &mut Valkey, routers: &[Site]) {
+    valkey.kill();
+    valkey.restart();
+    for router in routers {
+        let noticed = poll(Duration::from_secs(30), || {
+            router
+                .logs()
+                .contains("the sync store lost its data")
+                .then_some(())
+        });
+        assert!(noticed.is_some(), "{}", router.logs());
+    }
+}
+
 /// Sync rounds `router` has finished.
 fn rounds(router: &Site) -> f64 {
     router.router_metric("hivenet_sync_tick_seconds_count")
@@ -649,17 +664,7 @@ fn after_the_store_lost_its_data_each_router_reads_the_others_totals_whole_again
     }
     wait_propagated(&routers[ROUTERS - 1], &[&routers[0], &routers[1]]);
 
-    valkey.kill();
-    valkey.restart();
-    for router in &routers {
-        let noticed = poll(Duration::from_secs(30), || {
-            router
-                .logs()
-                .contains("the sync store lost its data")
-                .then_some(())
-        });
-        assert!(noticed.is_some(), "{}", router.logs());
-    }
+    lose_the_stores_data(&mut valkey, &routers);
     // Past the round that noticed: the gauge says what the rounds since the loss read.
     for router in &routers {
         wait_rounds(router, 2);
@@ -714,17 +719,7 @@ fn after_the_store_lost_its_data_each_router_publishes_its_rate_usage_again() {
     let before = remaining_requests(&post_ok(&routers[1], KEY));
     let lost_at = Instant::now();
 
-    valkey.kill();
-    valkey.restart();
-    for router in &routers {
-        let noticed = poll(Duration::from_secs(30), || {
-            router
-                .logs()
-                .contains("the sync store lost its data")
-                .then_some(())
-        });
-        assert!(noticed.is_some(), "{}", router.logs());
-    }
+    lose_the_stores_data(&mut valkey, &routers);
     wait_propagated(&routers[0], &[&routers[1], &routers[2]]);
     // Router 0's copies are in the new stream, written by the script (beside `l`); router 1
     // served one request, whose copy may be there too.
