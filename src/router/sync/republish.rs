@@ -26,7 +26,8 @@ use crate::logic::limits::BucketRef;
 use super::round::{BACKLOG_MAX, Batch};
 
 /// How long published usage is kept to be published again: a bucket's capacity is a minute of
-/// its rate, so older usage is within a view's refill of what a reader counts without it.
+/// its rate, so a view that missed older usage has refilled past it, unless its bucket was in
+/// use all along (then the copy would still lower it: a loss that long after is not covered).
 pub const KEEP_MS: u64 = 60_000;
 
 /// The most batches kept: half what a receiver remembers of one run (`round::Applied`), so that
