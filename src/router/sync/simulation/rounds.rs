@@ -627,7 +627,8 @@ fn read_totals(
                 .collect()
         };
         let mut next_fields = of_next(&data.daily);
-        // `sync::core::reads`: this router's own next-day totals too, at start.
+        // `sync::core::reads`: this router's own next-day totals too, at start, raised by a
+        // previous run's journal.
         if !router.own_restored {
             for (field, tokens) in &next_fields {
                 if daily_fields::parse_daily_field(field)
@@ -636,9 +637,13 @@ fn read_totals(
                     router.ledger.restored(next.0, field, *tokens);
                 }
             }
+            if let Some(inherited) = &router.journaling.inherited {
+                let raised = inherited.raise_own_totals(&router.id, next.0, &mut next_fields);
+                router.journaling.raised.extend(raised);
+            }
         }
         router.ledger.raise_to_known(next.0, &mut next_fields);
-        let next = daily_fields::daily_records(
+        let mut next_read = daily_fields::daily_records(
             &router.id,
             next,
             daily_fields::field_rows(&next_fields),
@@ -646,8 +651,13 @@ fn read_totals(
             !router.own_restored,
             |field, mark| router.ledger.sent_at(next.0, field, mark),
         );
-        next.bound(&mut router.counts);
-        records.extend(next.records);
+        if !router.own_restored
+            && let Some(inherited) = &router.journaling.inherited
+        {
+            inherited.raise_others(&router.id, next.0, &mut next_read);
+        }
+        next_read.bound(&mut router.counts);
+        records.extend(next_read.records);
     }
     for (shard_index, shard) in router.shards.iter_mut().enumerate() {
         shard.restore(
