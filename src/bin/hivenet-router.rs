@@ -498,6 +498,10 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         },
         rpm_burst: env.rpm_burst,
         admit_fraction: env.admit_fraction,
+        handoff: env
+            .connection_handoff
+            .then(|| hivenet_router::router::shard::handoff::Loads::new(&metrics))
+            .flatten(),
         admit_park_timeout: env.admit_park_timeout,
         provider,
         hold,

@@ -411,6 +411,10 @@ pub struct EnvSettings {
     pub provider_keys: crate::logic::policy::ProviderKeys,
     /// `HIVENET_ROUTER_QUOTA_BACKEND`.
     pub quota_backend: QuotaBackend,
+    /// `HIVENET_ROUTER_CONNECTION_HANDOFF` (`on`, the default, or `off`): with several shards, a
+    /// client connection moves to the shard that owns its first request's key
+    /// (`shard::handoff`).
+    pub connection_handoff: bool,
 }
 
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 10 * 1024 * 1024;
@@ -418,6 +422,15 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 10 * 1024 * 1024;
 pub const DEFAULT_ADMIT_FRACTION: f64 = 0.90;
 /// Seed "B2: pool occupancy".
 pub const DEFAULT_ADMIT_PARK_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// `HIVENET_ROUTER_CONNECTION_HANDOFF`: `on` or `off`.
+pub fn parse_switch(text: &str) -> Result<bool, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "1" => Ok(true),
+        "off" | "false" | "0" => Ok(false),
+        _ => Err(format!("on or off, got {text:?}")),
+    }
+}
 
 /// `HIVENET_ROUTER_ADMIT_FRACTION`: a number greater than 0 and at most 1.
 pub fn parse_admit_fraction(text: &str) -> Result<f64, String> {
@@ -512,6 +525,13 @@ impl EnvSettings {
                 .map(|text| parse_admit_park_timeout(&text)),
             DEFAULT_ADMIT_PARK_TIMEOUT,
         );
+        let connection_handoff = or_default_with_warning(
+            "HIVENET_ROUTER_CONNECTION_HANDOFF",
+            std::env::var("HIVENET_ROUTER_CONNECTION_HANDOFF")
+                .ok()
+                .map(|text| parse_switch(&text)),
+            true,
+        );
         let provider_keys = crate::logic::policy::ProviderKeys {
             openai: env_is_set("HIVENET_ROUTER_OPENAI_API_KEY"),
             anthropic: env_is_set("HIVENET_ROUTER_ANTHROPIC_API_KEY"),
@@ -523,6 +543,7 @@ impl EnvSettings {
             admit_park_timeout,
             provider_keys,
             quota_backend,
+            connection_handoff,
         })
     }
 }

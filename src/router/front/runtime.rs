@@ -176,7 +176,7 @@ async fn run(
             .clone()
             .run_control_inbox(setup.inbox, crate::router::shard::tunnels::start),
     );
-    monoio::spawn(shard.clone().run_mesh());
+    monoio::spawn(shard.clone().run_mesh(connection::adopt));
     monoio::spawn(shard.clone().run_visit_deadlines());
     let cleaner = shard.clone();
     monoio::spawn(async move {

@@ -20,6 +20,8 @@ use http_server::STATUS_CODES;
 pub struct ShardMetrics {
     pub connections_accepted_total: AtomicU64,
     pub connections_open: AtomicI64,
+    /// Connections this shard accepted and gave to the owner of their key (`shard::handoff`).
+    pub connections_handed_off_total: AtomicU64,
     pub requests_total: AtomicU64,
     responses_by_status: [AtomicU64; STATUS_CODES.len()],
     responses_other_total: AtomicU64,
@@ -158,7 +160,7 @@ enum Kind {
 type Getter = fn(&ShardMetrics) -> i128;
 
 /// The plain per-shard series: name, type, help and how to read it.
-const SHARD_SERIES: [(&str, Kind, &str, Getter); 18] = [
+const SHARD_SERIES: [(&str, Kind, &str, Getter); 19] = [
     (
         "hivenet_shard_connections_accepted_total",
         Kind::Counter,
@@ -170,6 +172,12 @@ const SHARD_SERIES: [(&str, Kind, &str, Getter); 18] = [
         Kind::Gauge,
         "Client connections open on the shard.",
         |m| m.connections_open.load(Ordering::Relaxed) as i128,
+    ),
+    (
+        "hivenet_shard_connections_handed_off_total",
+        Kind::Counter,
+        "Client connections the shard accepted and gave to the shard that owns their first request's key.",
+        |m| m.connections_handed_off_total.load(Ordering::Relaxed) as i128,
     ),
     (
         "hivenet_shard_requests_total",

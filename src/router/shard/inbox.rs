@@ -1,9 +1,10 @@
 //! What arrives at a shard: the control core's messages and other shards' mesh messages, each
 //! applied by one dispatch function.
 //!
-//! Tunnel sockets are the one thing a shard does not handle itself: they go to the tunnel
-//! starter its runtime hands [`Shard::run_control_inbox`], so the data plane does not depend on
-//! the tunnel client that depends on it.
+//! Tunnel sockets and client connections are the things a shard does not handle itself: they go
+//! to the tunnel starter its runtime hands [`Shard::run_control_inbox`] and to the front's
+//! [`Adopt`] it hands [`Shard::run_mesh`], so the data plane does not depend on the tunnel client
+//! or the HTTP front that depend on it.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -18,6 +19,9 @@ use crate::router::shard::state::Shard;
 
 /// Messages handled per mesh wake-up before the mesh task yields to the shard's other tasks.
 const MESH_DRAIN_BUDGET: usize = 256;
+
+/// Serves a client connection another shard handed this one (`shard::handoff`).
+pub type Adopt = fn(Rc<Shard>, crate::router::shard::handoff::Handoff);
 
 /// A tunnel socket the control core handed this shard.
 pub enum TunnelSocket {
@@ -188,8 +192,9 @@ impl Shard {
         None
     }
 
-    fn on_mesh(self: &Rc<Self>, message: ShardToShard) {
+    fn on_mesh(self: &Rc<Self>, message: ShardToShard, adopt: Adopt) {
         match message {
+            ShardToShard::Connection(handoff) => adopt(self.clone(), *handoff),
             ShardToShard::Visit { ticket, visit } => self.serve_remote(ticket, visit),
             ShardToShard::Answer { ticket, answer } => self.resolve(ticket, answer),
             ShardToShard::Notice(notice) => {
@@ -198,8 +203,9 @@ impl Shard {
         }
     }
 
-    /// Applies other shards' mesh messages, forever.
-    pub async fn run_mesh(self: Rc<Self>) {
+    /// Applies other shards' mesh messages, forever; a client connection handed to this shard
+    /// goes to `adopt` (the front's, which serves it).
+    pub async fn run_mesh(self: Rc<Self>, adopt: Adopt) {
         use monoio::io::AsyncReadRent;
         let (socket, sleeper) = self.outbox.borrow_mut().endpoint().waiter().into_parts();
         let mut bell = match monoio::net::UnixStream::from_std(socket) {
@@ -223,7 +229,7 @@ impl Shard {
             ShardMetrics::set(&self.metrics.mesh_deferred, deferred as i64);
             let handled = inbound.len();
             for message in inbound.drain(..) {
-                self.on_mesh(message);
+                self.on_mesh(message, adopt);
             }
             if handled == MESH_DRAIN_BUDGET || self.outbox.borrow().has_deferred() {
                 // More may be queued (or a ring was full): let other tasks run, then continue.

@@ -184,4 +184,6 @@ pub enum ShardToShard {
     Answer { ticket: Ticket, answer: Answer },
     /// Requester -> owner.
     Notice(Notice),
+    /// A client connection for the shard that owns its first request's key (`shard::handoff`).
+    Connection(Box<crate::router::shard::handoff::Handoff>),
 }

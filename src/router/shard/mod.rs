@@ -3,8 +3,10 @@
 //! Ownership: a model's routes, occupancy and hold book live on shard `model id % shards`
 //! (`ids::ModelId::owner`), a tenant's quota holder on `tenant id % shards`, a redirect nonce on
 //! `nonce[0] % shards`. Both ids are dense or hash-derived, so ownership spreads evenly. A
-//! client connection stays on the shard that accepted it for its whole life (`front`), and so
-//! does its response stream: each shard has its own tunnel connection to every agent.
+//! client connection whose first request's key is limited moves once, to the key's owner, while
+//! that owner is not much busier (`handoff`); otherwise it stays on the shard that accepted it for
+//! its whole life (`front`), and so does its response stream: each shard has its own tunnel
+//! connection to every agent.
 //!
 //! Modules, one job each:
 //! - `owner`: what a shard owns, as pure state machines (`Models`, `Quotas`, spent tokens) that
@@ -29,6 +31,8 @@
 //! - `redirect_claims`: the shards' handle on the site-wide single use of redirect tokens (the
 //!   sync core serves it); `registration_feed`: the agents joining and leaving the pool, as a
 //!   shard streams them to `/admin/registration-stream` subscribers.
+//! - `handoff`: a client connection given to the shard that owns its key, and when that is worth
+//!   it.
 //! - `clients`: what one shard's clients may hold (connections, body bytes, resets per source).
 //! - `lifecycle`: draining and ending on SIGTERM.
 //!
@@ -39,6 +43,7 @@
 pub mod clients;
 pub mod conn_limit;
 pub mod guards;
+pub mod handoff;
 pub mod inbox;
 pub mod lifecycle;
 pub mod mesh;

@@ -68,6 +68,9 @@ pub struct ShardSettings {
     pub client_limits: crate::router::shard::clients::ClientLimits,
     /// The occupancy reaper (`--admission-reap-interval`, `--admission-reap-after`).
     pub reaper: crate::router::config::ReaperSettings,
+    /// Client connections move to the shard that owns their key (`shard::handoff`); `None` with
+    /// one shard or `HIVENET_ROUTER_CONNECTION_HANDOFF=off`.
+    pub handoff: Option<crate::router::shard::handoff::Loads>,
 }
 
 /// The router's handle on one agent tunnel.

@@ -664,6 +664,7 @@ mod tests {
                 interval: Duration::from_secs(300),
                 after_ms: 300_000,
             },
+            handoff: None,
         };
         let (to_control, _) = tokio::sync::mpsc::channel(16);
         let shard = Rc::new(Shard::new(
