@@ -15,16 +15,20 @@
 #   both-remote-same       key and model owned by the same other shard
 #   both-remote-different  key and model owned by two different other shards (3+ shards)
 # The kernel picks the front shard (a hash of the connection's addresses and ports over the
-# listeners); the client reads it from hivenet_shard_connections_accepted_total and then picks
-# the key and model whose owners give each placement (perf/shard_scaling.py: eight keys whose
-# tenants are owned by shards 0..7 modulo the shard count, eight models model-0..7 owned the
-# same way). The native run checks the placement from which shard threads made system calls.
+# listeners): each placement gets a connection of its own, opened again until one lands on
+# shard 0 (read from hivenet_shard_connections_accepted_total), its first request carrying the
+# placement's key and model (perf/shard_scaling.py: eight keys whose tenants are owned by shards
+# 0..7 modulo the shard count, eight models model-0..7 owned the same way). With connection
+# handoff on (the router's default; HIVENET_ROUTER_CONNECTION_HANDOFF=off in the environment
+# turns it off) a connection accepted away from its key's owner moves there after that first
+# request, and the rows say "moved". The native run checks the placement from which shard
+# threads made system calls.
 #
 # Two router runs per (kind, shards): one under callgrind (instructions; valgrind runs one thread
 # at a time, so its switches and system calls mean nothing), one native (system calls and
 # switches; the instructions are not counted there). Both use the epoll driver (valgrind does not
-# see io_uring's rings) unless DRIVER says otherwise for the native run. One keep-alive
-# connection sends the requests one after the other: every visit finds its owner asleep, the
+# see io_uring's rings) unless DRIVER says otherwise for the native run. Each placement's
+# keep-alive connection sends the requests one after the other: every visit finds its owner asleep, the
 # worst case for the doorbell (perf/notes/2026-12-01-two-shards-what-the-mesh-costs.md).
 #
 # Environment (all optional):

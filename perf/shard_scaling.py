@@ -222,19 +222,38 @@ def native_window(args, client, key, model, scratch):
     return syscalls, kinds, switches(before, after), elapsed, window
 
 
+def connect_landing_on(args, target, key, model):
+    """A fresh keep-alive connection that the kernel gave to shard `target`, its first request
+    (with `key` and `model`) answered: fresh connections come from new source ports, so the
+    SO_REUSEPORT hash puts each on any shard; those that land elsewhere are closed. Returns the
+    client, whether the connection moved to its key's owner (hivenet_shard_connections_handed_off_total,
+    src/router/shard/handoff.rs), and how many connections it took."""
+    for attempt in range(1, 201):
+        client = Client(args.port, args.kind)
+        accepted0 = metric_by_shard(args.metrics_port, "hivenet_shard_connections_accepted_total")
+        handed0 = metric_by_shard(args.metrics_port, "hivenet_shard_connections_handed_off_total")
+        client.send(key, model, 1)
+        accepted1 = metric_by_shard(args.metrics_port, "hivenet_shard_connections_accepted_total")
+        handed1 = metric_by_shard(args.metrics_port, "hivenet_shard_connections_handed_off_total")
+        landed = [s for s in accepted1 if accepted1[s] - accepted0.get(s, 0) >= 1]
+        if len(landed) != 1:
+            sys.exit(f"cannot tell the front shard: accepted before {accepted0} after {accepted1}")
+        if landed[0] == target:
+            moved = sum(handed1.values()) - sum(handed0.values()) >= 1
+            return client, moved, attempt
+        client.conn.close()
+    sys.exit(f"no connection landed on shard {target} in 200 tries")
+
+
 def cmd_run(args):
     n = args.shards
-    client = Client(args.port, args.kind)
-    # The front shard: the one whose accepted-connections counter moves when this connection's
-    # first request is answered (nothing else connects to the HTTP port meanwhile).
-    accepted0 = metric_by_shard(args.metrics_port, "hivenet_shard_connections_accepted_total")
-    client.send(raw_key(0), MODELS[0], 1)
-    accepted1 = metric_by_shard(args.metrics_port, "hivenet_shard_connections_accepted_total")
-    moved = [s for s in accepted1 if accepted1[s] - accepted0.get(s, 0) >= 1]
-    if len(moved) != 1:
-        sys.exit(f"cannot tell the front shard: accepted before {accepted0} after {accepted1}")
-    front = moved[0]
-    print(f"[shard-scaling] {args.mode} shards={n} kind={args.kind}: the connection landed on shard {front}",
+    # Every placement is measured on a connection of its own whose first request carries the
+    # placement's key, as an SDK client's would, accepted by shard 0 (the "front"): the key's and
+    # the model's owners are placed relative to it. With connection handoff on (the default) a
+    # connection accepted away from its key's owner moves there after that first request, so
+    # the requests counted run on the key's owner; the row says so ("moved").
+    front = 0
+    print(f"[shard-scaling] {args.mode} shards={n} kind={args.kind}: connections accepted by shard {front}",
           file=sys.stderr)
 
     idle = None
@@ -259,10 +278,13 @@ def cmd_run(args):
                 continue
             key_shard, model_shard = (front + dk) % n, (front + dm) % n
             key, model = raw_key(key_shard), MODELS[model_shard]
+            client, moved, tries = connect_landing_on(args, front, key, model)
+            serving = key_shard if moved else front
             client.send(key, model, args.warmup)
             row = {
                 "mode": args.mode, "shards": n, "kind": args.kind, "placement": name,
                 "front": front, "key_owner": key_shard, "model_owner": model_shard,
+                "moved": moved, "serving": serving, "connections_tried": tries,
                 "key": key, "model": model, "requests": args.requests,
                 "loadavg": os.getloadavg()[0],
             }
@@ -304,11 +326,12 @@ def cmd_run(args):
                 active = sorted(
                     int(k.split("-")[1]) for k, v in syscalls.items()
                     if re.fullmatch(r"shard-\d+", k) and v / args.requests >= 0.5)
-                expected = sorted({front, key_shard, model_shard})
+                expected = sorted({serving, key_shard, model_shard})
                 row["active_shards"] = active
                 row["placement_seen"] = active == expected
             out.write(json.dumps(row) + "\n")
             out.flush()
+            client.conn.close()
             print(f"[shard-scaling]   {name}: {json.dumps({k: row[k] for k in row if k in ('instructions', 'syscalls', 'switches', 'active_shards')})}",
                   file=sys.stderr)
 
@@ -327,6 +350,7 @@ def cmd_table(args):
         cell = cells.setdefault((row["kind"], row["shards"], row["placement"]), {
             "fronts": set(), "seen": []})
         cell["fronts"].add(row["front"])
+        cell["moved"] = cell.get("moved", False) or row.get("moved", False)
         for name in ("instructions", "syscalls", "switches", "voluntary", "involuntary"):
             if name in row:
                 cell.setdefault(name, []).append(row[name])
@@ -363,6 +387,10 @@ def cmd_table(args):
             print(f"| {shards} | {placement} | {fronts} | {spread(cell.get('instructions', []), ',.0f')} | {ratio} "
                   f"| {spread(cell.get('syscalls', []), '.2f')} | {spread(cell.get('switches', []), '.2f')} "
                   f"| {split} | {seen_text} |")
+        moved = sorted({(s, p) for (k, s, p), cell in cells.items() if k == kind and cell["moved"]})
+        if moved:
+            print("\nMoved to the key's owner after the first request (connection handoff): "
+                  + ", ".join(f"{p} with {s} shards" for s, p in moved) + ".")
 
 
 def main():

@@ -130,7 +130,11 @@ fn run(site: &Site) -> Run {
             let response = conn.read_response().unwrap();
             assert_eq!(response.status, 200, "{}", response.text());
             if stream {
-                assert!(response.text().contains("data: [DONE]"), "{}", response.text());
+                assert!(
+                    response.text().contains("data: [DONE]"),
+                    "{}",
+                    response.text()
+                );
             } else {
                 assert!(response.json()["choices"][0]["message"]["content"].is_string());
             }
@@ -173,7 +177,12 @@ fn served_by_the_keys_owner(site: &Site) {
     let run = run(site);
     // Every request on the key's owner, whichever shard accepted its connection.
     let per_owner = (CONNECTIONS / SHARDS * REQUESTS_EACH) as f64;
-    assert_eq!(run.requests, vec![per_owner; SHARDS], "{:?}", run.placements);
+    assert_eq!(
+        run.requests,
+        vec![per_owner; SHARDS],
+        "{:?}",
+        run.placements
+    );
     // Each connection that landed on the other shard moved once, counted by the shard that
     // gave it.
     for shard in 0..SHARDS {

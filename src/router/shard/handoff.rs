@@ -63,9 +63,9 @@ impl Loads {
     /// count moves a connection more or less, never loses one.)
     pub fn may_move(&self, giver: usize, owner: usize) -> bool {
         let open = |shard: usize| {
-            self.shards
-                .get(shard)
-                .map_or(i64::MAX, |metrics| metrics.connections_open.load(Ordering::Relaxed))
+            self.shards.get(shard).map_or(i64::MAX, |metrics| {
+                metrics.connections_open.load(Ordering::Relaxed)
+            })
         };
         worth_moving(open(giver), open(owner))
     }

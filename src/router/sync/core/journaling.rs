@@ -11,20 +11,12 @@ impl Round {
     /// backlog's.
     pub(super) fn entries_to_publish(&self) -> Vec<Vec<u8>> {
         let registry = self.shared.registry();
-        let own = self
-            .backlog
-            .batches()
-            .iter()
-            .map(|batch| {
-                round::entry_of(&self.settings.router_id, self.run, batch, |model| {
-                    registry.model_key(model).map(|key| ModelName {
-                        name: key.name,
-                        capability: key.capability,
-                    })
-                })
-            })
-            .filter(|entry| !entry.is_empty())
-            .map(|entry| entry.encode());
+        let own = encoded(
+            &registry,
+            &self.settings.router_id,
+            self.run,
+            self.backlog.batches().iter(),
+        );
         self.journaling.entries_with(own)
     }
 
@@ -32,20 +24,13 @@ impl Round {
     /// (`sync::republish`); none otherwise.
     pub(super) fn copies_to_publish(&mut self, now_ms: u64) -> Vec<Vec<u8>> {
         let registry = self.shared.registry();
-        let (router, run) = (&self.settings.router_id, self.run);
-        self.recent
-            .copies(now_ms)
-            .map(|batch| {
-                round::entry_of(router, run, batch, |model| {
-                    registry.model_key(model).map(|key| ModelName {
-                        name: key.name,
-                        capability: key.capability,
-                    })
-                })
-            })
-            .filter(|entry| !entry.is_empty())
-            .map(|entry| entry.encode())
-            .collect()
+        encoded(
+            &registry,
+            &self.settings.router_id,
+            self.run,
+            self.recent.copies(now_ms),
+        )
+        .collect()
     }
 
     /// The whole totals an inherited journal raised, as rows of the round's daily writes
@@ -180,4 +165,25 @@ impl Round {
         tracing::warn!(%error, "{failed}");
         false
     }
+}
+
+/// Each batch as the stream entry `router`'s run `run` publishes, encoded, its models by name;
+/// a batch with nothing to publish gives none.
+fn encoded<'a>(
+    registry: &'a crate::router::control::registry::Registry,
+    router: &'a str,
+    run: u64,
+    batches: impl Iterator<Item = &'a round::Batch> + 'a,
+) -> impl Iterator<Item = Vec<u8>> + 'a {
+    batches
+        .map(move |batch| {
+            round::entry_of(router, run, batch, |model| {
+                registry.model_key(model).map(|key| ModelName {
+                    name: key.name,
+                    capability: key.capability,
+                })
+            })
+        })
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| entry.encode())
 }
