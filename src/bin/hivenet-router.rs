@@ -498,7 +498,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         },
         rpm_burst: env.rpm_burst,
         admit_fraction: env.admit_fraction,
-        handoff: env
+        handoff: args
             .connection_handoff
             .then(|| hivenet_router::router::shard::handoff::Loads::new(&metrics))
             .flatten(),

@@ -76,6 +76,11 @@ pub struct RouterArgs {
     /// on the rest (`perf/notes/2026-12-02-where-the-remaining-time-goes.md`).
     #[arg(long, env = "HIVENET_ROUTER_PIN_SHARDS", default_value_t = true, action = clap::ArgAction::Set)]
     pub pin_shards: bool,
+    /// With several shards, a client connection whose first request's key has limits moves to
+    /// the shard that owns that key, while that shard is not much busier (`shard::handoff`);
+    /// `off` keeps every connection on the shard that accepted it. `on`/`off` (or true/false).
+    #[arg(long, env = "HIVENET_ROUTER_CONNECTION_HANDOFF", default_value_t = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub connection_handoff: bool,
     /// Maximum capacity waiters per model; 0 disables model queues.
     #[arg(long, env = "HIVENET_ROUTER_QUEUE_DEPTH", default_value_t = 30)]
     pub queue_depth: usize,
@@ -411,10 +416,6 @@ pub struct EnvSettings {
     pub provider_keys: crate::logic::policy::ProviderKeys,
     /// `HIVENET_ROUTER_QUOTA_BACKEND`.
     pub quota_backend: QuotaBackend,
-    /// `HIVENET_ROUTER_CONNECTION_HANDOFF` (`on`, the default, or `off`): with several shards, a
-    /// client connection moves to the shard that owns its first request's key
-    /// (`shard::handoff`).
-    pub connection_handoff: bool,
 }
 
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 10 * 1024 * 1024;
@@ -422,15 +423,6 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 10 * 1024 * 1024;
 pub const DEFAULT_ADMIT_FRACTION: f64 = 0.90;
 /// Seed "B2: pool occupancy".
 pub const DEFAULT_ADMIT_PARK_TIMEOUT: Duration = Duration::from_millis(250);
-
-/// `HIVENET_ROUTER_CONNECTION_HANDOFF`: `on` or `off`.
-pub fn parse_switch(text: &str) -> Result<bool, String> {
-    match text.trim().to_ascii_lowercase().as_str() {
-        "on" | "true" | "1" => Ok(true),
-        "off" | "false" | "0" => Ok(false),
-        _ => Err(format!("on or off, got {text:?}")),
-    }
-}
 
 /// `HIVENET_ROUTER_ADMIT_FRACTION`: a number greater than 0 and at most 1.
 pub fn parse_admit_fraction(text: &str) -> Result<f64, String> {
@@ -525,13 +517,6 @@ impl EnvSettings {
                 .map(|text| parse_admit_park_timeout(&text)),
             DEFAULT_ADMIT_PARK_TIMEOUT,
         );
-        let connection_handoff = or_default_with_warning(
-            "HIVENET_ROUTER_CONNECTION_HANDOFF",
-            std::env::var("HIVENET_ROUTER_CONNECTION_HANDOFF")
-                .ok()
-                .map(|text| parse_switch(&text)),
-            true,
-        );
         let provider_keys = crate::logic::policy::ProviderKeys {
             openai: env_is_set("HIVENET_ROUTER_OPENAI_API_KEY"),
             anthropic: env_is_set("HIVENET_ROUTER_ANTHROPIC_API_KEY"),
@@ -543,7 +528,6 @@ impl EnvSettings {
             admit_park_timeout,
             provider_keys,
             quota_backend,
-            connection_handoff,
         })
     }
 }

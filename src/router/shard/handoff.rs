@@ -19,7 +19,7 @@
 //! with the visits. So a hot key costs at most that imbalance, never one core doing every
 //! request.
 //!
-//! Off with `HIVENET_ROUTER_CONNECTION_HANDOFF=off`, and with one shard.
+//! Off with `--connection-handoff off` (`HIVENET_ROUTER_CONNECTION_HANDOFF`), and with one shard.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
