@@ -197,6 +197,17 @@ fn served_by_the_keys_owner(site: &Site) {
             run.placements
         );
     }
+    // A connection whose first request's key has no limit stays where it landed: nothing to
+    // visit on the key's owner.
+    let handed_before = by_shard(site, "hivenet_shard_connections_handed_off_total");
+    let mut probe = Conn::connect(site.http);
+    probe.send(&chat_request(PROBE_KEY, false)).unwrap();
+    assert_eq!(probe.read_response().unwrap().status, 200);
+    assert_eq!(
+        by_shard(site, "hivenet_shard_connections_handed_off_total"),
+        handed_before
+    );
+    drop(probe);
     // The open gauge followed the connections to their owners (the harness's own connections,
     // closed before, may take a moment to leave it).
     let half = vec![(CONNECTIONS / SHARDS) as f64; SHARDS];
