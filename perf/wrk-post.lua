@@ -13,6 +13,27 @@ if key and key ~= "" then
   wrk.headers["Authorization"] = "Bearer " .. key
 end
 
+-- BENCH_KEY_PREFIX and BENCH_KEYS (optional): thread i sends every request with key
+-- BENCH_KEY_PREFIX .. (i % BENCH_KEYS) instead. With as many threads as connections (wrk -t N
+-- -c N) each connection keeps one key, as an SDK client's does: the shape the router's
+-- connection handoff is for (perf/README.md, "Keys per connection").
+local prefix = os.getenv("BENCH_KEY_PREFIX")
+local keys = tonumber(os.getenv("BENCH_KEYS") or "0")
+local threads = 0
+
+function setup(thread)
+  if prefix and prefix ~= "" and keys > 0 then
+    thread:set("thread_key", prefix .. tostring(threads % keys))
+  end
+  threads = threads + 1
+end
+
+function init(args)
+  if thread_key then
+    wrk.headers["Authorization"] = "Bearer " .. thread_key
+  end
+end
+
 function done(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(

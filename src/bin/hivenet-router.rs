@@ -500,7 +500,7 @@ fn run(args: RouterArgs) -> anyhow::Result<()> {
         admit_fraction: env.admit_fraction,
         handoff: args
             .connection_handoff
-            .then(|| hivenet_router::router::shard::handoff::Loads::new(&metrics))
+            .then(|| hivenet_router::router::shard::handoff::Loads::new(shard_count))
             .flatten(),
         admit_park_timeout: env.admit_park_timeout,
         provider,

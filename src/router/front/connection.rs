@@ -81,6 +81,9 @@ struct OpenConnection {
 impl OpenConnection {
     fn new(shard: Rc<Shard>, permit: ConnectionPermit) -> OpenConnection {
         ShardMetrics::gauge(&shard.metrics.connections_open, 1);
+        if let Some(loads) = &shard.settings.handoff {
+            loads.add(shard.id, 1);
+        }
         OpenConnection {
             shard,
             _permit: permit,
@@ -91,6 +94,9 @@ impl OpenConnection {
 impl Drop for OpenConnection {
     fn drop(&mut self) {
         ShardMetrics::gauge(&self.shard.metrics.connections_open, -1);
+        if let Some(loads) = &self.shard.settings.handoff {
+            loads.add(self.shard.id, -1);
+        }
     }
 }
 
@@ -220,6 +226,11 @@ fn into_std(stream: TcpStream) -> std::net::TcpStream {
 /// Serves a connection another shard handed this one (`shard::handoff`): counted as open here,
 /// then read on from the bytes that came with it.
 pub fn adopt(shard: Rc<Shard>, handoff: crate::router::shard::handoff::Handoff) {
+    // The giver counted it here while it was on its way (`Shard::hand_off`); from now on it
+    // counts as open, or not at all.
+    if let Some(loads) = &shard.settings.handoff {
+        loads.add(shard.id, -1);
+    }
     let permit = match shard.clients.open_connection(handoff.peer, Instant::now()) {
         Ok(permit) => permit,
         Err(refusal) => {

@@ -22,7 +22,7 @@
 //! Off with `--connection-handoff off` (`HIVENET_ROUTER_CONNECTION_HANDOFF`), and with one shard.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use bytes::BytesMut;
 
@@ -44,30 +44,48 @@ pub struct Handoff {
 /// handing it more (the larger of this and an eighth of the giver's).
 pub const SLACK: i64 = 8;
 
-/// The open connections of every shard (`hivenet_shard_connections_open`), read to keep a hot
-/// key from piling every connection onto its owner. Present when connections may move.
+/// How many client connections each shard serves or is about to: its open ones, and those
+/// another shard gave it that it has not taken yet. Read to keep a hot key from piling every
+/// connection onto its owner. Its own counters, not `hivenet_shard_connections_open`: a burst of
+/// connections (a client opening 64 at once) is given away before the owner takes any, and
+/// counts that left out the ones in transit let one shard give it nearly all of them (measured:
+/// 56 of 64 connections on one shard, its throughput 0.84x). Present when connections may move.
 #[derive(Debug, Clone)]
 pub struct Loads {
-    shards: Arc<[Arc<ShardMetrics>]>,
+    shards: Arc<[Load]>,
 }
+
+/// One shard's count, on a cache line of its own: its shard writes it for every connection it
+/// opens or closes, the others only when they give it one.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Load(AtomicI64);
 
 impl Loads {
     /// `None` with fewer than two shards: there is nowhere to move to.
-    pub fn new(shards: &[Arc<ShardMetrics>]) -> Option<Loads> {
-        (shards.len() > 1).then(|| Loads {
-            shards: shards.into(),
+    pub fn new(shards: usize) -> Option<Loads> {
+        (shards > 1).then(|| Loads {
+            shards: (0..shards).map(|_| Load::default()).collect(),
         })
     }
 
-    /// May `giver` hand one of its connections to `owner`? (One relaxed load each: a stale
-    /// count moves a connection more or less, never loses one.)
+    /// A connection opened on `shard`, or closed there (`-1`).
+    pub fn add(&self, shard: usize, connections: i64) {
+        if let Some(load) = self.shards.get(shard) {
+            load.0.fetch_add(connections, Ordering::Relaxed);
+        }
+    }
+
+    fn of(&self, shard: usize) -> i64 {
+        self.shards
+            .get(shard)
+            .map_or(i64::MAX, |load| load.0.load(Ordering::Relaxed))
+    }
+
+    /// May `giver` hand one of its connections to `owner`? (One relaxed load each: two shards
+    /// deciding at once may each move one more than the rule allows, never lose one.)
     pub fn may_move(&self, giver: usize, owner: usize) -> bool {
-        let open = |shard: usize| {
-            self.shards.get(shard).map_or(i64::MAX, |metrics| {
-                metrics.connections_open.load(Ordering::Relaxed)
-            })
-        };
-        worth_moving(open(giver), open(owner))
+        worth_moving(self.of(giver), self.of(owner))
     }
 }
 
@@ -90,12 +108,18 @@ impl Shard {
         if outbox.has_deferred() {
             return Err(handoff);
         }
+        let loads = self.settings.handoff.as_ref();
+        // Counted on the owner from now on, so the next decisions here and there see it.
+        loads.inspect(|loads| loads.add(to, 1));
         match outbox.send(to, ShardToShard::Connection(Box::new(handoff))) {
             Ok(()) => {
                 ShardMetrics::add(&self.metrics.connections_handed_off_total, 1);
                 Ok(())
             }
-            Err(ShardToShard::Connection(handoff)) => Err(*handoff),
+            Err(ShardToShard::Connection(handoff)) => {
+                loads.inspect(|loads| loads.add(to, -1));
+                Err(*handoff)
+            }
             Err(_) => unreachable!("the mesh hands back the message it was given"),
         }
     }
@@ -151,9 +175,29 @@ mod tests {
 
     #[test]
     fn a_shard_that_is_not_there_takes_nothing() {
-        let loads = Loads::new(&[Arc::default(), Arc::default()]).unwrap();
+        let loads = Loads::new(2).unwrap();
+        loads.add(0, 1);
         assert!(loads.may_move(0, 1));
         assert!(!loads.may_move(0, 7));
-        assert!(Loads::new(&[Arc::default()]).is_none());
+        assert!(Loads::new(1).is_none());
+    }
+
+    #[test]
+    fn a_burst_given_away_before_the_owner_takes_any_stops_at_the_slack() {
+        // 32 connections open on shard 0 at once, every key owned by shard 1, which has taken
+        // none of them yet: the ones in transit count on it.
+        let loads = Loads::new(2).unwrap();
+        loads.add(0, 32);
+        let mut given = 0;
+        for _ in 0..32 {
+            if loads.may_move(0, 1) {
+                loads.add(1, 1);
+                loads.add(0, -1);
+                given += 1;
+            }
+        }
+        assert_eq!((loads.of(0), loads.of(1)), (32 - given, given));
+        assert!(loads.of(1) - loads.of(0) <= SLACK, "{given}");
+        assert!(given >= 16, "{given}");
     }
 }
