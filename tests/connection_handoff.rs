@@ -235,3 +235,50 @@ fn switched_off_a_connection_stays_where_it_landed() {
         );
     }
 }
+
+/// A client that opens many connections at once with one key: the shard that accepted some of
+/// them gives the owner only as many as keep the owner within the slack, though the owner has
+/// taken none of them yet when the giver decides (`handoff::Loads` counts them on their way; it
+/// gave 56 of 64 when it did not).
+#[test]
+fn a_burst_of_connections_with_one_key_leaves_the_shards_within_the_slack() {
+    const BURST: usize = 24;
+    let site = start("handoff-burst", "on", "");
+    let key = key_for(0);
+    let accepted_before = by_shard(&site, "hivenet_shard_connections_accepted_total");
+    let handed_before = by_shard(&site, "hivenet_shard_connections_handed_off_total");
+    // Every connection accepted (and counted open where it landed) before any request is read.
+    let mut conns: Vec<Conn> = (0..BURST).map(|_| Conn::connect(site.http)).collect();
+    let accepted = site.wait_for("every connection accepted", || {
+        let now = by_shard(&site, "hivenet_shard_connections_accepted_total");
+        let accepted: Vec<i64> = (0..SHARDS)
+            .map(|shard| (now[shard] - accepted_before[shard]) as i64)
+            .collect();
+        (accepted.iter().sum::<i64>() == BURST as i64).then_some(accepted)
+    });
+    for conn in &mut conns {
+        conn.send(&chat_request(&key, false)).unwrap();
+    }
+    for conn in &mut conns {
+        assert_eq!(conn.read_response().unwrap().status, 200);
+    }
+    let handed_after = by_shard(&site, "hivenet_shard_connections_handed_off_total");
+    // Shard 1 decides for its connections one after the other, each against the counts the
+    // moves before it left (shard 0 owns the key and gives none away).
+    let (mut giver, mut owner, mut moves) = (accepted[1], accepted[0], 0.0);
+    for _ in 0..accepted[1] {
+        if hivenet_router::router::shard::handoff::worth_moving(giver, owner) {
+            giver -= 1;
+            owner += 1;
+            moves += 1.0;
+        }
+    }
+    assert_eq!(
+        [
+            handed_after[0] - handed_before[0],
+            handed_after[1] - handed_before[1]
+        ],
+        [0.0, moves],
+        "accepted {accepted:?}"
+    );
+}
