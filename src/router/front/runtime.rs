@@ -200,6 +200,11 @@ async fn run(
         }
     });
     let _ = started.send(Ok(driver));
+    let loads = shard.settings.handoff.clone();
+    if let Some(loads) = &loads {
+        use std::os::fd::AsRawFd;
+        loads.listening(shard.id, Some(listener.as_raw_fd()));
+    }
     loop {
         let accepted = match race(listener.accept(), shard.lifecycle.stopped_accepting()).await {
             Either::Left(accepted) => accepted,
@@ -216,6 +221,9 @@ async fn run(
                         }
                         _ => break,
                     }
+                }
+                if let Some(loads) = &loads {
+                    loads.listening(shard.id, None);
                 }
                 drop(listener);
                 return std::future::pending().await;
