@@ -15,9 +15,10 @@
 //!
 //! Load: keys do not spread evenly when one tenant is most of the traffic. A shard gives a
 //! connection away only while the owner holds no more than [`SLACK`] connections (or a sixteenth)
-//! more than the giver would keep ([`worth_moving`]); past that it serves the connection itself,
-//! with the visits. So a hot key costs at most that imbalance, never one core doing every
-//! request.
+//! more than the giver would keep ([`worth_moving`]), counting on each shard its open
+//! connections, those on their way to it and those waiting in its listener's accept queue
+//! ([`Loads`]); past that it serves the connection itself, with the visits. So a hot key costs at
+//! most that imbalance, never one core doing every request.
 //!
 //! Off with `--connection-handoff off` (`HIVENET_ROUTER_CONNECTION_HANDOFF`), and with one shard.
 
@@ -25,10 +26,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};
 
 use bytes::BytesMut;
-
-use crate::router::metrics::ShardMetrics;
-use crate::router::shard::messages::ShardToShard;
-use crate::router::shard::state::Shard;
 
 /// A client connection on its way to another shard: the socket, out of the giver's runtime, and
 /// what was read of it (the first request's head at least). Boxed in the message: the mesh's
@@ -109,42 +106,6 @@ impl Loads {
     /// deciding at once may each move one more than the rule allows, never lose one.)
     pub fn may_move(&self, giver: usize, owner: usize) -> bool {
         worth_moving(self.load(giver), self.load(owner))
-    }
-}
-
-impl Shard {
-    /// The shard a connection whose first request presents `key` should move to, if any: the
-    /// key is limited, owned elsewhere, and that owner is not too busy ([`Loads::may_move`]).
-    pub fn handoff_target(&self, key: &crate::logic::auth::keys::KeyRecord) -> Option<usize> {
-        let loads = self.settings.handoff.as_ref()?;
-        if self.lifecycle.is_draining() || !crate::router::shard::owner::quotas::is_limited(key) {
-            return None;
-        }
-        let owner = key.tenant_id.owner(self.count);
-        (owner != self.id && loads.may_move(self.id, owner)).then_some(owner)
-    }
-
-    /// Gives the connection to shard `to`; hands it back when the ring there is full or other
-    /// messages already wait for room (the caller then serves it itself).
-    pub fn hand_off(&self, to: usize, handoff: Handoff) -> Result<(), Handoff> {
-        let mut outbox = self.outbox.borrow_mut();
-        if outbox.has_deferred() {
-            return Err(handoff);
-        }
-        let loads = self.settings.handoff.as_ref();
-        // Counted on the owner from now on, so the next decisions here and there see it.
-        loads.inspect(|loads| loads.add(to, 1));
-        match outbox.send(to, ShardToShard::Connection(Box::new(handoff))) {
-            Ok(()) => {
-                ShardMetrics::add(&self.metrics.connections_handed_off_total, 1);
-                Ok(())
-            }
-            Err(ShardToShard::Connection(handoff)) => {
-                loads.inspect(|loads| loads.add(to, -1));
-                Err(*handoff)
-            }
-            Err(_) => unreachable!("the mesh hands back the message it was given"),
-        }
     }
 }
 

@@ -32,7 +32,7 @@
 //!   sync core serves it); `registration_feed`: the agents joining and leaving the pool, as a
 //!   shard streams them to `/admin/registration-stream` subscribers.
 //! - `handoff`: a client connection given to the shard that owns its key, and when that is worth
-//!   it.
+//!   it; `connection_moves`: the giving shard's side of it.
 //! - `clients`: what one shard's clients may hold (connections, body bytes, resets per source).
 //! - `lifecycle`: draining and ending on SIGTERM.
 //!
@@ -42,6 +42,7 @@
 
 pub mod clients;
 pub mod conn_limit;
+pub mod connection_moves;
 pub mod guards;
 pub mod handoff;
 pub mod inbox;
