@@ -20,7 +20,10 @@
 //! ([`Loads`]); past that it serves the connection itself, with the visits. So a hot key costs at
 //! most that imbalance, never one core doing every request.
 //!
-//! Off with `--connection-handoff off` (`HIVENET_ROUTER_CONNECTION_HANDOFF`), and with one shard.
+//! On with `--connection-handoff on` (`HIVENET_ROUTER_CONNECTION_HANDOFF`), with several shards.
+//! Off by default: with one key on every connection `perf/bench.sh` measured 0.87x / 0.93x the
+//! requests/s with it (JSON / stream), with a key per connection 1.10x-1.16x
+//! (`perf/notes/2026-12-07-connection-handoff.md`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};
