@@ -6,12 +6,14 @@
 //! - `connection`: an HTTP/1.1 connection (keep-alive, bodies, limits), upgraded to h2c on a
 //!   preface.
 //! - `h2c`: an HTTP/2 (cleartext) connection, one task per stream.
+//! - `handoff`: a connection's move to the shard that owns its key (`--connection-handoff`).
 //! - `pipeline`: the queue from an HTTP/1.1 connection's reader to its writer.
 //!
 //! This layer sits on top: it depends on `api` and `shard`, and neither depends on it.
 
 pub mod connection;
 pub mod h2c;
+mod handoff;
 mod pipeline;
 pub mod runtime;
 pub mod writer;

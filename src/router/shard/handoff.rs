@@ -83,7 +83,8 @@ impl Loads {
         }
     }
 
-    /// How many connections `shard`, counting those queued on its listener.
+    /// How many connections `shard` serves, counting those on their way to it and those queued
+    /// on its listener.
     fn load(&self, shard: usize) -> i64 {
         let fd = self
             .listeners
