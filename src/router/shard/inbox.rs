@@ -216,21 +216,18 @@ impl Shard {
             }
         };
         let mut rung = vec![0u8; 64];
-        let mut inbound = Vec::with_capacity(MESH_DRAIN_BUDGET);
         loop {
-            let deferred = {
-                let mut outbox = self.outbox.borrow_mut();
-                outbox.flush();
-                outbox
-                    .endpoint()
-                    .drain(MESH_DRAIN_BUDGET, |_, message| inbound.push(message));
-                outbox.deferred_len()
-            };
-            ShardMetrics::set(&self.metrics.mesh_deferred, deferred as i64);
-            let handled = inbound.len();
-            for message in inbound.drain(..) {
+            self.outbox.borrow_mut().flush();
+            let mut handled = 0;
+            while handled < MESH_DRAIN_BUDGET {
+                let Some((_, message)) = self.outbox.borrow_mut().endpoint().pop() else {
+                    break;
+                };
                 self.on_mesh(message, adopt);
+                handled += 1;
             }
+            let deferred = self.outbox.borrow().deferred_len();
+            ShardMetrics::set(&self.metrics.mesh_deferred, deferred as i64);
             if handled == MESH_DRAIN_BUDGET || self.outbox.borrow().has_deferred() {
                 // More may be queued (or a ring was full): let other tasks run, then continue.
                 monoio::time::sleep(Duration::from_micros(50)).await;

@@ -56,6 +56,8 @@ pub struct Endpoint<T> {
     shard: usize,
     to: Vec<Option<rtrb::Producer<T>>>,
     from: Vec<Option<rtrb::Consumer<T>>>,
+    /// The ring [`Endpoint::pop`] reads first.
+    cursor: usize,
     doorbells: Arc<[Doorbell]>,
     /// The receiving end of this shard's socket pair, until [`Endpoint::waiter`] takes it.
     bell_receiver: Option<UnixStream>,
@@ -84,6 +86,7 @@ impl Mesh {
                 shard,
                 to: (0..shard_count).map(|_| None).collect(),
                 from: (0..shard_count).map(|_| None).collect(),
+                cursor: 0,
                 doorbells: doorbells.clone(),
                 bell_receiver: receivers[shard].take(),
             })
@@ -133,25 +136,26 @@ impl<T> Endpoint<T> {
             .any(|consumer| !consumer.is_empty())
     }
 
-    /// Drains everything currently queued for this shard into `handle`, up to `budget` messages
-    /// (so one busy sender cannot starve this shard's other tasks). Returns how many were handled.
-    pub fn drain(&mut self, budget: usize, mut handle: impl FnMut(usize, T)) -> usize {
-        let mut handled = 0;
-        for (sender, consumer) in self.from.iter_mut().enumerate() {
-            let Some(consumer) = consumer.as_mut() else {
-                continue;
-            };
-            while handled < budget {
-                match consumer.pop() {
-                    Ok(message) => {
-                        handle(sender, message);
-                        handled += 1;
-                    }
-                    Err(_) => break,
-                }
+    /// The next message queued for this shard, with the shard that sent it: from the ring it read
+    /// last while that one has any, then from the next in turn. The caller bounds how many it
+    /// takes before it lets its other tasks run.
+    ///
+    /// One message at a time, not a drain into a closure or a buffer: the caller applies each
+    /// with nothing of the mesh borrowed, so applying may send (an answer, a notice), and the
+    /// message is moved once out of the ring rather than into a staging vector and out again.
+    pub fn pop(&mut self) -> Option<(usize, T)> {
+        let rings = self.from.len();
+        for _ in 0..rings {
+            let sender = self.cursor;
+            if let Some(message) = self.from[sender]
+                .as_mut()
+                .and_then(|consumer| consumer.pop().ok())
+            {
+                return Some((sender, message));
             }
+            self.cursor = (sender + 1) % rings;
         }
-        handled
+        None
     }
 
     /// This shard's doorbell, to wait on from its own runtime. Call once.
@@ -238,11 +242,11 @@ mod tests {
         let mut next = 0u32;
         let mut byte = [0u8; 64];
         while next < 100_000 {
-            receiver.drain(usize::MAX, |from, value| {
+            while let Some((from, value)) = receiver.pop() {
                 assert_eq!(from, 0);
                 assert_eq!(value, next);
                 next += 1;
-            });
+            }
             if next == 100_000 {
                 break;
             }
@@ -256,6 +260,34 @@ mod tests {
             assert!(rung > 0, "doorbell closed");
         }
         thread.join().unwrap();
+    }
+
+    #[test]
+    fn pop_reads_every_sender_in_order_and_goes_on_where_it_stopped() {
+        let mut endpoints = Mesh::build::<(usize, u32)>(3).unwrap();
+        let mut receiver = endpoints.pop().unwrap();
+        for value in 0..3 {
+            endpoints[0].send(2, (0, value)).unwrap();
+            endpoints[1].send(2, (1, value)).unwrap();
+        }
+        let mut popped = Vec::new();
+        while let Some((from, (sender, value))) = receiver.pop() {
+            assert_eq!(from, sender);
+            popped.push((sender, value));
+            if popped.len() == 2 {
+                // A message from the first sender while the receiver is on it comes after the
+                // two already queued, before the second sender's.
+                endpoints[0].send(2, (0, 3)).unwrap();
+            }
+        }
+        let expected = [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2)];
+        assert_eq!(popped, expected);
+        // The cursor stays on the second sender: its next message comes before the first's.
+        endpoints[0].send(2, (0, 4)).unwrap();
+        endpoints[1].send(2, (1, 3)).unwrap();
+        assert_eq!(receiver.pop(), Some((1, (1, 3))));
+        assert_eq!(receiver.pop(), Some((0, (0, 4))));
+        assert_eq!(receiver.pop(), None);
     }
 
     #[test]

@@ -201,9 +201,9 @@ mod tests {
         // The receiver drains; the deferred messages follow in the order they were sent.
         let mut received = Vec::new();
         while received.len() < sent as usize {
-            receiver.drain(usize::MAX, |_, message| {
-                received.push(sequence_of(&message))
-            });
+            while let Some((_, message)) = receiver.pop() {
+                received.push(sequence_of(&message));
+            }
             outbox.flush();
         }
         assert_eq!(received, (0..sent).collect::<Vec<_>>());
