@@ -19,8 +19,8 @@
 # shard 0 (read from hivenet_shard_connections_accepted_total), its first request carrying the
 # placement's key and model (perf/shard_scaling.py: eight keys whose tenants are owned by shards
 # 0..7 modulo the shard count, eight models model-0..7 owned the same way). With connection
-# handoff on (off by default; --connection-handoff on in ROUTER_ARGS, or
-# HIVENET_ROUTER_CONNECTION_HANDOFF=on in the environment, turns it on) a connection
+# handoff on (the router's default; --connection-handoff off in ROUTER_ARGS, or
+# HIVENET_ROUTER_CONNECTION_HANDOFF=off in the environment, turns it off) a connection
 # accepted away from its key's owner moves there after that first
 # request, and the rows say "moved". The native run checks the placement from which shard
 # threads made system calls.

@@ -249,7 +249,7 @@ def cmd_run(args):
     n = args.shards
     # Every placement is measured on a connection of its own whose first request carries the
     # placement's key, as an SDK client's would, accepted by shard 0 (the "front"): the key's and
-    # the model's owners are placed relative to it. With connection handoff on (--connection-handoff on) a
+    # the model's owners are placed relative to it. With connection handoff on (the router's default) a
     # connection accepted away from its key's owner moves there after that first request, so
     # the requests counted run on the key's owner; the row says so ("moved").
     front = 0

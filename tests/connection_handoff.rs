@@ -64,23 +64,24 @@ fn auth_file(name: &str) -> PathBuf {
     path
 }
 
+/// A site of one router with `SHARDS` shards; `handoff` empty: the router's default.
 fn start(name: &str, handoff: &str, driver: &str) -> Site {
     let auth = auth_file(name);
-    Site::start(
-        name,
-        Options::new()
-            .sim(&["--models", "sim-model"])
-            .agent(0, &["--capacity", "64"])
-            .api_key(PROBE_KEY)
-            .router_env("HIVENET_ROUTER_CONNECTION_HANDOFF", handoff)
-            .router_env("HIVENET_ROUTER_IO_DRIVER", driver)
-            .router_args(&[
-                "--auth-config-file",
-                auth.to_str().unwrap(),
-                "--shards",
-                &SHARDS.to_string(),
-            ]),
-    )
+    let mut options = Options::new()
+        .sim(&["--models", "sim-model"])
+        .agent(0, &["--capacity", "64"])
+        .api_key(PROBE_KEY)
+        .router_env("HIVENET_ROUTER_IO_DRIVER", driver)
+        .router_args(&[
+            "--auth-config-file",
+            auth.to_str().unwrap(),
+            "--shards",
+            &SHARDS.to_string(),
+        ]);
+    if !handoff.is_empty() {
+        options = options.router_env("HIVENET_ROUTER_CONNECTION_HANDOFF", handoff);
+    }
+    Site::start(name, options)
 }
 
 fn by_shard(site: &Site, name: &str) -> Vec<f64> {
@@ -163,11 +164,11 @@ fn run(site: &Site) -> Run {
 
 #[test]
 fn a_keep_alive_connection_is_served_by_the_shard_that_owns_its_key() {
-    // The default driver: io_uring where the kernel allows it.
-    served_by_the_keys_owner(&start("handoff-default", "on", ""));
+    // The router's defaults: handoff on, and the io_uring driver where the kernel allows it.
+    served_by_the_keys_owner(&start("handoff-default", "", ""));
 }
 
-/// The socket leaves the giver's epoll set and joins the owner's (`front::connection::into_std`).
+/// The socket leaves the giver's epoll set and joins the owner's (`front::handoff::into_std`).
 #[test]
 fn with_epoll_a_keep_alive_connection_is_served_by_the_shard_that_owns_its_key() {
     served_by_the_keys_owner(&start("handoff-epoll", "on", "epoll"));

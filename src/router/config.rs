@@ -76,12 +76,10 @@ pub struct RouterArgs {
     /// on the rest (`perf/notes/2026-12-02-where-the-remaining-time-goes.md`).
     #[arg(long, env = "HIVENET_ROUTER_PIN_SHARDS", default_value_t = true, action = clap::ArgAction::Set)]
     pub pin_shards: bool,
-    /// `on`: with several shards, a client connection whose first request's key has limits
-    /// moves to the shard that owns that key, while that shard is not much busier
-    /// (`shard::handoff`). Off by default: it pays where connections carry many keys between
-    /// them and measured a loss with one key on every connection
-    /// (`perf/notes/2026-12-07-connection-handoff.md`). `on`/`off` (or true/false).
-    #[arg(long, env = "HIVENET_ROUTER_CONNECTION_HANDOFF", default_value_t = false, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    /// With several shards, a client connection whose first request's key has limits moves to
+    /// the shard that owns that key, while that shard is not much busier (`shard::handoff`);
+    /// `off` keeps every connection on the shard that accepted it. `on`/`off` (or true/false).
+    #[arg(long, env = "HIVENET_ROUTER_CONNECTION_HANDOFF", default_value_t = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub connection_handoff: bool,
     /// Maximum capacity waiters per model; 0 disables model queues.
     #[arg(long, env = "HIVENET_ROUTER_QUEUE_DEPTH", default_value_t = 30)]

@@ -1,7 +1,7 @@
 //! A client connection's move to the shard that owns its first request's key
 //! (`shard::handoff`), the giving side: whether the first head asks for it, and the socket out of
-//! this shard's runtime. The owner serves it with `connection::adopt`. Off unless
-//! `--connection-handoff on`.
+//! this shard's runtime. The owner serves it with `connection::adopt`. Off with
+//! `--connection-handoff off`.
 
 use bytes::BytesMut;
 use monoio::net::TcpStream;

@@ -20,10 +20,10 @@
 //! ([`Loads`]); past that it serves the connection itself, with the visits. So a hot key costs at
 //! most that imbalance, never one core doing every request.
 //!
-//! On with `--connection-handoff on` (`HIVENET_ROUTER_CONNECTION_HANDOFF`), with several shards.
-//! Off by default: with one key on every connection `perf/bench.sh` measured 0.87x / 0.93x the
-//! requests/s with it (JSON / stream), with a key per connection 1.10x-1.16x
-//! (`perf/notes/2026-12-07-connection-handoff.md`).
+//! On by default with several shards; `--connection-handoff off`
+//! (`HIVENET_ROUTER_CONNECTION_HANDOFF=off`) turns it off. Measured with it off and on: a key per
+//! connection 1.10x-1.16x the requests/s; one key on every connection level within noise
+//! (`perf/notes/2026-12-07-connection-handoff.md`, "The default").
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};

@@ -69,7 +69,7 @@ pub struct ShardSettings {
     /// The occupancy reaper (`--admission-reap-interval`, `--admission-reap-after`).
     pub reaper: crate::router::config::ReaperSettings,
     /// Client connections move to the shard that owns their key (`shard::handoff`); `None` with
-    /// one shard or without `--connection-handoff on`.
+    /// one shard or `--connection-handoff off`.
     pub handoff: Option<crate::router::shard::handoff::Loads>,
 }
 
