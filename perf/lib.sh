@@ -344,9 +344,12 @@ start_router_stack() { # variant-args index
   # A caller's set-up between the router answering and the agent's model check (e.g. loading
   # dynamic keys, without which the check's key is unknown): ROUTER_STARTED_HOOK, given the index.
   if [[ -n ${ROUTER_STARTED_HOOK:-} ]]; then "$ROUTER_STARTED_HOOK" "$2"; fi
+  # --capacity 1000 unless AGENT_ARGS or the variant give the agent one.
+  local capacity="--capacity 1000"
+  [[ " $agent_args" == *" --capacity"* ]] && capacity=""
   # shellcheck disable=SC2086
   start_bg agent "$WORK/agent-$2.log" "$agent_bin/hivenet-agent" --backend-url "http://$SIM_ADDR" \
-    --router-grpc "$ROUTER_GRPC" --identity-path "$dir/agent.key" --capacity 1000 $agent_args
+    --router-grpc "$ROUTER_GRPC" --identity-path "$dir/agent.key" $capacity $agent_args
   wait_until 30 "the agent's model on the router" \
     bash -c "curl -sf -H 'Authorization: Bearer $BENCH_API_KEY' 'http://$ROUTER_HTTP/v1/models' | grep -q '\"$MODEL\"'"
   alive router || die "router exited"
