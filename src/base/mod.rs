@@ -7,6 +7,7 @@ pub mod credentials;
 pub mod doc_guard;
 pub mod duration;
 pub mod fatal;
+pub mod huge_pages;
 pub mod identity;
 pub mod ids;
 pub mod latch;

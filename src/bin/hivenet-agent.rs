@@ -26,6 +26,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    hivenet_router::base::huge_pages::keep_off_at_start();
     let config = match args.validate() {
         Ok(config) => config,
         Err(problem) => {

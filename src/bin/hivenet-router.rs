@@ -57,6 +57,7 @@ fn main() {
         )
         .init();
     hivenet_router::base::fatal::abort_on_panic("hivenet-router");
+    hivenet_router::base::huge_pages::keep_off_at_start();
     if std::env::args_os()
         .nth(1)
         .is_some_and(|arg| arg == "derive-key-defaults")
