@@ -40,7 +40,11 @@ fn a_failing_backend_is_retried_on_another_agent() {
                 "120s",
             ]),
     );
-    // Both agents serve; then sim 1 dies while its agent is still in the pool.
+    // Both agents serve; then sim 1 dies while its agent is still in the pool. The site is
+    // ready once both agents' tunnels are open, which can be a moment before the router has put
+    // the second in the model's pool: a first request then had no other agent to retry on
+    // (CI, 2026-12-07). Two healthy agents in `/v1/models` means both are in the pool.
+    site.wait_healthy_agents("sim-model", 2);
     site.sims[1].kill();
     let body = chat("sim-model", false).to_string();
     let raw = format!(
