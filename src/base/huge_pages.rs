@@ -4,10 +4,11 @@
 //! pages on its arenas (`madvise(MADV_HUGEPAGE)`, honoured where THP is in `madvise` mode, the
 //! common default). A thread heap's first touch of a region then makes 2 MiB resident where it
 //! needs kilobytes, once for every shard's heap. Measured with `perf/stream-memory.sh`, two
-//! shards (`perf/notes/2026-12-07-memory-per-open-stream-slope.md`): the idle router held 36 MB
-//! with them and 12.7 without, the agent 15.7 and 8.3, and the first thousand open streams cost
-//! router + agent 44–56 KB a stream with them against 32–33 without. A stream beyond those costs
-//! the same either way: what the huge pages add is held once per heap region, not per stream.
+//! shards (`perf/notes/2026-12-07-memory-per-open-stream-slope.md`, before and after alternating
+//! in one run): the idle router held 36 MB with them and 16.2 without, and the first thousand
+//! open streams cost router + agent 41–58 KB a stream with them against 30.6–31.2 without. A
+//! stream beyond those costs the same either way (31 KB): what the huge pages add is held once
+//! per heap region, not per stream.
 //!
 //! `MIMALLOC_ALLOW_THP=1` in the environment keeps them (mimalloc's own switch, which it reads
 //! too). The flag is the kernel's per process (`PR_SET_THP_DISABLE`): it holds for memory mapped
