@@ -28,7 +28,7 @@ use crate::logic::usage::{
 use crate::router::accounting::RequestFacts;
 use crate::router::accounting::tenants::{KeyLabels, Phase};
 use crate::router::api::request::ClientRequest;
-use crate::router::api::sink::Sink;
+use crate::router::api::sink::{ClientGone, Sink};
 use crate::router::error::Rejection;
 use crate::router::metrics::ShardMetrics;
 use crate::router::shard::guards::{QuotaCharge, Slot};
@@ -337,41 +337,14 @@ pub async fn forward<S: Sink>(
             response.status().as_u16(),
         )));
     }
-    let (parts, upstream_body) = response.into_parts();
-    let status = parts.status.as_u16();
-    let content_type = parts
-        .headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or("application/json");
+    let (head, upstream_body) = response.into_parts();
+    let status = head.status.as_u16();
+    let streamed = content_type_of(&head.headers).starts_with("text/event-stream");
     ShardMetrics::gauge(&shard.metrics.in_flight, 1);
-    let streamed = content_type.starts_with("text/event-stream");
-    // What the key had left at admission, as the API-key reference documents on responses,
-    // then the engine's own fields (custom-engine reference: "backend response headers [...]
-    // are returned through the agent and router to the client").
-    let (mut requests_text, mut tokens_text) = (itoa::Buffer::new(), itoa::Buffer::new());
-    // Bound: the two rate fields and the head's fields (the lean tunnel's `wire::FIELDS_MAX`;
-    // on an HTTP/2 tunnel, `h2`'s default header list limit of 16 MiB).
-    let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(2 + parts.headers.len());
-    if let Some(remaining) = quota.remaining_requests {
-        headers.push((
-            "x-ratelimit-remaining-requests",
-            requests_text.format(remaining).as_bytes(),
-        ));
-    }
-    if let Some(remaining) = quota.remaining_tokens {
-        headers.push((
-            "x-ratelimit-remaining-tokens",
-            tokens_text.format(remaining).as_bytes(),
-        ));
-    }
-    headers.extend(
-        parts
-            .headers
-            .iter()
-            .filter(|(name, _)| reaches_client(name, streamed))
-            .map(|(name, value)| (name.as_str(), value.as_bytes())),
-    );
+    let remaining = Remaining {
+        requests: quota.remaining_requests,
+        tokens: quota.remaining_tokens,
+    };
     let settling = Settling {
         shard,
         facts,
@@ -382,16 +355,14 @@ pub async fn forward<S: Sink>(
         status,
     };
     let result = if streamed {
-        stream_back(
-            settling,
-            content_type,
-            &headers,
-            upstream_body,
-            suppress_usage_chunk,
-            sink,
-        )
-        .await
+        match start_streamed(sink, head, remaining).await {
+            Ok(()) => stream_back(settling, upstream_body, suppress_usage_chunk, sink).await,
+            Err(ClientGone) => Err(Outcome::Gone),
+        }
     } else {
+        let mut texts = [itoa::Buffer::new(), itoa::Buffer::new()];
+        let headers = client_fields(&head.headers, remaining, &mut texts, false);
+        let content_type = content_type_of(&head.headers);
         buffer_back(
             settling,
             content_type,
@@ -406,6 +377,72 @@ pub async fn forward<S: Sink>(
     // Settle: the response is over, the slot goes back now.
     drop(slot);
     result.map(|()| status)
+}
+
+/// What the key had left at admission, for the answer's head (API-key reference).
+#[derive(Debug, Clone, Copy, Default)]
+struct Remaining {
+    requests: Option<u64>,
+    tokens: Option<u64>,
+}
+
+/// The engine's `content-type`, `application/json` when it sent none (or one that is not text).
+fn content_type_of(engine: &http::HeaderMap) -> &str {
+    engine
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("application/json")
+}
+
+/// The fields of the client's head besides the type and framing: what the key had left at
+/// admission, as the API-key reference documents on responses, then the engine's own fields
+/// (custom-engine reference: "backend response headers [...] are returned through the agent and
+/// router to the client"). Bound: the two rate fields and the engine head's fields (the lean
+/// tunnel's `wire::FIELDS_MAX`; on an HTTP/2 tunnel, `h2`'s default header list limit of 16 MiB).
+fn client_fields<'h>(
+    engine: &'h http::HeaderMap,
+    remaining: Remaining,
+    texts: &'h mut [itoa::Buffer; 2],
+    streamed: bool,
+) -> Vec<(&'h str, &'h [u8])> {
+    let mut fields: Vec<(&str, &[u8])> = Vec::with_capacity(2 + engine.len());
+    let [requests_text, tokens_text] = texts;
+    if let Some(requests) = remaining.requests {
+        fields.push((
+            "x-ratelimit-remaining-requests",
+            requests_text.format(requests).as_bytes(),
+        ));
+    }
+    if let Some(tokens) = remaining.tokens {
+        fields.push((
+            "x-ratelimit-remaining-tokens",
+            tokens_text.format(tokens).as_bytes(),
+        ));
+    }
+    fields.extend(
+        engine
+            .iter()
+            .filter(|(name, _)| reaches_client(name, streamed))
+            .map(|(name, value)| (name.as_str(), value.as_bytes())),
+    );
+    fields
+}
+
+/// Starts the client's streamed answer from the engine's head (corked: the head, the events and
+/// the end leave together when they came together), and lets that head go. Its field values
+/// are slices of the tunnel read that brought them (`tunnel::wire`): a head kept for the
+/// stream's life pins that read, 16 KiB or more, for every open stream
+/// (`perf/notes/2026-12-07-memory-under-churn.md`).
+async fn start_streamed<S: Sink>(
+    sink: &mut S,
+    engine: http::response::Parts,
+    remaining: Remaining,
+) -> Result<(), ClientGone> {
+    let mut texts = [itoa::Buffer::new(), itoa::Buffer::new()];
+    let fields = client_fields(&engine.headers, remaining, &mut texts, true);
+    let content_type = content_type_of(&engine.headers);
+    sink.start_stream(engine.status.as_u16(), content_type, &fields)
+        .await
 }
 
 async fn buffer_back<S: Sink>(
@@ -497,21 +534,15 @@ impl Scanner {
     }
 }
 
+/// Relays a streamed answer whose head [`forward`] has started (corked) on `sink`.
 async fn stream_back<S: Sink>(
     mut settling: Settling<'_>,
-    content_type: &str,
-    headers: &[(&str, &[u8])],
     mut upstream: crate::net::tunnel::upstream::Body,
     suppress_usage_chunk: bool,
     sink: &mut S,
 ) -> Result<(), Outcome> {
     let shard = settling.shard;
     let dialect = settling.route.dialect();
-    // The head, the events and the end are corked: what the agent sent together leaves in one
-    // write, and the corked output goes out whenever the next chunk must be waited for.
-    sink.start_stream(settling.status, content_type, headers)
-        .await
-        .map_err(|_| Outcome::Gone)?;
     let mut splitter = SseSplitter::new(SSE_EVENT_BYTES_MAX);
     let mut scanner = match dialect {
         Dialect::OpenAi => Scanner::OpenAi(OpenAiStreamScan::new()),
@@ -779,6 +810,116 @@ mod tests {
         ] {
             assert!(!passes(name, false) && !passes(name, true), "{name}");
         }
+    }
+
+    /// A sink that keeps what a head was written with, as a connection's buffer would: copied.
+    #[derive(Default)]
+    struct HeadRecorder {
+        status: u16,
+        content_type: String,
+        fields: Vec<(String, Vec<u8>)>,
+    }
+
+    impl Sink for HeadRecorder {
+        async fn respond(
+            &mut self,
+            _: u16,
+            _: &str,
+            _: &[(&str, &[u8])],
+            _: &[u8],
+        ) -> Result<(), ClientGone> {
+            unreachable!("a streamed answer's head only")
+        }
+
+        async fn start_stream(
+            &mut self,
+            status: u16,
+            content_type: &str,
+            extra_headers: &[(&str, &[u8])],
+        ) -> Result<(), ClientGone> {
+            self.status = status;
+            self.content_type = content_type.to_owned();
+            self.fields = extra_headers
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_vec()))
+                .collect();
+            Ok(())
+        }
+
+        async fn start_keepalive(&mut self, _: &str) -> Result<(), ClientGone> {
+            unreachable!("a streamed answer's head only")
+        }
+
+        async fn stream_data(&mut self, _: &[u8]) -> Result<(), ClientGone> {
+            unreachable!("a streamed answer's head only")
+        }
+
+        async fn end_stream(&mut self) -> Result<(), ClientGone> {
+            unreachable!("a streamed answer's head only")
+        }
+
+        async fn until_client_gone<F: std::future::Future>(
+            &mut self,
+            future: F,
+        ) -> Option<F::Output> {
+            Some(future.await)
+        }
+
+        fn close_after(&mut self) {}
+
+        fn status(&self) -> u16 {
+            self.status
+        }
+
+        fn set_request_id(&mut self, _: [u8; 36]) {}
+
+        fn set_traceparent(
+            &mut self,
+            _: Option<[u8; crate::net::telemetry::context::TRACEPARENT_LEN]>,
+        ) {
+        }
+    }
+
+    #[test]
+    fn a_streamed_answers_head_is_let_go_once_the_clients_head_is_written() {
+        // The engine's head as the lean tunnel decodes it: field values are slices of the read
+        // that brought the frame (`tunnel::wire::Head::fields`).
+        let read = Bytes::from(
+            b"text/event-stream; charset=utf-8engine-7, and the rest of a 16 KiB read".to_vec(),
+        );
+        let mut engine = http::Response::new(());
+        *engine.status_mut() = http::StatusCode::OK;
+        let headers = engine.headers_mut();
+        let shared = |range: std::ops::Range<usize>| {
+            http::HeaderValue::from_maybe_shared(read.slice(range)).unwrap()
+        };
+        headers.insert(http::header::CONTENT_TYPE, shared(0..32));
+        headers.insert("x-engine-trace", shared(32..40));
+        headers.insert(
+            http::header::CONTENT_LENGTH,
+            http::HeaderValue::from_static("9"),
+        );
+        let (head, ()) = engine.into_parts();
+        assert!(!read.is_unique(), "the head shares the read");
+
+        let mut sink = HeadRecorder::default();
+        let remaining = Remaining {
+            requests: Some(41),
+            tokens: None,
+        };
+        let started = start_streamed(&mut sink, head, remaining).now_or_never();
+        assert_eq!(started, Some(Ok(())));
+        assert!(
+            read.is_unique(),
+            "the engine's head still pins the tunnel read once the client's head is written"
+        );
+        assert_eq!(sink.status, 200);
+        assert_eq!(sink.content_type, "text/event-stream; charset=utf-8");
+        let expected = [
+            ("x-ratelimit-remaining-requests".to_owned(), b"41".to_vec()),
+            ("x-engine-trace".to_owned(), b"engine-7".to_vec()),
+        ];
+        assert_eq!(sink.fields, expected);
     }
 
     fn client_request(route: Route, anthropic_version: Option<&'static str>) -> ClientRequest {
