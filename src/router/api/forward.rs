@@ -380,13 +380,14 @@ pub async fn forward<S: Sink>(
 }
 
 /// What the key had left at admission, for the answer's head (API-key reference).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct Remaining {
     requests: Option<u64>,
     tokens: Option<u64>,
 }
 
-/// The engine's `content-type`, `application/json` when it sent none (or one that is not text).
+/// The engine's `content-type`; `application/json` when it sent none, or one that is not
+/// visible ASCII.
 fn content_type_of(engine: &http::HeaderMap) -> &str {
     engine
         .get(http::header::CONTENT_TYPE)
