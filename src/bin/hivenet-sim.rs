@@ -1,7 +1,9 @@
 //! `hivenet-sim`: the simulated inference engine; see `hivenet_router::simulated_engine`.
 
 /// mimalloc: the request path allocates small, short-lived buffers on every core; glibc malloc
-/// measured several percent of CPU per request under load.
+/// measured several percent of CPU per request under load. The `system-allocator` feature keeps
+/// the system's instead, for heap profilers that cannot see mimalloc (`perf/heap-profile.sh`).
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
