@@ -339,7 +339,8 @@ pub async fn forward<S: Sink>(
     }
     let (head, upstream_body) = response.into_parts();
     let status = head.status.as_u16();
-    let streamed = content_type_of(&head.headers).starts_with("text/event-stream");
+    let content_type = content_type_of(&head.headers);
+    let streamed = content_type.starts_with("text/event-stream");
     ShardMetrics::gauge(&shard.metrics.in_flight, 1);
     let remaining = Remaining {
         requests: quota.remaining_requests,
@@ -362,7 +363,6 @@ pub async fn forward<S: Sink>(
     } else {
         let mut texts = [itoa::Buffer::new(), itoa::Buffer::new()];
         let headers = client_fields(&head.headers, remaining, &mut texts, false);
-        let content_type = content_type_of(&head.headers);
         buffer_back(
             settling,
             content_type,
