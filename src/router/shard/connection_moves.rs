@@ -31,16 +31,17 @@ impl Shard {
         let loads = self.settings.handoff.as_ref();
         // Counted on the owner from now on, so the next decisions here and there see it.
         loads.inspect(|loads| loads.add(to, 1));
-        match outbox.send(to, ShardToShard::Connection(Box::new(handoff))) {
-            Ok(()) => {
-                ShardMetrics::add(&self.metrics.connections_handed_off_total, 1);
-                Ok(())
+        let sent = outbox.send_wrapped(to, handoff, |handoff| {
+            ShardToShard::Connection(Box::new(handoff))
+        });
+        match sent {
+            Ok(()) => ShardMetrics::add(&self.metrics.connections_handed_off_total, 1),
+            Err(_) => {
+                if let Some(loads) = loads {
+                    loads.add(to, -1);
+                }
             }
-            Err(ShardToShard::Connection(handoff)) => {
-                loads.inspect(|loads| loads.add(to, -1));
-                Err(*handoff)
-            }
-            Err(_) => unreachable!("the mesh hands back the message it was given"),
         }
+        sent
     }
 }

@@ -128,6 +128,28 @@ impl<T> Endpoint<T> {
         Ok(())
     }
 
+    /// Sends `wrap(message)` when the ring to `to` has room; when it is full, hands `message`
+    /// back as it came, unwrapped, so the caller gets its own type back and never has to match
+    /// the mesh's message for the variant it sent. `wrap` runs only once room is certain (this
+    /// is the ring's one producer: room it sees cannot be taken), so what it allocates is never
+    /// thrown away.
+    pub fn send_wrapped<M>(
+        &mut self,
+        to: usize,
+        message: M,
+        wrap: impl FnOnce(M) -> T,
+    ) -> Result<(), M> {
+        let producer = self.to[to]
+            .as_mut()
+            .expect("mesh send to self or to a shard that does not exist");
+        let Ok(slot) = producer.write_chunk_uninit(1) else {
+            return Err(message);
+        };
+        slot.fill_from_iter(std::iter::once(wrap(message)));
+        self.doorbells[to].ring();
+        Ok(())
+    }
+
     /// Whether any ring into this shard holds a message.
     pub fn has_inbound(&self) -> bool {
         self.from
@@ -307,6 +329,31 @@ mod tests {
             1,
             "rung once for a burst"
         );
+    }
+
+    #[test]
+    fn a_wrapped_send_to_a_full_ring_hands_back_the_unwrapped_message() {
+        let mut endpoints = Mesh::build::<(u8, u32)>(2).unwrap();
+        let mut receiver = endpoints.pop().unwrap();
+        let mut sender = endpoints.pop().unwrap();
+        for value in 0..RING_CAPACITY as u32 {
+            sender.send_wrapped(1, value, |value| (7, value)).unwrap();
+        }
+        let mut wrapped = false;
+        let refused = sender.send_wrapped(1, u32::MAX, |value| {
+            wrapped = true;
+            (7, value)
+        });
+        assert_eq!(refused, Err(u32::MAX));
+        assert!(!wrapped, "wrapped for a ring with no room");
+        assert_eq!(receiver.pop(), Some((0, (7, 0))));
+        // One slot free again: the next wrapped send goes in after the others.
+        sender.send_wrapped(1, 42, |value| (8, value)).unwrap();
+        let mut last = None;
+        while let Some((_, message)) = receiver.pop() {
+            last = Some(message);
+        }
+        assert_eq!(last, Some((8, 42)));
     }
 
     #[test]

@@ -48,11 +48,15 @@ impl Outbox {
         self.endpoint.has_inbound()
     }
 
-    /// Sends at once or hands the message back (the ring is full). The message comes back as
-    /// it went, unboxed: boxing every mesh message to shrink a rare error would cost more.
-    #[allow(clippy::result_large_err)]
-    pub fn send(&mut self, to: usize, message: ShardToShard) -> Result<(), ShardToShard> {
-        self.endpoint.send_returning(to, message)
+    /// Sends `wrap(message)` at once, or hands `message` back unwrapped (the ring is full);
+    /// see [`Endpoint::send_wrapped`].
+    pub fn send_wrapped<M>(
+        &mut self,
+        to: usize,
+        message: M,
+        wrap: impl FnOnce(M) -> ShardToShard,
+    ) -> Result<(), M> {
+        self.endpoint.send_wrapped(to, message, wrap)
     }
 
     /// Sends, or queues behind what is already deferred; `Err` only at [`DEFERRED_MAX`].

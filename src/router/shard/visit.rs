@@ -193,15 +193,14 @@ impl Shard {
         let sent = self
             .outbox
             .borrow_mut()
-            .send(owner, ShardToShard::Visit { ticket, visit });
+            .send_wrapped(owner, visit, |visit| ShardToShard::Visit { ticket, visit });
         match sent {
             Ok(()) => Started::Waiting(Waiter { ticket, withdrawal }),
-            Err(ShardToShard::Visit { visit, .. }) => {
+            Err(visit) => {
                 ShardMetrics::add(&self.metrics.mesh_full_total, 1);
                 let _ = self.waiters.borrow_mut().abandon(ticket.sequence);
                 Started::Unsent(visit)
             }
-            Err(_) => unreachable!("the outbox hands back what it was given"),
         }
     }
 

@@ -106,11 +106,11 @@ impl Waiters {
     pub fn answer(&mut self, sequence: u64, answer: Answer) -> Delivered {
         match self.entries.get_mut(&sequence) {
             Some(entry @ Entry::Waiting { .. }) => {
-                let Entry::Waiting { waker, .. } =
-                    std::mem::replace(entry, Entry::Answered(answer))
-                else {
-                    unreachable!("matched above")
+                let waker = match entry {
+                    Entry::Waiting { waker, .. } => waker.take(),
+                    _ => None,
                 };
+                *entry = Entry::Answered(answer);
                 Delivered::Kept(waker)
             }
             // Expired, or answered twice (an owner answers a ticket once): nobody takes it.
