@@ -4,6 +4,7 @@
 //! (`base::spare_buffers`) only while it has something to write.
 
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use monoio::io::{AsyncWriteRent, AsyncWriteRentExt, OwnedWriteHalf};
 use monoio::net::TcpStream;
@@ -59,6 +60,7 @@ pub(super) async fn write_loop(
                 sink.close = !keep_alive || shard.lifecycle.is_draining();
                 sink.head_only = head_only;
                 sink.status = 0;
+                sink.streaming_since = None;
                 if api::serve(shard, &request, sink).await.is_err() || sink.close {
                     return;
                 }
@@ -83,10 +85,20 @@ pub(super) async fn write_loop(
     }
 }
 
+/// How long an answer streams before its connection goes quiet: from then on the reader waits
+/// for the client's next request holding no read buffer (`front::connection::Reader::fill`).
+/// Short streams (a benchmark's, a tool call's) end well before and never pay the extra read a
+/// quiet connection's next request costs.
+pub(super) const QUIET_AFTER: Duration = Duration::from_millis(250);
+
 pub struct Http1Sink {
     writer: OwnedWriteHalf<TcpStream>,
     out: Vec<u8>,
     gone: Rc<Latch>,
+    /// Set once an answer has streamed for [`QUIET_AFTER`]; the reader's, for good.
+    quiet: Rc<Latch>,
+    /// When the answer streaming now started (`None`: none streams, or `quiet` is set).
+    streaming_since: Option<Instant>,
     close: bool,
     /// The request was `HEAD`: send heads without bodies.
     head_only: bool,
@@ -101,16 +113,20 @@ pub struct Http1Sink {
 }
 
 impl Http1Sink {
-    /// The writer of a connection whose reader sets `gone` when the client leaves.
+    /// The writer of a connection whose reader sets `gone` when the client leaves, and reads
+    /// `quiet` (set here once an answer has streamed for [`QUIET_AFTER`]).
     pub(super) fn new(
         writer: OwnedWriteHalf<TcpStream>,
         gone: Rc<Latch>,
+        quiet: Rc<Latch>,
         shard: Rc<Shard>,
     ) -> Http1Sink {
         Http1Sink {
             writer,
             out: Vec::new(),
             gone,
+            quiet,
+            streaming_since: None,
             close: false,
             head_only: false,
             shard,
@@ -181,6 +197,9 @@ impl Http1Sink {
     /// counts the status and writes it out.
     fn stream_head(&mut self, status: u16, content_type: &str, extra_headers: &[(&str, &[u8])]) {
         self.status = status;
+        if !self.quiet.is_set() {
+            self.streaming_since = Some(Instant::now());
+        }
         let ids = (self.request_id, self.traceparent);
         let mut own: [(&str, &[u8]); OWN_HEADERS_MAX] =
             [("cache-control", b"no-cache"); OWN_HEADERS_MAX];
@@ -268,6 +287,12 @@ impl Sink for Http1Sink {
     fn waiting(&mut self) {
         if self.out.is_empty() {
             spare_buffers::give_back(std::mem::take(&mut self.out));
+        }
+        if let Some(since) = self.streaming_since
+            && since.elapsed() >= QUIET_AFTER
+        {
+            self.streaming_since = None;
+            self.quiet.set();
         }
     }
 

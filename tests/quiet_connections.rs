@@ -1,0 +1,114 @@
+//! A connection that has carried an answer streaming for a while goes quiet: from then on its
+//! reader waits for the next request holding no read buffer (a one-byte read first). These prove,
+//! through the real router, agent and sim, that a quiet connection still notices its client
+//! leaving mid-stream and still reads its next requests whole, however large.
+
+mod common;
+
+use std::net::Shutdown;
+
+use common::{Conn, Options, Site, chat, post_request, post_request_keep_alive};
+
+/// A token a second: the stream waits long between two writes, so a client that leaves is
+/// noticed by the reader (its one-byte read ending), not by the next write failing.
+fn site(name: &str) -> Site {
+    Site::start(
+        name,
+        Options::new()
+            .sim(&[
+                "--models",
+                "sim-model",
+                "--ttft",
+                "0ms",
+                "--itl",
+                "1s",
+                "--output-tokens",
+                "30",
+            ])
+            .agent(0, &["--capacity", "1"]),
+    )
+}
+
+/// Makes `conn` quiet: a keep-alive stream of three tokens a second apart, read to its end.
+/// The router waits for the third token two seconds into the stream, past `QUIET_AFTER`.
+fn make_quiet(conn: &mut Conn) {
+    let mut stream = chat("sim-model", true);
+    stream["max_tokens"] = 3.into();
+    conn.send(&post_request_keep_alive(
+        "/v1/chat/completions",
+        &stream.to_string(),
+    ))
+    .unwrap();
+    let response = conn.read_response().unwrap();
+    assert_eq!(response.status, 200);
+    assert!(String::from_utf8_lossy(&response.body).contains("[DONE]"));
+}
+
+/// The tokens the sim has generated (after the first), from its inter-token histogram.
+fn later_tokens(site: &Site) -> f64 {
+    site.sim_metric(0, "vllm:inter_token_latency_seconds_count")
+}
+
+fn leaving_a_quiet_stream_cancels_it(name: &str, request: fn(&str, &str) -> Vec<u8>) {
+    let site = site(name);
+    let mut conn = Conn::connect(site.http);
+    make_quiet(&mut conn);
+    conn.send(&request(
+        "/v1/chat/completions",
+        &chat("sim-model", true).to_string(),
+    ))
+    .unwrap();
+    assert_eq!(conn.read_head().unwrap().status, 200);
+    conn.read_chunk().unwrap().expect("role chunk");
+    conn.read_chunk().unwrap().expect("first token");
+    let tokens = later_tokens(&site);
+    let _ = conn.stream.shutdown(Shutdown::Both);
+    drop(conn);
+    site.wait_sim_metric(0, "sim_cancelled_total", |v| v >= 1.0);
+    // Cancelled before the sim's next token (a second away): the reader noticed the client
+    // leave; a write failing on that token would have let the sim generate it first.
+    assert_eq!(later_tokens(&site), tokens, "{}", site.logs());
+    site.wait_metric("hivenet_shard_in_flight", |v| v == 0.0);
+    site.wait_sim_metric(0, "sim_in_flight", |v| v == 0.0);
+    assert!(site.router_metric("hivenet_shard_client_disconnects_total") >= 1.0);
+    // Capacity 1: the next stream gets the slot only if the one that was left gave it back.
+    let mut conn = site.send_chat_stream("sim-model");
+    assert_eq!(conn.read_head().unwrap().status, 200);
+    conn.read_chunk().unwrap().expect("role chunk");
+}
+
+#[test]
+fn a_keep_alive_client_leaving_a_quiet_stream_cancels_it_at_the_backend() {
+    leaving_a_quiet_stream_cancels_it("quiet_leave_keep_alive", post_request_keep_alive);
+}
+
+#[test]
+fn a_connection_close_client_leaving_a_quiet_stream_cancels_it_at_the_backend() {
+    leaving_a_quiet_stream_cancels_it("quiet_leave_close", post_request);
+}
+
+#[test]
+fn a_quiet_connection_reads_its_next_requests_whole() {
+    let site = site("quiet_next_requests");
+    let mut conn = Conn::connect(site.http);
+    make_quiet(&mut conn);
+
+    // A prompt larger than a read between requests takes (4 KiB), then a small one, each read
+    // by the quiet connection from its first byte on; both must arrive whole to be answered.
+    for words in [3_000, 2] {
+        let mut request = chat("sim-model", false);
+        request["messages"][0]["content"] = "word ".repeat(words).into();
+        request["max_tokens"] = 2.into();
+        conn.send(&post_request_keep_alive(
+            "/v1/chat/completions",
+            &request.to_string(),
+        ))
+        .unwrap();
+        let response = conn.read_response().unwrap();
+        let body = String::from_utf8_lossy(&response.body);
+        assert_eq!(response.status, 200, "{body}\n{}", site.logs());
+        let value: serde_json::Value = serde_json::from_str(&body).expect("chat JSON");
+        assert_eq!(value["object"], "chat.completion", "{body}");
+    }
+    assert_eq!(site.sim_metric(0, "sim_requests_total"), 3.0);
+}
