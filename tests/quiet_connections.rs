@@ -1,7 +1,7 @@
-//! A connection that has carried an answer streaming for a while goes quiet: from then on its
-//! reader waits for the next request holding no read buffer (a one-byte read first). These prove,
-//! through the real router, agent and sim, that a quiet connection still notices its client
-//! leaving mid-stream and still reads its next requests whole, however large.
+//! A connection's reader waits for its second request, and for every request once it has carried
+//! an answer streaming for a while (it is quiet), holding no read buffer: a one-byte read first.
+//! These prove, through the real router, agent and sim, that such a wait still notices the client
+//! leaving mid-stream and that the requests after it are still read whole, however large.
 
 mod common;
 
@@ -49,10 +49,14 @@ fn later_tokens(site: &Site) -> f64 {
     site.sim_metric(0, "vllm:inter_token_latency_seconds_count")
 }
 
-fn leaving_a_quiet_stream_cancels_it(name: &str, request: fn(&str, &str) -> Vec<u8>) {
+/// Streams on a connection (made quiet first, or new), leaves the stream after its first token
+/// and checks the sim stopped before its next.
+fn leaving_a_stream_cancels_it(name: &str, quiet: bool, request: fn(&str, &str) -> Vec<u8>) {
     let site = site(name);
     let mut conn = Conn::connect(site.http);
-    make_quiet(&mut conn);
+    if quiet {
+        make_quiet(&mut conn);
+    }
     conn.send(&request(
         "/v1/chat/completions",
         &chat("sim-model", true).to_string(),
@@ -79,12 +83,19 @@ fn leaving_a_quiet_stream_cancels_it(name: &str, request: fn(&str, &str) -> Vec<
 
 #[test]
 fn a_keep_alive_client_leaving_a_quiet_stream_cancels_it_at_the_backend() {
-    leaving_a_quiet_stream_cancels_it("quiet_leave_keep_alive", post_request_keep_alive);
+    leaving_a_stream_cancels_it("quiet_leave_keep_alive", true, post_request_keep_alive);
 }
 
 #[test]
 fn a_connection_close_client_leaving_a_quiet_stream_cancels_it_at_the_backend() {
-    leaving_a_quiet_stream_cancels_it("quiet_leave_close", post_request);
+    leaving_a_stream_cancels_it("quiet_leave_close", true, post_request);
+}
+
+/// A new connection's first request is read with a buffer; the wait for its second takes none,
+/// so the client leaving its first stream is noticed by a one-byte read.
+#[test]
+fn a_client_leaving_the_first_stream_of_its_connection_cancels_it_at_the_backend() {
+    leaving_a_stream_cancels_it("quiet_leave_first", false, post_request_keep_alive);
 }
 
 #[test]

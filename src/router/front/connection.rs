@@ -215,6 +215,7 @@ async fn serve_http1(shard: &Rc<Shard>, stream: TcpStream, first: BytesMut) {
         stop_with_writer: true,
         peer,
         quiet: quiet.clone(),
+        waited_for_second: false,
     };
     let reading = monoio::spawn(read_loop(shard.clone(), reader, to_writer, gone.clone()));
     let mut sink = Http1Sink::new(writer, gone, quiet, shard.clone());
@@ -236,6 +237,8 @@ struct Reader {
     /// good: from then on a read between requests takes no buffer until a byte is in
     /// ([`Reader::fill`]).
     quiet: Rc<Latch>,
+    /// The wait for the connection's second request has begun (it takes no buffer either).
+    waited_for_second: bool,
 }
 
 enum ReadEnd {
@@ -252,43 +255,52 @@ impl Reader {
     ///
     /// Between requests (`buf` empty) a read is posted at once, so that a client that leaves
     /// is noticed while its request runs; with completion-based I/O that read holds its buffer
-    /// until bytes come. On a connection that has carried an answer streaming for a while
-    /// (`quiet`), that would be a buffer for every open stream doing nothing between two
-    /// tokens, so there the read between requests asks for one byte
-    /// ([`Reader::read_first_byte`]) and takes its buffer once that byte is in: one more read
-    /// a request on such a connection.
+    /// until bytes come, for as long as an answer streams. So where that wait may be long the
+    /// read asks for one byte ([`Reader::read_first_byte`]) and takes its buffer once that byte
+    /// is in, at one more read for the request that follows:
+    /// - the wait for a connection's second request: a new connection's first answer may stream
+    ///   for minutes, and one that is kept idle in a client's pool holds nothing either; a
+    ///   client that sends many short requests pays the one read once;
+    /// - every wait on a connection that has carried an answer streaming for a while (`quiet`).
     ///
-    /// Not an `async fn`: the usual read is returned as it is rather than awaited inside a
-    /// future of its own (measured: 200 instructions a request, `perf/instructions.sh`).
-    fn fill(
-        &mut self,
-        timeout: Duration,
-    ) -> impl std::future::Future<Output = Result<usize, ReadEnd>> + '_ {
+    /// One function with the read inline, the one-byte read a branch of it: a read awaited in a
+    /// future of its own, or either of two, costs every request 100 to 200 instructions
+    /// (`perf/instructions.sh`).
+    async fn fill(&mut self, mut timeout: Duration) -> Result<usize, ReadEnd> {
+        let mut first = 0;
         if !self.buf.is_empty() {
             self.make_room(READ_CHUNK_BYTES);
-            return Either::Left(self.read_into_room(timeout));
-        }
-        if !self.quiet.is_set() {
+        } else if self.waited_for_second && !self.quiet.is_set() {
             self.make_room(IDLE_READ_BYTES);
-            return Either::Left(self.read_into_room(timeout));
+        } else {
+            self.waited_for_second = true;
+            let started = Instant::now();
+            let byte = self.read_first_byte(timeout).await?;
+            self.make_room(IDLE_READ_BYTES);
+            self.buf.extend_from_slice(&[byte]);
+            first = 1;
+            timeout = timeout.saturating_sub(started.elapsed());
         }
-        Either::Right(self.fill_quiet(timeout))
+        let buf = std::mem::take(&mut self.buf);
+        let start = buf.len();
+        let end = buf.capacity();
+        let read = self.socket.read(buf.slice_mut(start..end));
+        let stop = writer_done(&self.writer_done, self.stop_with_writer);
+        // monoio's own timeout, inline: the reader's task is not nested in the request path's
+        // futures, and a boxed timer would add a kilobyte to every idle keep-alive connection.
+        match race(monoio::time::timeout(timeout, read), stop).await {
+            Either::Left(Ok((result, slice))) => {
+                self.buf = slice.into_inner();
+                bytes_read(result).map(|read| first + read)
+            }
+            // The buffer went with the cancelled read; the connection is ending anyway.
+            Either::Left(Err(_)) => Err(ReadEnd::TimedOut),
+            Either::Right(()) => Err(ReadEnd::WriterDone),
+        }
     }
 
-    /// [`Reader::fill`] between requests on a quiet connection: one byte first, then the rest.
-    async fn fill_quiet(&mut self, timeout: Duration) -> Result<usize, ReadEnd> {
-        let started = Instant::now();
-        let first = self.read_first_byte(timeout).await?;
-        self.make_room(IDLE_READ_BYTES);
-        self.buf.extend_from_slice(&[first]);
-        let rest = self
-            .read_into_room(timeout.saturating_sub(started.elapsed()))
-            .await?;
-        Ok(1 + rest)
-    }
-
-    /// One byte, read into a buffer of one: the wait for a quiet connection's next request (or
-    /// its client leaving) holds no read buffer.
+    /// One byte, read into a buffer of one: a wait for the next request (or the client leaving)
+    /// that holds no read buffer.
     async fn read_first_byte(&mut self, timeout: Duration) -> Result<u8, ReadEnd> {
         let read = self.socket.read(Vec::with_capacity(1));
         let stop = writer_done(&self.writer_done, self.stop_with_writer);
@@ -305,26 +317,6 @@ impl Reader {
     fn make_room(&mut self, want: usize) {
         if self.buf.capacity() - self.buf.len() < want / 2 {
             self.buf.reserve(want);
-        }
-    }
-
-    /// Reads into the room after what `buf` holds, within `timeout`.
-    async fn read_into_room(&mut self, timeout: Duration) -> Result<usize, ReadEnd> {
-        let buf = std::mem::take(&mut self.buf);
-        let start = buf.len();
-        let end = buf.capacity();
-        let read = self.socket.read(buf.slice_mut(start..end));
-        let stop = writer_done(&self.writer_done, self.stop_with_writer);
-        // monoio's own timeout, inline: the reader's task is not nested in the request path's
-        // futures, and a boxed timer would add a kilobyte to every idle keep-alive connection.
-        match race(monoio::time::timeout(timeout, read), stop).await {
-            Either::Left(Ok((result, slice))) => {
-                self.buf = slice.into_inner();
-                bytes_read(result)
-            }
-            // The buffer went with the cancelled read; the connection is ending anyway.
-            Either::Left(Err(_)) => Err(ReadEnd::TimedOut),
-            Either::Right(()) => Err(ReadEnd::WriterDone),
         }
     }
 }

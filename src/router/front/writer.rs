@@ -60,7 +60,7 @@ pub(super) async fn write_loop(
                 sink.close = !keep_alive || shard.lifecycle.is_draining();
                 sink.head_only = head_only;
                 sink.status = 0;
-                sink.streaming_since = None;
+                sink.first_wait = None;
                 if api::serve(shard, &request, sink).await.is_err() || sink.close {
                     return;
                 }
@@ -85,20 +85,20 @@ pub(super) async fn write_loop(
     }
 }
 
-/// How long an answer streams before its connection goes quiet: from then on the reader waits
-/// for the client's next request holding no read buffer (`front::connection::Reader::fill`).
-/// Short streams (a benchmark's, a tool call's) end well before and never pay the extra read a
-/// quiet connection's next request costs.
-pub(super) const QUIET_AFTER: Duration = Duration::from_millis(250);
+/// How long an answer streams, from the first time it waits for its next part, before its
+/// connection goes quiet: from then on the reader waits for each next request holding no read
+/// buffer (`front::connection::Reader::fill`). Short streams (a benchmark's, a tool call's) end
+/// well before and never pay the one more read a quiet connection's requests cost.
+const QUIET_AFTER: Duration = Duration::from_millis(250);
 
 pub struct Http1Sink {
     writer: OwnedWriteHalf<TcpStream>,
     out: Vec<u8>,
     gone: Rc<Latch>,
-    /// Set once an answer has streamed for [`QUIET_AFTER`]; the reader's, for good.
+    /// Set once an answer has streamed for [`QUIET_AFTER`], for good; the reader reads it.
     quiet: Rc<Latch>,
-    /// When the answer streaming now started (`None`: none streams, or `quiet` is set).
-    streaming_since: Option<Instant>,
+    /// When the answer streaming now first waited for its next part (`None`: it has not yet).
+    first_wait: Option<Instant>,
     close: bool,
     /// The request was `HEAD`: send heads without bodies.
     head_only: bool,
@@ -126,7 +126,7 @@ impl Http1Sink {
             out: Vec::new(),
             gone,
             quiet,
-            streaming_since: None,
+            first_wait: None,
             close: false,
             head_only: false,
             shard,
@@ -197,9 +197,6 @@ impl Http1Sink {
     /// counts the status and writes it out.
     fn stream_head(&mut self, status: u16, content_type: &str, extra_headers: &[(&str, &[u8])]) {
         self.status = status;
-        if !self.quiet.is_set() {
-            self.streaming_since = Some(Instant::now());
-        }
         let ids = (self.request_id, self.traceparent);
         let mut own: [(&str, &[u8]); OWN_HEADERS_MAX] =
             [("cache-control", b"no-cache"); OWN_HEADERS_MAX];
@@ -288,11 +285,13 @@ impl Sink for Http1Sink {
         if self.out.is_empty() {
             spare_buffers::give_back(std::mem::take(&mut self.out));
         }
-        if let Some(since) = self.streaming_since
-            && since.elapsed() >= QUIET_AFTER
-        {
-            self.streaming_since = None;
-            self.quiet.set();
+        if self.quiet.is_set() {
+            return;
+        }
+        match self.first_wait {
+            None => self.first_wait = Some(Instant::now()),
+            Some(since) if since.elapsed() >= QUIET_AFTER => self.quiet.set(),
+            Some(_) => {}
         }
     }
 
