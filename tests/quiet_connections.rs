@@ -29,8 +29,8 @@ fn site(name: &str) -> Site {
     )
 }
 
-/// Makes `conn` quiet: a keep-alive stream of three tokens a second apart, read to its end.
-/// The router waits for the third token two seconds into the stream, past `QUIET_AFTER`.
+/// Makes `conn` quiet: a keep-alive stream of three tokens a second apart, read to its end. The
+/// router's wait for the third token comes a second after its first wait, past `QUIET_AFTER`.
 fn make_quiet(conn: &mut Conn) {
     let mut stream = chat("sim-model", true);
     stream["max_tokens"] = 3.into();

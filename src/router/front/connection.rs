@@ -15,6 +15,7 @@
 //! 405, 408, 413, 431, 505); where the byte stream can no longer be trusted the answer carries
 //! `connection: close` and the connection ends. Nothing here can affect another connection.
 
+use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -206,7 +207,7 @@ async fn serve_http1(shard: &Rc<Shard>, stream: TcpStream, first: BytesMut) {
     let (reader, writer) = stream.into_split();
     let gone = Rc::new(Latch::default());
     let writer_done = Rc::new(Latch::default());
-    let quiet = Rc::new(Latch::default());
+    let quiet = Rc::new(Cell::new(false));
     let (to_writer, from_reader) = pipeline::pipeline(PIPELINE_DEPTH);
     let reader = Reader {
         socket: reader,
@@ -233,11 +234,12 @@ struct Reader {
     stop_with_writer: bool,
     /// The client's address, for the audit log.
     peer: Option<std::net::IpAddr>,
-    /// Set by the writer once an answer has streamed for a while (`Http1Sink::waiting`), for
+    /// Raised by the writer once an answer has streamed for a while (`Http1Sink::waiting`), for
     /// good: from then on a read between requests takes no buffer until a byte is in
     /// ([`Reader::fill`]).
-    quiet: Rc<Latch>,
-    /// The wait for the connection's second request has begun (it takes no buffer either).
+    quiet: Rc<Cell<bool>>,
+    /// The reader has waited once with nothing buffered: for the connection's second request,
+    /// unless its first one's body came after its head (that wait took no buffer either).
     waited_for_second: bool,
 }
 
@@ -270,7 +272,7 @@ impl Reader {
         let mut first = 0;
         if !self.buf.is_empty() {
             self.make_room(READ_CHUNK_BYTES);
-        } else if self.waited_for_second && !self.quiet.is_set() {
+        } else if self.waited_for_second && !self.quiet.get() {
             self.make_room(IDLE_READ_BYTES);
         } else {
             self.waited_for_second = true;

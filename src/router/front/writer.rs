@@ -3,6 +3,7 @@
 //! request phases. Its output buffer is lent from the shard's spare ones
 //! (`base::spare_buffers`) only while it has something to write.
 
+use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -95,8 +96,8 @@ pub struct Http1Sink {
     writer: OwnedWriteHalf<TcpStream>,
     out: Vec<u8>,
     gone: Rc<Latch>,
-    /// Set once an answer has streamed for [`QUIET_AFTER`], for good; the reader reads it.
-    quiet: Rc<Latch>,
+    /// Raised once an answer has streamed for [`QUIET_AFTER`], for good; the reader reads it.
+    quiet: Rc<Cell<bool>>,
     /// When the answer streaming now first waited for its next part (`None`: it has not yet).
     first_wait: Option<Instant>,
     close: bool,
@@ -114,11 +115,11 @@ pub struct Http1Sink {
 
 impl Http1Sink {
     /// The writer of a connection whose reader sets `gone` when the client leaves, and reads
-    /// `quiet` (set here once an answer has streamed for [`QUIET_AFTER`]).
+    /// `quiet` (raised here once an answer has streamed for [`QUIET_AFTER`]).
     pub(super) fn new(
         writer: OwnedWriteHalf<TcpStream>,
         gone: Rc<Latch>,
-        quiet: Rc<Latch>,
+        quiet: Rc<Cell<bool>>,
         shard: Rc<Shard>,
     ) -> Http1Sink {
         Http1Sink {
@@ -285,12 +286,12 @@ impl Sink for Http1Sink {
         if self.out.is_empty() {
             spare_buffers::give_back(std::mem::take(&mut self.out));
         }
-        if self.quiet.is_set() {
+        if self.quiet.get() {
             return;
         }
         match self.first_wait {
             None => self.first_wait = Some(Instant::now()),
-            Some(since) if since.elapsed() >= QUIET_AFTER => self.quiet.set(),
+            Some(since) if since.elapsed() >= QUIET_AFTER => self.quiet.set(true),
             Some(_) => {}
         }
     }
