@@ -123,3 +123,29 @@ fn a_quiet_connection_reads_its_next_requests_whole() {
     }
     assert_eq!(site.sim_metric(0, "sim_requests_total"), 3.0);
 }
+
+/// A client that sends the first byte of its next request and stalls is answered 408, as one
+/// that stalls later in the head is: the byte the one-byte read took is part of the request.
+#[test]
+fn a_stall_after_the_first_byte_of_the_next_request_is_408() {
+    let site = Site::start(
+        "quiet_stall",
+        Options::new()
+            .sim(&["--models", "sim-model", "--output-tokens", "2"])
+            .router_args(&["--client-header-timeout", "2s"])
+            .agent(0, &["--capacity", "1"]),
+    );
+    let mut conn = Conn::connect(site.http);
+    conn.send(&post_request_keep_alive(
+        "/v1/chat/completions",
+        &chat("sim-model", false).to_string(),
+    ))
+    .unwrap();
+    assert_eq!(conn.read_response().unwrap().status, 200);
+    conn.send(b"P").unwrap();
+    let response = conn
+        .read_response()
+        .unwrap_or_else(|e| panic!("no 408 for a stall after one byte: {e}\n{}", site.logs()));
+    assert_eq!(response.status, 408, "{}", response.text());
+    assert_eq!(response.json()["error"]["code"], "request_timeout");
+}

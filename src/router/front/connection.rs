@@ -269,7 +269,7 @@ impl Reader {
     /// future of its own, or either of two, costs every request 100 to 200 instructions
     /// (`perf/instructions.sh`).
     async fn fill(&mut self, mut timeout: Duration) -> Result<usize, ReadEnd> {
-        let mut first = 0;
+        let mut first = None;
         if !self.buf.is_empty() {
             self.make_room(READ_CHUNK_BYTES);
         } else if self.waited_for_second && !self.quiet.get() {
@@ -280,7 +280,7 @@ impl Reader {
             let byte = self.read_first_byte(timeout).await?;
             self.make_room(IDLE_READ_BYTES);
             self.buf.extend_from_slice(&[byte]);
-            first = 1;
+            first = Some(byte);
             timeout = timeout.saturating_sub(started.elapsed());
         }
         let buf = std::mem::take(&mut self.buf);
@@ -293,10 +293,16 @@ impl Reader {
         match race(monoio::time::timeout(timeout, read), stop).await {
             Either::Left(Ok((result, slice))) => {
                 self.buf = slice.into_inner();
-                bytes_read(result).map(|read| first + read)
+                bytes_read(result).map(|read| usize::from(first.is_some()) + read)
             }
-            // The buffer went with the cancelled read; the connection is ending anyway.
-            Either::Left(Err(_)) => Err(ReadEnd::TimedOut),
+            // The buffer went with the cancelled read; the connection is ending anyway. A byte
+            // read first stays: the client stalled partway (`read_head` answers 408).
+            Either::Left(Err(_)) => {
+                if let Some(byte) = first {
+                    self.buf.extend_from_slice(&[byte]);
+                }
+                Err(ReadEnd::TimedOut)
+            }
             Either::Right(()) => Err(ReadEnd::WriterDone),
         }
     }
@@ -531,11 +537,14 @@ async fn read_head(reader: &mut Reader, timeout: Duration) -> Result<Arrived, Ex
             }
         }
         let left = timeout.saturating_sub(started.elapsed());
-        // Part of a head already here means a stalled client, not an idle keep-alive one.
+        // Part of a head already here (or arrived before the time ran out: `Reader::fill`'s
+        // first byte) means a stalled client, not an idle keep-alive one.
         let partial = !reader.buf.is_empty();
         match reader.fill(left).await {
             Ok(_) => {}
-            Err(ReadEnd::TimedOut) if !partial => return Err(Exit::End(ReadOutcome::Stop)),
+            Err(ReadEnd::TimedOut) if !partial && reader.buf.is_empty() => {
+                return Err(Exit::End(ReadOutcome::Stop));
+            }
             Err(end) => return Err(end.into()),
         }
     }
