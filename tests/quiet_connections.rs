@@ -149,3 +149,37 @@ fn a_stall_after_the_first_byte_of_the_next_request_is_408() {
     assert_eq!(response.status, 408, "{}", response.text());
     assert_eq!(response.json()["error"]["code"], "request_timeout");
 }
+
+/// `--client-header-timeout` is how long a connection may stay idle between requests: counted
+/// from when its answer ends, not from when its request was read. A stream that outlasts it
+/// leaves the connection open for the client's next request.
+#[test]
+fn a_stream_longer_than_the_idle_timeout_leaves_its_connection_open() {
+    let site = Site::start(
+        "quiet_long_stream",
+        Options::new()
+            .sim(&["--models", "sim-model", "--ttft", "0ms", "--itl", "1s"])
+            .router_args(&["--client-header-timeout", "2s"])
+            .agent(0, &["--capacity", "1"]),
+    );
+    let mut conn = Conn::connect(site.http);
+    for max_tokens in [5, 1] {
+        let mut request = chat("sim-model", true);
+        request["max_tokens"] = max_tokens.into();
+        let bytes = post_request_keep_alive("/v1/chat/completions", &request.to_string());
+        // The second request's head comes in two parts, as a slow client's may: its time runs
+        // from its first bytes, not from the long wait before them.
+        let (first, rest) = bytes.split_at(if max_tokens == 1 { 20 } else { 0 });
+        conn.send(first).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        conn.send(rest).unwrap();
+        let response = conn.read_response().unwrap_or_else(|e| {
+            panic!(
+                "the connection closed after a long stream: {e}\n{}",
+                site.logs()
+            )
+        });
+        assert_eq!(response.status, 200, "{}", response.text());
+        assert!(response.text().contains("[DONE]"), "{}", response.text());
+    }
+}

@@ -15,7 +15,6 @@
 //! 405, 408, 413, 431, 505); where the byte stream can no longer be trusted the answer carries
 //! `connection: close` and the connection ends. Nothing here can affect another connection.
 
-use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -30,7 +29,7 @@ use crate::router::api::{self, ClientRequest};
 use crate::router::error::Rejection;
 use crate::router::front::handoff;
 use crate::router::front::pipeline::{self, Sender};
-use crate::router::front::writer::{Http1Sink, Inbound, write_loop};
+use crate::router::front::writer::{Answers, Http1Sink, Inbound, write_loop};
 use crate::router::metrics::ShardMetrics;
 use crate::router::shard::clients::{ConnectionPermit, Refusal};
 use crate::router::shard::state::Shard;
@@ -207,7 +206,7 @@ async fn serve_http1(shard: &Rc<Shard>, stream: TcpStream, first: BytesMut) {
     let (reader, writer) = stream.into_split();
     let gone = Rc::new(Latch::default());
     let writer_done = Rc::new(Latch::default());
-    let quiet = Rc::new(Cell::new(false));
+    let answers = Rc::new(Answers::default());
     let (to_writer, from_reader) = pipeline::pipeline(PIPELINE_DEPTH);
     let reader = Reader {
         socket: reader,
@@ -215,11 +214,11 @@ async fn serve_http1(shard: &Rc<Shard>, stream: TcpStream, first: BytesMut) {
         writer_done: writer_done.clone(),
         stop_with_writer: true,
         peer,
-        quiet: quiet.clone(),
+        answers: answers.clone(),
         waited_for_second: false,
     };
     let reading = monoio::spawn(read_loop(shard.clone(), reader, to_writer, gone.clone()));
-    let mut sink = Http1Sink::new(writer, gone, quiet, shard.clone());
+    let mut sink = Http1Sink::new(writer, gone, answers, shard.clone());
     write_loop(shard, &mut sink, from_reader).await;
     sink.shutdown().await;
     writer_done.set();
@@ -234,10 +233,10 @@ struct Reader {
     stop_with_writer: bool,
     /// The client's address, for the audit log.
     peer: Option<std::net::IpAddr>,
-    /// Raised by the writer once an answer has streamed for a while (`Http1Sink::waiting`), for
-    /// good: from then on a read between requests takes no buffer until a byte is in
-    /// ([`Reader::fill`]).
-    quiet: Rc<Cell<bool>>,
+    /// What the writer is doing: whether the connection is quiet (an answer streamed for a
+    /// while: from then on a read between requests takes no buffer until a byte is in,
+    /// [`Reader::fill`]), and whether it is idle (`read_head`'s timeout).
+    answers: Rc<Answers>,
     /// The reader has waited once with nothing buffered: for the connection's second request,
     /// unless its first one's body came after its head (that wait took no buffer either).
     waited_for_second: bool,
@@ -268,36 +267,46 @@ impl Reader {
     /// One function with the read inline, the one-byte read a branch of it: a read awaited in a
     /// future of its own, or either of two, costs every request 100 to 200 instructions
     /// (`perf/instructions.sh`).
-    async fn fill(&mut self, mut timeout: Duration) -> Result<usize, ReadEnd> {
+    async fn fill(&mut self, timeout: Duration) -> Result<usize, ReadEnd> {
+        self.fill_for(timeout, Wait::Within).await
+    }
+
+    /// [`Reader::fill`], where `wait` says what `timeout` bounds.
+    async fn fill_for(&mut self, mut timeout: Duration, wait: Wait) -> Result<usize, ReadEnd> {
         let mut first = None;
         if !self.buf.is_empty() {
             self.make_room(READ_CHUNK_BYTES);
-        } else if self.waited_for_second && !self.quiet.get() {
+        } else if self.waited_for_second && !self.answers.is_quiet() {
             self.make_room(IDLE_READ_BYTES);
         } else {
             self.waited_for_second = true;
             let started = Instant::now();
-            let byte = self.read_first_byte(timeout).await?;
+            let byte = self.read_first_byte(timeout, wait).await?;
             self.make_room(IDLE_READ_BYTES);
             self.buf.extend_from_slice(&[byte]);
             first = Some(byte);
-            timeout = timeout.saturating_sub(started.elapsed());
+            // A request has begun: an idle wait's time is over, the head's runs from here.
+            if wait == Wait::Within {
+                timeout = timeout.saturating_sub(started.elapsed());
+            }
         }
         let buf = std::mem::take(&mut self.buf);
         let start = buf.len();
         let end = buf.capacity();
         let read = self.socket.read(buf.slice_mut(start..end));
         let stop = writer_done(&self.writer_done, self.stop_with_writer);
-        // monoio's own timeout, inline: the reader's task is not nested in the request path's
+        // The timer inline, not boxed: the reader's task is not nested in the request path's
         // futures, and a boxed timer would add a kilobyte to every idle keep-alive connection.
-        match race(monoio::time::timeout(timeout, read), stop).await {
-            Either::Left(Ok((result, slice))) => {
+        let wait = if first.is_some() { Wait::Within } else { wait };
+        let expiry = expiry(timeout, wait, &self.answers);
+        match race(race(read, expiry), stop).await {
+            Either::Left(Either::Left((result, slice))) => {
                 self.buf = slice.into_inner();
                 bytes_read(result).map(|read| usize::from(first.is_some()) + read)
             }
             // The buffer went with the cancelled read; the connection is ending anyway. A byte
             // read first stays: the client stalled partway (`read_head` answers 408).
-            Either::Left(Err(_)) => {
+            Either::Left(Either::Right(())) => {
                 if let Some(byte) = first {
                     self.buf.extend_from_slice(&[byte]);
                 }
@@ -309,13 +318,14 @@ impl Reader {
 
     /// One byte, read into a buffer of one: a wait for the next request (or the client leaving)
     /// that holds no read buffer.
-    async fn read_first_byte(&mut self, timeout: Duration) -> Result<u8, ReadEnd> {
+    async fn read_first_byte(&mut self, timeout: Duration, wait: Wait) -> Result<u8, ReadEnd> {
         let read = self.socket.read(Vec::with_capacity(1));
         let stop = writer_done(&self.writer_done, self.stop_with_writer);
-        match race(monoio::time::timeout(timeout, read), stop).await {
-            Either::Left(Ok((Ok(1), byte))) => Ok(byte[0]),
-            Either::Left(Ok(_)) => Err(ReadEnd::Closed),
-            Either::Left(Err(_)) => Err(ReadEnd::TimedOut),
+        let expiry = expiry(timeout, wait, &self.answers);
+        match race(race(read, expiry), stop).await {
+            Either::Left(Either::Left((Ok(1), byte))) => Ok(byte[0]),
+            Either::Left(Either::Left(_)) => Err(ReadEnd::Closed),
+            Either::Left(Either::Right(())) => Err(ReadEnd::TimedOut),
             Either::Right(()) => Err(ReadEnd::WriterDone),
         }
     }
@@ -326,6 +336,29 @@ impl Reader {
         if self.buf.capacity() - self.buf.len() < want / 2 {
             self.buf.reserve(want);
         }
+    }
+}
+
+/// What a read's timeout bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// A request in progress (its head or body part-read), or a wait that is not for a request.
+    Within,
+    /// The wait for the next request: the timeout is how long the connection may be idle, and
+    /// it is not idle while an answer is written, however long that streams.
+    Idle,
+}
+
+/// Resolves once `timeout` has passed, and for an [`Wait::Idle`] wait, once the connection has
+/// been idle that long: an answer being written when the time is up, or one that ended
+/// meanwhile, starts it again. Never drops the read it is raced against to start again (a read
+/// dropped may have taken bytes).
+async fn expiry(timeout: Duration, wait: Wait, answers: &Answers) {
+    let mut finished = answers.finished();
+    monoio::time::sleep(timeout).await;
+    while wait == Wait::Idle && (answers.is_busy() || answers.finished() != finished) {
+        finished = answers.finished();
+        monoio::time::sleep(timeout).await;
     }
 }
 
@@ -508,7 +541,8 @@ fn announces_body(head: &RequestHead) -> bool {
 /// answer for one that stays idle, leaves, or a writer that finished.
 async fn read_head(reader: &mut Reader, timeout: Duration) -> Result<Arrived, Exit> {
     let limits = HeadLimits::default();
-    let started = Instant::now();
+    let mut started = Instant::now();
+    let mut after_idle = false;
     let mut wait = HeadWait::default();
     loop {
         let parsed = if wait.ready(&reader.buf, &limits) {
@@ -536,12 +570,18 @@ async fn read_head(reader: &mut Reader, timeout: Duration) -> Result<Arrived, Ex
                 return Err(Exit::Refuse(rejection, ReadOutcome::Linger));
             }
         }
-        let left = timeout.saturating_sub(started.elapsed());
         // Part of a head already here (or arrived before the time ran out: `Reader::fill`'s
         // first byte) means a stalled client, not an idle keep-alive one.
         let partial = !reader.buf.is_empty();
-        match reader.fill(left).await {
-            Ok(_) => {}
+        if partial && after_idle {
+            // The head's time runs from its first bytes, not from the idle wait before them
+            // (read only here: most heads arrive whole with their first bytes).
+            started = Instant::now();
+        }
+        let left = timeout.saturating_sub(started.elapsed());
+        let idle = if partial { Wait::Within } else { Wait::Idle };
+        match reader.fill_for(left, idle).await {
+            Ok(_) => after_idle = !partial,
             Err(ReadEnd::TimedOut) if !partial && reader.buf.is_empty() => {
                 return Err(Exit::End(ReadOutcome::Stop));
             }

@@ -62,7 +62,10 @@ pub(super) async fn write_loop(
                 sink.head_only = head_only;
                 sink.status = 0;
                 sink.first_wait = None;
-                if api::serve(shard, &request, sink).await.is_err() || sink.close {
+                sink.answers.begin();
+                let served = api::serve(shard, &request, sink).await;
+                sink.answers.finish();
+                if served.is_err() || sink.close {
                     return;
                 }
             }
@@ -92,12 +95,48 @@ pub(super) async fn write_loop(
 /// well before and never pay the one more read a quiet connection's requests cost.
 const QUIET_AFTER: Duration = Duration::from_millis(250);
 
+/// What a connection's writer tells its reader (both tasks on one shard): whether an answer is
+/// being written, how many have finished, and whether the connection is quiet.
+#[derive(Debug, Default)]
+pub(super) struct Answers {
+    busy: Cell<bool>,
+    finished: Cell<u64>,
+    quiet: Cell<bool>,
+}
+
+impl Answers {
+    /// An answer is being written: the connection is not idle, however long it streams.
+    pub(super) fn is_busy(&self) -> bool {
+        self.busy.get()
+    }
+
+    /// How many answers have finished; a change means the connection was not idle meanwhile.
+    pub(super) fn finished(&self) -> u64 {
+        self.finished.get()
+    }
+
+    /// An answer has streamed for [`QUIET_AFTER`] on this connection: the reader waits for the
+    /// next request holding no read buffer (`front::connection::Reader::fill`). For good.
+    pub(super) fn is_quiet(&self) -> bool {
+        self.quiet.get()
+    }
+
+    fn begin(&self) {
+        self.busy.set(true);
+    }
+
+    fn finish(&self) {
+        self.busy.set(false);
+        self.finished.set(self.finished.get().wrapping_add(1));
+    }
+}
+
 pub struct Http1Sink {
     writer: OwnedWriteHalf<TcpStream>,
     out: Vec<u8>,
     gone: Rc<Latch>,
-    /// Raised once an answer has streamed for [`QUIET_AFTER`], for good; the reader reads it.
-    quiet: Rc<Cell<bool>>,
+    /// Shared with the reader: this side writes it.
+    answers: Rc<Answers>,
     /// When the answer streaming now first waited for its next part (`None`: it has not yet).
     first_wait: Option<Instant>,
     close: bool,
@@ -115,18 +154,18 @@ pub struct Http1Sink {
 
 impl Http1Sink {
     /// The writer of a connection whose reader sets `gone` when the client leaves, and reads
-    /// `quiet` (raised here once an answer has streamed for [`QUIET_AFTER`]).
+    /// `answers`.
     pub(super) fn new(
         writer: OwnedWriteHalf<TcpStream>,
         gone: Rc<Latch>,
-        quiet: Rc<Cell<bool>>,
+        answers: Rc<Answers>,
         shard: Rc<Shard>,
     ) -> Http1Sink {
         Http1Sink {
             writer,
             out: Vec::new(),
             gone,
-            quiet,
+            answers,
             first_wait: None,
             close: false,
             head_only: false,
@@ -286,12 +325,12 @@ impl Sink for Http1Sink {
         if self.out.is_empty() {
             spare_buffers::give_back(std::mem::take(&mut self.out));
         }
-        if self.quiet.get() {
+        if self.answers.is_quiet() {
             return;
         }
         match self.first_wait {
             None => self.first_wait = Some(Instant::now()),
-            Some(since) if since.elapsed() >= QUIET_AFTER => self.quiet.set(true),
+            Some(since) if since.elapsed() >= QUIET_AFTER => self.answers.quiet.set(true),
             Some(_) => {}
         }
     }
