@@ -267,8 +267,12 @@ impl Reader {
     /// One function with the read inline, the one-byte read a branch of it: a read awaited in a
     /// future of its own, or either of two, costs every request 100 to 200 instructions
     /// (`perf/instructions.sh`).
-    async fn fill(&mut self, timeout: Duration) -> Result<usize, ReadEnd> {
-        self.fill_for(timeout, Wait::Within).await
+    fn fill(
+        &mut self,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<usize, ReadEnd>> + '_ {
+        // Returned as it is, not awaited in a future of its own (see above).
+        self.fill_for(timeout, Wait::Within)
     }
 
     /// [`Reader::fill`], where `wait` says what `timeout` bounds.
