@@ -252,7 +252,17 @@ enum ReadEnd {
 }
 
 impl Reader {
-    /// Reads more bytes onto the end of `buf`, within `timeout`.
+    /// Reads more bytes onto the end of `buf`, within `timeout`: [`Reader::fill_for`] with
+    /// [`Wait::Within`]. Returned as it is, not awaited in a future of its own (see
+    /// `fill_for`).
+    fn fill(
+        &mut self,
+        timeout: Duration,
+    ) -> impl std::future::Future<Output = Result<usize, ReadEnd>> + '_ {
+        self.fill_for(timeout, Wait::Within)
+    }
+
+    /// Reads more bytes onto the end of `buf`; `wait` says what `timeout` bounds.
     ///
     /// Between requests (`buf` empty) a read is posted at once, so that a client that leaves
     /// is noticed while its request runs; with completion-based I/O that read holds its buffer
@@ -267,15 +277,6 @@ impl Reader {
     /// One function with the read inline, the one-byte read a branch of it: a read awaited in a
     /// future of its own, or either of two, costs every request 100 to 200 instructions
     /// (`perf/instructions.sh`).
-    fn fill(
-        &mut self,
-        timeout: Duration,
-    ) -> impl std::future::Future<Output = Result<usize, ReadEnd>> + '_ {
-        // Returned as it is, not awaited in a future of its own (see above).
-        self.fill_for(timeout, Wait::Within)
-    }
-
-    /// [`Reader::fill`], where `wait` says what `timeout` bounds.
     async fn fill_for(&mut self, mut timeout: Duration, wait: Wait) -> Result<usize, ReadEnd> {
         let mut first = None;
         if !self.buf.is_empty() {

@@ -95,11 +95,12 @@ pub(super) async fn write_loop(
 /// well before and never pay the one more read a quiet connection's requests cost.
 const QUIET_AFTER: Duration = Duration::from_millis(250);
 
-/// What a connection's writer tells its reader (both tasks on one shard): whether an answer is
-/// being written, how many have finished, and whether the connection is quiet.
+/// What a connection's writer tells its reader (both tasks on one shard): how many answers it
+/// began and finished (one is being written while they differ), and whether the connection is
+/// quiet.
 #[derive(Debug, Default)]
 pub(super) struct Answers {
-    busy: Cell<bool>,
+    begun: Cell<u64>,
     finished: Cell<u64>,
     quiet: Cell<bool>,
 }
@@ -107,7 +108,7 @@ pub(super) struct Answers {
 impl Answers {
     /// An answer is being written: the connection is not idle, however long it streams.
     pub(super) fn is_busy(&self) -> bool {
-        self.busy.get()
+        self.begun.get() != self.finished.get()
     }
 
     /// How many answers have finished; a change means the connection was not idle meanwhile.
@@ -122,11 +123,10 @@ impl Answers {
     }
 
     fn begin(&self) {
-        self.busy.set(true);
+        self.begun.set(self.begun.get().wrapping_add(1));
     }
 
     fn finish(&self) {
-        self.busy.set(false);
         self.finished.set(self.finished.get().wrapping_add(1));
     }
 }
