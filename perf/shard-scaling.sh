@@ -37,6 +37,9 @@
 #   KINDS=json              json and/or stream ("json stream")
 #   MODES="callgrind native" which runs: callgrind (instructions), native (syscalls, switches)
 #   REQUESTS=1000           requests counted per placement under callgrind
+#   PLACEMENTS=""           only these placements (e.g. "all-local model-remote"); every one when
+#                           empty. With KEEP_TMP=1 and one placement per shard count, the kept
+#                           callgrind dumps are that placement's (each count overwrites the last)
 #   NATIVE_REQUESTS=5000    requests counted per placement in the native run
 #   WARMUP_REQUESTS=200     uncounted requests before each placement's count
 #   REPEATS=1               router runs per (kind, shards, mode); each restarts the router, so the

@@ -273,8 +273,9 @@ def cmd_run(args):
         }
 
     with open(args.out, "a") as out:
+        only = os.environ.get("PLACEMENTS", "").split()
         for name, dk, dm, needs in PLACEMENTS:
-            if n < needs:
+            if n < needs or (only and name not in only):
                 continue
             key_shard, model_shard = (front + dk) % n, (front + dm) % n
             key, model = raw_key(key_shard), MODELS[model_shard]
