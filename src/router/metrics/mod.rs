@@ -230,7 +230,7 @@ const SHARD_SERIES: [(&str, Kind, &str, Getter); 19] = [
     (
         "hivenet_shard_mesh_full_total",
         Kind::Counter,
-        "Messages refused because a mesh ring was full.",
+        "Visits to other shards refused because this shard's messages to them were backed up (4,096 waiting for room in their rings).",
         |m| m.mesh_full_total.load(Ordering::Relaxed) as i128,
     ),
     (

@@ -141,7 +141,7 @@ pub enum HoldEnd {
     Full,
     /// The hold budget ran out before an agent for the model registered.
     Expired,
-    /// The mesh ring to the model's owner is full.
+    /// This shard's messages to other shards are backed up (`Unanswered::MeshFull`).
     MeshFull,
     /// The router's drain ended (SIGTERM) while the request was held.
     ShuttingDown,

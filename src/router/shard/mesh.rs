@@ -5,17 +5,25 @@
 //! grows); each shard takes its [`Endpoint`]: `to[j]` producers and `from[i]` consumers, and its
 //! [`Waiter`].
 //!
+//! Memory: a shard's inbound rings share one budget of [`INBOUND_PER_SHARD`] messages
+//! ([`ring_capacity`]), so the mesh grows with the shard count, not with its square. With the
+//! router's 208-byte message that is 1.7 MB a shard (8192 × 208 B), whatever the count; a fixed
+//! 8192 a ring would have been 1.7 MB a *pair* — 95 MB at 8 shards, 6.9 GB at 64 — resident as
+//! soon as each ring carrying traffic wrapped once. A ring's depth is a batching knob, not a limit
+//! on what is in flight: a message that finds its ring full waits in the sender's outbox
+//! (`shard::outbox`).
+//!
 //! Wake-ups: a receiver that finds nothing to do raises its `sleeping` flag and waits on its own
 //! end of a socket pair, read natively by its runtime. A sender rings (writes one byte) only when it
 //! is the first to see the flag raised, so a burst of messages — or any message sent while the
 //! receiver is busy — costs no system call and no wake-up at all. Both sides fence between the
-//! ring operation and the flag, so a message is never stranded (see [`Waiter::wait_for`]).
+//! ring operation and the flag, so a message is never stranded (see [`Sleeper::sleep`]).
 //!
 //! Why not the runtime's cross-thread waker: monoio's remote wake looks the target thread up in a
 //! process-wide mutex-protected map on every call; that is a lock on the request path, taken by
 //! every shard.
 //!
-//! Error handling: a full ring is a typed error ([`MeshFull`]); the caller rejects the request. It
+//! Error handling: a full ring is a typed error ([`MeshFull`]) or hands the message back; it
 //! never blocks and never grows.
 
 use std::io::Write;
@@ -23,8 +31,21 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering, fence};
 
-/// Messages each ring holds before a sender sees [`MeshFull`].
-pub const RING_CAPACITY: usize = 8192;
+/// Messages a shard's inbound rings hold between them: each of the `shards - 1` rings into a
+/// shard holds its share ([`ring_capacity`]).
+pub const INBOUND_PER_SHARD: usize = 8192;
+
+/// The shallowest ring, however many shards: a receiver drains every ring each time it runs, so
+/// a ring needs room for what one sender produces between two of its receiver's drains, and a
+/// burst beyond it waits in the sender's outbox.
+pub const RING_MIN: usize = 64;
+
+/// Messages each ring between two of `shards` shards holds before a sender finds it full: an
+/// equal share of [`INBOUND_PER_SHARD`], at least [`RING_MIN`]. 8192 with two shards, 1170 with
+/// 8, 130 with 64; from 129 shards on, every ring is [`RING_MIN`] deep.
+pub fn ring_capacity(shards: usize) -> usize {
+    (INBOUND_PER_SHARD / shards.saturating_sub(1).max(1)).max(RING_MIN)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("mesh ring to shard {to} is full")]
@@ -41,7 +62,7 @@ struct Doorbell {
 
 impl Doorbell {
     fn ring(&self) {
-        // Pairs with the fence in `Waiter::wait_for`: either we see `sleeping` raised, or the
+        // Pairs with the fence in `Sleeper::sleep`: either we see `sleeping` raised, or the
         // receiver sees our message when it re-checks its rings.
         fence(Ordering::SeqCst);
         if self.sleeping.load(Ordering::Relaxed) && self.sleeping.swap(false, Ordering::AcqRel) {
@@ -81,6 +102,7 @@ impl Mesh {
             receivers.push(Some(receiver));
         }
         let doorbells: Arc<[Doorbell]> = doorbells.into();
+        let capacity = ring_capacity(shard_count);
         let mut endpoints: Vec<Endpoint<T>> = (0..shard_count)
             .map(|shard| Endpoint {
                 shard,
@@ -96,7 +118,7 @@ impl Mesh {
                 if sender == receiver {
                     continue;
                 }
-                let (producer, consumer) = rtrb::RingBuffer::new(RING_CAPACITY);
+                let (producer, consumer) = rtrb::RingBuffer::new(capacity);
                 endpoints[sender].to[receiver] = Some(producer);
                 endpoints[receiver].from[sender] = Some(consumer);
             }
@@ -108,6 +130,11 @@ impl Mesh {
 impl<T> Endpoint<T> {
     pub fn shard(&self) -> usize {
         self.shard
+    }
+
+    /// How many shards the mesh joins.
+    pub fn shards(&self) -> usize {
+        self.to.len()
     }
 
     /// Sends to another shard. Sending to oneself is a bug: owners call local state directly.
@@ -336,7 +363,7 @@ mod tests {
         let mut endpoints = Mesh::build::<(u8, u32)>(2).unwrap();
         let mut receiver = endpoints.pop().unwrap();
         let mut sender = endpoints.pop().unwrap();
-        for value in 0..RING_CAPACITY as u32 {
+        for value in 0..ring_capacity(2) as u32 {
             sender.send_wrapped(1, value, |value| (7, value)).unwrap();
         }
         let mut wrapped = false;
@@ -357,10 +384,44 @@ mod tests {
     }
 
     #[test]
+    fn the_rings_into_a_shard_share_one_budget_whatever_the_shard_count() {
+        assert_eq!(ring_capacity(1), INBOUND_PER_SHARD);
+        assert_eq!(ring_capacity(2), 8192);
+        assert_eq!(ring_capacity(8), 1170);
+        assert_eq!(ring_capacity(64), 130);
+        assert_eq!(ring_capacity(129), RING_MIN);
+        assert_eq!(ring_capacity(1024), RING_MIN);
+        for shards in 2..=256 {
+            let inbound = (shards - 1) * ring_capacity(shards);
+            assert!(
+                inbound <= INBOUND_PER_SHARD.max((shards - 1) * RING_MIN),
+                "{shards} shards: {inbound} messages into one shard"
+            );
+        }
+        // What the mesh reserves for the router's own message, linear in the shard count.
+        let message = std::mem::size_of::<crate::router::shard::messages::ShardToShard>();
+        let mesh_bytes = |shards: usize| shards * (shards - 1) * ring_capacity(shards) * message;
+        assert!(mesh_bytes(64) <= 64 * INBOUND_PER_SHARD * message);
+        assert!(mesh_bytes(256) <= 256 * 255 * RING_MIN * message);
+    }
+
+    #[test]
+    fn rings_are_built_at_their_share() {
+        let mut endpoints = Mesh::build::<u32>(8).unwrap();
+        let mut sender = endpoints.remove(0);
+        for value in 0..ring_capacity(8) as u32 {
+            sender.send(3, value).unwrap();
+        }
+        assert_eq!(sender.send(3, 0), Err(MeshFull { to: 3 }));
+        // The other rings are untouched by the full one.
+        sender.send(4, 0).unwrap();
+    }
+
+    #[test]
     fn full_ring_is_an_error_not_growth() {
         let mut endpoints = Mesh::build::<u32>(2).unwrap();
         let mut sender = endpoints.remove(0);
-        for value in 0..RING_CAPACITY as u32 {
+        for value in 0..ring_capacity(2) as u32 {
             sender.send(1, value).unwrap();
         }
         assert_eq!(sender.send(1, 0), Err(MeshFull { to: 1 }));

@@ -187,3 +187,12 @@ pub enum ShardToShard {
     /// A client connection for the shard that owns its first request's key (`shard::handoff`).
     Connection(Box<crate::router::shard::handoff::Handoff>),
 }
+
+#[cfg(test)]
+mod tests {
+    /// `shard::mesh` and `shard::outbox` size their memory with this figure in their docs.
+    #[test]
+    fn a_mesh_message_is_at_most_208_bytes() {
+        assert!(std::mem::size_of::<super::ShardToShard>() <= 208);
+    }
+}

@@ -42,8 +42,9 @@ use std::sync::Arc;
 /// Why a visit ended without an answer.
 #[derive(Debug)]
 pub enum Unanswered {
-    /// The ring to the owner is full, or this shard's deferred queue is congested; the visit
-    /// is handed back untouched.
+    /// This shard's messages to other shards are backed up past
+    /// [`outbox::DEFERRED_CONGESTED`](crate::router::shard::outbox::DEFERRED_CONGESTED); the
+    /// visit is handed back untouched.
     MeshFull(Visit),
     /// The deadline passed first.
     Timeout,
@@ -62,7 +63,7 @@ pub enum RouteError {
     NoAgents,
     /// The capacity wait reached the request deadline.
     Timeout,
-    /// The mesh ring to the owner shard is full.
+    /// This shard's messages to other shards are backed up (see [`Unanswered::MeshFull`]).
     MeshFull,
     /// B3 shed the request.
     Shed,
@@ -124,7 +125,7 @@ pub struct PoolAsk {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuotaRefusal {
     Limit(crate::logic::limits::LimitExceeded),
-    /// The mesh ring to the owner is full.
+    /// This shard's messages to other shards are backed up (see [`Unanswered::MeshFull`]).
     MeshFull,
     /// The owner did not answer before the request deadline.
     Timeout,
@@ -134,7 +135,7 @@ pub enum QuotaRefusal {
 pub(super) enum Started {
     Answered(Answer),
     Waiting(Waiter),
-    /// The ring to the owner is full, or this shard's deferred queue is congested.
+    /// This shard's messages to other shards are backed up (see [`Unanswered::MeshFull`]).
     Unsent(Visit),
 }
 
@@ -190,10 +191,12 @@ impl Shard {
             return Started::Unsent(visit);
         }
         self.waiters.borrow_mut().expect(ticket.sequence);
+        // A full ring is a burst, not a refusal: the visit waits in the outbox behind what
+        // already waits for the owner (`shard::outbox`), and its deadline runs meanwhile.
         let sent = self
             .outbox
             .borrow_mut()
-            .send_wrapped(owner, visit, |visit| ShardToShard::Visit { ticket, visit });
+            .send_or_defer_wrapped(owner, visit, |visit| ShardToShard::Visit { ticket, visit });
         match sent {
             Ok(()) => Started::Waiting(Waiter { ticket, withdrawal }),
             Err(visit) => {
@@ -561,7 +564,8 @@ impl Shard {
                 admission,
                 usage,
             })) => {
-                // Ring full: settle as delivered rather than lose the charge.
+                // Backed up past the congestion mark: settle as delivered rather than lose the
+                // charge.
                 self.notify(Notice::Quota(Release::Settle {
                     tenant,
                     admission,
@@ -636,10 +640,30 @@ mod tests {
     /// One real shard, not running (its owner is called inline, as its tasks would), with one
     /// agent of `capacity` slots for `MODEL`.
     fn shard_with_agent(capacity: u32) -> Rc<Shard> {
-        let mesh = crate::router::shard::mesh::Mesh::build(1)
-            .expect("a mesh")
-            .pop()
-            .expect("one endpoint");
+        shards_with_agent(1, capacity).pop().expect("one shard")
+    }
+
+    /// `count` real shards on one mesh, not running; `MODEL`'s owner has one agent of
+    /// `capacity` slots.
+    fn shards_with_agent(count: usize, capacity: u32) -> Vec<Rc<Shard>> {
+        let endpoints = crate::router::shard::mesh::Mesh::build(count).expect("a mesh");
+        let shards: Vec<Rc<Shard>> = endpoints
+            .into_iter()
+            .map(|mesh| Rc::new(new_shard(mesh, count)))
+            .collect();
+        let join = AgentJoin {
+            agent: AgentId(7),
+            generation: Generation(1),
+            capacity,
+            profile: Arc::new(AgentProfile::default()),
+        };
+        let now = crate::base::clock::now();
+        shards[MODEL.owner(count)]
+            .with_owner(|owner, effects| owner.agent_up(now, &join, &[MODEL], effects));
+        shards
+    }
+
+    fn new_shard(mesh: crate::router::shard::mesh::Endpoint<ShardToShard>, count: usize) -> Shard {
         let settings = crate::router::shard::state::ShardSettings {
             queue_depth: 16,
             prefix: Default::default(),
@@ -666,24 +690,35 @@ mod tests {
             handoff: None,
         };
         let (to_control, _) = tokio::sync::mpsc::channel(16);
-        let shard = Rc::new(Shard::new(
+        Shard::new(
             mesh,
-            1,
+            count,
             settings,
             Default::default(),
             Arc::new(crate::logic::auth::keys::KeyRegistry::open()),
             Arc::new(crate::logic::auth::admin::AdminAccess::Open),
             crate::router::shard::queues::ToControl::new(to_control, Default::default()),
-        ));
-        let join = AgentJoin {
-            agent: AgentId(7),
-            generation: Generation(1),
-            capacity,
-            profile: Arc::new(AgentProfile::default()),
-        };
-        let now = crate::base::clock::now();
-        shard.with_owner(|owner, effects| owner.agent_up(now, &join, &[MODEL], effects));
-        shard
+        )
+    }
+
+    /// What a shard's mesh task does with the messages other shards sent it, until none is left.
+    fn drain_mesh(shard: &Rc<Shard>) -> usize {
+        let mut applied = 0;
+        loop {
+            shard.outbox.borrow_mut().flush();
+            let Some((_, message)) = shard.outbox.borrow_mut().endpoint().pop() else {
+                return applied;
+            };
+            match message {
+                ShardToShard::Visit { ticket, visit } => shard.serve_remote(ticket, visit),
+                ShardToShard::Answer { ticket, answer } => shard.resolve(ticket, answer),
+                ShardToShard::Notice(notice) => {
+                    shard.with_owner(|owner, effects| owner.notice(&SystemClock, notice, effects))
+                }
+                ShardToShard::Connection(_) => panic!("no connection is handed off here"),
+            }
+            applied += 1;
+        }
     }
 
     fn acquire() -> Visit {
@@ -774,5 +809,60 @@ mod tests {
         release(&shard, first, grant);
         let third = shard.new_ticket();
         assert!(granted(shard.start_visit(third, acquire())).is_some());
+    }
+
+    #[test]
+    fn a_visit_that_finds_its_ring_full_waits_for_room_and_is_answered() {
+        let shards = shards_with_agent(2, 1);
+        let (requester, owner) = (&shards[1 - MODEL.owner(2)], &shards[MODEL.owner(2)]);
+        // The ring to the owner is full of notices it has not read yet.
+        let capacity = crate::router::shard::mesh::ring_capacity(2) as u64;
+        for sequence in 0..capacity {
+            requester.notify(Notice::Cancel {
+                ticket: Ticket {
+                    shard: requester.id as u16,
+                    sequence: u64::MAX - sequence,
+                },
+                model: MODEL,
+            });
+        }
+        assert_eq!(requester.outbox.borrow().deferred_len(), 0);
+
+        // The visit waits behind them instead of being refused (503 `queue_full` before).
+        let ticket = requester.new_ticket();
+        let started = requester.start_visit(ticket, acquire());
+        assert!(
+            matches!(started, Started::Waiting(_)),
+            "refused on a full ring"
+        );
+        assert_eq!(requester.outbox.borrow().deferred_len(), 1);
+        let mut wait =
+            Box::pin(requester.finish_visit(started, Instant::now() + Duration::from_secs(60)));
+        let waker = futures_util::task::noop_waker();
+        let mut context = Context::from_waker(&waker);
+        assert!(wait.as_mut().poll(&mut context).is_pending());
+
+        // The owner drains (the requester's outbox sends the visit once there is room), serves
+        // the visit; the requester hears the answer: the agent's slot.
+        for round in 0.. {
+            assert!(round < 10, "the deferred visit never went");
+            let applied = drain_mesh(owner);
+            requester.outbox.borrow_mut().flush();
+            if applied == 0 && !requester.outbox.borrow().has_deferred() {
+                break;
+            }
+        }
+        assert_eq!(drain_mesh(requester), 1, "one answer");
+        let std::task::Poll::Ready(answered) = wait.as_mut().poll(&mut context) else {
+            panic!("answered but still waiting")
+        };
+        let Ok(Answer::Decided {
+            decision: Decision::Granted(grant),
+            ..
+        }) = answered
+        else {
+            panic!("not granted: {answered:?}")
+        };
+        assert_eq!(grant.agent, AgentId(7));
     }
 }
