@@ -156,6 +156,7 @@ for hops in $NGINX_HOPS; do
 done
 
 ROUTER_SSE_EVENTS=0
+declare -A MEM=()
 for i in "${!VARIANTS[@]}"; do
   v=${VARIANTS[$i]}
   v=$(trim_blanks "$v")
@@ -165,6 +166,12 @@ for i in "${!VARIANTS[@]}"; do
   ROUTER_SSE_EVENTS=$SSE_EVENTS
   for kind in $CASES; do
     measure "router$i-$kind" "router#$i $kind" router "$kind" "http://$ROUTER_HTTP"
+  done
+  # The router's memory once its cases ran: peak and current resident, and what it reserved
+  # (buffers sized at start-up, the mesh's rings, show here before they are touched).
+  for f in VmHWM VmRSS VmSize; do
+    MEM[$i.$f]=$(awk -v f="$f:" '$1 == f {print $2}' "/proc/${PID[router]}/status" 2>/dev/null || true)
+    MEM[$i.$f]=${MEM[$i.$f]:-null}
   done
   stop_router_stack
 done
@@ -196,6 +203,9 @@ for id in "${CASE_IDS[@]}"; do
     "${R[$id.nginx_us_per_req]/null/-}" "${R[$id.proxy_sys_us_per_req]}" \
     "${R[$id.sim_us_per_req]}" "${R[$id.sim_cores]}" \
     "${R[$id.wrk_cores]}" "${R[$id.other_cores]}" "${R[$id.machine_busy_cores]}"
+done
+for i in "${!VARIANTS[@]}"; do
+  echo "router#$i memory after its cases: peak RSS ${MEM[$i.VmHWM]} KiB, RSS ${MEM[$i.VmRSS]} KiB, reserved ${MEM[$i.VmSize]} KiB"
 done
 echo "(*_us = CPU microseconds per request of that process; sys_us = the kernel's part of the"
 echo " proxy's (router's or nginx's) figure; sim_cpu/wrk_cpu/other = cores busy during the window:"
@@ -265,6 +275,14 @@ json_str() { local s=${1//\\/\\\\}; s=${s//\"/\\\"}; printf '"%s"' "$s"; }
   done
   echo
   echo "  ],"
+  printf '  "router_memory_kib": ['
+  sep=""
+  for i in "${!VARIANTS[@]}"; do
+    printf '%s{"variant": %s, "peak_rss": %s, "rss": %s, "reserved": %s}' "$sep" "$i" \
+      "${MEM[$i.VmHWM]}" "${MEM[$i.VmRSS]}" "${MEM[$i.VmSize]}"
+    sep=", "
+  done
+  echo "],"
   echo "  \"ratios_router_over_nginx\": [$RATIOS_1HOP_JSON"
   echo "  ],"
   echo "  \"ratios_router_over_nginx_2hops\": [$RATIOS_2HOPS_JSON"
