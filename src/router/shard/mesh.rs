@@ -6,8 +6,9 @@
 //! [`Waiter`].
 //!
 //! Memory: a shard's inbound rings share one budget of [`INBOUND_PER_SHARD`] messages
-//! ([`ring_capacity`]), so the mesh grows with the shard count, not with its square. With the
-//! router's 208-byte message that is 1.7 MB a shard (8192 × 208 B), whatever the count; a fixed
+//! ([`ring_capacity`]), so the mesh grows with the shard count, not with its square (up to 513
+//! shards, see [`RING_MIN`]). With the router's 208-byte message that is 1.7 MB a shard (8192 ×
+//! 208 B); a fixed
 //! 8192 a ring would have been 1.7 MB a *pair* — 95 MB at 8 shards, 6.9 GB at 64 — resident as
 //! soon as each ring carrying traffic wrapped once. A ring's depth is a batching knob, not a limit
 //! on what is in flight: a message that finds its ring full waits in the sender's outbox
@@ -36,13 +37,15 @@ use std::sync::atomic::{AtomicBool, Ordering, fence};
 pub const INBOUND_PER_SHARD: usize = 8192;
 
 /// The shallowest ring, however many shards: a receiver drains every ring each time it runs, so
-/// a ring needs room for what one sender produces between two of its receiver's drains, and a
-/// burst beyond it waits in the sender's outbox.
-pub const RING_MIN: usize = 64;
+/// a ring needs room for what one sender produces between two of its receiver's drains (with
+/// hundreds of shards, a sender's share of one owner's traffic is small), and a burst beyond it
+/// waits in the sender's outbox. Past 513 shards the floor makes the mesh grow with the square of
+/// the shard count again: `n × (n − 1) × 16` messages, 870 MB at 512 shards.
+pub const RING_MIN: usize = 16;
 
 /// Messages each ring between two of `shards` shards holds before a sender finds it full: an
 /// equal share of [`INBOUND_PER_SHARD`], at least [`RING_MIN`]. 8192 with two shards, 1170 with
-/// 8, 130 with 64; from 129 shards on, every ring is [`RING_MIN`] deep.
+/// 8, 130 with 64, 32 with 256; from 513 shards on, every ring is [`RING_MIN`] deep.
 pub fn ring_capacity(shards: usize) -> usize {
     (INBOUND_PER_SHARD / shards.saturating_sub(1).max(1)).max(RING_MIN)
 }
@@ -389,9 +392,10 @@ mod tests {
         assert_eq!(ring_capacity(2), 8192);
         assert_eq!(ring_capacity(8), 1170);
         assert_eq!(ring_capacity(64), 130);
-        assert_eq!(ring_capacity(129), RING_MIN);
+        assert_eq!(ring_capacity(256), 32);
+        assert_eq!(ring_capacity(513), RING_MIN);
         assert_eq!(ring_capacity(1024), RING_MIN);
-        for shards in 2..=256 {
+        for shards in 2..=1024 {
             let inbound = (shards - 1) * ring_capacity(shards);
             assert!(
                 inbound <= INBOUND_PER_SHARD.max((shards - 1) * RING_MIN),
@@ -402,7 +406,8 @@ mod tests {
         let message = std::mem::size_of::<crate::router::shard::messages::ShardToShard>();
         let mesh_bytes = |shards: usize| shards * (shards - 1) * ring_capacity(shards) * message;
         assert!(mesh_bytes(64) <= 64 * INBOUND_PER_SHARD * message);
-        assert!(mesh_bytes(256) <= 256 * 255 * RING_MIN * message);
+        assert!(mesh_bytes(512) <= 512 * INBOUND_PER_SHARD * message);
+        assert!(mesh_bytes(1024) <= 1024 * 1023 * RING_MIN * message);
     }
 
     #[test]
