@@ -180,6 +180,12 @@ impl<T> Endpoint<T> {
         Ok(())
     }
 
+    /// Rings this shard's own doorbell, when its mesh task is waiting on it: something other than
+    /// another shard's message needs that task (a message of its own deferred by another task).
+    pub fn wake_own(&self) {
+        self.doorbells[self.shard].ring();
+    }
+
     /// Whether any ring into this shard holds a message.
     pub fn has_inbound(&self) -> bool {
         self.from

@@ -82,8 +82,21 @@ impl Outbox {
         }
         match self.endpoint.send_returning(to, message) {
             Ok(()) => Ok(()),
-            Err(message) => self.deferred.push(to, message).map_err(Overflow),
+            Err(message) => self.defer(to, message),
         }
+    }
+
+    /// Queues a message whose ring is full. The first one deferred wakes this shard's mesh
+    /// task if it waits on its doorbell: that task is what sends the queues once the rings
+    /// drain, and the owner draining them rings nothing here.
+    #[allow(clippy::result_large_err)]
+    fn defer(&mut self, to: usize, message: ShardToShard) -> Result<(), Overflow> {
+        let first = self.deferred.is_empty();
+        self.deferred.push(to, message).map_err(Overflow)?;
+        if first {
+            self.endpoint.wake_own();
+        }
+        Ok(())
     }
 
     /// Sends `wrap(message)`, or queues it behind what already waits for `to`; hands `message`
@@ -275,6 +288,32 @@ mod tests {
             outbox.deferred.queues[1].capacity() <= KEPT_WHEN_EMPTY,
             "the burst's room was kept"
         );
+    }
+
+    #[test]
+    fn the_first_message_deferred_wakes_the_shards_own_mesh_task() {
+        use std::io::Read;
+        let mut endpoints = Mesh::build::<ShardToShard>(2).unwrap();
+        let _receiver = endpoints.pop().unwrap();
+        let mut endpoint = endpoints.pop().unwrap();
+        let (socket, sleeper) = endpoint.waiter().into_parts();
+        let mut outbox = Outbox::new(endpoint);
+        for sequence in 0..ring_capacity(2) as u64 {
+            outbox.send_or_defer(1, cancel(sequence)).unwrap();
+        }
+        let mut byte = [0u8; 8];
+        // The mesh task waits on its doorbell, as it does with nothing deferred.
+        sleeper.sleep();
+        outbox.send_or_defer(1, cancel(u64::MAX)).unwrap();
+        assert_eq!(
+            (&socket).read(&mut byte).expect("woken"),
+            1,
+            "a deferred message left for a mesh task nobody wakes"
+        );
+        // It is awake now and sends the queue as the ring drains: no more rings.
+        sleeper.wake();
+        outbox.send_or_defer(1, cancel(u64::MAX - 1)).unwrap();
+        assert!((&socket).read(&mut byte).is_err(), "rung again");
     }
 
     #[test]
