@@ -71,7 +71,7 @@ fn admission(criterion: &mut Criterion) {
     let first = limits
         .admit(Millis(now), DAY, &MODEL, ESTIMATE, Share::Whole)
         .unwrap();
-    limits.cancel(first);
+    limits.cancel(first.charge);
 
     let before = ALLOCATIONS.load(Ordering::Relaxed);
     for _ in 0..100_000 {
@@ -82,7 +82,7 @@ fn admission(criterion: &mut Criterion) {
         limits.settle(
             Millis(now),
             DAY,
-            admitted,
+            admitted.charge,
             UsedTokens {
                 input_tokens: 900,
                 output_tokens: 200,
@@ -124,7 +124,7 @@ fn admission(criterion: &mut Criterion) {
             black_box(limits.settle(
                 Millis(now),
                 DAY,
-                admitted,
+                admitted.charge,
                 UsedTokens {
                     input_tokens: 900,
                     output_tokens: 200,

@@ -62,7 +62,7 @@ fn admit_and_settle_allocate_nothing() {
     let first = limits
         .admit(Millis(0), day, &model, estimate, Share::Whole)
         .unwrap();
-    limits.cancel(first);
+    limits.cancel(first.charge);
 
     // The counter sees this thread's allocations.
     let before = ALLOCATIONS.with(Cell::get);
@@ -81,7 +81,7 @@ fn admit_and_settle_allocate_nothing() {
                     input_tokens: 450,
                     output_tokens: 80,
                 };
-                limits.settle(now, day, admission, usage, Delivery::Streamed);
+                limits.settle(now, day, admission.charge, usage, Delivery::Streamed);
             }
             Err(rejection) => {
                 refused += 1;

@@ -232,7 +232,10 @@ fn eight_shards_answer_every_request_and_share_one_key_s_limit_exactly() {
     // More requests at once than slots: the model's owner queued some and granted them as
     // others ended, over the mesh to the shards that read them.
     let queued = metric_sum(&site.router_metrics(), "hivenet_shard_queued_total", &[]);
-    assert!(queued > queued_before, "nothing queued: the run did not fill the agent");
+    assert!(
+        queued > queued_before,
+        "nothing queued: the run did not fill the agent"
+    );
     eprintln!(
         "{} requests in {elapsed:?}; the shared key admitted {admitted} of {} (refill {refilled}); {} queued",
         seen.len(),

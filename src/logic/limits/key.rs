@@ -104,6 +104,9 @@ pub struct RequestAdmission {
 }
 
 /// What the token phase charged; hand it back to [`KeyLimits::settle`] or [`KeyLimits::cancel`].
+/// Only what settling needs: it travels with the request (in its quota guard and, when the
+/// key's owner is another shard, in three mesh messages), so what the headers need stays in
+/// [`TokenAdmission`].
 #[must_use = "a token charge must be settled or cancelled"]
 #[derive(Debug, PartialEq, Eq)]
 pub struct TokenCharge {
@@ -112,6 +115,13 @@ pub struct TokenCharge {
     /// Tokens taken from the model's ITPM bucket (0 when none).
     input_rate_tokens: u64,
     daily: Option<DailyAdmission>,
+}
+
+/// The token phase passed: the charge, and what is left for the response's headers.
+#[must_use = "a token charge must be settled or cancelled"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct TokenAdmission {
+    pub charge: TokenCharge,
     /// For `X-RateLimit-Remaining-Requests` (filled by [`KeyLimits::admit`]).
     pub remaining_requests: Option<u64>,
     /// For `X-RateLimit-Remaining-Tokens`; `None` without a finite daily budget.
@@ -512,7 +522,7 @@ impl KeyLimits {
         model: &ModelContext,
         estimate: Estimate,
         share: Share,
-    ) -> Result<TokenCharge, LimitExceeded> {
+    ) -> Result<TokenAdmission, LimitExceeded> {
         if !self.covers(model.model) {
             return Err(not_in_quota(model.model));
         }
@@ -567,11 +577,13 @@ impl KeyLimits {
                 }
             }
         };
-        Ok(TokenCharge {
-            model: model.model,
-            serverless: model.serverless,
-            input_rate_tokens,
-            daily,
+        Ok(TokenAdmission {
+            charge: TokenCharge {
+                model: model.model,
+                serverless: model.serverless,
+                input_rate_tokens,
+                daily,
+            },
             remaining_requests: None,
             remaining_tokens,
         })
@@ -586,7 +598,7 @@ impl KeyLimits {
         model: &ModelContext,
         estimate: Estimate,
         share: Share,
-    ) -> Result<TokenCharge, LimitExceeded> {
+    ) -> Result<TokenAdmission, LimitExceeded> {
         let request = self.admit_request(now, model, share)?;
         match self.admit_tokens(now, day, model, estimate, share) {
             Ok(mut admission) => {

@@ -5,9 +5,9 @@
 //! run (seed `admission-control.md`, "Gate order": the request-per-minute check, then B4's
 //! output-rate state and input tokens per minute, then daily token admission). It must not read a
 //! clock, do I/O, allocate on the admit path of a warmed key, or know about HTTP: the caller passes
-//! monotonic time ([`Millis`]) and the UTC day ([`Day`]) in, and gets decisions ([`TokenCharge`],
-//! [`LimitExceeded`], [`Settlement`]) back. `api::refusal` turns a [`LimitExceeded`] into a
-//! status, code, envelope and headers.
+//! monotonic time ([`Millis`]) and the UTC day ([`Day`]) in, and gets decisions
+//! ([`TokenAdmission`] and its [`TokenCharge`], [`LimitExceeded`], [`Settlement`]) back.
+//! `api::refusal` turns a [`LimitExceeded`] into a status, code, envelope and headers.
 //!
 //! # Key components
 //! - [`bucket::Bucket`]: a continuously refilling token bucket in exact integer arithmetic.
@@ -53,7 +53,7 @@ pub use bucket::{Bucket, Shortfall};
 pub use daily::{DailyAdmission, DailyBudget, DailySettlement, DailyShortfall};
 pub use key::{
     BucketRef, Delivery, Estimate, FlatQuota, KeyLimits, KeyQuota, ModelContext, ModelQuota,
-    RequestAdmission, Settlement, TokenCharge, UsedTokens,
+    RequestAdmission, Settlement, TokenAdmission, TokenCharge, UsedTokens,
 };
 pub use rate::{BurstSeconds, BurstSecondsError, RateDecision, RequestRate, TokenRate};
 pub use share::Share;

@@ -7,12 +7,11 @@
 //!
 //! Memory: a shard's inbound rings share one budget of [`INBOUND_PER_SHARD`] messages
 //! ([`ring_capacity`]), so the mesh grows with the shard count, not with its square (up to 513
-//! shards, see [`RING_MIN`]). With the router's 208-byte message that is 1.7 MB a shard (8192 ×
-//! 208 B); a fixed
-//! 8192 a ring would have been 1.7 MB a *pair* — 95 MB at 8 shards, 6.9 GB at 64 — resident as
-//! soon as each ring carrying traffic wrapped once. A ring's depth is a batching knob, not a limit
-//! on what is in flight: a message that finds its ring full waits in the sender's outbox
-//! (`shard::outbox`).
+//! shards, see [`RING_MIN`]). With the router's 144-byte message that is 1.2 MB a shard (8192 ×
+//! 144 B); a fixed 8192 a ring of the 208-byte message it had before would have been 1.7 MB a
+//! *pair* — 95 MB at 8 shards, 6.9 GB at 64 — resident as soon as each ring carrying traffic
+//! wrapped once. A ring's depth is a batching knob, not a limit on what is in flight: a message
+//! that finds its ring full waits in the sender's outbox (`shard::outbox`).
 //!
 //! Wake-ups: a receiver that finds nothing to do raises its `sleeping` flag and waits on its own
 //! end of a socket pair, read natively by its runtime. A sender rings (writes one byte) only when it
@@ -40,7 +39,7 @@ pub const INBOUND_PER_SHARD: usize = 8192;
 /// a ring needs room for what one sender produces between two of its receiver's drains (with
 /// hundreds of shards, a sender's share of one owner's traffic is small), and a burst beyond it
 /// waits in the sender's outbox. Past 513 shards the floor makes the mesh grow with the square of
-/// the shard count again: `n × (n − 1) × 16` messages, 870 MB at 512 shards.
+/// the shard count again: `n × (n − 1) × 16` messages, 600 MB at 512 shards.
 pub const RING_MIN: usize = 16;
 
 /// Messages each ring between two of `shards` shards holds before a sender finds it full: an

@@ -192,7 +192,7 @@ pub enum ShardToShard {
 mod tests {
     /// `shard::mesh` and `shard::outbox` size their memory with this figure in their docs.
     #[test]
-    fn a_mesh_message_is_at_most_208_bytes() {
-        assert!(std::mem::size_of::<super::ShardToShard>() <= 208);
+    fn a_mesh_message_is_at_most_144_bytes() {
+        assert!(std::mem::size_of::<super::ShardToShard>() <= 144);
     }
 }

@@ -17,7 +17,7 @@
 //!
 //! Memory: a queue allocates only when its ring is full, and one that held more than
 //! [`KEPT_WHEN_EMPTY`] messages gives the room back once it empties; at the bound the queues hold
-//! [`DEFERRED_MAX`] messages of 208 bytes (13.6 MB), only while a shard is not draining.
+//! [`DEFERRED_MAX`] messages of 144 bytes (9.4 MB), only while a shard is not draining.
 
 use std::collections::VecDeque;
 

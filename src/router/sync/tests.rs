@@ -97,7 +97,7 @@ fn request(router: &mut Router, now: Millis, tokens: u64) {
         router.limits.settle(
             now,
             MONDAY,
-            admission,
+            admission.charge,
             crate::logic::limits::UsedTokens {
                 input_tokens: tokens,
                 output_tokens: 0,

@@ -49,7 +49,7 @@ fn unlimited_key_admits_everything() {
         key.settle(
             Millis(0),
             MONDAY,
-            admission,
+            admission.charge,
             UsedTokens::default(),
             Delivery::Streamed,
         );
@@ -90,7 +90,7 @@ fn b4_rejections_retry_after_one_and_output_checked_before_input() {
     key.settle(
         Millis(0),
         MONDAY,
-        admission,
+        admission.charge,
         UsedTokens {
             input_tokens: 100,
             output_tokens: 10_000,
@@ -185,7 +185,7 @@ fn daily_refusal_gives_back_the_input_rate_charge() {
         .admit(Millis(0), MONDAY, &model, estimate(800), Share::Whole)
         .unwrap();
     assert_eq!(admission.remaining_tokens, Some(200));
-    key.cancel(admission);
+    key.cancel(admission.charge);
     assert!(key.is_idle(Millis(0), MONDAY));
 }
 
@@ -199,7 +199,7 @@ fn settle_trues_up_input_and_charges_output() {
     let settlement = key.settle(
         Millis(0),
         MONDAY,
-        admission,
+        admission.charge,
         UsedTokens {
             input_tokens: 800,
             output_tokens: 300,
@@ -236,7 +236,7 @@ fn buffered_output_over_budget_is_refused_and_provider_charges_nothing_after() {
     let settlement = key.settle(
         Millis(0),
         MONDAY,
-        admission,
+        admission.charge,
         UsedTokens {
             input_tokens: 900,
             output_tokens: 200,
@@ -255,7 +255,7 @@ fn buffered_output_over_budget_is_refused_and_provider_charges_nothing_after() {
     let settlement = key.settle(
         later,
         MONDAY,
-        admission,
+        admission.charge,
         UsedTokens {
             input_tokens: 5,
             output_tokens: 10_000,
@@ -356,7 +356,13 @@ fn reload_keeps_usage_and_todays_total() {
             input_tokens: 100,
             output_tokens: 50,
         };
-        key.settle(Millis(0), MONDAY, admission, usage, Delivery::Streamed);
+        key.settle(
+            Millis(0),
+            MONDAY,
+            admission.charge,
+            usage,
+            Delivery::Streamed,
+        );
     }
     let raised = KeyQuota::Flat(FlatQuota {
         requests_per_minute: 20,
@@ -522,7 +528,7 @@ fn daily_budget_resets_at_midnight_for_a_key() {
     let settlement = key.settle(
         Millis(2),
         TUESDAY,
-        before_midnight,
+        before_midnight.charge,
         UsedTokens {
             input_tokens: 700,
             output_tokens: 100,
@@ -585,7 +591,7 @@ fn idle_keys_are_dropped_and_memory_stays_bounded_under_churn() {
             key.settle(
                 now,
                 MONDAY,
-                admission,
+                admission.charge,
                 UsedTokens::default(),
                 Delivery::Streamed,
             );
@@ -611,7 +617,7 @@ fn idle_keys_are_dropped_and_memory_stays_bounded_under_churn() {
             Share::Whole,
         )
         .unwrap();
-    daily.cancel(admission);
+    daily.cancel(admission.charge);
     assert!(daily.is_idle(Millis(0), MONDAY));
     let _ = daily
         .admit(
@@ -688,10 +694,10 @@ proptest::proptest! {
             };
             requests += 1;
             match outcome {
-                0 => key.cancel(admission),
+                0 => key.cancel(admission.charge),
                 _ => {
                     let usage = UsedTokens { input_tokens: exact_input, output_tokens: exact_output };
-                    key.settle(now, MONDAY, admission, usage, Delivery::Streamed);
+                    key.settle(now, MONDAY, admission.charge, usage, Delivery::Streamed);
                     exact_total += exact_input + exact_output;
                 }
             }

@@ -318,23 +318,22 @@ impl Quotas {
                     remaining_requests: request.remaining_requests,
                     remaining_tokens: None,
                 }),
-            Charge::TokensOnly(estimate) => {
-                admit_tokens(now, day, key, owner, rates, model, estimate, share).map(|admission| {
-                    Admitted {
-                        remaining_requests: None,
-                        remaining_tokens: admission.owner.remaining_tokens,
-                        admission: Some(admission),
-                    }
-                })
-            }
+            Charge::TokensOnly(estimate) => admit_tokens(
+                now, day, key, owner, rates, model, estimate, share,
+            )
+            .map(|(admission, remaining_tokens)| Admitted {
+                remaining_requests: None,
+                remaining_tokens,
+                admission: Some(admission),
+            }),
             Charge::RequestsAndTokens(estimate) | Charge::Ahead(estimate) => {
                 // Both phases with nothing in between; a refused token phase keeps the RPM unit
                 // (`limits::KeyLimits::admit`).
                 let request = owner.limits.admit_request(now, model, share)?;
                 match admit_tokens(now, day, key, owner, rates, model, estimate, share) {
-                    Ok(admission) => Ok(Admitted {
+                    Ok((admission, remaining_tokens)) => Ok(Admitted {
                         remaining_requests: request.remaining_requests,
-                        remaining_tokens: admission.owner.remaining_tokens,
+                        remaining_tokens,
                         admission: Some(admission),
                     }),
                     // Nothing of the token phase stays charged; it runs again after the gates.
@@ -578,6 +577,7 @@ impl Quotas {
 
 /// The token phase across both holders, in the seed's order: the key's B4 output-rate state and
 /// input tokens per minute, then the owner's daily budget. A refusal leaves both as they were.
+/// With the admission, what is left of the owner's daily budget (`X-RateLimit-Remaining-Tokens`).
 #[allow(clippy::too_many_arguments)]
 fn admit_tokens(
     now: Millis,
@@ -588,25 +588,28 @@ fn admit_tokens(
     model: &ModelContext,
     estimate: Estimate,
     share: Share,
-) -> Result<QuotaAdmission, LimitExceeded> {
-    let (rates, rates_admission) = match rates {
+) -> Result<(QuotaAdmission, Option<u64>), LimitExceeded> {
+    let (rates, rates_charge) = match rates {
         Some(holder) => {
             let admission = holder
                 .limits
                 .admit_tokens(now, day, model, estimate, share)?;
-            (Some(holder), Some(admission))
+            (Some(holder), Some(admission.charge))
         }
         None => (None, None),
     };
     match owner.limits.admit_tokens(now, day, model, estimate, share) {
-        Ok(owner) => Ok(QuotaAdmission {
-            key,
-            owner,
-            rates: rates_admission,
-        }),
+        Ok(owner) => Ok((
+            QuotaAdmission {
+                key,
+                owner: owner.charge,
+                rates: rates_charge,
+            },
+            owner.remaining_tokens,
+        )),
         Err(rejection) => {
-            if let (Some(holder), Some(admission)) = (rates, rates_admission) {
-                holder.limits.cancel(admission);
+            if let (Some(holder), Some(charge)) = (rates, rates_charge) {
+                holder.limits.cancel(charge);
             }
             Err(rejection)
         }
