@@ -39,8 +39,10 @@ pub struct RouterArgs {
     /// Address the tunnel port binds.
     #[arg(long, default_value = "127.0.0.1")]
     pub p2p_listen_addr: IpAddr,
-    /// Open tunnel connections allowed from one source prefix (IPv4 /32, IPv6 /56); set it
-    /// comfortably above agents-behind-one-NAT × shards. 0: no limit.
+    /// Agents allowed to connect from one source prefix (IPv4 /32, IPv6 /56); set it comfortably
+    /// above the agents behind one NAT. Each agent keeps a tunnel connection to every shard, so
+    /// the router counts up to this many times `--shards` open tunnel connections from the
+    /// prefix. 0: no limit.
     #[arg(
         long,
         env = "HIVENET_ROUTER_P2P_MAX_CONNS_PER_IP",

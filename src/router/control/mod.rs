@@ -80,7 +80,8 @@ pub struct ControlSettings {
     /// `auth.yaml`, watched for changes; `None`: keys come from `HIVENET_ROUTER_AUTH_MODE`.
     pub auth_config_file: Option<std::path::PathBuf>,
     pub tunnel_address: SocketAddr,
-    /// `--p2p-max-conns-per-ip`: open tunnel connections allowed per source prefix (0: no limit).
+    /// `--p2p-max-conns-per-ip`: agents allowed per source prefix, each with a tunnel connection
+    /// to every shard (`shard::conn_limit`; 0: no limit).
     pub p2p_max_conns_per_ip: u32,
     /// `--tenant-metrics-max-tenants` (`tenant_metrics::TenantCap`; 0: no cap).
     pub tenant_metrics_max_tenants: usize,
@@ -192,8 +193,9 @@ impl ControlShared {
             site_routers,
             readiness,
             provider_metrics,
-            tunnel_conns: crate::router::shard::conn_limit::ConnLimiter::new(
+            tunnel_conns: crate::router::shard::conn_limit::ConnLimiter::for_agents(
                 settings.p2p_max_conns_per_ip,
+                settings.shard_count,
             ),
             tunnel_refusals: tunnel_refusals::RefusalLog::default(),
             policies,

@@ -1,6 +1,14 @@
-//! `--p2p-max-conns-per-ip`: at most this many tunnel connections from one source prefix (an IPv4
-//! `/32` or an IPv6 `/56`, as the configuration reference defines it), counting every connection
-//! from accept until it closes — during its preamble, and while a shard holds it as a tunnel.
+//! `--p2p-max-conns-per-ip`: at most this many agents' tunnel connections from one source prefix
+//! (an IPv4 `/32` or an IPv6 `/56`, as the configuration reference defines it), counting every
+//! connection from accept until it closes — during its preamble, and while a shard holds it as a
+//! tunnel.
+//!
+//! The reference counts libp2p connections, one an agent ("comfortably above the number of agents
+//! sharing that address"). Here an agent keeps one tunnel connection per shard, so the limit is
+//! the flag times the shard count ([`ConnLimiter::for_agents`]). Counted per connection, the
+//! default 32 would have refused a single agent's 33rd tunnel on a router with more than 32
+//! shards (`--shards` defaults to the cores), and the agent, missing a shard, would never join
+//! the pool.
 //!
 //! A [`ConnPermit`] is taken at accept and travels with the socket: the handshake drops it on
 //! refusal, and a shard's tunnel task drops it when the tunnel ends, so the count is exact
@@ -48,7 +56,14 @@ pub struct ConnLimiter {
 }
 
 impl ConnLimiter {
-    /// `max_per_prefix` 0 means no limit.
+    /// Room for `agents_per_prefix` agents from one prefix, each with a tunnel connection to
+    /// every one of `shards` shards. 0 means no limit.
+    pub fn for_agents(agents_per_prefix: u32, shards: usize) -> ConnLimiter {
+        let shards = u32::try_from(shards).unwrap_or(u32::MAX);
+        ConnLimiter::new(agents_per_prefix.saturating_mul(shards))
+    }
+
+    /// `max_per_prefix` connections from one prefix; 0 means no limit.
     pub fn new(max_per_prefix: u32) -> ConnLimiter {
         ConnLimiter {
             counts: Arc::new(Mutex::new(Counts {
@@ -137,6 +152,28 @@ mod tests {
         );
         let _v4 = limiter.admit(ip("192.0.2.7")).unwrap();
         assert!(limiter.admit(ip("::ffff:192.0.2.7")).is_none());
+    }
+
+    #[test]
+    fn the_limit_counts_agents_each_with_a_tunnel_to_every_shard() {
+        // The default 32 agents on a 64-shard router: 2,048 tunnel connections from one address.
+        let limiter = ConnLimiter::for_agents(32, 64);
+        let held: Vec<_> = (0..32 * 64)
+            .map(|_| {
+                limiter
+                    .admit(ip("10.0.0.1"))
+                    .expect("within 32 agents' tunnels")
+            })
+            .collect();
+        assert!(
+            limiter.admit(ip("10.0.0.1")).is_none(),
+            "a 33rd agent's tunnel"
+        );
+        drop(held);
+        let unlimited = ConnLimiter::for_agents(0, 64);
+        let _held: Vec<_> = (0..10_000)
+            .map(|_| unlimited.admit(ip("10.0.0.1")).unwrap())
+            .collect();
     }
 
     #[test]
