@@ -17,26 +17,9 @@ const SHARDS: usize = 2;
 const CONNECTIONS: usize = 6;
 const REQUESTS_EACH: usize = 3;
 
-/// The tenant id the router gives `owner` (`logic::auth::keys`): the first non-zero 32-bit
-/// big-endian window of SHA-256 of the domain and the name.
-fn tenant_id(owner: &str) -> u32 {
-    let digest = Sha256::new()
-        .chain_update(b"hivenet-router/tenant-id/v1\0")
-        .chain_update(owner.as_bytes())
-        .finalize();
-    digest
-        .chunks(4)
-        .map(|window| u32::from_be_bytes(window.try_into().unwrap()))
-        .find(|id| *id != 0)
-        .unwrap()
-}
-
 /// An owner name whose tenant is owned by `shard` of [`SHARDS`].
 fn owner_on(shard: usize) -> String {
-    (0..)
-        .map(|n| format!("tenant-{n}"))
-        .find(|name| tenant_id(name) as usize % SHARDS == shard)
-        .unwrap()
+    common::owner_on(shard, SHARDS)
 }
 
 fn key_for(shard: usize) -> String {

@@ -25,26 +25,9 @@ const CAPACITY: usize = 8;
 /// The shared key's limit; every fourth request uses it, 160 in all.
 const LIMITED_RPM: usize = 100;
 
-/// The tenant id the router gives `owner` (`logic::auth::keys`): the first non-zero 32-bit
-/// big-endian window of SHA-256 of the domain and the name.
-fn tenant_id(owner: &str) -> u32 {
-    let digest = Sha256::new()
-        .chain_update(b"hivenet-router/tenant-id/v1\0")
-        .chain_update(owner.as_bytes())
-        .finalize();
-    digest
-        .chunks(4)
-        .map(|window| u32::from_be_bytes(window.try_into().unwrap()))
-        .find(|id| *id != 0)
-        .unwrap()
-}
-
 /// An owner name whose tenant is owned by `shard` of [`SHARDS`].
 fn owner_on(shard: usize) -> String {
-    (0..)
-        .map(|n| format!("tenant-{n}"))
-        .find(|name| tenant_id(name) as usize % SHARDS == shard)
-        .unwrap()
+    common::owner_on(shard, SHARDS)
 }
 
 fn key_for(shard: usize) -> String {

@@ -905,6 +905,30 @@ pub fn poll<T>(deadline: Duration, mut probe: impl FnMut() -> Option<T>) -> Opti
 // Request bodies
 
 /// A chat completion request for `model`.
+/// The tenant id the router gives a key's `owner` (`logic::auth::keys`): the first non-zero
+/// 32-bit big-endian window of SHA-256 of the domain and the name.
+pub fn tenant_id(owner: &str) -> u32 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(b"hivenet-router/tenant-id/v1\0")
+        .chain_update(owner.as_bytes())
+        .finalize();
+    digest
+        .chunks(4)
+        .map(|window| u32::from_be_bytes(window.try_into().unwrap()))
+        .find(|id| *id != 0)
+        .unwrap()
+}
+
+/// An owner name whose tenant is owned by `shard` of `shards` (`tenant-0`, `tenant-1`, ...: the
+/// first that fits).
+pub fn owner_on(shard: usize, shards: usize) -> String {
+    (0..)
+        .map(|n| format!("tenant-{n}"))
+        .find(|name| tenant_id(name) as usize % shards == shard)
+        .unwrap()
+}
+
 pub fn chat(model: &str, stream: bool) -> Value {
     serde_json::json!({
         "model": model,

@@ -32,6 +32,7 @@ pub struct ShardMetrics {
     pub input_tokens_total: AtomicU64,
     pub output_tokens_total: AtomicU64,
     pub usage_missing_total: AtomicU64,
+    /// Visits refused because this shard's messages to other shards were backed up.
     pub mesh_full_total: AtomicU64,
     /// Messages to other shards waiting for room in a full ring (`shard::outbox`).
     pub mesh_deferred: AtomicI64,
