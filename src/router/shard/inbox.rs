@@ -192,7 +192,7 @@ impl Shard {
         None
     }
 
-    fn on_mesh(self: &Rc<Self>, message: ShardToShard, adopt: Adopt) {
+    pub(super) fn on_mesh(self: &Rc<Self>, message: ShardToShard, adopt: Adopt) {
         match message {
             ShardToShard::Connection(handoff) => adopt(self.clone(), *handoff),
             ShardToShard::Visit { ticket, visit } => self.serve_remote(ticket, visit),

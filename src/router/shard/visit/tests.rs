@@ -79,20 +79,15 @@ fn new_shard(mesh: crate::router::shard::mesh::Endpoint<ShardToShard>, count: us
 
 /// What a shard's mesh task does with the messages other shards sent it, until none is left.
 fn drain_mesh(shard: &Rc<Shard>) -> usize {
+    let no_connection: crate::router::shard::inbox::Adopt =
+        |_, _| panic!("no connection is handed off here");
     let mut applied = 0;
     loop {
         shard.outbox.borrow_mut().flush();
         let Some((_, message)) = shard.outbox.borrow_mut().endpoint().pop() else {
             return applied;
         };
-        match message {
-            ShardToShard::Visit { ticket, visit } => shard.serve_remote(ticket, visit),
-            ShardToShard::Answer { ticket, answer } => shard.resolve(ticket, answer),
-            ShardToShard::Notice(notice) => {
-                shard.with_owner(|owner, effects| owner.notice(&SystemClock, notice, effects))
-            }
-            ShardToShard::Connection(_) => panic!("no connection is handed off here"),
-        }
+        shard.on_mesh(message, no_connection);
         applied += 1;
     }
 }
